@@ -1,0 +1,347 @@
+"""Lints one file: decode, pre-filter, parse with the stdlib `ast`, run every enabled rule in
+one traversal, apply `# noqa`. Never raises for a bad file: problems become MAT0xx findings."""
+from __future__ import annotations
+
+import ast
+import io
+import re
+import sys
+import tokenize
+from typing import Iterable, Optional
+
+from .diagnostics import Edit, Finding
+from matlint.rules._loops import LoopInfo
+from matlint.rules._names import NameResolver
+
+LINE_SPLIT = re.compile(r"\r\n|\r|\n")
+NOQA_RE = re.compile(
+    r"#\s*noqa(?::[\s]?(?P<codes>[A-Z]+[0-9]+(?:[,\s]+[A-Z]+[0-9]+)*))?", re.IGNORECASE
+)
+FILE_NOQA_RE = re.compile(r"#\s*matlint\s*:\s*noqa(?::\s*(?P<codes>[A-Z]+[0-9]+(?:[,\s]+[A-Z]+[0-9]+)*))?", re.IGNORECASE)
+CODE_LIST_SPLIT = re.compile(r"[,\s]+")
+
+_RUNNING = f"{sys.version_info[0]}.{sys.version_info[1]}"
+# Syntax a newer Python accepts; checked only on the line where parsing failed.
+NEWER_SYNTAX = (
+    (re.compile(r"^\s*type\s+[A-Za-z_]\w*\s*(\[.*\])?\s*="), (3, 12), "a `type` alias statement"),
+    (re.compile(r"^\s*(async\s+)?def\s+[A-Za-z_]\w*\s*\["), (3, 12), "generic function syntax `def f[T]()`"),
+    (re.compile(r"^\s*class\s+[A-Za-z_]\w*\s*\["), (3, 12), "generic class syntax `class C[T]`"),
+    (re.compile(r"^\s*except\s*\*"), (3, 11), "`except*`"),
+    (re.compile(r"^\s*match\s+.+:\s*(#.*)?$"), (3, 10), "the `match` statement"),
+    (re.compile(r"^\s*case\s+.+:\s*(#.*)?$"), (3, 10), "the `match` statement"),
+    (re.compile(r"^\s*except\s+[^():]+,[^():]+:"), (3, 14), "`except A, B:` without parentheses"),
+    (re.compile(r"""\b[tT][rR]?["']"""), (3, 14), "template strings `t\"...\"`"),
+    (re.compile(r"""\bf(["']).*\{[^}]*\1"""), (3, 12), "an f-string reusing its own quote inside `{}`"),
+)
+
+_FUNCTIONS = (ast.FunctionDef, ast.AsyncFunctionDef, ast.Lambda)
+_COMPREHENSIONS = (ast.ListComp, ast.SetComp, ast.GeneratorExp, ast.DictComp)
+
+
+def mentions_torch(data: bytes) -> bool:
+    return b"torch" in data
+
+
+def split_lines(source: str) -> list:
+    return LINE_SPLIT.split(source)
+
+
+class FileContext:
+    """What a rule sees while the engine walks one file."""
+
+    def __init__(self, source: str, filename: str, tree: ast.Module):
+        self.source = source
+        self.filename = filename
+        self.tree = tree
+        self.lines = split_lines(source)
+        self.names = NameResolver(tree)
+        self.parents: list = []
+        self.loops: list = []
+        self.functions: list = []
+        self.classes: list = []
+        self.findings: list = []
+        self._current_code = "MAT000"
+        self.shared: dict = {}  # per-file caches of shared analyses
+
+    # -- positions ---------------------------------------------------------
+    def char_column(self, row: int, byte_col: int) -> int:
+        """1-based character column from ast's 0-based UTF-8 byte offset."""
+        line = self.lines[row - 1] if 0 < row <= len(self.lines) else ""
+        if line.isascii():
+            return byte_col + 1
+        return len(line.encode("utf-8")[:byte_col].decode("utf-8", "replace")) + 1
+
+    def span(self, node: ast.AST, end_node: Optional[ast.AST] = None):
+        end = end_node or node
+        row, end_row = node.lineno, end.end_lineno or node.lineno
+        end_col = end.end_col_offset if end.end_col_offset is not None else node.col_offset
+        return row, self.char_column(row, node.col_offset), end_row, self.char_column(end_row, end_col)
+
+    def segment(self, node: ast.AST) -> str:
+        return ast.get_source_segment(self.source, node) or ""
+
+    def edit(self, node: ast.AST, content: str, end_node: Optional[ast.AST] = None) -> Edit:
+        row, col, end_row, end_col = self.span(node, end_node)
+        return Edit(content, row, col, end_row, end_col)
+
+    # -- structure ---------------------------------------------------------
+    def qualname(self, expr: ast.AST) -> Optional[str]:
+        return self.names.qualname(expr)
+
+    @property
+    def parent(self) -> Optional[ast.AST]:
+        return self.parents[-1] if self.parents else None
+
+    @property
+    def function(self):
+        return self.functions[-1] if self.functions else None
+
+    @property
+    def class_(self):
+        return self.classes[-1] if self.classes else None
+
+    def report(self, code: str, node: ast.AST, message: str, fix=None, end_node=None) -> None:
+        row, col, end_row, end_col = self.span(node, end_node)
+        self.findings.append(Finding(code, message, self.filename, row, col, end_row, end_col, fix, row))
+
+
+class Walker:
+    """One traversal of the tree, calling each enabled rule's visit_/leave_ handlers."""
+
+    def __init__(self, ctx: FileContext, rules: Iterable):
+        self.ctx = ctx
+        self.visit: dict = {}
+        self.leave: dict = {}
+        for rule in rules:
+            for (kind, node_type), attrs in rule._handlers.items():
+                table = self.visit if kind == "visit" else self.leave
+                for attr in attrs:
+                    table.setdefault(node_type, []).append((rule, getattr(rule, attr)))
+
+    def _call(self, table, node) -> None:
+        handlers = table.get(type(node).__name__)
+        if not handlers:
+            return
+        for rule, handler in handlers:
+            self.ctx._current_code = rule.code
+            handler(node)
+
+    def walk(self, node: ast.AST) -> None:
+        ctx = self.ctx
+        self._call(self.visit, node)
+        ctx.parents.append(node)
+        if isinstance(node, _FUNCTIONS):
+            self._walk_function(node)
+        elif isinstance(node, ast.ClassDef):
+            self._walk_class(node)
+        elif isinstance(node, (ast.For, ast.AsyncFor)):
+            self._walk_all((node.target, node.iter))
+            self._in_loop(LoopInfo(node, ctx), node.body)
+            self._walk_all(node.orelse)
+        elif isinstance(node, ast.While):
+            self._in_loop(LoopInfo(node, ctx), [node.test] + node.body)
+            self._walk_all(node.orelse)
+        elif isinstance(node, _COMPREHENSIONS):
+            first = node.generators[0]
+            self.walk(first.iter)
+            inner = [first.target, *first.ifs]
+            for gen in node.generators[1:]:
+                inner.append(gen)
+            inner += [node.key, node.value] if isinstance(node, ast.DictComp) else [node.elt]
+            self._in_loop(LoopInfo(node, ctx), inner)
+        else:
+            for child in ast.iter_child_nodes(node):
+                self.walk(child)
+        ctx.parents.pop()
+        self._call(self.leave, node)
+
+    def _walk_all(self, nodes) -> None:
+        for child in nodes:
+            self.walk(child)
+
+    def _in_loop(self, loop: LoopInfo, nodes) -> None:
+        self.ctx.loops.append(loop)
+        self._walk_all(nodes)
+        self.ctx.loops.pop()
+
+    def _walk_function(self, node) -> None:
+        ctx = self.ctx
+        if not isinstance(node, ast.Lambda):
+            self._walk_all(node.decorator_list)
+            if node.returns:
+                self.walk(node.returns)
+        self.walk(node.args)
+        saved_loops, ctx.loops = ctx.loops, []
+        ctx.functions.append(node)
+        ctx.names.enter_function(node)
+        if isinstance(node, ast.Lambda):
+            self.walk(node.body)
+        else:
+            self._walk_all(node.body)
+        ctx.names.leave_scope()
+        ctx.functions.pop()
+        ctx.loops = saved_loops
+
+    def _walk_class(self, node: ast.ClassDef) -> None:
+        ctx = self.ctx
+        self._walk_all(node.decorator_list)
+        self._walk_all(node.bases)
+        self._walk_all(node.keywords)
+        saved_loops, saved_functions = ctx.loops, ctx.functions
+        ctx.loops, ctx.functions = [], []
+        ctx.classes.append(node)
+        ctx.names.enter_class(node)
+        self._walk_all(node.body)
+        ctx.names.leave_scope()
+        ctx.classes.pop()
+        ctx.loops, ctx.functions = saved_loops, saved_functions
+
+
+# -- decoding and parsing ---------------------------------------------------
+
+def decode(data: bytes, filename: str):
+    """(source, None) or (None, Finding) for a file that is not text Python can read."""
+    nul = data.find(b"\0")
+    if nul >= 0:
+        row = data.count(b"\n", 0, nul) + 1
+        return None, Finding("MAT004", f"file contains a NUL byte at offset {nul}; it is not a Python source file",
+                             filename, row, 1, row, 1)
+    try:
+        encoding, _ = tokenize.detect_encoding(io.BytesIO(data).readline)
+    except SyntaxError as exc:
+        return None, Finding("MAT004", f"cannot read the file's encoding declaration: {exc}", filename, 1, 1, 1, 1)
+    try:
+        source = data.decode(encoding)
+    except UnicodeDecodeError as exc:
+        row = data.count(b"\n", 0, exc.start) + 1
+        return None, Finding(
+            "MAT004",
+            f"file is not valid {encoding.upper() if encoding != 'utf-8-sig' else 'UTF-8'}: byte 0x{data[exc.start]:02x} "
+            f"at offset {exc.start} cannot be decoded; save it as UTF-8 or declare its encoding",
+            filename, row, 1, row, 1)
+    if source.startswith("\ufeff"):
+        source = source[1:]
+    return source, None
+
+
+def _syntax_finding(exc: SyntaxError, source: str, filename: str) -> Finding:
+    row = exc.lineno or 1
+    lines = split_lines(source)
+    line = lines[row - 1] if 0 < row <= len(lines) else ""
+    for pattern, version, feature in NEWER_SYNTAX:
+        if version > sys.version_info[:2] and pattern.search(line):
+            needed = f"{version[0]}.{version[1]}"
+            return Finding(
+                "MAT002",
+                f"uses {feature}, which needs Python {needed}+; matlint runs on Python {_RUNNING} "
+                f"and cannot read this file: run matlint with Python {needed} or newer",
+                filename, row, 1, row, 1)
+    column = max(exc.offset or 1, 1)
+    msg = exc.msg or "invalid syntax"
+    return Finding("MAT001", f"file does not parse: {msg} (Python {_RUNNING} grammar)",
+                   filename, row, column, row, column)
+
+
+def parse(source: str, filename: str):
+    try:
+        return ast.parse(source, filename), None
+    except SyntaxError as exc:
+        return None, _syntax_finding(exc, source, filename)
+    except (RecursionError, MemoryError):
+        return None, Finding("MAT001", "file does not parse: nesting is too deep for the parser",
+                             filename, 1, 1, 1, 1)
+    except ValueError as exc:
+        return None, Finding("MAT001", f"file does not parse: {exc}", filename, 1, 1, 1, 1)
+
+
+# -- noqa ---------------------------------------------------------------------
+
+def _codes(text: Optional[str]):
+    if not text:
+        return None
+    return frozenset(c.upper() for c in CODE_LIST_SPLIT.split(text.strip()) if c)
+
+
+def noqa_map(source: str):
+    """({row: codes or None for all}, file_codes or None for all, file_noqa_present)."""
+    if "noqa" not in source and "NOQA" not in source:
+        return {}, None, False
+    per_line: dict = {}
+    file_codes, file_noqa = None, False
+    try:
+        tokens = list(tokenize.generate_tokens(io.StringIO(source).readline))
+    except (tokenize.TokenError, SyntaxError, IndentationError):
+        return {}, None, False
+    for tok in tokens:
+        if tok.type != tokenize.COMMENT:
+            continue
+        match = FILE_NOQA_RE.search(tok.string)
+        if match:
+            file_noqa = True
+            codes = _codes(match.group("codes"))
+            if codes is None:
+                file_codes = None
+            else:
+                file_codes = (file_codes or frozenset()) | codes
+            continue
+        match = NOQA_RE.search(tok.string)
+        if match:
+            per_line[tok.start[0]] = _codes(match.group("codes"))
+    return per_line, file_codes, file_noqa
+
+
+def apply_noqa(findings: list, source: str) -> list:
+    per_line, file_codes, file_noqa = noqa_map(source)
+    if not per_line and not file_noqa:
+        return findings
+    kept = []
+    for f in findings:
+        if file_noqa and (file_codes is None or f.code in file_codes):
+            continue
+        row = f.noqa_row or f.row
+        if row in per_line:
+            codes = per_line[row]
+            if codes is None or f.code in codes:
+                continue
+        kept.append(f)
+    return kept
+
+
+# -- entry points ---------------------------------------------------------------
+
+def lint_tree(tree: ast.Module, source: str, filename: str, rule_classes, rule_options=None) -> list:
+    """Run the rules over an already parsed tree (the flake8 plugin hands us its own)."""
+    ctx = FileContext(source, filename, tree)
+    rule_options = rule_options or {}
+    rules = [cls(ctx, rule_options.get(cls.code)) for cls in rule_classes if cls._handlers]
+    walker = Walker(ctx, rules)
+    try:
+        walker.walk(tree)
+    except RecursionError:
+        return [Finding("MAT000", "file is nested too deeply to analyse", filename, 1, 1, 1, 1)]
+    except Exception as exc:  # a rule bug must not take the run down
+        row = ctx.parents[-1].lineno if ctx.parents and hasattr(ctx.parents[-1], "lineno") else 1
+        return ctx.findings + [Finding(
+            "MAT000",
+            f"internal error in {ctx._current_code} ({type(exc).__name__}: {exc}); the rest of this file was not checked",
+            filename, row, 1, row, 1)]
+    return ctx.findings
+
+
+def lint_source(source: str, filename: str, rule_classes, rule_options=None, prefilter: bool = True) -> list:
+    if prefilter and "torch" not in source:
+        return []
+    tree, error = parse(source, filename)
+    if error:
+        return [error]
+    findings = lint_tree(tree, source, filename, rule_classes, rule_options)
+    findings = apply_noqa(findings, source)
+    findings.sort(key=Finding.sort_key)
+    return findings
+
+
+def lint_bytes(data: bytes, filename: str, rule_classes, rule_options=None) -> list:
+    source, error = decode(data, filename)
+    if error:
+        return [error]
+    return lint_source(source, filename, rule_classes, rule_options)

@@ -1,0 +1,128 @@
+"""The anatomy of a rule. A rule is one module under `rules/` holding one `Rule` subclass.
+
+Top to bottom a rule module holds: metadata (`code`, `name`, `summary`, `default_enabled`),
+`docs` (markdown with the sections in DOC_SECTIONS), `examples` (its tests), the static check
+(`visit_<AstNode>` / `leave_<AstNode>` methods, called by the engine's single traversal), and
+optionally a runtime check (`runtime_check(events)`, used by the guard).
+"""
+from __future__ import annotations
+
+import ast
+import re
+import textwrap
+from dataclasses import dataclass, field
+from typing import Any, ClassVar, Iterable, Optional
+
+from .diagnostics import Edit, Finding, Fix
+
+FAMILIES = {
+    "0": "engine",
+    "1": "loops",
+    "2": "broadcasting",
+    "3": "layout",
+    "4": "precision",
+    "5": "launches",
+    "6": "fused",
+}
+
+DOC_SECTIONS = (
+    "What it does",
+    "Why is this bad?",
+    "Example",
+    "Use instead",
+    "Stays quiet on",
+    "Fix safety",
+)
+
+CODE_RE = re.compile(r"^MAT\d{3}$")
+NAME_RE = re.compile(r"^[a-z][a-z0-9]*(-[a-z0-9]+)*$")
+
+
+@dataclass(frozen=True)
+class Example:
+    """Code a rule is tested on.
+
+    `expect` lists the exact findings as (row, column) pairs, 1-based, columns in characters;
+    an empty `expect` means the code must stay clean. `fixed`, when given, is the source
+    after applying this rule's fixes (`unsafe=True` to include unsafe fixes).
+    """
+
+    source: str
+    expect: tuple = ()
+    fixed: Optional[str] = None
+    unsafe: bool = False
+    message_contains: str = ""
+
+    @property
+    def code(self) -> str:
+        return textwrap.dedent(self.source).lstrip("\n")
+
+    @property
+    def fixed_code(self) -> Optional[str]:
+        if self.fixed is None:
+            return None
+        return textwrap.dedent(self.fixed).lstrip("\n")
+
+
+def bad(source: str, *expect, fixed: Optional[str] = None, unsafe: bool = False,
+        message_contains: str = "") -> Example:
+    return Example(source, tuple(expect), fixed, unsafe, message_contains)
+
+
+def good(source: str) -> Example:
+    return Example(source, ())
+
+
+@dataclass(frozen=True)
+class Option:
+    type: type
+    default: Any
+    help: str
+
+
+class Rule:
+    code: ClassVar[str]
+    name: ClassVar[str]
+    summary: ClassVar[str]
+    docs: ClassVar[str]
+    default_enabled: ClassVar[bool] = True
+    examples: ClassVar[list] = []
+    options: ClassVar[dict] = {}
+    # Set by the registry: {"Call": ("visit_Call",), ...}
+    _handlers: ClassVar[dict] = {}
+
+    def __init__(self, ctx, options: Optional[dict] = None):
+        self.ctx = ctx
+        self.opts = {k: o.default for k, o in self.options.items()}
+        if options:
+            self.opts.update(options)
+
+    @classmethod
+    def family(cls) -> str:
+        return FAMILIES[cls.code[3]]
+
+    @classmethod
+    def has_static_check(cls) -> bool:
+        return any(n.startswith(("visit_", "leave_")) for n in dir(cls))
+
+    @classmethod
+    def has_runtime_check(cls) -> bool:
+        return callable(getattr(cls, "runtime_check", None))
+
+    @classmethod
+    def rendered_docs(cls) -> str:
+        state = "on" if cls.default_enabled else "off (enable with `select`)"
+        return f"# {cls.name} ({cls.code})\n\n{cls.summary}\n\nFamily: {cls.family()}. Default: {state}.\n\n{textwrap.dedent(cls.docs).strip()}\n"
+
+    def report(self, node: ast.AST, message: str, fix: Optional[Fix] = None,
+               end_node: Optional[ast.AST] = None) -> None:
+        self.ctx.report(self.code, node, message, fix=fix, end_node=end_node)
+
+    # Helpers for building fixes from ast positions.
+    def replace(self, node: ast.AST, content: str, message: str, safe: bool = True,
+                end_node: Optional[ast.AST] = None) -> Fix:
+        return Fix(message, (self.ctx.edit(node, content, end_node=end_node),), safe)
+
+
+def all_findings_codes(findings: Iterable[Finding]) -> list:
+    return sorted({f.code for f in findings})

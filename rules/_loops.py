@@ -1,0 +1,212 @@
+"""Loop structure: what a loop iterates over, which names carry values from one iteration
+to the next, and which depend on the loop variable. Computed lazily, once per loop."""
+from __future__ import annotations
+
+import ast
+from functools import cached_property
+
+_SCOPES = (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef, ast.Lambda)
+_COMPREHENSIONS = (ast.ListComp, ast.SetComp, ast.GeneratorExp, ast.DictComp)
+
+
+def bound_names(target: ast.AST) -> set:
+    names = set()
+    for node in ast.walk(target):
+        if isinstance(node, ast.Name) and isinstance(node.ctx, ast.Store):
+            names.add(node.id)
+    return names
+
+
+def loaded_names(expr: ast.AST) -> set:
+    return {n.id for n in walk_no_scopes(expr) if isinstance(n, ast.Name) and isinstance(n.ctx, ast.Load)}
+
+
+def walk_no_scopes(node: ast.AST):
+    """ast.walk that does not enter nested functions, lambdas or classes."""
+    stack = [node]
+    while stack:
+        current = stack.pop()
+        yield current
+        for child in ast.iter_child_nodes(current):
+            if not isinstance(child, _SCOPES):
+                stack.append(child)
+
+
+def walk_direct(stmts):
+    """Nodes of a loop body, not entering nested loops, comprehensions or scopes."""
+    stack = list(stmts)
+    while stack:
+        current = stack.pop()
+        yield current
+        for child in ast.iter_child_nodes(current):
+            if not isinstance(child, _SCOPES + (ast.For, ast.AsyncFor, ast.While) + _COMPREHENSIONS):
+                stack.append(child)
+
+
+class _Order(ast.NodeVisitor):
+    """Reads and writes of plain names in (approximate) evaluation order."""
+
+    def __init__(self):
+        self.events: list = []
+
+    def visit_Name(self, node):
+        self.events.append(("write" if isinstance(node.ctx, (ast.Store, ast.Del)) else "read", node.id))
+
+    def visit_Assign(self, node):
+        self.visit(node.value)
+        for target in node.targets:
+            self.visit(target)
+
+    def visit_AnnAssign(self, node):
+        if node.value is not None:
+            self.visit(node.value)
+            self.visit(node.target)
+
+    def visit_AugAssign(self, node):
+        if isinstance(node.target, ast.Name):
+            self.events.append(("read", node.target.id))
+        else:
+            self.visit(node.target)
+        self.visit(node.value)
+        if isinstance(node.target, ast.Name):
+            self.events.append(("write", node.target.id))
+
+    def visit_NamedExpr(self, node):
+        self.visit(node.value)
+        self.visit(node.target)
+
+    def visit_For(self, node):
+        self.visit(node.iter)
+        self.visit(node.target)
+        for stmt in node.body + node.orelse:
+            self.visit(stmt)
+
+    visit_AsyncFor = visit_For
+
+    def _skip_scope(self, node):
+        if not isinstance(node, ast.Lambda):
+            self.events.append(("write", node.name))
+
+    visit_FunctionDef = visit_AsyncFunctionDef = visit_ClassDef = _skip_scope
+
+    def visit_Lambda(self, node):
+        pass
+
+    def _comprehension(self, node):
+        inner = set()
+        for gen in node.generators:
+            inner |= bound_names(gen.target)
+        for sub in ast.walk(node):
+            if isinstance(sub, ast.Name) and isinstance(sub.ctx, ast.Load) and sub.id not in inner:
+                self.events.append(("read", sub.id))
+
+    visit_ListComp = visit_SetComp = visit_GeneratorExp = visit_DictComp = _comprehension
+
+
+class LoopInfo:
+    """A `for`, `while` or comprehension, as seen from inside its body."""
+
+    def __init__(self, node: ast.AST, ctx):
+        self.node = node
+        self.ctx = ctx
+
+    @property
+    def is_comprehension(self) -> bool:
+        return isinstance(self.node, _COMPREHENSIONS)
+
+    @property
+    def body(self) -> list:
+        node = self.node
+        if isinstance(node, (ast.For, ast.AsyncFor)):
+            return node.body
+        if isinstance(node, ast.While):
+            return [node.test] + node.body
+        inner = [g for g in node.generators[1:]] + [i for g in node.generators for i in g.ifs]
+        return inner + ([node.key, node.value] if isinstance(node, ast.DictComp) else [node.elt])
+
+    @property
+    def iter(self):
+        """The iterable (None for `while`)."""
+        if isinstance(self.node, (ast.For, ast.AsyncFor)):
+            return self.node.iter
+        if self.is_comprehension:
+            return self.node.generators[0].iter
+        return None
+
+    @cached_property
+    def targets(self) -> set:
+        """Names that take a new value each iteration by the loop itself."""
+        node = self.node
+        if isinstance(node, (ast.For, ast.AsyncFor)):
+            return bound_names(node.target)
+        if self.is_comprehension:
+            names = set()
+            for gen in node.generators:
+                names |= bound_names(gen.target)
+            return names
+        assigned = self.assigned
+        return {n for n in loaded_names(node.test) if n in assigned}
+
+    @cached_property
+    def assigned(self) -> set:
+        names = set()
+        for stmt in self.body:
+            for sub in walk_no_scopes(stmt):
+                if isinstance(sub, ast.Name) and isinstance(sub.ctx, ast.Store):
+                    names.add(sub.id)
+                elif isinstance(sub, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
+                    names.add(sub.name)
+        return names
+
+    @cached_property
+    def carried(self) -> set:
+        """Names whose value from the previous iteration is read (recurrences, accumulators)."""
+        if self.is_comprehension:
+            return set()
+        order = _Order()
+        for stmt in self.node.body:
+            order.visit(stmt)
+        written, carried = set(), set()
+        assigned = self.assigned
+        for kind, name in order.events:
+            if kind == "write":
+                written.add(name)
+            elif name in assigned and name not in written and name not in self.targets:
+                carried.add(name)
+        return carried
+
+    @cached_property
+    def derived(self) -> set:
+        """Names assigned in the body from values that depend on the loop variable."""
+        deps = set(self.targets)
+        assignments = []
+        for stmt in self.body:
+            for sub in walk_no_scopes(stmt):
+                if isinstance(sub, ast.Assign):
+                    targets = set().union(*(bound_names(t) for t in sub.targets))
+                    assignments.append((targets, loaded_names(sub.value)))
+                elif isinstance(sub, (ast.AugAssign, ast.AnnAssign)) and sub.value is not None:
+                    assignments.append((bound_names(sub.target), loaded_names(sub.value)))
+                elif isinstance(sub, (ast.For, ast.AsyncFor)):
+                    assignments.append((bound_names(sub.target), loaded_names(sub.iter)))
+                elif isinstance(sub, ast.NamedExpr):
+                    assignments.append((bound_names(sub.target), loaded_names(sub.value)))
+        changed = True
+        while changed:
+            changed = False
+            for targets, reads in assignments:
+                if reads & deps and not targets <= deps:
+                    deps |= targets
+                    changed = True
+        return deps - set(self.targets)
+
+    def depends_on_iteration(self, expr: ast.AST) -> bool:
+        names = loaded_names(expr)
+        return bool(names & (self.targets | self.derived))
+
+    def reads_carried(self, expr: ast.AST) -> bool:
+        return bool(loaded_names(expr) & self.carried)
+
+    def direct_nodes(self):
+        """Nodes of the body that run once per iteration of this loop (not of a nested loop)."""
+        return walk_direct(self.body)

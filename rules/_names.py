@@ -1,0 +1,161 @@
+"""Qualified names of torch APIs through every alias, without importing anything.
+
+`import torch as T`, `from torch import matmul as mm`, `import torch.nn.functional as F`,
+`from torch.nn import functional as F`, `mm = torch.mm` at module level: all resolve
+`T.matmul`, `mm`, `F.linear` to their qualified names (`torch.matmul`, `torch.mm`,
+`torch.nn.functional.linear`). Names bound by something else (a parameter, a local
+assignment) shadow the import in their function.
+"""
+from __future__ import annotations
+
+import ast
+from typing import Optional
+
+# Spellings that reach the same function under another module path.
+CANONICAL = {
+    "torch.functional.einsum": "torch.einsum",
+    "torch.functional.tensordot": "torch.tensordot",
+    "torch.functional.split": "torch.split",
+    "torch.functional.norm": "torch.norm",
+    "torch.nn.modules.linear.Linear": "torch.nn.Linear",
+    "torch.nn.modules.Linear": "torch.nn.Linear",
+    "torch.nn.modules.container.ModuleList": "torch.nn.ModuleList",
+    "torch.nn.modules.ModuleList": "torch.nn.ModuleList",
+    "torch.nn.parameter.Parameter": "torch.nn.Parameter",
+    "torch.linalg.matmul": "torch.matmul",
+    "torch._C._nn.linear": "torch.nn.functional.linear",
+    "torch.utils.data.dataloader.DataLoader": "torch.utils.data.DataLoader",
+    "torch.cuda.amp.autocast": "torch.cuda.amp.autocast",
+    "torch.amp.autocast_mode.autocast": "torch.autocast",
+    "torch.amp.autocast": "torch.autocast",
+}
+
+_SCOPE_BOUNDARIES = (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef, ast.Lambda)
+
+
+def canonical(qualname: str) -> str:
+    return CANONICAL.get(qualname, qualname)
+
+
+def dotted(expr: ast.AST) -> Optional[str]:
+    """`a.b.c` for a chain of Name/Attribute nodes, else None."""
+    parts = []
+    while isinstance(expr, ast.Attribute):
+        parts.append(expr.attr)
+        expr = expr.value
+    if isinstance(expr, ast.Name):
+        parts.append(expr.id)
+        return ".".join(reversed(parts))
+    return None
+
+
+def _shallow_statements(body):
+    """Statements of a scope, descending into blocks but not into nested scopes."""
+    stack = list(reversed(body))
+    while stack:
+        stmt = stack.pop()
+        yield stmt
+        if isinstance(stmt, _SCOPE_BOUNDARIES):
+            continue
+        for field in ("body", "orelse", "finalbody", "handlers", "cases"):
+            children = getattr(stmt, field, None)
+            if children:
+                stack.extend(reversed(children))
+
+
+def _bound_names(target: ast.AST):
+    if isinstance(target, ast.Name):
+        yield target.id
+    elif isinstance(target, (ast.Tuple, ast.List)):
+        for elt in target.elts:
+            yield from _bound_names(elt)
+    elif isinstance(target, ast.Starred):
+        yield from _bound_names(target.value)
+
+
+class NameResolver:
+    """Maps local names to qualified names, scope by scope."""
+
+    def __init__(self, module: ast.Module):
+        self._scopes: list = [self._scan(module.body, {}, module_level=True)]
+
+    def _scan(self, body, inherited: dict, module_level: bool, params=()) -> dict:
+        aliases = dict(inherited)
+        for name in params:
+            aliases[name] = None
+        for stmt in _shallow_statements(body):
+            if isinstance(stmt, ast.Import):
+                for alias in stmt.names:
+                    if alias.asname:
+                        aliases[alias.asname] = alias.name
+                    else:
+                        top = alias.name.split(".")[0]
+                        aliases[top] = top
+            elif isinstance(stmt, ast.ImportFrom):
+                if stmt.level or not stmt.module:
+                    for alias in stmt.names:
+                        aliases[alias.asname or alias.name] = None
+                    continue
+                for alias in stmt.names:
+                    if alias.name != "*":
+                        aliases[alias.asname or alias.name] = f"{stmt.module}.{alias.name}"
+            elif isinstance(stmt, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
+                aliases[stmt.name] = None
+            elif isinstance(stmt, ast.Assign):
+                value = self._alias_value(stmt.value, aliases)
+                for target in stmt.targets:
+                    for name in _bound_names(target):
+                        aliases[name] = value if (value and isinstance(target, ast.Name)) else None
+            elif isinstance(stmt, (ast.AnnAssign, ast.AugAssign)):
+                for name in _bound_names(stmt.target):
+                    aliases[name] = None
+            elif isinstance(stmt, (ast.For, ast.AsyncFor)):
+                for name in _bound_names(stmt.target):
+                    aliases[name] = None
+            elif isinstance(stmt, (ast.With, ast.AsyncWith)):
+                for item in stmt.items:
+                    if item.optional_vars is not None:
+                        for name in _bound_names(item.optional_vars):
+                            aliases[name] = None
+        return aliases
+
+    @staticmethod
+    def _alias_value(value: ast.AST, aliases: dict) -> Optional[str]:
+        name = dotted(value)
+        if name is None:
+            return None
+        head, _, rest = name.partition(".")
+        base = aliases.get(head)
+        if base is None:
+            return None
+        return canonical(f"{base}.{rest}" if rest else base)
+
+    def enter_function(self, node) -> None:
+        args = node.args
+        params = [a.arg for a in args.posonlyargs + args.args + args.kwonlyargs]
+        if args.vararg:
+            params.append(args.vararg.arg)
+        if args.kwarg:
+            params.append(args.kwarg.arg)
+        body = node.body if isinstance(node.body, list) else []
+        self._scopes.append(self._scan(body, self._scopes[-1], module_level=False, params=params))
+
+    def enter_class(self, node) -> None:
+        self._scopes.append(self._scopes[-1])
+
+    def leave_scope(self) -> None:
+        self._scopes.pop()
+
+    def qualname(self, expr: ast.AST) -> Optional[str]:
+        """The qualified name `expr` refers to, or None when it is not an imported name."""
+        name = dotted(expr)
+        if name is None:
+            return None
+        head, _, rest = name.partition(".")
+        base = self._scopes[-1].get(head)
+        if base is None:
+            return None
+        return canonical(f"{base}.{rest}" if rest else base)
+
+    def is_imported(self, module: str) -> bool:
+        return any(v == module or (v and v.startswith(module + ".")) for v in self._scopes[0].values())
