@@ -34,13 +34,13 @@ def walk_no_scopes(node: ast.AST):
 
 def walk_direct(stmts):
     """Nodes of a loop body, not entering nested loops, comprehensions or scopes."""
+    nested = _SCOPES + (ast.For, ast.AsyncFor, ast.While) + _COMPREHENSIONS
     stack = list(stmts)
     while stack:
         current = stack.pop()
         yield current
-        for child in ast.iter_child_nodes(current):
-            if not isinstance(child, _SCOPES + (ast.For, ast.AsyncFor, ast.While) + _COMPREHENSIONS):
-                stack.append(child)
+        if not isinstance(current, nested):
+            stack.extend(ast.iter_child_nodes(current))
 
 
 class _Order(ast.NodeVisitor):

@@ -1,0 +1,87 @@
+"""Applies fixes as text edits located by ast positions (format-preserving by construction),
+and checks that the result still parses."""
+from __future__ import annotations
+
+import ast
+import difflib
+from typing import Iterable
+
+from .engine import split_lines
+
+
+def _offsets(source: str):
+    """Start offset (in characters) of each 1-based row."""
+    starts = [0]
+    lines = split_lines(source)
+    pos = 0
+    for line in lines[:-1]:
+        pos += len(line)
+        # the separator that split_lines removed
+        if source.startswith("\r\n", pos):
+            pos += 2
+        else:
+            pos += 1
+        starts.append(pos)
+    return starts
+
+
+def _to_offset(starts, row: int, column: int) -> int:
+    return starts[row - 1] + column - 1
+
+
+def _parses(source: str) -> bool:
+    try:
+        ast.parse(source)
+    except (SyntaxError, ValueError, RecursionError, MemoryError):
+        return False
+    return True
+
+
+def apply_fixes(source: str, findings: Iterable, unsafe: bool = False):
+    """(new_source, applied findings). Overlapping fixes: the first one (by position) wins;
+    a fix whose result would not parse is skipped."""
+    candidates = [f for f in findings if f.fix is not None and (f.fix.safe or unsafe)]
+    candidates.sort(key=lambda f: (f.row, f.column, f.code))
+    starts = _offsets(source)
+    chosen, taken = [], []
+    for finding in candidates:
+        spans = [(_to_offset(starts, e.row, e.column), _to_offset(starts, e.end_row, e.end_column), e.content)
+                 for e in finding.fix.edits]
+        if any(s < te and ts < e or (s == e == ts) for s, e, _ in spans for ts, te in taken):
+            continue
+        trial = _apply_spans(source, [sp for _, sps in chosen for sp in sps] + spans)
+        if not _parses(trial):
+            continue
+        chosen.append((finding, spans))
+        taken.extend((s, e) for s, e, _ in spans)
+    if not chosen:
+        return source, []
+    return _apply_spans(source, [sp for _, sps in chosen for sp in sps]), [f for f, _ in chosen]
+
+
+def _apply_spans(source: str, spans) -> str:
+    out = source
+    for start, end, content in sorted(spans, key=lambda s: (s[0], s[1]), reverse=True):
+        out = out[:start] + content + out[end:]
+    return out
+
+
+def unified_diff(before: str, after: str, filename: str) -> str:
+    return "".join(difflib.unified_diff(
+        before.splitlines(keepends=True), after.splitlines(keepends=True),
+        fromfile=f"a/{filename}", tofile=f"b/{filename}"))
+
+
+def fix_until_stable(source: str, lint, unsafe: bool = False, max_rounds: int = 10):
+    """Lint, fix, re-lint until no fix applies. `lint(source) -> findings`.
+    Returns (fixed source, number of fixes applied, remaining findings)."""
+    total = 0
+    findings = lint(source)
+    for _ in range(max_rounds):
+        new, applied = apply_fixes(source, findings, unsafe)
+        if not applied:
+            break
+        total += len(applied)
+        source = new
+        findings = lint(source)
+    return source, total, findings

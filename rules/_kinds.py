@@ -1,0 +1,575 @@
+"""What kind of value a name or expression holds: a tensor (and whether it is on the CPU by
+construction), a numpy array, a Python list, an `nn.Linear`, another torch module, a data
+loader... Flow-insensitive within a function: a name assigned values of two kinds is unknown.
+Unknown (None) is an answer: rules that need a kind stay quiet on it."""
+from __future__ import annotations
+
+import ast
+from typing import Optional
+
+TENSOR = "tensor"            # a tensor whose device is not known to be the CPU
+CPU_TENSOR = "cpu_tensor"    # a tensor on the CPU by construction
+TENSOR_SEQ = "tensor_seq"    # a sequence of same-shaped tensors (x.unbind())
+NUMPY = "numpy"
+LIST = "list"                # a Python sequence, items of any shape
+SCALAR = "scalar"            # numbers, strings, shapes, devices, dtypes
+LINEAR = "linear"            # an nn.Linear (or LazyLinear) module
+MODULE = "module"            # a torch.nn module that returns one tensor
+MODULE_LIST = "module_list"
+LOADER = "loader"
+OTHER = "other"              # known, but none of the above (an optimizer, a context manager...)
+
+TENSORS = (TENSOR, CPU_TENSOR)
+NON_TENSORS = (NUMPY, LIST, SCALAR, LINEAR, MODULE, MODULE_LIST, LOADER, OTHER, TENSOR_SEQ)
+
+_TENSOR_NAMESPACES = ("torch", "torch.nn.functional", "torch.linalg", "torch.fft", "torch.special")
+_NOT_TENSOR_FUNCTIONS = {
+    "device", "dtype", "no_grad", "enable_grad", "inference_mode", "set_grad_enabled", "autocast",
+    "manual_seed", "seed", "is_tensor", "is_floating_point", "is_complex", "numel", "get_default_dtype",
+    "set_default_dtype", "set_default_device", "compile", "save", "load", "Size", "Generator",
+    "set_float32_matmul_precision", "get_float32_matmul_precision", "use_deterministic_algorithms",
+    "is_grad_enabled", "typename", "broadcast_shapes", "result_type", "promote_types", "can_cast",
+    "finfo", "iinfo", "set_printoptions", "get_rng_state", "set_rng_state", "is_nonzero",
+}
+_SPLITTING_FUNCTIONS = {"split", "chunk", "tensor_split", "hsplit", "vsplit", "dsplit", "meshgrid",
+                        "unravel_index", "where_tuple", "sort", "topk", "max", "min", "median",
+                        "mode", "kthvalue", "std_mean", "var_mean", "unique", "lu", "qr", "svd",
+                        "eig", "eigh", "slogdet", "frexp", "aminmax", "cummax", "cummin"}
+_FACTORIES = {"tensor", "as_tensor", "zeros", "ones", "empty", "full", "rand", "randn", "randint",
+              "randperm", "arange", "linspace", "logspace", "eye", "from_numpy", "asarray",
+              "scalar_tensor", "zeros_like", "ones_like", "empty_like", "full_like", "rand_like",
+              "randn_like", "randint_like"}
+_NON_TENSOR_METHODS = {
+    "item": SCALAR, "tolist": LIST, "size": SCALAR, "dim": SCALAR, "numel": SCALAR, "nelement": SCALAR,
+    "stride": SCALAR, "is_contiguous": SCALAR, "data_ptr": SCALAR, "element_size": SCALAR,
+    "get_device": SCALAR, "numpy": NUMPY, "unbind": TENSOR_SEQ, "split": LIST, "chunk": LIST,
+    "tensor_split": LIST, "backward": OTHER, "register_hook": OTHER, "is_floating_point": SCALAR,
+    "is_complex": SCALAR, "storage": OTHER, "untyped_storage": OTHER, "sort": LIST, "topk": LIST,
+    "max": None, "min": None, "median": None, "mode": None, "kthvalue": None, "unique": None,
+    "type": None, "equal": SCALAR, "all": None, "any": None,
+}
+_NON_TENSOR_ATTRS = {"shape", "device", "dtype", "ndim", "is_cuda", "requires_grad", "layout",
+                     "is_leaf", "grad_fn", "names", "is_sparse", "itemsize", "nbytes"}
+_SAME_KIND_ATTRS = {"T", "mT", "H", "mH", "data", "grad", "real", "imag"}
+# Methods only a tensor has; using one on a name is evidence the name is a tensor.
+TENSOR_ONLY_METHODS = {
+    "view", "view_as", "permute", "unsqueeze", "size", "contiguous", "masked_fill", "masked_fill_",
+    "detach", "cuda", "cpu", "to", "float", "half", "bfloat16", "transpose", "expand", "expand_as",
+    "softmax", "log_softmax", "bmm", "mm", "matmul", "type_as", "new_zeros", "new_ones", "new_empty",
+    "new_full", "new_tensor", "unflatten", "flatten", "narrow", "unbind", "chunk", "dim", "numel",
+    "is_contiguous", "mT", "requires_grad_", "zero_", "fill_", "copy_", "add_", "mul_", "index_select",
+    "gather", "scatter", "scatter_add", "masked_select", "repeat_interleave", "movedim", "softplus",
+}
+_SEQUENCE_ANNOTATIONS = {"List", "list", "Sequence", "Tuple", "tuple", "Iterable", "Iterator",
+                         "MutableSequence", "Collection", "Dict", "dict", "Mapping"}
+_JAXTYPING = {"Float", "Int", "Bool", "Shaped", "Num", "Real", "Inexact", "Integer", "Complex",
+              "Float16", "Float32", "Float64", "BFloat16", "Int8", "Int16", "Int32", "Int64", "UInt8",
+              "TensorType"}
+_ELEMENTWISE_MODULES = {
+    "Conv1d", "Conv2d", "Conv3d", "ConvTranspose1d", "ConvTranspose2d", "ConvTranspose3d",
+    "LayerNorm", "RMSNorm", "GroupNorm", "BatchNorm1d", "BatchNorm2d", "BatchNorm3d", "InstanceNorm1d",
+    "InstanceNorm2d", "Embedding", "EmbeddingBag", "Dropout", "Dropout1d", "Dropout2d", "ReLU", "GELU",
+    "SiLU", "Tanh", "Sigmoid", "Softmax", "LogSoftmax", "LeakyReLU", "ELU", "Mish", "Hardswish",
+    "Identity", "Flatten", "Unflatten", "MaxPool1d", "MaxPool2d", "AvgPool1d", "AvgPool2d",
+    "AdaptiveAvgPool1d", "AdaptiveAvgPool2d", "Upsample", "PixelShuffle", "Bilinear", "Sequential",
+}
+_LINEAR_MODULES = {"torch.nn.Linear", "torch.nn.LazyLinear"}
+_RECURSING = object()
+
+
+def _is_cpu_literal(expr: ast.AST) -> bool:
+    if isinstance(expr, ast.Constant) and isinstance(expr.value, str):
+        return expr.value.split(":")[0] == "cpu"
+    if isinstance(expr, ast.Call) and expr.args and not expr.keywords:
+        return _is_cpu_literal(expr.args[0]) and (getattr(expr.func, "attr", None) == "device"
+                                                  or getattr(expr.func, "id", None) == "device")
+    return False
+
+
+def _annotation_kind(ann: Optional[ast.AST]) -> Optional[str]:
+    if ann is None:
+        return None
+    if isinstance(ann, ast.Constant) and isinstance(ann.value, str):
+        try:
+            ann = ast.parse(ann.value, mode="eval").body
+        except SyntaxError:
+            return None
+    if isinstance(ann, ast.Subscript):
+        head = ann.value.attr if isinstance(ann.value, ast.Attribute) else getattr(ann.value, "id", None)
+        if head in ("Optional",):
+            return _annotation_kind(ann.slice)
+        if head in _SEQUENCE_ANNOTATIONS:
+            return LIST
+        if head in _JAXTYPING:
+            return TENSOR
+        return None
+    name = ann.attr if isinstance(ann, ast.Attribute) else getattr(ann, "id", None)
+    if name in ("Tensor", "FloatTensor", "LongTensor", "BoolTensor", "HalfTensor", "Parameter"):
+        return TENSOR
+    if name == "ndarray":
+        return NUMPY
+    if name in _SEQUENCE_ANNOTATIONS:
+        return LIST
+    if name in ("int", "float", "bool", "str"):
+        return SCALAR
+    return None
+
+
+class ScopeKinds:
+    """Assignments and uses of names in one function (or the module), collected once."""
+
+    def __init__(self, owner: ast.AST):
+        self.owner = owner
+        self.assigned: dict = {}      # name -> list of ("value", expr) / ("elem", iter, path) / ("kind", k)
+        self.methods_used: dict = {}  # name -> set of attribute names used on it
+        self.cache: dict = {}
+        self.self_name = None
+        if isinstance(owner, (ast.FunctionDef, ast.AsyncFunctionDef, ast.Lambda)):
+            args = owner.args
+            params = args.posonlyargs + args.args + args.kwonlyargs
+            for i, arg in enumerate(params):
+                self.assigned.setdefault(arg.arg, []).append(("kind", _annotation_kind(arg.annotation)))
+            for arg in (args.vararg, args.kwarg):
+                if arg is not None:
+                    self.assigned.setdefault(arg.arg, []).append(("kind", LIST if arg is args.vararg else OTHER))
+            if params:
+                self.self_name = params[0].arg
+        body = owner.body if isinstance(owner.body, list) else [owner.body]
+        for stmt in body:
+            self._collect(stmt)
+
+    def _bind(self, target: ast.AST, entry) -> None:
+        if isinstance(target, ast.Name):
+            self.assigned.setdefault(target.id, []).append(entry)
+        elif isinstance(target, (ast.Tuple, ast.List)):
+            for i, elt in enumerate(target.elts):
+                if isinstance(elt, ast.Starred):
+                    self._bind(elt.value, ("kind", LIST))
+                elif entry[0] == "elem":
+                    self._bind(elt, ("elem", entry[1], entry[2] + (i,)))
+                elif entry[0] == "value":
+                    self._bind(elt, ("unpack", entry[1], i))
+                else:
+                    self._bind(elt, ("kind", None))
+
+    def _collect(self, root: ast.AST) -> None:
+        stack = [root]
+        while stack:
+            node = stack.pop()
+            if isinstance(node, ast.Assign):
+                for target in node.targets:
+                    self._bind(target, ("value", node.value))
+            elif isinstance(node, ast.AnnAssign):
+                ann = _annotation_kind(node.annotation)
+                if node.value is not None:
+                    self._bind(node.target, ("value", node.value) if ann is None else ("kind", ann))
+                elif ann is not None:
+                    self._bind(node.target, ("kind", ann))
+            elif isinstance(node, ast.AugAssign):
+                self._bind(node.target, ("aug", node))
+            elif isinstance(node, (ast.For, ast.AsyncFor)):
+                self._bind(node.target, ("elem", node.iter, ()))
+            elif isinstance(node, ast.comprehension):
+                self._bind(node.target, ("elem", node.iter, ()))
+            elif isinstance(node, (ast.With, ast.AsyncWith)):
+                for item in node.items:
+                    if item.optional_vars is not None:
+                        self._bind(item.optional_vars, ("kind", None))
+            elif isinstance(node, ast.NamedExpr):
+                self._bind(node.target, ("value", node.value))
+            elif isinstance(node, ast.ExceptHandler) and node.name:
+                self.assigned.setdefault(node.name, []).append(("kind", OTHER))
+            elif isinstance(node, (ast.Import, ast.ImportFrom)):
+                for alias in node.names:
+                    name = (alias.asname or alias.name).split(".")[0]
+                    self.assigned.setdefault(name, []).append(("kind", OTHER))
+            elif isinstance(node, ast.Attribute) and isinstance(node.value, ast.Name):
+                self.methods_used.setdefault(node.value.id, set()).add(node.attr)
+            if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
+                self.assigned.setdefault(node.name, []).append(("kind", OTHER))
+                continue
+            if isinstance(node, ast.Lambda):
+                continue
+            stack.extend(ast.iter_child_nodes(node))
+
+
+def _scope(ctx, owner) -> ScopeKinds:
+    key = ("kinds", id(owner))
+    scope = ctx.shared.get(key)
+    if scope is None:
+        scope = ctx.shared[key] = ScopeKinds(owner)
+    return scope
+
+
+def _chain(ctx) -> list:
+    return [_scope(ctx, f) for f in reversed(ctx.functions)] + [_scope(ctx, ctx.tree)]
+
+
+class _Inference:
+    def __init__(self, ctx, chain):
+        self.ctx = ctx
+        self.chain = chain
+        self.default_device_set = "set_default_device" in ctx.source
+
+    # -- names ----------------------------------------------------------------
+    def name(self, ident: str, chain=None) -> Optional[str]:
+        chain = chain if chain is not None else self.chain
+        for depth, scope in enumerate(chain):
+            if ident in scope.assigned:
+                cached = scope.cache.get(ident)
+                if cached is _RECURSING:
+                    return _RECURSING
+                if cached is not None or ident in scope.cache:
+                    return cached
+                scope.cache[ident] = _RECURSING
+                result = self._combine([self.entry(e, chain[depth:]) for e in scope.assigned[ident]])
+                scope.cache[ident] = result
+                return result
+        return None
+
+    @staticmethod
+    def _combine(kinds) -> Optional[str]:
+        known = [k for k in kinds if k is not _RECURSING]
+        if not known or any(k is None for k in known):
+            return None
+        if set(known) <= set(TENSORS):
+            return CPU_TENSOR if all(k == CPU_TENSOR for k in known) else TENSOR
+        return known[0] if len(set(known)) == 1 else None
+
+    def entry(self, entry, chain) -> Optional[str]:
+        sub = _Inference(self.ctx, chain)
+        tag = entry[0]
+        if tag == "kind":
+            return entry[1]
+        if tag == "value":
+            return sub.expr(entry[1])
+        if tag == "aug":
+            node = entry[1]
+            value = sub.expr(node.value)
+            return value if value in TENSORS else (SCALAR if value == SCALAR else None)
+        if tag == "unpack":
+            value, index = entry[1], entry[2]
+            if isinstance(value, (ast.Tuple, ast.List)) and index < len(value.elts):
+                return sub.expr(value.elts[index])
+            if isinstance(value, ast.Call) and isinstance(value.func, ast.Attribute):
+                if value.func.attr in ("split", "chunk", "unbind", "tensor_split") and sub.expr(value.func.value) in TENSORS:
+                    return sub.expr(value.func.value)
+            if isinstance(value, ast.Attribute) and value.attr == "shape":
+                return SCALAR
+            if isinstance(value, ast.Call) and isinstance(value.func, ast.Attribute) and value.func.attr == "size":
+                return SCALAR
+            return None
+        if tag == "elem":
+            return sub.element(entry[1], entry[2])
+        return None
+
+    def element(self, iterable: ast.AST, path: tuple) -> Optional[str]:
+        """Kind of the item at `path` inside each element of `iterable`."""
+        if isinstance(iterable, ast.Call):
+            fname = getattr(iterable.func, "id", None)
+            if fname == "enumerate" and iterable.args:
+                if not path:
+                    return None
+                return SCALAR if path[0] == 0 else self.element(iterable.args[0], path[1:])
+            if fname == "zip":
+                if not path:
+                    return None
+                return self.element(iterable.args[path[0]], path[1:]) if path[0] < len(iterable.args) else None
+            if fname == "range":
+                return SCALAR if not path else None
+            if fname in ("tqdm", "iter", "reversed", "sorted", "list") or self.ctx.qualname(iterable.func) in (
+                    "tqdm.tqdm", "tqdm.auto.tqdm", "tqdm.notebook.tqdm"):
+                return self.element(iterable.args[0], path) if iterable.args else None
+        kind = self.expr(iterable)
+        if kind == LOADER:
+            return CPU_TENSOR  # batches of a plain DataLoader are host tensors (or tuples of them)
+        if path:
+            return None
+        if kind in TENSORS:
+            return kind
+        if kind == TENSOR_SEQ:
+            return TENSOR
+        if kind == MODULE_LIST:
+            return None
+        return None
+
+    # -- expressions ------------------------------------------------------------
+    def expr(self, node: ast.AST) -> Optional[str]:
+        result = self._expr(node)
+        return None if result is _RECURSING else result
+
+    def _expr(self, node: ast.AST):
+        ctx = self.ctx
+        if isinstance(node, ast.Name):
+            qual = ctx.qualname(node)
+            if qual is not None:
+                return self._qualified(qual)
+            kind = self.name(node.id)
+            if kind is None and "loader" in node.id.lower():
+                return LOADER
+            return kind
+        if isinstance(node, ast.Constant):
+            return SCALAR
+        if isinstance(node, (ast.List, ast.Tuple, ast.ListComp, ast.Set, ast.Dict, ast.DictComp, ast.SetComp)):
+            return LIST
+        if isinstance(node, ast.JoinedStr):
+            return SCALAR
+        if isinstance(node, ast.Attribute):
+            return self._attribute(node)
+        if isinstance(node, ast.Subscript):
+            base = self.expr(node.value)
+            if base in TENSORS or base == NUMPY:
+                return base
+            if base == TENSOR_SEQ:
+                return TENSOR
+            if base == SCALAR:
+                return SCALAR
+            if base == MODULE_LIST:
+                return None
+            return None
+        if isinstance(node, (ast.BinOp,)):
+            left, right = self.expr(node.left), self.expr(node.right)
+            if isinstance(node.op, ast.MatMult) or left in TENSORS or right in TENSORS:
+                both = [k for k in (left, right) if k in TENSORS]
+                if TENSOR in both or isinstance(node.op, ast.MatMult) and not both:
+                    return TENSOR
+                return CPU_TENSOR if both else TENSOR
+            if left == NUMPY or right == NUMPY:
+                return NUMPY
+            if left == SCALAR and right == SCALAR:
+                return SCALAR
+            if left == LIST and right == LIST:
+                return LIST
+            return None
+        if isinstance(node, ast.UnaryOp):
+            return SCALAR if isinstance(node.op, ast.Not) else self.expr(node.operand)
+        if isinstance(node, ast.Compare):
+            kinds = [self.expr(node.left)] + [self.expr(c) for c in node.comparators]
+            if any(isinstance(op, (ast.In, ast.NotIn, ast.Is, ast.IsNot)) for op in node.ops):
+                return SCALAR
+            if TENSOR in kinds:
+                return TENSOR
+            if CPU_TENSOR in kinds:
+                return CPU_TENSOR
+            if NUMPY in kinds:
+                return NUMPY
+            return SCALAR if all(k == SCALAR for k in kinds) else None
+        if isinstance(node, ast.IfExp):
+            return self._combine([self.expr(node.body), self.expr(node.orelse)])
+        if isinstance(node, ast.Call):
+            return self._call(node)
+        return None
+
+    def _qualified(self, qual: str) -> Optional[str]:
+        module, _, attr = qual.rpartition(".")
+        if qual.startswith(("numpy.", "np.")):
+            return NUMPY if attr and attr[0].islower() else OTHER
+        if qual.startswith("torch.") and (attr in ("float32", "float16", "bfloat16", "float64", "int64",
+                                                   "long", "int32", "bool", "float", "half", "double")):
+            return SCALAR
+        return OTHER if qual.startswith("torch") else None
+
+    def _attribute(self, node: ast.Attribute) -> Optional[str]:
+        qual = self.ctx.qualname(node)
+        if qual is not None:
+            return self._qualified(qual)
+        base = node.value
+        if isinstance(base, ast.Name) and self.chain and base.id == self.chain[0].self_name and self.ctx.class_ is not None:
+            return class_attribute_kind(self.ctx, self.ctx.class_, node.attr)
+        base_kind = self.expr(base)
+        if base_kind in TENSORS:
+            if node.attr in _SAME_KIND_ATTRS:
+                return base_kind
+            if node.attr in _NON_TENSOR_ATTRS:
+                return SCALAR
+            return None
+        if base_kind == NUMPY:
+            return SCALAR if node.attr in ("shape", "ndim", "dtype", "size") else NUMPY if node.attr == "T" else None
+        if base_kind in (LINEAR, MODULE) and node.attr in ("weight", "bias"):
+            return TENSOR
+        return None
+
+    def _call(self, node: ast.Call) -> Optional[str]:
+        ctx = self.ctx
+        func = node.func
+        qual = ctx.qualname(func)
+        if qual is not None:
+            return self._qualified_call(qual, node)
+        if isinstance(func, ast.Name):
+            if func.id in ("list", "tuple", "sorted", "map", "filter"):
+                return LIST
+            if func.id in ("len", "int", "float", "bool", "str", "round", "sum", "abs", "max", "min",
+                           "isinstance", "hasattr", "repr"):
+                return SCALAR if func.id not in ("sum", "abs", "max", "min") else None
+            callee = self.name(func.id)
+        elif isinstance(func, ast.Attribute):
+            receiver = self.expr(func.value)
+            if receiver in TENSORS:
+                return self._tensor_method(func.attr, receiver, node)
+            if receiver == NUMPY:
+                return SCALAR if func.attr in ("item",) else LIST if func.attr == "tolist" else NUMPY
+            if receiver in (MODULE, LINEAR) and func.attr in ("parameters", "named_parameters", "modules", "children"):
+                return OTHER
+            if receiver in (MODULE, LINEAR) and func.attr in ("cuda", "cpu", "to", "float", "half", "bfloat16", "double", "train", "eval"):
+                return receiver
+            if receiver == MODULE_LIST:
+                return None
+            callee = self.expr(func)
+        else:
+            callee = None
+        if callee in (LINEAR, MODULE):
+            return TENSOR
+        return None
+
+    def _tensor_method(self, method: str, receiver: str, node: ast.Call) -> Optional[str]:
+        if method == "cpu":
+            return CPU_TENSOR
+        if method == "cuda":
+            return TENSOR
+        if method == "to":
+            target = node.args[0] if node.args else next((k.value for k in node.keywords if k.arg == "device"), None)
+            if target is None:
+                return receiver
+            if _is_cpu_literal(target):
+                return CPU_TENSOR
+            if self.expr(target) == SCALAR and not (isinstance(target, ast.Constant)):
+                return receiver  # .to(torch.float16): a dtype
+            return TENSOR
+        if method in _NON_TENSOR_METHODS:
+            return _NON_TENSOR_METHODS[method]
+        return receiver
+
+    def _qualified_call(self, qual: str, node: ast.Call) -> Optional[str]:
+        module, _, attr = qual.rpartition(".")
+        if qual in _LINEAR_MODULES:
+            return LINEAR
+        if qual == "torch.nn.ModuleList":
+            return MODULE_LIST
+        if qual == "torch.nn.Parameter":
+            return self.expr(node.args[0]) if node.args else TENSOR
+        if qual == "torch.utils.data.DataLoader":
+            return LOADER
+        if module == "torch.nn" and attr[:1].isupper():
+            return MODULE if (attr in _ELEMENTWISE_MODULES or attr.endswith("Loss")) else OTHER
+        if qual.startswith(("numpy.", "np.")):
+            return NUMPY if attr[:1].islower() else OTHER
+        if module in _TENSOR_NAMESPACES and attr[:1].islower():
+            if attr in _NOT_TENSOR_FUNCTIONS:
+                return SCALAR if attr in ("is_tensor", "numel", "is_floating_point", "is_complex") else OTHER
+            if attr in _SPLITTING_FUNCTIONS:
+                return LIST
+            if attr == "unbind":
+                return TENSOR_SEQ
+            if attr in _FACTORIES:
+                return self._factory_kind(attr, node)
+            arg_kinds = [self.expr(a) for a in node.args]
+            if CPU_TENSOR in arg_kinds and TENSOR not in arg_kinds:
+                return CPU_TENSOR
+            return TENSOR
+        return OTHER if qual.startswith("torch.") else None
+
+    def _factory_kind(self, attr: str, node: ast.Call) -> str:
+        device = next((k.value for k in node.keywords if k.arg == "device"), None)
+        if attr.endswith("_like") and node.args:
+            like = self.expr(node.args[0])
+            if device is None:
+                return like if like in TENSORS else TENSOR
+        if attr == "from_numpy":
+            return CPU_TENSOR
+        if device is None:
+            return TENSOR if self.default_device_set else CPU_TENSOR
+        return CPU_TENSOR if _is_cpu_literal(device) else TENSOR
+
+
+def class_attribute_kind(ctx, cls: ast.ClassDef, attr: str) -> Optional[str]:
+    """Kind of `self.<attr>` from the assignments to it in the class's methods."""
+    key = ("class_attrs", id(cls))
+    table = ctx.shared.get(key)
+    if table is None:
+        table = ctx.shared[key] = _class_attribute_values(cls)
+    entries = table.get(attr)
+    if not entries:
+        return None
+    cache_key = ("class_attr_kind", id(cls), attr)
+    if cache_key in ctx.shared:
+        result = ctx.shared[cache_key]
+        return None if result is _RECURSING else result
+    ctx.shared[cache_key] = _RECURSING
+    kinds = []
+    for method, value in entries:
+        inference = _Inference(ctx, [_scope(ctx, method), _scope(ctx, ctx.tree)])
+        kinds.append(inference.expr(value))
+    result = _Inference._combine(kinds)
+    ctx.shared[cache_key] = result
+    return result
+
+
+def _class_attribute_values(cls: ast.ClassDef) -> dict:
+    table: dict = {}
+    for method in cls.body:
+        if not isinstance(method, (ast.FunctionDef, ast.AsyncFunctionDef)):
+            continue
+        params = method.args.posonlyargs + method.args.args
+        if not params:
+            continue
+        self_name = params[0].arg
+        for node in ast.walk(method):
+            if isinstance(node, ast.Assign):
+                for target in node.targets:
+                    if (isinstance(target, ast.Attribute) and isinstance(target.value, ast.Name)
+                            and target.value.id == self_name):
+                        table.setdefault(target.attr, []).append((method, node.value))
+                    elif isinstance(target, (ast.Tuple, ast.List)):
+                        for elt in target.elts:
+                            if isinstance(elt, ast.Attribute) and isinstance(elt.value, ast.Name) and elt.value.id == self_name:
+                                table.setdefault(elt.attr, []).append((method, ast.Constant(None)))
+            elif isinstance(node, (ast.AugAssign, ast.AnnAssign)):
+                target = node.target
+                if (isinstance(target, ast.Attribute) and isinstance(target.value, ast.Name)
+                        and target.value.id == self_name):
+                    value = node.value if isinstance(node, ast.AnnAssign) and node.value is not None else None
+                    table.setdefault(target.attr, []).append((method, value if value is not None else ast.Constant(None)))
+            elif (isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute)
+                  and node.func.attr == "register_buffer" and isinstance(node.func.value, ast.Name)
+                  and node.func.value.id == self_name and len(node.args) >= 2
+                  and isinstance(node.args[0], ast.Constant) and isinstance(node.args[0].value, str)):
+                table.setdefault(node.args[0].value, []).append((method, node.args[1]))
+            elif (isinstance(node, ast.Call) and getattr(node.func, "id", None) == "setattr"
+                  and node.args and isinstance(node.args[0], ast.Name) and node.args[0].id == self_name):
+                if len(node.args) >= 2 and isinstance(node.args[1], ast.Constant):
+                    table.setdefault(node.args[1].value, []).append((method, ast.Constant(None)))
+    return table
+
+
+# -- public API ------------------------------------------------------------------
+
+def kind_of(ctx, expr: ast.AST) -> Optional[str]:
+    """Kind of `expr` as seen at the engine's current position."""
+    return _Inference(ctx, _chain(ctx)).expr(expr)
+
+
+def is_tensor(ctx, expr: ast.AST) -> bool:
+    return kind_of(ctx, expr) in TENSORS
+
+
+def is_non_tensor(ctx, expr: ast.AST) -> bool:
+    return kind_of(ctx, expr) in NON_TENSORS
+
+
+def looks_like_tensor(ctx, expr: ast.AST) -> bool:
+    """A tensor by kind, or a name the code uses as only a tensor can be used."""
+    kind = kind_of(ctx, expr)
+    if kind in TENSORS:
+        return True
+    if kind is not None:
+        return False
+    if isinstance(expr, ast.Name):
+        for scope in _chain(ctx):
+            used = scope.methods_used.get(expr.id, set())
+            if used & TENSOR_ONLY_METHODS:
+                return True
+            if "shape" in used and not ctx.names.is_imported("numpy"):
+                return True
+            if expr.id in scope.assigned:
+                break
+    return False

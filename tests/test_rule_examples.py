@@ -1,0 +1,39 @@
+"""Every rule's examples are its tests: exact positions for bad code, silence for good code,
+and the exact source after fixing for bad->fixed pairs."""
+import pytest
+
+from matlint.engine import lint_source
+from matlint.fixes import fix_until_stable
+from matlint.registry import all_rules
+
+CASES = [
+    pytest.param(rule, i, example, id=f"{rule.code}-{i}")
+    for rule in all_rules()
+    for i, example in enumerate(rule.examples)
+]
+
+
+def _lint_one(rule, source):
+    return [f for f in lint_source(source, "example.py", [rule], prefilter=False) if f.code == rule.code]
+
+
+@pytest.mark.parametrize("rule, index, example", CASES)
+def test_example(rule, index, example):
+    findings = _lint_one(rule, example.code)
+    got = sorted((f.row, f.column) for f in findings)
+    assert got == sorted(example.expect), "\n".join(f"{f.row}:{f.column} {f.message}" for f in findings)
+    if example.message_contains:
+        assert any(example.message_contains in f.message for f in findings)
+    if example.fixed_code is not None:
+        fixed, applied, _ = fix_until_stable(example.code, lambda s: _lint_one(rule, s), unsafe=example.unsafe)
+        assert applied > 0
+        assert fixed == example.fixed_code
+        # a second --fix changes nothing
+        again, applied_again, _ = fix_until_stable(fixed, lambda s: _lint_one(rule, s), unsafe=example.unsafe)
+        assert applied_again == 0 and again == fixed
+
+
+@pytest.mark.parametrize("rule", [r for r in all_rules() if not r.code.startswith("MAT0")], ids=lambda r: r.code)
+def test_rule_has_bad_and_good_examples(rule):
+    assert any(e.expect for e in rule.examples), f"{rule.code} has no bad example"
+    assert any(not e.expect for e in rule.examples), f"{rule.code} has no good example"
