@@ -1,0 +1,47 @@
+"""matlint: finds the PyTorch code patterns that keep GEMMs off the GPU's matrix units.
+
+Importing matlint is cheap: it imports neither torch nor rich; `check`, `lint_text` and
+`guard` load their modules on first use.
+"""
+from __future__ import annotations
+
+
+def _version() -> str:
+    from importlib.metadata import PackageNotFoundError, version
+
+    try:
+        return version("matlint")
+    except PackageNotFoundError:  # running from a source tree that is not installed
+        return "0+unknown"
+
+
+__version__ = _version()
+
+_LAZY = {
+    "check": ("matlint.api", "check"),
+    "lint_text": ("matlint.api", "lint_text"),
+    "load_settings": ("matlint.config", "load_settings"),
+    "Settings": ("matlint.config", "Settings"),
+    "ConfigError": ("matlint.config", "ConfigError"),
+    "Finding": ("matlint.diagnostics", "Finding"),
+    "Fix": ("matlint.diagnostics", "Fix"),
+    "Edit": ("matlint.diagnostics", "Edit"),
+    "guard": ("matlint.runtime_guard", "guard"),
+}
+
+__all__ = ["__version__", *_LAZY]
+
+
+def __getattr__(name: str):
+    if name not in _LAZY:
+        raise AttributeError(f"module 'matlint' has no attribute {name!r}")
+    import importlib
+
+    module_name, attribute = _LAZY[name]
+    value = getattr(importlib.import_module(module_name), attribute)
+    globals()[name] = value
+    return value
+
+
+def __dir__():
+    return sorted(set(globals()) | set(_LAZY))

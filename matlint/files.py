@@ -1,0 +1,171 @@
+"""Which files a run lints: explicit paths always; under directories, every *.py / *.pyi that is
+not excluded, not in a virtualenv and not ignored by a .gitignore. Directory symlinks are not
+followed; a broken link or an unreadable entry becomes one MAT003 finding and the walk goes on."""
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Optional
+
+import pathspec
+
+from .diagnostics import Finding
+
+PYTHON_SUFFIXES = (".py", ".pyi")
+
+
+class UsageError(Exception):
+    """A mistake on the command line (exit 2)."""
+
+
+@dataclass
+class Discovery:
+    files: list = field(default_factory=list)
+    problems: list = field(default_factory=list)  # MAT003 findings for entries that cannot be read
+
+
+def unreadable(path: str, reason: str) -> Finding:
+    return Finding("MAT003", f"cannot read the file: {reason}", path, 1, 1, 1, 1)
+
+
+def _link_problem(path: str) -> str:
+    try:
+        os.stat(path)
+    except OSError as exc:
+        target = os.readlink(path) if os.path.islink(path) else None
+        if target is not None and exc.errno == 2:
+            return f"broken symbolic link (its target {target!r} does not exist)"
+        return exc.strerror or str(exc)
+    return "not a regular file"
+
+
+def _is_python(name: str) -> bool:
+    return name.endswith(PYTHON_SUFFIXES)
+
+
+def _git_root(directory: Path) -> Optional[Path]:
+    for candidate in (directory, *directory.parents):
+        if (candidate / ".git").exists():
+            return candidate
+    return None
+
+
+def _load_gitignore(directory: Path) -> Optional[pathspec.PathSpec]:
+    lines = []
+    for name in (".gitignore", os.path.join(".git", "info", "exclude")):
+        try:
+            with open(directory / name, encoding="utf-8", errors="replace") as handle:
+                lines += handle.read().splitlines()
+        except OSError:
+            continue
+    return pathspec.GitIgnoreSpec.from_lines(lines) if lines else None
+
+
+class _Ignores:
+    """The .gitignore files that apply at one point of the walk, outermost first."""
+
+    def __init__(self, specs=()):
+        self.specs = tuple(specs)  # ((directory, spec), ...)
+
+    def entering(self, directory: Path) -> "_Ignores":
+        spec = _load_gitignore(directory)
+        return _Ignores(self.specs + ((directory, spec),)) if spec else self
+
+    def ignores(self, path: Path, is_dir: bool) -> bool:
+        # Deeper files override shallower ones; within one file the last matching pattern wins.
+        for directory, spec in reversed(self.specs):
+            relative = path.relative_to(directory).as_posix() + ("/" if is_dir else "")
+            result = spec.check_file(relative)
+            if result.include is not None:
+                return result.include
+        return False
+
+
+class FileFinder:
+    def __init__(self, settings):
+        self.settings = settings
+        self.exclude = pathspec.GitIgnoreSpec.from_lines(settings.exclude)
+
+    def find(self, paths) -> Discovery:
+        """Files to lint under `paths`, in a stable order. Raises UsageError for a path that does not exist."""
+        missing = [p for p in paths if not os.path.lexists(p)]
+        if missing:
+            raise UsageError(f"path does not exist: {missing[0]}" + (
+                f" (and {len(missing) - 1} more)" if len(missing) > 1 else ""))
+        found = Discovery()
+        seen = set()
+        for raw in paths:
+            path = os.path.normpath(os.fspath(raw))
+            if os.path.isdir(path) and not os.path.islink(path):
+                self._walk(Path(path), self._ignores_above(Path(path)), found)
+            elif os.path.isdir(path):
+                self._walk(Path(path), _Ignores(), found)  # a symlink named explicitly is followed
+            elif os.path.isfile(path):
+                found.files.append(path)
+            else:
+                found.problems.append(unreadable(path, _link_problem(path)))
+        unique = []
+        for path in found.files:
+            key = os.path.abspath(path)
+            if key not in seen:
+                seen.add(key)
+                unique.append(path)
+        found.files = unique
+        return found
+
+    def _ignores_above(self, directory: Path) -> _Ignores:
+        """.gitignore files of the directories between the repository root and `directory`."""
+        if not self.settings.respect_gitignore:
+            return _Ignores()
+        absolute = Path(os.path.abspath(directory))
+        root = _git_root(absolute)
+        if root is None or root == absolute:
+            return _Ignores()
+        ignores = _Ignores()
+        for parent in reversed(absolute.relative_to(root).parents):
+            ignores = ignores.entering(root / parent)
+        return ignores
+
+    def _excluded(self, path: Path, is_dir: bool) -> bool:
+        relative = self.settings.relative_path(path) + ("/" if is_dir else "")
+        return self.exclude.match_file(relative) or self.exclude.match_file(path.name + ("/" if is_dir else ""))
+
+    def _walk(self, directory: Path, ignores: _Ignores, found: Discovery) -> None:
+        if self.settings.respect_gitignore:
+            ignores = ignores.entering(Path(os.path.abspath(directory)))
+        try:
+            entries = sorted(os.scandir(directory), key=lambda e: e.name)
+        except OSError as exc:
+            found.problems.append(unreadable(str(directory), exc.strerror or str(exc)))
+            return
+        for entry in entries:
+            path = Path(entry.path)
+            try:
+                is_dir = entry.is_dir(follow_symlinks=False)
+                is_link = entry.is_symlink()
+            except OSError:
+                is_dir = is_link = False
+            if is_dir:
+                if (self._excluded(path, True) or (path / "pyvenv.cfg").exists()
+                        or (ignores.specs and ignores.ignores(Path(os.path.abspath(path)), True))):
+                    continue
+                self._walk(path, ignores, found)
+                continue
+            if not _is_python(entry.name) or self._excluded(path, False):
+                continue
+            if ignores.specs and ignores.ignores(Path(os.path.abspath(path)), False):
+                continue
+            if is_link:
+                if os.path.isdir(path):
+                    continue  # directory symlinks are not followed
+                if not os.path.isfile(path):
+                    found.problems.append(unreadable(os.path.normpath(entry.path), _link_problem(entry.path)))
+                    continue
+            elif not entry.is_file():
+                continue  # sockets, fifos: nothing to read
+            found.files.append(os.path.normpath(entry.path))
+
+
+def find_files(paths, settings) -> Discovery:
+    return FileFinder(settings).find(paths)

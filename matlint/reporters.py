@@ -1,0 +1,250 @@
+"""Output formats: full (ruff-like, with source and markers), concise, json (ruff's fields),
+sarif (2.1.0), github (workflow annotations), and the --statistics table."""
+from __future__ import annotations
+
+import json
+import os
+from collections import Counter
+from pathlib import Path
+from urllib.parse import quote
+
+from .diagnostics import Finding
+
+FORMATS = ("full", "concise", "json", "sarif", "github")
+INFORMATION_URI = "https://github.com/matlint/matlint"
+CONTEXT_LINES = 2
+TAB_WIDTH = 4
+
+
+def _plural(count: int, word: str = "error") -> str:
+    return f"{count} {word}{'' if count == 1 else 's'}"
+
+
+def _level(finding: Finding) -> str:
+    # MAT0xx: the file could not be checked at all, which is worse than a finding.
+    return "error" if finding.code.startswith("MAT0") else "warning"
+
+
+def _fix_marker(finding: Finding, unsafe_fixes: bool) -> str:
+    if finding.fix and (finding.fix.safe or unsafe_fixes):
+        return "[*] "
+    return ""
+
+
+# -- full --------------------------------------------------------------------------
+
+class SourceLines:
+    """Reads each file's lines once, for the source excerpts of the full format."""
+
+    def __init__(self, sources=None):
+        self.sources = dict(sources or {})
+        self.lines: dict = {}
+
+    def get(self, filename: str) -> list:
+        if filename not in self.lines:
+            from .engine import decode, split_lines
+
+            text = self.sources.get(filename)
+            if text is None:
+                try:
+                    with open(filename, "rb") as handle:
+                        text, _ = decode(handle.read(), filename)
+                except OSError:
+                    text = None
+            self.lines[filename] = split_lines(text) if text is not None else []
+        return self.lines[filename]
+
+
+def _cells(text: str) -> int:
+    from rich.cells import cell_len
+
+    return cell_len(text.expandtabs(TAB_WIDTH))
+
+
+def _full_lines(finding: Finding, source_lines: list, unsafe_fixes: bool):
+    """Lines of (text, style) segments for one finding."""
+    yield [(finding.filename, "bold"), (f":{finding.row}:{finding.column}: ", ""),
+           (finding.code, "bold red"), (" ", ""), (_fix_marker(finding, unsafe_fixes), "cyan"),
+           (finding.message, "")]
+    if 0 < finding.row <= len(source_lines):
+        last = min(finding.end_row, len(source_lines))
+        first_shown = max(1, finding.row - CONTEXT_LINES)
+        last_shown = min(len(source_lines), last + CONTEXT_LINES)
+        gutter = len(str(last_shown))
+        blank = " " * gutter + " |"
+        yield [(blank, "blue")]
+        for row in range(first_shown, last_shown + 1):
+            line = source_lines[row - 1]
+            yield [(f"{row:>{gutter}} | ", "blue"), (line.expandtabs(TAB_WIDTH), "")]
+            if finding.row <= row <= last:
+                start = finding.column if row == finding.row else len(line) - len(line.lstrip()) + 1
+                end = finding.end_column if row == finding.end_row else len(line) + 1
+                indent = _cells(line[:start - 1])
+                width = max(1, _cells(line[:end - 1]) - indent)
+                label = f" {finding.code}" if row == last else ""
+                yield [(blank + " " * (indent + 1), "blue"), ("^" * width + label, "bold red")]
+        yield [(blank, "blue")]
+        if finding.fix:
+            yield [(" " * gutter + " = ", "blue"), ("help: ", "bold cyan"), (finding.fix.message, "")]
+    elif finding.fix:
+        yield [("  = ", "blue"), ("help: ", "bold cyan"), (finding.fix.message, "")]
+    yield []
+
+
+def full_lines(findings: list, unsafe_fixes: bool = False, sources=None):
+    reader = SourceLines(sources)
+    for finding in findings:
+        yield from _full_lines(finding, reader.get(finding.filename), unsafe_fixes)
+
+
+def concise_lines(findings: list, unsafe_fixes: bool = False):
+    for f in findings:
+        yield [(f.filename, "bold"), (f":{f.row}:{f.column}: ", ""), (f.code, "bold red"), (" ", ""),
+               (_fix_marker(f, unsafe_fixes), "cyan"), (f.message, "")]
+
+
+def summary_lines(findings: list, unsafe_fixes: bool = False):
+    if not findings:
+        yield [("All checks passed!", "bold green")]
+        return
+    yield [(f"Found {_plural(len(findings))}.", "")]
+    fixable = sum(1 for f in findings if f.fix and (f.fix.safe or unsafe_fixes))
+    hidden = sum(1 for f in findings if f.fix and not f.fix.safe and not unsafe_fixes)
+    if fixable:
+        yield [("[*]", "cyan"), (f" {fixable} fixable with the `--fix` option.", "")]
+    if hidden:
+        yield [(f"({hidden} hidden fix{'es' if hidden != 1 else ''} can be enabled with the `--unsafe-fixes` option.)", "")]
+
+
+def statistics_lines(findings: list, unsafe_fixes: bool = False):
+    from .registry import get_rule
+
+    counts = Counter(f.code for f in findings)
+    fixable = {f.code for f in findings if f.fix and (f.fix.safe or unsafe_fixes)}
+    width = len(str(max(counts.values(), default=0)))
+    for code, count in sorted(counts.items(), key=lambda item: (-item[1], item[0])):
+        rule = get_rule(code)
+        yield [(f"{count:>{width}}\t", ""), (code, "bold red"), ("\t", ""),
+               ("[*] " if code in fixable else "    ", "cyan"), (rule.name if rule else "", "")]
+
+
+def statistics_json(findings: list, unsafe_fixes: bool = False) -> str:
+    from .registry import get_rule
+
+    counts = Counter(f.code for f in findings)
+    fixable = {f.code for f in findings if f.fix and (f.fix.safe or unsafe_fixes)}
+    rows = [{"code": code, "name": get_rule(code).name if get_rule(code) else None, "count": count,
+             "fixable": code in fixable}
+            for code, count in sorted(counts.items(), key=lambda item: (-item[1], item[0]))]
+    return json.dumps(rows, indent=2) + "\n"
+
+
+def plain(lines) -> str:
+    return "".join("".join(text for text, _ in line) + "\n" for line in lines)
+
+
+# -- machine formats -----------------------------------------------------------------
+
+def to_json(findings: list) -> str:
+    return json.dumps([f.to_json() for f in findings], indent=2, ensure_ascii=False) + "\n"
+
+
+def _github_data(text: str) -> str:
+    return text.replace("%", "%25").replace("\r", "%0D").replace("\n", "%0A")
+
+
+def _github_property(text: str) -> str:
+    return _github_data(text).replace(":", "%3A").replace(",", "%2C")
+
+
+def to_github(findings: list) -> str:
+    out = []
+    for f in findings:
+        properties = ",".join([
+            f"title={_github_property(f'matlint ({f.code})')}",
+            f"file={_github_property(f.filename)}",
+            f"line={f.row}", f"col={f.column}", f"endLine={f.end_row}", f"endColumn={f.end_column}",
+        ])
+        out.append(f"::{_level(f)} {properties}::{_github_data(f'{f.code} {f.message}')}\n")
+    return "".join(out)
+
+
+def _artifact_location(filename: str) -> dict:
+    path = Path(filename)
+    if path.is_absolute():
+        return {"uri": path.as_uri()}
+    return {"uri": quote(path.as_posix()), "uriBaseId": "%SRCROOT%"}
+
+
+def _sarif_rule(cls) -> dict:
+    from .diagnostics import rule_url
+
+    docs = cls.rendered_docs()
+    return {
+        "id": cls.code,
+        "name": cls.name,
+        "shortDescription": {"text": cls.summary},
+        "fullDescription": {"text": docs},
+        "help": {"text": docs, "markdown": docs},
+        "helpUri": rule_url(cls.code),
+        "defaultConfiguration": {"level": "error" if cls.code.startswith("MAT0") else "warning",
+                                 "enabled": bool(cls.default_enabled)},
+        "properties": {"tags": [cls.family()]},
+    }
+
+
+def _sarif_region(row: int, column: int, end_row: int, end_column: int) -> dict:
+    return {"startLine": row, "startColumn": column, "endLine": end_row, "endColumn": end_column}
+
+
+def _sarif_fix(finding: Finding) -> dict:
+    return {
+        "description": {"text": finding.fix.message},
+        "artifactChanges": [{
+            "artifactLocation": _artifact_location(finding.filename),
+            "replacements": [{
+                "deletedRegion": _sarif_region(e.row, e.column, e.end_row, e.end_column),
+                "insertedContent": {"text": e.content},
+            } for e in finding.fix.edits],
+        }],
+    }
+
+
+def to_sarif(findings: list) -> str:
+    from . import __version__
+    from .registry import all_rules
+
+    rules = list(all_rules())
+    index = {cls.code: i for i, cls in enumerate(rules)}
+    results = []
+    for f in findings:
+        result = {
+            "ruleId": f.code,
+            "level": _level(f),
+            "message": {"text": f.message},
+            "locations": [{"physicalLocation": {
+                "artifactLocation": _artifact_location(f.filename),
+                "region": _sarif_region(f.row, f.column, f.end_row, f.end_column),
+            }}],
+        }
+        if f.code in index:
+            result["ruleIndex"] = index[f.code]
+        if f.fix:
+            result["fixes"] = [_sarif_fix(f)]
+        results.append(result)
+    log = {
+        "$schema": "https://json.schemastore.org/sarif-2.1.0.json",
+        "version": "2.1.0",
+        "runs": [{
+            "tool": {"driver": {
+                "name": "matlint",
+                "version": __version__,
+                "informationUri": INFORMATION_URI,
+                "rules": [_sarif_rule(cls) for cls in rules],
+            }},
+            "columnKind": "unicodeCodePoints",
+            "originalUriBaseIds": {"%SRCROOT%": {"uri": Path(os.getcwd()).as_uri() + "/"}},
+            "results": results,
+        }],
+    }
+    return json.dumps(log, indent=2, ensure_ascii=False) + "\n"

@@ -1,0 +1,114 @@
+"""Lints many files: read bytes, pre-filter, cache, engine; in parallel over processes.
+
+Nothing that goes wrong with one file stops the run or prints a traceback: an unexpected
+exception becomes a MAT000 finding for that file.
+"""
+from __future__ import annotations
+
+import multiprocessing
+import os
+import sys
+from concurrent.futures import ProcessPoolExecutor, as_completed
+from concurrent.futures.process import BrokenProcessPool
+from typing import Callable, Optional
+
+from . import engine
+from .cache import Cache
+from .diagnostics import Finding
+from .files import unreadable
+
+# Below this many files, starting worker processes costs more than it saves.
+MIN_FILES_FOR_PARALLEL = 48
+CHUNK_SIZE = 16
+
+
+def internal_error(path: str, exc: BaseException) -> Finding:
+    return Finding("MAT000", f"internal error while linting this file ({type(exc).__name__}: {exc}); "
+                   "the other files were still linted", path, 1, 1, 1, 1)
+
+
+def finalize(findings: list, path: str, settings) -> list:
+    """Drop codes the settings switch off for this path (engine codes, per-file-ignores)."""
+    enabled = settings.enabled_codes()
+    return [f for f in findings if f.code in enabled and not settings.is_ignored(path, f.code)]
+
+
+def lint_path(path: str, settings, cache: Optional[Cache]) -> list:
+    """Findings for one file, before per-file-ignores."""
+    try:
+        with open(path, "rb") as handle:
+            data = handle.read()
+    except OSError as exc:
+        return [unreadable(path, exc.strerror or str(exc))]
+    if not engine.mentions_torch(data):
+        # Not parsed at all; only an undecodable file is worth a word. Cheaper than a cache lookup.
+        return engine.lint_bytes(data, path, ())
+    key = cache.key(data, path) if cache else None
+    if cache:
+        cached = cache.get(key, path)
+        if cached is not None:
+            return cached
+    findings = engine.lint_bytes(data, path, settings.enabled_rules(), settings.rule_options)
+    if cache:
+        cache.put(key, path, findings)
+    return findings
+
+
+def _lint_one(path: str, settings, cache: Optional[Cache]) -> list:
+    try:
+        return finalize(lint_path(path, settings, cache), path, settings)
+    except Exception as exc:  # one file's failure must not end the run
+        return finalize([internal_error(path, exc)], path, settings)
+
+
+def _lint_chunk(paths: list, settings, use_cache: bool) -> list:
+    cache = Cache(settings.cache_path(), settings.fingerprint()) if use_cache else None
+    return [_lint_one(path, settings, cache) for path in paths]
+
+
+def default_jobs() -> int:
+    try:
+        return max(1, len(os.sched_getaffinity(0)))
+    except (AttributeError, OSError):
+        return os.cpu_count() or 1
+
+
+def _context():
+    # fork starts workers in milliseconds with the rules already imported; elsewhere spawn.
+    methods = multiprocessing.get_all_start_methods()
+    return multiprocessing.get_context("fork" if "fork" in methods and sys.platform == "linux" else None)
+
+
+def lint_files(paths: list, settings, use_cache: bool = True, jobs: Optional[int] = None,
+               on_progress: Optional[Callable[[int], None]] = None) -> list:
+    """Findings for every file in `paths`, sorted by file and position."""
+    jobs = jobs or default_jobs()
+    results: dict = {}
+    if jobs > 1 and len(paths) >= MIN_FILES_FOR_PARALLEL:
+        chunks = [paths[i:i + CHUNK_SIZE] for i in range(0, len(paths), CHUNK_SIZE)]
+        try:
+            with ProcessPoolExecutor(max_workers=min(jobs, len(chunks)), mp_context=_context()) as pool:
+                futures = {pool.submit(_lint_chunk, chunk, settings, use_cache): chunk for chunk in chunks}
+                for future in as_completed(futures):
+                    chunk = futures[future]
+                    try:
+                        chunk_results = future.result()
+                    except BrokenProcessPool:
+                        raise
+                    except Exception as exc:
+                        chunk_results = [[internal_error(p, exc)] for p in chunk]
+                    results.update(zip(chunk, chunk_results))
+                    if on_progress:
+                        on_progress(len(chunk))
+        except (BrokenProcessPool, OSError):
+            pass  # a worker died (or none could start): lint what is left in this process
+    remaining = [p for p in paths if p not in results]
+    if remaining:
+        cache = Cache(settings.cache_path(), settings.fingerprint()) if use_cache else None
+        for path in remaining:
+            results[path] = _lint_one(path, settings, cache)
+            if on_progress:
+                on_progress(1)
+    findings = [f for path in paths for f in results[path]]
+    findings.sort(key=Finding.sort_key)
+    return findings
