@@ -158,8 +158,14 @@ def find_config(start) -> Optional[Path]:
         candidate = directory / "pyproject.toml"
         if candidate.is_file():
             try:
-                data = tomllib.loads(candidate.read_text(encoding="utf-8"))
-            except (OSError, UnicodeDecodeError, tomllib.TOMLDecodeError):
+                text = candidate.read_text(encoding="utf-8")
+            except (OSError, UnicodeDecodeError):
+                continue
+            try:
+                data = tomllib.loads(text)
+            except tomllib.TOMLDecodeError:
+                if "tool.matlint" in text:
+                    return candidate  # ours but broken: loading it reports the TOML error
                 continue  # a broken pyproject without our table is not our business
             if isinstance(data.get("tool"), dict) and "matlint" in data["tool"]:
                 return candidate
