@@ -1,0 +1,480 @@
+"""Capture: a dispatch mode that records every aten op on real tensors, aggregated.
+
+Per op it costs a dict hit: the key is (op, call site, module path, fwd/bwd, argument
+signature) and the value a counter. A few ops also carry dataflow tags (GEMM outputs, copies,
+softmax inputs) so that chains such as hand-written attention can be recognised.
+"""
+from __future__ import annotations
+
+import contextlib
+import itertools
+import os
+import sys
+import threading
+import weakref
+from dataclasses import dataclass, field
+
+import torch
+from torch._C._autograd import _get_sequence_nr
+from torch.utils._python_dispatch import TorchDispatchMode
+
+_TORCH_DIR = os.path.dirname(torch.__file__) + os.sep
+_OWN_DIR = os.path.dirname(os.path.abspath(__file__)) + os.sep
+_STDLIB_WRAPPERS = {contextlib.__file__, threading.__file__}
+
+GEMM_OPS = frozenset({"mm", "addmm", "bmm", "baddbmm", "addbmm", "_scaled_mm"})
+BATCHED_GEMM_OPS = frozenset({"bmm", "baddbmm"})
+# Ops whose output is (a view or copy of) their first argument: dataflow tags follow them.
+PASS_THROUGH_OPS = frozenset({
+    "view", "_unsafe_view", "reshape", "expand", "transpose", "t", "permute", "clone",
+    "contiguous", "_to_copy", "alias", "detach", "unsqueeze", "squeeze", "_reshape_alias",
+    "as_strided", "slice", "select", "type_as", "to",
+})
+SCALE_OPS = frozenset({"mul", "div"})
+MASK_OPS = frozenset({"add", "sub", "masked_fill", "where"})
+SOFTMAX_OPS = frozenset({"_softmax", "softmax", "_safe_softmax"})
+DROPOUT_OPS = frozenset({"native_dropout", "dropout"})
+COPY_OPS = frozenset({"_to_copy", "copy_"})
+
+MAX_KEYS = 50_000          # distinct aggregated op keys kept; more are counted as dropped
+MAX_TAGS = 200_000         # dataflow tags kept within one step
+MAX_SEQ_SITES = 200_000    # forward sequence numbers remembered for backward attribution
+MAX_SEQUENCE = 500_000     # CUDA op order kept for kernel attribution
+MAX_ERRORS = 10
+
+
+@dataclass(frozen=True)
+class Site:
+    filename: str
+    lineno: int
+    function: str
+
+    def __str__(self) -> str:
+        return f"{_short_path(self.filename)}:{self.lineno}"
+
+
+UNKNOWN_SITE = Site("<unknown>", 0, "")
+
+
+def _short_path(filename: str) -> str:
+    try:
+        rel = os.path.relpath(filename)
+    except ValueError:
+        return filename
+    return filename if rel.startswith("..") else rel
+
+
+_internal_code: dict = {}
+_site_cache: dict = {}
+
+
+def _is_internal(code) -> bool:
+    known = _internal_code.get(code)
+    if known is None:
+        fn = code.co_filename
+        known = (
+            fn.startswith(_TORCH_DIR)
+            or fn.startswith(_OWN_DIR)
+            or fn in _STDLIB_WRAPPERS
+            or "torchinductor" in fn
+            or fn.startswith("<eval_with_key")
+            or fn.startswith("<frozen")
+        )
+        _internal_code[code] = known
+    return known
+
+
+_DISPATCH_WRAPPERS = (os.path.join(_TORCH_DIR, "_compile.py"), os.path.join(_TORCH_DIR, "_dynamo", "eval_frame.py"))
+
+
+def dispatch_caller(frame):
+    """The frame that issued the op, past the wrappers torch puts around __torch_dispatch__."""
+    while frame is not None and frame.f_code.co_filename in _DISPATCH_WRAPPERS:
+        frame = frame.f_back
+    return frame
+
+
+def user_site(frame) -> tuple:
+    """(first frame outside torch and matlint as a Site, whether a compiled region was crossed)."""
+    compiled = False
+    while frame is not None:
+        code = frame.f_code
+        if not _is_internal(code):
+            key = (code, frame.f_lineno)
+            site = _site_cache.get(key)
+            if site is None:
+                site = Site(code.co_filename, frame.f_lineno, code.co_name)
+                _site_cache[key] = site
+            return site, compiled
+        if not compiled and "torchinductor" in code.co_filename:
+            compiled = True
+        frame = frame.f_back
+    return UNKNOWN_SITE, compiled
+
+
+def tensor_sig(t: torch.Tensor) -> tuple:
+    return (t.shape, t.stride(), t.dtype)
+
+
+def args_sig(args) -> tuple:
+    sig = []
+    for a in args:
+        if isinstance(a, torch.Tensor):
+            sig.append((a.shape, a.stride(), a.dtype))
+        elif isinstance(a, (list, tuple)) and a and isinstance(a[0], torch.Tensor):
+            sig.append(tuple((t.shape, t.stride(), t.dtype) for t in a if isinstance(t, torch.Tensor)))
+    return tuple(sig)
+
+
+def _first_tensor(value):
+    if isinstance(value, torch.Tensor):
+        return value
+    if isinstance(value, (list, tuple)):
+        for v in value:
+            if isinstance(v, torch.Tensor):
+                return v
+    return None
+
+
+@dataclass(frozen=True)
+class OpKey:
+    op: str                 # overload packet name, e.g. "mm"
+    qualname: str           # e.g. "aten::mm"
+    site: Site
+    direct: bool            # issued by user code itself, not by a torch Python function
+    module: str             # nn.Module path, "" outside modules
+    backward: bool
+    device: str             # "cuda", "cpu", ...
+    sig: tuple              # per tensor argument (shape, stride, dtype)
+    out: tuple              # (shape, dtype, "d2h" for device-to-host copies) of the first output, or ()
+
+
+@dataclass
+class OpStat:
+    count: int = 0
+    compiled: int = 0       # calls issued from inside a torch.compile'd region
+    launches: int = 0       # CUDA kernels attributed to this key (profiler)
+    kernel_us: float = 0.0
+
+
+@dataclass
+class Recording:
+    """Everything one guard saw, aggregated. Bounded in size however long it runs."""
+
+    ops: dict = field(default_factory=dict)          # OpKey -> OpStat
+    attention: dict = field(default_factory=dict)    # tuple -> count (see _on_attention)
+    layout_copies: dict = field(default_factory=dict)  # (site, module, shape, stride, dtype) -> count
+    chained_gemm_sites: set = field(default_factory=set)
+    steps: int = 0
+    dropped_keys: int = 0
+    errors: list = field(default_factory=list)
+    error_count: int = 0
+    device_types: set = field(default_factory=set)
+    kernels_total: int = 0
+    kernels_unattributed: int = 0
+    triton_kernels: int = 0
+    kernel_us_total: float = 0.0
+    profiled: bool = False
+
+
+class _Tags:
+    """id(tensor) -> (weakref, value): tags that die with the step; cheap to look up."""
+
+    __slots__ = ("d",)
+
+    def __init__(self):
+        self.d = {}
+
+    def get(self, t):
+        e = self.d.get(id(t))
+        if e is not None and e[0]() is t:
+            return e[1]
+        return None
+
+    def set(self, t, value):
+        if len(self.d) >= MAX_TAGS:
+            self.d.clear()
+        self.d[id(t)] = (weakref.ref(t), value)
+
+    def clear(self):
+        self.d.clear()
+
+
+class ModulePaths:
+    """nn.Module path of the code running now, from global forward hooks (one stack per thread)."""
+
+    def __init__(self):
+        self._local = threading.local()
+        self._child_names: dict = {}
+        self._handles = []
+
+    def install(self):
+        from torch.nn.modules import module as nn_module
+
+        self._handles = [
+            nn_module.register_module_forward_pre_hook(self._enter),
+            nn_module.register_module_forward_hook(self._leave, always_call=True),
+        ]
+
+    def remove(self):
+        for h in self._handles:
+            h.remove()
+        self._handles = []
+
+    def _stack(self):
+        stack = getattr(self._local, "stack", None)
+        if stack is None:
+            stack = self._local.stack = []
+        return stack
+
+    def current(self) -> str:
+        stack = getattr(self._local, "stack", None)
+        return stack[-1][1] if stack else ""
+
+    def _enter(self, module, args):
+        try:
+            stack = self._stack()
+            if not stack:
+                path = type(module).__name__
+            else:
+                parent, parent_path = stack[-1]
+                path = f"{parent_path}.{self._child_name(parent, module)}"
+            stack.append((module, path))
+        except Exception:  # a hook must never break the user's forward
+            pass
+
+    def _leave(self, module, args, output):
+        try:
+            stack = self._stack()
+            if stack and stack[-1][0] is module:
+                stack.pop()
+        except Exception:
+            pass
+
+    def _child_name(self, parent, child) -> str:
+        key = (id(parent), id(child))
+        name = self._child_names.get(key)
+        if name is None:
+            name = type(child).__name__
+            for attr, sub in parent._modules.items():
+                if sub is child:
+                    name = attr
+                    break
+            if len(self._child_names) > 100_000:
+                self._child_names.clear()
+            self._child_names[key] = name
+        return name
+
+
+class Recorder:
+    """Turns dispatched ops into a Recording. Thread-safe enough under the GIL."""
+
+    def __init__(self, profile_cuda: bool = True):
+        self.rec = Recording()
+        self.modules = ModulePaths()
+        self.profile_cuda = profile_cuda
+        self.sequence: list = []          # OpKeys of CUDA ops in order, for kernel attribution
+        self._seq_sites: dict = {}        # forward autograd sequence nr -> (Site, module)
+        self._deps = _Tags()              # tensor -> frozenset of GEMM sites it depends on
+        self._attn = _Tags()              # tensor -> attention chain state
+        self._copies = _Tags()            # tensor -> (site, module, shape, stride, dtype) of a layout copy
+        self._op_info: dict = {}
+        self.enabled = True
+
+    # -- errors --------------------------------------------------------------------------
+    def fail(self, exc: BaseException, where: str = "capture") -> None:
+        rec = self.rec
+        rec.error_count += 1
+        if len(rec.errors) < MAX_ERRORS:
+            rec.errors.append(f"{where}: {type(exc).__name__}: {exc}")
+        if rec.error_count >= MAX_ERRORS:
+            self.enabled = False
+
+    def new_step(self) -> None:
+        self._deps.clear()
+        self._attn.clear()
+        self._copies.clear()
+
+    # -- per op ----------------------------------------------------------------------------
+    def _info(self, func):
+        info = self._op_info.get(func)
+        if info is None:
+            name = func.overloadpacket.__name__
+            info = (name, func.name())
+            self._op_info[func] = info
+        return info
+
+    def record(self, func, args, kwargs, out, frame) -> None:
+        name, qualname = self._info(func)
+        node = torch._C._current_autograd_node()
+        backward = node is not None
+        site = None
+        module = ""
+        compiled = False
+        if backward:
+            hit = self._seq_sites.get(node._sequence_nr())
+            if hit is not None:
+                site, module = hit
+        if site is None:
+            site, compiled = user_site(frame)
+            module = self.modules.current()
+            if not backward:
+                seq = _get_sequence_nr() - 1
+                sites = self._seq_sites
+                if seq not in sites:
+                    if len(sites) >= MAX_SEQ_SITES:
+                        for k in list(itertools.islice(sites, MAX_SEQ_SITES // 2)):
+                            del sites[k]
+                    sites[seq] = (site, module)
+
+        first = _first_tensor(args)
+        device = first.device.type if first is not None else ""
+        out_t = _first_tensor(out)
+        if device == "" and out_t is not None:
+            device = out_t.device.type
+        transfer = ""
+        if name in COPY_OPS:
+            src = args[1] if name == "copy_" else first
+            dst = args[0] if name == "copy_" else out_t
+            if isinstance(src, torch.Tensor) and dst is not None and src.device.type == "cuda" and dst.device.type == "cpu":
+                transfer = "d2h"
+        key = OpKey(
+            name, qualname, site, frame is not None and not _is_internal(frame.f_code), module, backward, device, args_sig(args),
+            (out_t.shape, out_t.dtype, transfer) if out_t is not None else (),
+        )
+        ops = self.rec.ops
+        stat = ops.get(key)
+        if stat is None:
+            if len(ops) >= MAX_KEYS:
+                self.rec.dropped_keys += 1
+                return
+            stat = ops[key] = OpStat()
+            self.rec.device_types.add(device)
+        stat.count += 1
+        if compiled:
+            stat.compiled += 1
+        if device == "cuda" and self.profile_cuda and len(self.sequence) < MAX_SEQUENCE:
+            self.sequence.append(key)
+        if out_t is not None:
+            self._dataflow(name, args, out_t, site, module, backward)
+
+    def _dataflow(self, name, args, out, site, module, backward) -> None:
+        # GEMM dependency chains: a GEMM fed (through any ops) by an earlier GEMM of the same
+        # site is a recurrence (an RNN), not a loop that one bmm could replace.
+        deps = None
+        for a in args:
+            if isinstance(a, torch.Tensor):
+                d = self._deps.get(a)
+                if d is not None:
+                    deps = d if deps is None else deps | d
+        if name in GEMM_OPS:
+            if deps is not None and site in deps:
+                self.rec.chained_gemm_sites.add(site)
+            deps = frozenset((site,)) if deps is None else deps | {site}
+        if deps is not None:
+            self._deps.set(out, deps)
+
+        if backward:
+            return
+        arg0 = args[0] if args and isinstance(args[0], torch.Tensor) else None
+
+        # Copies forced by layout: matmul's clone of a non-contiguous operand before bmm.
+        if name == "clone" and arg0 is not None and not arg0.is_contiguous():
+            self._copies.set(out, (site, module, tuple(arg0.shape), arg0.stride(), arg0.dtype))
+        elif name in PASS_THROUGH_OPS and arg0 is not None:
+            c = self._copies.get(arg0)
+            if c is not None:
+                self._copies.set(out, c)
+        if name in BATCHED_GEMM_OPS:
+            for a in args:
+                if isinstance(a, torch.Tensor):
+                    c = self._copies.get(a)
+                    if c is not None and c[0] == site:
+                        self.rec.layout_copies[c] = self.rec.layout_copies.get(c, 0) + 1
+
+        self._attention_step(name, args, arg0, out, site, module)
+
+    def _attention_step(self, name, args, arg0, out, site, module) -> None:
+        """Follow bmm -> scale -> (mask) -> softmax -> (dropout) -> bmm on the same tensors."""
+        attn = self._attn
+        if name in BATCHED_GEMM_OPS:
+            a, b = (args[1], args[2]) if name == "baddbmm" else (args[0], args[1])
+            state = attn.get(a)
+            if state is not None and state[0] == "P":
+                _, qk_site, qk_sig, scaled, masked = state
+                key = (qk_site, site, module, qk_sig, tensor_sig(b), scaled, masked, a.requires_grad)
+                self.rec.attention[key] = self.rec.attention.get(key, 0) + 1
+            attn.set(out, ("S", site, (tensor_sig(a), tensor_sig(b)), False, False))
+            return
+        if arg0 is None:
+            return
+        state = attn.get(arg0)
+        if state is None and len(args) > 1 and isinstance(args[1], torch.Tensor) and name in SCALE_OPS | MASK_OPS:
+            state = attn.get(args[1])
+        if state is None:
+            return
+        kind = state[0]
+        if name in PASS_THROUGH_OPS:
+            attn.set(out, state)
+        elif kind == "S" and name in SCALE_OPS:
+            attn.set(out, state[:3] + (True, state[4]))
+        elif kind == "S" and name in MASK_OPS:
+            attn.set(out, state[:4] + (True,))
+        elif kind == "S" and name in SOFTMAX_OPS:
+            attn.set(out, ("P",) + state[1:])
+        elif kind == "P" and name in DROPOUT_OPS:
+            attn.set(out, state)
+
+
+class CaptureMode(TorchDispatchMode):
+    """The dispatch mode. It never changes what an op computes: it runs the op, then records."""
+
+    @classmethod
+    def ignore_compile_internals(cls) -> bool:
+        # Without this, an active mode makes torch.compile fall back to eager.
+        return True
+
+    def __init__(self, recorder: Recorder):
+        super().__init__()
+        self.recorder = recorder
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        out = func(*args, **(kwargs or {}))
+        recorder = self.recorder
+        if recorder.enabled:
+            try:
+                recorder.record(func, args, kwargs, out, dispatch_caller(sys._getframe(1)))
+            except Exception as exc:  # never raised into the user's step
+                recorder.fail(exc)
+        return out
+
+
+def attribute_kernels(recorder: Recorder, prof) -> None:
+    """Attach the profiler's CUDA kernels to recorded op keys by aligning op names in order."""
+    rec = recorder.rec
+    rec.profiled = True
+    events = [e for e in prof.events() if getattr(e, "kernels", None)]
+    events.sort(key=lambda e: e.time_range.start)
+    sequence = recorder.sequence
+    pos = 0
+    lookahead = 64
+    for e in events:
+        n = len(e.kernels)
+        us = sum(k.duration for k in e.kernels)
+        rec.kernels_total += n
+        rec.kernel_us_total += us
+        rec.triton_kernels += sum(1 for k in e.kernels if k.name.startswith("triton"))
+        match = None
+        for i in range(pos, min(pos + lookahead, len(sequence))):
+            if sequence[i].qualname == e.name:
+                match = i
+                break
+        if match is None:
+            rec.kernels_unattributed += n
+            continue
+        stat = rec.ops.get(sequence[match])
+        if stat is not None:
+            stat.launches += n
+            stat.kernel_us += us
+        pos = match + 1
+    recorder.sequence = []

@@ -1,0 +1,407 @@
+"""Runtime checks, keyed by the static rules' codes: functions over a Recording -> Findings.
+
+Each finding carries `evidence` (what was measured) and, in `extra["estimate"]`, what
+`savings.py` should time to estimate the fix's worth.
+"""
+from __future__ import annotations
+
+import linecache
+import math
+from collections import defaultdict
+from dataclasses import dataclass
+
+import torch
+
+from matlint.diagnostics import Finding
+
+from .capture import GEMM_OPS, PASS_THROUGH_OPS, Site
+
+LOOP_MIN_PER_STEP = 4        # same-shape GEMMs per step from one line
+TINY_MIN_PER_STEP = 32       # launches per step from one line
+TINY_KERNEL_US = 10.0
+TINY_NUMEL = 1 << 16
+SYNC_MIN_PER_STEP = 2
+ELEMENTWISE_BINARY = frozenset({"add", "sub", "mul", "div", "rsub", "pow", "maximum", "minimum", "eq", "ne", "lt", "gt", "le", "ge"})
+LOSS_OPS = frozenset({"mse_loss", "l1_loss", "smooth_l1_loss", "huber_loss", "binary_cross_entropy",
+                      "binary_cross_entropy_with_logits", "soft_margin_loss"})
+SYNC_OPS = frozenset({"_local_scalar_dense", "nonzero", "masked_select", "unique", "_unique2", "item"})
+VIEW_OPS = PASS_THROUGH_OPS - {"clone", "contiguous", "_to_copy", "type_as", "to"}
+
+TITLES = {
+    "MAT101": ("python-loop-matmul", "GEMMs issued one per item from a Python loop"),
+    "MAT201": ("trailing-one-broadcast", "(N, 1) against (N,) silently broadcasts to (N, N)"),
+    "MAT202": ("loss-shape-mismatch", "loss input and target shapes differ and broadcast"),
+    "MAT302": ("strided-gemm-input", "GEMM input copied because of its layout"),
+    "MAT401": ("no-mixed-precision", "fp32 GEMMs on a tensor-core GPU without TF32 or autocast"),
+    "MAT403": ("gemm-dim-not-multiple-of-8", "half-precision GEMM dims not multiples of 8"),
+    "MAT502": ("host-sync-in-loop", "host syncs issued per step"),
+    "MAT504": ("tiny-ops", "many tiny kernel launches from one line"),
+    "MAT601": ("manual-attention", "hand-written attention instead of scaled_dot_product_attention"),
+}
+GPU_ONLY = ("MAT401", "MAT403", "MAT504")
+
+
+def rule_title(code: str) -> tuple:
+    """(name, summary) from the rule catalog when the rule module exists, else our own."""
+    try:
+        from matlint.registry import get_rule
+
+        rule = get_rule(code)
+        if rule is not None:
+            return rule.name, rule.summary
+    except Exception:
+        pass
+    return TITLES.get(code, (code.lower(), code))
+
+
+@dataclass(frozen=True)
+class DeviceContext:
+    device_type: str                  # where the recorded ops ran: "cuda" or "cpu"
+    capability: tuple = (0, 0)
+    tf32: bool = False
+
+    @classmethod
+    def from_recording(cls, rec) -> "DeviceContext":
+        if "cuda" in rec.device_types and torch.cuda.is_available():
+            return cls("cuda", torch.cuda.get_device_capability(), torch.backends.cuda.matmul.allow_tf32)
+        return cls("cpu")
+
+    @property
+    def tensor_cores(self) -> bool:
+        return self.device_type == "cuda" and self.capability >= (8, 0)
+
+
+def _finding(code: str, site: Site, message: str, evidence: dict, estimate=None) -> Finding:
+    line = linecache.getline(site.filename, site.lineno) if site.lineno else ""
+    stripped = line.rstrip("\n")
+    column = len(stripped) - len(stripped.lstrip()) + 1 if stripped.strip() else 1
+    f = Finding(
+        code=code, message=message, filename=site.filename, row=site.lineno or 1, column=column,
+        end_row=site.lineno or 1, end_column=max(len(stripped) + 1, column), noqa_row=site.lineno or 1,
+        evidence=evidence,
+    )
+    if estimate is not None:
+        f.extra["estimate"] = estimate
+    return f
+
+
+def _is_tensor(entry) -> bool:
+    """A signature entry for one tensor (not for a list of tensors)."""
+    return isinstance(entry[0], torch.Size)
+
+
+def _shape(s) -> str:
+    return "(" + ", ".join(str(d) for d in s) + ")"
+
+
+def _dtype(d) -> str:
+    return str(d).replace("torch.", "")
+
+
+def _gemm_operands(key):
+    """(a_sig, b_sig) of a GEMM key: the two matrix operands."""
+    if key.op in ("addmm", "baddbmm", "addbmm"):
+        return key.sig[1], key.sig[2]
+    return key.sig[0], key.sig[1]
+
+
+def _gemm_mnk(key):
+    a, b = _gemm_operands(key)
+    return a[0][-2], b[0][-1], a[0][-1]
+
+
+def _gemm_flops(key) -> float:
+    a, b = _gemm_operands(key)
+    batch = math.prod(a[0][:-2]) if len(a[0]) > 2 else 1
+    m, n, k = a[0][-2], b[0][-1], a[0][-1]
+    return 2.0 * batch * m * n * k
+
+
+def _share(stats, rec) -> float | None:
+    if not rec.profiled or rec.kernel_us_total <= 0:
+        return None
+    return sum(s.kernel_us for s in stats) / rec.kernel_us_total
+
+
+def _common_evidence(key, per_step, stats, rec) -> dict:
+    ev = {
+        "per_step": round(per_step, 2),
+        "module": key.module,
+        "phase": "backward" if key.backward else "forward",
+        "device": key.device,
+        "op": key.qualname,
+        "shapes": [_shape(s[0]) for s in key.sig if s and _is_tensor(s)],
+        "strides": [list(s[1]) for s in key.sig if s and _is_tensor(s)],
+        "dtypes": [_dtype(s[2]) for s in key.sig if s and _is_tensor(s)],
+    }
+    share = _share(stats, rec)
+    if share is not None:
+        ev["share_of_kernel_time"] = round(share, 4)
+    if rec.profiled:
+        ev["kernel_launches_per_step"] = round(sum(s.launches for s in stats) / max(rec.steps, 1), 2)
+    return ev
+
+
+# -- MAT101 ------------------------------------------------------------------------------------
+def check_loop_matmul(rec, steps, ctx):
+    for key, stat in rec.ops.items():
+        if key.op not in GEMM_OPS or key.backward or key.site in rec.chained_gemm_sites:
+            continue
+        per_step = stat.count / steps
+        if per_step < LOOP_MIN_PER_STEP or stat.compiled:
+            continue
+        a, b = _gemm_operands(key)
+        n = round(per_step)
+        batched = f"({n}, {a[0][-2]}, {a[0][-1]}) @ ({n}, {b[0][-2]}, {b[0][-1]})"
+        msg = (f"{per_step:g} same-shape GEMMs per step from this line ({key.qualname} "
+               f"{_shape(a[0])} @ {_shape(b[0])}): issue one batched call instead, "
+               f"torch.bmm/torch.einsum on {batched}")
+        grad = any(k.backward and k.site == key.site and k.op in GEMM_OPS for k in rec.ops)
+        ev = _common_evidence(key, per_step, [stat], rec)
+        ev["batched_shapes"] = batched
+        yield _finding("MAT101", key.site, msg, ev,
+                       ("loop", key.op, a[0], b[0], _dtype(a[2]), key.device, n, per_step / n, grad))
+
+
+# -- MAT201 / MAT202 ----------------------------------------------------------------------------
+def _trailing_one_pair(a, b) -> bool:
+    return len(a) == len(b) + 1 and len(b) >= 1 and a[-1] == 1 and a[-2] > 1 and b[-1] == a[-2]
+
+
+def check_broadcast(rec, steps, ctx):
+    seen = set()
+    for key, stat in rec.ops.items():
+        if key.op not in ELEMENTWISE_BINARY or key.backward or len(key.sig) < 2 or not key.out:
+            continue
+        if not (key.sig[0] and key.sig[1] and _is_tensor(key.sig[0]) and _is_tensor(key.sig[1])):
+            continue
+        a, b = key.sig[0][0], key.sig[1][0]
+        out_numel = math.prod(key.out[0])
+        if out_numel <= max(math.prod(a), math.prod(b)):
+            continue
+        if not (_trailing_one_pair(a, b) or _trailing_one_pair(b, a)):
+            continue
+        if (key.site, a, b) in seen:
+            continue
+        seen.add((key.site, a, b))
+        msg = (f"{key.qualname} of {_shape(a)} and {_shape(b)} broadcasts to {_shape(key.out[0])}: "
+               f"make the shapes agree (squeeze(-1) / unsqueeze) or write the outer product explicitly")
+        yield _finding("MAT201", key.site, msg, _common_evidence(key, stat.count / steps, [stat], rec))
+
+
+def check_loss_shape(rec, steps, ctx):
+    for key, stat in rec.ops.items():
+        if key.op not in LOSS_OPS or key.backward or len(key.sig) < 2:
+            continue
+        expanded = [i for i, s in enumerate(key.sig[:2])
+                    if any(st == 0 and sz > 1 for sz, st in zip(s[0], s[1]))]
+        if not expanded:
+            continue
+        msg = (f"{key.qualname}: input and target had different shapes and were broadcast to "
+               f"{_shape(key.sig[0][0])} (strides {list(key.sig[0][1])} and {list(key.sig[1][1])}): "
+               f"reshape the target to the input's shape")
+        yield _finding("MAT202", key.site, msg, _common_evidence(key, stat.count / steps, [stat], rec))
+
+
+# -- MAT302 --------------------------------------------------------------------------------------
+def cublas_copies(shape, stride) -> bool:
+    """Whether cuBLAS copies this operand first (aten's prepare_matrix_for_cublas rules)."""
+    if len(shape) < 2:
+        return False
+    rows, cols = shape[-2], shape[-1]
+    s0, s1 = stride[-2], stride[-1]
+    if rows <= 1 or cols <= 1:
+        return False
+    if len(shape) > 2 and (s0 == 0 or s1 == 0):
+        return True
+    return not ((s1 == 1 and s0 >= max(1, cols)) or (s0 == 1 and s1 >= max(1, rows)))
+
+
+def check_strided_gemm(rec, steps, ctx):
+    for key, stat in rec.ops.items():
+        if key.op not in GEMM_OPS or stat.compiled:
+            continue
+        for which, operand in zip(("first", "second"), _gemm_operands(key)):
+            shape, stride, dtype = operand
+            if not cublas_copies(shape, stride):
+                continue
+            per_step = stat.count / steps
+            msg = (f"{key.qualname}'s {which} operand {_shape(shape)} has strides {list(stride)}, no unit "
+                   f"stride in its last two dims: it is copied before every GEMM ({per_step:g}x per step); "
+                   f"keep the layout the GEMM wants (make it contiguous once, outside the loop)")
+            ev = _common_evidence(key, per_step, [stat], rec)
+            ev["copied_by"] = "cuBLAS (prepare_matrix_for_cublas)" if key.device == "cuda" else "the BLAS call"
+            yield _finding("MAT302", key.site, msg, ev, ("copy", shape, stride, _dtype(dtype), key.device, per_step))
+    for (site, module, shape, stride, dtype), count in rec.layout_copies.items():
+        per_step = count / steps
+        msg = (f"matmul copied a {_shape(shape)} operand with strides {list(stride)} (clone before bmm) "
+               f"{per_step:g}x per step: produce it in the layout matmul wants, or permute the other operand")
+        ev = {"per_step": round(per_step, 2), "module": module, "phase": "forward", "shapes": [_shape(shape)],
+              "strides": [list(stride)], "dtypes": [_dtype(dtype)], "copied_by": "matmul (aten::clone before bmm)"}
+        device = "cuda" if ctx.device_type == "cuda" else "cpu"
+        yield _finding("MAT302", site, msg, ev, ("copy", shape, stride, _dtype(dtype), device, per_step))
+
+
+# -- MAT401 / MAT403 -----------------------------------------------------------------------------
+def check_precision(rec, steps, ctx):
+    if not ctx.tensor_cores or ctx.tf32:
+        return
+    fp32 = [(k, s) for k, s in rec.ops.items()
+            if k.op in GEMM_OPS and k.device == "cuda" and _gemm_operands(k)[0][2] == torch.float32]
+    if not fp32:
+        return
+    by_site = defaultdict(float)
+    for k, s in fp32:
+        by_site[k.site] += _gemm_flops(k) * s.count / steps
+    top_site = max(by_site, key=by_site.get)
+    total_flops = sum(by_site.values())
+    count = sum(s.count for _, s in fp32) / steps
+    msg = (f"{count:g} fp32 GEMMs per step ({total_flops / 1e9:.1f} GFLOP) on a tensor-core GPU "
+           f"(sm_{ctx.capability[0]}{ctx.capability[1]}) with TF32 off and no autocast: run the step under "
+           f"torch.autocast('cuda', dtype=torch.bfloat16) or torch.set_float32_matmul_precision('high')")
+    ev = {"per_step": round(count, 2), "gflop_per_step": round(total_flops / 1e9, 2), "device": "cuda",
+          "top_sites": [{"site": str(s), "gflop": round(f / 1e9, 2)}
+                        for s, f in sorted(by_site.items(), key=lambda kv: -kv[1])[:5]],
+          "phase": "forward+backward" if any(k.backward for k, _ in fp32) else "forward"}
+    share = _share([s for _, s in fp32], rec)
+    if share is not None:
+        ev["share_of_kernel_time"] = round(share, 4)
+    gemms = [(k.op, k.sig, s.count / steps) for k, s in fp32]
+    yield _finding("MAT401", top_site, msg, ev, ("bf16", gemms))
+
+
+def check_dims_multiple_of_8(rec, steps, ctx):
+    if not ctx.tensor_cores:
+        return
+    for key, stat in rec.ops.items():
+        if key.op not in GEMM_OPS or key.device != "cuda":
+            continue
+        a, _ = _gemm_operands(key)
+        if a[2] not in (torch.bfloat16, torch.float16):
+            continue
+        m, n, k = _gemm_mnk(key)
+        bad = {name: d for name, d in (("M", m), ("N", n), ("K", k)) if d % 8}
+        if not bad or max(m, n, k) < 64:
+            continue
+        dims = ", ".join(f"{name}={d}" for name, d in bad.items())
+        msg = (f"{_dtype(a[2])} GEMM with {dims} (not multiples of 8): tensor cores run it slowly; pad "
+               f"the dimension to a multiple of 8 (vocab, hidden or head size)")
+        per_step = stat.count / steps
+        yield _finding("MAT403", key.site, msg, _common_evidence(key, per_step, [stat], rec),
+                       ("pad", key.op, key.sig, per_step))
+
+
+# -- MAT502 / MAT504 -----------------------------------------------------------------------------
+def _is_sync(key) -> bool:
+    if key.op in SYNC_OPS:
+        # On CPU nothing syncs; count what would on a GPU, issued by the user's own code.
+        return key.device == "cuda" or key.direct
+    return bool(key.out) and key.out[2] == "d2h"
+
+
+def check_host_syncs(rec, steps, ctx):
+    per_site = defaultdict(lambda: [0, []])
+    for key, stat in rec.ops.items():
+        if key.backward or not _is_sync(key):
+            continue
+        entry = per_site[(key.site, key.module)]
+        entry[0] += stat.count
+        entry[1].append(key)
+    for (site, module), (count, keys) in per_site.items():
+        per_step = count / steps
+        if per_step < SYNC_MIN_PER_STEP:
+            continue
+        ops = sorted({k.qualname for k in keys})
+        where = "each one waits for the GPU" if ctx.device_type == "cuda" else "on a GPU each one would wait for the device"
+        msg = (f"{per_step:g} host syncs per step from this line ({', '.join(ops)}): {where}; keep the values "
+               f"on the device and read them once per step (or every N steps)")
+        ev = {"per_step": round(per_step, 2), "module": module, "ops": ops, "device": ctx.device_type,
+              "phase": "forward"}
+        yield _finding("MAT502", site, msg, ev)
+
+
+def check_tiny_ops(rec, steps, ctx):
+    if ctx.device_type != "cuda":
+        return
+    per_site = defaultdict(list)
+    for key, stat in rec.ops.items():
+        if key.device != "cuda" or key.op in VIEW_OPS or stat.compiled or not key.out:
+            continue
+        per_site[key.site].append((key, stat))
+    for site, items in per_site.items():
+        if rec.profiled:
+            tiny = [(k, s) for k, s in items if s.launches and s.kernel_us / s.launches < TINY_KERNEL_US]
+            launches = sum(s.launches for _, s in tiny) / steps
+            kernel_us = sum(s.kernel_us for _, s in tiny) / max(sum(s.launches for _, s in tiny), 1)
+        else:
+            tiny = [(k, s) for k, s in items if math.prod(k.out[0]) <= TINY_NUMEL]
+            launches = sum(s.count for _, s in tiny) / steps
+            kernel_us = None
+        if launches < TINY_MIN_PER_STEP:
+            continue
+        size = f"< {TINY_KERNEL_US:g} µs each (avg {kernel_us:.1f} µs)" if kernel_us is not None else f"on ≤ {TINY_NUMEL} elements each"
+        msg = (f"{launches:g} kernel launches per step {size} from this line: fuse them with torch.compile, "
+               f"capture the step in a CUDA graph, or use torch._foreach_* ops for per-tensor loops")
+        key0 = max(tiny, key=lambda ks: ks[1].count)[0]
+        ev = {"per_step": round(launches, 2), "module": key0.module, "device": "cuda",
+              "ops": sorted({k.qualname for k, _ in tiny})[:10], "phase": "forward+backward"
+              if any(k.backward for k, _ in tiny) else "forward"}
+        if kernel_us is not None:
+            ev["avg_kernel_us"] = round(kernel_us, 2)
+        share = _share([s for _, s in tiny], rec)
+        if share is not None:
+            ev["share_of_kernel_time"] = round(share, 4)
+        numel = max(1, int(sum(math.prod(k.out[0]) for k, _ in tiny) / len(tiny)))
+        yield _finding("MAT504", site, msg, ev, ("tiny", numel, launches))
+
+
+# -- MAT601 ----------------------------------------------------------------------------------------
+def check_attention(rec, steps, ctx):
+    for (qk_site, pv_site, module, qk_sig, v_sig, scaled, masked, grad), count in rec.attention.items():
+        q, k = qk_sig
+        bh, s_q, d = q[0]
+        s_k = k[0][-1]
+        per_step = count / steps
+        parts = ["matmul"] + (["scale"] if scaled else []) + (["mask"] if masked else []) + ["softmax", "matmul"]
+        msg = (f"hand-written attention ({' → '.join(parts)}) on {bh} heads × {s_q}×{s_k}, head dim {d}, "
+               f"{_dtype(q[2])}: use torch.nn.functional.scaled_dot_product_attention(q, k, v"
+               f"{', is_causal=True' if masked else ''}) (fused flash/memory-efficient kernels)")
+        ev = {"per_step": round(per_step, 2), "module": module, "phase": "forward+backward" if grad else "forward",
+              "shapes": [_shape(q[0]), _shape(k[0]), _shape(v_sig[0])], "dtypes": [_dtype(q[2])],
+              "second_matmul": str(pv_site), "scaled": scaled, "masked": masked, "device": ctx.device_type}
+        yield _finding("MAT601", qk_site, msg, ev,
+                       ("sdpa", bh, s_q, s_k, d, v_sig[0][-1], _dtype(q[2]), ctx.device_type, masked, grad, per_step))
+
+
+CHECKS = {
+    "MAT101": check_loop_matmul,
+    "MAT201": check_broadcast,
+    "MAT202": check_loss_shape,
+    "MAT302": check_strided_gemm,
+    "MAT401": check_precision,
+    "MAT403": check_dims_multiple_of_8,
+    "MAT502": check_host_syncs,
+    "MAT504": check_tiny_ops,
+    "MAT601": check_attention,
+}
+
+
+def run_checks(rec, guard=None, ctx: DeviceContext | None = None) -> list:
+    ctx = ctx or DeviceContext.from_recording(rec)
+    steps = max(rec.steps, 1)
+    findings = []
+    for code, check in CHECKS.items():
+        if guard is not None and not guard.selects(code):
+            continue
+        if code in GPU_ONLY and not ctx.tensor_cores and guard is not None:
+            guard.notes.append(f"{code} ({rule_title(code)[0]}) needs a CUDA GPU with tensor cores; "
+                               f"not evaluated on {ctx.device_type}")
+        try:
+            findings.extend(check(rec, steps, ctx))
+        except Exception as exc:
+            if guard is not None:
+                guard.recorder.fail(exc, f"check {code}")
+            else:
+                raise
+    findings.sort(key=lambda f: (f.code, f.filename, f.row))
+    return findings

@@ -1,0 +1,277 @@
+"""Savings estimates: time the suggested alternative at the observed shapes on this device.
+
+Runs after the guarded code (never inside the user's step), draws inputs from a private
+generator (the user's RNG streams are untouched), caches timings per shape, and stops at a
+time budget. Each estimate is milliseconds per step and says how it was made.
+"""
+from __future__ import annotations
+
+import math
+import time
+
+import torch
+import torch.nn.functional as F
+
+_cache: dict = {}
+_DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16,
+           "float64": torch.float64}
+
+
+class _Budget:
+    def __init__(self, seconds: float):
+        self.deadline = time.perf_counter() + seconds
+
+    @property
+    def left(self) -> bool:
+        return time.perf_counter() < self.deadline
+
+
+def _sync(device: str) -> None:
+    if device == "cuda":
+        torch.cuda.synchronize()
+
+
+def time_ms(fn, device: str, reps: int = 15, max_s: float = 0.5) -> float:
+    """Median milliseconds of fn() after warm-up; CUDA timed with events."""
+    for _ in range(3):
+        fn()
+    _sync(device)
+    times = []
+    start_all = time.perf_counter()
+    for _ in range(reps):
+        if device == "cuda":
+            start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+            start.record()
+            fn()
+            end.record()
+            end.synchronize()
+            times.append(start.elapsed_time(end))
+        else:
+            t0 = time.perf_counter()
+            fn()
+            times.append((time.perf_counter() - t0) * 1e3)
+        if time.perf_counter() - start_all > max_s and len(times) >= 5:
+            break
+    times.sort()
+    return times[len(times) // 2]
+
+
+class _Inputs:
+    def __init__(self, device: str):
+        self.device = device
+        self.gen = torch.Generator(device=device)
+        self.gen.manual_seed(1234)
+
+    def tensor(self, shape, dtype, stride=None, requires_grad=False):
+        if stride is None:
+            t = torch.empty(tuple(shape), dtype=dtype, device=self.device)
+        else:
+            t = torch.empty_strided(tuple(shape), tuple(stride), dtype=dtype, device=self.device)
+        if t.numel():
+            t.normal_(generator=self.gen)
+        return t.requires_grad_(requires_grad)
+
+
+def _cached(key, compute):
+    if key not in _cache:
+        _cache[key] = compute()
+    return _cache[key]
+
+
+def _replay_gemm(op: str, sig, dtype, inputs: _Inputs):
+    tensors = []
+    for shape, stride, _ in sig:
+        # keep the layout; a zero or overlapping stride would alias, so densify those
+        dense = all(s > 0 for s in stride)
+        tensors.append(inputs.tensor(shape, dtype, stride if dense else None))
+    fn = getattr(torch.ops.aten, op).default
+    return lambda: fn(*tensors)
+
+
+def estimate_bf16(spec, budget):
+    _, gemms = spec
+    device = "cuda"
+    inputs = _Inputs(device)
+    saved = 0.0
+    timed = 0
+    total = sum(per_step for _, _, per_step in gemms)
+    covered = 0.0
+    for op, sig, per_step in sorted(gemms, key=lambda g: -g[2] * _flops(g[0], g[1])):
+        if not budget.left:
+            break
+        if not all(isinstance(s[0], torch.Size) for s in sig):
+            continue
+        key = ("bf16", op, sig)
+
+        def compute():
+            t32 = time_ms(_replay_gemm(op, sig, torch.float32, inputs), device)
+            t16 = time_ms(_replay_gemm(op, sig, torch.bfloat16, inputs), device)
+            return t32, t16
+
+        t32, t16 = _cached(key, compute)
+        saved += (t32 - t16) * per_step
+        covered += per_step
+        timed += 1
+    scale = total / covered if covered else 0.0
+    method = (f"timed {timed} distinct fp32 GEMM shapes against bf16 on this GPU "
+              f"({covered:g} of {total:g} GEMMs per step; the rest scaled alike); GEMMs only")
+    return saved * scale, method
+
+
+def _flops(op, sig):
+    a, b = (sig[1], sig[2]) if op in ("addmm", "baddbmm", "addbmm") else (sig[0], sig[1])
+    return 2.0 * math.prod(a[0]) * b[0][-1]
+
+
+def estimate_loop(spec, budget):
+    _, op, a_shape, b_shape, dtype, device, n, loops_per_step, grad = spec
+    dt = _DTYPES.get(dtype, torch.float32)
+    inputs = _Inputs(device)
+    key = ("loop", a_shape, b_shape, dt, device, n, grad)
+
+    def compute():
+        a = inputs.tensor((n,) + tuple(a_shape[-2:]), dt, requires_grad=grad)
+        b = inputs.tensor((n,) + tuple(b_shape[-2:]), dt, requires_grad=grad)
+
+        def looped():
+            out = torch.stack([a[i] @ b[i] for i in range(n)])
+            if grad:
+                out.sum().backward()
+
+        def batched():
+            out = torch.bmm(a, b)
+            if grad:
+                out.sum().backward()
+
+        return time_ms(looped, device), time_ms(batched, device)
+
+    t_loop, t_bmm = _cached(key, compute)
+    method = (f"timed {n} separate {'fwd+bwd ' if grad else ''}GEMMs ({t_loop:.3f} ms) against one bmm "
+              f"({t_bmm:.3f} ms) at the observed shapes on {device}")
+    return (t_loop - t_bmm) * loops_per_step, method
+
+
+def estimate_sdpa(spec, budget):
+    _, bh, s_q, s_k, d, d_v, dtype, device, masked, grad, per_step = spec
+    dt = _DTYPES.get(dtype, torch.float32)
+    inputs = _Inputs(device)
+    key = ("sdpa", bh, s_q, s_k, d, d_v, dt, device, masked, grad)
+
+    def compute():
+        q = inputs.tensor((1, bh, s_q, d), dt, requires_grad=grad)
+        k = inputs.tensor((1, bh, s_k, d), dt, requires_grad=grad)
+        v = inputs.tensor((1, bh, s_k, d_v), dt, requires_grad=grad)
+        causal = torch.ones(s_q, s_k, dtype=torch.bool, device=device).tril(s_k - s_q)
+        scale = 1.0 / math.sqrt(d)
+
+        def manual():
+            w = (q @ k.transpose(-2, -1)) * scale
+            if masked:
+                w = w.masked_fill(~causal, float("-inf"))
+            out = torch.softmax(w, dim=-1) @ v
+            if grad:
+                out.sum().backward()
+
+        def fused():
+            out = F.scaled_dot_product_attention(q, k, v, is_causal=masked and s_q == s_k)
+            if grad:
+                out.sum().backward()
+
+        return time_ms(manual, device), time_ms(fused, device)
+
+    t_manual, t_fused = _cached(key, compute)
+    method = (f"timed matmul-scale-{'mask-' if masked else ''}softmax-matmul ({t_manual:.3f} ms) against "
+              f"scaled_dot_product_attention ({t_fused:.3f} ms){' fwd+bwd' if grad else ''} at the observed "
+              f"shapes on {device}{'; mask taken as causal' if masked else ''}")
+    return (t_manual - t_fused) * per_step, method
+
+
+def estimate_copy(spec, budget):
+    _, shape, stride, dtype, device, per_step = spec
+    dt = _DTYPES.get(dtype, torch.float32)
+    inputs = _Inputs(device)
+    key = ("copy", shape, stride, dt, device)
+
+    def compute():
+        if all(s > 0 for s in stride):
+            storage = 1 + sum((d - 1) * s for d, s in zip(shape, stride))
+            source = torch.as_strided(inputs.tensor((storage,), dt), shape, stride)
+        else:
+            source = inputs.tensor(shape, dt).t() if len(shape) == 2 else inputs.tensor(shape, dt)
+        return time_ms(lambda: source.clone(memory_format=torch.contiguous_format), device)
+
+    t_copy = _cached(key, compute)
+    return t_copy * per_step, f"timed the forced copy ({t_copy:.4f} ms) on {device}"
+
+
+def estimate_pad(spec, budget):
+    _, op, sig, per_step = spec
+    device = "cuda"
+    inputs = _Inputs(device)
+
+    def pad(shape):
+        return tuple(shape[:-2]) + tuple(-(-d // 8) * 8 for d in shape[-2:])
+
+    padded = tuple((pad(s[0]), None, s[2]) for s in sig)
+    key = ("pad", op, sig)
+
+    def compute():
+        plain = [(s[0], None, s[2]) for s in sig]
+        t_obs = time_ms(_replay_dense(op, plain, inputs), device)
+        t_pad = time_ms(_replay_dense(op, padded, inputs), device)
+        return t_obs, t_pad
+
+    t_obs, t_pad = _cached(key, compute)
+    return (t_obs - t_pad) * per_step, f"timed the GEMM at the observed ({t_obs:.3f} ms) and padded ({t_pad:.3f} ms) dims"
+
+
+def _replay_dense(op, sig, inputs):
+    tensors = [inputs.tensor(shape, dtype) for shape, _, dtype in sig]
+    fn = getattr(torch.ops.aten, op).default
+    return lambda: fn(*tensors)
+
+
+def estimate_tiny(spec, budget):
+    _, numel, launches = spec
+    device = "cuda"
+    n = max(8, min(int(launches), 512))
+    inputs = _Inputs(device)
+    key = ("tiny", numel, n)
+
+    def compute():
+        xs = [inputs.tensor((numel,), torch.float32) for _ in range(n)]
+
+        def eager():
+            for x in xs:
+                x.mul_(1.0)
+
+        return time_ms(eager, device), time_ms(lambda: torch._foreach_mul_(xs, 1.0), device)
+
+    t_eager, t_fused = _cached(key, compute)
+    per_launch = (t_eager - t_fused) / n
+    return per_launch * launches, (f"timed {n} eager launches of {numel} elements ({t_eager:.3f} ms) against one "
+                                   f"fused foreach launch ({t_fused:.3f} ms) on this GPU")
+
+
+ESTIMATORS = {"bf16": estimate_bf16, "loop": estimate_loop, "sdpa": estimate_sdpa, "copy": estimate_copy,
+              "pad": estimate_pad, "tiny": estimate_tiny}
+
+
+def estimate(findings, budget_s: float = 3.0) -> None:
+    """Fill `estimated_savings_ms` and evidence["estimate_method"] where an estimator applies."""
+    budget = _Budget(budget_s)
+    with torch.random.fork_rng(devices=[torch.cuda.current_device()] if torch.cuda.is_initialized() else []):
+        for f in findings:
+            spec = f.extra.get("estimate")
+            if spec is None:
+                continue
+            if not budget.left:
+                f.evidence["estimate_method"] = "not estimated: time budget used up"
+                continue
+            try:
+                ms, method = ESTIMATORS[spec[0]](spec, budget)
+            except Exception as exc:  # an estimate that cannot be made is said so, not raised
+                f.evidence["estimate_method"] = f"not estimated: {type(exc).__name__}: {exc}"
+                continue
+            f.estimated_savings_ms = round(max(ms, 0.0), 4)
+            f.evidence["estimate_method"] = method

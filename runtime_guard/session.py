@@ -1,0 +1,290 @@
+"""`matlint.guard`: the context manager / decorator that wraps the recorder.
+
+Steps: a step ends at every `optimizer.step()` (a global optimizer hook), at `guard.step()`,
+and, for the decorator form, at the end of each call when the call held no optimizer step.
+The first `warmup` steps are observed provisionally and thrown away as soon as a later step
+begins (one-off work such as lazy init stays out of the per-step counts); after `window`
+kept steps the dispatch mode, module hooks and profiler are removed and the guarded code runs
+at full speed.
+
+Reporting: the context-manager form reports when its block exits; the decorator form reports
+when the window is complete (or at interpreter exit, if it never completes).
+"""
+from __future__ import annotations
+
+import atexit
+import functools
+import os
+import threading
+from typing import Iterable, Optional
+
+import torch
+
+from .capture import CaptureMode, Recorder, attribute_kernels
+
+DEFAULT_JSON_PATH = os.path.join(".matlint", "runtime.json")
+
+
+class GuardFindingsError(AssertionError):
+    """Raised at exit when `raise_on_findings=True` and selected findings were made."""
+
+    def __init__(self, findings):
+        self.findings = findings
+        lines = [f"{f.code} {f.filename}:{f.row} {f.message}" for f in findings]
+        super().__init__(f"matlint guard: {len(findings)} finding(s)\n" + "\n".join(lines))
+
+
+def _codes(value) -> tuple:
+    if value is None:
+        return ()
+    if isinstance(value, str):
+        value = value.split(",")
+    return tuple(v.strip().upper() for v in value if v.strip())
+
+
+class Guard:
+    def __init__(
+        self,
+        select: Optional[Iterable[str]] = None,
+        ignore: Optional[Iterable[str]] = None,
+        window: int = 3,
+        warmup: int = 1,
+        json_path: Optional[str] = DEFAULT_JSON_PATH,
+        estimate_savings: bool = True,
+        raise_on_findings: bool = False,
+        report: bool = True,
+        kernels: bool = True,
+        savings_budget_s: float = 3.0,
+    ):
+        if window < 1 or warmup < 0:
+            raise ValueError("window must be >= 1 and warmup >= 0")
+        self.select = _codes(select)
+        self.ignore = _codes(ignore)
+        self.window = window
+        self.warmup = warmup
+        self.json_path = json_path
+        self.estimate_savings = estimate_savings
+        self.raise_on_findings = raise_on_findings
+        self.print_report = report
+        self.kernels = kernels
+        self.savings_budget_s = savings_budget_s
+
+        self.recorder = Recorder(profile_cuda=kernels)
+        self.findings: list = []
+        self.notes: list = []
+        self._lock = threading.RLock()
+        self._depth = 0
+        self._step = 0                 # steps completed since the first entry
+        self._ops_in_step = False      # anything recorded since the last boundary
+        self._boundary_in_entry = False
+        self._mode: Optional[CaptureMode] = None
+        self._profiler = None
+        self._opt_hook = None
+        self._finished = False
+        self._atexit = False
+        self._warmup_rec = None
+
+    # -- selection ---------------------------------------------------------------------------
+    def selects(self, code: str) -> bool:
+        if self.select and not any(code.startswith(s) for s in self.select):
+            return False
+        return not any(code.startswith(s) for s in self.ignore)
+
+    @property
+    def recording(self) -> bool:
+        return self._mode is not None
+
+    @property
+    def errors(self) -> list:
+        return self.recorder.rec.errors
+
+    # -- context manager ---------------------------------------------------------------------
+    def __enter__(self):
+        self._enter()
+        return self
+
+    def __exit__(self, exc_type, exc, tb):
+        done = self._exit(final=True)
+        if done and self.raise_on_findings and exc_type is None and self.findings:
+            raise GuardFindingsError(self.findings)
+        return False
+
+    # -- decorator ---------------------------------------------------------------------------
+    def __call__(self, fn):
+        @functools.wraps(fn)
+        def wrapper(*args, **kwargs):
+            self._enter()
+            failed = True
+            try:
+                result = fn(*args, **kwargs)
+                failed = False
+                return result
+            finally:
+                done = self._exit(final=False)
+                if done and self.raise_on_findings and not failed and self.findings:
+                    raise GuardFindingsError(self.findings)
+
+        wrapper.matlint_guard = self
+        return wrapper
+
+    def step(self) -> None:
+        """Mark the end of a step by hand (loops without an optimizer)."""
+        with self._lock:
+            self._safely(self._boundary)
+
+    # -- internals ---------------------------------------------------------------------------
+    def _safely(self, fn, *args):
+        try:
+            return fn(*args)
+        except Exception as exc:  # the guard's own failures are reported, never raised
+            self.recorder.fail(exc, "guard")
+            return None
+
+    def _enter(self) -> None:
+        with self._lock:
+            self._depth += 1
+            if self._depth > 1 or self._finished:
+                return
+            self._boundary_in_entry = False
+            self._safely(self._start)
+
+    def _start(self) -> None:
+        from torch.optim.optimizer import register_optimizer_step_post_hook
+
+        self._opt_hook = register_optimizer_step_post_hook(self._on_optimizer_step)
+        if self._in_window():
+            self._attach()
+
+    def _exit(self, final: bool) -> bool:
+        """Leave one entry; returns True when this exit produced the report."""
+        with self._lock:
+            self._depth -= 1
+            if self._depth > 0 or self._finished:
+                return False
+            return bool(self._safely(self._stop, final))
+
+    def _stop(self, final: bool) -> bool:
+        if self._opt_hook is not None:
+            self._opt_hook.remove()
+            self._opt_hook = None
+        if not final and not self._boundary_in_entry:
+            self._boundary()
+        elif final and self._ops_in_step and self.recording:
+            self.recorder.rec.steps += 1  # the unfinished step counts
+        self._detach()
+        if final or self._step >= self.warmup + self.window:
+            self.finish()
+            return True
+        if not self._atexit:
+            atexit.register(self._report_at_exit)
+            self._atexit = True
+        return False
+
+    def _in_window(self) -> bool:
+        return self._step < self.warmup + self.window
+
+    def _on_optimizer_step(self, optimizer, args, kwargs) -> None:
+        with self._lock:
+            if self._depth > 0 and not self._finished:
+                self._boundary_in_entry = True
+                self._safely(self._boundary)
+
+    def _boundary(self) -> None:
+        rec = self.recorder.rec
+        if self.recording:
+            if self._step < self.warmup:
+                # Kept aside: it is the report's content if no later step is ever observed.
+                rec.steps = 1
+                self._warmup_rec = rec
+                self.recorder.rec = self._fresh_recording(rec)
+            elif self._ops_in_step:
+                rec.steps += 1
+        self._step += 1
+        self.recorder.new_step()
+        if not self._in_window():
+            self._detach()
+        self._ops_in_step = self.recording
+
+    @staticmethod
+    def _fresh_recording(old):
+        from .capture import Recording
+
+        new = Recording()
+        new.errors, new.error_count = old.errors, old.error_count
+        return new
+
+    def _attach(self) -> None:
+        if self.recording:
+            return
+        self.recorder.modules.install()
+        if self.kernels and torch.cuda.is_available() and torch.cuda.is_initialized():
+            self._start_profiler()
+        self._mode = CaptureMode(self.recorder)
+        self._mode.__enter__()
+        self._ops_in_step = True
+
+    def _detach(self) -> None:
+        mode, self._mode = self._mode, None
+        if mode is None:
+            return
+        try:
+            mode.__exit__(None, None, None)
+        finally:
+            self.recorder.modules.remove()
+            self._stop_profiler()
+
+    def _start_profiler(self) -> None:
+        from torch.profiler import ProfilerActivity, profile
+
+        try:
+            prof = profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA])
+            prof.start()
+            self._profiler = prof
+        except Exception as exc:
+            self.notes.append(f"kernel counts unavailable: the profiler did not start ({exc})")
+
+    def _stop_profiler(self) -> None:
+        prof, self._profiler = self._profiler, None
+        if prof is None:
+            return
+        prof.stop()  # synchronizes the device once, at the end of the window
+        attribute_kernels(self.recorder, prof)
+
+    # -- report --------------------------------------------------------------------------------
+    def finish(self) -> list:
+        """Run the checks, estimate savings, print and write the report. Idempotent."""
+        if self._finished:
+            return self.findings
+        self._finished = True
+        self._detach()
+        rec = self.recorder.rec
+        if rec.steps == 0 and not rec.ops and self._warmup_rec is not None:
+            self._warmup_rec.errors, self._warmup_rec.error_count = rec.errors, rec.error_count
+            self.recorder.rec = self._warmup_rec
+        from .checks import run_checks
+        from .report import print_report, write_json
+
+        findings = self._safely(run_checks, self.recorder.rec, self) or []
+        self.findings = [f for f in findings if self.selects(f.code)]
+        if self.estimate_savings and self.findings:
+            from .savings import estimate
+
+            self._safely(estimate, self.findings, self.savings_budget_s)
+        if self.json_path:
+            self._safely(write_json, self, self.json_path)
+        if self.print_report:
+            self._safely(print_report, self)
+        return self.findings
+
+    def _report_at_exit(self) -> None:
+        if not self._finished:
+            self.finish()
+
+
+def guard(func=None, **options):
+    """`with matlint.guard(...):` or `@matlint.guard(...)` (also bare `@matlint.guard`)."""
+    if callable(func) and not options:
+        return Guard()(func)
+    if func is not None:
+        raise TypeError("guard() takes keyword options only")
+    return Guard(**options)
