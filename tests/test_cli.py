@@ -5,7 +5,6 @@ import json
 import os
 import pty
 import select
-import shutil
 import subprocess
 import sys
 from pathlib import Path

@@ -1,0 +1,191 @@
+"""Which files a run lints, and the content-hash cache."""
+from __future__ import annotations
+
+import json
+import subprocess
+from pathlib import Path
+
+import pytest
+
+from matlint.config import load_settings
+from matlint.files import UsageError, find_files
+
+from matlint_helpers import bad_example, run_matlint, write
+
+SOURCE = "import torch\nx = torch.ones(1)\n"
+
+
+def _found(root: Path, *paths) -> set:
+    settings = load_settings(root)
+    found = find_files([str(p) for p in paths] or [str(root)], settings)
+    return {Path(p).relative_to(root).as_posix() for p in found.files}
+
+
+@pytest.fixture
+def tree(tmp_path):
+    write(tmp_path / "pyproject.toml", "[tool.matlint]\n")
+    for name in ("a.py", "stubs/b.pyi", "pkg/c.py", "notes.txt", "script",
+                 ".git/hooks/h.py", ".hg/x.py", "node_modules/m/n.py", "pkg/__pycache__/c.py",
+                 ".tox/py/t.py", ".mypy_cache/m.py", ".matlint_cache/x.py", "build/lib/b.py", "dist/d.py",
+                 "proj.egg-info/e.py", "venv_any_name/lib/site.py", "pkg/ignored_by_git.py",
+                 "pkg/sub/generated/g.py", "pkg/sub/keep.py", "pkg/sub/skip.py"):
+        write(tmp_path / name, SOURCE)
+    write(tmp_path / "venv_any_name" / "pyvenv.cfg", "home = /usr\n")
+    write(tmp_path / ".gitignore", "ignored_by_git.py\n*.log\n")
+    write(tmp_path / "pkg" / "sub" / ".gitignore", "generated/\nskip.py\n")
+    return tmp_path
+
+
+def test_walk_skips_vcs_caches_builds_venvs_and_gitignored(tree):
+    assert _found(tree) == {"a.py", "stubs/b.pyi", "pkg/c.py", "pkg/sub/keep.py"}
+
+
+def test_negation_in_a_nested_gitignore(tree):
+    write(tree / "pkg" / ".gitignore", "*.py\n")
+    write(tree / "pkg" / "sub" / ".gitignore", "!keep.py\n")
+    assert _found(tree) == {"a.py", "stubs/b.pyi", "pkg/sub/keep.py"}
+
+
+def test_gitignore_above_the_linted_directory_applies_inside_a_repository(tree):
+    (tree / ".git" / "HEAD").write_text("ref: refs/heads/main\n")
+    write(tree / ".gitignore", "pkg/sub/keep.py\n")
+    assert _found(tree, tree / "pkg") == {"pkg/c.py", "pkg/ignored_by_git.py"}
+
+
+def test_respect_gitignore_false(tree):
+    write(tree / "pyproject.toml", "[tool.matlint]\nrespect-gitignore = false\n")
+    assert _found(tree) == {"a.py", "stubs/b.pyi", "pkg/c.py", "pkg/sub/keep.py", "pkg/ignored_by_git.py",
+                            "pkg/sub/generated/g.py", "pkg/sub/skip.py"}
+
+
+def test_explicit_paths_are_always_linted(tree):
+    explicit = [tree / "pkg" / "ignored_by_git.py", tree / "build" / "lib" / "b.py", tree / "notes.txt"]
+    assert _found(tree, *explicit) == {"pkg/ignored_by_git.py", "build/lib/b.py", "notes.txt"}
+
+
+def test_a_file_named_twice_is_linted_once(tree):
+    assert _found(tree, tree / "a.py", tree / "a.py", tree) == {"a.py", "stubs/b.pyi", "pkg/c.py", "pkg/sub/keep.py"}
+
+
+def test_directory_symlinks_are_not_followed_and_broken_links_are_reported(tmp_path):
+    write(tmp_path / "real" / "r.py", SOURCE)
+    write(tmp_path / "outside" / "o.py", SOURCE)
+    (tmp_path / "real" / "link_to_outside").symlink_to(tmp_path / "outside", target_is_directory=True)
+    (tmp_path / "real" / "link.py").symlink_to(tmp_path / "real" / "r.py")
+    (tmp_path / "real" / "dangling.py").symlink_to(tmp_path / "nowhere.py")
+    (tmp_path / "real" / "dangling.txt").symlink_to(tmp_path / "nowhere.txt")
+    found = find_files([str(tmp_path / "real")], load_settings(tmp_path))
+    assert {Path(p).name for p in found.files} == {"r.py", "link.py"}
+    assert [(Path(f.filename).name, f.code) for f in found.problems] == [("dangling.py", "MAT003")]
+    assert "broken symbolic link" in found.problems[0].message
+
+
+def test_missing_path_is_a_usage_error(tmp_path):
+    with pytest.raises(UsageError, match="nope.py"):
+        find_files([str(tmp_path / "nope.py")], load_settings(tmp_path))
+    result = run_matlint("check", "nope.py", cwd=tmp_path)
+    assert result.returncode == 2 and "nope.py" in result.stderr
+
+
+def test_walked_paths_are_shown_relative_to_the_argument(tmp_path):
+    write(tmp_path / "pkg" / "m.py", bad_example("MAT101").code)
+    for argument, shown in ((".", "pkg/m.py"), ("pkg", "pkg/m.py"), ("./pkg/", "pkg/m.py"),
+                            (str(tmp_path), str(tmp_path / "pkg" / "m.py"))):
+        result = run_matlint("check", argument, "--format", "json", "--no-cache", cwd=tmp_path)
+        assert {f["filename"] for f in json.loads(result.stdout)} == {shown}
+
+
+# -- cache ---------------------------------------------------------------------------------
+
+@pytest.fixture
+def cached_project(tmp_path):
+    write(tmp_path / "pyproject.toml", "[tool.matlint]\n")
+    write(tmp_path / "m.py", bad_example("MAT101").code)
+    return tmp_path
+
+
+def _entries(project: Path) -> list:
+    return [p for p in (project / ".matlint_cache").rglob("*") if p.is_file() and p.parent.name != ".matlint_cache"]
+
+
+def _report(project, *args) -> list:
+    result = run_matlint("check", "--format", "json", *args, cwd=project)
+    assert result.returncode in (0, 1), result.stderr
+    return json.loads(result.stdout)
+
+
+def test_cache_directory_is_tagged_and_ignored_by_git(cached_project):
+    first = _report(cached_project)
+    cache = cached_project / ".matlint_cache"
+    assert (cache / ".gitignore").read_text().splitlines()[-1] == "*"
+    assert (cache / "CACHEDIR.TAG").read_text().startswith("Signature: 8a477f597d28d172789f06886806bc55")
+    assert len(_entries(cached_project)) == 1
+    subprocess.run(["git", "init", "-q"], cwd=cached_project, check=True)
+    status = subprocess.run(["git", "status", "--porcelain", "--untracked-files=all"], cwd=cached_project,
+                            capture_output=True, text=True).stdout
+    assert ".matlint_cache" not in status
+    assert first
+
+
+def _doctor(project: Path, message: str) -> None:
+    (entry,) = _entries(project)
+    data = json.loads(entry.read_text())
+    for finding in data["findings"]:
+        finding["message"] = message
+    entry.write_text(json.dumps(data))
+
+
+def test_second_run_reads_the_cache_and_a_change_invalidates_it(cached_project):
+    first = _report(cached_project)
+    _doctor(cached_project, "from the cache")
+    assert {f["message"] for f in _report(cached_project)} == {"from the cache"}
+    # --no-cache neither reads ...
+    assert _report(cached_project, "--no-cache") == first
+    # ... a change to the file's bytes is a miss ...
+    with open(cached_project / "m.py", "a") as handle:
+        handle.write("\n")
+    assert [f["message"] for f in _report(cached_project)] == [f["message"] for f in first]
+    # ... and so is a change of the settings.
+    _doctor(cached_project, "from the cache")
+    assert {f["message"] for f in _report(cached_project, "--extend-ignore", "MAT5")} != {"from the cache"}
+
+
+def test_no_cache_writes_nothing(cached_project):
+    _report(cached_project, "--no-cache")
+    assert not (cached_project / ".matlint_cache").exists()
+
+
+@pytest.mark.parametrize("garbage", [b"", b"{not json", b'{"key": 1}', b"\xff\xfe", b'{"key": null, "findings": 3}'])
+def test_a_corrupt_entry_is_ignored(cached_project, garbage):
+    first = _report(cached_project)
+    (entry,) = _entries(cached_project)
+    entry.write_bytes(garbage)
+    result = run_matlint("check", "--format", "json", cwd=cached_project)
+    assert result.returncode == 1 and json.loads(result.stdout) == first and result.stderr.count("\n") <= 1
+
+
+def test_per_file_ignores_apply_after_the_cache(cached_project):
+    assert _report(cached_project)
+    write(cached_project / "pyproject.toml", '[tool.matlint.per-file-ignores]\n"m.py" = ["MAT1"]\n')
+    assert _report(cached_project) == []
+
+
+def test_an_unusable_cache_dir_does_not_stop_the_run(cached_project):
+    write(cached_project / "pyproject.toml", '[tool.matlint]\ncache-dir = "a_file"\n')
+    write(cached_project / "a_file", "not a directory")
+    result = run_matlint("check", "--format", "json", cwd=cached_project)
+    assert result.returncode == 1 and json.loads(result.stdout)
+
+
+def test_files_without_torch_are_not_cached(tmp_path):
+    write(tmp_path / "plain.py", "x = 1\n")
+    assert _report(tmp_path) == []
+    assert not (tmp_path / ".matlint_cache").exists()
+
+
+def test_parallel_workers_share_the_cache(tmp_path):
+    for i in range(60):
+        write(tmp_path / f"m{i:02}.py", bad_example("MAT101").code + f"# {i}\n")
+    first = _report(tmp_path, "--jobs", "2")
+    assert len(_entries(tmp_path)) == 60
+    assert _report(tmp_path, "--jobs", "2") == first
