@@ -1,0 +1,1996 @@
+"""Symbolic tensor shapes, inferred intra-procedurally without importing torch.
+
+A shape is a tuple of dims; a dim is a literal int, a named symbol (`Sym`: `B`, `self.n_embd`, a
+parameter, `B * T`) or None (unknown). A shape may also say that an unknown number of unknown
+dims precede its known trailing dims (`Shape.leading`: `nn.Linear(d, 1)` maps anything to
+`(..., 1)`). A whole value the analysis cannot read is None: unknown is a first-class answer and
+the analysis never guesses. Two symbols are equal only when they are written the same way in the
+same scope; different symbols may still be equal at run time, so rules never treat them as
+different.
+
+Each function is analysed once, lazily, the first time a rule asks about an expression in it
+(`shape_of(ctx, expr)`), walking its statements in order with an environment of names and
+recording the value of every expression it evaluates. Branches are merged (a name whose value
+differs between branches becomes unknown); names assigned in a loop are unknown inside and after
+it. `self.<attr>` modules and sizes come from the class's `__init__`.
+
+`Shape.explicit` remembers the axes (counted from the end) whose size 1 the author asked for on
+purpose (`x[:, None]`, `unsqueeze`, `keepdim=True`, a literal 1 in `view`/`reshape`, a slice
+that keeps one element): broadcasting against them is intended, and the MAT2xx rules stay quiet.
+"""
+from __future__ import annotations
+
+import ast
+import re
+from dataclasses import dataclass, field, replace
+from typing import Callable, Optional
+
+# -- dims -----------------------------------------------------------------------------------
+
+
+class Sym:
+    """A named size. `scope` keeps apart equally spelled names from different namespaces
+    (a jaxtyping axis name, a local of `__init__`) that need not be the same size."""
+
+    __slots__ = ("text", "scope", "factors")
+
+    def __init__(self, text: str, scope: str = "", factors: tuple = ()):
+        self.text = text
+        self.scope = scope
+        self.factors = factors  # for products: the atomic symbols multiplied
+
+    def __eq__(self, other):
+        return isinstance(other, Sym) and self.text == other.text and self.scope == other.scope
+
+    def __hash__(self):
+        return hash((self.text, self.scope))
+
+    def __repr__(self):
+        return self.text
+
+
+def fmt_dim(d) -> str:
+    return "?" if d is None else str(d)
+
+
+def dim_eq(a, b) -> bool:
+    """Known to be the same size."""
+    return a is not None and b is not None and type(a) is type(b) and a == b
+
+
+def _atom(d) -> str:
+    text = fmt_dim(d)
+    return f"({text})" if " " in text else text
+
+
+def _scope_of(*dims) -> str:
+    return "|".join(sorted({d.scope for d in dims if isinstance(d, Sym) and d.scope}))
+
+
+def dim_product(dims):
+    """Product of dims in one canonical spelling (`B * T` whichever order it was written in)."""
+    coef, syms = 1, []
+    for d in dims:
+        if d is None:
+            return None
+        if isinstance(d, int):
+            coef *= d
+        elif d.factors:
+            syms.extend(d.factors)
+        else:
+            syms.append(d)
+    if not syms:
+        return coef
+    if coef == 0:
+        return 0
+    syms.sort(key=lambda s: (s.text, s.scope))
+    parts = ([str(coef)] if coef != 1 else []) + [_atom(s) for s in syms]
+    if len(parts) == 1:
+        return syms[0]
+    return Sym(" * ".join(parts), _scope_of(*syms), tuple(syms) + ((coef,) if coef != 1 else ()))
+
+
+def _factors(d):
+    """(int coefficient, list of atomic symbols) of a dim, or None if unknown."""
+    if d is None:
+        return None
+    if isinstance(d, int):
+        return d, []
+    if d.factors:
+        coef = 1
+        syms = []
+        for f in d.factors:
+            if isinstance(f, int):
+                coef *= f
+            else:
+                syms.append(f)
+        return coef, syms
+    return 1, [d]
+
+
+def dim_quotient(total: list, known: list):
+    """prod(total) / prod(known) when it divides exactly, symbol by symbol; else None."""
+    coef, syms = 1, []
+    for d in total:
+        f = _factors(d)
+        if f is None:
+            return None
+        coef *= f[0]
+        syms.extend(f[1])
+    for d in known:
+        f = _factors(d)
+        if f is None or f[0] == 0 or coef % f[0]:
+            return None
+        coef //= f[0]
+        for s in f[1]:
+            if s not in syms:
+                return None
+            syms.remove(s)
+    return dim_product([coef] + syms)
+
+
+_DIM_OPS = {ast.Add: "+", ast.Sub: "-", ast.Mult: "*", ast.FloorDiv: "//", ast.Mod: "%"}
+
+
+def dim_binop(op: ast.operator, a, b):
+    sign = _DIM_OPS.get(type(op))
+    if sign is None or a is None or b is None:
+        return None
+    if isinstance(a, int) and isinstance(b, int):
+        if sign in ("//", "%") and b == 0:
+            return None
+        return {"+": a + b, "-": a - b, "*": a * b, "//": a // b if b else None, "%": a % b if b else None}[sign]
+    if sign == "*":
+        return dim_product([a, b])
+    if sign == "//" and isinstance(b, int) and b == 1:
+        return a
+    if sign in ("+", "-") and isinstance(b, int) and b == 0:
+        return a
+    return Sym(f"{_atom(a)} {sign} {_atom(b)}", _scope_of(a, b))
+
+
+# -- shapes ---------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Shape:
+    dims: tuple
+    leading: bool = False          # unknown dims (any number, maybe none) before `dims`
+    explicit: frozenset = frozenset()  # negative axes whose size 1 was asked for on purpose
+
+    @property
+    def rank(self) -> Optional[int]:
+        return None if self.leading else len(self.dims)
+
+    @property
+    def known(self) -> bool:
+        """Exact rank and every dim known."""
+        return not self.leading and all(d is not None for d in self.dims)
+
+    def at(self, axis: int):
+        """Dim at `axis` (negative counts from the end), None when not known."""
+        n = len(self.dims)
+        if axis < 0:
+            return self.dims[axis] if -axis <= n else None
+        return self.dims[axis] if not self.leading and axis < n else None
+
+    def is_explicit_one(self, axis: int) -> bool:
+        """Axis (negative) holds a 1 the author asked for."""
+        return axis in self.explicit
+
+    def __str__(self) -> str:
+        parts = (["..."] if self.leading else []) + [fmt_dim(d) for d in self.dims]
+        if len(parts) == 1 and not self.leading:
+            return f"({parts[0]},)"
+        return "(" + ", ".join(parts) + ")"
+
+
+def make_shape(dims, leading=False, explicit=()) -> Shape:
+    dims = tuple(dims)
+    kept = frozenset(a for a in explicit if -len(dims) <= a < 0 and dims[a] == 1)
+    return Shape(dims, leading, kept)
+
+
+def _normalize_axis(axis, rank):
+    if not isinstance(axis, int) or rank is None:
+        return None
+    if axis < 0:
+        axis += rank
+    return axis if 0 <= axis < rank else None
+
+
+def broadcast_dim(a, b):
+    """The broadcast of two aligned dims in every run where broadcasting succeeds."""
+    if a == "absent":
+        return b
+    if b == "absent":
+        return a
+    if dim_eq(a, b):
+        return a
+    if a == 1 and isinstance(a, int):
+        return b
+    if b == 1 and isinstance(b, int):
+        return a
+    if isinstance(a, int) and a > 1 and (b is None or isinstance(b, Sym)):
+        return a
+    if isinstance(b, int) and b > 1 and (a is None or isinstance(a, Sym)):
+        return b
+    return None
+
+
+def aligned_pairs(a: Shape, b: Shape):
+    """Pairs of dims aligned from the right; "absent" where a shape of known rank has run out,
+    None where an unknown leading dim stands."""
+    n = max(len(a.dims), len(b.dims))
+    pairs = []
+    for i in range(-n, 0):
+        pairs.append((_dim_or_pad(a, i), _dim_or_pad(b, i)))
+    return pairs
+
+
+def _dim_or_pad(s: Shape, i: int):
+    if -i <= len(s.dims):
+        return s.dims[i]
+    return None if s.leading else "absent"
+
+
+def broadcast(a: Optional[Shape], b: Optional[Shape]) -> Optional[Shape]:
+    if a is None or b is None:
+        return None
+    dims = [broadcast_dim(x, y) for x, y in aligned_pairs(a, b)]
+    explicit = a.explicit | b.explicit
+    return make_shape(dims, a.leading or b.leading, explicit)
+
+
+def broadcast_is_valid(a: Shape, b: Shape) -> bool:
+    """Broadcasting succeeds whatever the symbols stand for (each aligned pair is equal, or one
+    side is a literal 1 or absent). Both shapes need an exact rank."""
+    if a.leading or b.leading:
+        return False
+    for x, y in aligned_pairs(a, b):
+        if x == "absent" or y == "absent" or dim_eq(x, y) or x == 1 or y == 1:
+            continue
+        return False
+    return True
+
+
+# -- values the analysis tracks ---------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class IntVal:
+    """A Python int (a size, an axis, a count); `dim` is its value as a dim."""
+    dim: object = None
+
+
+@dataclass(frozen=True)
+class Opaque:
+    """Something the analysis cannot read; if it is used as a size, it is the symbol `sym`."""
+    sym: Optional[Sym] = None
+
+
+@dataclass(frozen=True)
+class Scalar:
+    """A Python float or other number that is not a tensor."""
+
+
+SCALAR = Scalar()
+
+
+@dataclass(frozen=True)
+class Seq:
+    """A tuple or list literal (or a tuple result such as `x.max(dim)`), item by item."""
+    items: tuple
+
+
+@dataclass(frozen=True)
+class SizeVal:
+    """`x.shape` / `x.size()`: a tuple of dims."""
+    shape: Shape
+
+
+@dataclass(frozen=True, eq=False)
+class Module:
+    """An nn.Module whose effect on shapes is known (`apply(shape) -> shape`)."""
+    name: str
+    apply: Callable = field(repr=False)
+
+
+@dataclass(frozen=True)
+class Loss:
+    """A loss module instance (`nn.MSELoss()`), by qualified class name."""
+    name: str
+    reduction_given: bool = False
+
+
+def as_shape(value) -> Optional[Shape]:
+    return value if isinstance(value, Shape) else None
+
+
+def as_dim(value):
+    if isinstance(value, IntVal):
+        return value.dim
+    if isinstance(value, Opaque):
+        return value.sym
+    return None
+
+
+def as_dims(value):
+    """A size given as a tuple/list/`x.shape`: (dims, leading) or None."""
+    if isinstance(value, SizeVal):
+        return value.shape.dims, value.shape.leading
+    if isinstance(value, Seq):
+        dims = []
+        for item in value.items:
+            if not isinstance(item, (IntVal, Opaque)):
+                return None
+            dims.append(as_dim(item))
+        return tuple(dims), False
+    return None
+
+
+def _is_scalar(value) -> bool:
+    return isinstance(value, (IntVal, Scalar))
+
+
+def _int_const(value) -> Optional[int]:
+    if isinstance(value, IntVal) and isinstance(value.dim, int):
+        return value.dim
+    return None
+
+
+# -- operations on shapes ----------------------------------------------------------------------
+
+
+def op_unsqueeze(s: Shape, axis) -> Optional[Shape]:
+    if not isinstance(axis, int):
+        return None
+    if axis < 0:
+        pos = len(s.dims) + 1 + axis
+        if pos < 0:
+            return None
+        dims = s.dims[:pos] + (1,) + s.dims[pos:]
+        explicit = _shift_explicit(s, pos) | {pos - len(dims)}
+        return make_shape(dims, s.leading, explicit)
+    if s.leading or axis > len(s.dims):
+        return None
+    dims = s.dims[:axis] + (1,) + s.dims[axis:]
+    return make_shape(dims, False, _shift_explicit(s, axis) | {axis - len(dims)})
+
+
+def _shift_explicit(s: Shape, pos: int) -> set:
+    """Explicit axes after inserting one dim at position `pos` of s.dims."""
+    out = set()
+    for a in s.explicit:
+        index = len(s.dims) + a
+        out.add(a if index >= pos else a - 1)
+    return out
+
+
+def op_squeeze(s: Shape, axes) -> Optional[Shape]:
+    if axes is None:
+        if s.leading or any(not isinstance(d, int) for d in s.dims):
+            return None  # a symbol may be 1 at run time
+        return make_shape([d for d in s.dims if d != 1])
+    positions = set()
+    for axis in axes:
+        if not isinstance(axis, int):
+            return None
+        pos = axis + len(s.dims) if axis < 0 else axis
+        if pos < 0 or pos >= len(s.dims) or (axis >= 0 and s.leading):
+            return None
+        d = s.dims[pos]
+        if d == 1 and isinstance(d, int):
+            positions.add(pos)
+        elif not (isinstance(d, int) and d != 1):
+            return None  # unknown whether that dim is 1
+    dims = [d for i, d in enumerate(s.dims) if i not in positions]
+    explicit = set()
+    for a in s.explicit:
+        index = len(s.dims) + a
+        if index in positions:
+            continue
+        explicit.add(a + sum(1 for p in positions if p > index))
+    return make_shape(dims, s.leading, explicit)
+
+
+def op_flatten(s: Shape, start=0, end=-1) -> Optional[Shape]:
+    if not isinstance(start, int) or not isinstance(end, int):
+        return None
+    if s.leading:
+        if start >= 0:
+            if start == 0 and end == -1:
+                return make_shape([None])
+            if end == -1:
+                return make_shape([None] * start + [None]) if start > 0 else None
+            return None
+        if end >= 0 or -start > len(s.dims):
+            return None
+        a, b = len(s.dims) + start, len(s.dims) + end
+        return make_shape(s.dims[:a] + (dim_product(s.dims[a:b + 1]),) + s.dims[b + 1:], True)
+    if not s.dims:
+        return make_shape([1])
+    a, b = _normalize_axis(start, len(s.dims)), _normalize_axis(end, len(s.dims))
+    if a is None or b is None or a > b:
+        return None
+    return make_shape(s.dims[:a] + (dim_product(s.dims[a:b + 1]),) + s.dims[b + 1:])
+
+
+def op_view(s: Optional[Shape], target, literal_ones=()) -> Optional[Shape]:
+    """`view`/`reshape` to `target` dims (-1 for the one to infer). `literal_ones` are the
+    positions where the author wrote a literal 1."""
+    dims = list(target)
+    holes = [i for i, d in enumerate(dims) if d == -1 and isinstance(d, int)]
+    if len(holes) > 1:
+        return None
+    if holes:
+        rest = [d for i, d in enumerate(dims) if i != holes[0]]
+        dims[holes[0]] = (dim_quotient(list(s.dims), rest)
+                          if s is not None and s.known else None)
+    explicit = {i - len(dims) for i in literal_ones}
+    return make_shape(dims, False, explicit)
+
+
+def op_permute(s: Shape, order) -> Optional[Shape]:
+    if s.leading or len(order) != len(s.dims):
+        return None
+    norm = [_normalize_axis(a, len(s.dims)) for a in order]
+    if None in norm or sorted(norm) != list(range(len(s.dims))):
+        return None
+    n = len(s.dims)
+    explicit = {norm.index(n + a) - n for a in s.explicit}
+    return make_shape([s.dims[i] for i in norm], False, explicit)
+
+
+def op_transpose(s: Shape, a, b) -> Optional[Shape]:
+    if not isinstance(a, int) or not isinstance(b, int):
+        return None
+    n = len(s.dims)
+    if s.leading:
+        if a >= 0 or b >= 0 or -a > n or -b > n:
+            return None
+        a, b = a + n, b + n
+    else:
+        a, b = _normalize_axis(a, n), _normalize_axis(b, n)
+        if a is None or b is None:
+            return None
+    dims = list(s.dims)
+    dims[a], dims[b] = dims[b], dims[a]
+    swap = {a - n: b - n, b - n: a - n}
+    return make_shape(dims, s.leading, {swap.get(x, x) for x in s.explicit})
+
+
+def op_reduce(s: Shape, axes, keepdim: bool) -> Optional[Shape]:
+    """Reduce over `axes` (None: all of them)."""
+    if axes is None:
+        if keepdim:
+            return None if s.leading else make_shape([1] * len(s.dims), False, range(-len(s.dims), 0))
+        return make_shape([])
+    n = len(s.dims)
+    positions = set()
+    for axis in axes:
+        if not isinstance(axis, int):
+            return None
+        if s.leading:
+            if axis >= 0 or -axis > n:
+                return None
+            positions.add(axis + n)
+        else:
+            pos = _normalize_axis(axis, n)
+            if pos is None:
+                return None
+            positions.add(pos)
+    if keepdim:
+        dims = [1 if i in positions else d for i, d in enumerate(s.dims)]
+        return make_shape(dims, s.leading, s.explicit | {p - n for p in positions})
+    dims = [d for i, d in enumerate(s.dims) if i not in positions]
+    explicit = set()
+    for a in s.explicit:
+        index = n + a
+        if index not in positions:
+            explicit.add(a + sum(1 for p in positions if p > index))
+    return make_shape(dims, s.leading, explicit)
+
+
+def op_matmul(a: Shape, b: Shape) -> Optional[Shape]:
+    if a.rank == 1 and b.rank == 1:
+        return make_shape([])
+    if a.rank == 1:
+        if len(b.dims) < 2:
+            return None
+        return make_shape(b.dims[:-2] + b.dims[-1:], b.leading)
+    if b.rank == 1:
+        if len(a.dims) < 2:
+            return None
+        return make_shape(a.dims[:-1], a.leading)
+    if len(a.dims) < 2 or len(b.dims) < 2:
+        return None
+    batch = broadcast(make_shape(a.dims[:-2], a.leading), make_shape(b.dims[:-2], b.leading))
+    if batch is None:
+        return None
+    return make_shape(batch.dims + (a.dims[-2], b.dims[-1]), batch.leading)
+
+
+def op_cat(shapes, axis) -> Optional[Shape]:
+    if not shapes or any(s is None for s in shapes) or not isinstance(axis, int):
+        return None
+    first = shapes[0]
+    if any(s.leading != first.leading or len(s.dims) != len(first.dims) for s in shapes):
+        return None
+    n = len(first.dims)
+    pos = axis + n if axis < 0 else (None if first.leading else axis)
+    if pos is None or not 0 <= pos < n:
+        return None
+    dims = []
+    for i in range(n):
+        column = [s.dims[i] for s in shapes]
+        if i == pos:
+            total = column[0]
+            for d in column[1:]:
+                total = dim_binop(ast.Add(), total, d)
+            dims.append(total)
+        else:
+            dims.append(column[0] if all(dim_eq(column[0], d) for d in column[1:]) else None)
+    return make_shape(dims, first.leading)
+
+
+def op_stack(shapes, axis) -> Optional[Shape]:
+    if not shapes or any(s is None for s in shapes) or not isinstance(axis, int):
+        return None
+    first = replace(shapes[0], explicit=frozenset())
+    if any(replace(s, explicit=frozenset()) != first for s in shapes[1:]):
+        return None
+    n = len(first.dims)
+    if axis < 0:
+        pos = n + 1 + axis
+        if pos < 0:
+            return None
+    elif first.leading or axis > n:
+        return None
+    else:
+        pos = axis
+    return make_shape(first.dims[:pos] + (len(shapes),) + first.dims[pos:], first.leading)
+
+
+_EINSUM_LETTERS = re.compile(r"^[a-zA-Z.]*$")
+
+
+def op_einsum(equation: str, shapes) -> Optional[Shape]:
+    eq = equation.replace(" ", "")
+    if "->" in eq:
+        lhs, out = eq.split("->")
+    else:
+        lhs, out = eq, None
+    terms = lhs.split(",")
+    if len(terms) != len(shapes) or any(s is None for s in shapes):
+        return None
+    if not all(_EINSUM_LETTERS.match(t) for t in terms + ([out] if out is not None else [])):
+        return None
+    sizes: dict = {}
+    ellipsis = []
+    for term, s in zip(terms, shapes):
+        has_ellipsis = "..." in term
+        letters = term.replace("...", "")
+        if "." in letters:
+            return None
+        n = len(letters)
+        if has_ellipsis:
+            head, _, tail = term.partition("...")
+            if len(s.dims) < n:
+                return None
+            before = s.dims[:len(head)] if not s.leading else None
+            if s.leading and head:
+                return None
+            after = s.dims[len(s.dims) - len(tail):] if tail else ()
+            middle = s.dims[len(head):len(s.dims) - len(tail)]
+            ellipsis.append(make_shape(middle, s.leading))
+            dims = (tuple(before) if before else ()) + tuple(after)
+        else:
+            if s.leading:
+                if len(s.dims) < n:
+                    return None
+                dims = s.dims[len(s.dims) - n:]
+            elif len(s.dims) != n:
+                return None
+            else:
+                dims = s.dims
+        for letter, d in zip(letters, dims):
+            prev = sizes.get(letter, "absent")
+            sizes[letter] = broadcast_dim(prev, d)
+    if out is None:
+        counts = {}
+        for t in terms:
+            for c in t.replace("...", ""):
+                counts[c] = counts.get(c, 0) + 1
+        out = ("..." if ellipsis else "") + "".join(sorted(c for c, k in counts.items() if k == 1))
+    prefix = None
+    if ellipsis:
+        prefix = ellipsis[0]
+        for e in ellipsis[1:]:
+            prefix = broadcast(prefix, e)
+        if prefix is None:
+            return None
+    if "..." in out:
+        head, _, tail = out.partition("...")
+        if head or prefix is None:
+            return None if head else make_shape([sizes.get(c) for c in tail])
+        return make_shape(prefix.dims + tuple(sizes.get(c) for c in tail), prefix.leading)
+    if any(c not in sizes for c in out):
+        return None
+    return make_shape([sizes[c] for c in out])
+
+
+def op_linear(s: Optional[Shape], out_dim) -> Shape:
+    if s is None or not s.dims:
+        return make_shape([out_dim], True)
+    return make_shape(s.dims[:-1] + (out_dim,), s.leading)
+
+
+# -- what torch's names do ----------------------------------------------------------------------
+
+_CONSTRUCTORS = {"zeros", "ones", "empty", "rand", "randn", "full"}
+_LIKE = {"zeros_like", "ones_like", "empty_like", "rand_like", "randn_like", "full_like", "randint_like"}
+_SAME_SHAPE_METHODS = {
+    "float", "double", "half", "bfloat16", "int", "long", "bool", "short", "byte", "char", "to",
+    "type", "type_as", "contiguous", "detach", "detach_", "clone", "cpu", "cuda", "abs", "neg",
+    "negative", "exp", "exp2", "log", "log2", "log10", "log1p", "expm1", "sqrt", "rsqrt", "sigmoid",
+    "tanh", "relu", "sin", "cos", "tan", "sign", "sgn", "round", "floor", "ceil", "trunc", "frac",
+    "clamp", "clip", "clamp_min", "clamp_max", "square", "reciprocal", "softmax", "log_softmax",
+    "cumsum", "cumprod", "flip", "fliplr", "roll", "requires_grad_", "pin_memory", "masked_fill",
+    "masked_fill_", "fill_", "zero_", "normal_", "uniform_", "nan_to_num", "erf", "erfinv",
+    "sigmoid_", "relu_", "clamp_", "clamp_min_", "abs_", "exp_", "log_", "sqrt_", "neg_", "tril",
+    "triu", "tril_", "triu_", "logical_not", "bitwise_not", "isnan", "isinf", "isfinite",
+    "contiguous", "float_", "share_memory_", "retain_grad", "sinh", "cosh", "asin", "acos", "atan",
+    "digamma", "lgamma", "logit", "mish", "silu", "gelu", "hardtanh", "add_", "sub_", "mul_",
+    "div_", "pow_", "copy_", "masked_scatter", "index_fill", "index_fill_", "scatter", "scatter_",
+    "scatter_add", "scatter_add_", "detach_", "argsort", "requires_grad_",
+}
+_BINARY = {"add", "sub", "subtract", "mul", "multiply", "div", "divide", "true_divide",
+           "floor_divide", "remainder", "fmod", "pow", "maximum", "minimum", "fmax", "fmin", "eq",
+           "ne", "lt", "le", "gt", "ge", "greater", "less", "greater_equal", "less_equal",
+           "not_equal", "logical_and", "logical_or", "logical_xor", "atan2", "hypot", "rsub",
+           "bitwise_and", "bitwise_or", "bitwise_xor", "xlogy", "copysign", "lerp"}
+_REDUCTIONS = {"sum", "mean", "prod", "amax", "amin", "logsumexp", "nansum", "nanmean", "all",
+               "any", "argmax", "argmin", "count_nonzero", "std", "var"}
+_PAIR_REDUCTIONS = {"max", "min", "median", "mode", "nanmedian"}
+_FUNCTIONAL_SAME = {
+    "relu", "relu6", "gelu", "silu", "elu", "selu", "celu", "leaky_relu", "softplus", "mish",
+    "hardswish", "hardsigmoid", "hardtanh", "sigmoid", "tanh", "logsigmoid", "softsign",
+    "tanhshrink", "dropout", "dropout1d", "dropout2d", "dropout3d", "alpha_dropout", "normalize",
+    "layer_norm", "group_norm", "batch_norm", "instance_norm", "local_response_norm", "rms_norm",
+    "softmax", "log_softmax", "softmin", "gumbel_softmax", "threshold", "prelu", "rrelu",
+}
+_SAME_MODULES = {
+    "ReLU", "ReLU6", "GELU", "SiLU", "ELU", "SELU", "CELU", "LeakyReLU", "Softplus", "Mish",
+    "Hardswish", "Hardsigmoid", "Hardtanh", "Sigmoid", "Tanh", "LogSigmoid", "Softsign", "PReLU",
+    "Dropout", "Dropout1d", "Dropout2d", "Dropout3d", "AlphaDropout", "LayerNorm", "RMSNorm",
+    "GroupNorm", "BatchNorm1d", "BatchNorm2d", "BatchNorm3d", "InstanceNorm1d", "InstanceNorm2d",
+    "InstanceNorm3d", "Identity", "Softmax", "LogSoftmax", "Softmin", "Tanhshrink", "Threshold",
+}
+LOSS_FUNCTIONS = {"mse_loss", "l1_loss", "smooth_l1_loss", "huber_loss", "binary_cross_entropy",
+                  "binary_cross_entropy_with_logits", "soft_margin_loss"}
+LOSS_MODULES = {"MSELoss": "mse_loss", "L1Loss": "l1_loss", "SmoothL1Loss": "smooth_l1_loss",
+                "HuberLoss": "huber_loss", "BCELoss": "binary_cross_entropy",
+                "BCEWithLogitsLoss": "binary_cross_entropy_with_logits",
+                "SoftMarginLoss": "soft_margin_loss"}
+_OTHER_LOSS_MODULES = {"CrossEntropyLoss", "NLLLoss", "KLDivLoss", "CosineEmbeddingLoss",
+                       "MarginRankingLoss", "TripletMarginLoss", "CTCLoss", "PoissonNLLLoss",
+                       "GaussianNLLLoss", "MultiLabelSoftMarginLoss", "HingeEmbeddingLoss"}
+_JAXTYPING_MODULES = ("jaxtyping.", "torchtyping.")
+
+
+def _torch_name(qual: Optional[str]):
+    """('torch', 'zeros') / ('F', 'relu') / ('nn', 'Linear') / ('linalg', 'norm') or None."""
+    if not qual:
+        return None
+    for prefix, space in (("torch.nn.functional.", "F"), ("torch.nn.modules.", "nn"), ("torch.nn.", "nn"),
+                          ("torch.linalg.", "linalg"), ("torch.special.", "special"), ("torch.", "torch")):
+        if qual.startswith(prefix):
+            rest = qual[len(prefix):]
+            if space == "nn" and "." in rest:
+                rest = rest.rsplit(".", 1)[1]
+            if "." in rest:
+                return None
+            return space, rest
+    return None
+
+
+# -- the analysis of one function -------------------------------------------------------------------
+
+
+def _assigned_names(body) -> dict:
+    """How many times each name is bound in a function body (loop-bound names count as many)."""
+    counts: dict = {}
+
+    def bump(name, n=1):
+        counts[name] = counts.get(name, 0) + n
+
+    def visit(node, in_loop):
+        if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
+            bump(node.name)
+            return
+        if isinstance(node, ast.Lambda):
+            return
+        loop = in_loop or isinstance(node, (ast.For, ast.AsyncFor, ast.While, ast.ListComp,
+                                            ast.SetComp, ast.GeneratorExp, ast.DictComp))
+        if isinstance(node, ast.Name) and isinstance(node.ctx, (ast.Store, ast.Del)):
+            bump(node.id, 2 if in_loop else 1)
+        if isinstance(node, ast.AugAssign) and isinstance(node.target, ast.Name):
+            bump(node.target.id, 2)
+        if isinstance(node, (ast.Import, ast.ImportFrom)):
+            for alias in node.names:
+                bump((alias.asname or alias.name).split(".")[0])
+        for child in ast.iter_child_nodes(node):
+            visit(child, loop)
+
+    for stmt in body:
+        visit(stmt, False)
+    return counts
+
+
+def _stored_names(nodes) -> set:
+    names = set()
+    for node in nodes:
+        for sub in ast.walk(node):
+            if isinstance(sub, ast.Name) and isinstance(sub.ctx, (ast.Store, ast.Del)):
+                names.add(sub.id)
+            elif isinstance(sub, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
+                names.add(sub.name)
+    return names
+
+
+def _merge(a, b):
+    return a if a == b else None
+
+
+class FunctionShapes:
+    """Values of the expressions of one function (or module body, or lambda)."""
+
+    def __init__(self, ctx, owner, class_attrs: Optional[dict] = None, self_name: Optional[str] = None,
+                 scope: str = "", init_mode: bool = False):
+        self.ctx = ctx
+        self.owner = owner
+        self.values: dict = {}
+        self.class_attrs = class_attrs or {}
+        self.self_name = self_name
+        self.scope = scope
+        self.init_mode = init_mode
+        self.stored_attrs: dict = {}  # init mode: self.<attr> -> value
+        self.param_aliases: dict = {}  # init mode: param name -> "self.attr" it is stored to
+        body = owner.body if isinstance(owner.body, list) else [owner.body]
+        self.counts = _assigned_names(body)
+        env: dict = {}
+        if isinstance(owner, (ast.FunctionDef, ast.AsyncFunctionDef, ast.Lambda)):
+            env = self._parameters(owner)
+        if init_mode:
+            self._find_param_aliases(body)
+        self.env = env
+        if isinstance(owner, ast.Lambda):
+            self.infer(owner.body)
+        else:
+            self.block(body)
+
+    # -- symbols -------------------------------------------------------------------------------
+    def sym(self, text: str) -> Sym:
+        if self.init_mode:
+            head = text.split(".")[0]
+            if head in self.param_aliases:
+                return Sym(self.param_aliases[head] + text[len(head):])
+        return Sym(text, self.scope)
+
+    def _find_param_aliases(self, body):
+        for stmt in body:
+            if (isinstance(stmt, ast.Assign) and len(stmt.targets) == 1
+                    and isinstance(stmt.value, ast.Name) and self._is_self_attr(stmt.targets[0])):
+                self.param_aliases.setdefault(stmt.value.id, f"self.{stmt.targets[0].attr}")
+
+    def _is_self_attr(self, node) -> bool:
+        return (isinstance(node, ast.Attribute) and isinstance(node.value, ast.Name)
+                and self.self_name is not None and node.value.id == self.self_name)
+
+    def _parameters(self, fn) -> dict:
+        env = {}
+        args = fn.args
+        every = args.posonlyargs + args.args + args.kwonlyargs
+        for a in every:
+            shape = self.annotation_shape(a.annotation) if getattr(a, "annotation", None) else None
+            single = self.counts.get(a.arg, 0) == 0
+            env[a.arg] = shape if shape is not None else Opaque(self.sym(a.arg) if single else None)
+        for a in (args.vararg, args.kwarg):
+            if a is not None:
+                env[a.arg] = None
+        if self.self_name and every:
+            env[self.self_name] = None
+        return env
+
+    # -- annotations -------------------------------------------------------------------------------
+    def annotation_shape(self, ann) -> Optional[Shape]:
+        """Shapes written as jaxtyping (`Float[Tensor, "B T"]`) or torchtyping
+        (`TensorType["B", "T"]`) annotations."""
+        if not isinstance(ann, ast.Subscript):
+            return None
+        qual = self.ctx.qualname(ann.value) or ""
+        if not qual.startswith(_JAXTYPING_MODULES):
+            return None
+        items = ann.slice.elts if isinstance(ann.slice, ast.Tuple) else [ann.slice]
+        if qual.startswith("jaxtyping."):
+            if len(items) != 2 or not isinstance(items[1], ast.Constant) or not isinstance(items[1].value, str):
+                return None
+            tokens = items[1].value.split()
+        else:
+            tokens = []
+            for item in items:
+                if isinstance(item, ast.Constant) and isinstance(item.value, (str, int)) and not isinstance(item.value, bool):
+                    tokens.append(str(item.value))
+                elif isinstance(item, ast.Constant) and item.value is Ellipsis:
+                    tokens.append("...")
+                elif isinstance(item, ast.Slice):
+                    tokens.append("_")  # "name": size, keep unknown
+                else:
+                    break  # dtype, layout and other details
+        leading = False
+        dims = []
+        for i, tok in enumerate(tokens):
+            if tok == "..." or tok.startswith("*"):
+                if i != 0:
+                    return None
+                leading = True
+            elif re.fullmatch(r"\d+", tok):
+                dims.append(int(tok))
+            elif re.fullmatch(r"[A-Za-z_]\w*", tok) and tok != "_":
+                dims.append(Sym(tok, "annotation"))
+            else:
+                dims.append(None)
+        return make_shape(dims, leading)
+
+    # -- statements --------------------------------------------------------------------------------
+    def block(self, stmts) -> None:
+        for stmt in stmts:
+            self.statement(stmt)
+
+    def statement(self, stmt) -> None:
+        if isinstance(stmt, ast.Assign):
+            value = self.infer(stmt.value)
+            for target in stmt.targets:
+                self.bind(target, value, stmt.value)
+        elif isinstance(stmt, ast.AnnAssign):
+            shape = self.annotation_shape(stmt.annotation)
+            value = self.infer(stmt.value) if stmt.value is not None else None
+            if stmt.value is not None or shape is not None:
+                self.bind(stmt.target, shape if shape is not None else value, stmt.value)
+        elif isinstance(stmt, ast.AugAssign):
+            value = self.infer(stmt.value)
+            self.infer(stmt.target) if not isinstance(stmt.target, ast.Name) else None
+            if isinstance(stmt.target, ast.Name):
+                old = self.env.get(stmt.target.id)
+                if isinstance(old, Shape):
+                    new = old  # in-place ops keep the tensor's shape (or raise)
+                elif isinstance(old, IntVal) and isinstance(value, IntVal):
+                    new = IntVal(dim_binop(stmt.op, old.dim, value.dim))
+                else:
+                    new = None
+                self.env[stmt.target.id] = new
+        elif isinstance(stmt, (ast.Expr, ast.Return)):
+            if stmt.value is not None:
+                self.infer(stmt.value)
+        elif isinstance(stmt, ast.Assert):
+            self.infer(stmt.test)
+            self.assume(stmt.test)
+        elif isinstance(stmt, ast.If):
+            self.infer(stmt.test)
+            self.branches([stmt.body, stmt.orelse])
+        elif isinstance(stmt, (ast.For, ast.AsyncFor, ast.While)):
+            self.loop(stmt)
+        elif isinstance(stmt, (ast.With, ast.AsyncWith)):
+            for item in stmt.items:
+                self.infer(item.context_expr)
+                if item.optional_vars is not None:
+                    self.bind(item.optional_vars, None, None)
+            self.block(stmt.body)
+        elif isinstance(stmt, ast.Try) or type(stmt).__name__ == "TryStar":
+            before = dict(self.env)
+            self.block(stmt.body)
+            for name in _stored_names(stmt.body):
+                before[name] = None
+            after_body = self.env
+            ends = [after_body]
+            for handler in stmt.handlers:
+                self.env = dict(before)
+                if handler.name:
+                    self.env[handler.name] = None
+                self.block(handler.body)
+                ends.append(self.env)
+            self.env = self._merge_envs(ends)
+            self.block(stmt.orelse)
+            self.block(stmt.finalbody)
+        elif type(stmt).__name__ == "Match":
+            self.infer(stmt.subject)
+            self.branches([case.body for case in stmt.cases] + [[]], extra=[
+                n for case in stmt.cases for n in _stored_names([case.pattern])])
+        elif isinstance(stmt, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
+            self.env[stmt.name] = None
+        elif isinstance(stmt, ast.Delete):
+            for target in stmt.targets:
+                if isinstance(target, ast.Name):
+                    self.env[target.id] = None
+                else:
+                    self.infer(target)
+        elif isinstance(stmt, (ast.Import, ast.ImportFrom)):
+            for alias in stmt.names:
+                self.env[(alias.asname or alias.name).split(".")[0]] = None
+        elif isinstance(stmt, ast.Raise):
+            if stmt.exc is not None:
+                self.infer(stmt.exc)
+
+    def branches(self, bodies, extra=()) -> None:
+        before = self.env
+        ends = []
+        for body in bodies:
+            self.env = dict(before)
+            for name in extra:
+                self.env[name] = None
+            self.block(body)
+            if not _terminates(body):
+                ends.append(self.env)
+        self.env = self._merge_envs(ends) if ends else dict(before)
+
+    @staticmethod
+    def _merge_envs(envs) -> dict:
+        merged = dict(envs[0])
+        for env in envs[1:]:
+            for name in set(merged) | set(env):
+                merged[name] = _merge(merged.get(name, "missing"), env.get(name, "missing"))
+        return {k: (None if v == "missing" else v) for k, v in merged.items()}
+
+    def loop(self, stmt) -> None:
+        changed = _stored_names(stmt.body + stmt.orelse)
+        if isinstance(stmt, ast.While):
+            for name in changed:
+                self.env[name] = None
+            self.infer(stmt.test)
+        else:
+            self.infer(stmt.iter)
+            changed |= _stored_names([stmt.target])
+            for name in changed:
+                self.env[name] = None
+            if self._is_range(stmt.iter):
+                self.bind(stmt.target, IntVal(None), None)
+        self.block(stmt.body)
+        for name in changed:
+            self.env[name] = None
+        self.block(stmt.orelse)
+
+    def _is_range(self, node) -> bool:
+        return (isinstance(node, ast.Call) and isinstance(node.func, ast.Name)
+                and node.func.id == "range" and "range" not in self.env)
+
+    # -- binding ------------------------------------------------------------------------------
+    def bind(self, target, value, value_node) -> None:
+        if isinstance(target, ast.Name):
+            name = target.id
+            single = self.counts.get(name, 0) <= 1
+            if single:
+                if value is None or (isinstance(value, Opaque) and value.sym is None):
+                    value = Opaque(self.sym(name))
+                elif isinstance(value, IntVal) and value.dim is None:
+                    value = IntVal(self.sym(name))
+                    self._refine_from_size(value_node, value.dim)
+            self.env[name] = value
+        elif isinstance(target, (ast.Tuple, ast.List)):
+            self._bind_unpacked(target, value, value_node)
+        elif isinstance(target, ast.Attribute):
+            self.infer(target.value)
+            if self.init_mode and self._is_self_attr(target):
+                attr = target.attr
+                if attr in self.stored_attrs and self.stored_attrs[attr] != value:
+                    self.stored_attrs[attr] = None
+                else:
+                    self.stored_attrs[attr] = value
+        elif isinstance(target, ast.Subscript):
+            self.infer(target.value)
+            self.infer(target.slice)
+        elif isinstance(target, ast.Starred):
+            self.bind(target.value, None, None)
+
+    def _bind_unpacked(self, target, value, value_node) -> None:
+        elts = target.elts
+        starred = [i for i, e in enumerate(elts) if isinstance(e, ast.Starred)]
+        if isinstance(value, SizeVal) and len(starred) <= 1:
+            self._bind_size_unpack(elts, starred, value.shape, value_node)
+            return
+        items = value.items if isinstance(value, Seq) else None
+        if items is not None and not starred and len(items) == len(elts):
+            for elt, item in zip(elts, items):
+                self.bind(elt, item, None)
+            return
+        for elt in elts:
+            self.bind(elt, None, None)
+
+    def _bind_size_unpack(self, elts, starred, shape: Shape, value_node) -> None:
+        """`B, T, C = x.shape`: names the dims, and tells the analysis x's rank."""
+        n = len(elts)
+        if starred:
+            k = starred[0]
+            head, tail = elts[:k], elts[k + 1:]
+            if shape.leading and head:
+                for elt in elts:
+                    self.bind(elt, None, None)
+                return
+            dims = list(shape.dims)
+            head_dims = dims[:len(head)] if not shape.leading else []
+            tail_dims = dims[len(dims) - len(tail):] if tail and len(dims) >= len(tail) else [None] * len(tail)
+            pairs = list(zip(head, head_dims)) + list(zip(tail, tail_dims))
+            for elt, d in pairs:
+                self.bind(elt, IntVal(d), None)
+            self.bind(elts[k].value, None, None)
+            names = [self._name_dim(e) for e in tail]
+            self._refine(value_node, names, leading=True, at_end=True)
+            return
+        if not shape.leading and len(shape.dims) != n:
+            for elt in elts:
+                self.bind(elt, None, None)
+            return
+        dims = list(shape.dims) if not shape.leading or len(shape.dims) >= n else [None] * n
+        if shape.leading and len(shape.dims) >= n:
+            dims = list(shape.dims[-n:])
+        for elt, d in zip(elts, dims):
+            self.bind(elt, IntVal(d), None)
+        self._refine(value_node, [self._name_dim(e) for e in elts], leading=False, at_end=False)
+
+    def _name_dim(self, elt):
+        if isinstance(elt, ast.Name):
+            value = self.env.get(elt.id)
+            return as_dim(value)
+        return None
+
+    def _size_receiver(self, node) -> Optional[str]:
+        """The name x in `x.shape` / `x.size()`, else None."""
+        if isinstance(node, ast.Attribute) and node.attr == "shape" and isinstance(node.value, ast.Name):
+            return node.value.id
+        if (isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute) and node.func.attr == "size"
+                and not node.args and not node.keywords and isinstance(node.func.value, ast.Name)):
+            return node.func.value.id
+        return None
+
+    def _refine(self, value_node, dims, leading: bool, at_end: bool) -> None:
+        name = self._size_receiver(value_node)
+        if name is None:
+            return
+        current = self.env.get(name)
+        if isinstance(current, Shape):
+            if current.leading and not leading and len(current.dims) <= len(dims):
+                known = list(dims)
+                for i in range(1, len(current.dims) + 1):
+                    known[-i] = current.dims[-i] if current.dims[-i] is not None else known[-i]
+                self.env[name] = make_shape(known, False, current.explicit)
+            elif not current.leading or leading:
+                merged = list(current.dims)
+                for i in range(1, min(len(merged), len(dims)) + 1):
+                    if merged[-i] is None:
+                        merged[-i] = dims[-i]
+                self.env[name] = make_shape(merged, current.leading, current.explicit)
+        elif current is None or isinstance(current, Opaque):
+            self.env[name] = make_shape(dims, leading)
+
+    def _refine_from_size(self, value_node, sym) -> None:
+        """`B = x.size(0)` / `B = x.shape[0]` / `B = len(x)` names dim 0 of a known-rank x."""
+        name, axis = None, None
+        if isinstance(value_node, ast.Call) and isinstance(value_node.func, ast.Attribute) \
+                and value_node.func.attr == "size" and len(value_node.args) == 1 \
+                and isinstance(value_node.func.value, ast.Name):
+            name, axis = value_node.func.value.id, _const_int(value_node.args[0])
+        elif isinstance(value_node, ast.Subscript) and self._size_receiver(value_node.value):
+            name, axis = self._size_receiver(value_node.value), _const_int(value_node.slice)
+        current = self.env.get(name) if name else None
+        if not isinstance(current, Shape) or axis is None:
+            return
+        n = len(current.dims)
+        if axis < 0 and -axis <= n:
+            pos = n + axis
+        elif axis >= 0 and not current.leading and axis < n:
+            pos = axis
+        else:
+            return
+        if current.dims[pos] is None:
+            dims = list(current.dims)
+            dims[pos] = sym
+            self.env[name] = make_shape(dims, current.leading, current.explicit)
+
+    def assume(self, test) -> None:
+        """Shapes stated by `assert x.shape == (B, T)`, `assert x.ndim == 3`."""
+        if isinstance(test, ast.BoolOp) and isinstance(test.op, ast.And):
+            for value in test.values:
+                self.assume(value)
+            return
+        if not (isinstance(test, ast.Compare) and len(test.ops) == 1 and isinstance(test.ops[0], ast.Eq)):
+            return
+        for lhs, rhs in ((test.left, test.comparators[0]), (test.comparators[0], test.left)):
+            name = self._size_receiver(_unwrap_tuple_call(lhs))
+            if name is not None:
+                stated = as_dims(self.values.get(id(rhs)))
+                if stated is not None:
+                    current = self.env.get(name)
+                    explicit = current.explicit if isinstance(current, Shape) else ()
+                    self.env[name] = make_shape(stated[0], stated[1], explicit)
+                return
+            if (isinstance(lhs, ast.Attribute) and lhs.attr == "ndim" and isinstance(lhs.value, ast.Name)) or \
+                    (isinstance(lhs, ast.Call) and isinstance(lhs.func, ast.Attribute) and lhs.func.attr == "dim"
+                     and not lhs.args and isinstance(lhs.func.value, ast.Name)):
+                name = lhs.value.id if isinstance(lhs, ast.Attribute) else lhs.func.value.id
+                rank = _const_int(rhs)
+                current = self.env.get(name)
+                if rank is not None and rank >= 0 and not (isinstance(current, Shape) and not current.leading):
+                    dims = [None] * rank
+                    if isinstance(current, Shape) and len(current.dims) <= rank:
+                        dims[rank - len(current.dims):] = current.dims
+                    self.env[name] = make_shape(dims, False, current.explicit if isinstance(current, Shape) else ())
+                return
+
+    # -- expressions -----------------------------------------------------------------------------
+    def infer(self, node):
+        if node is None:
+            return None
+        try:
+            value = self._infer(node)
+        except (TypeError, ValueError, IndexError, KeyError, AttributeError, ZeroDivisionError):
+            value = None
+        self.values[id(node)] = value
+        return value
+
+    def _infer(self, node):
+        if isinstance(node, ast.Constant):
+            if isinstance(node.value, bool):
+                return IntVal(int(node.value))
+            if node.value is None or isinstance(node.value, (str, bytes)):
+                return None
+            if isinstance(node.value, int):
+                return IntVal(node.value)
+            if isinstance(node.value, float):
+                return SCALAR
+            return None
+        if isinstance(node, ast.Name):
+            if node.id in self.env:
+                return self.env[node.id]
+            if self.counts.get(node.id, 0) == 0 and self.ctx.qualname(node) is None:
+                return Opaque(self.sym(node.id))
+            return None
+        if isinstance(node, ast.Attribute):
+            return self._attribute(node)
+        if isinstance(node, ast.Call):
+            return self._call(node)
+        if isinstance(node, ast.BinOp):
+            return self._binop(node)
+        if isinstance(node, ast.UnaryOp):
+            value = self.infer(node.operand)
+            if isinstance(node.op, (ast.USub, ast.UAdd)):
+                if isinstance(value, IntVal):
+                    d = value.dim
+                    if isinstance(node.op, ast.UAdd):
+                        return value
+                    return IntVal(-d if isinstance(d, int) else (Sym(f"-{_atom(d)}", _scope_of(d)) if d is not None else None))
+                if isinstance(value, (Shape, Scalar)):
+                    return value if isinstance(value, Scalar) else replace(value, explicit=frozenset())
+            if isinstance(node.op, ast.Invert) and isinstance(value, Shape):
+                return replace(value, explicit=frozenset())
+            return None
+        if isinstance(node, ast.Compare):
+            values = [self.infer(node.left)] + [self.infer(c) for c in node.comparators]
+            if len(values) == 2:
+                return self._broadcast_values(values[0], values[1], explicit_kept=False)
+            return None
+        if isinstance(node, ast.Subscript):
+            return self._subscript(node)
+        if isinstance(node, (ast.Tuple, ast.List)):
+            items = []
+            starred = False
+            for elt in node.elts:
+                if isinstance(elt, ast.Starred):
+                    inner = self.infer(elt.value)
+                    self.values[id(elt)] = inner
+                    spread = as_dims(inner)
+                    if spread is None or spread[1]:
+                        starred = True
+                    else:
+                        items.extend(IntVal(d) for d in spread[0])
+                else:
+                    items.append(self.infer(elt))
+            return None if starred else Seq(tuple(items))
+        if isinstance(node, ast.IfExp):
+            self.infer(node.test)
+            return _merge(self.infer(node.body), self.infer(node.orelse))
+        if isinstance(node, ast.NamedExpr):
+            value = self.infer(node.value)
+            self.bind(node.target, value, node.value)
+            return value
+        if isinstance(node, (ast.ListComp, ast.SetComp, ast.GeneratorExp, ast.DictComp)):
+            saved = self.env
+            self.env = dict(saved)
+            for gen in node.generators:
+                self.infer(gen.iter)
+                for name in _stored_names([gen.target]):
+                    self.env[name] = None
+                for cond in gen.ifs:
+                    self.infer(cond)
+            if isinstance(node, ast.DictComp):
+                self.infer(node.key)
+                self.infer(node.value)
+            else:
+                self.infer(node.elt)
+            self.env = saved
+            return None
+        if isinstance(node, ast.Lambda):
+            return None
+        for child in ast.iter_child_nodes(node):
+            if isinstance(child, ast.expr):
+                self.infer(child)
+        return None
+
+    def _binop(self, node):
+        left, right = self.infer(node.left), self.infer(node.right)
+        if isinstance(node.op, ast.MatMult):
+            a, b = as_shape(left), as_shape(right)
+            return op_matmul(a, b) if a is not None and b is not None else None
+        if isinstance(left, IntVal) and isinstance(right, IntVal):
+            return IntVal(dim_binop(node.op, left.dim, right.dim))
+        if isinstance(left, Opaque) and isinstance(right, IntVal) or isinstance(left, IntVal) and isinstance(right, Opaque):
+            # `n_embd * 4`: an opaque name next to an int is used as a size only if it is one
+            return IntVal(dim_binop(node.op, as_dim(left), as_dim(right))) if isinstance(node.op, tuple(_DIM_OPS)) else None
+        if isinstance(left, Opaque) and isinstance(right, Opaque):
+            return Opaque(dim_binop(node.op, left.sym, right.sym)) if isinstance(node.op, tuple(_DIM_OPS)) else Opaque()
+        if isinstance(node.op, ast.Add):
+            a, b = as_dims(left), as_dims(right)
+            if a is not None and b is not None and not b[1]:
+                return SizeVal(make_shape(a[0] + b[0], a[1])) if isinstance(left, SizeVal) or a[1] else Seq(
+                    tuple(IntVal(d) for d in a[0] + b[0]))
+        return self._broadcast_values(left, right, explicit_kept=True)
+
+    def _broadcast_values(self, left, right, explicit_kept: bool):
+        if isinstance(left, Shape) and _is_scalar(right):
+            return left
+        if isinstance(right, Shape) and _is_scalar(left):
+            return right
+        if isinstance(left, Shape) and isinstance(right, Shape):
+            result = broadcast(left, right)
+            return result if explicit_kept or result is None else replace(result, explicit=frozenset())
+        return None
+
+    def _attribute(self, node):
+        if self._is_self_attr(node) and not self.init_mode:
+            if node.attr in self.class_attrs:
+                return self.class_attrs[node.attr]
+            return Opaque(self.sym(f"{self.self_name}.{node.attr}"))
+        base = self.infer(node.value)
+        attr = node.attr
+        if attr == "shape" and not isinstance(base, Shape) and not isinstance(node.value, ast.Call):
+            return SizeVal(make_shape([], True))  # rank unknown; `B, T = x.shape` tells it
+        if isinstance(base, Shape):
+            if attr == "shape":
+                return SizeVal(replace(base, explicit=frozenset()))
+            if attr == "ndim":
+                return IntVal(base.rank) if base.rank is not None else IntVal(None)
+            if attr in ("T",):
+                return (make_shape(tuple(reversed(base.dims)), False,
+                                   {-len(base.dims) - 1 - a for a in base.explicit})
+                        if not base.leading and len(base.dims) <= 2 else None)
+            if attr in ("mT", "mH"):
+                return op_transpose(base, -2, -1) if len(base.dims) >= 2 else None
+            if attr in ("data", "real", "imag", "grad"):
+                return base
+            return None
+        if isinstance(base, Seq) and attr in ("values", "indices") and len(base.items) == 2:
+            return base.items[0 if attr == "values" else 1]
+        if isinstance(base, Opaque) and base.sym is not None and self.ctx.qualname(node) is None:
+            return Opaque(self.sym(f"{base.sym.text}.{attr}") if not base.sym.scope or base.sym.scope == self.scope
+                          else Sym(f"{base.sym.text}.{attr}", base.sym.scope))
+        return None
+
+    def _subscript(self, node):
+        base = self.infer(node.value)
+        index = node.slice
+        items = index.elts if isinstance(index, ast.Tuple) else [index]
+        item_values = [self._index_item(i) for i in items]
+        self.values[id(index)] = None if isinstance(index, ast.Tuple) else item_values[0]
+        if isinstance(base, (SizeVal, Seq)):
+            if len(items) != 1:
+                return None
+            dims = as_dims(base)
+            if isinstance(items[0], ast.Slice):
+                if dims is None:
+                    return None
+                lo, hi, step = (_const_int(items[0].lower), _const_int(items[0].upper), _const_int(items[0].step))
+                if any(b is None and e is not None for b, e in ((lo, items[0].lower), (hi, items[0].upper), (step, items[0].step))):
+                    return None
+                if dims[1] and (lo is None or lo >= 0):
+                    if lo is not None and lo < 0 and hi is None:
+                        return SizeVal(make_shape(dims[0][lo:])) if -lo <= len(dims[0]) else None
+                    if hi is not None and hi < 0 and lo is None:
+                        return SizeVal(make_shape(dims[0][:hi], True)) if -hi <= len(dims[0]) else None
+                    return None
+                if dims[1]:
+                    return SizeVal(make_shape(dims[0][lo:hi:step])) if hi is None and -lo <= len(dims[0]) else None
+                picked = dims[0][lo:hi:step]
+                return SizeVal(make_shape(picked)) if isinstance(base, SizeVal) else Seq(tuple(IntVal(d) for d in picked))
+            i = _const_int(items[0])
+            if i is None:
+                return None
+            if isinstance(base, Seq):
+                return base.items[i] if -len(base.items) <= i < len(base.items) else None
+            shape = base.shape
+            d = shape.at(i)
+            return IntVal(d)
+        if not isinstance(base, Shape):
+            return None
+        return self._index_shape(base, items, item_values)
+
+    def _index_item(self, item):
+        if isinstance(item, ast.Slice):
+            for part in (item.lower, item.upper, item.step):
+                if part is not None:
+                    self.infer(part)
+            return "slice"
+        value = self.infer(item)
+        return value
+
+    def _index_shape(self, base: Shape, items, values) -> Optional[Shape]:
+        kinds = []
+        for item, value in zip(items, values):
+            if isinstance(item, ast.Constant) and item.value is None:
+                kinds.append("new")
+            elif isinstance(item, ast.Constant) and item.value is Ellipsis:
+                kinds.append("ellipsis")
+            elif isinstance(item, ast.Slice):
+                kinds.append("slice")
+            elif isinstance(value, IntVal):
+                kinds.append("int")
+            else:
+                return None  # advanced (tensor, list, bool) indexing
+        if kinds.count("ellipsis") > 1:
+            return None
+        consuming = sum(1 for k in kinds if k in ("int", "slice"))
+        if "ellipsis" not in kinds:
+            kinds.append("ellipsis")
+            items = list(items) + [None]
+        e = kinds.index("ellipsis")
+        before, after = list(zip(kinds[:e], items[:e])), list(zip(kinds[e + 1:], items[e + 1:]))
+        n = len(base.dims)
+        n_before = sum(1 for k, _ in before if k != "new")
+        n_after = sum(1 for k, _ in after if k != "new")
+        if base.leading:
+            if n_before:
+                return None
+            if n_after > n:
+                return None
+            head_dims, middle, tail_dims = (), base.dims[:n - n_after], base.dims[n - n_after:]
+        else:
+            if consuming > n:
+                return None
+            head_dims, middle, tail_dims = base.dims[:n_before], base.dims[n_before:n - n_after], base.dims[n - n_after:]
+        out_dims, explicit_pos = [], []
+        # axis bookkeeping for explicit ones that survive untouched in `middle`
+        def apply(parts, dims):
+            it = iter(dims)
+            for kind, item in parts:
+                if kind == "new":
+                    explicit_pos.append(len(out_dims))
+                    out_dims.append(1)
+                elif kind == "int":
+                    next(it)
+                else:
+                    d = next(it)
+                    size = _slice_size(item, d)
+                    if size == 1 and not _is_full_slice(item):
+                        explicit_pos.append(len(out_dims))
+                    out_dims.append(size)
+        apply(before, head_dims)
+        middle_start = len(out_dims)
+        out_dims.extend(middle)
+        apply(after, tail_dims)
+        middle_end = len(out_dims)
+        total = len(out_dims)
+        explicit = {p - total for p in explicit_pos}
+        for a in base.explicit:
+            index = n + a
+            if n_before <= index < n - n_after:
+                explicit.add(middle_start + (index - n_before) - total)
+        return make_shape(out_dims, base.leading, explicit)
+
+    def _call(self, node):
+        func = node.func
+        receiver = self.infer(func.value) if isinstance(func, ast.Attribute) else None
+        callee = None
+        if not isinstance(func, ast.Attribute):
+            callee = self.infer(func)
+        elif self._is_self_attr(func) and not self.init_mode:
+            callee = self.class_attrs.get(func.attr)
+            self.values[id(func)] = callee
+        args = [self.infer(a.value) if isinstance(a, ast.Starred) else self.infer(a) for a in node.args]
+        kwargs = {k.arg: self.infer(k.value) for k in node.keywords}
+        if any(isinstance(a, ast.Starred) for a in node.args) or None in kwargs:
+            if not (isinstance(func, ast.Attribute) and func.attr in ("view", "reshape", "permute", "expand")):
+                return None
+        qual = self.ctx.qualname(func)
+        named = _torch_name(qual)
+        if named is not None:
+            return self._torch_call(named, node, args, kwargs)
+        if isinstance(callee, Module):
+            return callee.apply(as_shape(args[0])) if len(args) == 1 and not kwargs else None
+        if isinstance(callee, Loss):
+            return None if callee.reduction_given else make_shape([])
+        if isinstance(func, ast.Name):
+            if func.id == "len" and len(args) == 1 and func.id not in self.env:
+                s = as_shape(args[0])
+                if s is not None:
+                    return IntVal(s.at(0))
+                d = as_dims(args[0])
+                return IntVal(len(d[0]) if d and not d[1] else None)
+            if func.id in ("int", "tuple", "list") and len(args) == 1 and func.id not in self.env:
+                value = args[0]
+                if func.id == "int":
+                    return value if isinstance(value, IntVal) else IntVal(as_dim(value))
+                if isinstance(value, SizeVal):
+                    return value
+                return value if isinstance(value, Seq) else None
+            if func.id in ("float", "abs", "round", "min", "max", "sum") and func.id not in self.env:
+                if all(_is_scalar(a) for a in args):
+                    return SCALAR
+            return None
+        if qual and qual.startswith("math."):
+            return SCALAR
+        if isinstance(func, ast.Attribute):
+            if isinstance(receiver, Shape):
+                return self._tensor_method(func.attr, receiver, node, args, kwargs)
+            if func.attr in ("view", "reshape") and (receiver is None or isinstance(receiver, Opaque)):
+                return self._view(None, node, args)  # the target size alone gives the shape
+            if func.attr == "size" and not kwargs and len(args) <= 1 and not self._is_self_attr(func.value):
+                return SizeVal(make_shape([], True)) if not args else IntVal(None)
+            if isinstance(receiver, Module) and func.attr == "forward":
+                return receiver.apply(as_shape(args[0])) if len(args) == 1 else None
+        return None
+
+    # -- torch API --------------------------------------------------------------------------------
+    def _torch_call(self, named, node, args, kwargs):
+        space, name = named
+        if space == "nn":
+            return self._module(name, node, args, kwargs)
+        if space == "F":
+            return self._functional(name, args, kwargs)
+        if space == "linalg":
+            if name in ("norm", "vector_norm") and args:
+                s = as_shape(args[0])
+                if s is None or len(args) > 3:
+                    return None
+                dim = kwargs.get("dim", args[2] if len(args) > 2 else None)
+                return self._reduction(s, dim, kwargs.get("keepdim"), "dim" in kwargs or len(args) > 2)
+            if name == "matmul" and len(args) == 2:
+                return self._matmul(args[0], args[1])
+            return None
+        if space == "special":
+            return self._functional(name, args, kwargs) if name in ("expit", "logit") else None
+        return self._torch_function(name, node, args, kwargs)
+
+    def _torch_function(self, name, node, args, kwargs):
+        if name in _CONSTRUCTORS or name in ("randint",):
+            return self._constructor(name, args, kwargs)
+        if name in _LIKE:
+            s = as_shape(args[0]) if args else None
+            return replace(s, explicit=frozenset()) if s is not None else None
+        if name == "tensor":
+            return _literal_shape(node.args[0]) if node.args else None
+        if name == "arange":
+            return self._arange(args, kwargs)
+        if name in ("linspace", "logspace"):
+            steps = kwargs.get("steps", args[2] if len(args) > 2 else None)
+            return make_shape([as_dim(steps)]) if steps is not None else None
+        if name == "eye":
+            n = as_dim(args[0]) if args else as_dim(kwargs.get("n"))
+            m = as_dim(args[1]) if len(args) > 1 else as_dim(kwargs.get("m", args[0] if args else None))
+            return make_shape([n, m])
+        if name in ("cat", "concat", "concatenate", "stack"):
+            seq = args[0] if args else kwargs.get("tensors")
+            axis = _int_const(kwargs.get("dim", args[1] if len(args) > 1 else IntVal(0)))
+            if not isinstance(seq, Seq):
+                return None
+            shapes = [as_shape(v) for v in seq.items]
+            return op_stack(shapes, axis) if name == "stack" else op_cat(shapes, axis)
+        if name in ("matmul", "mm", "bmm"):
+            if len(args) != 2:
+                return None
+            a, b = as_shape(args[0]), as_shape(args[1])
+            if name == "mm" and not (a and b and a.rank == 2 and b.rank == 2):
+                return None
+            if name == "bmm" and not (a and b and a.rank == 3 and b.rank == 3):
+                return None
+            return self._matmul(args[0], args[1])
+        if name == "einsum":
+            eq = node.args[0] if node.args else None
+            if not (isinstance(eq, ast.Constant) and isinstance(eq.value, str)):
+                return None
+            operands = args[1:]
+            if len(operands) == 1 and isinstance(operands[0], Seq):
+                operands = list(operands[0].items)
+            return op_einsum(eq.value, [as_shape(v) for v in operands])
+        if name in ("outer", "ger") and len(args) == 2:
+            a, b = as_shape(args[0]), as_shape(args[1])
+            if a and b and a.rank == 1 and b.rank == 1:
+                return make_shape([a.dims[0], b.dims[0]])
+            return None
+        if name == "where" and len(args) == 3:
+            out = args[0] if isinstance(args[0], Shape) else None
+            for v in args[1:]:
+                out = self._broadcast_values(out, v, True) if out is not None else (v if isinstance(v, Shape) else None)
+            return out if all(isinstance(v, Shape) or _is_scalar(v) for v in args) else None
+        if name == "cdist" and len(args) >= 2:
+            a, b = as_shape(args[0]), as_shape(args[1])
+            if a and b and len(a.dims) >= 2 and len(b.dims) >= 2:
+                batch = broadcast(make_shape(a.dims[:-2], a.leading), make_shape(b.dims[:-2], b.leading))
+                return make_shape(batch.dims + (a.dims[-2], b.dims[-2]), batch.leading) if batch else None
+            return None
+        if name == "gather" and len(args) >= 3:
+            return as_shape(args[2])
+        if name in _BINARY and len(args) >= 2:
+            return self._broadcast_values(args[0], args[1], True)
+        # torch.<method>(x, ...) mirrors x.<method>(...)
+        if args and isinstance(args[0], Shape):
+            return self._tensor_method(name, args[0], _drop_first_arg(node), args[1:], kwargs)
+        return None
+
+    def _matmul(self, a, b):
+        a, b = as_shape(a), as_shape(b)
+        return op_matmul(a, b) if a is not None and b is not None else None
+
+    def _constructor(self, name, args, kwargs):
+        if name == "randint":
+            size = kwargs.get("size", args[-1] if args and not isinstance(args[-1], (IntVal, Opaque)) else None)
+        elif name == "full":
+            size = kwargs.get("size", args[0] if args else None)
+        else:
+            size = kwargs.get("size")
+            if size is None:
+                if len(args) == 1 and not isinstance(args[0], (IntVal, Opaque)):
+                    size = args[0]
+                else:
+                    if not all(isinstance(a, (IntVal, Opaque)) for a in args):
+                        return None
+                    size = Seq(tuple(args))
+        dims = as_dims(size)
+        if dims is None:
+            return None
+        return make_shape(dims[0], dims[1])
+
+    def _arange(self, args, kwargs):
+        if kwargs.keys() - {"dtype", "device", "requires_grad", "end", "start", "step", "layout", "out"}:
+            return None
+        start, end, step = IntVal(0), None, IntVal(1)
+        if len(args) == 1:
+            end = args[0]
+        elif len(args) == 2:
+            start, end = args
+        elif len(args) == 3:
+            start, end, step = args
+        start, end, step = kwargs.get("start", start), kwargs.get("end", end), kwargs.get("step", step)
+        a, b, c = _int_const(start), _int_const(end), _int_const(step)
+        if a is not None and b is not None and c:
+            return make_shape([max(0, -((a - b) // c))])
+        if a == 0 and c == 1 and isinstance(end, (IntVal, Opaque)):
+            return make_shape([as_dim(end)])
+        return make_shape([None])
+
+    def _functional(self, name, args, kwargs):
+        first = as_shape(args[0]) if args else as_shape(kwargs.get("input"))
+        if name in _FUNCTIONAL_SAME or name in ("expit", "logit"):
+            return first
+        if name == "linear":
+            weight = as_shape(args[1]) if len(args) > 1 else as_shape(kwargs.get("weight"))
+            if weight is None or weight.rank != 2:
+                return None
+            return op_linear(first, weight.dims[0]) if first is not None else None
+        if name == "embedding":
+            weight = as_shape(args[1]) if len(args) > 1 else as_shape(kwargs.get("weight"))
+            if first is None or weight is None or weight.rank != 2:
+                return None
+            return make_shape(first.dims + (weight.dims[1],), first.leading)
+        if name == "one_hot":
+            n = args[1] if len(args) > 1 else kwargs.get("num_classes")
+            if first is None or _int_const(n) == -1 or n is None:
+                return None
+            return make_shape(first.dims + (as_dim(n),), first.leading)
+        if name == "scaled_dot_product_attention" and len(args) >= 3:
+            q, v = as_shape(args[0]), as_shape(args[2])
+            if q is None or v is None or not q.dims or not v.dims:
+                return None
+            return make_shape(q.dims[:-1] + (v.dims[-1],), q.leading)
+        if name in LOSS_FUNCTIONS or name in ("cross_entropy", "nll_loss", "kl_div"):
+            return None if "reduction" in kwargs else make_shape([])
+        return None
+
+    def _module(self, name, node, args, kwargs):
+        """nn.<Name>(...) constructors: a Module (shape map) or a Loss."""
+        if name in LOSS_MODULES or name in _OTHER_LOSS_MODULES:
+            return Loss(name, "reduction" in kwargs)
+        if name in ("Linear", "LazyLinear"):
+            out = kwargs.get("out_features", args[-1] if (args and name == "LazyLinear") else
+                             (args[1] if len(args) > 1 else None))
+            if out is None:
+                return None
+            out_dim = as_dim(out)
+            return Module(name, lambda s: op_linear(s, out_dim))
+        if name == "Embedding":
+            d = kwargs.get("embedding_dim", args[1] if len(args) > 1 else None)
+            if d is None:
+                return None
+            d = as_dim(d)
+            return Module(name, lambda s: make_shape(s.dims + (d,), s.leading) if s is not None else make_shape([d], True))
+        if name in ("Conv1d", "Conv2d", "Conv3d"):
+            spatial = int(name[4])
+            out = kwargs.get("out_channels", args[1] if len(args) > 1 else None)
+            if out is None:
+                return None
+            out_dim = as_dim(out)
+            return Module(name, lambda s: _conv(s, out_dim, spatial))
+        if name in _SAME_MODULES:
+            return Module(name, lambda s: replace(s, explicit=frozenset()) if s is not None else None)
+        if name == "Flatten":
+            start = _int_const(kwargs.get("start_dim", args[0] if args else IntVal(1)))
+            end = _int_const(kwargs.get("end_dim", args[1] if len(args) > 1 else IntVal(-1)))
+            return Module(name, lambda s: op_flatten(s, start, end) if s is not None else None)
+        if name == "Sequential":
+            if kwargs or not args or not all(isinstance(a, Module) for a in args):
+                return None
+            layers = list(args)
+
+            def chain(s):
+                for layer in layers:
+                    s = layer.apply(s)
+                return s
+            return Module(name, chain)
+        return None
+
+    def _reduction(self, s: Shape, dim_value, keepdim_value, has_dim: bool):
+        if not has_dim or dim_value is None:
+            axes = None
+        elif isinstance(dim_value, IntVal):
+            axes = [dim_value.dim]
+        elif isinstance(dim_value, Seq):
+            axes = [as_dim(v) if isinstance(v, IntVal) else None for v in dim_value.items]
+        else:
+            return None
+        keepdim = False
+        if keepdim_value is not None:
+            k = _bool_value(keepdim_value)
+            if k is None:
+                return None
+            keepdim = k
+        return op_reduce(s, axes, keepdim)
+
+    def _tensor_method(self, name, s: Shape, node, args, kwargs):
+        plain = replace(s, explicit=frozenset())
+        if name in _SAME_SHAPE_METHODS:
+            return s
+        if name in _BINARY:
+            other = args[0] if args else kwargs.get("other")
+            return self._broadcast_values(s, other, True) if other is not None else None
+        if name in ("view", "reshape"):
+            return self._view(s, node, args)
+        if name in ("view_as", "reshape_as", "expand_as"):
+            return replace(args[0], explicit=frozenset()) if args and isinstance(args[0], Shape) else None
+        if name == "size":
+            if not args and not kwargs:
+                return SizeVal(plain)
+            axis = _int_const(args[0] if args else kwargs.get("dim"))
+            return IntVal(s.at(axis)) if axis is not None else IntVal(None)
+        if name == "dim":
+            return IntVal(s.rank)
+        if name in ("numel", "nelement"):
+            return IntVal(dim_product(s.dims) if not s.leading else None)
+        if name in ("item",):
+            return SCALAR
+        if name in ("unsqueeze", "unsqueeze_"):
+            axis = _int_const(args[0] if args else kwargs.get("dim"))
+            return op_unsqueeze(s, axis) if axis is not None else None
+        if name in ("squeeze", "squeeze_"):
+            dim = args[0] if args else kwargs.get("dim")
+            if dim is None:
+                return op_squeeze(s, None)
+            if isinstance(dim, Seq):
+                return op_squeeze(s, [_int_const(v) for v in dim.items])
+            return op_squeeze(s, [_int_const(dim)])
+        if name == "flatten":
+            start = _int_const(kwargs.get("start_dim", args[0] if args else IntVal(0)))
+            end = _int_const(kwargs.get("end_dim", args[1] if len(args) > 1 else IntVal(-1)))
+            return op_flatten(s, start, end)
+        if name == "permute":
+            order = self._int_list(node, args, "dims")
+            return op_permute(s, order) if order is not None else None
+        if name in ("transpose", "swapaxes", "swapdims", "transpose_"):
+            if len(args) != 2:
+                return None
+            return op_transpose(s, _int_const(args[0]), _int_const(args[1]))
+        if name == "t":
+            return op_permute(s, list(reversed(range(len(s.dims))))) if not s.leading and len(s.dims) <= 2 else None
+        if name in ("matmul", "mm", "bmm"):
+            return self._matmul(s, args[0]) if args else None
+        if name in _REDUCTIONS or name == "norm":
+            if name == "norm":
+                if len(args) > 3:
+                    return None
+                dim = kwargs.get("dim", args[1] if len(args) > 1 else None)
+                keep = kwargs.get("keepdim", args[2] if len(args) > 2 else None)
+                return self._reduction(s, dim, keep, dim is not None)
+            if name in ("std", "var") and len(args) > 1:
+                return None
+            dim = kwargs.get("dim", kwargs.get("axis", args[0] if args else None))
+            keep = kwargs.get("keepdim", args[1] if len(args) > 1 else None)
+            return self._reduction(s, dim, keep, dim is not None)
+        if name in _PAIR_REDUCTIONS:
+            if args and isinstance(args[0], Shape):
+                return self._broadcast_values(s, args[0], True)
+            dim = kwargs.get("dim", args[0] if args else None)
+            keep = kwargs.get("keepdim", args[1] if len(args) > 1 else None)
+            if dim is None:
+                return make_shape([])
+            reduced = self._reduction(s, dim, keep, True)
+            return Seq((reduced, reduced)) if reduced is not None else None
+        if name in ("topk",):
+            k = args[0] if args else kwargs.get("k")
+            axis = _int_const(kwargs.get("dim", args[1] if len(args) > 1 else IntVal(-1)))
+            pos = _normalize_axis(axis, s.rank) if axis is not None and axis >= 0 else axis
+            if k is None or pos is None or (pos < 0 and -pos > len(s.dims)):
+                return None
+            dims = list(s.dims)
+            dims[pos] = as_dim(k)
+            out = make_shape(dims, s.leading)
+            return Seq((out, out))
+        if name == "sort":
+            return Seq((plain, plain))
+        if name in ("expand", "broadcast_to"):
+            return self._expand(s, node, args)
+        if name == "repeat":
+            reps = self._int_list(node, args, "repeats")
+            if reps is None or s.leading or len(reps) < len(s.dims):
+                return None
+            dims = (None,) * (len(reps) - len(s.dims)) + s.dims
+            return make_shape([dim_product([r, d]) if r is not None else None for r, d in zip(reps, dims)])
+        if name == "gather":
+            index = args[1] if len(args) > 1 else kwargs.get("index")
+            return as_shape(index)
+        if name == "where":
+            if not args:
+                return None
+            out = self._broadcast_values(args[0], s, True) if isinstance(args[0], Shape) else None
+            return self._broadcast_values(out, args[1], True) if out is not None and len(args) > 1 else None
+        if name in ("new_zeros", "new_ones", "new_empty", "new_full"):
+            size = args[0] if args else kwargs.get("size")
+            if isinstance(size, (IntVal, Opaque)) and name != "new_full" and len(args) > 1:
+                size = Seq(tuple(args))
+            dims = as_dims(size) if not isinstance(size, (IntVal, Opaque)) else ((as_dim(size),), False)
+            return make_shape(dims[0], dims[1]) if dims else None
+        if name in ("softmax", "log_softmax", "cumsum"):
+            return s
+        return None
+
+    def _int_list(self, node, args, kw):
+        if len(args) == 1 and isinstance(args[0], Seq):
+            values = args[0].items
+        elif args and any(isinstance(a, ast.Starred) for a in node.args):
+            return None
+        else:
+            values = args
+        out = []
+        for v in values:
+            if not isinstance(v, IntVal):
+                return None
+            out.append(v.dim)
+        return out
+
+    def _view(self, s: Shape, node, args):
+        if len(node.args) == 1 and not isinstance(node.args[0], ast.Starred):
+            only = args[0]
+            if isinstance(only, (Seq, SizeVal)):
+                dims = as_dims(only)
+                if dims is None or dims[1]:
+                    return None
+                literal_ones = [i for i, e in enumerate(node.args[0].elts) if _const_int(e) == 1] \
+                    if isinstance(node.args[0], (ast.Tuple, ast.List)) else []
+                return op_view(s, dims[0], literal_ones)
+            if not isinstance(only, (IntVal, Opaque)):
+                return s if self._is_dtype(node.args[0]) else None
+        dims, literal_ones = [], []
+        for arg_node, value in zip(node.args, args):
+            if isinstance(arg_node, ast.Starred):
+                spread = as_dims(value)
+                if spread is None or spread[1]:
+                    return None
+                dims.extend(spread[0])
+                continue
+            if not isinstance(value, (IntVal, Opaque)):
+                return None
+            if _const_int(arg_node) == 1:
+                literal_ones.append(len(dims))
+            dims.append(as_dim(value))
+        return op_view(s, dims, literal_ones)
+
+    def _is_dtype(self, node) -> bool:
+        qual = self.ctx.qualname(node) or ""
+        return qual.startswith("torch.") and qual.count(".") == 1
+
+    def _expand(self, s: Shape, node, args):
+        if len(args) == 1 and isinstance(args[0], (Seq, SizeVal)):
+            dims = as_dims(args[0])
+            if dims is None or dims[1]:
+                return None
+            sizes = list(dims[0])
+        else:
+            if any(isinstance(a, ast.Starred) for a in node.args):
+                return None
+            sizes = [as_dim(a) if isinstance(a, (IntVal, Opaque)) else None for a in args]
+        if s.leading or len(sizes) < len(s.dims):
+            return None
+        pad = len(sizes) - len(s.dims)
+        out = []
+        for i, size in enumerate(sizes):
+            if size == -1 and isinstance(size, int):
+                out.append(s.dims[i - pad] if i >= pad else None)
+            else:
+                out.append(size)
+        return make_shape(out)
+
+
+def _conv(s: Optional[Shape], out_dim, spatial: int) -> Optional[Shape]:
+    if s is None:
+        return make_shape([out_dim] + [None] * spatial, True)
+    if len(s.dims) < spatial + 1:
+        return None if not s.leading else make_shape([out_dim] + [None] * spatial, True)
+    head = s.dims[:len(s.dims) - spatial - 1]
+    return make_shape(head + (out_dim,) + (None,) * spatial, s.leading)
+
+
+def _slice_size(item, d):
+    if _is_full_slice(item):
+        return d
+    lo, hi, step = _const_int(item.lower), _const_int(item.upper), _const_int(item.step)
+    if any(v is None and part is not None for v, part in ((lo, item.lower), (hi, item.upper), (step, item.step))):
+        return None
+    if isinstance(d, int):
+        return len(range(d)[slice(lo, hi, step)])
+    if step in (None, 1):
+        if lo is not None and hi is not None and 0 <= lo < hi and hi - lo == 1:
+            return 1
+        if lo == -1 and hi is None:
+            return 1
+    return None
+
+
+def _is_full_slice(item) -> bool:
+    return isinstance(item, ast.Slice) and item.lower is None and item.upper is None and item.step is None
+
+
+def _const_int(node) -> Optional[int]:
+    if isinstance(node, ast.Constant) and isinstance(node.value, int) and not isinstance(node.value, bool):
+        return node.value
+    if isinstance(node, ast.UnaryOp) and isinstance(node.op, ast.USub):
+        inner = _const_int(node.operand)
+        return -inner if inner is not None else None
+    return None
+
+
+def _bool_value(value) -> Optional[bool]:
+    if isinstance(value, IntVal) and isinstance(value.dim, int):
+        return bool(value.dim)
+    return None
+
+
+def _literal_shape(node) -> Optional[Shape]:
+    """Shape of a literal nest passed to torch.tensor."""
+    if isinstance(node, ast.Constant) and isinstance(node.value, (int, float, bool)):
+        return make_shape([])
+    if isinstance(node, (ast.List, ast.Tuple)):
+        inner = [_literal_shape(e) for e in node.elts]
+        if not inner:
+            return make_shape([0])
+        if any(s is None for s in inner) or any(s != inner[0] for s in inner):
+            return None
+        return make_shape((len(inner),) + inner[0].dims)
+    return None
+
+
+def _unwrap_tuple_call(node):
+    if isinstance(node, ast.Call) and isinstance(node.func, ast.Name) and node.func.id in ("tuple", "list") \
+            and len(node.args) == 1:
+        return node.args[0]
+    return node
+
+
+def _drop_first_arg(node: ast.Call) -> ast.Call:
+    return ast.Call(func=node.func, args=node.args[1:], keywords=node.keywords)
+
+
+def _terminates(body) -> bool:
+    return bool(body) and isinstance(body[-1], (ast.Return, ast.Raise, ast.Continue, ast.Break))
+
+
+# -- the entry points rules use --------------------------------------------------------------------
+
+
+def _self_name(fn) -> Optional[str]:
+    args = fn.args.posonlyargs + fn.args.args
+    return args[0].arg if args else None
+
+
+def _class_attrs(ctx, cls: ast.ClassDef) -> dict:
+    key = ("shapes.class", id(cls))
+    cached = ctx.shared.get(key)
+    if cached is not None:
+        return cached
+    ctx.shared[key] = {}  # guards against recursion through odd code
+    attrs: dict = {}
+    for stmt in cls.body:
+        if isinstance(stmt, (ast.FunctionDef, ast.AsyncFunctionDef)) and stmt.name == "__init__":
+            init = FunctionShapes(ctx, stmt, self_name=_self_name(stmt), scope="__init__", init_mode=True)
+            attrs = {k: v for k, v in init.stored_attrs.items()
+                     if isinstance(v, (Module, Loss)) or (isinstance(v, IntVal) and v.dim is not None)}
+    # attributes also assigned in other methods are not the __init__ value everywhere
+    for stmt in cls.body:
+        if isinstance(stmt, (ast.FunctionDef, ast.AsyncFunctionDef)) and stmt.name != "__init__":
+            self_name = _self_name(stmt)
+            for sub in ast.walk(stmt):
+                if isinstance(sub, ast.Attribute) and isinstance(sub.ctx, ast.Store) \
+                        and isinstance(sub.value, ast.Name) and sub.value.id == self_name:
+                    attrs.pop(sub.attr, None)
+    ctx.shared[key] = attrs
+    return attrs
+
+
+def function_shapes(ctx, owner=None) -> FunctionShapes:
+    """The analysis of the function the walker is in (or of `owner`), computed once."""
+    if owner is None:
+        owner = ctx.function if ctx.function is not None else ctx.tree
+    key = ("shapes", id(owner))
+    cached = ctx.shared.get(key)
+    if cached is None:
+        class_attrs, self_name = None, None
+        cls = ctx.class_
+        if cls is not None and isinstance(owner, (ast.FunctionDef, ast.AsyncFunctionDef)) and owner in cls.body:
+            decorators = {getattr(d, "id", getattr(d, "attr", None)) for d in owner.decorator_list}
+            if not decorators & {"staticmethod", "classmethod"}:
+                self_name = _self_name(owner)
+                class_attrs = _class_attrs(ctx, cls)
+        cached = ctx.shared[key] = FunctionShapes(ctx, owner, class_attrs, self_name)
+    return cached
+
+
+def value_of(ctx, expr):
+    """What the analysis knows about `expr` in the function being walked (None: nothing)."""
+    return function_shapes(ctx).values.get(id(expr))
+
+
+def shape_of(ctx, expr) -> Optional[Shape]:
+    """The shape of tensor expression `expr`, or None when it is not known to be a tensor of a
+    known rank."""
+    return as_shape(value_of(ctx, expr))
+
+
+# -- patterns the MAT2xx rules look for ------------------------------------------------------------
+
+
+def trailing_one_mismatch(a: Optional[Shape], b: Optional[Shape]) -> bool:
+    """`a` is (..., N, 1) and `b` is (..., N) with one dim less: the trailing 1 of `a` meets
+    N and the result grows an (N, N) block. True only when both N are the same known size,
+    broadcasting succeeds whatever the symbols are, and neither operand holds a 1 the author
+    asked for (`[:, None]`, `unsqueeze`, `keepdim=True`, `view(-1, 1)`)."""
+    if a is None or b is None or b.leading or not b.dims:
+        return False
+    if len(a.dims) < len(b.dims) + 1 or not (a.dims[-1] == 1 and isinstance(a.dims[-1], int)):
+        return False
+    if a.explicit or b.explicit:
+        return False
+    n = b.dims[-1]
+    if n == 1 or not dim_eq(a.dims[-2], n):
+        return False
+    for x, y in aligned_pairs(a, b):
+        if not (y == "absent" or dim_eq(x, y) or x == 1 or y == 1):
+            return False
+    return True
+
+
+def fmt_shape(s: Optional[Shape]) -> str:
+    return "?" if s is None else str(s)

@@ -1,0 +1,194 @@
+"""MAT201 trailing-one-broadcast: `(N, 1) - (N,)` silently broadcasts to `(N, N)`."""
+from __future__ import annotations
+
+import ast
+
+from matlint.rule import Rule, bad, good
+from matlint.rules._shapes import broadcast, fmt_shape, shape_of, trailing_one_mismatch
+
+_BINOPS = {ast.Add: "+", ast.Sub: "-", ast.Mult: "*", ast.Div: "/", ast.FloorDiv: "//",
+           ast.Mod: "%", ast.Pow: "**"}
+_COMPARES = {ast.Eq: "==", ast.NotEq: "!=", ast.Lt: "<", ast.LtE: "<=", ast.Gt: ">", ast.GtE: ">="}
+_FUNCTIONS = {"add": "+", "sub": "-", "subtract": "-", "mul": "*", "multiply": "*", "div": "/",
+              "divide": "/", "true_divide": "/", "eq": "==", "ne": "!=", "lt": "<", "le": "<=",
+              "gt": ">", "ge": ">=", "maximum": "max", "minimum": "min", "pow": "**"}
+_ATOMIC = (ast.Name, ast.Attribute, ast.Call, ast.Subscript)
+
+
+def squeezed(ctx, node) -> str:
+    """Source of `node` followed by `.squeeze(-1)`."""
+    text = ctx.segment(node)
+    if not isinstance(node, _ATOMIC):
+        text = f"({text})"
+    return f"{text}.squeeze(-1)"
+
+
+class TrailingOneBroadcast(Rule):
+    code = "MAT201"
+    name = "trailing-one-broadcast"
+    summary = "An (N, 1) operand meets an (N,) operand and the result silently grows to (N, N)"
+    docs = """
+    ## What it does
+    Finds arithmetic and comparisons (`-`, `+`, `*`, `/`, `**`, `==`, `<`, ...; `torch.sub`,
+    `x.mul(y)`, ...) where one operand has shape `(..., N, 1)` and the other `(..., N)`, one
+    dim less, with the same `N`. Broadcasting lines the trailing 1 up against `N`, so
+    `(N, 1) - (N,)` is an `(N, N)` matrix. Shapes come from matlint's symbolic shape analysis
+    (constructors, `nn.Linear` outputs, `view`, indexing, reductions, jaxtyping annotations,
+    `assert x.shape == ...`); the rule fires only when both shapes are known.
+
+    ## Why is this bad?
+    Nothing fails: the result has N² elements instead of N, its mean trains happily toward the
+    wrong answer, and the GPU spends N times the memory and work on numbers nobody wanted. The
+    classic case is a regression head `nn.Linear(d, 1)` giving `(N, 1)` predictions against an
+    `(N,)` target.
+
+    ## Example
+    ```python
+    head = nn.Linear(d, 1)
+    pred = head(torch.randn(n, d))     # (n, 1)
+    err = pred - torch.randn(n)        # (n, 1) - (n,) -> (n, n)
+    ```
+
+    ## Use instead
+    ```python
+    err = pred.squeeze(-1) - target    # (n,)
+    # or, if an outer difference really is meant, say so:
+    diff = pred - target[None, :]
+    ```
+
+    ## Stays quiet on
+    Operands whose singleton axis the author asked for (`x[:, None]`, `unsqueeze`,
+    `keepdim=True`, a literal 1 in `view`/`reshape`, `x[:, -1:]`), including pairwise
+    constructions such as `a[:, None] - b[None, :]`; `torch.outer`; operands that are both
+    `(N, 1)`; any operand whose shape or rank is not known; sizes that are different symbols
+    (`N` against `M` may differ), and in-place updates (`a -= b` cannot grow `a`).
+
+    ## Fix safety
+    The fix squeezes the `(N, 1)` operand (`.squeeze(-1)`). It is unsafe: it changes the
+    result's shape and values, which is the point, and code downstream may rely on the old
+    shape.
+    """
+    examples = [
+        bad("""
+            import torch
+            n = 64
+            pred = torch.randn(n, 1)
+            target = torch.randn(n)
+            loss = ((pred - target) ** 2).mean()
+            """, (5, 10), fixed="""
+            import torch
+            n = 64
+            pred = torch.randn(n, 1)
+            target = torch.randn(n)
+            loss = ((pred.squeeze(-1) - target) ** 2).mean()
+            """, unsafe=True, message_contains="(64, 1) - (64,) broadcasts to (64, 64)"),
+        bad("""
+            import torch
+            from torch import nn
+
+            class Critic(nn.Module):
+                def __init__(self, d):
+                    super().__init__()
+                    self.value = nn.Linear(d, 1)
+
+                def forward(self, obs, returns):
+                    n, d = obs.shape
+                    assert returns.shape == (n,)
+                    values = self.value(obs)
+                    return (returns - values).pow(2).mean()
+            """, (13, 17), message_contains="(n,) - (n, 1) broadcasts to (n, n)"),
+        bad("""
+            import torch as T
+
+            def score(x, N: int):
+                logits = T.rand(N, 1)
+                labels = T.randint(0, 2, (N,))
+                hits = T.eq(labels, logits.round())
+                also = logits.mul(labels)
+                return hits, also, logits > labels
+            """, (6, 12), (7, 12), (8, 24)),
+        bad("""
+            import torch
+            from jaxtyping import Float
+            from torch import Tensor
+
+            def residual(pred: Float[Tensor, "batch 1"], y: Float[Tensor, "batch"]):
+                return pred - y
+            """, (6, 12), fixed="""
+            import torch
+            from jaxtyping import Float
+            from torch import Tensor
+
+            def residual(pred: Float[Tensor, "batch 1"], y: Float[Tensor, "batch"]):
+                return pred.squeeze(-1) - y
+            """, unsafe=True),
+        bad("""
+            import torch
+
+            def f(x, w):
+                B, D = x.shape
+                h = (x @ torch.randn(D, 1)) * 2.0
+                g = torch.randn(B)
+                return h / g
+            """, (7, 12), message_contains="(B, 1) / (B,) broadcasts to (B, B)"),
+        good("""
+            import torch
+            n = 64
+            a, b = torch.randn(n), torch.randn(n)
+            pairwise = a[:, None] - b[None, :]
+            also = a.unsqueeze(1) - b
+            centered = torch.randn(n, 8) - torch.randn(n, 8).mean(dim=1, keepdim=True)
+            col = a.view(-1, 1) * b
+            outer = torch.outer(a, b)
+            same = torch.randn(n, 1) - torch.randn(n, 1)
+            fixed = torch.randn(n, 1).squeeze(-1) - b
+            """),
+        good("""
+            import torch
+
+            def f(x, y, n, m):
+                p = torch.randn(n, 1)
+                q = torch.randn(m)
+                r = torch.randn(n, 1)
+                r -= torch.randn(n)
+                return p - q, p - x, x - y
+            """),
+    ]
+
+    def visit_BinOp(self, node: ast.BinOp) -> None:
+        op = _BINOPS.get(type(node.op))
+        if op is not None:
+            self._check(node, node.left, node.right, op)
+
+    def visit_Compare(self, node: ast.Compare) -> None:
+        if len(node.ops) == 1 and type(node.ops[0]) in _COMPARES:
+            self._check(node, node.left, node.comparators[0], _COMPARES[type(node.ops[0])])
+
+    def visit_Call(self, node: ast.Call) -> None:
+        func = node.func
+        if not isinstance(func, ast.Attribute) or func.attr not in _FUNCTIONS or node.keywords:
+            return
+        qual = self.ctx.qualname(func)
+        if qual == f"torch.{func.attr}" and len(node.args) == 2:
+            self._check(node, node.args[0], node.args[1], _FUNCTIONS[func.attr])
+        elif qual is None and len(node.args) == 1:
+            self._check(node, func.value, node.args[0], _FUNCTIONS[func.attr])
+
+    def _check(self, node, left, right, op: str) -> None:
+        a, b = shape_of(self.ctx, left), shape_of(self.ctx, right)
+        if a is None or b is None:
+            return
+        if trailing_one_mismatch(a, b):
+            column = left
+        elif trailing_one_mismatch(b, a):
+            column = right
+        else:
+            return
+        result = broadcast(a, b)
+        n = (a if column is left else b).dims[-2]
+        self.report(node, (
+            f"{fmt_shape(a)} {op} {fmt_shape(b)} broadcasts to {fmt_shape(result)}: the trailing 1 meets "
+            f"{n} and the result grows a dimension; write `.squeeze(-1)` on the {fmt_shape(shape_of(self.ctx, column))} "
+            f"operand (or index the other with `[:, None]` if an outer result is meant)"),
+            fix=self.replace(column, squeezed(self.ctx, column),
+                             "Squeeze the trailing 1 (`.squeeze(-1)`)", safe=False))

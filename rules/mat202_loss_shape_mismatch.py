@@ -1,0 +1,161 @@
+"""MAT202 loss-shape-mismatch: a loss whose input and target broadcast to a bigger shape."""
+from __future__ import annotations
+
+import ast
+
+from matlint.rule import Rule, bad, good
+from matlint.rules._shapes import (LOSS_FUNCTIONS, LOSS_MODULES, Loss, broadcast, broadcast_is_valid,
+                                   fmt_shape, shape_of, trailing_one_mismatch, value_of)
+from matlint.rules.mat201_trailing_one_broadcast import squeezed
+
+
+class LossShapeMismatch(Rule):
+    code = "MAT202"
+    name = "loss-shape-mismatch"
+    summary = "A loss's input and target have different shapes that broadcast, so the loss averages the wrong thing"
+    docs = """
+    ## What it does
+    Finds element-wise losses (`F.mse_loss`, `l1_loss`, `smooth_l1_loss`, `huber_loss`,
+    `binary_cross_entropy`, `binary_cross_entropy_with_logits`, `soft_margin_loss`, and the
+    modules `nn.MSELoss()`, `nn.L1Loss()`, `nn.SmoothL1Loss()`, `nn.HuberLoss()`, `nn.BCELoss()`,
+    `nn.BCEWithLogitsLoss()`, `nn.SoftMarginLoss()`, called directly, held in a local or held as
+    an attribute created in `__init__`) whose input and target have known shapes that differ
+    and broadcast: `(N, 1)` against `(N,)` gives an `(N, N)` loss matrix, `(N, 1)` against
+    `(N, 4)` repeats the one prediction four times.
+
+    ## Why is this bad?
+    The loss is computed over the broadcast shape and reduced to a scalar, so training runs
+    without an error toward a wrong objective (the mean over all pairs). PyTorch warns for some
+    of these losses, once, in a log nobody reads.
+
+    ## Example
+    ```python
+    criterion = nn.MSELoss()
+    pred = head(h)              # (N, 1)
+    loss = criterion(pred, y)   # y: (N,)  -> (N, N) before the mean
+    ```
+
+    ## Use instead
+    ```python
+    loss = criterion(pred.squeeze(-1), y)
+    ```
+
+    ## Stays quiet on
+    Input or target of unknown shape or rank; sizes that are different symbols (`N` against
+    `M`, or a symbolic size against 1: the symbol may be 1); a singleton axis the author made
+    on purpose (`y[:, None]`, `unsqueeze`, `keepdim=True`, `view(-1, 1)`); losses whose
+    arguments are meant to differ in shape (`cross_entropy`, `nll_loss`, `gaussian_nll_loss`'s
+    variance).
+
+    ## Fix safety
+    For the `(N, 1)` / `(N,)` case the fix squeezes the `(N, 1)` argument (`.squeeze(-1)`); it is
+    unsafe because it changes the loss value (to the intended one). Other mismatches get no
+    fix: which side is wrong is the author's call.
+    """
+    examples = [
+        bad("""
+            import torch
+            import torch.nn.functional as F
+
+            def step(x, N: int):
+                pred = torch.randn(N, 1)
+                target = torch.randn(N)
+                return F.mse_loss(pred, target)
+            """, (7, 12), fixed="""
+            import torch
+            import torch.nn.functional as F
+
+            def step(x, N: int):
+                pred = torch.randn(N, 1)
+                target = torch.randn(N)
+                return F.mse_loss(pred.squeeze(-1), target)
+            """, unsafe=True, message_contains="mse_loss input (N, 1) and target (N,) broadcast to (N, N)"),
+        bad("""
+            import torch
+            from torch import nn
+
+            class Regressor(nn.Module):
+                def __init__(self, hidden):
+                    super().__init__()
+                    self.head = nn.Sequential(nn.Linear(hidden, hidden), nn.ReLU(), nn.Linear(hidden, 1))
+                    self.criterion = nn.SmoothL1Loss()
+
+                def forward(self, h, y):
+                    B, H = h.shape
+                    y = y.view(B)
+                    return self.criterion(self.head(h), y)
+            """, (13, 16), message_contains="(B, 1)"),
+        bad("""
+            import torch
+            from torch.nn import BCEWithLogitsLoss
+            from torch.nn.functional import l1_loss
+
+            logits = torch.randn(32, 1)
+            labels = torch.randint(0, 2, (32,)).float()
+            loss = BCEWithLogitsLoss()(logits, labels)
+            crit = BCEWithLogitsLoss(reduction="none")
+            per = crit(input=logits, target=labels)
+            other = l1_loss(torch.randn(8, 1), torch.randn(8, 4))
+            """, (7, 8), (9, 7), (10, 9)),
+        good("""
+            import torch
+            import torch.nn.functional as F
+
+            def step(N: int, M: int, C: int, x, y):
+                pred = torch.randn(N, 1)
+                a = F.mse_loss(pred.squeeze(-1), torch.randn(N))
+                b = F.mse_loss(pred, torch.randn(N, 1))
+                c = F.mse_loss(pred, torch.randn(M))
+                d = F.mse_loss(pred, torch.randn(N).unsqueeze(-1))
+                e = F.mse_loss(torch.randn(N, C), torch.randn(N, 1))
+                f = F.cross_entropy(torch.randn(N, C), torch.randint(0, C, (N,)))
+                g = F.mse_loss(x, y)
+                return a, b, c, d, e, f, g
+            """),
+    ]
+
+    def visit_Call(self, node: ast.Call) -> None:
+        loss = self._loss_name(node)
+        if loss is None:
+            return
+        args = list(node.args)
+        kwargs = {k.arg: k.value for k in node.keywords}
+        input_node = args[0] if args else kwargs.get("input")
+        target_node = args[1] if len(args) > 1 else kwargs.get("target")
+        if input_node is None or target_node is None:
+            return
+        a, b = shape_of(self.ctx, input_node), shape_of(self.ctx, target_node)
+        if a is None or b is None:
+            return
+        fix = None
+        if trailing_one_mismatch(a, b):
+            fix = self.replace(input_node, squeezed(self.ctx, input_node), "Squeeze the input (`.squeeze(-1)`)", safe=False)
+            advice = "write `.squeeze(-1)` on the input"
+        elif trailing_one_mismatch(b, a):
+            fix = self.replace(target_node, squeezed(self.ctx, target_node), "Squeeze the target (`.squeeze(-1)`)", safe=False)
+            advice = "write `.squeeze(-1)` on the target"
+        elif self._literal_mismatch(a, b):
+            advice = "make the shapes agree (`target.view_as(input)` if they hold the same elements)"
+        else:
+            return
+        self.report(node, f"{loss} input {fmt_shape(a)} and target {fmt_shape(b)} broadcast to "
+                          f"{fmt_shape(broadcast(a, b))}: the loss averages over the broadcast; {advice}", fix=fix)
+
+    def _loss_name(self, node: ast.Call):
+        qual = self.ctx.qualname(node.func) or ""
+        if qual.startswith("torch.nn.functional.") and qual.rsplit(".", 1)[1] in LOSS_FUNCTIONS:
+            return qual.rsplit(".", 1)[1]
+        callee = value_of(self.ctx, node.func)
+        if isinstance(callee, Loss) and callee.name in LOSS_MODULES:
+            return f"{callee.name}()"
+        return None
+
+    @staticmethod
+    def _literal_mismatch(a, b) -> bool:
+        """Same rank, broadcast always succeeds, and some axis holds a literal 1 against a
+        literal size > 1 (nothing the author expanded on purpose)."""
+        if a.leading or b.leading or len(a.dims) != len(b.dims) or a.explicit or b.explicit:
+            return False
+        if not broadcast_is_valid(a, b):
+            return False
+        return any(isinstance(x, int) and isinstance(y, int) and x != y for x, y in zip(a.dims, b.dims))

@@ -1,0 +1,187 @@
+"""MAT203 misaligned-mask-broadcast: a (B, T) mask meets (B, H, T, T) scores aligned from the right."""
+from __future__ import annotations
+
+import ast
+from typing import Optional
+
+from matlint.rule import Rule, bad, good
+from matlint.rules._shapes import Shape, broadcast_is_valid, dim_eq, fmt_shape, shape_of
+
+_BINOPS = {ast.Add: "+", ast.Sub: "-", ast.Mult: "*", ast.Div: "/"}
+_ATOMIC = (ast.Name, ast.Attribute, ast.Call, ast.Subscript)
+
+
+def _matches(small, big) -> bool:
+    return all(dim_eq(x, y) or (x == 1 and isinstance(x, int)) for x, y in zip(small, big))
+
+
+def expansion(mask: Shape, target: Shape) -> Optional[str]:
+    """The `[:, None, None, :]` that lines `mask` up with `target`, when exactly one split of
+    mask's axes (leading ones against target's leading axes, the rest against its trailing
+    axes) matches known sizes, and plain right-alignment is not known to work."""
+    if mask.leading or target.leading or mask.explicit:
+        return None
+    rm, rt = len(mask.dims), len(target.dims)
+    if rt < 3 or not 2 <= rm < rt or broadcast_is_valid(mask, target):
+        return None
+    if any(d is None for d in mask.dims) or all(d == 1 for d in mask.dims):
+        return None
+    splits = []
+    for k in range(1, rm):
+        head, tail = mask.dims[:k], mask.dims[k:]
+        if _matches(head, target.dims[:k]) and _matches(tail, target.dims[rt - len(tail):]):
+            splits.append(k)
+    if len(splits) != 1:
+        return None
+    k = splits[0]
+    parts = [":"] * k + ["None"] * (rt - rm) + [":"] * (rm - k)
+    while parts[-2] == ":":  # trailing full slices are implicit; keep one after the last None
+        parts.pop()
+    return "[" + ", ".join(parts) + "]"
+
+
+class MisalignedMaskBroadcast(Rule):
+    code = "MAT203"
+    name = "misaligned-mask-broadcast"
+    summary = "A mask or bias broadcast against attention scores lines up the wrong axes"
+    docs = """
+    ## What it does
+    Finds a mask or bias of shape `(B, T)` (or `(B, T, T)`) combined with scores of shape
+    `(B, H, T, T)` by `+`, `-`, `*`, `/`, `scores.masked_fill(mask, ...)` or
+    `torch.where(mask, scores, ...)` without expanding the mask first. Broadcasting aligns
+    shapes from the right, so `(B, T)` is read as `(1, 1, B, T)`: the batch axis of the mask
+    meets the query axis of the scores. The rule fires when both shapes are known, right
+    alignment is not known to work, and exactly one placement of the mask's axes (leading
+    axes against the scores' leading axes, the rest against its trailing axes) matches the
+    known sizes.
+
+    ## Why is this bad?
+    When `B != T` it raises at run time, but only on the shapes that differ: with batch size 1,
+    or when `B == T`, it runs and silently masks query rows by batch element. Either way the
+    mask is not applied where the author meant.
+
+    ## Example
+    ```python
+    scores = q @ k.transpose(-2, -1)          # (B, H, T, T)
+    scores = scores.masked_fill(pad == 0, float("-inf"))   # pad: (B, T)
+    ```
+
+    ## Use instead
+    ```python
+    scores = scores.masked_fill(pad[:, None, None, :] == 0, float("-inf"))
+    ```
+
+    ## Stays quiet on
+    Masks already expanded (`[:, None, None, :]`, `unsqueeze`, `view(B, 1, 1, T)`); masks whose
+    right alignment works for every size (`(T, T)` causal masks, `(1, 1, T, T)` buffers);
+    shapes with an unknown size or rank; placements that are ambiguous (more than one way to
+    line the mask up).
+
+    ## Fix safety
+    The fix inserts the indexing that lines the mask up (`mask[:, None, None, :]`). It is
+    unsafe: it changes which elements are masked (to the intended ones).
+    """
+    examples = [
+        bad("""
+            import torch
+
+            def attend(x, pad, n_head: int):
+                B, T, C = x.shape
+                q = x.view(B, T, n_head, C // n_head).transpose(1, 2)
+                k = x.view(B, T, n_head, C // n_head).transpose(1, 2)
+                scores = q @ k.transpose(-2, -1)
+                assert pad.shape == (B, T)
+                scores = scores.masked_fill(pad == 0, float("-inf"))
+                return scores.softmax(-1)
+            """, (9, 14), fixed="""
+            import torch
+
+            def attend(x, pad, n_head: int):
+                B, T, C = x.shape
+                q = x.view(B, T, n_head, C // n_head).transpose(1, 2)
+                k = x.view(B, T, n_head, C // n_head).transpose(1, 2)
+                scores = q @ k.transpose(-2, -1)
+                assert pad.shape == (B, T)
+                scores = scores.masked_fill(pad[:, None, None, :] == 0, float("-inf"))
+                return scores.softmax(-1)
+            """, unsafe=True, message_contains="(B, T) against (B, n_head, T, T)"),
+        bad("""
+            import torch
+            from jaxtyping import Float
+            from torch import Tensor
+
+            def add_bias(scores: Float[Tensor, "b h q k"], bias: Float[Tensor, "b k"]):
+                return scores + bias
+            """, (6, 12), fixed="""
+            import torch
+            from jaxtyping import Float
+            from torch import Tensor
+
+            def add_bias(scores: Float[Tensor, "b h q k"], bias: Float[Tensor, "b k"]):
+                return scores + bias[:, None, None, :]
+            """, unsafe=True),
+        bad("""
+            import torch
+
+            def f(B: int, H: int, T: int):
+                scores = torch.randn(B, H, T, T)
+                mask = torch.ones(B, T, T, dtype=torch.bool)
+                out = torch.where(mask, scores, torch.zeros_like(scores))
+                return scores * mask, out
+            """, (6, 11), (7, 12), message_contains="expand it with `[:, None, :]`"),
+        good("""
+            import torch
+
+            def f(B: int, H: int, T: int, pad):
+                scores = torch.randn(B, H, T, T)
+                mask = torch.ones(B, T, dtype=torch.bool)
+                a = scores.masked_fill(mask[:, None, None, :], 0.0)
+                b = scores + mask.unsqueeze(1).unsqueeze(2)
+                causal = torch.ones(T, T).tril()
+                c = scores * causal
+                d = scores.masked_fill(mask.view(B, 1, 1, T), 0.0)
+                e = scores + pad
+                return a, b, c, d, e
+            """),
+    ]
+
+    def visit_BinOp(self, node: ast.BinOp) -> None:
+        if type(node.op) in _BINOPS:
+            self._check(node, node.left, node.right) or self._check(node, node.right, node.left)
+
+    def visit_Call(self, node: ast.Call) -> None:
+        func = node.func
+        if not isinstance(func, ast.Attribute):
+            return
+        if func.attr in ("masked_fill", "masked_fill_") and node.args:
+            self._check(node, node.args[0], func.value)
+        elif func.attr == "where" and self.ctx.qualname(func) == "torch.where" and len(node.args) == 3:
+            for other in node.args[1:]:
+                if self._check(node, node.args[0], other):
+                    return
+
+    def _check(self, node, mask_node, target_node) -> bool:
+        mask, target = shape_of(self.ctx, mask_node), shape_of(self.ctx, target_node)
+        if mask is None or target is None:
+            return False
+        index = expansion(mask, target)
+        if index is None:
+            return False
+        fix_node = _mask_leaf(mask_node)
+        fixed = self.ctx.segment(fix_node)
+        if not isinstance(fix_node, _ATOMIC):
+            fixed = f"({fixed})"
+        self.report(node, (
+            f"mask {fmt_shape(mask)} against {fmt_shape(target)} lines up from the right, so its "
+            f"axes meet the wrong axes of {fmt_shape(target)}; expand it with `{index}`"),
+            fix=self.replace(fix_node, fixed + index, f"Expand the mask with `{index}`", safe=False))
+        return True
+
+
+def _mask_leaf(node):
+    """`pad == 0` is fixed as `pad[...] == 0`: index the tensor, not the comparison."""
+    if isinstance(node, ast.Compare) and len(node.comparators) == 1 and isinstance(node.comparators[0], ast.Constant):
+        return node.left
+    if isinstance(node, ast.UnaryOp) and isinstance(node.op, ast.Invert):
+        return node.operand
+    return node
