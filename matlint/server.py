@@ -1,0 +1,693 @@
+"""`matlint server`: the language server (LSP over stdio, pygls).
+
+Lints open Python documents with the same engine and `[tool.matlint]` settings as the CLI,
+publishes diagnostics (UTF-16 ranges, rule code and doc link), answers hovers with the rule's
+docs, offers the rules' fixes, `# noqa` and fix-all as code actions, and shows the findings of
+the runtime guard's JSON report at their source lines.
+
+pygls is the `server` extra; it is imported only when the server starts.
+"""
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import logging
+import os
+import sys
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Optional
+
+from . import __version__
+from . import config as matlint_config
+from .diagnostics import Finding, rule_url
+from .engine import NOQA_RE, apply_noqa, split_lines
+from .fixes import apply_fixes, fix_until_stable
+from .registry import get_rule
+
+SOURCE = "matlint"
+RUNTIME_SOURCE = "matlint (runtime)"
+FIX_ALL_KIND = "source.fixAll.matlint"
+CHECK_WORKSPACE_COMMAND = "matlint.server.checkWorkspace"
+DEFAULT_RUNTIME_REPORT = ".matlint/runtime.json"
+INSTALL_HINT = 'pip install "matlint[server]"'
+
+log = logging.getLogger("matlint.server")
+lsp = None  # lsprotocol.types, bound by _load_pygls()
+
+
+def _load_pygls():
+    """Imports pygls and returns the pygls server class matlint runs."""
+    global lsp
+    try:
+        from lsprotocol import types
+        from pygls.exceptions import JsonRpcException
+        from pygls.lsp.server import LanguageServer
+        from pygls.protocol import LanguageServerProtocol
+    except ImportError as exc:
+        raise SystemExit(
+            f"matlint server needs pygls and lsprotocol ({exc.name} is missing in {sys.executable}); "
+            f"install them with: {INSTALL_HINT}") from None
+    lsp = types
+
+    class Protocol(LanguageServerProtocol):
+        def structure_message(self, data):
+            try:
+                return super().structure_message(data)
+            except JsonRpcException as exc:
+                # pygls drops a request whose params do not fit its type, leaving the client
+                # waiting for ever: answer it with the error instead.
+                if "method" in data and isinstance(data.get("id"), (int, str)):
+                    self._send_response(data["id"], error=types.ResponseError(
+                        code=exc.code, message=f"invalid params for {data['method']}: {exc.__cause__ or exc}"))
+                raise
+
+    class Server(LanguageServer):
+        def report_server_error(self, error, source):
+            # Into the log, not a pop-up per bad message.
+            self.window_log_message(types.LogMessageParams(
+                type=types.MessageType.Error, message=f"matlint server: {type(error).__name__}: {error}"))
+
+    return Server, Protocol
+
+
+def _lint_text(source: str, path: str, settings) -> list:
+    from .api import lint_text
+
+    return lint_text(source, path, settings)
+
+
+# -- positions ------------------------------------------------------------------------------
+# Findings count 1-based rows and code-point columns; LSP counts 0-based lines and UTF-16 units
+# (or what the client negotiated). Lines are split as Python splits them (\r\n, \r, \n), not
+# with str.splitlines, which also breaks at \x0c and \u2028.
+
+def to_position(lines, codec, row: int, column: int):
+    row = min(max(row, 1), len(lines))
+    line = lines[row - 1]
+    column = min(max(column, 1), len(line) + 1)
+    return lsp.Position(line=row - 1, character=codec.client_num_units(line[:column - 1]))
+
+
+def to_range(lines, codec, row, column, end_row, end_column):
+    start = to_position(lines, codec, row, column)
+    end = to_position(lines, codec, end_row, end_column)
+    if (end.line, end.character) < (start.line, start.character):
+        end = start
+    return lsp.Range(start=start, end=end)
+
+
+def from_position(lines, codec, position) -> tuple:
+    """(row, column), 1-based code points, of a client position."""
+    if not lines or position.line >= len(lines):
+        return len(lines) + 1, 1
+    server = codec.position_from_client_units(
+        lines, lsp.Position(line=position.line, character=position.character))
+    return server.line + 1, server.character + 1
+
+
+def _contains(finding: Finding, row: int, column: int) -> bool:
+    start, end = (finding.row, finding.column), (finding.end_row, finding.end_column)
+    if start == end:  # a point finding (syntax error) covers its line
+        return row == finding.row
+    return start <= (row, column) <= end
+
+
+def _overlaps(finding: Finding, start: tuple, end: tuple) -> bool:
+    if (finding.row, finding.column) == (finding.end_row, finding.end_column):
+        return start[0] <= finding.row <= end[0]
+    return (finding.row, finding.column) <= end and start <= (finding.end_row, finding.end_column)
+
+
+# -- client settings ---------------------------------------------------------------------------
+
+SEVERITIES = ("error", "warning", "information", "hint")
+
+
+@dataclass
+class ClientSettings:
+    """The `matlint.*` settings of VS Code (or any client), for one workspace folder."""
+
+    enable: bool = True
+    severity: dict = field(default_factory=dict)
+    runtime_report: str = DEFAULT_RUNTIME_REPORT
+
+    @classmethod
+    def parse(cls, raw) -> "ClientSettings":
+        raw = raw if isinstance(raw, dict) else {}
+        severity = raw.get("severity")
+        report = raw.get("runtimeReport")
+        return cls(
+            enable=raw.get("enable", True) is not False,
+            severity={str(k).upper(): v for k, v in severity.items() if v in SEVERITIES}
+            if isinstance(severity, dict) else {},
+            runtime_report=report if isinstance(report, str) and report.strip() else DEFAULT_RUNTIME_REPORT,
+        )
+
+    def severity_of(self, code: str):
+        matches = [k for k in self.severity if code.startswith(k)]
+        if matches:
+            name = self.severity[max(matches, key=len)]
+        else:
+            name = "error" if code.startswith("MAT0") else "warning"
+        return getattr(lsp.DiagnosticSeverity, name.capitalize())
+
+
+# -- runtime report ---------------------------------------------------------------------------
+
+def load_runtime_report(path: Path, base: Path) -> dict:
+    """{resolved source path: [Finding]} from the guard's JSON report (a list of findings, or
+    an object with a `findings` list). Raises ValueError naming what is wrong."""
+    try:
+        data = json.loads(path.read_text(encoding="utf-8"))
+    except UnicodeDecodeError:
+        raise ValueError(f"{path}: not UTF-8 text") from None
+    except json.JSONDecodeError as exc:
+        raise ValueError(f"{path}: not valid JSON ({exc})") from None
+    entries = data.get("findings") if isinstance(data, dict) else data
+    if not isinstance(entries, list):
+        raise ValueError(f"{path}: expected a list of findings or an object with a `findings` list")
+    by_file: dict = {}
+    skipped = 0
+    for entry in entries:
+        try:
+            if "end_location" not in entry:
+                entry = dict(entry, end_location=entry["location"])
+            finding = Finding.from_json(entry)
+            if not isinstance(finding.row, int) or not isinstance(finding.column, int):
+                raise TypeError("location must hold integers")
+        except (KeyError, TypeError, AttributeError, ValueError):
+            skipped += 1
+            continue
+        source = Path(finding.filename)
+        if not source.is_absolute():
+            source = base / source
+        by_file.setdefault(_path_key(source), []).append(finding)
+    if skipped:
+        log.warning("%s: skipped %d malformed finding(s)", path, skipped)
+    return by_file
+
+
+def runtime_message(finding: Finding) -> str:
+    measured = []
+    if isinstance(finding.evidence, dict) and finding.evidence:
+        measured.append(", ".join(f"{k}: {v}" for k, v in finding.evidence.items()))
+    if isinstance(finding.estimated_savings_ms, (int, float)):
+        measured.append(f"estimated saving {finding.estimated_savings_ms:.3g} ms")
+    suffix = f" ({'; '.join(measured)})" if measured else ""
+    return f"{finding.message} [measured at run time{suffix}]"
+
+
+def _path_key(path) -> str:
+    return os.path.normcase(os.path.realpath(os.fspath(path)))
+
+
+# -- noqa ---------------------------------------------------------------------------------------
+
+def noqa_edit(lines, row: int, code: str) -> Optional[tuple]:
+    """(row, column, end_column, text) inserting `code` into the line's `# noqa` comment, or
+    None where a comment cannot be added (the line continues with a backslash)."""
+    if not 0 < row <= len(lines):
+        return None
+    line = lines[row - 1]
+    match = NOQA_RE.search(line)
+    if match and match.group("codes"):
+        end = match.end("codes")
+        return row, end + 1, end + 1, f", {code}"
+    if match:  # a blanket noqa already silences everything
+        return None
+    stripped = line.rstrip()
+    if stripped.endswith("\\"):
+        return None
+    return row, len(stripped) + 1, len(line) + 1, f"  # noqa: {code}"
+
+
+def noqa_codes_at(line: str, column: int) -> Optional[list]:
+    """The codes of the `# noqa: ...` comment under 1-based `column`: the one code under the
+    cursor, or all of them when the cursor is on `# noqa`."""
+    match = NOQA_RE.search(line)
+    if not match or not match.group("codes") or not match.start() < column <= match.end():
+        return None
+    offset = match.start("codes")
+    codes = []
+    for part in match.group("codes").replace(",", " ").split(" "):
+        if part:
+            start = line.index(part, offset)
+            if start < column <= start + len(part):
+                return [part.upper()]
+            codes.append(part.upper())
+            offset = start + len(part)
+    return codes
+
+
+def rule_hover(code: str, messages=()) -> Optional[str]:
+    rule = get_rule(code)
+    if rule is None:
+        return None
+    parts = [f"**{code}** {m}" for m in messages]
+    parts.append(rule.rendered_docs())
+    parts.append(f"[{code} documentation]({rule_url(code)})")
+    return "\n\n".join(parts)
+
+
+# -- the server ---------------------------------------------------------------------------------
+
+@dataclass
+class DocResult:
+    version: Optional[int]
+    source: str
+    lines: list
+    static: list
+    runtime: list
+
+
+class MatlintServer:
+    def __init__(self):
+        Server, Protocol = _load_pygls()
+        self.ls = Server("matlint", __version__, protocol_cls=Protocol,
+                         text_document_sync_kind=lsp.TextDocumentSyncKind.Full)
+        self.init_options: dict = {}
+        self.folder_settings: dict = {}   # folder uri -> ClientSettings
+        self.config_cache: dict = {}      # directory -> (Settings, config mtime)
+        self.reports: dict = {}           # report path -> (stat key, {path: [Finding]})
+        self.results: dict = {}           # uri -> DocResult
+        self.reported_problems: set = set()
+        self.dirty: set = set()
+        self.running: set = set()
+        self.executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="matlint-lint")
+        self._register()
+
+    # -- plumbing -------------------------------------------------------------------------
+    def _register(self):
+        ls, t = self.ls, lsp
+        ls.feature(t.INITIALIZE)(_plain(self.on_initialize))
+        ls.feature(t.INITIALIZED)(_plain(self.on_initialized))
+        ls.feature(t.TEXT_DOCUMENT_DID_OPEN)(_plain(self.on_open))
+        ls.feature(t.TEXT_DOCUMENT_DID_CHANGE)(_plain(self.on_change))
+        ls.feature(t.TEXT_DOCUMENT_DID_SAVE)(_plain(self.on_save))
+        ls.feature(t.TEXT_DOCUMENT_DID_CLOSE)(_plain(self.on_close))
+        ls.feature(t.WORKSPACE_DID_CHANGE_CONFIGURATION)(_plain(self.on_configuration))
+        ls.feature(t.WORKSPACE_DID_CHANGE_WATCHED_FILES)(_plain(self.on_watched_files))
+        ls.feature(t.WORKSPACE_DID_CHANGE_WORKSPACE_FOLDERS)(_plain(self.on_folders))
+        ls.feature(t.TEXT_DOCUMENT_HOVER)(_plain(self.on_hover))
+        ls.feature(t.TEXT_DOCUMENT_CODE_ACTION, t.CodeActionOptions(
+            code_action_kinds=[t.CodeActionKind.QuickFix, FIX_ALL_KIND]))(_plain(self.on_code_action))
+        ls.command(CHECK_WORKSPACE_COMMAND)(_plain(self.on_check_workspace))
+
+    def log(self, message: str, kind=None):
+        log.info(message)
+        self.ls.window_log_message(lsp.LogMessageParams(type=kind or lsp.MessageType.Log, message=message))
+
+    def problem(self, message: str):
+        """A problem the user must fix (bad config, unreadable report): shown once, always logged."""
+        self.log(message, lsp.MessageType.Error)
+        if message not in self.reported_problems:
+            self.reported_problems.add(message)
+            self.ls.window_show_message(lsp.ShowMessageParams(type=lsp.MessageType.Error, message=f"matlint: {message}"))
+
+    def folder_of(self, path: str) -> Optional[str]:
+        """The uri of the workspace folder holding `path` (the innermost one)."""
+        best, best_len = None, -1
+        key = _path_key(path)
+        for uri in self.ls.workspace.folders:
+            root = _path_key(_uri_to_path(uri))
+            if (key == root or key.startswith(root.rstrip(os.sep) + os.sep)) and len(root) > best_len:
+                best, best_len = uri, len(root)
+        return best
+
+    def folder_root(self, folder_uri: Optional[str], path: str) -> Path:
+        if folder_uri:
+            return Path(_uri_to_path(folder_uri))
+        if self.ls.workspace.root_path:
+            return Path(self.ls.workspace.root_path)
+        return Path(path).parent
+
+    async def client_settings(self, folder_uri: Optional[str]) -> ClientSettings:
+        if folder_uri in self.folder_settings:
+            return self.folder_settings[folder_uri]
+        settings = ClientSettings.parse(self.init_options)
+        caps = self.ls.client_capabilities.workspace
+        if caps is not None and caps.configuration:
+            try:
+                result = await self.ls.workspace_configuration_async(lsp.ConfigurationParams(
+                    items=[lsp.ConfigurationItem(scope_uri=folder_uri, section="matlint")]))
+                if result and isinstance(result[0], dict):
+                    settings = ClientSettings.parse({**self.init_options, **result[0]})
+            except Exception as exc:  # a client that fails the request: keep the initialization options
+                self.log(f"workspace/configuration failed: {exc}", lsp.MessageType.Warning)
+        self.folder_settings[folder_uri] = settings
+        return settings
+
+    def project_settings(self, path: str, folder_root: Path):
+        """The `[tool.matlint]` settings that govern `path`, as the CLI would load them."""
+        directory = os.path.dirname(path)
+        cached = self.config_cache.get(directory)
+        if cached is not None:
+            settings, stamp = cached
+            if settings.config_file is None or _stat_key(settings.config_file) == stamp:
+                return settings
+        try:
+            settings = matlint_config.load_settings(directory)
+        except matlint_config.ConfigError as exc:
+            self.problem(f"{exc}; linting with the default settings until it is fixed")
+            settings = matlint_config.Settings(root=str(folder_root))
+            self.config_cache[directory] = (settings, None)
+            return settings
+        self.config_cache[directory] = (settings, _stat_key(settings.config_file) if settings.config_file else None)
+        return settings
+
+    def runtime_findings(self, path: str, folder_root: Path, client: ClientSettings, source: str) -> list:
+        report = Path(os.path.expanduser(client.runtime_report))
+        if not report.is_absolute():
+            report = folder_root / report
+        key = str(report)
+        stamp = _stat_key(report)
+        cached = self.reports.get(key)
+        if cached is None or cached[0] != stamp:
+            by_file: dict = {}
+            if stamp is not None:
+                try:
+                    by_file = load_runtime_report(report, folder_root)
+                    self.log(f"runtime report {report}: {sum(map(len, by_file.values()))} finding(s)")
+                except (OSError, ValueError) as exc:
+                    self.problem(f"cannot read the runtime report: {exc}")
+            cached = self.reports[key] = (stamp, by_file)
+        return apply_noqa(list(cached[1].get(_path_key(path), ())), source)
+
+    # -- linting --------------------------------------------------------------------------------
+    async def analyse(self, uri: str) -> Optional[DocResult]:
+        doc = self.ls.workspace.text_documents.get(uri)
+        if doc is None or not doc.uri.startswith("file:"):
+            return None
+        path = doc.path
+        folder = self.folder_of(path)
+        client = await self.client_settings(folder)
+        if not client.enable:
+            return DocResult(doc.version, doc.source, [], [], [])
+        root = self.folder_root(folder, path)
+        source, version = doc.source, doc.version
+        settings = self.project_settings(path, root)
+        loop = asyncio.get_running_loop()
+        static = await loop.run_in_executor(self.executor, _lint_text, source, path, settings)
+        runtime = self.runtime_findings(path, root, client, source)
+        return DocResult(version, source, split_lines(source), static, runtime)
+
+    def diagnostics(self, result: DocResult, client: ClientSettings) -> list:
+        codec = self.ls.workspace.position_codec
+        out = []
+        for findings, source in ((result.static, SOURCE), (result.runtime, RUNTIME_SOURCE)):
+            for f in findings:
+                message = runtime_message(f) if source == RUNTIME_SOURCE else f.message
+                out.append(lsp.Diagnostic(
+                    range=to_range(result.lines, codec, f.row, f.column, f.end_row, f.end_column),
+                    message=message,
+                    severity=client.severity_of(f.code),
+                    code=f.code,
+                    code_description=lsp.CodeDescription(href=f.url),
+                    source=source,
+                    data={"fixable": f.fix is not None},
+                ))
+        return out
+
+    async def lint_and_publish(self, uri: str):
+        try:
+            result = await self.analyse(uri)
+        except Exception as exc:  # never let one document take the server down
+            log.exception("linting %s failed", uri)
+            self.log(f"linting {uri} failed: {type(exc).__name__}: {exc}", lsp.MessageType.Error)
+            return
+        doc = self.ls.workspace.text_documents.get(uri)
+        if result is None or doc is None or doc.version != result.version:
+            return  # closed, or edited meanwhile: the next round publishes
+        self.results[uri] = result
+        client = await self.client_settings(self.folder_of(doc.path))
+        self.ls.text_document_publish_diagnostics(lsp.PublishDiagnosticsParams(
+            uri=uri, version=result.version, diagnostics=self.diagnostics(result, client)))
+
+    async def schedule(self, uri: str):
+        """Lint `uri` now; edits arriving meanwhile are coalesced into one more round, so a burst
+        of keystrokes costs at most two lints and the last version is always published."""
+        self.dirty.add(uri)
+        if uri in self.running:
+            return
+        self.running.add(uri)
+        try:
+            while uri in self.dirty:
+                self.dirty.discard(uri)
+                await self.lint_and_publish(uri)
+        finally:
+            self.running.discard(uri)
+
+    async def relint_all(self):
+        self.results.clear()
+        await asyncio.gather(*(self.schedule(uri) for uri in list(self.ls.workspace.text_documents)))
+
+    async def current(self, uri: str) -> Optional[DocResult]:
+        """Findings for the document as it is now (lints again if an edit is not linted yet)."""
+        doc = self.ls.workspace.text_documents.get(uri)
+        if doc is None:
+            return None
+        result = self.results.get(uri)
+        if result is None or result.version != doc.version or result.source != doc.source:
+            result = await self.analyse(uri)
+        return result
+
+    # -- lifecycle and sync ---------------------------------------------------------------------
+    def on_initialize(self, params):
+        options = params.initialization_options
+        self.init_options = options if isinstance(options, dict) else {}
+
+    async def on_initialized(self, params):
+        caps = self.ls.client_capabilities.workspace
+        watch = caps.did_change_watched_files if caps else None
+        if watch is None or not watch.dynamic_registration:
+            return
+        watchers = [lsp.FileSystemWatcher(glob_pattern="**/pyproject.toml"),
+                    lsp.FileSystemWatcher(glob_pattern="**/*.json")]
+        try:
+            await self.ls.client_register_capability_async(lsp.RegistrationParams(registrations=[
+                lsp.Registration(id="matlint-watch", method=lsp.WORKSPACE_DID_CHANGE_WATCHED_FILES,
+                                 register_options=lsp.DidChangeWatchedFilesRegistrationOptions(watchers=watchers))]))
+        except Exception as exc:
+            self.log(f"could not register file watchers: {exc}", lsp.MessageType.Warning)
+
+    async def on_open(self, params):
+        await self.schedule(params.text_document.uri)
+
+    async def on_change(self, params):
+        await self.schedule(params.text_document.uri)
+
+    async def on_save(self, params):
+        uri = params.text_document.uri
+        if uri.endswith("pyproject.toml"):
+            self.config_cache.clear()
+            await self.relint_all()
+        else:
+            await self.schedule(uri)
+
+    def on_close(self, params):
+        uri = params.text_document.uri
+        self.results.pop(uri, None)
+        self.ls.text_document_publish_diagnostics(lsp.PublishDiagnosticsParams(uri=uri, diagnostics=[]))
+
+    async def on_configuration(self, params):
+        settings = params.settings
+        if isinstance(settings, dict) and isinstance(settings.get("matlint"), dict):
+            self.init_options = settings["matlint"]
+        self.folder_settings.clear()
+        await self.relint_all()
+
+    async def on_watched_files(self, params):
+        paths = {_path_key(_uri_to_path(c.uri)) for c in params.changes}
+        config_changed = any(p.endswith("pyproject.toml") for p in paths)
+        reports_changed = paths & {_path_key(p) for p in self.reports}
+        if config_changed:
+            self.config_cache.clear()
+        if reports_changed:
+            for report in [r for r in self.reports if _path_key(r) in reports_changed]:
+                del self.reports[report]
+        if config_changed or reports_changed:
+            self.reported_problems.clear()
+            await self.relint_all()
+
+    async def on_folders(self, params):
+        self.folder_settings.clear()
+        self.config_cache.clear()
+        await self.relint_all()
+
+    # -- features -------------------------------------------------------------------------------
+    async def on_hover(self, params):
+        result = await self.current(params.text_document.uri)
+        if result is None or not result.lines:
+            return None
+        codec = self.ls.workspace.position_codec
+        row, column = from_position(result.lines, codec, params.position)
+        if row > len(result.lines):
+            return None
+        codes = noqa_codes_at(result.lines[row - 1], column)
+        if codes is not None:
+            texts = [rule_hover(c) for c in codes]
+        else:
+            hits = [f for f in result.static + result.runtime if _contains(f, row, column)]
+            by_code: dict = {}
+            for f in hits:
+                by_code.setdefault(f.code, []).append(
+                    runtime_message(f) if f in result.runtime else f.message)
+            texts = [rule_hover(code, messages) for code, messages in by_code.items()]
+        texts = [t for t in texts if t]
+        if not texts:
+            return None
+        return lsp.Hover(contents=lsp.MarkupContent(kind=lsp.MarkupKind.Markdown, value="\n\n---\n\n".join(texts)))
+
+    async def on_code_action(self, params):
+        uri = params.text_document.uri
+        result = await self.current(uri)
+        if result is None or not result.lines:
+            return None
+        doc = self.ls.workspace.text_documents[uri]
+        codec = self.ls.workspace.position_codec
+        only = params.context.only
+
+        def wanted(kind: str) -> bool:
+            return not only or any(kind == k or kind.startswith(f"{k}.") for k in only)
+
+        start = from_position(result.lines, codec, params.range.start)
+        end = from_position(result.lines, codec, params.range.end)
+        client = await self.client_settings(self.folder_of(doc.path))
+        actions = []
+        if wanted(lsp.CodeActionKind.QuickFix):
+            for finding in result.static + result.runtime:
+                if not _overlaps(finding, start, end):
+                    continue
+                diagnostic = self._diagnostic_for(result, finding, client)
+                if finding.fix is not None and finding in result.static:
+                    _, applied = apply_fixes(result.source, [finding], unsafe=True)
+                    if applied:  # the fix leaves code that parses
+                        fix = finding.fix
+                        title = f"{fix.message} ({finding.code})" if fix.safe else \
+                            f"{fix.message} ({finding.code}, unsafe fix: review the change)"
+                        edits = [lsp.TextEdit(range=to_range(result.lines, codec, e.row, e.column, e.end_row, e.end_column),
+                                              new_text=e.content) for e in fix.edits]
+                        actions.append(lsp.CodeAction(
+                            title=title, kind=lsp.CodeActionKind.QuickFix, diagnostics=[diagnostic],
+                            is_preferred=fix.safe, edit=self._edit(doc, edits)))
+                noqa = noqa_edit(result.lines, finding.noqa_row or finding.row, finding.code)
+                if noqa is not None:
+                    row, column, end_column, text = noqa
+                    actions.append(lsp.CodeAction(
+                        title=f"Disable {finding.code} for this line (# noqa: {finding.code})",
+                        kind=lsp.CodeActionKind.QuickFix, diagnostics=[diagnostic],
+                        edit=self._edit(doc, [lsp.TextEdit(
+                            range=to_range(result.lines, codec, row, column, row, end_column), new_text=text)])))
+        if wanted(FIX_ALL_KIND) and any(f.fix is not None and f.fix.safe for f in result.static):
+            settings = self.project_settings(doc.path, self.folder_root(self.folder_of(doc.path), doc.path))
+            fixed, count, _ = fix_until_stable(result.source, lambda s: _lint_text(s, doc.path, settings))
+            if count and fixed != result.source:
+                whole = to_range(result.lines, codec, 1, 1, len(result.lines), len(result.lines[-1]) + 1)
+                actions.append(lsp.CodeAction(
+                    title=f"Fix all safe matlint findings ({count})", kind=FIX_ALL_KIND,
+                    edit=self._edit(doc, [lsp.TextEdit(range=whole, new_text=fixed)])))
+        return actions
+
+    def _diagnostic_for(self, result: DocResult, finding: Finding, client: ClientSettings):
+        runtime = finding in result.runtime
+        return lsp.Diagnostic(
+            range=to_range(result.lines, self.ls.workspace.position_codec,
+                           finding.row, finding.column, finding.end_row, finding.end_column),
+            message=runtime_message(finding) if runtime else finding.message,
+            severity=client.severity_of(finding.code), code=finding.code,
+            code_description=lsp.CodeDescription(href=finding.url),
+            source=RUNTIME_SOURCE if runtime else SOURCE)
+
+    @staticmethod
+    def _edit(doc, edits):
+        return lsp.WorkspaceEdit(document_changes=[lsp.TextDocumentEdit(
+            text_document=lsp.OptionalVersionedTextDocumentIdentifier(uri=doc.uri, version=doc.version),
+            edits=edits)])
+
+    async def on_check_workspace(self, *args):
+        """Lints every file of every workspace folder (as `matlint check` would) and publishes
+        the findings of the files that are not open. Returns the counts."""
+        from .files import find_files
+
+        files = findings = 0
+        open_paths = {_path_key(d.path) for d in self.ls.workspace.text_documents.values()}
+        roots = [_uri_to_path(u) for u in self.ls.workspace.folders] or \
+            ([self.ls.workspace.root_path] if self.ls.workspace.root_path else [])
+        codec = self.ls.workspace.position_codec
+        for root in roots:
+            client = await self.client_settings(self.folder_of(root))
+            try:
+                settings = matlint_config.load_settings(root)
+            except matlint_config.ConfigError as exc:
+                self.problem(str(exc))
+                continue
+            for path in find_files([root], settings).files:
+                if _path_key(path) in open_paths:
+                    continue
+                try:
+                    with open(path, encoding="utf-8") as handle:
+                        source = handle.read()
+                except (OSError, UnicodeDecodeError) as exc:
+                    self.log(f"{path}: {exc}", lsp.MessageType.Warning)
+                    continue
+                found = _lint_text(source, path, settings)
+                result = DocResult(None, source, split_lines(source), found, [])
+                files += 1
+                findings += len(found)
+                self.ls.text_document_publish_diagnostics(lsp.PublishDiagnosticsParams(
+                    uri=Path(path).resolve().as_uri(), diagnostics=self.diagnostics(result, client)))
+        for uri in list(self.ls.workspace.text_documents):
+            await self.schedule(uri)
+            files += 1
+            findings += len(self.results[uri].static) if uri in self.results else 0
+        self.log(f"checked {files} file(s): {findings} finding(s)")
+        return {"files": files, "findings": findings}
+
+
+def _plain(method):
+    """A function calling `method`: pygls marks handlers with attributes, which bound methods
+    cannot carry."""
+    if asyncio.iscoroutinefunction(method):
+        async def handler(*args):
+            return await method(*args)
+    else:
+        def handler(*args):
+            return method(*args)
+    return handler
+
+
+def _stat_key(path) -> Optional[tuple]:
+    try:
+        st = os.stat(path)
+    except OSError:
+        return None
+    return st.st_mtime_ns, st.st_size
+
+
+def _uri_to_path(uri: str) -> str:
+    from pygls.uris import to_fs_path
+
+    return to_fs_path(uri) or uri
+
+
+def main(argv=None) -> int:
+    parser = argparse.ArgumentParser(prog="matlint server", description="Run the matlint language server (LSP over stdio).")
+    parser.add_argument("--stdio", action="store_true", help="speak LSP over stdin/stdout (the default and only transport)")
+    parser.add_argument("--log-file", help="also write the server's log to this file")
+    args = parser.parse_args(argv)
+    logging.basicConfig(filename=args.log_file, level=logging.INFO if args.log_file else logging.WARNING,
+                        format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    try:
+        server = MatlintServer()
+    except SystemExit as exc:
+        print(exc, file=sys.stderr)
+        return 2
+    server.ls.start_io()
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

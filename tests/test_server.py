@@ -1,0 +1,551 @@
+"""The language server end to end: a pytest-lsp client with VS Code's capabilities talks to
+`python -m matlint.server` over stdio."""
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+import pytest
+
+pytest.importorskip("pygls")
+pytest_lsp = pytest.importorskip("pytest_lsp")
+
+from lsprotocol import types as t  # noqa: E402
+from pytest_lsp import ClientServerConfig, LanguageClient, client_capabilities  # noqa: E402
+
+from pygls.protocol import default_converter  # noqa: E402
+
+from matlint.diagnostics import rule_url  # noqa: E402
+from matlint.registry import all_rules, get_rule  # noqa: E402
+
+
+SERVER = [sys.executable, "-m", "matlint.server"]
+
+# One MAT101 finding (a matmul per loop item) on line 6, after two characters that UTF-16
+# counts differently from code points (an astral emoji is 2 units, é is 1).
+LOOP = textwrap.dedent("""\
+    import torch
+    x = torch.randn(4, 3, 3)
+    w = torch.randn(3, 3)
+    ys = []
+    for i in range(4):
+        t = "😀é"; ys.append(x[i] @ w)
+    """)
+
+
+def utf16(text: str) -> int:
+    return len(text.encode("utf-16-le")) // 2
+
+
+def write_project(root: Path, table: str = "") -> Path:
+    root.mkdir(parents=True, exist_ok=True)
+    (root / "pyproject.toml").write_text(f"[project]\nname = 'p'\n\n[tool.matlint]\n{table}\n", encoding="utf-8")
+    return root
+
+
+@pytest.fixture
+def workspace(tmp_path):
+    """Two workspace folders with their own [tool.matlint]: `a` has the defaults, `b` ignores MAT101."""
+    write_project(tmp_path / "a")
+    write_project(tmp_path / "b", 'ignore = ["MAT101"]')
+    return tmp_path
+
+
+def make_client() -> LanguageClient:
+    """pytest-lsp's client, also recording the version of published diagnostics and the
+    server's dynamic registrations."""
+    from pytest_lsp.client import DEFAULT_CLIENT_FEATURES, register_lsp_features
+
+    client = LanguageClient(converter_factory=default_converter)
+    client.versions, client.publish_counts, client.registrations = {}, {}, []
+
+    def publish_diagnostics(client: LanguageClient, params: t.PublishDiagnosticsParams):
+        client.diagnostics[params.uri] = params.diagnostics
+        client.versions[params.uri] = params.version
+        client.publish_counts[params.uri] = client.publish_counts.get(params.uri, 0) + 1
+
+    def register_capability(client: LanguageClient, params: t.RegistrationParams):
+        client.registrations.extend(params.registrations)
+
+    register_lsp_features(client, {**DEFAULT_CLIENT_FEATURES,
+                                   t.TEXT_DOCUMENT_PUBLISH_DIAGNOSTICS: publish_diagnostics,
+                                   t.CLIENT_REGISTER_CAPABILITY: register_capability})
+    return client
+
+
+@pytest_lsp.fixture(config=ClientServerConfig(server_command=SERVER, client_factory=make_client))
+async def client(lsp_client: LanguageClient, workspace):
+    lsp_client.set_configuration({"matlint": {"severity": {"MAT5": "information"}}})
+    lsp_client.set_configuration({"matlint": {"severity": {"MAT1": "error"}}},
+                                 scope_uri=(workspace / "b").as_uri())
+    await lsp_client.initialize_session(t.InitializeParams(
+        capabilities=client_capabilities("visual-studio-code"),
+        root_uri=workspace.as_uri(),
+        workspace_folders=[t.WorkspaceFolder(uri=(workspace / n).as_uri(), name=n) for n in ("a", "b")],
+    ))
+    yield
+    await lsp_client.shutdown_session()
+
+
+# -- a little editor ----------------------------------------------------------------------------
+
+class Editor:
+    """Keeps the client-side text of documents and sends the notifications VS Code sends."""
+
+    def __init__(self, client: LanguageClient):
+        self.client = client
+        self.texts: dict = {}
+        self.versions: dict = {}
+        self.seen: dict = {}  # uri -> number of publications already returned
+
+    def open(self, path: Path, text: str) -> str:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(text, encoding="utf-8")
+        uri = path.as_uri()
+        self.texts[uri], self.versions[uri] = text, 1
+        self.client.text_document_did_open(t.DidOpenTextDocumentParams(
+            text_document=t.TextDocumentItem(uri=uri, language_id="python", version=1, text=text)))
+        return uri
+
+    def change(self, uri: str, text: str) -> int:
+        self.versions[uri] += 1
+        self.texts[uri] = text
+        self.client.text_document_did_change(t.DidChangeTextDocumentParams(
+            text_document=t.VersionedTextDocumentIdentifier(uri=uri, version=self.versions[uri]),
+            content_changes=[t.TextDocumentContentChangeWholeDocument(text=text)]))
+        return self.versions[uri]
+
+    def apply(self, edit: t.WorkspaceEdit) -> str:
+        """Applies a workspace edit as VS Code does (checking the document version) and sends it."""
+        (change,) = edit.document_changes
+        uri = change.text_document.uri
+        assert change.text_document.version == self.versions[uri]
+        text = apply_text_edits(self.texts[uri], change.edits)
+        self.change(uri, text)
+        return text
+
+    async def diagnostics(self, uri: str, version=None, timeout: float = 10.0) -> list:
+        """The next diagnostics published for `uri` (for `version` when given) that this
+        editor has not returned yet."""
+        def ready():
+            count = self.client.publish_counts.get(uri, 0)
+            if count > self.seen.get(uri, 0) and (version is None or self.client.versions.get(uri) == version):
+                self.seen[uri] = count
+                return True
+            return False
+
+        async def wait():
+            while not ready():
+                await self.client.wait_for_notification(t.TEXT_DOCUMENT_PUBLISH_DIAGNOSTICS)
+            return list(self.client.diagnostics[uri])
+        return await asyncio.wait_for(wait(), timeout)
+
+
+def offset_of(text: str, position: t.Position) -> int:
+    """Character offset of a UTF-16 position (lines split at \\r\\n, \\r, \\n as LSP does)."""
+    import re
+
+    starts = [0] + [m.end() for m in re.finditer(r"\r\n|\r|\n", text)]
+    start = starts[position.line]
+    units = 0
+    index = start
+    while units < position.character:
+        units += utf16(text[index])
+        index += 1
+    return index
+
+
+def apply_text_edits(text: str, edits) -> str:
+    spans = sorted(((offset_of(text, e.range.start), offset_of(text, e.range.end), e.new_text) for e in edits),
+                   reverse=True)
+    for start, end, new in spans:
+        text = text[:start] + new + text[end:]
+    return text
+
+
+@pytest.fixture
+def editor(client):
+    return Editor(client)
+
+
+def by_code(diagnostics, code):
+    return [d for d in diagnostics if d.code == code]
+
+
+async def code_actions(client, uri, diagnostic=None, only=None, rng=None):
+    rng = rng or diagnostic.range
+    return await client.text_document_code_action_async(t.CodeActionParams(
+        text_document=t.TextDocumentIdentifier(uri=uri), range=rng,
+        context=t.CodeActionContext(diagnostics=[diagnostic] if diagnostic else [], only=only)))
+
+
+# -- diagnostics ------------------------------------------------------------------------------
+
+@pytest.mark.asyncio
+async def test_diagnostics_have_utf16_ranges_code_link_and_source(client, editor, workspace):
+    uri = editor.open(workspace / "a" / "model.py", LOOP)
+    diagnostics = await editor.diagnostics(uri, version=1)
+    (d,) = by_code(diagnostics, "MAT101")
+    line = LOOP.splitlines()[5]
+    start = line.index("x[i] @ w")
+    assert d.range.start == t.Position(line=5, character=utf16(line[:start]))
+    assert d.range.end == t.Position(line=5, character=utf16(line[:start + len("x[i] @ w")]))
+    assert utf16(line[:start]) == start + 1  # the emoji really shifts the UTF-16 column
+    assert d.source == "matlint"
+    assert d.code_description.href == rule_url("MAT101")
+    assert d.severity == t.DiagnosticSeverity.Warning
+    assert "once per iteration" in d.message
+
+
+@pytest.mark.asyncio
+async def test_syntax_error_is_an_error_diagnostic_and_clears_when_fixed(client, editor, workspace):
+    broken = "import torch\ndef f(x)\n    return x @ x\n"
+    uri = editor.open(workspace / "a" / "broken.py", broken)
+    (d,) = await editor.diagnostics(uri, version=1)
+    assert (d.code, d.severity, d.range.start.line) == ("MAT001", t.DiagnosticSeverity.Error, 1)
+    version = editor.change(uri, broken.replace("(x)", "(x):"))
+    assert await editor.diagnostics(uri, version=version) == []
+
+
+@pytest.mark.asyncio
+async def test_last_edit_of_a_burst_is_published(client, editor, workspace):
+    uri = editor.open(workspace / "a" / "burst.py", "import torch\n")
+    await editor.diagnostics(uri, version=1)
+    for n in range(8):
+        version = editor.change(uri, LOOP + "#" * n + "\n")
+    diagnostics = await editor.diagnostics(uri, version=version)
+    assert [d.code for d in diagnostics] == ["MAT101"]
+
+
+@pytest.mark.asyncio
+async def test_config_is_per_workspace_folder_and_reloaded(client, editor, workspace):
+    uri_a = editor.open(workspace / "a" / "m.py", LOOP)
+    uri_b = editor.open(workspace / "b" / "pkg" / "m.py", LOOP)
+    assert [d.code for d in await editor.diagnostics(uri_a, version=1)] == ["MAT101"]
+    assert await editor.diagnostics(uri_b, version=1) == []
+    for _ in range(50):  # the registration is an asynchronous request of the server's
+        if client.registrations:
+            break
+        await asyncio.sleep(0.1)
+    (watch,) = [r for r in client.registrations if r.method == t.WORKSPACE_DID_CHANGE_WATCHED_FILES]
+    globs = [w["globPattern"] for w in watch.register_options["watchers"]]
+    assert "**/pyproject.toml" in globs
+
+    write_project(workspace / "b", "")
+    client.workspace_did_change_watched_files(t.DidChangeWatchedFilesParams(changes=[
+        t.FileEvent(uri=(workspace / "b" / "pyproject.toml").as_uri(), type=t.FileChangeType.Changed)]))
+    (d,) = await editor.diagnostics(uri_b, version=1)
+    assert d.code == "MAT101"
+    assert d.severity == t.DiagnosticSeverity.Error  # folder b's client setting: MAT1 -> error
+
+
+@pytest.mark.asyncio
+async def test_bad_config_is_reported_and_linting_goes_on(client, editor, workspace):
+    write_project(workspace / "c", 'select = ["NOPE"]')
+    uri = editor.open(workspace / "c" / "m.py", LOOP)
+    diagnostics = await editor.diagnostics(uri, version=1)
+    assert [d.code for d in diagnostics] == ["MAT101"]  # linted with the defaults
+    (message,) = [m for m in client.messages if m.type == t.MessageType.Error]
+    assert "select" in message.message and str(workspace / "c" / "pyproject.toml") in message.message
+
+
+@pytest.mark.asyncio
+async def test_client_severity_setting(client, editor, workspace):
+    source = textwrap.dedent(get_rule("MAT502").examples[0].code)
+    uri = editor.open(workspace / "a" / "train.py", source)
+    diagnostics = await editor.diagnostics(uri, version=1)
+    assert diagnostics and {d.severity for d in by_code(diagnostics, "MAT502")} == {t.DiagnosticSeverity.Information}
+
+
+# -- hover --------------------------------------------------------------------------------------
+
+async def hover(client, uri, line, character):
+    return await client.text_document_hover_async(t.HoverParams(
+        text_document=t.TextDocumentIdentifier(uri=uri), position=t.Position(line=line, character=character)))
+
+
+@pytest.mark.asyncio
+async def test_hover_on_a_finding_shows_the_rule_docs(client, editor, workspace):
+    uri = editor.open(workspace / "a" / "m.py", LOOP)
+    (d,) = await editor.diagnostics(uri, version=1)
+    result = await hover(client, uri, d.range.start.line, d.range.start.character + 2)
+    rule = get_rule("MAT101")
+    assert result.contents.kind == t.MarkupKind.Markdown
+    assert rule.summary in result.contents.value
+    assert "## Use instead" in result.contents.value
+    assert d.message in result.contents.value
+    assert await hover(client, uri, 1, 2) is None  # `x = torch.randn`: no finding there
+
+
+@pytest.mark.asyncio
+async def test_hover_on_a_noqa_comment_shows_the_named_rules(client, editor, workspace):
+    source = "import torch\nx = 1  # noqa: MAT502, MAT101\n"
+    uri = editor.open(workspace / "a" / "n.py", source)
+    await editor.diagnostics(uri, version=1)
+    line = source.splitlines()[1]
+    on_502 = await hover(client, uri, 1, line.index("MAT502") + 3)
+    assert get_rule("MAT502").summary in on_502.contents.value
+    assert get_rule("MAT101").summary not in on_502.contents.value
+    on_noqa = await hover(client, uri, 1, line.index("noqa"))
+    assert get_rule("MAT502").summary in on_noqa.contents.value
+    assert get_rule("MAT101").summary in on_noqa.contents.value
+
+
+# -- code actions -----------------------------------------------------------------------------
+
+@pytest.mark.asyncio
+async def test_noqa_action_silences_the_finding(client, editor, workspace):
+    uri = editor.open(workspace / "a" / "m.py", LOOP)
+    (d,) = await editor.diagnostics(uri, version=1)
+    actions = await code_actions(client, uri, d)
+    (noqa,) = [a for a in actions if "noqa" in a.title]
+    assert noqa.kind == t.CodeActionKind.QuickFix
+    text = editor.apply(noqa.edit)
+    assert text.splitlines()[5].endswith("  # noqa: MAT101")
+    assert await editor.diagnostics(uri, version=editor.versions[uri]) == []
+
+
+def _examples_with_fix(safe: bool):
+    for rule in all_rules():
+        for example in rule.examples:
+            if example.fixed is not None and example.unsafe != safe and len(example.expect) == 1:
+                yield rule, example
+
+
+async def _check_fix_action(client, editor, workspace, safe: bool):
+    cases = list(_examples_with_fix(safe))
+    if not cases:
+        pytest.skip(f"no rule has an example with a single {'safe' if safe else 'unsafe'} fix yet")
+    for n, (rule, example) in enumerate(cases):
+        uri = editor.open(workspace / "a" / f"fix_{n}.py", example.code)
+        diagnostics = by_code(await editor.diagnostics(uri, version=1), rule.code)
+        (d,) = diagnostics
+        actions = [a for a in await code_actions(client, uri, d, only=[t.CodeActionKind.QuickFix])
+                   if "noqa" not in a.title]
+        (action,) = actions
+        assert action.kind == t.CodeActionKind.QuickFix
+        assert bool(action.is_preferred) == safe
+        assert ("unsafe" in action.title) != safe
+        assert editor.apply(action.edit) == example.fixed_code
+        after = await editor.diagnostics(uri, version=editor.versions[uri])
+        assert not [x for x in by_code(after, rule.code) if x.range == d.range]
+
+
+@pytest.mark.asyncio
+async def test_unsafe_fix_is_labelled_and_applies(client, editor, workspace):
+    await _check_fix_action(client, editor, workspace, safe=False)
+
+
+@pytest.mark.asyncio
+async def test_safe_fix_is_preferred_and_applies(client, editor, workspace):
+    await _check_fix_action(client, editor, workspace, safe=True)
+
+
+@pytest.mark.asyncio
+async def test_fix_all_applies_every_safe_fix(client, editor, workspace):
+    from matlint.api import lint_text
+    from matlint.fixes import fix_until_stable
+
+    cases = list(_examples_with_fix(True))
+    if not cases:
+        pytest.skip("no rule has a safe fix yet")
+    source = cases[0][1].code
+    uri = editor.open(workspace / "a" / "fixall.py", source)
+    await editor.diagnostics(uri, version=1)
+    actions = await code_actions(client, uri, rng=t.Range(start=t.Position(line=0, character=0),
+                                                           end=t.Position(line=0, character=0)),
+                                 only=["source.fixAll"])
+    (action,) = actions
+    assert action.kind == "source.fixAll.matlint"
+    expected, _, _ = fix_until_stable(source, lambda s: lint_text(s, "fixall.py"))
+    assert editor.apply(action.edit) == expected
+    after = await editor.diagnostics(uri, version=editor.versions[uri])
+    assert not [d for d in after if d.code == cases[0][0].code]
+
+
+@pytest.mark.asyncio
+async def test_no_fix_all_without_safe_fixes(client, editor, workspace):
+    uri = editor.open(workspace / "a" / "m.py", LOOP)
+    await editor.diagnostics(uri, version=1)
+    actions = await code_actions(client, uri, rng=t.Range(start=t.Position(line=0, character=0),
+                                                           end=t.Position(line=6, character=0)),
+                                 only=["source.fixAll"])
+    assert list(actions) == []
+
+
+# -- runtime report ---------------------------------------------------------------------------
+
+def runtime_finding(filename, row, message="`aten::mm` ran 64 times per step", savings=12.5, **evidence):
+    return {
+        "code": "MAT101", "message": message, "filename": filename,
+        "location": {"row": row, "column": 5}, "end_location": {"row": row, "column": 20},
+        "fix": None, "url": rule_url("MAT101"), "noqa_row": row,
+        "evidence": evidence or {"launches_per_step": 64, "shapes": "[3, 3] @ [3, 3]"},
+        "estimated_savings_ms": savings,
+    }
+
+
+@pytest.mark.asyncio
+async def test_runtime_report_is_shown_and_reloaded(client, editor, workspace):
+    report = workspace / "a" / ".matlint" / "runtime.json"
+    report.parent.mkdir()
+    report.write_text(json.dumps([runtime_finding("train.py", 3)]), encoding="utf-8")
+    source = "import os\nfor step in range(10):\n    out = step * 2\n"
+    uri = editor.open(workspace / "a" / "train.py", source)
+    (d,) = await editor.diagnostics(uri, version=1)
+    assert d.source == "matlint (runtime)"
+    assert d.range.start == t.Position(line=2, character=4)
+    assert "measured at run time" in d.message
+    assert "launches_per_step: 64" in d.message and "12.5 ms" in d.message
+    assert d.code == "MAT101" and d.code_description.href == rule_url("MAT101")
+
+    hover_text = (await hover(client, uri, 2, 6)).contents.value
+    assert "launches_per_step: 64" in hover_text and get_rule("MAT101").summary in hover_text
+
+    # The guard ran again: the report is an object now, with another finding.
+    report.write_text(json.dumps({"version": 1, "findings": [
+        runtime_finding(str(workspace / "a" / "train.py"), 2, message="per-step launches", savings=None,
+                        launches_per_step=9)]}), encoding="utf-8")
+    client.workspace_did_change_watched_files(t.DidChangeWatchedFilesParams(changes=[
+        t.FileEvent(uri=report.as_uri(), type=t.FileChangeType.Changed)]))
+    (d,) = await editor.diagnostics(uri, version=1)
+    assert d.range.start.line == 1 and "per-step launches" in d.message and "launches_per_step: 9" in d.message
+    assert " ms" not in d.message
+
+    # Deleted: its findings go away.
+    report.unlink()
+    client.workspace_did_change_watched_files(t.DidChangeWatchedFilesParams(changes=[
+        t.FileEvent(uri=report.as_uri(), type=t.FileChangeType.Deleted)]))
+    assert await editor.diagnostics(uri, version=1) == []
+
+
+@pytest.mark.asyncio
+async def test_runtime_report_path_setting_and_noqa(client, editor, workspace):
+    client.set_configuration({"matlint": {"runtimeReport": "out/guard.json"}},
+                             scope_uri=(workspace / "a").as_uri())
+    report = workspace / "a" / "out" / "guard.json"
+    report.parent.mkdir()
+    report.write_text(json.dumps([runtime_finding("t.py", 2), runtime_finding("t.py", 3)]), encoding="utf-8")
+    client.workspace_did_change_configuration(t.DidChangeConfigurationParams(settings=None))
+    uri = editor.open(workspace / "a" / "t.py", "import os\nx = 1\ny = 2  # noqa: MAT101\n")
+    (d,) = await editor.diagnostics(uri, version=1)
+    assert d.range.start.line == 1 and d.source == "matlint (runtime)"
+
+
+@pytest.mark.asyncio
+async def test_malformed_runtime_report_is_reported_and_serving_goes_on(client, editor, workspace):
+    report = workspace / "a" / ".matlint" / "runtime.json"
+    report.parent.mkdir()
+    report.write_text("{not json", encoding="utf-8")
+    uri = editor.open(workspace / "a" / "m.py", LOOP)
+    assert [d.code for d in await editor.diagnostics(uri, version=1)] == ["MAT101"]
+    assert any("runtime report" in m.message and "not valid JSON" in m.message for m in client.messages)
+
+    # Entries with missing fields are skipped, good ones shown.
+    report.write_text(json.dumps([{"code": "MAT101"}, runtime_finding("m.py", 2)]), encoding="utf-8")
+    client.workspace_did_change_watched_files(t.DidChangeWatchedFilesParams(changes=[
+        t.FileEvent(uri=report.as_uri(), type=t.FileChangeType.Changed)]))
+    diagnostics = await editor.diagnostics(uri, version=1)
+    assert sorted(d.source for d in diagnostics) == ["matlint", "matlint (runtime)"]
+
+
+# -- robustness and commands ------------------------------------------------------------------
+
+@pytest.mark.asyncio
+async def test_odd_requests_and_broken_text_are_survived(client, editor, workspace):
+    uri = editor.open(workspace / "a" / "m.py", LOOP)
+    await editor.diagnostics(uri, version=1)
+    # A document the server never saw, and a position past the end of the file.
+    missing = (workspace / "a" / "never_opened.py").as_uri()
+    assert await hover(client, missing, 0, 0) is None
+    assert await hover(client, uri, 999, 999) is None
+    # Garbage text (NUL bytes, lone surrogates cannot travel in JSON; NUL can).
+    version = editor.change(uri, "import torch\n\x00\x00 def (((\n")
+    (d,) = await editor.diagnostics(uri, version=version)
+    assert d.code == "MAT001"
+    version = editor.change(uri, LOOP)
+    assert [d.code for d in await editor.diagnostics(uri, version=version)] == ["MAT101"]
+
+
+@pytest.mark.asyncio
+async def test_check_workspace_command_publishes_closed_files(client, editor, workspace):
+    (workspace / "a" / "closed.py").write_text(LOOP, encoding="utf-8")
+    (workspace / "b" / "closed.py").write_text(LOOP, encoding="utf-8")
+    result = await client.workspace_execute_command_async(t.ExecuteCommandParams(
+        command="matlint.server.checkWorkspace", arguments=[]))
+    assert result == {"files": 2, "findings": 1}  # folder b ignores MAT101
+    diagnostics = client.diagnostics[(workspace / "a" / "closed.py").as_uri()]
+    assert [d.code for d in diagnostics] == ["MAT101"]
+    assert list(client.diagnostics[(workspace / "b" / "closed.py").as_uri()]) == []
+
+
+def test_malformed_messages_get_errors_and_the_server_keeps_serving(tmp_path):
+    """Bytes that are not JSON, a request with a wrong `method` type, unknown methods and
+    ill-typed params, each followed by real requests: the server answers every real one."""
+    def frame(message) -> bytes:
+        payload = message if isinstance(message, bytes) else json.dumps(message).encode()
+        return b"Content-Length: %d\r\n\r\n" % len(payload) + payload
+
+    def request(id_, method, params=None):
+        return {"jsonrpc": "2.0", "id": id_, "method": method, "params": params or {}}
+
+    def read(stream) -> dict:
+        length = None
+        while True:
+            line = stream.readline()
+            assert line, "the server closed its output"
+            if line.lower().startswith(b"content-length:"):
+                length = int(line.split(b":")[1])
+            elif line == b"\r\n":
+                return json.loads(stream.read(length))
+
+    def answer(proc, id_) -> dict:
+        """Reads messages until the response to `id_`."""
+        while True:
+            message = read(proc.stdout)
+            if message.get("id") == id_ and "method" not in message:
+                return message
+
+    uri = (tmp_path / "m.py").as_uri()
+    proc = subprocess.Popen(SERVER, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL)
+    try:
+        def send(*messages):
+            for message in messages:
+                proc.stdin.write(frame(message))
+            proc.stdin.flush()
+
+        send(b"{this is not json", {"jsonrpc": "2.0", "id": 0, "method": 5},
+             request(1, "initialize", {"processId": None, "rootUri": tmp_path.as_uri(), "capabilities": {}}))
+        assert "hoverProvider" in answer(proc, 1)["result"]["capabilities"]
+        send({"jsonrpc": "2.0", "method": "initialized", "params": {}},
+             request(2, "textDocument/hover", {"textDocument": 42, "position": "top"}))
+        assert answer(proc, 2)["error"]["code"] == -32602  # invalid params
+        send(request(3, "matlint/noSuchMethod"))
+        assert answer(proc, 3)["error"]["code"] == -32601  # method not found
+        send({"jsonrpc": "2.0", "method": "textDocument/didOpen", "params": {"textDocument": {"uri": uri}}},
+             {"jsonrpc": "2.0", "method": "textDocument/didOpen", "params": {"textDocument": {
+                 "uri": uri, "languageId": "python", "version": 1, "text": LOOP}}},
+             request(4, "textDocument/hover", {"textDocument": {"uri": uri}, "position": {"line": 5, "character": 27}}))
+        assert get_rule("MAT101").summary in answer(proc, 4)["result"]["contents"]["value"]
+        send(request(5, "shutdown", None))
+        assert "error" not in answer(proc, 5)
+        send({"jsonrpc": "2.0", "method": "exit"})
+        assert proc.wait(timeout=30) == 0
+    finally:
+        proc.kill()
+        proc.wait()
+
+
+def test_missing_pygls_gives_the_install_command(tmp_path):
+    """With pygls hidden, `python -m matlint.server` exits with the pip command to fix it."""
+    (tmp_path / "pygls").mkdir()
+    (tmp_path / "pygls" / "__init__.py").write_text("raise ImportError('hidden', name='pygls')\n")
+    env = dict(os.environ, PYTHONPATH=str(tmp_path))
+    proc = subprocess.run(SERVER, capture_output=True, text=True, timeout=60, env=env, stdin=subprocess.DEVNULL)
+    assert proc.returncode == 2
+    assert 'pip install "matlint[server]"' in proc.stderr
