@@ -34,8 +34,6 @@ NEWER_SYNTAX = (
     (re.compile(r"""\bf(["']).*\{[^}]*\1"""), (3, 12), "an f-string reusing its own quote inside `{}`"),
 )
 
-_FUNCTIONS = (ast.FunctionDef, ast.AsyncFunctionDef, ast.Lambda)
-_COMPREHENSIONS = (ast.ListComp, ast.SetComp, ast.GeneratorExp, ast.DictComp)
 
 
 def mentions_torch(data: bytes) -> bool:
@@ -105,6 +103,10 @@ class FileContext:
         self.findings.append(Finding(code, message, self.filename, row, col, end_row, end_col, fix, row))
 
 
+_SKIPPED = (ast.expr_context, ast.operator, ast.cmpop, ast.unaryop, ast.boolop)
+_AST = ast.AST
+
+
 class Walker:
     """One traversal of the tree, calling each enabled rule's visit_/leave_ handlers."""
 
@@ -115,54 +117,74 @@ class Walker:
         for rule in rules:
             for (kind, node_type), attrs in rule._handlers.items():
                 table = self.visit if kind == "visit" else self.leave
+                node_class = getattr(ast, node_type, None)
+                if node_class is None:
+                    continue
                 for attr in attrs:
-                    table.setdefault(node_type, []).append((rule, getattr(rule, attr)))
+                    table.setdefault(node_class, []).append((rule, getattr(rule, attr)))
+        self.special = {
+            ast.FunctionDef: self._walk_function, ast.AsyncFunctionDef: self._walk_function,
+            ast.Lambda: self._walk_function, ast.ClassDef: self._walk_class,
+            ast.For: self._walk_for, ast.AsyncFor: self._walk_for, ast.While: self._walk_while,
+            ast.ListComp: self._walk_comprehension, ast.SetComp: self._walk_comprehension,
+            ast.GeneratorExp: self._walk_comprehension, ast.DictComp: self._walk_comprehension,
+        }
 
-    def _call(self, table, node) -> None:
-        handlers = table.get(type(node).__name__)
-        if not handlers:
-            return
+    def _call(self, handlers, node) -> None:
         for rule, handler in handlers:
             self.ctx._current_code = rule.code
             handler(node)
 
     def walk(self, node: ast.AST) -> None:
-        ctx = self.ctx
-        self._call(self.visit, node)
-        ctx.parents.append(node)
-        if isinstance(node, _FUNCTIONS):
-            self._walk_function(node)
-        elif isinstance(node, ast.ClassDef):
-            self._walk_class(node)
-        elif isinstance(node, (ast.For, ast.AsyncFor)):
-            self._walk_all((node.target, node.iter))
-            self._in_loop(LoopInfo(node, ctx), node.body)
-            self._walk_all(node.orelse)
-        elif isinstance(node, ast.While):
-            self._in_loop(LoopInfo(node, ctx), [node.test] + node.body)
-            self._walk_all(node.orelse)
-        elif isinstance(node, _COMPREHENSIONS):
-            first = node.generators[0]
-            self.walk(first.iter)
-            inner = [first.target, *first.ifs]
-            for gen in node.generators[1:]:
-                inner.append(gen)
-            inner += [node.key, node.value] if isinstance(node, ast.DictComp) else [node.elt]
-            self._in_loop(LoopInfo(node, ctx), inner)
+        node_type = type(node)
+        handlers = self.visit.get(node_type)
+        if handlers:
+            self._call(handlers, node)
+        parents = self.ctx.parents
+        parents.append(node)
+        special = self.special.get(node_type)
+        if special is not None:
+            special(node)
         else:
-            for child in ast.iter_child_nodes(node):
-                self.walk(child)
-        ctx.parents.pop()
-        self._call(self.leave, node)
+            walk = self.walk
+            for field in node._fields:
+                value = getattr(node, field, None)
+                if isinstance(value, list):
+                    for item in value:
+                        if isinstance(item, _AST) and not isinstance(item, _SKIPPED):
+                            walk(item)
+                elif isinstance(value, _AST) and not isinstance(value, _SKIPPED):
+                    walk(value)
+        parents.pop()
+        handlers = self.leave.get(node_type)
+        if handlers:
+            self._call(handlers, node)
 
     def _walk_all(self, nodes) -> None:
         for child in nodes:
-            self.walk(child)
+            if child is not None:
+                self.walk(child)
 
     def _in_loop(self, loop: LoopInfo, nodes) -> None:
         self.ctx.loops.append(loop)
         self._walk_all(nodes)
         self.ctx.loops.pop()
+
+    def _walk_for(self, node) -> None:
+        self._walk_all((node.target, node.iter))
+        self._in_loop(LoopInfo(node, self.ctx), node.body)
+        self._walk_all(node.orelse)
+
+    def _walk_while(self, node) -> None:
+        self._in_loop(LoopInfo(node, self.ctx), [node.test] + node.body)
+        self._walk_all(node.orelse)
+
+    def _walk_comprehension(self, node) -> None:
+        first = node.generators[0]
+        self.walk(first.iter)
+        inner = [first.target, *first.ifs, *node.generators[1:]]
+        inner += [node.key, node.value] if isinstance(node, ast.DictComp) else [node.elt]
+        self._in_loop(LoopInfo(node, self.ctx), inner)
 
     def _walk_function(self, node) -> None:
         ctx = self.ctx

@@ -445,8 +445,11 @@ class _Inference:
             return LINEAR
         if qual == "torch.nn.ModuleList":
             return MODULE_LIST
-        if qual == "torch.nn.Parameter":
-            return self.expr(node.args[0]) if node.args else TENSOR
+        if qual in ("torch.nn.Parameter", "torch.nn.Buffer"):
+            return TENSOR
+        if module == "torch" and attr in ("Tensor", "FloatTensor", "LongTensor", "BoolTensor", "HalfTensor",
+                                          "BFloat16Tensor", "IntTensor", "DoubleTensor"):
+            return CPU_TENSOR
         if qual == "torch.utils.data.DataLoader":
             return LOADER
         if module == "torch.nn" and attr[:1].isupper():

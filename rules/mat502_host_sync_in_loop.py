@@ -176,6 +176,8 @@ class HostSyncInLoop(Rule):
         if isinstance(func, ast.Attribute) and func.attr in _SYNC_METHODS:
             self._method(node, func)
         elif isinstance(func, ast.Name) and self.ctx.qualname(func) is None and node.args:
+            if self._step_loop() is None:
+                return
             if func.id in _CONVERSIONS and len(node.args) == 1 and not node.keywords:
                 if self._is_device_tensor(node.args[0]):
                     self._report(node, f"`{func.id}(tensor)`", "convert after the loop, or keep the value on the device")
@@ -200,7 +202,7 @@ class HostSyncInLoop(Rule):
     # -- checks ---------------------------------------------------------------------
     def _method(self, node: ast.Call, func: ast.Attribute) -> None:
         receiver = func.value
-        if self._chain_already_synced(receiver):
+        if self._step_loop() is None or self._chain_already_synced(receiver):
             return
         kind = _kinds.kind_of(self.ctx, receiver)
         if kind in _NOT_SYNCED:
@@ -220,7 +222,7 @@ class HostSyncInLoop(Rule):
             self._report(node, "`.tolist()`", "collect results on the device and convert once after the loop")
 
     def _condition(self, test: ast.AST) -> None:
-        if not self.ctx.loops:
+        if not self.ctx.loops or self._step_loop() is None:
             return
         values = test.values if isinstance(test, ast.BoolOp) else [test]
         for value in values:
