@@ -13,6 +13,7 @@ import sys
 import threading
 import weakref
 from dataclasses import dataclass, field
+from typing import NamedTuple
 
 import torch
 from torch._C._autograd import _get_sequence_nr
@@ -136,8 +137,7 @@ def _first_tensor(value):
     return None
 
 
-@dataclass(frozen=True)
-class OpKey:
+class OpKey(NamedTuple):
     op: str                 # overload packet name, e.g. "mm"
     qualname: str           # e.g. "aten::mm"
     site: Site
@@ -232,6 +232,8 @@ class ModulePaths:
         return stack[-1][1] if stack else ""
 
     def _enter(self, module, args):
+        if torch.compiler.is_compiling():  # dynamo traces global hooks: give it nothing to trace
+            return
         try:
             stack = self._stack()
             if not stack:
@@ -244,6 +246,8 @@ class ModulePaths:
             pass
 
     def _leave(self, module, args, output):
+        if torch.compiler.is_compiling():
+            return
         try:
             stack = self._stack()
             if stack and stack[-1][0] is module:
@@ -433,6 +437,12 @@ class CaptureMode(TorchDispatchMode):
     def ignore_compile_internals(cls) -> bool:
         # Without this, an active mode makes torch.compile fall back to eager.
         return True
+
+    @classmethod
+    def _should_skip_dynamo(cls) -> bool:
+        # The handler never calls torch.compile, so it needs no torch._dynamo.disable wrapper,
+        # which would cost more per op than the recording itself.
+        return False
 
     def __init__(self, recorder: Recorder):
         super().__init__()

@@ -83,6 +83,7 @@ class Guard:
         self._finished = False
         self._atexit = False
         self._warmup_rec = None
+        self._noted_compiled = False
 
     # -- selection ---------------------------------------------------------------------------
     def selects(self, code: str) -> bool:
@@ -216,7 +217,12 @@ class Guard:
     def _attach(self) -> None:
         if self.recording:
             return
-        self.recorder.modules.install()
+        if _compiled_frames() == 0:
+            self.recorder.modules.install()
+        elif not self._noted_compiled:
+            # global module hooks would make dynamo recompile every compiled module
+            self.notes.append("module paths not recorded: torch.compile'd code was present")
+            self._noted_compiled = True
         if self.kernels and torch.cuda.is_available() and torch.cuda.is_initialized():
             self._start_profiler()
         self._mode = CaptureMode(self.recorder)
@@ -279,6 +285,16 @@ class Guard:
     def _report_at_exit(self) -> None:
         if not self._finished:
             self.finish()
+
+
+def _compiled_frames() -> int:
+    import sys
+
+    if "torch._dynamo" not in sys.modules:
+        return 0
+    from torch._dynamo.utils import counters
+
+    return counters["frames"]["ok"]
 
 
 def guard(func=None, **options):
