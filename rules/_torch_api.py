@@ -95,8 +95,9 @@ def as_gemm(ctx, node: ast.AST) -> Optional[Gemm]:
             name in GEMM_METHODS_NEEDING_TENSOR and _kinds.is_tensor(ctx, receiver))
         if is_gemm_method and args and not _kinds.is_non_tensor(ctx, receiver):
             if name in _ADD_FORMS:
-                return Gemm(node, name, args[:2], "." + name, method=True) if len(args) >= 2 else None
-            return Gemm(node, name, [receiver, args[0]], "." + name, method=True)
+                return Gemm(node, name, args[:2], "." + name, method=True) if len(args) == 2 else None
+            # tensor.matmul(other) takes one tensor; two arguments mean a module function (d2l.matmul(a, b))
+            return Gemm(node, name, [receiver, args[0]], "." + name, method=True) if len(args) == 1 else None
     # A Linear module applied to a tensor: self.proj(x), proj(x)
     if len(args) == 1 and not node.keywords and _kinds.kind_of(ctx, func) == _kinds.LINEAR:
         return Gemm(node, "nn.Linear", [args[0]], ctx.segment(func))
