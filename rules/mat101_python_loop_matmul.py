@@ -133,6 +133,20 @@ class PythonLoopMatmul(Rule):
                 y = xi @ xi.T
                 i += 1
             """, (6, 9)),
+        bad("""
+            import torch
+            def heads(q: torch.Tensor, k: torch.Tensor, n_heads: int):
+                return [torch.einsum("btd,bsd->bts", q[:, h], k[:, h]) for h in range(n_heads)]
+            """, (3, 13), message_contains='torch.einsum("bntd,bnsd->nbts", q, k)'),
+        good("""
+            import torch
+            import d2l
+            def rnn(inputs: torch.Tensor, W: torch.Tensor):
+                outs = []
+                for X in inputs:
+                    outs.append(d2l.matmul(X, W))
+                return outs
+            """),
         good("""
             import torch
             def forward(self, x):
@@ -384,7 +398,7 @@ class PythonLoopMatmul(Rule):
         generic = ("do all iterations in one call: `torch.matmul`/`bmm` with the loop's items as a batch "
                    "dimension, or `torch.einsum` with a batch index")
         if gemm.op == "einsum":
-            eq = self._batched_einsum(gemm.subscripts, batched) if dim0 else None
+            eq = self._batched_einsum(gemm.subscripts, batched) if plain else None
             return f'use one call: `torch.einsum("{eq}", {", ".join(items)})`' if eq else generic
         if gemm.op in ("nn.Linear", "linear") and plain and batched[0] is not None and len(present) == 1:
             call = gemm.spelling if gemm.op == "nn.Linear" else seg(gemm.node.func)
@@ -420,5 +434,7 @@ class PythonLoopMatmul(Rule):
         letter = next((c for c in _BATCH_LETTERS if c not in subscripts), None)
         if letter is None:
             return None
-        terms = [letter + t if b is not None else t for t, b in zip(terms, batched)]
+        if any(b is not None and b.dim > len(t) for t, b in zip(terms, batched)):
+            return None
+        terms = [t[:b.dim] + letter + t[b.dim:] if b is not None else t for t, b in zip(terms, batched)]
         return ",".join(terms) + "->" + letter + rhs
