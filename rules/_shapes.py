@@ -760,10 +760,10 @@ class FunctionShapes:
         body = owner.body if isinstance(owner.body, list) else [owner.body]
         self.counts = _assigned_names(body)
         env: dict = {}
-        if isinstance(owner, (ast.FunctionDef, ast.AsyncFunctionDef, ast.Lambda)):
-            env = self._parameters(owner)
         if init_mode:
             self._find_param_aliases(body)
+        if isinstance(owner, (ast.FunctionDef, ast.AsyncFunctionDef, ast.Lambda)):
+            env = self._parameters(owner)
         self.env = env
         if isinstance(owner, ast.Lambda):
             self.infer(owner.body)
@@ -795,7 +795,13 @@ class FunctionShapes:
         for a in every:
             shape = self.annotation_shape(a.annotation) if getattr(a, "annotation", None) else None
             single = self.counts.get(a.arg, 0) == 0
-            env[a.arg] = shape if shape is not None else Opaque(self.sym(a.arg) if single else None)
+            sym = self.sym(a.arg) if single else None
+            if shape is not None:
+                env[a.arg] = shape
+            elif isinstance(a.annotation, ast.Name) and a.annotation.id == "int":
+                env[a.arg] = IntVal(sym)
+            else:
+                env[a.arg] = Opaque(sym)
         for a in (args.vararg, args.kwarg):
             if a is not None:
                 env[a.arg] = None
@@ -816,7 +822,7 @@ class FunctionShapes:
         if qual.startswith("jaxtyping."):
             if len(items) != 2 or not isinstance(items[1], ast.Constant) or not isinstance(items[1].value, str):
                 return None
-            tokens = items[1].value.split()
+            tokens = re.findall(r"\([^)]*\)|\S+", items[1].value)
         else:
             tokens = []
             for item in items:
@@ -968,7 +974,7 @@ class FunctionShapes:
     def bind(self, target, value, value_node) -> None:
         if isinstance(target, ast.Name):
             name = target.id
-            single = self.counts.get(name, 0) <= 1
+            single = self.counts.get(name, 0) <= 1 and name != "_"
             if single:
                 if value is None or (isinstance(value, Opaque) and value.sym is None):
                     value = Opaque(self.sym(name))
@@ -1169,9 +1175,9 @@ class FunctionShapes:
                         return value
                     return IntVal(-d if isinstance(d, int) else (Sym(f"-{_atom(d)}", _scope_of(d)) if d is not None else None))
                 if isinstance(value, (Shape, Scalar)):
-                    return value if isinstance(value, Scalar) else replace(value, explicit=frozenset())
-            if isinstance(node.op, ast.Invert) and isinstance(value, Shape):
-                return replace(value, explicit=frozenset())
+                    return value
+            if isinstance(node.op, (ast.Invert, ast.Not)) and isinstance(value, Shape):
+                return value if isinstance(node.op, ast.Invert) else None
             return None
         if isinstance(node, ast.Compare):
             values = [self.infer(node.left)] + [self.infer(c) for c in node.comparators]
@@ -1546,7 +1552,9 @@ class FunctionShapes:
         else:
             size = kwargs.get("size")
             if size is None:
-                if len(args) == 1 and not isinstance(args[0], (IntVal, Opaque)):
+                if len(args) == 1 and isinstance(args[0], Opaque):
+                    return None  # a name that may hold a whole size tuple
+                if len(args) == 1 and not isinstance(args[0], IntVal):
                     size = args[0]
                 else:
                     if not all(isinstance(a, (IntVal, Opaque)) for a in args):
@@ -1748,7 +1756,7 @@ class FunctionShapes:
             reps = self._int_list(node, args, "repeats")
             if reps is None or s.leading or len(reps) < len(s.dims):
                 return None
-            dims = (None,) * (len(reps) - len(s.dims)) + s.dims
+            dims = (1,) * (len(reps) - len(s.dims)) + s.dims
             return make_shape([dim_product([r, d]) if r is not None else None for r, d in zip(reps, dims)])
         if name == "gather":
             index = args[1] if len(args) > 1 else kwargs.get("index")
@@ -1762,7 +1770,9 @@ class FunctionShapes:
             size = args[0] if args else kwargs.get("size")
             if isinstance(size, (IntVal, Opaque)) and name != "new_full" and len(args) > 1:
                 size = Seq(tuple(args))
-            dims = as_dims(size) if not isinstance(size, (IntVal, Opaque)) else ((as_dim(size),), False)
+            if isinstance(size, Opaque):
+                return None  # a name that may hold a whole size tuple
+            dims = as_dims(size) if not isinstance(size, IntVal) else ((size.dim,), False)
             return make_shape(dims[0], dims[1]) if dims else None
         if name in ("softmax", "log_softmax", "cumsum"):
             return s
@@ -1792,8 +1802,10 @@ class FunctionShapes:
                 literal_ones = [i for i, e in enumerate(node.args[0].elts) if _const_int(e) == 1] \
                     if isinstance(node.args[0], (ast.Tuple, ast.List)) else []
                 return op_view(s, dims[0], literal_ones)
-            if not isinstance(only, (IntVal, Opaque)):
-                return s if self._is_dtype(node.args[0]) else None
+            if isinstance(only, Opaque):
+                return None  # a name that may hold a whole size tuple
+            if not isinstance(only, IntVal):
+                return None  # view(dtype) rescales the last dim by the element sizes
         dims, literal_ones = [], []
         for arg_node, value in zip(node.args, args):
             if isinstance(arg_node, ast.Starred):
@@ -1809,10 +1821,6 @@ class FunctionShapes:
             dims.append(as_dim(value))
         return op_view(s, dims, literal_ones)
 
-    def _is_dtype(self, node) -> bool:
-        qual = self.ctx.qualname(node) or ""
-        return qual.startswith("torch.") and qual.count(".") == 1
-
     def _expand(self, s: Shape, node, args):
         if len(args) == 1 and isinstance(args[0], (Seq, SizeVal)):
             dims = as_dims(args[0])
@@ -1820,7 +1828,7 @@ class FunctionShapes:
                 return None
             sizes = list(dims[0])
         else:
-            if any(isinstance(a, ast.Starred) for a in node.args):
+            if any(isinstance(a, ast.Starred) for a in node.args) or (len(args) == 1 and not isinstance(args[0], IntVal)):
                 return None
             sizes = [as_dim(a) if isinstance(a, (IntVal, Opaque)) else None for a in args]
         if s.leading or len(sizes) < len(s.dims):

@@ -1,0 +1,391 @@
+"""The symbolic shape analysis (rules/_shapes.py): shape in, shape out, for every op it handles.
+
+Cases written with literal sizes are also run with torch, and the inferred shape must be the
+shape torch produces. Symbolic cases check the dims by name; unknown cases check the analysis
+says "unknown" instead of guessing."""
+import ast
+import textwrap
+
+import pytest
+
+from matlint.engine import lint_source
+from matlint.registry import _handlers
+from matlint.rule import Rule
+from matlint.rules._shapes import Shape, shape_of, value_of
+
+PRELUDE = "import torch\nimport torch.nn as nn\nimport torch.nn.functional as F\n"
+
+
+class Reveal(Rule):
+    """Reports the analysis' value for the argument of every `reveal(expr)` call."""
+    code = "MAT999"
+    name = "reveal"
+    summary = docs = ""
+
+    def visit_Call(self, node):
+        if isinstance(node.func, ast.Name) and node.func.id == "reveal":
+            self.ctx.shared.setdefault("revealed", []).append(value_of(self.ctx, node.args[0]))
+            self.report(node, "")
+
+
+Reveal._handlers = _handlers(Reveal)
+
+
+def revealed(source: str) -> list:
+    source = PRELUDE + textwrap.dedent(source)
+    out = []
+
+    class Collect(Reveal):
+        def visit_Call(self, node):
+            if isinstance(node.func, ast.Name) and node.func.id == "reveal":
+                out.append(value_of(self.ctx, node.args[0]))
+
+    Collect._handlers = _handlers(Collect)
+    findings = lint_source(source, "t.py", [Collect], prefilter=False)
+    assert not [f for f in findings if f.code == "MAT000"], findings
+    return out
+
+
+def inferred(setup: str, expr: str):
+    return revealed(f"{textwrap.dedent(setup)}\nreveal({expr})\n")[-1]
+
+
+# (setup with literal sizes, expression): the analysis must know the exact shape, and torch
+# must agree with it.
+CROSS_CHECKED = [
+    # constructors
+    ("", "torch.randn(2, 3)"),
+    ("", "torch.zeros((4, 1))"),
+    ("", "torch.ones([2, 3, 5])"),
+    ("", "torch.empty(size=(3,))"),
+    ("", "torch.rand(7)"),
+    ("", "torch.full((2, 2), 0.5)"),
+    ("", "torch.randint(0, 5, (6, 2))"),
+    ("", "torch.randint(5, (3,))"),
+    ("", "torch.arange(10)"),
+    ("", "torch.arange(2, 11, 3)"),
+    ("", "torch.linspace(0, 1, 5)"),
+    ("", "torch.eye(3)"),
+    ("", "torch.eye(2, 4)"),
+    ("", "torch.tensor([[1.0, 2.0], [3.0, 4.0], [5.0, 6.0]])"),
+    ("", "torch.tensor(3.0)"),
+    ("x = torch.randn(2, 3)", "torch.zeros_like(x)"),
+    ("x = torch.randn(2, 3)", "torch.randn_like(x)"),
+    ("x = torch.randn(2, 3)", "x.new_zeros(4, 5)"),
+    ("x = torch.randn(2, 3)", "x.new_ones((6,))"),
+    # view / reshape / -1
+    ("x = torch.randn(2, 3, 4)", "x.view(6, 4)"),
+    ("x = torch.randn(2, 3, 4)", "x.view(-1)"),
+    ("x = torch.randn(2, 3, 4)", "x.view(2, -1)"),
+    ("x = torch.randn(2, 3, 4)", "x.reshape(-1, 1)"),
+    ("x = torch.randn(2, 3, 4)", "x.reshape((4, -1))"),
+    ("x = torch.randn(2, 3, 4)", "torch.reshape(x, (3, 8))"),
+    ("x = torch.randn(2, 3, 4)", "x.view(*x.shape[:-1], 2, 2)"),
+    ("x = torch.randn(2, 3, 4)", "x.view(x.shape[:-1] + (2, -1))"),
+    ("x = torch.randn(2, 3, 4); y = torch.randn(6, 4)", "x.view_as(y)"),
+    # (un)squeeze, flatten
+    ("x = torch.randn(2, 3)", "x.unsqueeze(0)"),
+    ("x = torch.randn(2, 3)", "x.unsqueeze(-1)"),
+    ("x = torch.randn(2, 3)", "x.unsqueeze(1)"),
+    ("x = torch.randn(2, 3)", "torch.unsqueeze(x, -2)"),
+    ("x = torch.randn(2, 1, 3, 1)", "x.squeeze()"),
+    ("x = torch.randn(2, 1, 3, 1)", "x.squeeze(1)"),
+    ("x = torch.randn(2, 1, 3, 1)", "x.squeeze(-1)"),
+    ("x = torch.randn(2, 1, 3, 1)", "x.squeeze(0)"),
+    ("x = torch.randn(2, 1, 3, 1)", "x.squeeze((1, 3))"),
+    ("x = torch.randn(2, 3, 4, 5)", "x.flatten()"),
+    ("x = torch.randn(2, 3, 4, 5)", "x.flatten(1)"),
+    ("x = torch.randn(2, 3, 4, 5)", "x.flatten(1, 2)"),
+    ("x = torch.randn(2, 3, 4, 5)", "torch.flatten(x, start_dim=-2)"),
+    ("x = torch.randn(2, 3, 4, 5)", "nn.Flatten()(x)"),
+    # permute / transpose / .T / .mT
+    ("x = torch.randn(2, 3, 4)", "x.permute(2, 0, 1)"),
+    ("x = torch.randn(2, 3, 4)", "x.permute((1, 2, 0))"),
+    ("x = torch.randn(2, 3, 4)", "torch.permute(x, (0, 2, 1))"),
+    ("x = torch.randn(2, 3, 4)", "x.transpose(0, 2)"),
+    ("x = torch.randn(2, 3, 4)", "x.transpose(-2, -1)"),
+    ("x = torch.randn(2, 3, 4)", "torch.transpose(x, 0, 1)"),
+    ("x = torch.randn(2, 3, 4)", "x.swapaxes(0, 1)"),
+    ("x = torch.randn(2, 3)", "x.T"),
+    ("x = torch.randn(2, 3)", "x.t()"),
+    ("x = torch.randn(2, 3, 4)", "x.mT"),
+    # indexing
+    ("x = torch.randn(2, 3, 4)", "x[0]"),
+    ("x = torch.randn(2, 3, 4)", "x[:, 1]"),
+    ("x = torch.randn(2, 3, 4)", "x[..., 0]"),
+    ("x = torch.randn(2, 3, 4)", "x[:, None]"),
+    ("x = torch.randn(2, 3, 4)", "x[None]"),
+    ("x = torch.randn(2, 3, 4)", "x[..., None]"),
+    ("x = torch.randn(2, 3, 4)", "x[:, None, :, None]"),
+    ("x = torch.randn(2, 3, 4)", "x[1:, :2, ::2]"),
+    ("x = torch.randn(2, 3, 4)", "x[:, -1:]"),
+    ("x = torch.randn(2, 3, 4)", "x[0, ..., 1:3]"),
+    ("x = torch.randn(2, 3, 4)", "x[-1]"),
+    # reductions
+    ("x = torch.randn(2, 3, 4)", "x.sum()"),
+    ("x = torch.randn(2, 3, 4)", "x.sum(1)"),
+    ("x = torch.randn(2, 3, 4)", "x.sum(-1, keepdim=True)"),
+    ("x = torch.randn(2, 3, 4)", "x.mean(dim=(0, 2))"),
+    ("x = torch.randn(2, 3, 4)", "x.mean((1, 2), True)"),
+    ("x = torch.randn(2, 3, 4)", "torch.sum(x, dim=0)"),
+    ("x = torch.randn(2, 3, 4)", "torch.mean(x, -1, keepdim=True)"),
+    ("x = torch.randn(2, 3, 4)", "x.amax(dim=-1)"),
+    ("x = torch.randn(2, 3, 4)", "x.logsumexp(1)"),
+    ("x = torch.randn(2, 3, 4)", "x.argmax(-1)"),
+    ("x = torch.randn(2, 3, 4)", "x.argmax()"),
+    ("x = torch.randn(2, 3, 4)", "x.std(dim=0)"),
+    ("x = torch.randn(2, 3, 4)", "x.max(dim=1)[0]"),
+    ("x = torch.randn(2, 3, 4)", "x.max(-1).values"),
+    ("x = torch.randn(2, 3, 4)", "x.min(dim=0, keepdim=True).indices"),
+    ("x = torch.randn(2, 3, 4)", "x.max()"),
+    ("x = torch.randn(2, 3, 4)", "x.norm(dim=-1)"),
+    ("x = torch.randn(2, 3, 4)", "x.norm(dim=-1, keepdim=True)"),
+    ("x = torch.randn(2, 3, 4)", "torch.linalg.norm(x, dim=1)"),
+    ("x = torch.randn(2, 3, 4)", "torch.linalg.vector_norm(x, dim=-1, keepdim=True)"),
+    ("x = torch.randn(2, 3, 4)", "x.topk(2, dim=1)[0]"),
+    ("x = torch.randn(2, 3, 4)", "x.sort(dim=-1).values"),
+    # matmul / @ / bmm / mm / einsum / linear
+    ("a = torch.randn(2, 3); b = torch.randn(3, 5)", "a @ b"),
+    ("a = torch.randn(2, 3); b = torch.randn(3, 5)", "torch.mm(a, b)"),
+    ("a = torch.randn(4, 2, 3); b = torch.randn(4, 3, 5)", "torch.bmm(a, b)"),
+    ("a = torch.randn(4, 2, 3); b = torch.randn(4, 3, 5)", "a.bmm(b)"),
+    ("a = torch.randn(4, 1, 2, 3); b = torch.randn(6, 3, 5)", "torch.matmul(a, b)"),
+    ("a = torch.randn(3); b = torch.randn(3)", "a @ b"),
+    ("a = torch.randn(3); b = torch.randn(4, 3, 5)", "a @ b"),
+    ("a = torch.randn(4, 2, 3); b = torch.randn(3)", "a @ b"),
+    ("a = torch.randn(4, 2, 3); b = torch.randn(4, 3, 5)", "a.matmul(b)"),
+    ("a = torch.randn(4, 2, 3); b = torch.randn(4, 5, 3)", "torch.einsum('bij,bkj->bik', a, b)"),
+    ("a = torch.randn(2, 3); b = torch.randn(3, 5)", "torch.einsum('ij,jk', a, b)"),
+    ("a = torch.randn(7, 4, 2, 3)", "torch.einsum('...ij->...ji', a)"),
+    ("a = torch.randn(2, 3); b = torch.randn(3, 5)", "torch.einsum('ij,jk->ik', [a, b])"),
+    ("a = torch.randn(5); b = torch.randn(3)", "torch.outer(a, b)"),
+    ("x = torch.randn(2, 8, 3); w = torch.randn(5, 3)", "F.linear(x, w)"),
+    ("a = torch.randn(4, 6, 3); b = torch.randn(4, 5, 3)", "torch.cdist(a, b)"),
+    # cat / stack
+    ("a = torch.randn(2, 3); b = torch.randn(2, 5)", "torch.cat([a, b], dim=1)"),
+    ("a = torch.randn(2, 3); b = torch.randn(4, 3)", "torch.cat((a, b))"),
+    ("a = torch.randn(2, 3); b = torch.randn(2, 3)", "torch.stack([a, b])"),
+    ("a = torch.randn(2, 3); b = torch.randn(2, 3)", "torch.stack([a, b], dim=-1)"),
+    ("a = torch.randn(2, 3); b = torch.randn(2, 3)", "torch.concat([a, b], -1)"),
+    # elementwise, activations, broadcasting
+    ("a = torch.randn(4, 1); b = torch.randn(4)", "a - b"),
+    ("a = torch.randn(4, 1); b = torch.randn(3)", "a * b"),
+    ("a = torch.randn(2, 1, 3); b = torch.randn(5, 1)", "a + b"),
+    ("a = torch.randn(2, 3)", "a * 2.0 + 1"),
+    ("a = torch.randn(2, 3)", "-a"),
+    ("a = torch.randn(2, 3)", "a ** 2"),
+    ("a = torch.randn(2, 3); b = torch.randn(3)", "a > b"),
+    ("a = torch.randn(2, 3); b = torch.randn(3)", "torch.sub(a, b)"),
+    ("a = torch.randn(2, 3); b = torch.randn(2, 1)", "a.mul(b)"),
+    ("a = torch.randn(2, 3); b = torch.randn(2, 1)", "torch.maximum(a, b)"),
+    ("a = torch.randn(2, 3); b = torch.randn(2, 1)", "torch.where(a > 0, a, b)"),
+    ("a = torch.randn(2, 3)", "a.masked_fill(a > 0, 0.0)"),
+    ("a = torch.randn(2, 3)", "F.relu(a)"),
+    ("a = torch.randn(2, 3)", "F.gelu(a).sigmoid().float()"),
+    ("a = torch.randn(2, 3)", "torch.tanh(a)"),
+    ("a = torch.randn(2, 3)", "F.softmax(a, dim=-1)"),
+    ("a = torch.randn(2, 3)", "a.softmax(-1)"),
+    ("a = torch.randn(2, 3)", "F.dropout(a, 0.1)"),
+    ("a = torch.randn(2, 3)", "a.exp().clamp(min=0).detach().contiguous()"),
+    ("a = torch.randn(2, 3)", "a.cumsum(1)"),
+    ("a = torch.randn(2, 1)", "a.expand(2, 5)"),
+    ("a = torch.randn(2, 1)", "a.expand(3, -1, 4)"),
+    ("a = torch.randn(2, 1); b = torch.randn(2, 6)", "a.expand_as(b)"),
+    ("a = torch.randn(2, 3)", "a.repeat(2, 2)"),
+    ("a = torch.randn(2, 3)", "a.repeat(4, 1, 1)"),
+    ("a = torch.randn(2, 3); i = torch.zeros(2, 1, dtype=torch.long)", "a.gather(1, i)"),
+    ("i = torch.randint(0, 5, (2, 3))", "F.one_hot(i, 5)"),
+    ("q = torch.randn(2, 4, 6, 8); v = torch.randn(2, 4, 6, 3)", "F.scaled_dot_product_attention(q, q[..., :8], v)"),
+    # modules
+    ("lin = nn.Linear(3, 5); x = torch.randn(2, 7, 3)", "lin(x)"),
+    ("lin = nn.Linear(3, 1); x = torch.randn(4, 3)", "lin(x)"),
+    ("lin = nn.Linear(in_features=3, out_features=6); x = torch.randn(3)", "lin(x)"),
+    ("mlp = nn.Sequential(nn.Linear(3, 8), nn.ReLU(), nn.Dropout(0.1), nn.Linear(8, 1)); x = torch.randn(5, 3)", "mlp(x)"),
+    ("emb = nn.Embedding(10, 4); i = torch.randint(0, 10, (2, 6))", "emb(i)"),
+    ("norm = nn.LayerNorm(4); x = torch.randn(2, 4)", "norm(x)"),
+    ("act = nn.GELU(); x = torch.randn(2, 4)", "act(x)"),
+    # sizes read from tensors
+    ("x = torch.randn(2, 3, 4); B, T, C = x.shape", "torch.zeros(B, C)"),
+    ("x = torch.randn(2, 3, 4); n = x.size(1)", "torch.ones(n, n)"),
+    ("x = torch.randn(2, 3, 4)", "torch.zeros(x.shape[0], len(x), x.size(-1))"),
+    ("x = torch.randn(2, 3, 4)", "torch.zeros(x.shape)"),
+    ("x = torch.randn(2, 3, 4)", "torch.zeros(x.size()[1:])"),
+    ("x = torch.randn(2, 3, 4); B, T, C = x.shape", "x.view(B * T, C // 2, 2)"),
+]
+
+
+def _as_tuple(value):
+    assert isinstance(value, Shape), value
+    assert value.known, value
+    assert all(isinstance(d, int) for d in value.dims), value
+    return value.dims
+
+
+@pytest.mark.parametrize("setup, expr", CROSS_CHECKED, ids=[e for _, e in CROSS_CHECKED])
+def test_shape_matches_torch(setup, expr):
+    torch = pytest.importorskip("torch")
+    got = _as_tuple(inferred(setup.replace("; ", "\n"), expr))
+    namespace: dict = {}
+    torch.manual_seed(0)
+    exec(PRELUDE + setup.replace("; ", "\n") + f"\n__result = {expr}\n", namespace)
+    result = namespace["__result"]
+    assert tuple(result.shape) == got
+
+
+# Symbolic sizes: (source ending in reveal(...), expected shape as written by the analysis).
+SYMBOLIC = [
+    ("def f(x):\n    B, T, C = x.shape\n    reveal(x)", "(B, T, C)"),
+    ("def f(x):\n    B, T, C = x.size()\n    reveal(x.view(B, T, 4, C // 4).transpose(1, 2))", "(B, 4, T, C // 4)"),
+    ("def f(x, n_head):\n    B, T, C = x.shape\n    q = x.view(B, T, n_head, C // n_head).transpose(1, 2)\n"
+     "    reveal(q @ q.transpose(-2, -1))", "(B, n_head, T, T)"),
+    ("def f(x):\n    B, T, C = x.shape\n    reveal(x.reshape(-1, C))", "(B * T, C)"),
+    ("def f(x):\n    B, T, C = x.shape\n    reveal(x.view(T * B, C).view(B, T, -1))", "(B, T, C)"),
+    ("def f(x):\n    B, T, C = x.shape\n    reveal(x.flatten(0, 1))", "(B * T, C)"),
+    ("def f(x):\n    *_, T, C = x.shape\n    reveal(x)", "(..., T, C)"),
+    ("def f(x):\n    B, T = x.shape\n    reveal(torch.cat([x, x], dim=1))", "(B, T + T)"),
+    ("def f(x):\n    B, T = x.shape\n    reveal(x.sum(-1, keepdim=True))", "(B, 1)"),
+    ("def f(x):\n    B, T = x.shape\n    reveal(torch.einsum('bt,bs->bts', x, x))", "(B, T, T)"),
+    ("def f(N: int):\n    reveal(torch.randn(N, 1) - torch.randn(N))", "(N, N)"),
+    ("def f(x):\n    assert x.shape == (8, 16)\n    reveal(x)", "(8, 16)"),
+    ("def f(x, B, T):\n    assert tuple(x.shape) == (B, T)\n    reveal(x.mT)", "(T, B)"),
+    ("def f(x):\n    assert x.ndim == 3\n    reveal(x)", "(?, ?, ?)"),
+    ("def f(x):\n    assert x.dim() == 2\n    reveal(x.unsqueeze(-1))", "(?, ?, 1)"),
+    ("def f(x, y):\n    B, T = y.shape\n    assert x.shape == y.shape\n    reveal(x)", "(B, T)"),
+    ("def f(x):\n    n = x.size(0)\n    reveal(torch.zeros(n, 3))", "(n, 3)"),
+    ("def f(x, k):\n    reveal(torch.randn(2, 3).view(-1, k))", "(?, k)"),
+    ("from jaxtyping import Float\nfrom torch import Tensor\n"
+     "def f(x: Float[Tensor, 'batch seq 1']):\n    reveal(x)", "(batch, seq, 1)"),
+    ("from jaxtyping import Float\nfrom torch import Tensor\n"
+     "def f(x: Float[Tensor, '*batch dim']):\n    reveal(x)", "(..., dim)"),
+    ("from jaxtyping import Float\nfrom torch import Tensor\n"
+     "def f(x: Float[Tensor, 'b _ #c (h w)']):\n    reveal(x)", "(b, ?, ?, ?)"),
+    ("from torchtyping import TensorType\n"
+     "def f(x: TensorType['batch', 3, float]):\n    reveal(x)", "(batch, 3)"),
+    ("from torchtyping import TensorType\n"
+     "def f(x: TensorType[..., 'channels']):\n    reveal(x)", "(..., channels)"),
+    ("def f(x):\n    y: 'unused' = x\n    reveal(torch.zeros(3) if x else torch.zeros(3))", "(3,)"),
+    ("def f(x, d):\n    lin = nn.Linear(d, 1)\n    reveal(lin(x))", "(..., 1)"),
+    ("def f(x, d):\n    conv = nn.Conv2d(3, d, 3)\n    reveal(conv(x))", "(..., d, ?, ?)"),
+    ("class M(nn.Module):\n    def __init__(self, d, n_embd):\n        super().__init__()\n"
+     "        self.n_embd = n_embd\n        self.fc = nn.Linear(d, n_embd)\n"
+     "    def forward(self, x):\n        B, T, _ = x.shape\n        reveal(self.fc(x).view(B, T, self.n_embd))",
+     "(B, T, self.n_embd)"),
+    ("class M(nn.Module):\n    def __init__(self, cfg):\n        super().__init__()\n"
+     "        self.head = nn.Sequential(nn.Linear(cfg.d, cfg.d), nn.Tanh(), nn.Linear(cfg.d, 1))\n"
+     "    def forward(self, x):\n        reveal(self.head(x))", "(..., 1)"),
+    ("class M(nn.Module):\n    def __init__(self, cfg):\n        super().__init__()\n"
+     "        self.cfg = cfg\n        self.proj = nn.Linear(cfg.d, cfg.hidden)\n"
+     "    def forward(self, x):\n        reveal(self.proj(x))", "(..., self.cfg.hidden)"),
+]
+
+
+@pytest.mark.parametrize("source, expected", SYMBOLIC, ids=[e for _, e in SYMBOLIC])
+def test_symbolic_shapes(source, expected):
+    value = revealed(source)[-1]
+    assert isinstance(value, Shape), value
+    assert str(value) == expected
+
+
+# Where the analysis must answer "unknown" (None) rather than guess.
+UNKNOWN = [
+    "def f(x):\n    reveal(x)",                                   # a parameter
+    "def f(x):\n    reveal(x + 1)",
+    "def f(x, shape):\n    reveal(x.view(shape))",               # `shape` may be a whole tuple
+    "def f(shape):\n    reveal(torch.zeros(shape))",
+    "def f(x, idx):\n    reveal(torch.randn(3, 4)[idx])",         # advanced indexing
+    "def f(B: int):\n    reveal(torch.randn(B, 1).squeeze())",   # B may be 1
+    "def f(n: int):\n    reveal(torch.randn(3, n).squeeze(1))",
+    "def f(n):\n    y = torch.randn(3)\n    if n:\n        y = torch.randn(4)\n    reveal(y)",
+    "def f(xs):\n    y = torch.randn(3)\n    for x in xs:\n        y = torch.cat([y, x])\n    reveal(y)",
+    "def f(xs):\n    y = torch.randn(3)\n    while xs:\n        y = y[None]\n    reveal(y)",
+    "def f(x):\n    y = torch.randn(3, 4)\n    reveal(y.permute(0, 2, 1))",  # wrong rank
+    "def f(x):\n    reveal(torch.randn(2, 3) @ x)",
+    "def f(x):\n    reveal(torch.randn(2, 3) * x)",             # x may be a tensor of any shape
+    "def f(x):\n    reveal(torch.randn(2, 3).view(torch.float16))",  # rescales the last dim
+    "def f(x):\n    reveal(torch.randn(2, 3)[x.bool()])",
+    "def f(x):\n    reveal(F.interpolate(torch.randn(1, 3, 8, 8), scale_factor=2))",
+    "def f(x):\n    reveal(torch.randn(2, 3).chunk(2)[0])",
+    "class M(nn.Module):\n    def __init__(self):\n        super().__init__()\n        self.fc = nn.Linear(3, 1)\n"
+    "    def reset(self):\n        self.fc = nn.Identity()\n    def forward(self, x):\n        reveal(self.fc(x))",
+    "def f(x):\n    t = torch.randn(2, 3)\n    t = t.unsqueeze(x)\n    reveal(t)",
+]
+
+
+@pytest.mark.parametrize("source", UNKNOWN)
+def test_unknown_is_not_guessed(source):
+    assert shape_or_none(revealed(source)[-1]) is None
+
+
+def shape_or_none(value):
+    return value if isinstance(value, Shape) else None
+
+
+def test_leading_unknown_dims_stay_unknown():
+    x = revealed("def f(x, d):\n    lin = nn.Linear(d, 4)\n    reveal(lin(x).transpose(0, 1))\n"
+                 "    reveal(lin(x).transpose(-1, -2))\n    reveal(lin(x).unsqueeze(-1))\n    reveal(lin(x)[0])\n"
+                 "    reveal(lin(x).sum(-1))")
+    assert x[0] is None                      # axis 0 of (..., 4) is not known
+    assert x[1] is None                      # (..., 4) may have rank 1
+    assert str(x[2]) == "(..., 4, 1)"
+    assert x[3] is None
+    assert x[4].leading and x[4].dims == ()
+
+
+# Intent: which size-1 axes the author asked for on purpose.
+EXPLICIT = [
+    ("x = torch.randn(4)", "x[:, None]", {-1}),
+    ("x = torch.randn(4)", "x.unsqueeze(1)", {-1}),
+    ("x = torch.randn(4)", "x[None, :]", {-2}),
+    ("x = torch.randn(4, 3)", "x.sum(-1, keepdim=True)", {-1}),
+    ("x = torch.randn(4, 3)", "x.view(-1, 1)", {-1}),
+    ("x = torch.randn(4, 3)", "x[:, -1:]", {-1}),
+    ("x = torch.randn(4)", "(x[:, None] * 2).float()", {-1}),
+    ("x = torch.randn(4)", "x[:, None].transpose(0, 1)", {-2}),
+    ("x = torch.randn(4)", "x[:, None] - x[None, :]", set()),
+    ("x = torch.randn(4, 1)", "x", set()),
+    ("lin = nn.Linear(3, 1); x = torch.randn(4, 3)", "lin(x)", set()),
+    ("x = torch.randn(4, 1, 1)", "x.squeeze(1)", set()),
+    ("x = torch.randn(4)", "x[:, None, None].squeeze(1)", {-1}),
+]
+
+
+@pytest.mark.parametrize("setup, expr, axes", EXPLICIT, ids=[e for _, e, _ in EXPLICIT])
+def test_explicit_singleton_axes(setup, expr, axes):
+    value = inferred(setup.replace("; ", "\n"), expr)
+    assert set(value.explicit) == axes
+
+
+def test_every_expression_in_a_function_is_recorded_once():
+    source = PRELUDE + "def f(N: int):\n    a = torch.randn(N, 1)\n    return (a - torch.randn(N)).mean()\n"
+    seen = []
+
+    class Count(Reveal):
+        def visit_BinOp(self, node):
+            seen.append((shape_of(self.ctx, node.left), shape_of(self.ctx, node.right), shape_of(self.ctx, node)))
+            seen.append(len([k for k in self.ctx.shared if k[0] == "shapes"]))
+
+    Count._handlers = _handlers(Count)
+    lint_source(source, "t.py", [Count], prefilter=False)
+    (a, b, result), analyses = seen
+    assert (str(a), str(b), str(result)) == ("(N, 1)", "(N,)", "(N, N)")
+    assert analyses == 1
+
+
+def test_names_with_different_values_are_different_symbols():
+    values = revealed("def f(x, y):\n    n = x.size(0)\n    m = y.size(0)\n    reveal(torch.zeros(n) - torch.zeros(m))\n"
+                      "    reveal(torch.zeros(n) - torch.zeros(n))")
+    assert str(values[0]) == "(?,)"      # n and m may differ: no claim
+    assert str(values[1]) == "(n,)"
+
+
+def test_names_assigned_twice_are_not_symbols():
+    values = revealed("def f(x):\n    n = x.size(0)\n    a = torch.zeros(n)\n    n = x.size(1)\n"
+                      "    reveal(a)\n    reveal(torch.zeros(n))")
+    assert str(values[0]) == "(?,)" and str(values[1]) == "(?,)"
+
+
+def test_init_symbols_do_not_meet_forward_symbols():
+    values = revealed("class M(nn.Module):\n    def __init__(self, n):\n        super().__init__()\n"
+                      "        self.fc = nn.Linear(3, n)\n    def forward(self, x, n: int):\n"
+                      "        reveal(self.fc(x))\n        reveal(torch.zeros(n))")
+    assert values[0].dims[-1] != values[1].dims[0]
