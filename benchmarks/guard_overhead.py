@@ -30,8 +30,7 @@ import torch.nn as nn
 import torch.nn.functional as F
 from torch.utils._python_dispatch import TorchDispatchMode
 
-sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
-import matlint.runtime_guard as rg  # noqa: E402
+import matlint.runtime_guard as rg
 
 DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
 RESULTS: dict = {"device": torch.cuda.get_device_name() if DEVICE == "cuda" else "cpu",
@@ -170,6 +169,14 @@ def overhead(name, make, steps_amortized):
     row["guard_after_window"] = med(guarded[4:]) / row["plain_ms"]
     row["guard_findings"] = sorted({f.code for f in g.findings})
     row["guard_errors"] = g.errors
+    if DEVICE == "cuda":
+        gk = rg.guard(window=3, warmup=1, json_path=None, report=False, estimate_savings=False, kernels=True)
+        with_kernels = timed_steps(step, 5, gk)
+        row["guard_kernels_observed"] = med(with_kernels[1:3]) / row["plain_ms"]
+        row["guard_kernels_window_close_ms"] = with_kernels[3] - row["plain_ms"]
+        rec = gk.recorder.rec
+        row["kernels_per_step"] = rec.kernels_total / max(rec.steps, 1)
+        row["kernels_attributed"] = 1 - rec.kernels_unattributed / max(rec.kernels_total, 1)
 
     from torch.utils.flop_counter import FlopCounterMode
 
@@ -352,7 +359,7 @@ def findings_and_savings(quick, have_tf):
     compare("loop (64 matmuls→bmm)", est(g5, "MAT101"), loop_ms, bmm_ms)
 
     loop_update, fe_update = sgd_loop_ms(False, quick), sgd_loop_ms(True, quick)
-    g6 = rg.guard(window=2, warmup=1, json_path=None, report=False)
+    g6 = rg.guard(window=2, warmup=1, json_path=None, report=False, kernels=True)
     with g6:
         for _ in range(4):
             loop_update()
@@ -373,7 +380,7 @@ def compile_check():
     model = TinyMLP().to(DEVICE)
     compiled = torch.compile(model)
     x = torch.randn(64, 256, device=DEVICE)
-    g = rg.guard(window=2, warmup=1, json_path=None, report=False, estimate_savings=False)
+    g = rg.guard(window=2, warmup=1, json_path=None, report=False, estimate_savings=False, kernels=True)
     with g:
         for _ in range(4):
             out = compiled(x)
@@ -401,6 +408,13 @@ def markdown() -> str:
         lines.append(f"| {name} | {r['plain_ms']:.2f} | {fmt(r['empty_mode'])} | {fmt(r['guard_observed'])} | "
                      f"{fmt(r['guard_after_window'])} | {r['guard_amortized']:.3f}× | {fmt(r['flop_counter'])} | "
                      f"{fmt(r['debug_mode'])} | {fmt(r['profiler_shapes_stacks'])} |")
+    lines += ["", "With kernels=True (profiler CUDA activity inside the window):", "",
+              "| model | observed step | window close ms | kernels/step | kernels attributed to a line |",
+              "|---|---|---|---|---|"]
+    for name, r in RESULTS["overhead"].items():
+        if "guard_kernels_observed" in r:
+            lines.append(f"| {name} | {r['guard_kernels_observed']:.2f}× | {r['guard_kernels_window_close_ms']:.0f} | "
+                         f"{r['kernels_per_step']:.0f} | {r['kernels_attributed']:.1%} |")
     lines += ["", "## Savings: estimate vs real gain after the fix (ms per step)", "",
               "| case | estimate | real | estimate/real | before | after |", "|---|---|---|---|---|---|"]
     for name, s in RESULTS["savings"].items():

@@ -453,7 +453,8 @@ class CaptureMode(TorchDispatchMode):
         recorder = self.recorder
         if recorder.enabled:
             try:
-                recorder.record(func, args, kwargs, out, dispatch_caller(sys._getframe(1)))
+                # f_back, not _getframe(1): on autograd's device threads no Python frame called us
+                recorder.record(func, args, kwargs, out, dispatch_caller(sys._getframe(0).f_back))
             except Exception as exc:  # never raised into the user's step
                 recorder.fail(exc)
         return out

@@ -53,7 +53,7 @@ class Guard:
         estimate_savings: bool = True,
         raise_on_findings: bool = False,
         report: bool = True,
-        kernels: bool = True,
+        kernels: bool = False,
         savings_budget_s: float = 3.0,
     ):
         if window < 1 or warmup < 0:
@@ -204,6 +204,9 @@ class Guard:
         self.recorder.new_step()
         if not self._in_window():
             self._detach()
+            if self._opt_hook is not None:
+                self._opt_hook.remove()
+                self._opt_hook = None
         self._ops_in_step = self.recording
 
     @staticmethod
