@@ -43,3 +43,10 @@ def test_examples_have_findings_and_their_fixed_twins_have_none():
         assert bad.returncode == 1 and bad.stdout.strip(), f"{original.name} should have findings:\n{bad.stdout}{bad.stderr}"
         good = _check([str(twin.relative_to(ROOT))])
         assert good.returncode == 0, f"{twin.name} should be clean:\n{good.stdout}{good.stderr}"
+
+
+def test_sources_run_on_python_3_9():
+    """matlint supports Python 3.9+: no syntax or stdlib API newer than that in the package."""
+    result = subprocess.run([str(Path(sys.executable).with_name("vermin")), "--no-tips", "--violations", "-t=3.9-",
+                             "matlint", "rules", "runtime_guard"], capture_output=True, text=True, cwd=ROOT)
+    assert result.returncode == 0, result.stdout + result.stderr
