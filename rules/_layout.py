@@ -1,0 +1,120 @@
+"""Memory layout of views: which expressions transpose or permute a tensor, into which dim
+order, and whether a view's strides are ones cuBLAS accepts without a copy.
+
+A permutation `perm` lists, for each dim of the view, the dim of the base it came from
+(`x.permute(0, 2, 1, 3)` is `(0, 2, 1, 3)`; `x.transpose(-2, -1)` on a rank-3 `x` is `(0, 2, 1)`).
+"""
+from __future__ import annotations
+
+import ast
+from dataclasses import dataclass
+from typing import Optional
+
+from . import _kinds
+from ._shapes import shape_of
+
+_TRANSPOSE_METHODS = {"transpose", "swapaxes", "swapdims"}
+_TRANSPOSE_FUNCTIONS = {"torch.transpose", "torch.swapaxes", "torch.swapdims"}
+
+
+def int_const(node: ast.AST) -> Optional[int]:
+    """A literal int, negative ones included."""
+    if isinstance(node, ast.Constant) and type(node.value) is int:
+        return node.value
+    if isinstance(node, ast.UnaryOp) and isinstance(node.op, ast.USub):
+        inner = int_const(node.operand)
+        return -inner if inner is not None else None
+    return None
+
+
+def rank_of(ctx, expr: ast.AST) -> Optional[int]:
+    shape = shape_of(ctx, expr)
+    return shape.rank if shape is not None else None
+
+
+@dataclass
+class Reorder:
+    """`node` is a view of `base` with its dims reordered."""
+    node: ast.AST
+    base: ast.AST
+    perm: Optional[tuple]     # None when the rank is not known
+    last_two_only: bool       # swaps exactly the last two dims, whatever the rank
+
+
+def _swap(rank: int, a: int, b: int) -> Optional[tuple]:
+    a, b = (a + rank if a < 0 else a), (b + rank if b < 0 else b)
+    if not (0 <= a < rank and 0 <= b < rank):
+        return None
+    perm = list(range(rank))
+    perm[a], perm[b] = perm[b], perm[a]
+    return tuple(perm)
+
+
+def _transpose(ctx, node, base, a_node, b_node) -> Optional[Reorder]:
+    a, b = int_const(a_node), int_const(b_node)
+    if a is None or b is None or a == b:
+        return None
+    if {a, b} == {-1, -2}:
+        rank = rank_of(ctx, base)
+        return Reorder(node, base, _swap(rank, a, b) if rank else None, True)
+    rank = rank_of(ctx, base)
+    if rank is None:
+        return Reorder(node, base, None, False)
+    perm = _swap(rank, a, b)
+    if perm is None:
+        return None
+    return Reorder(node, base, perm, rank >= 2 and perm[-2:] == (rank - 1, rank - 2) and perm[:-2] == tuple(range(rank - 2)))
+
+
+def reorder(ctx, node: ast.AST) -> Optional[Reorder]:
+    """The transpose/permute view `node` is, or None (also for numpy and unknown receivers of `.T`)."""
+    if isinstance(node, ast.Attribute) and node.attr in ("T", "mT"):
+        if _kinds.kind_of(ctx, node.value) == _kinds.NUMPY:
+            return None
+        rank = rank_of(ctx, node.value)
+        if node.attr == "T":
+            # `.T` on anything but a matrix is deprecated (it reverses all dims): it means rank 2.
+            if rank not in (None, 2):
+                return None
+            return Reorder(node, node.value, (1, 0), True)
+        return Reorder(node, node.value, _swap(rank, -2, -1) if rank else None, True)
+    if not isinstance(node, ast.Call) or node.keywords or any(isinstance(a, ast.Starred) for a in node.args):
+        return None
+    func, args = node.func, node.args
+    qual = ctx.qualname(func)
+    if qual in _TRANSPOSE_FUNCTIONS and len(args) == 3:
+        return _transpose(ctx, node, args[0], args[1], args[2])
+    if qual == "torch.t" and len(args) == 1:
+        return Reorder(node, args[0], (1, 0), True)
+    if qual == "torch.permute" and len(args) == 2 and isinstance(args[1], (ast.Tuple, ast.List)):
+        return _permute(node, args[0], args[1].elts)
+    if not isinstance(func, ast.Attribute) or qual is not None:
+        return None
+    receiver = func.value
+    if _kinds.kind_of(ctx, receiver) in _kinds.NON_TENSORS:
+        return None
+    if func.attr in _TRANSPOSE_METHODS and len(args) == 2:
+        return _transpose(ctx, node, receiver, args[0], args[1])
+    if func.attr == "t" and not args:
+        return Reorder(node, receiver, (1, 0), True)
+    if func.attr == "permute" and args:
+        elts = args[0].elts if len(args) == 1 and isinstance(args[0], (ast.Tuple, ast.List)) else args
+        return _permute(node, receiver, elts)
+    return None
+
+
+def _permute(node, base, elts) -> Optional[Reorder]:
+    order = [int_const(e) for e in elts]
+    rank = len(order)
+    if None in order or rank == 0:
+        return None
+    perm = tuple(o + rank if o < 0 else o for o in order)
+    if sorted(perm) != list(range(rank)) or perm == tuple(range(rank)):
+        return None
+    last_two = rank >= 2 and perm[:-2] == tuple(range(rank - 2)) and perm[-2:] == (rank - 1, rank - 2)
+    return Reorder(node, base, perm, last_two)
+
+
+def mergeable(perm: tuple, i: int) -> bool:
+    """Dims i and i+1 of a permuted view of a contiguous tensor can be merged without a copy."""
+    return perm[i + 1] == perm[i] + 1

@@ -1,0 +1,187 @@
+"""MAT301 contiguous-before-gemm: a transposed view copied with `.contiguous()` only to be fed
+to a GEMM, which takes the transpose for free."""
+from __future__ import annotations
+
+import ast
+from typing import Optional
+
+from matlint.rule import Rule, bad, good
+
+from ._layout import Reorder, rank_of, reorder
+from ._torch_api import as_gemm
+
+_COPIES = ("contiguous", "clone")
+# GEMMs whose operands go to cuBLAS as they are (no batch folding): which operand positions.
+_DIRECT = {"mm": (0, 1), "bmm": (0, 1), "linear": (1,)}
+
+
+class ContiguousBeforeGemm(Rule):
+    code = "MAT301"
+    name = "contiguous-before-gemm"
+    summary = "`.contiguous()` on a transposed view right before a GEMM: a needless copy, cuBLAS takes the transpose for free."
+    docs = """
+    ## What it does
+    Flags `.contiguous()` (or `.clone()`) applied to a plain transpose of the last two dims
+    (`.t()`, `.T`, `.mT`, `transpose(-2, -1)`, `permute(0, 2, 1)`, `transpose(0, 1)` of a
+    matrix) when the copy is written directly as an operand of a matrix multiply: `@`,
+    `torch.matmul`, `mm`, `bmm` or the weight of `F.linear`.
+
+    ## Why is this bad?
+    cuBLAS reads a matrix in either row- or column-major order: a transposed view is passed
+    with a transpose flag and costs nothing (`prepare_matrix_for_cublas` accepts it as is).
+    `.contiguous()` first writes a full transposed copy of the tensor to memory, then the GEMM
+    reads it again: an extra kernel and a round trip through memory on every call, plus the
+    copy's backward.
+
+    ## Example
+    ```python
+    scores = torch.matmul(q, k.transpose(-2, -1).contiguous())
+    y = x @ self.weight.t().contiguous()
+    ```
+
+    ## Use instead
+    ```python
+    scores = torch.matmul(q, k.transpose(-2, -1))
+    y = x @ self.weight.t()
+    ```
+
+    ## Stays quiet on
+    - The copy assigned to a name (`wt = w.t().contiguous()`): caching a transposed weight, or
+      using the copy elsewhere, is the author's choice.
+    - Transposes of other dims (`transpose(1, 2)` of a 4-D tensor, `permute(0, 2, 1, 3)`): those
+      are not free for a batched GEMM; MAT302 looks at them.
+    - The left operand of `@`/`matmul` when it may have more than two dims while the right one
+      may be a matrix: matmul then folds the batch dims into rows, which copies a transposed view
+      anyway, so dropping `.contiguous()` would only move the copy.
+    - A copy whose line carries a comment about it (`# contiguous() works around a jit bug`):
+      the author kept it on purpose.
+    - `.contiguous(memory_format=...)`, `.clone(memory_format=...)`, and `.T` of something known
+      to have other than two dims or to be a numpy array.
+
+    ## Fix safety
+    Safe: the GEMM computes the same product from the view; only the copy goes away.
+    """
+    examples = [
+        bad("""
+            import torch
+            def attn(q, k):
+                return torch.matmul(q, k.transpose(-2, -1).contiguous())
+            """, (3, 28),
+            fixed="""
+            import torch
+            def attn(q, k):
+                return torch.matmul(q, k.transpose(-2, -1))
+            """),
+        bad("""
+            import torch.nn as nn
+            class Tied(nn.Module):
+                def forward(self, x):
+                    return x @ self.weight.t().contiguous()
+            """, (4, 20),
+            fixed="""
+            import torch.nn as nn
+            class Tied(nn.Module):
+                def forward(self, x):
+                    return x @ self.weight.t()
+            """),
+        bad("""
+            import torch as T
+            from torch.nn import functional as F
+            from torch import bmm
+            def f(x, w, a, b):
+                y = F.linear(x, w.T.contiguous())
+                z = bmm(a.mT.clone(), b)
+                u = T.mm(a.t().contiguous(), b.permute(1, 0).contiguous())
+                return y, z, u
+            """, (5, 21), (6, 13), (7, 14), (7, 34),
+            fixed="""
+            import torch as T
+            from torch.nn import functional as F
+            from torch import bmm
+            def f(x, w, a, b):
+                y = F.linear(x, w.T)
+                z = bmm(a.mT, b)
+                u = T.mm(a.t(), b.permute(1, 0))
+                return y, z, u
+            """),
+        bad("""
+            import torch
+            def f(a: torch.Tensor, b: torch.Tensor):
+                x = torch.randn(8, 16, 32)
+                return a.t().contiguous() @ b, x.transpose(1, 2).contiguous().matmul(x)
+            """, (4, 12), (4, 36),
+            fixed="""
+            import torch
+            def f(a: torch.Tensor, b: torch.Tensor):
+                x = torch.randn(8, 16, 32)
+                return a.t() @ b, x.transpose(1, 2).matmul(x)
+            """),
+        good("""
+            import torch
+            def f(x, w, q, k):
+                wt = w.t().contiguous()
+                y = x @ wt
+                s = q @ k.transpose(1, 2).contiguous()
+                h = x.transpose(-2, -1).contiguous() @ w
+                z = x.permute(0, 2, 1, 3).contiguous() @ w
+                c = torch.matmul(q, k.transpose(-2, -1).contiguous(memory_format=torch.contiguous_format))
+                d = q @ k.transpose(-2, -1).contiguous()  # contiguous() works around a TorchScript bug
+                return y, s, h, z, c, d
+            """),
+        good("""
+            import numpy as np
+            import torch
+            def f(a, b):
+                t = torch.randn(2, 3, 4)
+                y = t.T.contiguous() @ b
+                return a.T.copy() @ b, y
+            """),
+    ]
+
+    def visit_BinOp(self, node: ast.BinOp) -> None:
+        if isinstance(node.op, ast.MatMult):
+            self._check(node)
+
+    def visit_Call(self, node: ast.Call) -> None:
+        self._check(node)
+
+    def _check(self, node: ast.AST) -> None:
+        gemm = as_gemm(self.ctx, node)
+        if gemm is None or gemm.op not in ("@", "matmul", "mm", "bmm", "linear"):
+            return
+        operands = gemm.operands
+        if len(operands) != 2:
+            return
+        for position, operand in enumerate(operands):
+            if position not in _DIRECT.get(gemm.op, (0, 1)):
+                continue
+            view = self._copied_transpose(operand)
+            if view is None or not view.last_two_only:
+                continue
+            if gemm.op in ("@", "matmul") and position == 0 and not self._left_goes_direct(view, operands[1]):
+                continue
+            if self._explained(operand):
+                continue
+            copy = operand.func.attr
+            self.report(operand, f"`.{copy}()` copies a transposed view only to feed it to a GEMM; cuBLAS takes the "
+                                 f"transpose for free: pass `{self.ctx.segment(view.node)}` directly",
+                        fix=self.replace(operand, self.ctx.segment(view.node), f"drop `.{copy}()`"))
+
+    def _explained(self, operand: ast.AST) -> bool:
+        line = self.ctx.lines[operand.end_lineno - 1]
+        comment = line[line.find("#"):] if "#" in line else ""
+        return any(word in comment for word in _COPIES)
+
+    def _copied_transpose(self, operand: ast.AST) -> Optional[Reorder]:
+        if not (isinstance(operand, ast.Call) and isinstance(operand.func, ast.Attribute)
+                and operand.func.attr in _COPIES and not operand.args and not operand.keywords):
+            return None
+        return reorder(self.ctx, operand.func.value)
+
+    def _left_goes_direct(self, view: Reorder, right: ast.AST) -> bool:
+        """matmul hands a transposed left operand to cuBLAS as is: it is a matrix, or both sides are batched."""
+        left_rank = len(view.perm) if view.perm else None
+        if left_rank == 2:
+            return True
+        right_rank = rank_of(self.ctx, right)
+        return left_rank is not None and left_rank >= 3 and right_rank is not None and right_rank >= 3
