@@ -359,7 +359,7 @@ def findings_and_savings(quick, have_tf):
     compare("loop (64 matmuls→bmm)", est(g5, "MAT101"), loop_ms, bmm_ms)
 
     loop_update, fe_update = sgd_loop_ms(False, quick), sgd_loop_ms(True, quick)
-    g6 = rg.guard(window=2, warmup=1, json_path=None, report=False, kernels=True)
+    g6 = rg.guard(window=2, warmup=1, json_path=None, report=False)
     with g6:
         for _ in range(4):
             loop_update()

@@ -405,10 +405,10 @@ class Recorder:
             a, b = (args[1], args[2]) if name == "baddbmm" else (args[0], args[1])
             state = attn.get(a)
             if state is not None and state[0] == "P":
-                _, qk_site, qk_sig, scaled, masked = state
-                key = (qk_site, site, module, qk_sig, tensor_sig(b), scaled, masked, a.requires_grad)
+                _, qk_site, qk_sig, scaled, masked, softmax_dtype = state
+                key = (qk_site, site, module, qk_sig, tensor_sig(b), scaled, masked, a.requires_grad, softmax_dtype)
                 self.rec.attention[key] = self.rec.attention.get(key, 0) + 1
-            attn.set(out, ("S", site, (tensor_sig(a), tensor_sig(b)), False, False))
+            attn.set(out, ("S", site, (tensor_sig(a), tensor_sig(b)), False, False, None))
             return
         if arg0 is None:
             return
@@ -421,11 +421,11 @@ class Recorder:
         if name in PASS_THROUGH_OPS:
             attn.set(out, state)
         elif kind == "S" and name in SCALE_OPS:
-            attn.set(out, state[:3] + (True, state[4]))
+            attn.set(out, state[:3] + (True,) + state[4:])
         elif kind == "S" and name in MASK_OPS:
-            attn.set(out, state[:4] + (True,))
+            attn.set(out, state[:4] + (True,) + state[5:])
         elif kind == "S" and name in SOFTMAX_OPS:
-            attn.set(out, ("P",) + state[1:])
+            attn.set(out, ("P",) + state[1:5] + (out.dtype,))  # fp32 here under autocast
         elif kind == "P" and name in DROPOUT_OPS:
             attn.set(out, state)
 

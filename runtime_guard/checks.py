@@ -323,12 +323,14 @@ def check_host_syncs(rec, steps, ctx):
 def check_tiny_ops(rec, steps, ctx):
     if ctx.device_type != "cuda":
         return
+    # per line and module, forward only: the same line in every layer, or a layer's backward
+    # kernels, are not a loop that one fused call could replace
     per_site = defaultdict(list)
     for key, stat in rec.ops.items():
-        if key.device != "cuda" or key.op in VIEW_OPS or stat.compiled or not key.out:
+        if key.device != "cuda" or key.backward or key.op in VIEW_OPS or stat.compiled or not key.out:
             continue
-        per_site[key.site].append((key, stat))
-    for site, items in per_site.items():
+        per_site[(key.site, key.module)].append((key, stat))
+    for (site, module), items in per_site.items():
         if rec.profiled:
             tiny = [(k, s) for k, s in items if s.launches and s.kernel_us / s.launches < TINY_KERNEL_US]
             launches = sum(s.launches for _, s in tiny) / steps
@@ -342,10 +344,8 @@ def check_tiny_ops(rec, steps, ctx):
         size = f"< {TINY_KERNEL_US:g} µs each (avg {kernel_us:.1f} µs)" if kernel_us is not None else f"on ≤ {TINY_NUMEL} elements each"
         msg = (f"{launches:g} kernel launches per step {size} from this line: fuse them with torch.compile, "
                f"capture the step in a CUDA graph, or use torch._foreach_* ops for per-tensor loops")
-        key0 = max(tiny, key=lambda ks: ks[1].count)[0]
-        ev = {"per_step": round(launches, 2), "module": key0.module, "device": "cuda",
-              "ops": sorted({k.qualname for k, _ in tiny})[:10], "phase": "forward+backward"
-              if any(k.backward for k, _ in tiny) else "forward"}
+        ev = {"per_step": round(launches, 2), "module": module, "device": "cuda",
+              "ops": sorted({k.qualname for k, _ in tiny})[:10], "phase": "forward"}
         if kernel_us is not None:
             ev["avg_kernel_us"] = round(kernel_us, 2)
         share = _share([s for _, s in tiny], rec)
@@ -357,7 +357,7 @@ def check_tiny_ops(rec, steps, ctx):
 
 # -- MAT601 ----------------------------------------------------------------------------------------
 def check_attention(rec, steps, ctx):
-    for (qk_site, pv_site, module, qk_sig, v_sig, scaled, masked, grad), count in rec.attention.items():
+    for (qk_site, pv_site, module, qk_sig, v_sig, scaled, masked, grad, softmax_dtype), count in rec.attention.items():
         q, k = qk_sig
         bh, s_q, d = q[0]
         s_k = k[0][-1]
@@ -370,7 +370,8 @@ def check_attention(rec, steps, ctx):
               "shapes": [_shape(q[0]), _shape(k[0]), _shape(v_sig[0])], "dtypes": [_dtype(q[2])],
               "second_matmul": str(pv_site), "scaled": scaled, "masked": masked, "device": ctx.device_type}
         yield _finding("MAT601", qk_site, msg, ev,
-                       ("sdpa", bh, s_q, s_k, d, v_sig[0][-1], _dtype(q[2]), ctx.device_type, masked, grad, per_step))
+                       ("sdpa", bh, s_q, s_k, d, v_sig[0][-1], _dtype(q[2]), ctx.device_type, masked, grad, per_step,
+                        _dtype(softmax_dtype)))
 
 
 CHECKS = {

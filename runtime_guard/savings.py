@@ -130,7 +130,8 @@ def estimate_loop(spec, budget):
     key = ("loop", a_shape, b_shape, dt, device, n, grad)
 
     def compute():
-        a = inputs.tensor((n,) + tuple(a_shape[-2:]), dt, requires_grad=grad)
+        # as in `x[i] @ w[i]`: gradients flow to the second operand (the weights)
+        a = inputs.tensor((n,) + tuple(a_shape[-2:]), dt)
         b = inputs.tensor((n,) + tuple(b_shape[-2:]), dt, requires_grad=grad)
 
         def looped():
@@ -152,10 +153,11 @@ def estimate_loop(spec, budget):
 
 
 def estimate_sdpa(spec, budget):
-    _, bh, s_q, s_k, d, d_v, dtype, device, masked, grad, per_step = spec
+    _, bh, s_q, s_k, d, d_v, dtype, device, masked, grad, per_step, softmax_dtype = spec
     dt = _DTYPES.get(dtype, torch.float32)
+    upcast = softmax_dtype == "float32" and dt != torch.float32  # autocast runs softmax in fp32
     inputs = _Inputs(device)
-    key = ("sdpa", bh, s_q, s_k, d, d_v, dt, device, masked, grad)
+    key = ("sdpa", bh, s_q, s_k, d, d_v, dt, device, masked, grad, upcast)
 
     def compute():
         q = inputs.tensor((1, bh, s_q, d), dt, requires_grad=grad)
@@ -168,7 +170,8 @@ def estimate_sdpa(spec, budget):
             w = (q @ k.transpose(-2, -1)) * scale
             if masked:
                 w = w.masked_fill(~causal, float("-inf"))
-            out = torch.softmax(w, dim=-1) @ v
+            p = torch.softmax(w.float(), dim=-1).to(dt) if upcast else torch.softmax(w, dim=-1)
+            out = p @ v
             if grad:
                 out.sum().backward()
 
