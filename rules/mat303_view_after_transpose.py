@@ -1,0 +1,165 @@
+"""MAT303 view-after-transpose: `.view()` that merges dims of a transposed or permuted tensor,
+which raises at run time."""
+from __future__ import annotations
+
+import ast
+from typing import Optional
+
+from matlint.rule import Rule, bad, good
+
+from ._layout import Reorder, int_const, mergeable, reorder
+from ._shapes import shape_of
+
+# Casts keep a non-contiguous tensor's strides (memory_format=torch.preserve_format).
+_STRIDE_KEEPING = {"float", "half", "bfloat16", "double", "to", "type_as"}
+
+
+class ViewAfterTranspose(Rule):
+    code = "MAT303"
+    name = "view-after-transpose"
+    summary = "`.view()` merging dims of a transposed/permuted tensor: it raises at run time; use `reshape` or `.contiguous()` first."
+    docs = """
+    ## What it does
+    Flags `.view(...)` applied directly to a transpose or permute (`x.transpose(1, 2).view(B, T, C)`,
+    `x.permute(0, 2, 1).view(-1)`, also through a dtype/device cast) when the view must merge two
+    dims that the transpose took out of memory order. The rule knows the permutation (from
+    `permute`'s arguments, or from `transpose` and the tensor's inferred rank) and the number of
+    dims asked for; it reports only when the view asks for fewer dims than the permuted tensor
+    has and *no* pair of neighbouring dims could be merged without a copy, so whichever dims the
+    view merges, it fails.
+
+    ## Why is this bad?
+    `view` never copies: it needs strides that express the new shape, and a transposed tensor
+    has none for merged dims. The call raises `RuntimeError: view size is not compatible with
+    input tensor's size and stride` as soon as those dims are larger than 1 (often only with a
+    real batch, after the tests with batch size 1 passed).
+
+    ## Example
+    ```python
+    y = y.transpose(1, 2).view(B, T, C)      # y: (B, n_head, T, head_dim)
+    ```
+
+    ## Use instead
+    ```python
+    y = y.transpose(1, 2).reshape(B, T, C)   # or .contiguous().view(B, T, C)
+    ```
+
+    ## Stays quiet on
+    - `.contiguous().view(...)`, `.reshape(...)`, `.flatten(...)`.
+    - Views that only split dims, or merge dims the permute kept together:
+      `x.permute(0, 2, 3, 1).view(1, -1, C)` merges dims 2 and 3, still adjacent in memory, and
+      works; `x.transpose(1, 2).view(B, C, H, W)` splits a dim and works. Whenever some pair of
+      neighbouring dims could be merged and the rule cannot tell which dims the view merges, it
+      stays quiet.
+    - Transposes of a tensor whose rank is unknown (other than `permute`, which states it), a
+      view of a name assigned from a transpose, `view(dtype)`, `view(*shape)`, `view(shape)`.
+    - Dims known to have size 1 (they merge with anything).
+
+    ## Fix safety
+    Safe: `.view` → `.reshape`. Where `view` succeeds (dims of size 1), `reshape` returns the very
+    same view; where it raises, `reshape` makes the copy the code needs.
+    """
+    examples = [
+        bad("""
+            import torch
+            def merge_heads(y: torch.Tensor, B, T, C, nh):
+                y = y.view(B, nh, T, C // nh)
+                return y.transpose(1, 2).view(B, T, C)
+            """, (4, 12),
+            fixed="""
+            import torch
+            def merge_heads(y: torch.Tensor, B, T, C, nh):
+                y = y.view(B, nh, T, C // nh)
+                return y.transpose(1, 2).reshape(B, T, C)
+            """),
+        bad("""
+            import torch as T
+            def f(x):
+                a = x.permute(0, 2, 1).view(-1)
+                b = T.permute(x, (2, 1, 0)).float().view(x.size(2), -1)
+                c = T.randn(4, 5).t().view(20)
+                return a, b, c
+            """, (3, 9), (4, 9), (5, 9),
+            fixed="""
+            import torch as T
+            def f(x):
+                a = x.permute(0, 2, 1).reshape(-1)
+                b = T.permute(x, (2, 1, 0)).float().reshape(x.size(2), -1)
+                c = T.randn(4, 5).t().reshape(20)
+                return a, b, c
+            """),
+        good("""
+            import torch
+            def f(x, y, B, T, C, H, W, pos, dim):
+                a = y.transpose(1, 2).contiguous().view(B, T, C)
+                b = y.transpose(1, 2).reshape(B, T, C)
+                c = x.transpose(1, 2).view(B, C, H, W)
+                d = pos.permute(0, 2, 3, 1).view(1, -1, dim)
+                e = x.permute(0, 2, 1).view(torch.float16)
+                f = x.permute(0, 2, 1).view(*x.shape)
+                g = y.transpose(1, 2).view(B, T, C)
+                return a, b, c, d, e, f, g
+            """),
+        good("""
+            import torch
+            def f():
+                x = torch.randn(1, 8, 16)
+                a = x.transpose(0, 1).view(8, 16)
+                z = torch.randn(2, 3, 4, 5)
+                b = z.permute(0, 1, 3, 2).view(6, 5, 4)
+                return a, b
+            """),
+    ]
+
+    def visit_Call(self, node: ast.Call) -> None:
+        func = node.func
+        if not (isinstance(func, ast.Attribute) and func.attr == "view"):
+            return
+        view_rank = self._view_rank(node)
+        if view_rank is None:
+            return
+        source = self._reorder_through_casts(func.value)
+        if source is None or source.perm is None:
+            return
+        perm = source.perm
+        if view_rank >= len(perm):
+            return
+        ones = self._size_one_dims(source)
+        for i in range(len(perm) - 1):
+            if mergeable(perm, i) or perm[i] in ones or perm[i + 1] in ones:
+                return
+        seg = self.ctx.segment
+        self.report(func, f"`.view()` on `{seg(source.node)}` must merge dims the transpose took out of memory "
+                          "order: it raises at run time for any dims larger than 1; use `.reshape(...)` (or "
+                          "`.contiguous().view(...)`)",
+                    fix=self._fix(func), end_node=node)
+
+    def _fix(self, func: ast.Attribute):
+        # Replace just the method name: `view` -> `reshape`.
+        row, col = func.end_lineno, func.end_col_offset - len("view")
+        anchor = ast.Name("view", lineno=row, col_offset=col, end_lineno=row, end_col_offset=func.end_col_offset)
+        return self.replace(anchor, "reshape", "use `.reshape()`")
+
+    def _view_rank(self, node: ast.Call) -> Optional[int]:
+        args = node.args
+        if node.keywords or not args or any(isinstance(a, ast.Starred) for a in args):
+            return None
+        if len(args) == 1:
+            only = args[0]
+            if isinstance(only, (ast.Tuple, ast.List)):
+                return None if any(isinstance(e, ast.Starred) for e in only.elts) else len(only.elts)
+            # A single argument may be a dtype or a shape variable: only a literal int is a rank-1 view.
+            return 1 if int_const(only) is not None else None
+        return len(args)
+
+    def _reorder_through_casts(self, expr: ast.AST) -> Optional[Reorder]:
+        while (isinstance(expr, ast.Call) and isinstance(expr.func, ast.Attribute)
+               and expr.func.attr in _STRIDE_KEEPING and not expr.keywords):
+            expr = expr.func.value
+        return reorder(self.ctx, expr)
+
+    def _size_one_dims(self, source: Reorder) -> set:
+        shape = shape_of(self.ctx, source.base)
+        if shape is None or shape.rank is None:
+            return set()
+        return {i for i, d in enumerate(shape.dims) if type(d) is int and d == 1}
