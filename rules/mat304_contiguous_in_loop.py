@@ -1,0 +1,219 @@
+"""MAT304 contiguous-in-loop: the same layout copy made on every iteration of a loop."""
+from __future__ import annotations
+
+import ast
+from typing import Optional
+
+from matlint.rule import Rule, bad, good
+
+from . import _kinds
+from ._layout import int_const, reorder
+from ._loops import LoopInfo, loaded_names, walk_no_scopes
+from ._torch_api import as_gemm
+from .mat101_python_loop_matmul import PythonLoopMatmul
+
+_TRAINING_CALLS = {"backward", "step", "zero_grad"}
+
+
+class ContiguousInLoop(Rule):
+    code = "MAT304"
+    name = "contiguous-in-loop"
+    summary = "`.contiguous()` copies the same data on every iteration of a loop; make one copy before it."
+    docs = """
+    ## What it does
+    Flags `.contiguous()` inside a `for`/`while` loop or comprehension when its receiver is a
+    view that is certainly not contiguous (a transpose or permute, `.expand(...)`, or a slice
+    that picks one index of a later dim, `x[:, t]`) and the copy could be made once for the whole
+    loop:
+    - the receiver does not change across iterations (`w.t().contiguous()` of a weight fixed
+      before the loop): hoist the copy out of the loop;
+    - the receiver is the step's slice of a tensor fixed before the loop (`x[:, t].contiguous()`,
+      `x[t].transpose(0, 1).contiguous()`): copy the whole tensor into the wanted layout once
+      (`x.movedim(1, 0).contiguous()`, then index `[t]`).
+
+    ## Why is this bad?
+    A copy per iteration is a kernel launch per iteration that moves the same bytes one small
+    piece at a time (or, when the receiver does not change, the same copy over and over).
+    One copy before the loop moves them in a single launch at full bandwidth.
+
+    ## Example
+    ```python
+    for t in range(T):
+        x_t = x[:, t].contiguous()
+        h = cell(x_t, h)
+    ```
+
+    ## Use instead
+    ```python
+    xs = x.transpose(0, 1).contiguous()      # (T, B, ...): every step's slice is contiguous
+    for t in range(T):
+        h = cell(xs[t], h)
+    ```
+
+    ## Stays quiet on
+    - Copies of values computed in the loop (`for blk in blocks: x = blk(x).transpose(1, 2).contiguous()`):
+      each iteration has new data to lay out.
+    - Items of something not known to be one tensor (`for a in t` over a tuple of tensors):
+      each item is separate data.
+    - `.contiguous()` of something that may already be contiguous (`x.contiguous()`, `x[t]`):
+      no copy happens then.
+    - Loops that update tensors in place (`add_`, `x[i] = ...`) or run a training step
+      (`.backward()`, `optimizer.step()`): the receiver may change between iterations.
+    - `.contiguous()` written as an operand of a GEMM on a last-two-dims transpose: MAT301
+      reports that copy as needless altogether.
+
+    ## Fix safety
+    No automatic fix: hoisting adds a tensor that lives for the whole loop and changes the
+    indexing in the body.
+    """
+    examples = [
+        bad("""
+            import torch
+            def run(cell, x, h):
+                for t in range(x.size(1)):
+                    x_t = x[:, t].contiguous()
+                    h = cell(x_t, h)
+                return h
+            """, (4, 15), message_contains="x.movedim(1, 0).contiguous()"),
+        bad("""
+            import torch as T
+            def f(weight, chunks, kernel):
+                out = []
+                for c in chunks:
+                    w = weight.t().contiguous()
+                    out.append(kernel(c, w))
+                return [kernel(q, weight.expand(4, -1, -1).contiguous()) for q in chunks], out
+            """, (5, 13), (7, 23), message_contains="hoist"),
+        bad("""
+            import torch
+            x = torch.randn(4, 8, 16)
+            ys = [x[i].transpose(0, 1).contiguous() for i in range(4)]
+            """, (3, 7), message_contains="x.transpose(1, 2).contiguous()"),
+        good("""
+            import torch
+            def f(blocks, x, w, loss_fn, opt):
+                for blk in blocks:
+                    x = blk(x).transpose(1, 2).contiguous()
+                for t in range(4):
+                    y = x[t].contiguous()
+                    z = x.contiguous()
+                attn = tuple(tuple(a.permute(0, 2, 1).contiguous() for a in t) for t in x)
+                last = tuple(t.permute(1, 0).contiguous() for t in attn)
+                for step in range(10):
+                    wt = w.t().contiguous()
+                    loss_fn(wt).backward()
+                    opt.step()
+                return y, z
+            """),
+        good("""
+            import torch
+            def f(x, w, n):
+                for i in range(n):
+                    y = x @ w.transpose(-2, -1).contiguous()
+                    w.mul_(0.9)
+                    v = w.t().contiguous()
+                return y, v
+            """),
+    ]
+
+    def __init__(self, ctx, options=None):
+        super().__init__(ctx, options)
+        # MAT101's analysis of per-step items, reused rather than copied.
+        self._loop_gemms = PythonLoopMatmul(ctx)
+
+    def visit_Call(self, node: ast.Call) -> None:
+        func = node.func
+        if not (self.ctx.loops and isinstance(func, ast.Attribute) and func.attr == "contiguous"
+                and not node.args and not node.keywords):
+            return
+        loop = self.ctx.loops[-1]
+        receiver = func.value
+        if not self._surely_strided(receiver) or self._is_gemm_operand(node) or self._mutates(loop):
+            return
+        seg = self.ctx.segment
+        if not (loaded_names(receiver) & (loop.assigned | loop.targets)):
+            self.report(node, f"`{seg(node)}` makes the same copy on every iteration: hoist it out of the loop")
+            return
+        item = self._loop_gemms._batched(loop, receiver, 0)
+        if item is None or loaded_names(item.base) & (loop.assigned | loop.targets):
+            return
+        if not self._indexed(receiver, loop):
+            # Iterated directly (`for a in t`): `t` must be known to be one tensor, not a tuple of them.
+            if _kinds.kind_of(self.ctx, item.base) not in _kinds.TENSORS:
+                return
+        whole = self._whole_copy(receiver, item)
+        how = f"`{whole}` once before the loop" if whole else "the whole tensor into the wanted layout once before the loop"
+        self.report(node, f"`{seg(node)}` copies one step's slice per iteration: copy {how} and index it per step")
+
+    def _surely_strided(self, expr: ast.AST) -> bool:
+        view = reorder(self.ctx, expr)
+        if view is not None:
+            return True
+        if isinstance(expr, ast.Call) and isinstance(expr.func, ast.Attribute) and expr.func.attr == "expand":
+            return True
+        return self._column_slice(expr) is not None
+
+    @staticmethod
+    def _column_slice(expr: ast.AST) -> Optional[int]:
+        """The dim of `x[:, t]`-like slices: full slices, then one index."""
+        if not isinstance(expr, ast.Subscript) or not isinstance(expr.slice, ast.Tuple):
+            return None
+        elts = expr.slice.elts
+        for pos, elt in enumerate(elts):
+            if isinstance(elt, ast.Slice):
+                if elt.lower is None and elt.upper is None and elt.step is None:
+                    continue
+                return None
+            if pos == 0 or isinstance(elt, ast.Starred) or any(not isinstance(e, ast.Slice) for e in elts[pos + 1:]):
+                return None
+            return pos
+        return None
+
+    def _whole_copy(self, receiver: ast.AST, item) -> Optional[str]:
+        seg = self.ctx.segment
+        base = seg(item.base)
+        dim = self._column_slice(receiver)
+        if dim is not None and item.plain:
+            return f"{base}.movedim({dim}, 0).contiguous()"
+        view = reorder(self.ctx, receiver)
+        inner = view.base if view is not None else None
+        if (item.dim == 0 and view is not None and isinstance(inner, ast.Subscript)
+                and isinstance(receiver, ast.Call) and isinstance(receiver.func, ast.Attribute)
+                and receiver.func.attr in ("transpose", "swapaxes", "swapdims") and len(receiver.args) == 2):
+            dims = [int_const(a) for a in receiver.args]
+            if None not in dims and all(d >= 0 for d in dims):
+                return f"{base}.{receiver.func.attr}({dims[0] + 1}, {dims[1] + 1}).contiguous()"
+        return None
+
+    @staticmethod
+    def _indexed(receiver: ast.AST, loop: LoopInfo) -> bool:
+        """The receiver indexes a tensor with the loop counter (`x[:, t]`), rather than being the item itself."""
+        return any(isinstance(sub, ast.Subscript) and loaded_names(sub.slice) & loop.targets
+                   for sub in ast.walk(receiver))
+
+    def _is_gemm_operand(self, node: ast.Call) -> bool:
+        parent = self.ctx.parent
+        gemm = as_gemm(self.ctx, parent) if isinstance(parent, (ast.BinOp, ast.Call)) else None
+        return gemm is not None and any(op is node for op in gemm.operands)
+
+    def _mutates(self, loop: LoopInfo) -> bool:
+        key = ("mat304_mutates", id(loop.node))
+        cached = self.ctx.shared.get(key)
+        if cached is None:
+            cached = False
+            for stmt in loop.body:
+                for sub in walk_no_scopes(stmt):
+                    if isinstance(sub, ast.Call) and isinstance(sub.func, ast.Attribute):
+                        attr = sub.func.attr
+                        if attr in _TRAINING_CALLS or (attr.endswith("_") and not attr.startswith("_")):
+                            cached = True
+                    elif isinstance(sub, (ast.Assign, ast.AugAssign)):
+                        targets = sub.targets if isinstance(sub, ast.Assign) else [sub.target]
+                        if any(isinstance(t, ast.Subscript) for t in targets):
+                            cached = True
+                    if cached:
+                        break
+                if cached:
+                    break
+            self.ctx.shared[key] = cached
+        return cached
