@@ -1,0 +1,283 @@
+"""Runtime checks on real models run on CPU: each check fires on its pattern and stays quiet
+on the look-alikes it documents."""
+from __future__ import annotations
+
+import math
+
+import pytest
+
+torch = pytest.importorskip("torch")
+import torch.nn as nn  # noqa: E402
+import torch.nn.functional as F  # noqa: E402
+
+from matlint.runtime_guard import guard  # noqa: E402
+from matlint.runtime_guard.checks import DeviceContext, cublas_copies, run_checks  # noqa: E402
+
+
+def observe(fn, steps=3, **options):
+    options = {"json_path": None, "report": False, "estimate_savings": False, "warmup": 1,
+               "window": steps - 1, **options}
+    g = guard(**options)
+    with g:
+        for _ in range(steps):
+            fn()
+            g.step()
+    return g
+
+
+def codes(g):
+    return sorted(f.code for f in g.findings)
+
+
+def lines(g, code):
+    return sorted(f.row for f in g.findings if f.code == code)
+
+
+def this_line(fn):
+    """Line numbers of `fn` holding the marker comment `# <- here`."""
+    import inspect
+
+    src, start = inspect.getsourcelines(fn)
+    return [start + i for i, line in enumerate(src) if "# <- here" in line]
+
+
+# -- MAT101 ------------------------------------------------------------------------------------
+def test_loop_matmul_fires_with_batched_shapes():
+    w = torch.randn(8, 16, 16)
+    x = torch.randn(8, 4, 16)
+
+    def step():
+        return torch.stack([x[h] @ w[h] for h in range(8)])  # <- here
+
+    g = observe(step)
+    [f] = [f for f in g.findings if f.code == "MAT101"]
+    assert f.row == this_line(step)[0]
+    assert f.evidence["per_step"] == 8
+    assert "(8, 4, 16) @ (8, 16, 16)" in f.message
+
+
+def test_loop_over_layers_is_quiet():
+    layers = nn.ModuleList(nn.Linear(16, 16) for _ in range(8))
+    x = torch.randn(4, 16)
+
+    def step():
+        h = x
+        for layer in layers:
+            h = layer(h)
+        return h
+
+    assert "MAT101" not in codes(observe(step))
+
+
+def test_recurrence_is_quiet():
+    w = torch.randn(16, 16)
+    x = torch.randn(10, 4, 16)
+
+    def step():
+        h = torch.zeros(4, 16)
+        for t in range(10):
+            h = torch.tanh(x[t] + h @ w)
+        return h
+
+    assert "MAT101" not in codes(observe(step))
+
+
+# -- MAT201 / MAT202 -----------------------------------------------------------------------------
+def test_trailing_one_broadcast_fires_and_outer_product_is_quiet():
+    pred = torch.randn(32, 1)
+    target = torch.randn(32)
+    a, b = torch.randn(32), torch.randn(32)
+
+    def step():
+        bad = (pred - target).abs().mean()  # <- here
+        outer = a[:, None] * b[None, :]
+        return bad + outer.sum()
+
+    g = observe(step)
+    assert lines(g, "MAT201") == this_line(step)
+    [f] = [f for f in g.findings if f.code == "MAT201"]
+    assert "(32, 1)" in f.message and "(32, 32)" in f.message
+
+
+def test_loss_shape_mismatch():
+    pred = torch.randn(16, 1, requires_grad=True)
+    target = torch.randn(16)
+    good_target = torch.randn(16, 1)
+
+    def step():
+        with pytest.warns(UserWarning):
+            bad = F.mse_loss(pred, target)  # <- here
+        good = F.mse_loss(pred, good_target)
+        (bad + good).backward()
+
+    g = observe(step)
+    assert lines(g, "MAT202") == this_line(step)
+
+
+# -- MAT302 --------------------------------------------------------------------------------------
+@pytest.mark.parametrize("shape,stride,copied", [
+    ((64, 32), (32, 1), False),      # dense
+    ((64, 32), (1, 64), False),      # plain transpose: cuBLAS takes the flag
+    ((64, 32), (64, 2), True),       # x[:, ::2]: no unit stride
+    ((4, 64, 32), (0, 32, 1), False),  # batch broadcast by expand: a batch stride of 0 is fine
+    ((4, 64, 32), (2048, 0, 1), True),  # batched, a last-two stride of 0
+    ((64, 32), (32, 0), True),       # expanded columns
+])
+def test_cublas_copy_rule(shape, stride, copied):
+    assert cublas_copies(shape, stride) is copied
+
+
+def test_strided_gemm_input_fires_but_transpose_is_free():
+    x = torch.randn(64, 64)
+    w = torch.randn(32, 32)
+
+    def step():
+        strided = x[:, ::2] @ w  # <- here
+        transposed = x[:, :32] @ w.T
+        return strided, transposed
+
+    g = observe(step)
+    assert lines(g, "MAT302") == this_line(step)
+
+
+def test_matmul_clone_before_bmm_is_reported():
+    x = torch.randn(2, 16, 4, 8)  # (B, S, H, D)
+    y = torch.randn(2, 4, 8, 16)
+
+    def step():
+        return x.permute(0, 2, 1, 3) @ y  # <- here: (B, H, S, D) is not viewable as 3-D
+
+    g = observe(step)
+    [f] = [f for f in g.findings if f.code == "MAT302"]
+    assert f.row == this_line(step)[0]
+    assert f.evidence["copied_by"].startswith("matmul")
+
+
+# -- MAT502 --------------------------------------------------------------------------------------
+def test_host_syncs_per_step():
+    losses = [torch.tensor(float(i)) for i in range(4)]
+    total = torch.tensor(3.0)
+
+    def step():
+        logged = [l.item() for l in losses]  # <- here
+        once = total.item()
+        return logged, once
+
+    g = observe(step)
+    assert lines(g, "MAT502") == this_line(step)
+    [f] = [f for f in g.findings if f.code == "MAT502"]
+    assert f.evidence["per_step"] == 4
+
+
+def test_optimizer_internal_scalar_reads_are_not_syncs():
+    model = nn.Linear(8, 8)
+    opt = torch.optim.Adam(model.parameters(), foreach=False)  # reads step tensors with .item()
+    x = torch.randn(4, 8)
+
+    def step():
+        opt.zero_grad()
+        model(x).sum().backward()
+        opt.step()
+
+    assert "MAT502" not in codes(observe(step))
+
+
+# -- MAT601 --------------------------------------------------------------------------------------
+class ManualAttention(nn.Module):
+    def __init__(self, d=32, heads=4, fused=False):
+        super().__init__()
+        self.qkv = nn.Linear(d, 3 * d)
+        self.heads = heads
+        self.fused = fused
+
+    def forward(self, x):
+        b, s, d = x.shape
+        q, k, v = (t.view(b, s, self.heads, -1).transpose(1, 2) for t in self.qkv(x).split(d, -1))
+        if self.fused:
+            out = F.scaled_dot_product_attention(q, k, v, is_causal=True)
+        else:
+            scores = q @ k.transpose(-2, -1) / math.sqrt(d // self.heads)  # <- here
+            mask = torch.ones(s, s, dtype=torch.bool).triu(1)
+            out = torch.softmax(scores.masked_fill(mask, float("-inf")), dim=-1) @ v
+        return out.transpose(1, 2).reshape(b, s, d)
+
+
+def test_manual_attention_fires_with_shapes_and_estimate():
+    model = ManualAttention()
+    x = torch.randn(2, 16, 32)
+
+    def step():
+        model(x).sum().backward()
+
+    g = observe(step, estimate_savings=True)
+    [f] = [f for f in g.findings if f.code == "MAT601"]
+    assert [f.row] == this_line(ManualAttention.forward)
+    assert f.evidence["module"] == "ManualAttention"
+    assert f.evidence["phase"] == "forward+backward"
+    assert f.evidence["masked"] and f.evidence["scaled"]
+    assert "8 heads × 16×16, head dim 8" in f.message
+    assert f.estimated_savings_ms is not None and "scaled_dot_product_attention" in f.evidence["estimate_method"]
+
+
+def test_sdpa_is_quiet():
+    model = ManualAttention(fused=True)
+    x = torch.randn(2, 16, 32)
+    assert "MAT601" not in codes(observe(lambda: model(x).sum().backward()))
+
+
+# -- GPU-only checks, on recordings made here and read as if they ran on an sm_90 GPU ----------------
+def as_cuda(rec):
+    rec.ops = {k._replace(device="cuda"): v for k, v in rec.ops.items()}
+    rec.device_types = {"cuda"}
+    return rec
+
+
+def recording(fn, steps=3):
+    return observe(fn, steps, select=["MAT1"]).recorder.rec
+
+
+def test_fp32_gemms_on_tensor_cores_without_tf32():
+    model = nn.Sequential(nn.Linear(64, 64), nn.ReLU(), nn.Linear(64, 64))
+    x = torch.randn(32, 64)
+    rec = as_cuda(recording(lambda: model(x).sum().backward()))
+    hopper = DeviceContext("cuda", (9, 0), tf32=False)
+    [f] = [f for f in run_checks(rec, ctx=hopper) if f.code == "MAT401"]
+    assert f.evidence["per_step"] == 5  # two forward; backward: dW twice, dX once (x needs no grad)
+    assert f.evidence["phase"] == "forward+backward"
+    assert not [f for f in run_checks(rec, ctx=DeviceContext("cuda", (9, 0), tf32=True)) if f.code == "MAT401"]
+    assert not [f for f in run_checks(rec, ctx=DeviceContext("cuda", (7, 5))) if f.code == "MAT401"]
+    # under autocast the GEMMs run in bf16 and the check stays quiet
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        rec16 = as_cuda(recording(lambda: model(x).float().sum().backward()))
+    assert not [f for f in run_checks(rec16, ctx=hopper) if f.code == "MAT401"]
+
+
+def test_bf16_dims_not_multiple_of_8():
+    odd = nn.Linear(64, 100).bfloat16()
+    even = nn.Linear(64, 128).bfloat16()
+    x = torch.randn(32, 64, dtype=torch.bfloat16)
+    rec = as_cuda(recording(lambda: (odd(x), even(x))))
+    found = [f for f in run_checks(rec, ctx=DeviceContext("cuda", (9, 0))) if f.code == "MAT403"]
+    assert len(found) == 1 and "N=100" in found[0].message
+
+
+def test_tiny_ops_from_one_line():
+    params = [torch.randn(100) for _ in range(64)]
+    grads = [torch.randn(100) for _ in range(64)]
+
+    def step():
+        for p, g in zip(params, grads):
+            p.add_(g, alpha=-0.1)  # <- here
+
+    rec = as_cuda(recording(step))
+    found = [f for f in run_checks(rec, ctx=DeviceContext("cuda", (9, 0))) if f.code == "MAT504"]
+    assert [f.row for f in found] == this_line(step)
+    assert found[0].evidence["per_step"] == 64
+    assert not [f for f in run_checks(rec, ctx=DeviceContext("cpu")) if f.code == "MAT504"]
+
+
+def test_gpu_only_checks_say_so_on_cpu():
+    model = nn.Linear(8, 8)
+    g = observe(lambda: model(torch.randn(2, 8)))
+    assert any("MAT401" in note and "not evaluated on cpu" in note for note in g.notes)
+    assert "MAT401" not in codes(g)
