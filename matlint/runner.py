@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import multiprocessing
 import os
+import signal
 import sys
 from concurrent.futures import ProcessPoolExecutor, as_completed
 from concurrent.futures.process import BrokenProcessPool
@@ -16,6 +17,7 @@ from . import engine
 from .cache import Cache
 from .diagnostics import Finding
 from .files import unreadable
+from .registry import rules_fingerprint
 
 # Below this many files, starting worker processes costs more than it saves.
 MIN_FILES_FOR_PARALLEL = 48
@@ -73,6 +75,11 @@ def default_jobs() -> int:
         return os.cpu_count() or 1
 
 
+def _ignore_interrupts() -> None:
+    # ^C is the parent's to handle; workers that also raised would each print a traceback.
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+
+
 def _context():
     # fork starts workers in milliseconds with the rules already imported; elsewhere spawn.
     methods = multiprocessing.get_all_start_methods()
@@ -85,9 +92,18 @@ def lint_files(paths: list, settings, use_cache: bool = True, jobs: Optional[int
     jobs = jobs or default_jobs()
     results: dict = {}
     if jobs > 1 and len(paths) >= MIN_FILES_FOR_PARALLEL:
+        # Import the rules and hash their sources once, here: forked workers inherit both.
+        settings.enabled_rules()
+        if use_cache:
+            rules_fingerprint()
         chunks = [paths[i:i + CHUNK_SIZE] for i in range(0, len(paths), CHUNK_SIZE)]
         try:
-            with ProcessPoolExecutor(max_workers=min(jobs, len(chunks)), mp_context=_context()) as pool:
+            pool = ProcessPoolExecutor(max_workers=min(jobs, len(chunks)), mp_context=_context(),
+                                       initializer=_ignore_interrupts)
+        except OSError:
+            pool = None  # no workers can start here: lint in this process
+        if pool is not None:
+            try:
                 futures = {pool.submit(_lint_chunk, chunk, settings, use_cache): chunk for chunk in chunks}
                 for future in as_completed(futures):
                     chunk = futures[future]
@@ -100,8 +116,11 @@ def lint_files(paths: list, settings, use_cache: bool = True, jobs: Optional[int
                     results.update(zip(chunk, chunk_results))
                     if on_progress:
                         on_progress(len(chunk))
-        except (BrokenProcessPool, OSError):
-            pass  # a worker died (or none could start): lint what is left in this process
+            except (BrokenProcessPool, OSError):
+                pass  # a worker died: lint what is left in this process
+            finally:
+                # On ^C, do not wait for the queued chunks.
+                pool.shutdown(wait=True, cancel_futures=True)
     remaining = [p for p in paths if p not in results]
     if remaining:
         cache = Cache(settings.cache_path(), settings.fingerprint()) if use_cache else None

@@ -16,7 +16,6 @@ from matlint.rule import Option, Rule
 
 from matlint_helpers import TRACEBACK, bad_example, run_matlint, write
 
-RULE_CODES = {cls.code for cls in all_rules() if not cls.code.startswith("MAT0")}
 ENGINE_CODES = {cls.code for cls in all_rules() if cls.code.startswith("MAT0")}
 
 
@@ -54,27 +53,36 @@ def test_config_option_overrides_discovery(tmp_path):
         load_settings(tmp_path, config_file=tmp_path / "missing.toml")
 
 
+def _on(prefix: str) -> set:
+    """Rules a selector switches on: prefixes longer than MAT reach default-off rules too."""
+    return {cls.code for cls in all_rules() if cls.code.startswith(prefix) and not cls.code.startswith("MAT0")
+            and (cls.default_enabled or len(prefix) > len("MAT"))}
+
+
+DEFAULT_ON = _on("MAT")
+
+
 @pytest.mark.parametrize("table, overrides, expected", [
-    ("", {}, RULE_CODES | ENGINE_CODES),
-    ('select = ["MAT1"]\n', {}, {"MAT101"} | ENGINE_CODES),
-    ('select = ["MAT1"]\nextend-select = ["MAT502"]\n', {}, {"MAT101", "MAT502"} | ENGINE_CODES),
-    ('ignore = ["MAT5"]\n', {}, RULE_CODES - {"MAT502"} | ENGINE_CODES),
+    ("", {}, lambda: DEFAULT_ON | ENGINE_CODES),
+    ('select = ["MAT1"]\n', {}, lambda: _on("MAT1") | ENGINE_CODES),
+    ('select = ["MAT1"]\nextend-select = ["MAT502"]\n', {}, lambda: _on("MAT1") | {"MAT502"} | ENGINE_CODES),
+    ('ignore = ["MAT5"]\n', {}, lambda: DEFAULT_ON - _on("MAT5") | ENGINE_CODES),
     # the longest matching prefix wins ...
-    ('select = ["MAT502"]\nignore = ["MAT5"]\n', {}, {"MAT502"} | ENGINE_CODES),
-    ('select = ["MAT5"]\nignore = ["MAT502"]\n', {}, ENGINE_CODES),
+    ('select = ["MAT502"]\nignore = ["MAT5"]\n', {}, lambda: {"MAT502"} | ENGINE_CODES),
+    ('select = ["MAT5"]\nignore = ["MAT502"]\n', {}, lambda: _on("MAT5") - {"MAT502"} | ENGINE_CODES),
     # ... and ignore wins ties
-    ('select = ["MAT1"]\nignore = ["MAT1"]\n', {}, ENGINE_CODES),
+    ('select = ["MAT1"]\nignore = ["MAT1"]\n', {}, lambda: ENGINE_CODES),
     # engine codes are on unless ignored
-    ('ignore = ["MAT0"]\n', {}, RULE_CODES),
-    ('ignore = ["MAT001"]\n', {}, RULE_CODES | ENGINE_CODES - {"MAT001"}),
-    ('ignore = ["ALL"]\nselect = ["MAT101"]\n', {}, {"MAT101"}),
+    ('ignore = ["MAT0"]\n', {}, lambda: DEFAULT_ON),
+    ('ignore = ["MAT001"]\n', {}, lambda: DEFAULT_ON | ENGINE_CODES - {"MAT001"}),
+    ('ignore = ["ALL"]\nselect = ["MAT101"]\n', {}, lambda: {"MAT101"}),
     # a command-line select starts afresh (the config's ignore goes too); ignore adds
-    ('ignore = ["MAT1"]\n', {"select": ["MAT1"]}, {"MAT101"} | ENGINE_CODES),
-    ("", {"ignore": "MAT101,MAT502"}, RULE_CODES - {"MAT101", "MAT502"} | ENGINE_CODES),
-    ('select = ["MAT1"]\n', {"extend_select": ["MAT5"]}, {"MAT101", "MAT502"} | ENGINE_CODES),
+    ('ignore = ["MAT1"]\n', {"select": ["MAT1"]}, lambda: _on("MAT1") | ENGINE_CODES),
+    ("", {"ignore": "MAT101,MAT502"}, lambda: DEFAULT_ON - {"MAT101", "MAT502"} | ENGINE_CODES),
+    ('select = ["MAT1"]\n', {"extend_select": ["MAT5"]}, lambda: _on("MAT1") | _on("MAT5") | ENGINE_CODES),
 ])
 def test_selection(tmp_path, table, overrides, expected):
-    assert _codes(_settings(tmp_path, table, **overrides)) == expected
+    assert _codes(_settings(tmp_path, table, **overrides)) == expected()
 
 
 class _DefaultOff(Rule):
@@ -164,7 +172,7 @@ def test_per_file_ignores_end_to_end(tmp_path):
     write(tmp_path / "pyproject.toml", '[tool.matlint.per-file-ignores]\n"legacy/*" = ["MAT101"]\n')
     write(tmp_path / "legacy" / "old.py", bad_example("MAT101").code)
     write(tmp_path / "new.py", bad_example("MAT101").code)
-    result = run_matlint("check", "--format", "json", cwd=tmp_path)
+    result = run_matlint("check", "--format", "json", "--select", "MAT101", cwd=tmp_path)
     assert {f["filename"] for f in json.loads(result.stdout)} == {"new.py"}
 
 

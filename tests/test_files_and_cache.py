@@ -166,7 +166,7 @@ def test_a_corrupt_entry_is_ignored(cached_project, garbage):
 
 def test_per_file_ignores_apply_after_the_cache(cached_project):
     assert _report(cached_project)
-    write(cached_project / "pyproject.toml", '[tool.matlint.per-file-ignores]\n"m.py" = ["MAT1"]\n')
+    write(cached_project / "pyproject.toml", '[tool.matlint.per-file-ignores]\n"m.py" = ["MAT"]\n')
     assert _report(cached_project) == []
 
 

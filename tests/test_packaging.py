@@ -96,9 +96,9 @@ import sys, json
 sys.path[:0] = [{str(unpacked)!r}, {str(tmp_path / 'poison')!r}]
 import matlint
 assert matlint.__file__.startswith({str(unpacked)!r}), matlint.__file__
-findings = matlint.check({str(target)!r})
+findings = matlint.check({str(target)!r}, select="MAT101")
 from matlint.cli import main
-code = main(["check", "--no-cache", "--format", "json", {str(target)!r}])
+code = main(["check", "--no-cache", "--select", "MAT101", "--format", "json", {str(target)!r}])
 print(json.dumps({{"codes": [f.code for f in findings], "exit": code, "torch": "torch" in sys.modules}}))
 """
     result = subprocess.run([sys.executable, "-c", script], cwd=tmp_path, capture_output=True, text=True)
