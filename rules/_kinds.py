@@ -507,6 +507,16 @@ def class_attribute_kind(ctx, cls: ast.ClassDef, attr: str) -> Optional[str]:
     return result
 
 
+def class_attribute_values(ctx, cls: ast.ClassDef, attr: str) -> list:
+    """The values assigned to `self.<attr>` (or registered as buffer `attr`) in the class's
+    methods, as (method, value expression) pairs."""
+    key = ("class_attrs", id(cls))
+    table = ctx.shared.get(key)
+    if table is None:
+        table = ctx.shared[key] = _class_attribute_values(cls)
+    return table.get(attr, [])
+
+
 def _class_attribute_values(cls: ast.ClassDef) -> dict:
     table: dict = {}
     for method in cls.body:

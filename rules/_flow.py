@@ -1,0 +1,137 @@
+"""Straight-line def-use within one function: which assignment a name reads, and where the value
+an assignment stores is read. Source order stands in for control flow (good enough for the
+straight-line code of a `forward`); a name stored any other way than `name = value` breaks the
+chain, and callers stay quiet on a broken chain."""
+from __future__ import annotations
+
+import ast
+from typing import Optional
+
+from ._loops import walk_no_scopes
+
+
+def _pos(node: ast.AST) -> tuple:
+    return (node.lineno, node.col_offset)
+
+
+def _end(node: ast.AST) -> tuple:
+    return (node.end_lineno, node.end_col_offset)
+
+
+class FunctionFlow:
+    """Parents, stores and loads of plain names in one function, collected once."""
+
+    def __init__(self, function: ast.AST):
+        self.function = function
+        self.parent: dict = {}
+        self.block: dict = {}    # statement -> (id of its statement list, index in it)
+        self.stores: dict = {}   # name -> [(storing statement, it is a plain `name = value`)]
+        self.loads: dict = {}    # name -> [Name node]
+        body = function.body if isinstance(function.body, list) else [function.body]
+        self._index_block(body)
+        for stmt in body:
+            self.parent[stmt] = function
+            for node in walk_no_scopes(stmt):
+                for child in ast.iter_child_nodes(node):
+                    self.parent[child] = node
+                for field in ("body", "orelse", "finalbody", "handlers"):
+                    block = getattr(node, field, None)
+                    if isinstance(block, list):
+                        self._index_block(block)
+        args = function.args
+        for arg in args.posonlyargs + args.args + args.kwonlyargs + [args.vararg, args.kwarg]:
+            if arg is not None:
+                self.stores.setdefault(arg.arg, []).append((None, False))
+        for node in list(self.parent):
+            if isinstance(node, ast.Name):
+                if isinstance(node.ctx, ast.Load):
+                    self.loads.setdefault(node.id, []).append(node)
+                else:
+                    stmt = self.statement(node)
+                    simple = isinstance(stmt, ast.Assign) and len(stmt.targets) == 1 and stmt.targets[0] is node
+                    self.stores.setdefault(node.id, []).append((stmt, simple))
+
+    def _index_block(self, block: list) -> None:
+        for i, stmt in enumerate(block):
+            if isinstance(stmt, ast.stmt):
+                self.block[stmt] = (id(block), i)
+
+    def statement(self, node: ast.AST) -> Optional[ast.stmt]:
+        """The innermost statement holding `node`."""
+        while node is not None and not isinstance(node, ast.stmt):
+            node = self.parent.get(node)
+        return node
+
+    def enclosing(self, node: ast.AST):
+        """Ancestors of `node`, innermost first."""
+        node = self.parent.get(node)
+        while node is not None:
+            yield node
+            node = self.parent.get(node)
+
+    def _dominates(self, stmt: ast.stmt, load: ast.Name) -> bool:
+        """`stmt` runs on every path to `load` (it sits earlier in a block that holds the load)."""
+        block, index = self.block.get(stmt, (None, -1))
+        for ancestor in self.enclosing(load):
+            place = self.block.get(ancestor)
+            if place is not None and place[0] == block and place[1] > index:
+                return True
+        return False
+
+    def _reaches(self, store: Optional[ast.stmt], load: ast.Name) -> bool:
+        if store is not None and _end(store) > _pos(load):
+            return False
+        for other, _ in self.stores.get(load.id, ()):
+            if other is store or other is None:
+                continue
+            if (store is None or _end(other) > _end(store)) and _end(other) <= _pos(load) and self._dominates(other, load):
+                return False
+        return True
+
+    def reaching_all(self, load: ast.Name) -> list:
+        """Every (statement, is a plain `name = value`) whose stored value `load` may read; the
+        statement is None for a parameter."""
+        return [(stmt, simple) for stmt, simple in self.stores.get(load.id, ()) if self._reaches(stmt, load)]
+
+    def reaching(self, load: ast.Name) -> Optional[ast.Assign]:
+        """The one `name = value` statement whose value `load` reads, or None when several may
+        reach it or the name was stored some other way (a parameter, a loop target, unpacking)."""
+        reaching = self.reaching_all(load)
+        if len(reaching) == 1 and reaching[0][1]:
+            return reaching[0][0]
+        return None
+
+    def optional_update(self, load: ast.Name):
+        """(update, before) when `load` reads either `before` or `update`, a conditional
+        `name = f(name)` that reads `before` (`if mask is not None: x = x + mask`); else None."""
+        reaching = self.reaching_all(load)
+        if len(reaching) != 2 or not all(simple for _, simple in reaching):
+            return None
+        for (update, _), (before, _) in (reaching, reaching[::-1]):
+            inner = [n for n in walk_no_scopes(update.value) if isinstance(n, ast.Name) and n.id == load.id]
+            if (len(inner) == 1 and self.reaching(inner[0]) is before and self.uses(update) == [load]
+                    and sorted(map(id, self.uses(before))) == sorted([id(inner[0]), id(load)])):
+                return update, before
+        return None
+
+    def uses(self, assign: ast.Assign) -> list:
+        """Every load that may read the value `assign` stores."""
+        name = assign.targets[0].id
+        return [load for load in self.loads.get(name, ()) if self._reaches(assign, load)]
+
+    def stored_between(self, name: str, start: ast.AST, stop: ast.AST) -> bool:
+        """Whether `name` is stored after `start` ends and before `stop` begins."""
+        return any(stmt is not None and _end(start) < _end(stmt) <= _pos(stop)
+                   for stmt, _ in self.stores.get(name, ()))
+
+    def same_block(self, a: ast.stmt, b: ast.stmt) -> bool:
+        """Both statements are in the same statement list (so both run, in order)."""
+        return a in self.block and b in self.block and self.block[a][0] == self.block[b][0]
+
+
+def flow_of(ctx, function: ast.AST) -> FunctionFlow:
+    key = ("flow", id(function))
+    flow = ctx.shared.get(key)
+    if flow is None:
+        flow = ctx.shared[key] = FunctionFlow(function)
+    return flow

@@ -1,0 +1,961 @@
+"""MAT601 manual-attention: `softmax(q @ k.transpose(-2, -1) * scale [+ mask]) @ v` written out
+by hand instead of one `F.scaled_dot_product_attention` call."""
+from __future__ import annotations
+
+import ast
+import re
+from dataclasses import dataclass, field
+from typing import Optional
+
+from matlint.diagnostics import Edit, Fix
+from matlint.rule import Rule, bad, good
+
+from . import _kinds
+from ._flow import FunctionFlow, flow_of
+from ._torch_api import as_gemm
+
+_SOFTMAX_FUNCTIONS = {"torch.softmax", "torch.nn.functional.softmax", "torch.special.softmax"}
+_DROPOUT_FUNCTIONS = {"torch.nn.functional.dropout", "torch.dropout"}
+_CAST_METHODS = {"to", "type_as", "type", "float", "half", "bfloat16", "double"}
+# Identifiers that show the function (or its class) already has, or switches to, a fused
+# attention path: the manual one is then a fallback or a reference.
+_FUSED_PATH = re.compile(r"scaled_dot_product|sdpa|flash|xformers|memory_efficient|fused_attn|"
+                         r"attn_implementation|attention_interface|ATTENTION_FUNCTIONS", re.IGNORECASE)
+_SDPA = "scaled_dot_product_attention"
+_MAX_DEPTH = 24
+
+
+@dataclass
+class _Scores:
+    """The pre-softmax scores: the q·kᵀ GEMM and what was applied to its result."""
+    gemm: object
+    q: ast.AST
+    k: ast.AST
+    exact_layout: bool          # q, k are (..., L, E), (..., S, E) as SDPA takes them
+    key_axis_last: bool         # the GEMM's last output axis runs over the keys
+    conditional: bool = False   # a step runs only under an `if`
+    steps: list = field(default_factory=list)      # ("scale", expr, op) / ("mask", expr) / ("fill", cond, value) / ("cast",)
+    statements: list = field(default_factory=list)  # the `name = ...` statements the chain ran through
+
+
+@dataclass
+class _Probs:
+    pv: object                  # the probabilities @ v GEMM
+    v: ast.AST
+    steps: list = field(default_factory=list)       # ("dropout", p, training) / ("cast",)
+    statements: list = field(default_factory=list)
+
+
+def _int(node: ast.AST) -> Optional[int]:
+    if isinstance(node, ast.Constant) and type(node.value) is int:
+        return node.value
+    if isinstance(node, ast.UnaryOp) and isinstance(node.op, ast.USub):
+        inner = _int(node.operand)
+        return -inner if inner is not None else None
+    return None
+
+
+def _arg(call: ast.Call, index: int, name: str) -> Optional[ast.AST]:
+    if len(call.args) > index:
+        return call.args[index]
+    return next((k.value for k in call.keywords if k.arg == name), None)
+
+
+def _einsum_terms(subscripts: Optional[str]):
+    """(inputs, output) of a two-operand einsum equation, `...` counted as one letter."""
+    if not subscripts or "->" not in subscripts:
+        return None
+    lhs, out = subscripts.replace(" ", "").replace("...", "*").split("->")
+    terms = lhs.split(",")
+    if len(terms) != 2 or any(len(set(t)) != len(t) for t in terms + [out]):
+        return None
+    return terms[0], terms[1], out
+
+
+def _is_neg_inf(node: ast.AST) -> bool:
+    """-inf, or a finite fill so negative that exp() of it is 0 in every float dtype."""
+    if isinstance(node, ast.UnaryOp) and isinstance(node.op, ast.USub):
+        inner = node.operand
+        if isinstance(inner, ast.Constant) and isinstance(inner.value, (int, float)):
+            return inner.value >= 1e4
+        if isinstance(inner, ast.Call) and getattr(inner.func, "id", None) == "float" and inner.args:
+            arg = inner.args[0]
+            return isinstance(arg, ast.Constant) and str(arg.value).lower() in ("inf", "infinity")
+        return isinstance(inner, ast.Attribute) and inner.attr == "inf"
+    if isinstance(node, ast.Call) and getattr(node.func, "id", None) == "float" and node.args:
+        arg = node.args[0]
+        return isinstance(arg, ast.Constant) and str(arg.value).lower() in ("-inf", "-infinity")
+    if isinstance(node, ast.Attribute) and node.attr == "min" and isinstance(node.value, ast.Call):
+        return getattr(node.value.func, "attr", getattr(node.value.func, "id", None)) == "finfo"
+    return False
+
+
+class ManualAttention(Rule):
+    code = "MAT601"
+    name = "manual-attention"
+    summary = ("Attention written out by hand (`softmax(q @ kᵀ * scale [+ mask]) @ v`); "
+               "`F.scaled_dot_product_attention` runs it as one fused kernel.")
+    docs = """
+    ## What it does
+    Flags scaled dot-product attention computed step by step: a GEMM of queries with
+    transposed keys (`q @ k.transpose(-2, -1)`, `torch.matmul`, `torch.bmm`, `.mT`, or an
+    `einsum` such as `"bhqd,bhkd->bhqk"`), optionally scaled (`* scale`, `/ math.sqrt(d)`,
+    `* d ** -0.5`), masked (`+ mask`, `.masked_fill(mask == 0, float("-inf"))`) and cast, then a
+    softmax over the last (key) axis (`F.softmax`, `torch.softmax`, `.softmax(-1)`, an
+    `nn.Softmax(dim=-1)` module), optionally dropout, then a GEMM with the values. The steps
+    may be spread over several statements through intermediate variables. The finding is
+    reported on the q·kᵀ product.
+
+    ## Why is this bad?
+    The manual form writes the whole `L × S` score matrix to memory, reads it back for the
+    softmax, writes the probabilities, and reads them again for the second GEMM (and keeps
+    them for backward). `F.scaled_dot_product_attention` dispatches to flash or
+    memory-efficient kernels that never materialize the scores: on an H100, bf16 forward +
+    backward at sequence length 2048 ran 15× faster than the hand-written version, and the
+    memory for the scores is gone.
+
+    ## Example
+    ```python
+    att = (q @ k.transpose(-2, -1)) * (1.0 / math.sqrt(k.size(-1)))
+    att = att.masked_fill(self.bias[:, :, :T, :T] == 0, float("-inf"))
+    att = F.softmax(att, dim=-1)
+    y = att @ v
+    ```
+
+    ## Use instead
+    ```python
+    y = F.scaled_dot_product_attention(q, k, v, scale=1.0 / math.sqrt(k.size(-1)), is_causal=True)
+    ```
+
+    ## Stays quiet on
+    - Functions and classes that already use `scaled_dot_product_attention`, or switch to a
+      fused path (flash-attn, xformers, an `attn_implementation` / `fused_attn` / `use_sdpa`
+      switch, `hasattr(F, "scaled_dot_product_attention")`): the manual path there is a
+      guarded fallback or a reference implementation.
+    - Attention whose probabilities (or scores) are used for anything else: returned
+      (`output_attentions`), stored on `self`, fed to a loss or a hook. SDPA does not hand
+      them back.
+    - Scores changed in ways SDPA cannot express: anything other than scaling, adding a
+      bias or mask, `masked_fill`, and dtype casts (e.g. talking-heads mixing across heads,
+      an unknown function applied to the scores).
+    - Cosine and cross-covariance attention (both q and k `F.normalize`d, as in XCiT and
+      EdgeNeXt): the learned per-head temperature is a tensor `scale=` cannot take, and the map
+      often runs over channels, where there is nothing to gain.
+    - A second operand computed from another softmax (the Nyström approximation's
+      `kernel_1 @ inv(kernel_2)`): a composition of attention kernels, not attention over values.
+    - Additive / MLP attention (`tanh(W q + U k)`), sigmoid gates, a softmax over any axis but
+      the last (the query axis, as in slot attention), and keys that are a module's own
+      parameters (`x @ self.codebook.T`: soft assignment, not attention).
+
+    ## Fix safety
+    The fix replaces the final GEMM with one `scaled_dot_product_attention` call and deletes
+    the statements that only fed it. It is **safe** only when the call is exactly equivalent:
+    no mask, or a causal `tril` buffer sliced `[:T, :T]` and filled with `-inf` (→
+    `is_causal=True`); an explicit scale (→ `scale=...`), the default `1/sqrt(q.size(-1))`
+    (→ no argument) or none (→ `scale=1.0`); no dropout and no dtype casts; the standard
+    `(..., L, E)` layout. It is **unsafe** (offered with `--unsafe-fixes`) when the call
+    needs judgement: an additive mask becomes `attn_mask=` (a boolean mask means the opposite
+    there), a general `masked_fill` becomes a boolean `attn_mask=~(cond)`, dropout becomes
+    `dropout_p=` (a different random stream), a softmax upcast is dropped, a scale whose type
+    is not known to be a Python number, a transpose spelled with positive axes. There is no
+    fix when the layout differs (`"bqhd,bkhd->bhqk"`), when the steps sit in different blocks,
+    or when torch.nn.functional has no name in the file.
+    """
+    examples = [
+        # nanoGPT: causal tril buffer, explicit scale, across statements.
+        bad("""
+            import math
+            import torch
+            import torch.nn as nn
+            from torch.nn import functional as F
+
+            class CausalSelfAttention(nn.Module):
+                def __init__(self, n_embd, n_head, block_size):
+                    super().__init__()
+                    self.c_attn = nn.Linear(n_embd, 3 * n_embd)
+                    self.n_head = n_head
+                    self.register_buffer("bias", torch.tril(torch.ones(block_size, block_size))
+                                         .view(1, 1, block_size, block_size))
+
+                def forward(self, x):
+                    B, T, C = x.size()
+                    q, k, v = self.c_attn(x).split(C, dim=2)
+                    q = q.view(B, T, self.n_head, C // self.n_head).transpose(1, 2)
+                    k = k.view(B, T, self.n_head, C // self.n_head).transpose(1, 2)
+                    v = v.view(B, T, self.n_head, C // self.n_head).transpose(1, 2)
+                    # causal self-attention
+                    att = (q @ k.transpose(-2, -1)) * (1.0 / math.sqrt(k.size(-1)))
+                    att = att.masked_fill(self.bias[:, :, :T, :T] == 0, float('-inf'))
+                    att = F.softmax(att, dim=-1)
+                    y = att @ v
+                    return y.transpose(1, 2).contiguous().view(B, T, C)
+            """, (21, 16), fixed="""
+            import math
+            import torch
+            import torch.nn as nn
+            from torch.nn import functional as F
+
+            class CausalSelfAttention(nn.Module):
+                def __init__(self, n_embd, n_head, block_size):
+                    super().__init__()
+                    self.c_attn = nn.Linear(n_embd, 3 * n_embd)
+                    self.n_head = n_head
+                    self.register_buffer("bias", torch.tril(torch.ones(block_size, block_size))
+                                         .view(1, 1, block_size, block_size))
+
+                def forward(self, x):
+                    B, T, C = x.size()
+                    q, k, v = self.c_attn(x).split(C, dim=2)
+                    q = q.view(B, T, self.n_head, C // self.n_head).transpose(1, 2)
+                    k = k.view(B, T, self.n_head, C // self.n_head).transpose(1, 2)
+                    v = v.view(B, T, self.n_head, C // self.n_head).transpose(1, 2)
+                    # causal self-attention
+                    y = F.scaled_dot_product_attention(q, k, v, scale=1.0 / math.sqrt(k.size(-1)), is_causal=True)
+                    return y.transpose(1, 2).contiguous().view(B, T, C)
+            """),
+        # One expression; default 1/sqrt(d) scale of q's last dim needs no argument.
+        bad("""
+            import math
+            import torch
+            def attend(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor):
+                return torch.softmax(q @ k.mT / math.sqrt(q.size(-1)), dim=-1) @ v
+            """, (4, 26), fixed="""
+            import math
+            import torch
+            def attend(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor):
+                return torch.nn.functional.scaled_dot_product_attention(q, k, v)
+            """, message_contains="scaled_dot_product_attention"),
+        # Scale folded into q beforehand: the scores are unscaled, so scale=1.0.
+        bad("""
+            import torch.nn.functional as F
+            def forward(self, q, k, v):
+                q = q * self.scale
+                attn = q @ k.transpose(-2, -1)
+                attn = attn.softmax(dim=-1)
+                x = attn @ v
+                return x
+            """, (4, 12), fixed="""
+            import torch.nn.functional as F
+            def forward(self, q, k, v):
+                q = q * self.scale
+                x = F.scaled_dot_product_attention(q, k, v, scale=1.0)
+                return x
+            """),
+        # timm-style with dropout and an nn.Dropout module: unsafe fix (different random stream).
+        bad("""
+            import torch.nn as nn
+            import torch.nn.functional as F
+            class Attention(nn.Module):
+                def __init__(self, dim, heads=8, attn_drop=0.0):
+                    super().__init__()
+                    self.scale = (dim // heads) ** -0.5
+                    self.attn_drop = nn.Dropout(attn_drop)
+                def forward(self, q, k, v):
+                    attn = (q @ k.transpose(-2, -1)) * self.scale
+                    attn = attn.softmax(dim=-1)
+                    attn = self.attn_drop(attn)
+                    return attn @ v
+            """, (9, 17), unsafe=True, fixed="""
+            import torch.nn as nn
+            import torch.nn.functional as F
+            class Attention(nn.Module):
+                def __init__(self, dim, heads=8, attn_drop=0.0):
+                    super().__init__()
+                    self.scale = (dim // heads) ** -0.5
+                    self.attn_drop = nn.Dropout(attn_drop)
+                def forward(self, q, k, v):
+                    return F.scaled_dot_product_attention(q, k, v, dropout_p=(self.attn_drop.p if self.training else 0.0), scale=self.scale)
+            """),
+        # Additive mask and a softmax upcast: unsafe (a bool mask would mean the opposite).
+        bad("""
+            import math
+            import torch
+            from torch import nn
+            def attention(query, key, value, mask, head_dim: int):
+                scores = torch.matmul(query, key.transpose(-1, -2)) / math.sqrt(head_dim)
+                scores = scores + mask
+                probs = nn.functional.softmax(scores, dim=-1, dtype=torch.float32).to(query.dtype)
+                return torch.matmul(probs, value)
+            """, (5, 14), unsafe=True, fixed="""
+            import math
+            import torch
+            from torch import nn
+            def attention(query, key, value, mask, head_dim: int):
+                return nn.functional.scaled_dot_product_attention(query, key, value, attn_mask=mask, scale=1 / math.sqrt(head_dim))
+            """),
+        # einsum spelling, masked_fill with a padding mask: unsafe boolean attn_mask.
+        bad("""
+            import torch
+            import torch.nn.functional as F
+            def attend(q, k, v, pad):
+                sim = torch.einsum("bhid,bhjd->bhij", q, k) * 0.125
+                sim = sim.masked_fill(pad, float("-inf"))
+                attn = sim.softmax(dim=-1)
+                return torch.einsum("bhij,bhjd->bhid", attn, v)
+            """, (4, 11), unsafe=True, fixed="""
+            import torch
+            import torch.nn.functional as F
+            def attend(q, k, v, pad):
+                return F.scaled_dot_product_attention(q, k, v, attn_mask=~(pad), scale=0.125)
+            """),
+        # bmm on (B*H, L, E) tensors and an nn.Softmax module.
+        bad("""
+            import torch
+            import torch.nn as nn
+            class Attn(nn.Module):
+                def __init__(self, d: int):
+                    super().__init__()
+                    self.softmax = nn.Softmax(dim=-1)
+                    self.temperature = d ** 0.5
+                def forward(self, q, k, v):
+                    attn = torch.bmm(q, k.transpose(1, 2))
+                    attn = attn / self.temperature
+                    attn = self.softmax(attn)
+                    output = torch.bmm(attn, v)
+                    return output
+            """, (9, 16), fixed="""
+            import torch
+            import torch.nn as nn
+            class Attn(nn.Module):
+                def __init__(self, d: int):
+                    super().__init__()
+                    self.softmax = nn.Softmax(dim=-1)
+                    self.temperature = d ** 0.5
+                def forward(self, q, k, v):
+                    output = nn.functional.scaled_dot_product_attention(q, k, v, scale=1 / self.temperature)
+                    return output
+            """),
+        # Heads in dim 2 (einsum "bqhd,bkhd"): reported, no fix (SDPA wants heads before the sequence).
+        bad("""
+            import torch
+            def attend(q, k, v):
+                w = torch.einsum("bqhd,bkhd->bhqk", q, k).softmax(-1)
+                return torch.einsum("bhqk,bkhd->bqhd", w, v)
+            """, (3, 9)),
+        # Fallback next to SDPA in the same function.
+        good("""
+            import torch.nn.functional as F
+            def forward(self, q, k, v):
+                if self.fused_attn:
+                    x = F.scaled_dot_product_attention(q, k, v)
+                else:
+                    attn = (q @ k.transpose(-2, -1)) * self.scale
+                    attn = attn.softmax(dim=-1)
+                    x = attn @ v
+                return x
+            """),
+        # nanoGPT's flash check in __init__ makes forward's manual path a fallback.
+        good("""
+            import torch
+            import torch.nn as nn
+            class CausalSelfAttention(nn.Module):
+                def __init__(self):
+                    super().__init__()
+                    self.flash = hasattr(torch.nn.functional, 'scaled_dot_product_attention')
+                def forward(self, q, k, v):
+                    att = (q @ k.transpose(-2, -1)) * 0.125
+                    att = torch.softmax(att, dim=-1)
+                    return att @ v
+            """),
+        # Probabilities are returned (output_attentions): SDPA cannot give them back.
+        good("""
+            import torch
+            from torch import nn
+            def eager_attention_forward(module, query, key, value, attention_mask, scaling):
+                attn_weights = torch.matmul(query, key.transpose(2, 3)) * scaling
+                if attention_mask is not None:
+                    attn_weights = attn_weights + attention_mask
+                attn_weights = nn.functional.softmax(attn_weights, dim=-1)
+                attn_output = torch.matmul(attn_weights, value)
+                return attn_output, attn_weights
+            """),
+        # Probabilities stored and fed to a loss.
+        good("""
+            import torch
+            def forward(self, q, k, v, target):
+                attn = torch.softmax(q @ k.transpose(-2, -1), dim=-1)
+                self.last_attn = attn
+                out = attn @ v
+                loss = ((attn - target) ** 2).mean()
+                return out, loss
+            """),
+        # Softmax over the query axis (slot attention), sigmoid gates, additive scores.
+        good("""
+            import torch
+            def slots(q, k, v, w, u):
+                attn = torch.softmax(q @ k.transpose(-2, -1), dim=-2)
+                a = attn @ v
+                gate = torch.sigmoid(q @ k.transpose(-2, -1)) @ v
+                e = torch.softmax(torch.tanh(q @ w + k @ u) @ v, dim=-1)
+                return a, gate, e
+            """),
+        # Talking heads: the scores are mixed across heads, which SDPA cannot express.
+        good("""
+            import torch
+            def forward(self, q, k, v):
+                attn = q @ k.transpose(-2, -1) * self.scale
+                attn = self.proj_l(attn.permute(0, 2, 3, 1)).permute(0, 3, 1, 2)
+                attn = attn.softmax(dim=-1)
+                return attn @ v
+            """),
+        # Cross-covariance attention (XCiT / EdgeNeXt): normalized q and k, learned temperature.
+        good("""
+            import torch.nn.functional as F
+            def forward(self, q, k, v):
+                attn = (F.normalize(q, dim=-1) @ F.normalize(k, dim=-1).transpose(-2, -1)) * self.temperature
+                attn = attn.softmax(dim=-1)
+                return attn @ v
+            """),
+        # Nystrom approximation: the right operand is built from another softmax, not values.
+        good("""
+            import torch
+            def forward(self, q, k, q_landmarks, k_landmarks, v):
+                kernel_1 = torch.softmax(torch.matmul(q, k_landmarks.transpose(-1, -2)), dim=-1)
+                kernel_2 = torch.softmax(torch.matmul(q_landmarks, k_landmarks.transpose(-1, -2)), dim=-1)
+                return torch.matmul(kernel_1, self.iterative_inv(kernel_2)) @ v
+            """),
+        # Soft assignment to a learned codebook is not attention.
+        good("""
+            import torch
+            def quantize(self, x):
+                weights = torch.softmax(x @ self.codebook.T, dim=-1)
+                return weights @ self.codebook
+            """),
+    ]
+
+    def visit_Call(self, node: ast.Call) -> None:
+        function = self.ctx.function
+        if function is None or isinstance(function, ast.Lambda):
+            return
+        softmax = self._softmax(node)
+        if softmax is None:
+            return
+        scores_expr, dim, upcast = softmax
+        if _int(dim) is None or self._has_fused_path(function):
+            return
+        flow = flow_of(self.ctx, function)
+        scores = self._scores(flow, scores_expr, 0)
+        if scores is None or not scores.key_axis_last:
+            return
+        if _int(dim) != -1 and not (scores.gemm.op == "bmm" and _int(dim) == 2):
+            return
+        if self._is_cosine(flow, scores):
+            return
+        probs = self._probs(flow, node)
+        if probs is None or self._derives_from_softmax(flow, probs.v, 0):
+            return
+        if upcast:
+            scores.steps.append(("cast",))
+        self.report(scores.gemm.node, self._message(scores, probs), fix=self._fix(flow, scores, probs))
+
+    # -- the pattern ---------------------------------------------------------------
+    def _softmax(self, call: ast.Call):
+        """(scores, dim, upcast) for a softmax call, else None."""
+        ctx = self.ctx
+        func = call.func
+        qual = ctx.qualname(func)
+        upcast = _arg(call, 3, "dtype") is not None
+        if qual in _SOFTMAX_FUNCTIONS and call.args:
+            return call.args[0], _arg(call, 1, "dim"), upcast
+        if qual is not None or not isinstance(func, ast.Attribute):
+            return None
+        if isinstance(func.value, ast.Name) and func.value.id == "self":
+            module = self._self_module(func.attr)
+            if (module is not None and len(call.args) == 1 and not call.keywords
+                    and ctx.qualname(module.func) == "torch.nn.Softmax"):
+                return call.args[0], _arg(module, 0, "dim"), False
+            return None
+        if func.attr == "softmax" and ctx.qualname(func.value) is None:
+            return func.value, _arg(call, 0, "dim"), _arg(call, 1, "dtype") is not None
+        return None
+
+    def _self_module(self, attr: str) -> Optional[ast.Call]:
+        """The module constructed into `self.<attr>`, when there is exactly one."""
+        cls = self.ctx.class_
+        if cls is None:
+            return None
+        values = _kinds.class_attribute_values(self.ctx, cls, attr)
+        if len(values) == 1 and isinstance(values[0][1], ast.Call):
+            return values[0][1]
+        return None
+
+    def _has_fused_path(self, function: ast.AST) -> bool:
+        owner = self.ctx.class_ or function
+        key = ("mat601_fused", id(owner))
+        cached = self.ctx.shared.get(key)
+        if cached is None:
+            cached = False
+            for sub in ast.walk(owner):
+                text = (sub.id if isinstance(sub, ast.Name) else sub.attr if isinstance(sub, ast.Attribute)
+                        else sub.value if isinstance(sub, ast.Constant) and isinstance(sub.value, str) else None)
+                if text and _FUSED_PATH.search(text):
+                    cached = True
+                    break
+            self.ctx.shared[key] = cached
+        return cached
+
+    def _scores(self, flow: FunctionFlow, node: ast.AST, depth: int, also_read_by=None) -> Optional[_Scores]:
+        if depth > _MAX_DEPTH:
+            return None
+        if isinstance(node, ast.Name):
+            # The value this name holds, when it is read nowhere else.
+            assign = flow.reaching(node)
+            if assign is not None and [u for u in flow.uses(assign) if u is not also_read_by] == [node]:
+                found = self._scores(flow, assign.value, depth + 1)
+                if found:
+                    found.statements.append(assign)
+                return found
+            optional = flow.optional_update(node)
+            if optional is not None:
+                found = self._scores(flow, optional[0].value, depth + 1, also_read_by=node)
+                if found:
+                    found.statements.append(optional[0])
+                    found.conditional = True
+                return found
+            return None
+        gemm = as_gemm(self.ctx, node)
+        if gemm is not None:
+            return self._qk(gemm)
+        if isinstance(node, ast.BinOp):
+            sides = []
+            if isinstance(node.op, ast.Mult):
+                sides = [(node.left, ("scale", node.right, "*")), (node.right, ("scale", node.left, "*"))]
+            elif isinstance(node.op, ast.Div):
+                sides = [(node.left, ("scale", node.right, "/"))]
+            elif isinstance(node.op, ast.Add):
+                sides = [(node.left, ("mask", node.right)), (node.right, ("mask", node.left))]
+            elif isinstance(node.op, ast.Sub):
+                sides = [(node.left, ("mask", None))]
+            for inner, step in sides:
+                if step[0] == "scale" and self._contains_gemm(step[1]):
+                    continue
+                found = self._scores(flow, inner, depth + 1, also_read_by)
+                if found:
+                    found.steps.append(step)
+                    return found
+            return None
+        if isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute) and self.ctx.qualname(node.func) is None:
+            method = node.func.attr
+            step = None
+            if method == "masked_fill" and len(node.args) == 2 and not node.keywords:
+                step = ("fill", node.args[0], node.args[1])
+            elif method in _CAST_METHODS:
+                step = ("cast",)
+            if step:
+                found = self._scores(flow, node.func.value, depth + 1, also_read_by)
+                if found:
+                    found.steps.append(step)
+                return found
+        return None
+
+    def _contains_gemm(self, node: ast.AST) -> bool:
+        return any(as_gemm(self.ctx, sub) for sub in ast.walk(node) if isinstance(sub, (ast.BinOp, ast.Call)))
+
+    def _qk(self, gemm) -> Optional[_Scores]:
+        if len(gemm.operands) != 2:
+            return None
+        q, kt = gemm.operands
+        if gemm.op == "einsum":
+            terms = _einsum_terms(gemm.subscripts)
+            if terms is None:
+                return None
+            a, b, out = terms
+            contracted = (set(a) & set(b)) - set(out)
+            rows_q, rows_k = set(a) - set(b), set(b) - set(a)
+            if len(contracted) != 1 or len(rows_q) != 1 or len(rows_k) != 1 or not (rows_q | rows_k) <= set(out):
+                return None
+            if self._is_own_parameter(kt):
+                return None
+            (d,), (i,), (j,) = contracted, rows_q, rows_k
+            prefix = out[:-2]
+            exact = a == prefix + i + d and b == prefix + j + d and out == prefix + i + j
+            return _Scores(gemm, q, kt, exact, out[-1] == j)
+        if gemm.op not in ("@", "matmul", "bmm", "mm"):
+            return None
+        untransposed = self._untranspose(kt, gemm.op)
+        if untransposed is None:
+            return None
+        k, exact = untransposed
+        if self._is_own_parameter(k):
+            return None
+        return _Scores(gemm, q, k, exact, True)
+
+    def _untranspose(self, node: ast.AST, op: str):
+        """(k, exact) for an expression that is `k` with its last two axes swapped."""
+        if isinstance(node, ast.Attribute) and node.attr in ("mT", "T"):
+            return node.value, node.attr == "mT" or op == "mm"
+        if not (isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute)):
+            return None
+        method, args = node.func.attr, [_int(a) for a in node.args]
+        if node.keywords or None in args or self.ctx.qualname(node.func) is not None:
+            return None
+        if method == "transpose" and len(args) == 2:
+            pair = set(args)
+            if pair == {-2, -1}:
+                return node.func.value, True
+            if pair == {1, 2} and op == "bmm" or pair == {0, 1} and op == "mm":
+                return node.func.value, True
+            if pair in ({2, 3}, {1, 2}):
+                return node.func.value, False
+            return None
+        if method == "t" and not args:
+            return node.func.value, op == "mm"
+        if method == "permute" and len(args) >= 2:
+            n = len(args)
+            if args == list(range(n - 2)) + [n - 1, n - 2]:
+                return node.func.value, False
+        return None
+
+    def _is_own_parameter(self, node: ast.AST) -> bool:
+        return isinstance(node, ast.Attribute) and isinstance(node.value, ast.Name) and node.value.id == "self"
+
+    def _probs(self, flow: FunctionFlow, softmax: ast.Call) -> Optional[_Probs]:
+        node, steps, statements = softmax, [], []
+        for _ in range(_MAX_DEPTH):
+            parent = flow.parent.get(node)
+            if isinstance(parent, ast.Assign):
+                if not (len(parent.targets) == 1 and isinstance(parent.targets[0], ast.Name) and parent.value is node):
+                    return None
+                uses = flow.uses(parent)
+                if len(uses) == 2:
+                    # `if self.training: attn = self.drop(attn)`: go on through the update.
+                    for last in uses:
+                        optional = flow.optional_update(last)
+                        if optional is not None and optional[1] is parent:
+                            uses = [u for u in uses if flow.statement(u) is optional[0]]
+                            break
+                if len(uses) != 1:
+                    return None
+                statements.append(parent)
+                node = uses[0]
+                continue
+            if isinstance(parent, ast.Attribute) and parent.value is node:
+                call = flow.parent.get(parent)
+                if (isinstance(call, ast.Call) and call.func is parent and parent.attr in _CAST_METHODS
+                        and self.ctx.qualname(parent) is None):
+                    steps.append(("cast",))
+                    node = call
+                    continue
+                return None
+            if isinstance(parent, ast.Call) and parent.args and parent.args[0] is node:
+                dropout = self._dropout(parent)
+                if dropout is not None:
+                    steps.append(dropout)
+                    node = parent
+                    continue
+            gemm = as_gemm(self.ctx, parent) if isinstance(parent, (ast.BinOp, ast.Call)) else None
+            if gemm is None or len(gemm.operands) != 2:
+                return None
+            if gemm.op in ("@", "matmul", "bmm", "mm") and gemm.operands[0] is node:
+                return _Probs(gemm, gemm.operands[1], steps, statements)
+            if gemm.op == "einsum" and node in gemm.operands:
+                terms = _einsum_terms(gemm.subscripts)
+                if terms is None:
+                    return None
+                first, second, out = terms
+                probs_term, v_term = (first, second) if gemm.operands[0] is node else (second, first)
+                if (set(probs_term) & set(v_term)) - set(out) != {probs_term[-1]}:
+                    return None  # not contracted over the key axis
+                exact = gemm.operands[0] is node and out == probs_term[:-1] + v_term[-1] and v_term == (
+                    probs_term[:-2] + probs_term[-1] + v_term[-1])
+                probs = _Probs(gemm, gemm.operands[1] if gemm.operands[0] is node else gemm.operands[0], steps,
+                               statements)
+                if not exact:
+                    probs.steps.append(("layout",))
+                return probs
+            return None
+        return None
+
+    def _dropout(self, call: ast.Call):
+        qual = self.ctx.qualname(call.func)
+        if qual in _DROPOUT_FUNCTIONS:
+            return ("dropout", _arg(call, 1, "p"), _arg(call, 2, "training"), qual)
+        func = call.func
+        if (qual is None and len(call.args) == 1 and not call.keywords and isinstance(func, ast.Attribute)
+                and isinstance(func.value, ast.Name) and func.value.id == "self"):
+            module = self._self_module(func.attr)
+            if module is not None and self.ctx.qualname(module.func) == "torch.nn.Dropout":
+                return ("dropout_module", func)
+        return None
+
+    def _is_cosine(self, flow: FunctionFlow, scores: _Scores) -> bool:
+        """q and k both L2-normalized: cosine or cross-covariance attention (XCiT), whose learned
+        per-head temperature `scale=` cannot take, and whose map may run over channels."""
+        def normalized(node):
+            if isinstance(node, ast.Name):
+                assign = flow.reaching(node)
+                node = assign.value if assign is not None else node
+            return isinstance(node, ast.Call) and self.ctx.qualname(node.func) == "torch.nn.functional.normalize"
+        return normalized(scores.q) and normalized(scores.k)
+
+    def _derives_from_softmax(self, flow: FunctionFlow, node: ast.AST, depth: int) -> bool:
+        """The "values" are computed from another softmax (a Nyström factor, a kernel product):
+        a composition of attention kernels, not attention over values."""
+        if depth > 3:
+            return False
+        for sub in ast.walk(node):
+            if isinstance(sub, ast.Call) and self._softmax(sub) is not None:
+                return True
+            if isinstance(sub, ast.Name) and isinstance(sub.ctx, ast.Load):
+                assign = flow.reaching(sub)
+                if assign is not None and self._derives_from_softmax(flow, assign.value, depth + 1):
+                    return True
+        return False
+
+    # -- message and fix -------------------------------------------------------------
+    def _message(self, scores: _Scores, probs: _Probs) -> str:
+        parts = ["q @ kᵀ"]
+        kinds = {s[0] for s in scores.steps}
+        if "scale" in kinds:
+            parts.append("scale")
+        if kinds & {"mask", "fill"}:
+            parts.append("mask")
+        parts.append("softmax")
+        if any(s[0].startswith("dropout") for s in probs.steps):
+            parts.append("dropout")
+        parts.append("@ v")
+        return (f"hand-written attention ({' → '.join(parts)}, result at line {probs.pv.node.lineno}): use "
+                "`F.scaled_dot_product_attention(q, k, v, ...)`, one fused flash/memory-efficient kernel "
+                "(15× faster fwd+bwd in bf16 on an H100 at S=2048)")
+
+    def _fix(self, flow: FunctionFlow, scores: _Scores, probs: _Probs) -> Optional[Fix]:
+        ctx = self.ctx
+        if not scores.exact_layout or any(s[0] == "layout" for s in probs.steps):
+            return None
+        prefix = self._functional_prefix()
+        if prefix is None:
+            return None
+        final = flow.statement(probs.pv.node)
+        statements = scores.statements + probs.statements
+        for stmt in statements:
+            if not flow.same_block(stmt, final) or not self._own_lines(stmt):
+                return None
+        # Everything the call reads must still mean at the final statement what it meant where
+        # it was read.
+        moved = [scores.q, scores.k] + [part for step in scores.steps + probs.steps for part in step[1:]
+                                        if isinstance(part, ast.expr)]
+        for expr in moved:
+            for sub in ast.walk(expr):
+                if isinstance(sub, ast.Name) and flow.stored_between(sub.id, flow.statement(expr), probs.pv.node):
+                    return None
+        safe = True
+        kwargs = []
+        scale, mask, causal = [], None, False
+        fills = [s for s in scores.steps if s[0] == "fill"]
+        masks = [s for s in scores.steps if s[0] == "mask"]
+        if len(fills) + len(masks) > 1:
+            return None
+        seen_mask = False
+        for step in scores.steps:
+            if step[0] == "scale":
+                if seen_mask and not causal:
+                    return None  # a scaled mask: SDPA adds the mask after scaling
+                scale.append(step)
+            elif step[0] == "mask":
+                if step[1] is None:
+                    return None
+                mask, seen_mask, safe = ctx.segment(step[1]), True, False
+            elif step[0] == "fill":
+                cond, value = step[1], step[2]
+                if not _is_neg_inf(value):
+                    return None
+                seen_mask = True
+                if self._is_causal_condition(cond):
+                    causal = True
+                else:
+                    mask, safe = self._keep_mask(cond), False
+            elif step[0] == "cast":
+                safe = False
+        for step in probs.steps:
+            if step[0] == "cast":
+                safe = False
+            elif step[0] == "dropout":
+                _, p, training, qual = step
+                if p is None:
+                    return None
+                safe = False
+                if training is None and qual == "torch.nn.functional.dropout":
+                    kwargs.append(f"dropout_p={ctx.segment(p)}")
+                elif training is not None:
+                    kwargs.append(f"dropout_p=({ctx.segment(p)} if {ctx.segment(training)} else 0.0)")
+                else:
+                    return None
+            elif step[0] == "dropout_module":
+                safe = False
+                kwargs.append(f"dropout_p=({ctx.segment(step[1])}.p if self.training else 0.0)")
+        if mask is not None:
+            kwargs.insert(0, f"attn_mask={mask}")
+        if len(scale) > 1:
+            return None
+        if scale:
+            _, expr, op = scale[0]
+            if not self._is_default_scale(expr, op, scores.q):
+                text = ctx.segment(expr)
+                if op == "/" and not isinstance(expr, (ast.Name, ast.Attribute, ast.Call, ast.Constant, ast.Subscript)):
+                    text = f"({text})"
+                kwargs.append(f"scale={text}" if op == "*" else f"scale=1 / {text}")
+                if not self._is_number(expr):
+                    if any(_kinds.is_tensor(ctx, sub) for sub in ast.walk(expr) if isinstance(sub, ast.expr)):
+                        return None  # SDPA's scale is a float; a tensor scale would have to move into q
+                    safe = False
+        else:
+            kwargs.append("scale=1.0")
+        if causal:
+            kwargs.append("is_causal=True")
+        args = ", ".join([ctx.segment(scores.q), ctx.segment(scores.k), ctx.segment(probs.v)] + kwargs)
+        if "\n" in args:
+            return None
+        edits = [ctx.edit(probs.pv.node, f"{prefix}.{_SDPA}({args})")]
+        deleted = {row for stmt in statements if stmt is not final for row in range(stmt.lineno, stmt.end_lineno + 1)}
+        edits += [Edit("", first, 1, last + 1, 1) for first, last in self._line_runs(deleted)]
+        return Fix("replace with F.scaled_dot_product_attention", tuple(edits), safe)
+
+    def _line_runs(self, deleted: set) -> list:
+        """Runs of rows to delete: the statements' rows, plus a blank row that would otherwise
+        follow another blank row once they are gone."""
+        lines = self.ctx.lines
+        blank = lambda row: not lines[row - 1].strip()  # noqa: E731
+        rows = set(deleted)
+        for row in sorted(deleted):
+            before, after = row - 1, row + 1
+            while before in rows:
+                before -= 1
+            while after in rows:
+                after += 1
+            if before >= 1 and after <= len(lines) and blank(before) and blank(after):
+                rows.add(after)
+        runs, start = [], None
+        for row in sorted(rows):
+            if start is None:
+                start = prev = row
+            elif row == prev + 1:
+                prev = row
+            else:
+                runs.append((start, prev))
+                start = prev = row
+        if start is not None:
+            runs.append((start, prev))
+        return runs
+
+    def _own_lines(self, stmt: ast.stmt) -> bool:
+        lines = self.ctx.lines
+        before = lines[stmt.lineno - 1][:stmt.col_offset]
+        after = lines[stmt.end_lineno - 1].encode()[stmt.end_col_offset:].decode(errors="replace")
+        return not before.strip() and (not after.strip() or after.strip().startswith("#")) and stmt.end_lineno < len(lines)
+
+    def _functional_prefix(self) -> Optional[str]:
+        """How this file can spell torch.nn.functional."""
+        candidates = []
+        for stmt in self.ctx.tree.body:
+            if isinstance(stmt, (ast.Import, ast.ImportFrom)):
+                for alias in stmt.names:
+                    name = alias.asname or alias.name.split(".")[0]
+                    candidates.append(name)
+        spellings = [s for head in candidates for s in (head, f"{head}.functional", f"{head}.nn.functional")
+                     if self.ctx.qualname(ast.parse(s, mode="eval").body) == "torch.nn.functional"]
+        return min(spellings, key=len) if spellings else None
+
+    def _is_causal_condition(self, cond: ast.AST) -> bool:
+        """`tril_buffer[..., :T, :T] == 0` (or `~tril[...]`, `.logical_not()`) for a lower-triangular buffer of ones."""
+        if isinstance(cond, ast.Compare) and len(cond.ops) == 1 and isinstance(cond.ops[0], ast.Eq):
+            zero = cond.comparators[0]
+            if not (isinstance(zero, ast.Constant) and zero.value in (0, False)):
+                return False
+            keep = cond.left
+        elif isinstance(cond, ast.UnaryOp) and isinstance(cond.op, ast.Invert):
+            keep = cond.operand
+        else:
+            return False
+        if not isinstance(keep, ast.Subscript):
+            return False
+        slices = keep.slice.elts if isinstance(keep.slice, ast.Tuple) else [keep.slice]
+        if len(slices) < 2 or not all(isinstance(s, ast.Slice) and s.lower is None and s.step is None for s in slices):
+            return False
+        rows, cols = slices[-2].upper, slices[-1].upper
+        if rows is None or cols is None or ast.dump(rows) != ast.dump(cols):
+            return False
+        if any(s.upper is not None for s in slices[:-2]):
+            return False
+        base = keep.value
+        if not (isinstance(base, ast.Attribute) and isinstance(base.value, ast.Name) and base.value.id == "self"):
+            return False
+        values = _kinds.class_attribute_values(self.ctx, self.ctx.class_, base.attr) if self.ctx.class_ else []
+        return len(values) == 1 and self._is_tril_of_ones(values[0][1])
+
+    def _is_tril_of_ones(self, node: ast.AST) -> bool:
+        # torch.tril(torch.ones(n, n)).view(1, 1, n, n), possibly with .bool() / .to(...)
+        while (isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute)
+               and node.func.attr in ("view", "reshape", "bool", "to", "unsqueeze", "float", "byte")):
+            node = node.func.value
+        if not isinstance(node, ast.Call):
+            return False
+        if self.ctx.qualname(node.func) == "torch.tril":
+            if len(node.args) != 1 or any(k.arg == "diagonal" for k in node.keywords):
+                return False
+            ones = node.args[0]
+        elif isinstance(node.func, ast.Attribute) and node.func.attr == "tril" and not node.args and not node.keywords:
+            ones = node.func.value
+        else:
+            return False
+        if not (isinstance(ones, ast.Call) and self.ctx.qualname(ones.func) == "torch.ones"):
+            return False
+        dims = [a for a in ones.args]
+        return len(dims) == 2 and ast.dump(dims[0]) == ast.dump(dims[1])
+
+    def _keep_mask(self, cond: ast.AST) -> str:
+        ctx = self.ctx
+        if (isinstance(cond, ast.Compare) and len(cond.ops) == 1 and isinstance(cond.ops[0], ast.Eq)
+                and isinstance(cond.comparators[0], ast.Constant) and cond.comparators[0].value == 0):
+            return f"{ctx.segment(cond.left)} != 0"
+        if isinstance(cond, ast.UnaryOp) and isinstance(cond.op, ast.Invert):
+            return ctx.segment(cond.operand)
+        return f"~({ctx.segment(cond)})"
+
+    def _is_default_scale(self, expr: ast.AST, op: str, q: ast.AST) -> bool:
+        """`/ math.sqrt(q.size(-1))`, `* q.shape[-1] ** -0.5` and friends: SDPA's own default."""
+        def last_dim(node):
+            if isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute) and node.func.attr == "size":
+                return len(node.args) == 1 and _int(node.args[0]) == -1 and ast.dump(node.func.value) == ast.dump(q)
+            if isinstance(node, ast.Subscript) and isinstance(node.value, ast.Attribute) and node.value.attr == "shape":
+                return _int(node.slice) == -1 and ast.dump(node.value.value) == ast.dump(q)
+            return False
+
+        def sqrt_of_last_dim(node):
+            if isinstance(node, ast.Call) and self.ctx.qualname(node.func) in ("math.sqrt",) and len(node.args) == 1:
+                return last_dim(node.args[0])
+            if isinstance(node, ast.BinOp) and isinstance(node.op, ast.Pow):
+                exp = node.right
+                return isinstance(exp, ast.Constant) and exp.value == 0.5 and last_dim(node.left)
+            return False
+
+        if op == "/":
+            return sqrt_of_last_dim(expr)
+        if isinstance(expr, ast.BinOp) and isinstance(expr.op, ast.Pow):
+            exp = expr.right
+            return (isinstance(exp, ast.UnaryOp) and isinstance(exp.op, ast.USub)
+                    and isinstance(exp.operand, ast.Constant) and exp.operand.value == 0.5 and last_dim(expr.left))
+        if isinstance(expr, ast.BinOp) and isinstance(expr.op, ast.Div):
+            one = expr.left
+            return isinstance(one, ast.Constant) and one.value in (1, 1.0) and sqrt_of_last_dim(expr.right)
+        return False
+
+    def _is_number(self, expr: ast.AST) -> bool:
+        """A Python number, not a tensor: SDPA's `scale` must be a float."""
+        if isinstance(expr, ast.Constant):
+            return isinstance(expr.value, (int, float)) and not isinstance(expr.value, bool)
+        if isinstance(expr, ast.BinOp):
+            return self._is_number(expr.left) and self._is_number(expr.right)
+        if isinstance(expr, ast.UnaryOp):
+            return self._is_number(expr.operand)
+        if isinstance(expr, ast.Call):
+            qual = self.ctx.qualname(expr.func)
+            if qual in ("math.sqrt", "math.log", "math.exp"):
+                return all(self._is_number(a) for a in expr.args)
+            if isinstance(expr.func, ast.Attribute) and expr.func.attr == "size":
+                return True
+            return isinstance(expr.func, ast.Name) and expr.func.id in ("float", "int", "len")
+        if isinstance(expr, ast.Subscript) and isinstance(expr.value, ast.Attribute) and expr.value.attr == "shape":
+            return True
+        if isinstance(expr, (ast.Name, ast.Attribute)):
+            return _kinds.kind_of(self.ctx, expr) == _kinds.SCALAR
+        return False

@@ -1,0 +1,133 @@
+"""The MAT6xx fixes compute what the code computed before: each example's source and its fixed
+source are run on the same random tensors and compared. Safe fixes must agree unconditionally;
+unsafe ones agree under the condition their docs state (a float mask, evaluation mode)."""
+import types
+
+import pytest
+
+torch = pytest.importorskip("torch")
+
+from matlint.engine import lint_source  # noqa: E402
+from matlint.fixes import fix_until_stable  # noqa: E402
+from matlint.registry import all_rules  # noqa: E402
+
+RULES = {rule.code: rule for rule in all_rules()}
+ManualAttention = RULES["MAT601"]
+
+
+def _fixed(rule, example):
+    source = example.code
+    fixed, applied, _ = fix_until_stable(
+        source, lambda s: [f for f in lint_source(s, "example.py", [rule], prefilter=False) if f.code == rule.code],
+        unsafe=example.unsafe)
+    assert applied > 0
+    return source, fixed
+
+
+def _modules(source, fixed, cls, ctor_args):
+    ns_before, ns_after = {}, {}
+    exec(compile(source, "before.py", "exec"), ns_before)
+    exec(compile(fixed, "after.py", "exec"), ns_after)
+    before, after = ns_before[cls](*ctor_args), ns_after[cls](*ctor_args)
+    after.load_state_dict(before.state_dict())
+    return before, after
+
+
+def _functions(source, fixed, name):
+    ns_before, ns_after = {}, {}
+    exec(compile(source, "before.py", "exec"), ns_before)
+    exec(compile(fixed, "after.py", "exec"), ns_after)
+    return ns_before[name], ns_after[name]
+
+
+def _qkv(*shape_q, s=7, ev=None):
+    torch.manual_seed(0)
+    *batch, lq, e = shape_q
+    q = torch.randn(*batch, lq, e, dtype=torch.float64)
+    k = torch.randn(*batch, s, e, dtype=torch.float64)
+    v = torch.randn(*batch, s, ev or e, dtype=torch.float64)
+    return q, k, v
+
+
+# index -> a check that returns (before, after) outputs
+def _check_nanogpt(source, fixed):
+    before, after = _modules(source, fixed, "CausalSelfAttention", (32, 4, 16))
+    x = torch.randn(2, 10, 32)
+    return before(x), after(x)
+
+
+def _check_one_expression(source, fixed):
+    before, after = _functions(source, fixed, "attend")
+    q, k, v = _qkv(2, 3, 5, 8, s=7, ev=6)
+    return before(q, k, v), after(q, k, v)
+
+
+def _check_prescaled_q(source, fixed):
+    before, after = _functions(source, fixed, "forward")
+    module = types.SimpleNamespace(scale=0.37)
+    q, k, v = _qkv(2, 4, 9, 16, s=11)
+    return before(module, q, k, v), after(module, q, k, v)
+
+
+def _check_dropout_in_eval(source, fixed):
+    before, after = _modules(source, fixed, "Attention", (64, 4, 0.5))
+    before.eval(), after.eval()
+    q, k, v = _qkv(2, 4, 9, 16, s=11)
+    return before(q, k, v), after(q, k, v)
+
+
+def _check_float_mask(source, fixed):
+    before, after = _functions(source, fixed, "attention")
+    q, k, v = _qkv(2, 4, 9, 16, s=11)
+    mask = torch.zeros(2, 1, 9, 11, dtype=torch.float64)
+    mask[..., -3:] = float("-inf")
+    return before(q, k, v, mask, 16), after(q, k, v, mask, 16)
+
+
+def _check_bool_padding(source, fixed):
+    before, after = _functions(source, fixed, "attend")
+    q, k, v = _qkv(2, 4, 9, 16, s=11)
+    pad = torch.zeros(2, 1, 1, 11, dtype=torch.bool)
+    pad[0, ..., -4:] = True
+    return before(q, k, v, pad), after(q, k, v, pad)
+
+
+def _check_bmm(source, fixed):
+    before, after = _modules(source, fixed, "Attn", (16,))
+    q, k, v = _qkv(6, 9, 16, s=11, ev=5)
+    return before(q, k, v), after(q, k, v)
+
+
+CHECKS = {
+    0: _check_nanogpt,
+    1: _check_one_expression,
+    2: _check_prescaled_q,
+    3: _check_dropout_in_eval,
+    4: _check_float_mask,
+    5: _check_bool_padding,
+    6: _check_bmm,
+}
+
+
+@pytest.mark.parametrize("index", sorted(CHECKS), ids=lambda i: f"MAT601-{i}")
+def test_attention_fix_is_equivalent(index):
+    example = ManualAttention.examples[index]
+    source, fixed = _fixed(ManualAttention, example)
+    assert "scaled_dot_product_attention" in fixed and "softmax(" not in fixed
+    before, after = CHECKS[index](source, fixed)
+    assert before.shape == after.shape
+    assert torch.allclose(before, after, atol=1e-5, rtol=1e-5)
+
+
+def test_every_attention_fix_is_checked():
+    with_fix = {i for i, e in enumerate(ManualAttention.examples) if e.fixed is not None}
+    assert with_fix == set(CHECKS)
+
+
+def test_causal_fix_differs_without_the_mask():
+    """The equivalence check can fail: dropping is_causal from the nanoGPT fix changes the output."""
+    example = ManualAttention.examples[0]
+    source, fixed = _fixed(ManualAttention, example)
+    broken = fixed.replace(", is_causal=True", "")
+    before, after = _check_nanogpt(source, broken)
+    assert not torch.allclose(before, after, atol=1e-5, rtol=1e-5)
