@@ -1,0 +1,244 @@
+"""MAT104 per-head-modules: identical per-head modules applied one by one to the same input and
+concatenated."""
+from __future__ import annotations
+
+import ast
+from typing import Optional
+
+from matlint.rule import Rule, bad, good
+
+from ._loops import bound_names, loaded_names
+
+_JOINS = {"torch.cat", "torch.concat", "torch.concatenate", "torch.stack"}
+_MODULE_LISTS = {"torch.nn.ModuleList"}
+_LINEAR = {"torch.nn.Linear"}
+
+
+def _self_attr(expr: ast.AST, self_name: str) -> Optional[str]:
+    if isinstance(expr, ast.Attribute) and isinstance(expr.value, ast.Name) and expr.value.id == self_name:
+        return expr.attr
+    return None
+
+
+def _params(fn) -> list:
+    return fn.args.posonlyargs + fn.args.args
+
+
+class PerHeadModules(Rule):
+    code = "MAT104"
+    name = "per-head-modules"
+    summary = "Identical per-head modules run one after another on the same input and concatenated; one batched module runs all heads at once."
+    docs = """
+    ## What it does
+    Flags `torch.cat`/`torch.stack` of the outputs of a `ModuleList`'s modules applied one by one
+    to the same input (`torch.cat([h(x) for h in self.heads], dim=-1)`, or a loop appending
+    `head(x)` to a list that is then concatenated) when `__init__` built the list from one class
+    with the same arguments for every item (`nn.ModuleList([Head(d) for _ in range(n)])`, or a
+    loop of `append`s), and that class is `nn.Linear` or a class of the same file that holds
+    `nn.Linear` projections (an attention head).
+
+    ## Why is this bad?
+    Each head runs its own small GEMMs (and softmax, and launches): `n_heads` times the kernels
+    of one batched computation, each too small to fill the matrix units. A single projection
+    to `n_heads * head_size` followed by a reshape to a head dim computes the same function in
+    one GEMM, and attention over the head dim is one batched call
+    (`F.scaled_dot_product_attention` takes `(B, heads, T, d)`).
+
+    ## Example
+    ```python
+    self.heads = nn.ModuleList([Head(head_size) for _ in range(num_heads)])
+    ...
+    out = torch.cat([h(x) for h in self.heads], dim=-1)
+    ```
+
+    ## Use instead
+    ```python
+    self.qkv = nn.Linear(n_embd, 3 * num_heads * head_size)
+    ...
+    q, k, v = self.qkv(x).view(B, T, 3, num_heads, head_size).permute(2, 0, 3, 1, 4)
+    out = F.scaled_dot_product_attention(q, k, v, is_causal=True).transpose(1, 2).reshape(B, T, -1)
+    ```
+
+    ## Stays quiet on
+    - Lists of different modules, or of one class built with per-item arguments
+      (`Block(i)`, `nn.Linear(dims[i], dims[i + 1])`): not identical.
+    - Sequential use (`for layer in self.layers: x = layer(x)`) and heads given different inputs
+      (`expert(x[idx])`, `h(x_i)`).
+    - Lists of classes from other files whose content it cannot see (ensembles of full models),
+      and lists not built in `__init__` of the same class.
+
+    ## Fix safety
+    No automatic fix: the weights must be re-laid out into one module (checkpoints change).
+    """
+    examples = [
+        bad("""
+            import torch
+            import torch.nn as nn
+            class Head(nn.Module):
+                def __init__(self, n_embd, head_size):
+                    super().__init__()
+                    self.key = nn.Linear(n_embd, head_size, bias=False)
+                    self.query = nn.Linear(n_embd, head_size, bias=False)
+                def forward(self, x):
+                    return (self.query(x) @ self.key(x).transpose(-2, -1)).softmax(-1)
+            class MultiHeadAttention(nn.Module):
+                def __init__(self, num_heads, n_embd, head_size):
+                    super().__init__()
+                    self.heads = nn.ModuleList([Head(n_embd, head_size) for _ in range(num_heads)])
+                def forward(self, x):
+                    return torch.cat([h(x) for h in self.heads], dim=-1)
+            """, (15, 16), message_contains="`Head`"),
+        bad("""
+            import torch as T
+            from torch import nn
+            class Probes(nn.Module):
+                def __init__(self, d, n):
+                    super().__init__()
+                    self.probes = nn.ModuleList()
+                    for _ in range(n):
+                        self.probes.append(nn.Linear(d, 1))
+                def forward(self, feats):
+                    outs = []
+                    for probe in self.probes:
+                        outs.append(probe(feats))
+                    return T.stack(outs, dim=1)
+            """, (13, 16), message_contains="nn.Linear(d, n * 1)"),
+        good("""
+            import torch
+            import torch.nn as nn
+            class Net(nn.Module):
+                def __init__(self, dims):
+                    super().__init__()
+                    self.layers = nn.ModuleList([nn.Linear(dims[i], dims[i + 1]) for i in range(len(dims) - 1)])
+                    self.heads = nn.ModuleList([nn.Linear(8, 8) for _ in range(4)])
+                    self.blocks = nn.ModuleList([nn.Linear(8, 8) for _ in range(4)])
+                def forward(self, x, parts):
+                    a = torch.cat([layer(x) for layer in self.layers], -1)
+                    b = torch.cat([h(p) for h, p in zip(self.heads, parts)], -1)
+                    for blk in self.blocks:
+                        x = blk(x)
+                    c = torch.stack([h(parts[i]) for i, h in enumerate(self.heads)])
+                    return a, b, c, x
+            """),
+        good("""
+            import torch
+            import torch.nn as nn
+            from models import Model
+            class Ensemble(nn.Module):
+                def __init__(self, n):
+                    super().__init__()
+                    self.models = nn.ModuleList([Model() for _ in range(n)])
+                def forward(self, x):
+                    return torch.stack([m(x) for m in self.models])
+            """),
+    ]
+
+    def visit_Call(self, node: ast.Call) -> None:
+        fn, cls = self.ctx.function, self.ctx.class_
+        if fn is None or cls is None or not node.args or fn not in cls.body or not _params(fn):
+            return
+        if self.ctx.qualname(node.func) not in _JOINS:
+            return
+        self_name = _params(fn)[0].arg
+        applied = self._applied_heads(node.args[0], fn, self_name)
+        if applied is None:
+            return
+        attr, call_text = applied
+        built = self._identical_items(cls, attr)
+        if built is None:
+            return
+        module_call, count = built
+        seg = self.ctx.segment
+        kind = module_call.func
+        if self.ctx.qualname(kind) in _LINEAR:
+            args = [seg(a) for a in module_call.args]
+            if len(args) >= 2:
+                args[1] = f"{count} * {args[1]}" if count else f"n * {args[1]}"
+            how = (f"one `{seg(kind)}({', '.join(args + [seg(k) for k in module_call.keywords])})` computes every "
+                   f"item at once (then `view` out the item dim)")
+        else:
+            how = (f"hold the heads' weights in one module with a head dim (one projection to "
+                   f"`n_heads * head_size`, attention batched over heads) and run them in one call")
+        self.report(node, f"`self.{attr}` holds identical `{seg(kind)}` modules applied one by one to the same "
+                          f"input (`{call_text}`) and joined: {how}")
+
+    def _applied_heads(self, joined: ast.AST, fn, self_name: str):
+        """(attr, call) for `[h(x) for h in self.attr]`, or a list filled by `for h in self.attr: out.append(h(x))`."""
+        if isinstance(joined, (ast.ListComp, ast.GeneratorExp)) and len(joined.generators) == 1:
+            gen = joined.generators[0]
+            if gen.ifs or gen.is_async or not isinstance(gen.target, ast.Name):
+                return None
+            attr = _self_attr(gen.iter, self_name)
+            if attr and self._same_input_call(joined.elt, gen.target.id):
+                return attr, self.ctx.segment(joined.elt)
+            return None
+        if not isinstance(joined, ast.Name):
+            return None
+        for stmt in ast.walk(fn):
+            if not (isinstance(stmt, ast.For) and isinstance(stmt.target, ast.Name) and len(stmt.body) == 1):
+                continue
+            attr = _self_attr(stmt.iter, self_name)
+            call = stmt.body[0].value if isinstance(stmt.body[0], ast.Expr) else None
+            if (attr and isinstance(call, ast.Call) and isinstance(call.func, ast.Attribute)
+                    and call.func.attr == "append" and isinstance(call.func.value, ast.Name)
+                    and call.func.value.id == joined.id and len(call.args) == 1
+                    and self._same_input_call(call.args[0], stmt.target.id)):
+                return attr, self.ctx.segment(call.args[0])
+        return None
+
+    @staticmethod
+    def _same_input_call(expr: ast.AST, item: str) -> bool:
+        return (isinstance(expr, ast.Call) and isinstance(expr.func, ast.Name) and expr.func.id == item
+                and bool(expr.args) and not any(item in loaded_names(a) for a in expr.args + expr.keywords))
+
+    def _identical_items(self, cls: ast.ClassDef, attr: str):
+        """(module constructor call, count text) when `__init__` fills `self.attr` with one class, same arguments."""
+        init = next((f for f in cls.body if isinstance(f, ast.FunctionDef) and f.name == "__init__"), None)
+        if init is None or not _params(init):
+            return None
+        self_name = _params(init)[0].arg
+        found = []
+        for stmt in ast.walk(init):
+            if isinstance(stmt, ast.Assign) and any(_self_attr(t, self_name) == attr for t in stmt.targets):
+                found.append(self._from_module_list(stmt.value))
+            elif isinstance(stmt, ast.For):
+                for sub in stmt.body:
+                    call = sub.value if isinstance(sub, ast.Expr) else None
+                    if (isinstance(call, ast.Call) and isinstance(call.func, ast.Attribute) and call.func.attr == "append"
+                            and _self_attr(call.func.value, self_name) == attr and len(call.args) == 1):
+                        found.append(self._item(call.args[0], bound_names(stmt.target), stmt.iter))
+        if len(found) == 2 and found[0] == "empty":
+            found = found[1:]
+        if len(found) != 1 or found[0] in (None, "empty"):
+            return None
+        module_call, count = found[0]
+        return (module_call, count) if self._holds_projections(module_call.func) else None
+
+    def _from_module_list(self, value: ast.AST):
+        if not (isinstance(value, ast.Call) and self.ctx.qualname(value.func) in _MODULE_LISTS):
+            return None
+        if not value.args:
+            return "empty"
+        items = value.args[0]
+        if isinstance(items, (ast.ListComp, ast.GeneratorExp)) and len(items.generators) == 1 and not items.generators[0].ifs:
+            gen = items.generators[0]
+            return self._item(items.elt, bound_names(gen.target), gen.iter)
+        return None
+
+    def _item(self, call: ast.AST, loop_names: set, iterable: ast.AST):
+        if not isinstance(call, ast.Call) or any(loop_names & loaded_names(a) for a in call.args + call.keywords):
+            return None
+        if not (isinstance(iterable, ast.Call) and getattr(iterable.func, "id", None) == "range" and len(iterable.args) == 1):
+            return None
+        count = iterable.args[0]
+        return call, (self.ctx.segment(count) if isinstance(count, (ast.Name, ast.Constant, ast.Attribute)) else None)
+
+    def _holds_projections(self, func: ast.AST) -> bool:
+        if self.ctx.qualname(func) in _LINEAR:
+            return True
+        if not isinstance(func, ast.Name):
+            return False
+        for stmt in self.ctx.tree.body:
+            if isinstance(stmt, ast.ClassDef) and stmt.name == func.id:
+                return any(isinstance(n, ast.Call) and self.ctx.qualname(n.func) in _LINEAR for n in ast.walk(stmt))
+        return False
