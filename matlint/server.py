@@ -581,7 +581,9 @@ class MatlintServer:
                         kind=lsp.CodeActionKind.QuickFix, diagnostics=[diagnostic],
                         edit=self._edit(doc, [lsp.TextEdit(
                             range=to_range(result.lines, codec, row, column, row, end_column), new_text=text)])))
-        if wanted(FIX_ALL_KIND) and any(f.fix is not None and f.fix.safe for f in result.static):
+        # Fix-all lints the file several times: only when asked for by kind (Source Action
+        # menu, editor.codeActionsOnSave), not on every cursor move.
+        if only and wanted(FIX_ALL_KIND) and any(f.fix is not None and f.fix.safe for f in result.static):
             settings = self.project_settings(doc.path, self.folder_root(self.folder_of(doc.path), doc.path))
             fixed, count, _ = fix_until_stable(result.source, lambda s: _lint_text(s, doc.path, settings))
             if count and fixed != result.source:

@@ -362,6 +362,9 @@ async def test_fix_all_applies_every_safe_fix(client, editor, workspace):
                                  only=["source.fixAll"])
     (action,) = actions
     assert action.kind == "source.fixAll.matlint"
+    whole = t.Range(start=t.Position(line=0, character=0), end=t.Position(line=len(source.splitlines()), character=0))
+    unasked = await code_actions(client, uri, rng=whole)
+    assert unasked and not [a for a in unasked if a.kind == "source.fixAll.matlint"]
     expected, _, _ = fix_until_stable(source, lambda s: lint_text(s, "fixall.py"))
     assert editor.apply(action.edit) == expected
     after = await editor.diagnostics(uri, version=editor.versions[uri])

@@ -39,6 +39,9 @@ export PATH="$MATLINT_NODE24_BIN:$PATH"
 # node-gyp must build code-server's native modules against Node 24's headers, which the
 # package ships (a machine-wide ~/.npmrc may point it at another Node's).
 export npm_config_nodedir="$MATLINT_NODE24_HOME"
+# Newer npm releases skip dependencies' install scripts unless allowed; code-server's postinstall
+# installs VS Code's own modules and must run (older npm ignores this setting).
+export npm_config_dangerously_allow_all_scripts=true
 
 # 3. code-server and playwright-core (drives the system chromium; downloads no browser).
 cs_version=""
