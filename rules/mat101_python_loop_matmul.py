@@ -39,6 +39,10 @@ class PythonLoopMatmul(Rule):
     the loop body. The message says which single call replaces the loop, with `einsum`
     subscripts written out when they can be derived.
 
+    A loop of GEMMs whose results are collected and stacked is reported here, once per GEMM;
+    MAT103 (stacked-loop-products) stays quiet on it and reports only per-item products written
+    as an elementwise multiply and a sum, which this rule does not see as GEMMs.
+
     ## Why is this bad?
     Each iteration launches a separate small GEMM (and its Python and dispatch overhead), which
     keeps the GPU's matrix units mostly idle. One batched call runs them all in a single kernel:

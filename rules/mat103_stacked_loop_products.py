@@ -1,0 +1,241 @@
+"""MAT103 stacked-loop-products: per-item products summed out by hand, collected in a list and
+stacked, where one broadcasted call (or einsum) computes all items."""
+from __future__ import annotations
+
+import ast
+from typing import Optional
+
+from matlint.rule import Rule, bad, good
+
+from ._loops import LoopInfo, loaded_names, walk_no_scopes
+from ._torch_api import as_gemm
+from .mat101_python_loop_matmul import PythonLoopMatmul
+
+_JOINS = {"torch.stack": "stack", "torch.cat": "cat", "torch.concat": "cat", "torch.concatenate": "cat"}
+
+
+class StackedLoopProducts(Rule):
+    code = "MAT103"
+    name = "stacked-loop-products"
+    summary = "Per-item multiply-and-sum products collected in a list and stacked; one broadcasted call or einsum computes them all."
+    docs = """
+    ## What it does
+    Flags `torch.stack`/`torch.cat` of a list built one item at a time (a comprehension, or a
+    loop appending to the list) when each item is a contraction written out by hand: an
+    elementwise product summed over some dims, `(x[i] * w).sum(-1)`, `torch.sum(a[i] * b[i], dim=-1)`,
+    where the factors are the loop's slice of a tensor (`x[i]`, `x[:, i]`, `for xi in x`) and
+    values fixed across the loop. When it can, the message spells out the single call.
+
+    This rule and MAT101 split the work: a loop whose items are GEMMs (`@`, `matmul`, `bmm`,
+    `einsum`, `dot`, `nn.Linear`...) is MAT101's, which reports each GEMM; MAT103 stays quiet on
+    any stacked list whose items contain a GEMM, and reports only the products MAT101 does not
+    see: multiply-then-sum written with `*` and `sum`.
+
+    ## Why is this bad?
+    Each item costs a multiply kernel, a reduction kernel, and a temporary, plus the final
+    copy into the stacked tensor: for n items that is 2n+1 launches where one broadcasted
+    product and sum (or one `einsum`, which runs as a GEMM on the matrix units) does the same
+    work in one or two.
+
+    ## Example
+    ```python
+    scores = torch.stack([(q[i] * k[i]).sum(-1) for i in range(n)])
+    ```
+
+    ## Use instead
+    ```python
+    scores = (q * k).sum(-1)              # or torch.einsum("nd,nd->n", q, k)
+    ```
+
+    ## Stays quiet on
+    - Items containing a GEMM (MAT101 reports those) and items that are not a product summed
+      out (`x[i] * w` alone, `f(x[i])`).
+    - Items of lists (their shapes may differ), chunked loops, numpy arrays, names of unknown kind.
+    - Recurrences (an item depends on the previous one) and lists that get other appends too.
+
+    ## Fix safety
+    No automatic fix: the broadcasted form may need `unsqueeze` to align dims, which needs the
+    shapes; the message gives the call where it is exact.
+    """
+    examples = [
+        bad("""
+            import torch
+            def scores(q: torch.Tensor, k: torch.Tensor, n):
+                return torch.stack([(q[i] * k[i]).sum(-1) for i in range(n)])
+            """, (3, 12), message_contains="`(q * k).sum(-1)`"),
+        bad("""
+            import torch as T
+            def weighted(w):
+                x = T.randn(16, 8, 32)
+                outs = []
+                for xi in x:
+                    outs.append(T.sum(xi * w, dim=-1))
+                return T.stack(outs)
+            """, (7, 12), message_contains="T.sum(x * w, dim=-1)"),
+        bad("""
+            import torch
+            def per_column(v):
+                x = torch.randn(8, 4, 16)
+                cols = [(x[:, j] * v).sum(dim=1) for j in range(4)]
+                return torch.cat(cols)
+            """, (5, 12)),
+        good("""
+            import torch
+            def f(q, k, w, xs, n):
+                a = torch.stack([q[i] @ k[i].T for i in range(n)])
+                b = torch.stack([(q[i] * w) for i in range(n)])
+                c = torch.stack([(x * w).sum(-1) for x in xs])
+                d = torch.stack([(q[i:i + 4] * w).sum(-1) for i in range(0, n, 4)])
+                return a, b, c, d
+            """),
+        good("""
+            import torch
+            def f(x, w):
+                x = torch.randn(16, 32)
+                outs = []
+                h = torch.zeros(32)
+                for xi in x:
+                    h = (xi * h).sum(-1) * w
+                    outs.append(h)
+                outs.append(w)
+                return torch.stack(outs)
+            """),
+    ]
+
+    def __init__(self, ctx, options=None):
+        super().__init__(ctx, options)
+        # MAT101's analysis of per-step items, reused rather than copied.
+        self._loop_gemms = PythonLoopMatmul(ctx)
+
+    def visit_Call(self, node: ast.Call) -> None:
+        join = _JOINS.get(self.ctx.qualname(node.func))
+        if join is None or not node.args:
+            return
+        listed = node.args[0]
+        if isinstance(listed, ast.Name) and isinstance(self._single_value(listed.id), ast.ListComp):
+            listed = self._single_value(listed.id)
+        if isinstance(listed, (ast.ListComp, ast.GeneratorExp)):
+            loop = LoopInfo(listed, self.ctx)
+            if len(listed.generators) != 1 or listed.generators[0].ifs:
+                return
+            item = listed.elt
+        elif isinstance(listed, ast.Name):
+            found = self._appending_loop(listed.id)
+            if found is None:
+                return
+            loop, item = found
+        else:
+            return
+        if loop.carried & loaded_names(item):
+            return
+        if any(as_gemm(self.ctx, sub) for sub in walk_no_scopes(item) if isinstance(sub, (ast.BinOp, ast.Call))):
+            return
+        product = self._product_sum(item)
+        if product is None:
+            return
+        factors, rebuild, dims = product
+        slices = []
+        for factor in factors:
+            if loop.depends_on_iteration(factor) or (loaded_names(factor) & loop.assigned):
+                batched = self._per_item(loop, factor)
+                if batched is None:
+                    return
+                slices.append((factor, batched))
+            elif loaded_names(factor) & loop.targets:
+                return
+        if not slices:
+            return
+        self.report(node, f"each item is a product summed out by hand, computed one item at a time and "
+                          f"{'stacked' if join == 'stack' else 'concatenated'}: "
+                          f"{self._suggestion(join, node, dims, factors, slices, rebuild)}")
+
+    def _per_item(self, loop: LoopInfo, factor: ast.AST):
+        if isinstance(factor, ast.Name) and factor.id not in loop.targets:
+            assigned = self._loop_gemms._single_assignment(loop, factor.id)
+            if assigned is None:
+                return None
+            inner = self._loop_gemms._batched(loop, assigned, 0)
+            return inner if inner is None or not inner.plain else type(inner)(inner.base, inner.dim, True)
+        return self._loop_gemms._batched(loop, factor, 0)
+
+    def _product_sum(self, item: ast.AST):
+        """([factors], rebuild, [dim args]) for `(a * b).sum(...)` / `torch.sum(a * b, ...)`; `rebuild(product)` writes the call anew."""
+        seg = self.ctx.segment
+        if not isinstance(item, ast.Call):
+            return None
+        if self.ctx.qualname(item.func) == "torch.sum" and item.args:
+            inner, positional = item.args[0], item.args[1:]
+            rest = [seg(a) for a in positional] + [seg(k) for k in item.keywords]
+            rebuild = lambda product: f"{seg(item.func)}({', '.join([product] + rest)})"
+        elif isinstance(item.func, ast.Attribute) and item.func.attr == "sum" and self.ctx.qualname(item.func) is None:
+            inner, positional = item.func.value, item.args
+            rest = [seg(a) for a in positional] + [seg(k) for k in item.keywords]
+            rebuild = lambda product: f"({product}).sum({', '.join(rest)})"
+        else:
+            return None
+        if not (isinstance(inner, ast.BinOp) and isinstance(inner.op, ast.Mult)):
+            return None
+        dims = positional[:1] + [k.value for k in item.keywords if k.arg == "dim"]
+        return [inner.left, inner.right], rebuild, dims
+
+    @staticmethod
+    def _reduces_trailing_dims(dims: list) -> bool:
+        """A sum over negative dims only: those name the same dims with or without the item dim."""
+        if len(dims) != 1:
+            return False
+        dim = dims[0]
+        elts = dim.elts if isinstance(dim, (ast.Tuple, ast.List)) else [dim]
+        return all(isinstance(e, ast.UnaryOp) and isinstance(e.op, ast.USub) and isinstance(e.operand, ast.Constant)
+                   for e in elts)
+
+    def _suggestion(self, join, node, dims, factors, slices, rebuild) -> str:
+        seg = self.ctx.segment
+        if not self._reduces_trailing_dims(dims):
+            return "multiply the whole tensors once with the item dim kept (broadcasting or `torch.einsum`) and sum out the same dims"
+        exact = (join == "stack" and len(node.args) == 1 and not node.keywords
+                 and all(b.plain and b.dim == 0 for _, b in slices) and len(slices) == len(factors))
+        if exact:
+            product = " * ".join(seg(b.base) for _, b in slices)
+            return f"use one call over all items: `{rebuild(product)}`"
+        if (join == "stack" and len(node.args) == 1 and not node.keywords
+                and all(b.plain and b.dim == 0 for _, b in slices)):
+            whole = {id(f): seg(b.base) for f, b in slices}
+            product = " * ".join(whole.get(id(f), seg(f)) for f in factors)
+            return (f"use one broadcasted call over all items, e.g. `{rebuild(product)}` (check that the fixed "
+                    f"factor lines up with the item dims, `unsqueeze(0)` if not), or `torch.einsum`")
+        return "multiply the whole tensors once with the item dim kept (broadcasting or `torch.einsum`) and sum out the same dims"
+
+    def _single_value(self, name: str) -> Optional[ast.AST]:
+        """The value of `name` when the function binds it exactly once, by `name = value`."""
+        fn = self.ctx.function
+        values, stores = [], 0
+        for stmt in (fn.body if fn is not None else self.ctx.tree.body):
+            for sub in walk_no_scopes(stmt):
+                if isinstance(sub, ast.Assign) and len(sub.targets) == 1 and isinstance(sub.targets[0], ast.Name) \
+                        and sub.targets[0].id == name:
+                    values.append(sub.value)
+                elif isinstance(sub, ast.Name) and sub.id == name and isinstance(sub.ctx, ast.Store):
+                    stores += 1
+        return values[0] if len(values) == 1 and stores == 1 else None
+
+    def _appending_loop(self, name: str):
+        """The one loop that fills list `name` (bound once, to `[]`) by `name.append(item)`, its only change."""
+        fn = self.ctx.function
+        body = fn.body if fn is not None else self.ctx.tree.body
+        appends, loops = [], []
+        for stmt in body:
+            for sub in walk_no_scopes(stmt):
+                if isinstance(sub, (ast.For, ast.AsyncFor)):
+                    loops.append(sub)
+                if (isinstance(sub, ast.Call) and isinstance(sub.func, ast.Attribute) and isinstance(sub.func.value, ast.Name)
+                        and sub.func.value.id == name and sub.func.attr in ("append", "extend", "insert")):
+                    appends.append(sub)
+        if len(appends) != 1 or appends[0].func.attr != "append" or len(appends[0].args) != 1:
+            return None
+        call = appends[0]
+        owners = [loop for loop in loops if any(sub is call for stmt in loop.body for sub in walk_no_scopes(stmt))]
+        start = self._single_value(name)
+        if len(owners) != 1 or not (isinstance(start, ast.List) and not start.elts):
+            return None
+        owner = owners[0]
+        return LoopInfo(owner, self.ctx), call.args[0]
