@@ -162,12 +162,33 @@ class NameResolver:
 
 
 def in_test_code(ctx) -> bool:
-    """The engine is inside a test: a `test_*.py` / `*_test.py` / `conftest.py` file or a
-    `tests/` folder, a `test*` function, or a `Test*` class."""
+    """The engine is inside a test: a `test_*.py` / `*_test.py` / `conftest.py` file, a
+    `tests/`, `test/` or `testing/` folder, a `test*` function, a pytest fixture, or a
+    `Test*` class."""
     path = ctx.filename.replace("\\", "/")
     base = path.rsplit("/", 1)[-1]
-    if base.startswith("test_") or base.endswith("_test.py") or base == "conftest.py" or "/tests/" in "/" + path:
+    if base.startswith("test_") or base.endswith("_test.py") or base == "conftest.py":
         return True
-    if any(getattr(f, "name", "").startswith("test") for f in ctx.functions):
+    if any(folder in "/" + path for folder in ("/tests/", "/test/", "/testing/")):
         return True
+    for function in ctx.functions:
+        if getattr(function, "name", "").startswith("test"):
+            return True
+        if any("fixture" in ast.unparse(d) for d in getattr(function, "decorator_list", ())):
+            return True
     return any(c.name.startswith("Test") for c in ctx.classes)
+
+
+def spelling(ctx, qualname: str) -> Optional[str]:
+    """The shortest way this file can write `qualname` with the module names it imports
+    (`F` for torch.nn.functional after `import torch.nn.functional as F`), or None."""
+    heads = []
+    for stmt in ctx.tree.body:
+        if isinstance(stmt, (ast.Import, ast.ImportFrom)):
+            heads.extend(alias.asname or alias.name.split(".")[0] for alias in stmt.names)
+    found = []
+    for head in heads:
+        base = ctx.qualname(ast.Name(head, ast.Load()))
+        if base and (qualname == base or qualname.startswith(base + ".")):
+            found.append(head + qualname[len(base):])
+    return min(found, key=len) if found else None

@@ -1,0 +1,319 @@
+"""MAT401 no-mixed-precision: a training step in a file that never turns on bf16/fp16 autocast,
+a half-precision model, or TF32."""
+from __future__ import annotations
+
+import ast
+import re
+from typing import Optional
+
+from matlint.rule import Rule, bad, good
+
+from ._loops import identifier, is_backward, is_optimizer_step, walk_no_scopes
+from ._names import in_test_code
+
+_AUTOCAST = {"torch.autocast", "torch.cuda.amp.autocast", "torch.cpu.amp.autocast", "torch.amp.autocast"}
+_HALF_DTYPES = {"torch.float16", "torch.half", "torch.bfloat16"}
+_NO_GRAD = {"torch.no_grad", "torch.inference_mode"}
+# Frameworks that own the precision setting (a config file, a Trainer argument, a CLI flag).
+_FRAMEWORKS = ("lightning", "pytorch_lightning", "lightning_fabric", "accelerate", "deepspeed", "colossalai",
+               "composer", "apex")
+# Identifier and string tokens that show the file routes precision through a setting.
+_PRECISION_TOKENS = {"amp", "autocast", "fp16", "bf16", "bfloat16", "float16", "half", "precision", "tf32",
+                     "mixed"}
+_TOKEN_SPLIT = re.compile(r"[^a-z0-9]+|(?<=[a-z])(?=[0-9])")
+_EVAL_FUNCTION = re.compile(r"eval|valid|test|predict|infer|generate|sample|decode", re.IGNORECASE)
+
+
+def _tokens(text: str) -> set:
+    return set(_TOKEN_SPLIT.split(text.lower()))
+
+
+class NoMixedPrecision(Rule):
+    code = "MAT401"
+    name = "no-mixed-precision"
+    summary = "A training step (`.backward()` plus an optimizer step) in a file that never enables bf16/fp16 autocast, a half-precision model or TF32."
+    default_enabled = False
+    docs = """
+    ## What it does
+    Flags, once per file, the `.backward()` of a training step (a function, or the module
+    level, that calls both `.backward()` and an optimizer's `.step()`) when nothing in the file
+    turns on reduced-precision matmuls:
+    - `torch.autocast`, `torch.cuda.amp.autocast`, `torch.amp.autocast` in any form (`with`,
+      decorator, a context stored in a variable, `nullcontext() if ... else autocast(...)`,
+      `accelerator.autocast()`), unless it is `enabled=False` or only used for evaluation
+      (under `torch.no_grad()` / `inference_mode()`, or in an eval/predict/generate function);
+    - a bf16/fp16 model or tensors (`model.half()`, `.bfloat16()`, `.to(torch.bfloat16)`,
+      `dtype=torch.bfloat16`, `torch_dtype=torch.float16`), or a dtype taken from a variable
+      or a model (`dtype=weight_dtype`, `.to(self.unet.dtype)`): the model's precision is then
+      chosen where it is loaded;
+    - TF32: `torch.backends.cuda.matmul.allow_tf32 = True`, `torch.backends.cudnn.allow_tf32 =
+      True`, `torch.set_float32_matmul_precision("high" | "medium" | a variable)`;
+    - a framework that owns precision: Lightning `precision=`, accelerate
+      `Accelerator(mixed_precision=...)` (or any `Accelerator`: its config file decides),
+      DeepSpeed, an import of lightning, accelerate, deepspeed or apex;
+    - a setting that routes precision through configuration: any name, attribute, keyword or
+      string such as `args.amp`, `use_amp`, `fp16`, `bf16`, `mixed_precision`, `precision`.
+    A `GradScaler` alone does not count (it scales fp16 gradients but casts nothing).
+
+    ## Why is this bad?
+    In float32 without TF32, every GEMM runs on the GPU's slow path. On an H100 at 8192³ a bf16
+    GEMM runs 14× and a TF32 GEMM 7.8× faster than float32, and activations in bf16 halve the
+    memory traffic of everything else.
+
+    ## Example
+    ```python
+    for x, y in loader:
+        loss = F.cross_entropy(model(x.cuda()), y.cuda())
+        loss.backward()
+        opt.step()
+        opt.zero_grad()
+    ```
+
+    ## Use instead
+    ```python
+    torch.set_float32_matmul_precision("high")          # TF32 for what stays float32
+    for x, y in loader:
+        with torch.autocast(device_type="cuda", dtype=torch.bfloat16):
+            loss = F.cross_entropy(model(x.cuda()), y.cuda())
+        loss.backward()
+        opt.step()
+        opt.zero_grad()
+    ```
+
+    ## Stays quiet on
+    - Files with any of the signs above, including a precision flag it cannot evaluate
+      (`if args.amp:`), and training steps in tests (`test_*` functions, test files).
+    - Files that never mention CUDA or a device (CPU-only code, where bf16 autocast rarely
+      pays).
+    - Training steps driven by a framework (`self.manual_backward`, `accelerator.backward`):
+      no plain `.backward()` plus optimizer `.step()` pair.
+
+    Off by default: precision is a process-wide choice, and it is often made in a different
+    file from the training step (the entry script sets TF32, the caller wraps the step in
+    autocast, a config decides). A linter that reads one file cannot see that, so on library
+    code many findings are wrong. Enable it (`select = ["MAT401"]`) for training scripts,
+    where the step and the precision setting live together.
+
+    ## Fix safety
+    No fix: which precision is right (bf16 autocast, fp16 with a `GradScaler`, or TF32) and
+    where the autocast region should end depend on the model.
+    """
+    examples = [
+        bad("""
+            import torch
+            import torch.nn.functional as F
+            def train(model, loader, opt):
+                model.cuda()
+                for x, y in loader:
+                    loss = F.cross_entropy(model(x.cuda()), y.cuda())
+                    loss.backward()
+                    opt.step()
+                    opt.zero_grad()
+            """, (7, 9)),
+        bad("""
+            import torch
+            from torch.cuda.amp import autocast, GradScaler
+            scaler = GradScaler()
+            device = "cuda"
+            @torch.no_grad()
+            def evaluate(model, x):
+                with autocast():
+                    return model(x)
+            def step(model, optimizer, x):
+                with torch.autocast("cuda", enabled=False):
+                    loss = model(x.to(device)).sum()
+                scaler.scale(loss).backward()
+                scaler.step(optimizer)
+                torch.set_float32_matmul_precision("highest")
+                torch.backends.cuda.matmul.allow_tf32 = False
+            """, (12, 5)),
+        good("""
+            import contextlib
+            import torch
+            def train(model, loader, optimizer, use_bf16):
+                ctx = torch.autocast("cuda", dtype=torch.bfloat16) if use_bf16 else contextlib.nullcontext()
+                for x, y in loader:
+                    with ctx:
+                        loss = model(x.cuda(), y.cuda())
+                    loss.backward()
+                    optimizer.step()
+            """),
+        good("""
+            import torch
+            from torch.amp import autocast
+            @autocast(device_type="cuda")
+            def compute(model, x):
+                return model(x).sum()
+            def train(model, x, opt):
+                loss = compute(model, x.cuda())
+                loss.backward()
+                opt.step()
+            """),
+        good("""
+            import torch
+            torch.backends.cuda.matmul.allow_tf32 = True
+            def train(model, x, opt):
+                model(x.cuda()).sum().backward()
+                opt.step()
+            """),
+        good("""
+            import torch
+            def train(model, x, opt):
+                torch.set_float32_matmul_precision("high")
+                model = model.to("cuda", dtype=torch.bfloat16)
+                model(x).sum().backward()
+                opt.step()
+            """),
+        good("""
+            import torch
+            def train(model, x, opt, args):
+                model.cuda()
+                with torch.autocast("cuda", enabled=args.amp):
+                    loss = model(x).sum()
+                loss.backward()
+                opt.step()
+            def test_step(model, x, opt):
+                model(x.cuda()).sum().backward()
+                opt.step()
+            """),
+        good("""
+            import torch
+            def invert(self, latents, steps):
+                x = latents.to(self.unet.device, self.unet.dtype)
+                opt = torch.optim.SGD([x], lr=0.1)
+                for t in steps:
+                    self.unet(x, t).sum().backward()
+                    opt.step()
+            """),
+        good("""
+            import torch
+            def fit(model, x, optimizer):
+                loss = model(x).sum()
+                loss.backward()
+                optimizer.step()
+            """),
+        good("""
+            import torch
+            from lightning import Fabric
+            def train(model, x, optimizer):
+                model(x.cuda()).sum().backward()
+                optimizer.step()
+            """),
+    ]
+
+    def __init__(self, ctx, options=None):
+        super().__init__(ctx, options)
+        self.training_backward: Optional[ast.Call] = None
+        self.mixed_precision = False
+
+    # -- training steps -------------------------------------------------------------
+    def visit_Call(self, node: ast.Call) -> None:
+        if self.mixed_precision:
+            return
+        if is_backward(node) and self.training_backward is None and not in_test_code(self.ctx):
+            if self._step_in_same_function():
+                self.training_backward = node
+        if self._enables_reduced_precision(node):
+            self.mixed_precision = True
+
+    def _step_in_same_function(self) -> bool:
+        owner = self.ctx.function or self.ctx.tree
+        key = ("mat401_steps", id(owner))
+        if key not in self.ctx.shared:
+            body = owner.body if isinstance(owner.body, list) else [owner.body]
+            self.ctx.shared[key] = any(is_optimizer_step(n) for stmt in body for n in walk_no_scopes(stmt))
+        return self.ctx.shared[key]
+
+    # -- signs of mixed precision -------------------------------------------------------
+    def _enables_reduced_precision(self, node: ast.Call) -> bool:
+        qualname = self.ctx.qualname(node.func) or ""
+        name = identifier(node.func)
+        if qualname in _AUTOCAST or name == "autocast":
+            return self._autocast_counts(node)
+        if name in ("half", "bfloat16") and not node.args:
+            return True
+        if qualname == "torch.set_float32_matmul_precision":
+            arg = node.args[0] if node.args else None
+            return not (isinstance(arg, ast.Constant) and arg.value == "highest")
+        if any(self.ctx.qualname(a) in _HALF_DTYPES or self._routed_dtype(a) for a in node.args):
+            return True
+        for keyword in node.keywords:
+            if self.ctx.qualname(keyword.value) in _HALF_DTYPES:
+                return True
+            if keyword.arg in ("dtype", "torch_dtype") and not (self.ctx.qualname(keyword.value) or "").startswith("torch."):
+                return True  # a dtype taken from a variable: the precision is chosen elsewhere
+        return False
+
+    @staticmethod
+    def _routed_dtype(arg: ast.AST) -> bool:
+        """`x.to(self.unet.dtype)`: the dtype of a model set up elsewhere."""
+        return isinstance(arg, ast.Attribute) and arg.attr == "dtype"
+
+    def _autocast_counts(self, node: ast.Call) -> bool:
+        for keyword in node.keywords:
+            if keyword.arg == "enabled" and isinstance(keyword.value, ast.Constant) and keyword.value.value is False:
+                return False
+            if keyword.arg == "dtype" and self.ctx.qualname(keyword.value) in ("torch.float32", "torch.float"):
+                return False
+        return not self._in_evaluation()
+
+    def _in_evaluation(self) -> bool:
+        for function in self.ctx.functions:
+            if _EVAL_FUNCTION.search(getattr(function, "name", "")):
+                return True
+            for decorator in getattr(function, "decorator_list", ()):
+                target = decorator.func if isinstance(decorator, ast.Call) else decorator
+                if self.ctx.qualname(target) in _NO_GRAD:
+                    return True
+        for parent in self.ctx.parents:
+            if isinstance(parent, (ast.With, ast.AsyncWith)):
+                for item in parent.items:
+                    expr = item.context_expr
+                    if isinstance(expr, ast.Call) and self.ctx.qualname(expr.func) in _NO_GRAD:
+                        return True
+        return False
+
+    def visit_Assign(self, node: ast.Assign) -> None:
+        for target in node.targets:
+            if isinstance(target, ast.Attribute) and target.attr in ("allow_tf32", "allow_bf16_reduced_precision_reduction"):
+                if not (isinstance(node.value, ast.Constant) and node.value.value is False):
+                    self.mixed_precision = True
+
+    def visit_Import(self, node: ast.Import) -> None:
+        if any(alias.name.split(".")[0] in _FRAMEWORKS for alias in node.names):
+            self.mixed_precision = True
+
+    def visit_ImportFrom(self, node: ast.ImportFrom) -> None:
+        if node.module and node.module.split(".")[0] in _FRAMEWORKS:
+            self.mixed_precision = True
+
+    def visit_Name(self, node: ast.Name) -> None:
+        if self.ctx.qualname(node) is None:
+            self._precision_setting(node.id)
+
+    def visit_Attribute(self, node: ast.Attribute) -> None:
+        if not (self.ctx.qualname(node) or "").startswith("torch"):
+            self._precision_setting(node.attr)
+
+    def visit_keyword(self, node: ast.keyword) -> None:
+        if node.arg:
+            self._precision_setting(node.arg)
+
+    def visit_Constant(self, node: ast.Constant) -> None:
+        if isinstance(node.value, str) and len(node.value) < 40:
+            self._precision_setting(node.value)
+
+    def _precision_setting(self, text: str) -> None:
+        if text != "autocast" and _tokens(text) & _PRECISION_TOKENS:
+            self.mixed_precision = True
+
+    def leave_Module(self, node: ast.Module) -> None:
+        if self.mixed_precision or self.training_backward is None:
+            return
+        if "cuda" not in self.ctx.source and "device" not in self.ctx.source:
+            return
+        self.report(self.training_backward,
+                    "this training step runs its matmuls in float32 and nothing in this file enables mixed "
+                    "precision: wrap the forward and loss in `torch.autocast(device_type=\"cuda\", "
+                    "dtype=torch.bfloat16)` (bf16 GEMMs ran 14× faster than fp32 on an H100) or at least call "
+                    "`torch.set_float32_matmul_precision(\"high\")` (TF32, 7.8×)")

@@ -1,0 +1,257 @@
+"""MAT402 float64-in-model: float64 parameters or activations on a model's compute path."""
+from __future__ import annotations
+
+import ast
+from typing import Optional
+
+from matlint.rule import Rule, bad, good
+
+from . import _kinds
+from ._loops import bound_names, loaded_names, walk_no_scopes
+from ._names import in_test_code
+
+_FLOAT64 = {"torch.float64", "torch.double"}
+_CASTS = {"float", "half", "bfloat16", "to", "type", "type_as"}
+_HOST_KINDS = (_kinds.CPU_TENSOR, _kinds.NUMPY, _kinds.SCALAR, _kinds.LIST, _kinds.LOADER, _kinds.OTHER)
+_MODULE_KINDS = (_kinds.MODULE, _kinds.LINEAR, _kinds.MODULE_LIST)
+
+
+class Float64InModel(Rule):
+    code = "MAT402"
+    name = "float64-in-model"
+    summary = "float64 (`.double()`, `dtype=torch.float64`) on a model's compute path."
+    docs = """
+    ## What it does
+    Flags float64 on the compute path of model code:
+    - in an `nn.Module`'s `forward`: `.double()`, `.to(torch.float64)`, `.type(torch.double)`
+      and tensors created with `dtype=torch.float64` / `torch.double`;
+    - in its `__init__`: parameters and layers created in float64 (`nn.Parameter(w.double())`,
+      `nn.Linear(..., dtype=torch.float64)`) and `self.double()`;
+    - anywhere: a whole model cast to float64 (`model.double()`, `model.to(torch.float64)`) and
+      `torch.set_default_dtype(torch.float64)`.
+
+    ## Why is this bad?
+    Tensor cores do not compute in float64. An H100 runs float64 at a small fraction of its
+    bf16/TF32 tensor-core rate (and consumer GPUs at 1/64 of float32); float64 tensors also
+    double memory traffic, and any float32 activation that meets a float64 tensor is promoted,
+    so one float64 buffer can turn the rest of the forward into float64.
+
+    ## Example
+    ```python
+    def forward(self, x):
+        scores = x.double() @ self.proj.weight.double().T
+        return scores.softmax(-1)
+    ```
+
+    ## Use instead
+    ```python
+    def forward(self, x):
+        return (x @ self.proj.weight.T).softmax(-1)   # run under torch.autocast for bf16
+    ```
+
+    ## Stays quiet on
+    - Deliberate float64 numerics that are cast back: an upcast whose result (directly, or
+      through the names assigned from it) is later cast with `.float()`, `.to(x.dtype)`,
+      `.type_as(x)`... in the same function, e.g. RoPE frequency tables built in float64 and
+      then cast, or a numerically sensitive reduction done in float64 and returned in the
+      input's dtype.
+    - Branches that test a dtype (`if x.dtype == torch.float64:`), values on the CPU by
+      construction, numpy arrays, and buffers or tables computed once in `__init__` that do
+      not become parameters.
+    - Methods other than `forward` and `__init__` (metrics, statistics, export helpers) and
+      code outside `nn.Module` classes, except a whole model cast to float64.
+    - Tests.
+
+    ## Fix safety
+    No fix: leaving float64 changes the numbers the model computes, which only the author can
+    judge.
+    """
+    examples = [
+        bad("""
+            import torch
+            import torch.nn as nn
+            class Head(nn.Module):
+                def __init__(self, d):
+                    super().__init__()
+                    self.w = nn.Parameter(torch.randn(d, d, dtype=torch.float64))
+                    self.proj = nn.Linear(d, d, dtype=torch.double)
+                def forward(self, x):
+                    h = x.double() @ self.w
+                    eye = torch.eye(h.shape[-1], dtype=torch.float64, device=x.device)
+                    return self.proj(h + eye).to(torch.float64)
+            """, (6, 55), (7, 43), (9, 13), (10, 44), (11, 16)),
+        bad("""
+            import torch as T
+            from mymodels import Net
+            T.set_default_dtype(T.float64)
+            model = T.nn.Sequential(T.nn.Linear(4, 4)).double()
+            other = Net().double()
+            net = T.nn.Linear(4, 4)
+            net.to(T.double)
+            """, (3, 1), (4, 9), (7, 1)),
+        good("""
+            import torch
+            import torch.nn as nn
+            class Rotary(nn.Module):
+                def __init__(self, dim, base=10000):
+                    super().__init__()
+                    inv_freq = 1.0 / base ** (torch.arange(0, dim, 2, dtype=torch.float64) / dim)
+                    self.register_buffer("inv_freq", inv_freq.float())
+                def forward(self, x):
+                    t = torch.arange(x.shape[1], device=x.device, dtype=torch.float64)
+                    freqs = torch.outer(t, self.inv_freq.double())
+                    emb = torch.cat((freqs, freqs), dim=-1)
+                    return emb.cos().to(x.dtype), emb.sin().to(x.dtype)
+            class Norm(nn.Module):
+                def forward(self, x):
+                    if x.dtype == torch.float64:
+                        return x.double() / x.norm()
+                    var = x.double().pow(2).mean(-1, keepdim=True).float()
+                    return x * torch.rsqrt(var)
+            """),
+        good("""
+            import numpy as np
+            import torch
+            import torch.nn as nn
+            class Stats(nn.Module):
+                def forward(self, x):
+                    counts = torch.tensor([1, 2, 3]).double()
+                    return x * 2
+                def summary(self, x):
+                    return x.double().mean()
+            def test_double():
+                model = nn.Linear(2, 2).double()
+            def helper(t):
+                return t.double()
+            """),
+    ]
+
+    def visit_Call(self, node: ast.Call) -> None:
+        func = node.func
+        qualname = self.ctx.qualname(func)
+        if qualname == "torch.set_default_dtype":
+            if node.args and self.ctx.qualname(node.args[0]) in _FLOAT64 and not in_test_code(self.ctx):
+                self.report(node, "`torch.set_default_dtype(torch.float64)` makes every model and tensor float64, "
+                                  "which tensor cores cannot compute; keep float32 (and train under bf16 autocast)")
+            return
+        method = func.attr if isinstance(func, ast.Attribute) else None
+        casts_to_64 = method == "double" and not node.args or method in ("to", "type") and self._float64_arg(node)
+        if casts_to_64 and _kinds.kind_of(self.ctx, func.value) in _MODULE_KINDS:
+            if not in_test_code(self.ctx):
+                self.report(node, f"`{self.ctx.segment(func)}(...)` casts the whole model to float64, which tensor "
+                                  "cores cannot compute; keep it float32 and train under bf16 autocast")
+            return
+        where = self._model_method()
+        if where is None or in_test_code(self.ctx):
+            return
+        if casts_to_64:
+            if where == "__init__" and not self._is_self(func.value):
+                if not self._inside_parameter(node):
+                    return
+            elif _kinds.kind_of(self.ctx, func.value) in _HOST_KINDS:
+                return
+            self._report(node, f"`{self.ctx.segment(node)}`", where)
+            return
+        dtype = next((k.value for k in node.keywords if k.arg == "dtype"), None)
+        if dtype is None or self.ctx.qualname(dtype) not in _FLOAT64:
+            return
+        if where == "__init__" and not (self._inside_parameter(node) or self._is_layer(qualname)):
+            return
+        if qualname is None and not isinstance(func, ast.Attribute):
+            return
+        self._report(dtype, "`dtype=torch.float64`", where)
+
+    # -- helpers ----------------------------------------------------------------
+    def _float64_arg(self, node: ast.Call) -> bool:
+        values = list(node.args) + [k.value for k in node.keywords if k.arg == "dtype"]
+        for value in values:
+            if self.ctx.qualname(value) in _FLOAT64 | {"torch.DoubleTensor", "torch.cuda.DoubleTensor"}:
+                return True
+            if isinstance(value, ast.Constant) and value.value in ("torch.DoubleTensor", "torch.cuda.DoubleTensor"):
+                return True
+        return False
+
+    def _model_method(self) -> Optional[str]:
+        """'forward' or '__init__' when directly inside that method of an nn.Module class."""
+        cls, function = self.ctx.class_, self.ctx.function
+        if cls is None or function is None or len(self.ctx.functions) != 1:
+            return None
+        if getattr(function, "name", None) not in ("forward", "__init__"):
+            return None
+        return function.name if self._is_module_class(cls) else None
+
+    def _is_module_class(self, cls: ast.ClassDef) -> bool:
+        for base in cls.bases:
+            qualname = self.ctx.qualname(base) or ""
+            name = qualname or (ast.unparse(base) if isinstance(base, (ast.Name, ast.Attribute)) else "")
+            if name.startswith("torch.nn") or name.endswith("Module"):
+                return True
+        return any(isinstance(s, ast.FunctionDef) and s.name == "forward" for s in cls.body)
+
+    def _is_self(self, expr: ast.AST) -> bool:
+        args = self.ctx.function.args.args
+        node = expr
+        while isinstance(node, ast.Attribute):
+            node = node.value
+        return bool(args) and isinstance(node, ast.Name) and node.id == args[0].arg
+
+    def _is_layer(self, qualname: Optional[str]) -> bool:
+        return bool(qualname) and qualname.startswith("torch.nn.") and qualname.split(".")[-1][:1].isupper()
+
+    def _inside_parameter(self, node: ast.AST) -> bool:
+        return any(isinstance(p, ast.Call) and self.ctx.qualname(p.func) in ("torch.nn.Parameter", "torch.nn.parameter.Parameter")
+                   for p in self.ctx.parents)
+
+    def _report(self, node: ast.AST, what: str, where: str) -> None:
+        if self._dtype_guarded() or self._cast_back(node):
+            return
+        place = "the model's `forward`" if where == "forward" else "a parameter of the model"
+        self.report(node, f"{what} puts float64 on {place}: tensor cores do not compute in float64, "
+                          "and float32 activations that meet it are promoted; keep float32 (bf16 under autocast)")
+
+    def _dtype_guarded(self) -> bool:
+        for parent in self.ctx.parents:
+            if isinstance(parent, (ast.If, ast.IfExp)):
+                text = ast.unparse(parent.test)
+                if "dtype" in text or "float64" in text or "double" in text:
+                    return True
+        return False
+
+    def _cast_back(self, node: ast.AST) -> bool:
+        """The float64 value, or a name assigned from it, is cast to another dtype in this function."""
+        parents = self.ctx.parents
+        for i in range(len(parents) - 1, -1, -1):
+            parent = parents[i]
+            if isinstance(parent, ast.stmt):
+                statement = parent
+                break
+            if self._is_cast_call(parent) and any(n is node for n in ast.walk(parent.func.value)):
+                return True
+        else:
+            return False
+        tainted = set()
+        if isinstance(statement, (ast.Assign, ast.AnnAssign, ast.AugAssign)):
+            targets = statement.targets if isinstance(statement, ast.Assign) else [statement.target]
+            for target in targets:
+                tainted |= bound_names(target)
+        if not tainted:
+            return False
+        function = self.ctx.function
+        assignments = [(set().union(*(bound_names(t) for t in s.targets)), loaded_names(s.value))
+                       for s in walk_no_scopes(function) if isinstance(s, ast.Assign)]
+        changed = True
+        while changed:
+            changed = False
+            for targets, reads in assignments:
+                if reads & tainted and not targets <= tainted:
+                    tainted |= targets
+                    changed = True
+        return any(self._is_cast_call(n) and loaded_names(n.func.value) & tainted
+                   for n in walk_no_scopes(function))
+
+    def _is_cast_call(self, node: ast.AST) -> bool:
+        if not (isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute) and node.func.attr in _CASTS):
+            return False
+        if node.func.attr in ("to", "type"):
+            return bool(node.args or node.keywords) and not self._float64_arg(node)
+        return True
