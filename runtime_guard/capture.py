@@ -430,6 +430,31 @@ class Recorder:
             attn.set(out, state)
 
 
+def _mark_handler_skipped() -> bool:
+    try:
+        from torch._C._dynamo.eval_frame import set_code_exec_strategy
+        from torch._dynamo.types import FrameAction, FrameExecStrategy
+    except ImportError:
+        return False
+    set_code_exec_strategy(_handler_code, FrameExecStrategy(FrameAction.SKIP, FrameAction.SKIP))
+    return True
+
+
+def _torch_dispatch(self, func, types, args=(), kwargs=None):
+    out = func(*args, **(kwargs or {}))
+    recorder = self.recorder
+    if recorder.enabled:
+        try:
+            # f_back, not _getframe(1): on autograd's device threads no Python frame called us
+            recorder.record(func, args, kwargs, out, dispatch_caller(sys._getframe(0).f_back))
+        except Exception as exc:  # never raised into the user's step
+            recorder.fail(exc)
+    return out
+
+
+_handler_code = _torch_dispatch.__code__
+
+
 class CaptureMode(TorchDispatchMode):
     """The dispatch mode. It never changes what an op computes: it runs the op, then records."""
 
@@ -440,24 +465,17 @@ class CaptureMode(TorchDispatchMode):
 
     @classmethod
     def _should_skip_dynamo(cls) -> bool:
-        # The handler never calls torch.compile, so it needs no torch._dynamo.disable wrapper,
-        # which would cost more per op than the recording itself.
-        return False
+        # Dynamo must never trace the handler. torch's default wraps it in torch._dynamo.disable,
+        # which costs more per op than the recording itself; marking its code object SKIP
+        # (recursively) does the same for free where this torch has the hook.
+        return not _mark_handler_skipped()
 
     def __init__(self, recorder: Recorder):
         super().__init__()
         self.recorder = recorder
 
-    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
-        out = func(*args, **(kwargs or {}))
-        recorder = self.recorder
-        if recorder.enabled:
-            try:
-                # f_back, not _getframe(1): on autograd's device threads no Python frame called us
-                recorder.record(func, args, kwargs, out, dispatch_caller(sys._getframe(0).f_back))
-            except Exception as exc:  # never raised into the user's step
-                recorder.fail(exc)
-        return out
+    # It never changes what an op computes: it runs the op, then records.
+    __torch_dispatch__ = _torch_dispatch
 
 
 def attribute_kernels(recorder: Recorder, prof) -> None:
