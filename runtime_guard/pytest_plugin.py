@@ -28,29 +28,33 @@ def _fail_on(g, nodeid):
         pytest.fail(f"matlint guard: {len(g.findings)} finding(s) in {nodeid}\n" + "\n".join(lines), pytrace=False)
 
 
-@pytest.hookimpl(hookwrapper=True)
+@pytest.hookimpl(wrapper=True)
 def pytest_runtest_call(item):
     marker = item.get_closest_marker("matlint")
-    if marker is None:
-        yield
-        return
-    options = dict(marker.kwargs)
-    if marker.args:
-        options["select"] = marker.args
-    g = _guard(**options)
-    g.__enter__()
-    outcome = yield
-    g.__exit__(None, None, None)
-    if outcome.excinfo is None:
-        _fail_on(g, item.nodeid)
+    g = None
+    if marker is not None:
+        options = dict(marker.kwargs)
+        if marker.args:
+            options["select"] = marker.args
+        g = _guard(**options)
+        g.__enter__()
+    try:
+        result = yield
+    finally:
+        if g is not None:
+            g.__exit__(None, None, None)
+    # reached only when the test itself passed: its own failure stays the reported one
+    for guard in filter(None, (g, getattr(item, "_matlint_fixture_guard", None))):
+        if not guard._finished and guard.recorder.rec.ops:
+            guard.finish()
+        _fail_on(guard, item.nodeid)
+    return result
 
 
 @pytest.fixture
 def matlint_guard(request):
     """A guard with default options (use it as `with matlint_guard:`); the test fails on its
-    findings at teardown. For options (select, ignore, window) use the `matlint` marker."""
+    findings. For options (select, ignore, window) use the `matlint` marker."""
     g = _guard()
-    yield g
-    if not g._finished and g.recorder.rec.ops:
-        g.finish()
-    _fail_on(g, request.node.nodeid)
+    request.node._matlint_fixture_guard = g
+    return g

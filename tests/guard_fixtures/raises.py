@@ -1,0 +1,4 @@
+import torch
+
+torch.ones(3).add(1)
+raise ValueError("the script's own error")
