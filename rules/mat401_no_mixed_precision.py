@@ -12,7 +12,8 @@ from ._loops import identifier, is_backward, is_optimizer_step, walk_no_scopes
 from ._names import in_test_code
 
 _AUTOCAST = {"torch.autocast", "torch.cuda.amp.autocast", "torch.cpu.amp.autocast", "torch.amp.autocast"}
-_HALF_DTYPES = {"torch.float16", "torch.half", "torch.bfloat16"}
+# Explicit dtypes other than the float32 default: reduced precision, or float64 on purpose.
+_CHOSEN_DTYPES = {"torch.float16", "torch.half", "torch.bfloat16", "torch.float64", "torch.double"}
 _NO_GRAD = {"torch.no_grad", "torch.inference_mode"}
 # Frameworks that own the precision setting (a config file, a Trainer argument, a CLI flag).
 _FRAMEWORKS = ("lightning", "pytorch_lightning", "lightning_fabric", "accelerate", "deepspeed", "colossalai",
@@ -20,7 +21,7 @@ _FRAMEWORKS = ("lightning", "pytorch_lightning", "lightning_fabric", "accelerate
 # Identifier and string tokens that show the file routes precision through a setting.
 _PRECISION_TOKENS = {"amp", "autocast", "fp16", "bf16", "bfloat16", "float16", "half", "precision", "tf32",
                      "mixed"}
-_TOKEN_SPLIT = re.compile(r"[^a-z0-9]+|(?<=[a-z])(?=[0-9])")
+_TOKEN_SPLIT = re.compile(r"[^a-z0-9]+")
 _EVAL_FUNCTION = re.compile(r"eval|valid|test|predict|infer|generate|sample|decode", re.IGNORECASE)
 
 
@@ -53,6 +54,8 @@ class NoMixedPrecision(Rule):
       DeepSpeed, an import of lightning, accelerate, deepspeed or apex;
     - a setting that routes precision through configuration: any name, attribute, keyword or
       string such as `args.amp`, `use_amp`, `fp16`, `bf16`, `mixed_precision`, `precision`.
+    - float64 chosen on purpose (`.double()`, `torch.float64`): a Gaussian process or a physics
+      model that needs it must not be told to use bf16.
     A `GradScaler` alone does not count (it scales fp16 gradients but casts nothing).
 
     ## Why is this bad?
@@ -187,6 +190,22 @@ class NoMixedPrecision(Rule):
             """),
         good("""
             import torch
+            def fit_gp(model, x, optimizer):
+                model = model.to("cuda").double()
+                loss = model(x.double()).sum()
+                loss.backward()
+                optimizer.step()
+            """),
+        good("""
+            import torch
+            DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16}
+            def fit_configured(model, x, optimizer, cfg):
+                model.to("cuda", DTYPES[cfg.dtype])
+                model(x).sum().backward()
+                optimizer.step()
+            """),
+        good("""
+            import torch
             def fit(model, x, optimizer):
                 loss = model(x).sum()
                 loss.backward()
@@ -230,15 +249,15 @@ class NoMixedPrecision(Rule):
         name = identifier(node.func)
         if qualname in _AUTOCAST or name == "autocast":
             return self._autocast_counts(node)
-        if name in ("half", "bfloat16") and not node.args:
-            return True
+        if name in ("half", "bfloat16", "double") and not node.args:
+            return True  # half precision, or float64 chosen on purpose (Gaussian processes, physics)
         if qualname == "torch.set_float32_matmul_precision":
             arg = node.args[0] if node.args else None
             return not (isinstance(arg, ast.Constant) and arg.value == "highest")
-        if any(self.ctx.qualname(a) in _HALF_DTYPES or self._routed_dtype(a) for a in node.args):
+        if any(self.ctx.qualname(a) in _CHOSEN_DTYPES or self._routed_dtype(a) for a in node.args):
             return True
         for keyword in node.keywords:
-            if self.ctx.qualname(keyword.value) in _HALF_DTYPES:
+            if self.ctx.qualname(keyword.value) in _CHOSEN_DTYPES:
                 return True
             if keyword.arg in ("dtype", "torch_dtype") and not (self.ctx.qualname(keyword.value) or "").startswith("torch."):
                 return True  # a dtype taken from a variable: the precision is chosen elsewhere

@@ -1,0 +1,283 @@
+"""MAT503 tensor-creation-in-loop: tensors built on the host and copied to the device on every
+iteration or every forward call."""
+from __future__ import annotations
+
+import ast
+import re
+from typing import Optional
+
+from matlint.rule import Rule, bad, good
+
+from ._loops import identifier
+from ._names import in_test_code
+
+# Factories whose values do not depend on where they are created.
+_FILLS = {"zeros", "ones", "full", "empty", "arange", "eye", "linspace", "logspace", "tril_indices", "triu_indices"}
+# Factories whose values come from the generator of the device they are created on.
+_RANDOM = {"rand", "randn", "randint", "randperm", "normal", "bernoulli"}
+_FROM_DATA = {"tensor", "as_tensor", "asarray", "Tensor", "FloatTensor", "LongTensor"}
+_ONE_TIME_FUNCTION = re.compile(r"^(__init__|_?init|_?build|_?setup|reset_parameters)", re.IGNORECASE)
+
+
+def _is_constant_data(expr: ast.AST) -> bool:
+    if isinstance(expr, ast.Constant):
+        return isinstance(expr.value, (int, float, bool)) and expr.value is not None
+    if isinstance(expr, ast.UnaryOp) and isinstance(expr.op, (ast.USub, ast.UAdd)):
+        return _is_constant_data(expr.operand)
+    if isinstance(expr, (ast.List, ast.Tuple)):
+        return bool(expr.elts) and all(_is_constant_data(e) for e in expr.elts)
+    return False
+
+
+class TensorCreationInLoop(Rule):
+    code = "MAT503"
+    name = "tensor-creation-in-loop"
+    summary = "A tensor created on the host and copied to the device on every loop iteration or forward call."
+    docs = """
+    ## What it does
+    Inside a loop, or in an `nn.Module`'s `forward`, flags:
+    - a tensor created on the host and then moved (`torch.zeros(n).to(device)`,
+      `torch.arange(n).cuda()`, `torch.randn(b, d).to(x.device)`): it can be created on the
+      device directly;
+    - a constant copied from the host (`torch.tensor([0.5, 2.0], device=x.device)`,
+      `torch.tensor(1.0).cuda()`): the same values are uploaded again each time.
+
+    ## Why is this bad?
+    Creating on the host and copying costs a host allocation, a fill on the CPU and a
+    host-to-device copy from pageable memory, which blocks the CPU until the copy is done,
+    every iteration. `device=` makes it one fill kernel on the GPU. A constant uploaded per
+    step is a copy that never had to happen: create it once.
+
+    ## Example
+    ```python
+    def forward(self, x):
+        mask = torch.ones(x.shape[1], x.shape[1]).to(x.device).tril()
+        scale = torch.tensor([0.5, 2.0], device=x.device)
+        ...
+    ```
+
+    ## Use instead
+    ```python
+    def __init__(self):
+        ...
+        self.register_buffer("scale", torch.tensor([0.5, 2.0]), persistent=False)
+
+    def forward(self, x):
+        mask = torch.ones(x.shape[1], x.shape[1], device=x.device).tril()
+        ...
+    ```
+
+    ## Stays quiet on
+    - Tensors created directly on the device from shapes (`torch.zeros(b, d, device=x.device)`):
+      a fill kernel, no copy.
+    - Data that changes per iteration (`torch.tensor(batch_ids).to(device)`): it has to be
+      copied anyway.
+    - `.to(x)` / `.to(dtype)` and other `.to` calls whose argument may not be a device, and
+      `.to("cpu")`; random tensors drawn from an explicit `generator=` (it lives on the host).
+    - A device that changes with the loop variable (`torch.tensor(0, device=torch.device("cuda",
+      i))` to initialize each GPU), and branches that run on one iteration only (`if i ==
+      len(steps) - 1:`, `if state is None:`, `if len(state) == 0:`).
+    - Loops in `__init__`, `init*`, `build*`, `setup*` and `reset_parameters` (run once), code
+      outside loops and `forward`, and tests.
+
+    ## Fix safety
+    Host-created-then-moved fills (`zeros`, `ones`, `full`, `empty`, `arange`, `eye`,
+    `linspace`...) have a safe fix: pass `device=` to the factory and drop the move; the values
+    are identical. For random factories (`randn`, `rand`, `randint`, `randperm`) the fix is
+    unsafe: the device's generator draws different numbers from the CPU's. Constants have no
+    fix: hoisting them (a buffer, a module-level tensor) is the author's call.
+    """
+    examples = [
+        bad("""
+            import torch
+            def train(model, loader, opt, device):
+                for x, y in loader:
+                    weights = torch.ones(10).to(device)
+                    mask = torch.zeros(x.shape[0], 4).cuda()
+                    idx = torch.arange(8, dtype=torch.long).to(device=device, non_blocking=True)
+                    loss = model(x.to(device), y.to(device), weights, mask, idx)
+            """, (4, 19), (5, 16), (6, 15),
+            fixed="""
+            import torch
+            def train(model, loader, opt, device):
+                for x, y in loader:
+                    weights = torch.ones(10, device=device)
+                    mask = torch.zeros(x.shape[0], 4, device="cuda")
+                    idx = torch.arange(8, dtype=torch.long, device=device)
+                    loss = model(x.to(device), y.to(device), weights, mask, idx)
+            """),
+        bad("""
+            import torch as T
+            import torch.nn as nn
+            class Block(nn.Module):
+                def forward(self, x):
+                    noise = T.randn(x.shape).to(x.device)
+                    scale = T.tensor([0.5, 2.0], device=x.device)
+                    bias = T.tensor(-1.0).cuda()
+                    return x * scale + bias + noise
+            """, (5, 17), (6, 17), (7, 16),
+            fixed="""
+            import torch as T
+            import torch.nn as nn
+            class Block(nn.Module):
+                def forward(self, x):
+                    noise = T.randn(x.shape, device=x.device)
+                    scale = T.tensor([0.5, 2.0], device=x.device)
+                    bias = T.tensor(-1.0).cuda()
+                    return x * scale + bias + noise
+            """, unsafe=True),
+        good("""
+            import torch
+            import torch.nn as nn
+            class Block(nn.Module):
+                def __init__(self, n):
+                    super().__init__()
+                    for i in range(n):
+                        self.register_buffer(f"b{i}", torch.tensor([1.0, 2.0]).cuda())
+                    self.register_buffer("scale", torch.tensor([0.5, 2.0]))
+                def forward(self, x, ids):
+                    h = torch.zeros(x.shape[0], 4, device=x.device)
+                    t = torch.tensor(ids).to(x.device)
+                    c = torch.zeros(3).to(x)
+                    d = torch.zeros(3).to(torch.float16)
+                    e = torch.ones(3).to("cpu")
+                    f = torch.zeros_like(x).cuda()
+                    g = torch.rand(3, generator=self.cpu_generator).to(x.device)
+                    return x * self.scale + h
+            def setup(device):
+                return torch.tensor([1.0]).to(device)
+            def probe_devices(n):
+                for i in range(n):
+                    torch.tensor(0, device=torch.device("cuda", i))
+            def sample(latents, timesteps, device):
+                flag = None
+                for i, t in enumerate(timesteps):
+                    if i == len(timesteps) - 1:
+                        t_next = torch.tensor([0.0], device=device)
+                    if flag is None:
+                        flag = torch.zeros(1).to(device)
+            """),
+        good("""
+            import torch
+            def test_moves(device):
+                for _ in range(3):
+                    assert torch.zeros(2).to(device).sum() == 0
+            """),
+    ]
+
+    def visit_Call(self, node: ast.Call) -> None:
+        if not self._hot() or in_test_code(self.ctx) or self._runs_once_per_loop():
+            return
+        func = node.func
+        if isinstance(func, ast.Attribute) and func.attr in ("to", "cuda"):
+            factory = self._factory(func.value)
+            if factory is None:
+                return
+            target = self._device_target(node, func.attr)
+            if target is None or (isinstance(target, ast.AST) and self._varies_per_iteration(target)):
+                return
+            device = target if isinstance(target, str) else self.ctx.segment(target)
+            name, call = factory
+            if name in _FROM_DATA:
+                if call.args and _is_constant_data(call.args[0]):
+                    self._report_constant(node)
+                return
+            if name not in _FILLS and name not in _RANDOM:
+                return
+            if any(k.arg in ("device", None, "out", "generator") for k in call.keywords):
+                return  # already placed, unknown keywords, or a generator tied to the host
+            self.report(node, f"`{self.ctx.segment(call.func)}(...)` is created on the host and copied to the device "
+                              f"on every {self._where()}; create it there with `device=`",
+                        fix=self._device_fix(node, call, device, safe=name in _FILLS))
+            return
+        factory = self._factory(node)
+        if factory is None or factory[0] not in _FROM_DATA or not node.args or not _is_constant_data(node.args[0]):
+            return
+        device = next((k.value for k in node.keywords if k.arg == "device"), None)
+        if device is not None and self._is_device(device) and not self._varies_per_iteration(device):
+            self._report_constant(node)
+
+    # -- helpers --------------------------------------------------------------------
+    def _hot(self) -> bool:
+        function = self.ctx.function
+        if function is not None and _ONE_TIME_FUNCTION.match(getattr(function, "name", "")):
+            return False
+        if self.ctx.loops:
+            return True
+        return (function is not None and getattr(function, "name", "") == "forward"
+                and self.ctx.class_ is not None and len(self.ctx.functions) == 1)
+
+    def _runs_once_per_loop(self) -> bool:
+        """Under `if i == last:`, `if x is None:`, `if len(state) == 0:` inside the loop: a
+        first- or last-iteration branch, not per-iteration work."""
+        if not self.ctx.loops:
+            return False
+        loop_node = self.ctx.loops[-1].node
+        inside = False
+        for parent in self.ctx.parents:
+            if parent is loop_node:
+                inside = True
+            elif inside and isinstance(parent, ast.If):
+                test = parent.test
+                if isinstance(test, ast.Compare) and all(isinstance(op, (ast.Eq, ast.Is)) for op in test.ops):
+                    return True
+        return False
+
+    def _varies_per_iteration(self, expr: ast.AST) -> bool:
+        """The device (or the whole expression) changes with the loop variable: one tensor per
+        device, e.g. initializing every GPU."""
+        return any(loop.depends_on_iteration(expr) for loop in self.ctx.loops)
+
+    def _where(self) -> str:
+        return "iteration" if self.ctx.loops else "forward call"
+
+    def _factory(self, expr: ast.AST) -> Optional[tuple]:
+        if not isinstance(expr, ast.Call):
+            return None
+        qualname = self.ctx.qualname(expr.func) or ""
+        module, _, name = qualname.rpartition(".")
+        return (name, expr) if module == "torch" else None
+
+    def _device_target(self, call: ast.Call, method: str):
+        """The device the tensor moves to (an expression, or '"cuda"' for `.cuda()`), or None
+        when it is not surely a device."""
+        extra = [k for k in call.keywords if k.arg not in ("device", "non_blocking")]
+        if extra:
+            return None
+        if method == "cuda":
+            if not call.args:
+                return '"cuda"'
+            target = call.args[0]
+        else:
+            given = list(call.args) + [k.value for k in call.keywords if k.arg == "device"]
+            if len(given) != 1:
+                return None
+            target = given[0]
+        return target if self._is_device(target) else None
+
+    def _is_device(self, expr: ast.AST) -> bool:
+        if isinstance(expr, ast.Constant):
+            if isinstance(expr.value, str):
+                return expr.value.split(":")[0] in ("cuda", "mps", "xpu", "hpu", "npu", "meta") or expr.value == "cuda"
+            return type(expr.value) is int
+        if isinstance(expr, ast.Call):
+            if self.ctx.qualname(expr.func) != "torch.device" or not expr.args:
+                return False
+            return not (isinstance(expr.args[0], ast.Constant) and expr.args[0].value == "cpu")
+        name = (identifier(expr) or "").lower()
+        return name == "dev" or "device" in name and "cpu" not in name
+
+    def _device_fix(self, move: ast.Call, factory: ast.Call, device: str, safe: bool):
+        text = self.ctx.segment(factory)
+        if not text.endswith(")"):
+            return None
+        head = text[:-1].rstrip()
+        separator = "" if head.endswith(("(", ",")) else ", "
+        if head.endswith(","):
+            separator = " "
+        return self.replace(move, f"{head}{separator}device={device})",
+                            "Create the tensor on the device with `device=`", safe=safe)
+
+    def _report_constant(self, node: ast.Call) -> None:
+        self.report(node, f"this constant tensor is copied from the host to the device on every {self._where()}; "
+                          "create it once (`self.register_buffer(..., persistent=False)` or outside the loop)")

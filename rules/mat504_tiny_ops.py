@@ -1,0 +1,290 @@
+"""MAT504 tiny-ops: per-parameter updates launched one small kernel at a time, where foreach,
+fused optimizers or torch.compile would batch them."""
+from __future__ import annotations
+
+import ast
+import re
+from typing import Optional
+
+from matlint.diagnostics import Edit, Fix
+from matlint.rule import Rule, bad, good
+
+from ._loops import LoopInfo, identifier, is_training_loop
+from ._names import in_test_code
+
+_OPTIMIZERS = {"SGD", "Adam", "AdamW", "Adamax", "NAdam", "RAdam", "Adagrad", "Adadelta", "RMSprop", "Rprop", "ASGD"}
+_PARAMETER_SOURCES = {"parameters", "named_parameters"}
+_INPLACE_MATH = {"add_", "sub_", "mul_", "div_", "addcmul_", "addcdiv_", "lerp_", "clamp_", "sqrt_", "pow_",
+                 "neg_", "exp_"}
+_HOT_FUNCTION = re.compile(r"step|update|ema|average|swa|apply_grad", re.IGNORECASE)
+_ONE_TIME_FUNCTION = re.compile(r"init|reset|load|build|setup|copy|convert|prune|quantiz", re.IGNORECASE)
+
+
+class TinyOps(Rule):
+    code = "MAT504"
+    name = "tiny-ops"
+    summary = "Per-parameter updates issued one small kernel at a time (`foreach=False`, a hand-written loop over `model.parameters()`)."
+    docs = """
+    ## What it does
+    Flags two sources of many tiny kernels per training step:
+    - a `torch.optim` optimizer built with `foreach=False`;
+    - a hand-written update loop over a model's parameters (`for p in model.parameters():`,
+      `for name, p in model.named_parameters():`, `for e, p in zip(ema.parameters(),
+      model.parameters()):`, `for p in group["params"]:`) whose body updates them in place
+      with arithmetic (`p.data.add_(...)`, `p.mul_(...)`, `e.lerp_(p, w)`, `p -= lr * p.grad`,
+      `p.data = p.data - ...`).
+
+    ## Why is this bad?
+    Each in-place op on one parameter is one kernel launch. A model with 200 parameter
+    tensors and 3 ops per update launches 600 kernels of a few microseconds of work each; at
+    ~13 µs per eager launch on an H100, the update is bound by launch overhead. The foreach
+    kernels (`torch._foreach_mul_`, `torch._foreach_lerp_`) process every tensor in a few
+    launches, `fused=True` optimizers in one, and `torch.compile` fuses a hand-written loop.
+
+    ## Example
+    ```python
+    @torch.no_grad()
+    def update_ema(ema, model, decay=0.999):
+        for e, p in zip(ema.parameters(), model.parameters()):
+            e.mul_(decay).add_(p, alpha=1 - decay)
+
+    opt = torch.optim.AdamW(model.parameters(), lr=3e-4, foreach=False)
+    ```
+
+    ## Use instead
+    ```python
+    @torch.no_grad()
+    def update_ema(ema, model, decay=0.999):
+        torch._foreach_lerp_(list(ema.parameters()), list(model.parameters()), 1 - decay)
+
+    opt = torch.optim.AdamW(model.parameters(), lr=3e-4, fused=True)
+    ```
+
+    ## Stays quiet on
+    - Loops over parameters that launch no arithmetic: `p.requires_grad_(False)`,
+      `p.grad = None`, `p.copy_(...)`, `p.zero_()`, initializers (`p.normal_()`), reading
+      norms into a list.
+    - Loops in functions that run once (`__init__`, `init*`, `reset*`, `load*`, `build*`,
+      `setup*`, `copy*`, `convert*`, `prune*`, `quantize*`), and functions that already use
+      `torch._foreach_*` (the loop is the fallback).
+    - Loops that also run GEMMs, linear algebra, autograd or a loss per parameter (Shampoo or
+      Kron preconditioners, per-parameter Hessians): their cost is not launch overhead.
+    - Loops that are not known to run every step: only an optimizer's `step`, a function
+      whose name says it updates (`update`, `ema`, `average`, `swa`...), or a loop nested in
+      a training loop counts; a one-off gradient rescale after training does not.
+    - Tests.
+
+    ## Fix safety
+    `foreach=False` has an unsafe fix that removes it: PyTorch then picks the foreach
+    implementation on CUDA, which computes the same update but holds more intermediate memory
+    and may round in a different order. Update loops have no fix.
+    """
+    examples = [
+        bad("""
+            import torch
+            from torch.optim import AdamW
+            opt = torch.optim.SGD(params, lr=0.1, momentum=0.9, foreach=False)
+            opt2 = AdamW(params, foreach=False, lr=3e-4)
+            """, (3, 53), (4, 22),
+            fixed="""
+            import torch
+            from torch.optim import AdamW
+            opt = torch.optim.SGD(params, lr=0.1, momentum=0.9)
+            opt2 = AdamW(params, lr=3e-4)
+            """, unsafe=True),
+        bad("""
+            import torch
+            @torch.no_grad()
+            def update_ema(ema, model, decay):
+                for e, p in zip(ema.parameters(), model.parameters()):
+                    e.mul_(decay).add_(p, alpha=1 - decay)
+            def sgd_step(model, lr):
+                with torch.no_grad():
+                    for name, p in model.named_parameters():
+                        if p.grad is not None:
+                            p -= lr * p.grad
+            class Opt(torch.optim.Optimizer):
+                def step(self):
+                    for group in self.param_groups:
+                        for p in group["params"]:
+                            p.data.add_(p.grad, alpha=-group["lr"])
+            """, (5, 9), (10, 17), (15, 17)),
+        good("""
+            import torch
+            def freeze(model):
+                for p in model.parameters():
+                    p.requires_grad_(False)
+                    p.grad = None
+            def init_weights(model):
+                for p in model.parameters():
+                    p.data.mul_(0.5)
+            def norms(model):
+                return [p.grad.norm() for p in model.parameters()]
+            def update(ema, model, d):
+                if hasattr(torch, "_foreach_lerp_"):
+                    torch._foreach_lerp_(list(ema.parameters()), list(model.parameters()), 1 - d)
+                else:
+                    for e, p in zip(ema.parameters(), model.parameters()):
+                        e.lerp_(p, 1 - d)
+            def copy_to(ema, model):
+                for e, p in zip(ema.parameters(), model.parameters()):
+                    p.data.copy_(e.data)
+            def finish(model, scale):
+                for p in model.parameters():
+                    p.grad.mul_(scale)
+            class Shampoo(torch.optim.Optimizer):
+                def step(self):
+                    for p in self.param_groups[0]["params"]:
+                        pre = self.state[p]["L"] @ p.grad @ self.state[p]["R"]
+                        p.add_(pre, alpha=-0.1)
+            opt = torch.optim.SGD(params, lr=0.1, foreach=True)
+            """),
+        good("""
+            import torch
+            def test_update(model):
+                for p in model.parameters():
+                    p.data.add_(1.0)
+            """),
+    ]
+
+    def __init__(self, ctx, options=None):
+        super().__init__(ctx, options)
+        self._reported_loops: set = set()
+
+    def visit_Call(self, node: ast.Call) -> None:
+        qualname = self.ctx.qualname(node.func) or ""
+        if qualname.startswith("torch.optim.") and qualname.rsplit(".", 1)[-1] in _OPTIMIZERS:
+            self._optimizer(node)
+            return
+        func = node.func
+        if isinstance(func, ast.Attribute) and func.attr in _INPLACE_MATH:
+            self._update(node)
+
+    def visit_AugAssign(self, node: ast.AugAssign) -> None:
+        if isinstance(node.op, (ast.Add, ast.Sub, ast.Mult, ast.Div)):
+            self._update(node, target=node.target)
+
+    def visit_Assign(self, node: ast.Assign) -> None:
+        if len(node.targets) == 1 and isinstance(node.value, ast.BinOp):
+            target = node.targets[0]
+            if isinstance(target, ast.Attribute) and target.attr == "data" and \
+                    ast.dump(target) in {ast.dump(n) for n in ast.walk(node.value)}:
+                self._update(node, target=target)
+
+    # -- checks -------------------------------------------------------------------------
+    def _optimizer(self, node: ast.Call) -> None:
+        foreach = next((k for k in node.keywords if k.arg == "foreach"), None)
+        if foreach is None or not (isinstance(foreach.value, ast.Constant) and foreach.value.value is False):
+            return
+        if in_test_code(self.ctx):
+            return
+        self.report(foreach, "`foreach=False` updates every parameter with its own small kernels; drop it (PyTorch "
+                             "picks foreach on CUDA) or pass `fused=True`",
+                    fix=self._drop_keyword(node, foreach))
+
+    def _drop_keyword(self, call: ast.Call, keyword: ast.keyword):
+        source = self.ctx.source
+        start, end = self._offset(keyword.lineno, keyword.col_offset), self._offset(keyword.end_lineno, keyword.end_col_offset)
+        before = source[:start].rstrip()
+        if before.endswith(","):
+            start = len(before) - 1
+        else:
+            after = source[end:]
+            stripped = after.lstrip()
+            if not stripped.startswith(","):
+                return None
+            end += len(after) - len(stripped) + 1
+            end += len(source[end:]) - len(source[end:].lstrip(" "))
+        row, col = self._position(start)
+        end_row, end_col = self._position(end)
+        return Fix("Drop `foreach=False`", (Edit("", row, col, end_row, end_col),), False)
+
+    def _offset(self, row: int, byte_col: int) -> int:
+        lines = self.ctx.source.splitlines(keepends=True)
+        prefix = sum(len(line) for line in lines[:row - 1])
+        return prefix + len(lines[row - 1].encode("utf-8")[:byte_col].decode("utf-8", "replace"))
+
+    def _position(self, offset: int):
+        head = self.ctx.source[:offset]
+        row = head.count("\n") + 1
+        return row, offset - (head.rfind("\n") + 1) + 1
+
+    def _update(self, node: ast.AST, target: Optional[ast.AST] = None) -> None:
+        loop = self._parameter_loop()
+        if loop is None or id(loop.node) in self._reported_loops:
+            return
+        updated = target if target is not None else node.func.value
+        if not self._is_parameter(updated, loop):
+            return
+        function = self.ctx.function
+        if function is not None and (_ONE_TIME_FUNCTION.search(getattr(function, "name", "")) or self._uses_foreach(function)):
+            return
+        if in_test_code(self.ctx) or self._does_other_work(loop) or not self._runs_every_step(loop):
+            return
+        self._reported_loops.add(id(loop.node))
+        self.report(node, f"this loop over parameters (line {loop.node.lineno}) launches small kernels for every "
+                          "parameter on every update; use `torch._foreach_*` ops on the parameter lists, a "
+                          "`fused=True` optimizer, or `torch.compile` the update")
+
+    def _parameter_loop(self) -> Optional[LoopInfo]:
+        if not self.ctx.loops:
+            return None
+        loop = self.ctx.loops[-1]
+        if loop.is_comprehension or loop.iter is None:
+            return None
+        return loop if self._iterates_parameters(loop.iter) else None
+
+    def _iterates_parameters(self, it: ast.AST) -> bool:
+        calls = [it]
+        if isinstance(it, ast.Call) and getattr(it.func, "id", None) in ("zip", "enumerate", "list", "reversed"):
+            calls = it.args
+        for expr in calls:
+            if isinstance(expr, ast.Call) and isinstance(expr.func, ast.Attribute) and expr.func.attr in _PARAMETER_SOURCES:
+                return True
+            if isinstance(expr, ast.Subscript) and isinstance(expr.slice, ast.Constant) and expr.slice.value == "params":
+                return True
+        return False
+
+    @staticmethod
+    def _is_parameter(expr: ast.AST, loop: LoopInfo) -> bool:
+        """`p`, `p.data`, `p.grad`, `p.data.mul_(d)` for a loop variable `p`."""
+        node = expr
+        while isinstance(node, (ast.Attribute, ast.Call)):
+            if isinstance(node, ast.Call):
+                if not (isinstance(node.func, ast.Attribute) and node.func.attr in _INPLACE_MATH):
+                    return False
+                node = node.func.value
+            else:
+                if node.attr not in ("data", "grad"):
+                    return False
+                node = node.value
+        return isinstance(node, ast.Name) and node.id in loop.targets
+
+    def _does_other_work(self, loop: LoopInfo) -> bool:
+        """The loop also runs GEMMs, linear algebra, autograd or a loss per parameter: its cost is
+        not launch overhead (Shampoo/Kron preconditioners, per-parameter Hessians)."""
+        for stmt in loop.body:
+            for node in ast.walk(stmt):
+                if isinstance(node, (ast.BinOp, ast.AugAssign)) and isinstance(node.op, ast.MatMult):
+                    return True
+                if isinstance(node, ast.Call) and isinstance(node.func, (ast.Name, ast.Attribute)):
+                    name = identifier(node.func) or ""
+                    qualname = self.ctx.qualname(node.func) or ""
+                    if name in ("backward", "forward", "grad", "einsum", "matmul", "mm", "bmm", "svd", "eigh",
+                                "qr", "cholesky", "pinv", "inverse") or "loss" in name.lower() \
+                            or qualname.startswith("torch.linalg."):
+                        return True
+        return False
+
+    def _runs_every_step(self, loop: LoopInfo) -> bool:
+        """An optimizer `step`, an EMA/`update` function, or a loop inside a training loop."""
+        function = self.ctx.function
+        if function is not None and _HOT_FUNCTION.search(getattr(function, "name", "")):
+            return True
+        return any(is_training_loop(self.ctx, outer) for outer in self.ctx.loops if outer is not loop)
+
+    def _uses_foreach(self, function: ast.AST) -> bool:
+        key = ("mat504_foreach", id(function))
+        if key not in self.ctx.shared:
+            self.ctx.shared[key] = "_foreach_" in self.ctx.segment(function)
+        return self.ctx.shared[key]
