@@ -363,6 +363,8 @@ class Recorder:
             self._dataflow(name, args, out_t, site, module, backward)
 
     def _dataflow(self, name, args, out, site, module, backward) -> None:
+        if backward:  # the patterns below are all forward ones
+            return
         # GEMM dependency chains: a GEMM fed (through any ops) by an earlier GEMM of the same
         # site is a recurrence (an RNN), not a loop that one bmm could replace.
         deps = None
@@ -378,8 +380,6 @@ class Recorder:
         if deps is not None:
             self._deps.set(out, deps)
 
-        if backward:
-            return
         arg0 = args[0] if args and isinstance(args[0], torch.Tensor) else None
 
         # Copies forced by layout: matmul's clone of a non-contiguous operand before bmm.
