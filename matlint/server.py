@@ -10,13 +10,16 @@ pygls is the `server` extra; it is imported only when the server starts.
 from __future__ import annotations
 
 import argparse
+import ast
 import asyncio
+import multiprocessing
 import json
 import logging
 import os
 import sys
-from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass, field
+from concurrent.futures import ProcessPoolExecutor
+from concurrent.futures.process import BrokenProcessPool
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Optional
 
@@ -252,6 +255,87 @@ def rule_hover(code: str, messages=()) -> Optional[str]:
     return "\n\n".join(parts)
 
 
+# -- incremental linting ------------------------------------------------------------------------
+# A full lint of a long file takes longer than typing allows. After an edit, the server first
+# lints only what changed: the top-level functions and classes whose text differs from the last
+# full lint are linted together with the module-level statements (imports, globals), the
+# unchanged ones are blanked out (same line numbers) and their findings reused. A full lint in a
+# worker process follows and replaces the result.
+
+MAX_CHANGED_DEFINITIONS = 3
+_DEFINITIONS = (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)
+
+
+def _definition_spans(tree: ast.Module) -> list:
+    """(first row, last row) of each top-level function or class, decorators included."""
+    spans = []
+    for node in tree.body:
+        if isinstance(node, _DEFINITIONS):
+            first = min([node.lineno] + [d.lineno for d in node.decorator_list])
+            spans.append((first, node.end_lineno))
+    return spans
+
+
+def _shift(finding: Finding, delta: int) -> Finding:
+    fix = finding.fix
+    if fix is not None:
+        fix = replace(fix, edits=tuple(replace(e, row=e.row + delta, end_row=e.end_row + delta) for e in fix.edits))
+    return replace(finding, row=finding.row + delta, end_row=finding.end_row + delta, fix=fix,
+                   noqa_row=finding.noqa_row + delta if finding.noqa_row else None)
+
+
+def definition_cache(source: str, findings: list) -> dict:
+    """{text of a top-level definition: its findings, rows relative to the definition}."""
+    try:
+        tree = ast.parse(source)
+    except (SyntaxError, ValueError, RecursionError, MemoryError):
+        return {}
+    lines = split_lines(source)
+    cache = {}
+    for first, last in _definition_spans(tree):
+        inside = [f for f in findings if first <= f.row and f.end_row <= last
+                  and (f.fix is None or all(first <= e.row and e.end_row <= last for e in f.fix.edits))]
+        cache["\n".join(lines[first - 1:last])] = [_shift(f, 1 - first) for f in inside]
+    return cache
+
+
+def quick_lint(source: str, path: str, settings, cache: dict):
+    """(findings, complete) linting only the definitions not in `cache`; None when that is not
+    worth it (a syntax error, or many definitions changed). `complete` means nothing was reused."""
+    try:
+        tree = ast.parse(source)
+    except (SyntaxError, ValueError, RecursionError, MemoryError):
+        return None
+    lines = split_lines(source)
+    reused, blanked, changed = [], [], 0
+    for first, last in _definition_spans(tree):
+        cached = cache.get("\n".join(lines[first - 1:last]))
+        if cached is None:
+            changed += 1
+        else:
+            reused.extend(_shift(f, first - 1) for f in cached)
+            blanked.append((first, last))
+    if changed > MAX_CHANGED_DEFINITIONS:
+        return None
+    if blanked:
+        lines = list(lines)
+        for first, last in blanked:
+            lines[first - 1:last] = [""] * (last - first + 1)
+        source = "\n".join(lines)
+    findings = _lint_text(source, path, settings) + reused
+    findings.sort(key=Finding.sort_key)
+    return findings, not blanked
+
+
+def _warm_up():
+    """Initializes the worker process: its stdout is the editor's LSP stream, never write there."""
+    os.dup2(2, 1)
+    sys.stdout = sys.stderr
+    from .registry import all_rules
+
+    all_rules()
+
+
 # -- the server ---------------------------------------------------------------------------------
 
 @dataclass
@@ -261,6 +345,7 @@ class DocResult:
     lines: list
     static: list
     runtime: list
+    complete: bool = True  # False: a quick lint, a full one follows
 
 
 class MatlintServer:
@@ -276,7 +361,8 @@ class MatlintServer:
         self.reported_problems: set = set()
         self.dirty: set = set()
         self.running: set = set()
-        self.executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="matlint-lint")
+        self.pool = None              # full lints run in a worker process: the quick path and
+        self.definitions: dict = {}   # the requests never wait for the GIL; uri -> definition_cache
         self._register()
 
     # -- plumbing -------------------------------------------------------------------------
@@ -377,7 +463,7 @@ class MatlintServer:
         return apply_noqa(list(cached[1].get(_path_key(path), ())), source)
 
     # -- linting --------------------------------------------------------------------------------
-    async def analyse(self, uri: str) -> Optional[DocResult]:
+    async def analyse(self, uri: str, quick: bool = False) -> Optional[DocResult]:
         doc = self.ls.workspace.text_documents.get(uri)
         if doc is None or not doc.uri.startswith("file:"):
             return None
@@ -389,10 +475,31 @@ class MatlintServer:
         root = self.folder_root(folder, path)
         source, version = doc.source, doc.version
         settings = self.project_settings(path, root)
-        loop = asyncio.get_running_loop()
-        static = await loop.run_in_executor(self.executor, _lint_text, source, path, settings)
+        if quick:
+            if uri not in self.definitions:
+                return None
+            outcome = quick_lint(source, path, settings, self.definitions[uri])
+            if outcome is None:
+                return None
+            static, complete = outcome
+        else:
+            static, complete = await self.full_lint(source, path, settings), True
+        if complete:
+            self.definitions[uri] = definition_cache(source, static)
         runtime = self.runtime_findings(path, root, client, source)
-        return DocResult(version, source, split_lines(source), static, runtime)
+        return DocResult(version, source, split_lines(source), static, runtime, complete)
+
+    async def full_lint(self, source: str, path: str, settings) -> list:
+        loop = asyncio.get_running_loop()
+        if self.pool is None:
+            self.pool = ProcessPoolExecutor(max_workers=1, mp_context=multiprocessing.get_context("spawn"),
+                                            initializer=_warm_up)
+        try:
+            return await loop.run_in_executor(self.pool, _lint_text, source, path, settings)
+        except BrokenProcessPool:
+            self.log("the lint worker process died; starting another", lsp.MessageType.Warning)
+            self.pool = None
+            return _lint_text(source, path, settings)
 
     def diagnostics(self, result: DocResult, client: ClientSettings) -> list:
         codec = self.ls.workspace.position_codec
@@ -411,9 +518,14 @@ class MatlintServer:
                 ))
         return out
 
-    async def lint_and_publish(self, uri: str):
+    async def lint_and_publish(self, uri: str, quick: bool = False):
+        doc = self.ls.workspace.text_documents.get(uri)
+        known = self.results.get(uri)
+        if doc is None or (known is not None and known.complete and known.version == doc.version
+                           and known.source == doc.source):
+            return
         try:
-            result = await self.analyse(uri)
+            result = await self.analyse(uri, quick)
         except Exception as exc:  # never let one document take the server down
             log.exception("linting %s failed", uri)
             self.log(f"linting {uri} failed: {type(exc).__name__}: {exc}", lsp.MessageType.Error)
@@ -442,6 +554,7 @@ class MatlintServer:
 
     async def relint_all(self):
         self.results.clear()
+        self.definitions.clear()
         await asyncio.gather(*(self.schedule(uri) for uri in list(self.ls.workspace.text_documents)))
 
     async def current(self, uri: str) -> Optional[DocResult]:
@@ -451,7 +564,7 @@ class MatlintServer:
             return None
         result = self.results.get(uri)
         if result is None or result.version != doc.version or result.source != doc.source:
-            result = await self.analyse(uri)
+            result = await self.analyse(uri, quick=True) or await self.analyse(uri)
         return result
 
     # -- lifecycle and sync ---------------------------------------------------------------------
@@ -477,7 +590,9 @@ class MatlintServer:
         await self.schedule(params.text_document.uri)
 
     async def on_change(self, params):
-        await self.schedule(params.text_document.uri)
+        uri = params.text_document.uri
+        await self.lint_and_publish(uri, quick=True)
+        await self.schedule(uri)
 
     async def on_save(self, params):
         uri = params.text_document.uri
@@ -490,6 +605,7 @@ class MatlintServer:
     def on_close(self, params):
         uri = params.text_document.uri
         self.results.pop(uri, None)
+        self.definitions.pop(uri, None)
         self.ls.text_document_publish_diagnostics(lsp.PublishDiagnosticsParams(uri=uri, diagnostics=[]))
 
     async def on_configuration(self, params):

@@ -226,7 +226,7 @@ def test_extension_host(vsix, tmp_path):
     failed = [o for o in outcome["outcomes"] if o["state"] == "failed"]
     assert not failed, "\n\n".join(f"{o['title']}\n{o['error']}" for o in failed)
     assert [o for o in outcome["outcomes"] if o["state"] != "passed"] == []
-    assert len(outcome["outcomes"]) == 9, [o["title"] for o in outcome["outcomes"]]
+    assert len(outcome["outcomes"]) == 10, [o["title"] for o in outcome["outcomes"]]
 
 
 def test_ui(vsix, tmp_path):

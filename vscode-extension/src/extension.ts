@@ -106,7 +106,11 @@ async function start(): Promise<void> {
     documentSelector: [{ scheme: "file", language: "python" }],
     outputChannel: output,
     revealOutputChannelOn: RevealOutputChannelOn.Never,
-    initializationOptions: settings(),
+    initializationOptions: {
+      enable: settings().get("enable"),
+      severity: settings().get("severity"),
+      runtimeReport: settings().get("runtimeReport"),
+    },
     // Settings changes reach the server as workspace/didChangeConfiguration; it pulls the
     // values per workspace folder with workspace/configuration.
     synchronize: { configurationSection: "matlint" },

@@ -80,6 +80,17 @@ describe("matlint extension", () => {
     assert.strictEqual(d.severity, vscode.DiagnosticSeverity.Warning);
   });
 
+  it("takes severities from matlint.severity", async () => {
+    const uri = fileUri(expect.loop.file);
+    const config = vscode.workspace.getConfiguration("matlint");
+    await config.update("severity", { MAT1: "error" }, vscode.ConfigurationTarget.Workspace);
+    await waitFor("MAT101 as an error", () =>
+      matlintDiagnostics(uri).find((x) => codeOf(x) === "MAT101" && x.severity === vscode.DiagnosticSeverity.Error));
+    await config.update("severity", undefined, vscode.ConfigurationTarget.Workspace);
+    await waitFor("MAT101 as a warning again", () =>
+      matlintDiagnostics(uri).find((x) => codeOf(x) === "MAT101" && x.severity === vscode.DiagnosticSeverity.Warning));
+  });
+
   it("shows the rule's docs on hover", async () => {
     const uri = fileUri(expect.loop.file);
     const position = new vscode.Position(expect.loop.line, expect.loop.start + 1);
