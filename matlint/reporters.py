@@ -13,6 +13,8 @@ from .diagnostics import Finding
 FORMATS = ("full", "concise", "json", "sarif", "github")
 INFORMATION_URI = "https://github.com/matlint/matlint"
 CONTEXT_LINES = 2
+# A longer range shows its first and last lines only.
+MAX_RANGE_LINES = 8
 TAB_WIDTH = 4
 
 
@@ -73,10 +75,15 @@ def _full_lines(finding: Finding, source_lines: list, unsafe_fixes: bool):
         gutter = len(str(last_shown))
         blank = " " * gutter + " |"
         yield [(blank, "blue")]
+        hidden = range(finding.row + MAX_RANGE_LINES // 2, last - 1) if last - finding.row >= MAX_RANGE_LINES else range(0)
         for row in range(first_shown, last_shown + 1):
+            if row in hidden:
+                if row == hidden.start:
+                    yield [(blank + " ...", "blue")]
+                continue
             line = source_lines[row - 1]
             yield [(f"{row:>{gutter}} | ", "blue"), (line.expandtabs(TAB_WIDTH), "")]
-            if finding.row <= row <= last:
+            if finding.row <= row <= last and (line.strip() or row in (finding.row, last)):
                 start = finding.column if row == finding.row else len(line) - len(line.lstrip()) + 1
                 end = finding.end_column if row == finding.end_row else len(line) + 1
                 indent = _cells(line[:start - 1])

@@ -176,3 +176,21 @@ def test_machine_formats_keep_stdout_clean(project):
         assert "Found" in result.stderr
         quiet = run_matlint("check", "--format", fmt, "--quiet", cwd=project)
         assert quiet.stderr == ""
+
+
+def test_full_marks_multi_line_ranges_and_elides_long_ones(tmp_path):
+    from matlint.reporters import MAX_RANGE_LINES, full_lines, plain
+
+    lines = [f"value_{i} = {i}" for i in range(1, 41)]
+    path = write(tmp_path / "long.py", "\n".join(lines) + "\n")
+    short = plain(full_lines([Finding("MAT101", "m", str(path), 3, 3, 5, 6)])).splitlines()
+    assert [l for l in short if "^" in l] == ["  |   " + "^" * (len(lines[2]) - 2),
+                                              "  | " + "^" * len(lines[3]),
+                                              "  | " + "^" * 5 + " MAT101"]
+    end = 3 + MAX_RANGE_LINES + 5
+    long = plain(full_lines([Finding("MAT101", "m", str(path), 3, 1, end, 3)])).splitlines()
+    assert "   | ..." in long
+    shown_rows = [int(l.split("|")[0]) for l in long if l.split("|")[0].strip().isdigit()]
+    assert shown_rows[0] == 1 and shown_rows[-1] == end + 2
+    assert len(shown_rows) < end + 2
+    assert long[long.index(next(l for l in long if l.startswith(f"{end} |"))) + 1].endswith("^^ MAT101")
