@@ -12,9 +12,9 @@ from __future__ import annotations
 import argparse
 import ast
 import asyncio
-import multiprocessing
 import json
 import logging
+import multiprocessing
 import os
 import sys
 from concurrent.futures import ProcessPoolExecutor
@@ -726,43 +726,37 @@ class MatlintServer:
             edits=edits)])
 
     async def on_check_workspace(self, *args):
-        """Lints every file of every workspace folder (as `matlint check` would) and publishes
-        the findings of the files that are not open. Returns the counts."""
-        from .files import find_files
+        """Runs `matlint check` on every workspace folder and publishes the findings of the
+        files that are not open (open ones show their live text). Returns the counts."""
+        from .api import check
 
-        files = findings = 0
         open_paths = {_path_key(d.path) for d in self.ls.workspace.text_documents.values()}
         roots = [_uri_to_path(u) for u in self.ls.workspace.folders] or \
             ([self.ls.workspace.root_path] if self.ls.workspace.root_path else [])
-        codec = self.ls.workspace.position_codec
+        by_file: dict = {}
         for root in roots:
-            client = await self.client_settings(self.folder_of(root))
             try:
-                settings = matlint_config.load_settings(root)
+                found = await asyncio.to_thread(check, [root])
             except matlint_config.ConfigError as exc:
                 self.problem(str(exc))
                 continue
-            for path in find_files([root], settings).files:
-                if _path_key(path) in open_paths:
-                    continue
-                try:
-                    with open(path, encoding="utf-8") as handle:
-                        source = handle.read()
-                except (OSError, UnicodeDecodeError) as exc:
-                    self.log(f"{path}: {exc}", lsp.MessageType.Warning)
-                    continue
-                found = _lint_text(source, path, settings)
-                result = DocResult(None, source, split_lines(source), found, [])
-                files += 1
-                findings += len(found)
-                self.ls.text_document_publish_diagnostics(lsp.PublishDiagnosticsParams(
-                    uri=Path(path).resolve().as_uri(), diagnostics=self.diagnostics(result, client)))
-        for uri in list(self.ls.workspace.text_documents):
-            await self.schedule(uri)
-            files += 1
-            findings += len(self.results[uri].static) if uri in self.results else 0
-        self.log(f"checked {files} file(s): {findings} finding(s)")
-        return {"files": files, "findings": findings}
+            for finding in found:
+                by_file.setdefault(finding.filename, []).append(finding)
+        for path, found in by_file.items():
+            if _path_key(path) in open_paths:
+                continue
+            try:
+                with open(path, encoding="utf-8", errors="replace") as handle:
+                    source = handle.read()
+            except OSError:
+                source = ""
+            client = await self.client_settings(self.folder_of(path))
+            result = DocResult(None, source, split_lines(source), found, [])
+            self.ls.text_document_publish_diagnostics(lsp.PublishDiagnosticsParams(
+                uri=Path(path).resolve().as_uri(), diagnostics=self.diagnostics(result, client)))
+        count = sum(map(len, by_file.values()))
+        self.log(f"matlint check: {count} finding(s) in {len(by_file)} file(s)")
+        return {"files": len(by_file), "findings": count}
 
 
 def _plain(method):

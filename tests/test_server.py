@@ -223,6 +223,32 @@ async def test_last_edit_of_a_burst_is_published(client, editor, workspace):
 
 
 @pytest.mark.asyncio
+async def test_an_edit_is_answered_quickly_then_confirmed_by_a_full_lint(client, editor, workspace):
+    """After an edit, the definitions that did not change keep their findings and only the
+    edited one is linted again (a first, quick publication); a full lint follows."""
+    from matlint.api import lint_text
+
+    example = get_rule("MAT101").examples[0].code
+    assert example.startswith("import torch\ndef f(")
+    body = example[len("import torch\n"):]
+    source = "import torch\n" + "\n".join(body.replace("def f(", f"def f{n}(") for n in range(4))
+    uri = editor.open(workspace / "a" / "multi.py", source)
+    first = await editor.diagnostics(uri, version=1)
+    assert len(by_code(first, "MAT101")) == 4
+
+    lines = source.split("\n")
+    row = lines.index("def f2(x, w, B):") + 1
+    lines[row] += "  # edited"
+    edited = "\n".join(lines)
+    version = editor.change(uri, edited)
+    expected = sorted((f.code, f.row - 1, f.message) for f in lint_text(edited, str(workspace / "a" / "multi.py")))
+    quick = await editor.diagnostics(uri, version=version)
+    assert sorted((d.code, d.range.start.line, d.message) for d in quick) == expected
+    full = await editor.diagnostics(uri, version=version)
+    assert sorted((d.code, d.range.start.line, d.message) for d in full) == expected
+
+
+@pytest.mark.asyncio
 async def test_config_is_per_workspace_folder_and_reloaded(client, editor, workspace):
     uri_a = editor.open(workspace / "a" / "m.py", LOOP)
     uri_b = editor.open(workspace / "b" / "pkg" / "m.py", LOOP)
@@ -478,13 +504,19 @@ async def test_odd_requests_and_broken_text_are_survived(client, editor, workspa
 @pytest.mark.asyncio
 async def test_check_workspace_command_publishes_closed_files(client, editor, workspace):
     (workspace / "a" / "closed.py").write_text(LOOP, encoding="utf-8")
-    (workspace / "b" / "closed.py").write_text(LOOP, encoding="utf-8")
+    (workspace / "a" / "clean.py").write_text("import torch\n", encoding="utf-8")
+    (workspace / "b" / "closed.py").write_text(LOOP, encoding="utf-8")  # folder b ignores MAT101
+    uri = editor.open(workspace / "a" / "open.py", LOOP)
+    await editor.diagnostics(uri, version=1)
+    version = editor.change(uri, "import torch\n")  # its live text has no finding; the file on disk has one
+    assert await editor.diagnostics(uri, version=version) == []
     result = await client.workspace_execute_command_async(t.ExecuteCommandParams(
         command="matlint.server.checkWorkspace", arguments=[]))
-    assert result == {"files": 2, "findings": 1}  # folder b ignores MAT101
-    diagnostics = client.diagnostics[(workspace / "a" / "closed.py").as_uri()]
-    assert [d.code for d in diagnostics] == ["MAT101"]
-    assert list(client.diagnostics[(workspace / "b" / "closed.py").as_uri()]) == []
+    assert result == {"files": 2, "findings": 2}  # a/closed.py and a/open.py, as `matlint check` says
+    assert [d.code for d in client.diagnostics[(workspace / "a" / "closed.py").as_uri()]] == ["MAT101"]
+    assert (workspace / "b" / "closed.py").as_uri() not in client.diagnostics
+    assert (workspace / "a" / "clean.py").as_uri() not in client.diagnostics
+    assert list(client.diagnostics[uri]) == []  # the open document keeps its live diagnostics
 
 
 def test_malformed_messages_get_errors_and_the_server_keeps_serving(tmp_path):
