@@ -698,34 +698,94 @@ def _torch_name(qual: Optional[str]):
 # -- the analysis of one function -------------------------------------------------------------------
 
 
-def _assigned_names(body) -> dict:
-    """How many times each name is bound in a function body (loop-bound names count as many)."""
-    counts: dict = {}
+def _target_names(target) -> list:
+    if isinstance(target, ast.Name):
+        return [target.id]
+    if isinstance(target, (ast.Tuple, ast.List)):
+        return [n for elt in target.elts for n in _target_names(elt)]
+    if isinstance(target, ast.Starred):
+        return _target_names(target.value)
+    return []
 
-    def bump(name, n=1):
-        counts[name] = counts.get(name, 0) + n
 
-    def visit(node, in_loop):
-        if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
-            bump(node.name)
-            return
-        if isinstance(node, ast.Lambda):
-            return
-        loop = in_loop or isinstance(node, (ast.For, ast.AsyncFor, ast.While, ast.ListComp,
-                                            ast.SetComp, ast.GeneratorExp, ast.DictComp))
-        if isinstance(node, ast.Name) and isinstance(node.ctx, (ast.Store, ast.Del)):
-            bump(node.id, 2 if in_loop else 1)
-        if isinstance(node, ast.AugAssign) and isinstance(node.target, ast.Name):
-            bump(node.target.id, 2)
-        if isinstance(node, (ast.Import, ast.ImportFrom)):
-            for alias in node.names:
-                bump((alias.asname or alias.name).split(".")[0])
-        for child in ast.iter_child_nodes(node):
-            visit(child, loop)
+class _Bindings:
+    """Names bound in a function body, found statement by statement (expressions are not
+    walked, except for `:=`): how often each is bound (a binding inside a loop counts as many),
+    and which names each loop or try statement binds."""
 
-    for stmt in body:
-        visit(stmt, False)
-    return counts
+    def __init__(self, body, walrus: bool):
+        self.counts: dict = {}
+        self.stored: dict = {}  # id(statement) -> names bound inside it
+        self._block(body, False)
+        if walrus:
+            for stmt in body:
+                for sub in ast.walk(stmt):
+                    if isinstance(sub, ast.NamedExpr) and isinstance(sub.target, ast.Name):
+                        self.counts[sub.target.id] = self.counts.get(sub.target.id, 0) + 2
+                        for key in self.stored:
+                            self.stored[key].add(sub.target.id)
+
+    def _bump(self, names, in_loop, out: set) -> None:
+        for name in names:
+            self.counts[name] = self.counts.get(name, 0) + (2 if in_loop else 1)
+            out.add(name)
+
+    def _block(self, stmts, in_loop) -> set:
+        out: set = set()
+        for stmt in stmts:
+            out |= self._statement(stmt, in_loop)
+        return out
+
+    def _statement(self, stmt, in_loop) -> set:
+        out: set = set()
+        if isinstance(stmt, ast.Assign):
+            for target in stmt.targets:
+                self._bump(_target_names(target), in_loop, out)
+        elif isinstance(stmt, ast.AugAssign):
+            self._bump(_target_names(stmt.target), True, out)
+        elif isinstance(stmt, ast.AnnAssign):
+            self._bump(_target_names(stmt.target), in_loop, out)
+        elif isinstance(stmt, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
+            self._bump([stmt.name], in_loop, out)
+        elif isinstance(stmt, (ast.Import, ast.ImportFrom)):
+            self._bump([(a.asname or a.name).split(".")[0] for a in stmt.names], in_loop, out)
+        elif isinstance(stmt, ast.Delete):
+            for target in stmt.targets:
+                self._bump(_target_names(target), in_loop, out)
+        elif isinstance(stmt, (ast.For, ast.AsyncFor)):
+            self._bump(_target_names(stmt.target), True, out)
+            out |= self._block(stmt.body, True) | self._block(stmt.orelse, True)
+            self.stored[id(stmt)] = out
+        elif isinstance(stmt, ast.While):
+            out |= self._block(stmt.body, True) | self._block(stmt.orelse, True)
+            self.stored[id(stmt)] = out
+        elif isinstance(stmt, ast.If):
+            out |= self._block(stmt.body, in_loop) | self._block(stmt.orelse, in_loop)
+        elif isinstance(stmt, (ast.With, ast.AsyncWith)):
+            for item in stmt.items:
+                if item.optional_vars is not None:
+                    self._bump(_target_names(item.optional_vars), in_loop, out)
+            out |= self._block(stmt.body, in_loop)
+        elif isinstance(stmt, ast.Try) or type(stmt).__name__ == "TryStar":
+            body = self._block(stmt.body, in_loop)
+            self.stored[id(stmt)] = body
+            out |= body
+            for handler in stmt.handlers:
+                if handler.name:
+                    self._bump([handler.name], in_loop, out)
+                out |= self._block(handler.body, in_loop)
+            out |= self._block(stmt.orelse, in_loop) | self._block(stmt.finalbody, in_loop)
+        elif type(stmt).__name__ == "Match":
+            for case in stmt.cases:
+                names = _pattern_names(case.pattern)
+                self._bump(names, in_loop, out)
+                out |= self._block(case.body, in_loop)
+        return out
+
+
+def _pattern_names(pattern) -> list:
+    return [name for p in ast.walk(pattern) for name in (getattr(p, "name", None), getattr(p, "rest", None))
+            if isinstance(name, str)]
 
 
 def _stored_names(nodes) -> set:
@@ -734,8 +794,6 @@ def _stored_names(nodes) -> set:
         for sub in ast.walk(node):
             if isinstance(sub, ast.Name) and isinstance(sub.ctx, (ast.Store, ast.Del)):
                 names.add(sub.id)
-            elif isinstance(sub, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
-                names.add(sub.name)
     return names
 
 
@@ -758,7 +816,10 @@ class FunctionShapes:
         self.stored_attrs: dict = {}  # init mode: self.<attr> -> value
         self.param_aliases: dict = {}  # init mode: param name -> "self.attr" it is stored to
         body = owner.body if isinstance(owner.body, list) else [owner.body]
-        self.counts = _assigned_names(body)
+        text = ctx.source if not hasattr(owner, "lineno") else "\n".join(ctx.lines[owner.lineno - 1:owner.end_lineno])
+        bindings = _Bindings(body, ":=" in text)
+        self.counts = bindings.counts
+        self.stored_in = bindings.stored
         env: dict = {}
         if init_mode:
             self._find_param_aliases(body)
@@ -896,7 +957,7 @@ class FunctionShapes:
         elif isinstance(stmt, ast.Try) or type(stmt).__name__ == "TryStar":
             before = dict(self.env)
             self.block(stmt.body)
-            for name in _stored_names(stmt.body):
+            for name in self.stored_in.get(id(stmt), ()):
                 before[name] = None
             after_body = self.env
             ends = [after_body]
@@ -911,8 +972,8 @@ class FunctionShapes:
             self.block(stmt.finalbody)
         elif type(stmt).__name__ == "Match":
             self.infer(stmt.subject)
-            self.branches([case.body for case in stmt.cases] + [[]], extra=[
-                n for case in stmt.cases for n in _stored_names([case.pattern])])
+            self.branches([case.body for case in stmt.cases] + [[]],
+                          extra=[n for case in stmt.cases for n in _pattern_names(case.pattern)])
         elif isinstance(stmt, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
             self.env[stmt.name] = None
         elif isinstance(stmt, ast.Delete):
@@ -949,14 +1010,13 @@ class FunctionShapes:
         return {k: (None if v == "missing" else v) for k, v in merged.items()}
 
     def loop(self, stmt) -> None:
-        changed = _stored_names(stmt.body + stmt.orelse)
+        changed = set(self.stored_in.get(id(stmt), ()))
         if isinstance(stmt, ast.While):
             for name in changed:
                 self.env[name] = None
             self.infer(stmt.test)
         else:
             self.infer(stmt.iter)
-            changed |= _stored_names([stmt.target])
             for name in changed:
                 self.env[name] = None
             if self._is_range(stmt.iter):
@@ -1924,26 +1984,34 @@ def _self_name(fn) -> Optional[str]:
     return args[0].arg if args else None
 
 
+_ATTRIBUTE_STORE = re.compile(r"\.\s*([A-Za-z_]\w*)\s*(?:[-+*/@%&|^]|//|\*\*|<<|>>)?=(?!=)|\.\s*([A-Za-z_]\w*)\s*,")
+
+
 def _class_attrs(ctx, cls: ast.ClassDef) -> dict:
+    """`self.<attr>` values set in `__init__` (modules, losses, sizes) and never assigned
+    anywhere else in the class."""
     key = ("shapes.class", id(cls))
     cached = ctx.shared.get(key)
     if cached is not None:
         return cached
     ctx.shared[key] = {}  # guards against recursion through odd code
     attrs: dict = {}
+    init = None
     for stmt in cls.body:
         if isinstance(stmt, (ast.FunctionDef, ast.AsyncFunctionDef)) and stmt.name == "__init__":
-            init = FunctionShapes(ctx, stmt, self_name=_self_name(stmt), scope="__init__", init_mode=True)
-            attrs = {k: v for k, v in init.stored_attrs.items()
+            init = stmt
+            analysis = FunctionShapes(ctx, stmt, self_name=_self_name(stmt), scope="__init__", init_mode=True)
+            attrs = {k: v for k, v in analysis.stored_attrs.items()
                      if isinstance(v, (Module, Loss)) or (isinstance(v, IntVal) and v.dim is not None)}
-    # attributes also assigned in other methods are not the __init__ value everywhere
-    for stmt in cls.body:
-        if isinstance(stmt, (ast.FunctionDef, ast.AsyncFunctionDef)) and stmt.name != "__init__":
-            self_name = _self_name(stmt)
-            for sub in ast.walk(stmt):
-                if isinstance(sub, ast.Attribute) and isinstance(sub.ctx, ast.Store) \
-                        and isinstance(sub.value, ast.Name) and sub.value.id == self_name:
-                    attrs.pop(sub.attr, None)
+    if attrs:
+        # Attributes (of anything) stored outside __init__, read off the source text: cheap,
+        # and it errs on the side of forgetting an attribute.
+        lines = ctx.lines[cls.lineno - 1:cls.end_lineno]
+        if init is not None:
+            start, end = init.lineno - cls.lineno, init.end_lineno - cls.lineno + 1
+            lines = lines[:start] + lines[end:]
+        for match in _ATTRIBUTE_STORE.finditer("\n".join(lines)):
+            attrs.pop(match.group(1) or match.group(2), None)
     ctx.shared[key] = attrs
     return attrs
 
@@ -1964,6 +2032,14 @@ def function_shapes(ctx, owner=None) -> FunctionShapes:
                 class_attrs = _class_attrs(ctx, cls)
         cached = ctx.shared[key] = FunctionShapes(ctx, owner, class_attrs, self_name)
     return cached
+
+
+def is_literal(expr) -> bool:
+    """A number, string or f-string: never a tensor. Rules check this before asking for
+    shapes, so a function with nothing but `i + 1` is never analysed."""
+    if isinstance(expr, ast.UnaryOp):
+        expr = expr.operand
+    return isinstance(expr, (ast.Constant, ast.JoinedStr))
 
 
 def value_of(ctx, expr):

@@ -5,7 +5,7 @@ import ast
 from typing import Optional
 
 from matlint.rule import Rule, bad, good
-from matlint.rules._shapes import Shape, broadcast_is_valid, dim_eq, fmt_shape, shape_of
+from matlint.rules._shapes import Shape, broadcast_is_valid, dim_eq, fmt_shape, is_literal, shape_of
 
 _BINOPS = {ast.Add: "+", ast.Sub: "-", ast.Mult: "*", ast.Div: "/"}
 _ATOMIC = (ast.Name, ast.Attribute, ast.Call, ast.Subscript)
@@ -161,6 +161,8 @@ class MisalignedMaskBroadcast(Rule):
                     return
 
     def _check(self, node, mask_node, target_node) -> bool:
+        if is_literal(mask_node) or is_literal(target_node):
+            return False
         mask, target = shape_of(self.ctx, mask_node), shape_of(self.ctx, target_node)
         if mask is None or target is None:
             return False
