@@ -1,0 +1,172 @@
+"""MAT105 loop-invariant-projection: in a time-step recurrence, the input projection that does
+not depend on the recurrent state, issued once per step instead of once for all steps."""
+from __future__ import annotations
+
+import ast
+
+from matlint.rule import Rule, bad, good
+
+from ._torch_api import as_gemm
+from .mat101_python_loop_matmul import PythonLoopMatmul
+
+
+class LoopInvariantProjection(Rule):
+    code = "MAT105"
+    name = "loop-invariant-projection"
+    summary = "An input projection recomputed at every step of a recurrence although it does not depend on the state; do all steps in one GEMM before the loop."
+    docs = """
+    ## What it does
+    In a recurrence (a loop where some GEMM reads a value the previous iteration produced, such
+    as an RNN's `h @ W_hh`), flags each GEMM that reads the step's slice of a tensor fixed before
+    the loop (`x[t] @ W_xh`, `x[:, t] @ W`, `self.W_ih(x[:, t])`, `F.linear(x_t, w, b)` with
+    `x_t = x[t]`) and a loop-invariant weight, and nothing from the recurrent state.
+    MAT101 stays quiet on recurrences; this rule covers the part of them that is not sequential.
+
+    ## Why is this bad?
+    Only `h @ W_hh` has to wait for the previous step. The input projection of every step can
+    be computed up front as one large GEMM (`x @ W_xh` over all T steps), which runs at full
+    matrix-unit throughput instead of T small GEMMs with T launches; cuDNN's RNNs do exactly this.
+
+    ## Example
+    ```python
+    for t in range(T):
+        h = torch.tanh(x[t] @ W_xh + h @ W_hh + b)
+    ```
+
+    ## Use instead
+    ```python
+    xw = x @ W_xh                      # all steps at once
+    for t in range(T):
+        h = torch.tanh(xw[t] + h @ W_hh + b)
+    ```
+
+    ## Stays quiet on
+    - Loops that are not recurrences (MAT101 reports their GEMMs), and GEMMs that read the state
+      (`h @ W_hh`) or anything derived from it in the step.
+    - Inputs that are not a plain per-step slice of one tensor (a list of steps, a value fed
+      back from the previous prediction, `x[t:t + k]` chunks), tensors rebound inside the loop,
+      and weights that change per step.
+
+    ## Fix safety
+    No automatic fix: hoisting adds a tensor of all steps' projections and changes the loop body.
+    """
+    examples = [
+        bad("""
+            import torch
+            def rnn(x, h, W_xh, W_hh, b):
+                outputs = []
+                for t in range(x.size(0)):
+                    h = torch.tanh(x[t] @ W_xh + h @ W_hh + b)
+                    outputs.append(h)
+                return torch.stack(outputs), h
+            """, (5, 24), message_contains="x @ W_xh"),
+        bad("""
+            import torch
+            import torch.nn as nn
+            class RNN(nn.Module):
+                def __init__(self, d, hidden):
+                    super().__init__()
+                    self.W_ih = nn.Linear(d, hidden)
+                    self.W_hh = nn.Linear(hidden, hidden, bias=False)
+                def forward(self, x, h):
+                    for t in range(x.shape[1]):
+                        h = torch.tanh(self.W_ih(x[:, t]) + self.W_hh(h))
+                    return h
+            """, (10, 28), message_contains="self.W_ih(x)"),
+        bad("""
+            import torch as T
+            import torch.nn.functional as F
+            def gru_like(inputs: T.Tensor, state, w_in, b_in, w_rec):
+                for step in range(len(inputs)):
+                    x_t = inputs[step]
+                    gates = F.linear(x_t, w_in, b_in) + T.mm(state, w_rec)
+                    state = T.sigmoid(gates) * state
+                return state
+            """, (6, 17), message_contains="F.linear(inputs, w_in, b_in)"),
+        good("""
+            import torch
+            def not_a_recurrence(x, W):
+                outs = []
+                for t in range(x.size(0)):
+                    outs.append(x[t] @ W)
+                return outs
+            """),
+        good("""
+            import torch
+            def decode(emb, h, W_xh, W_hh, y0, T):
+                y = y0
+                for t in range(T):
+                    h = torch.tanh(emb(y) @ W_xh + h @ W_hh)
+                    y = h.argmax(-1)
+                return h
+            """),
+        good("""
+            import torch
+            def f(x, h, W_xh, W_hh, Ws):
+                for t in range(x.size(0)):
+                    z = h @ W_hh
+                    h = torch.tanh(z @ W_xh + x[t] @ Ws[t])
+                    x = x * 0.5
+                return h
+            """),
+    ]
+
+    def __init__(self, ctx, options=None):
+        super().__init__(ctx, options)
+        # MAT101's loop analysis (per-step items, recurrences), reused rather than copied.
+        self._loop_gemms = PythonLoopMatmul(ctx)
+
+    def visit_BinOp(self, node: ast.BinOp) -> None:
+        if isinstance(node.op, ast.MatMult) and self.ctx.loops:
+            self._check(node)
+
+    def visit_Call(self, node: ast.Call) -> None:
+        if self.ctx.loops:
+            self._check(node)
+
+    def _check(self, node: ast.AST) -> None:
+        gemm = as_gemm(self.ctx, node)
+        if gemm is None or not gemm.operands or gemm.op == "einsum":
+            return
+        loop = self.ctx.loops[-1]
+        if loop.is_comprehension or not self._loop_gemms._is_recurrence(loop):
+            return
+        stepped = [op for op in gemm.operands if loop.depends_on_iteration(op) or loop.reads_carried(op)]
+        if len(stepped) != 1:
+            return
+        step_input = stepped[0]
+        if isinstance(step_input, ast.Name) and step_input.id not in loop.targets:
+            # `x_t = x[t]` then `x_t @ W`: judge the assigned value.
+            assigned = self._loop_gemms._single_assignment(loop, step_input.id)
+            item = self._loop_gemms._batched(loop, assigned, 0) if assigned is not None else None
+        else:
+            item = self._loop_gemms._batched(loop, step_input, 0)
+        if item is None or self._names(item.base) & loop.assigned or loop.reads_carried(step_input):
+            return
+        others = [op for op in gemm.operands if op is not step_input]
+        extra = [a for a in getattr(node, "args", [])[len(gemm.operands):]] if gemm.op == "linear" else []
+        if any(self._names(op) & loop.assigned for op in others + extra):
+            return
+        if gemm.op == "nn.Linear" and self._names(node.func) & loop.assigned:
+            return
+        self.report(node, f"this projection reads only the step's input, not the recurrent state: "
+                          f"{self._suggestion(gemm, item, step_input)}")
+
+    @staticmethod
+    def _names(expr: ast.AST) -> set:
+        return {n.id for n in ast.walk(expr) if isinstance(n, ast.Name)}
+
+    def _suggestion(self, gemm, item, step_input) -> str:
+        seg = self.ctx.segment
+        base = seg(item.base)
+        index = "[t]" if item.dim == 0 else f"[{', '.join([':'] * item.dim)}, t]"
+        whole = None
+        if item.plain and gemm.op == "nn.Linear":
+            whole = f"{gemm.spelling}({base})"
+        elif item.plain and gemm.op == "linear":
+            whole = f"{seg(gemm.node.func)}({', '.join([base] + [seg(a) for a in gemm.node.args[1:]])})"
+        elif item.plain and item.dim == 0 and gemm.op in ("@", "matmul") and gemm.operands[0] is step_input:
+            whole = f"{base} @ {seg(gemm.operands[1])}"
+        if whole is None:
+            return "compute it for all steps in one GEMM before the loop and index the result per step"
+        return f"compute all steps in one GEMM before the loop (`proj = {whole}`) and read `proj{index}` in the loop"
