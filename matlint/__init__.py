@@ -29,7 +29,8 @@ _LAZY = {
     "guard": ("matlint.runtime_guard", "guard"),
 }
 
-__all__ = ["__version__", *_LAZY]
+# `guard` stays out of __all__: `from matlint import *` must not import torch.
+__all__ = ["__version__", *(name for name in _LAZY if name != "guard")]
 
 
 def __getattr__(name: str):
