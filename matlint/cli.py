@@ -139,7 +139,7 @@ def _read_for_fix(path: str):
 
 
 def _fix(findings: list, settings, args, out: Output):
-    """Apply fixes file by file. Returns (remaining findings, number fixed, files changed)."""
+    """Apply fixes file by file (with --diff, print them instead). Returns (remaining findings, number fixed)."""
     from .api import lint_text
     from .fixes import fix_until_stable, unified_diff
 
@@ -148,7 +148,7 @@ def _fix(findings: list, settings, args, out: Output):
     by_file: dict = {}
     for finding in findings:
         by_file.setdefault(finding.filename, []).append(finding)
-    fixed_total, changed = 0, 0
+    fixed_total = 0
     for path in fixable_files:
         read = _read_for_fix(path)
         if read is None:
@@ -158,7 +158,6 @@ def _fix(findings: list, settings, args, out: Output):
         if not fixed or new_source == source:
             continue
         fixed_total += fixed
-        changed += 1
         if args.diff:
             out.write(unified_diff(source, new_source, path))
             continue
@@ -169,7 +168,7 @@ def _fix(findings: list, settings, args, out: Output):
             raise UsageError(f"cannot write fixes to {path}: {exc.strerror or exc}") from None
         by_file[path] = remaining
     remaining = [f for path in by_file for f in by_file[path]]
-    return remaining, fixed_total, changed
+    return remaining, fixed_total
 
 
 def _report(findings: list, args, out: Output) -> None:
@@ -207,7 +206,7 @@ def _summary(lines, args, out: Output) -> None:
 
 def run_check(args) -> int:
     from .files import find_files
-    from .reporters import _plural, summary_lines
+    from .reporters import plural, summary_lines
     from .runner import finalize
 
     if args.jobs is not None and args.jobs < 1:
@@ -224,15 +223,15 @@ def run_check(args) -> int:
     try:
         fixed = 0
         if args.diff or args.fix:
-            findings, fixed, _ = _fix(findings, settings, args, out)
+            findings, fixed = _fix(findings, settings, args, out)
             if args.diff:
                 if not args.quiet:
-                    sys.stderr.write(f"Would fix {_plural(fixed)}.\n" if fixed else "No errors would be fixed.\n")
+                    sys.stderr.write(f"Would fix {plural(fixed)}.\n" if fixed else "No errors would be fixed.\n")
                 return EXIT_FINDINGS if fixed and not args.exit_zero else EXIT_OK
         _report(findings, args, out)
         lines = list(summary_lines(findings, args.unsafe_fixes))
         if fixed:
-            lines.insert(0, [(f"Fixed {_plural(fixed)}.", "")])
+            lines.insert(0, [(f"Fixed {plural(fixed)}.", "")])
         _summary(lines, args, out)
     finally:
         out.close()

@@ -18,7 +18,7 @@ MAX_RANGE_LINES = 8
 TAB_WIDTH = 4
 
 
-def _plural(count: int, word: str = "error") -> str:
+def plural(count: int, word: str = "error") -> str:
     return f"{count} {word}{'' if count == 1 else 's'}"
 
 
@@ -114,7 +114,7 @@ def summary_lines(findings: list, unsafe_fixes: bool = False):
     if not findings:
         yield [("All checks passed!", "bold green")]
         return
-    yield [(f"Found {_plural(len(findings))}.", "")]
+    yield [(f"Found {plural(len(findings))}.", "")]
     fixable = sum(1 for f in findings if f.fix and (f.fix.safe or unsafe_fixes))
     hidden = sum(1 for f in findings if f.fix and not f.fix.safe and not unsafe_fixes)
     if fixable:
