@@ -192,3 +192,31 @@ def spelling(ctx, qualname: str) -> Optional[str]:
         if base and (qualname == base or qualname.startswith(base + ".")):
             found.append(head + qualname[len(base):])
     return min(found, key=len) if found else None
+
+
+def mentions(ctx, node: ast.AST, pattern) -> bool:
+    """Whether a name, attribute, decorator or string constant inside `node` matches the
+    compiled regex `pattern` (e.g. a class that mentions `scaled_dot_product_attention`)."""
+    key = ("mentions", id(node), pattern.pattern)
+    found = ctx.shared.get(key)
+    if found is None:
+        found = False
+        for sub in ast.walk(node):
+            text = (sub.id if isinstance(sub, ast.Name) else sub.attr if isinstance(sub, ast.Attribute)
+                    else sub.value if isinstance(sub, ast.Constant) and isinstance(sub.value, str) else None)
+            if text and pattern.search(text):
+                found = True
+                break
+        ctx.shared[key] = found
+    return found
+
+
+def outermost_scope(ctx):
+    """The outermost class (else function) around the current node: where a fused path that
+    the code switches to, or a decorator that replaces it, would be written."""
+    return ctx.classes[0] if ctx.classes else (ctx.functions[0] if ctx.functions else None)
+
+
+def subclasses(ctx, cls, qualname: str) -> bool:
+    """Whether class `cls` lists `qualname` among its bases."""
+    return cls is not None and any(ctx.qualname(base) == qualname for base in cls.bases)

@@ -12,6 +12,7 @@ from matlint.rule import Rule, bad, good
 
 from . import _kinds
 from ._flow import FunctionFlow, flow_of
+from ._names import mentions, outermost_scope, spelling
 from ._torch_api import as_gemm
 
 _SOFTMAX_FUNCTIONS = {"torch.softmax", "torch.nn.functional.softmax", "torch.special.softmax"}
@@ -124,7 +125,7 @@ class ManualAttention(Rule):
 
     ## Use instead
     ```python
-    y = F.scaled_dot_product_attention(q, k, v, scale=1.0 / math.sqrt(k.size(-1)), is_causal=True)
+    y = F.scaled_dot_product_attention(q, k, v, is_causal=True)  # default scale: 1/sqrt(E)
     ```
 
     ## Stays quiet on
@@ -152,7 +153,7 @@ class ManualAttention(Rule):
     the statements that only fed it. It is **safe** only when the call is exactly equivalent:
     no mask, or a causal `tril` buffer sliced `[:T, :T]` and filled with `-inf` (→
     `is_causal=True`); an explicit scale (→ `scale=...`), the default `1/sqrt(q.size(-1))`
-    (→ no argument) or none (→ `scale=1.0`); no dropout and no dtype casts; the standard
+    or of `k.size(-1)` (→ no argument) or none (→ `scale=1.0`); no dropout and no dtype casts; the standard
     `(..., L, E)` layout. It is **unsafe** (offered with `--unsafe-fixes`) when the call
     needs judgement: an additive mask becomes `attn_mask=` (a boolean mask means the opposite
     there), a general `masked_fill` becomes a boolean `attn_mask=~(cond)`, dropout becomes
@@ -210,7 +211,7 @@ class ManualAttention(Rule):
                     k = k.view(B, T, self.n_head, C // self.n_head).transpose(1, 2)
                     v = v.view(B, T, self.n_head, C // self.n_head).transpose(1, 2)
                     # causal self-attention
-                    y = F.scaled_dot_product_attention(q, k, v, scale=1.0 / math.sqrt(k.size(-1)), is_causal=True)
+                    y = F.scaled_dot_product_attention(q, k, v, is_causal=True)
                     return y.transpose(1, 2).contiguous().view(B, T, C)
             """),
         # One expression; default 1/sqrt(d) scale of q's last dim needs no argument.
@@ -431,7 +432,7 @@ class ManualAttention(Rule):
         if softmax is None:
             return
         scores_expr, dim, upcast = softmax
-        if _int(dim) is None or self._has_fused_path(function):
+        if _int(dim) is None or mentions(self.ctx, outermost_scope(self.ctx), _FUSED_PATH):
             return
         flow = flow_of(self.ctx, function)
         scores = self._scores(flow, scores_expr, 0)
@@ -478,21 +479,6 @@ class ManualAttention(Rule):
         if len(values) == 1 and isinstance(values[0][1], ast.Call):
             return values[0][1]
         return None
-
-    def _has_fused_path(self, function: ast.AST) -> bool:
-        owner = self.ctx.class_ or function
-        key = ("mat601_fused", id(owner))
-        cached = self.ctx.shared.get(key)
-        if cached is None:
-            cached = False
-            for sub in ast.walk(owner):
-                text = (sub.id if isinstance(sub, ast.Name) else sub.attr if isinstance(sub, ast.Attribute)
-                        else sub.value if isinstance(sub, ast.Constant) and isinstance(sub.value, str) else None)
-                if text and _FUSED_PATH.search(text):
-                    cached = True
-                    break
-            self.ctx.shared[key] = cached
-        return cached
 
     def _scores(self, flow: FunctionFlow, node: ast.AST, depth: int, also_read_by=None) -> Optional[_Scores]:
         if depth > _MAX_DEPTH:
@@ -722,7 +708,7 @@ class ManualAttention(Rule):
         ctx = self.ctx
         if not scores.exact_layout or any(s[0] == "layout" for s in probs.steps):
             return None
-        prefix = self._functional_prefix()
+        prefix = spelling(self.ctx, "torch.nn.functional")
         if prefix is None:
             return None
         final = flow.statement(probs.pv.node)
@@ -789,7 +775,7 @@ class ManualAttention(Rule):
             return None
         if scale:
             _, expr, op = scale[0]
-            if not self._is_default_scale(expr, op, scores.q):
+            if not (self._is_default_scale(expr, op, scores.q) or self._is_default_scale(expr, op, scores.k)):
                 text = ctx.segment(expr)
                 if op == "/" and not isinstance(expr, (ast.Name, ast.Attribute, ast.Call, ast.Constant, ast.Subscript)):
                     text = f"({text})"
@@ -842,18 +828,6 @@ class ManualAttention(Rule):
         before = lines[stmt.lineno - 1][:stmt.col_offset]
         after = lines[stmt.end_lineno - 1].encode()[stmt.end_col_offset:].decode(errors="replace")
         return not before.strip() and (not after.strip() or after.strip().startswith("#")) and stmt.end_lineno < len(lines)
-
-    def _functional_prefix(self) -> Optional[str]:
-        """How this file can spell torch.nn.functional."""
-        candidates = []
-        for stmt in self.ctx.tree.body:
-            if isinstance(stmt, (ast.Import, ast.ImportFrom)):
-                for alias in stmt.names:
-                    name = alias.asname or alias.name.split(".")[0]
-                    candidates.append(name)
-        spellings = [s for head in candidates for s in (head, f"{head}.functional", f"{head}.nn.functional")
-                     if self.ctx.qualname(ast.parse(s, mode="eval").body) == "torch.nn.functional"]
-        return min(spellings, key=len) if spellings else None
 
     def _is_causal_condition(self, cond: ast.AST) -> bool:
         """`tril_buffer[..., :T, :T] == 0` (or `~tril[...]`, `.logical_not()`) for a lower-triangular buffer of ones."""
@@ -912,7 +886,8 @@ class ManualAttention(Rule):
         return f"~({ctx.segment(cond)})"
 
     def _is_default_scale(self, expr: ast.AST, op: str, q: ast.AST) -> bool:
-        """`/ math.sqrt(q.size(-1))`, `* q.shape[-1] ** -0.5` and friends: SDPA's own default."""
+        """`/ math.sqrt(q.size(-1))`, `* q.shape[-1] ** -0.5` and friends: SDPA's own default
+        (called with k too: q @ kᵀ makes their last dims equal)."""
         def last_dim(node):
             if isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute) and node.func.attr == "size":
                 return len(node.args) == 1 and _int(node.args[0]) == -1 and ast.dump(node.func.value) == ast.dump(q)

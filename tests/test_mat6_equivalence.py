@@ -131,3 +131,49 @@ def test_causal_fix_differs_without_the_mask():
     broken = fixed.replace(", is_causal=True", "")
     before, after = _check_nanogpt(source, broken)
     assert not torch.allclose(before, after, atol=1e-5, rtol=1e-5)
+
+
+def _check_elementwise(rule, index, name, *shapes):
+    source, fixed = _fixed(rule, rule.examples[index])
+    before, after = _functions(source, fixed, name)
+    torch.manual_seed(0)
+    args = [torch.randn(*shape, dtype=torch.float64) for shape in shapes]
+    return before(*args), after(*args)
+
+
+@pytest.mark.parametrize("index, name, shapes", [
+    (0, "probs", [(4, 7, 11)]),
+    (1, "probs", [(5, 6), (6, 9)]),
+])
+def test_softmax_fix_is_equivalent(index, name, shapes):
+    before, after = _check_elementwise(RULES["MAT602"], index, name, *shapes)
+    assert torch.allclose(before, after, atol=1e-12)
+
+
+def test_softmax_fix_repairs_overflow():
+    """Why the MAT602 fix is unsafe: where exp() overflowed, the fix changes nan into the answer."""
+    source, fixed = _fixed(RULES["MAT602"], RULES["MAT602"].examples[0])
+    before, after = _functions(source, fixed, "probs")
+    logits = torch.tensor([[100.0, 0.0]])
+    assert torch.isnan(before(logits)).any()
+    assert torch.allclose(after(logits), torch.tensor([[1.0, 0.0]]))
+
+
+@pytest.mark.parametrize("index, name", [(0, "gelu"), (2, "gelu")])
+def test_tanh_gelu_fix_is_equivalent(index, name):
+    before, after = _check_elementwise(RULES["MAT605"], index, name, (3, 64))
+    assert torch.allclose(before, after, atol=1e-12, rtol=1e-12)
+
+
+def test_tanh_gelu_module_fix_is_equivalent():
+    source, fixed = _fixed(RULES["MAT605"], RULES["MAT605"].examples[1])
+    before, after = _modules(source, fixed, "FastGELU", ())
+    x = torch.randn(3, 64, dtype=torch.float64) * 4
+    # the "fast" constants are rounded to 10 digits
+    assert torch.allclose(before(x), after(x), atol=1e-9)
+
+
+def test_every_elementwise_fix_is_checked():
+    fixed = {(code, i) for code in ("MAT602", "MAT605") for i, e in enumerate(RULES[code].examples)
+             if e.fixed is not None}
+    assert fixed == {("MAT602", 0), ("MAT602", 1), ("MAT605", 0), ("MAT605", 1), ("MAT605", 2)}

@@ -1,0 +1,131 @@
+"""Elementwise and reduction tensor ops in either spelling, for the rules that recognise
+hand-written fused ops (softmax, norms, GELU): `torch.exp(x)` and `x.exp()` are both
+`Op("exp", [x])`; `x ** 2`, `x.pow(2)`, `torch.pow(x, 2)`, `x.square()` and `x * x` are all
+`Op("pow", [x, 2])`. numpy, math and other modules' functions are not tensor ops."""
+from __future__ import annotations
+
+import ast
+from dataclasses import dataclass, field
+from typing import Optional
+
+_NAMESPACES = ("torch.", "torch.nn.functional.", "torch.special.")
+
+
+@dataclass
+class Op:
+    name: str
+    args: list                                   # the tensor first, then the positional arguments
+    keywords: dict = field(default_factory=dict)
+
+    def arg(self, index: int, keyword: str) -> Optional[ast.AST]:
+        """Positional argument `index` (0 is the tensor) or the keyword of that name."""
+        if index < len(self.args):
+            return self.args[index]
+        return self.keywords.get(keyword)
+
+
+def same(a: Optional[ast.AST], b: Optional[ast.AST]) -> bool:
+    return a is not None and b is not None and ast.dump(a) == ast.dump(b)
+
+
+def number(node: Optional[ast.AST]) -> Optional[float]:
+    """The value of a numeric literal, `-1` included."""
+    if isinstance(node, ast.Constant) and isinstance(node.value, (int, float)) and not isinstance(node.value, bool):
+        return node.value
+    if isinstance(node, ast.UnaryOp) and isinstance(node.op, (ast.USub, ast.UAdd)):
+        inner = number(node.operand)
+        return None if inner is None else (-inner if isinstance(node.op, ast.USub) else inner)
+    return None
+
+
+def is_true(node: Optional[ast.AST]) -> bool:
+    return isinstance(node, ast.Constant) and node.value is True
+
+
+def torch_op(ctx, node: ast.AST) -> Optional[Op]:
+    """The tensor op `node` applies, in a normalized form, or None."""
+    if isinstance(node, ast.BinOp):
+        if isinstance(node.op, ast.Pow):
+            return Op("pow", [node.left, node.right])
+        if isinstance(node.op, ast.Mult) and same(node.left, node.right):
+            return Op("pow", [node.left, ast.Constant(2)])
+        return None
+    if not isinstance(node, ast.Call) or any(isinstance(a, ast.Starred) for a in node.args):
+        return None
+    keywords = {k.arg: k.value for k in node.keywords if k.arg}
+    if len(keywords) != len(node.keywords):
+        return None
+    func = node.func
+    qual = ctx.qualname(func)
+    if qual is not None:
+        for namespace in _NAMESPACES:
+            if qual.startswith(namespace) and "." not in qual[len(namespace):]:
+                name = qual[len(namespace):]
+                args = list(node.args)
+                if not args and "input" in keywords:
+                    args = [keywords.pop("input")]
+                return _normalized(name, args, keywords) if args else None
+        return None
+    if isinstance(func, ast.Attribute) and ctx.qualname(func.value) is None:
+        return _normalized(func.attr, [func.value] + list(node.args), keywords)
+    return None
+
+
+def _normalized(name: str, args: list, keywords: dict) -> Op:
+    if name == "square" and len(args) == 1:
+        return Op("pow", [args[0], ast.Constant(2)], keywords)
+    if name == "pow" and len(args) == 1 and "exponent" in keywords:
+        return Op("pow", [args[0], keywords.pop("exponent")], keywords)
+    return Op(name, args, keywords)
+
+
+def resolve(flow, node: ast.AST, depth: int = 4) -> ast.AST:
+    """`node`, or the value assigned to the name it is, followed through plain assignments."""
+    while depth and isinstance(node, ast.Name):
+        assign = flow.reaching(node)
+        if assign is None:
+            break
+        node = assign.value
+        depth -= 1
+    return node
+
+
+def strip_casts(ctx, node: ast.AST) -> ast.AST:
+    """`x.float()`, `x.to(torch.float32)`, `x.type_as(y)` -> `x` (dtype casts keep the values)."""
+    while True:
+        op = torch_op(ctx, node)
+        if op is None or op.name not in ("float", "to", "double", "type_as", "half", "bfloat16"):
+            return node
+        node = op.args[0]
+
+
+def last_dim_reduction(ctx, flow, node: ast.AST, names) -> Optional[ast.AST]:
+    """The tensor a `<name>(t, -1, keepdim=True)` reduction (name in `names`) runs over, else None."""
+    op = torch_op(ctx, strip_casts(ctx, resolve(flow, node)))
+    if op is None or op.name not in names or number(op.arg(1, "dim")) != -1:
+        return None
+    if not is_true(op.keywords.get("keepdim", op.arg(2, ""))):
+        return None
+    return op.args[0]
+
+
+def root_of(ctx, node: ast.AST, inverse: bool):
+    """(x, eps) for `sqrt(x + eps)` / `(x + eps).sqrt()` / `(x + eps) ** 0.5`, or with
+    `inverse` for `rsqrt(...)` / `(...) ** -0.5` / `1 / sqrt(...)`; eps may be absent."""
+    if inverse and isinstance(node, ast.BinOp) and isinstance(node.op, ast.Div) and number(node.left) == 1:
+        return root_of(ctx, node.right, False)
+    op = torch_op(ctx, node)
+    if op is None:
+        return None
+    if op.name == ("rsqrt" if inverse else "sqrt") and len(op.args) == 1 and not op.keywords:
+        inner = op.args[0]
+    elif op.name == "pow" and len(op.args) == 2 and number(op.args[1]) == (-0.5 if inverse else 0.5):
+        inner = op.args[0]
+    else:
+        return None
+    if isinstance(inner, ast.BinOp) and isinstance(inner.op, ast.Add):
+        return inner.left, inner.right
+    added = torch_op(ctx, inner)
+    if added is not None and added.name == "add" and len(added.args) == 2 and not added.keywords:
+        return added.args[0], added.args[1]
+    return inner, None

@@ -1,0 +1,197 @@
+"""MAT603 manual-layer-norm: `(x - x.mean(-1, keepdim=True)) / sqrt(var + eps)` instead of
+`F.layer_norm`."""
+from __future__ import annotations
+
+import ast
+import re
+from typing import Optional
+
+from matlint.rule import Rule, bad, good
+
+from ._flow import flow_of
+from ._names import mentions, outermost_scope, subclasses
+from ._pointwise import last_dim_reduction, number, resolve, root_of, same, strip_casts, torch_op
+
+
+# A class or function that names one of these has a fused layer norm next to the manual one.
+_FUSED_PATH = re.compile(r"kernel|fused|apex|triton|liger|^layer_norm$", re.IGNORECASE)
+
+
+class ManualLayerNorm(Rule):
+    code = "MAT603"
+    name = "manual-layer-norm"
+    summary = "Layer norm written out (`(x - mean) / sqrt(var + eps)`); `F.layer_norm` is one fused kernel."
+    docs = """
+    ## What it does
+    Flags the normalization step of a hand-written layer norm over the last dim: `x` minus its
+    mean (`x.mean(-1, keepdim=True)`, `torch.mean(x, dim=-1, keepdim=True)`), divided by the
+    square root of its variance plus eps (`torch.sqrt(var + eps)`, `(var + eps).sqrt()`,
+    `** 0.5`) or multiplied by its inverse root (`torch.rsqrt(var + eps)`, `** -0.5`). The
+    variance may be `x.var(-1, keepdim=True, unbiased=False)` or the mean of the squared
+    centered values (`.pow(2)`, `** 2`, `.square()`, `xc * xc`), and the steps may sit in
+    separate statements. The "annotated transformer" form `(x - mean) / (x.std(-1, keepdim=True) + eps)`
+    is reported too, with a note that it differs slightly from a layer norm.
+
+    ## Why is this bad?
+    Each step is a separate kernel (mean, subtract, square, mean, add, sqrt, divide, then
+    the affine multiply and add), each reading and writing the whole activation, and autograd
+    keeps the intermediates. `F.layer_norm` (or `nn.LayerNorm`) does it in one fused kernel
+    forward and one backward.
+
+    ## Example
+    ```python
+    mean = x.mean(-1, keepdim=True)
+    var = (x - mean).pow(2).mean(-1, keepdim=True)
+    x = (x - mean) / torch.sqrt(var + self.eps)
+    x = self.weight * x + self.bias
+    ```
+
+    ## Use instead
+    ```python
+    x = F.layer_norm(x, (x.shape[-1],), self.weight, self.bias, self.eps)
+    ```
+
+    ## Stays quiet on
+    - Normalization over any dim but the last (channels-first `LayerNorm2d` over dim 1,
+      group/instance norms over several dims): `F.layer_norm` normalizes trailing dims only, and
+      the permutes around it cost copies.
+    - Centering without a division by the spread, standardization by statistics that were
+      computed elsewhere (running stats, a batch-norm's buffers), and numpy.
+    - Classes and functions that also have a fused path (a kernel-hub decorator, apex,
+      triton, or an `F.layer_norm` switch next to the manual code): the manual code is the fallback.
+    - Subclasses of `nn.LayerNorm` that override `forward` with the written-out computation:
+      the fused kernel was replaced on purpose (transformers' flow-head layer norms work around
+      wrong forward-mode JVP gradients of the fused op).
+    - Unbiased variance (`x.var(-1, keepdim=True)`): that is not what a layer norm computes.
+
+    ## Fix safety
+    No automatic fix: the affine part usually lives in another statement, `F.layer_norm`
+    needs the normalized shape, weight and bias spelled out, and in half precision it computes
+    its statistics in float32 where the hand-written code may not, so results change in the
+    last bits.
+    """
+    examples = [
+        bad("""
+            import torch
+            def layer_norm(x, weight, bias, eps: float = 1e-5):
+                mean = x.mean(-1, keepdim=True)
+                var = (x - mean).pow(2).mean(-1, keepdim=True)
+                x = (x - mean) / torch.sqrt(var + eps)
+                return x * weight + bias
+            """, (5, 9)),
+        bad("""
+            import torch
+            def ln(x, eps=1e-6):
+                return (x - torch.mean(x, dim=-1, keepdim=True)) * torch.rsqrt(
+                    torch.var(x, dim=-1, keepdim=True, unbiased=False) + eps)
+            """, (3, 12)),
+        bad("""
+            import torch
+            def ln(h):
+                hc = h - h.mean(dim=-1, keepdim=True)
+                return hc * (hc.square().mean(-1, keepdim=True) + 1e-5) ** -0.5
+            """, (4, 12)),
+        bad("""
+            import torch.nn as nn
+            class LayerNorm(nn.Module):
+                def forward(self, x):
+                    mean = x.mean(-1, keepdim=True)
+                    std = x.std(-1, keepdim=True)
+                    return self.a_2 * (x - mean) / (std + self.eps) + self.b_2
+            """, (6, 16), message_contains="unbiased"),
+        good("""
+            import torch
+            from torch import nn
+            class FlowLayerNorm(nn.LayerNorm):
+                def forward(self, x):
+                    mean = x.mean(-1, keepdim=True)
+                    variance = x.var(-1, unbiased=False, keepdim=True)
+                    return (x - mean) * torch.rsqrt(variance + self.eps) * self.weight + self.bias
+            """),
+        good("""
+            import torch
+            def layer_norm_2d(x, eps=1e-6):
+                u = x.mean(1, keepdim=True)
+                s = (x - u).pow(2).mean(1, keepdim=True)
+                return (x - u) / torch.sqrt(s + eps)
+            """),
+        good("""
+            import numpy as np
+            import torch
+            def f(x, running_mean, running_var, eps=1e-5):
+                a = (x - running_mean) / torch.sqrt(running_var + eps)
+                b = (x - x.mean(-1, keepdim=True)) / torch.sqrt(x.var(-1, keepdim=True) + eps)
+                c = x - x.mean(-1, keepdim=True)
+                return a, b, c
+            """),
+    ]
+
+    def visit_BinOp(self, node: ast.BinOp) -> None:
+        function = self.ctx.function
+        if function is None or isinstance(function, ast.Lambda) or not isinstance(node.op, (ast.Div, ast.Mult)):
+            return
+        flow = flow_of(self.ctx, function)
+        pairs = [(node.left, node.right)] if isinstance(node.op, ast.Div) else [
+            (node.left, node.right), (node.right, node.left)]
+        for centered, spread in pairs:
+            x = self._centered(flow, centered)
+            if x is None:
+                continue
+            note = self._spread(flow, spread, centered, x, inverse=isinstance(node.op, ast.Mult))
+            if note is None:
+                continue
+            if (mentions(self.ctx, outermost_scope(self.ctx), _FUSED_PATH)
+                    or subclasses(self.ctx, self.ctx.class_, "torch.nn.LayerNorm")):
+                return
+            self.report(node, "hand-written layer norm over the last dim: use "
+                        "`F.layer_norm(x, (x.shape[-1],), weight, bias, eps)` (or `nn.LayerNorm`), one fused "
+                        f"kernel forward and backward instead of one kernel per step{note}")
+            return
+
+    def _centered(self, flow, node: ast.AST) -> Optional[ast.AST]:
+        """x for `x - x.mean(-1, keepdim=True)` (or a name holding it)."""
+        value = resolve(flow, node)
+        if isinstance(value, ast.BinOp) and isinstance(value.op, ast.Mult):  # weight * (x - mean) / std
+            return self._centered(flow, value.left) or self._centered(flow, value.right)
+        if not (isinstance(value, ast.BinOp) and isinstance(value.op, ast.Sub)):
+            return None
+        x = value.left
+        mean_of = last_dim_reduction(self.ctx, flow, value.right, ("mean",))
+        return x if mean_of is not None and self._same_tensor(flow, mean_of, x) else None
+
+    def _spread(self, flow, node: ast.AST, centered: ast.AST, x: ast.AST, inverse: bool) -> Optional[str]:
+        """"" when `node` is the (inverse) root of x's biased variance plus eps, a note for
+        the `std + eps` form, None otherwise."""
+        if not inverse and isinstance(node, ast.BinOp) and isinstance(node.op, ast.Add):
+            std_of = last_dim_reduction(self.ctx, flow, node.left, ("std",))
+            if std_of is not None and self._same_tensor(flow, std_of, x):
+                return (" (this form divides by the unbiased std plus eps; F.layer_norm uses the biased "
+                        "variance with eps inside the root, so results differ slightly)")
+            return None
+        root = root_of(self.ctx, node, inverse)
+        if root is None or root[1] is None:
+            return None
+        variance = root[0]
+        var_of = last_dim_reduction(self.ctx, flow, variance, ("var",))
+        if var_of is not None:
+            op = torch_op(self.ctx, strip_casts(self.ctx, resolve(flow, variance)))
+            biased = op.keywords.get("unbiased")
+            correction = op.keywords.get("correction")
+            if (isinstance(biased, ast.Constant) and biased.value is False or number(correction) == 0) \
+                    and self._same_tensor(flow, var_of, x):
+                return ""
+            return None
+        squares_of = last_dim_reduction(self.ctx, flow, variance, ("mean",))
+        if squares_of is None:
+            return None
+        square = torch_op(self.ctx, resolve(flow, squares_of))
+        if square is None or square.name != "pow" or number(square.args[1]) != 2:
+            return None
+        inner = square.args[0]
+        if same(inner, centered) or same(resolve(flow, inner), resolve(flow, centered)):
+            return ""
+        return None
+
+    def _same_tensor(self, flow, a: ast.AST, b: ast.AST) -> bool:
+        return same(strip_casts(self.ctx, a), strip_casts(self.ctx, b)) or same(
+            resolve(flow, strip_casts(self.ctx, a)), resolve(flow, strip_casts(self.ctx, b)))

@@ -1,0 +1,197 @@
+"""MAT604 manual-rms-norm: `x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + eps)` instead of
+`F.rms_norm`."""
+from __future__ import annotations
+
+import ast
+import re
+from typing import Optional
+
+from matlint.rule import Rule, bad, good
+
+from ._flow import flow_of
+from ._names import mentions, outermost_scope, subclasses
+from ._pointwise import last_dim_reduction, number, resolve, root_of, same, strip_casts, torch_op
+
+# A class or function that names one of these already has (or switches to) a fused RMS norm;
+# the hand-written code is its fallback.
+# torchrl's `@implement_for("torch", None, "2.4")` marks a fallback for releases without
+# F.rms_norm; ONNX export patches decompose on purpose.
+_FUSED_PATH = re.compile(r"kernel|fused|apex|triton|liger|rms_norm|flash|implement_for|onnx|nn\.RMSNorm",
+                         re.IGNORECASE)
+
+
+class ManualRmsNorm(Rule):
+    code = "MAT604"
+    name = "manual-rms-norm"
+    summary = "RMS norm written out (`x * rsqrt(x.pow(2).mean(-1, keepdim=True) + eps)`); `F.rms_norm` is one call."
+    docs = """
+    ## What it does
+    Flags the normalization step of a hand-written RMS norm over the last dim: `x` multiplied
+    by the inverse root of the mean of its squares (`torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + eps)`,
+    `(... + eps) ** -0.5`, `1 / torch.sqrt(...)`) or divided by the root
+    (`x / torch.sqrt(x.pow(2).mean(-1, keepdim=True) + eps)`). The squares may be spelled
+    `x ** 2`, `x.pow(2)`, `torch.pow(x, 2)`, `x.square()` or `x * x`, with dtype casts around
+    `x` and the steps in separate statements (the `LlamaRMSNorm` shape: upcast to float32,
+    normalize, cast back, multiply by the weight). Those classes are reported on purpose
+    unless a kernel-hub decorator replaces them: they are the pattern, and `F.rms_norm`
+    computes half-precision statistics in float32 as they do (see Fix safety for the last bit).
+
+    ## Why is this bad?
+    Square, mean, add, rsqrt and multiply are separate kernels, each reading and writing the
+    whole activation, with intermediates kept for backward; and the norm runs in every layer,
+    twice. `F.rms_norm` (torch ≥ 2.4, or `nn.RMSNorm`) is a single call that recent PyTorch
+    runs as one fused kernel, and torch.compile fuses either way. For half-precision inputs
+    `F.rms_norm` computes its statistics in float32 itself, as the hand-written upcast does.
+
+    ## Example
+    ```python
+    input_dtype = x.dtype
+    x = x.to(torch.float32)
+    variance = x.pow(2).mean(-1, keepdim=True)
+    x = x * torch.rsqrt(variance + self.eps)
+    return self.weight * x.to(input_dtype)
+    ```
+
+    ## Use instead
+    ```python
+    return F.rms_norm(x, (x.shape[-1],), self.weight, self.eps)
+    ```
+
+    ## Stays quiet on
+    - Classes and functions that already have a fused path: a kernel-hub decorator
+      (transformers' `@use_kernel_forward_from_hub("RMSNorm")`), or any mention of a fused,
+      apex, triton, liger or `rms_norm` implementation next to the manual code.
+    - Torch-version and export fallbacks: torchrl's `@implement_for("torch", None, "2.4")`
+      implementations (for releases without `F.rms_norm`) and ONNX export patches.
+    - Gated RMS norms (a `gate` parameter, as in Mamba-2, Bamba, Zamba-2, Falcon-H1): the
+      models run mamba-ssm's fused gated-norm kernel when it is installed, and the written-out
+      norm is the fallback; `F.rms_norm` does not cover the gate either.
+    - Subclasses of `nn.RMSNorm` that override `forward`: the fused op was replaced on purpose.
+    - Norms over any dim but the last, centered inputs (that is a layer norm: MAT603), an L2
+      normalization without the mean (`x / x.norm(dim=-1, keepdim=True)`), and numpy.
+
+    ## Fix safety
+    No automatic fix. `F.rms_norm` upcasts internally, but where the weight is applied
+    relative to the downcast differs between implementations (Llama casts back before the
+    weight, Gemma multiplies by `1 + weight` in float32), so results can change in the last
+    bit of bfloat16; the normalized shape and weight also need spelling out.
+    """
+    examples = [
+        bad("""
+            import torch
+            import torch.nn as nn
+            class LlamaRMSNorm(nn.Module):
+                def forward(self, hidden_states):
+                    input_dtype = hidden_states.dtype
+                    hidden_states = hidden_states.to(torch.float32)
+                    variance = hidden_states.pow(2).mean(-1, keepdim=True)
+                    hidden_states = hidden_states * torch.rsqrt(variance + self.variance_epsilon)
+                    return self.weight * hidden_states.to(input_dtype)
+            """, (8, 25), message_contains="F.rms_norm"),
+        bad("""
+            import torch
+            def rms_norm(x, weight, eps: float = 1e-6):
+                return x * torch.rsqrt(torch.mean(x * x, dim=-1, keepdim=True) + eps) * weight
+            """, (3, 12)),
+        bad("""
+            import torch
+            def norm(x, eps=1e-6):
+                return x / (x.float().square().mean(dim=-1, keepdim=True) + eps).sqrt()
+            """, (3, 12)),
+        bad("""
+            import torch
+            def norm(x):
+                return x * (x ** 2).mean(-1, keepdim=True).add(1e-5).rsqrt()
+            """, (3, 12)),
+        good("""
+            import torch
+            import torch.nn as nn
+            from transformers.integrations import use_kernel_forward_from_hub
+
+            @use_kernel_forward_from_hub("RMSNorm")
+            class LlamaRMSNorm(nn.Module):
+                def forward(self, hidden_states):
+                    variance = hidden_states.pow(2).mean(-1, keepdim=True)
+                    return self.weight * hidden_states * torch.rsqrt(variance + self.eps)
+            """),
+        good("""
+            import torch
+            import torch.nn as nn
+            class MambaRMSNormGated(nn.Module):
+                def forward(self, hidden_states, gate=None):
+                    if gate is not None:
+                        hidden_states = hidden_states * nn.functional.silu(gate.to(torch.float32))
+                    variance = hidden_states.pow(2).mean(-1, keepdim=True)
+                    return self.weight * hidden_states * torch.rsqrt(variance + self.variance_epsilon)
+            """),
+        good("""
+            import torch
+
+            @register_patch("onnx", "torch.nn.RMSNorm.forward")
+            def _patch_rms_norm_forward(original):
+                def patch(self, x):
+                    variance = x.to(torch.float32).pow(2).mean(-1, keepdim=True)
+                    return (x * torch.rsqrt(variance + self.eps)).to(x.dtype)
+                return patch
+            """),
+        good("""
+            import torch
+            from torchrl._utils import implement_for
+
+            @implement_for("torch", None, "2.4")
+            def _rms_norm(value, weight, eps: float):
+                return value * torch.rsqrt(value.square().mean(-1, keepdim=True) + eps) * weight
+            """),
+        good("""
+            import torch
+            def f(x, y, eps=1e-6):
+                a = x * torch.rsqrt(x.pow(2).mean(1, keepdim=True) + eps)
+                b = y * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + eps)
+                c = x / x.norm(dim=-1, keepdim=True)
+                xc = x - x.mean(-1, keepdim=True)
+                d = xc * torch.rsqrt(xc.pow(2).mean(-1, keepdim=True) + eps)
+                return a, b, c, d
+            """),
+    ]
+
+    def visit_BinOp(self, node: ast.BinOp) -> None:
+        function = self.ctx.function
+        if function is None or isinstance(function, ast.Lambda) or not isinstance(node.op, (ast.Div, ast.Mult)):
+            return
+        flow = flow_of(self.ctx, function)
+        inverse = isinstance(node.op, ast.Mult)
+        pairs = [(node.left, node.right)] if not inverse else [(node.left, node.right), (node.right, node.left)]
+        for x, scale in pairs:
+            if self._is_rms_of(flow, scale, x, inverse):
+                if (mentions(self.ctx, outermost_scope(self.ctx), _FUSED_PATH) or self._is_gated(function)
+                    or subclasses(self.ctx, self.ctx.class_, "torch.nn.RMSNorm")):
+                    return
+                self.report(node, "hand-written RMS norm over the last dim: use "
+                            "`F.rms_norm(x, (x.shape[-1],), weight, eps)` (torch >= 2.4, or `nn.RMSNorm`), one "
+                            "call that runs as a fused kernel instead of one kernel per step")
+                return
+
+    @staticmethod
+    def _is_gated(function: ast.AST) -> bool:
+        """A gated RMS norm (`forward(self, hidden_states, gate=None)`, Mamba-2's norm): the model
+        runs mamba-ssm's fused gated-norm kernel when it is installed, and this is the fallback."""
+        args = function.args
+        return any("gate" in a.arg for a in args.posonlyargs + args.args + args.kwonlyargs)
+
+    def _is_rms_of(self, flow, scale: ast.AST, x: ast.AST, inverse: bool) -> bool:
+        root = root_of(self.ctx, resolve(flow, scale), inverse)
+        if root is None:
+            return False
+        squares_of = last_dim_reduction(self.ctx, flow, root[0], ("mean",))
+        if squares_of is None:
+            return False
+        square = torch_op(self.ctx, strip_casts(self.ctx, resolve(flow, squares_of)))
+        if square is None or square.name != "pow" or number(square.args[1]) != 2:
+            return False
+        base, target = strip_casts(self.ctx, square.args[0]), strip_casts(self.ctx, x)
+        if not (same(base, target) or same(resolve(flow, base), resolve(flow, target))):
+            return False
+        centered = resolve(flow, target)
+        if isinstance(centered, ast.BinOp) and isinstance(centered.op, ast.Sub):
+            return last_dim_reduction(self.ctx, flow, centered.right, ("mean",)) is None
+        return True

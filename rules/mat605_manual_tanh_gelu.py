@@ -1,0 +1,271 @@
+"""MAT605 manual-tanh-gelu: `0.5 * x * (1 + tanh(sqrt(2 / pi) * (x + 0.044715 * x ** 3)))`
+instead of `F.gelu(x, approximate="tanh")`."""
+from __future__ import annotations
+
+import ast
+import math
+import re
+from typing import Optional
+
+from matlint.rule import Rule, bad, good
+
+from ._flow import flow_of
+from ._names import mentions, outermost_scope, spelling
+from ._pointwise import torch_op
+
+# A class or function that names one of these has a fused GELU next to the formula (a kernel-hub
+# decorator, an `F.gelu` switch): the formula is its fallback or its reference.
+_FUSED_PATH = re.compile(r"kernel|fused|triton|liger|^gelu$", re.IGNORECASE)
+_SAMPLES = (-3.1, -0.7, 0.0, 0.45, 1.3, 2.9)
+_CONSTANTS = {"math.pi": math.pi, "numpy.pi": math.pi, "torch.pi": math.pi, "math.e": math.e}
+_UNARY = {"sqrt": math.sqrt, "tanh": math.tanh, "exp": math.exp}
+_WRAPPERS = {"tensor", "as_tensor", "float", "to", "type_as"}  # value-keeping calls around constants or x
+
+
+def _tanh_gelu(x: float) -> float:
+    return 0.5 * x * (1.0 + math.tanh(math.sqrt(2.0 / math.pi) * (x + 0.044715 * x ** 3)))
+
+
+class _NotArithmetic(Exception):
+    pass
+
+
+class ManualTanhGelu(Rule):
+    code = "MAT605"
+    name = "manual-tanh-gelu"
+    summary = "The tanh approximation of GELU written out; `F.gelu(x, approximate=\"tanh\")` is one kernel."
+    docs = """
+    ## What it does
+    Flags an arithmetic expression around a `tanh` that computes the tanh approximation of
+    GELU, `0.5 * x * (1 + tanh(sqrt(2 / pi) * (x + 0.044715 * x ** 3)))`, in any spelling:
+    `math.sqrt(2 / math.pi)` or `0.7978845608`, `x ** 3`, `torch.pow(x, 3.0)` or `x * x * x`,
+    the factored "fast GELU" form `x * 0.7978845608 * (1 + 0.044715 * x * x)`, `torch.tanh`
+    or `.tanh()`, factors in any order, intermediate names. The rule checks the expression
+    by evaluating it at several points and comparing with the formula, so reordered or
+    refactored spellings are found and near misses are not.
+
+    ## Why is this bad?
+    The formula is about nine elementwise kernels (pow, mul, add, mul, tanh, add, mul, mul),
+    each reading and writing the whole activation, in the MLP of every layer, with their
+    intermediates saved for backward. `F.gelu(x, approximate="tanh")` is one kernel forward
+    and one backward.
+
+    ## Example
+    ```python
+    def gelu(x):
+        return 0.5 * x * (1.0 + torch.tanh(math.sqrt(2.0 / math.pi) * (x + 0.044715 * torch.pow(x, 3.0))))
+    ```
+
+    ## Use instead
+    ```python
+    def gelu(x):
+        return F.gelu(x, approximate="tanh")
+    ```
+
+    ## Stays quiet on
+    - Classes and functions that also have a fused path: a kernel-hub decorator
+      (transformers' `@use_kernel_forward_from_hub("NewGELU")`) or an `F.gelu` switch next to
+      the formula (`GELUTanh(use_gelu_tanh_python=True)`): the formula is the fallback.
+    - The exact GELU (`x * 0.5 * (1 + torch.erf(x / math.sqrt(2)))`, which `F.gelu(x)`
+      replaces; a separate shape) and the sigmoid approximation `x * torch.sigmoid(1.702 * x)`.
+    - Expressions that differ from the formula (other constants, a missing `0.5`, an extra
+      factor), numpy and math scalars (`np.tanh`, `math.tanh`).
+
+    ## Fix safety
+    The fix is **safe**: `F.gelu(x, approximate="tanh")` computes the same function (results
+    agree to rounding). It is offered when `x` is a plain name or attribute (an expression with
+    side effects would be evaluated once instead of several times, so it is left to a human)
+    and torch.nn.functional has a name in the file.
+    """
+    examples = [
+        bad("""
+            import math
+            import torch
+            import torch.nn.functional as F
+            def gelu(x):
+                return 0.5 * x * (1.0 + torch.tanh(math.sqrt(2.0 / math.pi) * (x + 0.044715 * torch.pow(x, 3.0))))
+            """, (5, 12), fixed="""
+            import math
+            import torch
+            import torch.nn.functional as F
+            def gelu(x):
+                return F.gelu(x, approximate="tanh")
+            """),
+        bad("""
+            import torch
+            from torch import nn
+            class FastGELU(nn.Module):
+                def forward(self, input):
+                    return 0.5 * input * (1.0 + torch.tanh(input * 0.7978845608 * (1.0 + 0.044715 * input * input)))
+            """, (5, 16), fixed="""
+            import torch
+            from torch import nn
+            class FastGELU(nn.Module):
+                def forward(self, input):
+                    return nn.functional.gelu(input, approximate="tanh")
+            """),
+        bad("""
+            import math
+            import torch
+            def gelu(h):
+                inner = math.sqrt(2 / math.pi) * (h + 0.044715 * h ** 3)
+                return h * (inner.tanh() + 1) * 0.5
+            """, (5, 12), fixed="""
+            import math
+            import torch
+            def gelu(h):
+                inner = math.sqrt(2 / math.pi) * (h + 0.044715 * h ** 3)
+                return torch.nn.functional.gelu(h, approximate="tanh")
+            """),
+        bad("""
+            import math
+            import torch
+            def mlp(self, x):
+                h = self.fc(x)
+                return self.proj(0.5 * self.fc(x) * (1 + torch.tanh(0.79788456 * (self.fc(x) + 0.044715 * self.fc(x) ** 3))))
+            """, (5, 22)),
+        good("""
+            import functools
+            import math
+            import torch
+            from torch import nn
+            class GELUTanh(nn.Module):
+                def __init__(self, use_python: bool = False):
+                    super().__init__()
+                    self.act = self._python if use_python else functools.partial(nn.functional.gelu, approximate="tanh")
+                def _python(self, x):
+                    return x * 0.5 * (1.0 + torch.tanh(math.sqrt(2.0 / math.pi) * (x + 0.044715 * torch.pow(x, 3.0))))
+            """),
+        good("""
+            import math
+            import torch
+            def gelu(h):
+                inner = math.sqrt(2 / math.pi) * (h + 0.044715 * h ** 3)
+                h = h * 2
+                return h * (inner.tanh() + 1) * 0.5
+            """),
+        good("""
+            import math
+            import numpy as np
+            import torch
+            def f(x):
+                exact = x * 0.5 * (1.0 + torch.erf(x / math.sqrt(2.0)))
+                sig = x * torch.sigmoid(1.702 * x)
+                wrong_const = 0.5 * x * (1 + torch.tanh(math.sqrt(2 / math.pi) * (x + 0.05 * x ** 3)))
+                no_half = x * (1 + torch.tanh(math.sqrt(2 / math.pi) * (x + 0.044715 * x ** 3)))
+                scalar = 0.5 * x * (1 + np.tanh(np.sqrt(2 / np.pi) * (x + 0.044715 * x ** 3)))
+                return exact, sig, wrong_const, no_half, scalar
+            """),
+    ]
+
+    def visit_Call(self, node: ast.Call) -> None:
+        function = self.ctx.function
+        op = torch_op(self.ctx, node)
+        if op is None or op.name != "tanh" or len(op.args) != 1 or function is None or isinstance(function, ast.Lambda):
+            return
+        flow = flow_of(self.ctx, function)
+        for candidate in self._outwards(flow, node):
+            x = self._gelu_input(flow, candidate)
+            if x is not None:
+                if mentions(self.ctx, outermost_scope(self.ctx), _FUSED_PATH):
+                    return
+                self.report(candidate, 'hand-written tanh GELU: use `F.gelu(x, approximate="tanh")`, one '
+                            "kernel instead of about nine", fix=self._fix(candidate, x))
+                return
+
+    def _outwards(self, flow, node: ast.AST):
+        """The arithmetic around the tanh, innermost first, through names read once
+        (`t = torch.tanh(...)`, then `0.5 * x * (1 + t)`)."""
+        for _ in range(12):
+            parent = flow.parent.get(node)
+            if isinstance(parent, (ast.BinOp, ast.UnaryOp)):
+                node = parent
+                yield node
+            elif (isinstance(parent, ast.Assign) and parent.value is node and len(parent.targets) == 1
+                  and isinstance(parent.targets[0], ast.Name) and len(flow.uses(parent)) == 1):
+                node = flow.uses(parent)[0]
+            else:
+                return
+
+    def _gelu_input(self, flow, expr: ast.AST) -> Optional[ast.AST]:
+        """The x for which `expr` computes tanh-GELU(x), else None."""
+        leaves: dict = {}
+        try:
+            self._evaluate(flow, expr, {}, leaves, 0)
+        except (_NotArithmetic, ArithmeticError, ValueError):
+            return None
+        if len(leaves) != 1:
+            return None
+        (x,) = leaves.values()
+        for sample in _SAMPLES:
+            try:
+                value = self._evaluate(flow, expr, {ast.dump(x): sample}, {}, 0)
+            except (_NotArithmetic, ArithmeticError, ValueError):
+                return None
+            if not math.isclose(value, _tanh_gelu(sample), rel_tol=1e-6, abs_tol=1e-7):
+                return None
+        return x
+
+    def _evaluate(self, flow, node: ast.AST, env: dict, leaves: dict, depth: int) -> float:
+        """The value of `node` with its one variable leaf set from `env` (leaves are collected
+        into `leaves` when `env` is empty)."""
+        if depth > 40:
+            raise _NotArithmetic
+        key = ast.dump(node)
+        if key in env:
+            return env[key]
+        if isinstance(node, ast.Constant) and isinstance(node.value, (int, float)) and not isinstance(node.value, bool):
+            return float(node.value)
+        if isinstance(node, ast.UnaryOp) and isinstance(node.op, (ast.USub, ast.UAdd)):
+            value = self._evaluate(flow, node.operand, env, leaves, depth + 1)
+            return -value if isinstance(node.op, ast.USub) else value
+        if isinstance(node, ast.BinOp) and isinstance(node.op, (ast.Add, ast.Sub, ast.Mult, ast.Div, ast.Pow)):
+            left = self._evaluate(flow, node.left, env, leaves, depth + 1)
+            right = self._evaluate(flow, node.right, env, leaves, depth + 1)
+            return {ast.Add: lambda: left + right, ast.Sub: lambda: left - right, ast.Mult: lambda: left * right,
+                    ast.Div: lambda: left / right, ast.Pow: lambda: left ** right}[type(node.op)]()
+        qual = self.ctx.qualname(node) if isinstance(node, ast.Attribute) else None
+        if qual in _CONSTANTS:
+            return _CONSTANTS[qual]
+        if isinstance(node, ast.Call):
+            qual = self.ctx.qualname(node.func)
+            if qual in ("math.sqrt", "numpy.sqrt") and len(node.args) == 1:
+                return math.sqrt(self._evaluate(flow, node.args[0], env, leaves, depth + 1))
+            op = torch_op(self.ctx, node)
+            if op is not None:
+                args = op.args
+                if op.name in _UNARY and len(args) == 1:
+                    return _UNARY[op.name](self._evaluate(flow, args[0], env, leaves, depth + 1))
+                if op.name == "pow" and len(args) == 2:
+                    return self._evaluate(flow, args[0], env, leaves, depth + 1) ** self._evaluate(
+                        flow, args[1], env, leaves, depth + 1)
+                if op.name in ("mul", "add") and len(args) == 2:
+                    a = self._evaluate(flow, args[0], env, leaves, depth + 1)
+                    b = self._evaluate(flow, args[1], env, leaves, depth + 1)
+                    return a * b if op.name == "mul" else a + b
+                if op.name in _WRAPPERS and len(args) >= 1 and not (op.name == "tensor" and len(args) > 1):
+                    return self._evaluate(flow, args[0], env, leaves, depth + 1)
+                if op.name in _UNARY or op.name in ("pow", "mul", "add"):
+                    raise _NotArithmetic
+            if qual is not None and not qual.startswith("torch."):
+                raise _NotArithmetic  # math.tanh, np.tanh: scalar/numpy code
+        if isinstance(node, ast.Name):
+            assign = flow.reaching(node)
+            if assign is not None:
+                if any(isinstance(n, ast.Name) and flow.stored_between(n.id, assign, node)
+                       for n in ast.walk(assign.value)):
+                    raise _NotArithmetic  # its inputs changed since: `x` would not be one value
+                return self._evaluate(flow, assign.value, env, leaves, depth + 1)
+        if isinstance(node, (ast.Name, ast.Attribute, ast.Call, ast.Subscript)) and not env:
+            leaves[key] = node
+            return 1.0
+        raise _NotArithmetic
+
+    def _fix(self, node: ast.AST, x: ast.AST):
+        if not isinstance(x, (ast.Name, ast.Attribute)):
+            return None
+        prefix = spelling(self.ctx, "torch.nn.functional")
+        if prefix is None:
+            return None
+        return self.replace(node, f'{prefix}.gelu({self.ctx.segment(x)}, approximate="tanh")',
+                            'replace with F.gelu(x, approximate="tanh")')
