@@ -31,6 +31,8 @@ PASS_THROUGH_OPS = frozenset({
     "contiguous", "_to_copy", "alias", "detach", "unsqueeze", "squeeze", "_reshape_alias",
     "as_strided", "slice", "select", "type_as", "to",
 })
+# Pass-through ops that only make a view: no kernel, nothing to aggregate, tags follow them.
+VIEW_OPS = PASS_THROUGH_OPS - {"clone", "contiguous", "_to_copy", "type_as", "to"}
 SCALE_OPS = frozenset({"mul", "div"})
 MASK_OPS = frozenset({"add", "sub", "masked_fill", "where"})
 SOFTMAX_OPS = frozenset({"_softmax", "softmax", "_safe_softmax"})
@@ -111,6 +113,14 @@ def user_site(frame) -> tuple:
             compiled = True
         frame = frame.f_back
     return UNKNOWN_SITE, compiled
+
+
+def _device_type(t) -> str:
+    if t is None:
+        return ""
+    if t.is_cuda:
+        return "cuda"
+    return "cpu" if t.is_cpu else t.device.type
 
 
 def tensor_sig(t: torch.Tensor) -> tuple:
@@ -304,14 +314,24 @@ class Recorder:
         info = self._op_info.get(func)
         if info is None:
             name = func.overloadpacket.__name__
-            info = (name, func.name())
+            info = (name, func.name(), name in VIEW_OPS)
             self._op_info[func] = info
         return info
 
+    def _follow_view(self, src, out) -> None:
+        for tags in (self._deps, self._attn, self._copies):
+            value = tags.get(src)
+            if value is not None:
+                tags.set(out, value)
+
     def record(self, func, args, kwargs, out, frame) -> None:
-        name, qualname = self._info(func)
+        name, qualname, is_view = self._info(func)
         node = torch._C._current_autograd_node()
         backward = node is not None
+        if is_view:  # the cheap path: views launch nothing; only dataflow tags follow them
+            if not backward and args and isinstance(out, torch.Tensor):
+                self._follow_view(args[0], out)
+            return
         site = None
         module = ""
         compiled = False
@@ -332,10 +352,8 @@ class Recorder:
                     sites[seq] = (site, module)
 
         first = _first_tensor(args)
-        device = first.device.type if first is not None else ""
         out_t = _first_tensor(out)
-        if device == "" and out_t is not None:
-            device = out_t.device.type
+        device = _device_type(first if first is not None else out_t)
         transfer = ""
         if name in COPY_OPS:
             src = args[1] if name == "copy_" else first

@@ -14,7 +14,7 @@ import torch
 
 from matlint.diagnostics import Finding
 
-from .capture import GEMM_OPS, PASS_THROUGH_OPS, Site
+from .capture import GEMM_OPS, VIEW_OPS, Site
 
 LOOP_MIN_PER_STEP = 4        # same-shape GEMMs per step from one line
 TINY_MIN_PER_STEP = 32       # launches per step from one line
@@ -25,7 +25,6 @@ ELEMENTWISE_BINARY = frozenset({"add", "sub", "mul", "div", "rsub", "pow", "maxi
 LOSS_OPS = frozenset({"mse_loss", "l1_loss", "smooth_l1_loss", "huber_loss", "binary_cross_entropy",
                       "binary_cross_entropy_with_logits", "soft_margin_loss"})
 SYNC_OPS = frozenset({"_local_scalar_dense", "nonzero", "masked_select", "unique", "_unique2", "item"})
-VIEW_OPS = PASS_THROUGH_OPS - {"clone", "contiguous", "_to_copy", "type_as", "to"}
 
 TITLES = {
     "MAT101": ("python-loop-matmul", "GEMMs issued one per item from a Python loop"),
