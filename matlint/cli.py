@@ -73,7 +73,10 @@ class Output:
     """Where the report goes: a file, or stdout (colored when it is a terminal)."""
 
     def __init__(self, output_file: Optional[str]):
-        self.file = open(output_file, "w", encoding="utf-8") if output_file else None
+        try:
+            self.file = open(output_file, "w", encoding="utf-8") if output_file else None
+        except OSError as exc:
+            raise UsageError(f"cannot write --output-file {output_file}: {exc.strerror or exc}") from None
         self.stream = self.file or sys.stdout
         self.color = self.file is None and _is_terminal(sys.stdout)
         self._console = None

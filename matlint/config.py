@@ -152,11 +152,11 @@ def _per_file_specs(per_file_ignores: tuple) -> list:
 def find_config(start) -> Optional[Path]:
     """The nearest pyproject.toml with a [tool.matlint] table, searching upward from `start`."""
     path = Path(os.path.abspath(os.fspath(start)))
-    if not path.is_dir():
+    if not os.path.isdir(path):
         path = path.parent
     for directory in (path, *path.parents):
         candidate = directory / "pyproject.toml"
-        if candidate.is_file():
+        if os.path.isfile(candidate):
             try:
                 text = candidate.read_text(encoding="utf-8")
             except (OSError, UnicodeDecodeError):
@@ -287,7 +287,7 @@ def load_settings(start_path=None, config_file=None, cli_overrides: Optional[dic
     overrides = cli_overrides or {}
     if config_file is not None:
         config_path = Path(config_file)
-        if not config_path.is_file():
+        if not os.path.isfile(config_path):
             raise ConfigError(f"{config_file}: config file not found")
     else:
         config_path = find_config(start_path if start_path is not None else os.getcwd())

@@ -25,8 +25,8 @@ class Discovery:
     problems: list = field(default_factory=list)  # MAT003 findings for entries that cannot be read
 
 
-def unreadable(path: str, reason: str) -> Finding:
-    return Finding("MAT003", f"cannot read the file: {reason}", path, 1, 1, 1, 1)
+def unreadable(path: str, reason: str, what: str = "file") -> Finding:
+    return Finding("MAT003", f"cannot read the {what}: {reason}", path, 1, 1, 1, 1)
 
 
 def _link_problem(path: str) -> str:
@@ -40,13 +40,20 @@ def _link_problem(path: str) -> str:
     return "not a regular file"
 
 
+def _is_regular_file(entry: os.DirEntry) -> bool:
+    try:
+        return entry.is_file()
+    except OSError:
+        return False
+
+
 def _is_python(name: str) -> bool:
     return name.endswith(PYTHON_SUFFIXES)
 
 
 def _git_root(directory: Path) -> Optional[Path]:
     for candidate in (directory, *directory.parents):
-        if (candidate / ".git").exists():
+        if os.path.exists(candidate / ".git"):
             return candidate
     return None
 
@@ -137,7 +144,7 @@ class FileFinder:
         try:
             entries = sorted(os.scandir(directory), key=lambda e: e.name)
         except OSError as exc:
-            found.problems.append(unreadable(str(directory), exc.strerror or str(exc)))
+            found.problems.append(unreadable(str(directory), exc.strerror or str(exc), "directory"))
             return
         for entry in entries:
             path = Path(entry.path)
@@ -147,7 +154,8 @@ class FileFinder:
             except OSError:
                 is_dir = is_link = False
             if is_dir:
-                if (self._excluded(path, True) or (path / "pyvenv.cfg").exists()
+                # os.path.exists, unlike Path.exists, is False (not an error) inside an unreadable directory.
+                if (self._excluded(path, True) or os.path.exists(path / "pyvenv.cfg")
                         or (ignores.specs and ignores.ignores(Path(os.path.abspath(path)), True))):
                     continue
                 self._walk(path, ignores, found)
@@ -162,7 +170,7 @@ class FileFinder:
                 if not os.path.isfile(path):
                     found.problems.append(unreadable(os.path.normpath(entry.path), _link_problem(entry.path)))
                     continue
-            elif not entry.is_file():
+            elif not _is_regular_file(entry):
                 continue  # sockets, fifos: nothing to read
             found.files.append(os.path.normpath(entry.path))
 

@@ -4,8 +4,11 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import subprocess
 import sys
+import tempfile
+from pathlib import Path
 
 import pytest
 
@@ -23,11 +26,7 @@ def bad_tree(tmp_path):
     (tmp_path / "dangling.py").symlink_to(tmp_path / "deleted.py")
     (tmp_path / "loop.py").symlink_to(tmp_path / "loop.py")  # ELOOP: cannot be opened, even by root
     write(tmp_path / "x.py" / "inner.py", "import torch\nx = torch.ones(1)\n")  # a directory named like a file
-    if not RUNNING_AS_ROOT:
-        write(tmp_path / "secret.py", "import torch\n").chmod(0)
-    yield tmp_path
-    if not RUNNING_AS_ROOT:
-        (tmp_path / "secret.py").chmod(0o644)
+    return tmp_path
 
 
 EXPECTED = {
@@ -37,8 +36,6 @@ EXPECTED = {
     "dangling.py": ("MAT003", "broken symbolic link"),
     "loop.py": ("MAT003", "symbolic links"),
 }
-if not RUNNING_AS_ROOT:
-    EXPECTED["secret.py"] = ("MAT003", "Permission denied")
 
 
 def _check(bad_tree, *args):
@@ -116,3 +113,59 @@ def test_stdout_closed_early_is_quiet(tmp_path):
     result = subprocess.run(command, shell=True, cwd=tmp_path, capture_output=True, text=True)
     assert result.stdout.startswith("m000.py:")
     assert TRACEBACK not in result.stderr and "Exception ignored" not in result.stderr
+
+
+def test_unwritable_output_file_is_a_usage_error(bad_tree):
+    result = run_matlint("check", "good.py", "--output-file", "no/such/dir/report.txt", cwd=bad_tree)
+    assert result.returncode == 2
+    assert "no/such/dir/report.txt" in result.stderr and TRACEBACK not in result.stderr
+
+
+# Root reads everything, so as root the permission cases run as `nobody`: the interpreter
+# imports all it needs first, then drops its privileges and runs the real command line.
+UNPRIVILEGED = """
+import os, sys
+import matlint.api, matlint.cache, matlint.cli, matlint.config, matlint.engine, matlint.files, matlint.reporters
+import matlint.runner
+from matlint.registry import all_rules
+all_rules()
+os.setgid(65534)
+os.setuid(65534)
+sys.exit(matlint.cli.main(sys.argv[1:]))
+"""
+
+
+def run_without_privileges(*args, cwd):
+    if not RUNNING_AS_ROOT:
+        return run_matlint(*args, cwd=cwd)
+    return subprocess.run([sys.executable, "-c", UNPRIVILEGED, *args], cwd=cwd, capture_output=True, text=True,
+                          env={**os.environ, "NO_COLOR": "1"}, timeout=120)
+
+
+@pytest.fixture
+def world_readable_tmp():
+    """A directory `nobody` can enter (pytest's tmp_path is private to root)."""
+    path = Path(tempfile.mkdtemp(prefix="matlint-perm-"))
+    path.chmod(0o755)
+    yield path
+    for child in path.rglob("*"):
+        if not child.is_symlink():
+            child.chmod(0o755)
+    shutil.rmtree(path)
+
+
+def test_unreadable_file_and_directory(world_readable_tmp):
+    root = world_readable_tmp
+    write(root / "good.py", bad_example("MAT101").code).chmod(0o644)
+    write(root / "secret.py", "import torch\n").chmod(0)
+    write(root / "locked" / "inner.py", "import torch\n")
+    (root / "locked").chmod(0)
+    result = run_without_privileges("check", "--no-cache", "--jobs", "1", "--select", "MAT101", "--format", "json",
+                                    cwd=root)
+    assert TRACEBACK not in result.stderr and result.returncode == 1, result.stderr
+    findings = json.loads(result.stdout)
+    problems = {f["filename"]: f["message"] for f in findings if f["code"].startswith("MAT0")}
+    assert problems == {"locked": "cannot read the directory: Permission denied",
+                        "secret.py": "cannot read the file: Permission denied"}
+    assert [(f["location"]["row"], f["location"]["column"]) for f in findings if f["filename"] == "good.py"] == \
+        list(bad_example("MAT101").expect)
