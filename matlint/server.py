@@ -16,6 +16,7 @@ import json
 import logging
 import multiprocessing
 import os
+import re
 import sys
 from concurrent.futures import ProcessPoolExecutor
 from concurrent.futures.process import BrokenProcessPool
@@ -299,16 +300,38 @@ def definition_cache(source: str, findings: list) -> dict:
     return cache
 
 
+_DEFINITION_START = re.compile(r"(?:async\s+def|def|class)\b")
+
+
+def _definition_spans_text(lines) -> list:
+    """`_definition_spans` read from the text alone (no parse: it must be cheaper than linting).
+    Where it misreads (text at column 0 inside a multi-line string) the spans miss the cache and
+    are linted, so a misreading costs time, not correctness."""
+    spans, start, last_code, decorating = [], None, 0, False
+    for row, line in enumerate(lines, 1):
+        stripped = line.strip()
+        if not stripped or line[0] in " \t#)]}":
+            if stripped and not stripped.startswith("#"):
+                last_code = row
+            continue
+        if start is not None and not decorating:
+            spans.append((start, last_code))
+            start = None
+        decorating = line.startswith("@")
+        if start is None and (decorating or _DEFINITION_START.match(line)):
+            start = row
+        last_code = row
+    if start is not None:
+        spans.append((start, last_code))
+    return spans
+
+
 def quick_lint(source: str, path: str, settings, cache: dict):
     """(findings, complete) linting only the definitions not in `cache`; None when that is not
-    worth it (a syntax error, or many definitions changed). `complete` means nothing was reused."""
-    try:
-        tree = ast.parse(source)
-    except (SyntaxError, ValueError, RecursionError, MemoryError):
-        return None
+    worth it (many definitions changed, a syntax error). `complete`: nothing was reused."""
     lines = split_lines(source)
     reused, blanked, changed = [], [], 0
-    for first, last in _definition_spans(tree):
+    for first, last in _definition_spans_text(lines):
         cached = cache.get("\n".join(lines[first - 1:last]))
         if cached is None:
             changed += 1
@@ -322,9 +345,18 @@ def quick_lint(source: str, path: str, settings, cache: dict):
         for first, last in blanked:
             lines[first - 1:last] = [""] * (last - first + 1)
         source = "\n".join(lines)
-    findings = _lint_text(source, path, settings) + reused
+    findings = _lint_text(source, path, settings)
+    if any(f.code in ("MAT001", "MAT002") for f in findings):
+        return None  # a syntax error is the full lint's to report (it is quick to find)
+    findings += reused
     findings.sort(key=Finding.sort_key)
     return findings, not blanked
+
+
+def full_lint(source: str, path: str, settings) -> tuple:
+    """(findings, definition_cache): what the worker process computes."""
+    findings = _lint_text(source, path, settings)
+    return findings, definition_cache(source, findings)
 
 
 def _warm_up():
@@ -482,10 +514,11 @@ class MatlintServer:
             if outcome is None:
                 return None
             static, complete = outcome
+            if complete:
+                self.definitions[uri] = definition_cache(source, static)
         else:
-            static, complete = await self.full_lint(source, path, settings), True
-        if complete:
-            self.definitions[uri] = definition_cache(source, static)
+            static, self.definitions[uri] = await self.full_lint(source, path, settings)
+            complete = True
         runtime = self.runtime_findings(path, root, client, source)
         return DocResult(version, source, split_lines(source), static, runtime, complete)
 
@@ -495,11 +528,11 @@ class MatlintServer:
             self.pool = ProcessPoolExecutor(max_workers=1, mp_context=multiprocessing.get_context("spawn"),
                                             initializer=_warm_up)
         try:
-            return await loop.run_in_executor(self.pool, _lint_text, source, path, settings)
+            return await loop.run_in_executor(self.pool, full_lint, source, path, settings)
         except BrokenProcessPool:
             self.log("the lint worker process died; starting another", lsp.MessageType.Warning)
             self.pool = None
-            return _lint_text(source, path, settings)
+            return full_lint(source, path, settings)
 
     def diagnostics(self, result: DocResult, client: ClientSettings) -> list:
         codec = self.ls.workspace.position_codec
