@@ -15,8 +15,9 @@ differs between branches becomes unknown); names assigned in a loop are unknown 
 it. `self.<attr>` modules and sizes come from the class's `__init__`.
 
 `Shape.explicit` remembers the axes (counted from the end) whose size 1 the author asked for on
-purpose (`x[:, None]`, `unsqueeze`, `keepdim=True`, a literal 1 in `view`/`reshape`, a slice
-that keeps one element): broadcasting against them is intended, and the MAT2xx rules stay quiet.
+purpose (`x[:, None]`, `unsqueeze`, `keepdim=True`, a literal 1 in `view`/`reshape`):
+broadcasting against them is intended, and the MAT2xx rules stay quiet. A slice that happens to
+keep one element (`boxes[:, 2:3]`) states no such intent.
 """
 from __future__ import annotations
 
@@ -1443,10 +1444,7 @@ class FunctionShapes:
                     next(it)
                 else:
                     d = next(it)
-                    size = _slice_size(item, d)
-                    if size == 1 and not _is_full_slice(item):
-                        explicit_pos.append(len(out_dims))
-                    out_dims.append(size)
+                    out_dims.append(_slice_size(item, d))
         apply(before, head_dims)
         middle_start = len(out_dims)
         out_dims.extend(middle)

@@ -58,7 +58,7 @@ class TrailingOneBroadcast(Rule):
 
     ## Stays quiet on
     Operands whose singleton axis the author asked for (`x[:, None]`, `unsqueeze`,
-    `keepdim=True`, a literal 1 in `view`/`reshape`, `x[:, -1:]`), including pairwise
+    `keepdim=True`, a literal 1 in `view`/`reshape`), including pairwise
     constructions such as `a[:, None] - b[None, :]`; `torch.outer`; operands that are both
     `(N, 1)`; any operand whose shape or rank is not known; sizes that are different symbols
     (`N` against `M` may differ), and in-place updates (`a -= b` cannot grow `a`).
@@ -131,6 +131,21 @@ class TrailingOneBroadcast(Rule):
                 g = torch.randn(B)
                 return h / g
             """, (7, 12), message_contains="(B, 1) / (B,) broadcasts to (B, B)"),
+        bad("""
+            import torch
+
+            def widths(boxes):
+                assert boxes.ndim == 2
+                n, _ = boxes.shape
+                return boxes[:, 2:3] - boxes[:, 0]
+            """, (6, 12), message_contains="(n, 1) - (n,) broadcasts to (n, n)", fixed="""
+            import torch
+
+            def widths(boxes):
+                assert boxes.ndim == 2
+                n, _ = boxes.shape
+                return boxes[:, 2:3].squeeze(-1) - boxes[:, 0]
+            """, unsafe=True),
         good("""
             import torch
             n = 64

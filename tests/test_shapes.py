@@ -338,7 +338,7 @@ EXPLICIT = [
     ("x = torch.randn(4)", "x[None, :]", {-2}),
     ("x = torch.randn(4, 3)", "x.sum(-1, keepdim=True)", {-1}),
     ("x = torch.randn(4, 3)", "x.view(-1, 1)", {-1}),
-    ("x = torch.randn(4, 3)", "x[:, -1:]", {-1}),
+    ("x = torch.randn(4, 3)", "x[:, -1:]", set()),          # keeps a dim, states no broadcast
     ("x = torch.randn(4)", "(x[:, None] * 2).float()", {-1}),
     ("x = torch.randn(4)", "x[:, None].transpose(0, 1)", {-2}),
     ("x = torch.randn(4)", "x[:, None] - x[None, :]", set()),
