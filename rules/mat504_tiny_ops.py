@@ -85,12 +85,21 @@ class TinyOps(Rule):
             from torch.optim import AdamW
             opt = torch.optim.SGD(params, lr=0.1, momentum=0.9, foreach=False)
             opt2 = AdamW(params, foreach=False, lr=3e-4)
-            """, (3, 53), (4, 22),
+            opt3 = AdamW(
+                params,
+                lr=3e-4,  # peak
+                foreach=False,
+            )
+            """, (3, 53), (4, 22), (8, 5),
             fixed="""
             import torch
             from torch.optim import AdamW
             opt = torch.optim.SGD(params, lr=0.1, momentum=0.9)
             opt2 = AdamW(params, lr=3e-4)
+            opt3 = AdamW(
+                params,
+                lr=3e-4,  # peak
+            )
             """, unsafe=True),
         bad("""
             import torch
@@ -185,8 +194,13 @@ class TinyOps(Rule):
     def _drop_keyword(self, call: ast.Call, keyword: ast.keyword):
         source = self.ctx.source
         start, end = self._offset(keyword.lineno, keyword.col_offset), self._offset(keyword.end_lineno, keyword.end_col_offset)
+        line_start = source.rfind("\n", 0, start) + 1
+        line_end = source.find("\n", end)
+        line_end = len(source) if line_end < 0 else line_end
         before = source[:start].rstrip()
-        if before.endswith(","):
+        if not source[line_start:start].strip() and source[end:line_end].strip() in ("", ","):
+            start, end = line_start, min(line_end + 1, len(source))  # the keyword has its own line: drop the line
+        elif before.endswith(","):
             start = len(before) - 1
         else:
             after = source[end:]
