@@ -374,3 +374,32 @@ def _ddp_worker(rank, out_dir):
             json.dump(result, fh)
     finally:
         dist.destroy_process_group()
+
+
+def test_public_entry_points_and_bare_decorator(tmp_path, monkeypatch):
+    import matlint
+
+    monkeypatch.chdir(tmp_path)
+    assert matlint.guard is guard
+    w = torch.randn(8, 4, 4)
+
+    @matlint.guard
+    def step():
+        return [torch.randn(2, 4) @ w[h] for h in range(8)]
+
+    for _ in range(5):
+        step()
+    g = step.matlint_guard
+    assert g._finished and g.recorder.rec.steps == 3  # default window after one warm-up call
+    assert [f.code for f in g.findings] == ["MAT101"]
+    assert (tmp_path / ".matlint" / "runtime.json").exists()
+
+
+def test_nested_guards_both_record():
+    inner, outer = quiet(warmup=0), quiet(warmup=0)
+    with outer:
+        with inner:
+            torch.ones(3).add(1)
+    for g in (inner, outer):
+        [key] = [k for k in g.recorder.rec.ops if k.op == "add"]
+        assert key.site.filename == __file__
