@@ -218,6 +218,8 @@ def run_check(args) -> int:
     overrides = {key: getattr(args, key) for key in ("select", "ignore", "extend_select", "extend_ignore")}
     settings = load_settings(paths[0], config_file=args.config, cli_overrides=overrides)
     found = find_files(paths, settings)
+    if not found.files and not found.problems and not args.quiet:
+        sys.stderr.write("matlint: warning: no Python files found under the given paths\n")
     findings = [f for p in found.problems for f in finalize([p], p.filename, settings)]
     findings += _lint(found.files, settings, args)
     findings.sort(key=lambda f: f.sort_key())

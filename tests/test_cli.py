@@ -283,3 +283,11 @@ def test_progress_bar_on_a_terminal_for_many_files(tmp_path):
     assert quiet_code == code and "Linting" not in quiet_text
     piped = run_matlint("check", "--no-cache", cwd=tmp_path)
     assert "Linting" not in piped.stderr
+
+
+def test_no_python_files_is_a_warning_not_an_error(tmp_path):
+    write(tmp_path / "README.md", "import torch\n")
+    result = run_matlint("check", cwd=tmp_path)
+    assert result.returncode == 0
+    assert "no Python files found" in result.stderr
+    assert run_matlint("check", "--quiet", cwd=tmp_path).stderr == ""
