@@ -931,6 +931,7 @@ class FunctionShapes:
             self.infer(stmt.target) if not isinstance(stmt.target, ast.Name) else None
             if isinstance(stmt.target, ast.Name):
                 old = self.env.get(stmt.target.id)
+                self.values[id(stmt.target)] = old
                 if isinstance(old, Shape):
                     new = old  # in-place ops keep the tensor's shape (or raise)
                 elif isinstance(old, IntVal) and isinstance(value, IntVal):

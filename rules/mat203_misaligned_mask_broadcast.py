@@ -47,7 +47,8 @@ class MisalignedMaskBroadcast(Rule):
     docs = """
     ## What it does
     Finds a mask or bias of shape `(B, T)` (or `(B, T, T)`) combined with scores of shape
-    `(B, H, T, T)` by `+`, `-`, `*`, `/`, `scores.masked_fill(mask, ...)` or
+    `(B, H, T, T)` by `+`, `-`, `*`, `/` (also in place, `scores += bias`),
+    `scores.masked_fill(mask, ...)` or
     `torch.where(mask, scores, ...)` without expanding the mask first. Broadcasting aligns
     shapes from the right, so `(B, T)` is read as `(1, 1, B, T)`: the batch axis of the mask
     meets the query axis of the scores. The rule fires when both shapes are known, right
@@ -129,6 +130,29 @@ class MisalignedMaskBroadcast(Rule):
                 out = torch.where(mask, scores, torch.zeros_like(scores))
                 return scores * mask, out
             """, (6, 11), (7, 12), message_contains="expand it with `[:, None, :]`"),
+        bad("""
+            import torch
+
+            class Attention(torch.nn.Module):
+                def forward(self, q, k, key_padding_bias):
+                    B, H, T, D = q.shape
+                    assert k.shape == q.shape
+                    attn = q @ k.transpose(-2, -1)
+                    assert key_padding_bias.shape == (B, T)
+                    attn += key_padding_bias
+                    return attn.softmax(dim=-1)
+            """, (9, 9), fixed="""
+            import torch
+
+            class Attention(torch.nn.Module):
+                def forward(self, q, k, key_padding_bias):
+                    B, H, T, D = q.shape
+                    assert k.shape == q.shape
+                    attn = q @ k.transpose(-2, -1)
+                    assert key_padding_bias.shape == (B, T)
+                    attn += key_padding_bias[:, None, None, :]
+                    return attn.softmax(dim=-1)
+            """, unsafe=True),
         good("""
             import torch
 
@@ -148,6 +172,10 @@ class MisalignedMaskBroadcast(Rule):
     def visit_BinOp(self, node: ast.BinOp) -> None:
         if type(node.op) in _BINOPS:
             self._check(node, node.left, node.right) or self._check(node, node.right, node.left)
+
+    def visit_AugAssign(self, node: ast.AugAssign) -> None:
+        if type(node.op) in _BINOPS:
+            self._check(node, node.value, node.target)
 
     def visit_Call(self, node: ast.Call) -> None:
         func = node.func
