@@ -24,6 +24,10 @@ _OWN_DIR = os.path.dirname(os.path.abspath(__file__)) + os.sep
 _STDLIB_WRAPPERS = {contextlib.__file__, threading.__file__}
 
 GEMM_OPS = frozenset({"mm", "addmm", "bmm", "baddbmm", "addbmm", "_scaled_mm"})
+LOSS_OPS = frozenset({"mse_loss", "l1_loss", "smooth_l1_loss", "huber_loss", "binary_cross_entropy",
+                      "binary_cross_entropy_with_logits", "soft_margin_loss"})
+# Ops whose checks read strides and dtypes; the others are keyed by shapes alone (cheaper).
+FULL_SIG_OPS = GEMM_OPS | LOSS_OPS
 BATCHED_GEMM_OPS = frozenset({"bmm", "baddbmm"})
 # Ops whose output is (a view or copy of) their first argument: dataflow tags follow them.
 PASS_THROUGH_OPS = frozenset({
@@ -127,13 +131,15 @@ def tensor_sig(t: torch.Tensor) -> tuple:
     return (t.shape, t.stride(), t.dtype)
 
 
-def args_sig(args) -> tuple:
+def args_sig(args, full: bool = True) -> tuple:
+    """Per tensor argument (shape, stride, dtype); (shape, None, None) unless `full`."""
     sig = []
     for a in args:
         if isinstance(a, torch.Tensor):
-            sig.append((a.shape, a.stride(), a.dtype))
+            sig.append((a.shape, a.stride(), a.dtype) if full else (a.shape, None, None))
         elif isinstance(a, (list, tuple)) and a and isinstance(a[0], torch.Tensor):
-            sig.append(tuple((t.shape, t.stride(), t.dtype) for t in a if isinstance(t, torch.Tensor)))
+            sig.append(tuple((t.shape, t.stride(), t.dtype) if full else (t.shape, None, None)
+                             for t in a if isinstance(t, torch.Tensor)))
     return tuple(sig)
 
 
@@ -314,7 +320,7 @@ class Recorder:
         info = self._op_info.get(func)
         if info is None:
             name = func.overloadpacket.__name__
-            info = (name, func.name(), name in VIEW_OPS)
+            info = (name, func.name(), name in VIEW_OPS, name in FULL_SIG_OPS)
             self._op_info[func] = info
         return info
 
@@ -325,7 +331,7 @@ class Recorder:
                 tags.set(out, value)
 
     def record(self, func, args, kwargs, out, frame) -> None:
-        name, qualname, is_view = self._info(func)
+        name, qualname, is_view, full_sig = self._info(func)
         node = torch._C._current_autograd_node()
         backward = node is not None
         if is_view:  # the cheap path: views launch nothing; only dataflow tags follow them
@@ -361,7 +367,7 @@ class Recorder:
             if isinstance(src, torch.Tensor) and dst is not None and src.device.type == "cuda" and dst.device.type == "cpu":
                 transfer = "d2h"
         key = OpKey(
-            name, qualname, site, frame is not None and not _is_internal(frame.f_code), module, backward, device, args_sig(args),
+            name, qualname, site, frame is not None and not _is_internal(frame.f_code), module, backward, device, args_sig(args, full_sig),
             (out_t.shape, out_t.dtype, transfer) if out_t is not None else (),
         )
         ops = self.rec.ops

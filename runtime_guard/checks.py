@@ -14,7 +14,7 @@ import torch
 
 from matlint.diagnostics import Finding
 
-from .capture import GEMM_OPS, VIEW_OPS, Site
+from .capture import GEMM_OPS, LOSS_OPS, VIEW_OPS, Site
 
 LOOP_MIN_PER_STEP = 4        # same-shape GEMMs per step from one line
 TINY_MIN_PER_STEP = 32       # launches per step from one line
@@ -22,8 +22,6 @@ TINY_KERNEL_US = 10.0
 TINY_NUMEL = 1 << 16
 SYNC_MIN_PER_STEP = 2
 ELEMENTWISE_BINARY = frozenset({"add", "sub", "mul", "div", "rsub", "pow", "maximum", "minimum", "eq", "ne", "lt", "gt", "le", "ge"})
-LOSS_OPS = frozenset({"mse_loss", "l1_loss", "smooth_l1_loss", "huber_loss", "binary_cross_entropy",
-                      "binary_cross_entropy_with_logits", "soft_margin_loss"})
 SYNC_OPS = frozenset({"_local_scalar_dense", "nonzero", "masked_select", "unique", "_unique2", "item"})
 
 TITLES = {
@@ -130,8 +128,8 @@ def _common_evidence(key, per_step, stats, rec) -> dict:
         "device": key.device,
         "op": key.qualname,
         "shapes": [_shape(s[0]) for s in key.sig if s and _is_tensor(s)],
-        "strides": [list(s[1]) for s in key.sig if s and _is_tensor(s)],
-        "dtypes": [_dtype(s[2]) for s in key.sig if s and _is_tensor(s)],
+        "strides": [list(s[1]) for s in key.sig if s and _is_tensor(s) and s[1] is not None],
+        "dtypes": [_dtype(s[2]) for s in key.sig if s and _is_tensor(s) and s[2] is not None],
     }
     share = _share(stats, rec)
     if share is not None:
