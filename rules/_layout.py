@@ -103,6 +103,17 @@ def reorder(ctx, node: ast.AST) -> Optional[Reorder]:
     return None
 
 
+def gemm_candidates(node: ast.AST) -> list:
+    """Expressions that may be operands of GEMM `node`, found without resolving any name (a cheap
+    filter before `as_gemm`)."""
+    if isinstance(node, ast.BinOp):
+        return [node.left, node.right]
+    if isinstance(node, ast.Call):
+        extra = [node.func.value] if isinstance(node.func, ast.Attribute) else []
+        return list(node.args) + extra
+    return []
+
+
 def _permute(node, base, elts) -> Optional[Reorder]:
     order = [int_const(e) for e in elts]
     rank = len(order)

@@ -7,7 +7,7 @@ from typing import Optional
 
 from matlint.rule import Rule, bad, good
 
-from ._layout import Reorder, rank_of, reorder
+from ._layout import Reorder, gemm_candidates, rank_of, reorder
 from ._torch_api import as_gemm
 
 _COPIES = ("contiguous", "clone")
@@ -148,6 +148,8 @@ class ContiguousBeforeGemm(Rule):
         self._check(node)
 
     def _check(self, node: ast.AST) -> None:
+        if not any(self._is_copy(c) for c in gemm_candidates(node)):
+            return
         gemm = as_gemm(self.ctx, node)
         if gemm is None or gemm.op not in ("@", "matmul", "mm", "bmm", "linear"):
             return
@@ -174,11 +176,13 @@ class ContiguousBeforeGemm(Rule):
         comment = line[line.find("#"):] if "#" in line else ""
         return any(word in comment for word in _COPIES)
 
+    @staticmethod
+    def _is_copy(expr: ast.AST) -> bool:
+        return (isinstance(expr, ast.Call) and isinstance(expr.func, ast.Attribute)
+                and expr.func.attr in _COPIES and not expr.args and not expr.keywords)
+
     def _copied_transpose(self, operand: ast.AST) -> Optional[Reorder]:
-        if not (isinstance(operand, ast.Call) and isinstance(operand.func, ast.Attribute)
-                and operand.func.attr in _COPIES and not operand.args and not operand.keywords):
-            return None
-        return reorder(self.ctx, operand.func.value)
+        return reorder(self.ctx, operand.func.value) if self._is_copy(operand) else None
 
     def _left_goes_direct(self, view: Reorder, right: ast.AST) -> bool:
         """matmul hands a transposed left operand to cuBLAS as is: it is a matrix, or both sides are batched."""

@@ -6,7 +6,7 @@ from typing import Optional
 
 from matlint.rule import Rule, bad, good
 
-from ._layout import Reorder, int_const, mergeable, rank_of, reorder
+from ._layout import gemm_candidates, int_const, mergeable, rank_of, reorder
 from ._torch_api import as_gemm
 
 _FOLDING = ("nn.Linear", "linear")
@@ -102,10 +102,10 @@ class StridedGemmInput(Rule):
                     return a, b, c
             """, (9, 21), (10, 22), (12, 30), (12, 53), message_contains="on every iteration"),
         bad("""
-            from torch import bmm
+            from torch import bmm, permute
             def f(x, y):
-                return bmm(x.permute(2, 0, 1), y)
-            """, (3, 16)),
+                return bmm(x.permute(2, 0, 1), y), bmm(permute(y, (2, 0, 1)), x)
+            """, (3, 16), (3, 44)),
         good("""
             import torch
             def f(x, w, q, k, y):
@@ -136,6 +136,8 @@ class StridedGemmInput(Rule):
         self._check(node)
 
     def _check(self, node: ast.AST) -> None:
+        if not any(self._maybe_strided(c) for c in gemm_candidates(node)):
+            return
         gemm = as_gemm(self.ctx, node)
         if gemm is None or gemm.op not in ("@", "matmul", "mm", "bmm") + _FOLDING:
             return
@@ -149,6 +151,17 @@ class StridedGemmInput(Rule):
                 self.report(operand, f"`{self.ctx.segment(operand)}` {why}, so the GEMM copies it{where}; "
                                      "produce it in the layout the GEMM reads (weights: transpose or select "
                                      "once at init)")
+
+    @staticmethod
+    def _maybe_strided(expr: ast.AST) -> bool:
+        """Syntax alone: a step slice, or a permute/transpose call (`.t()`, `.T`, `.mT` are always free)."""
+        if isinstance(expr, ast.Subscript):
+            last = expr.slice.elts[-1] if isinstance(expr.slice, ast.Tuple) and expr.slice.elts else None
+            return isinstance(last, ast.Slice) and last.step is not None
+        if not isinstance(expr, ast.Call):
+            return False
+        name = expr.func.attr if isinstance(expr.func, ast.Attribute) else getattr(expr.func, "id", None)
+        return name in ("permute", "transpose", "swapaxes", "swapdims")
 
     def _copy_reason(self, gemm, position: int, operand: ast.AST) -> Optional[str]:
         if _strided_last_dim(self.ctx, operand):
