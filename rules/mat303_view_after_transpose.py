@@ -88,6 +88,20 @@ class ViewAfterTranspose(Rule):
                 c = T.randn(4, 5).t().reshape(20)
                 return a, b, c
             """),
+        bad("""
+            import torch
+            from torch import transpose
+            y = torch.randn(2, 4, 16, 8)
+            a = transpose(y, 1, 2).view(2, 16, 32)
+            b = y.swapaxes(1, 2).to(torch.float16).view(2, 16, -1)
+            """, (4, 5), (5, 5),
+            fixed="""
+            import torch
+            from torch import transpose
+            y = torch.randn(2, 4, 16, 8)
+            a = transpose(y, 1, 2).reshape(2, 16, 32)
+            b = y.swapaxes(1, 2).to(torch.float16).reshape(2, 16, -1)
+            """),
         good("""
             import torch
             def f(x, y, B, T, C, H, W, pos, dim):
