@@ -73,7 +73,9 @@ class TensorCreationInLoop(Rule):
     - Data that changes per iteration (`torch.tensor(batch_ids).to(device)`): it has to be
       copied anyway.
     - `.to(x)` / `.to(dtype)` and other `.to` calls whose argument may not be a device, and
-      `.to("cpu")`; random tensors drawn from an explicit `generator=` (it lives on the host).
+      `.to("cpu")`; random tensors drawn from an explicit `generator=` (it lives on the host);
+      factories with `requires_grad=True` (the moved copy is a non-leaf, so `device=` would
+      change which tensor gets the gradient) or `pin_memory=True`.
     - A device that changes with the loop variable (`torch.tensor(0, device=torch.device("cuda",
       i))` to initialize each GPU), and branches that run on one iteration only (`if i ==
       len(steps) - 1:`, `if state is None:`, `if len(state) == 0:`).
@@ -143,6 +145,7 @@ class TensorCreationInLoop(Rule):
                     e = torch.ones(3).to("cpu")
                     f = torch.zeros_like(x).cuda()
                     g = torch.rand(3, generator=self.cpu_generator).to(x.device)
+                    w = torch.zeros(3, requires_grad=True).to(x.device)
                     return x * self.scale + h
             def setup(device):
                 return torch.tensor([1.0]).to(device)
@@ -184,8 +187,8 @@ class TensorCreationInLoop(Rule):
                 return
             if name not in _FILLS and name not in _RANDOM:
                 return
-            if any(k.arg in ("device", None, "out", "generator") for k in call.keywords):
-                return  # already placed, unknown keywords, or a generator tied to the host
+            if any(k.arg in ("device", None, "out", "generator", "requires_grad", "pin_memory") for k in call.keywords):
+                return  # already placed, unknown keywords, host-only options, or a leaf whose copy is what is used
             self.report(node, f"`{self.ctx.segment(call.func)}(...)` is created on the host and copied to the device "
                               f"on every {self._where()}; create it there with `device=`",
                         fix=self._device_fix(node, call, device, safe=name in _FILLS))

@@ -72,7 +72,8 @@ class TinyOps(Rule):
     - Loops that are not known to run every step: only an optimizer's `step`, a function
       whose name says it updates (`update`, `ema`, `average`, `swa`...), or a loop nested in
       a training loop counts; a one-off gradient rescale after training does not.
-    - Tests.
+    - `foreach=False` next to `differentiable=True` (meta-learning through the update), and
+      tests.
 
     ## Fix safety
     `foreach=False` has an unsafe fix that removes it: PyTorch then picks the foreach
@@ -147,6 +148,7 @@ class TinyOps(Rule):
                         pre = self.state[p]["L"] @ p.grad @ self.state[p]["R"]
                         p.add_(pre, alpha=-0.1)
             opt = torch.optim.SGD(params, lr=0.1, foreach=True)
+            meta = torch.optim.SGD(params, lr=0.1, differentiable=True, foreach=False)
             """),
         good("""
             import torch
@@ -185,8 +187,8 @@ class TinyOps(Rule):
         foreach = next((k for k in node.keywords if k.arg == "foreach"), None)
         if foreach is None or not (isinstance(foreach.value, ast.Constant) and foreach.value.value is False):
             return
-        if in_test_code(self.ctx):
-            return
+        if in_test_code(self.ctx) or any(k.arg == "differentiable" for k in node.keywords):
+            return  # differentiable optimizers (meta-learning) choose their implementation for autograd
         self.report(foreach, "`foreach=False` updates every parameter with its own small kernels; drop it (PyTorch "
                              "picks foreach on CUDA) or pass `fused=True`",
                     fix=self._drop_keyword(node, foreach))
