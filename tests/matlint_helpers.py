@@ -3,6 +3,7 @@ from the rules' own examples so the tests follow the rules as they evolve."""
 from __future__ import annotations
 
 import os
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -10,6 +11,14 @@ from pathlib import Path
 from matlint.registry import all_rules, get_rule
 
 TRACEBACK = "Traceback (most recent call last)"
+
+
+def installed_script(name: str) -> str:
+    """A console script of this environment (next to the interpreter), else the one on PATH."""
+    beside = Path(sys.executable).with_name(name)
+    found = str(beside) if beside.exists() else shutil.which(name)
+    assert found, f"{name} is not installed"
+    return found
 
 
 def run_matlint(*args, cwd, env=None, input=None) -> subprocess.CompletedProcess:

@@ -7,7 +7,6 @@ import pty
 import select
 import subprocess
 import sys
-from pathlib import Path
 
 import pytest
 
@@ -15,7 +14,7 @@ from matlint import cli
 from matlint.registry import all_rules, get_rule
 from matlint.runner import MIN_FILES_FOR_PARALLEL
 
-from matlint_helpers import TRACEBACK, bad_example, fix_example, run_matlint, write
+from matlint_helpers import TRACEBACK, bad_example, fix_example, installed_script, run_matlint, write
 
 
 @pytest.fixture
@@ -163,9 +162,8 @@ def test_jobs_must_be_positive(project):
 
 
 def test_console_script_and_version(project):
-    script = Path(sys.executable).with_name("matlint")
-    assert script.exists(), "the console script is installed next to the interpreter"
-    result = subprocess.run([str(script), "check", "--format", "concise"], cwd=project, capture_output=True, text=True)
+    result = subprocess.run([installed_script("matlint"), "check", "--format", "concise"], cwd=project,
+                            capture_output=True, text=True)
     assert result.returncode == 1 and "MAT101" in result.stdout
     from matlint import __version__
 

@@ -3,7 +3,6 @@ from __future__ import annotations
 
 import subprocess
 import sys
-from pathlib import Path
 
 import pytest
 
@@ -11,9 +10,9 @@ from matlint.flake8_plugin import rules_selected_by
 from matlint.registry import all_rules
 from matlint.rule import Rule
 
-from matlint_helpers import TRACEBACK, bad_example, write
+from matlint_helpers import TRACEBACK, bad_example, installed_script, write
 
-FLAKE8 = str(Path(sys.executable).with_name("flake8"))
+FLAKE8 = installed_script("flake8")
 
 # Runs flake8 in-process with the engine's entry points wrapped, so a test can see whether
 # the plugin traversed anything and how often Python source was parsed.

@@ -5,16 +5,15 @@ from __future__ import annotations
 
 import os
 import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 import yaml
 
-from matlint_helpers import bad_example, write
+from matlint_helpers import bad_example, installed_script, write
 
 REPO = Path(__file__).resolve().parents[1]
-PRE_COMMIT = str(Path(sys.executable).with_name("pre-commit"))
+PRE_COMMIT = installed_script("pre-commit")
 
 pytestmark = pytest.mark.slow
 
