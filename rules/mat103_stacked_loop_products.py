@@ -112,8 +112,9 @@ class StackedLoopProducts(Rule):
         if join is None or not node.args:
             return
         listed = node.args[0]
-        if isinstance(listed, ast.Name) and isinstance(self._single_value(listed.id), ast.ListComp):
-            listed = self._single_value(listed.id)
+        if isinstance(listed, ast.Name):
+            value = self._single_value(listed.id)
+            listed = value if isinstance(value, ast.ListComp) else listed
         if isinstance(listed, (ast.ListComp, ast.GeneratorExp)):
             loop = LoopInfo(listed, self.ctx)
             if len(listed.generators) != 1 or listed.generators[0].ifs:
@@ -151,11 +152,9 @@ class StackedLoopProducts(Rule):
 
     def _per_item(self, loop: LoopInfo, factor: ast.AST):
         if isinstance(factor, ast.Name) and factor.id not in loop.targets:
+            # `xi = x[i]` then `xi * w`: judge the assigned value.
             assigned = self._loop_gemms._single_assignment(loop, factor.id)
-            if assigned is None:
-                return None
-            inner = self._loop_gemms._batched(loop, assigned, 0)
-            return inner if inner is None or not inner.plain else type(inner)(inner.base, inner.dim, True)
+            return self._loop_gemms._batched(loop, assigned, 0) if assigned is not None else None
         return self._loop_gemms._batched(loop, factor, 0)
 
     def _product_sum(self, item: ast.AST):

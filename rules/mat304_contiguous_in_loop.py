@@ -57,7 +57,7 @@ class ContiguousInLoop(Rule):
       each item is separate data.
     - `.contiguous()` of something that may already be contiguous (`x.contiguous()`, `x[t]`):
       no copy happens then.
-    - Loops that update tensors in place (`add_`, `x[i] = ...`) or run a training step
+    - Loops that update tensors in place (`add_`, `x[i] = ...`, `self.w = ...`) or run a training step
       (`.backward()`, `optimizer.step()`): the receiver may change between iterations.
     - `.contiguous()` written as an operand of a GEMM on a last-two-dims transpose: MAT301
       reports that copy as needless altogether.
@@ -107,12 +107,15 @@ class ContiguousInLoop(Rule):
             """),
         good("""
             import torch
-            def f(x, w, n):
+            def f(self, x, w, n):
                 for i in range(n):
                     y = x @ w.transpose(-2, -1).contiguous()
                     w.mul_(0.9)
                     v = w.t().contiguous()
-                return y, v
+                for i in range(n):
+                    u = self.weight.t().contiguous()
+                    self.weight = self.weight * 0.5
+                return y, v, u
             """),
     ]
 
@@ -209,7 +212,7 @@ class ContiguousInLoop(Rule):
                             cached = True
                     elif isinstance(sub, (ast.Assign, ast.AugAssign)):
                         targets = sub.targets if isinstance(sub, ast.Assign) else [sub.target]
-                        if any(isinstance(t, ast.Subscript) for t in targets):
+                        if any(isinstance(t, (ast.Subscript, ast.Attribute)) for t in targets):
                             cached = True
                     if cached:
                         break
