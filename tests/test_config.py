@@ -211,3 +211,20 @@ def test_cache_dir_is_relative_to_the_config(tmp_path):
     settings = _settings(tmp_path, 'cache-dir = "var/cache"\n')
     assert settings.cache_path() == tmp_path / "var" / "cache"
     assert _settings(tmp_path).cache_path() == tmp_path / ".matlint_cache"
+
+
+def test_rule_options_reach_the_rule_through_the_cli_and_the_cache(tmp_path):
+    assert "min_dim" in get_rule("MAT403").options
+    write(tmp_path / "m.py", bad_example("MAT403").code)
+
+    def codes(option_table: str) -> list:
+        write(tmp_path / "pyproject.toml", '[tool.matlint]\nselect = ["MAT403"]\n' + option_table)
+        result = run_matlint("check", "--format", "json", cwd=tmp_path)
+        assert result.returncode in (0, 1), result.stderr
+        return [f["code"] for f in json.loads(result.stdout)]
+
+    assert codes("") == ["MAT403"] * len(bad_example("MAT403").expect)
+    # Sizes below min_dim are ignored: a huge min_dim silences the rule (the cache must not answer).
+    assert codes("[tool.matlint.rules.MAT403]\nmin_dim = 1000000000\n") == []
+    assert codes("[tool.matlint.rules.gemm-dim-not-multiple-of-8]\nmin-dim = 1\n") == \
+        ["MAT403"] * len(bad_example("MAT403").expect)
