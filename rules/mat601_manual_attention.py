@@ -333,6 +333,35 @@ class ManualAttention(Rule):
                 w = torch.einsum("bqhd,bkhd->bhqk", q, k).softmax(-1)
                 return torch.einsum("bhqk,bkhd->bqhd", w, v)
             """, (3, 9)),
+        # BERT-style: a mask added only when given, probabilities not returned. Reported; the
+        # steps sit in different blocks, so there is no fix.
+        bad("""
+            import math
+            import torch
+            from torch import nn
+            class SelfAttention(nn.Module):
+                def __init__(self, hidden, heads, p):
+                    super().__init__()
+                    self.head_size = hidden // heads
+                    self.dropout = nn.Dropout(p)
+                def forward(self, query_layer, key_layer, value_layer, attention_mask=None):
+                    scores = torch.matmul(query_layer, key_layer.transpose(-1, -2))
+                    scores = scores / math.sqrt(self.head_size)
+                    if attention_mask is not None:
+                        scores = scores + attention_mask
+                    probs = nn.functional.softmax(scores, dim=-1)
+                    probs = self.dropout(probs)
+                    return torch.matmul(probs, value_layer)
+            """, (10, 18)),
+        # A config switch selects the manual path (transformers' attn_implementation).
+        good("""
+            import torch
+            def forward(self, q, k, v):
+                if self.config._attn_implementation == "eager":
+                    w = torch.softmax(q @ k.transpose(-2, -1) * self.scaling, dim=-1)
+                    return w @ v
+                return self.attention_interface(q, k, v)
+            """),
         # Fallback next to SDPA in the same function.
         good("""
             import torch.nn.functional as F
