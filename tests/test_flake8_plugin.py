@@ -167,3 +167,13 @@ def test_default_off_rules_need_a_longer_prefix(monkeypatch, argv, on):
         assert list(selected) == default_on
     if argv == ["--select", "E"]:
         assert selected == ()
+
+
+def test_rule_options_come_from_tool_matlint(tmp_path):
+    write(tmp_path / "m.py", bad_example("MAT403").code)
+    assert _mat_lines(flake8("--select", "MAT403", "m.py", cwd=tmp_path), "MAT403")
+    write(tmp_path / "pyproject.toml", "[tool.matlint.rules.MAT403]\nmin_dim = 1000000000\n")
+    assert not _mat_lines(flake8("--select", "MAT403", "m.py", cwd=tmp_path), "MAT403")
+    write(tmp_path / "pyproject.toml", "[tool.matlint.rules.MAT403]\nmin_dim = 'big'\n")
+    result = flake8("--select", "MAT403", "m.py", cwd=tmp_path)
+    assert result.returncode != 0 and "rules.MAT403.min_dim" in result.stderr and TRACEBACK not in result.stderr
