@@ -135,8 +135,9 @@ class FileFinder:
         return ignores
 
     def _excluded(self, path: Path, is_dir: bool) -> bool:
-        relative = self.settings.relative_path(path) + ("/" if is_dir else "")
-        return self.exclude.match_file(relative) or self.exclude.match_file(path.name + ("/" if is_dir else ""))
+        # Patterns are gitignore-style, relative to the config's directory: `build` matches at
+        # any depth, `/build` or `src/gen` only there.
+        return self.exclude.match_file(self.settings.relative_path(path) + ("/" if is_dir else ""))
 
     def _walk(self, directory: Path, ignores: _Ignores, found: Discovery) -> None:
         if self.settings.respect_gitignore:

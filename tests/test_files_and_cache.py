@@ -189,3 +189,11 @@ def test_parallel_workers_share_the_cache(tmp_path):
     first = _report(tmp_path, "--jobs", "2")
     assert len(_entries(tmp_path)) == 60
     assert _report(tmp_path, "--jobs", "2") == first
+
+
+def test_exclude_patterns_are_relative_to_the_config(tmp_path):
+    write(tmp_path / "pyproject.toml", '[tool.matlint]\nextend-exclude = ["/gen", "src/legacy"]\n')
+    for name in ("gen/a.py", "pkg/gen/b.py", "src/legacy/c.py", "other/src/legacy/d.py"):
+        write(tmp_path / name, SOURCE)
+    assert _found(tmp_path) == {"pkg/gen/b.py", "other/src/legacy/d.py"}
+    assert _found(tmp_path, tmp_path / "pkg") == {"pkg/gen/b.py"}
