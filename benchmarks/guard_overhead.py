@@ -157,16 +157,17 @@ def overhead(name, make, steps_amortized):
     step = trainer(model, loss_fn)
     timed_steps(step, 3)  # warm-up: allocator, cuBLAS handles, autotuning
     row = {}
-    plain = timed_steps(step, 10)
+    plain = timed_steps(step, 20)
     row["plain_ms"] = med(plain)
-    row["empty_mode"] = med(timed_steps(step, 5, EmptyMode())) / row["plain_ms"]
+    row["empty_mode"] = med(timed_steps(step, 8, EmptyMode())[1:]) / row["plain_ms"]
 
-    g = rg.guard(window=3, warmup=1, json_path=None, report=False, estimate_savings=False)
-    guarded = timed_steps(step, 6, g)
-    # steps 0..3 are observed (0 is the provisional warm-up); the end of step 3 closes the window
-    row["guard_observed"] = med(guarded[1:3]) / row["plain_ms"]
-    row["guard_window_close_ms"] = guarded[3] - row["plain_ms"]
-    row["guard_after_window"] = med(guarded[4:]) / row["plain_ms"]
+    # a longer window than the default, to have enough observed steps for a stable median
+    g = rg.guard(window=7, warmup=1, json_path=None, report=False, estimate_savings=False)
+    guarded = timed_steps(step, 12, g)
+    # steps 0..7 are observed (0 is the provisional warm-up); the end of step 7 closes the window
+    row["guard_observed"] = med(guarded[1:7]) / row["plain_ms"]
+    row["guard_window_close_ms"] = guarded[7] - row["plain_ms"]
+    row["guard_after_window"] = med(guarded[8:]) / row["plain_ms"]
     row["guard_findings"] = sorted({f.code for f in g.findings})
     row["guard_errors"] = g.errors
     if DEVICE == "cuda":
@@ -195,12 +196,16 @@ def overhead(name, make, steps_amortized):
 
     # amortized: the same number of steps, plain vs under a default guard (report and JSON at exit
     # excluded from the timing; the estimates are timed separately below)
-    sync()
-    t0 = time.perf_counter()
-    for _ in range(steps_amortized):
-        step()
-    sync()
-    t_plain = time.perf_counter() - t0
+    def plain_run():
+        sync()
+        t0 = time.perf_counter()
+        for _ in range(steps_amortized):
+            step()
+        sync()
+        return time.perf_counter() - t0
+
+    # plain runs before and after the guarded one, so that drift of the machine cancels
+    t_before = plain_run()
     g2 = rg.guard(json_path=None, report=False, estimate_savings=False)
     sync()
     t0 = time.perf_counter()
@@ -209,7 +214,9 @@ def overhead(name, make, steps_amortized):
             step()
         sync()
         t_guard = time.perf_counter() - t0
-    row["guard_amortized"] = t_guard / t_plain
+    t_after = plain_run()
+    row["guard_amortized"] = t_guard / ((t_before + t_after) / 2)
+    row["plain_run_spread"] = abs(t_before - t_after) / min(t_before, t_after)
     row["amortized_steps"] = steps_amortized
     t0 = time.perf_counter()
     from matlint.runtime_guard.savings import estimate
@@ -406,7 +413,8 @@ def markdown() -> str:
     fmt = lambda v: "-" if v is None else f"{v:.2f}×"
     for name, r in RESULTS["overhead"].items():
         lines.append(f"| {name} | {r['plain_ms']:.2f} | {fmt(r['empty_mode'])} | {fmt(r['guard_observed'])} | "
-                     f"{fmt(r['guard_after_window'])} | {r['guard_amortized']:.3f}× | {fmt(r['flop_counter'])} | "
+                     f"{fmt(r['guard_after_window'])} | {r['guard_amortized']:.3f}× (plain runs differ by "
+                     f"{r['plain_run_spread']:.1%}) | {fmt(r['flop_counter'])} | "
                      f"{fmt(r['debug_mode'])} | {fmt(r['profiler_shapes_stacks'])} |")
     lines += ["", "With kernels=True (profiler CUDA activity inside the window):", "",
               "| model | observed step | window close ms | kernels/step | kernels attributed to a line |",
