@@ -402,6 +402,7 @@ class MatlintServer:
         ls, t = self.ls, lsp
         ls.feature(t.INITIALIZE)(_plain(self.on_initialize))
         ls.feature(t.INITIALIZED)(_plain(self.on_initialized))
+        ls.feature(t.SHUTDOWN)(_plain(self.on_shutdown))
         ls.feature(t.TEXT_DOCUMENT_DID_OPEN)(_plain(self.on_open))
         ls.feature(t.TEXT_DOCUMENT_DID_CHANGE)(_plain(self.on_change))
         ls.feature(t.TEXT_DOCUMENT_DID_SAVE)(_plain(self.on_save))
@@ -618,6 +619,11 @@ class MatlintServer:
                                  register_options=lsp.DidChangeWatchedFilesRegistrationOptions(watchers=watchers))]))
         except Exception as exc:
             self.log(f"could not register file watchers: {exc}", lsp.MessageType.Warning)
+
+    def on_shutdown(self, params):
+        if self.pool is not None:
+            self.pool.shutdown(wait=False, cancel_futures=True)
+            self.pool = None
 
     async def on_open(self, params):
         await self.schedule(params.text_document.uri)
