@@ -62,6 +62,9 @@ class Float64InModel(Rule):
       code outside `nn.Module` classes, except a whole model cast to float64.
     - Tests.
 
+    A whole-model cast is reported even when float64 is what the model needs (some
+    physics-informed networks): the rule cannot tell, so mark those with `# noqa: MAT402`.
+
     ## Fix safety
     No fix: leaving float64 changes the numbers the model computes, which only the author can
     judge.

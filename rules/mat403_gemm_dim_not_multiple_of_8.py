@@ -18,6 +18,12 @@ _LAYERS = {
     "torch.nn.Embedding": ("num_embeddings",),
 }
 _GEMM_USE = re.compile(r"@|\blinear\(|\bmatmul\(|\bmm\(|\beinsum\(")
+_HOW_TO_PAD = {
+    "in_features": " (zero-padding the inputs' last dim to match)",
+    "in1_features": " (zero-padding the first input's last dim to match)",
+    "in2_features": " (zero-padding the second input's last dim to match)",
+    "out_features": " (and ignore or slice off the extra outputs)",
+}
 _SHORT = {"torch.nn.Linear": "nn.Linear", "torch.nn.LazyLinear": "nn.LazyLinear",
           "torch.nn.Bilinear": "nn.Bilinear", "torch.nn.Embedding": "nn.Embedding"}
 
@@ -159,7 +165,7 @@ class GemmDimNotMultipleOf8(Rule):
                 fix = self.replace(expr, str(target), f"Pad the vocabulary to {target}", safe=False)
             self.report(expr, f"`{_SHORT[qualname]}` {param}={dim} is not a multiple of 8, so its bf16/fp16 "
                               f"GEMMs miss the tensor-core fast path (K=8191 ran 5.3× slower than K=8192 on an "
-                              f"H100); pad to {target}", fix=fix)
+                              f"H100); pad to {target}{_HOW_TO_PAD.get(param, '')}", fix=fix)
 
     def _weight_used_in_gemm(self) -> bool:
         """The embedding being built (`self.wte = nn.Embedding(...)`) has its `.weight` tied to an
