@@ -8,7 +8,6 @@ from typing import Optional, Union
 
 from . import engine
 from .config import Settings, load_settings
-from .diagnostics import Finding
 
 STRING_FILENAME = "<string>"
 
@@ -37,7 +36,7 @@ def check(paths_or_source: Union[str, os.PathLike, list, tuple], select=None, ig
     the command line's `--select` / `--ignore`.
     """
     from .files import find_files
-    from .runner import finalize, lint_files
+    from .runner import lint_discovered
 
     overrides = {"select": select, "ignore": ignore}
     if isinstance(paths_or_source, (list, tuple)):
@@ -50,6 +49,4 @@ def check(paths_or_source: Union[str, os.PathLike, list, tuple], select=None, ig
     if not paths:
         return []
     settings = load_settings(paths[0], cli_overrides=overrides)
-    found = find_files(paths, settings)
-    problems = [f for p in found.problems for f in finalize([p], p.filename, settings)]
-    return sorted(problems + lint_files(found.files, settings, use_cache=False), key=Finding.sort_key)
+    return lint_discovered(find_files(paths, settings), settings, use_cache=False)

@@ -111,20 +111,21 @@ def _is_terminal(stream) -> bool:
         return False
 
 
-def _lint(files: list, settings, args):
-    from .runner import lint_files
+def _lint(found, settings, args):
+    from .runner import lint_discovered
 
+    files = found.files
     show_progress = not args.quiet and len(files) >= PROGRESS_MIN_FILES and _is_terminal(sys.stderr)
     if not show_progress:
-        return lint_files(files, settings, use_cache=not args.no_cache, jobs=args.jobs)
+        return lint_discovered(found, settings, use_cache=not args.no_cache, jobs=args.jobs)
     from rich.console import Console
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
     with Progress(TextColumn("Linting"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
                   console=Console(file=sys.stderr), transient=True) as progress:
         task = progress.add_task("lint", total=len(files))
-        return lint_files(files, settings, use_cache=not args.no_cache, jobs=args.jobs,
-                          on_progress=lambda n: progress.advance(task, n))
+        return lint_discovered(found, settings, use_cache=not args.no_cache, jobs=args.jobs,
+                               on_progress=lambda n: progress.advance(task, n))
 
 
 def _read_for_fix(path: str):
@@ -210,7 +211,6 @@ def _summary(lines, args, out: Output) -> None:
 def run_check(args) -> int:
     from .files import find_files
     from .reporters import plural, summary_lines
-    from .runner import finalize
 
     if args.jobs is not None and args.jobs < 1:
         raise UsageError("--jobs must be at least 1")
@@ -220,9 +220,7 @@ def run_check(args) -> int:
     found = find_files(paths, settings)
     if not found.files and not found.problems and not args.quiet:
         sys.stderr.write("matlint: warning: no Python files found under the given paths\n")
-    findings = [f for p in found.problems for f in finalize([p], p.filename, settings)]
-    findings += _lint(found.files, settings, args)
-    findings.sort(key=lambda f: f.sort_key())
+    findings = _lint(found, settings, args)
 
     out = Output(args.output_file)
     try:

@@ -131,3 +131,9 @@ def lint_files(paths: list, settings, use_cache: bool = True, jobs: Optional[int
     findings = [f for path in paths for f in results[path]]
     findings.sort(key=Finding.sort_key)
     return findings
+
+
+def lint_discovered(found, settings, **options) -> list:
+    """Findings for what `files.find_files` found: its MAT003 problems and its files' findings."""
+    problems = [f for problem in found.problems for f in finalize([problem], problem.filename, settings)]
+    return sorted(problems + lint_files(found.files, settings, **options), key=Finding.sort_key)
