@@ -154,6 +154,16 @@ class NoMixedPrecision(Rule):
             """),
         good("""
             import torch
+            class Loop:
+                def run(self, model, loader, optimizer):
+                    for x, y in loader:
+                        with self.accelerator.autocast():
+                            loss = model(x.cuda(), y.cuda())
+                        loss.backward()
+                        optimizer.step()
+            """),
+        good("""
+            import torch
             torch.backends.cuda.matmul.allow_tf32 = True
             def train(model, x, opt):
                 model(x.cuda()).sum().backward()

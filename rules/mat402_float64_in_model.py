@@ -82,7 +82,10 @@ class Float64InModel(Rule):
                     h = x.double() @ self.w
                     eye = torch.eye(h.shape[-1], dtype=torch.float64, device=x.device)
                     return self.proj(h + eye).to(torch.float64)
-            """, (6, 55), (7, 43), (9, 13), (10, 44), (11, 16)),
+            class Scorer(nn.Module):
+                def forward(self, x):
+                    return x.type(torch.DoubleTensor).sum(-1)
+            """, (6, 55), (7, 43), (9, 13), (10, 44), (11, 16), (14, 16)),
         bad("""
             import torch as T
             from mymodels import Net

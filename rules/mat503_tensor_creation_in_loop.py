@@ -116,8 +116,9 @@ class TensorCreationInLoop(Rule):
                     noise = T.randn(x.shape).to(x.device)
                     scale = T.tensor([0.5, 2.0], device=x.device)
                     bias = T.tensor(-1.0).cuda()
-                    return x * scale + bias + noise
-            """, (5, 17), (6, 17), (7, 16),
+                    shift = T.as_tensor((0.1, -0.2)).to(x.device)
+                    return x * scale + bias + noise + shift
+            """, (5, 17), (6, 17), (7, 16), (8, 17),
             fixed="""
             import torch as T
             import torch.nn as nn
@@ -126,7 +127,8 @@ class TensorCreationInLoop(Rule):
                     noise = T.randn(x.shape, device=x.device)
                     scale = T.tensor([0.5, 2.0], device=x.device)
                     bias = T.tensor(-1.0).cuda()
-                    return x * scale + bias + noise
+                    shift = T.as_tensor((0.1, -0.2)).to(x.device)
+                    return x * scale + bias + noise + shift
             """, unsafe=True),
         good("""
             import torch

@@ -118,7 +118,12 @@ class TinyOps(Rule):
                     for group in self.param_groups:
                         for p in group["params"]:
                             p.data.add_(p.grad, alpha=-group["lr"])
-            """, (5, 9), (10, 17), (15, 17)),
+            def train(model, loader, lr):
+                for x, y in loader:
+                    model(x, y).backward()
+                    for p in model.parameters():
+                        p.data = p.data - lr * p.grad
+            """, (5, 9), (10, 17), (15, 17), (20, 13)),
         good("""
             import torch
             def freeze(model):
@@ -179,7 +184,7 @@ class TinyOps(Rule):
         if len(node.targets) == 1 and isinstance(node.value, ast.BinOp):
             target = node.targets[0]
             if isinstance(target, ast.Attribute) and target.attr == "data" and \
-                    ast.dump(target) in {ast.dump(n) for n in ast.walk(node.value)}:
+                    ast.unparse(target) in {ast.unparse(n) for n in ast.walk(node.value) if isinstance(n, ast.Attribute)}:
                 self._update(node, target=target)
 
     # -- checks -------------------------------------------------------------------------
