@@ -97,6 +97,31 @@ class LossShapeMismatch(Rule):
             per = crit(input=logits, target=labels)
             other = l1_loss(torch.randn(8, 1), torch.randn(8, 4))
             """, (7, 8), (9, 7), (10, 9)),
+        bad("""
+            import torch
+            from torch import nn
+
+            def train_step(model, batch, n: int):
+                loss_fn = nn.MSELoss()
+                pred = torch.zeros(n, 1)
+                y = torch.zeros(n)
+                a = loss_fn(pred, y)
+                b = nn.functional.huber_loss(y, pred, delta=0.5)
+                c = torch.nn.functional.binary_cross_entropy(pred.sigmoid(), y)
+                return a + b + c
+            """, (8, 9), (9, 9), (10, 9), fixed="""
+            import torch
+            from torch import nn
+
+            def train_step(model, batch, n: int):
+                loss_fn = nn.MSELoss()
+                pred = torch.zeros(n, 1)
+                y = torch.zeros(n)
+                a = loss_fn(pred.squeeze(-1), y)
+                b = nn.functional.huber_loss(y, pred.squeeze(-1), delta=0.5)
+                c = torch.nn.functional.binary_cross_entropy(pred.sigmoid().squeeze(-1), y)
+                return a + b + c
+            """, unsafe=True),
         good("""
             import torch
             import torch.nn.functional as F

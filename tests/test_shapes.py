@@ -16,33 +16,30 @@ from matlint.rules._shapes import Shape, shape_of, value_of
 PRELUDE = "import torch\nimport torch.nn as nn\nimport torch.nn.functional as F\n"
 
 
-class Reveal(Rule):
-    """Reports the analysis' value for the argument of every `reveal(expr)` call."""
+class Probe(Rule):
+    """A rule that only looks at values; tests subclass it with the visit methods they need."""
     code = "MAT999"
-    name = "reveal"
+    name = "probe"
     summary = docs = ""
 
-    def visit_Call(self, node):
-        if isinstance(node.func, ast.Name) and node.func.id == "reveal":
-            self.ctx.shared.setdefault("revealed", []).append(value_of(self.ctx, node.args[0]))
-            self.report(node, "")
 
-
-Reveal._handlers = _handlers(Reveal)
+def probe(source: str, **handlers) -> None:
+    """Lints `source` with a Probe whose visit methods are `handlers`."""
+    cls = type("P", (Probe,), handlers)
+    cls._handlers = _handlers(cls)
+    findings = lint_source(source, "t.py", [cls], prefilter=False)
+    assert not [f for f in findings if f.code == "MAT000"], findings
 
 
 def revealed(source: str) -> list:
-    source = PRELUDE + textwrap.dedent(source)
+    """The analysis' value for the argument of every `reveal(expr)` call, in order."""
     out = []
 
-    class Collect(Reveal):
-        def visit_Call(self, node):
-            if isinstance(node.func, ast.Name) and node.func.id == "reveal":
-                out.append(value_of(self.ctx, node.args[0]))
+    def visit_Call(self, node):
+        if isinstance(node.func, ast.Name) and node.func.id == "reveal":
+            out.append(value_of(self.ctx, node.args[0]))
 
-    Collect._handlers = _handlers(Collect)
-    findings = lint_source(source, "t.py", [Collect], prefilter=False)
-    assert not [f for f in findings if f.code == "MAT000"], findings
+    probe(PRELUDE + textwrap.dedent(source), visit_Call=visit_Call)
     return out
 
 
@@ -359,13 +356,11 @@ def test_every_expression_in_a_function_is_recorded_once():
     source = PRELUDE + "def f(N: int):\n    a = torch.randn(N, 1)\n    return (a - torch.randn(N)).mean()\n"
     seen = []
 
-    class Count(Reveal):
-        def visit_BinOp(self, node):
-            seen.append((shape_of(self.ctx, node.left), shape_of(self.ctx, node.right), shape_of(self.ctx, node)))
-            seen.append(len([k for k in self.ctx.shared if k[0] == "shapes"]))
+    def visit_BinOp(self, node):
+        seen.append((shape_of(self.ctx, node.left), shape_of(self.ctx, node.right), shape_of(self.ctx, node)))
+        seen.append(len([k for k in self.ctx.shared if k[0] == "shapes"]))
 
-    Count._handlers = _handlers(Count)
-    lint_source(source, "t.py", [Count], prefilter=False)
+    probe(source, visit_BinOp=visit_BinOp)
     (a, b, result), analyses = seen
     assert (str(a), str(b), str(result)) == ("(N, 1)", "(N,)", "(N, N)")
     assert analyses == 1
