@@ -135,3 +135,12 @@ def flow_of(ctx, function: ast.AST) -> FunctionFlow:
     if flow is None:
         flow = ctx.shared[key] = FunctionFlow(function)
     return flow
+
+
+def function_text(ctx, function: ast.AST) -> str:
+    """The source lines of `function`: a cheap filter before building its flow."""
+    key = ("function_text", id(function))
+    text = ctx.shared.get(key)
+    if text is None:
+        text = ctx.shared[key] = "\n".join(ctx.lines[function.lineno - 1:function.end_lineno])
+    return text

@@ -6,7 +6,7 @@ from typing import Optional
 
 from matlint.rule import Rule, bad, good
 
-from ._flow import flow_of
+from ._flow import flow_of, function_text
 from ._pointwise import is_true, number, resolve, same, torch_op
 
 _ATOMS = (ast.Name, ast.Attribute, ast.Call, ast.Subscript)
@@ -114,9 +114,12 @@ class ManualSoftmax(Rule):
     ]
 
     def visit_BinOp(self, node: ast.BinOp) -> None:
-        if not isinstance(node.op, ast.Div) or self.ctx.function is None or isinstance(self.ctx.function, ast.Lambda):
+        function = self.ctx.function
+        if not isinstance(node.op, ast.Div) or function is None or isinstance(function, ast.Lambda):
             return
-        flow = flow_of(self.ctx, self.ctx.function)
+        if "exp" not in function_text(self.ctx, function):
+            return
+        flow = flow_of(self.ctx, function)
         numerator = self._exp_argument(flow, node.left)
         if numerator is None:
             return

@@ -8,7 +8,7 @@ from typing import Optional
 
 from matlint.rule import Rule, bad, good
 
-from ._flow import flow_of
+from ._flow import flow_of, function_text
 from ._names import mentions, outermost_scope, subclasses
 from ._pointwise import last_dim_reduction, number, resolve, root_of, same, strip_casts, torch_op
 
@@ -129,6 +129,9 @@ class ManualLayerNorm(Rule):
     def visit_BinOp(self, node: ast.BinOp) -> None:
         function = self.ctx.function
         if function is None or isinstance(function, ast.Lambda) or not isinstance(node.op, (ast.Div, ast.Mult)):
+            return
+        text = function_text(self.ctx, function)
+        if not any(word in text for word in ("sqrt", "0.5", "std")):
             return
         flow = flow_of(self.ctx, function)
         pairs = [(node.left, node.right)] if isinstance(node.op, ast.Div) else [
