@@ -18,11 +18,11 @@ Transformers/torchvision parts are skipped when those packages are missing.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import math
 import os
 import statistics
-import sys
 import time
 
 import torch
@@ -129,7 +129,7 @@ def trainer(model, loss_fn):
 
 def timed_steps(step, n, ctx=None):
     times = []
-    with ctx if ctx is not None else _null():
+    with ctx if ctx is not None else contextlib.nullcontext():
         for _ in range(n):
             sync()
             t0 = time.perf_counter()
@@ -137,14 +137,6 @@ def timed_steps(step, n, ctx=None):
             sync()
             times.append((time.perf_counter() - t0) * 1e3)
     return times
-
-
-class _null:
-    def __enter__(self):
-        return self
-
-    def __exit__(self, *a):
-        return False
 
 
 def med(xs):
@@ -225,7 +217,6 @@ def overhead(name, make, steps_amortized):
     row["estimate_s"] = time.perf_counter() - t0
     RESULTS["overhead"][name] = row
     print(name, {k: (round(v, 3) if isinstance(v, float) else v) for k, v in row.items()}, flush=True)
-    del model, step
 
 
 # -- 2. safety -----------------------------------------------------------------------------------
@@ -236,7 +227,7 @@ def bitwise(name, make, n_steps=2):
         step = trainer(model, loss_fn)
         g = rg.guard(window=2, warmup=0, json_path=None, report=False, estimate_savings=False)
         losses = []
-        with g if under_guard else _null():
+        with g if under_guard else contextlib.nullcontext():
             for _ in range(n_steps):
                 torch.manual_seed(2)
                 losses.append(step().detach().clone())
@@ -452,16 +443,10 @@ def main():
     args = ap.parse_args()
     parts = args.only.split(",")
     os.makedirs(args.out, exist_ok=True)
-    try:
-        import transformers  # noqa: F401
-        have_tf = True
-    except ImportError:
-        have_tf = False
-    try:
-        import torchvision  # noqa: F401
-        have_tv = True
-    except ImportError:
-        have_tv = False
+    import importlib.util
+
+    have_tf = importlib.util.find_spec("transformers") is not None
+    have_tv = importlib.util.find_spec("torchvision") is not None
     q = args.quick
     amort = 20 if q else 100
     tasks = {}

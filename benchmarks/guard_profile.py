@@ -2,7 +2,6 @@
 import cProfile
 import pstats
 import sys
-import time
 
 import torch
 

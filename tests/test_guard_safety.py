@@ -1,8 +1,8 @@
 """The guard never changes results, never raises into the user's code, and gets out of the way."""
 from __future__ import annotations
 
+import contextlib
 import json
-import math
 import os
 import threading
 
@@ -69,7 +69,7 @@ def train(name, under_guard, steps=3):
     opt = torch.optim.AdamW(model.parameters(), lr=1e-2)
     g = quiet(window=2, warmup=1)
     outputs = []
-    with g if under_guard else _Null():
+    with g if under_guard else contextlib.nullcontext():
         for i in range(steps):
             torch.manual_seed(100 + i)
             opt.zero_grad()
@@ -78,14 +78,6 @@ def train(name, under_guard, steps=3):
             opt.step()
             outputs.append(out.detach().clone())
     return outputs, [p.detach().clone() for p in model.parameters()], g
-
-
-class _Null:
-    def __enter__(self):
-        return self
-
-    def __exit__(self, *exc):
-        return False
 
 
 @pytest.mark.parametrize("name", sorted(MODELS))
@@ -264,7 +256,7 @@ def test_threads_each_with_its_own_guard_and_unguarded_threads_untouched():
     def work(i, guarded):
         try:
             g = quiet(warmup=0)
-            with torch.no_grad(), (g if guarded else _Null()):
+            with torch.no_grad(), (g if guarded else contextlib.nullcontext()):
                 for _ in range(20):
                     results[i] = model(xs[i])
             guards[i] = g
@@ -354,7 +346,7 @@ def _ddp_worker(rank, out_dir):
             model = DDP(nn.Sequential(nn.Linear(8, 8), nn.ReLU(), nn.Linear(8, 1)))
             opt = torch.optim.SGD(model.parameters(), lr=0.1)
             g = quiet(window=2, warmup=1)
-            with g if under_guard else _Null():
+            with g if under_guard else contextlib.nullcontext():
                 for i in range(4):
                     torch.manual_seed(rank * 10 + i)
                     opt.zero_grad()
