@@ -100,6 +100,11 @@ class StackedLoopProducts(Rule):
                 outs.append(w)
                 return torch.stack(outs)
             """),
+        good("""
+            import torch
+            stack_leaves = lambda *x: torch.stack(x)
+            stack_pairs = lambda x, y: torch.stack([(x[i] * y[i]).sum() for i in range(len(x))])
+            """),
     ]
 
     def __init__(self, ctx, options=None):
@@ -204,11 +209,17 @@ class StackedLoopProducts(Rule):
                     f"factor lines up with the item dims, `unsqueeze(0)` if not), or `torch.einsum`")
         return "multiply the whole tensors once with the item dim kept (broadcasting or `torch.einsum`) and sum out the same dims"
 
+    def _body(self) -> list:
+        """Statements of the function being walked (a lambda's one expression), or of the module."""
+        fn = self.ctx.function
+        if fn is None:
+            return self.ctx.tree.body
+        return fn.body if isinstance(fn.body, list) else [fn.body]
+
     def _single_value(self, name: str) -> Optional[ast.AST]:
         """The value of `name` when the function binds it exactly once, by `name = value`."""
-        fn = self.ctx.function
         values, stores = [], 0
-        for stmt in (fn.body if fn is not None else self.ctx.tree.body):
+        for stmt in self._body():
             for sub in walk_no_scopes(stmt):
                 if isinstance(sub, ast.Assign) and len(sub.targets) == 1 and isinstance(sub.targets[0], ast.Name) \
                         and sub.targets[0].id == name:
@@ -219,8 +230,7 @@ class StackedLoopProducts(Rule):
 
     def _appending_loop(self, name: str):
         """The one loop that fills list `name` (bound once, to `[]`) by `name.append(item)`, its only change."""
-        fn = self.ctx.function
-        body = fn.body if fn is not None else self.ctx.tree.body
+        body = self._body()
         appends, loops = [], []
         for stmt in body:
             for sub in walk_no_scopes(stmt):

@@ -157,8 +157,8 @@ class PerHeadModules(Rule):
             how = (f"one `{seg(kind)}({', '.join(args + [seg(k) for k in module_call.keywords])})` computes every "
                    f"item at once (then `view` out the item dim)")
         else:
-            how = (f"hold the heads' weights in one module with a head dim (one projection to "
-                   f"`n_heads * head_size`, attention batched over heads) and run them in one call")
+            how = ("hold the heads' weights in one module with a head dim (one projection to "
+                   "`n_heads * head_size`, attention batched over heads) and run them in one call")
         self.report(node, f"`self.{attr}` holds identical `{seg(kind)}` modules applied one by one to the same "
                           f"input (`{call_text}`) and joined: {how}")
 

@@ -196,4 +196,4 @@ class StridedGemmInput(Rule):
         """matmul reshapes the first `count` dims into one; a copy unless they merge in place."""
         if all(mergeable(perm, i) for i in range(count - 1)):
             return None
-        return f"has permuted leading dims that matmul must fold with `reshape`"
+        return "has permuted leading dims that matmul must fold with `reshape`"
