@@ -55,6 +55,7 @@ class ContiguousBeforeGemm(Rule):
       view anyway) depends on the ranks and the PyTorch version, so the rule does not promise a
       saving. (Measured with PyTorch 2.11 on an H100: `a.mT @ w` with a 3-D `a` launches no copy,
       so this quiet case errs on the side of silence.)
+    - GEMMs written with `out=`: the output may alias the tensor that was copied.
     - A copy whose line carries a comment about it (`# contiguous() works around a jit bug`):
       the author kept it on purpose.
     - `.contiguous(memory_format=...)`, `.clone(memory_format=...)`, and `.T` of something known
@@ -128,7 +129,8 @@ class ContiguousBeforeGemm(Rule):
                 z = x.permute(0, 2, 1, 3).contiguous() @ w
                 c = torch.matmul(q, k.transpose(-2, -1).contiguous(memory_format=torch.contiguous_format))
                 d = q @ k.transpose(-2, -1).contiguous()  # contiguous() works around a TorchScript bug
-                return y, s, h, z, c, d
+                e = torch.mm(w.t().contiguous(), x, out=w)
+                return y, s, h, z, c, d, e
             """),
         good("""
             import numpy as np
@@ -153,6 +155,8 @@ class ContiguousBeforeGemm(Rule):
         gemm = as_gemm(self.ctx, node)
         if gemm is None or gemm.op not in ("@", "matmul", "mm", "bmm", "linear"):
             return
+        if isinstance(node, ast.Call) and any(k.arg == "out" for k in node.keywords):
+            return  # `out=` may alias the copied tensor: the copy can matter
         operands = gemm.operands
         if len(operands) != 2:
             return
