@@ -50,8 +50,9 @@ class StridedGemmInput(Rule):
     The message says when the GEMM runs inside a loop, where the copy repeats per iteration.
 
     ## Why is this bad?
-    The copy is hidden inside `matmul` (an `aten::clone`/`contiguous` before the GEMM): an extra
-    kernel and a full read and write of the operand on every call, and again in backward.
+    The copy is hidden inside the GEMM call (an `aten::clone` in matmul's `reshape`, or a copy
+    inside the cuBLAS path that not even a dispatch mode sees): an extra kernel and a full read
+    and write of the operand on every call, and usually again in backward.
     Laying the data out the way the GEMM reads it once (store the weight transposed at init,
     produce activations in `(..., rows, K)` order) removes it.
 
@@ -63,7 +64,8 @@ class StridedGemmInput(Rule):
 
     ## Use instead
     ```python
-    w_even = torch.zeros_like(w).index_copy_(0, idx, w)   # once, at init: x @ w_even
+    x_even = x[:, ::2].contiguous()          # once, where x is made or before the loop that reuses it
+    y = x_even @ w
     z = (h @ w).permute(1, 0, 2)             # multiply in the stored layout, permute the result
     ```
 
