@@ -399,6 +399,18 @@ class ManualAttention(Rule):
                 attn_output = torch.matmul(attn_weights, value)
                 return attn_output, attn_weights
             """),
+        # The probabilities reach the return past a conditional reset (transformers' DETR family).
+        good("""
+            import torch
+            from torch import nn
+            def forward(self, q, k, v, output_attentions=False):
+                attn_weights = torch.matmul(q, k.transpose(2, 3))
+                attn_weights = nn.functional.softmax(attn_weights, dim=-1)
+                attn_output = torch.matmul(attn_weights, v)
+                if not output_attentions:
+                    attn_weights = None
+                return attn_output, attn_weights
+            """),
         # Probabilities stored and fed to a loss.
         good("""
             import torch
