@@ -84,7 +84,8 @@ class FunctionFlow:
         for other, _ in self.stores.get(load.id, ()):
             if other is store or other is None:
                 continue
-            if (store is None or _end(other) > _end(store)) and _end(other) <= _pos(load) and self._dominates(other, load):
+            later = store is None or _end(other) > _end(store)
+            if later and _end(other) <= _pos(load) and self._dominates(other, load):
                 return False
         return True
 

@@ -34,8 +34,8 @@ class _Scores:
     k: ast.AST
     exact_layout: bool          # q, k are (..., L, E), (..., S, E) as SDPA takes them
     key_axis_last: bool         # the GEMM's last output axis runs over the keys
-    conditional: bool = False   # a step runs only under an `if`
-    steps: list = field(default_factory=list)      # ("scale", expr, op) / ("mask", expr) / ("fill", cond, value) / ("cast",)
+    # ("scale", expr, op) / ("mask", expr) / ("fill", cond, value) / ("cast",)
+    steps: list = field(default_factory=list)
     statements: list = field(default_factory=list)  # the `name = ...` statements the chain ran through
 
 
@@ -538,8 +538,7 @@ class ManualAttention(Rule):
             if optional is not None:
                 found = self._scores(flow, optional[0].value, depth + 1, also_read_by=node)
                 if found:
-                    found.statements.append(optional[0])
-                    found.conditional = True
+                    found.statements.append(optional[0])  # in another block: no fix
                 return found
             return None
         gemm = as_gemm(self.ctx, node)
@@ -870,7 +869,8 @@ class ManualAttention(Rule):
         lines = self.ctx.lines
         before = lines[stmt.lineno - 1][:stmt.col_offset]
         after = lines[stmt.end_lineno - 1].encode()[stmt.end_col_offset:].decode(errors="replace")
-        return not before.strip() and (not after.strip() or after.strip().startswith("#")) and stmt.end_lineno < len(lines)
+        alone = not before.strip() and (not after.strip() or after.strip().startswith("#"))
+        return alone and stmt.end_lineno < len(lines)
 
     def _is_causal_condition(self, cond: ast.AST) -> bool:
         """`tril_buffer[..., :T, :T] == 0` (or `~tril[...]`, `.logical_not()`) for a lower-triangular buffer of ones."""

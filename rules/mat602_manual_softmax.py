@@ -132,7 +132,8 @@ class ManualSoftmax(Rule):
         if not is_true(total.keywords.get("keepdim", total.keywords.get("keepdims", total.arg(2, "")))):
             return
         dim = total.arg(1, "dim")
-        if dim is None or not (same(total.args[0], node.left) or same(self._exp_argument(flow, total.args[0]), numerator)):
+        summed = total.args[0]
+        if dim is None or not (same(summed, node.left) or same(self._exp_argument(flow, summed), numerator)):
             return
         if eps is not None and not self._small_constant(eps):
             return
