@@ -131,8 +131,9 @@ class ManualAttention(Rule):
     ## Stays quiet on
     - Functions and classes that already use `scaled_dot_product_attention`, or switch to a
       fused path (flash-attn, xformers, an `attn_implementation` / `fused_attn` / `use_sdpa`
-      switch, `hasattr(F, "scaled_dot_product_attention")`): the manual path there is a
-      guarded fallback or a reference implementation.
+      switch, `hasattr(F, "scaled_dot_product_attention")`), and manual paths inside an `if`
+      in a file that calls SDPA somewhere (the switch may be a module-level flag): the manual
+      path there is a guarded fallback or a reference implementation.
     - Attention whose probabilities (or scores) are used for anything else: returned
       (`output_attentions`), stored on `self`, fed to a loss or a hook. SDPA does not hand
       them back.
@@ -353,6 +354,19 @@ class ManualAttention(Rule):
                     probs = self.dropout(probs)
                     return torch.matmul(probs, value_layer)
             """, (10, 18)),
+        # A module-level capability flag selects the manual path.
+        good("""
+            import torch
+            import torch.nn.functional as F
+            NEW_TORCH = hasattr(F, "scaled_dot_product_attention")
+            def fast(q, k, v):
+                return F.scaled_dot_product_attention(q, k, v)
+            def attend(q, k, v):
+                if NEW_TORCH:
+                    return fast(q, k, v)
+                else:
+                    return torch.softmax(q @ k.transpose(-2, -1) * q.size(-1) ** -0.5, dim=-1) @ v
+            """),
         # A config switch selects the manual path (transformers' attn_implementation).
         good("""
             import torch
@@ -476,6 +490,8 @@ class ManualAttention(Rule):
         if _int(dim) is None or mentions(self.ctx, outermost_scope(self.ctx), _FUSED_PATH):
             return
         flow = flow_of(self.ctx, function)
+        if _SDPA in self.ctx.source and any(isinstance(a, ast.If) for a in flow.enclosing(node)):
+            return  # a branch in a file that has SDPA: the switch may live elsewhere (`if HAS_SDPA:`)
         scores = self._scores(flow, scores_expr, 0)
         if scores is None or not scores.key_axis_last:
             return
