@@ -147,7 +147,7 @@ class ManualAttention(Rule):
       `kernel_1 @ inv(kernel_2)`): a composition of attention kernels, not attention over values.
     - Additive / MLP attention (`tanh(W q + U k)`), sigmoid gates, a softmax over any axis but
       the last (the query axis, as in slot attention), and keys that are a module's own
-      parameters (`x @ self.codebook.T`: soft assignment, not attention).
+      parameters (`x @ self.codebook.T`, `h @ self.embed.weight.mT`: soft assignment, not attention).
 
     ## Fix safety
     The fix replaces the final GEMM with one `scaled_dot_product_attention` call and deletes
@@ -470,12 +470,15 @@ class ManualAttention(Rule):
                 kernel_2 = torch.softmax(torch.matmul(q_landmarks, k_landmarks.transpose(-1, -2)), dim=-1)
                 return torch.matmul(kernel_1, self.iterative_inv(kernel_2)) @ v
             """),
-        # Soft assignment to a learned codebook is not attention.
+        # Soft assignment to a learned codebook, or to tied embeddings, is not attention.
         good("""
             import torch
             def quantize(self, x):
                 weights = torch.softmax(x @ self.codebook.T, dim=-1)
                 return weights @ self.codebook
+            def soft_tokens(self, h):
+                probs = torch.softmax(h @ self.embed.weight.transpose(-2, -1), dim=-1)
+                return probs @ self.embed.weight
             """),
     ]
 
@@ -651,7 +654,12 @@ class ManualAttention(Rule):
         return None
 
     def _is_own_parameter(self, node: ast.AST) -> bool:
-        return isinstance(node, ast.Attribute) and isinstance(node.value, ast.Name) and node.value.id == "self"
+        """`self.codebook`, `self.gate.weight`: keys that are a module's own weights."""
+        if not isinstance(node, ast.Attribute):
+            return False
+        while isinstance(node, ast.Attribute):
+            node = node.value
+        return isinstance(node, ast.Name) and node.id == "self"
 
     def _probs(self, flow: FunctionFlow, softmax: ast.Call) -> Optional[_Probs]:
         node, steps, statements = softmax, [], []
