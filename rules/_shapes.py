@@ -1300,11 +1300,9 @@ class FunctionShapes:
             return op_matmul(a, b) if a is not None and b is not None else None
         if isinstance(left, IntVal) and isinstance(right, IntVal):
             return IntVal(dim_binop(node.op, left.dim, right.dim))
-        if isinstance(left, Opaque) and isinstance(right, IntVal) or isinstance(left, IntVal) and isinstance(right, Opaque):
-            # `n_embd * 4`: an opaque name next to an int is used as a size only if it is one
-            return IntVal(dim_binop(node.op, as_dim(left), as_dim(right))) if isinstance(node.op, tuple(_DIM_OPS)) else None
-        if isinstance(left, Opaque) and isinstance(right, Opaque):
-            return Opaque(dim_binop(node.op, left.sym, right.sym)) if isinstance(node.op, tuple(_DIM_OPS)) else Opaque()
+        if isinstance(left, (Opaque, IntVal)) and isinstance(right, (Opaque, IntVal)):
+            # `n_embd * 4`: still opaque (it may be a tensor), but a size if it is used as one
+            return Opaque(dim_binop(node.op, as_dim(left), as_dim(right))) if isinstance(node.op, tuple(_DIM_OPS)) else None
         if isinstance(node.op, ast.Add):
             a, b = as_dims(left), as_dims(right)
             if a is not None and b is not None and not b[1]:

@@ -250,6 +250,7 @@ SYMBOLIC = [
     ("def f(x, y):\n    B, T = y.shape\n    assert x.shape == y.shape\n    reveal(x)", "(B, T)"),
     ("def f(x):\n    n = x.size(0)\n    reveal(torch.zeros(n, 3))", "(n, 3)"),
     ("def f(x, k):\n    reveal(torch.randn(2, 3).view(-1, k))", "(?, k)"),
+    ("def f(x, d):\n    reveal(torch.randn(2, 6).view(2, d * 2, 3 // d))", "(2, 2 * d, 3 // d)"),
     ("from jaxtyping import Float\nfrom torch import Tensor\n"
      "def f(x: Float[Tensor, 'batch seq 1']):\n    reveal(x)", "(batch, seq, 1)"),
     ("from jaxtyping import Float\nfrom torch import Tensor\n"
@@ -298,6 +299,7 @@ UNKNOWN = [
     "def f(x):\n    y = torch.randn(3, 4)\n    reveal(y.permute(0, 2, 1))",  # wrong rank
     "def f(x):\n    reveal(torch.randn(2, 3) @ x)",
     "def f(x):\n    reveal(torch.randn(2, 3) * x)",             # x may be a tensor of any shape
+    "def f(x):\n    h = x * 2\n    reveal(h + torch.zeros(3))",  # so may x * 2
     "def f(x):\n    reveal(torch.randn(2, 3).view(torch.float16))",  # rescales the last dim
     "def f(x):\n    reveal(torch.randn(2, 3)[x.bool()])",
     "def f(x):\n    reveal(F.interpolate(torch.randn(1, 3, 8, 8), scale_factor=2))",
