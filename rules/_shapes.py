@@ -633,24 +633,26 @@ _CONSTRUCTORS = {"zeros", "ones", "empty", "rand", "randn", "full"}
 _LIKE = {"zeros_like", "ones_like", "empty_like", "rand_like", "randn_like", "full_like", "randint_like"}
 _SAME_SHAPE_METHODS = {
     "float", "double", "half", "bfloat16", "int", "long", "bool", "short", "byte", "char", "to",
-    "type", "type_as", "contiguous", "detach", "detach_", "clone", "cpu", "cuda", "abs", "neg",
+    "type_as", "contiguous", "detach", "detach_", "clone", "cpu", "cuda", "abs", "neg",
     "negative", "exp", "exp2", "log", "log2", "log10", "log1p", "expm1", "sqrt", "rsqrt", "sigmoid",
     "tanh", "relu", "sin", "cos", "tan", "sign", "sgn", "round", "floor", "ceil", "trunc", "frac",
-    "clamp", "clip", "clamp_min", "clamp_max", "square", "reciprocal", "softmax", "log_softmax",
-    "cumsum", "cumprod", "flip", "fliplr", "roll", "requires_grad_", "pin_memory", "masked_fill",
-    "masked_fill_", "fill_", "zero_", "normal_", "uniform_", "nan_to_num", "erf", "erfinv",
-    "sigmoid_", "relu_", "clamp_", "clamp_min_", "abs_", "exp_", "log_", "sqrt_", "neg_", "tril",
-    "triu", "tril_", "triu_", "logical_not", "bitwise_not", "isnan", "isinf", "isfinite",
-    "contiguous", "float_", "share_memory_", "retain_grad", "sinh", "cosh", "asin", "acos", "atan",
-    "digamma", "lgamma", "logit", "mish", "silu", "gelu", "hardtanh", "add_", "sub_", "mul_",
-    "div_", "pow_", "copy_", "masked_scatter", "index_fill", "index_fill_", "scatter", "scatter_",
-    "scatter_add", "scatter_add_", "detach_", "argsort", "requires_grad_",
+    "square", "reciprocal", "softmax", "log_softmax", "cumsum", "cumprod", "flip", "fliplr", "roll",
+    "requires_grad_", "pin_memory", "masked_fill_", "fill_", "zero_", "normal_", "uniform_",
+    "nan_to_num", "erf", "erfinv", "sigmoid_", "relu_", "clamp_", "clamp_min_", "abs_", "exp_",
+    "log_", "sqrt_", "neg_", "tril", "triu", "tril_", "triu_", "logical_not", "bitwise_not", "isnan",
+    "isinf", "isfinite", "share_memory_", "retain_grad", "sinh", "cosh", "asin", "acos", "atan",
+    "digamma", "lgamma", "logit", "mish", "silu", "gelu", "add_", "sub_", "mul_", "div_", "pow_",
+    "copy_", "index_fill", "index_fill_", "scatter", "scatter_", "scatter_add", "scatter_add_",
+    "argsort",
 }
+# Element-wise with operands that may be tensors: the result broadcasts over all of them.
+_BROADCASTING_METHODS = {"clamp": ("min", "max"), "clip": ("min", "max"), "clamp_min": ("min",),
+                         "clamp_max": ("max",), "masked_fill": ("mask", "value")}
 _BINARY = {"add", "sub", "subtract", "mul", "multiply", "div", "divide", "true_divide",
            "floor_divide", "remainder", "fmod", "pow", "maximum", "minimum", "fmax", "fmin", "eq",
            "ne", "lt", "le", "gt", "ge", "greater", "less", "greater_equal", "less_equal",
            "not_equal", "logical_and", "logical_or", "logical_xor", "atan2", "hypot", "rsub",
-           "bitwise_and", "bitwise_or", "bitwise_xor", "xlogy", "copysign", "lerp"}
+           "bitwise_and", "bitwise_or", "bitwise_xor", "xlogy", "copysign"}
 _REDUCTIONS = {"sum", "mean", "prod", "amax", "amin", "logsumexp", "nansum", "nanmean", "all",
                "any", "argmax", "argmin", "count_nonzero", "std", "var"}
 _PAIR_REDUCTIONS = {"max", "min", "median", "mode", "nanmedian"}
@@ -678,6 +680,8 @@ _OTHER_LOSS_MODULES = {"CrossEntropyLoss", "NLLLoss", "KLDivLoss", "CosineEmbedd
                        "MarginRankingLoss", "TripletMarginLoss", "CTCLoss", "PoissonNLLLoss",
                        "GaussianNLLLoss", "MultiLabelSoftMarginLoss", "HingeEmbeddingLoss"}
 _JAXTYPING_MODULES = ("jaxtyping.", "torchtyping.")
+_NUMBER_CONSTANTS = {"torch.inf", "torch.nan", "torch.pi", "torch.e", "math.inf", "math.nan", "math.pi",
+                     "math.e", "math.tau", "numpy.inf", "numpy.nan", "numpy.pi"}
 
 
 def _torch_name(qual: Optional[str]):
@@ -1327,6 +1331,10 @@ class FunctionShapes:
             return Opaque(self.sym(f"{self.self_name}.{node.attr}"))
         base = self.infer(node.value)
         attr = node.attr
+        if self.ctx.qualname(node) in _NUMBER_CONSTANTS:
+            return SCALAR
+        if isinstance(node.value, ast.Call) and self.ctx.qualname(node.value.func) in ("torch.finfo", "torch.iinfo"):
+            return SCALAR if attr in ("min", "max", "eps", "tiny", "smallest_normal") else None
         if attr == "shape" and not isinstance(base, Shape) and not isinstance(node.value, ast.Call):
             return SizeVal(make_shape([], True))  # rank unknown; `B, T = x.shape` tells it
         if isinstance(base, Shape):
@@ -1493,7 +1501,9 @@ class FunctionShapes:
                 if isinstance(value, SizeVal):
                     return value
                 return value if isinstance(value, Seq) else None
-            if func.id in ("float", "abs", "round", "min", "max", "sum") and func.id not in self.env:
+            if func.id == "float" and func.id not in self.env:
+                return SCALAR
+            if func.id in ("abs", "round", "min", "max", "sum") and func.id not in self.env:
                 if all(_is_scalar(a) for a in args):
                     return SCALAR
             return None
@@ -1731,6 +1741,18 @@ class FunctionShapes:
         plain = replace(s, explicit=frozenset())
         if name in _SAME_SHAPE_METHODS:
             return s
+        if name == "type":
+            return s if args or kwargs else None  # x.type() is a string
+        if name in _BROADCASTING_METHODS:
+            operands = list(args) + [kwargs[k] for k in _BROADCASTING_METHODS[name] if k in kwargs]
+            out = s
+            for operand in operands:
+                if operand is None and not isinstance(operand, Shape):
+                    return None
+                out = self._broadcast_values(out, operand, True)
+                if out is None:
+                    return None
+            return out
         if name in _BINARY:
             other = args[0] if args else kwargs.get("other")
             return self._broadcast_values(s, other, True) if other is not None else None

@@ -177,6 +177,14 @@ CROSS_CHECKED = [
     ("a = torch.randn(2, 3); b = torch.randn(2, 1)", "torch.maximum(a, b)"),
     ("a = torch.randn(2, 3); b = torch.randn(2, 1)", "torch.where(a > 0, a, b)"),
     ("a = torch.randn(2, 3)", "a.masked_fill(a > 0, 0.0)"),
+    ("a = torch.randn(3); m = torch.ones(2, 3, dtype=torch.bool)", "a.masked_fill(m, 0.0)"),
+    ("a = torch.randn(3); b = torch.zeros(2, 3)", "a.clamp(min=b)"),
+    ("a = torch.randn(2, 3)", "a.clamp(-1.0, 1.0)"),
+    ("a = torch.randn(2, 3)", "torch.clamp(a, min=0)"),
+    ("a = torch.randn(2, 3)", "a.type(torch.float64)"),
+    ("a = torch.randn(2, 3)", "a.masked_fill(a > 0, float('-inf'))"),
+    ("a = torch.randn(2, 3)", "a.masked_fill(a > 0, torch.finfo(a.dtype).min)"),
+    ("import math; a = torch.randn(2, 3)", "a * math.pi + torch.inf"),
     ("a = torch.randn(2, 3)", "F.relu(a)"),
     ("a = torch.randn(2, 3)", "F.gelu(a).sigmoid().float()"),
     ("a = torch.randn(2, 3)", "torch.tanh(a)"),
@@ -300,6 +308,9 @@ UNKNOWN = [
     "def f(x):\n    reveal(torch.randn(2, 3) @ x)",
     "def f(x):\n    reveal(torch.randn(2, 3) * x)",             # x may be a tensor of any shape
     "def f(x):\n    h = x * 2\n    reveal(h + torch.zeros(3))",  # so may x * 2
+    "def f(m):\n    reveal(torch.zeros(3).masked_fill(m, 0.0))",  # m may broadcast bigger
+    "def f(lo):\n    reveal(torch.zeros(3).clamp(min=lo))",
+    "def f(x):\n    reveal(torch.zeros(3).type())",                 # a string
     "def f(x):\n    reveal(torch.randn(2, 3).view(torch.float16))",  # rescales the last dim
     "def f(x):\n    reveal(torch.randn(2, 3)[x.bool()])",
     "def f(x):\n    reveal(F.interpolate(torch.randn(1, 3, 8, 8), scale_factor=2))",
