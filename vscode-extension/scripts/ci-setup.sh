@@ -11,7 +11,7 @@
 #
 # Measured from a cold npm cache on a 2-core machine: ~2.5 min when idle (apt 14 s, Node 5 s,
 # code-server 93 s, extension 17 s); 8.5-13 min when the machine is busy, because
-# code-server's native modules compile on the CPU. node_modules total about 600 MB.
+# code-server's native modules compile on the CPU. The installed tools take about 1 GB.
 set -euo pipefail
 
 HERE="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
