@@ -1102,9 +1102,9 @@ class FunctionShapes:
             for elt in elts:
                 self.bind(elt, None, None)
             return
-        dims = list(shape.dims) if not shape.leading or len(shape.dims) >= n else [None] * n
-        if shape.leading and len(shape.dims) >= n:
-            dims = list(shape.dims[-n:])
+        dims = list(shape.dims)
+        if shape.leading:  # the known trailing dims name the last targets
+            dims = [None] * (n - len(dims)) + dims if len(dims) < n else dims[-n:]
         for elt, d in zip(elts, dims):
             self.bind(elt, IntVal(d), None)
         self._refine(value_node, [self._name_dim(e) for e in elts], leading=False, at_end=False)

@@ -48,8 +48,8 @@ class MisalignedMaskBroadcast(Rule):
     ## What it does
     Finds a mask or bias of shape `(B, T)` (or `(B, T, T)`) combined with scores of shape
     `(B, H, T, T)` by `+`, `-`, `*`, `/` (also in place, `scores += bias`),
-    `scores.masked_fill(mask, ...)` or
-    `torch.where(mask, scores, ...)` without expanding the mask first. Broadcasting aligns
+    `scores.masked_fill(mask, ...)` or `torch.where(mask, scores, ...)` without expanding the
+    mask first. Broadcasting aligns
     shapes from the right, so `(B, T)` is read as `(1, 1, B, T)`: the batch axis of the mask
     meets the query axis of the scores. The rule fires when both shapes are known, right
     alignment is not known to work, and exactly one placement of the mask's axes (leading

@@ -271,6 +271,7 @@ SYMBOLIC = [
      "def f(x: TensorType[..., 'channels']):\n    reveal(x)", "(..., channels)"),
     ("def f(x):\n    y: 'unused' = x\n    reveal(torch.zeros(3) if x else torch.zeros(3))", "(3,)"),
     ("def f(x, d):\n    lin = nn.Linear(d, 1)\n    reveal(lin(x))", "(..., 1)"),
+    ("def f(x, d):\n    h = nn.Linear(d, 8)(x)\n    B, T, C = h.shape\n    reveal(torch.zeros(B, C))", "(B, 8)"),
     ("def f(x, d):\n    conv = nn.Conv2d(3, d, 3)\n    reveal(conv(x))", "(..., d, ?, ?)"),
     ("class M(nn.Module):\n    def __init__(self, d, n_embd):\n        super().__init__()\n"
      "        self.n_embd = n_embd\n        self.fc = nn.Linear(d, n_embd)\n"
