@@ -175,10 +175,6 @@ class Shape:
             return self.dims[axis] if -axis <= n else None
         return self.dims[axis] if not self.leading and axis < n else None
 
-    def is_explicit_one(self, axis: int) -> bool:
-        """Axis (negative) holds a 1 the author asked for."""
-        return axis in self.explicit
-
     def __str__(self) -> str:
         parts = (["..."] if self.leading else []) + [fmt_dim(d) for d in self.dims]
         if len(parts) == 1 and not self.leading:
@@ -1434,29 +1430,31 @@ class FunctionShapes:
                 return None
             if n_after > n:
                 return None
-            head_dims, middle, tail_dims = (), base.dims[:n - n_after], base.dims[n - n_after:]
+            middle = base.dims[:n - n_after]
         else:
             if consuming > n:
                 return None
-            head_dims, middle, tail_dims = base.dims[:n_before], base.dims[n_before:n - n_after], base.dims[n - n_after:]
+            middle = base.dims[n_before:n - n_after]
         out_dims, explicit_pos = [], []
-        # axis bookkeeping for explicit ones that survive untouched in `middle`
-        def apply(parts, dims):
-            it = iter(dims)
+
+        def apply(parts, first):
+            """Index `parts` against base.dims[first:]; a full slice keeps a stated 1."""
+            source = first
             for kind, item in parts:
                 if kind == "new":
                     explicit_pos.append(len(out_dims))
                     out_dims.append(1)
-                elif kind == "int":
-                    next(it)
-                else:
-                    d = next(it)
-                    out_dims.append(_slice_size(item, d))
-        apply(before, head_dims)
+                    continue
+                if kind == "slice":
+                    if _is_full_slice(item) and source - n in base.explicit:
+                        explicit_pos.append(len(out_dims))
+                    out_dims.append(_slice_size(item, base.dims[source]))
+                source += 1
+
+        apply(before, 0)
         middle_start = len(out_dims)
         out_dims.extend(middle)
-        apply(after, tail_dims)
-        middle_end = len(out_dims)
+        apply(after, n - n_after)
         total = len(out_dims)
         explicit = {p - total for p in explicit_pos}
         for a in base.explicit:

@@ -357,6 +357,9 @@ EXPLICIT = [
     ("lin = nn.Linear(3, 1); x = torch.randn(4, 3)", "lin(x)", set()),
     ("x = torch.randn(4, 1, 1)", "x.squeeze(1)", set()),
     ("x = torch.randn(4)", "x[:, None, None].squeeze(1)", {-1}),
+    ("x = torch.randn(4)", "x[:, None][:, :]", {-1}),
+    ("x = torch.randn(4)", "x[:, None][..., :]", {-1}),
+    ("x = torch.randn(4, 3)", "x.sum(1, keepdim=True)[0]", {-1}),
 ]
 
 
