@@ -18,6 +18,19 @@ it. `self.<attr>` modules and sizes come from the class's `__init__`.
 purpose (`x[:, None]`, `unsqueeze`, `keepdim=True`, a literal 1 in `view`/`reshape`):
 broadcasting against them is intended, and the MAT2xx rules stay quiet. A slice that happens to
 keep one element (`boxes[:, 2:3]`) states no such intent.
+
+Where shapes come from: constructors (`randn/zeros/ones/empty/full/rand/randint/arange/linspace/
+eye`, `*_like`, `new_*`, `torch.tensor` of literal nests); jaxtyping/torchtyping annotations;
+`assert x.shape == (B, T)` / `x.ndim == 3`; `B, T, C = x.shape` (which also tells x's rank);
+`view`/`reshape` with explicit sizes; modules built in `__init__` or locally (`nn.Linear`,
+`nn.Embedding`, `nn.Conv1d/2d/3d` channels, `nn.Sequential` chains, shape-keeping layers).
+
+Left unknown on purpose: unannotated parameters and values returned by user functions (no
+inter-procedural analysis); `squeeze()` / `squeeze(d)` over a symbolic size (it may be 1); a
+`-1` in `view` unless the input's sizes are all known; advanced and boolean indexing;
+`chunk`/`split`/`unbind`; `F.pad`/`interpolate`; convolution spatial sizes; `view(dtype)`; a
+single name passed as a size (`zeros(shape)`: it may be a tuple); `nn.ModuleList` and layers
+indexed or looped over; any operand that may be a tensor of unknown shape (`x * self.scale`).
 """
 from __future__ import annotations
 
