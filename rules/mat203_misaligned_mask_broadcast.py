@@ -5,7 +5,7 @@ import ast
 from typing import Optional
 
 from matlint.rule import Rule, bad, good
-from matlint.rules._shapes import Shape, broadcast_is_valid, dim_eq, fmt_shape, is_literal, shape_of
+from matlint.rules._shapes import Shape, broadcast_is_valid, dim_eq, fmt_shape, is_literal, make_shape, shape_of
 
 _BINOPS = {ast.Add: "+", ast.Sub: "-", ast.Mult: "*", ast.Div: "/"}
 _ATOMIC = (ast.Name, ast.Attribute, ast.Call, ast.Subscript)
@@ -105,7 +105,7 @@ class MisalignedMaskBroadcast(Rule):
                 assert pad.shape == (B, T)
                 scores = scores.masked_fill(pad[:, None, None, :] == 0, float("-inf"))
                 return scores.softmax(-1)
-            """, unsafe=True, message_contains="(B, T) against (B, n_head, T, T)"),
+            """, unsafe=True, message_contains="mask (B, T) against (B, n_head, T, T) broadcasts as (1, 1, B, T): its B meets axis 2 (T)"),
         bad("""
             import torch
             from jaxtyping import Float
@@ -201,9 +201,14 @@ class MisalignedMaskBroadcast(Rule):
         fixed = self.ctx.segment(fix_node)
         if not isinstance(fix_node, _ATOMIC):
             fixed = f"({fixed})"
+        pad = len(target.dims) - len(mask.dims)
+        aligned = make_shape((1,) * pad + mask.dims)
+        clash = next(i for i, (m, t) in enumerate(zip(aligned.dims, target.dims))
+                     if not (dim_eq(m, t) or m == 1 or t == 1))  # exists: expansion() checked it
         self.report(node, (
-            f"mask {fmt_shape(mask)} against {fmt_shape(target)} lines up from the right, so its "
-            f"axes meet the wrong axes of {fmt_shape(target)}; expand it with `{index}`"),
+            f"mask {fmt_shape(mask)} against {fmt_shape(target)} broadcasts as {fmt_shape(aligned)}: its "
+            f"{aligned.dims[clash]} meets axis {clash} ({target.dims[clash]}) of {fmt_shape(target)}; "
+            f"expand it with `{index}`"),
             fix=self.replace(fix_node, fixed + index, f"Expand the mask with `{index}`", safe=False))
         return True
 
