@@ -401,3 +401,43 @@ def test_init_symbols_do_not_meet_forward_symbols():
                       "        self.fc = nn.Linear(3, n)\n    def forward(self, x, n: int):\n"
                       "        reveal(self.fc(x))\n        reveal(torch.zeros(n))")
     assert values[0].dims[-1] != values[1].dims[0]
+
+
+def test_statements_of_every_kind_are_walked_without_errors():
+    values = revealed('''
+        import math
+        def f(x, items, cfg):
+            global G
+            keep = torch.zeros(7)
+            a = torch.zeros(4, 1)
+            if (n := len(items)) > 2:
+                b = torch.zeros(n)
+            try:
+                c = torch.zeros(3)
+            except (ValueError, TypeError) as err:
+                c = torch.zeros(5)
+            finally:
+                d = torch.zeros(2)
+            with torch.no_grad() as ctx:
+                e = [torch.zeros(k) for k in range(3)]
+            match cfg:
+                case {"size": size}:
+                    a = torch.zeros(size)
+                case [first, *rest]:
+                    pass
+                case _:
+                    pass
+            g = (lambda t: t * 2)(a)
+            async def inner():
+                await something(a)
+            del d
+            reveal(a)
+            reveal(c)
+            reveal(d)
+            reveal(keep)
+            return a
+    ''')
+    assert values[0] is None            # `a` differs between match cases
+    assert values[1] is None            # (3,) or (5,)
+    assert values[2] is None            # deleted
+    assert str(values[3]) == "(7,)"     # untouched by any of it
