@@ -308,7 +308,8 @@ class Module:
 
 @dataclass(frozen=True)
 class Loss:
-    """A loss module instance (`nn.MSELoss()`), by qualified class name."""
+    """A loss module instance (`nn.MSELoss()`, named by its class) or a loss function held as
+    a value (`self.criterion = F.mse_loss`, named by the function)."""
     name: str
     reduction_given: bool = False
 
@@ -1232,9 +1233,10 @@ class FunctionShapes:
         if isinstance(node, ast.Name):
             if node.id in self.env:
                 return self.env[node.id]
-            if self.counts.get(node.id, 0) == 0 and self.ctx.qualname(node) is None:
+            qual = self.ctx.qualname(node)
+            if self.counts.get(node.id, 0) == 0 and qual is None:
                 return Opaque(self.sym(node.id))
-            return None
+            return _loss_function(qual)
         if isinstance(node, ast.Attribute):
             return self._attribute(node)
         if isinstance(node, ast.Call):
@@ -1340,8 +1342,11 @@ class FunctionShapes:
             return Opaque(self.sym(f"{self.self_name}.{node.attr}"))
         base = self.infer(node.value)
         attr = node.attr
-        if self.ctx.qualname(node) in _NUMBER_CONSTANTS:
+        qual = self.ctx.qualname(node)
+        if qual in _NUMBER_CONSTANTS:
             return SCALAR
+        if _loss_function(qual) is not None:
+            return _loss_function(qual)
         if isinstance(node.value, ast.Call) and self.ctx.qualname(node.value.func) in ("torch.finfo", "torch.iinfo"):
             return SCALAR if attr in ("min", "max", "eps", "tiny", "smallest_normal") else None
         if attr == "shape" and not isinstance(base, Shape) and not isinstance(node.value, ast.Call):
@@ -1497,7 +1502,7 @@ class FunctionShapes:
         if isinstance(callee, Module):
             return callee.apply(as_shape(args[0])) if len(args) == 1 and not kwargs else None
         if isinstance(callee, Loss):
-            return None if callee.reduction_given else make_shape([])
+            return None if callee.reduction_given or "reduction" in kwargs else make_shape([])
         if isinstance(func, ast.Name):
             if func.id == "len" and len(args) == 1 and func.id not in self.env:
                 s = as_shape(args[0])
@@ -1931,6 +1936,13 @@ class FunctionShapes:
             else:
                 out.append(size)
         return make_shape(out)
+
+
+def _loss_function(qual: Optional[str]) -> Optional[Loss]:
+    """`F.mse_loss` used as a value (`criterion = F.mse_loss`)."""
+    if qual and qual.startswith("torch.nn.functional.") and qual.rsplit(".", 1)[1] in LOSS_FUNCTIONS:
+        return Loss(qual.rsplit(".", 1)[1])
+    return None
 
 
 def _conv(s: Optional[Shape], out_dim, spatial: int) -> Optional[Shape]:

@@ -18,10 +18,10 @@ class LossShapeMismatch(Rule):
     Finds element-wise losses (`F.mse_loss`, `l1_loss`, `smooth_l1_loss`, `huber_loss`,
     `binary_cross_entropy`, `binary_cross_entropy_with_logits`, `soft_margin_loss`, and the
     modules `nn.MSELoss()`, `nn.L1Loss()`, `nn.SmoothL1Loss()`, `nn.HuberLoss()`, `nn.BCELoss()`,
-    `nn.BCEWithLogitsLoss()`, `nn.SoftMarginLoss()`, called directly, held in a local or held as
-    an attribute created in `__init__`) whose input and target have known shapes that differ
-    and broadcast: `(N, 1)` against `(N,)` gives an `(N, N)` loss matrix, `(N, 1)` against
-    `(N, 4)` repeats the one prediction four times.
+    `nn.BCEWithLogitsLoss()`, `nn.SoftMarginLoss()`; called directly, or held in a local or in
+    an attribute created in `__init__`, module or function alike) whose input and target have
+    known shapes that differ and broadcast: `(N, 1)` against `(N,)` gives an `(N, N)` loss
+    matrix, `(N, 1)` against `(N, 4)` repeats the one prediction four times.
 
     ## Why is this bad?
     The loss is computed over the broadcast shape and reduced to a scalar, so training runs
@@ -122,6 +122,20 @@ class LossShapeMismatch(Rule):
                 c = torch.nn.functional.binary_cross_entropy(pred.sigmoid().squeeze(-1), y)
                 return a + b + c
             """, unsafe=True),
+        bad("""
+            import torch
+            import torch.nn.functional as F
+
+            class Model(torch.nn.Module):
+                def __init__(self, d):
+                    super().__init__()
+                    self.out = torch.nn.Linear(d, 1)
+                    self.criterion = F.l1_loss
+
+                def forward(self, x, y):
+                    B, D = x.shape
+                    return self.criterion(self.out(x), y.reshape(B))
+            """, (12, 16), message_contains="l1_loss input (B, 1) and target (B,)"),
         good("""
             import torch
             import torch.nn.functional as F
@@ -173,6 +187,8 @@ class LossShapeMismatch(Rule):
         callee = value_of(self.ctx, node.func)
         if isinstance(callee, Loss) and callee.name in LOSS_MODULES:
             return f"{callee.name}()"
+        if isinstance(callee, Loss) and callee.name in LOSS_FUNCTIONS:
+            return callee.name
         return None
 
     @staticmethod
