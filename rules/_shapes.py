@@ -1565,6 +1565,9 @@ class FunctionShapes:
             return replace(s, explicit=frozenset()) if s is not None else None
         if name == "tensor":
             return _literal_shape(node.args[0]) if node.args else None
+        if name == "Size":
+            dims = as_dims(args[0]) if len(args) == 1 else None
+            return SizeVal(make_shape(dims[0], dims[1])) if dims else None
         if name == "arange":
             return self._arange(args, kwargs)
         if name in ("linspace", "logspace"):

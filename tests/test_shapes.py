@@ -254,6 +254,7 @@ SYMBOLIC = [
     ("def f(x):\n    assert x.shape == (8, 16)\n    reveal(x)", "(8, 16)"),
     ("def f(x, B, T):\n    assert tuple(x.shape) == (B, T)\n    reveal(x.mT)", "(T, B)"),
     ("def f(x):\n    assert x.ndim == 3\n    reveal(x)", "(?, ?, ?)"),
+    ("def f(x, n):\n    assert x.shape == torch.Size([n, 2])\n    reveal(x)", "(n, 2)"),
     ("def f(x):\n    assert x.dim() == 2\n    reveal(x.unsqueeze(-1))", "(?, ?, 1)"),
     ("def f(x, y):\n    B, T = y.shape\n    assert x.shape == y.shape\n    reveal(x)", "(B, T)"),
     ("def f(x):\n    n = x.size(0)\n    reveal(torch.zeros(n, 3))", "(n, 3)"),
@@ -296,6 +297,7 @@ def test_symbolic_shapes(source, expected):
 # Where the analysis must answer "unknown" (None) rather than guess.
 UNKNOWN = [
     "def f(x):\n    reveal(x)",                                   # a parameter
+    "def f(x, n):\n    if x.shape == (n, 2):\n        pass\n    reveal(x)",  # true only inside the if
     "def f(x):\n    reveal(x + 1)",
     "def f(x, shape):\n    reveal(x.view(shape))",               # `shape` may be a whole tuple
     "def f(shape):\n    reveal(torch.zeros(shape))",
