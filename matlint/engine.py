@@ -7,6 +7,7 @@ import io
 import re
 import sys
 import tokenize
+from functools import cached_property
 from typing import Iterable, Optional
 
 from .diagnostics import Edit, Finding
@@ -14,6 +15,7 @@ from matlint.rules._loops import LoopInfo
 from matlint.rules._names import NameResolver
 
 LINE_SPLIT = re.compile(r"\r\n|\r|\n")
+LINE_SPLIT_KEEP = re.compile(r"(\r\n|\r|\n)")
 NOQA_RE = re.compile(
     r"#\s*noqa(?::[\s]?(?P<codes>[A-Z]+[0-9]+(?:[,\s]+[A-Z]+[0-9]+)*))?", re.IGNORECASE
 )
@@ -34,6 +36,13 @@ NEWER_SYNTAX = (
     (re.compile(r"""\bf(["']).*\{[^}]*\1"""), (3, 12), "an f-string reusing its own quote inside `{}`"),
 )
 
+
+
+def _slice_bytes(line: str, start: int, end) -> str:
+    """`line[start:end]` where start/end are UTF-8 byte offsets, as ast gives them."""
+    if line.isascii():
+        return line[start:end]
+    return line.encode("utf-8")[start:end].decode("utf-8", "replace")
 
 
 def mentions_torch(data: bytes) -> bool:
@@ -76,7 +85,23 @@ class FileContext:
         return row, self.char_column(row, node.col_offset), end_row, self.char_column(end_row, end_col)
 
     def segment(self, node: ast.AST) -> str:
-        return ast.get_source_segment(self.source, node) or ""
+        """Source text of `node` (like ast.get_source_segment, without re-splitting the file per call)."""
+        end_row, end_col = getattr(node, "end_lineno", None), getattr(node, "end_col_offset", None)
+        if end_row is None or end_col is None:
+            return ""
+        lines = self._lines_with_ends
+        row, col = node.lineno - 1, node.col_offset
+        if row == end_row - 1:
+            return _slice_bytes(lines[row], col, end_col)
+        parts = [_slice_bytes(lines[row], col, None)]
+        parts.extend(lines[row + 1:end_row - 1])
+        parts.append(_slice_bytes(lines[end_row - 1], 0, end_col))
+        return "".join(parts)
+
+    @cached_property
+    def _lines_with_ends(self) -> list:
+        pieces = LINE_SPLIT_KEEP.split(self.source)
+        return [pieces[i] + (pieces[i + 1] if i + 1 < len(pieces) else "") for i in range(0, len(pieces), 2)]
 
     def edit(self, node: ast.AST, content: str, end_node: Optional[ast.AST] = None) -> Edit:
         row, col, end_row, end_col = self.span(node, end_node)

@@ -1,0 +1,120 @@
+"""The engine's own pieces: positions, source segments, noqa, newer-syntax detection, and the
+import/alias resolver every rule relies on."""
+import ast
+import sys
+
+import pytest
+
+from matlint.engine import FileContext, lint_source, noqa_map, parse
+from matlint.registry import get_rule
+
+MAT101 = get_rule("MAT101")
+
+
+def _context(source):
+    return FileContext(source, "t.py", ast.parse(source))
+
+
+def test_segment_matches_ast_get_source_segment_on_crlf_cr_and_non_ascii():
+    source = "x = 'é' + f(ü)\r\ny = (1 +\r\n  2)\rz = {'ключ': [\n  3]}\n"
+    ctx = _context(source)
+    nodes = [n for n in ast.walk(ctx.tree) if hasattr(n, "end_lineno")]
+    assert len(nodes) > 10
+    for node in nodes:
+        assert ctx.segment(node) == (ast.get_source_segment(source, node) or "")
+
+
+def test_columns_count_characters_not_bytes():
+    source = "import torch\ns = 'ü' ; ys = [x[i] @ w for i in range(4)]\nx = torch.randn(4, 3, 3)\nw = torch.randn(3, 3)\n"
+    (finding,) = lint_source(source, "t.py", [MAT101])
+    assert (finding.row, finding.column) == (2, 17)  # bytes would say 18
+    assert source.splitlines()[1][finding.column - 1:finding.end_column - 1] == "x[i] @ w"
+
+
+LOOP = "import torch\nx = torch.randn(4, 3, 3)\nw = torch.randn(3, 3)\nys = [x[i] @ w for i in range(4)]"
+
+
+@pytest.mark.parametrize("comment, suppressed", [
+    ("  # noqa", True),
+    ("  # noqa: MAT101", True),
+    ("  # NOQA:MAT101,MAT502", True),
+    ("  # noqa: MAT502", False),
+    ("  # a comment mentioning noqa: MAT101 later", False),
+])
+def test_line_noqa(comment, suppressed):
+    findings = lint_source(LOOP + comment + "\n", "t.py", [MAT101])
+    assert (findings == []) is suppressed
+
+
+def test_noqa_inside_a_string_is_not_a_comment():
+    source = LOOP + "\nmsg = '# noqa'\n"
+    assert len(lint_source(source, "t.py", [MAT101])) == 1
+
+
+@pytest.mark.parametrize("header, suppressed", [
+    ("# matlint: noqa\n", True),
+    ("# matlint: noqa: MAT101\n", True),
+    ("# matlint: noqa: MAT502\n", False),
+])
+def test_file_level_noqa(header, suppressed):
+    assert (lint_source(header + LOOP + "\n", "t.py", [MAT101]) == []) is suppressed
+
+
+def test_noqa_map_reads_codes():
+    per_line, _, file_noqa = noqa_map("a = 1  # noqa: MAT101, mat502\nb = 2  # noqa\n")
+    assert per_line == {1: frozenset({"MAT101", "MAT502"}), 2: None} and not file_noqa
+
+
+NEWER = [
+    ("type Batch = torch.Tensor\n", (3, 12), "3.12"),
+    ("def first[T](xs: list[T]) -> T:\n    return xs[0]\n", (3, 12), "3.12"),
+    ("class Box[T]:\n    pass\n", (3, 12), "3.12"),
+    ("try:\n    pass\nexcept ValueError, TypeError:\n    pass\n", (3, 14), "3.14"),
+    ("name = 'x'\ns = t'hello {name}'\n", (3, 14), "3.14"),
+]
+
+
+@pytest.mark.parametrize("body, version, text", NEWER)
+def test_newer_syntax_names_the_python_it_needs(body, version, text):
+    source = "import torch\n" + body
+    findings = lint_source(source, "t.py", [MAT101])
+    if sys.version_info >= version:
+        assert findings == []
+        return
+    (finding,) = findings
+    assert finding.code == "MAT002" and f"Python {text}" in finding.message
+
+
+def test_plain_syntax_error_is_mat001_with_position():
+    tree, finding = parse("import torch\ndef f(x)\n    return x\n", "t.py")
+    assert tree is None and finding.code == "MAT001" and finding.row == 2
+
+
+RESOLVE = [
+    ("import torch as T", "T.matmul", "torch.matmul"),
+    ("from torch import matmul as mm", "mm", "torch.matmul"),
+    ("import torch.nn.functional as F", "F.linear", "torch.nn.functional.linear"),
+    ("from torch.nn import functional as F", "F.linear", "torch.nn.functional.linear"),
+    ("import torch\nmm = torch.mm", "mm", "torch.mm"),
+    ("from torch import nn", "nn.Linear", "torch.nn.Linear"),
+    ("import torch", "torch.functional.einsum", "torch.einsum"),
+    ("import numpy as np", "np.dot", "numpy.dot"),
+    ("from .local import matmul", "matmul", None),
+]
+
+
+@pytest.mark.parametrize("imports, expr, expected", RESOLVE)
+def test_qualified_names_through_aliases(imports, expr, expected):
+    ctx = _context(f"{imports}\n{expr}\n")
+    node = ctx.tree.body[-1].value
+    assert ctx.qualname(node) == expected
+
+
+def test_a_parameter_shadows_an_import_inside_its_function():
+    source = "import torch.nn.functional as F\ndef f(F):\n    return F.linear\n"
+    ctx = _context(source)
+    func = ctx.tree.body[1]
+    ctx.names.enter_function(func)
+    assert ctx.qualname(func.body[0].value) is None
+    ctx.names.leave_scope()
+    assert ctx.qualname(ast.parse("F.linear").body[0].value) == "torch.nn.functional.linear"
