@@ -51,7 +51,14 @@ def _call_args(call: ast.Call) -> list:
 
 
 def as_gemm(ctx, node: ast.AST) -> Optional[Gemm]:
-    """The GEMM `node` issues, or None."""
+    """The GEMM `node` issues, or None. Worked out once per node, however many rules ask."""
+    key = ("gemm", id(node))
+    if key not in ctx.shared:
+        ctx.shared[key] = _as_gemm(ctx, node)
+    return ctx.shared[key]
+
+
+def _as_gemm(ctx, node: ast.AST) -> Optional[Gemm]:
     if isinstance(node, ast.BinOp) and isinstance(node.op, ast.MatMult):
         return Gemm(node, "@", [node.left, node.right], "@")
     if not isinstance(node, ast.Call):
