@@ -2047,7 +2047,8 @@ def _class_attrs(ctx, cls: ast.ClassDef) -> dict:
             init = stmt
             analysis = FunctionShapes(ctx, stmt, self_name=_self_name(stmt), scope="__init__", init_mode=True)
             attrs = {k: v for k, v in analysis.stored_attrs.items()
-                     if isinstance(v, (Module, Loss)) or (isinstance(v, IntVal) and v.dim is not None)}
+                     if isinstance(v, (Module, Loss)) or (isinstance(v, IntVal) and v.dim is not None)
+                     or (isinstance(v, Opaque) and v.sym is not None)}
     if attrs:
         # Attributes (of anything) stored outside __init__, read off the source text: cheap,
         # and it errs on the side of forgetting an attribute.

@@ -281,6 +281,10 @@ SYMBOLIC = [
     ("class M(nn.Module):\n    def __init__(self, cfg):\n        super().__init__()\n"
      "        self.head = nn.Sequential(nn.Linear(cfg.d, cfg.d), nn.Tanh(), nn.Linear(cfg.d, 1))\n"
      "    def forward(self, x):\n        reveal(self.head(x))", "(..., 1)"),
+    ("class M(nn.Module):\n    def __init__(self, d, heads):\n        super().__init__()\n"
+     "        self.num_heads = heads\n        self.heads = heads\n        self.gate = nn.Linear(d, heads)\n"
+     "    def forward(self, x):\n        B, T, _ = x.shape\n"
+     "        reveal(self.gate(x).view(B, T, self.heads) + self.gate(x))", "(B, T, self.num_heads)"),
     ("class M(nn.Module):\n    def __init__(self, cfg):\n        super().__init__()\n"
      "        self.cfg = cfg\n        self.proj = nn.Linear(cfg.d, cfg.hidden)\n"
      "    def forward(self, x):\n        reveal(self.proj(x))", "(..., self.cfg.hidden)"),
