@@ -1,0 +1,400 @@
+"""matlint's speed and memory against its peers (ruff, flake8, torchfix, fixit), in one run.
+
+    python benchmarks/speed.py                              # timm + torchvision, best of 3
+    python benchmarks/speed.py --corpus diffusers --repeat 5 --output benchmarks/results/speed.md
+
+Every tool runs in a virtual environment outside the repository (default
+~/.cache/matlint-bench/venv), created and filled on first use: the peers from the package index,
+and matlint as a wheel built at the start of each run from a copy of this checkout (uncommitted
+changes included). matlint has to live in flake8's own environment for its flake8 plugin to be
+measured; a snapshot wheel, rather than an editable install, writes nothing into the checkout and
+keeps what is measured fixed while others edit the tree. flake8 loads every installed plugin
+whatever `--select` says, so the flake8 rows switch plugins on and off by uninstalling and
+reinstalling matlint and torchfix in that environment.
+
+Each command runs as a child process with its output thrown away, its working directory an
+empty scratch folder (no config file applies; matlint's cache lives there). os.wait4 gives the
+wall time, the CPU time (user + system, of the process and the children it waited for) and the
+peak RSS of the largest single process: multi-process runs (matlint --jobs N, flake8, torchfix,
+fixit) hold more than that in total. Each command is run --repeat times and the best is kept,
+except that a command stops repeating once it has used --budget seconds.
+
+torchfix, fixit and flake8 with torchfix installed are one to two orders of magnitude slower
+than the rest, so they run on a sample of the corpus (every k-th file), beside matlint --jobs 1
+and plain flake8 on the same sample: their ratios compare the same files, nothing is
+extrapolated. --sample 1 runs them on the whole corpus.
+"""
+from __future__ import annotations
+
+import argparse
+import datetime
+import os
+import platform
+import shutil
+import signal
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Optional
+
+REPO = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+import real_code  # noqa: E402  (its fetch() downloads and unpacks the corpus)
+
+DEFAULT_CORPUS = ["timm", "torchvision"]
+PEERS = ["ruff", "flake8", "torchfix", "fixit"]
+# torchfix has depended on torch in some releases; an unpinned torch would pull gigabytes.
+CONSTRAINTS = "torch==2.13.0\n"
+# Linters exit 1 when they find something; that is a successful run here.
+OK_CODES = (0, 1)
+
+
+# -- environment ----------------------------------------------------------------------------
+
+def venv_bin(venv: Path, name: str) -> str:
+    return str(venv / "bin" / name)
+
+
+def pip(venv: Path, *args) -> subprocess.CompletedProcess:
+    if args[0] == "install":
+        constraints = venv / "constraints.txt"
+        constraints.write_text(CONSTRAINTS)
+        args = (*args, "-c", str(constraints))
+    return subprocess.run([venv_bin(venv, "python"), "-m", "pip", "--disable-pip-version-check", *args],
+                          capture_output=True, text=True)
+
+
+def installed(venv: Path) -> dict:
+    """Distribution name (lower case) -> version, for everything in the venv."""
+    code = ("import importlib.metadata as m\n"
+            "for d in m.distributions(): print(d.metadata['Name'].lower(), d.version)")
+    # -I: not the working directory, where a checkout's *.egg-info would pass for an installed matlint.
+    out = subprocess.run([venv_bin(venv, "python"), "-I", "-c", code], capture_output=True, text=True, check=True)
+    return dict(line.split(" ", 1) for line in out.stdout.splitlines() if " " in line)
+
+
+def build_matlint_wheel(dest: Path) -> Path:
+    """A wheel of the checkout as it is now, built from a copy (the build writes into its source)."""
+    listed = subprocess.run(["git", "-C", str(REPO), "ls-files", "-z", "--cached", "--others", "--exclude-standard"],
+                            capture_output=True, check=True).stdout.decode()
+    shutil.rmtree(dest, ignore_errors=True)
+    with tempfile.TemporaryDirectory() as tmp:
+        src = Path(tmp) / "matlint"
+        for rel in filter(None, listed.split("\0")):
+            if (REPO / rel).is_file():
+                (src / rel).parent.mkdir(parents=True, exist_ok=True)
+                shutil.copy2(REPO / rel, src / rel)
+        done = subprocess.run([sys.executable, "-m", "pip", "wheel", "--no-deps", "-w", str(dest), str(src)],
+                              capture_output=True, text=True)
+        if done.returncode:
+            raise SystemExit("cannot build a matlint wheel:\n" + done.stderr)
+    return next(dest.glob("matlint-*.whl"))
+
+
+def setup_venv(venv: Path, wheel: Path) -> dict:
+    """Create the venv and install what is missing; return {peer: error} for peers that failed."""
+    if not (venv / "bin" / "python").exists():
+        print(f"creating {venv}", file=sys.stderr)
+        subprocess.run([sys.executable, "-m", "venv", str(venv)], check=True)
+    have = installed(venv)
+    errors = {}
+    for peer in PEERS:
+        if peer not in have:
+            print(f"installing {peer}", file=sys.stderr)
+            done = pip(venv, "install", peer)
+            if done.returncode:
+                errors[peer] = "install failed: " + last_line(done.stderr)
+    # The version number does not change with the code: replace whatever matlint is there.
+    for step in (["--no-deps", "--force-reinstall", str(wheel)], [str(wheel)]):
+        done = pip(venv, "install", *step)
+        if done.returncode:
+            raise SystemExit("cannot install matlint into the benchmark venv:\n" + done.stderr)
+    return errors
+
+
+def set_plugins(venv: Path, wanted: set, sources: dict) -> None:
+    """Install exactly the flake8 plugins in `wanted` among `sources` ({name: pip requirement})."""
+    have = installed(venv)
+    for name, requirement in sources.items():
+        if name in have and name not in wanted:
+            pip(venv, "uninstall", "-y", name)
+        elif name not in have and name in wanted:
+            done = pip(venv, "install", "--no-deps", requirement)
+            if done.returncode:
+                raise SystemExit(f"cannot reinstall {name}:\n{done.stderr}")
+
+
+def last_line(text: str) -> str:
+    lines = [line.strip() for line in text.strip().splitlines() if line.strip()]
+    return lines[-1][:160] if lines else ""
+
+
+# -- measuring -------------------------------------------------------------------------------
+
+@dataclass
+class Run:
+    wall: float
+    cpu: float
+    rss_mb: float
+
+
+@dataclass(eq=False)
+class Bench:
+    name: str
+    argv: list            # the files are appended
+    plugins: set          # flake8 plugins that must be installed (and no others)
+    needs: tuple = ()     # peers it runs
+    sample: bool = False  # runs on the sample instead of the whole corpus
+    prime: bool = False   # run once, untimed, before measuring (warm cache)
+    reference: bool = False
+    runs: list = field(default_factory=list)
+    error: Optional[str] = None
+
+    def best(self, attr: str) -> float:
+        return min(getattr(r, attr) for r in self.runs)
+
+
+def run_once(argv: list, cwd: Path, timeout: float):
+    """One run of `argv`: a Run, or a string saying why it failed."""
+    with tempfile.TemporaryFile() as err:
+        start = time.perf_counter()
+        try:
+            proc = subprocess.Popen(argv, cwd=cwd, stdout=subprocess.DEVNULL, stderr=err, start_new_session=True)
+        except OSError as exc:
+            return f"cannot start: {exc}"
+        timed_out = threading.Event()
+
+        def kill():
+            timed_out.set()
+            os.killpg(proc.pid, signal.SIGKILL)
+
+        timer = threading.Timer(timeout, kill)
+        timer.start()
+        # os.wait4 rather than getrusage(RUSAGE_CHILDREN) deltas: ru_maxrss of the latter is the
+        # largest child of the whole benchmark so far, not of this run.
+        _, status, usage = os.wait4(proc.pid, 0)
+        wall = time.perf_counter() - start
+        timer.cancel()
+        proc.returncode = os.waitstatus_to_exitcode(status)
+        if timed_out.is_set():
+            return f"timed out after {timeout:g} s"
+        err.seek(0)
+        stderr = err.read().decode(errors="replace")
+    if proc.returncode not in OK_CODES or "Traceback (most recent call last)" in stderr:
+        return f"exit {proc.returncode}: {last_line(stderr)}"
+    return Run(wall, usage.ru_utime + usage.ru_stime, usage.ru_maxrss / 1024)
+
+
+def measure(bench: Bench, files: list, cwd: Path, repeat: int, budget: float, timeout: float) -> None:
+    # Every tool gets the same list of files, not folders, so that none lints more or fewer files.
+    argv = [*bench.argv, *files]
+    if bench.prime:
+        outcome = run_once(argv, cwd, timeout)
+        if isinstance(outcome, str):
+            bench.error = outcome
+            return
+    started = time.perf_counter()
+    while len(bench.runs) < repeat and (not bench.runs or time.perf_counter() - started < budget):
+        outcome = run_once(argv, cwd, timeout)
+        if isinstance(outcome, str):
+            bench.error = outcome
+            return
+        bench.runs.append(outcome)
+        print(f"  {bench.name}: {outcome.wall:.2f} s wall, {outcome.cpu:.2f} s CPU, {outcome.rss_mb:.0f} MB",
+              file=sys.stderr)
+
+
+# -- corpus ----------------------------------------------------------------------------------
+
+def corpus_files(names: list) -> list:
+    folders = real_code.fetch(names, real_code.corpus_root())
+    return sorted(str(p) for folder in folders for p in folder.rglob("*.py"))
+
+
+def count_lines(files: list) -> int:
+    return sum(Path(f).read_bytes().count(b"\n") for f in files)
+
+
+def corpus_versions(names: list) -> str:
+    root = real_code.corpus_root() / "sources"
+    found = [d.name.removesuffix(".dist-info") for n in names for d in (root / n).glob("*.dist-info")]
+    return ", ".join(v.replace("-", " ", 1) for v in found)
+
+
+# -- report ----------------------------------------------------------------------------------
+
+def machine() -> list:
+    try:
+        cpuinfo = Path("/proc/cpuinfo").read_text().splitlines()
+    except OSError:
+        cpuinfo = []
+    model = next((line.split(":", 1)[1].strip() for line in cpuinfo if line.startswith("model name")), "unknown CPU")
+    cores = len(os.sched_getaffinity(0))
+    memory = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES") / 2**30
+    return [f"{platform.system()} {platform.release()}, {model}, {cores} cores usable, {memory:.0f} GiB RAM",
+            f"Python {platform.python_version()}"]
+
+
+def checkout_version() -> str:
+    commit = subprocess.run(["git", "-C", str(REPO), "rev-parse", "--short", "HEAD"],
+                            capture_output=True, text=True).stdout.strip()
+    dirty = subprocess.run(["git", "-C", str(REPO), "status", "--porcelain"], capture_output=True, text=True).stdout
+    return f"commit {commit}{' with uncommitted changes' if dirty.strip() else ''}"
+
+
+def versions(venv: Path, matlint_commit: str) -> str:
+    have = installed(venv)
+    matlint = f"matlint {have.get('matlint', '?')} ({matlint_commit})"
+    others = [f"{n} {have[n]}" for n in ("ruff", "flake8", "pyflakes", "pycodestyle", "torchfix", "fixit", "libcst")
+              if n in have]
+    return ", ".join([matlint, *others])
+
+
+def table(benches: list, lines: int) -> list:
+    ref = next(b for b in benches if b.reference)
+    out = ["| command | runs | wall s | CPU s | lines/s | peak MB | × matlint -j1 wall | × matlint -j1 CPU |",
+           "|---|--:|--:|--:|--:|--:|--:|--:|"]
+    for b in benches:
+        if b.error or not b.runs:
+            out.append(f"| {b.name} | – | {b.error or 'not run'} | | | | | |")
+            continue
+        wall, cpu = b.best("wall"), b.best("cpu")
+        ratios = (f"{wall / ref.best('wall'):.2f} | {cpu / ref.best('cpu'):.2f}" if ref.runs else "– | –")
+        out.append(f"| {b.name} | {len(b.runs)} | {wall:.2f} | {cpu:.2f} | {lines / wall:,.0f} | "
+                   f"{b.best('rss_mb'):.0f} | {ratios} |")
+    return out
+
+
+def overhead(benches: list, base: str, other: str) -> str:
+    a, b = (next(x for x in benches if x.name == n) for n in (base, other))
+    if not (a.runs and b.runs):
+        return f"- `{other}`: not measured"
+    return (f"- `{other}` vs `{base}`: {b.best('cpu') / a.best('cpu'):.2f}× CPU time, "
+            f"{b.best('wall') / a.best('wall'):.2f}× wall time")
+
+
+# -- main ------------------------------------------------------------------------------------
+
+def main(argv=None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--corpus", default=",".join(DEFAULT_CORPUS),
+                        help="comma-separated packages (or 'main', 'extra', as in real_code.py); "
+                             "default: %(default)s")
+    parser.add_argument("--repeat", type=int, default=3, help="runs per command, best kept (default: 3)")
+    parser.add_argument("--budget", type=float, default=30,
+                        help="no new run of a command starts once it has used this many seconds (default: 30)")
+    parser.add_argument("--timeout", type=float, default=600, help="seconds before one run is killed (default: 600)")
+    parser.add_argument("--sample", type=float, default=0.1,
+                        help="fraction of the files the slow peers run on (default: 0.1)")
+    parser.add_argument("--jobs", type=int, default=len(os.sched_getaffinity(0)),
+                        help="matlint's --jobs for the parallel rows (default: usable cores)")
+    parser.add_argument("--venv", type=Path, default=Path.home() / ".cache" / "matlint-bench" / "venv")
+    parser.add_argument("--output", type=Path, help="also write the markdown report to this file")
+    args = parser.parse_args(argv)
+
+    names = [n.strip() for n in args.corpus.split(",") if n.strip()]
+    names = [m for n in names for m in real_code.CORPORA.get(n, [n])]
+    files = corpus_files(names)
+    if not files:
+        raise SystemExit("the corpus has no .py files")
+    step = max(1, round(1 / args.sample))
+    sample = files[::step]
+    lines, sample_lines = count_lines(files), count_lines(sample)
+
+    matlint_version = checkout_version()
+    wheel = build_matlint_wheel(args.venv.parent / "wheel")
+    errors = setup_venv(args.venv, wheel)
+    have = installed(args.venv)
+    sources = {"matlint": str(wheel)}
+    if "torchfix" in have:
+        sources["torchfix"] = f"torchfix=={have['torchfix']}"
+    scratch = args.venv.parent / "scratch"
+    scratch.mkdir(parents=True, exist_ok=True)
+    bin_ = lambda name: venv_bin(args.venv, name)  # noqa: E731
+    matlint = [bin_("matlint"), "check", "--format", "concise", "--exit-zero"]
+    flake8 = [bin_("flake8"), "--select", "E,F,W"]
+    ruff = [bin_("ruff"), "check", "--no-cache", "--output-format", "concise"]
+    j = args.jobs
+    full = [
+        Bench("matlint --jobs 1 --no-cache", [*matlint, "--jobs", "1", "--no-cache"], {"matlint"}, reference=True),
+        Bench(f"matlint --jobs {j} --no-cache", [*matlint, "--jobs", str(j), "--no-cache"], {"matlint"}),
+        Bench(f"matlint --jobs {j}, warm cache", [*matlint, "--jobs", str(j)], {"matlint"}, prime=True),
+        Bench("ruff check --no-cache", [*ruff], {"matlint"}, ("ruff",)),
+        Bench("ruff check --select ALL --no-cache", [*ruff, "--select", "ALL"], {"matlint"}, ("ruff",)),
+        Bench("flake8 --select E,F,W (no plugins)", flake8, set(), ("flake8",)),
+        Bench("flake8 --select E,F,W (matlint installed)", flake8, {"matlint"}, ("flake8",)),
+        Bench("flake8 --select MAT", [bin_("flake8"), "--select", "MAT"], {"matlint"}, ("flake8",)),
+    ]
+    slow = [
+        Bench("matlint --jobs 1 --no-cache", [*matlint, "--jobs", "1", "--no-cache"], {"matlint"}, reference=True),
+        Bench("flake8 --select E,F,W (no plugins)", flake8, set(), ("flake8",)),
+        Bench("flake8 --select E,F,W (torchfix installed)", flake8, {"torchfix"}, ("flake8",)),
+        Bench("torchfix", [bin_("torchfix")], {"torchfix"}),
+        Bench("fixit lint", [bin_("fixit"), "lint"], {"matlint"}, ("fixit",)),
+    ]
+    for b in full + slow:
+        b.sample = any(b is s for s in slow)
+        b.error = next((errors[p] for p in (*b.needs, *b.plugins) if p in errors), None)
+
+    load_before = os.getloadavg()
+    plugin_sets = {}
+    # Grouped by plugin set so that each set is installed once; the warm-cache row wipes the cache first.
+    for plugins in (set(), {"torchfix"}, {"matlint"}):
+        set_plugins(args.venv, plugins, sources)
+        flake8_version = subprocess.run([bin_("flake8"), "--version"], capture_output=True, text=True).stdout
+        plugin_sets[frozenset(plugins)] = " ".join(flake8_version.split())
+        for b in full + slow:
+            if b.plugins == plugins and not b.error:
+                if b.prime:
+                    shutil.rmtree(scratch / ".matlint_cache", ignore_errors=True)
+                measure(b, sample if b.sample else files, scratch, args.repeat, args.budget, args.timeout)
+    set_plugins(args.venv, set(sources), sources)
+    load_after = os.getloadavg()
+
+    report = [
+        f"# matlint speed, {datetime.datetime.now(datetime.timezone.utc):%Y-%m-%d %H:%M} UTC",
+        "",
+        *(f"- {line}" for line in machine()),
+        f"- load average (1, 5, 15 min) before: {', '.join(f'{x:.1f}' for x in load_before)}; "
+        f"after: {', '.join(f'{x:.1f}' for x in load_after)}",
+        f"- {versions(args.venv, matlint_version)}",
+        f"- corpus: {corpus_versions(names)}: {len(files)} files, {lines:,} lines; "
+        f"sample: 1 file in {step}, {len(sample)} files, {sample_lines:,} lines",
+        f"- best of {args.repeat} (fewer where a command used up its {args.budget:.0f} s budget); "
+        "CPU = user + system time of all its processes; lines/s = lines / wall time; "
+        "peak MB = largest single process",
+        "- the peers run with their default parallelism (ruff, flake8, torchfix and fixit use every usable core); "
+        "the ratios are against matlint --jobs 1",
+        "",
+        f"## Whole corpus ({len(files)} files, {lines:,} lines)",
+        "",
+        *table(full, lines),
+        "",
+        f"## Slow peers, on the sample ({len(sample)} files, {sample_lines:,} lines)",
+        "",
+        *table(slow, sample_lines),
+        "",
+        "## flake8 plugin overhead (same command, same venv, plugin installed or not)",
+        "",
+        overhead(full, "flake8 --select E,F,W (no plugins)", "flake8 --select E,F,W (matlint installed)"),
+        overhead(slow, "flake8 --select E,F,W (no plugins)", "flake8 --select E,F,W (torchfix installed)"),
+        "",
+        "flake8 --version per plugin set:",
+        "",
+        *(f"- {' + '.join(sorted(k)) or 'no plugins'}: `{v}`" for k, v in plugin_sets.items()),
+        "",
+    ]
+    text = "\n".join(report)
+    print(text)
+    if args.output:
+        args.output.parent.mkdir(parents=True, exist_ok=True)
+        args.output.write_text(text)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

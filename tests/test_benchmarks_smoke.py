@@ -1,0 +1,41 @@
+"""The speed benchmark's measuring and reporting, on trivial commands (no peers, no network)."""
+from __future__ import annotations
+
+import importlib.util
+import sys
+from pathlib import Path
+
+SPEED = Path(__file__).resolve().parent.parent / "benchmarks" / "speed.py"
+spec = importlib.util.spec_from_file_location("matlint_bench_speed", SPEED)
+speed = importlib.util.module_from_spec(spec)
+sys.modules[spec.name] = speed  # dataclasses look their module up there
+spec.loader.exec_module(speed)
+
+
+def python(code: str) -> list:
+    return [sys.executable, "-c", code]
+
+
+def test_a_run_reports_time_and_memory(tmp_path):
+    run = speed.run_once(python("x = bytearray(50 * 2**20)"), tmp_path, timeout=60)
+    assert isinstance(run, speed.Run)
+    assert run.wall > 0 and run.cpu >= 0
+    assert run.rss_mb > 50
+
+
+def test_findings_exit_code_is_success_but_errors_and_timeouts_are_reported(tmp_path):
+    assert isinstance(speed.run_once(python("raise SystemExit(1)"), tmp_path, timeout=60), speed.Run)
+    assert speed.run_once(python("raise SystemExit(2)"), tmp_path, timeout=60).startswith("exit 2")
+    assert "ValueError: boom" in speed.run_once(python("raise ValueError('boom')"), tmp_path, timeout=60)
+    assert speed.run_once(python("import time; time.sleep(30)"), tmp_path, timeout=0.5) == "timed out after 0.5 s"
+    assert speed.run_once(["/nonexistent/linter"], tmp_path, timeout=60).startswith("cannot start")
+
+
+def test_budget_stops_repeats_and_table_shows_ratios_and_failures(tmp_path):
+    ref = speed.Bench("ref", python("pass"), set(), reference=True)
+    speed.measure(ref, [], tmp_path, repeat=3, budget=0, timeout=60)
+    assert len(ref.runs) == 1
+    broken = speed.Bench("broken", [], set(), error="install failed: no such package")
+    lines = speed.table([ref, broken], lines=1000)
+    assert "| ref | 1 |" in lines[2] and lines[2].endswith("| 1.00 | 1.00 |")
+    assert "install failed: no such package" in lines[3]
