@@ -15,12 +15,14 @@ _FUNCTIONS = {"add": "+", "sub": "-", "subtract": "-", "mul": "*", "multiply": "
 _ATOMIC = (ast.Name, ast.Attribute, ast.Call, ast.Subscript)
 
 
-def squeezed(ctx, node) -> str:
-    """Source of `node` followed by `.squeeze(-1)`."""
+def operand_source(ctx, node) -> str:
+    """Source of `node`, parenthesized unless a postfix (`.attr`, `[...]`, `(...)`) binds to it."""
     text = ctx.segment(node)
-    if not isinstance(node, _ATOMIC):
-        text = f"({text})"
-    return f"{text}.squeeze(-1)"
+    return text if isinstance(node, _ATOMIC) else f"({text})"
+
+
+def squeezed(ctx, node) -> str:
+    return f"{operand_source(ctx, node)}.squeeze(-1)"
 
 
 class TrailingOneBroadcast(Rule):

@@ -6,9 +6,9 @@ from typing import Optional
 
 from matlint.rule import Rule, bad, good
 from matlint.rules._shapes import Shape, broadcast_is_valid, dim_eq, fmt_shape, is_literal, make_shape, shape_of
+from matlint.rules.mat201_trailing_one_broadcast import operand_source
 
 _BINOPS = {ast.Add: "+", ast.Sub: "-", ast.Mult: "*", ast.Div: "/"}
-_ATOMIC = (ast.Name, ast.Attribute, ast.Call, ast.Subscript)
 
 
 def _matches(small, big) -> bool:
@@ -198,9 +198,7 @@ class MisalignedMaskBroadcast(Rule):
         if index is None:
             return False
         fix_node = _mask_leaf(mask_node)
-        fixed = self.ctx.segment(fix_node)
-        if not isinstance(fix_node, _ATOMIC):
-            fixed = f"({fixed})"
+        fixed = operand_source(self.ctx, fix_node)
         pad = len(target.dims) - len(mask.dims)
         aligned = make_shape((1,) * pad + mask.dims)
         clash = next(i for i, (m, t) in enumerate(zip(aligned.dims, target.dims))
