@@ -15,29 +15,27 @@ def _matches(small, big) -> bool:
     return all(dim_eq(x, y) or (x == 1 and isinstance(x, int)) for x, y in zip(small, big))
 
 
-def expansion(mask: Shape, target: Shape) -> Optional[str]:
-    """The `[:, None, None, :]` that lines `mask` up with `target`, when exactly one split of
-    mask's axes (leading ones against target's leading axes, the rest against its trailing
-    axes) matches known sizes, and plain right-alignment is not known to work."""
+def expansions(mask: Shape, target: Shape) -> list:
+    """Each indexing (`[:, None, None, :]`, `[:, :, None]`) that lines `mask` up with `target`:
+    leading mask axes against the target's leading axes, the rest against its trailing axes,
+    all known sizes equal. Empty when plain right alignment is known to work, or any size or
+    rank is unknown."""
     if mask.leading or target.leading or mask.explicit:
-        return None
+        return []
     rm, rt = len(mask.dims), len(target.dims)
     if rt < 3 or not 2 <= rm < rt or broadcast_is_valid(mask, target):
-        return None
+        return []
     if any(d is None for d in mask.dims) or all(d == 1 for d in mask.dims):
-        return None
-    splits = []
-    for k in range(1, rm):
+        return []
+    found = []
+    for k in range(1, rm + 1):
         head, tail = mask.dims[:k], mask.dims[k:]
         if _matches(head, target.dims[:k]) and _matches(tail, target.dims[rt - len(tail):]):
-            splits.append(k)
-    if len(splits) != 1:
-        return None
-    k = splits[0]
-    parts = [":"] * k + ["None"] * (rt - rm) + [":"] * (rm - k)
-    while parts[-2] == ":":  # trailing full slices are implicit; keep one after the last None
-        parts.pop()
-    return "[" + ", ".join(parts) + "]"
+            parts = [":"] * k + ["None"] * (rt - rm) + [":"] * (rm - k)
+            while parts[-1] == parts[-2] == ":":  # trailing full slices are implicit; keep one after the last None
+                parts.pop()
+            found.append("[" + ", ".join(parts) + "]")
+    return found
 
 
 class MisalignedMaskBroadcast(Rule):
@@ -47,14 +45,13 @@ class MisalignedMaskBroadcast(Rule):
     docs = """
     ## What it does
     Finds a mask or bias of shape `(B, T)` (or `(B, T, T)`) combined with scores of shape
-    `(B, H, T, T)` by `+`, `-`, `*`, `/` (also in place, `scores += bias`),
-    `scores.masked_fill(mask, ...)` or `torch.where(mask, scores, ...)` without expanding the
-    mask first. Broadcasting aligns
+    `(B, H, T, T)`, or a `(B, T)` padding mask combined with hidden states `(B, T, C)`, by `+`,
+    `-`, `*`, `/` (also in place, `scores += bias`), `scores.masked_fill(mask, ...)` or
+    `torch.where(mask, scores, ...)`, without expanding the mask first. Broadcasting aligns
     shapes from the right, so `(B, T)` is read as `(1, 1, B, T)`: the batch axis of the mask
     meets the query axis of the scores. The rule fires when both shapes are known, right
-    alignment is not known to work, and exactly one placement of the mask's axes (leading
-    axes against the scores' leading axes, the rest against its trailing axes) matches the
-    known sizes.
+    alignment is not known to work, and a placement of the mask's axes (leading axes against
+    the target's leading axes, the rest against its trailing axes) matches the known sizes.
 
     ## Why is this bad?
     When `B != T` it raises at run time, but only on the shapes that differ: with batch size 1,
@@ -75,12 +72,14 @@ class MisalignedMaskBroadcast(Rule):
     ## Stays quiet on
     Masks already expanded (`[:, None, None, :]`, `unsqueeze`, `view(B, 1, 1, T)`); masks whose
     right alignment works for every size (`(T, T)` causal masks, `(1, 1, T, T)` buffers);
-    shapes with an unknown size or rank; placements that are ambiguous (more than one way to
-    line the mask up).
+    shapes with an unknown size or rank; masks that match no placement (they are not this
+    pattern); one-dim masks.
 
     ## Fix safety
-    The fix inserts the indexing that lines the mask up (`mask[:, None, None, :]`). It is
-    unsafe: it changes which elements are masked (to the intended ones).
+    The fix inserts the indexing that lines the mask up (`mask[:, None, None, :]`,
+    `mask[:, :, None]`). It is unsafe: it changes which elements are masked (to the intended
+    ones). When more than one placement matches (a `(B, T)` mask against `(B, T, T)` scores may
+    mask keys or queries) the message lists them and no fix is offered.
     """
     examples = [
         bad("""
@@ -153,6 +152,29 @@ class MisalignedMaskBroadcast(Rule):
                     attn += key_padding_bias[:, None, None, :]
                     return attn.softmax(dim=-1)
             """, unsafe=True),
+        bad("""
+            import torch
+
+            def masked_mean(hidden, mask):
+                B, T, C = hidden.shape
+                assert mask.shape == (B, T)
+                return (hidden * mask).sum(1) / mask.sum(1, keepdim=True)
+            """, (6, 13), fixed="""
+            import torch
+
+            def masked_mean(hidden, mask):
+                B, T, C = hidden.shape
+                assert mask.shape == (B, T)
+                return (hidden * mask[:, :, None]).sum(1) / mask.sum(1, keepdim=True)
+            """, unsafe=True, message_contains="broadcasts as (1, B, T): its B meets axis 1 (T)"),
+        bad("""
+            import torch
+
+            def f(B: int, T: int):
+                scores = torch.randn(B, T, T)
+                pad = torch.ones(B, T)
+                return scores * pad
+            """, (6, 12), message_contains="`[:, None, :]` or `[:, :, None]` (whichever axes it belongs to)"),
         good("""
             import torch
 
@@ -194,20 +216,23 @@ class MisalignedMaskBroadcast(Rule):
         mask, target = shape_of(self.ctx, mask_node), shape_of(self.ctx, target_node)
         if mask is None or target is None:
             return False
-        index = expansion(mask, target)
-        if index is None:
+        indexings = expansions(mask, target)
+        if not indexings:
             return False
         fix_node = _mask_leaf(mask_node)
-        fixed = operand_source(self.ctx, fix_node)
+        index = " or ".join(f"`{i}`" for i in indexings)
         pad = len(target.dims) - len(mask.dims)
         aligned = make_shape((1,) * pad + mask.dims)
         clash = next(i for i, (m, t) in enumerate(zip(aligned.dims, target.dims))
-                     if not (dim_eq(m, t) or m == 1 or t == 1))  # exists: expansion() checked it
+                     if not (dim_eq(m, t) or m == 1 or t == 1))  # exists: expansions() checked it
+        fix = None
+        if len(indexings) == 1:
+            fix = self.replace(fix_node, operand_source(self.ctx, fix_node) + indexings[0],
+                               f"Expand the mask with `{indexings[0]}`", safe=False)
         self.report(node, (
             f"mask {fmt_shape(mask)} against {fmt_shape(target)} broadcasts as {fmt_shape(aligned)}: its "
             f"{aligned.dims[clash]} meets axis {clash} ({target.dims[clash]}) of {fmt_shape(target)}; "
-            f"expand it with `{index}`"),
-            fix=self.replace(fix_node, fixed + index, f"Expand the mask with `{index}`", safe=False))
+            f"expand it with {index}{' (whichever axes it belongs to)' if fix is None else ''}"), fix=fix)
         return True
 
 
