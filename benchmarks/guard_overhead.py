@@ -440,6 +440,9 @@ def main():
     ap.add_argument("--quick", action="store_true")
     ap.add_argument("--out", default="benchmarks/results")
     ap.add_argument("--only", default="overhead,safety,findings,compile")
+    ap.add_argument("--models", default="",
+                    help="overhead part: only the models whose name contains one of these comma-separated "
+                         "words (e.g. 'gpt2' or 'sdpa'); all by default")
     args = ap.parse_args()
     parts = args.only.split(",")
     os.makedirs(args.out, exist_ok=True)
@@ -456,6 +459,9 @@ def main():
     if have_tv:
         tasks["resnet50, bf16"] = lambda: resnet_task(q)
     tasks["tiny MLP"] = lambda: mlp_task(q)
+    if args.models:
+        words = [w.strip().lower() for w in args.models.split(",") if w.strip()]
+        tasks = {n: m for n, m in tasks.items() if any(w in n.lower() for w in words)}
     try:
         if "overhead" in parts:
             for name, make in tasks.items():

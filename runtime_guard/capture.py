@@ -10,13 +10,17 @@ import contextlib
 import itertools
 import os
 import sys
+from sys import _getframe
 import threading
 import weakref
+from weakref import ref as _weakref
 from dataclasses import dataclass, field
 from typing import NamedTuple
 
 import torch
 from torch._C._autograd import _get_sequence_nr
+from torch import Tensor
+from torch._C import _current_autograd_node
 from torch.utils._python_dispatch import TorchDispatchMode
 
 _TORCH_DIR = os.path.dirname(torch.__file__) + os.sep
@@ -42,6 +46,7 @@ MASK_OPS = frozenset({"add", "sub", "masked_fill", "where"})
 SOFTMAX_OPS = frozenset({"_softmax", "softmax", "_safe_softmax"})
 DROPOUT_OPS = frozenset({"native_dropout", "dropout"})
 COPY_OPS = frozenset({"_to_copy", "copy_"})
+_SCALE_OR_MASK_OPS = SCALE_OPS | MASK_OPS
 
 MAX_KEYS = 50_000          # distinct aggregated op keys kept; more are counted as dropped
 MAX_TAGS = 200_000         # dataflow tags kept within one step
@@ -71,32 +76,68 @@ def _short_path(filename: str) -> str:
     return filename if rel.startswith("..") else rel
 
 
-_internal_code: dict = {}
+_internal_code: dict = {}  # code -> 0 (user code), 1 (internal), 2 (internal, torchinductor)
 _site_cache: dict = {}
 
 
-def _is_internal(code) -> bool:
-    known = _internal_code.get(code)
-    if known is None:
+def _code_kind(code) -> int:
+    kind = _internal_code.get(code)
+    if kind is None:
         fn = code.co_filename
-        known = (
+        if "torchinductor" in fn:
+            kind = 2
+        elif (
             fn.startswith(_TORCH_DIR)
             or fn.startswith(_OWN_DIR)
             or fn in _STDLIB_WRAPPERS
-            or "torchinductor" in fn
             or fn.startswith("<eval_with_key")
             or fn.startswith("<frozen")
-        )
-        _internal_code[code] = known
-    return known
+        ):
+            kind = 1
+        else:
+            kind = 0
+        _internal_code[code] = kind
+        if kind == 0:
+            _user_codes.add(id(code))
+        elif kind == 1:
+            _internal_codes.add(id(code))
+    return kind
+
+
+def _is_internal(code) -> bool:
+    return _code_kind(code) != 0
+
+
+# For the inlined walk in Recorder.record, by id(code): hashing a code object rehashes its
+# bytecode and constants on every call. The code objects stay alive as keys of _internal_code.
+_user_codes: set = set()      # ids of code objects of kind 0
+_internal_codes: set = set()  # ids of code objects of kind 1
+_lasti_cache: dict = {}       # (id(code), f_lasti) -> Site: f_lineno costs more than a dict hit
+
+
+def _site_of(code, lineno: int) -> Site:
+    key = (code, lineno)
+    site = _site_cache.get(key)
+    if site is None:
+        site = _site_cache[key] = Site(code.co_filename, lineno, code.co_name)
+    return site
 
 
 _DISPATCH_WRAPPERS = (os.path.join(_TORCH_DIR, "_compile.py"), os.path.join(_TORCH_DIR, "_dynamo", "eval_frame.py"))
 
 
+_wrapper_code: dict = {}  # id(code) -> (is a dispatch wrapper, code kept alive)
+
+
 def dispatch_caller(frame):
     """The frame that issued the op, past the wrappers torch puts around __torch_dispatch__."""
-    while frame is not None and frame.f_code.co_filename in _DISPATCH_WRAPPERS:
+    while frame is not None:
+        code = frame.f_code
+        wrapper = _wrapper_code.get(id(code))
+        if wrapper is None:
+            wrapper = _wrapper_code[id(code)] = (code.co_filename in _DISPATCH_WRAPPERS, code)
+        if not wrapper[0]:
+            break
         frame = frame.f_back
     return frame
 
@@ -298,7 +339,9 @@ class Recorder:
         self._deps = _Tags()              # tensor -> frozenset of GEMM sites it depends on
         self._attn = _Tags()              # tensor -> attention chain state
         self._copies = _Tags()            # tensor -> (site, module, shape, stride, dtype) of a layout copy
-        self._op_info: dict = {}
+        self._fast: dict = {}             # cheap key -> (OpStat, OpKey), for the Recording in _fast_rec
+        self._fast_rec = None
+        self._modules_local = self.modules._local
         self.enabled = True
 
     # -- errors --------------------------------------------------------------------------
@@ -316,38 +359,82 @@ class Recorder:
         self._copies.clear()
 
     # -- per op ----------------------------------------------------------------------------
+    # The hot path. Everything here runs once per dispatched op while the window is open, so
+    # it avoids Python-level hashing (OpOverload and Site hash in Python: ids are used, both
+    # are interned and kept alive), per-op tuples it can skip, and method calls.
     def _info(self, func):
-        info = self._op_info.get(func)
-        if info is None:
-            name = func.overloadpacket.__name__
-            info = (name, func.name(), name in VIEW_OPS, name in FULL_SIG_OPS)
-            self._op_info[func] = info
-        return info
+        return _OP_INFO.get(id(func)) or _op_info(func)
 
     def _follow_view(self, src, out) -> None:
+        i = id(src)
         for tags in (self._deps, self._attn, self._copies):
-            value = tags.get(src)
-            if value is not None:
-                tags.set(out, value)
+            d = tags.d
+            if d:
+                e = d.get(i)
+                if e is not None and e[0]() is src:
+                    tags.set(out, e[1])
 
-    def record(self, func, args, kwargs, out, frame) -> None:
-        name, qualname, is_view, full_sig = self._info(func)
-        node = torch._C._current_autograd_node()
-        backward = node is not None
-        if is_view:  # the cheap path: views launch nothing; only dataflow tags follow them
-            if not backward and args and isinstance(out, torch.Tensor):
+    def record(self, func, args, kwargs, out, frame, info=None,
+               Tensor=Tensor, isinstance=isinstance, id=id, tuple=tuple) -> None:  # locals: faster
+        if info is None:
+            info = _OP_INFO.get(id(func)) or _op_info(func)
+        if info[2]:  # a view: the cheap path; views launch nothing, only dataflow tags follow them
+            if args and _current_autograd_node() is None and isinstance(out, Tensor):
                 self._follow_view(args[0], out)
             return
+        name, qualname, _, full_sig, is_copy, is_gemm, is_bgemm, _, _ = info
+        node = _current_autograd_node()
+        backward = node is not None
         site = None
-        module = ""
         compiled = False
         if backward:
             hit = self._seq_sites.get(node._sequence_nr())
             if hit is not None:
                 site, module = hit
-        if site is None:
-            site, compiled = user_site(frame)
-            module = self.modules.current()
+        # The call site: the first frame outside torch and matlint (as user_site), inlined.
+        direct = False
+        if frame is not None:
+            code = frame.f_code
+            if id(code) in _user_codes:
+                direct = True
+                f = frame
+            elif site is None:
+                f = frame
+                while True:
+                    i = id(code)
+                    if i in _internal_codes:
+                        pass
+                    elif i in _user_codes:
+                        break
+                    else:
+                        kind = _code_kind(code)
+                        if kind == 0:
+                            break
+                        if kind == 2:
+                            compiled = True
+                    f = f.f_back
+                    if f is None:
+                        break
+                    code = f.f_code
+                direct = f is frame
+            else:
+                i = id(code)
+                direct = i in _user_codes or (i not in _internal_codes and _code_kind(code) == 0)
+            if site is None:
+                if f is None:
+                    site = UNKNOWN_SITE
+                else:
+                    lkey = (id(code), f.f_lasti)
+                    site = _lasti_cache.get(lkey)
+                    if site is None:
+                        site = _site_of(code, f.f_lineno)
+                        if len(_lasti_cache) < MAX_KEYS:
+                            _lasti_cache[lkey] = site
+        elif site is None:
+            site = UNKNOWN_SITE
+        if not backward or hit is None:
+            stack = getattr(self._modules_local, "stack", None)
+            module = stack[-1][1] if stack else ""
             if not backward:
                 seq = _get_sequence_nr() - 1
                 sites = self._seq_sites
@@ -357,40 +444,114 @@ class Recorder:
                             del sites[k]
                     sites[seq] = (site, module)
 
-        first = _first_tensor(args)
-        out_t = _first_tensor(out)
-        device = _device_type(first if first is not None else out_t)
+        # A cheap signature for the fast key: shapes (and strides, dtypes for full-signature
+        # ops); it determines args_sig(args, full_sig), which is built only for a new key.
+        first = None
+        sig = []
+        for a in args:
+            if isinstance(a, Tensor):
+                if first is None:
+                    first = a
+                sig.append((a.shape, a.stride(), a.dtype) if full_sig else a.shape)
+            elif isinstance(a, (list, tuple)) and a and isinstance(a[0], Tensor):
+                sig.append(tuple((t.shape, t.stride(), t.dtype) if full_sig else t.shape
+                                 for t in a if isinstance(t, Tensor)))
+        if isinstance(out, Tensor):
+            out_t = out
+        elif isinstance(out, (list, tuple)):
+            out_t = _first_tensor(out)
+        else:
+            out_t = None
+        t = first if first is not None else out_t
+        if t is None:
+            device = ""
+        elif t.is_cuda:
+            device = "cuda"
+        else:
+            device = "cpu" if t.is_cpu else t.device.type
         transfer = ""
-        if name in COPY_OPS:
+        if is_copy:
             src = args[1] if name == "copy_" else first
             dst = args[0] if name == "copy_" else out_t
-            if isinstance(src, torch.Tensor) and dst is not None and src.device.type == "cuda" and dst.device.type == "cpu":
+            if isinstance(src, Tensor) and dst is not None and src.device.type == "cuda" and dst.device.type == "cpu":
                 transfer = "d2h"
-        key = OpKey(
-            name, qualname, site, frame is not None and not _is_internal(frame.f_code), module, backward, device, args_sig(args, full_sig),
-            (out_t.shape, out_t.dtype, transfer) if out_t is not None else (),
-        )
-        ops = self.rec.ops
-        stat = ops.get(key)
-        if stat is None:
-            if len(ops) >= MAX_KEYS:
-                self.rec.dropped_keys += 1
-                return
-            stat = ops[key] = OpStat()
-            self.rec.device_types.add(device)
+        rec = self.rec
+        fast = self._fast
+        if self._fast_rec is not rec:
+            fast.clear()
+            self._fast_rec = rec
+        if out_t is not None:
+            fkey = (id(func), id(site), direct, module, backward, device, tuple(sig), out_t.shape, out_t.dtype, transfer)
+        else:
+            fkey = (id(func), id(site), direct, module, backward, device, tuple(sig))
+        hit = fast.get(fkey)
+        if hit is not None:
+            stat, key = hit
+        else:
+            key = OpKey(name, qualname, site, direct, module, backward, device, args_sig(args, full_sig),
+                        (out_t.shape, out_t.dtype, transfer) if out_t is not None else ())
+            ops = rec.ops
+            stat = ops.get(key)
+            if stat is None:
+                if len(ops) >= MAX_KEYS:
+                    rec.dropped_keys += 1
+                    return
+                stat = ops[key] = OpStat()
+                rec.device_types.add(device)
+            if len(fast) < 2 * MAX_KEYS:
+                fast[fkey] = (stat, key)
         stat.count += 1
         if compiled:
             stat.compiled += 1
         if device == "cuda" and self.profile_cuda and len(self.sequence) < MAX_SEQUENCE:
             self.sequence.append(key)
-        if out_t is not None:
-            self._dataflow(name, args, out_t, site, module, backward)
-
-    def _dataflow(self, name, args, out, site, module, backward) -> None:
-        if backward:  # the patterns below are all forward ones
+        if out_t is None or backward:  # the dataflow patterns are all forward ones
             return
+
+        # -- dataflow (forward ops with a tensor output) --
         # GEMM dependency chains: a GEMM fed (through any ops) by an earlier GEMM of the same
         # site is a recurrence (an RNN), not a loop that one bmm could replace.
+        dd = self._deps.d
+        deps = None
+        if dd:
+            for a in args:
+                if isinstance(a, Tensor):
+                    e = dd.get(id(a))
+                    if e is not None and e[0]() is a:
+                        d = e[1]
+                        deps = d if deps is None else deps | d
+        if is_gemm:
+            if deps is not None and site in deps:
+                rec.chained_gemm_sites.add(site)
+            deps = frozenset((site,)) if deps is None else deps | {site}
+        if deps is not None:
+            if len(dd) >= MAX_TAGS:
+                dd.clear()
+            dd[id(out_t)] = (_weakref(out_t), deps)
+
+        arg0 = args[0] if args and isinstance(args[0], Tensor) else None
+        # Copies forced by layout: matmul's clone of a non-contiguous operand before bmm.
+        copies = self._copies
+        if name == "clone" and arg0 is not None and not arg0.is_contiguous():
+            copies.set(out_t, (site, module, tuple(arg0.shape), arg0.stride(), arg0.dtype))
+        elif copies.d:
+            if name in PASS_THROUGH_OPS and arg0 is not None:
+                c = copies.get(arg0)
+                if c is not None:
+                    copies.set(out_t, c)
+            if is_bgemm:
+                for a in args:
+                    if isinstance(a, Tensor):
+                        c = copies.get(a)
+                        if c is not None and c[0] == site:
+                            rec.layout_copies[c] = rec.layout_copies.get(c, 0) + 1
+        if is_bgemm or self._attn.d:
+            self._attention_step(name, args, arg0, out_t, site, module)
+
+    def _dataflow(self, name, args, out, site, module, backward) -> None:
+        """The dataflow part of record(), kept for reference and tests (record inlines it)."""
+        if backward:
+            return
         deps = None
         for a in args:
             if isinstance(a, torch.Tensor):
@@ -403,10 +564,7 @@ class Recorder:
             deps = frozenset((site,)) if deps is None else deps | {site}
         if deps is not None:
             self._deps.set(out, deps)
-
         arg0 = args[0] if args and isinstance(args[0], torch.Tensor) else None
-
-        # Copies forced by layout: matmul's clone of a non-contiguous operand before bmm.
         if name == "clone" and arg0 is not None and not arg0.is_contiguous():
             self._copies.set(out, (site, module, tuple(arg0.shape), arg0.stride(), arg0.dtype))
         elif name in PASS_THROUGH_OPS and arg0 is not None:
@@ -419,7 +577,6 @@ class Recorder:
                     c = self._copies.get(a)
                     if c is not None and c[0] == site:
                         self.rec.layout_copies[c] = self.rec.layout_copies.get(c, 0) + 1
-
         self._attention_step(name, args, arg0, out, site, module)
 
     def _attention_step(self, name, args, arg0, out, site, module) -> None:
@@ -437,7 +594,7 @@ class Recorder:
         if arg0 is None:
             return
         state = attn.get(arg0)
-        if state is None and len(args) > 1 and isinstance(args[1], torch.Tensor) and name in SCALE_OPS | MASK_OPS:
+        if state is None and len(args) > 1 and isinstance(args[1], torch.Tensor) and name in _SCALE_OR_MASK_OPS:
             state = attn.get(args[1])
         if state is None:
             return
@@ -464,13 +621,50 @@ def _mark_handler_skipped() -> bool:
     return True
 
 
+# id(OpOverload) -> (name, qualname, is_view, full_sig, is_copy, is_gemm, is_batched_gemm,
+#                    the OpOverload (kept alive, so that its id stays its own), what to call)
+_OP_INFO: dict = {}
+
+
+def _op_info(func) -> tuple:
+    info = _OP_INFO.get(id(func))
+    if info is None:
+        name = func.overloadpacket.__name__
+        # OpOverload.__call__ is `return self._op(*args, **kwargs)`: call _op directly and save
+        # a Python frame per op. Subclasses (TorchBindOpOverload, ...) keep their own __call__.
+        op = func._op if type(func) is torch._ops.OpOverload else func
+        info = (name, func.name(), name in VIEW_OPS, name in FULL_SIG_OPS, name in COPY_OPS,
+                name in GEMM_OPS, name in BATCHED_GEMM_OPS, func, op)
+        _OP_INFO[id(func)] = info
+    return info
+
+
 def _torch_dispatch(self, func, types, args=(), kwargs=None):
-    out = func(*args, **(kwargs or {}))
+    info = _OP_INFO.get(id(func))
+    if info is None:
+        info = _op_info(func)
+    op = info[8]
+    out = op(*args, **kwargs) if kwargs else op(*args)
     recorder = self.recorder
     if recorder.enabled:
         try:
+            if info[2]:  # a view: no site, no key; only forward dataflow tags follow it
+                if (args and (recorder._deps.d or recorder._attn.d or recorder._copies.d)
+                        and isinstance(out, Tensor) and _current_autograd_node() is None):
+                    recorder._follow_view(args[0], out)
+                return out
             # f_back, not _getframe(1): on autograd's device threads no Python frame called us
-            recorder.record(func, args, kwargs, out, dispatch_caller(sys._getframe(0).f_back))
+            frame = _getframe(0).f_back
+            # past the wrappers torch puts around __torch_dispatch__ (as dispatch_caller)
+            while frame is not None:
+                code = frame.f_code
+                wrapper = _wrapper_code.get(id(code))
+                if wrapper is None:
+                    wrapper = _wrapper_code[id(code)] = (code.co_filename in _DISPATCH_WRAPPERS, code)
+                if not wrapper[0]:
+                    break
+                frame = frame.f_back
+            recorder.record(func, args, kwargs, out, frame, info)
         except Exception as exc:  # never raised into the user's step
             recorder.fail(exc)
     return out
