@@ -10,10 +10,10 @@ from __future__ import annotations
 import ast
 import re
 import textwrap
-from dataclasses import dataclass, field
-from typing import Any, ClassVar, Iterable, Optional
+from dataclasses import dataclass
+from typing import Any, ClassVar, Optional
 
-from .diagnostics import Edit, Finding, Fix
+from .diagnostics import Fix
 
 FAMILIES = {
     "0": "engine",
@@ -123,6 +123,3 @@ class Rule:
                 end_node: Optional[ast.AST] = None) -> Fix:
         return Fix(message, (self.ctx.edit(node, content, end_node=end_node),), safe)
 
-
-def all_findings_codes(findings: Iterable[Finding]) -> list:
-    return sorted({f.code for f in findings})

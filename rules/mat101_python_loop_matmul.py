@@ -289,7 +289,6 @@ class PythonLoopMatmul(Rule):
     def _batched(self, loop: LoopInfo, op: ast.AST, depth: int) -> Optional[_Batched]:
         if depth > 4:
             return None
-        ctx = self.ctx
         if isinstance(op, ast.Subscript):
             base = op.value
             if loop.depends_on_iteration(base) or not self._tensor_base(base):

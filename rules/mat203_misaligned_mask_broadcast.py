@@ -2,7 +2,6 @@
 from __future__ import annotations
 
 import ast
-from typing import Optional
 
 from matlint.rule import Rule, bad, good
 from matlint.rules._shapes import Shape, broadcast_is_valid, dim_eq, fmt_shape, is_literal, make_shape, shape_of

@@ -218,7 +218,7 @@ class HostSyncInLoop(Rule):
                                    "(`torch.stack(values).tolist()`), or log every N steps")
             self._report(node, "`.item()`", instead, fix=fix)
         elif method in ("cpu", "to"):
-            self._report(node, f"`.{method}({'' if method == 'cpu' else ctx_segment(self.ctx, node.args[0] if node.args else node)})`",
+            self._report(node, f"`.{method}({'' if method == 'cpu' else self.ctx.segment(node.args[0] if node.args else node)})`",
                          "collect results on the device (`torch.cat`/`torch.stack` after the loop) and copy once")
         else:
             self._report(node, "`.tolist()`", "collect results on the device and convert once after the loop")
@@ -319,6 +319,3 @@ def _is_gate(test: ast.AST) -> bool:
             return True
     return False
 
-
-def ctx_segment(ctx, node) -> str:
-    return ctx.segment(node)

@@ -9,7 +9,6 @@ from __future__ import annotations
 import contextlib
 import itertools
 import os
-import sys
 from sys import _getframe
 import threading
 import weakref
@@ -104,10 +103,6 @@ def _code_kind(code) -> int:
     return kind
 
 
-def _is_internal(code) -> bool:
-    return _code_kind(code) != 0
-
-
 # For the inlined walk in Recorder.record, by id(code): hashing a code object rehashes its
 # bytecode and constants on every call. The code objects stay alive as keys of _internal_code.
 _user_codes: set = set()      # ids of code objects of kind 0
@@ -127,45 +122,6 @@ _DISPATCH_WRAPPERS = (os.path.join(_TORCH_DIR, "_compile.py"), os.path.join(_TOR
 
 
 _wrapper_code: dict = {}  # id(code) -> (is a dispatch wrapper, code kept alive)
-
-
-def dispatch_caller(frame):
-    """The frame that issued the op, past the wrappers torch puts around __torch_dispatch__."""
-    while frame is not None:
-        code = frame.f_code
-        wrapper = _wrapper_code.get(id(code))
-        if wrapper is None:
-            wrapper = _wrapper_code[id(code)] = (code.co_filename in _DISPATCH_WRAPPERS, code)
-        if not wrapper[0]:
-            break
-        frame = frame.f_back
-    return frame
-
-
-def user_site(frame) -> tuple:
-    """(first frame outside torch and matlint as a Site, whether a compiled region was crossed)."""
-    compiled = False
-    while frame is not None:
-        code = frame.f_code
-        if not _is_internal(code):
-            key = (code, frame.f_lineno)
-            site = _site_cache.get(key)
-            if site is None:
-                site = Site(code.co_filename, frame.f_lineno, code.co_name)
-                _site_cache[key] = site
-            return site, compiled
-        if not compiled and "torchinductor" in code.co_filename:
-            compiled = True
-        frame = frame.f_back
-    return UNKNOWN_SITE, compiled
-
-
-def _device_type(t) -> str:
-    if t is None:
-        return ""
-    if t.is_cuda:
-        return "cuda"
-    return "cpu" if t.is_cpu else t.device.type
 
 
 def tensor_sig(t: torch.Tensor) -> tuple:
@@ -391,7 +347,7 @@ class Recorder:
             hit = self._seq_sites.get(node._sequence_nr())
             if hit is not None:
                 site, module = hit
-        # The call site: the first frame outside torch and matlint (as user_site), inlined.
+        # The call site: the first frame outside torch and matlint (inlined: this runs per op).
         direct = False
         if frame is not None:
             code = frame.f_code
@@ -655,7 +611,7 @@ def _torch_dispatch(self, func, types, args=(), kwargs=None):
                 return out
             # f_back, not _getframe(1): on autograd's device threads no Python frame called us
             frame = _getframe(0).f_back
-            # past the wrappers torch puts around __torch_dispatch__ (as dispatch_caller)
+            # past the wrappers torch puts around __torch_dispatch__ (inlined: this runs per op)
             while frame is not None:
                 code = frame.f_code
                 wrapper = _wrapper_code.get(id(code))
