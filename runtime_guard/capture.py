@@ -1,4 +1,5 @@
-"""Capture: a dispatch mode that records every aten op on real tensors, aggregated.
+"""Capture: a dispatch mode that records ops on real tensors, aggregated: every forward op, and of
+the backward aten ops the GEMMs (all of them when kernels are attributed to ops).
 
 Per op it costs a dict hit: the key is (op, call site, module path, fwd/bwd, argument
 signature) and the value a counter. A few ops also carry dataflow tags (GEMM outputs, copies,
@@ -129,14 +130,14 @@ def tensor_sig(t: torch.Tensor) -> tuple:
 
 
 def args_sig(args, full: bool = True) -> tuple:
-    """Per tensor argument (shape, stride, dtype); (shape, None, None) unless `full`."""
+    """Per tensor argument (shape, stride, dtype), (shape, None, None) unless `full`; per tensor
+    list, (its length,)."""
     sig = []
     for a in args:
         if isinstance(a, torch.Tensor):
             sig.append((a.shape, a.stride(), a.dtype) if full else (a.shape, None, None))
         elif isinstance(a, (list, tuple)) and a and isinstance(a[0], torch.Tensor):
-            sig.append(tuple((t.shape, t.stride(), t.dtype) if full else (t.shape, None, None)
-                             for t in a if isinstance(t, torch.Tensor)))
+            sig.append((len(a),))  # a tensor list (foreach ops): its length; no check reads more
     return tuple(sig)
 
 
@@ -283,6 +284,9 @@ class ModulePaths:
         return name
 
 
+_UNSET = object()
+
+
 class Recorder:
     """Turns dispatched ops into a Recording. Thread-safe enough under the GIL."""
 
@@ -330,7 +334,7 @@ class Recorder:
                 if e is not None and e[0]() is src:
                     tags.set(out, e[1])
 
-    def record(self, func, args, kwargs, out, frame, info=None,
+    def record(self, func, args, kwargs, out, frame, info=None, node=_UNSET,
                Tensor=Tensor, isinstance=isinstance, id=id, tuple=tuple) -> None:  # locals: faster
         if info is None:
             info = _OP_INFO.get(id(func)) or _op_info(func)
@@ -338,9 +342,12 @@ class Recorder:
             if args and _current_autograd_node() is None and isinstance(out, Tensor):
                 self._follow_view(args[0], out)
             return
-        name, qualname, _, full_sig, is_copy, is_gemm, is_bgemm, _, _ = info
-        node = _current_autograd_node()
+        name, qualname, _, full_sig, is_copy, is_gemm, is_bgemm, _, _, unread_in_backward = info
+        if node is _UNSET:
+            node = _current_autograd_node()
         backward = node is not None
+        if backward and unread_in_backward and not self.profile_cuda:
+            return  # kernel attribution needs every op; the checks do not
         site = None
         compiled = False
         if backward:
@@ -391,7 +398,7 @@ class Recorder:
         if not backward or hit is None:
             stack = getattr(self._modules_local, "stack", None)
             module = stack[-1][1] if stack else ""
-            if not backward:
+            if not backward and (is_gemm or self.profile_cuda):  # the backward ops recorded
                 seq = _get_sequence_nr() - 1
                 sites = self._seq_sites
                 if seq not in sites:
@@ -410,8 +417,7 @@ class Recorder:
                     first = a
                 sig.append((a.shape, a.stride(), a.dtype) if full_sig else a.shape)
             elif isinstance(a, (list, tuple)) and a and isinstance(a[0], Tensor):
-                sig.append(tuple((t.shape, t.stride(), t.dtype) if full_sig else t.shape
-                                 for t in a if isinstance(t, Tensor)))
+                sig.append((len(a),))
         if isinstance(out, Tensor):
             out_t = out
         elif isinstance(out, (list, tuple)):
@@ -477,10 +483,16 @@ class Recorder:
                         d = e[1]
                         deps = d if deps is None else deps | d
         if is_gemm:
-            if deps is not None and site in deps:
-                rec.chained_gemm_sites.add(site)
-            deps = frozenset((site,)) if deps is None else deps | {site}
-        if deps is not None:
+            # A site once chained stays chained: it is no longer tracked, and in a model whose
+            # GEMM lines all feed each other (a transformer) the tags soon stop being made.
+            chained = rec.chained_gemm_sites
+            if site in chained:
+                pass
+            elif deps is not None and site in deps:
+                chained.add(site)
+            else:
+                deps = frozenset((site,)) if deps is None else deps | {site}
+        if deps is not None and not deps <= rec.chained_gemm_sites:  # only chained sites: moot
             if len(dd) >= MAX_TAGS:
                 dd.clear()
             dd[id(out_t)] = (_weakref(out_t), deps)
@@ -503,37 +515,6 @@ class Recorder:
                             rec.layout_copies[c] = rec.layout_copies.get(c, 0) + 1
         if is_bgemm or self._attn.d:
             self._attention_step(name, args, arg0, out_t, site, module)
-
-    def _dataflow(self, name, args, out, site, module, backward) -> None:
-        """The dataflow part of record(), kept for reference and tests (record inlines it)."""
-        if backward:
-            return
-        deps = None
-        for a in args:
-            if isinstance(a, torch.Tensor):
-                d = self._deps.get(a)
-                if d is not None:
-                    deps = d if deps is None else deps | d
-        if name in GEMM_OPS:
-            if deps is not None and site in deps:
-                self.rec.chained_gemm_sites.add(site)
-            deps = frozenset((site,)) if deps is None else deps | {site}
-        if deps is not None:
-            self._deps.set(out, deps)
-        arg0 = args[0] if args and isinstance(args[0], torch.Tensor) else None
-        if name == "clone" and arg0 is not None and not arg0.is_contiguous():
-            self._copies.set(out, (site, module, tuple(arg0.shape), arg0.stride(), arg0.dtype))
-        elif name in PASS_THROUGH_OPS and arg0 is not None:
-            c = self._copies.get(arg0)
-            if c is not None:
-                self._copies.set(out, c)
-        if name in BATCHED_GEMM_OPS:
-            for a in args:
-                if isinstance(a, torch.Tensor):
-                    c = self._copies.get(a)
-                    if c is not None and c[0] == site:
-                        self.rec.layout_copies[c] = self.rec.layout_copies.get(c, 0) + 1
-        self._attention_step(name, args, arg0, out, site, module)
 
     def _attention_step(self, name, args, arg0, out, site, module) -> None:
         """Follow bmm -> scale -> (mask) -> softmax -> (dropout) -> bmm on the same tensors."""
@@ -578,7 +559,8 @@ def _mark_handler_skipped() -> bool:
 
 
 # id(OpOverload) -> (name, qualname, is_view, full_sig, is_copy, is_gemm, is_batched_gemm,
-#                    the OpOverload (kept alive, so that its id stays its own), what to call)
+#                    the OpOverload (kept alive, so that its id stays its own), what to call,
+#                    not recorded in backward)
 _OP_INFO: dict = {}
 
 
@@ -589,8 +571,11 @@ def _op_info(func) -> tuple:
         # OpOverload.__call__ is `return self._op(*args, **kwargs)`: call _op directly and save
         # a Python frame per op. Subclasses (TorchBindOpOverload, ...) keep their own __call__.
         op = func._op if type(func) is torch._ops.OpOverload else func
+        # Backward aten ops other than GEMMs are not recorded: no check reads them (collectives
+        # and other namespaces are kept).
+        unread_in_backward = getattr(func, "namespace", "") == "aten" and name not in GEMM_OPS
         info = (name, func.name(), name in VIEW_OPS, name in FULL_SIG_OPS, name in COPY_OPS,
-                name in GEMM_OPS, name in BATCHED_GEMM_OPS, func, op)
+                name in GEMM_OPS, name in BATCHED_GEMM_OPS, func, op, unread_in_backward)
         _OP_INFO[id(func)] = info
     return info
 
@@ -609,6 +594,9 @@ def _torch_dispatch(self, func, types, args=(), kwargs=None):
                         and isinstance(out, Tensor) and _current_autograd_node() is None):
                     recorder._follow_view(args[0], out)
                 return out
+            node = _current_autograd_node()
+            if node is not None and info[9] and not recorder.profile_cuda:
+                return out  # a backward op no check reads (see _op_info)
             # f_back, not _getframe(1): on autograd's device threads no Python frame called us
             frame = _getframe(0).f_back
             # past the wrappers torch puts around __torch_dispatch__ (inlined: this runs per op)
@@ -620,7 +608,7 @@ def _torch_dispatch(self, func, types, args=(), kwargs=None):
                 if not wrapper[0]:
                     break
                 frame = frame.f_back
-            recorder.record(func, args, kwargs, out, frame, info)
+            recorder.record(func, args, kwargs, out, frame, info, node)
         except Exception as exc:  # never raised into the user's step
             recorder.fail(exc)
     return out

@@ -13,7 +13,8 @@ from .session import DEFAULT_JSON_PATH
 def _parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="matlint run", description=__doc__)
     p.add_argument("--json", default=DEFAULT_JSON_PATH, help=f"JSON report path (default {DEFAULT_JSON_PATH})")
-    p.add_argument("--window", type=int, default=3, help="steps to observe after the warm-up (default 3)")
+    p.add_argument("--window", type=int, default=None,
+                   help="steps to observe after the warm-up (default: 2 when they ran the same ops, else 3)")
     p.add_argument("--warmup", type=int, default=1, help="steps to skip first (default 1)")
     p.add_argument("--select", default=None, help="comma-separated codes or prefixes")
     p.add_argument("--ignore", default=None, help="comma-separated codes or prefixes")

@@ -165,27 +165,36 @@ def test_backward_ops_are_tied_to_forward_lines_and_modules():
             h = torch.tanh(self.fc1(x))
             return self.fc2(h)
 
-    net = Net()
-    x = torch.randn(4, 8)
-    g = quiet(warmup=0)
-    with g:
-        out = net(x)
-        tail = out.exp()  # FORWARD-EXP
-        tail.sum().backward()
     import inspect
 
     src, start = inspect.getsourcelines(test_backward_ops_are_tied_to_forward_lines_and_modules)
     exp_line = start + next(i for i, line in enumerate(src) if "FORWARD-EXP" in line and "next(" not in line)
     tanh_line = Net.forward.__code__.co_firstlineno + 1
-    ops = g.recorder.rec.ops
-    backward = [k for k in ops if k.backward]
-    assert backward
-    # exp's backward (a mul by the saved result) and tanh's backward sit on their forward lines
+    fc2_line = Net.forward.__code__.co_firstlineno + 2
+
+    def backward_ops(**options):
+        net = Net()
+        x = torch.randn(4, 8)
+        g = quiet(warmup=0, **options)
+        with g:
+            out = net(x)
+            tail = out.exp()  # FORWARD-EXP
+            tail.sum().backward()
+        ops = g.recorder.rec.ops
+        assert {k.module for k in ops if not k.backward and k.op == "addmm"} == {"Net.fc1", "Net.fc2"}
+        return [k for k in ops if k.backward]
+
+    # By default the backward GEMMs are recorded (the checks read them), on their forward line
+    # and module; the other backward ops are not.
+    backward = backward_ops()
+    assert {k.op for k in backward} == {"mm"}
+    assert any(k.module == "Net.fc2" and k.site.lineno == fc2_line for k in backward)
+    # With kernel attribution every backward op is recorded: exp's backward (a mul by the saved
+    # result) and tanh's backward sit on their forward lines.
+    backward = backward_ops(kernels=True)
     assert any(k.op == "mul" and k.site.lineno == exp_line for k in backward)
     assert any(k.op == "tanh_backward" and k.site.lineno == tanh_line and k.module == "Net" for k in backward)
-    # the GEMMs of fc2's backward carry fc2's module path
-    assert any(k.op == "mm" and k.module == "Net.fc2" for k in backward)
-    assert {k.module for k in ops if not k.backward and k.op == "addmm"} == {"Net.fc1", "Net.fc2"}
+    assert any(k.op == "mm" and k.module == "Net.fc2" and k.site.lineno == fc2_line for k in backward)
 
 
 def test_window_then_free():
@@ -382,9 +391,26 @@ def test_public_entry_points_and_bare_decorator(tmp_path, monkeypatch):
     for _ in range(5):
         step()
     g = step.matlint_guard
-    assert g._finished and g.recorder.rec.steps == 3  # default window after one warm-up call
+    # the default window after one warm-up call: two calls that ran the same ops are enough
+    assert g._finished and g.recorder.rec.steps == 2
     assert [f.code for f in g.findings] == ["MAT101"]
     assert (tmp_path / ".matlint" / "runtime.json").exists()
+
+
+def test_default_window_observes_a_third_step_when_steps_differ():
+    w = torch.randn(8, 4, 4)
+    heads = iter([8, 8, 6, 6, 6, 6])  # warm-up 8, then kept steps of 8 and 6 matmuls: not steady
+    g = quiet(warmup=1)
+
+    @g
+    def step():
+        return [torch.randn(2, 4) @ w[h] for h in range(next(heads))]
+
+    for _ in range(6):
+        step()
+    assert g._finished and g.recorder.rec.steps == 3
+    mm = sum(s.count for k, s in g.recorder.rec.ops.items() if k.op == "mm")
+    assert mm == 8 + 6 + 6  # calls 2-4; the warm-up call is thrown away
 
 
 def test_nested_guards_both_record():
