@@ -190,6 +190,25 @@ class Recording:
     kernel_us_total: float = 0.0
     profiled: bool = False
 
+    def absorb(self, other: "Recording") -> None:
+        """Add another recording's counts to this one (the same code observed for more steps)."""
+        for key, stat in other.ops.items():
+            mine = self.ops.get(key)
+            if mine is None:
+                self.ops[key] = stat
+            else:
+                mine.count += stat.count
+                mine.compiled += stat.compiled
+                mine.launches += stat.launches
+                mine.kernel_us += stat.kernel_us
+        for mine, theirs in ((self.attention, other.attention), (self.layout_copies, other.layout_copies)):
+            for key, n in theirs.items():
+                mine[key] = mine.get(key, 0) + n
+        self.chained_gemm_sites |= other.chained_gemm_sites
+        self.device_types |= other.device_types
+        self.steps += other.steps
+        self.dropped_keys += other.dropped_keys
+
 
 class _Tags:
     """id(tensor) -> (weakref, value): tags that die with the step; cheap to look up."""
@@ -558,7 +577,7 @@ def _mark_handler_skipped() -> bool:
     return True
 
 
-# id(OpOverload) -> (name, qualname, is_view, full_sig, is_copy, is_gemm, is_batched_gemm,
+# id(OpOverload) -> (name, qualname, unrecorded (a view, ...), full_sig, is_copy, is_gemm, is_batched_gemm,
 #                    the OpOverload (kept alive, so that its id stays its own), what to call,
 #                    not recorded in backward)
 _OP_INFO: dict = {}
@@ -573,8 +592,12 @@ def _op_info(func) -> tuple:
         op = func._op if type(func) is torch._ops.OpOverload else func
         # Backward aten ops other than GEMMs are not recorded: no check reads them (collectives
         # and other namespaces are kept).
-        unread_in_backward = getattr(func, "namespace", "") == "aten" and name not in GEMM_OPS
-        info = (name, func.name(), name in VIEW_OPS, name in FULL_SIG_OPS, name in COPY_OPS,
+        namespace = getattr(func, "namespace", "")
+        unread_in_backward = namespace == "aten" and name not in GEMM_OPS
+        # Not recorded: views (only dataflow tags follow them) and profiler markers (the exit of
+        # optimizer.step()'s record_function falls after its step hook, in the next step).
+        unrecorded = name in VIEW_OPS or namespace == "profiler"
+        info = (name, func.name(), unrecorded, name in FULL_SIG_OPS, name in COPY_OPS,
                 name in GEMM_OPS, name in BATCHED_GEMM_OPS, func, op, unread_in_backward)
         _OP_INFO[id(func)] = info
     return info

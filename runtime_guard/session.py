@@ -5,9 +5,11 @@ and, for the decorator form, at the end of each call when the call held no optim
 The first `warmup` steps are observed provisionally and thrown away as soon as a later step
 begins (one-off work such as lazy init stays out of the per-step counts); after `window`
 kept steps the dispatch mode, module hooks and profiler are removed and the guarded code runs
-at full speed. By default (`window=None`) the window is 2 kept steps when those two ran the same
-ops the same number of times, else 3: a steady training loop is observed for one step less,
-which is most of the guard's cost over a run.
+at full speed. By default (`window=None`) observation stops as soon as two observed steps ran the same ops the
+same number of times, after at most 3 kept steps: the warm-up step is kept after all when the
+step after it matches it (it did no one-off work), so a steady loop is observed for two steps,
+and one that lazily initializes in its first step for three. The observed steps are nearly all
+of the guard's cost over a run.
 
 Reporting: the context-manager form reports when its block exits; the decorator form reports
 when the window is complete (or at interpreter exit, if it never completes).
@@ -191,12 +193,20 @@ class Guard:
         return self._step < self.warmup + self._window_len
 
     def _close_early_if_steady(self, rec) -> None:
-        """Default window: close after two kept steps that ran the same ops as often."""
+        """Default window: close as soon as two observed steps ran the same ops as often. When the
+        warm-up step is one of them it did no one-off work worth keeping out, and it is kept."""
         counts = {key: stat.count for key, stat in rec.ops.items()}
         before = self._counts_so_far
         step_counts = {key: n - before.get(key, 0) for key, n in counts.items() if n != before.get(key, 0)}
-        if self.window is None and rec.steps >= MIN_DEFAULT_WINDOW and step_counts == self._step_counts:
-            self._window_len = rec.steps
+        if self.window is None:
+            warm = self._warmup_rec
+            if (rec.steps == 1 and warm is not None and warm.steps == 1
+                    and step_counts == {key: stat.count for key, stat in warm.ops.items()}):
+                rec.absorb(warm)
+                self._warmup_rec = None
+                self._window_len = self._step + 1 - self.warmup  # closes at this boundary
+            elif rec.steps >= MIN_DEFAULT_WINDOW and step_counts == self._step_counts:
+                self._window_len = self._step + 1 - self.warmup
         self._step_counts, self._counts_so_far = step_counts, counts
 
     def _on_optimizer_step(self, optimizer, args, kwargs) -> None:

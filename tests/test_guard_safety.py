@@ -397,20 +397,51 @@ def test_public_entry_points_and_bare_decorator(tmp_path, monkeypatch):
     assert (tmp_path / ".matlint" / "runtime.json").exists()
 
 
-def test_default_window_observes_a_third_step_when_steps_differ():
-    w = torch.randn(8, 4, 4)
-    heads = iter([8, 8, 6, 6, 6, 6])  # warm-up 8, then kept steps of 8 and 6 matmuls: not steady
+@pytest.mark.parametrize("matmuls, steps, observed_mm, calls_observed", [
+    ([8, 8, 8, 8, 8], 2, 8 + 8, 2),        # steady: the warm-up matched the next call and is kept
+    ([12, 8, 8, 8, 8], 2, 8 + 8, 3),       # one-off work in the warm-up: thrown away
+    ([12, 8, 6, 6, 6], 3, 8 + 6 + 6, 4),   # never steady: at most 3 kept calls
+])
+def test_default_window_closes_when_two_steps_match(matmuls, steps, observed_mm, calls_observed):
+    w = torch.randn(16, 4, 4)
+    counts = iter(matmuls)
     g = quiet(warmup=1)
+    calls = []
 
     @g
     def step():
-        return [torch.randn(2, 4) @ w[h] for h in range(next(heads))]
+        n = next(counts)
+        calls.append(g.recording)
+        return [torch.randn(2, 4) @ w[h] for h in range(n)]
 
-    for _ in range(6):
+    for _ in matmuls:
         step()
-    assert g._finished and g.recorder.rec.steps == 3
-    mm = sum(s.count for k, s in g.recorder.rec.ops.items() if k.op == "mm")
-    assert mm == 8 + 6 + 6  # calls 2-4; the warm-up call is thrown away
+    assert g._finished and g.recorder.rec.steps == steps
+    assert sum(s.count for k, s in g.recorder.rec.ops.items() if k.op == "mm") == observed_mm
+    assert calls == [True] * calls_observed + [False] * (len(matmuls) - calls_observed)
+
+
+def test_default_window_on_a_steady_training_loop_observes_two_steps():
+    # optimizer.step() runs inside a profiler record_function whose exit falls after the step
+    # hook: it must not make the warm-up step look different from the next one
+    model = nn.Sequential(nn.Linear(8, 8), nn.ReLU(), nn.Linear(8, 1))
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-3)
+    x = torch.randn(4, 8)
+    for _ in range(2):  # the optimizer's lazy state already made, as in a loop already running
+        opt.zero_grad()
+        model(x).sum().backward()
+        opt.step()
+    g = quiet()
+    observed = []
+    with g:
+        for _ in range(5):
+            observed.append(g.recording)
+            opt.zero_grad()
+            model(x).sum().backward()
+            opt.step()
+    assert observed == [True, True, False, False, False]
+    assert g.recorder.rec.steps == 2
+    assert sum(s.count for k, s in g.recorder.rec.ops.items() if k.op == "addmm" and not k.backward) == 4
 
 
 def test_nested_guards_both_record():
