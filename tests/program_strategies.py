@@ -206,7 +206,7 @@ def idiom(draw, names: _Names):
     softmax = pick(f"{fn}.softmax({{s}}, dim=-1)", "{s}.softmax(-1)", f"{tt}.softmax({{s}}, dim=-1)")
     transpose = pick("{x}.transpose(-2, -1)", "{x}.mT", "{x}.transpose(1, 2)", "{x}.t()", "{x}.permute(0, 2, 1)", "{x}.T")
     size = pick("64", "50257", "768", "n", "1000", "30522")
-    kind = draw(st.integers(0, 17))
+    kind = draw(st.sampled_from(range(18)))
     if kind == 0:  # a loop of GEMMs (MAT101)
         return _lines(f"""
 x = {tt}.randn(8, 16, 32)
@@ -390,13 +390,16 @@ def torch_programs(draw) -> str:
     unit = draw(st.sampled_from(["    ", "  ", "\t"]))
     blocks = []
     for _ in range(draw(st.integers(1, 3))):
-        part = draw(st.integers(0, 3))
+        part = draw(st.sampled_from(range(5)))
         if part == 0:
             blocks.append(draw(function_def(names)))
         elif part == 1:
             blocks.append(draw(module_class(names)))
         elif part == 2:
             blocks.append(draw(statements(names, 0, False, False)))
+        elif part == 3:
+            # an idiom inside a function, where the rules see parameters and locals
+            blocks.append(draw(function_def(names)) + [(1 + i, text) for i, text in draw(idiom(names))])
         else:
             blocks.append(draw(idiom(names)))
     body = "\n".join("\n".join(_render(block, 0, unit)) for block in blocks)
