@@ -402,8 +402,30 @@ def torch_programs(draw) -> str:
             blocks.append(draw(function_def(names)) + [(1 + i, text) for i, text in draw(idiom(names))])
         else:
             blocks.append(draw(idiom(names)))
-    body = "\n".join("\n".join(_render(block, 0, unit)) for block in blocks)
-    return header + body + "\n"
+    rendered = [line for block in blocks for line in _render(block, 0, unit)]
+    if draw(st.booleans()):
+        rendered = [draw(restyled_line(line)) for line in rendered]
+    return header + "\n".join(rendered) + "\n"
+
+
+@st.composite
+def restyled_line(draw, line: str) -> str:
+    """The same statement written less tidily: non-ASCII text before it on the line (fix
+    columns are characters, ast's are bytes), a comment after it, or a line break inside
+    its brackets (fixes spanning lines)."""
+    style = draw(st.sampled_from(range(6)))
+    stripped = line.lstrip(" \t")
+    indent = line[:len(line) - len(stripped)]
+    simple = not stripped.endswith(":") and not stripped.startswith(("@", "else", "except", "#"))
+    if style == 0 and simple:
+        return f'{indent}_s = "{draw(st.sampled_from(["é", "日本語", "∑x²", "ü"]))}"; {stripped}'
+    if style == 1 and "#" not in line:
+        return f"{line}  # {draw(st.sampled_from(['ü', 'note', 'type: ignore', 'noqa']))}"
+    if style == 2 and ", " in line and "'" not in line and '"' not in line:
+        cut = draw(st.sampled_from([i for i in range(len(line)) if line.startswith(", ", i)]))
+        if line[:cut].count("(") + line[:cut].count("[") > line[:cut].count(")") + line[:cut].count("]"):
+            return line[:cut + 1] + "\n" + draw(st.sampled_from(["", "        ", "\t"])) + line[cut + 2:]
+    return line
 
 
 # -- programs from hypothesmith, made to reach the rules --------------------------------
