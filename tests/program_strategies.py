@@ -537,7 +537,8 @@ def check_program_findings(source: str, line_endings: bool = True, per_fix: bool
     (a) linting never raises and never reports MAT000 (internal error); a file that mentions
         torch and does not parse gets exactly one MAT001/MAT002;
     (b) fixes (safe, then safe+unsafe) give source that parses, and fixing again changes nothing;
-    (c) applying one safe fix removes a finding of its code and adds no finding of another code;
+    (c) every fix offered applies on its own (its result parses); a safe fix removes a finding
+        of its code and adds no finding of another code;
     (d) CRLF line endings give the same findings as LF.
     Returns (violations, findings); the violations are empty when all hold.
     """
@@ -571,7 +572,7 @@ def check_program_findings(source: str, line_endings: bool = True, per_fix: bool
         if applied_again or again != fixed:
             problems.append(f"{label} fixes are not idempotent: a second pass applied {applied_again}")
     if per_fix:
-        problems += _check_each_safe_fix(source, findings)
+        problems += _check_each_fix(source, findings)
     if line_endings and "\r" not in source:
         crlf = _lint(source.replace("\n", "\r\n"))
         if sorted(map(_key, crlf)) != sorted(map(_key, findings)):
@@ -579,17 +580,21 @@ def check_program_findings(source: str, line_endings: bool = True, per_fix: bool
     return problems, findings
 
 
-def _check_each_safe_fix(source: str, findings: list) -> list:
+def _check_each_fix(source: str, findings: list) -> list:
     problems = []
     before = _code_counts(findings)
     for finding in findings:
-        if not (finding.fix and finding.fix.safe):
+        if not finding.fix:
             continue
-        fixed, applied = apply_fixes(source, [finding])
-        if not applied:
-            continue  # a fix whose result would not parse is skipped by design
-        after = _code_counts(_lint(fixed))
         where = f"{finding.code} fix at {finding.row}:{finding.column}"
+        fixed, applied = apply_fixes(source, [finding], unsafe=True)
+        if not applied:
+            # --fix would skip it, yet the finding is reported as fixable
+            problems.append(f"{where} does not parse when applied alone")
+            continue
+        if not finding.fix.safe:
+            continue
+        after = _code_counts(_lint(fixed))
         if after.get(finding.code, 0) >= before[finding.code]:
             problems.append(f"{where} did not remove its finding")
         added = {code: n for code, n in after.items() if code != finding.code and n > before.get(code, 0)}
