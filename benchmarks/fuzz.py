@@ -91,7 +91,8 @@ def run_chunk(task):
                     continue
             else:
                 base = rng.choice(seeds)
-            source = programs.mutate(base, rng, rounds=rng.randint(1, 4))
+            mutator = programs.mutate_until_parses if rng.random() < 0.5 else programs.mutate
+            source = mutator(base, rng, rounds=rng.randint(1, 4))
             ran += 1
             problems = programs.check_program(source)
             if problems:

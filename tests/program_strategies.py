@@ -484,6 +484,16 @@ def mutate(source: str, rng: random.Random, rounds: int = 3) -> str:
     return "".join(lines)
 
 
+def mutate_until_parses(source: str, rng: random.Random, rounds: int = 3, tries: int = 5) -> str:
+    """A mutation that still parses, when one of a few tries gives one (most edits break the
+    syntax, and the rules only run on what parses)."""
+    for _ in range(tries):
+        mutated = mutate(source, rng, rounds)
+        if _parses(mutated):
+            return mutated
+    return mutated
+
+
 def _identifiers(line: str) -> list:
     out, word = [], []
     for ch in line + " ":

@@ -65,9 +65,10 @@ def test_grammar_generated_programs_hold_the_properties(source):
 
 
 @settings(BASE, max_examples=examples(1000))
-@given(st.sampled_from(SEEDS), st.randoms(use_true_random=False), st.integers(1, 4))
-def test_mutated_real_files_hold_the_properties(base, rng, rounds):
-    assert programs.check_program(programs.mutate(base, rng, rounds)) == []
+@given(st.sampled_from(SEEDS), st.randoms(use_true_random=False), st.integers(1, 4), st.booleans())
+def test_mutated_real_files_hold_the_properties(base, rng, rounds, keep_parsing):
+    mutator = programs.mutate_until_parses if keep_parsing else programs.mutate
+    assert programs.check_program(mutator(base, rng, rounds)) == []
 
 
 @settings(BASE, max_examples=examples(500))
