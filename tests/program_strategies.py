@@ -3,14 +3,15 @@
 files, and `check_program`, which states the properties every program must satisfy."""
 from __future__ import annotations
 
-import ast
 import random
+import warnings
 from pathlib import Path
 
 from hypothesis import strategies as st
 
 from matlint.api import lint_text
 from matlint.config import Settings
+from matlint.engine import parse_quietly
 from matlint.fixes import apply_fixes, fix_until_stable
 
 REPO = Path(__file__).resolve().parent.parent
@@ -531,7 +532,7 @@ def _key(finding) -> tuple:
 
 def _parses(source: str) -> bool:
     try:
-        ast.parse(source)
+        parse_quietly(source)
     except (SyntaxError, ValueError, RecursionError, MemoryError):
         return False
     return True
@@ -542,6 +543,16 @@ def check_program(source: str, line_endings: bool = True, per_fix: bool = True) 
 
 
 def check_program_findings(source: str, line_endings: bool = True, per_fix: bool = True):
+    """`check_program`, also returning the findings; any warning raised while linting or
+    fixing (it would print on the user's terminal) is a violation too."""
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        problems, findings = _check(source, line_endings, per_fix)
+    problems += [f"linting warned: {w.category.__name__}: {w.message}" for w in caught]
+    return problems, findings
+
+
+def _check(source: str, line_endings: bool, per_fix: bool):
     """The properties that must hold for any program; returns the violations (empty when fine).
 
     (a) linting never raises and never reports MAT000 (internal error); a file that mentions

@@ -128,3 +128,11 @@ def test_minimize_keeps_the_failing_line_only():
     source = "".join(f"line{i}\n" for i in range(40))
     assert programs.minimize(source, lambda s: "line17" in s) == "line17\n"
 
+
+
+@pytest.mark.parametrize("source", [
+    # mutated stdlib code: the compiler's warnings about the linted file leaked to stderr
+    'import torch\nx = re.compile("\\s+\\d")\n',
+], ids=["compiler-warnings"])
+def test_regressions(source):
+    assert programs.check_program(source) == []
