@@ -15,6 +15,7 @@ A failing program is minimized (line-level) and saved under --failures; the run 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import os
 import random
 import sys
@@ -134,8 +135,9 @@ def main(argv=None) -> int:
     codes: Counter = Counter()
     failures = []
     wall = time.perf_counter()
-    with Pool(args.jobs) as pool:
-        for generator, ran, spent, found, seen in pool.imap_unordered(run_chunk, tasks):
+    pool = Pool(args.jobs) if args.jobs > 1 else None
+    with pool or contextlib.nullcontext():
+        for generator, ran, spent, found, seen in (pool.imap_unordered(run_chunk, tasks) if pool else map(run_chunk, tasks)):
             totals[generator] += ran
             seconds[generator] += spent
             codes.update(seen)
