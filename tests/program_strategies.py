@@ -17,7 +17,6 @@ from matlint.fixes import apply_fixes, fix_until_stable
 REPO = Path(__file__).resolve().parent.parent
 ALL_RULES = Settings(select=("ALL",))
 TORCH_HEADER = "import torch\nimport torch.nn as nn\nimport torch.nn.functional as F\n"
-ENGINE_CODES = {"MAT000", "MAT001", "MAT002", "MAT003", "MAT004"}
 
 
 # -- a torch-flavoured program generator ------------------------------------------------
@@ -39,6 +38,8 @@ TENSORS = ("x", "w", "q", "k", "v", "h", "a", "b", "out", "scores", "att", "mask
 INDICES = ("i", "j", "t", "b", "k")
 SIZES = ("B", "T", "C", "n", "d", "64", "768", "50257", "1", "3", "x.size(0)", "x.shape[-1]", "len(x)")
 DIMS = ("-1", "-2", "0", "1", "2")
+METHODS = ("t()", "T", "mT", "permute(0, 2, 1)", "contiguous()", "float()", "double()", "cpu()", "cuda()",
+           "detach()", "squeeze(-1)", "unsqueeze(1)", "exp()", "sum()", "abs()")
 SUBSCRIPTS = ("[{i}]", "[:, {i}]", "[{i}, {j}]", "[{i}][{j}]", "[..., 1::2]", "[:, ::2]", "[:, :, :T, :T]", "[None]")
 
 
@@ -71,7 +72,7 @@ def tensor_expr(draw, names: _Names, depth: int = 0):
         lambda: f"{fn}.linear({sub()}, {sub()})",
         lambda: f"{sub()}.transpose({dim()}, -1)",
         lambda: f"{sub()}.transpose(1, 2).contiguous()",
-        lambda: f"{sub()}.{draw(st.sampled_from(['t()', 'T', 'mT', 'permute(0, 2, 1)', 'contiguous()', 'float()', 'double()', 'cpu()', 'cuda()', 'detach()', 'squeeze(-1)', 'unsqueeze(1)', 'exp()', 'sum()', 'abs()']))}",
+        lambda: f"{sub()}.{draw(st.sampled_from(METHODS))}",
         lambda: f"{sub()}.view({size()}, {size()}, {size()})",
         lambda: f"{sub()}.reshape({size()}, -1)",
         lambda: f"{sub()}.softmax({dim()})",
@@ -107,7 +108,7 @@ def tensor_expr(draw, names: _Names, depth: int = 0):
 
 @st.composite
 def statements(draw, names: _Names, depth: int, in_loop: bool, in_function: bool):
-    """A list of lines (without indentation prefix handling: each item is (indent, text))."""
+    """One to three statements as (indent level, text) pairs, relative to the enclosing block."""
     count = draw(st.integers(1, 3))
     lines = []
     for _ in range(count):
@@ -119,7 +120,7 @@ def statements(draw, names: _Names, depth: int, in_loop: bool, in_function: bool
 def statement(draw, names: _Names, depth: int, in_loop: bool, in_function: bool):
     tt, nn = names.torch, names.nn
     expr = lambda: draw(tensor_expr(names))  # noqa: E731
-    target = lambda: draw(st.sampled_from(TENSORS[:-2]))  # noqa: E731
+    target = lambda: draw(st.sampled_from(TENSORS[:-2]))  # noqa: E731  (not self.weight, p)
     index = lambda: draw(st.sampled_from(INDICES))  # noqa: E731
     size = lambda: draw(st.sampled_from(SIZES))  # noqa: E731
     nested = depth < 2
@@ -160,7 +161,11 @@ def statement(draw, names: _Names, depth: int, in_loop: bool, in_function: bool)
         if in_loop and draw(st.booleans()):
             return [(0, draw(st.sampled_from(["break", "continue"])))]
         return [(0, f"{target()} = {target()}.{draw(st.sampled_from(['item()', 'cpu()', 'tolist()', 'numpy()']))}")]
-    body = lambda loop: [(indent + 1, text) for indent, text in draw(statements(names, depth + 1, loop or in_loop, in_function))]  # noqa: E731
+
+    def body(loop: bool) -> list:
+        inner = draw(statements(names, depth + 1, loop or in_loop, in_function))
+        return [(indent + 1, text) for indent, text in inner]
+
     if kind in (14, 15):
         header = draw(st.sampled_from([f"for {index()} in range({size()}):", "for x, y in loader:",
                                        "for p in model.parameters():", f"for {index()}, xi in enumerate(x):",
@@ -256,7 +261,7 @@ target = {tt}.randn(N)
 loss = {pick("((pred - target) ** 2).mean()", f"{fn}.mse_loss(pred, target)", "(target - pred).pow(2).mean()")}
 """)
     if kind == 6:  # a mask broadcast (MAT203)
-        return _lines(f"""
+        return _lines("""
 B, T, C = x.shape
 q = x.view(B, T, n_head, C // n_head).transpose(1, 2)
 k = x.view(B, T, n_head, C // n_head).transpose(1, 2)

@@ -129,7 +129,6 @@ def test_minimize_keeps_the_failing_line_only():
     assert programs.minimize(source, lambda s: "line17" in s) == "line17\n"
 
 
-
 @pytest.mark.parametrize("source", [
     # mutated stdlib code: the compiler's warnings about the linted file leaked to stderr
     'import torch\nx = re.compile("\\s+\\d")\n',
