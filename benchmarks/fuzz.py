@@ -146,11 +146,11 @@ def main(argv=None) -> int:
                   f"{len(failures)} failing", flush=True)
     wall = time.perf_counter() - wall
 
-    print(f"\n{'generator':<10} {'programs':>9} {'cpu s':>8} {'programs/s':>11}")
+    print(f"\n{'generator':<10} {'programs':>9} {'worker s':>9} {'programs/s':>11}")
     for name in weights:
         rate = totals[name] / seconds[name] if seconds[name] else 0.0
-        print(f"{name:<10} {totals[name]:>9} {seconds[name]:>8.0f} {rate:>11.1f}")
-    print(f"{'all':<10} {sum(totals.values()):>9} {wall:>8.0f} {sum(totals.values()) / wall:>11.1f}  (wall, {args.jobs} jobs)")
+        print(f"{name:<10} {totals[name]:>9} {seconds[name]:>9.0f} {rate:>11.1f}")
+    print(f"{'all':<10} {sum(totals.values()):>9} {wall:>9.0f} {sum(totals.values()) / wall:>11.1f}  (wall, {args.jobs} jobs)")
     if codes:
         print("rules with findings on generated programs:", ", ".join(f"{c} {n}" for c, n in sorted(codes.items())))
     if failures:
