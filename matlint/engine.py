@@ -7,6 +7,7 @@ import io
 import re
 import sys
 import tokenize
+import warnings
 from functools import cached_property
 from typing import Iterable, Optional
 
@@ -289,9 +290,17 @@ def _syntax_finding(exc: SyntaxError, source: str, filename: str) -> Finding:
                    filename, row, column, row, column)
 
 
+def parse_quietly(source: str, filename: str = "<unknown>") -> ast.Module:
+    """`ast.parse` without the compiler's warnings about the linted code (invalid escape
+    sequences, `1()`, ...): they would print on the user's terminal, once per file."""
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        return ast.parse(source, filename)
+
+
 def parse(source: str, filename: str):
     try:
-        return ast.parse(source, filename), None
+        return parse_quietly(source, filename), None
     except SyntaxError as exc:
         return None, _syntax_finding(exc, source, filename)
     except (RecursionError, MemoryError):

@@ -2,11 +2,10 @@
 and checks that the result still parses."""
 from __future__ import annotations
 
-import ast
 import difflib
 from typing import Iterable
 
-from .engine import split_lines
+from .engine import parse_quietly, split_lines
 
 
 def _offsets(source: str):
@@ -31,7 +30,7 @@ def _to_offset(starts, row: int, column: int) -> int:
 
 def _parses(source: str) -> bool:
     try:
-        ast.parse(source)
+        parse_quietly(source)
     except (SyntaxError, ValueError, RecursionError, MemoryError):
         return False
     return True

@@ -27,7 +27,7 @@ from typing import Optional
 from . import __version__
 from . import config as matlint_config
 from .diagnostics import Finding, rule_url
-from .engine import NOQA_RE, apply_noqa, split_lines
+from .engine import NOQA_RE, apply_noqa, parse_quietly, split_lines
 from .fixes import apply_fixes, fix_until_stable
 from .registry import get_rule
 
@@ -288,7 +288,7 @@ def _shift(finding: Finding, delta: int) -> Finding:
 def definition_cache(source: str, findings: list) -> dict:
     """{text of a top-level definition: its findings, rows relative to the definition}."""
     try:
-        tree = ast.parse(source)
+        tree = parse_quietly(source)
     except (SyntaxError, ValueError, RecursionError, MemoryError):
         return {}
     lines = split_lines(source)

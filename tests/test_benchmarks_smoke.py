@@ -39,3 +39,31 @@ def test_budget_stops_repeats_and_table_shows_ratios_and_failures(tmp_path):
     lines = speed.table([ref, broken], lines=1000)
     assert "| ref | 1 |" in lines[2] and lines[2].endswith("| 1.00 | 1.00 |")
     assert "install failed: no such package" in lines[3]
+
+
+FUZZ = Path(__file__).resolve().parent.parent / "benchmarks" / "fuzz.py"
+fuzz_spec = importlib.util.spec_from_file_location("matlint_bench_fuzz", FUZZ)
+fuzz = importlib.util.module_from_spec(fuzz_spec)
+sys.modules[fuzz_spec.name] = fuzz  # worker processes look run_chunk up there
+fuzz_spec.loader.exec_module(fuzz)
+
+
+def test_fuzz_runs_each_generator_and_passes(tmp_path, capsys):
+    assert fuzz.main(["--count", "9", "--mix", "torch=1,mutation=1,grammar=1", "--failures", str(tmp_path)]) == 0
+    out = capsys.readouterr().out
+    assert "0 failing programs" in out
+    assert all(f"{name:<10} {3:>9}" in out for name in ("torch", "mutation", "grammar"))
+
+
+def test_fuzz_saves_a_failing_program_minimized(tmp_path, monkeypatch, capsys):
+    def planted(source, line_endings=True, per_fix=True):
+        return (["planted: flags any `import torch`"] if "import torch" in source else []), []
+
+    monkeypatch.setattr(fuzz.programs, "check_program_findings", planted)
+    monkeypatch.setattr(fuzz.programs, "check_program", lambda source: planted(source)[0])
+    assert fuzz.main(["--count", "1", "--mix", "torch=1", "--failures", str(tmp_path)]) == 1
+    saved = sorted(tmp_path.iterdir())
+    assert [p.name for p in saved] == ["torch-0.py"]
+    header, *program = saved[0].read_text().splitlines()
+    assert header == "# planted: flags any `import torch`"
+    assert len(program) == 1 and "import torch" in program[0]  # minimized to the one line that fails
