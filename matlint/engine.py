@@ -356,16 +356,14 @@ def apply_noqa(findings: list, source: str) -> list:
 
 # -- entry points ---------------------------------------------------------------
 
-def lint_tree(tree: ast.Module, source: str, filename: str, rule_classes, rule_options=None) -> list:
-    """Run the rules over an already parsed tree (the flake8 plugin hands us its own)."""
+def _run_rules(tree: ast.Module, source: str, filename: str, rule_classes, rule_options) -> list:
     ctx = FileContext(source, filename, tree)
-    rule_options = rule_options or {}
     rules = [cls(ctx, rule_options.get(cls.code)) for cls in rule_classes if cls._handlers]
     walker = Walker(ctx, rules)
     try:
         walker.walk(tree)
     except RecursionError:
-        return [Finding("MAT000", "file is nested too deeply to analyse", filename, 1, 1, 1, 1)]
+        raise
     except Exception as exc:  # a rule bug must not take the run down
         row = ctx.parents[-1].lineno if ctx.parents and hasattr(ctx.parents[-1], "lineno") else 1
         return ctx.findings + [Finding(
@@ -373,6 +371,30 @@ def lint_tree(tree: ast.Module, source: str, filename: str, rule_classes, rule_o
             f"internal error in {ctx._current_code} ({type(exc).__name__}: {exc}); the rest of this file was not checked",
             filename, row, 1, row, 1)]
     return ctx.findings
+
+
+# The parser accepts trees about 3x deeper than the recursion limit (a chain of 2,000 `a + a`),
+# and the walker and the rules' recursive analyses take a few frames per level.
+DEEP_TREE_RECURSION_FACTOR = 12
+
+
+def lint_tree(tree: ast.Module, source: str, filename: str, rule_classes, rule_options=None) -> list:
+    """Run the rules over an already parsed tree (the flake8 plugin hands us its own)."""
+    rule_options = rule_options or {}
+    try:
+        return _run_rules(tree, source, filename, rule_classes, rule_options)
+    except RecursionError:
+        pass
+    # Only deeply nested files get here: walk them again with room for their depth.
+    limit = sys.getrecursionlimit()
+    sys.setrecursionlimit(limit * DEEP_TREE_RECURSION_FACTOR)
+    try:
+        return _run_rules(tree, source, filename, rule_classes, rule_options)
+    except RecursionError:
+        return [Finding("MAT000", "expressions nest too deeply to analyse; split the longest expression",
+                        filename, 1, 1, 1, 1)]
+    finally:
+        sys.setrecursionlimit(limit)
 
 
 def lint_source(source: str, filename: str, rule_classes, rule_options=None, prefilter: bool = True) -> list:
