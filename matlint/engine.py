@@ -36,6 +36,16 @@ NEWER_SYNTAX = (
     (re.compile(r"""\bf(["']).*\{[^}]*\1"""), (3, 12), "an f-string reusing its own quote inside `{}`"),
 )
 
+# Python 2 spellings, checked only on the line where parsing failed.
+PYTHON2_SYNTAX = re.compile(
+    r"^\s*(print|exec)\s+[^\s(=.,)\]}:;+*/%&|^<>!-]"  # print "x", exec "code"
+    r"|^\s*print\s*>>"                                 # print >>sys.stderr, x
+    r"|^\s*raise\s+[\w.]+\s*,"                        # raise E, "message"
+    r"|^\s*except\s+[\w.]+\s*,\s*\w+\s*:"            # except E, e:
+    r"|`|<>"                                          # repr backticks, the <> operator
+    r"|(?<![\w.])0[0-7]+(?![\w.])|(?<![\w.])\d+[lL](?!\w)"  # 0777, 10L
+    r"|(?<!\w)[uU][rR][\"']"                           # ur"..."
+)
 
 
 def _slice_bytes(line: str, start: int, end) -> str:
@@ -285,8 +295,10 @@ def _syntax_finding(exc: SyntaxError, source: str, filename: str) -> Finding:
                 filename, row, 1, row, 1)
     column = max(exc.offset or 1, 1)
     msg = exc.msg or "invalid syntax"
-    return Finding("MAT001", f"file does not parse: {msg} (Python {_RUNNING} grammar)",
-                   filename, row, column, row, column)
+    grammar = f"Python {_RUNNING} grammar"
+    if PYTHON2_SYNTAX.search(line):
+        grammar += "; the file looks like Python 2 code: port it to Python 3"
+    return Finding("MAT001", f"file does not parse: {msg} ({grammar})", filename, row, column, row, column)
 
 
 def parse(source: str, filename: str):
