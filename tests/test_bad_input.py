@@ -344,3 +344,23 @@ def test_invalid_toml_of_another_tool_is_not_ours(tmp_path):
     write(tmp_path / "good.py", bad_example("MAT101").code)
     result, findings = _check(tmp_path, "--no-cache")
     assert result.returncode == 1 and _positions(findings, "good.py") == list(bad_example("MAT101").expect)
+
+
+def test_deep_nesting_in_the_language_server_lint_paths(tmp_path):
+    pytest.importorskip("pygls")
+    from matlint.config import Settings
+    from matlint.server import definition_cache, full_lint, quick_lint
+
+    settings = Settings()
+    expect = [("MAT101", *p) for p in bad_example("MAT101").expect]
+    for name, text in {**DEEP_FILES, **COMPILING_DEEP_FILES}.items():
+        source = bad_example("MAT101").code + "\nw = torch.ones(2)\n" + text
+        findings, _ = full_lint(source, str(tmp_path / name), settings)
+        if name in DEEP_FILES:
+            assert [f.code for f in findings] == ["MAT001"], name
+            continue
+        assert [(f.code, f.row, f.column) for f in findings] == expect, name
+        # An edit after the deep line: the quick path re-lints what changed, or declines.
+        outcome = quick_lint(source + "y = 1\n", str(tmp_path / name), settings, definition_cache(source, findings))
+        if outcome is not None:
+            assert [(f.code, f.row, f.column) for f in outcome[0]] == expect, name
