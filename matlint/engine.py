@@ -37,6 +37,16 @@ NEWER_SYNTAX = (
     (re.compile(r"""\bf(["']).*\{[^}]*\1"""), (3, 12), "an f-string reusing its own quote inside `{}`"),
 )
 
+# Python 2 spellings, checked only on the line where parsing failed.
+PYTHON2_SYNTAX = re.compile(
+    r"^\s*(print|exec)\s+[^\s(=.,)\]}:;+*/%&|^<>!-]"  # print "x", exec "code"
+    r"|^\s*print\s*>>"                                 # print >>sys.stderr, x
+    r"|^\s*raise\s+[\w.]+\s*,"                        # raise E, "message"
+    r"|^\s*except\s+[\w.]+\s*,\s*\w+\s*:"            # except E, e:
+    r"|`|<>"                                          # repr backticks, the <> operator
+    r"|(?<![\w.])0[0-7]+(?![\w.])|(?<![\w.])\d+[lL](?!\w)"  # 0777, 10L
+    r"|(?<!\w)[uU][rR][\"']"                           # ur"..."
+)
 
 
 def _slice_bytes(line: str, start: int, end) -> str:
@@ -286,8 +296,10 @@ def _syntax_finding(exc: SyntaxError, source: str, filename: str) -> Finding:
                 filename, row, 1, row, 1)
     column = max(exc.offset or 1, 1)
     msg = exc.msg or "invalid syntax"
-    return Finding("MAT001", f"file does not parse: {msg} (Python {_RUNNING} grammar)",
-                   filename, row, column, row, column)
+    grammar = f"Python {_RUNNING} grammar"
+    if PYTHON2_SYNTAX.search(line):
+        grammar += "; the file looks like Python 2 code: port it to Python 3"
+    return Finding("MAT001", f"file does not parse: {msg} ({grammar})", filename, row, column, row, column)
 
 
 def parse_quietly(source: str, filename: str = "<unknown>") -> ast.Module:
@@ -365,16 +377,14 @@ def apply_noqa(findings: list, source: str) -> list:
 
 # -- entry points ---------------------------------------------------------------
 
-def lint_tree(tree: ast.Module, source: str, filename: str, rule_classes, rule_options=None) -> list:
-    """Run the rules over an already parsed tree (the flake8 plugin hands us its own)."""
+def _run_rules(tree: ast.Module, source: str, filename: str, rule_classes, rule_options) -> list:
     ctx = FileContext(source, filename, tree)
-    rule_options = rule_options or {}
     rules = [cls(ctx, rule_options.get(cls.code)) for cls in rule_classes if cls._handlers]
     walker = Walker(ctx, rules)
     try:
         walker.walk(tree)
     except RecursionError:
-        return [Finding("MAT000", "file is nested too deeply to analyse", filename, 1, 1, 1, 1)]
+        raise
     except Exception as exc:  # a rule bug must not take the run down
         row = ctx.parents[-1].lineno if ctx.parents and hasattr(ctx.parents[-1], "lineno") else 1
         return ctx.findings + [Finding(
@@ -382,6 +392,30 @@ def lint_tree(tree: ast.Module, source: str, filename: str, rule_classes, rule_o
             f"internal error in {ctx._current_code} ({type(exc).__name__}: {exc}); the rest of this file was not checked",
             filename, row, 1, row, 1)]
     return ctx.findings
+
+
+# The parser accepts trees about 3x deeper than the recursion limit (a chain of 2,000 `a + a`),
+# and the walker and the rules' recursive analyses take a few frames per level.
+DEEP_TREE_RECURSION_FACTOR = 12
+
+
+def lint_tree(tree: ast.Module, source: str, filename: str, rule_classes, rule_options=None) -> list:
+    """Run the rules over an already parsed tree (the flake8 plugin hands us its own)."""
+    rule_options = rule_options or {}
+    try:
+        return _run_rules(tree, source, filename, rule_classes, rule_options)
+    except RecursionError:
+        pass
+    # Only deeply nested files get here: walk them again with room for their depth.
+    limit = sys.getrecursionlimit()
+    sys.setrecursionlimit(limit * DEEP_TREE_RECURSION_FACTOR)
+    try:
+        return _run_rules(tree, source, filename, rule_classes, rule_options)
+    except RecursionError:
+        return [Finding("MAT000", "expressions nest too deeply to analyse; split the longest expression",
+                        filename, 1, 1, 1, 1)]
+    finally:
+        sys.setrecursionlimit(limit)
 
 
 def lint_source(source: str, filename: str, rule_classes, rule_options=None, prefilter: bool = True) -> list:

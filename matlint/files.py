@@ -13,6 +13,10 @@ import pathspec
 from .diagnostics import Finding
 
 PYTHON_SUFFIXES = (".py", ".pyi")
+# Notebooks are not linted (under a directory they are not even looked at); named explicitly, they get this note.
+NOTEBOOK_SUFFIX = ".ipynb"
+NOTEBOOK_NOTE = ("not linted: matlint does not read Jupyter notebooks; export the code cells with "
+                 "`jupyter nbconvert --to script` and lint the .py file")
 
 
 class UsageError(Exception):
@@ -108,6 +112,8 @@ class FileFinder:
                 self._walk(Path(path), self._ignores_above(Path(path)), found)
             elif os.path.isdir(path):
                 self._walk(Path(path), _Ignores(), found)  # a symlink named explicitly is followed
+            elif path.endswith(NOTEBOOK_SUFFIX) and os.path.isfile(path):
+                found.problems.append(Finding("MAT003", NOTEBOOK_NOTE, path, 1, 1, 1, 1))
             elif os.path.isfile(path):
                 found.files.append(path)
             else:

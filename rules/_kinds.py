@@ -75,6 +75,7 @@ _ELEMENTWISE_MODULES = {
 }
 _LINEAR_MODULES = {"torch.nn.Linear", "torch.nn.LazyLinear"}
 _RECURSING = object()
+_NOT_YET = object()
 
 
 def _is_cpu_literal(expr: ast.AST) -> bool:
@@ -205,11 +206,19 @@ def _chain(ctx) -> list:
     return [_scope(ctx, f) for f in reversed(ctx.functions)] + [_scope(ctx, ctx.tree)]
 
 
+def _sets_default_device(ctx) -> bool:
+    # Once per file: searching the whole source for every inference made big files quadratic.
+    found = ctx.shared.get("sets_default_device")
+    if found is None:
+        found = ctx.shared["sets_default_device"] = "set_default_device" in ctx.source
+    return found
+
+
 class _Inference:
     def __init__(self, ctx, chain):
         self.ctx = ctx
         self.chain = chain
-        self.default_device_set = "set_default_device" in ctx.source
+        self.default_device_set = _sets_default_device(ctx)
 
     # -- names ----------------------------------------------------------------
     def name(self, ident: str, chain=None) -> Optional[str]:
@@ -369,14 +378,17 @@ class _Inference:
             return SCALAR
         return OTHER if qual.startswith("torch") else None
 
-    def _attribute(self, node: ast.Attribute) -> Optional[str]:
+    def _attribute(self, node: ast.Attribute, base_kind=_NOT_YET) -> Optional[str]:
+        """`base_kind`: the kind of `node.value` when the caller has it already (evaluating it
+        twice per level made `x.float().float()...` chains exponential)."""
         qual = self.ctx.qualname(node)
         if qual is not None:
             return self._qualified(qual)
         base = node.value
         if isinstance(base, ast.Name) and self.chain and base.id == self.chain[0].self_name and self.ctx.class_ is not None:
             return class_attribute_kind(self.ctx, self.ctx.class_, node.attr)
-        base_kind = self.expr(base)
+        if base_kind is _NOT_YET:
+            base_kind = self.expr(base)
         if base_kind in TENSORS:
             if node.attr in _SAME_KIND_ATTRS:
                 return base_kind
@@ -414,7 +426,7 @@ class _Inference:
                 return receiver
             if receiver == MODULE_LIST:
                 return None
-            callee = self.expr(func)
+            callee = self._attribute(func, receiver)
         else:
             callee = None
         if callee in (LINEAR, MODULE):

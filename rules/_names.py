@@ -77,10 +77,21 @@ class NameResolver:
     """Maps local names to qualified names, scope by scope."""
 
     def __init__(self, module: ast.Module):
-        self._scopes: list = [self._scan(module.body, {}, module_level=True)]
+        # Each scope holds only its own bindings (copying the enclosing ones into every function
+        # made a file with many top-level names quadratic); lookups go outward.
+        self._scopes: list = []
+        self._scopes.append(self._scan(module.body, module_level=True))
 
-    def _scan(self, body, inherited: dict, module_level: bool, params=()) -> dict:
-        aliases = dict(inherited)
+    def _lookup(self, head: str, local: Optional[dict] = None) -> Optional[str]:
+        if local is not None and head in local:
+            return local[head]
+        for scope in reversed(self._scopes):
+            if head in scope:
+                return scope[head]
+        return None
+
+    def _scan(self, body, module_level: bool, params=()) -> dict:
+        aliases: dict = {}
         for name in params:
             aliases[name] = None
         for stmt in _shallow_statements(body):
@@ -119,13 +130,12 @@ class NameResolver:
                             aliases[name] = None
         return aliases
 
-    @staticmethod
-    def _alias_value(value: ast.AST, aliases: dict) -> Optional[str]:
+    def _alias_value(self, value: ast.AST, aliases: dict) -> Optional[str]:
         name = dotted(value)
         if name is None:
             return None
         head, _, rest = name.partition(".")
-        base = aliases.get(head)
+        base = self._lookup(head, aliases)
         if base is None:
             return None
         return canonical(f"{base}.{rest}" if rest else base)
@@ -138,10 +148,10 @@ class NameResolver:
         if args.kwarg:
             params.append(args.kwarg.arg)
         body = node.body if isinstance(node.body, list) else []
-        self._scopes.append(self._scan(body, self._scopes[-1], module_level=False, params=params))
+        self._scopes.append(self._scan(body, module_level=False, params=params))
 
     def enter_class(self, node) -> None:
-        self._scopes.append(self._scopes[-1])
+        self._scopes.append({})  # class bodies bind no aliases here; lookups pass through
 
     def leave_scope(self) -> None:
         self._scopes.pop()
@@ -152,7 +162,7 @@ class NameResolver:
         if name is None:
             return None
         head, _, rest = name.partition(".")
-        base = self._scopes[-1].get(head)
+        base = self._lookup(head)
         if base is None:
             return None
         return canonical(f"{base}.{rest}" if rest else base)

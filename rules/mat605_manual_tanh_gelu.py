@@ -211,9 +211,10 @@ class ManualTanhGelu(Rule):
         into `leaves` when `env` is empty)."""
         if depth > 40:
             raise _NotArithmetic
-        key = ast.dump(node)
-        if key in env:
-            return env[key]
+        if env:  # dumping every subtree when there is nothing to look up made big expressions quadratic
+            key = ast.dump(node)
+            if key in env:
+                return env[key]
         if isinstance(node, ast.Constant) and isinstance(node.value, (int, float)) and not isinstance(node.value, bool):
             return float(node.value)
         if isinstance(node, ast.UnaryOp) and isinstance(node.op, (ast.USub, ast.UAdd)):
@@ -257,7 +258,7 @@ class ManualTanhGelu(Rule):
                     raise _NotArithmetic  # its inputs changed since: `x` would not be one value
                 return self._evaluate(flow, assign.value, env, leaves, depth + 1)
         if isinstance(node, (ast.Name, ast.Attribute, ast.Call, ast.Subscript)) and not env:
-            leaves[key] = node
+            leaves[ast.dump(node)] = node
             return 1.0
         raise _NotArithmetic
 
