@@ -147,13 +147,6 @@ class Walker:
                     continue
                 for attr in attrs:
                     table.setdefault(node_class, []).append((rule, getattr(rule, attr)))
-        self.special = {
-            ast.FunctionDef: self._walk_function, ast.AsyncFunctionDef: self._walk_function,
-            ast.Lambda: self._walk_function, ast.ClassDef: self._walk_class,
-            ast.For: self._walk_for, ast.AsyncFor: self._walk_for, ast.While: self._walk_while,
-            ast.ListComp: self._walk_comprehension, ast.SetComp: self._walk_comprehension,
-            ast.GeneratorExp: self._walk_comprehension, ast.DictComp: self._walk_comprehension,
-        }
 
     def _call(self, handlers, node) -> None:
         for rule, handler in handlers:
@@ -169,7 +162,7 @@ class Walker:
         parents.append(node)
         special = self.special.get(node_type)
         if special is not None:
-            special(node)
+            special(self, node)
         else:
             walk = self.walk
             for field in node._fields:
@@ -242,6 +235,17 @@ class Walker:
         ctx.names.leave_scope()
         ctx.classes.pop()
         ctx.loops, ctx.functions = saved_loops, saved_functions
+
+
+# Plain functions, not bound methods: a walker holding its own bound methods would be a reference
+# cycle, keeping every file's tree alive until the garbage collector finds it.
+Walker.special = {
+    ast.FunctionDef: Walker._walk_function, ast.AsyncFunctionDef: Walker._walk_function,
+    ast.Lambda: Walker._walk_function, ast.ClassDef: Walker._walk_class,
+    ast.For: Walker._walk_for, ast.AsyncFor: Walker._walk_for, ast.While: Walker._walk_while,
+    ast.ListComp: Walker._walk_comprehension, ast.SetComp: Walker._walk_comprehension,
+    ast.GeneratorExp: Walker._walk_comprehension, ast.DictComp: Walker._walk_comprehension,
+}
 
 
 # -- decoding and parsing ---------------------------------------------------
@@ -372,6 +376,10 @@ def lint_tree(tree: ast.Module, source: str, filename: str, rule_classes, rule_o
             "MAT000",
             f"internal error in {ctx._current_code} ({type(exc).__name__}: {exc}); the rest of this file was not checked",
             filename, row, 1, row, 1)]
+    finally:
+        # The shared analyses point back at ctx; without this cycle the whole tree is freed by
+        # reference counting as soon as the caller lets go of it, not by the garbage collector.
+        ctx.shared.clear()
     return ctx.findings
 
 

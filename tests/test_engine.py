@@ -1,6 +1,7 @@
 """The engine's own pieces: positions, source segments, noqa, newer-syntax detection, and the
 import/alias resolver every rule relies on."""
 import ast
+import gc
 import sys
 
 import pytest
@@ -118,3 +119,30 @@ def test_a_parameter_shadows_an_import_inside_its_function():
     assert ctx.qualname(func.body[0].value) is None
     ctx.names.leave_scope()
     assert ctx.qualname(ast.parse("F.linear").body[0].value) == "torch.nn.functional.linear"
+
+
+def test_linting_leaves_no_tree_in_reference_cycles():
+    # The CLI pauses the cyclic collector while it lints a file (see runner.py): that is only
+    # cheap if the file's tree and analyses are freed by reference counting when it is done.
+    # (ast.dump leaves a few closures in cycles; they hold no node.)
+    from matlint.engine import FileContext, lint_bytes
+    from matlint.registry import all_rules
+
+    rules = [cls for cls in all_rules() if cls.default_enabled]
+    sources = [example.code for cls in all_rules() for example in cls.examples]
+    assert len(sources) > 100
+    gc.collect()
+    was_enabled = gc.isenabled()
+    gc.disable()
+    gc.set_debug(gc.DEBUG_SAVEALL)
+    try:
+        findings = [f for source in sources for f in lint_bytes(source.encode(), "t.py", rules)]
+        gc.collect()
+        kept = [type(o).__name__ for o in gc.garbage if isinstance(o, (ast.AST, FileContext))]
+    finally:
+        gc.set_debug(0)
+        gc.garbage.clear()
+        if was_enabled:
+            gc.enable()
+    assert len(findings) > 100
+    assert kept == []
