@@ -7,6 +7,8 @@ from __future__ import annotations
 import ast
 from typing import Optional
 
+from ._tree import child_nodes, walk
+
 TENSOR = "tensor"            # a tensor whose device is not known to be the CPU
 CPU_TENSOR = "cpu_tensor"    # a tensor on the CPU by construction
 TENSOR_SEQ = "tensor_seq"    # a sequence of same-shaped tensors (x.unbind())
@@ -190,7 +192,7 @@ class ScopeKinds:
                 continue
             if isinstance(node, ast.Lambda):
                 continue
-            stack.extend(ast.iter_child_nodes(node))
+            stack.extend(child_nodes(node))
 
 
 def _scope(ctx, owner) -> ScopeKinds:
@@ -526,7 +528,7 @@ def _class_attribute_values(cls: ast.ClassDef) -> dict:
         if not params:
             continue
         self_name = params[0].arg
-        for node in ast.walk(method):
+        for node in walk(method):
             if isinstance(node, ast.Assign):
                 for target in node.targets:
                     if (isinstance(target, ast.Attribute) and isinstance(target.value, ast.Name)
