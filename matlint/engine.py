@@ -128,8 +128,24 @@ class FileContext:
         self.findings.append(Finding(code, message, self.filename, row, col, end_row, end_col, fix, row))
 
 
-_SKIPPED = (ast.expr_context, ast.operator, ast.cmpop, ast.unaryop, ast.boolop)
 _AST = ast.AST
+# Fields that never hold a node the walker visits: names, numbers, flags, and the operator and
+# context singletons (Load, Add, Eq...), which no rule handles. Skipping them saves a getattr and
+# an isinstance per field on every node.
+_NOT_CHILD_FIELDS = frozenset({
+    "ctx", "op", "ops", "id", "attr", "arg", "name", "asname", "module", "level", "kind", "conversion",
+    "is_async", "simple", "type_comment", "tag", "kwd_attrs",
+})
+_CHILD_NAME_FIELD = ("TypeAlias",)  # Python 3.12+: `type X = ...` names X with a Name node
+_NOT_CHILD_FIELDS_OF = {ast.Constant: {"value"}, ast.Global: {"names"}, ast.Nonlocal: {"names"}}
+_CHILD_FIELDS: dict = {}
+
+
+def _child_fields(node_type) -> tuple:
+    skipped = _NOT_CHILD_FIELDS | _NOT_CHILD_FIELDS_OF.get(node_type, set())
+    if node_type.__name__ in _CHILD_NAME_FIELD:
+        skipped = skipped - {"name"}
+    return tuple(f for f in node_type._fields if f not in skipped)
 
 
 class Walker:
@@ -165,13 +181,16 @@ class Walker:
             special(self, node)
         else:
             walk = self.walk
-            for field in node._fields:
+            fields = _CHILD_FIELDS.get(node_type)
+            if fields is None:
+                fields = _CHILD_FIELDS[node_type] = _child_fields(node_type)
+            for field in fields:
                 value = getattr(node, field, None)
-                if isinstance(value, list):
+                if value.__class__ is list:
                     for item in value:
-                        if isinstance(item, _AST) and not isinstance(item, _SKIPPED):
+                        if isinstance(item, _AST):
                             walk(item)
-                elif isinstance(value, _AST) and not isinstance(value, _SKIPPED):
+                elif isinstance(value, _AST):
                     walk(value)
         parents.pop()
         handlers = self.leave.get(node_type)

@@ -117,6 +117,11 @@ def _annotation_kind(ann: Optional[ast.AST]) -> Optional[str]:
     return None
 
 
+# Most nodes of a function, and none of them binds a name or has a child that does.
+_BINDS_NOTHING = frozenset({ast.Name, ast.Constant}.union(
+    *(base.__subclasses__() for base in (ast.expr_context, ast.operator, ast.cmpop, ast.unaryop, ast.boolop))))
+
+
 class ScopeKinds:
     """Assignments and uses of names in one function (or the module), collected once."""
 
@@ -158,6 +163,8 @@ class ScopeKinds:
         stack = [root]
         while stack:
             node = stack.pop()
+            if type(node) in _BINDS_NOTHING:
+                continue
             if isinstance(node, ast.Assign):
                 for target in node.targets:
                     self._bind(target, ("value", node.value))

@@ -146,3 +146,37 @@ def test_linting_leaves_no_tree_in_reference_cycles():
             gc.enable()
     assert len(findings) > 100
     assert kept == []
+
+
+def test_walker_visits_every_node_but_operators_contexts_and_first_generators():
+    # The walker skips fields that cannot hold a node it visits; this checks the list leaves out
+    # no node, on real code using most of the grammar.
+    import dataclasses
+    import inspect
+    import typing
+
+    from matlint.engine import Walker
+
+    node_classes = [c for c in vars(ast).values() if isinstance(c, type) and issubclass(c, ast.AST)]
+
+    class Recorder:
+        code = "MAT999"
+        _handlers = {("visit", c.__name__): [f"visit_{c.__name__}"] for c in node_classes}
+
+        def __init__(self):
+            self.seen = []
+
+        def __getattr__(self, name):
+            return self.seen.append
+
+    skipped_types = (ast.expr_context, ast.operator, ast.cmpop, ast.unaryop, ast.boolop)
+    for module in (ast, dataclasses, inspect, typing):
+        source = inspect.getsource(module)
+        tree = ast.parse(source)
+        recorder = Recorder()
+        Walker(FileContext(source, "t.py", tree), [recorder]).walk(tree)
+        first_generators = {id(n.generators[0]) for n in ast.walk(tree)
+                            if isinstance(n, (ast.ListComp, ast.SetComp, ast.GeneratorExp, ast.DictComp))}
+        expected = [n for n in ast.walk(tree) if not isinstance(n, skipped_types) and id(n) not in first_generators]
+        assert sorted(map(id, recorder.seen)) == sorted(map(id, expected))
+        assert len(recorder.seen) == len({id(n) for n in recorder.seen})
