@@ -361,6 +361,8 @@ def noqa_map(source: str):
 
 
 def apply_noqa(findings: list, source: str) -> list:
+    if not findings:
+        return findings  # most files: no need to tokenize them for comments
     per_line, file_codes, file_noqa = noqa_map(source)
     if not per_line and not file_noqa:
         return findings
