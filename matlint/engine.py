@@ -139,8 +139,24 @@ class FileContext:
         self.findings.append(Finding(code, message, self.filename, row, col, end_row, end_col, fix, row))
 
 
-_SKIPPED = (ast.expr_context, ast.operator, ast.cmpop, ast.unaryop, ast.boolop)
 _AST = ast.AST
+# Fields that never hold a node the walker visits: names, numbers, flags, and the operator and
+# context singletons (Load, Add, Eq...), which no rule handles. Skipping them saves a getattr and
+# an isinstance per field on every node.
+_NOT_CHILD_FIELDS = frozenset({
+    "ctx", "op", "ops", "id", "attr", "arg", "name", "asname", "module", "level", "kind", "conversion",
+    "is_async", "simple", "type_comment", "tag", "kwd_attrs",
+})
+_CHILD_NAME_FIELD = ("TypeAlias",)  # Python 3.12+: `type X = ...` names X with a Name node
+_NOT_CHILD_FIELDS_OF = {ast.Constant: {"value"}, ast.Global: {"names"}, ast.Nonlocal: {"names"}}
+_CHILD_FIELDS: dict = {}
+
+
+def _child_fields(node_type) -> tuple:
+    skipped = _NOT_CHILD_FIELDS | _NOT_CHILD_FIELDS_OF.get(node_type, set())
+    if node_type.__name__ in _CHILD_NAME_FIELD:
+        skipped = skipped - {"name"}
+    return tuple(f for f in node_type._fields if f not in skipped)
 
 
 class Walker:
@@ -158,13 +174,6 @@ class Walker:
                     continue
                 for attr in attrs:
                     table.setdefault(node_class, []).append((rule, getattr(rule, attr)))
-        self.special = {
-            ast.FunctionDef: self._walk_function, ast.AsyncFunctionDef: self._walk_function,
-            ast.Lambda: self._walk_function, ast.ClassDef: self._walk_class,
-            ast.For: self._walk_for, ast.AsyncFor: self._walk_for, ast.While: self._walk_while,
-            ast.ListComp: self._walk_comprehension, ast.SetComp: self._walk_comprehension,
-            ast.GeneratorExp: self._walk_comprehension, ast.DictComp: self._walk_comprehension,
-        }
 
     def _call(self, handlers, node) -> None:
         for rule, handler in handlers:
@@ -180,16 +189,19 @@ class Walker:
         parents.append(node)
         special = self.special.get(node_type)
         if special is not None:
-            special(node)
+            special(self, node)
         else:
             walk = self.walk
-            for field in node._fields:
+            fields = _CHILD_FIELDS.get(node_type)
+            if fields is None:
+                fields = _CHILD_FIELDS[node_type] = _child_fields(node_type)
+            for field in fields:
                 value = getattr(node, field, None)
-                if isinstance(value, list):
+                if value.__class__ is list:
                     for item in value:
-                        if isinstance(item, _AST) and not isinstance(item, _SKIPPED):
+                        if isinstance(item, _AST):
                             walk(item)
-                elif isinstance(value, _AST) and not isinstance(value, _SKIPPED):
+                elif isinstance(value, _AST):
                     walk(value)
         parents.pop()
         handlers = self.leave.get(node_type)
@@ -253,6 +265,17 @@ class Walker:
         ctx.names.leave_scope()
         ctx.classes.pop()
         ctx.loops, ctx.functions = saved_loops, saved_functions
+
+
+# Plain functions, not bound methods: a walker holding its own bound methods would be a reference
+# cycle, keeping every file's tree alive until the garbage collector finds it.
+Walker.special = {
+    ast.FunctionDef: Walker._walk_function, ast.AsyncFunctionDef: Walker._walk_function,
+    ast.Lambda: Walker._walk_function, ast.ClassDef: Walker._walk_class,
+    ast.For: Walker._walk_for, ast.AsyncFor: Walker._walk_for, ast.While: Walker._walk_while,
+    ast.ListComp: Walker._walk_comprehension, ast.SetComp: Walker._walk_comprehension,
+    ast.GeneratorExp: Walker._walk_comprehension, ast.DictComp: Walker._walk_comprehension,
+}
 
 
 # -- decoding and parsing ---------------------------------------------------
@@ -359,6 +382,8 @@ def noqa_map(source: str):
 
 
 def apply_noqa(findings: list, source: str) -> list:
+    if not findings:
+        return findings  # most files: no need to tokenize them for comments
     per_line, file_codes, file_noqa = noqa_map(source)
     if not per_line and not file_noqa:
         return findings
@@ -391,6 +416,10 @@ def _run_rules(tree: ast.Module, source: str, filename: str, rule_classes, rule_
             "MAT000",
             f"internal error in {ctx._current_code} ({type(exc).__name__}: {exc}); the rest of this file was not checked",
             filename, row, 1, row, 1)]
+    finally:
+        # The shared analyses point back at ctx; without this cycle the whole tree is freed by
+        # reference counting as soon as the caller lets go of it, not by the garbage collector.
+        ctx.shared.clear()
     return ctx.findings
 
 

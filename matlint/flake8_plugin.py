@@ -71,10 +71,16 @@ class MatlintFlake8:
         source = "".join(self.lines)
         if "torch" not in source:
             return
-        from .engine import lint_tree, noqa_map
+        from .engine import FILE_NOQA_RE, lint_tree, noqa_map
 
         findings = lint_tree(self.tree, source, self.filename, self.rules, self.rule_options)
-        _, file_codes, file_noqa = noqa_map(source)  # `# matlint: noqa`; flake8 handles `# noqa`
+        if not findings:
+            return
+        # `# matlint: noqa`; flake8 handles `# noqa`. Tokenizing for comments only pays where the
+        # text holds one at all.
+        file_codes, file_noqa = None, False
+        if FILE_NOQA_RE.search(source):
+            _, file_codes, file_noqa = noqa_map(source)
         for finding in findings:
             if file_noqa and (file_codes is None or finding.code in file_codes):
                 continue

@@ -8,6 +8,7 @@ import ast
 from typing import Optional
 
 from ._loops import walk_no_scopes
+from ._tree import child_nodes
 
 
 def _pos(node: ast.AST) -> tuple:
@@ -32,7 +33,7 @@ class FunctionFlow:
         for stmt in body:
             self.parent[stmt] = function
             for node in walk_no_scopes(stmt):
-                for child in ast.iter_child_nodes(node):
+                for child in child_nodes(node):
                     self.parent[child] = node
                 for field in ("body", "orelse", "finalbody", "handlers"):
                     block = getattr(node, field, None)

@@ -7,6 +7,8 @@ from __future__ import annotations
 import ast
 from typing import Optional
 
+from ._tree import child_nodes, walk
+
 TENSOR = "tensor"            # a tensor whose device is not known to be the CPU
 CPU_TENSOR = "cpu_tensor"    # a tensor on the CPU by construction
 TENSOR_SEQ = "tensor_seq"    # a sequence of same-shaped tensors (x.unbind())
@@ -116,6 +118,11 @@ def _annotation_kind(ann: Optional[ast.AST]) -> Optional[str]:
     return None
 
 
+# Most nodes of a function, and none of them binds a name or has a child that does.
+_BINDS_NOTHING = frozenset({ast.Name, ast.Constant}.union(
+    *(base.__subclasses__() for base in (ast.expr_context, ast.operator, ast.cmpop, ast.unaryop, ast.boolop))))
+
+
 class ScopeKinds:
     """Assignments and uses of names in one function (or the module), collected once."""
 
@@ -157,6 +164,8 @@ class ScopeKinds:
         stack = [root]
         while stack:
             node = stack.pop()
+            if type(node) in _BINDS_NOTHING:
+                continue
             if isinstance(node, ast.Assign):
                 for target in node.targets:
                     self._bind(target, ("value", node.value))
@@ -191,7 +200,7 @@ class ScopeKinds:
                 continue
             if isinstance(node, ast.Lambda):
                 continue
-            stack.extend(ast.iter_child_nodes(node))
+            stack.extend(child_nodes(node))
 
 
 def _scope(ctx, owner) -> ScopeKinds:
@@ -538,7 +547,7 @@ def _class_attribute_values(cls: ast.ClassDef) -> dict:
         if not params:
             continue
         self_name = params[0].arg
-        for node in ast.walk(method):
+        for node in walk(method):
             if isinstance(node, ast.Assign):
                 for target in node.targets:
                     if (isinstance(target, ast.Attribute) and isinstance(target.value, ast.Name)

@@ -6,6 +6,8 @@ import ast
 import re
 from functools import cached_property
 
+from ._tree import child_nodes
+
 _SCOPES = (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef, ast.Lambda)
 _COMPREHENSIONS = (ast.ListComp, ast.SetComp, ast.GeneratorExp, ast.DictComp)
 
@@ -28,7 +30,7 @@ def walk_no_scopes(node: ast.AST):
     while stack:
         current = stack.pop()
         yield current
-        for child in ast.iter_child_nodes(current):
+        for child in child_nodes(current):
             if not isinstance(child, _SCOPES):
                 stack.append(child)
 
@@ -41,7 +43,7 @@ def walk_direct(stmts):
         current = stack.pop()
         yield current
         if not isinstance(current, nested):
-            stack.extend(ast.iter_child_nodes(current))
+            stack.extend(child_nodes(current))
 
 
 class _Order(ast.NodeVisitor):

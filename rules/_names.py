@@ -11,6 +11,8 @@ from __future__ import annotations
 import ast
 from typing import Optional
 
+from ._tree import walk
+
 # Spellings that reach the same function under another module path.
 CANONICAL = {
     "torch.functional.einsum": "torch.einsum",
@@ -158,13 +160,17 @@ class NameResolver:
 
     def qualname(self, expr: ast.AST) -> Optional[str]:
         """The qualified name `expr` refers to, or None when it is not an imported name."""
-        name = dotted(expr)
-        if name is None:
+        # Look the head name up before building the dotted string (a hot path: every call and
+        # attribute of every file, and most heads are not imported names).
+        head_node = expr
+        while type(head_node) is ast.Attribute:
+            head_node = head_node.value
+        if type(head_node) is not ast.Name:
             return None
-        head, _, rest = name.partition(".")
-        base = self._lookup(head)
+        base = self._lookup(head_node.id)
         if base is None:
             return None
+        rest = dotted(expr).partition(".")[2]
         return canonical(f"{base}.{rest}" if rest else base)
 
     def is_imported(self, module: str) -> bool:
@@ -211,7 +217,7 @@ def mentions(ctx, node: ast.AST, pattern) -> bool:
     found = ctx.shared.get(key)
     if found is None:
         found = False
-        for sub in ast.walk(node):
+        for sub in walk(node):
             text = (sub.id if isinstance(sub, ast.Name) else sub.attr if isinstance(sub, ast.Attribute)
                     else sub.value if isinstance(sub, ast.Constant) and isinstance(sub.value, str) else None)
             if text and pattern.search(text):

@@ -39,6 +39,8 @@ import re
 from dataclasses import dataclass, field, replace
 from typing import Callable, Optional
 
+from ._tree import child_nodes
+
 # -- dims -----------------------------------------------------------------------------------
 
 
@@ -1303,7 +1305,7 @@ class FunctionShapes:
             return None
         if isinstance(node, ast.Lambda):
             return None
-        for child in ast.iter_child_nodes(node):
+        for child in child_nodes(node):
             if isinstance(child, ast.expr):
                 self.infer(child)
         return None
