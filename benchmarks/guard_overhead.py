@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import gc
 import json
 import math
 import os
@@ -188,7 +189,10 @@ def overhead(name, make, steps_amortized):
 
     # amortized: the same number of steps, plain vs under a default guard (report and JSON at exit
     # excluded from the timing; the estimates are timed separately below)
+    # A full garbage collection due in a timed run (the earlier parts leave much garbage) would
+    # land in whichever run crosses the threshold: start each with none pending.
     def plain_run():
+        gc.collect()
         sync()
         t0 = time.perf_counter()
         for _ in range(steps_amortized):
@@ -199,6 +203,7 @@ def overhead(name, make, steps_amortized):
     # plain runs before and after the guarded one, so that drift of the machine cancels
     t_before = plain_run()
     g2 = rg.guard(json_path=None, report=False, estimate_savings=False)
+    gc.collect()
     sync()
     t0 = time.perf_counter()
     with g2:
