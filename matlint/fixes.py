@@ -28,7 +28,7 @@ def _to_offset(starts, row: int, column: int) -> int:
     return starts[row - 1] + column - 1
 
 
-def _parses(source: str) -> bool:
+def parses(source: str) -> bool:
     try:
         parse_quietly(source)
     except (SyntaxError, ValueError, RecursionError, MemoryError):
@@ -49,7 +49,7 @@ def apply_fixes(source: str, findings: Iterable, unsafe: bool = False):
         if any(s < te and ts < e or (s == e == ts) for s, e, _ in spans for ts, te in taken):
             continue
         trial = _apply_spans(source, [sp for _, sps in chosen for sp in sps] + spans)
-        if not _parses(trial):
+        if not parses(trial):
             continue
         chosen.append((finding, spans))
         taken.extend((s, e) for s, e, _ in spans)

@@ -11,8 +11,7 @@ from hypothesis import strategies as st
 
 from matlint.api import lint_text
 from matlint.config import Settings
-from matlint.engine import parse_quietly
-from matlint.fixes import apply_fixes, fix_until_stable
+from matlint.fixes import apply_fixes, fix_until_stable, parses
 
 REPO = Path(__file__).resolve().parent.parent
 ALL_RULES = Settings(select=("ALL",))
@@ -495,7 +494,7 @@ def mutate_until_parses(source: str, rng: random.Random, rounds: int = 3, tries:
     syntax, and the rules only run on what parses)."""
     for _ in range(tries):
         mutated = mutate(source, rng, rounds)
-        if _parses(mutated):
+        if parses(mutated):
             return mutated
     return mutated
 
@@ -535,14 +534,6 @@ def _key(finding) -> tuple:
     return finding.code, finding.row, finding.column, finding.end_row, finding.end_column
 
 
-def _parses(source: str) -> bool:
-    try:
-        parse_quietly(source)
-    except (SyntaxError, ValueError, RecursionError, MemoryError):
-        return False
-    return True
-
-
 def check_program(source: str, line_endings: bool = True, per_fix: bool = True) -> list:
     return check_program_findings(source, line_endings, per_fix)[0]
 
@@ -576,8 +567,7 @@ def _check(source: str, line_endings: bool, per_fix: bool):
     internal = [f for f in findings if f.code == "MAT000"]
     if internal:
         return [f"MAT000 at {f.row}:{f.column}: {f.message}" for f in internal], findings
-    parses = _parses(source)
-    if not parses:
+    if not parses(source):
         if "torch" in source and [f.code for f in findings] not in (["MAT001"], ["MAT002"]):
             problems.append(f"unparsable file gave {[f.code for f in findings]}, not one MAT001/MAT002")
         return problems, findings
@@ -591,7 +581,7 @@ def _check(source: str, line_endings: bool, per_fix: bool):
         except Exception as exc:
             problems.append(f"{label} fixing raised {type(exc).__name__}: {exc}")
             continue
-        if not _parses(fixed):
+        if not parses(fixed):
             problems.append(f"{label} fixes gave source that does not parse")
         if any(f.code == "MAT000" for f in remaining):
             problems.append(f"{label} fixes gave source with an internal error")
