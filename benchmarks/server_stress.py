@@ -126,8 +126,9 @@ class LspProcess:
         return self.wait(ready, timeout)
 
     # -- the LSP conversation -----------------------------------------------------------------
-    def initialize(self):
-        reply = self.call("initialize", {"processId": None, "rootUri": self.root.as_uri(), "capabilities": {}})
+    def initialize(self, options=None):
+        reply = self.call("initialize", {"processId": None, "rootUri": self.root.as_uri(), "capabilities": {},
+                                         "initializationOptions": options})
         self.notify("initialized", {})
         return reply
 

@@ -51,7 +51,7 @@ def _load_pygls():
     global lsp
     try:
         from lsprotocol import types
-        from pygls.exceptions import JsonRpcException
+        from pygls.exceptions import JsonRpcException, JsonRpcInvalidRequest
         from pygls.lsp.server import LanguageServer
         from pygls.protocol import LanguageServerProtocol
     except ImportError as exc:
@@ -62,6 +62,15 @@ def _load_pygls():
 
     class Protocol(LanguageServerProtocol):
         def structure_message(self, data):
+            if "jsonrpc" in data and "method" in data and not isinstance(data["method"], str):
+                if isinstance(data.get("id"), (int, str)):
+                    self._send_response(data["id"], error=types.ResponseError(
+                        code=types.ErrorCodes.InvalidRequest, message="the method must be a string"))
+                raise JsonRpcInvalidRequest()
+            if "jsonrpc" in data and "method" in data and "params" not in data:
+                # JSON-RPC makes params optional; pygls's generic message types require it, so
+                # an unknown method without params got an internal error, not MethodNotFound
+                data = {**data, "params": None}
             try:
                 return super().structure_message(data)
             except JsonRpcException as exc:
@@ -71,6 +80,18 @@ def _load_pygls():
                     self._send_response(data["id"], error=types.ResponseError(
                         code=exc.code, message=f"invalid params for {data['method']}: {exc.__cause__ or exc}"))
                 raise
+
+        def handle_message(self, message):
+            if isinstance(message, dict):  # JSON, but no JSON-RPC message (no "jsonrpc" member)
+                log.error("ignored a message that is not JSON-RPC 2.0: %.200s", message)
+                if isinstance(message.get("id"), (int, str)) and "method" in message:
+                    self._send_response(message["id"], error=types.ResponseError(
+                        code=types.ErrorCodes.InvalidRequest, message="not a JSON-RPC 2.0 request"))
+                return
+            if not hasattr(message, "jsonrpc"):  # an array or a scalar
+                log.error("ignored a message that is not a JSON object: %.200r", message)
+                return
+            return super().handle_message(message)
 
     class Server(LanguageServer):
         def start_io(self, stdin=None, stdout=None):
