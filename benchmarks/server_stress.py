@@ -170,14 +170,15 @@ def still_serving(client: LspProcess, name: str = "after.py") -> float:
     return time.perf_counter() - start
 
 
-def burst(client: LspProcess, edits: int, name: str = "burst.py") -> dict:
+def burst(client: LspProcess, edits: int, name: str = "burst.py", prefix: str = "") -> dict:
     """`edits` didChange in one write, alternating between text with and without a finding;
-    the last version has the finding on a line that moves with the edit count."""
-    uri = client.open(client.root / name, "import torch\n")
-    client.diagnostics(uri, 1)
+    the last version has the finding on a line that moves with the edit count. `prefix`, code
+    without findings, comes first in every version (a longer document)."""
+    uri = client.open(client.root / name, prefix + "import torch\n")
+    client.diagnostics(uri, 1, timeout=600)
     texts = []
     for version in range(2, edits + 2):
-        texts.append("#\n" * (version % 7) + (LOOP if version % 2 else "import torch\n"))
+        texts.append(prefix + "#\n" * (version % 7) + (LOOP if version % 2 else "import torch\n"))
     last = edits + 1
     start = time.perf_counter()
     client.send(*({"jsonrpc": "2.0", "method": "textDocument/didChange", "params": {
@@ -190,12 +191,12 @@ def burst(client: LspProcess, edits: int, name: str = "burst.py") -> dict:
     published_last = time.perf_counter() - start
     time.sleep(0.5)  # anything published late would land now
     versions = [v for v, _, _ in client.published[uri]]
-    expected = [("MAT101", last % 7 + LOOP_ROW)] if last % 2 else []
+    expected = [("MAT101", prefix.count("\n") + last % 7 + LOOP_ROW)] if last % 2 else []
     got = [(d["code"], d["range"]["start"]["line"]) for d in diagnostics]
     assert got == expected, (got, expected)
     assert versions[-1] == last, versions[-5:]
     assert versions == sorted(versions), "diagnostics of an older version were published after a newer one"
-    return {"edits": edits, "request_answered_s": answered, "last_version_published_s": published_last,
+    return {"edits": edits, "lines": texts[-1].count("\n"), "request_answered_s": answered, "last_version_published_s": published_last,
             "publications": len(versions) - 1}
 
 
@@ -225,7 +226,9 @@ def big_module(target_bytes: int) -> str:
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--burst", type=int, default=500, help="didChange notifications in one burst")
+    p.add_argument("--burst-lines", type=int, default=2000, help="lines of the document of the second burst")
     p.add_argument("--huge-mb", type=float, default=10.0, help="size of the huge document")
+    p.add_argument("--large-mb", type=float, default=1.0, help="size of a large document still linted")
     p.add_argument("--long-line", type=int, default=1_000_000, help="characters on the long line")
     opts = p.parse_args(argv)
     failures = 0
@@ -237,6 +240,10 @@ def main(argv=None) -> int:
             client.initialize()
             scenarios = {
                 "burst": lambda: burst(client, opts.burst),
+                "burst, long document": lambda: burst(
+                    client, opts.burst, "burst_long.py", big_module(opts.burst_lines * 15)),
+                "large document": lambda: huge_document(
+                    client, big_module(int(opts.large_mb * 2**20)), "large.py"),
                 "huge document": lambda: huge_document(
                     client, big_module(int(opts.huge_mb * 2**20)), "huge.py"),
                 "long line (string)": lambda: huge_document(
