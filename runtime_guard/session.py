@@ -83,7 +83,7 @@ class Guard:
         self._lock = threading.RLock()
         self._depth = 0
         self._step = 0                 # steps completed since the first entry
-        self._ops_in_step = False      # anything recorded since the last boundary
+        self._ops_at_boundary = 0      # ops recorded up to the last boundary (or the attach)
         self._boundary_in_entry = False
         self._mode: Optional[CaptureMode] = None
         self._profiler = None
@@ -180,7 +180,7 @@ class Guard:
         try:
             if not final and not self._boundary_in_entry:
                 self._boundary()
-            elif final and self._ops_in_step and self.recording:
+            elif final and self.recording and self._step_had_ops():
                 self.recorder.rec.steps += 1  # the unfinished step counts
         finally:
             # whatever failed above, nothing of the guard stays hooked into the user's code
@@ -230,7 +230,7 @@ class Guard:
                 rec.steps = 1
                 self._warmup_rec = rec
                 self.recorder.rec = self._fresh_recording(rec)
-            elif self._ops_in_step:
+            elif self._step_had_ops():
                 rec.steps += 1
                 self._close_early_if_steady(rec)
         self._step += 1
@@ -240,7 +240,15 @@ class Guard:
             if self._opt_hook is not None:
                 self._opt_hook.remove()
                 self._opt_hook = None
-        self._ops_in_step = self.recording
+        self._ops_at_boundary = self._recorded_ops()
+
+    def _recorded_ops(self) -> int:
+        rec = self.recorder.rec
+        return sum(s.count for s in rec.ops.values()) + rec.dropped_keys
+
+    def _step_had_ops(self) -> bool:
+        """Whether the step now ending recorded anything (an empty step is not counted)."""
+        return self._recorded_ops() > self._ops_at_boundary
 
     @staticmethod
     def _fresh_recording(old):
@@ -271,7 +279,7 @@ class Guard:
             self._stop_profiler()
             raise
         self._mode = mode
-        self._ops_in_step = True
+        self._ops_at_boundary = self._recorded_ops()
 
     def _detach(self) -> None:
         mode, self._mode = self._mode, None
