@@ -36,6 +36,10 @@ RUNTIME_SOURCE = "matlint (runtime)"
 FIX_ALL_KIND = "source.fixAll.matlint"
 CHECK_WORKSPACE_COMMAND = "matlint.server.checkWorkspace"
 DEFAULT_RUNTIME_REPORT = ".matlint/runtime.json"
+# Documents longer than this (characters) are not linted live: minutes of linting per edit of a
+# generated multi-megabyte file would hold up every other document. `matlint check` still lints them.
+DEFAULT_MAX_DOCUMENT_SIZE = 2_000_000
+MAX_MESSAGE_BYTES = 1 << 30  # a Content-Length above this is taken as garbage, not waited for
 INSTALL_HINT = 'pip install "matlint[server]"'
 
 log = logging.getLogger("matlint.server")
@@ -47,7 +51,7 @@ def _load_pygls():
     global lsp
     try:
         from lsprotocol import types
-        from pygls.exceptions import JsonRpcException
+        from pygls.exceptions import JsonRpcException, JsonRpcInvalidRequest
         from pygls.lsp.server import LanguageServer
         from pygls.protocol import LanguageServerProtocol
     except ImportError as exc:
@@ -58,6 +62,15 @@ def _load_pygls():
 
     class Protocol(LanguageServerProtocol):
         def structure_message(self, data):
+            if "jsonrpc" in data and "method" in data and not isinstance(data["method"], str):
+                if isinstance(data.get("id"), (int, str)):
+                    self._send_response(data["id"], error=types.ResponseError(
+                        code=types.ErrorCodes.InvalidRequest, message="the method must be a string"))
+                raise JsonRpcInvalidRequest()
+            if "jsonrpc" in data and "method" in data and "params" not in data:
+                # JSON-RPC makes params optional; pygls's generic message types require it, so
+                # an unknown method without params got an internal error, not MethodNotFound
+                data = {**data, "params": None}
             try:
                 return super().structure_message(data)
             except JsonRpcException as exc:
@@ -68,13 +81,58 @@ def _load_pygls():
                         code=exc.code, message=f"invalid params for {data['method']}: {exc.__cause__ or exc}"))
                 raise
 
+        def handle_message(self, message):
+            if isinstance(message, dict):  # JSON, but no JSON-RPC message (no "jsonrpc" member)
+                log.error("ignored a message that is not JSON-RPC 2.0: %.200s", message)
+                if isinstance(message.get("id"), (int, str)) and "method" in message:
+                    self._send_response(message["id"], error=types.ResponseError(
+                        code=types.ErrorCodes.InvalidRequest, message="not a JSON-RPC 2.0 request"))
+                return
+            if not hasattr(message, "jsonrpc"):  # an array or a scalar
+                log.error("ignored a message that is not a JSON object: %.200r", message)
+                return
+            return super().handle_message(message)
+
     class Server(LanguageServer):
+        def start_io(self, stdin=None, stdout=None):
+            return super().start_io(FramingRepair(stdin or sys.stdin.buffer), stdout)
+
         def report_server_error(self, error, source):
             # Into the log, not a pop-up per bad message.
             self.window_log_message(types.LogMessageParams(
                 type=types.MessageType.Error, message=f"matlint server: {type(error).__name__}: {error}"))
 
     return Server, Protocol
+
+
+class FramingRepair:
+    """stdin as pygls reads it (header lines with readline, bodies with read), with the
+    headers made robust. pygls accepts only a line that is exactly `Content-Length: N\\r\\n`:
+    after one message whose Content-Length was wrong, the rest of its body and the next header
+    arrive as one line, and every later message is lost the same way. Here a line that ends in
+    a Content-Length header is that header (any case, any spacing), so reading resynchronises
+    at the next message; a length too large to be real is dropped rather than waited for."""
+
+    HEADER = re.compile(rb"content-length:[ \t]*(\d{1,12})[ \t]*\r?\n\Z", re.IGNORECASE)
+
+    def __init__(self, stream):
+        self.stream = stream
+
+    def readline(self) -> bytes:
+        line = self.stream.readline()
+        match = self.HEADER.search(line)
+        if match is None:
+            return line
+        length = int(match.group(1))
+        if length > MAX_MESSAGE_BYTES:
+            log.error("ignored a Content-Length of %d bytes", length)
+            return b"X-Ignored-Content-Length: too large\r\n"
+        if match.start() > 0:
+            log.error("skipped %d bytes of garbage before a message header", match.start())
+        return b"Content-Length: %d\r\n" % length
+
+    def read(self, size: int = -1) -> bytes:
+        return self.stream.read(size)
 
 
 def _lint_text(source: str, path: str, settings) -> list:
@@ -137,17 +195,21 @@ class ClientSettings:
     enable: bool = True
     severity: dict = field(default_factory=dict)
     runtime_report: str = DEFAULT_RUNTIME_REPORT
+    max_document_size: int = DEFAULT_MAX_DOCUMENT_SIZE
 
     @classmethod
     def parse(cls, raw) -> "ClientSettings":
         raw = raw if isinstance(raw, dict) else {}
         severity = raw.get("severity")
         report = raw.get("runtimeReport")
+        max_size = raw.get("maxDocumentSize")
         return cls(
             enable=raw.get("enable", True) is not False,
             severity={str(k).upper(): v for k, v in severity.items() if v in SEVERITIES}
             if isinstance(severity, dict) else {},
             runtime_report=report if isinstance(report, str) and report.strip() else DEFAULT_RUNTIME_REPORT,
+            max_document_size=max_size if isinstance(max_size, int) and not isinstance(max_size, bool)
+            and max_size > 0 else DEFAULT_MAX_DOCUMENT_SIZE,
         )
 
     def severity_of(self, code: str):
@@ -378,6 +440,7 @@ class DocResult:
     static: list
     runtime: list
     complete: bool = True  # False: a quick lint, a full one follows
+    notice: Optional[str] = None  # shown as one information diagnostic on the first line
 
 
 class MatlintServer:
@@ -507,6 +570,12 @@ class MatlintServer:
             return DocResult(doc.version, doc.source, [], [], [])
         root = self.folder_root(folder, path)
         source, version = doc.source, doc.version
+        if len(source) > client.max_document_size:
+            notice = (f"matlint: not linted in the editor: {len(source):,} characters, above matlint.maxDocumentSize "
+                      f"({client.max_document_size:,}); `matlint check` lints it")
+            if self.results.get(uri) is None or self.results[uri].notice is None:
+                self.log(f"{path}: {notice}", lsp.MessageType.Warning)
+            return DocResult(version, source, split_lines(source), [], [], notice=notice)
         settings = self.project_settings(path, root)
         if quick:
             if uri not in self.definitions:
@@ -538,6 +607,10 @@ class MatlintServer:
     def diagnostics(self, result: DocResult, client: ClientSettings) -> list:
         codec = self.ls.workspace.position_codec
         out = []
+        if result.notice:
+            start = lsp.Position(line=0, character=0)
+            out.append(lsp.Diagnostic(range=lsp.Range(start=start, end=start), message=result.notice,
+                                      severity=lsp.DiagnosticSeverity.Information, source=SOURCE))
         for findings, source in ((result.static, SOURCE), (result.runtime, RUNTIME_SOURCE)):
             for f in findings:
                 message = runtime_message(f) if source == RUNTIME_SOURCE else f.message
@@ -630,6 +703,10 @@ class MatlintServer:
 
     async def on_change(self, params):
         uri = params.text_document.uri
+        await asyncio.sleep(0.002)  # edits sent together are applied before any of them is linted
+        doc = self.ls.workspace.text_documents.get(uri)
+        if doc is None or doc.version != params.text_document.version:
+            return  # a later edit came in: its own notification lints the text
         await self.lint_and_publish(uri, quick=True)
         await self.schedule(uri)
 

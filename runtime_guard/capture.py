@@ -236,10 +236,11 @@ class _Tags:
 class ModulePaths:
     """nn.Module path of the code running now, from global forward hooks (one stack per thread)."""
 
-    def __init__(self):
+    def __init__(self, on_error=None):
         self._local = threading.local()
         self._child_names: dict = {}
         self._handles = []
+        self.on_error = on_error  # called with (exception, where) when a hook fails
 
     def install(self):
         from torch.nn.modules import module as nn_module
@@ -275,8 +276,9 @@ class ModulePaths:
                 parent, parent_path = stack[-1]
                 path = f"{parent_path}.{self._child_name(parent, module)}"
             stack.append((module, path))
-        except Exception:  # a hook must never break the user's forward
-            pass
+        except Exception as exc:  # a hook must never break the user's forward
+            if self.on_error is not None:
+                self.on_error(exc, "module paths")
 
     def _leave(self, module, args, output):
         if torch.compiler.is_compiling():
@@ -285,8 +287,9 @@ class ModulePaths:
             stack = self._stack()
             if stack and stack[-1][0] is module:
                 stack.pop()
-        except Exception:
-            pass
+        except Exception as exc:
+            if self.on_error is not None:
+                self.on_error(exc, "module paths")
 
     def _child_name(self, parent, child) -> str:
         key = (id(parent), id(child))
@@ -311,10 +314,11 @@ class Recorder:
 
     def __init__(self, profile_cuda: bool = True):
         self.rec = Recording()
-        self.modules = ModulePaths()
+        self.modules = ModulePaths(on_error=self.fail)
         self.profile_cuda = profile_cuda
         self.sequence: list = []          # OpKeys of CUDA ops in order, for kernel attribution
         self._seq_sites: dict = {}        # forward autograd sequence nr -> (Site, module)
+        self._seq_sites_before_step = 0   # how many of them were recorded before the current step
         self._deps = _Tags()              # tensor -> frozenset of GEMM sites it depends on
         self._attn = _Tags()              # tensor -> attention chain state
         self._copies = _Tags()            # tensor -> (site, module, shape, stride, dtype) of a layout copy
@@ -336,6 +340,13 @@ class Recorder:
         self._deps.clear()
         self._attn.clear()
         self._copies.clear()
+        # Backward ops find their forward's site here; a backward runs in its forward's step or
+        # the next one, so the sites of the steps before that are dropped (insertion order is
+        # chronological). Without this the dict grows with every observed step.
+        sites = self._seq_sites
+        for seq in list(itertools.islice(sites, self._seq_sites_before_step)):
+            sites.pop(seq, None)
+        self._seq_sites_before_step = len(sites)
 
     # -- per op ----------------------------------------------------------------------------
     # The hot path. Everything here runs once per dispatched op while the window is open, so
@@ -606,7 +617,11 @@ def _op_info(func) -> tuple:
 def _torch_dispatch(self, func, types, args=(), kwargs=None):
     info = _OP_INFO.get(id(func))
     if info is None:
-        info = _op_info(func)
+        try:
+            info = _op_info(func)
+        except Exception as exc:  # never raised into the user's step: the op runs unrecorded
+            self.recorder.fail(exc)
+            return func(*args, **(kwargs or {}))
     op = info[8]
     out = op(*args, **kwargs) if kwargs else op(*args)
     recorder = self.recorder

@@ -6,6 +6,7 @@ time budget. Each estimate is milliseconds per step and says how it was made.
 """
 from __future__ import annotations
 
+import contextlib
 import math
 import time
 
@@ -260,10 +261,34 @@ ESTIMATORS = {"bf16": estimate_bf16, "loop": estimate_loop, "sdpa": estimate_sdp
               "pad": estimate_pad, "tiny": estimate_tiny}
 
 
-def estimate(findings, budget_s: float = 3.0) -> None:
-    """Fill `estimated_savings_ms` and evidence["estimate_method"] where an estimator applies."""
+def _is_out_of_memory(exc: BaseException) -> bool:
+    if isinstance(exc, (torch.cuda.OutOfMemoryError, MemoryError)):
+        return True
+    # the CPU allocator raises a plain RuntimeError
+    return isinstance(exc, RuntimeError) and "can't allocate memory" in str(exc)
+
+
+def _free_cached_memory() -> None:
+    if torch.cuda.is_available() and torch.cuda.is_initialized():
+        torch.cuda.empty_cache()
+
+
+def estimate(findings, budget_s: float = 3.0, on_error=None) -> None:
+    """Fill `estimated_savings_ms` and evidence["estimate_method"] where an estimator applies.
+
+    An estimate that runs out of memory is skipped (its finding says so) and the others are
+    still made; any other failure of an estimator is also passed to `on_error`, as the guard's
+    own error. Estimates run with gradients on and autocast off, whatever the caller's context.
+    """
     budget = _Budget(budget_s)
-    with torch.random.fork_rng(devices=[torch.cuda.current_device()] if torch.cuda.is_initialized() else []):
+    with contextlib.ExitStack() as context:
+        context.enter_context(torch.random.fork_rng(
+            devices=[torch.cuda.current_device()] if torch.cuda.is_initialized() else []))
+        context.enter_context(torch.inference_mode(False))
+        context.enter_context(torch.enable_grad())
+        context.enter_context(torch.autocast("cpu", enabled=False))
+        if torch.cuda.is_available():
+            context.enter_context(torch.autocast("cuda", enabled=False))
         for f in findings:
             spec = f.extra.get("estimate")
             if spec is None:
@@ -271,10 +296,19 @@ def estimate(findings, budget_s: float = 3.0) -> None:
             if not budget.left:
                 f.evidence["estimate_method"] = "not estimated: time budget used up"
                 continue
+            out_of_memory = False
             try:
                 ms, method = ESTIMATORS[spec[0]](spec, budget)
             except Exception as exc:  # an estimate that cannot be made is said so, not raised
-                f.evidence["estimate_method"] = f"not estimated: {type(exc).__name__}: {exc}"
-                continue
-            f.estimated_savings_ms = round(max(ms, 0.0), 4)
-            f.evidence["estimate_method"] = method
+                out_of_memory = _is_out_of_memory(exc)
+                if out_of_memory:
+                    f.evidence["estimate_method"] = f"not estimated: out of memory ({type(exc).__name__})"
+                else:
+                    f.evidence["estimate_method"] = f"not estimated: {type(exc).__name__}: {exc}"
+                    if on_error is not None:
+                        on_error(exc, f"savings estimate for {f.code}")
+            else:
+                f.estimated_savings_ms = round(max(ms, 0.0), 4)
+                f.evidence["estimate_method"] = method
+            if out_of_memory:  # after the except block: the traceback no longer holds the tensors
+                _free_cached_memory()

@@ -83,7 +83,7 @@ class Guard:
         self._lock = threading.RLock()
         self._depth = 0
         self._step = 0                 # steps completed since the first entry
-        self._ops_in_step = False      # anything recorded since the last boundary
+        self._ops_at_boundary = 0      # ops recorded up to the last boundary (or the attach)
         self._boundary_in_entry = False
         self._mode: Optional[CaptureMode] = None
         self._profiler = None
@@ -142,11 +142,11 @@ class Guard:
             self._safely(self._boundary)
 
     # -- internals ---------------------------------------------------------------------------
-    def _safely(self, fn, *args):
+    def _safely(self, fn, *args, where: str = "guard"):
         try:
             return fn(*args)
         except Exception as exc:  # the guard's own failures are reported, never raised
-            self.recorder.fail(exc, "guard")
+            self.recorder.fail(exc, where)
             return None
 
     def _enter(self) -> None:
@@ -170,17 +170,24 @@ class Guard:
             self._depth -= 1
             if self._depth > 0 or self._finished:
                 return False
-            return bool(self._safely(self._stop, final))
+            done = bool(self._safely(self._stop, final))
+            if final and not self._finished:  # _stop failed before the report
+                self._safely(self.finish)
+                done = True
+            return done
 
     def _stop(self, final: bool) -> bool:
-        if self._opt_hook is not None:
-            self._opt_hook.remove()
-            self._opt_hook = None
-        if not final and not self._boundary_in_entry:
-            self._boundary()
-        elif final and self._ops_in_step and self.recording:
-            self.recorder.rec.steps += 1  # the unfinished step counts
-        self._detach()
+        try:
+            if not final and not self._boundary_in_entry:
+                self._boundary()
+            elif final and self.recording and self._step_had_ops():
+                self.recorder.rec.steps += 1  # the unfinished step counts
+        finally:
+            # whatever failed above, nothing of the guard stays hooked into the user's code
+            if self._opt_hook is not None:
+                self._opt_hook.remove()
+                self._opt_hook = None
+            self._detach()
         if final or not self._in_window():
             self.finish()
             return True
@@ -223,7 +230,7 @@ class Guard:
                 rec.steps = 1
                 self._warmup_rec = rec
                 self.recorder.rec = self._fresh_recording(rec)
-            elif self._ops_in_step:
+            elif self._step_had_ops():
                 rec.steps += 1
                 self._close_early_if_steady(rec)
         self._step += 1
@@ -233,7 +240,15 @@ class Guard:
             if self._opt_hook is not None:
                 self._opt_hook.remove()
                 self._opt_hook = None
-        self._ops_in_step = self.recording
+        self._ops_at_boundary = self._recorded_ops()
+
+    def _recorded_ops(self) -> int:
+        rec = self.recorder.rec
+        return sum(s.count for s in rec.ops.values()) + rec.dropped_keys
+
+    def _step_had_ops(self) -> bool:
+        """Whether the step now ending recorded anything (an empty step is not counted)."""
+        return self._recorded_ops() > self._ops_at_boundary
 
     @staticmethod
     def _fresh_recording(old):
@@ -255,9 +270,16 @@ class Guard:
             self._noted_compiled = True
         if self.kernels and torch.cuda.is_available() and torch.cuda.is_initialized():
             self._start_profiler()
-        self._mode = CaptureMode(self.recorder)
-        self._mode.__enter__()
-        self._ops_in_step = True
+        mode = CaptureMode(self.recorder)
+        try:
+            mode.__enter__()
+        except BaseException:
+            # not on the stack: nothing to pop later (popping would take someone else's mode)
+            self.recorder.modules.remove()
+            self._stop_profiler()
+            raise
+        self._mode = mode
+        self._ops_at_boundary = self._recorded_ops()
 
     def _detach(self) -> None:
         mode, self._mode = self._mode, None
@@ -300,17 +322,35 @@ class Guard:
         from .checks import run_checks
         from .report import print_report, write_json
 
-        findings = self._safely(run_checks, self.recorder.rec, self) or []
+        findings = self._safely(run_checks, self.recorder.rec, self, where="checks") or []
         self.findings = [f for f in findings if self.selects(f.code)]
         if self.estimate_savings and self.findings:
             from .savings import estimate
 
-            self._safely(estimate, self.findings, self.savings_budget_s)
+            self._safely(estimate, self.findings, self.savings_budget_s, self.recorder.fail, where="savings")
         if self.json_path:
-            self._safely(write_json, self, self.json_path)
+            self._safely(write_json, self, self.json_path, where=f"writing {self.json_path}")
         if self.print_report:
-            self._safely(print_report, self)
+            try:
+                print_report(self)
+            except Exception as exc:
+                self.recorder.fail(exc, "report")
+                self._print_plain_report()
         return self.findings
+
+    def _print_plain_report(self) -> None:
+        """The report without rich, for when the table itself failed."""
+        import sys
+
+        try:
+            lines = [f"matlint guard: {len(self.findings)} finding(s)"]
+            lines += [f"{f.code} {f.filename}:{f.row} {f.message}" for f in self.findings]
+            rec = self.recorder.rec
+            lines.append(f"matlint guard: {rec.error_count} internal error(s); the guarded code was not affected")
+            lines += [f"  {err}" for err in rec.errors]
+            print("\n".join(lines), file=sys.stderr)
+        except Exception:
+            pass
 
     def _report_at_exit(self) -> None:
         if not self._finished:

@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import contextlib
 import json
+import math
 import os
 import threading
 
@@ -52,6 +53,34 @@ class GRUModel(nn.Module):
         return self.out(self.gru(x)[0][:, -1])
 
 
+class AttentionWithDropout(nn.Module):
+    """Hand-written attention (MAT601, timed by the estimator) followed by dropout."""
+
+    def __init__(self, dim=16, heads=2):
+        super().__init__()
+        self.heads = heads
+        self.qkv = nn.Linear(dim, 3 * dim)
+        self.drop = nn.Dropout(0.2)
+
+    def forward(self, x):
+        b, s, d = x.shape
+        q, k, v = (t.view(b, s, self.heads, -1).transpose(1, 2) for t in self.qkv(x).chunk(3, dim=-1))
+        weights = torch.softmax(q @ k.transpose(-2, -1) / math.sqrt(d // self.heads), dim=-1)
+        return self.drop(weights @ v).transpose(1, 2).reshape(b, s, d)
+
+
+class PerHeadLoop(nn.Module):
+    """A matmul per head from a Python loop (MAT101, timed by the estimator)."""
+
+    def __init__(self):
+        super().__init__()
+        self.w = nn.Parameter(torch.randn(4, 8, 8))
+        self.drop = nn.Dropout(0.1)
+
+    def forward(self, x):
+        return self.drop(torch.stack([x[h] @ self.w[h] for h in range(4)]))
+
+
 MODELS = {
     "mlp": (lambda: nn.Sequential(nn.Linear(16, 32), nn.GELU(), nn.Dropout(0.2), nn.Linear(32, 4)),
             lambda: torch.randn(8, 16), lambda out: out.square().mean()),
@@ -59,35 +88,51 @@ MODELS = {
     "transformer": (TinyTransformer, lambda: torch.randint(0, 50, (2, 12)),
                     lambda out: F.cross_entropy(out.flatten(0, 1), torch.randint(0, 50, (24,)))),
     "gru": (GRUModel, lambda: torch.randn(4, 6, 8), lambda out: out.square().mean()),
+    "attention": (AttentionWithDropout, lambda: torch.randn(2, 6, 16), lambda out: out.square().mean()),
+    "loop": (PerHeadLoop, lambda: torch.randn(4, 3, 8), lambda out: out.square().mean()),
 }
+ESTIMATED = {"attention": "MAT601", "loop": "MAT101"}
 
 
 def train(name, under_guard, steps=3):
+    """Trains `steps` steps; returns per step the outputs and gradients, then the parameters
+    and the RNG state after the guard's exit (its checks and savings estimates included)."""
     make, data, loss_fn = MODELS[name]
     torch.manual_seed(0)
     model = make()
     opt = torch.optim.AdamW(model.parameters(), lr=1e-2)
-    g = quiet(window=2, warmup=1)
-    outputs = []
+    g = quiet(window=2, warmup=1, estimate_savings=True)
+    outputs, grads = [], []
     with g if under_guard else contextlib.nullcontext():
         for i in range(steps):
             torch.manual_seed(100 + i)
             opt.zero_grad()
             out = model(data())
             loss_fn(out).backward()
+            grads.append([p.grad.clone() for p in model.parameters()])
             opt.step()
             outputs.append(out.detach().clone())
-    return outputs, [p.detach().clone() for p in model.parameters()], g
+    return {"outputs": outputs, "grads": grads, "params": [p.detach().clone() for p in model.parameters()],
+            "rng": torch.get_rng_state(), "next_draw": torch.rand(8)}, g
+
+
+def identical(a, b) -> bool:
+    if isinstance(a, torch.Tensor):
+        return a.dtype == b.dtype and a.shape == b.shape and torch.equal(a, b)
+    return len(a) == len(b) and all(identical(x, y) for x, y in zip(a, b))
 
 
 @pytest.mark.parametrize("name", sorted(MODELS))
-def test_outputs_and_parameters_are_bitwise_identical(name):
-    out_plain, params_plain, _ = train(name, False)
-    out_guard, params_guard, g = train(name, True)
-    assert all(torch.equal(a, b) for a, b in zip(out_plain, out_guard))
-    assert all(torch.equal(a, b) for a, b in zip(params_plain, params_guard))
+def test_outputs_gradients_parameters_and_rng_are_bitwise_identical(name):
+    plain, _ = train(name, False)
+    guarded, g = train(name, True)
+    for what in ("outputs", "grads", "params", "rng", "next_draw"):
+        assert identical(plain[what], guarded[what]), what
     assert g.errors == []
     assert g.recorder.rec.steps == 2 and g.recorder.rec.ops
+    if name in ESTIMATED:  # the estimator really ran its own ops between the step and the draw
+        [f] = [f for f in g.findings if f.code == ESTIMATED[name]]
+        assert f.estimated_savings_ms is not None, f.evidence
 
 
 def test_rng_streams_untouched_by_estimates():
@@ -104,45 +149,241 @@ def test_rng_streams_untouched_by_estimates():
     assert torch.equal(after, torch.randn(4))
 
 
-def test_guard_error_is_reported_not_raised(monkeypatch, capsys):
-    def broken(self, *args):
-        raise RuntimeError("boom inside the recorder")
+# -- fault injection: the guard's own failures are reported at exit, never raised -------------------
 
-    monkeypatch.setattr(capture.Recorder, "record", broken)
-    model = nn.Linear(4, 4)
-    x = torch.randn(2, 4)
-    expected = model(x)
-    g = guard(json_path=None, estimate_savings=False, warmup=0)
+class Injected(RuntimeError):
+    pass
+
+
+def boom(*args, **kwargs):
+    raise Injected("injected fault")
+
+
+def guard_is_gone(g) -> bool:
+    """No dispatch mode on the stack, no module or optimizer hooks left behind."""
+    return torch._C._len_torch_dispatch_stack() == 0 and not g.recorder.modules._handles and g._opt_hook is None
+
+
+def fresh_user_function():
+    """A function whose code object the guard has never classified (its call-site cache is global)."""
+    fresh_user_function.count = getattr(fresh_user_function, "count", 0) + 1
+    namespace = {}
+    exec(compile("def user_step(model, x):\n    return model(x).tanh() @ x.T\n",
+                 f"<user code {fresh_user_function.count}>", "exec"), namespace)
+    return namespace["user_step"]
+
+
+CAPTURE_FAULTS = {
+    "per-op recording": lambda mp: mp.setattr(capture.Recorder, "record", boom),
+    "call-site lookup": lambda mp: mp.setattr(capture, "_code_kind", boom),
+    "op table": lambda mp: (mp.setattr(capture, "_OP_INFO", {}), mp.setattr(capture, "_op_info", boom)),
+    "module paths": lambda mp: mp.setattr(capture.ModulePaths, "_child_name", boom),
+    "step boundary": lambda mp: mp.setattr(capture.Recorder, "new_step", boom),
+    "entering the dispatch mode": lambda mp: mp.setattr(capture.CaptureMode, "__enter__", boom),
+}
+
+
+@pytest.mark.parametrize("where", sorted(CAPTURE_FAULTS))
+def test_fault_in_capture_is_reported_and_results_unchanged(where, monkeypatch, capsys):
+    model = nn.Sequential(nn.Linear(4, 4), nn.Sequential(nn.Linear(4, 4)))
+    x = torch.randn(3, 4)
+    step = fresh_user_function()
+    expected = [step(model, x) for _ in range(3)]
+    CAPTURE_FAULTS[where](monkeypatch)
+    g = guard(json_path=None, estimate_savings=False, warmup=0, window=2)
+    opt = torch.optim.SGD(model.parameters(), lr=0.0)
     with g:
-        got = model(x)
-    assert torch.equal(expected, got)
-    assert g.errors and "boom inside the recorder" in g.errors[0]
-    assert "internal error" in capsys.readouterr().err
+        got = []
+        for _ in range(3):
+            got.append(step(model, x))
+            opt.step()  # a step boundary
+    monkeypatch.undo()
+    assert all(torch.equal(a, b) for a, b in zip(expected, got))
+    assert g.errors and all("Injected: injected fault" in e for e in g.errors), g.errors
+    err = capsys.readouterr().err
+    assert "internal error(s); the guarded code was not affected" in err and "injected fault" in err
+    assert guard_is_gone(g)
 
 
-def test_user_exception_and_keyboard_interrupt_pass_through():
-    class Mine(Exception):
-        pass
+def two_findings_workload():
+    """A per-head loop (MAT101, loop estimate) and hand-written attention (MAT601, sdpa estimate)."""
+    w = torch.randn(4, 8, 8)
+    x = torch.randn(4, 3, 8)
+    attention = AttentionWithDropout().eval()
+    tokens = torch.randn(1, 6, 16)
 
-    error = Mine("the user's own")
-    with pytest.raises(Mine) as info:
-        with quiet(warmup=0):
-            torch.ones(2).add(1)
-            raise error
+    def step():
+        torch.stack([x[h] @ w[h] for h in range(4)])
+        attention(tokens).sum().backward()
+    return step
+
+
+def run_two_findings(**options):
+    step = two_findings_workload()
+    g = guard(**{"json_path": None, "warmup": 0, "window": 1, "select": ["MAT101", "MAT601"], **options})
+    with g:
+        step()
+    return g, {f.code: f for f in g.findings}
+
+
+def test_fault_in_one_check_is_reported_and_the_other_checks_still_run(monkeypatch, capsys):
+    import matlint.runtime_guard.checks as checks
+
+    monkeypatch.setitem(checks.CHECKS, "MAT101", boom)
+    g, found = run_two_findings(estimate_savings=False)
+    assert set(found) == {"MAT601"}
+    assert g.errors == ["check MAT101: Injected: injected fault"]
+    assert "1 internal error(s)" in capsys.readouterr().err
+
+
+def test_fault_in_the_analysis_is_reported(monkeypatch, capsys):
+    import matlint.runtime_guard.checks as checks
+
+    monkeypatch.setattr(checks, "run_checks", boom)
+    g, found = run_two_findings(estimate_savings=False)
+    assert found == {} and g.errors == ["checks: Injected: injected fault"]
+    err = capsys.readouterr().err
+    assert "no findings" in err and "checks: Injected: injected fault" in err
+
+
+def test_fault_in_an_estimator_is_reported_and_the_other_estimates_made(monkeypatch, capsys):
+    import matlint.runtime_guard.savings as savings
+
+    monkeypatch.setattr(savings, "_cache", {})
+    monkeypatch.setitem(savings.ESTIMATORS, "loop", boom)
+    g, found = run_two_findings()
+    assert found["MAT101"].estimated_savings_ms is None
+    assert found["MAT101"].evidence["estimate_method"] == "not estimated: Injected: injected fault"
+    assert found["MAT601"].estimated_savings_ms is not None
+    assert g.errors == ["savings estimate for MAT101: Injected: injected fault"]
+    assert "savings estimate for MAT101" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("oom", [
+    torch.OutOfMemoryError("CUDA out of memory. Tried to allocate 2.00 GiB"),
+    torch.cuda.OutOfMemoryError("CUDA out of memory. Tried to allocate 2.00 GiB"),
+    RuntimeError("[enforce fail at alloc_cpu.cpp:118] DefaultCPUAllocator: can't allocate memory"),
+    MemoryError(),
+], ids=["torch", "cuda", "cpu-allocator", "MemoryError"])
+def test_out_of_memory_during_an_estimate_skips_that_estimate(oom, monkeypatch):
+    import matlint.runtime_guard.savings as savings
+
+    real_time_ms, calls = savings.time_ms, []
+
+    def time_ms(fn, device, *args, **kwargs):
+        calls.append(device)
+        if len(calls) == 1:  # the first timed call: MAT101's (findings are estimated in code order)
+            raise oom
+        return real_time_ms(fn, device, *args, **kwargs)
+
+    monkeypatch.setattr(savings, "_cache", {})
+    monkeypatch.setattr(savings, "time_ms", time_ms)
+    g, found = run_two_findings(report=False)
+    assert found["MAT101"].estimated_savings_ms is None
+    assert found["MAT101"].evidence["estimate_method"].startswith("not estimated: out of memory")
+    assert found["MAT601"].estimated_savings_ms is not None and len(calls) == 3
+    assert g.errors == []  # running out of memory is the device's state, not a guard bug
+
+
+def test_unwritable_json_report_is_reported_and_the_table_still_printed(tmp_path, capsys):
+    (tmp_path / "a_file").write_text("")
+    path = str(tmp_path / "a_file" / "runtime.json")
+    g, found = run_two_findings(json_path=path, estimate_savings=False)
+    assert set(found) == {"MAT101", "MAT601"}
+    assert len(g.errors) == 1 and g.errors[0].startswith(f"writing {path}: ")
+    err = capsys.readouterr().err
+    assert "MAT101" in err and "1 internal error(s)" in err and f"writing {path}" in err
+
+
+def test_fault_in_the_report_table_falls_back_to_plain_lines(monkeypatch, capsys):
+    import matlint.runtime_guard.report as report
+
+    monkeypatch.setattr(report, "print_report", boom)
+    g, found = run_two_findings(estimate_savings=False)
+    assert set(found) == {"MAT101", "MAT601"}
+    err = capsys.readouterr().err
+    assert "matlint guard: 2 finding(s)" in err and "MAT101 " in err and "MAT601 " in err
+    assert "report: Injected: injected fault" in err
+
+
+# -- the user's exceptions and interrupts pass through untouched ----------------------------------
+
+def raise_from_user_code(error):
+    raise error
+
+
+def assert_passes_through(error, run, g):
+    with pytest.raises(type(error)) as info:
+        run()
     assert info.value is error
+    assert info.traceback[-1].name == "raise_from_user_code"  # the traceback still ends where it was raised
+    assert guard_is_gone(g) and g._finished
+    before = dict(g.recorder.rec.ops)
+    torch.ones(2).mul(3)  # an unguarded op afterwards is not recorded
+    assert g.recorder.rec.ops == before
 
-    def interrupted(module, args):
+
+@pytest.mark.parametrize("error", [ValueError("the user's own"), KeyboardInterrupt()], ids=["ValueError", "KeyboardInterrupt"])
+def test_user_exception_passes_through_the_context_manager(error):
+    model = nn.Linear(2, 2)
+    g = quiet(warmup=0)
+
+    def run():
+        with g:
+            model(torch.ones(2)).sum().backward()
+            raise_from_user_code(error)
+    assert_passes_through(error, run, g)
+
+
+@pytest.mark.parametrize("error", [ValueError("the user's own"), KeyboardInterrupt()], ids=["ValueError", "KeyboardInterrupt"])
+def test_exception_from_a_hook_inside_a_module_passes_through(error):
+    model = nn.Linear(2, 2)
+    model.register_forward_pre_hook(lambda module, args: raise_from_user_code(error))
+    g = quiet(warmup=0)
+
+    def run():
+        with g:
+            model(torch.ones(2))
+    assert_passes_through(error, run, g)
+
+
+def test_user_exception_passes_through_the_decorator():
+    error = ValueError("the user's own")
+    g = quiet(warmup=0, window=1)
+
+    @g
+    def step():
+        torch.ones(2).add(1)
+        raise_from_user_code(error)
+
+    with pytest.raises(ValueError) as info:
+        step()
+    assert info.value is error and info.traceback[-1].name == "raise_from_user_code"
+    assert torch._C._len_torch_dispatch_stack() == 0 and not g.recorder.modules._handles
+
+
+def test_keyboard_interrupt_inside_the_recording_passes_through(monkeypatch):
+    def interrupted(*args, **kwargs):
         raise KeyboardInterrupt
 
-    model = nn.Linear(2, 2)
-    model.register_forward_pre_hook(interrupted)
+    monkeypatch.setattr(capture.Recorder, "record", interrupted)
     g = quiet(warmup=0)
     with pytest.raises(KeyboardInterrupt):
         with g:
-            model(torch.ones(2))
-    # the guard is gone afterwards: no mode left on the stack, no module hooks left behind
-    assert torch._C._len_torch_dispatch_stack() == 0
-    assert not g.recorder.modules._handles
+            torch.ones(2).add(1)
+    assert guard_is_gone(g)
+
+
+def test_a_failing_op_raises_what_it_raises_without_the_guard():
+    a, b = torch.ones(2, 3), torch.ones(2, 3)
+    with pytest.raises(RuntimeError) as plain:
+        a @ b
+    g = quiet(warmup=0)
+    with pytest.raises(RuntimeError) as guarded:
+        with g:
+            a @ b
+    assert str(guarded.value) == str(plain.value)
+    assert guard_is_gone(g) and g.errors == []
 
 
 def test_raise_on_findings():
@@ -252,6 +493,49 @@ def test_memory_is_bounded(monkeypatch):
             torch.ones(n).add(1)
     rec = g.recorder.rec
     assert len(rec.ops) == 50 and rec.dropped_keys > 0
+
+
+def guard_allocated_bytes() -> int:
+    """Bytes of live Python allocations made by the guard's own code (tracemalloc must be on)."""
+    import gc
+    import tracemalloc
+
+    gc.collect()
+    own = tracemalloc.Filter(True, os.path.join(os.path.dirname(capture.__file__), "*"))
+    return sum(t.size for t in tracemalloc.take_snapshot().filter_traces([own]).traces)
+
+
+def test_memory_stays_flat_over_ten_thousand_observed_steps():
+    """Every step observed (the window never closes), two call sites and three batch shapes in
+    turn: from step 1,000 to 10,000 the guard's own allocations do not grow."""
+    import tracemalloc
+
+    model = nn.Linear(4, 2)
+    batches = [torch.randn(n, 4) for n in (1, 2, 3)]
+    g = quiet(warmup=0, window=20_000)
+    assert not tracemalloc.is_tracing()
+    try:
+        with g:
+            for i in range(10_000):
+                if i == 1_000:
+                    tracemalloc.start()
+                    at_1000 = guard_allocated_bytes()
+                x = batches[i % 3]
+                if i % 2:
+                    model(x).sum().backward()
+                else:
+                    model(x).square().sum().backward()
+                g.step()
+            at_10000 = guard_allocated_bytes()
+            all_python = tracemalloc.get_traced_memory()[0]
+    finally:
+        tracemalloc.stop()
+    assert g.recorder.rec.steps == 10_000 and g.recording is False and g.errors == []
+    # every step recorded, in a bounded number of keys (2 sites x 3 shapes x fwd/bwd ops)
+    assert sum(s.count for k, s in g.recorder.rec.ops.items() if k.op == "addmm") == 10_000
+    assert len(g.recorder.rec.ops) < 100
+    assert at_10000 - at_1000 < 32 * 1024, f"the guard's allocations grew by {at_10000 - at_1000} bytes"
+    assert all_python < 1024 * 1024, f"{all_python} bytes of Python allocations still live"
 
 
 def test_threads_each_with_its_own_guard_and_unguarded_threads_untouched():

@@ -519,61 +519,123 @@ async def test_check_workspace_command_publishes_closed_files(client, editor, wo
     assert list(client.diagnostics[uri]) == []  # the open document keeps its live diagnostics
 
 
-def test_malformed_messages_get_errors_and_the_server_keeps_serving(tmp_path):
-    """Bytes that are not JSON, a request with a wrong `method` type, unknown methods and
-    ill-typed params, each followed by real requests: the server answers every real one."""
-    def frame(message) -> bytes:
-        payload = message if isinstance(message, bytes) else json.dumps(message).encode()
-        return b"Content-Length: %d\r\n\r\n" % len(payload) + payload
+# -- abuse over raw stdio (benchmarks/server_stress.py's client and scenarios, at CI size) -------------
 
-    def request(id_, method, params=None):
-        return {"jsonrpc": "2.0", "id": id_, "method": method, "params": params or {}}
+def _load_stress():
+    import importlib.util
 
-    def read(stream) -> dict:
-        length = None
-        while True:
-            line = stream.readline()
-            assert line, "the server closed its output"
-            if line.lower().startswith(b"content-length:"):
-                length = int(line.split(b":")[1])
-            elif line == b"\r\n":
-                return json.loads(stream.read(length))
+    path = Path(__file__).resolve().parent.parent / "benchmarks" / "server_stress.py"
+    spec = importlib.util.spec_from_file_location("matlint_bench_server_stress", path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
 
-    def answer(proc, id_) -> dict:
-        """Reads messages until the response to `id_`."""
-        while True:
-            message = read(proc.stdout)
-            if message.get("id") == id_ and "method" not in message:
-                return message
 
-    uri = (tmp_path / "m.py").as_uri()
-    proc = subprocess.Popen(SERVER, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL)
-    try:
-        def send(*messages):
-            for message in messages:
-                proc.stdin.write(frame(message))
-            proc.stdin.flush()
+stress = _load_stress()
 
-        send(b"{this is not json", {"jsonrpc": "2.0", "id": 0, "method": 5},
-             request(1, "initialize", {"processId": None, "rootUri": tmp_path.as_uri(), "capabilities": {}}))
-        assert "hoverProvider" in answer(proc, 1)["result"]["capabilities"]
-        send({"jsonrpc": "2.0", "method": "initialized", "params": {}},
-             request(2, "textDocument/hover", {"textDocument": 42, "position": "top"}))
-        assert answer(proc, 2)["error"]["code"] == -32602  # invalid params
-        send(request(3, "matlint/noSuchMethod"))
-        assert answer(proc, 3)["error"]["code"] == -32601  # method not found
-        send({"jsonrpc": "2.0", "method": "textDocument/didOpen", "params": {"textDocument": {"uri": uri}}},
-             {"jsonrpc": "2.0", "method": "textDocument/didOpen", "params": {"textDocument": {
-                 "uri": uri, "languageId": "python", "version": 1, "text": LOOP}}},
-             request(4, "textDocument/hover", {"textDocument": {"uri": uri}, "position": {"line": 5, "character": 27}}))
-        assert get_rule("MAT101").summary in answer(proc, 4)["result"]["contents"]["value"]
-        send(request(5, "shutdown", None))
-        assert "error" not in answer(proc, 5)
-        send({"jsonrpc": "2.0", "method": "exit"})
-        assert proc.wait(timeout=30) == 0
-    finally:
-        proc.kill()
-        proc.wait()
+
+@pytest.fixture
+def raw_server(tmp_path):
+    write_project(tmp_path)
+    client = stress.LspProcess(tmp_path)
+    yield client
+    assert client.close() == 0
+
+
+BODY = b'{"jsonrpc": "2.0", "id": 900, "method": "matlint/noSuchMethod", "params": {}}'
+NOT_JSON_RPC = b'{"id": 901, "method": "textDocument/hover", "params": {}}'
+
+# (what is sent, the error code it must get as response 900 or 901 when it is answered)
+MALFORMED = {
+    "not json": (b"Content-Length: 17\r\n\r\n{this is not json", None),
+    "invalid utf-8": (stress.frame(b'{"jsonrpc": "2.0", "method": "\xff\xfe"}'), None),
+    "a json array": (stress.frame(b"[1, 2, 3]"), None),
+    "content-length too short": (b"Content-Length: 5\r\n\r\n" + BODY, None),
+    "no content-length": (BODY + b"\r\n\r\n", None),
+    "non-numeric content-length": (b"Content-Length: many\r\n\r\n" + BODY, None),
+    "absurd content-length": (b"Content-Length: 99999999999\r\n\r\n" + BODY, None),
+    "lower-case header": (b"content-length: %d\r\n\r\n" % len(BODY) + BODY, -32601),
+    "no jsonrpc member": (stress.frame(NOT_JSON_RPC), -32600),
+    "method of the wrong type": (stress.frame({"jsonrpc": "2.0", "id": 900, "method": 5}), -32600),
+    "unknown request without params": (stress.frame({"jsonrpc": "2.0", "id": 900, "method": "matlint/x"}), -32601),
+    "unknown notification": (stress.frame({"jsonrpc": "2.0", "method": "matlint/x", "params": {}}), None),
+    "unknown $/ notification": (stress.frame({"jsonrpc": "2.0", "method": "$/x", "params": {"v": 1}}), None),
+    "response to no request": (stress.frame({"jsonrpc": "2.0", "id": 777, "result": None}), None),
+    "hover with ill-typed params": (stress.frame({"jsonrpc": "2.0", "id": 900, "method": "textDocument/hover",
+                                                 "params": {"textDocument": 42, "position": "top"}}), -32602),
+    "code action without params": (stress.frame({"jsonrpc": "2.0", "id": 900, "method": "textDocument/codeAction"}),
+                                   -32602),
+    "didOpen missing fields": (stress.frame({"jsonrpc": "2.0", "method": "textDocument/didOpen",
+                                            "params": {"textDocument": {"uri": "file:///x.py"}}}), None),
+    "didChange with ill-typed params": (stress.frame({"jsonrpc": "2.0", "method": "textDocument/didChange",
+                                                     "params": {"textDocument": 5, "contentChanges": "x"}}), None),
+    "didChange of a document never opened": (stress.frame({"jsonrpc": "2.0", "method": "textDocument/didChange", "params": {
+        "textDocument": {"uri": "file:///never.py", "version": 2}, "contentChanges": [{"text": "x"}]}}), None),
+}
+
+
+def test_malformed_messages_get_errors_and_the_server_keeps_serving(raw_server, tmp_path):
+    """Each malformed message is followed by a real request: every real request is answered,
+    requests that can be answered get their JSON-RPC error, nothing else gets a response."""
+    raw_server.initialize()
+    uri = raw_server.open(tmp_path / "m.py", LOOP)
+    raw_server.diagnostics(uri, 1)
+    hover = {"textDocument": {"uri": uri}, "position": {"line": 5, "character": 27}}
+    for name, (data, error) in MALFORMED.items():
+        raw_server.responses.pop(900, None), raw_server.responses.pop(901, None)
+        raw_server.send_bytes(data)
+        answer = raw_server.call("textDocument/hover", hover, timeout=30)
+        assert get_rule("MAT101").summary in answer["result"]["contents"]["value"], name
+        got = raw_server.responses.get(900) or raw_server.responses.get(901)
+        assert (got["error"]["code"] if got else None) == error, (name, got)
+    assert set(raw_server.responses) <= set(range(1, raw_server._next_id + 1)) | {900, 901}
+    stress.still_serving(raw_server)
+
+
+def test_a_too_long_content_length_loses_only_the_next_message(raw_server):
+    """The server waits for the bytes it was promised, taking them from the next message; the
+    one after that is read again (pygls alone stays out of step for good)."""
+    raw_server.initialize()
+    raw_server.send_bytes(b"Content-Length: %d\r\n\r\n" % (len(BODY) + 40) + BODY)
+    swallowed = raw_server.request("textDocument/hover", {"textDocument": {"uri": "file:///x.py"},
+                                                          "position": {"line": 0, "character": 0}})
+    assert "result" in raw_server.call("textDocument/hover", {
+        "textDocument": {"uri": "file:///x.py"}, "position": {"line": 0, "character": 0}})
+    assert swallowed not in raw_server.responses
+    stress.still_serving(raw_server)
+
+
+def test_huge_documents_and_a_million_character_line(raw_server):
+    raw_server.initialize()
+    from matlint.server import DEFAULT_MAX_DOCUMENT_SIZE
+
+    huge = stress.big_module(DEFAULT_MAX_DOCUMENT_SIZE + 1000)
+    result = stress.huge_document(raw_server, huge, "huge.py")
+    assert result["count"] == 1 and result["messages"][0].startswith("matlint: not linted in the editor:")
+    assert "above matlint.maxDocumentSize (2,000,000)" in result["messages"][0]
+    long_string = stress.huge_document(raw_server, "import torch\ntext = '" + "a" * 1_000_000 + "'\n" + LOOP, "long.py")
+    assert long_string["codes"] == ["MAT101"]  # linted: under the limit
+    long_list = stress.huge_document(raw_server, "import torch\nx = [" + "0, " * 333_333 + "]\n", "list.py")
+    assert long_list["count"] == 0
+    stress.still_serving(raw_server)
+
+
+def test_max_document_size_setting(raw_server, tmp_path):
+    raw_server.initialize({"maxDocumentSize": 50})
+    uri = raw_server.open(tmp_path / "m.py", LOOP)
+    [notice] = raw_server.diagnostics(uri, 1)
+    assert f"{len(LOOP):,} characters, above matlint.maxDocumentSize (50)" in notice["message"]
+    assert notice["severity"] == 3  # information
+    version_2 = "import torch\n"
+    raw_server.change(uri, 2, version_2)
+    assert raw_server.diagnostics(uri, 2) == []  # small enough again: linted
+
+
+def test_a_burst_of_edits_ends_with_the_last_version(raw_server):
+    raw_server.initialize()
+    result = stress.burst(raw_server, 300)  # asserts the last version's diagnostics and their order
+    assert result["publications"] < 300  # edits already superseded are not linted
+    stress.still_serving(raw_server)
 
 
 def test_missing_pygls_gives_the_install_command(tmp_path):

@@ -110,6 +110,7 @@ async function start(): Promise<void> {
       enable: settings().get("enable"),
       severity: settings().get("severity"),
       runtimeReport: settings().get("runtimeReport"),
+      maxDocumentSize: settings().get("maxDocumentSize"),
     },
     // Settings changes reach the server as workspace/didChangeConfiguration; it pulls the
     // values per workspace folder with workspace/configuration.
