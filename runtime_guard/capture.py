@@ -1,6 +1,11 @@
 """Capture: a dispatch mode that records ops on real tensors, aggregated: every forward op, and of
 the backward aten ops the GEMMs (all of them when kernels are attributed to ops).
 
+By default the mode is off while autograd runs a backward pass: each dispatched op costs torch
+~15-20 µs of Python on a GPU host, and a backward pass is half a step's ops. The backward GEMMs
+(the only backward ops a check reads) are derived from the forward GEMMs whose operands required
+grad, with autograd's own formulas, when the backward pass returns (see `derive_backward_gemms`).
+
 Per op it costs a dict hit: the key is (op, call site, module path, fwd/bwd, argument
 signature) and the value a counter. A few ops also carry dataflow tags (GEMM outputs, copies,
 softmax inputs) so that chains such as hand-written attention can be recognised.
@@ -20,8 +25,9 @@ from typing import NamedTuple
 import torch
 from torch._C._autograd import _get_sequence_nr
 from torch import Tensor
-from torch._C import _current_autograd_node
-from torch.utils._python_dispatch import TorchDispatchMode
+from torch._C import _current_autograd_node, is_grad_enabled as _is_grad_enabled
+from torch._C import _get_dispatch_stack_at, _len_torch_dispatch_stack
+from torch.utils._python_dispatch import TorchDispatchMode, _pop_mode, _push_mode
 
 _TORCH_DIR = os.path.dirname(torch.__file__) + os.sep
 _OWN_DIR = os.path.dirname(os.path.abspath(__file__)) + os.sep
@@ -33,6 +39,7 @@ LOSS_OPS = frozenset({"mse_loss", "l1_loss", "smooth_l1_loss", "huber_loss", "bi
 # Ops whose checks read strides and dtypes; the others are keyed by shapes alone (cheaper).
 FULL_SIG_OPS = GEMM_OPS | LOSS_OPS
 BATCHED_GEMM_OPS = frozenset({"bmm", "baddbmm"})
+_BIAS_FIRST_GEMMS = frozenset({"addmm", "baddbmm", "addbmm"})
 # Ops whose output is (a view or copy of) their first argument: dataflow tags follow them.
 PASS_THROUGH_OPS = frozenset({
     "view", "_unsafe_view", "reshape", "expand", "transpose", "t", "permute", "clone",
@@ -326,6 +333,12 @@ class Recorder:
         self._fast_rec = None
         self._modules_local = self.modules._local
         self.enabled = True
+        # Backward GEMMs derived instead of observed (see the module docstring); not when kernels
+        # are attributed (that needs every op in order) or compiled code ran (its forward GEMMs
+        # do not require grad: their backward would be missed).
+        self.derive_backward = not profile_cuda
+        self.saw_compiled = False
+        self._grad_gemms: dict = {}       # (forward GEMM OpKey, operand grads) -> calls since the last backward
 
     # -- errors --------------------------------------------------------------------------
     def fail(self, exc: BaseException, where: str = "capture") -> None:
@@ -347,6 +360,28 @@ class Recorder:
         for seq in list(itertools.islice(sites, self._seq_sites_before_step)):
             sites.pop(seq, None)
         self._seq_sites_before_step = len(sites)
+        self.forget_pending_backward()  # forwards that no backward followed (evaluation with grad on)
+
+    def forget_pending_backward(self) -> None:
+        self._grad_gemms.clear()
+
+    def backward_ran(self) -> None:
+        """A backward pass ran with the mode off: record the GEMMs it ran for the forward GEMMs
+        seen since the last one."""
+        pending, self._grad_gemms = self._grad_gemms, {}
+        if not self.enabled:
+            return
+        ops = self.rec.ops
+        for (key, grads), n in pending.items():
+            for op, qualname, sig, out in derive_backward_gemms(key.op, key.sig, grads):
+                bkey = OpKey(op, qualname, key.site, False, key.module, True, key.device, sig, out)
+                stat = ops.get(bkey)
+                if stat is None:
+                    if len(ops) >= MAX_KEYS:
+                        self.rec.dropped_keys += n
+                        continue
+                    stat = ops[bkey] = OpStat()
+                stat.count += n
 
     # -- per op ----------------------------------------------------------------------------
     # The hot path. Everything here runs once per dispatched op while the window is open, so
@@ -495,6 +530,14 @@ class Recorder:
         stat.count += 1
         if compiled:
             stat.compiled += 1
+            self.saw_compiled = True
+        if is_gemm and not backward and self.derive_backward and _is_grad_enabled():
+            a, b = (args[1], args[2]) if name in _BIAS_FIRST_GEMMS else (args[0], args[1])
+            grads = (a.requires_grad, b.requires_grad)
+            if grads[0] or grads[1]:
+                pending = self._grad_gemms
+                pkey = (key, grads)
+                pending[pkey] = pending.get(pkey, 0) + 1
         if device == "cuda" and self.profile_cuda and len(self.sequence) < MAX_SEQUENCE:
             self.sequence.append(key)
         if out_t is None or backward:  # the dataflow patterns are all forward ones
@@ -576,6 +619,53 @@ class Recorder:
             attn.set(out, ("P",) + state[1:5] + (out.dtype,))  # fp32 here under autocast
         elif kind == "P" and name in DROPOUT_OPS:
             attn.set(out, state)
+
+
+def _contiguous_strides(shape) -> tuple:
+    strides, step = [], 1
+    for size in reversed(shape):
+        strides.append(step)
+        step *= max(size, 1)
+    return tuple(reversed(strides))
+
+
+def _transposed(operand) -> tuple:
+    shape, stride, dtype = operand
+    return (torch.Size(shape[:-2] + (shape[-1], shape[-2])), stride[:-2] + (stride[-1], stride[-2]), dtype)
+
+
+def _column_major(operand) -> bool:
+    shape, stride, _ = operand
+    return stride[0] == 1 and stride[1] == shape[0]
+
+
+def derive_backward_gemms(op: str, sig: tuple, grads: tuple) -> list:
+    """The GEMMs autograd runs in the backward of one forward GEMM whose two matrix operands
+    required grad as `grads` says: (op, qualname, sig, out) each, as torch's formulas issue them
+    (mm_mat1_backward / mm_mat2_backward for mm and addmm, which keep a column-major operand's
+    gradient column-major; grad.bmm(b^T) and a^T.bmm(grad) for bmm and baddbmm). The incoming
+    gradient is taken as contiguous; ops without a GEMM backward give none."""
+    if op in ("mm", "addmm"):
+        name, batched = "mm", False
+    elif op in ("bmm", "baddbmm"):
+        name, batched = "bmm", True
+    else:
+        return []
+    a, b = (sig[1], sig[2]) if op in _BIAS_FIRST_GEMMS else (sig[0], sig[1])
+    dtype = a[2]
+    out_shape = tuple(a[0][:-1]) + (b[0][-1],)
+    grad = (torch.Size(out_shape), _contiguous_strides(out_shape), dtype)
+    qualname = "aten::" + name
+
+    def gemm(x, y):
+        return (name, qualname, (x, y), (torch.Size(tuple(x[0][:-1]) + (y[0][-1],)), dtype, ""))
+
+    gemms = []
+    if grads[0]:
+        gemms.append(gemm(b, _transposed(grad)) if not batched and _column_major(a) else gemm(grad, _transposed(b)))
+    if grads[1]:
+        gemms.append(gemm(_transposed(grad), a) if not batched and _column_major(b) else gemm(_transposed(a), grad))
+    return gemms
 
 
 def _mark_handler_skipped() -> bool:
@@ -676,6 +766,79 @@ class CaptureMode(TorchDispatchMode):
 
     # It never changes what an op computes: it runs the op, then records.
     __torch_dispatch__ = _torch_dispatch
+
+
+class _EngineRunningBackwardUnobserved:
+    """Stands in for autograd's engine (`Variable._execution_engine`) while a guard observes: it
+    runs each backward pass with the capture modes on top of this thread's dispatch mode stack
+    taken off (autograd's worker threads inherit the stack as it is then), and afterwards lets
+    their recorders derive the backward GEMMs. Everything else goes to the real engine."""
+
+    def __init__(self, engine):
+        self._engine = engine
+
+    def run_backward(self, *args, **kwargs):
+        popped = _pop_capture_modes()
+        try:
+            return self._engine.run_backward(*args, **kwargs)
+        finally:
+            for mode in reversed(popped):
+                _push_mode(mode)
+            for mode in popped:
+                recorder = mode.recorder
+                try:
+                    recorder.backward_ran()
+                except Exception as exc:  # never raised into the user's step
+                    recorder.fail(exc, "backward GEMMs")
+
+    def __getattr__(self, name):
+        return getattr(self._engine, name)
+
+
+def _pop_capture_modes() -> list:
+    """Take the guards' modes that derive their backward GEMMs off the top of the mode stack."""
+    popped = []
+    top = None
+    try:
+        while True:
+            depth = _len_torch_dispatch_stack()
+            if not depth:
+                break
+            top = _get_dispatch_stack_at(depth - 1)
+            if not (isinstance(top, CaptureMode) and top.recorder.derive_backward and not top.recorder.saw_compiled):
+                break
+            popped.append(_pop_mode())
+    except Exception as exc:  # the backward then runs observed by what is left on the stack
+        if isinstance(top, CaptureMode):
+            top.recorder.fail(exc, "pausing for backward")
+    return popped
+
+
+_engine_lock = threading.Lock()
+_engine_holders = 0
+
+
+def hold_backward_engine() -> None:
+    """While held (by any guard that is observing), backward passes run without capture modes."""
+    global _engine_holders
+    from torch.autograd.variable import Variable
+
+    with _engine_lock:
+        if _engine_holders == 0 and not isinstance(Variable._execution_engine, _EngineRunningBackwardUnobserved):
+            Variable._execution_engine = _EngineRunningBackwardUnobserved(Variable._execution_engine)
+        _engine_holders += 1
+
+
+def release_backward_engine() -> None:
+    global _engine_holders
+    from torch.autograd.variable import Variable
+
+    with _engine_lock:
+        _engine_holders = max(0, _engine_holders - 1)
+        engine = Variable._execution_engine
+        # Someone who wrapped the engine after us keeps theirs (ours underneath passes through).
+        if _engine_holders == 0 and isinstance(engine, _EngineRunningBackwardUnobserved):
+            Variable._execution_engine = engine._engine
 
 
 def attribute_kernels(recorder: Recorder, prof) -> None:

@@ -24,7 +24,7 @@ from typing import Iterable, Optional
 
 import torch
 
-from .capture import CaptureMode, Recorder, attribute_kernels
+from .capture import CaptureMode, Recorder, attribute_kernels, hold_backward_engine, release_backward_engine
 
 DEFAULT_JSON_PATH = os.path.join(".matlint", "runtime.json")
 MIN_DEFAULT_WINDOW, MAX_DEFAULT_WINDOW = 2, 3
@@ -86,6 +86,7 @@ class Guard:
         self._ops_at_boundary = 0      # ops recorded up to the last boundary (or the attach)
         self._boundary_in_entry = False
         self._mode: Optional[CaptureMode] = None
+        self._holds_engine = False
         self._profiler = None
         self._opt_hook = None
         self._finished = False
@@ -280,6 +281,9 @@ class Guard:
             raise
         self._mode = mode
         self._ops_at_boundary = self._recorded_ops()
+        if self.recorder.derive_backward and _compiled_frames() == 0:
+            hold_backward_engine()
+            self._holds_engine = True
 
     def _detach(self) -> None:
         mode, self._mode = self._mode, None
@@ -288,6 +292,10 @@ class Guard:
         try:
             mode.__exit__(None, None, None)
         finally:
+            if self._holds_engine:
+                self._holds_engine = False
+                release_backward_engine()
+            self.recorder.forget_pending_backward()
             self.recorder.modules.remove()
             self._stop_profiler()
 

@@ -168,7 +168,7 @@ def fresh_user_function():
     """A function whose code object the guard has never classified (its call-site cache is global)."""
     fresh_user_function.count = getattr(fresh_user_function, "count", 0) + 1
     namespace = {}
-    exec(compile("def user_step(model, x):\n    return model(x).tanh() @ x.T\n",
+    exec(compile("def user_step(model, x):\n    out = model(x).tanh() @ x.T\n    out.sum().backward()\n    return out\n",
                  f"<user code {fresh_user_function.count}>", "exec"), namespace)
     return namespace["user_step"]
 
@@ -180,6 +180,8 @@ CAPTURE_FAULTS = {
     "module paths": lambda mp: mp.setattr(capture.ModulePaths, "_child_name", boom),
     "step boundary": lambda mp: mp.setattr(capture.Recorder, "new_step", boom),
     "entering the dispatch mode": lambda mp: mp.setattr(capture.CaptureMode, "__enter__", boom),
+    "pausing for backward": lambda mp: mp.setattr(capture, "_pop_mode", boom),
+    "deriving backward GEMMs": lambda mp: mp.setattr(capture, "derive_backward_gemms", boom),
 }
 
 
@@ -623,7 +625,11 @@ def test_ddp_two_gloo_processes(tmp_path):
         assert result["identical"], result
         assert result["errors"] == []
         assert result["steps"] == 2
-        assert result["allreduce_seen"]
+        # by default the backward pass runs unobserved and its GEMMs are derived ...
+        assert result["backward_gemms_derived"]
+        # ... with kernel attribution every backward op is observed, DDP's allreduce included
+        assert result["allreduce_seen_with_kernels"]
+        assert result["identical_with_kernels"]
 
 
 def _ddp_worker(rank, out_dir):
@@ -634,11 +640,11 @@ def _ddp_worker(rank, out_dir):
     os.environ.setdefault("MASTER_PORT", "29533")
     dist.init_process_group("gloo", rank=rank, world_size=2)
     try:
-        def run(under_guard):
+        def run(under_guard, **options):
             torch.manual_seed(0)
             model = DDP(nn.Sequential(nn.Linear(8, 8), nn.ReLU(), nn.Linear(8, 1)))
             opt = torch.optim.SGD(model.parameters(), lr=0.1)
-            g = quiet(window=2, warmup=1)
+            g = quiet(window=2, warmup=1, **options)
             with g if under_guard else contextlib.nullcontext():
                 for i in range(4):
                     torch.manual_seed(rank * 10 + i)
@@ -649,11 +655,14 @@ def _ddp_worker(rank, out_dir):
 
         plain, _ = run(False)
         guarded, g = run(True)
+        with_kernels, gk = run(True, kernels=True)
         result = {
             "identical": all(torch.equal(a, b) for a, b in zip(plain, guarded)),
-            "errors": g.errors,
+            "errors": g.errors + gk.errors,
             "steps": g.recorder.rec.steps,
-            "allreduce_seen": any("allreduce" in k.op for k in g.recorder.rec.ops),
+            "backward_gemms_derived": any(k.backward and k.op == "mm" for k in g.recorder.rec.ops),
+            "allreduce_seen_with_kernels": any("allreduce" in k.op for k in gk.recorder.rec.ops),
+            "identical_with_kernels": all(torch.equal(a, b) for a, b in zip(plain, with_kernels)),
         }
         with open(os.path.join(out_dir, f"rank{rank}.json"), "w") as fh:
             json.dump(result, fh)
