@@ -4,6 +4,7 @@
     python benchmarks/guard_profile.py [--no-profile]
 """
 import cProfile
+import gc
 import pstats
 import statistics
 import sys
@@ -68,9 +69,26 @@ def main():
     with Count():
         step()
     print(f"dispatched ops per step (views included) {Count.n}")
-    # the default guard, step by step: where its extra time goes over a run
+    # the default guard, step by step: where its extra time goes over a run; full garbage
+    # collections (gen 2) during each run are listed, plain and guarded, to see whether a slow
+    # step after the window is one
+    collections = []
+    gc_start = {}
+
+    def on_gc(phase, info):
+        if info["generation"] != 2:
+            return
+        if phase == "start":
+            gc_start["t"] = time.perf_counter()
+        else:
+            collections.append((time.perf_counter() - gc_start.pop("t", time.perf_counter())) * 1e3)
+
+    gc.callbacks.append(on_gc)
     for attempt in range(2):
+        del collections[:]
         plain = [issue_and_wall(step, 2)[1] for _ in range(5)]
+        plain_gcs = list(collections)
+        del collections[:]
         t0 = time.perf_counter()
         g = rg.guard(json_path=None, report=False, estimate_savings=False)
         g.__enter__()
@@ -88,7 +106,9 @@ def main():
         base = statistics.median(plain)
         print(f"default guard run {attempt}: enter {enter_ms:.2f} ms, steps (x plain {base:.2f} ms): "
               + " ".join(f"{w / base:.2f}" for w in walls) + f"; exit {exit_ms:.1f} ms; extra over 8 steps "
-              f"{sum(walls) - 8 * base + enter_ms:.1f} ms")
+              f"{sum(walls) - 8 * base + enter_ms:.1f} ms; full collections (ms): plain 10 steps "
+              f"{[round(c, 1) for c in plain_gcs]}, guarded 8 steps {[round(c, 1) for c in collections]}")
+    gc.callbacks.remove(on_gc)
     if "--no-profile" in sys.argv:
         return
     g = rg.guard(window=50, warmup=0, json_path=None, report=False, estimate_savings=False)

@@ -601,6 +601,17 @@ def test_compile_is_not_forced_to_eager(fresh_dynamo):
     assert torch.equal(out, expected)
     assert any(k.op == "mm" for k in g.recorder.rec.ops)  # the compiled graph's ops still seen
 
+    # with compiled code about, the backward pass stays observed: a compiled forward's GEMMs do
+    # not require grad, so their backward GEMMs could not be derived
+    xg = torch.randn(8, 8, requires_grad=True)
+    depths = []
+    with quiet(warmup=0) as g2:
+        out = compiled(xg)
+        out.register_hook(lambda grad: depths.append(torch._C._len_torch_dispatch_stack()))
+        out.sum().backward()
+    assert depths == [1]  # the guard's mode was on during the backward
+    assert any(k.backward and k.op == "mm" for k in g2.recorder.rec.ops)
+
     # the same mode without the opt-out makes dynamo skip the frame: the test above can fail
     class NoOptOut(capture.CaptureMode):
         @classmethod
