@@ -54,6 +54,7 @@ SOFTMAX_OPS = frozenset({"_softmax", "softmax", "_safe_softmax"})
 DROPOUT_OPS = frozenset({"native_dropout", "dropout"})
 COPY_OPS = frozenset({"_to_copy", "copy_"})
 _SCALE_OR_MASK_OPS = SCALE_OPS | MASK_OPS
+DROPOUT_MASK = ("D",)  # attention-chain state of a tensor drawn by bernoulli_
 
 MAX_KEYS = 50_000          # distinct aggregated op keys kept; more are counted as dropped
 MAX_TAGS = 200_000         # dataflow tags kept within one step
@@ -603,6 +604,9 @@ class Recorder:
             return
         if arg0 is None:
             return
+        if name == "bernoulli_":  # a dropout mask on CPU (mul by it then div_; native_dropout elsewhere)
+            attn.set(out, DROPOUT_MASK)
+            return
         state = attn.get(arg0)
         if state is None and len(args) > 1 and isinstance(args[1], torch.Tensor) and name in _SCALE_OR_MASK_OPS:
             state = attn.get(args[1])
@@ -617,7 +621,8 @@ class Recorder:
             attn.set(out, state[:4] + (True,) + state[5:])
         elif kind == "S" and name in SOFTMAX_OPS:
             attn.set(out, ("P",) + state[1:5] + (out.dtype,))  # fp32 here under autocast
-        elif kind == "P" and name in DROPOUT_OPS:
+        elif kind == "P" and (name in DROPOUT_OPS
+                              or (name == "mul" and len(args) > 1 and attn.get(args[1]) == DROPOUT_MASK)):
             attn.set(out, state)
 
 

@@ -219,6 +219,35 @@ def test_manual_attention_fires_with_shapes_and_estimate():
     assert f.estimated_savings_ms is not None and "scaled_dot_product_attention" in f.evidence["estimate_method"]
 
 
+class AttentionWeightsDropout(nn.Module):
+    """Dropout on the attention weights: on CPU it is bernoulli_, div_ and a mul, not one op."""
+
+    def __init__(self, gate=False):
+        super().__init__()
+        self.qkv = nn.Linear(32, 96)
+        self.gate = gate
+
+    def forward(self, x):
+        b, s, d = x.shape
+        q, k, v = (t.view(b, s, 8, -1).transpose(1, 2) for t in self.qkv(x).split(d, -1))
+        weights = torch.softmax(q @ k.transpose(-2, -1) / math.sqrt(4), dim=-1)  # <- here
+        if self.gate:  # weights times a learned gate: not what SDPA computes
+            weights = weights * torch.sigmoid(q.sum(-1, keepdim=True))
+        else:
+            weights = F.dropout(weights, 0.1, training=True)
+        return (weights @ v).transpose(1, 2).reshape(b, s, d)
+
+
+def test_manual_attention_with_dropout_on_the_weights_fires_on_cpu():
+    model = AttentionWeightsDropout()
+    x = torch.randn(2, 16, 32)
+    g = observe(lambda: model(x).sum().backward())
+    [f] = [f for f in g.findings if f.code == "MAT601"]
+    assert [f.row] == this_line(AttentionWeightsDropout.forward)
+    gated = AttentionWeightsDropout(gate=True)
+    assert "MAT601" not in codes(observe(lambda: gated(x).sum().backward()))
+
+
 def test_sdpa_is_quiet():
     model = ManualAttention(fused=True)
     x = torch.randn(2, 16, 32)
