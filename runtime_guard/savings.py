@@ -34,27 +34,34 @@ def _sync(device: str) -> None:
 
 def time_ms(fn, device: str, reps: int = 15, max_s: float = 0.5) -> float:
     """Median milliseconds of fn() after warm-up; CUDA timed with events."""
-    for _ in range(3):
-        fn()
+    return time_ms_each((fn,), device, reps, max_s)[0]
+
+
+def time_ms_each(fns, device: str, reps: int = 15, max_s: float = 0.5) -> list:
+    """Median milliseconds of each function after warm-up, timed in turns (a, b, a, b, ...) so
+    that a drift of the machine's speed falls on all of them alike; CUDA timed with events."""
+    for fn in fns:
+        for _ in range(3):
+            fn()
     _sync(device)
-    times = []
+    times = [[] for _ in fns]
     start_all = time.perf_counter()
     for _ in range(reps):
-        if device == "cuda":
-            start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-            start.record()
-            fn()
-            end.record()
-            end.synchronize()
-            times.append(start.elapsed_time(end))
-        else:
-            t0 = time.perf_counter()
-            fn()
-            times.append((time.perf_counter() - t0) * 1e3)
-        if time.perf_counter() - start_all > max_s and len(times) >= 5:
+        for fn, fn_times in zip(fns, times):
+            if device == "cuda":
+                start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+                start.record()
+                fn()
+                end.record()
+                end.synchronize()
+                fn_times.append(start.elapsed_time(end))
+            else:
+                t0 = time.perf_counter()
+                fn()
+                fn_times.append((time.perf_counter() - t0) * 1e3)
+        if time.perf_counter() - start_all > max_s * len(fns) and len(times[0]) >= 5:
             break
-    times.sort()
-    return times[len(times) // 2]
+    return [sorted(t)[len(t) // 2] for t in times]
 
 
 class _Inputs:
@@ -105,9 +112,8 @@ def estimate_bf16(spec, budget):
         key = ("bf16", op, sig)
 
         def compute():
-            t32 = time_ms(_replay_gemm(op, sig, torch.float32, inputs), device)
-            t16 = time_ms(_replay_gemm(op, sig, torch.bfloat16, inputs), device)
-            return t32, t16
+            return tuple(time_ms_each((_replay_gemm(op, sig, torch.float32, inputs),
+                                       _replay_gemm(op, sig, torch.bfloat16, inputs)), device))
 
         t32, t16 = _cached(key, compute)
         saved += (t32 - t16) * per_step
@@ -135,17 +141,20 @@ def estimate_loop(spec, budget):
         a = inputs.tensor((n,) + tuple(a_shape[-2:]), dt)
         b = inputs.tensor((n,) + tuple(b_shape[-2:]), dt, requires_grad=grad)
 
+        # a dense incoming gradient, as a loss other than a bare sum gives
+        grad_out = torch.ones((n, a_shape[-2], b_shape[-1]), dtype=dt, device=device) if grad else None
+
         def looped():
             out = torch.stack([a[i] @ b[i] for i in range(n)])
             if grad:
-                out.sum().backward()
+                out.backward(grad_out)
 
         def batched():
             out = torch.bmm(a, b)
             if grad:
-                out.sum().backward()
+                out.backward(grad_out)
 
-        return time_ms(looped, device), time_ms(batched, device)
+        return tuple(time_ms_each((looped, batched), device))
 
     t_loop, t_bmm = _cached(key, compute)
     method = (f"timed {n} separate {'fwd+bwd ' if grad else ''}GEMMs ({t_loop:.3f} ms) against one bmm "
@@ -181,7 +190,7 @@ def estimate_sdpa(spec, budget):
             if grad:
                 out.sum().backward()
 
-        return time_ms(manual, device), time_ms(fused, device)
+        return tuple(time_ms_each((manual, fused), device))
 
     t_manual, t_fused = _cached(key, compute)
     method = (f"timed matmul-scale-{'mask-' if masked else ''}softmax-matmul ({t_manual:.3f} ms) against "
@@ -221,9 +230,7 @@ def estimate_pad(spec, budget):
 
     def compute():
         plain = [(s[0], None, s[2]) for s in sig]
-        t_obs = time_ms(_replay_dense(op, plain, inputs), device)
-        t_pad = time_ms(_replay_dense(op, padded, inputs), device)
-        return t_obs, t_pad
+        return tuple(time_ms_each((_replay_dense(op, plain, inputs), _replay_dense(op, padded, inputs)), device))
 
     t_obs, t_pad = _cached(key, compute)
     return (t_obs - t_pad) * per_step, f"timed the GEMM at the observed ({t_obs:.3f} ms) and padded ({t_pad:.3f} ms) dims"
@@ -249,7 +256,7 @@ def estimate_tiny(spec, budget):
             for x in xs:
                 x.mul_(1.0)
 
-        return time_ms(eager, device), time_ms(lambda: torch._foreach_mul_(xs, 1.0), device)
+        return tuple(time_ms_each((eager, lambda: torch._foreach_mul_(xs, 1.0)), device))
 
     t_eager, t_fused = _cached(key, compute)
     per_launch = (t_eager - t_fused) / n
