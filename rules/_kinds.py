@@ -7,7 +7,7 @@ from __future__ import annotations
 import ast
 from typing import Optional
 
-from ._tree import child_nodes, walk
+from ._tree import child_nodes
 
 TENSOR = "tensor"            # a tensor whose device is not known to be the CPU
 CPU_TENSOR = "cpu_tensor"    # a tensor on the CPU by construction
@@ -220,6 +220,22 @@ def _sets_default_device(ctx) -> bool:
     found = ctx.shared.get("sets_default_device")
     if found is None:
         found = ctx.shared["sets_default_device"] = "set_default_device" in ctx.source
+    return found
+
+
+def may_mention(ctx, word: str, ignore_case: bool = False) -> bool:
+    """False only when the file's source cannot spell `word`, so a question whose answer needs
+    it (a name, an imported API) is settled without the analyses. Non-ASCII source always may:
+    its identifiers can normalize to `word`."""
+    key = ("mentions", word, ignore_case)
+    found = ctx.shared.get(key)
+    if found is None:
+        source = ctx.source
+        if not source.isascii():
+            found = True
+        else:
+            found = word in (source.lower() if ignore_case else source)
+        ctx.shared[key] = found
     return found
 
 
@@ -538,6 +554,9 @@ def class_attribute_values(ctx, cls: ast.ClassDef, attr: str) -> list:
     return table.get(attr, [])
 
 
+_ASSIGNS_AND_CALLS = frozenset({ast.Assign, ast.AugAssign, ast.AnnAssign, ast.Call})
+
+
 def _class_attribute_values(cls: ast.ClassDef) -> dict:
     table: dict = {}
     for method in cls.body:
@@ -547,7 +566,15 @@ def _class_attribute_values(cls: ast.ClassDef) -> dict:
         if not params:
             continue
         self_name = params[0].arg
-        for node in walk(method):
+        # `walk(method)`'s order, leaving out the nodes that cannot hold an assignment or a call.
+        queue = [method]
+        index = 0
+        while index < len(queue):
+            node = queue[index]
+            index += 1
+            queue.extend(child for child in child_nodes(node) if type(child) not in _BINDS_NOTHING)
+            if type(node) not in _ASSIGNS_AND_CALLS:
+                continue
             if isinstance(node, ast.Assign):
                 for target in node.targets:
                     if (isinstance(target, ast.Attribute) and isinstance(target.value, ast.Name)

@@ -252,6 +252,8 @@ def iterates_loader(ctx, loop: LoopInfo) -> bool:
     """The loop iterates over a data loader (through enumerate/iter/tqdm/zip)."""
     from . import _kinds
 
+    if not _kinds.may_mention(ctx, "loader", ignore_case=True):
+        return False  # a loader kind needs "loader" in a name or `DataLoader`
     it = loop.iter
     while isinstance(it, ast.Call) and isinstance(it.func, ast.Name) and it.func.id in _LOADER_WRAPPERS and it.args:
         it = it.args[0]

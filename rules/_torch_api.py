@@ -106,6 +106,7 @@ def _as_gemm(ctx, node: ast.AST) -> Optional[Gemm]:
             # tensor.matmul(other) takes one tensor; two arguments mean a module function (d2l.matmul(a, b))
             return Gemm(node, name, [receiver, args[0]], "." + name, method=True) if len(args) == 1 else None
     # A Linear module applied to a tensor: self.proj(x), proj(x)
-    if len(args) == 1 and not node.keywords and _kinds.kind_of(ctx, func) == _kinds.LINEAR:
+    if (len(args) == 1 and not node.keywords and _kinds.may_mention(ctx, "Linear")
+            and _kinds.kind_of(ctx, func) == _kinds.LINEAR):
         return Gemm(node, "nn.Linear", [args[0]], ctx.segment(func))
     return None
