@@ -133,6 +133,8 @@ class Float64InModel(Rule):
     ]
 
     def visit_Call(self, node: ast.Call) -> None:
+        if not (_kinds.may_mention(self.ctx, "float64") or _kinds.may_mention(self.ctx, "double", ignore_case=True)):
+            return  # every float64 spelling below names `float64`, `double` or `DoubleTensor`
         func = node.func
         qualname = self.ctx.qualname(func)
         if qualname == "torch.set_default_dtype":
