@@ -242,9 +242,12 @@ def is_optimizer_step(node: ast.AST) -> bool:
 
 def is_training_loop(ctx, loop: LoopInfo) -> bool:
     """The loop body itself (not a nested loop) calls `.backward()` or an optimizer's `.step()`."""
+    from . import _kinds
+
     key = ("training_loop", id(loop.node))
     if key not in ctx.shared:
-        ctx.shared[key] = any(is_backward(n) or is_optimizer_step(n) for n in loop.direct_nodes())
+        spellable = _kinds.may_mention(ctx, "backward") or _kinds.may_mention(ctx, "step")
+        ctx.shared[key] = spellable and any(is_backward(n) or is_optimizer_step(n) for n in loop.direct_nodes())
     return ctx.shared[key]
 
 
