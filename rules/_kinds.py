@@ -224,9 +224,14 @@ def _sets_default_device(ctx) -> bool:
 
 
 def may_mention(ctx, word: str, ignore_case: bool = False) -> bool:
-    """False only when the file's source cannot spell `word`, so a question whose answer needs
-    it (a name, an imported API) is settled without the analyses. Non-ASCII source always may:
-    its identifiers can normalize to `word`."""
+    """False only when no identifier of the file (a name, an attribute, a keyword, an imported
+    name or alias) can contain `word`, so a question whose answer needs it is settled without the
+    analyses. Identifiers are spelled out in the source text as they are in the tree; non-ASCII
+    source always may (its identifiers can normalize to `word`).
+
+    Identifiers only: a string literal can hold `word` without the source spelling it
+    (`"\\x44ouble"`, implicit concatenation `"Dou" "ble"`), so a rule that matches the contents
+    of strings must not let this gate skip those matches."""
     key = ("mentions", word, ignore_case)
     found = ctx.shared.get(key)
     if found is None:
