@@ -159,6 +159,22 @@ def _child_fields(node_type) -> tuple:
     return tuple(f for f in node_type._fields if f not in skipped)
 
 
+def _node_classes(base=ast.AST) -> list:
+    found = []
+    for sub in base.__subclasses__():
+        found.append(sub)
+        found.extend(_node_classes(sub))
+    return found
+
+
+_NODE_CLASSES = frozenset(_node_classes())
+# Nodes with no child the walker visits (Name, Constant, Pass, alias...): entering one only calls
+# its handlers, so a walk with none for it does not enter it.
+_LEAF_CLASSES = frozenset(c for c in _NODE_CLASSES if not _child_fields(c))
+# Values of child fields that are not nodes (a missing `returns`, a Dict's `**` key).
+_NOT_NODES = frozenset({type(None), str, int, float, bytes, bool})
+
+
 class Walker:
     """One traversal of the tree, calling each enabled rule's visit_/leave_ handlers."""
 
@@ -174,6 +190,20 @@ class Walker:
                     continue
                 for attr in attrs:
                     table.setdefault(node_class, []).append((rule, getattr(rule, attr)))
+        skipped = {c for c in _LEAF_CLASSES if c not in self.visit and c not in self.leave and c not in self.special}
+        # Classes of child values to enter, and to step over without a look (handler-less leaves, non-nodes).
+        self.enter = _NODE_CLASSES - skipped
+        self.skip = frozenset(skipped | _NOT_NODES)
+        # node class -> (visit handlers, leave handlers, special walk, child fields), built on first sight
+        self.plans: dict = {}
+
+    def _plan(self, node_type) -> tuple:
+        fields = _CHILD_FIELDS.get(node_type)
+        if fields is None:
+            fields = _CHILD_FIELDS[node_type] = _child_fields(node_type)
+        plan = self.plans[node_type] = (self.visit.get(node_type), self.leave.get(node_type),
+                                        self.special.get(node_type), fields)
+        return plan
 
     def _call(self, handlers, node) -> None:
         for rule, handler in handlers:
@@ -181,32 +211,34 @@ class Walker:
             handler(node)
 
     def walk(self, node: ast.AST) -> None:
-        node_type = type(node)
-        handlers = self.visit.get(node_type)
-        if handlers:
-            self._call(handlers, node)
+        plan = self.plans.get(node.__class__)
+        visit, leave, special, fields = plan if plan is not None else self._plan(node.__class__)
+        if visit:
+            self._call(visit, node)
         parents = self.ctx.parents
         parents.append(node)
-        special = self.special.get(node_type)
         if special is not None:
             special(self, node)
         else:
-            walk = self.walk
-            fields = _CHILD_FIELDS.get(node_type)
-            if fields is None:
-                fields = _CHILD_FIELDS[node_type] = _child_fields(node_type)
+            walk, enter, skip = self.walk, self.enter, self.skip
             for field in fields:
                 value = getattr(node, field, None)
                 if value.__class__ is list:
                     for item in value:
-                        if isinstance(item, _AST):
+                        cls = item.__class__
+                        if cls in enter:
                             walk(item)
-                elif isinstance(value, _AST):
-                    walk(value)
+                        elif cls not in skip and isinstance(item, _AST):
+                            walk(item)
+                else:
+                    cls = value.__class__
+                    if cls in enter:
+                        walk(value)
+                    elif cls not in skip and isinstance(value, _AST):
+                        walk(value)
         parents.pop()
-        handlers = self.leave.get(node_type)
-        if handlers:
-            self._call(handlers, node)
+        if leave:
+            self._call(leave, node)
 
     def _walk_all(self, nodes) -> None:
         for child in nodes:
