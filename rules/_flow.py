@@ -20,10 +20,23 @@ def _end(node: ast.AST) -> tuple:
 
 
 class FunctionFlow:
-    """Parents, stores and loads of plain names in one function, collected once."""
+    """Parents, stores and loads of plain names in one function, collected once, on first use:
+    rules take the flow of a function before they know whether the node in hand needs it."""
+
+    _INDEX = frozenset({"parent", "block", "stores", "loads"})
 
     def __init__(self, function: ast.AST):
         self.function = function
+
+    def __getattr__(self, name: str):
+        # Only reached while the index is missing (attributes found normally never get here).
+        if name not in FunctionFlow._INDEX:
+            raise AttributeError(name)
+        self._build()
+        return self.__dict__[name]
+
+    def _build(self) -> None:
+        function = self.function
         self.parent: dict = {}
         self.block: dict = {}    # statement -> (id of its statement list, index in it)
         self.stores: dict = {}   # name -> [(storing statement, it is a plain `name = value`)]

@@ -124,14 +124,33 @@ _BINDS_NOTHING = frozenset({ast.Name, ast.Constant}.union(
 
 
 class ScopeKinds:
-    """Assignments and uses of names in one function (or the module), collected once."""
+    """Assignments and uses of names in one function (or the module), collected once, on first
+    use: an inference that never looks a name up in a scope on its chain (`nn.LayerNorm(d)`)
+    does not pay for collecting it."""
+
+    _COLLECTED = frozenset({"assigned", "methods_used"})
 
     def __init__(self, owner: ast.AST):
         self.owner = owner
-        self.assigned: dict = {}      # name -> list of ("value", expr) / ("elem", iter, path) / ("kind", k)
-        self.methods_used: dict = {}  # name -> set of attribute names used on it
         self.cache: dict = {}
         self.self_name = None
+        if isinstance(owner, (ast.FunctionDef, ast.AsyncFunctionDef, ast.Lambda)):
+            args = owner.args
+            params = args.posonlyargs + args.args + args.kwonlyargs
+            if params:
+                self.self_name = params[0].arg
+
+    def __getattr__(self, name: str):
+        # Only reached while the collection is missing (attributes found normally never get here).
+        if name not in ScopeKinds._COLLECTED:
+            raise AttributeError(name)
+        self._collect_all()
+        return self.__dict__[name]
+
+    def _collect_all(self) -> None:
+        owner = self.owner
+        self.assigned: dict = {}      # name -> list of ("value", expr) / ("elem", iter, path) / ("kind", k)
+        self.methods_used: dict = {}  # name -> set of attribute names used on it
         if isinstance(owner, (ast.FunctionDef, ast.AsyncFunctionDef, ast.Lambda)):
             args = owner.args
             params = args.posonlyargs + args.args + args.kwonlyargs
@@ -140,8 +159,6 @@ class ScopeKinds:
             for arg in (args.vararg, args.kwarg):
                 if arg is not None:
                     self.assigned.setdefault(arg.arg, []).append(("kind", LIST if arg is args.vararg else OTHER))
-            if params:
-                self.self_name = params[0].arg
         body = owner.body if isinstance(owner.body, list) else [owner.body]
         for stmt in body:
             self._collect(stmt)
