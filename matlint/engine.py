@@ -175,6 +175,29 @@ _LEAF_CLASSES = frozenset(c for c in _NODE_CLASSES if not _child_fields(c))
 _NOT_NODES = frozenset({type(None), str, int, float, bytes, bool})
 
 
+class _Routes:
+    """The handlers of one node class, some with an `Only`: the ones to call, by whether the
+    node is inside a loop and (for a call) the attribute it calls, in registration order."""
+
+    __slots__ = ("entries", "by_key")
+
+    def __init__(self, entries: list):
+        self.entries = entries
+        self.by_key: dict = {}
+
+    def pick(self, ctx, node) -> list:
+        func = getattr(node, "func", None)
+        attr = func.attr if func.__class__ is ast.Attribute else None
+        key = (bool(ctx.loops), attr)
+        handlers = self.by_key.get(key)
+        if handlers is None:
+            in_loop = key[0]
+            handlers = self.by_key[key] = [
+                (rule, handler) for rule, handler, only in self.entries
+                if only is None or ((in_loop or not only.in_loops) and (only.attrs is None or attr in only.attrs))]
+        return handlers
+
+
 class Walker:
     """One traversal of the tree, calling each enabled rule's visit_/leave_ handlers."""
 
@@ -182,14 +205,30 @@ class Walker:
         self.ctx = ctx
         self.visit: dict = {}
         self.leave: dict = {}
+        routed = set()
         for rule in rules:
+            only_table = getattr(type(rule), "only", None) or {}
             for (kind, node_type), attrs in rule._handlers.items():
                 table = self.visit if kind == "visit" else self.leave
                 node_class = getattr(ast, node_type, None)
                 if node_class is None:
                     continue
                 for attr in attrs:
-                    table.setdefault(node_class, []).append((rule, getattr(rule, attr)))
+                    only = only_table.get(attr)
+                    if only is not None:
+                        if only.if_file is not None and not only.if_file(ctx):
+                            continue  # the handler does nothing anywhere in this file
+                        if only.in_loops or only.attrs is not None:
+                            routed.add((table is self.visit, node_class))
+                        else:
+                            only = None
+                    table.setdefault(node_class, []).append((rule, getattr(rule, attr), only))
+        for table in (self.visit, self.leave):
+            for node_class, entries in table.items():
+                if (table is self.visit, node_class) in routed:
+                    table[node_class] = _Routes(entries)
+                else:
+                    table[node_class] = [(rule, handler) for rule, handler, _ in entries]
         skipped = {c for c in _LEAF_CLASSES if c not in self.visit and c not in self.leave and c not in self.special}
         # Classes of child values to enter, and to step over without a look (handler-less leaves, non-nodes).
         self.enter = _NODE_CLASSES - skipped
@@ -214,6 +253,8 @@ class Walker:
         plan = self.plans.get(node.__class__)
         visit, leave, special, fields = plan if plan is not None else self._plan(node.__class__)
         if visit:
+            if visit.__class__ is _Routes:
+                visit = visit.pick(self.ctx, node)
             self._call(visit, node)
         parents = self.ctx.parents
         parents.append(node)
@@ -238,6 +279,8 @@ class Walker:
                         walk(value)
         parents.pop()
         if leave:
+            if leave.__class__ is _Routes:
+                leave = leave.pick(self.ctx, node)
             self._call(leave, node)
 
     def _walk_all(self, nodes) -> None:

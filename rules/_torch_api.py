@@ -7,6 +7,8 @@ import ast
 from dataclasses import dataclass
 from typing import Optional
 
+from matlint.rule import Only
+
 from . import _kinds
 
 # Function -> index of the first tensor operand and how many operands are multiplied.
@@ -118,6 +120,11 @@ class GemmVisitor:
     comprehension). Put it before `Rule` in the bases and define `check_gemm`."""
 
     gemms_in_loops_only = False
+
+    def __init_subclass__(cls, **kwargs):
+        super().__init_subclass__(**kwargs)
+        if cls.gemms_in_loops_only:  # the engine calls the handlers only inside loops
+            cls.only = {**cls.only, "visit_BinOp": Only(in_loops=True), "visit_Call": Only(in_loops=True)}
 
     def visit_BinOp(self, node: ast.BinOp) -> None:
         if node.op.__class__ is ast.MatMult and (self.ctx.loops or not self.gemms_in_loops_only):

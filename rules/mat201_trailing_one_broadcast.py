@@ -3,7 +3,7 @@ from __future__ import annotations
 
 import ast
 
-from matlint.rule import Rule, bad, good
+from matlint.rule import Only, Rule, bad, good
 from matlint.rules._shapes import broadcast, fmt_shape, never_shaped, shape_of, trailing_one_mismatch
 
 _BINOPS = {ast.Add: "+", ast.Sub: "-", ast.Mult: "*", ast.Div: "/", ast.FloorDiv: "//",
@@ -171,6 +171,8 @@ class TrailingOneBroadcast(Rule):
                 return p - q, p - x, x - y
             """),
     ]
+
+    only = {"visit_Call": Only(attrs=frozenset(_FUNCTIONS))}
 
     def visit_BinOp(self, node: ast.BinOp) -> None:
         op = _BINOPS.get(type(node.op))

@@ -3,7 +3,7 @@ from __future__ import annotations
 
 import ast
 
-from matlint.rule import Rule, bad, good
+from matlint.rule import Only, Rule, bad, good
 from matlint.rules._shapes import Shape, broadcast_is_valid, dim_eq, fmt_shape, make_shape, never_shaped, shape_of
 from matlint.rules.mat201_trailing_one_broadcast import operand_source
 
@@ -197,6 +197,8 @@ class MisalignedMaskBroadcast(Rule):
     def visit_AugAssign(self, node: ast.AugAssign) -> None:
         if type(node.op) in _BINOPS:
             self._check(node, node.value, node.target)
+
+    only = {"visit_Call": Only(attrs=frozenset({"masked_fill", "masked_fill_", "where"}))}
 
     def visit_Call(self, node: ast.Call) -> None:
         func = node.func

@@ -7,7 +7,7 @@ import math
 import re
 from typing import Optional
 
-from matlint.rule import Rule, bad, good
+from matlint.rule import Only, Rule, bad, good
 
 from ._flow import flow_of
 from ._kinds import may_mention
@@ -158,6 +158,8 @@ class ManualTanhGelu(Rule):
                 return exact, sig, wrong_const, no_half, scalar
             """),
     ]
+
+    only = {"visit_Call": Only(if_file=lambda ctx: may_mention(ctx, "tanh"))}
 
     def visit_Call(self, node: ast.Call) -> None:
         if not may_mention(self.ctx, "tanh"):
