@@ -5,6 +5,7 @@ Unknown (None) is an answer: rules that need a kind stay quiet on it."""
 from __future__ import annotations
 
 import ast
+import unicodedata
 from typing import Optional
 
 from ._tree import child_nodes
@@ -240,11 +241,21 @@ def _sets_default_device(ctx) -> bool:
     return found
 
 
+def identifier_text(ctx) -> str:
+    """The source with every identifier spelled as the tree holds it: the source itself, or for a
+    file that is not ASCII its NFKC normal form (the parser normalizes identifiers so: `ｓｏｆｔｍａｘ`
+    is `softmax`). An identifier of the tree is a substring of this text."""
+    text = ctx.shared.get("identifier_text")
+    if text is None:
+        source = ctx.source
+        text = ctx.shared["identifier_text"] = source if source.isascii() else unicodedata.normalize("NFKC", source)
+    return text
+
+
 def may_mention(ctx, word: str, ignore_case: bool = False) -> bool:
     """False only when no identifier of the file (a name, an attribute, a keyword, an imported
     name or alias) can contain `word`, so a question whose answer needs it is settled without the
-    analyses. Identifiers are spelled out in the source text as they are in the tree; non-ASCII
-    source always may (its identifiers can normalize to `word`).
+    analyses: identifiers are spelled out in `identifier_text` as they are in the tree.
 
     Identifiers only: a string literal can hold `word` without the source spelling it
     (`"\\x44ouble"`, implicit concatenation `"Dou" "ble"`), so a rule that matches the contents
@@ -252,12 +263,13 @@ def may_mention(ctx, word: str, ignore_case: bool = False) -> bool:
     key = ("mentions", word, ignore_case)
     found = ctx.shared.get(key)
     if found is None:
-        source = ctx.source
-        if not source.isascii():
-            found = True
+        if ignore_case:
+            text = ctx.shared.get("identifier_text_lower")
+            if text is None:
+                text = ctx.shared["identifier_text_lower"] = identifier_text(ctx).lower()
         else:
-            found = word in (source.lower() if ignore_case else source)
-        ctx.shared[key] = found
+            text = identifier_text(ctx)
+        found = ctx.shared[key] = word in text
     return found
 
 

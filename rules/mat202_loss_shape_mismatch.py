@@ -4,6 +4,7 @@ from __future__ import annotations
 import ast
 
 from matlint.rule import Only, Rule, bad, good
+from matlint.rules._kinds import identifier_text
 from matlint.rules._shapes import (LOSS_FUNCTIONS, LOSS_MODULES, Loss, broadcast, broadcast_is_valid,
                                    fmt_shape, shape_of, trailing_one_mismatch, value_of)
 from matlint.rules.mat201_trailing_one_broadcast import squeezed
@@ -11,12 +12,12 @@ from matlint.rules.mat201_trailing_one_broadcast import squeezed
 
 
 def _names_a_loss(ctx) -> bool:
-    """The file can spell a loss function or module: its source names one, or is not ASCII (an
-    identifier can normalize to one). Without, no call is a loss: the shapes are never needed."""
+    """The file can spell a loss function or module (an identifier names one). Without, no call
+    is a loss: the shapes are never needed."""
     key = "mat202_file_names_a_loss"
     if key not in ctx.shared:
-        source = ctx.source
-        ctx.shared[key] = not source.isascii() or any(name in source for name in (*LOSS_FUNCTIONS, *LOSS_MODULES))
+        text = identifier_text(ctx)
+        ctx.shared[key] = any(name in text for name in (*LOSS_FUNCTIONS, *LOSS_MODULES))
     return ctx.shared[key]
 
 class LossShapeMismatch(Rule):

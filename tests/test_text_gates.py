@@ -47,6 +47,13 @@ CASES = {
             def forward(self, q, k, v):
                 return self.act(q @ k.transpose(-2, -1) / math.sqrt(q.size(-1))) @ v
         """, [(9, 25)]),
+    "softmax-fullwidth-identifier": ("MAT601", """
+        import math
+        import torch
+        import torch.nn.functional as F
+        def attend(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor):
+            return F.ｓｏｆｔｍａｘ(q @ k.mT / math.sqrt(q.size(-1)), dim=-1) @ v
+        """, [(5, 22)]),
     "softmax-getattr-escape": ("MAT601", r"""
         import math
         import torch
@@ -230,3 +237,5 @@ def test_gates_answer_no_on_files_without_the_word():
     assert _kinds.may_mention(ctx, "ones")
     unicode = "import torch\nｓｏｆｔｍａｘ = torch.ones(2)\n"
     assert _kinds.may_mention(FileContext(unicode, "f.py", parse_quietly(unicode)), "softmax")
+    other = '"""Shapes: B × T."""\nimport torch\nx = torch.ones(2)\n'  # not ASCII, and no softmax
+    assert not _kinds.may_mention(FileContext(other, "f.py", parse_quietly(other)), "softmax", ignore_case=True)
