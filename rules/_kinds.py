@@ -119,6 +119,14 @@ def _annotation_kind(ann: Optional[ast.AST]) -> Optional[str]:
     return None
 
 
+# Nodes `ScopeKinds._collect` reads (every other node only holds them), by what they are.
+_COLLECTED_NODES = {
+    ast.Assign: "assign", ast.AnnAssign: "annassign", ast.AugAssign: "augassign", ast.For: "for",
+    ast.AsyncFor: "for", ast.comprehension: "comprehension", ast.With: "with", ast.AsyncWith: "with",
+    ast.NamedExpr: "namedexpr", ast.ExceptHandler: "except", ast.Import: "import", ast.ImportFrom: "import",
+    ast.Attribute: "attribute", ast.FunctionDef: "scope", ast.AsyncFunctionDef: "scope", ast.ClassDef: "scope",
+    ast.Lambda: "lambda",
+}
 # Most nodes of a function, and none of them binds a name or has a child that does.
 _BINDS_NOTHING = frozenset({ast.Name, ast.Constant}.union(
     *(base.__subclasses__() for base in (ast.expr_context, ast.operator, ast.cmpop, ast.unaryop, ast.boolop))))
@@ -180,43 +188,51 @@ class ScopeKinds:
 
     def _collect(self, root: ast.AST) -> None:
         stack = [root]
+        binds = _BINDS_NOTHING
         while stack:
             node = stack.pop()
-            if type(node) in _BINDS_NOTHING:
+            node_type = type(node)
+            if node_type in binds:
                 continue
-            if isinstance(node, ast.Assign):
+            what = _COLLECTED_NODES.get(node_type)
+            if what is None:  # binds nothing itself (Call, BinOp, Subscript...): look inside
+                stack.extend(child_nodes(node))
+                continue
+            if what == "assign":
                 for target in node.targets:
                     self._bind(target, ("value", node.value))
-            elif isinstance(node, ast.AnnAssign):
+            elif what == "annassign":
                 ann = _annotation_kind(node.annotation)
                 if node.value is not None:
                     self._bind(node.target, ("value", node.value) if ann is None else ("kind", ann))
                 elif ann is not None:
                     self._bind(node.target, ("kind", ann))
-            elif isinstance(node, ast.AugAssign):
+            elif what == "augassign":
                 self._bind(node.target, ("aug", node))
-            elif isinstance(node, (ast.For, ast.AsyncFor)):
+            elif what == "for":
                 self._bind(node.target, ("elem", node.iter, ()))
-            elif isinstance(node, ast.comprehension):
+            elif what == "comprehension":
                 self._bind(node.target, ("elem", node.iter, ()))
-            elif isinstance(node, (ast.With, ast.AsyncWith)):
+            elif what == "with":
                 for item in node.items:
                     if item.optional_vars is not None:
                         self._bind(item.optional_vars, ("kind", None))
-            elif isinstance(node, ast.NamedExpr):
+            elif what == "namedexpr":
                 self._bind(node.target, ("value", node.value))
-            elif isinstance(node, ast.ExceptHandler) and node.name:
-                self.assigned.setdefault(node.name, []).append(("kind", OTHER))
-            elif isinstance(node, (ast.Import, ast.ImportFrom)):
+            elif what == "except":
+                if node.name:
+                    self.assigned.setdefault(node.name, []).append(("kind", OTHER))
+            elif what == "import":
                 for alias in node.names:
                     name = (alias.asname or alias.name).split(".")[0]
                     self.assigned.setdefault(name, []).append(("kind", OTHER))
-            elif isinstance(node, ast.Attribute) and isinstance(node.value, ast.Name):
-                self.methods_used.setdefault(node.value.id, set()).add(node.attr)
-            if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
+            elif what == "attribute":
+                if type(node.value) is ast.Name:
+                    self.methods_used.setdefault(node.value.id, set()).add(node.attr)
+            elif what == "scope":
                 self.assigned.setdefault(node.name, []).append(("kind", OTHER))
                 continue
-            if isinstance(node, ast.Lambda):
+            elif what == "lambda":
                 continue
             stack.extend(child_nodes(node))
 
