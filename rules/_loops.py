@@ -9,6 +9,7 @@ from functools import cached_property
 from ._tree import child_nodes
 
 _SCOPES = (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef, ast.Lambda)
+_SCOPE_TYPES = frozenset(_SCOPES)
 _COMPREHENSIONS = (ast.ListComp, ast.SetComp, ast.GeneratorExp, ast.DictComp)
 
 
@@ -21,18 +22,17 @@ def bound_names(target: ast.AST) -> set:
 
 
 def loaded_names(expr: ast.AST) -> set:
-    return {n.id for n in walk_no_scopes(expr) if isinstance(n, ast.Name) and isinstance(n.ctx, ast.Load)}
+    return {n.id for n in walk_no_scopes(expr) if n.__class__ is ast.Name and n.ctx.__class__ is ast.Load}
 
 
 def walk_no_scopes(node: ast.AST):
     """ast.walk that does not enter nested functions, lambdas or classes."""
     stack = [node]
+    scopes = _SCOPE_TYPES
     while stack:
         current = stack.pop()
         yield current
-        for child in child_nodes(current):
-            if not isinstance(child, _SCOPES):
-                stack.append(child)
+        stack.extend([child for child in child_nodes(current) if child.__class__ not in scopes])
 
 
 def walk_direct(stmts):
