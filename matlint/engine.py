@@ -246,8 +246,11 @@ class Walker:
 
     def _call(self, handlers, node) -> None:
         for rule, handler in handlers:
-            self.ctx._current_code = rule.code
-            handler(node)
+            try:
+                handler(node)
+            except BaseException:
+                self.ctx._current_code = rule.code  # for the MAT000 finding that names the rule
+                raise
 
     def walk(self, node: ast.AST) -> None:
         plan = self.plans.get(node.__class__)

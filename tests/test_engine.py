@@ -199,3 +199,27 @@ def test_routing_by_only_changes_no_finding(monkeypatch):
     for rule in rules:
         monkeypatch.setattr(rule, "only", {})
     assert lint_all() == routed
+
+
+def test_internal_error_names_the_rule_that_raised():
+    from matlint.engine import lint_source
+    from matlint.registry import _handlers
+    from matlint.rule import Rule
+
+    class Quiet(Rule):
+        code, name, summary, docs = "MAT998", "quiet", "", ""
+
+        def visit_Call(self, node):
+            pass
+
+    class Broken(Rule):
+        code, name, summary, docs = "MAT999", "broken", "", ""
+
+        def visit_Call(self, node):
+            raise ValueError("boom")
+
+    for cls in (Quiet, Broken):
+        cls._handlers = _handlers(cls)
+    findings = lint_source("import torch\ntorch.ones(1)\n", "t.py", [Quiet, Broken])
+    assert [f.code for f in findings] == ["MAT000"]
+    assert "internal error in MAT999 (ValueError: boom)" in findings[0].message
