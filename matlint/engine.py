@@ -159,6 +159,45 @@ def _child_fields(node_type) -> tuple:
     return tuple(f for f in node_type._fields if f not in skipped)
 
 
+def _node_classes(base=ast.AST) -> list:
+    found = []
+    for sub in base.__subclasses__():
+        found.append(sub)
+        found.extend(_node_classes(sub))
+    return found
+
+
+_NODE_CLASSES = frozenset(_node_classes())
+# Nodes with no child the walker visits (Name, Constant, Pass, alias...): entering one only calls
+# its handlers, so a walk with none for it does not enter it.
+_LEAF_CLASSES = frozenset(c for c in _NODE_CLASSES if not _child_fields(c))
+# Values of child fields that are not nodes (a missing `returns`, a Dict's `**` key).
+_NOT_NODES = frozenset({type(None), str, int, float, bytes, bool})
+
+
+class _Routes:
+    """The handlers of one node class, some with an `Only`: the ones to call, by whether the
+    node is inside a loop and (for a call) the attribute it calls, in registration order."""
+
+    __slots__ = ("entries", "by_key")
+
+    def __init__(self, entries: list):
+        self.entries = entries
+        self.by_key: dict = {}
+
+    def pick(self, ctx, node) -> list:
+        func = getattr(node, "func", None)
+        attr = func.attr if func.__class__ is ast.Attribute else None
+        key = (bool(ctx.loops), attr)
+        handlers = self.by_key.get(key)
+        if handlers is None:
+            in_loop = key[0]
+            handlers = self.by_key[key] = [
+                (rule, handler) for rule, handler, only in self.entries
+                if only is None or ((in_loop or not only.in_loops) and (only.attrs is None or attr in only.attrs))]
+        return handlers
+
+
 class Walker:
     """One traversal of the tree, calling each enabled rule's visit_/leave_ handlers."""
 
@@ -166,47 +205,86 @@ class Walker:
         self.ctx = ctx
         self.visit: dict = {}
         self.leave: dict = {}
+        routed = set()
         for rule in rules:
+            only_table = getattr(type(rule), "only", None) or {}
             for (kind, node_type), attrs in rule._handlers.items():
                 table = self.visit if kind == "visit" else self.leave
                 node_class = getattr(ast, node_type, None)
                 if node_class is None:
                     continue
                 for attr in attrs:
-                    table.setdefault(node_class, []).append((rule, getattr(rule, attr)))
+                    only = only_table.get(attr)
+                    if only is not None:
+                        if only.if_file is not None and not only.if_file(ctx):
+                            continue  # the handler does nothing anywhere in this file
+                        if only.in_loops or only.attrs is not None:
+                            routed.add((table is self.visit, node_class))
+                        else:
+                            only = None
+                    table.setdefault(node_class, []).append((rule, getattr(rule, attr), only))
+        for table in (self.visit, self.leave):
+            for node_class, entries in table.items():
+                if (table is self.visit, node_class) in routed:
+                    table[node_class] = _Routes(entries)
+                else:
+                    table[node_class] = [(rule, handler) for rule, handler, _ in entries]
+        skipped = {c for c in _LEAF_CLASSES if c not in self.visit and c not in self.leave and c not in self.special}
+        # Classes of child values to enter, and to step over without a look (handler-less leaves, non-nodes).
+        self.enter = _NODE_CLASSES - skipped
+        self.skip = frozenset(skipped | _NOT_NODES)
+        # node class -> (visit handlers, leave handlers, special walk, child fields), built on first sight
+        self.plans: dict = {}
+
+    def _plan(self, node_type) -> tuple:
+        fields = _CHILD_FIELDS.get(node_type)
+        if fields is None:
+            fields = _CHILD_FIELDS[node_type] = _child_fields(node_type)
+        plan = self.plans[node_type] = (self.visit.get(node_type), self.leave.get(node_type),
+                                        self.special.get(node_type), fields)
+        return plan
 
     def _call(self, handlers, node) -> None:
         for rule, handler in handlers:
-            self.ctx._current_code = rule.code
-            handler(node)
+            try:
+                handler(node)
+            except BaseException:
+                self.ctx._current_code = rule.code  # for the MAT000 finding that names the rule
+                raise
 
     def walk(self, node: ast.AST) -> None:
-        node_type = type(node)
-        handlers = self.visit.get(node_type)
-        if handlers:
-            self._call(handlers, node)
+        plan = self.plans.get(node.__class__)
+        visit, leave, special, fields = plan if plan is not None else self._plan(node.__class__)
+        if visit:
+            if visit.__class__ is _Routes:
+                visit = visit.pick(self.ctx, node)
+            self._call(visit, node)
         parents = self.ctx.parents
         parents.append(node)
-        special = self.special.get(node_type)
         if special is not None:
             special(self, node)
         else:
-            walk = self.walk
-            fields = _CHILD_FIELDS.get(node_type)
-            if fields is None:
-                fields = _CHILD_FIELDS[node_type] = _child_fields(node_type)
+            walk, enter, skip = self.walk, self.enter, self.skip
             for field in fields:
                 value = getattr(node, field, None)
                 if value.__class__ is list:
                     for item in value:
-                        if isinstance(item, _AST):
+                        cls = item.__class__
+                        if cls in enter:
                             walk(item)
-                elif isinstance(value, _AST):
-                    walk(value)
+                        elif cls not in skip and isinstance(item, _AST):
+                            walk(item)
+                else:
+                    cls = value.__class__
+                    if cls in enter:
+                        walk(value)
+                    elif cls not in skip and isinstance(value, _AST):
+                        walk(value)
         parents.pop()
-        handlers = self.leave.get(node_type)
-        if handlers:
-            self._call(handlers, node)
+        if leave:
+            if leave.__class__ is _Routes:
+                leave = leave.pick(self.ctx, node)
+            self._call(leave, node)
 
     def _walk_all(self, nodes) -> None:
         for child in nodes:

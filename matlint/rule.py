@@ -11,7 +11,7 @@ import ast
 import re
 import textwrap
 from dataclasses import dataclass
-from typing import Any, ClassVar, Optional
+from typing import Any, Callable, ClassVar, Optional
 
 from .diagnostics import Fix
 
@@ -74,6 +74,19 @@ def good(source: str) -> Example:
 
 
 @dataclass(frozen=True)
+class Only:
+    """When a handler can do anything, so the engine calls it only then (a rule's `only` maps
+    handler names to these): `in_loops`, only inside a loop or comprehension; `attrs` (for
+    `visit_Call`), only for calls `x.<attr>(...)` with one of these names; `if_file`, only in
+    files for which this predicate of the file's context holds (asked once per file). The
+    handler must return at once in every case left out, as if the engine did not route."""
+
+    in_loops: bool = False
+    attrs: Optional[frozenset] = None
+    if_file: Optional[Callable] = None
+
+
+@dataclass(frozen=True)
 class Option:
     type: type
     default: Any
@@ -90,6 +103,8 @@ class Rule:
     options: ClassVar[dict] = {}
     # Set by the registry: {"Call": ("visit_Call",), ...}
     _handlers: ClassVar[dict] = {}
+    # Handler name -> Only: the nodes and files where the handler can do anything.
+    only: ClassVar[dict] = {}
 
     def __init__(self, ctx, options: Optional[dict] = None):
         self.ctx = ctx

@@ -7,7 +7,7 @@ from __future__ import annotations
 import ast
 from typing import Optional
 
-from ._loops import walk_no_scopes
+from ._loops import _SCOPE_TYPES, walk_no_scopes
 from ._tree import child_nodes
 
 
@@ -20,25 +20,43 @@ def _end(node: ast.AST) -> tuple:
 
 
 class FunctionFlow:
-    """Parents, stores and loads of plain names in one function, collected once."""
+    """Parents, stores and loads of plain names in one function, collected once, on first use:
+    rules take the flow of a function before they know whether the node in hand needs it."""
+
+    _INDEX = frozenset({"parent", "block", "stores", "loads"})
 
     def __init__(self, function: ast.AST):
         self.function = function
+
+    def __getattr__(self, name: str):
+        # Only reached while the index is missing (attributes found normally never get here).
+        if name not in FunctionFlow._INDEX:
+            raise AttributeError(name)
+        self._build()
+        return self.__dict__[name]
+
+    def _build(self) -> None:
+        function = self.function
         self.parent: dict = {}
         self.block: dict = {}    # statement -> (id of its statement list, index in it)
         self.stores: dict = {}   # name -> [(storing statement, it is a plain `name = value`)]
         self.loads: dict = {}    # name -> [Name node]
         body = function.body if isinstance(function.body, list) else [function.body]
         self._index_block(body)
+        parent = self.parent
         for stmt in body:
-            self.parent[stmt] = function
-            for node in walk_no_scopes(stmt):
-                for child in child_nodes(node):
-                    self.parent[child] = node
+            parent[stmt] = function
+            stack = [stmt]  # `walk_no_scopes(stmt)`'s order, reading each node's children once
+            while stack:
+                node = stack.pop()
+                children = child_nodes(node)
+                for child in children:
+                    parent[child] = node
                 for field in ("body", "orelse", "finalbody", "handlers"):
                     block = getattr(node, field, None)
                     if isinstance(block, list):
                         self._index_block(block)
+                stack.extend([child for child in children if child.__class__ not in _SCOPE_TYPES])
         args = function.args
         for arg in args.posonlyargs + args.args + args.kwonlyargs + [args.vararg, args.kwarg]:
             if arg is not None:

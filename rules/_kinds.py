@@ -5,9 +5,10 @@ Unknown (None) is an answer: rules that need a kind stay quiet on it."""
 from __future__ import annotations
 
 import ast
+import unicodedata
 from typing import Optional
 
-from ._tree import child_nodes, walk
+from ._tree import child_nodes
 
 TENSOR = "tensor"            # a tensor whose device is not known to be the CPU
 CPU_TENSOR = "cpu_tensor"    # a tensor on the CPU by construction
@@ -118,20 +119,47 @@ def _annotation_kind(ann: Optional[ast.AST]) -> Optional[str]:
     return None
 
 
+# Nodes `ScopeKinds._collect` reads (every other node only holds them), by what they are.
+_COLLECTED_NODES = {
+    ast.Assign: "assign", ast.AnnAssign: "annassign", ast.AugAssign: "augassign", ast.For: "for",
+    ast.AsyncFor: "for", ast.comprehension: "comprehension", ast.With: "with", ast.AsyncWith: "with",
+    ast.NamedExpr: "namedexpr", ast.ExceptHandler: "except", ast.Import: "import", ast.ImportFrom: "import",
+    ast.Attribute: "attribute", ast.FunctionDef: "scope", ast.AsyncFunctionDef: "scope", ast.ClassDef: "scope",
+    ast.Lambda: "lambda",
+}
 # Most nodes of a function, and none of them binds a name or has a child that does.
 _BINDS_NOTHING = frozenset({ast.Name, ast.Constant}.union(
     *(base.__subclasses__() for base in (ast.expr_context, ast.operator, ast.cmpop, ast.unaryop, ast.boolop))))
 
 
 class ScopeKinds:
-    """Assignments and uses of names in one function (or the module), collected once."""
+    """Assignments and uses of names in one function (or the module), collected once, on first
+    use: an inference that never looks a name up in a scope on its chain (`nn.LayerNorm(d)`)
+    does not pay for collecting it."""
+
+    _COLLECTED = frozenset({"assigned", "methods_used"})
 
     def __init__(self, owner: ast.AST):
         self.owner = owner
-        self.assigned: dict = {}      # name -> list of ("value", expr) / ("elem", iter, path) / ("kind", k)
-        self.methods_used: dict = {}  # name -> set of attribute names used on it
         self.cache: dict = {}
         self.self_name = None
+        if isinstance(owner, (ast.FunctionDef, ast.AsyncFunctionDef, ast.Lambda)):
+            args = owner.args
+            params = args.posonlyargs + args.args + args.kwonlyargs
+            if params:
+                self.self_name = params[0].arg
+
+    def __getattr__(self, name: str):
+        # Only reached while the collection is missing (attributes found normally never get here).
+        if name not in ScopeKinds._COLLECTED:
+            raise AttributeError(name)
+        self._collect_all()
+        return self.__dict__[name]
+
+    def _collect_all(self) -> None:
+        owner = self.owner
+        self.assigned: dict = {}      # name -> list of ("value", expr) / ("elem", iter, path) / ("kind", k)
+        self.methods_used: dict = {}  # name -> set of attribute names used on it
         if isinstance(owner, (ast.FunctionDef, ast.AsyncFunctionDef, ast.Lambda)):
             args = owner.args
             params = args.posonlyargs + args.args + args.kwonlyargs
@@ -140,8 +168,6 @@ class ScopeKinds:
             for arg in (args.vararg, args.kwarg):
                 if arg is not None:
                     self.assigned.setdefault(arg.arg, []).append(("kind", LIST if arg is args.vararg else OTHER))
-            if params:
-                self.self_name = params[0].arg
         body = owner.body if isinstance(owner.body, list) else [owner.body]
         for stmt in body:
             self._collect(stmt)
@@ -162,43 +188,51 @@ class ScopeKinds:
 
     def _collect(self, root: ast.AST) -> None:
         stack = [root]
+        binds = _BINDS_NOTHING
         while stack:
             node = stack.pop()
-            if type(node) in _BINDS_NOTHING:
+            node_type = type(node)
+            if node_type in binds:
                 continue
-            if isinstance(node, ast.Assign):
+            what = _COLLECTED_NODES.get(node_type)
+            if what is None:  # binds nothing itself (Call, BinOp, Subscript...): look inside
+                stack.extend(child_nodes(node))
+                continue
+            if what == "assign":
                 for target in node.targets:
                     self._bind(target, ("value", node.value))
-            elif isinstance(node, ast.AnnAssign):
+            elif what == "annassign":
                 ann = _annotation_kind(node.annotation)
                 if node.value is not None:
                     self._bind(node.target, ("value", node.value) if ann is None else ("kind", ann))
                 elif ann is not None:
                     self._bind(node.target, ("kind", ann))
-            elif isinstance(node, ast.AugAssign):
+            elif what == "augassign":
                 self._bind(node.target, ("aug", node))
-            elif isinstance(node, (ast.For, ast.AsyncFor)):
+            elif what == "for":
                 self._bind(node.target, ("elem", node.iter, ()))
-            elif isinstance(node, ast.comprehension):
+            elif what == "comprehension":
                 self._bind(node.target, ("elem", node.iter, ()))
-            elif isinstance(node, (ast.With, ast.AsyncWith)):
+            elif what == "with":
                 for item in node.items:
                     if item.optional_vars is not None:
                         self._bind(item.optional_vars, ("kind", None))
-            elif isinstance(node, ast.NamedExpr):
+            elif what == "namedexpr":
                 self._bind(node.target, ("value", node.value))
-            elif isinstance(node, ast.ExceptHandler) and node.name:
-                self.assigned.setdefault(node.name, []).append(("kind", OTHER))
-            elif isinstance(node, (ast.Import, ast.ImportFrom)):
+            elif what == "except":
+                if node.name:
+                    self.assigned.setdefault(node.name, []).append(("kind", OTHER))
+            elif what == "import":
                 for alias in node.names:
                     name = (alias.asname or alias.name).split(".")[0]
                     self.assigned.setdefault(name, []).append(("kind", OTHER))
-            elif isinstance(node, ast.Attribute) and isinstance(node.value, ast.Name):
-                self.methods_used.setdefault(node.value.id, set()).add(node.attr)
-            if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
+            elif what == "attribute":
+                if type(node.value) is ast.Name:
+                    self.methods_used.setdefault(node.value.id, set()).add(node.attr)
+            elif what == "scope":
                 self.assigned.setdefault(node.name, []).append(("kind", OTHER))
                 continue
-            if isinstance(node, ast.Lambda):
+            elif what == "lambda":
                 continue
             stack.extend(child_nodes(node))
 
@@ -220,6 +254,38 @@ def _sets_default_device(ctx) -> bool:
     found = ctx.shared.get("sets_default_device")
     if found is None:
         found = ctx.shared["sets_default_device"] = "set_default_device" in ctx.source
+    return found
+
+
+def identifier_text(ctx) -> str:
+    """The source with every identifier spelled as the tree holds it: the source itself, or for a
+    file that is not ASCII its NFKC normal form (the parser normalizes identifiers so: `ｓｏｆｔｍａｘ`
+    is `softmax`). An identifier of the tree is a substring of this text."""
+    text = ctx.shared.get("identifier_text")
+    if text is None:
+        source = ctx.source
+        text = ctx.shared["identifier_text"] = source if source.isascii() else unicodedata.normalize("NFKC", source)
+    return text
+
+
+def may_mention(ctx, word: str, ignore_case: bool = False) -> bool:
+    """False only when no identifier of the file (a name, an attribute, a keyword, an imported
+    name or alias) can contain `word`, so a question whose answer needs it is settled without the
+    analyses: identifiers are spelled out in `identifier_text` as they are in the tree.
+
+    Identifiers only: a string literal can hold `word` without the source spelling it
+    (`"\\x44ouble"`, implicit concatenation `"Dou" "ble"`), so a rule that matches the contents
+    of strings must not let this gate skip those matches."""
+    key = ("mentions", word, ignore_case)
+    found = ctx.shared.get(key)
+    if found is None:
+        if ignore_case:
+            text = ctx.shared.get("identifier_text_lower")
+            if text is None:
+                text = ctx.shared["identifier_text_lower"] = identifier_text(ctx).lower()
+        else:
+            text = identifier_text(ctx)
+        found = ctx.shared[key] = word in text
     return found
 
 
@@ -538,6 +604,9 @@ def class_attribute_values(ctx, cls: ast.ClassDef, attr: str) -> list:
     return table.get(attr, [])
 
 
+_ASSIGNS_AND_CALLS = frozenset({ast.Assign, ast.AugAssign, ast.AnnAssign, ast.Call})
+
+
 def _class_attribute_values(cls: ast.ClassDef) -> dict:
     table: dict = {}
     for method in cls.body:
@@ -547,7 +616,15 @@ def _class_attribute_values(cls: ast.ClassDef) -> dict:
         if not params:
             continue
         self_name = params[0].arg
-        for node in walk(method):
+        # `walk(method)`'s order, leaving out the nodes that cannot hold an assignment or a call.
+        queue = [method]
+        index = 0
+        while index < len(queue):
+            node = queue[index]
+            index += 1
+            queue.extend(child for child in child_nodes(node) if type(child) not in _BINDS_NOTHING)
+            if type(node) not in _ASSIGNS_AND_CALLS:
+                continue
             if isinstance(node, ast.Assign):
                 for target in node.targets:
                     if (isinstance(target, ast.Attribute) and isinstance(target.value, ast.Name)

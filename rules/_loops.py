@@ -9,6 +9,7 @@ from functools import cached_property
 from ._tree import child_nodes
 
 _SCOPES = (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef, ast.Lambda)
+_SCOPE_TYPES = frozenset(_SCOPES)
 _COMPREHENSIONS = (ast.ListComp, ast.SetComp, ast.GeneratorExp, ast.DictComp)
 
 
@@ -21,18 +22,17 @@ def bound_names(target: ast.AST) -> set:
 
 
 def loaded_names(expr: ast.AST) -> set:
-    return {n.id for n in walk_no_scopes(expr) if isinstance(n, ast.Name) and isinstance(n.ctx, ast.Load)}
+    return {n.id for n in walk_no_scopes(expr) if n.__class__ is ast.Name and n.ctx.__class__ is ast.Load}
 
 
 def walk_no_scopes(node: ast.AST):
     """ast.walk that does not enter nested functions, lambdas or classes."""
     stack = [node]
+    scopes = _SCOPE_TYPES
     while stack:
         current = stack.pop()
         yield current
-        for child in child_nodes(current):
-            if not isinstance(child, _SCOPES):
-                stack.append(child)
+        stack.extend([child for child in child_nodes(current) if child.__class__ not in scopes])
 
 
 def walk_direct(stmts):
@@ -242,9 +242,12 @@ def is_optimizer_step(node: ast.AST) -> bool:
 
 def is_training_loop(ctx, loop: LoopInfo) -> bool:
     """The loop body itself (not a nested loop) calls `.backward()` or an optimizer's `.step()`."""
+    from . import _kinds
+
     key = ("training_loop", id(loop.node))
     if key not in ctx.shared:
-        ctx.shared[key] = any(is_backward(n) or is_optimizer_step(n) for n in loop.direct_nodes())
+        spellable = _kinds.may_mention(ctx, "backward") or _kinds.may_mention(ctx, "step")
+        ctx.shared[key] = spellable and any(is_backward(n) or is_optimizer_step(n) for n in loop.direct_nodes())
     return ctx.shared[key]
 
 
@@ -252,6 +255,8 @@ def iterates_loader(ctx, loop: LoopInfo) -> bool:
     """The loop iterates over a data loader (through enumerate/iter/tqdm/zip)."""
     from . import _kinds
 
+    if not _kinds.may_mention(ctx, "loader", ignore_case=True):
+        return False  # a loader kind needs "loader" in a name or `DataLoader`
     it = loop.iter
     while isinstance(it, ast.Call) and isinstance(it.func, ast.Name) and it.func.id in _LOADER_WRAPPERS and it.args:
         it = it.args[0]

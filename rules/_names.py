@@ -181,16 +181,23 @@ def in_test_code(ctx) -> bool:
     """The engine is inside a test: a `test_*.py` / `*_test.py` / `conftest.py` file, a
     `tests/`, `test/` or `testing/` folder, a `test*` function, a pytest fixture, or a
     `Test*` class."""
-    path = ctx.filename.replace("\\", "/")
-    base = path.rsplit("/", 1)[-1]
-    if base.startswith("test_") or base.endswith("_test.py") or base == "conftest.py":
-        return True
-    if any(folder in "/" + path for folder in ("/tests/", "/test/", "/testing/")):
+    shared = ctx.shared
+    in_test_file = shared.get("in_test_file")
+    if in_test_file is None:
+        path = ctx.filename.replace("\\", "/")
+        base = path.rsplit("/", 1)[-1]
+        in_test_file = shared["in_test_file"] = (
+            base.startswith("test_") or base.endswith("_test.py") or base == "conftest.py"
+            or any(folder in "/" + path for folder in ("/tests/", "/test/", "/testing/")))
+    if in_test_file:
         return True
     for function in ctx.functions:
-        if getattr(function, "name", "").startswith("test"):
-            return True
-        if any("fixture" in ast.unparse(d) for d in getattr(function, "decorator_list", ())):
+        key = ("test_function", id(function))
+        is_test = shared.get(key)
+        if is_test is None:
+            is_test = shared[key] = (getattr(function, "name", "").startswith("test") or any(
+                "fixture" in ast.unparse(d) for d in getattr(function, "decorator_list", ())))
+        if is_test:
             return True
     return any(c.name.startswith("Test") for c in ctx.classes)
 

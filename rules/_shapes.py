@@ -2082,12 +2082,32 @@ def function_shapes(ctx, owner=None) -> FunctionShapes:
     return cached
 
 
-def is_literal(expr) -> bool:
-    """A number, string or f-string: never a tensor. Rules check this before asking for
-    shapes, so a function with nothing but `i + 1` is never analysed."""
-    if isinstance(expr, ast.UnaryOp):
+# Attributes whose value can be a tensor of known shape (`x.T`, `x.data`, `x.max(-1).values`);
+# the value of any other attribute is a size, a module, a number or unknown (see `_attribute`).
+_SHAPED_ATTRS = frozenset({"T", "mT", "mH", "data", "real", "imag", "grad", "values", "indices"})
+# Expressions whose value is never a Shape: numbers and strings, tuples and lists (a `Seq`),
+# other displays and comprehensions, lambdas and `and`/`or` (see `_infer`).
+_NEVER_SHAPED = (ast.Constant, ast.JoinedStr, ast.Tuple, ast.List, ast.Set, ast.Dict, ast.ListComp,
+                 ast.SetComp, ast.DictComp, ast.GeneratorExp, ast.Lambda, ast.BoolOp)
+
+
+def never_shaped(expr) -> bool:
+    """True when `shape_of(ctx, expr)` is None whatever the rest of the function says, read off
+    `expr`'s syntax alone: numbers, strings, displays, `x.dtype`, `x.shape`, `x.shape[0]`...
+    Rules check this before asking for shapes, so a function whose operands are all like that is
+    never analysed. Mirrors `_infer`: change both together."""
+    while type(expr) is ast.UnaryOp:
+        if type(expr.op) is ast.Not:
+            return True
         expr = expr.operand
-    return isinstance(expr, (ast.Constant, ast.JoinedStr))
+    if isinstance(expr, _NEVER_SHAPED):
+        return True
+    if type(expr) is ast.Attribute:
+        return expr.attr not in _SHAPED_ATTRS
+    if type(expr) is ast.Subscript:  # `x.shape[...]`: a size or a dim
+        value = expr.value
+        return type(value) is ast.Attribute and value.attr == "shape"
+    return False
 
 
 def value_of(ctx, expr):

@@ -7,6 +7,8 @@ import ast
 from dataclasses import dataclass
 from typing import Optional
 
+from matlint.rule import Only
+
 from . import _kinds
 
 # Function -> index of the first tensor operand and how many operands are multiplied.
@@ -106,6 +108,28 @@ def _as_gemm(ctx, node: ast.AST) -> Optional[Gemm]:
             # tensor.matmul(other) takes one tensor; two arguments mean a module function (d2l.matmul(a, b))
             return Gemm(node, name, [receiver, args[0]], "." + name, method=True) if len(args) == 1 else None
     # A Linear module applied to a tensor: self.proj(x), proj(x)
-    if len(args) == 1 and not node.keywords and _kinds.kind_of(ctx, func) == _kinds.LINEAR:
+    if (len(args) == 1 and not node.keywords and _kinds.may_mention(ctx, "Linear")
+            and _kinds.kind_of(ctx, func) == _kinds.LINEAR):
         return Gemm(node, "nn.Linear", [args[0]], ctx.segment(func))
     return None
+
+
+class GemmVisitor:
+    """Mixin for the rules about GEMMs: `check_gemm(node)` runs on every `a @ b` and every call,
+    the nodes `as_gemm` sorts out (with `gemms_in_loops_only`, only on those inside a loop or
+    comprehension). Put it before `Rule` in the bases and define `check_gemm`."""
+
+    gemms_in_loops_only = False
+
+    def __init_subclass__(cls, **kwargs):
+        super().__init_subclass__(**kwargs)
+        if cls.gemms_in_loops_only:  # the engine calls the handlers only inside loops
+            cls.only = {**cls.only, "visit_BinOp": Only(in_loops=True), "visit_Call": Only(in_loops=True)}
+
+    def visit_BinOp(self, node: ast.BinOp) -> None:
+        if node.op.__class__ is ast.MatMult and (self.ctx.loops or not self.gemms_in_loops_only):
+            self.check_gemm(node)
+
+    def visit_Call(self, node: ast.Call) -> None:
+        if self.ctx.loops or not self.gemms_in_loops_only:
+            self.check_gemm(node)

@@ -9,11 +9,28 @@ import ast
 
 _AST = ast.AST
 
+# Fields that only ever hold identifiers, numbers, flags or strings, never a node (`Name.id`,
+# `Attribute.attr`, `Constant.value`...): reading them cannot add a child.
+_NEVER_NODES = frozenset({"id", "attr", "arg", "asname", "module", "level", "kind", "conversion",
+                          "is_async", "simple", "type_comment", "tag", "kwd_attrs"})
+_NEVER_NODES_OF = {ast.Constant: {"value"}, ast.Global: {"names"}, ast.Nonlocal: {"names"}}
+_NODE_FIELDS: dict = {}
+
+
+def _node_fields(node_type) -> tuple:
+    skipped = _NEVER_NODES | _NEVER_NODES_OF.get(node_type, set())
+    fields = tuple(f for f in node_type._fields if f not in skipped)
+    _NODE_FIELDS[node_type] = fields
+    return fields
+
 
 def child_nodes(node: ast.AST) -> list:
     """The direct children of `node`, as `list(ast.iter_child_nodes(node))`."""
+    fields = _NODE_FIELDS.get(node.__class__)
+    if fields is None:
+        fields = _node_fields(node.__class__)
     found = []
-    for name in node._fields:
+    for name in fields:
         value = getattr(node, name, None)
         if type(value) is list:
             for item in value:

@@ -8,7 +8,7 @@ from matlint.rule import Rule, bad, good
 
 from . import _kinds
 from ._loops import LoopInfo, walk_no_scopes
-from ._torch_api import as_gemm
+from ._torch_api import GemmVisitor, as_gemm
 
 # Methods that keep a per-item operand batchable (the batched tensor gets the same call).
 _SHAPE_KEEPING_METHODS = {"float", "half", "bfloat16", "double", "to", "contiguous", "detach", "clone",
@@ -26,7 +26,7 @@ class _Batched:
         self.plain = plain    # the operand is exactly base[i] (no wrapping calls)
 
 
-class PythonLoopMatmul(Rule):
+class PythonLoopMatmul(GemmVisitor, Rule):
     code = "MAT101"
     name = "python-loop-matmul"
     summary = "A matrix multiply issued once per item from a Python loop; one batched call does them all."
@@ -219,15 +219,9 @@ class PythonLoopMatmul(Rule):
             """),
     ]
 
-    def visit_BinOp(self, node: ast.BinOp) -> None:
-        if isinstance(node.op, ast.MatMult) and self.ctx.loops:
-            self._check(node)
+    gemms_in_loops_only = True
 
-    def visit_Call(self, node: ast.Call) -> None:
-        if self.ctx.loops:
-            self._check(node)
-
-    def _check(self, node: ast.AST) -> None:
+    def check_gemm(self, node: ast.AST) -> None:
         gemm = as_gemm(self.ctx, node)
         if gemm is None or not gemm.operands:
             return

@@ -6,11 +6,11 @@ import ast
 
 from matlint.rule import Rule, bad, good
 
-from ._torch_api import as_gemm
+from ._torch_api import GemmVisitor, as_gemm
 from .mat101_python_loop_matmul import PythonLoopMatmul
 
 
-class LoopInvariantProjection(Rule):
+class LoopInvariantProjection(GemmVisitor, Rule):
     code = "MAT105"
     name = "loop-invariant-projection"
     summary = "An input projection recomputed at every step of a recurrence although it does not depend on the state; do all steps in one GEMM before the loop."
@@ -116,15 +116,9 @@ class LoopInvariantProjection(Rule):
         # MAT101's loop analysis (per-step items, recurrences), reused rather than copied.
         self._loop_gemms = PythonLoopMatmul(ctx)
 
-    def visit_BinOp(self, node: ast.BinOp) -> None:
-        if isinstance(node.op, ast.MatMult) and self.ctx.loops:
-            self._check(node)
+    gemms_in_loops_only = True
 
-    def visit_Call(self, node: ast.Call) -> None:
-        if self.ctx.loops:
-            self._check(node)
-
-    def _check(self, node: ast.AST) -> None:
+    def check_gemm(self, node: ast.AST) -> None:
         gemm = as_gemm(self.ctx, node)
         if gemm is None or not gemm.operands or gemm.op == "einsum":
             return

@@ -3,8 +3,8 @@ from __future__ import annotations
 
 import ast
 
-from matlint.rule import Rule, bad, good
-from matlint.rules._shapes import broadcast, fmt_shape, is_literal, shape_of, trailing_one_mismatch
+from matlint.rule import Only, Rule, bad, good
+from matlint.rules._shapes import broadcast, fmt_shape, never_shaped, shape_of, trailing_one_mismatch
 
 _BINOPS = {ast.Add: "+", ast.Sub: "-", ast.Mult: "*", ast.Div: "/", ast.FloorDiv: "//",
            ast.Mod: "%", ast.Pow: "**"}
@@ -172,6 +172,8 @@ class TrailingOneBroadcast(Rule):
             """),
     ]
 
+    only = {"visit_Call": Only(attrs=frozenset(_FUNCTIONS))}
+
     def visit_BinOp(self, node: ast.BinOp) -> None:
         op = _BINOPS.get(type(node.op))
         if op is not None:
@@ -192,8 +194,8 @@ class TrailingOneBroadcast(Rule):
             self._check(node, func.value, node.args[0], _FUNCTIONS[func.attr])
 
     def _check(self, node, left, right, op: str) -> None:
-        if is_literal(left) or is_literal(right):
-            return
+        if never_shaped(left) or never_shaped(right):
+            return  # no shape to compare, and no analysis of the function run for it
         a, b = shape_of(self.ctx, left), shape_of(self.ctx, right)
         if a is None or b is None:
             return

@@ -3,11 +3,22 @@ from __future__ import annotations
 
 import ast
 
-from matlint.rule import Rule, bad, good
+from matlint.rule import Only, Rule, bad, good
+from matlint.rules._kinds import identifier_text
 from matlint.rules._shapes import (LOSS_FUNCTIONS, LOSS_MODULES, Loss, broadcast, broadcast_is_valid,
                                    fmt_shape, shape_of, trailing_one_mismatch, value_of)
 from matlint.rules.mat201_trailing_one_broadcast import squeezed
 
+
+
+def _names_a_loss(ctx) -> bool:
+    """The file can spell a loss function or module (an identifier names one). Without, no call
+    is a loss: the shapes are never needed."""
+    key = "mat202_file_names_a_loss"
+    if key not in ctx.shared:
+        text = identifier_text(ctx)
+        ctx.shared[key] = any(name in text for name in (*LOSS_FUNCTIONS, *LOSS_MODULES))
+    return ctx.shared[key]
 
 class LossShapeMismatch(Rule):
     code = "MAT202"
@@ -153,6 +164,8 @@ class LossShapeMismatch(Rule):
             """),
     ]
 
+    only = {"visit_Call": Only(if_file=_names_a_loss)}
+
     def visit_Call(self, node: ast.Call) -> None:
         loss = self._loss_name(node)
         if loss is None:
@@ -184,7 +197,7 @@ class LossShapeMismatch(Rule):
         qual = self.ctx.qualname(node.func) or ""
         if qual.startswith("torch.nn.functional.") and qual.rsplit(".", 1)[1] in LOSS_FUNCTIONS:
             return qual.rsplit(".", 1)[1]
-        if not self._file_names_a_loss():
+        if not _names_a_loss(self.ctx):
             return None  # no loss is ever built or stored here: skip the shape analysis of every call
         callee = value_of(self.ctx, node.func)
         if isinstance(callee, Loss) and callee.name in LOSS_MODULES:
@@ -192,13 +205,6 @@ class LossShapeMismatch(Rule):
         if isinstance(callee, Loss) and callee.name in LOSS_FUNCTIONS:
             return callee.name
         return None
-
-    def _file_names_a_loss(self) -> bool:
-        key = "mat202_file_names_a_loss"
-        if key not in self.ctx.shared:
-            source = self.ctx.source
-            self.ctx.shared[key] = any(name in source for name in (*LOSS_FUNCTIONS, *LOSS_MODULES))
-        return self.ctx.shared[key]
 
     @staticmethod
     def _literal_mismatch(a, b) -> bool:

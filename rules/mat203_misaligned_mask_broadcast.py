@@ -3,8 +3,8 @@ from __future__ import annotations
 
 import ast
 
-from matlint.rule import Rule, bad, good
-from matlint.rules._shapes import Shape, broadcast_is_valid, dim_eq, fmt_shape, is_literal, make_shape, shape_of
+from matlint.rule import Only, Rule, bad, good
+from matlint.rules._shapes import Shape, broadcast_is_valid, dim_eq, fmt_shape, make_shape, never_shaped, shape_of
 from matlint.rules.mat201_trailing_one_broadcast import operand_source
 
 _BINOPS = {ast.Add: "+", ast.Sub: "-", ast.Mult: "*", ast.Div: "/"}
@@ -198,6 +198,8 @@ class MisalignedMaskBroadcast(Rule):
         if type(node.op) in _BINOPS:
             self._check(node, node.value, node.target)
 
+    only = {"visit_Call": Only(attrs=frozenset({"masked_fill", "masked_fill_", "where"}))}
+
     def visit_Call(self, node: ast.Call) -> None:
         func = node.func
         if not isinstance(func, ast.Attribute):
@@ -210,7 +212,7 @@ class MisalignedMaskBroadcast(Rule):
                     return
 
     def _check(self, node, mask_node, target_node) -> bool:
-        if is_literal(mask_node) or is_literal(target_node):
+        if never_shaped(mask_node) or never_shaped(target_node):
             return False
         mask, target = shape_of(self.ctx, mask_node), shape_of(self.ctx, target_node)
         if mask is None or target is None:

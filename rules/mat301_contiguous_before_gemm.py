@@ -8,14 +8,14 @@ from typing import Optional
 from matlint.rule import Rule, bad, good
 
 from ._layout import Reorder, gemm_candidates, rank_of, reorder
-from ._torch_api import as_gemm
+from ._torch_api import GemmVisitor, as_gemm
 
 _COPIES = ("contiguous", "clone")
 # GEMMs whose operands go to cuBLAS as they are (no batch folding): which operand positions.
 _DIRECT = {"mm": (0, 1), "bmm": (0, 1), "linear": (1,)}
 
 
-class ContiguousBeforeGemm(Rule):
+class ContiguousBeforeGemm(GemmVisitor, Rule):
     code = "MAT301"
     name = "contiguous-before-gemm"
     summary = "`.contiguous()` on a transposed view right before a GEMM: a needless copy, cuBLAS takes the transpose for free."
@@ -142,14 +142,7 @@ class ContiguousBeforeGemm(Rule):
             """),
     ]
 
-    def visit_BinOp(self, node: ast.BinOp) -> None:
-        if isinstance(node.op, ast.MatMult):
-            self._check(node)
-
-    def visit_Call(self, node: ast.Call) -> None:
-        self._check(node)
-
-    def _check(self, node: ast.AST) -> None:
+    def check_gemm(self, node: ast.AST) -> None:
         if not any(self._is_copy(c) for c in gemm_candidates(node)):
             return
         gemm = as_gemm(self.ctx, node)

@@ -7,7 +7,7 @@ from typing import Optional
 from matlint.rule import Rule, bad, good
 
 from ._layout import gemm_candidates, int_const, mergeable, rank_of, reorder
-from ._torch_api import as_gemm
+from ._torch_api import GemmVisitor, as_gemm
 
 _FOLDING = ("nn.Linear", "linear")
 
@@ -30,7 +30,7 @@ def _strided_last_dim(ctx, operand: ast.AST) -> bool:
     return rank_of(ctx, operand.value) == len(elts) and len(elts) >= 2
 
 
-class StridedGemmInput(Rule):
+class StridedGemmInput(GemmVisitor, Rule):
     code = "MAT302"
     name = "strided-gemm-input"
     summary = "A GEMM operand cuBLAS cannot read in place (strided last dim, permuted batch dims): matmul copies it on every call."
@@ -130,14 +130,7 @@ class StridedGemmInput(Rule):
             """),
     ]
 
-    def visit_BinOp(self, node: ast.BinOp) -> None:
-        if isinstance(node.op, ast.MatMult):
-            self._check(node)
-
-    def visit_Call(self, node: ast.Call) -> None:
-        self._check(node)
-
-    def _check(self, node: ast.AST) -> None:
+    def check_gemm(self, node: ast.AST) -> None:
         if not any(self._maybe_strided(c) for c in gemm_candidates(node)):
             return
         gemm = as_gemm(self.ctx, node)

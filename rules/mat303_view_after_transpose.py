@@ -5,7 +5,7 @@ from __future__ import annotations
 import ast
 from typing import Optional
 
-from matlint.rule import Rule, bad, good
+from matlint.rule import Only, Rule, bad, good
 
 from ._layout import Reorder, int_const, mergeable, reorder
 from ._shapes import shape_of
@@ -124,6 +124,8 @@ class ViewAfterTranspose(Rule):
                 return a, b
             """),
     ]
+
+    only = {"visit_Call": Only(attrs=frozenset({"view"}))}
 
     def visit_Call(self, node: ast.Call) -> None:
         func = node.func

@@ -4,7 +4,7 @@ from __future__ import annotations
 import ast
 from typing import Optional
 
-from matlint.rule import Rule, bad, good
+from matlint.rule import Only, Rule, bad, good
 
 from . import _kinds
 from ._layout import int_const, reorder
@@ -123,6 +123,8 @@ class ContiguousInLoop(Rule):
         super().__init__(ctx, options)
         # MAT101's analysis of per-step items, reused rather than copied.
         self._loop_gemms = PythonLoopMatmul(ctx)
+
+    only = {"visit_Call": Only(in_loops=True, attrs=frozenset({"contiguous"}))}
 
     def visit_Call(self, node: ast.Call) -> None:
         func = node.func

@@ -95,6 +95,13 @@ class Float64InModel(Rule):
             net = T.nn.Linear(4, 4)
             net.to(T.double)
             """, (3, 1), (4, 9), (7, 1)),
+        bad(r"""
+            import torch
+            from torch import nn
+            class M(nn.Module):
+                def forward(self, x):
+                    return x.type("torch.\x44oubleTensor") + x.to("torch.Dou" "bleTensor")
+            """, (5, 16), (5, 50)),
         good("""
             import torch
             import torch.nn as nn
@@ -134,6 +141,9 @@ class Float64InModel(Rule):
 
     def visit_Call(self, node: ast.Call) -> None:
         func = node.func
+        if not (_kinds.may_mention(self.ctx, "float64") or _kinds.may_mention(self.ctx, "double", ignore_case=True)
+                or self._may_name_dtype_in_a_string(node)):
+            return  # every float64 spelling below is an identifier naming `float64`, `double` or `DoubleTensor`
         qualname = self.ctx.qualname(func)
         if qualname == "torch.set_default_dtype":
             if node.args and self.ctx.qualname(node.args[0]) in _FLOAT64 and not in_test_code(self.ctx):
@@ -168,6 +178,17 @@ class Float64InModel(Rule):
         self._report(dtype, "`dtype=torch.float64`", where)
 
     # -- helpers ----------------------------------------------------------------
+    @staticmethod
+    def _may_name_dtype_in_a_string(node: ast.Call) -> bool:
+        """`.to("torch.DoubleTensor")` / `.type(...)` with a string argument: `_float64_arg` reads
+        strings, which can spell the type without the source text doing so (escapes, implicit
+        concatenation), so the source-text gate must not skip them."""
+        func = node.func
+        if not (isinstance(func, ast.Attribute) and func.attr in ("to", "type")):
+            return False
+        return any(isinstance(value, ast.Constant) and isinstance(value.value, str)
+                   for value in [*node.args, *(k.value for k in node.keywords)])
+
     def _float64_arg(self, node: ast.Call) -> bool:
         values = list(node.args) + [k.value for k in node.keywords if k.arg == "dtype"]
         for value in values:

@@ -7,7 +7,7 @@ import re
 from typing import Optional
 
 from matlint.diagnostics import Fix
-from matlint.rule import Rule, bad, good
+from matlint.rule import Only, Rule, bad, good
 
 from . import _kinds
 from ._loops import LoopInfo, identifier as _identifier, is_training_loop, iterates_loader
@@ -167,6 +167,8 @@ class HostSyncInLoop(Rule):
                     print(name, p.norm().item())
             """),
     ]
+
+    only = {"visit_Call": Only(in_loops=True)}
 
     def visit_Call(self, node: ast.Call) -> None:
         if not self.ctx.loops:

@@ -8,7 +8,7 @@ from dataclasses import dataclass, field
 from typing import Optional
 
 from matlint.diagnostics import Edit, Fix
-from matlint.rule import Rule, bad, good
+from matlint.rule import Only, Rule, bad, good
 
 from . import _kinds
 from ._flow import FunctionFlow, flow_of
@@ -482,10 +482,14 @@ class ManualAttention(Rule):
             """),
     ]
 
+    only = {"visit_Call": Only(if_file=lambda ctx: _kinds.may_mention(ctx, "softmax", ignore_case=True))}
+
     def visit_Call(self, node: ast.Call) -> None:
         function = self.ctx.function
         if function is None or isinstance(function, ast.Lambda):
             return
+        if not _kinds.may_mention(self.ctx, "softmax", ignore_case=True):
+            return  # every softmax spelling `_softmax` knows names it
         softmax = self._softmax(node)
         if softmax is None:
             return

@@ -7,9 +7,10 @@ import math
 import re
 from typing import Optional
 
-from matlint.rule import Rule, bad, good
+from matlint.rule import Only, Rule, bad, good
 
 from ._flow import flow_of
+from ._kinds import may_mention
 from ._names import mentions, outermost_scope, spelling
 from ._pointwise import torch_op
 
@@ -158,7 +159,11 @@ class ManualTanhGelu(Rule):
             """),
     ]
 
+    only = {"visit_Call": Only(if_file=lambda ctx: may_mention(ctx, "tanh"))}
+
     def visit_Call(self, node: ast.Call) -> None:
+        if not may_mention(self.ctx, "tanh"):
+            return  # `torch_op` names an op after the identifier that spells it
         function = self.ctx.function
         op = torch_op(self.ctx, node)
         if op is None or op.name != "tanh" or len(op.args) != 1 or function is None or isinstance(function, ast.Lambda):

@@ -180,3 +180,46 @@ def test_walker_visits_every_node_but_operators_contexts_and_first_generators():
         expected = [n for n in ast.walk(tree) if not isinstance(n, skipped_types) and id(n) not in first_generators]
         assert sorted(map(id, recorder.seen)) == sorted(map(id, expected))
         assert len(recorder.seen) == len({id(n) for n in recorder.seen})
+
+
+def test_routing_by_only_changes_no_finding(monkeypatch):
+    """`Rule.only` lets the walker skip handlers that would return at once; with every rule's
+    routing removed, every rule example gives the same findings."""
+    from matlint.engine import lint_source
+    from matlint.registry import all_rules
+
+    rules = [r for r in all_rules() if r._handlers]
+    assert any(r.only for r in rules)
+    sources = [example.code for rule in rules for example in rule.examples]
+
+    def lint_all():
+        return [[repr(f) for f in lint_source(s, "example.py", rules, prefilter=False)] for s in sources]
+
+    routed = lint_all()
+    for rule in rules:
+        monkeypatch.setattr(rule, "only", {})
+    assert lint_all() == routed
+
+
+def test_internal_error_names_the_rule_that_raised():
+    from matlint.engine import lint_source
+    from matlint.registry import _handlers
+    from matlint.rule import Rule
+
+    class Quiet(Rule):
+        code, name, summary, docs = "MAT998", "quiet", "", ""
+
+        def visit_Call(self, node):
+            pass
+
+    class Broken(Rule):
+        code, name, summary, docs = "MAT999", "broken", "", ""
+
+        def visit_Call(self, node):
+            raise ValueError("boom")
+
+    for cls in (Quiet, Broken):
+        cls._handlers = _handlers(cls)
+    findings = lint_source("import torch\ntorch.ones(1)\n", "t.py", [Quiet, Broken])
+    assert [f.code for f in findings] == ["MAT000"]
+    assert "internal error in MAT999 (ValueError: boom)" in findings[0].message

@@ -11,7 +11,7 @@ import pytest
 from matlint.engine import lint_source
 from matlint.registry import _handlers
 from matlint.rule import Rule
-from matlint.rules._shapes import Shape, shape_of, value_of
+from matlint.rules._shapes import Shape, function_shapes, never_shaped, shape_of, value_of
 
 PRELUDE = "import torch\nimport torch.nn as nn\nimport torch.nn.functional as F\n"
 
@@ -447,3 +447,46 @@ def test_statements_of_every_kind_are_walked_without_errors():
     assert values[1] is None            # (3,) or (5,)
     assert values[2] is None            # deleted
     assert str(values[3]) == "(7,)"     # untouched by any of it
+
+
+def _sources_with_shapes() -> list:
+    """Every program of this file and every rule example: code that reaches many shapes."""
+    from matlint.registry import all_rules
+
+    programs = [PRELUDE + setup.replace("; ", "\n") + f"\nreveal({expr})\n" for setup, expr in CROSS_CHECKED]
+    programs += [PRELUDE + source for source, _ in SYMBOLIC]
+    programs += [example.code for rule in all_rules() for example in rule.examples]
+    return programs
+
+
+def test_never_shaped_expressions_have_no_shape():
+    """`never_shaped` lets rules skip the analysis; it must only say so where the analysis would
+    find no shape. Every expression of every analysed function is checked against the analysis."""
+    checked = []
+
+    def visit_FunctionDef(self, node):
+        analysis = function_shapes(self.ctx, node)
+        for sub in ast.walk(node):
+            if isinstance(sub, ast.expr) and never_shaped(sub):
+                checked.append(sub)
+                assert not isinstance(analysis.values.get(id(sub)), Shape), ast.unparse(sub)
+
+    def visit_Module(self, node):
+        visit_FunctionDef(self, node)
+
+    for source in _sources_with_shapes():
+        try:
+            ast.parse(source)
+        except SyntaxError:
+            continue
+        probe(source, visit_FunctionDef=visit_FunctionDef, visit_Module=visit_Module)
+    assert len(checked) > 1000
+
+
+def test_never_shaped_covers_sizes_attributes_and_displays():
+    for text in ("1", "-1", "not x", "'s'", "f'{x}'", "(a, b)", "[a]", "{a: b}", "[t for t in x]",
+                 "lambda: x", "a or b", "x.shape", "x.shape[0]", "x.dtype", "self.fc", "-x.ndim"):
+        assert never_shaped(ast.parse(text, mode="eval").body), text
+    for text in ("x", "x.T", "x.mT", "x.data", "out.values", "x[0]", "x + y", "-x", "f(x)", "x.view(2, 3)",
+                 "a if c else b", "x == y"):
+        assert not never_shaped(ast.parse(text, mode="eval").body), text

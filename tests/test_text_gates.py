@@ -1,0 +1,241 @@
+"""The source-text gates (`_kinds.may_mention`) skip work in files that cannot spell what a rule
+looks for. A gate may only save time: every case below is linted with the gates and with every
+gate forced open, and the findings must be the same. Each gate has a case where it lets the rule
+through and the rule fires, and spellings that reach the rule without the plain word: aliases,
+methods, modules, escapes and implicit concatenation in strings (the `getattr` cases stay quiet
+with or without the gates: the rules do not read getattr strings; were they taught to, these
+cases would catch a gate that hides them)."""
+import textwrap
+
+import pytest
+
+import matlint.rules as rules_pkg
+from matlint.engine import lint_source
+from matlint.registry import all_rules, get_rule
+from matlint.rules import _kinds
+
+CASES = {
+    # -- MAT601 needs "softmax" (any case) ------------------------------------------------------
+    "softmax-alias": ("MAT601", """
+        import math
+        import torch
+        from torch.nn.functional import softmax as sm
+        def attend(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor):
+            return sm(q @ k.mT / math.sqrt(q.size(-1)), dim=-1) @ v
+        """, [(5, 15)]),
+    "softmax-module-alias": ("MAT601", """
+        import math
+        import torch
+        import torch.nn.functional as F
+        def attend(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor):
+            return F.softmax(q @ k.mT / math.sqrt(q.size(-1)), dim=-1) @ v
+        """, [(5, 22)]),
+    "softmax-method": ("MAT601", """
+        import math
+        import torch
+        def attend(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor):
+            return (q @ k.mT / math.sqrt(q.size(-1))).softmax(-1) @ v
+        """, [(4, 13)]),
+    "softmax-nn-module": ("MAT601", """
+        import math
+        import torch
+        from torch import nn
+        class Attention(nn.Module):
+            def __init__(self):
+                super().__init__()
+                self.act = nn.Softmax(dim=-1)
+            def forward(self, q, k, v):
+                return self.act(q @ k.transpose(-2, -1) / math.sqrt(q.size(-1))) @ v
+        """, [(9, 25)]),
+    "softmax-fullwidth-identifier": ("MAT601", """
+        import math
+        import torch
+        import torch.nn.functional as F
+        def attend(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor):
+            return F.ｓｏｆｔｍａｘ(q @ k.mT / math.sqrt(q.size(-1)), dim=-1) @ v
+        """, [(5, 22)]),
+    "softmax-getattr-escape": ("MAT601", r"""
+        import math
+        import torch
+        def attend(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor):
+            return getattr(torch, "soft\x6dax")(q @ k.mT / math.sqrt(q.size(-1)), dim=-1) @ v
+        """, []),
+    # -- MAT605 needs "tanh" --------------------------------------------------------------------
+    "tanh-alias": ("MAT605", """
+        import math
+        import torch
+        from torch import tanh as th
+        def gelu(x):
+            return 0.5 * x * (1.0 + th(math.sqrt(2.0 / math.pi) * (x + 0.044715 * torch.pow(x, 3.0))))
+        """, [(5, 12)]),
+    "tanh-method": ("MAT605", """
+        import math
+        import torch
+        def gelu(x: torch.Tensor):
+            return 0.5 * x * (1.0 + (math.sqrt(2.0 / math.pi) * (x + 0.044715 * x.pow(3))).tanh())
+        """, [(4, 12)]),
+    "tanh-functional": ("MAT605", """
+        import math
+        import torch
+        import torch.nn.functional as F
+        def gelu(x):
+            return 0.5 * x * (1.0 + F.tanh(math.sqrt(2.0 / math.pi) * (x + 0.044715 * torch.pow(x, 3.0))))
+        """, [(5, 12)]),
+    "tanh-getattr-escape": ("MAT605", r"""
+        import math
+        import torch
+        def gelu(x):
+            return 0.5 * x * (1.0 + getattr(torch, "\x74anh")(math.sqrt(2.0 / math.pi) * (x + 0.044715 * x ** 3)))
+        """, []),
+    # -- MAT402 needs "float64" or "double" (any case), or a string argument of .to/.type ---------
+    "float64-double-method": ("MAT402", """
+        import torch
+        from torch import nn
+        class M(nn.Module):
+            def forward(self, x):
+                return x.double()
+        """, [(5, 16)]),
+    "float64-dtype-alias": ("MAT402", """
+        import torch as T
+        from torch import nn
+        class M(nn.Module):
+            def forward(self, x):
+                return T.zeros(3, dtype=T.double) + x
+        """, [(5, 33)]),
+    "float64-imported-alias": ("MAT402", """
+        import torch
+        from torch import nn
+        from torch import float64 as f8
+        class M(nn.Module):
+            def forward(self, x):
+                return x.to(f8)
+        """, [(6, 16)]),
+    "float64-tensor-type": ("MAT402", """
+        import torch
+        from torch import nn
+        class M(nn.Module):
+            def forward(self, x):
+                return x.type(torch.DoubleTensor)
+        """, [(5, 16)]),
+    "float64-string-escape": ("MAT402", r"""
+        import torch
+        from torch import nn
+        class M(nn.Module):
+            def forward(self, x):
+                return x.type("torch.\x44oubleTensor")
+        """, [(5, 16)]),
+    "float64-string-concatenation": ("MAT402", """
+        import torch
+        from torch import nn
+        class M(nn.Module):
+            def forward(self, x):
+                return x.type("torch.Dou" "bleTensor")
+        """, [(5, 16)]),
+    "float64-getattr-escape": ("MAT402", r"""
+        import torch
+        from torch import nn
+        class M(nn.Module):
+            def forward(self, x):
+                return x.to(getattr(torch, "\x66loat64"))
+        """, []),
+    # -- an nn.Linear applied to a tensor needs "Linear" -----------------------------------------
+    "linear-alias": ("MAT302", """
+        import torch
+        from torch.nn import Linear as Dense, Module
+        class M(Module):
+            def __init__(self):
+                super().__init__()
+                self.fc = Dense(64, 64)
+            def forward(self, h):
+                return self.fc(h.permute(1, 0, 2))
+        """, [(8, 24)]),
+    "linear-lazy-in-loop": ("MAT101", """
+        import torch
+        from torch import nn
+        proj = nn.LazyLinear(8)
+        xs = torch.randn(4, 16, 32)
+        ys = [proj(xs[i]) for i in range(4)]
+        """, [(5, 7)]),
+    # -- a data loader needs "loader" (any case) -------------------------------------------------
+    "loader-alias": ("MAT502", """
+        import torch
+        from torch.utils.data import DataLoader as DL
+        def train(model, data, opt, criterion):
+            total = 0.0
+            for x, y in DL(data, batch_size=8):
+                loss = criterion(model(x.cuda()), y.cuda())
+                loss.backward()
+                opt.step()
+                total += loss.item()
+            return total
+        """, [(9, 18)]),
+    "loader-camel-case-name": ("MAT502", """
+        import torch
+        def evaluate(model, valLoader):
+            preds = []
+            for x, y in valLoader:
+                logits = model(x.to("cuda"))
+                preds.append(logits.argmax(-1).cpu())
+            return preds
+        """, [(6, 22)]),
+    # -- a training loop needs "backward" or "step" ----------------------------------------------
+    "training-loop-step-only": ("MAT502", """
+        import torch
+        def train(model, batches, optimizer, criterion):
+            total = 0.0
+            for x, y in batches:
+                loss = criterion(model(x), y)
+                optimizer.step()
+                total += loss.item()
+            return total
+        """, [(7, 18)]),
+    "training-loop-backward-only": ("MAT504", """
+        import torch
+        def train(model, loader, lr):
+            for x, y in loader:
+                model(x, y).backward()
+                for p in model.parameters():
+                    p.data = p.data - lr * p.grad
+        """, [(6, 13)]),
+}
+
+
+def _lint(code: str, source: str) -> list:
+    return [(f.row, f.column, f.end_row, f.end_column, f.message)
+            for f in lint_source(textwrap.dedent(source).lstrip("\n"), "gate.py", [get_rule(code)], prefilter=False)]
+
+
+def _open_gates(monkeypatch) -> None:
+    """Every gate answers "may mention", wherever a rule module imported it."""
+    all_rules()
+    always = lambda ctx, word, ignore_case=False: True  # noqa: E731
+    monkeypatch.setattr(_kinds, "may_mention", always)
+    for name in dir(rules_pkg):
+        module = getattr(rules_pkg, name)
+        if getattr(module, "may_mention", None) is not None and module is not _kinds:
+            monkeypatch.setattr(module, "may_mention", always)
+
+
+@pytest.mark.parametrize("case", sorted(CASES))
+def test_gate_loses_no_finding(case, monkeypatch):
+    code, source, expect = CASES[case]
+    gated = _lint(code, source)
+    assert [(row, column) for row, column, *_ in gated] == expect, gated
+    monkeypatch.setattr(_kinds, "may_mention", _kinds.may_mention)
+    _open_gates(monkeypatch)
+    assert _lint(code, source) == gated
+
+
+def test_gates_answer_no_on_files_without_the_word():
+    """The gates do skip work: a file that spells none of the words is settled by them."""
+    from matlint.engine import FileContext, parse_quietly
+
+    source = "import torch\nx = torch.ones(2)\n"
+    ctx = FileContext(source, "f.py", parse_quietly(source))
+    assert not _kinds.may_mention(ctx, "softmax", ignore_case=True)
+    assert not _kinds.may_mention(ctx, "Linear")
+    assert _kinds.may_mention(ctx, "ones")
+    unicode = "import torch\nｓｏｆｔｍａｘ = torch.ones(2)\n"
+    assert _kinds.may_mention(FileContext(unicode, "f.py", parse_quietly(unicode)), "softmax")
+    other = '"""Shapes: B × T."""\nimport torch\nx = torch.ones(2)\n'  # not ASCII, and no softmax
+    assert not _kinds.may_mention(FileContext(other, "f.py", parse_quietly(other)), "softmax", ignore_case=True)
