@@ -9,8 +9,24 @@ from typing import Optional
 from matlint.rule import Rule, bad, good
 
 from ._flow import flow_of, function_text
+from ._kinds import identifier_text
 from ._names import mentions, outermost_scope, subclasses
 from ._pointwise import last_dim_reduction, number, resolve, root_of, same, strip_casts, torch_op
+
+
+# Text a root of the variance is spelled with: sqrt, rsqrt, std, and the literal 0.5 as `0.5`,
+# `.5`, `5e-1`, `5.0e-1`.
+_ROOT_WORDS = ("sqrt", "std", ".5", "e-1", "E-1")
+# `sqrt`, `rsqrt` or `std` named other than as a call (`from torch import rsqrt as r`, `s = torch.sqrt`):
+# a function can then take a root without spelling one.
+_ROOT_NAMED = re.compile(r"\b(?:r?sqrt|std)\b(?!\s*\()")
+
+
+def _names_root_other_than_by_call(ctx) -> bool:
+    named = ctx.shared.get("mat603_root_named")
+    if named is None:
+        named = ctx.shared["mat603_root_named"] = _ROOT_NAMED.search(identifier_text(ctx)) is not None
+    return named
 
 
 # A class or function that names one of these has a fused layer norm next to the manual one.
@@ -92,6 +108,17 @@ class ManualLayerNorm(Rule):
                 return hc * (hc.square().mean(-1, keepdim=True) + 1e-5) ** -0.5
             """, (4, 12)),
         bad("""
+            from torch import rsqrt as inv_root
+            def ln(h, eps=1e-5):
+                hc = h - h.mean(-1, keepdim=True)
+                return hc * inv_root(hc.pow(2).mean(-1, keepdim=True) + eps)
+            """, (4, 12)),
+        bad("""
+            def ln(h, eps=1e-5):
+                hc = h - h.mean(-1, keepdim=True)
+                return hc / (hc.pow(2).mean(-1, keepdim=True) + eps) ** .5
+            """, (3, 12)),
+        bad("""
             import torch.nn as nn
             class LayerNorm(nn.Module):
                 def forward(self, x):
@@ -130,9 +157,9 @@ class ManualLayerNorm(Rule):
         function = self.ctx.function
         if function is None or isinstance(function, ast.Lambda) or not isinstance(node.op, (ast.Div, ast.Mult)):
             return
-        text = function_text(self.ctx, function)
-        if not any(word in text for word in ("sqrt", "0.5", "std")):
-            return
+        if not (_names_root_other_than_by_call(self.ctx)
+                or any(word in function_text(self.ctx, function) for word in _ROOT_WORDS)):
+            return  # no root in this function, so no layer norm
         flow = flow_of(self.ctx, function)
         pairs = [(node.left, node.right)] if isinstance(node.op, ast.Div) else [
             (node.left, node.right), (node.right, node.left)]
