@@ -155,3 +155,27 @@ def test_derive_backward_gemms_shapes(op, shapes, grads, expected):
     sig = tuple((torch.Size(shape), stride, torch.float32) for shape, stride in shapes)
     got = [(name, [tuple(s[0]) for s in gsig], tuple(out[0])) for name, _, gsig, out in derive_backward_gemms(op, sig, grads)]
     assert got == expected
+
+
+def test_an_exception_in_the_backward_passes_through_and_the_mode_comes_back():
+    class Boom(Exception):
+        pass
+
+    error = Boom("from a hook")
+    w = torch.randn(8, 8, requires_grad=True)
+    x = torch.randn(4, 8)
+
+    def hook(grad):
+        raise error
+
+    with quiet(window=1) as g:
+        h = x @ w
+        h.register_hook(hook)
+        with pytest.raises(Boom) as caught:
+            h.sum().backward()
+        depth = torch._C._len_torch_dispatch_stack()
+        x.add(1)
+    assert caught.value is error
+    assert depth == 1 and g.errors == []
+    assert any(k.op == "add" for k in g.recorder.rec.ops)
+    assert Variable._execution_engine.__class__.__name__ != "_EngineRunningBackwardUnobserved"
