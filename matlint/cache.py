@@ -1,9 +1,13 @@
 """Content-hash cache of findings, one small JSON file per linted path.
 
 An entry holds the key it was computed under (sha256 of the file's bytes, its path, the matlint
-version, the rules' fingerprint and the settings' fingerprint) and the findings; a lookup whose
-key differs is a miss. Entries are written atomically, and a corrupt or unreadable entry is a
-miss, never an error. Keeping one entry per path bounds the cache by the size of the tree.
+version, the rules' fingerprint and the settings' fingerprint), the file's stat when it was read
+(size, mtime, ctime, inode) and the findings. A file whose stat is unchanged is a hit without
+being read (under the same version, rules and settings); otherwise its bytes are hashed and a
+different key is a miss. ctime moves on every write and cannot be set back, so a content change
+that keeps size and mtime still misses. Entries are written atomically, and a corrupt or
+unreadable entry is a miss, never an error. Keeping one entry per path bounds the cache by the
+size of the tree.
 """
 from __future__ import annotations
 
@@ -21,7 +25,7 @@ CACHEDIR_TAG = (
     "# This file is a cache directory tag created by matlint.\n"
     "# For information about cache directory tags see https://bford.info/cachedir/\n"
 )
-FORMAT = "v1"
+FORMAT = "v2"
 
 
 def matlint_version() -> str:
@@ -37,7 +41,47 @@ class Cache:
         self.directory = Path(directory)
         self.entries = self.directory / FORMAT
         self.salt = f"{matlint_version()}\0{rules_fingerprint()}\0{settings_fingerprint}\0".encode()
+        self.salt_id = hashlib.sha256(self.salt).hexdigest()[:32]
         self.usable = True
+
+    @staticmethod
+    def stat(path: str) -> Optional[list]:
+        try:
+            st = os.stat(path)
+        except OSError:
+            return None
+        return [st.st_size, st.st_mtime_ns, st.st_ctime_ns, st.st_ino]
+
+    def load(self, path: str) -> Optional[dict]:
+        """The entry for `path`, or None (none yet, unreadable, corrupt)."""
+        try:
+            with open(self._entry(path), encoding="utf-8") as handle:
+                entry = json.load(handle)
+        except (OSError, ValueError):
+            return None
+        return entry if isinstance(entry, dict) else None
+
+    def unchanged(self, entry: Optional[dict], path: str, stat: Optional[list]) -> Optional[list]:
+        """The entry's findings if the file's stat and the salt are the ones it was made under."""
+        if entry is None or stat is None or entry.get("stat") != stat or entry.get("salt") != self.salt_id:
+            return None
+        return self._findings(entry, path)
+
+    def same_key(self, entry: Optional[dict], path: str, key: str) -> Optional[list]:
+        """The entry's findings if it was made under `key` (the same bytes, salt and path)."""
+        if entry is None or entry.get("key") != key:
+            return None
+        return self._findings(entry, path)
+
+    @staticmethod
+    def _findings(entry: dict, path: str) -> Optional[list]:
+        try:
+            findings = [Finding.from_json(item) for item in entry["findings"]]
+        except (ValueError, KeyError, TypeError, AttributeError):
+            return None
+        for finding in findings:
+            finding.filename = path
+        return findings
 
     def key(self, data: bytes, path: str) -> str:
         digest = hashlib.sha256(self.salt)
@@ -49,24 +93,13 @@ class Cache:
         name = hashlib.sha256(os.path.abspath(path).encode("utf-8", "surrogateescape")).hexdigest()
         return self.entries / name[:2] / name[2:34]
 
-    def get(self, key: str, path: str) -> Optional[list]:
-        try:
-            with open(self._entry(path), encoding="utf-8") as handle:
-                entry = json.load(handle)
-            if entry.get("key") != key:
-                return None
-            findings = [Finding.from_json(item) for item in entry["findings"]]
-        except (OSError, ValueError, KeyError, TypeError, AttributeError):
-            return None
-        for finding in findings:
-            finding.filename = path
-        return findings
-
-    def put(self, key: str, path: str, findings: list) -> None:
+    def put(self, key: str, path: str, findings: list, stat: Optional[list] = None) -> None:
+        """Store `findings` under `key`, with the stat taken before the file was read."""
         if not self.usable:
             return
         target = self._entry(path)
-        payload = json.dumps({"key": key, "findings": [f.to_json() for f in findings]})
+        payload = json.dumps({"key": key, "salt": self.salt_id, "stat": stat,
+                              "findings": [f.to_json() for f in findings]})
         try:
             self._prepare(target.parent)
             fd, temporary = tempfile.mkstemp(dir=target.parent, prefix=".tmp-")

@@ -107,10 +107,10 @@ class Settings:
         try:
             relative = os.path.relpath(absolute, self.root)
         except ValueError:  # another drive on Windows
-            return Path(absolute).name
+            return os.path.basename(absolute)
         if relative.startswith(".."):
-            return Path(absolute).name
-        return Path(relative).as_posix()
+            return os.path.basename(absolute)
+        return relative if os.sep == "/" else relative.replace(os.sep, "/")
 
     def fingerprint(self) -> str:
         """Changes when anything that decides a file's findings changes (keys the cache).

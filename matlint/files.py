@@ -140,21 +140,21 @@ class FileFinder:
             ignores = ignores.entering(root / parent)
         return ignores
 
-    def _excluded(self, path: Path, is_dir: bool) -> bool:
+    def _excluded(self, path: str, is_dir: bool) -> bool:
         # Patterns are gitignore-style, relative to the config's directory: `build` matches at
         # any depth, `/build` or `src/gen` only there.
         return self.exclude.match_file(self.settings.relative_path(path) + ("/" if is_dir else ""))
 
-    def _walk(self, directory: Path, ignores: _Ignores, found: Discovery) -> None:
+    def _walk(self, directory, ignores: _Ignores, found: Discovery) -> None:
         if self.settings.respect_gitignore:
             ignores = ignores.entering(Path(os.path.abspath(directory)))
         try:
             entries = sorted(os.scandir(directory), key=lambda e: e.name)
         except OSError as exc:
-            found.problems.append(unreadable(str(directory), exc.strerror or str(exc), "directory"))
+            found.problems.append(unreadable(os.path.normpath(directory), exc.strerror or str(exc), "directory"))
             return
         for entry in entries:
-            path = Path(entry.path)
+            path = entry.path
             try:
                 is_dir = entry.is_dir(follow_symlinks=False)
                 is_link = entry.is_symlink()
@@ -162,7 +162,7 @@ class FileFinder:
                 is_dir = is_link = False
             if is_dir:
                 # os.path.exists, unlike Path.exists, is False (not an error) inside an unreadable directory.
-                if (self._excluded(path, True) or os.path.exists(path / "pyvenv.cfg")
+                if (self._excluded(path, True) or os.path.exists(os.path.join(path, "pyvenv.cfg"))
                         or (ignores.specs and ignores.ignores(Path(os.path.abspath(path)), True))):
                     continue
                 self._walk(path, ignores, found)

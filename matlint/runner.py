@@ -39,23 +39,29 @@ def finalize(findings: list, path: str, settings) -> list:
 
 def lint_path(path: str, settings, cache: Optional[Cache]) -> list:
     """Findings for one file, before per-file-ignores."""
+    entry = stat = None
+    if cache:
+        stat = cache.stat(path)  # before the read: a write after it makes the next run look again
+        entry = cache.load(path) if stat is not None else None
+        cached = cache.unchanged(entry, path, stat)
+        if cached is not None:
+            return cached
     try:
         with open(path, "rb") as handle:
             data = handle.read()
     except OSError as exc:
         return [unreadable(path, exc.strerror or str(exc))]
     if not engine.mentions_torch(data):
-        # Not parsed at all; only an undecodable file is worth a word. Cheaper than a cache lookup.
+        # Not parsed at all, not cached; only an undecodable file is worth a word.
         return engine.lint_bytes(data, path, ())
-    key = cache.key(data, path) if cache else None
     if cache:
-        cached = cache.get(key, path)
-        if cached is not None:
-            return cached
-    findings = engine.lint_bytes(data, path, settings.enabled_rules(), settings.rule_options)
-    if cache:
-        cache.put(key, path, findings)
-    return findings
+        key = cache.key(data, path)
+        cached = cache.same_key(entry, path, key)
+        if cached is None:
+            cached = engine.lint_bytes(data, path, settings.enabled_rules(), settings.rule_options)
+        cache.put(key, path, cached, stat)  # a hit by content is stored again under the new stat
+        return cached
+    return engine.lint_bytes(data, path, settings.enabled_rules(), settings.rule_options)
 
 
 @contextmanager

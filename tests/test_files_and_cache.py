@@ -197,3 +197,59 @@ def test_exclude_patterns_are_relative_to_the_config(tmp_path):
         write(tmp_path / name, SOURCE)
     assert _found(tmp_path) == {"pkg/gen/b.py", "other/src/legacy/d.py"}
     assert _found(tmp_path, tmp_path / "pkg") == {"pkg/gen/b.py"}
+
+
+def _lint_in_process(project: Path) -> list:
+    from matlint.runner import lint_files
+
+    return [f.to_json() for f in lint_files([str(project / "m.py")], load_settings(project), jobs=1)]
+
+
+def test_an_unchanged_file_is_a_hit_without_being_read_or_hashed(cached_project, monkeypatch):
+    import matlint.cache
+    import matlint.runner
+
+    first = _lint_in_process(cached_project)
+    assert first
+
+    def must_not_run(*args, **kwargs):
+        raise AssertionError("an unchanged file was read or hashed")
+
+    monkeypatch.setattr(matlint.cache.Cache, "key", must_not_run)
+    monkeypatch.setattr(matlint.runner.engine, "mentions_torch", must_not_run)
+    assert _lint_in_process(cached_project) == first
+
+
+def test_same_size_and_mtime_but_new_bytes_is_a_miss(cached_project):
+    import os
+
+    path = cached_project / "m.py"
+    first = _report(cached_project)
+    before = os.stat(path)
+    text = path.read_text()
+    changed = text.replace("import torch", "import torcH", 1) if "import torch" in text else None
+    assert changed is not None and len(changed) == len(text)
+    path.write_text(changed)
+    os.utime(path, ns=(before.st_atime_ns, before.st_mtime_ns))  # size and mtime as before
+    assert os.stat(path).st_mtime_ns == before.st_mtime_ns and os.stat(path).st_size == before.st_size
+    assert _report(cached_project) != first  # `torcH` is no torch: the findings are gone
+
+
+def test_a_touched_file_is_a_hit_by_content_and_its_stat_is_stored_again(cached_project, monkeypatch):
+    import os
+
+    import matlint.runner
+
+    first = _lint_in_process(cached_project)
+    os.utime(cached_project / "m.py", ns=(1_000_000_000, 1_000_000_000))
+
+    def must_not_run(*args, **kwargs):
+        raise AssertionError("linted again")
+
+    with monkeypatch.context() as patch:
+        patch.setattr(matlint.runner.engine, "lint_bytes", must_not_run)
+        assert _lint_in_process(cached_project) == first  # same bytes: a hit by content
+        import matlint.cache
+
+        patch.setattr(matlint.cache.Cache, "key", must_not_run)
+        assert _lint_in_process(cached_project) == first  # and now by stat
