@@ -7,6 +7,7 @@ from __future__ import annotations
 import ast
 from typing import Optional
 
+from ._lazy import BuiltOnFirstUse
 from ._loops import _SCOPE_TYPES, walk_no_scopes
 from ._tree import child_nodes
 
@@ -19,21 +20,13 @@ def _end(node: ast.AST) -> tuple:
     return (node.end_lineno, node.end_col_offset)
 
 
-class FunctionFlow:
-    """Parents, stores and loads of plain names in one function, collected once, on first use:
-    rules take the flow of a function before they know whether the node in hand needs it."""
+class FunctionFlow(BuiltOnFirstUse):
+    """Parents, stores and loads of plain names in one function, collected once, on first use."""
 
-    _INDEX = frozenset({"parent", "block", "stores", "loads"})
+    _BUILT = frozenset({"parent", "block", "stores", "loads"})
 
     def __init__(self, function: ast.AST):
         self.function = function
-
-    def __getattr__(self, name: str):
-        # Only reached while the index is missing (attributes found normally never get here).
-        if name not in FunctionFlow._INDEX:
-            raise AttributeError(name)
-        self._build()
-        return self.__dict__[name]
 
     def _build(self) -> None:
         function = self.function

@@ -8,6 +8,7 @@ import ast
 import unicodedata
 from typing import Optional
 
+from ._lazy import BuiltOnFirstUse
 from ._tree import child_nodes
 
 TENSOR = "tensor"            # a tensor whose device is not known to be the CPU
@@ -132,12 +133,12 @@ _BINDS_NOTHING = frozenset({ast.Name, ast.Constant}.union(
     *(base.__subclasses__() for base in (ast.expr_context, ast.operator, ast.cmpop, ast.unaryop, ast.boolop))))
 
 
-class ScopeKinds:
+class ScopeKinds(BuiltOnFirstUse):
     """Assignments and uses of names in one function (or the module), collected once, on first
     use: an inference that never looks a name up in a scope on its chain (`nn.LayerNorm(d)`)
     does not pay for collecting it."""
 
-    _COLLECTED = frozenset({"assigned", "methods_used"})
+    _BUILT = frozenset({"assigned", "methods_used"})
 
     def __init__(self, owner: ast.AST):
         self.owner = owner
@@ -149,14 +150,7 @@ class ScopeKinds:
             if params:
                 self.self_name = params[0].arg
 
-    def __getattr__(self, name: str):
-        # Only reached while the collection is missing (attributes found normally never get here).
-        if name not in ScopeKinds._COLLECTED:
-            raise AttributeError(name)
-        self._collect_all()
-        return self.__dict__[name]
-
-    def _collect_all(self) -> None:
+    def _build(self) -> None:
         owner = self.owner
         self.assigned: dict = {}      # name -> list of ("value", expr) / ("elem", iter, path) / ("kind", k)
         self.methods_used: dict = {}  # name -> set of attribute names used on it
