@@ -15,8 +15,6 @@ def _version() -> str:
         return "0+unknown"
 
 
-__version__ = _version()
-
 _LAZY = {
     "check": ("matlint.api", "check"),
     "lint_text": ("matlint.api", "lint_text"),
@@ -34,6 +32,9 @@ __all__ = ["__version__", *(name for name in _LAZY if name != "guard")]
 
 
 def __getattr__(name: str):
+    if name == "__version__":  # looked up on first use: reading the metadata costs milliseconds
+        value = globals()["__version__"] = _version()
+        return value
     if name not in _LAZY:
         raise AttributeError(f"module 'matlint' has no attribute {name!r}")
     import importlib
@@ -45,4 +46,4 @@ def __getattr__(name: str):
 
 
 def __dir__():
-    return sorted(set(globals()) | set(_LAZY))
+    return sorted(set(globals()) | set(_LAZY) | {"__version__"})

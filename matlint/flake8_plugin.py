@@ -9,14 +9,20 @@ from __future__ import annotations
 import ast
 from typing import ClassVar
 
-from . import __version__
-
 MAT = "MAT"
 
 
 def _explicit_selectors(options) -> list:
     return [s.strip().upper() for s in [*(getattr(options, "select", None) or ()),
                                          *(getattr(options, "extend_select", None) or ())] if s.strip()]
+
+
+def _may_select_mat(decider) -> bool:
+    """False when no MAT code can be selected: flake8 selects a code only if it starts with one of
+    the selectors, so some selector must be a prefix of `MAT` or start with it. Saves importing
+    every rule on each flake8 run of a user who has matlint installed and does not select it."""
+    selectors = (*getattr(decider, "selected_explicitly", (MAT,)), *getattr(decider, "selected", (MAT,)))
+    return any(s.startswith(MAT) or MAT.startswith(s) for s in selectors)
 
 
 def rules_selected_by(options) -> tuple:
@@ -27,9 +33,11 @@ def rules_selected_by(options) -> tuple:
     """
     from flake8.style_guide import Decision, DecisionEngine
 
+    decider = DecisionEngine(options)
+    if not _may_select_mat(decider):
+        return ()
     from .registry import all_rules
 
-    decider = DecisionEngine(options)
     explicit = _explicit_selectors(options)
     chosen = []
     for cls in all_rules():
@@ -41,8 +49,7 @@ def rules_selected_by(options) -> tuple:
 
 
 class MatlintFlake8:
-    name = "matlint"
-    version = __version__
+    name = "matlint"  # flake8 takes the version from the installed distribution
 
     rules: ClassVar[tuple] = ()
     rule_options: ClassVar[dict] = {}

@@ -103,6 +103,22 @@ def test_no_traversal_when_no_mat_code_is_selected(project):
     assert traversals == 1 and _mat_lines(result)
 
 
+def test_rules_are_not_even_imported_when_no_mat_code_can_be_selected(project):
+    script = ("import sys\nfrom flake8.main.cli import main\ntry:\n    main(sys.argv[1:])\n"
+              "except SystemExit:\n    pass\nprint('RULES', 'matlint.registry' in sys.modules)\n")
+
+    def rules_imported(*args) -> bool:
+        result = subprocess.run([sys.executable, "-c", script, "--jobs", "1", *args, "loops.py"], cwd=project,
+                                capture_output=True, text=True, timeout=120)
+        return result.stdout.strip().splitlines()[-1] == "RULES True"
+
+    assert not rules_imported("--select", "E,F,W")
+    assert not rules_imported("--select", "E,MB", "--extend-select", "W")
+    assert rules_imported("--select", "E,MA")
+    assert rules_imported("--select", "E", "--extend-select", "MAT5")
+    assert rules_imported()
+
+
 def test_the_plugin_reuses_flake8s_tree(project):
     _, _, parses_without = probe("--select", "E,F,W", "loops.py", cwd=project)
     _, traversals, parses_with = probe("--select", "MAT", "loops.py", cwd=project)
@@ -154,6 +170,8 @@ class _DefaultOff(Rule):
 @pytest.mark.parametrize("argv, on", [
     ([], False), (["--select", "MAT"], False), (["--select", "MAT1"], True), (["--extend-select", "MAT199"], True),
     (["--select", "MAT1", "--extend-ignore", "MAT19"], False), (["--select", "E"], False),
+    (["--select", "M"], False), (["--select", "E,MA"], False), (["--select", "E,MAT19"], True),
+    (["--select", "E,MB"], False),
 ])
 def test_default_off_rules_need_a_longer_prefix(monkeypatch, argv, on):
     from flake8.options.parse_args import parse_args
@@ -163,9 +181,9 @@ def test_default_off_rules_need_a_longer_prefix(monkeypatch, argv, on):
     selected = rules_selected_by(options)
     assert (_DefaultOff in selected) is on
     default_on = [cls for cls in all_rules() if cls._handlers and cls.default_enabled]
-    if argv in ([], ["--select", "MAT"]):
+    if argv in ([], ["--select", "MAT"], ["--select", "M"], ["--select", "E,MA"]):
         assert list(selected) == default_on
-    if argv == ["--select", "E"]:
+    if argv in (["--select", "E"], ["--select", "E,MB"]):
         assert selected == ()
 
 
