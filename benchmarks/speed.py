@@ -21,8 +21,9 @@ empty scratch folder (no config file applies; matlint's cache lives there). os.w
 wall time, the CPU time (user + system, of the process and the children it waited for) and the
 peak RSS of the largest single process: multi-process runs (matlint --jobs N, flake8, torchfix,
 fixit) hold more than that in total. Each command is run --repeat times and the medians are
-reported, except that a command stops repeating once it has used --budget seconds. Ratios
-compare CPU time: on a shared machine wall time swings with the load, CPU time much less.
+reported, except that a command stops repeating once it has used --budget seconds. The runs go
+in rounds (every command once per round), so drift in the machine's speed falls on every row.
+Ratios compare CPU time: on a shared machine wall time swings with the load, CPU time less.
 
 ruff runs twice: with its default threads, and pinned to one core (`taskset -c 0`), as the
 issue's single-core figures were measured; the ruff target is checked against the pinned run.
@@ -206,23 +207,24 @@ def run_once(argv: list, cwd: Path, timeout: float):
     return Run(wall, usage.ru_utime + usage.ru_stime, usage.ru_maxrss / 1024)
 
 
-def measure(bench: Bench, files: list, cwd: Path, repeat: int, budget: float, timeout: float) -> None:
-    # Every tool gets the same list of files, not folders, so that none lints more or fewer files.
-    argv = [*bench.argv, *files]
-    if bench.prime:
+def measure_once(bench: Bench, files: list, cwd: Path, budget: float, timeout: float) -> None:
+    """One more timed run of `bench`, unless it failed or has used up its budget (a warm-cache
+    command is primed by one untimed run before its first)."""
+    if bench.error or (bench.runs and sum(r.wall for r in bench.runs) >= budget):
+        return
+    argv = [*bench.argv, *files]  # every tool gets the same files, not folders
+    if bench.prime and not bench.runs:
         outcome = run_once(argv, cwd, timeout)
         if isinstance(outcome, str):
             bench.error = outcome
             return
-    started = time.perf_counter()
-    while len(bench.runs) < repeat and (not bench.runs or time.perf_counter() - started < budget):
-        outcome = run_once(argv, cwd, timeout)
-        if isinstance(outcome, str):
-            bench.error = outcome
-            return
-        bench.runs.append(outcome)
-        print(f"  {bench.name}: {outcome.wall:.2f} s wall, {outcome.cpu:.2f} s CPU, {outcome.rss_mb:.0f} MB",
-              file=sys.stderr)
+    outcome = run_once(argv, cwd, timeout)
+    if isinstance(outcome, str):
+        bench.error = outcome
+        return
+    bench.runs.append(outcome)
+    print(f"  {bench.name}: {outcome.wall:.2f} s wall, {outcome.cpu:.2f} s CPU, {outcome.rss_mb:.0f} MB",
+          file=sys.stderr)
 
 
 def changed_file_rerun(matlint: list, files: list, scratch: Path, timeout: float):
@@ -264,6 +266,30 @@ def changed_file_rerun(matlint: list, files: list, scratch: Path, timeout: float
     relinted = sum(1 for p, mtime in after.items() if before.get(p) != mtime)
     shutil.rmtree(tree, ignore_errors=True)
     return relinted, outcome, str(Path(changed).relative_to(tree / "src"))
+
+
+def flake8_instructions(flake8: str, files: list, cwd: Path, timeout: float):
+    """Instructions (callgrind's count, a fixed hash seed) that `flake8 -j1 --select E,F,W` and
+    `... E,F,W,MAT` execute on `files` and on a one-line file: {select: (one-line, files)}, or a
+    string saying why not. Counts do not move with the machine's load, so they settle the
+    few-percent questions that timings on a shared machine cannot."""
+    if not shutil.which("valgrind"):
+        return "valgrind is not installed"
+    one_line = cwd / "one_line.py"
+    one_line.write_text("x = 1\n")
+    counts = {}
+    for select in ("E,F,W", "E,F,W,MAT"):
+        pair = []
+        for targets in ([str(one_line)], files):
+            done = subprocess.run(["valgrind", "--tool=callgrind", "--callgrind-out-file=/dev/null", flake8, "-j1",
+                                   "--select", select, *targets], cwd=cwd, capture_output=True, text=True,
+                                  timeout=timeout, env={**os.environ, "PYTHONHASHSEED": "0"})
+            match = re.search(r"Collected : (\d+)", done.stderr)
+            if not match:
+                return f"callgrind failed: {last_line(done.stderr)}"
+            pair.append(int(match.group(1)))
+        counts[select] = tuple(pair)
+    return counts
 
 
 def server_latency(timeout: float):
@@ -355,6 +381,31 @@ def overhead(benches: list, base: str, other: str) -> str:
             f"{b.median('wall') / a.median('wall'):.2f}× wall time")
 
 
+def instruction_lines(instructions: dict, few: list) -> list:
+    base = instructions.get(frozenset())
+    mine = instructions.get(frozenset({"matlint"}))
+    failed = next((x for x in (base, mine) if isinstance(x, str)), None)
+    if base is None or mine is None or failed:
+        return [f"- not measured: {failed or 'skipped (--callgrind-files 0)'}"]
+    rows = [("--select E,F,W, no plugins", base["E,F,W"]), ("--select E,F,W, matlint installed", mine["E,F,W"]),
+            ("--select E,F,W,MAT", mine["E,F,W,MAT"])]
+    one0, all0 = base["E,F,W"]
+    out = [f"`flake8 -j1` on {len(few)} files of the corpus ({count_lines(few):,} lines) and on a one-line file; "
+           "millions of instructions, and the ratio to flake8 without plugins:", "",
+           "| command | one-line file | the files | the files less the one-line file |", "|---|--:|--:|--:|"]
+    for name, (one, all_) in rows:
+        out.append(f"| flake8 {name} | {one / 1e6:,.0f} ({one / one0:.3f}×) | {all_ / 1e6:,.0f} ({all_ / all0:.3f}×) | "
+                   f"{(all_ - one) / 1e6:,.0f} ({(all_ - one) / (all0 - one0):.3f}×) |")
+    return out
+
+
+def instruction_ratio(instructions: dict, select: str) -> Optional[float]:
+    base, mine = instructions.get(frozenset()), instructions.get(frozenset({"matlint"}))
+    if not isinstance(base, dict) or not isinstance(mine, dict):
+        return None
+    return mine[select][1] / base["E,F,W"][1]
+
+
 def verdict(name: str, value: Optional[float], limit: float, unit: str, fmt: str = ".2f") -> str:
     if value is None:
         return f"| {name} | not measured | {limit:{fmt}}{unit} | – |"
@@ -369,13 +420,16 @@ def main(argv=None) -> int:
                         help="comma-separated packages, or 'main' (transformers, timm, torchvision, diffusers, "
                              "lightning), 'extra', as in real_code.py; default: %(default)s")
     parser.add_argument("--repeat", type=int, default=3, help="runs per command, medians reported (default: 3)")
-    parser.add_argument("--budget", type=float, default=60,
+    parser.add_argument("--budget", type=float, default=300,
                         help="no new run of a command starts once it has used this many seconds (default: 60)")
     parser.add_argument("--timeout", type=float, default=900, help="seconds before one run is killed (default: 900)")
     parser.add_argument("--sample", type=float, default=0.05,
                         help="fraction of the files the slow peers run on (default: 0.05)")
     parser.add_argument("--jobs", type=int, default=len(os.sched_getaffinity(0)),
                         help="matlint's --jobs for the parallel rows (default: usable cores)")
+    parser.add_argument("--callgrind-files", type=int, default=20,
+                        help="files of the corpus on which flake8's instructions are counted under callgrind, "
+                             "with and without matlint (default: %(default)s; 0 skips it)")
     parser.add_argument("--venv", type=Path, default=Path.home() / ".cache" / "matlint-bench" / "venv")
     parser.add_argument("--output", type=Path, help="also write the markdown report to this file")
     args = parser.parse_args(argv)
@@ -432,16 +486,29 @@ def main(argv=None) -> int:
 
     load_before = os.getloadavg()
     plugin_sets = {}
-    # Grouped by plugin set so that each set is installed once; the warm-cache rows wipe the cache first.
-    for plugins in (set(), {"torchfix"}, {"matlint"}):
-        set_plugins(args.venv, plugins, sources)
-        flake8_version = subprocess.run([bin_("flake8"), "--version"], capture_output=True, text=True).stdout
-        plugin_sets[frozenset(plugins)] = " ".join(flake8_version.split())
-        for b in full + slow:
-            if b.plugins == plugins and not b.error:
-                if b.prime:
+    # Rounds: every command runs once per round, so a machine that gets slower or faster during
+    # the run moves all rows alike instead of the ones measured last. Within a round the commands
+    # are grouped by plugin set (each set installed once), and every other round takes the sets
+    # in reverse order, so that no row always runs first or last.
+    order = [set(), {"torchfix"}, {"matlint"}]
+    for round_ in range(args.repeat):
+        for plugins in (order if round_ % 2 == 0 else order[::-1]):
+            group = [b for b in full + slow if b.plugins == plugins]
+            set_plugins(args.venv, plugins, sources)
+            if frozenset(plugins) not in plugin_sets:
+                flake8_version = subprocess.run([bin_("flake8"), "--version"], capture_output=True, text=True).stdout
+                plugin_sets[frozenset(plugins)] = " ".join(flake8_version.split())
+            for b in group:
+                if b.prime and not b.runs:
                     shutil.rmtree(scratch / ".matlint_cache", ignore_errors=True)
-                measure(b, sample if b.sample else files, scratch, args.repeat, args.budget, args.timeout)
+                measure_once(b, sample if b.sample else files, scratch, args.budget, args.timeout)
+    instructions = {}
+    few = files[::max(1, len(files) // max(args.callgrind_files, 1))][:args.callgrind_files]
+    if few:
+        print("  flake8 under callgrind ...", file=sys.stderr)
+        for plugins in (set(), {"matlint"}):
+            set_plugins(args.venv, plugins, sources)
+            instructions[frozenset(plugins)] = flake8_instructions(bin_("flake8"), few, scratch, args.timeout)
     set_plugins(args.venv, set(sources), sources)
     print("  one changed file ...", file=sys.stderr)
     changed = changed_file_rerun(matlint, files, scratch, args.timeout)
@@ -475,6 +542,10 @@ def main(argv=None) -> int:
                 cpu_ratio(full, "flake8 --select E,F,W,MAT", flake8_name), 1.2, "×"),
         verdict("flake8 E,F,W CPU, matlint installed / not installed",
                 cpu_ratio(full, "flake8 --select E,F,W (matlint installed)", flake8_name), 1.05, "×"),
+        verdict(f"the same two, in instructions (callgrind), flake8 -j1 on {len(few)} files: E,F,W,MAT / E,F,W",
+                instruction_ratio(instructions, "E,F,W,MAT"), 1.2, "×", ".3f"),
+        verdict("... and E,F,W, matlint installed / not installed",
+                instruction_ratio(instructions, "E,F,W"), 1.05, "×", ".3f"),
         verdict("peak memory, matlint -j1 cold", ref.median("rss_mb") if ref.runs else None, 300, " MB", ".0f"),
         verdict("language server: edit to diagnostics, 2,000-line file (median)", latency_ms, 50, " ms", ".1f"),
     ]
@@ -518,6 +589,10 @@ def main(argv=None) -> int:
         overhead(full, flake8_name, "flake8 --select E,F,W (matlint installed)"),
         overhead(full, flake8_name, "flake8 --select E,F,W,MAT"),
         overhead(slow, flake8_name, "flake8 --select E,F,W (torchfix installed)"),
+        "",
+        "Instructions executed (callgrind, PYTHONHASHSEED=0; the same with and without matlint installed):",
+        "",
+        *instruction_lines(instructions, few),
         "",
         "flake8 --version per plugin set:",
         "",

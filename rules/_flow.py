@@ -5,8 +5,11 @@ chain, and callers stay quiet on a broken chain."""
 from __future__ import annotations
 
 import ast
+import re
+import unicodedata
 from typing import Optional
 
+from ._kinds import identifier_text
 from ._lazy import BuiltOnFirstUse
 from ._loops import _SCOPE_TYPES, walk_no_scopes
 from ._tree import child_nodes
@@ -151,9 +154,28 @@ def flow_of(ctx, function: ast.AST) -> FunctionFlow:
 
 
 def function_text(ctx, function: ast.AST) -> str:
-    """The source lines of `function`: a cheap filter before building its flow."""
+    """The source lines of `function`, identifiers spelled as the tree holds them (NFKC, as in
+    `_kinds.identifier_text`): a cheap filter before building its flow."""
     key = ("function_text", id(function))
     text = ctx.shared.get(key)
     if text is None:
-        text = ctx.shared[key] = "\n".join(ctx.lines[function.lineno - 1:function.end_lineno])
+        text = "\n".join(ctx.lines[function.lineno - 1:function.end_lineno])
+        if not text.isascii():
+            text = unicodedata.normalize("NFKC", text)
+        ctx.shared[key] = text
     return text
+
+
+def function_may_mention(ctx, function: ast.AST, words: tuple) -> bool:
+    """False only when no code of `function` can reach one of `words` (`exp`, `sqrt`): none is in
+    its text, and the file never names one other than by calling it; a name such as `from torch
+    import exp as e` or `e = torch.exp` lets the function call it without spelling it."""
+    text = function_text(ctx, function)
+    if any(word in text for word in words):
+        return True
+    key = ("named_other_than_by_call", words)
+    named = ctx.shared.get(key)
+    if named is None:
+        pattern = re.compile(r"(?:%s)\w*(?!\w)(?!\s*\()" % "|".join(map(re.escape, words)))
+        named = ctx.shared[key] = pattern.search(identifier_text(ctx)) is not None
+    return named

@@ -5,8 +5,11 @@ hand-written fused ops (softmax, norms, GELU): `torch.exp(x)` and `x.exp()` are 
 from __future__ import annotations
 
 import ast
+import re
 from dataclasses import dataclass, field
 from typing import Optional
+
+from ._flow import function_may_mention, function_text
 
 _NAMESPACES = ("torch.", "torch.nn.functional.", "torch.special.")
 
@@ -36,6 +39,25 @@ def number(node: Optional[ast.AST]) -> Optional[float]:
         inner = number(node.operand)
         return None if inner is None else (-inner if isinstance(node.op, ast.USub) else inner)
     return None
+
+
+# A float literal in any spelling (`0.5`, `.5`, `5e-1`, `5_0e-2`), to be tested for the value 0.5.
+_FLOAT_LITERAL = re.compile(r"(?<![\w.])(?:\d(?:_?\d)*\.(?:\d(?:_?\d)*)?(?:[eE][+-]?\d(?:_?\d)*)?"
+                            r"|\.\d(?:_?\d)*(?:[eE][+-]?\d(?:_?\d)*)?|\d(?:_?\d)*[eE][+-]?\d(?:_?\d)*)")
+
+
+def may_take_root(ctx, function: ast.AST, words: tuple) -> bool:
+    """False only when `function` cannot take the square root `root_of` recognises: it reaches
+    none of `words` (`sqrt`, `rsqrt`, `std`; see `function_may_mention`) and holds no literal
+    equal to 0.5 (the exponent of `** 0.5`, `** -0.5`, `.pow(0.5)`)."""
+    if function_may_mention(ctx, function, words):
+        return True
+    key = ("holds_half", id(function))
+    found = ctx.shared.get(key)
+    if found is None:
+        found = ctx.shared[key] = any(float(m.group().replace("_", "")) == 0.5
+                                      for m in _FLOAT_LITERAL.finditer(function_text(ctx, function)))
+    return found
 
 
 def is_true(node: Optional[ast.AST]) -> bool:

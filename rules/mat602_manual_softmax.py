@@ -6,7 +6,7 @@ from typing import Optional
 
 from matlint.rule import Rule, bad, good
 
-from ._flow import flow_of, function_text
+from ._flow import flow_of, function_may_mention
 from ._pointwise import is_true, number, resolve, same, torch_op
 
 _ATOMS = (ast.Name, ast.Attribute, ast.Call, ast.Subscript)
@@ -117,7 +117,7 @@ class ManualSoftmax(Rule):
         function = self.ctx.function
         if not isinstance(node.op, ast.Div) or function is None or isinstance(function, ast.Lambda):
             return
-        if "exp" not in function_text(self.ctx, function):
+        if not function_may_mention(self.ctx, function, ("exp",)):
             return
         flow = flow_of(self.ctx, function)
         numerator = self._exp_argument(flow, node.left)

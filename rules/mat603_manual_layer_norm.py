@@ -8,25 +8,9 @@ from typing import Optional
 
 from matlint.rule import Rule, bad, good
 
-from ._flow import flow_of, function_text
-from ._kinds import identifier_text
+from ._flow import flow_of
 from ._names import mentions, outermost_scope, subclasses
-from ._pointwise import last_dim_reduction, number, resolve, root_of, same, strip_casts, torch_op
-
-
-# Text a root of the variance is spelled with: sqrt, rsqrt, std, and the literal 0.5 as `0.5`,
-# `.5`, `5e-1`, `5.0e-1`.
-_ROOT_WORDS = ("sqrt", "std", ".5", "e-1", "E-1")
-# `sqrt`, `rsqrt` or `std` named other than as a call (`from torch import rsqrt as r`, `s = torch.sqrt`):
-# a function can then take a root without spelling one.
-_ROOT_NAMED = re.compile(r"\b(?:r?sqrt|std)\b(?!\s*\()")
-
-
-def _names_root_other_than_by_call(ctx) -> bool:
-    named = ctx.shared.get("mat603_root_named")
-    if named is None:
-        named = ctx.shared["mat603_root_named"] = _ROOT_NAMED.search(identifier_text(ctx)) is not None
-    return named
+from ._pointwise import last_dim_reduction, may_take_root, number, resolve, root_of, same, strip_casts, torch_op
 
 
 # A class or function that names one of these has a fused layer norm next to the manual one.
@@ -157,8 +141,7 @@ class ManualLayerNorm(Rule):
         function = self.ctx.function
         if function is None or isinstance(function, ast.Lambda) or not isinstance(node.op, (ast.Div, ast.Mult)):
             return
-        if not (_names_root_other_than_by_call(self.ctx)
-                or any(word in function_text(self.ctx, function) for word in _ROOT_WORDS)):
+        if not may_take_root(self.ctx, function, ("sqrt", "std")):
             return  # no root in this function, so no layer norm
         flow = flow_of(self.ctx, function)
         pairs = [(node.left, node.right)] if isinstance(node.op, ast.Div) else [

@@ -7,9 +7,9 @@ import re
 
 from matlint.rule import Rule, bad, good
 
-from ._flow import flow_of, function_text
+from ._flow import flow_of
 from ._names import mentions, outermost_scope, subclasses
-from ._pointwise import last_dim_reduction, number, resolve, root_of, same, strip_casts, torch_op
+from ._pointwise import last_dim_reduction, may_take_root, number, resolve, root_of, same, strip_casts, torch_op
 
 # A class or function that names one of these already has (or switches to) a fused RMS norm;
 # the hand-written code is its fallback.
@@ -157,8 +157,7 @@ class ManualRmsNorm(Rule):
         function = self.ctx.function
         if function is None or isinstance(function, ast.Lambda) or not isinstance(node.op, (ast.Div, ast.Mult)):
             return
-        text = function_text(self.ctx, function)
-        if "sqrt" not in text and "0.5" not in text:
+        if not may_take_root(self.ctx, function, ("sqrt",)):
             return
         flow = flow_of(self.ctx, function)
         inverse = isinstance(node.op, ast.Mult)

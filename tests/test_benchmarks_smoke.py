@@ -33,12 +33,31 @@ def test_findings_exit_code_is_success_but_errors_and_timeouts_are_reported(tmp_
 
 def test_budget_stops_repeats_and_table_shows_ratios_and_failures(tmp_path):
     ref = speed.Bench("ref", python("pass"), set(), reference=True)
-    speed.measure(ref, [], tmp_path, repeat=3, budget=0, timeout=60)
+    for _ in range(3):
+        speed.measure_once(ref, [], tmp_path, budget=0, timeout=60)
     assert len(ref.runs) == 1
+    again = speed.Bench("again", python("pass"), set())
+    for _ in range(3):
+        speed.measure_once(again, [], tmp_path, budget=60, timeout=60)
+    assert len(again.runs) == 3
     broken = speed.Bench("broken", [], set(), error="install failed: no such package")
     lines = speed.table([ref, broken], lines=1000)
     assert "| ref | 1 |" in lines[2] and lines[2].endswith("| 1.00 |")
     assert "install failed: no such package" in lines[3]
+
+
+def test_instruction_counts_table_and_ratios(tmp_path):
+    few = [tmp_path / "a.py"]
+    few[0].write_text("x = 1\ny = 2\n")
+    counts = {frozenset(): {"E,F,W": (400e6, 1400e6)},
+              frozenset({"matlint"}): {"E,F,W": (410e6, 1410e6), "E,F,W,MAT": (420e6, 1620e6)}}
+    assert abs(speed.instruction_ratio(counts, "E,F,W,MAT") - 1620 / 1400) < 1e-9
+    lines = speed.instruction_lines(counts, few)
+    assert "2 lines" in lines[0]
+    assert lines[-1] == "| flake8 --select E,F,W,MAT | 420 (1.050×) | 1,620 (1.157×) | 1,200 (1.200×) |"
+    failed = {frozenset(): "valgrind is not installed", frozenset({"matlint"}): "valgrind is not installed"}
+    assert speed.instruction_ratio(failed, "E,F,W") is None
+    assert speed.instruction_lines(failed, few) == ["- not measured: valgrind is not installed"]
 
 
 FUZZ = Path(__file__).resolve().parent.parent / "benchmarks" / "fuzz.py"

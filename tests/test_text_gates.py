@@ -1,4 +1,5 @@
-"""The source-text gates (`_kinds.may_mention`) skip work in files that cannot spell what a rule
+"""The source-text gates (`_kinds.may_mention`; per function `_flow.function_may_mention` and
+`_pointwise.may_take_root`) skip work in files and functions that cannot spell what a rule
 looks for. A gate may only save time: every case below is linted with the gates and with every
 gate forced open, and the findings must be the same. Each gate has a case where it lets the rule
 through and the rule fires, and spellings that reach the rule without the plain word: aliases,
@@ -87,6 +88,54 @@ CASES = {
         def gelu(x):
             return 0.5 * x * (1.0 + getattr(torch, "\x74anh")(math.sqrt(2.0 / math.pi) * (x + 0.044715 * x ** 3)))
         """, []),
+    # -- MAT602 needs "exp" in the function, or a name for it other than a call ------------------
+    "exp-alias": ("MAT602", """
+        import torch
+        from torch import exp as e
+        def softmax(x):
+            y = e(x - x.max(-1, keepdim=True).values)
+            return y / y.sum(-1, keepdim=True)
+        """, [(5, 12)]),
+    "exp-fullwidth-identifier": ("MAT602", """
+        import torch
+        def softmax(x):
+            y = torch.ｅｘｐ(x - x.max(-1, keepdim=True).values)
+            return y / y.sum(-1, keepdim=True)
+        """, [(4, 12)]),
+    # -- MAT603/MAT604 need a root: sqrt/rsqrt/std in the function or named, or a literal 0.5 ------
+    "rsqrt-alias": ("MAT604", """
+        import torch
+        from torch import rsqrt as r
+        def rms_norm(x, eps: float):
+            return x * r(x.pow(2).mean(-1, keepdim=True) + eps)
+        """, [(4, 12)]),
+    "rsqrt-assigned-alias": ("MAT604", """
+        import torch
+        inverse_root = torch.rsqrt
+        def rms_norm(x, eps: float):
+            return x * inverse_root(x.pow(2).mean(-1, keepdim=True) + eps)
+        """, [(4, 12)]),
+    "half-spelled-short": ("MAT604", """
+        import torch
+        def rms_norm(x, eps: float):
+            return x * (x.pow(2).mean(-1, keepdim=True) + eps) ** -.5
+        """, [(3, 12)]),
+    "half-spelled-with-exponent": ("MAT603", """
+        import torch
+        def layer_norm(x, eps: float):
+            return (x - x.mean(-1, keepdim=True)) / (x.var(-1, keepdim=True, unbiased=False) + eps) ** 5_0E-2
+        """, [(3, 12)]),
+    "sqrt-fullwidth-identifier": ("MAT603", """
+        import torch
+        def layer_norm(x, eps: float):
+            return (x - x.mean(-1, keepdim=True)) / torch.ｓｑｒｔ(x.var(-1, keepdim=True, unbiased=False) + eps)
+        """, [(3, 12)]),
+    "std-alias": ("MAT603", """
+        import torch
+        from torch import std as spread
+        def layer_norm(x, eps: float):
+            return (x - x.mean(-1, keepdim=True)) / (spread(x, -1, keepdim=True) + eps)
+        """, [(4, 12)]),
     # -- MAT402 needs "float64" or "double" (any case), or a string argument of .to/.type ---------
     "float64-double-method": ("MAT402", """
         import torch
@@ -205,15 +254,18 @@ def _lint(code: str, source: str) -> list:
             for f in lint_source(textwrap.dedent(source).lstrip("\n"), "gate.py", [get_rule(code)], prefilter=False)]
 
 
+GATES = ("may_mention", "function_may_mention", "may_take_root")
+
+
 def _open_gates(monkeypatch) -> None:
     """Every gate answers "may mention", wherever a rule module imported it."""
     all_rules()
-    always = lambda ctx, word, ignore_case=False: True  # noqa: E731
-    monkeypatch.setattr(_kinds, "may_mention", always)
+    always = lambda *args, **kwargs: True  # noqa: E731
     for name in dir(rules_pkg):
         module = getattr(rules_pkg, name)
-        if getattr(module, "may_mention", None) is not None and module is not _kinds:
-            monkeypatch.setattr(module, "may_mention", always)
+        for gate in GATES:
+            if getattr(module, gate, None) is not None:
+                monkeypatch.setattr(module, gate, always)
 
 
 @pytest.mark.parametrize("case", sorted(CASES))
@@ -221,7 +273,6 @@ def test_gate_loses_no_finding(case, monkeypatch):
     code, source, expect = CASES[case]
     gated = _lint(code, source)
     assert [(row, column) for row, column, *_ in gated] == expect, gated
-    monkeypatch.setattr(_kinds, "may_mention", _kinds.may_mention)
     _open_gates(monkeypatch)
     assert _lint(code, source) == gated
 
