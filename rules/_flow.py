@@ -5,7 +5,6 @@ chain, and callers stay quiet on a broken chain."""
 from __future__ import annotations
 
 import ast
-import re
 import unicodedata
 from typing import Optional
 
@@ -166,16 +165,34 @@ def function_text(ctx, function: ast.AST) -> str:
     return text
 
 
-def function_may_mention(ctx, function: ast.AST, words: tuple) -> bool:
-    """False only when no code of `function` can reach one of `words` (`exp`, `sqrt`): none is in
-    its text, and the file never names one other than by calling it; a name such as `from torch
-    import exp as e` or `e = torch.exp` lets the function call it without spelling it."""
+def _named_other_than_by_call(text: str, name: str) -> bool:
+    """Whether identifier `name` stands somewhere in `text` without a call right after it (str.find:
+    a regex searched over every file's whole text cost more than the analyses it saved)."""
+    size = len(text)
+    at = text.find(name)
+    while at >= 0:
+        end = at + len(name)
+        if not (at and (text[at - 1].isalnum() or text[at - 1] == "_")) and not (
+                end < size and (text[end].isalnum() or text[end] == "_")):
+            while end < size and text[end].isspace():
+                end += 1
+            if end == size or text[end] != "(":
+                return True
+        at = text.find(name, at + 1)
+    return False
+
+
+def function_may_mention(ctx, function: ast.AST, names: tuple) -> bool:
+    """False only when no code of `function` can call a function named one of `names` (`exp`,
+    `sqrt`): none is in its text (a substring will do: `rsqrt` holds `sqrt`), and the file never
+    names one other than by calling it; `from torch import exp as e` or `e = torch.exp` lets the
+    function call it without spelling it."""
     text = function_text(ctx, function)
-    if any(word in text for word in words):
+    if any(name in text for name in names):
         return True
-    key = ("named_other_than_by_call", words)
+    key = ("named_other_than_by_call", names)
     named = ctx.shared.get(key)
     if named is None:
-        pattern = re.compile(r"(?:%s)\w*(?!\w)(?!\s*\()" % "|".join(map(re.escape, words)))
-        named = ctx.shared[key] = pattern.search(identifier_text(ctx)) is not None
+        file_text = identifier_text(ctx)
+        named = ctx.shared[key] = any(_named_other_than_by_call(file_text, name) for name in names)
     return named

@@ -41,22 +41,43 @@ def number(node: Optional[ast.AST]) -> Optional[float]:
     return None
 
 
-# A float literal in any spelling (`0.5`, `.5`, `5e-1`, `5_0e-2`), to be tested for the value 0.5.
-_FLOAT_LITERAL = re.compile(r"(?<![\w.])(?:\d(?:_?\d)*\.(?:\d(?:_?\d)*)?(?:[eE][+-]?\d(?:_?\d)*)?"
-                            r"|\.\d(?:_?\d)*(?:[eE][+-]?\d(?:_?\d)*)?|\d(?:_?\d)*[eE][+-]?\d(?:_?\d)*)")
+_NUMBER_CHARS = frozenset("0123456789_.")
+_REST_OF_NUMBER = re.compile(r"[\d_]*(?:[eE][+-]?\d[\d_]*)?")
+_REST_OF_NUMBER_WITH_FRACTION = re.compile(r"[\d_]*(?:\.[\d_]*)?(?:[eE][+-]?\d[\d_]*)?")
 
 
-def may_take_root(ctx, function: ast.AST, words: tuple) -> bool:
-    """False only when `function` cannot take the square root `root_of` recognises: it reaches
-    none of `words` (`sqrt`, `rsqrt`, `std`; see `function_may_mention`) and holds no literal
+def holds_half(text: str) -> bool:
+    """Whether `text` holds a number literal equal to 0.5 in any spelling (`0.5`, `.5`, `5e-1`,
+    `0.05e1`, `5_0E-2`). Its mantissa has a 5, so each 5 is widened to the literal around it (a
+    regex tried at every position of a function's text cost more than the analysis it saved)."""
+    five = text.find("5")
+    while five >= 0:
+        start = five
+        while start and text[start - 1] in _NUMBER_CHARS:
+            start -= 1
+        rest = _REST_OF_NUMBER if "." in text[start:five] else _REST_OF_NUMBER_WITH_FRACTION
+        end = rest.match(text, five + 1).end()
+        before = text[start - 1] if start else " "
+        if not (before.isalnum() or before == "_"):  # `x5`, `1e5`, `0x5` hold no 0.5
+            try:
+                if float(text[start:end].replace("_", "")) == 0.5:
+                    return True
+            except ValueError:
+                pass
+        five = text.find("5", end)
+    return False
+
+
+def may_take_root(ctx, function: ast.AST, names: tuple) -> bool:
+    """False only when `function` cannot take the square root `root_of` recognises: it can call
+    none of `names` (`sqrt`, `rsqrt`, `std`; see `function_may_mention`) and holds no literal
     equal to 0.5 (the exponent of `** 0.5`, `** -0.5`, `.pow(0.5)`)."""
-    if function_may_mention(ctx, function, words):
+    if function_may_mention(ctx, function, names):
         return True
     key = ("holds_half", id(function))
     found = ctx.shared.get(key)
     if found is None:
-        found = ctx.shared[key] = any(float(m.group().replace("_", "")) == 0.5
-                                      for m in _FLOAT_LITERAL.finditer(function_text(ctx, function)))
+        found = ctx.shared[key] = holds_half(function_text(ctx, function))
     return found
 
 

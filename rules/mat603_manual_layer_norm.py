@@ -8,7 +8,7 @@ from typing import Optional
 
 from matlint.rule import Rule, bad, good
 
-from ._flow import flow_of
+from ._flow import flow_of, function_may_mention
 from ._names import mentions, outermost_scope, subclasses
 from ._pointwise import last_dim_reduction, may_take_root, number, resolve, root_of, same, strip_casts, torch_op
 
@@ -141,8 +141,9 @@ class ManualLayerNorm(Rule):
         function = self.ctx.function
         if function is None or isinstance(function, ast.Lambda) or not isinstance(node.op, (ast.Div, ast.Mult)):
             return
-        if not may_take_root(self.ctx, function, ("sqrt", "std")):
-            return  # no root in this function, so no layer norm
+        if not (may_take_root(self.ctx, function, ("sqrt", "rsqrt", "std"))
+                and function_may_mention(self.ctx, function, ("mean",))):
+            return  # no root or no mean in this function, so no layer norm
         flow = flow_of(self.ctx, function)
         pairs = [(node.left, node.right)] if isinstance(node.op, ast.Div) else [
             (node.left, node.right), (node.right, node.left)]

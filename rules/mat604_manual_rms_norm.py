@@ -7,7 +7,7 @@ import re
 
 from matlint.rule import Rule, bad, good
 
-from ._flow import flow_of
+from ._flow import flow_of, function_may_mention
 from ._names import mentions, outermost_scope, subclasses
 from ._pointwise import last_dim_reduction, may_take_root, number, resolve, root_of, same, strip_casts, torch_op
 
@@ -157,8 +157,9 @@ class ManualRmsNorm(Rule):
         function = self.ctx.function
         if function is None or isinstance(function, ast.Lambda) or not isinstance(node.op, (ast.Div, ast.Mult)):
             return
-        if not may_take_root(self.ctx, function, ("sqrt",)):
-            return
+        if not (may_take_root(self.ctx, function, ("sqrt", "rsqrt"))
+                and function_may_mention(self.ctx, function, ("mean",))):
+            return  # no root or no mean of squares in this function, so no RMS norm
         flow = flow_of(self.ctx, function)
         inverse = isinstance(node.op, ast.Mult)
         pairs = [(node.left, node.right)] if not inverse else [(node.left, node.right), (node.right, node.left)]

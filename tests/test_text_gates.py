@@ -14,6 +14,7 @@ import matlint.rules as rules_pkg
 from matlint.engine import lint_source
 from matlint.registry import all_rules, get_rule
 from matlint.rules import _kinds
+from matlint.rules._pointwise import holds_half
 
 CASES = {
     # -- MAT601 needs "softmax" (any case) ------------------------------------------------------
@@ -125,6 +126,19 @@ CASES = {
         def layer_norm(x, eps: float):
             return (x - x.mean(-1, keepdim=True)) / (x.var(-1, keepdim=True, unbiased=False) + eps) ** 5_0E-2
         """, [(3, 12)]),
+    "mean-alias": ("MAT603", """
+        import torch
+        from torch import mean as average
+        def layer_norm(x, eps: float):
+            centered = x - average(x, -1, keepdim=True)
+            return centered / torch.sqrt(x.var(-1, keepdim=True, unbiased=False) + eps)
+        """, [(5, 12)]),
+    "mean-assigned-alias": ("MAT604", """
+        import torch
+        average = torch.mean
+        def rms_norm(x, eps: float):
+            return x * torch.rsqrt(average(x.pow(2), -1, keepdim=True) + eps)
+        """, [(4, 12)]),
     "sqrt-fullwidth-identifier": ("MAT603", """
         import torch
         def layer_norm(x, eps: float):
@@ -290,3 +304,15 @@ def test_gates_answer_no_on_files_without_the_word():
     assert _kinds.may_mention(FileContext(unicode, "f.py", parse_quietly(unicode)), "softmax")
     other = '"""Shapes: B × T."""\nimport torch\nx = torch.ones(2)\n'  # not ASCII, and no softmax
     assert not _kinds.may_mention(FileContext(other, "f.py", parse_quietly(other)), "softmax", ignore_case=True)
+
+
+@pytest.mark.parametrize("text", ["0.5", ".5", "x ** -0.5", "5e-1", "50e-2", "0.05e1", "5_0E-2", "0.000005e5",
+                                  "5.0e-1", "5.E-1", "05.e-1", "0.5.real", "y=.50", "0.5j", "# half: 0.5"])
+def test_holds_half_finds_every_spelling_of_one_half(text):
+    assert holds_half(text)
+
+
+@pytest.mark.parametrize("text", ["1e-5", "2.5", "0.25", "0.55", "0.5e1", "5.", "x5", "fc5.weight", "0x5", "1e5",
+                                  "15e-2", "1_000.5", "layer5e-1", "eps=1e-12"])
+def test_holds_half_is_quiet_on_other_numbers_and_names(text):
+    assert not holds_half(text)
