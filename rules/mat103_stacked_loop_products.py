@@ -209,36 +209,46 @@ class StackedLoopProducts(Rule):
                     f"factor lines up with the item dims, `unsqueeze(0)` if not), or `torch.einsum`")
         return "multiply the whole tensors once with the item dim kept (broadcasting or `torch.einsum`) and sum out the same dims"
 
-    def _body(self) -> list:
-        """Statements of the function being walked (a lambda's one expression), or of the module."""
+    def _bindings(self):
+        """For the function being walked (a lambda's one expression), or the module, in one walk:
+        {name: [values of `name = value`]}, {name: stores of the name}, its for loops, and
+        {name: calls `name.append/extend/insert(...)`}."""
         fn = self.ctx.function
-        if fn is None:
-            return self.ctx.tree.body
-        return fn.body if isinstance(fn.body, list) else [fn.body]
+        key = ("mat103.bindings", id(fn if fn is not None else self.ctx.tree))
+        found = self.ctx.shared.get(key)
+        if found is not None:
+            return found
+        body = self.ctx.tree.body if fn is None else fn.body if isinstance(fn.body, list) else [fn.body]
+        values, stores, loops, appends = {}, {}, [], {}
+        for stmt in body:
+            for sub in walk_no_scopes(stmt):
+                cls = sub.__class__
+                if cls is ast.Assign:
+                    if len(sub.targets) == 1 and isinstance(sub.targets[0], ast.Name):
+                        values.setdefault(sub.targets[0].id, []).append(sub.value)
+                elif cls is ast.Name:
+                    if isinstance(sub.ctx, ast.Store):
+                        stores[sub.id] = stores.get(sub.id, 0) + 1
+                elif cls is ast.For or cls is ast.AsyncFor:
+                    loops.append(sub)
+                elif cls is ast.Call:
+                    func = sub.func
+                    if (isinstance(func, ast.Attribute) and isinstance(func.value, ast.Name)
+                            and func.attr in ("append", "extend", "insert")):
+                        appends.setdefault(func.value.id, []).append(sub)
+        found = self.ctx.shared[key] = (values, stores, loops, appends)
+        return found
 
     def _single_value(self, name: str) -> Optional[ast.AST]:
         """The value of `name` when the function binds it exactly once, by `name = value`."""
-        values, stores = [], 0
-        for stmt in self._body():
-            for sub in walk_no_scopes(stmt):
-                if isinstance(sub, ast.Assign) and len(sub.targets) == 1 and isinstance(sub.targets[0], ast.Name) \
-                        and sub.targets[0].id == name:
-                    values.append(sub.value)
-                elif isinstance(sub, ast.Name) and sub.id == name and isinstance(sub.ctx, ast.Store):
-                    stores += 1
-        return values[0] if len(values) == 1 and stores == 1 else None
+        values, stores, _, _ = self._bindings()
+        found = values.get(name, ())
+        return found[0] if len(found) == 1 and stores.get(name) == 1 else None
 
     def _appending_loop(self, name: str):
         """The one loop that fills list `name` (bound once, to `[]`) by `name.append(item)`, its only change."""
-        body = self._body()
-        appends, loops = [], []
-        for stmt in body:
-            for sub in walk_no_scopes(stmt):
-                if isinstance(sub, (ast.For, ast.AsyncFor)):
-                    loops.append(sub)
-                if (isinstance(sub, ast.Call) and isinstance(sub.func, ast.Attribute) and isinstance(sub.func.value, ast.Name)
-                        and sub.func.value.id == name and sub.func.attr in ("append", "extend", "insert")):
-                    appends.append(sub)
+        _, _, loops, appends = self._bindings()
+        appends = appends.get(name, ())
         if len(appends) != 1 or appends[0].func.attr != "append" or len(appends[0].args) != 1:
             return None
         call = appends[0]
