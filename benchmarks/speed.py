@@ -37,8 +37,12 @@ The one-changed-file row lints a copy of the corpus with a warm cache, appends a
 one file and lints again; the cache writes one entry per file it lints (a hit rewrites
 nothing), so the entries rewritten by the second run are the files it re-linted.
 
-The language server's latency comes from benchmarks/server_latency.py, run with the
-interpreter running this script (it needs matlint's `server` extra there).
+The language server's latency comes from benchmarks/server_latency.py, run in the same
+environment (matlint installed there with its `server` extra).
+
+flake8 with and without the plugin also runs under callgrind on a few files of the corpus
+(when valgrind is installed): instruction counts do not move with the machine's load, so they
+settle the few-percent questions (1.05×, 1.2×) that timings on a shared machine cannot.
 """
 from __future__ import annotations
 
@@ -127,7 +131,8 @@ def setup_venv(venv: Path, wheel: Path) -> dict:
             if done.returncode:
                 errors[peer] = "install failed: " + last_line(done.stderr)
     # The version number does not change with the code: replace whatever matlint is there.
-    for step in (["--no-deps", "--force-reinstall", str(wheel)], [str(wheel)]):
+    # The server extra brings the language client and server the latency row runs.
+    for step in (["--no-deps", "--force-reinstall", str(wheel)], [f"{wheel}[server]"]):
         done = pip(venv, "install", *step)
         if done.returncode:
             raise SystemExit("cannot install matlint into the benchmark venv:\n" + done.stderr)
@@ -292,11 +297,11 @@ def flake8_instructions(flake8: str, files: list, cwd: Path, timeout: float):
     return counts
 
 
-def server_latency(timeout: float):
+def server_latency(python: str, timeout: float):
     """benchmarks/server_latency.py's median edit-to-diagnostics latency in ms, and its output."""
     script = Path(__file__).resolve().parent / "server_latency.py"
     try:
-        done = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, timeout=timeout)
+        done = subprocess.run([python, str(script)], capture_output=True, text=True, timeout=timeout)
     except subprocess.TimeoutExpired:
         return None, f"timed out after {timeout:g} s"
     match = re.search(r"median ([0-9.]+) ms", done.stdout)
@@ -513,7 +518,7 @@ def main(argv=None) -> int:
     print("  one changed file ...", file=sys.stderr)
     changed = changed_file_rerun(matlint, files, scratch, args.timeout)
     print("  language server latency ...", file=sys.stderr)
-    latency_ms, latency_text = server_latency(args.timeout)
+    latency_ms, latency_text = server_latency(bin_("python"), args.timeout)
     load_after = os.getloadavg()
 
     ref = full[0]

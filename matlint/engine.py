@@ -37,6 +37,9 @@ NEWER_SYNTAX = (
     (re.compile(r"""\bf(["']).*\{[^}]*\1"""), (3, 12), "an f-string reusing its own quote inside `{}`"),
 )
 
+# Python 2's `except E, e:`, which Python 3.14 reads as `except (E, e):`.
+PYTHON2_EXCEPT = re.compile(r"^\s*except\s+[\w.]+\s*,\s*\w+\s*:")
+
 # Python 2 spellings, checked only on the line where parsing failed.
 PYTHON2_SYNTAX = re.compile(
     r"^\s*(print|exec)\s+[^\s(=.,)\]}:;+*/%&|^<>!-]"  # print "x", exec "code"
@@ -390,10 +393,12 @@ def _syntax_finding(exc: SyntaxError, source: str, filename: str) -> Finding:
     for pattern, version, feature in NEWER_SYNTAX:
         if version > sys.version_info[:2] and pattern.search(line):
             needed = f"{version[0]}.{version[1]}"
+            python2 = ("; or, if this is Python 2's `except E, e:`, port it to Python 3: `except E as e:`"
+                       if PYTHON2_EXCEPT.search(line) else "")
             return Finding(
                 "MAT002",
                 f"uses {feature}, which needs Python {needed}+; matlint runs on Python {_RUNNING} "
-                f"and cannot read this file: run matlint with Python {needed} or newer",
+                f"and cannot read this file: run matlint with Python {needed} or newer{python2}",
                 filename, row, 1, row, 1)
     column = max(exc.offset or 1, 1)
     msg = exc.msg or "invalid syntax"

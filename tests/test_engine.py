@@ -86,6 +86,16 @@ def test_newer_syntax_names_the_python_it_needs(body, version, text):
     assert finding.code == "MAT002" and f"Python {text}" in finding.message
 
 
+@pytest.mark.skipif(sys.version_info >= (3, 14), reason="Python 3.14 reads `except E, e:` as `except (E, e):`")
+def test_python_2_except_binding_is_named_beside_the_newer_reading():
+    source = "import torch\ntry:\n    torch.ones(1)\nexcept ValueError, e:\n    pass\n"
+    (finding,) = lint_source(source, "t.py", [MAT101])
+    assert finding.code == "MAT002" and finding.row == 4
+    assert "Python 3.14" in finding.message and "`except E as e:`" in finding.message
+    (finding,) = lint_source(source.replace("ValueError, e", "ValueError, (e)"), "t.py", [MAT101])
+    assert "Python 2" not in finding.message
+
+
 def test_plain_syntax_error_is_mat001_with_position():
     tree, finding = parse("import torch\ndef f(x)\n    return x\n", "t.py")
     assert tree is None and finding.code == "MAT001" and finding.row == 2
