@@ -247,21 +247,18 @@ class Walker:
                                         self.special.get(node_type), fields)
         return plan
 
-    def _call(self, handlers, node) -> None:
-        for rule, handler in handlers:
-            try:
-                handler(node)
-            except BaseException:
-                self.ctx._current_code = rule.code  # for the MAT000 finding that names the rule
-                raise
-
     def walk(self, node: ast.AST) -> None:
         plan = self.plans.get(node.__class__)
         visit, leave, special, fields = plan if plan is not None else self._plan(node.__class__)
         if visit:
             if visit.__class__ is _Routes:
                 visit = visit.pick(self.ctx, node)
-            self._call(visit, node)
+            for rule, handler in visit:  # inline, not a helper: this runs for most nodes
+                try:
+                    handler(node)
+                except BaseException:
+                    self.ctx._current_code = rule.code  # for the MAT000 finding that names the rule
+                    raise
         parents = self.ctx.parents
         parents.append(node)
         if special is not None:
@@ -287,7 +284,12 @@ class Walker:
         if leave:
             if leave.__class__ is _Routes:
                 leave = leave.pick(self.ctx, node)
-            self._call(leave, node)
+            for rule, handler in leave:
+                try:
+                    handler(node)
+                except BaseException:
+                    self.ctx._current_code = rule.code
+                    raise
 
     def _walk_all(self, nodes) -> None:
         for child in nodes:

@@ -5,9 +5,11 @@ from __future__ import annotations
 import ast
 from typing import Optional
 
-from matlint.rule import Rule, bad, good
+from matlint.rule import Only, Rule, bad, good
 
+from ._kinds import may_mention
 from ._loops import bound_names, loaded_names
+from ._tree import walk
 
 _JOINS = {"torch.cat", "torch.concat", "torch.concatenate", "torch.stack"}
 _MODULE_LISTS = {"torch.nn.ModuleList"}
@@ -133,6 +135,9 @@ class PerHeadModules(Rule):
             """),
     ]
 
+    # The heads must be nn.Linear or a class of this file that holds one (`_holds_projections`).
+    only = {"visit_Call": Only(if_file=lambda ctx: may_mention(ctx, "Linear"))}
+
     def visit_Call(self, node: ast.Call) -> None:
         fn, cls = self.ctx.function, self.ctx.class_
         if fn is None or cls is None or not node.args or fn not in cls.body or not _params(fn):
@@ -174,9 +179,12 @@ class PerHeadModules(Rule):
             return None
         if not isinstance(joined, ast.Name):
             return None
-        for stmt in ast.walk(fn):
-            if not (isinstance(stmt, ast.For) and isinstance(stmt.target, ast.Name) and len(stmt.body) == 1):
-                continue
+        key = ("mat104.one_statement_loops", id(fn))
+        loops = self.ctx.shared.get(key)
+        if loops is None:
+            loops = self.ctx.shared[key] = [stmt for stmt in walk(fn) if isinstance(stmt, ast.For)
+                                            and isinstance(stmt.target, ast.Name) and len(stmt.body) == 1]
+        for stmt in loops:
             attr = _self_attr(stmt.iter, self_name)
             call = stmt.body[0].value if isinstance(stmt.body[0], ast.Expr) else None
             if (attr and isinstance(call, ast.Call) and isinstance(call.func, ast.Attribute)

@@ -129,6 +129,7 @@ import matlint.api, matlint.cache, matlint.cli, matlint.config, matlint.engine, 
 import matlint.runner
 from matlint.registry import all_rules
 all_rules()
+matlint.__version__  # read on first use, from metadata that `nobody` cannot reach
 os.setgid(65534)
 os.setuid(65534)
 sys.exit(matlint.cli.main(sys.argv[1:]))

@@ -212,6 +212,16 @@ CASES = {
             def forward(self, h):
                 return self.fc(h.permute(1, 0, 2))
         """, [(8, 24)]),
+    "linear-alias-per-head": ("MAT104", """
+        import torch
+        from torch.nn import Linear as Dense, Module, ModuleList
+        class Heads(Module):
+            def __init__(self, n: int):
+                super().__init__()
+                self.heads = ModuleList([Dense(64, 16) for _ in range(n)])
+            def forward(self, x):
+                return torch.cat([h(x) for h in self.heads], dim=-1)
+        """, [(8, 16)]),
     "linear-lazy-in-loop": ("MAT101", """
         import torch
         from torch import nn
