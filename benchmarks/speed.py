@@ -297,11 +297,13 @@ def flake8_instructions(flake8: str, files: list, cwd: Path, timeout: float):
     return counts
 
 
-def server_latency(python: str, timeout: float):
-    """benchmarks/server_latency.py's median edit-to-diagnostics latency in ms, and its output."""
+def server_latency(python: str, cwd: Path, timeout: float):
+    """benchmarks/server_latency.py's median edit-to-diagnostics latency in ms, and its output.
+    It runs outside the checkout: there `python -m matlint.server` would import the source tree,
+    not the wheel."""
     script = Path(__file__).resolve().parent / "server_latency.py"
     try:
-        done = subprocess.run([python, str(script)], capture_output=True, text=True, timeout=timeout)
+        done = subprocess.run([python, str(script)], cwd=cwd, capture_output=True, text=True, timeout=timeout)
     except subprocess.TimeoutExpired:
         return None, f"timed out after {timeout:g} s"
     match = re.search(r"median ([0-9.]+) ms", done.stdout)
@@ -518,7 +520,7 @@ def main(argv=None) -> int:
     print("  one changed file ...", file=sys.stderr)
     changed = changed_file_rerun(matlint, files, scratch, args.timeout)
     print("  language server latency ...", file=sys.stderr)
-    latency_ms, latency_text = server_latency(bin_("python"), args.timeout)
+    latency_ms, latency_text = server_latency(bin_("python"), scratch, args.timeout)
     load_after = os.getloadavg()
 
     ref = full[0]

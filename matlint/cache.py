@@ -40,6 +40,7 @@ class Cache:
 
         self.directory = Path(directory)
         self.entries = self.directory / FORMAT
+        self._entries = str(self.entries)
         self.salt = f"{matlint_version()}\0{rules_fingerprint()}\0{settings_fingerprint}\0".encode()
         self.salt_id = hashlib.sha256(self.salt).hexdigest()[:32]
         self.usable = True
@@ -89,9 +90,9 @@ class Cache:
         digest.update(data)
         return digest.hexdigest()
 
-    def _entry(self, path: str) -> Path:
+    def _entry(self, path: str) -> str:
         name = hashlib.sha256(os.path.abspath(path).encode("utf-8", "surrogateescape")).hexdigest()
-        return self.entries / name[:2] / name[2:34]
+        return os.path.join(self._entries, name[:2], name[2:34])
 
     def put(self, key: str, path: str, findings: list, stat: Optional[list] = None) -> None:
         """Store `findings` under `key`, with the stat taken before the file was read."""
@@ -101,8 +102,8 @@ class Cache:
         payload = json.dumps({"key": key, "salt": self.salt_id, "stat": stat,
                               "findings": [f.to_json() for f in findings]})
         try:
-            self._prepare(target.parent)
-            fd, temporary = tempfile.mkstemp(dir=target.parent, prefix=".tmp-")
+            self._prepare(Path(target).parent)
+            fd, temporary = tempfile.mkstemp(dir=os.path.dirname(target), prefix=".tmp-")
             try:
                 with os.fdopen(fd, "w", encoding="utf-8") as handle:
                     handle.write(payload)

@@ -4,6 +4,7 @@ followed; a broken link or an unreadable entry becomes one MAT003 finding and th
 from __future__ import annotations
 
 import os
+import stat
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Optional
@@ -108,14 +109,19 @@ class FileFinder:
         seen = set()
         for raw in paths:
             path = os.path.normpath(os.fspath(raw))
-            if os.path.isdir(path) and not os.path.islink(path):
-                self._walk(Path(path), self._ignores_above(Path(path)), found)
-            elif os.path.isdir(path):
-                self._walk(Path(path), _Ignores(), found)  # a symlink named explicitly is followed
-            elif path.endswith(NOTEBOOK_SUFFIX) and os.path.isfile(path):
-                found.problems.append(Finding("MAT003", NOTEBOOK_NOTE, path, 1, 1, 1, 1))
-            elif os.path.isfile(path):
-                found.files.append(path)
+            try:
+                mode = os.stat(path).st_mode  # one stat per named path: pre-commit names every file
+            except OSError:
+                mode = 0
+            if stat.S_ISDIR(mode):
+                # A symlink named explicitly is followed, without the .gitignore files above it.
+                ignores = _Ignores() if os.path.islink(path) else self._ignores_above(Path(path))
+                self._walk(Path(path), ignores, found)
+            elif stat.S_ISREG(mode):
+                if path.endswith(NOTEBOOK_SUFFIX):
+                    found.problems.append(Finding("MAT003", NOTEBOOK_NOTE, path, 1, 1, 1, 1))
+                else:
+                    found.files.append(path)
             else:
                 found.problems.append(unreadable(path, _link_problem(path)))
         unique = []
