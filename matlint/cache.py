@@ -39,8 +39,7 @@ class Cache:
         from .registry import rules_fingerprint
 
         self.directory = Path(directory)
-        self.entries = self.directory / FORMAT
-        self._entries = str(self.entries)
+        self.entries = os.path.join(self.directory, FORMAT)  # a string: joined once per file looked up
         self.salt = f"{matlint_version()}\0{rules_fingerprint()}\0{settings_fingerprint}\0".encode()
         self.salt_id = hashlib.sha256(self.salt).hexdigest()[:32]
         self.usable = True
@@ -92,7 +91,7 @@ class Cache:
 
     def _entry(self, path: str) -> str:
         name = hashlib.sha256(os.path.abspath(path).encode("utf-8", "surrogateescape")).hexdigest()
-        return os.path.join(self._entries, name[:2], name[2:34])
+        return os.path.join(self.entries, name[:2], name[2:34])
 
     def put(self, key: str, path: str, findings: list, stat: Optional[list] = None) -> None:
         """Store `findings` under `key`, with the stat taken before the file was read."""
@@ -102,8 +101,9 @@ class Cache:
         payload = json.dumps({"key": key, "salt": self.salt_id, "stat": stat,
                               "findings": [f.to_json() for f in findings]})
         try:
-            self._prepare(Path(target).parent)
-            fd, temporary = tempfile.mkstemp(dir=os.path.dirname(target), prefix=".tmp-")
+            entry_dir = os.path.dirname(target)
+            self._prepare(entry_dir)
+            fd, temporary = tempfile.mkstemp(dir=entry_dir, prefix=".tmp-")
             try:
                 with os.fdopen(fd, "w", encoding="utf-8") as handle:
                     handle.write(payload)
@@ -114,11 +114,11 @@ class Cache:
         except OSError:
             self.usable = False  # a read-only tree still lints; it just is not cached
 
-    def _prepare(self, entry_dir: Path) -> None:
-        if entry_dir.is_dir():
+    def _prepare(self, entry_dir: str) -> None:
+        if os.path.isdir(entry_dir):
             return
         if not self.directory.is_dir():
             self.directory.mkdir(parents=True, exist_ok=True)
             (self.directory / ".gitignore").write_text("# Created by matlint.\n*\n", encoding="utf-8")
             (self.directory / "CACHEDIR.TAG").write_text(CACHEDIR_TAG, encoding="utf-8")
-        entry_dir.mkdir(parents=True, exist_ok=True)
+        os.makedirs(entry_dir, exist_ok=True)
