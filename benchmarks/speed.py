@@ -273,17 +273,17 @@ def changed_file_rerun(matlint: list, files: list, scratch: Path, timeout: float
     return relinted, outcome, str(Path(changed).relative_to(tree / "src"))
 
 
-def flake8_instructions(flake8: str, files: list, cwd: Path, timeout: float):
-    """Instructions (callgrind's count, a fixed hash seed) that `flake8 -j1 --select E,F,W` and
-    `... E,F,W,MAT` execute on `files` and on a one-line file: {select: (one-line, files)}, or a
-    string saying why not. Counts do not move with the machine's load, so they settle the
+def flake8_instructions(flake8: str, selects: tuple, files: list, cwd: Path, timeout: float):
+    """Instructions (callgrind's count, a fixed hash seed) that `flake8 -j1 --select <select>`
+    executes on `files` and on a one-line file, for each of `selects`: {select: (one-line, files)},
+    or a string saying why not. Counts do not move with the machine's load, so they settle the
     few-percent questions that timings on a shared machine cannot."""
     if not shutil.which("valgrind"):
         return "valgrind is not installed"
     one_line = cwd / "one_line.py"
     one_line.write_text("x = 1\n")
     counts = {}
-    for select in ("E,F,W", "E,F,W,MAT"):
+    for select in selects:
         pair = []
         for targets in ([str(one_line)], files):
             done = subprocess.run(["valgrind", "--tool=callgrind", "--callgrind-out-file=/dev/null", flake8, "-j1",
@@ -513,9 +513,10 @@ def main(argv=None) -> int:
     few = files[::max(1, len(files) // max(args.callgrind_files, 1))][:args.callgrind_files]
     if few:
         print("  flake8 under callgrind ...", file=sys.stderr)
-        for plugins in (set(), {"matlint"}):
+        for plugins, selects in ((set(), ("E,F,W",)), ({"matlint"}, ("E,F,W", "E,F,W,MAT"))):
             set_plugins(args.venv, plugins, sources)
-            instructions[frozenset(plugins)] = flake8_instructions(bin_("flake8"), few, scratch, args.timeout)
+            instructions[frozenset(plugins)] = flake8_instructions(bin_("flake8"), selects, few, scratch,
+                                                                   args.timeout)
     set_plugins(args.venv, set(sources), sources)
     print("  one changed file ...", file=sys.stderr)
     changed = changed_file_rerun(matlint, files, scratch, args.timeout)
