@@ -190,9 +190,11 @@ def function_may_mention(ctx, function: ast.AST, names: tuple) -> bool:
     text = function_text(ctx, function)
     if any(name in text for name in names):
         return True
-    key = ("named_other_than_by_call", names)
-    named = ctx.shared.get(key)
-    if named is None:
-        file_text = identifier_text(ctx)
-        named = ctx.shared[key] = any(_named_other_than_by_call(file_text, name) for name in names)
-    return named
+    for name in names:  # per name: MAT603 and MAT604 ask about overlapping sets (sqrt, rsqrt)
+        key = ("named_other_than_by_call", name)
+        named = ctx.shared.get(key)
+        if named is None:
+            named = ctx.shared[key] = _named_other_than_by_call(identifier_text(ctx), name)
+        if named:
+            return True
+    return False
