@@ -76,6 +76,7 @@ class FileContext:
         self.tree = tree
         self.lines = split_lines(source)
         self.names = NameResolver(tree)
+        self.qualname = self.names.qualname  # the hottest call of the rules: no wrapper frame
         self.parents: list = []
         self.loops: list = []
         self.functions: list = []
@@ -122,9 +123,6 @@ class FileContext:
         return Edit(content, row, col, end_row, end_col)
 
     # -- structure ---------------------------------------------------------
-    def qualname(self, expr: ast.AST) -> Optional[str]:
-        return self.names.qualname(expr)
-
     @property
     def parent(self) -> Optional[ast.AST]:
         return self.parents[-1] if self.parents else None

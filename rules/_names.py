@@ -32,6 +32,7 @@ CANONICAL = {
     "torch.amp.autocast": "torch.autocast",
 }
 
+_UNRESOLVED = object()
 _SCOPE_BOUNDARIES = (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef, ast.Lambda)
 
 
@@ -83,6 +84,9 @@ class NameResolver:
         # made a file with many top-level names quadratic); lookups go outward.
         self._scopes: list = []
         self._scopes.append(self._scan(module.body, module_level=True))
+        # expr -> qualname in the current scope: rules ask about the same call many times over.
+        # Keyed by the node itself (not its id) so a temporary node cannot leave a stale entry.
+        self._resolved: dict = {}
 
     def _lookup(self, head: str, local: Optional[dict] = None) -> Optional[str]:
         if local is not None and head in local:
@@ -151,15 +155,23 @@ class NameResolver:
             params.append(args.kwarg.arg)
         body = node.body if isinstance(node.body, list) else []
         self._scopes.append(self._scan(body, module_level=False, params=params))
+        self._resolved = {}
 
     def enter_class(self, node) -> None:
         self._scopes.append({})  # class bodies bind no aliases here; lookups pass through
 
     def leave_scope(self) -> None:
         self._scopes.pop()
+        self._resolved = {}
 
     def qualname(self, expr: ast.AST) -> Optional[str]:
         """The qualified name `expr` refers to, or None when it is not an imported name."""
+        found = self._resolved.get(expr, _UNRESOLVED)
+        if found is _UNRESOLVED:
+            found = self._resolved[expr] = self._qualname(expr)
+        return found
+
+    def _qualname(self, expr: ast.AST) -> Optional[str]:
         # Look the head name up before building the dotted string (a hot path: every call and
         # attribute of every file, and most heads are not imported names).
         head_node = expr

@@ -131,6 +131,17 @@ def test_a_parameter_shadows_an_import_inside_its_function():
     assert ctx.qualname(ast.parse("F.linear").body[0].value) == "torch.nn.functional.linear"
 
 
+def test_a_name_resolved_once_is_resolved_again_in_another_scope():
+    # qualname remembers its answers, but only until the walker enters or leaves a scope.
+    ctx = _context("import torch.nn.functional as F\ndef f(F):\n    pass\nF.linear\n")
+    func, node = ctx.tree.body[1], ctx.tree.body[2].value
+    assert ctx.qualname(node) == "torch.nn.functional.linear"
+    ctx.names.enter_function(func)
+    assert ctx.qualname(node) is None
+    ctx.names.leave_scope()
+    assert ctx.qualname(node) == "torch.nn.functional.linear"
+
+
 def test_linting_leaves_no_tree_in_reference_cycles():
     # The CLI pauses the cyclic collector while it lints a file (see runner.py): that is only
     # cheap if the file's tree and analyses are freed by reference counting when it is done.
