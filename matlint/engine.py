@@ -13,6 +13,7 @@ from typing import Iterable, Optional
 
 from .diagnostics import Edit, Finding
 from matlint.rules._loops import LoopInfo
+from matlint.rules._tree import node_fields
 from matlint.rules._names import NameResolver
 
 LINE_SPLIT = re.compile(r"\r\n|\r|\n")
@@ -141,23 +142,6 @@ class FileContext:
 
 
 _AST = ast.AST
-# Fields that never hold a node the walker visits: names, numbers, flags, and the operator and
-# context singletons (Load, Add, Eq...), which no rule handles. Skipping them saves a getattr and
-# an isinstance per field on every node.
-_NOT_CHILD_FIELDS = frozenset({
-    "ctx", "op", "ops", "id", "attr", "arg", "name", "asname", "module", "level", "kind", "conversion",
-    "is_async", "simple", "type_comment", "tag", "kwd_attrs",
-})
-_CHILD_NAME_FIELD = ("TypeAlias",)  # Python 3.12+: `type X = ...` names X with a Name node
-_NOT_CHILD_FIELDS_OF = {ast.Constant: {"value"}, ast.Global: {"names"}, ast.Nonlocal: {"names"}}
-_CHILD_FIELDS: dict = {}
-
-
-def _child_fields(node_type) -> tuple:
-    skipped = _NOT_CHILD_FIELDS | _NOT_CHILD_FIELDS_OF.get(node_type, set())
-    if node_type.__name__ in _CHILD_NAME_FIELD:
-        skipped = skipped - {"name"}
-    return tuple(f for f in node_type._fields if f not in skipped)
 
 
 def _node_classes(base=ast.AST) -> list:
@@ -171,7 +155,7 @@ def _node_classes(base=ast.AST) -> list:
 _NODE_CLASSES = frozenset(_node_classes())
 # Nodes with no child the walker visits (Name, Constant, Pass, alias...): entering one only calls
 # its handlers, so a walk with none for it does not enter it.
-_LEAF_CLASSES = frozenset(c for c in _NODE_CLASSES if not _child_fields(c))
+_LEAF_CLASSES = frozenset(c for c in _NODE_CLASSES if not node_fields(c))
 # Values of child fields that are not nodes (a missing `returns`, a Dict's `**` key).
 _NOT_NODES = frozenset({type(None), str, int, float, bytes, bool})
 
@@ -238,11 +222,8 @@ class Walker:
         self.plans: dict = {}
 
     def _plan(self, node_type) -> tuple:
-        fields = _CHILD_FIELDS.get(node_type)
-        if fields is None:
-            fields = _CHILD_FIELDS[node_type] = _child_fields(node_type)
         plan = self.plans[node_type] = (self.visit.get(node_type), self.leave.get(node_type),
-                                        self.special.get(node_type), fields)
+                                        self.special.get(node_type), node_fields(node_type))
         return plan
 
     def walk(self, node: ast.AST) -> None:
