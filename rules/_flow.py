@@ -186,7 +186,16 @@ def function_may_mention(ctx, function: ast.AST, names: tuple) -> bool:
     """False only when no code of `function` can call a function named one of `names` (`exp`,
     `sqrt`): none is in its text (a substring will do: `rsqrt` holds `sqrt`), and the file never
     names one other than by calling it; `from torch import exp as e` or `e = torch.exp` lets the
-    function call it without spelling it."""
+    function call it without spelling it. Rules ask once per binary operation: the answer is kept
+    per function."""
+    key = ("function_may_mention", id(function), names)
+    found = ctx.shared.get(key)
+    if found is None:
+        found = ctx.shared[key] = _function_may_mention(ctx, function, names)
+    return found
+
+
+def _function_may_mention(ctx, function: ast.AST, names: tuple) -> bool:
     text = function_text(ctx, function)
     if any(name in text for name in names):
         return True

@@ -519,13 +519,12 @@ class ManualAttention(Rule):
         ctx = self.ctx
         func = call.func
         qual = ctx.qualname(func)
-        upcast = _arg(call, 3, "dtype") is not None
         if qual in _SOFTMAX_FUNCTIONS and call.args:
-            return call.args[0], _arg(call, 1, "dim"), upcast
+            return call.args[0], _arg(call, 1, "dim"), _arg(call, 3, "dtype") is not None
         if qual is not None or not isinstance(func, ast.Attribute):
             return None
         if isinstance(func.value, ast.Name) and func.value.id == "self":
-            if "Softmax" not in ctx.source:  # cheap: no nn.Softmax module in this file
+            if not _kinds.may_mention(ctx, "Softmax"):  # no nn.Softmax module in this file
                 return None
             module = self._self_module(func.attr)
             if (module is not None and len(call.args) == 1 and not call.keywords
