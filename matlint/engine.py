@@ -65,6 +65,8 @@ def mentions_torch(data: bytes) -> bool:
 
 
 def split_lines(source: str) -> list:
+    if "\r" not in source:
+        return source.split("\n")  # the same lines, several times faster than the regex
     return LINE_SPLIT.split(source)
 
 
@@ -116,6 +118,9 @@ class FileContext:
 
     @cached_property
     def _lines_with_ends(self) -> list:
+        if "\r" not in self.source:
+            lines = self.source.split("\n")
+            return [line + "\n" for line in lines[:-1]] + lines[-1:]
         pieces = LINE_SPLIT_KEEP.split(self.source)
         return [pieces[i] + (pieces[i + 1] if i + 1 < len(pieces) else "") for i in range(0, len(pieces), 2)]
 

@@ -52,18 +52,16 @@ def dotted(expr: ast.AST) -> Optional[str]:
     return None
 
 
-def _shallow_statements(body):
-    """Statements of a scope, descending into blocks but not into nested scopes."""
-    stack = list(reversed(body))
-    while stack:
-        stmt = stack.pop()
-        yield stmt
-        if isinstance(stmt, _SCOPE_BOUNDARIES):
-            continue
-        for field in ("body", "orelse", "finalbody", "handlers", "cases"):
-            children = getattr(stmt, field, None)
-            if children:
-                stack.extend(reversed(children))
+_BLOCK_FIELDS: dict = {}
+
+
+def _block_fields(node_type) -> tuple:
+    """The statement lists of a statement type that belong to its scope (none for a nested scope)."""
+    fields = _BLOCK_FIELDS.get(node_type)
+    if fields is None:
+        fields = _BLOCK_FIELDS[node_type] = () if issubclass(node_type, _SCOPE_BOUNDARIES) else tuple(
+            f for f in ("body", "orelse", "finalbody", "handlers", "cases") if f in node_type._fields)
+    return fields
 
 
 def _bound_names(target: ast.AST):
@@ -100,43 +98,52 @@ class NameResolver:
         aliases: dict = {}
         for name in params:
             aliases[name] = None
-        for stmt in _shallow_statements(body):
-            if isinstance(stmt, ast.Import):
+        stack = list(reversed(body))  # the scope's statements, into blocks but not nested scopes
+        while stack:
+            stmt = stack.pop()
+            cls = stmt.__class__
+            if cls is ast.Assign:
+                value = self._alias_value(stmt.value, aliases)
+                for target in stmt.targets:
+                    if target.__class__ is ast.Name:
+                        aliases[target.id] = value or None
+                    else:
+                        for name in _bound_names(target):
+                            aliases[name] = None
+            elif cls is ast.Import:
                 for alias in stmt.names:
                     if alias.asname:
                         aliases[alias.asname] = alias.name
                     else:
                         top = alias.name.split(".")[0]
                         aliases[top] = top
-            elif isinstance(stmt, ast.ImportFrom):
+            elif cls is ast.ImportFrom:
                 if stmt.level or not stmt.module:
                     for alias in stmt.names:
                         aliases[alias.asname or alias.name] = None
-                    continue
-                for alias in stmt.names:
-                    if alias.name != "*":
-                        aliases[alias.asname or alias.name] = f"{stmt.module}.{alias.name}"
-            elif isinstance(stmt, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
+                else:
+                    for alias in stmt.names:
+                        if alias.name != "*":
+                            aliases[alias.asname or alias.name] = f"{stmt.module}.{alias.name}"
+            elif cls is ast.FunctionDef or cls is ast.AsyncFunctionDef or cls is ast.ClassDef:
                 aliases[stmt.name] = None
-            elif isinstance(stmt, ast.Assign):
-                value = self._alias_value(stmt.value, aliases)
-                for target in stmt.targets:
-                    for name in _bound_names(target):
-                        aliases[name] = value if (value and isinstance(target, ast.Name)) else None
-            elif isinstance(stmt, (ast.AnnAssign, ast.AugAssign)):
+            elif cls is ast.AnnAssign or cls is ast.AugAssign or cls is ast.For or cls is ast.AsyncFor:
                 for name in _bound_names(stmt.target):
                     aliases[name] = None
-            elif isinstance(stmt, (ast.For, ast.AsyncFor)):
-                for name in _bound_names(stmt.target):
-                    aliases[name] = None
-            elif isinstance(stmt, (ast.With, ast.AsyncWith)):
+            elif cls is ast.With or cls is ast.AsyncWith:
                 for item in stmt.items:
                     if item.optional_vars is not None:
                         for name in _bound_names(item.optional_vars):
                             aliases[name] = None
+            for field in _block_fields(cls):
+                children = getattr(stmt, field)
+                if children:
+                    stack.extend(reversed(children))
         return aliases
 
     def _alias_value(self, value: ast.AST, aliases: dict) -> Optional[str]:
+        if value.__class__ is not ast.Attribute and value.__class__ is not ast.Name:
+            return None  # most assignments: a call, a number...
         name = dotted(value)
         if name is None:
             return None

@@ -818,6 +818,9 @@ def _merge(a, b):
     return a if a == b else None
 
 
+_MISSING = object()
+
+
 class FunctionShapes:
     """Values of the expressions of one function (or module body, or lambda)."""
 
@@ -1021,11 +1024,16 @@ class FunctionShapes:
 
     @staticmethod
     def _merge_envs(envs) -> dict:
+        """Names bound to the same value on every path keep it; the others become unknown."""
         merged = dict(envs[0])
         for env in envs[1:]:
-            for name in set(merged) | set(env):
-                merged[name] = _merge(merged.get(name, "missing"), env.get(name, "missing"))
-        return {k: (None if v == "missing" else v) for k, v in merged.items()}
+            for name, value in env.items():
+                old = merged.get(name, _MISSING)
+                if old is not value and old != value:  # most names pass the branches untouched
+                    merged[name] = None
+            for name in merged.keys() - env.keys():
+                merged[name] = None
+        return merged
 
     def loop(self, stmt) -> None:
         changed = set(self.stored_in.get(id(stmt), ()))

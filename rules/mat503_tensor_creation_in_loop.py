@@ -205,12 +205,12 @@ class TensorCreationInLoop(Rule):
     # -- helpers --------------------------------------------------------------------
     def _hot(self) -> bool:
         function = self.ctx.function
-        if function is not None and _ONE_TIME_FUNCTION.match(getattr(function, "name", "")):
-            return False
-        if self.ctx.loops:
-            return True
-        return (function is not None and getattr(function, "name", "") == "forward"
-                and self.ctx.class_ is not None and len(self.ctx.functions) == 1)
+        if function is None:
+            return bool(self.ctx.loops)
+        name = getattr(function, "name", "")
+        if name == "forward":
+            return bool(self.ctx.loops) or (self.ctx.class_ is not None and len(self.ctx.functions) == 1)
+        return bool(self.ctx.loops) and not _ONE_TIME_FUNCTION.match(name)
 
     def _runs_once_per_loop(self) -> bool:
         """Under `if i == last:`, `if x is None:`, `if len(state) == 0:` inside the loop: a

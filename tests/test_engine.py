@@ -2,6 +2,7 @@
 import/alias resolver every rule relies on."""
 import ast
 import gc
+import re
 import sys
 
 import pytest
@@ -23,6 +24,20 @@ def test_segment_matches_ast_get_source_segment_on_crlf_cr_and_non_ascii():
     assert len(nodes) > 10
     for node in nodes:
         assert ctx.segment(node) == (ast.get_source_segment(source, node) or "")
+
+
+@pytest.mark.parametrize("source", [
+    "x = 'é' + f(ü)\ny = (1 +\n  2)\n\x0cz = {'ключ': [\n  3]}  # \u2028 \x0b\n",  # \n only
+    "x = 'é' + f(ü)\ny = (1 +\r\n  2)\rz = {'ключ': [\n  3]}",                   # mixed ends
+])
+def test_segment_and_lines_on_newline_only_and_mixed_files(source):
+    # A file with no \r takes a faster path: it must split where Python's tokenizer does
+    # (not at form feeds or U+2028, as str.splitlines would).
+    ctx = _context(source)
+    assert ctx.lines == re.split(r"\r\n|\r|\n", source)
+    for node in ast.walk(ctx.tree):
+        if hasattr(node, "end_lineno"):
+            assert ctx.segment(node) == (ast.get_source_segment(source, node) or "")
 
 
 def test_columns_count_characters_not_bytes():
