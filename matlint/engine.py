@@ -84,6 +84,10 @@ class FileContext:
         self.loops: list = []
         self.functions: list = []
         self.classes: list = []
+        # The innermost function (not across a class body) and class around the node being
+        # walked, kept by the walker: read by most handlers, they are attributes, not properties.
+        self.function = None
+        self.class_ = None
         self.findings: list = []
         self._current_code = "MAT000"
         self.shared: dict = {}  # per-file caches of shared analyses
@@ -132,14 +136,6 @@ class FileContext:
     @property
     def parent(self) -> Optional[ast.AST]:
         return self.parents[-1] if self.parents else None
-
-    @property
-    def function(self):
-        return self.functions[-1] if self.functions else None
-
-    @property
-    def class_(self):
-        return self.classes[-1] if self.classes else None
 
     def report(self, code: str, node: ast.AST, message: str, fix=None, end_node=None) -> None:
         row, col, end_row, end_col = self.span(node, end_node)
@@ -309,6 +305,7 @@ class Walker:
                 self.walk(node.returns)
         self.walk(node.args)
         saved_loops, ctx.loops = ctx.loops, []
+        saved_function, ctx.function = ctx.function, node
         ctx.functions.append(node)
         ctx.names.enter_function(node)
         if isinstance(node, ast.Lambda):
@@ -317,6 +314,7 @@ class Walker:
             self._walk_all(node.body)
         ctx.names.leave_scope()
         ctx.functions.pop()
+        ctx.function = saved_function
         ctx.loops = saved_loops
 
     def _walk_class(self, node: ast.ClassDef) -> None:
@@ -324,14 +322,14 @@ class Walker:
         self._walk_all(node.decorator_list)
         self._walk_all(node.bases)
         self._walk_all(node.keywords)
-        saved_loops, saved_functions = ctx.loops, ctx.functions
-        ctx.loops, ctx.functions = [], []
+        saved = ctx.loops, ctx.functions, ctx.function, ctx.class_
+        ctx.loops, ctx.functions, ctx.function, ctx.class_ = [], [], None, node
         ctx.classes.append(node)
         ctx.names.enter_class(node)
         self._walk_all(node.body)
         ctx.names.leave_scope()
         ctx.classes.pop()
-        ctx.loops, ctx.functions = saved_loops, saved_functions
+        ctx.loops, ctx.functions, ctx.function, ctx.class_ = saved
 
 
 # Plain functions, not bound methods: a walker holding its own bound methods would be a reference

@@ -616,7 +616,7 @@ def _class_attribute_values(cls: ast.ClassDef) -> dict:
         while index < len(queue):
             node = queue[index]
             index += 1
-            queue.extend(child for child in child_nodes(node) if type(child) not in _BINDS_NOTHING)
+            queue.extend([child for child in child_nodes(node) if type(child) not in _BINDS_NOTHING])
             if type(node) not in _ASSIGNS_AND_CALLS:
                 continue
             if isinstance(node, ast.Assign):

@@ -21,6 +21,9 @@ _NEVER_NODES = frozenset({
 _NAME_NODE_FIELD = ("TypeAlias",)  # Python 3.12+: `type X = ...` names X with a Name node
 _NEVER_NODES_OF = {ast.Constant: {"value"}, ast.Global: {"names"}, ast.Nonlocal: {"names"}}
 _NODE_FIELDS: dict = {}
+# The only nodes with a list field that can hold something else than nodes: a Dict's `**` key
+# and a keyword-only argument without a default are None.
+_LISTS_WITH_NONE = frozenset({ast.Dict, ast.arguments})
 
 
 def node_fields(node_type) -> tuple:
@@ -36,18 +39,19 @@ def node_fields(node_type) -> tuple:
 
 def child_nodes(node: ast.AST) -> list:
     """The direct children of `node`, as `list(ast.iter_child_nodes(node))` less contexts and operators."""
-    fields = _NODE_FIELDS.get(node.__class__)
+    cls = node.__class__
+    fields = _NODE_FIELDS.get(cls)
     if fields is None:
-        fields = node_fields(node.__class__)
+        fields = node_fields(cls)
     found = []
     for name in fields:
         value = getattr(node, name, None)
         if type(value) is list:
-            for item in value:
-                if isinstance(item, _AST):
-                    found.append(item)
+            found.extend(value)
         elif isinstance(value, _AST):
             found.append(value)
+    if cls in _LISTS_WITH_NONE:
+        return [item for item in found if item is not None]
     return found
 
 

@@ -259,3 +259,39 @@ def test_internal_error_names_the_rule_that_raised():
     findings = lint_source("import torch\ntorch.ones(1)\n", "t.py", [Quiet, Broken])
     assert [f.code for f in findings] == ["MAT000"]
     assert "internal error in MAT999 (ValueError: boom)" in findings[0].message
+
+
+TREE_SOURCE = '''
+import a.b as c
+from . import d
+def f(x, /, y=1, *args, k, m=2, **kw) -> int:
+    global g
+    d = {**x, "a": 1, None: 2}
+    s = f"{x!r:>{y}}" + "{}".format(1)
+    match x:
+        case {"a": 1, **rest}: pass
+        case [1, *others] | Point(x=0, y=None): pass
+        case None | True: pass
+        case Point(x=_) as p if p: pass
+    with open(x) as h, g() as (i, j):
+        del h[0], i.z
+    try:
+        yield from (lambda *q, r=3: q)(not x, -y, x if y else k)
+    except (E, F) as e:
+        raise E from e
+    finally:
+        assert x < y <= k, "msg"
+    return [z async for z in w if z] or {z: z for z in x} or (await x)
+'''
+
+
+def test_child_nodes_and_walk_match_the_stdlib_less_contexts_and_operators():
+    from matlint.rules._tree import child_nodes, walk
+    singletons = (ast.expr_context, ast.operator, ast.unaryop, ast.cmpop, ast.boolop)
+    tree = ast.parse(TREE_SOURCE)
+    nodes = list(ast.walk(tree))
+    assert len(nodes) > 150
+    for node in nodes:
+        expected = [c for c in ast.iter_child_nodes(node) if not isinstance(c, singletons)]
+        assert child_nodes(node) == expected, type(node).__name__
+    assert list(walk(tree)) == [n for n in nodes if not isinstance(n, singletons)]
