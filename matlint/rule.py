@@ -77,8 +77,9 @@ def good(source: str) -> Example:
 class Only:
     """When a handler can do anything, so the engine calls it only then (a rule's `only` maps
     handler names to these): `in_loops`, only inside a loop or comprehension; `attrs` (for
-    `visit_Call`), only for calls `x.<attr>(...)` with one of these names; `if_file`, only in
-    files for which this predicate of the file's context holds (asked once per file). The
+    `visit_Call`), only for calls `x.<attr>(...)` with one of these names (with None among them,
+    also for calls of anything but an attribute: `f(...)`); `if_file`, only in files for which
+    this predicate of the file's context holds (asked once per file). The
     handler must return at once in every case left out, as if the engine did not route."""
 
     in_loops: bool = False

@@ -5,7 +5,7 @@ from __future__ import annotations
 import ast
 from typing import Optional
 
-from matlint.rule import Rule, bad, good
+from matlint.rule import Only, Rule, bad, good
 
 from ._loops import LoopInfo, loaded_names, walk_no_scopes
 from ._torch_api import as_gemm
@@ -111,6 +111,9 @@ class StackedLoopProducts(Rule):
         super().__init__(ctx, options)
         # MAT101's analysis of per-step items, reused rather than copied.
         self._loop_gemms = PythonLoopMatmul(ctx)
+
+    # A join is `torch.stack(...)`, `T.cat(...)`, or a bare name bound to one (`stack(...)`).
+    only = {"visit_Call": Only(attrs=frozenset({name.rsplit(".", 1)[1] for name in _JOINS} | {None}))}
 
     def visit_Call(self, node: ast.Call) -> None:
         join = _JOINS.get(self.ctx.qualname(node.func))

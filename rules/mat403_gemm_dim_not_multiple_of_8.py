@@ -5,7 +5,7 @@ from __future__ import annotations
 import ast
 import re
 
-from matlint.rule import Option, Rule, bad, good
+from matlint.rule import Only, Option, Rule, bad, good
 
 from . import _kinds
 from ._names import in_test_code
@@ -144,6 +144,9 @@ class GemmDimNotMultipleOf8(Rule):
             layer = Linear(768, 50257)
             """),
     ]
+
+    # A layer is `nn.Linear(...)`, `torch.nn.Embedding(...)`, or a bare name bound to one (`Linear(...)`).
+    only = {"visit_Call": Only(attrs=frozenset({name.rsplit(".", 1)[1] for name in _LAYERS} | {None}))}
 
     def visit_Call(self, node: ast.Call) -> None:
         qualname = self.ctx.qualname(node.func)

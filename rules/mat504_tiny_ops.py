@@ -7,7 +7,7 @@ import re
 from typing import Optional
 
 from matlint.diagnostics import Edit, Fix
-from matlint.rule import Rule, bad, good
+from matlint.rule import Only, Rule, bad, good
 
 from ._loops import LoopInfo, identifier, is_training_loop
 from ._names import in_test_code
@@ -166,6 +166,9 @@ class TinyOps(Rule):
     def __init__(self, ctx, options=None):
         super().__init__(ctx, options)
         self._reported_loops: set = set()
+
+    # An optimizer built as `torch.optim.AdamW(...)` or by a bare name (`AdamW(...)`), or an in-place update.
+    only = {"visit_Call": Only(attrs=frozenset(_OPTIMIZERS | _INPLACE_MATH | {None}))}
 
     def visit_Call(self, node: ast.Call) -> None:
         qualname = self.ctx.qualname(node.func) or ""

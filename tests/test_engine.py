@@ -218,6 +218,18 @@ def test_walker_visits_every_node_but_operators_contexts_and_first_generators():
         assert len(recorder.seen) == len({id(n) for n in recorder.seen})
 
 
+# Calls routed by attribute that a file can also spell as a bare name, with the finding each gives.
+ROUTED_BY_BARE_NAME = {
+    "from torch import stack\nimport torch\ndef scores(q: torch.Tensor, k: torch.Tensor, n):\n"
+    "    return stack([(q[i] * k[i]).sum(-1) for i in range(n)])\n": "MAT103",
+    "import torch as T\ndef scores(q: T.Tensor, k: T.Tensor, n):\n"
+    "    return T.concat([(q[i] * k[i]).sum(-1) for i in range(n)])\n": "MAT103",
+    "import torch\nfrom torch.nn import Linear as L\nlayer = L(1000, 1001)\n": "MAT403",
+    "import torch\nfrom torch.optim import AdamW\ndef make(model):\n"
+    "    return AdamW(model.parameters(), foreach=False)\n": "MAT504",
+}
+
+
 def test_routing_by_only_changes_no_finding(monkeypatch):
     """`Rule.only` lets the walker skip handlers that would return at once; with every rule's
     routing removed, every rule example gives the same findings."""
@@ -226,12 +238,14 @@ def test_routing_by_only_changes_no_finding(monkeypatch):
 
     rules = [r for r in all_rules() if r._handlers]
     assert any(r.only for r in rules)
-    sources = [example.code for rule in rules for example in rule.examples]
+    sources = [example.code for rule in rules for example in rule.examples] + list(ROUTED_BY_BARE_NAME)
 
     def lint_all():
         return [[repr(f) for f in lint_source(s, "example.py", rules, prefilter=False)] for s in sources]
 
     routed = lint_all()
+    found = [[line.split("'")[1] for line in findings] for findings in routed[-len(ROUTED_BY_BARE_NAME):]]
+    assert found == [[code] for code in ROUTED_BY_BARE_NAME.values()]
     for rule in rules:
         monkeypatch.setattr(rule, "only", {})
     assert lint_all() == routed
