@@ -428,7 +428,7 @@ def main(argv=None) -> int:
                              "lightning), 'extra', as in real_code.py; default: %(default)s")
     parser.add_argument("--repeat", type=int, default=3, help="runs per command, medians reported (default: 3)")
     parser.add_argument("--budget", type=float, default=300,
-                        help="no new run of a command starts once it has used this many seconds (default: 60)")
+                        help="no new run of a command starts once it has used this many seconds (default: %(default)s)")
     parser.add_argument("--timeout", type=float, default=900, help="seconds before one run is killed (default: 900)")
     parser.add_argument("--sample", type=float, default=0.05,
                         help="fraction of the files the slow peers run on (default: 0.05)")

@@ -139,10 +139,14 @@ class Float64InModel(Rule):
             """),
     ]
 
+    _file_names_float64 = None  # per file (a rule object lints one file), on the first call
+
     def visit_Call(self, node: ast.Call) -> None:
         func = node.func
-        if not (_kinds.may_mention(self.ctx, "float64") or _kinds.may_mention(self.ctx, "double", ignore_case=True)
-                or self._may_name_dtype_in_a_string(node)):
+        if self._file_names_float64 is None:
+            self._file_names_float64 = (_kinds.may_mention(self.ctx, "float64")
+                                        or _kinds.may_mention(self.ctx, "double", ignore_case=True))
+        if not (self._file_names_float64 or self._may_name_dtype_in_a_string(node)):
             return  # every float64 spelling below is an identifier naming `float64`, `double` or `DoubleTensor`
         qualname = self.ctx.qualname(func)
         if qualname == "torch.set_default_dtype":

@@ -326,3 +326,12 @@ def test_holds_half_finds_every_spelling_of_one_half(text):
                                   "15e-2", "1_000.5", "layer5e-1", "eps=1e-12"])
 def test_holds_half_is_quiet_on_other_numbers_and_names(text):
     assert not holds_half(text)
+
+
+def test_the_loss_gate_prefilter_holds_every_loss_name():
+    # MAT202's file gate first looks for "_loss", "Loss" or "binary_cross_entropy": a loss name
+    # added without one of them would be skipped in every file.
+    from matlint.rules._shapes import LOSS_FUNCTIONS, LOSS_MODULES
+
+    for name in (*LOSS_FUNCTIONS, *LOSS_MODULES):
+        assert any(part in name for part in ("_loss", "Loss", "binary_cross_entropy")), name
