@@ -11,7 +11,7 @@ from typing import Optional
 from ._kinds import identifier_text
 from ._lazy import BuiltOnFirstUse
 from ._loops import _SCOPE_TYPES, walk_no_scopes
-from ._tree import child_nodes
+from ._tree import block_fields, child_nodes
 
 
 def _pos(node: ast.AST) -> tuple:
@@ -47,8 +47,8 @@ class FunctionFlow(BuiltOnFirstUse):
                 children = child_nodes(node)
                 for child in children:
                     parent[child] = node
-                for field in ("body", "orelse", "finalbody", "handlers"):
-                    block = getattr(node, field, None)
+                for field in block_fields(node.__class__):
+                    block = getattr(node, field)
                     if isinstance(block, list):
                         self._index_block(block)
                 stack.extend([child for child in children if child.__class__ not in _SCOPE_TYPES])

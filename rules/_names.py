@@ -11,7 +11,8 @@ from __future__ import annotations
 import ast
 from typing import Optional
 
-from ._tree import walk
+from ._loops import _SCOPE_TYPES
+from ._tree import block_fields, walk
 
 # Spellings that reach the same function under another module path.
 CANONICAL = {
@@ -33,7 +34,6 @@ CANONICAL = {
 }
 
 _UNRESOLVED = object()
-_SCOPE_BOUNDARIES = (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef, ast.Lambda)
 
 
 def canonical(qualname: str) -> str:
@@ -50,18 +50,6 @@ def dotted(expr: ast.AST) -> Optional[str]:
         parts.append(expr.id)
         return ".".join(reversed(parts))
     return None
-
-
-_BLOCK_FIELDS: dict = {}
-
-
-def _block_fields(node_type) -> tuple:
-    """The statement lists of a statement type that belong to its scope (none for a nested scope)."""
-    fields = _BLOCK_FIELDS.get(node_type)
-    if fields is None:
-        fields = _BLOCK_FIELDS[node_type] = () if issubclass(node_type, _SCOPE_BOUNDARIES) else tuple(
-            f for f in ("body", "orelse", "finalbody", "handlers", "cases") if f in node_type._fields)
-    return fields
 
 
 def _bound_names(target: ast.AST):
@@ -135,7 +123,9 @@ class NameResolver:
                     if item.optional_vars is not None:
                         for name in _bound_names(item.optional_vars):
                             aliases[name] = None
-            for field in _block_fields(cls):
+            if cls in _SCOPE_TYPES:
+                continue  # its body is another scope
+            for field in block_fields(cls):
                 children = getattr(stmt, field)
                 if children:
                     stack.extend(reversed(children))

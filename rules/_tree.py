@@ -37,6 +37,20 @@ def node_fields(node_type) -> tuple:
     return fields
 
 
+_BLOCK_FIELDS: dict = {}
+
+
+def block_fields(node_type) -> tuple:
+    """The fields of `node_type` that can hold a list of statements or of their parts (handlers,
+    match cases): `body`, `orelse`, `finalbody`, `handlers`, `cases`. Most nodes have none; an
+    `IfExp`'s `body` and `orelse` are expressions."""
+    fields = _BLOCK_FIELDS.get(node_type)
+    if fields is None:
+        fields = _BLOCK_FIELDS[node_type] = tuple(
+            f for f in ("body", "orelse", "finalbody", "handlers", "cases") if f in node_type._fields)
+    return fields
+
+
 def child_nodes(node: ast.AST) -> list:
     """The direct children of `node`, as `list(ast.iter_child_nodes(node))` less contexts and operators."""
     cls = node.__class__
