@@ -122,9 +122,8 @@ class FileContext:
 
     @cached_property
     def _lines_with_ends(self) -> list:
-        if "\r" not in self.source:
-            lines = self.source.split("\n")
-            return [line + "\n" for line in lines[:-1]] + lines[-1:]
+        if "\r" not in self.source:  # `self.lines` is then split at every \n: add the ends back
+            return [line + "\n" for line in self.lines[:-1]] + self.lines[-1:]
         pieces = LINE_SPLIT_KEEP.split(self.source)
         return [pieces[i] + (pieces[i + 1] if i + 1 < len(pieces) else "") for i in range(0, len(pieces), 2)]
 
