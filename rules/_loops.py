@@ -242,13 +242,20 @@ def is_optimizer_step(node: ast.AST) -> bool:
 
 def is_training_loop(ctx, loop: LoopInfo) -> bool:
     """The loop body itself (not a nested loop) calls `.backward()` or an optimizer's `.step()`."""
-    from . import _kinds
-
     key = ("training_loop", id(loop.node))
     if key not in ctx.shared:
-        spellable = _kinds.may_mention(ctx, "backward") or _kinds.may_mention(ctx, "step")
-        ctx.shared[key] = spellable and any(is_backward(n) or is_optimizer_step(n) for n in loop.direct_nodes())
+        ctx.shared[key] = may_train(ctx) and any(is_backward(n) or is_optimizer_step(n) for n in loop.direct_nodes())
     return ctx.shared[key]
+
+
+def may_train(ctx) -> bool:
+    """False only when the function the walker is in (or the module, outside functions) cannot
+    call `.backward()` or `.step()`: attribute names, so its text (NFKC) would spell them."""
+    from ._flow import function_text
+    from ._kinds import identifier_text
+
+    text = function_text(ctx, ctx.function) if ctx.function is not None else identifier_text(ctx)
+    return "backward" in text or "step" in text
 
 
 def iterates_loader(ctx, loop: LoopInfo) -> bool:

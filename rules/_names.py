@@ -73,6 +73,7 @@ class NameResolver:
         # expr -> qualname in the current scope: rules ask about the same call many times over.
         # Keyed by the node itself (not its id) so a temporary node cannot leave a stale entry.
         self._resolved: dict = {}
+        self._module_names_bound_to: dict = {}
 
     def _lookup(self, head: str, local: Optional[dict] = None) -> Optional[str]:
         if local is not None and head in local:
@@ -181,6 +182,21 @@ class NameResolver:
             return None
         rest = dotted(expr).partition(".")[2]
         return canonical(f"{base}.{rest}" if rest else base)
+
+    def names_bound_to(self, last_parts: frozenset) -> frozenset:
+        """Names the current scopes bind to a qualified name whose last part is in `last_parts`
+        (`z` after `from torch import zeros as z` or `z = torch.zeros`, for {"zeros"})."""
+        module_level = self._module_names_bound_to.get(last_parts)
+        if module_level is None:
+            module_level = self._module_names_bound_to[last_parts] = self._bound_to(self._scopes[0], last_parts)
+        if len(self._scopes) == 1:
+            return module_level
+        return module_level.union(*(self._bound_to(scope, last_parts) for scope in self._scopes[1:]))
+
+    @staticmethod
+    def _bound_to(scope: dict, last_parts: frozenset) -> frozenset:
+        return frozenset(name for name, qualname in scope.items()
+                         if qualname and qualname.rpartition(".")[2] in last_parts)
 
     def is_imported(self, module: str) -> bool:
         return any(v == module or (v and v.startswith(module + ".")) for v in self._scopes[0].values())

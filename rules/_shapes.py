@@ -37,9 +37,13 @@ from __future__ import annotations
 import ast
 import re
 from dataclasses import dataclass, field, replace
+from types import MappingProxyType, SimpleNamespace
 from typing import Callable, Optional
 
-from ._tree import child_nodes
+from ._flow import function_text
+from ._kinds import identifier_text
+from ._loops import _SCOPE_TYPES
+from ._tree import block_fields, child_nodes
 
 # -- dims -----------------------------------------------------------------------------------
 
@@ -836,8 +840,7 @@ class FunctionShapes:
         self.stored_attrs: dict = {}  # init mode: self.<attr> -> value
         self.param_aliases: dict = {}  # init mode: param name -> "self.attr" it is stored to
         body = owner.body if isinstance(owner.body, list) else [owner.body]
-        text = ctx.source if not hasattr(owner, "lineno") else "\n".join(ctx.lines[owner.lineno - 1:owner.end_lineno])
-        bindings = _Bindings(body, ":=" in text)
+        bindings = _Bindings(body, ":=" in _owner_text(ctx, owner))
         self.counts = bindings.counts
         self.stored_in = bindings.stored
         env: dict = {}
@@ -1135,17 +1138,8 @@ class FunctionShapes:
             return as_dim(value)
         return None
 
-    def _size_receiver(self, node) -> Optional[str]:
-        """The name x in `x.shape` / `x.size()`, else None."""
-        if isinstance(node, ast.Attribute) and node.attr == "shape" and isinstance(node.value, ast.Name):
-            return node.value.id
-        if (isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute) and node.func.attr == "size"
-                and not node.args and not node.keywords and isinstance(node.func.value, ast.Name)):
-            return node.func.value.id
-        return None
-
     def _refine(self, value_node, dims, leading: bool, at_end: bool) -> None:
-        name = self._size_receiver(value_node)
+        name = _size_receiver(value_node)
         if name is None:
             return
         current = self.env.get(name)
@@ -1171,8 +1165,8 @@ class FunctionShapes:
                 and value_node.func.attr == "size" and len(value_node.args) == 1 \
                 and isinstance(value_node.func.value, ast.Name):
             name, axis = value_node.func.value.id, _const_int(value_node.args[0])
-        elif isinstance(value_node, ast.Subscript) and self._size_receiver(value_node.value):
-            name, axis = self._size_receiver(value_node.value), _const_int(value_node.slice)
+        elif isinstance(value_node, ast.Subscript) and _size_receiver(value_node.value):
+            name, axis = _size_receiver(value_node.value), _const_int(value_node.slice)
         current = self.env.get(name) if name else None
         if not isinstance(current, Shape) or axis is None:
             return
@@ -1197,7 +1191,7 @@ class FunctionShapes:
         if not (isinstance(test, ast.Compare) and len(test.ops) == 1 and isinstance(test.ops[0], ast.Eq)):
             return
         for lhs, rhs in ((test.left, test.comparators[0]), (test.comparators[0], test.left)):
-            name = self._size_receiver(_unwrap_tuple_call(lhs))
+            name = _size_receiver(_unwrap_tuple_call(lhs))
             if name is not None:
                 stated = as_dims(self.values.get(id(rhs)))
                 if stated is not None:
@@ -2020,6 +2014,16 @@ def _literal_shape(node) -> Optional[Shape]:
     return None
 
 
+def _size_receiver(node) -> Optional[str]:
+    """The name x in `x.shape` / `x.size()`, else None."""
+    if isinstance(node, ast.Attribute) and node.attr == "shape" and isinstance(node.value, ast.Name):
+        return node.value.id
+    if (isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute) and node.func.attr == "size"
+            and not node.args and not node.keywords and isinstance(node.func.value, ast.Name)):
+        return node.func.value.id
+    return None
+
+
 def _unwrap_tuple_call(node):
     if isinstance(node, ast.Call) and isinstance(node.func, ast.Name) and node.func.id in ("tuple", "list") \
             and len(node.args) == 1:
@@ -2076,22 +2080,121 @@ def _class_attrs(ctx, cls: ast.ClassDef) -> dict:
     return attrs
 
 
-def function_shapes(ctx, owner=None) -> FunctionShapes:
-    """The analysis of the function the walker is in (or of `owner`), computed once."""
+def function_shapes(ctx, owner=None):
+    """The analysis of the function the walker is in (or of `owner`), computed once: a
+    FunctionShapes, or for a function that cannot hold a known shape an empty stand-in (its
+    `values` know nothing) that costs no analysis."""
+    current = ctx.function if ctx.function is not None else ctx.tree
     if owner is None:
-        owner = ctx.function if ctx.function is not None else ctx.tree
+        owner = current
     key = ("shapes", id(owner))
     cached = ctx.shared.get(key)
     if cached is None:
-        class_attrs, self_name = None, None
         cls = ctx.class_
         if cls is not None and isinstance(owner, (ast.FunctionDef, ast.AsyncFunctionDef)) and owner in cls.body:
             decorators = {getattr(d, "id", getattr(d, "attr", None)) for d in owner.decorator_list}
-            if not decorators & {"staticmethod", "classmethod"}:
-                self_name = _self_name(owner)
-                class_attrs = _class_attrs(ctx, cls)
-        cached = ctx.shared[key] = FunctionShapes(ctx, owner, class_attrs, self_name)
+            if decorators & {"staticmethod", "classmethod"}:
+                cls = None
+        else:
+            cls = None
+        # The gate reads the names in scope where the walker is: only for the function it is in.
+        if owner is current and not may_hold_shapes(ctx, owner, cls):
+            cached = ctx.shared[key] = _NO_SHAPES
+        elif cls is not None:
+            cached = ctx.shared[key] = FunctionShapes(ctx, owner, _class_attrs(ctx, cls), _self_name(owner))
+        else:
+            cached = ctx.shared[key] = FunctionShapes(ctx, owner)
     return cached
+
+
+# -- which functions can hold a shape at all ---------------------------------------------------------
+#
+# The analysis learns a shape from a few sources only, and computes every other shape from one of
+# them: a call of a constructor, `view`/`reshape`, a shape-giving layer (`nn.Linear(...)`, a layer
+# stored in `__init__`) or a loss (`nn.MSELoss()(...)`, `F.mse_loss` called or held as a value); a
+# jaxtyping/torchtyping annotation; an `assert` (`x.shape == (B, T)`, `x.ndim == 3`); or unpacking
+# `B, T = x.shape` / `x.size()`. `may_hold_shapes` looks for these in the function's text and
+# statements; a function with none of them is left unanalysed. Any new way `FunctionShapes` learns
+# a shape from something that is not a shape must be added here; `tests/test_shapes_gate.py`
+# checks the promise on every rule example.
+
+_NO_SHAPES = SimpleNamespace(values=MappingProxyType({}))
+
+# Torch names (the last part of the qualified name) whose call gives a shape from sizes alone, or
+# a layer or loss whose call does.
+_SHAPE_SOURCE_NAMES = frozenset(
+    _CONSTRUCTORS | {"randint", "tensor", "arange", "linspace", "logspace", "eye", "view", "reshape",
+                     "Linear", "LazyLinear", "Embedding", "Conv1d", "Conv2d", "Conv3d",
+                     "cross_entropy", "nll_loss", "kl_div"}
+    | LOSS_FUNCTIONS | set(LOSS_MODULES) | _OTHER_LOSS_MODULES)
+# The analysis finds these names through `ctx.qualname` or as a called attribute (`x.view`): so
+# in the text they follow a dot (`torch.zeros`, `nn.Linear`, `x.view`), with any space, line
+# continuation or comment between, or are a name the file binds to one of them (`from torch
+# import zeros as z`), which `NameResolver.names_bound_to` gives.
+_DOT = r"\.(?:\s|\\|#[^\n]*\n)*"  # a comment ends at its newline: no two ways to split a row of `#`
+_SHAPE_SOURCE = re.compile(_DOT + r"(?:%s)\b" % "|".join(sorted(_SHAPE_SOURCE_NAMES)))
+_ATTRIBUTE_NAME = re.compile(_DOT + r"(\w+)")
+_WORD = re.compile(r"\w+")
+
+
+def _owner_text(ctx, owner) -> str:
+    return function_text(ctx, owner) if hasattr(owner, "lineno") else identifier_text(ctx)
+
+
+def _names_a_shape_source(ctx, text: str) -> bool:
+    if _SHAPE_SOURCE.search(text):
+        return True
+    aliases = ctx.names.names_bound_to(_SHAPE_SOURCE_NAMES)
+    return bool(aliases) and not aliases.isdisjoint(_WORD.findall(text))
+
+
+def _states_shapes(body) -> bool:
+    """An `assert` (it may state a shape or a rank) or `B, T = x.shape` among these statements,
+    nested functions and classes left out (the analysis does not enter them)."""
+    stack = list(body)
+    while stack:
+        stmt = stack.pop()
+        cls = stmt.__class__
+        if cls is ast.Assert:
+            return True
+        if cls is ast.Assign and _size_receiver(stmt.value) is not None and any(
+                t.__class__ is ast.Tuple or t.__class__ is ast.List for t in stmt.targets):
+            return True
+        if cls in _SCOPE_TYPES:
+            continue
+        for name in block_fields(cls):
+            children = getattr(stmt, name)
+            if children:
+                stack.extend(children)
+    return False
+
+
+def _uses_shaping_attribute(ctx, cls: ast.ClassDef, text: str) -> bool:
+    """Whether `text` (a method of `cls`) names a layer or loss that `__init__` stores."""
+    inits = [s for s in cls.body if isinstance(s, (ast.FunctionDef, ast.AsyncFunctionDef)) and s.name == "__init__"]
+    if not any("import" in function_text(ctx, init) or _names_a_shape_source(ctx, function_text(ctx, init))
+               for init in inits):
+        return False  # `__init__` builds no layer or loss (its own imports could hide one: counted)
+    stored = [name for name, value in _class_attrs(ctx, cls).items() if isinstance(value, (Module, Loss))]
+    return bool(stored) and not set(_ATTRIBUTE_NAME.findall(text)).isdisjoint(stored)
+
+
+def may_hold_shapes(ctx, owner, cls: Optional[ast.ClassDef] = None) -> bool:
+    """False only when the analysis of `owner`, the function (or module) the walker is in, can
+    know no shape; `cls` is the class when `owner` is one of its methods."""
+    shared = ctx.shared
+    annotated = shared.get("shapes.annotated")
+    if annotated is None:
+        text = identifier_text(ctx)
+        annotated = shared["shapes.annotated"] = "jaxtyping" in text or "torchtyping" in text
+    if annotated:
+        return True
+    text = _owner_text(ctx, owner)
+    if _names_a_shape_source(ctx, text):
+        return True
+    if _states_shapes(owner.body if isinstance(owner.body, list) else []):
+        return True
+    return cls is not None and _uses_shaping_attribute(ctx, cls, text)
 
 
 # Attributes whose value can be a tensor of known shape (`x.T`, `x.data`, `x.max(-1).values`);

@@ -11,7 +11,9 @@ import pytest
 from matlint.engine import lint_source
 from matlint.registry import _handlers
 from matlint.rule import Rule
-from matlint.rules._shapes import Shape, function_shapes, never_shaped, shape_of, value_of
+from matlint.registry import all_rules
+from matlint.rules import _shapes
+from matlint.rules._shapes import FunctionShapes, Shape, function_shapes, never_shaped, shape_of, value_of
 
 PRELUDE = "import torch\nimport torch.nn as nn\nimport torch.nn.functional as F\n"
 
@@ -459,9 +461,10 @@ def _sources_with_shapes() -> list:
     return programs
 
 
-def test_never_shaped_expressions_have_no_shape():
+def test_never_shaped_expressions_have_no_shape(monkeypatch):
     """`never_shaped` lets rules skip the analysis; it must only say so where the analysis would
     find no shape. Every expression of every analysed function is checked against the analysis."""
+    monkeypatch.setattr(_shapes, "may_hold_shapes", lambda *args: True)  # the whole analysis, everywhere
     checked = []
 
     def visit_FunctionDef(self, node):
@@ -490,3 +493,131 @@ def test_never_shaped_covers_sizes_attributes_and_displays():
     for text in ("x", "x.T", "x.mT", "x.data", "out.values", "x[0]", "x + y", "-x", "f(x)", "x.view(2, 3)",
                  "a if c else b", "x == y"):
         assert not never_shaped(ast.parse(text, mode="eval").body), text
+
+
+# -- the gate: a function with no source of shapes is not analysed ---------------------------------
+
+# Each function's only source of a shape, in the spellings that reach the analysis without the
+# plain `.name`: the gate (`may_hold_shapes`) must let every one through.
+SHAPE_SOURCES = {
+    "constructor": "def f(n):\n    reveal(torch.randn(n, 1))\n",
+    "constructor-imported-alias": "from torch import randn as r\ndef f(n):\n    reveal(r(n, 1))\n",
+    "constructor-assigned-alias": "r = torch.randn\ndef f(n):\n    reveal(r(n, 1))\n",
+    "constructor-local-import": "def f(n):\n    from torch import randn as r\n    reveal(r(n, 1))\n",
+    "constructor-enclosing-alias": "def g():\n    r = torch.randn\n    def f(n):\n        reveal(r(n, 1))\n    return f\n",
+    "comment-between-dot-and-name": "def f(n):\n    reveal((torch.  # a comment\n            randn(n, 1)))\n",
+    "continuation-between-dot-and-name": "def f(n):\n    reveal(torch. \\\n        randn(n, 1))\n",
+    "fullwidth-name": "def f(n):\n    reveal(torch.\uff52\uff41\uff4e\uff44\uff4e(n, 1))\n",
+    "view-of-unknown": "def f(x, n):\n    reveal(x.view(n, 1))\n",
+    "layer-called-inline": "def f(x):\n    reveal(nn.Linear(4, 1)(x))\n",
+    "loss-held-as-value": "def f(a, b):\n    crit = F.mse_loss\n    reveal(crit(a, b))\n",
+    "loss-imported-alias": "from torch.nn.functional import mse_loss as l2\ndef f(a, b):\n    reveal(l2(a, b))\n",
+    "assert-shape": "def f(x, n):\n    assert x.shape == (n, 1)\n    reveal(x)\n",
+    "assert-rank": "def f(x):\n    assert x.ndim == 2\n    reveal(x)\n",
+    "unpacked-shape": "def f(x):\n    B, T = x.shape\n    reveal(x)\n",
+    "unpacked-size-in-a-block": "def f(x):\n    with torch.no_grad():\n        B, T = x.size()\n        reveal(x)\n",
+    "layer-stored-in-init": """
+class M(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.head = nn.Linear(8, 1)
+
+    def forward(self, x):
+        reveal(self.head(x))
+""",
+    "loss-stored-in-init": """
+class M(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.crit = nn.MSELoss()
+
+    def forward(self, a, b):
+        reveal(self.crit(a, b))
+""",
+    "jaxtyping-annotation": "from jaxtyping import Float\nfrom torch import Tensor\ndef f(x: Float[Tensor, 'b 1']):\n    reveal(x)\n",
+    "module-level-code": "reveal(torch.randn(3, 1))\n",
+    "lambda": "f = lambda n: reveal(torch.randn(n, 1))\n",
+}
+
+
+# The analysis reads `__init__` with the names in scope where it is asked (a method), so it does
+# not know this layer; the gate lets it through all the same (an `import` in `__init__`), and
+# the sweep below would catch a gate that stopped doing so once the analysis learns it.
+LAYER_IMPORTED_IN_INIT = """
+class M(nn.Module):
+    def __init__(self):
+        super().__init__()
+        from torch.nn import Linear as L
+        self.head = L(8, 1)
+
+    def forward(self, x):
+        reveal(self.head(x))
+"""
+
+
+@pytest.mark.parametrize("case", sorted(SHAPE_SOURCES))
+def test_gate_lets_every_source_of_shapes_through(case):
+    assert isinstance(revealed(SHAPE_SOURCES[case])[-1], Shape)
+
+
+def test_functions_without_a_source_of_shapes_are_not_analysed():
+    """The gate does save work: these functions get the empty stand-in, not an analysis."""
+    source = PRELUDE + textwrap.dedent("""
+        def f(x, y):
+            z = x + y * 2
+            return reveal(z @ y.T)
+
+        class M(nn.Module):
+            def __init__(self, d):
+                super().__init__()
+                self.act = nn.GELU()
+
+            def forward(self, x):
+                n = x.shape[0]
+                return reveal(self.act(x))
+        """)
+    stand_ins = []
+
+    def visit_Call(self, node):
+        if isinstance(node.func, ast.Name) and node.func.id == "reveal":
+            stand_ins.append(function_shapes(self.ctx) is _shapes._NO_SHAPES)
+
+    probe(source, visit_Call=visit_Call)
+    assert stand_ins == [True, True]
+
+
+def test_gate_skips_only_functions_the_analysis_knows_no_shape_in(monkeypatch):
+    """Every function of every rule example and every program of this file that the gate skips
+    is analysed anyway, and must hold no shape."""
+    real = _shapes.may_hold_shapes
+    answers = []
+
+    def checked(ctx, owner, cls=None):
+        answer = real(ctx, owner, cls)
+        if not answer:
+            analysis = (FunctionShapes(ctx, owner, _shapes._class_attrs(ctx, cls), _shapes._self_name(owner))
+                        if cls is not None else FunctionShapes(ctx, owner))
+            shaped = [v for v in analysis.values.values() if isinstance(v, Shape)]
+            assert not shaped, (ctx.source, getattr(owner, "lineno", None), shaped)
+        answers.append(answer)
+        return answer
+
+    monkeypatch.setattr(_shapes, "may_hold_shapes", checked)
+    sources = _sources_with_shapes() + [PRELUDE + s for s in [*SHAPE_SOURCES.values(), LAYER_IMPORTED_IN_INIT]]
+    for source in sources:
+        lint_source(source, "t.py", all_rules(), prefilter=False)
+    assert answers.count(False) >= 50 and answers.count(True) >= 50, (answers.count(False), answers.count(True))
+
+
+def test_gate_reads_rows_of_hashes_in_linear_time():
+    """A dot before a long comment of `#`s (a banner) must not send the gate's regex into
+    exponential backtracking: each comment has one way to match."""
+    import signal
+
+    source = PRELUDE + "def f(x):\n    y = (x.  # " + "#" * 5000 + "\n         mean())\n    return reveal(y + 1)\n"
+    signal.signal(signal.SIGALRM, lambda *args: pytest.fail("the gate took more than 5 s"))
+    signal.alarm(5)
+    try:
+        assert revealed(source) == [None]
+    finally:
+        signal.alarm(0)

@@ -229,6 +229,28 @@ CASES = {
         xs = torch.randn(4, 16, 32)
         ys = [proj(xs[i]) for i in range(4)]
         """, [(5, 7)]),
+    # -- the shape analysis needs a source of shapes in the function (`_shapes.may_hold_shapes`) --
+    "shape-constructor-alias": ("MAT201", """
+        import torch
+        from torch import randn as r
+        def f(n: int):
+            pred = r(n, 1)
+            target = r(n)
+            return pred - target
+        """, [(6, 12)]),
+    "shape-layer-stored-in-init": ("MAT202", """
+        import torch
+        from torch import nn
+        class Critic(nn.Module):
+            def __init__(self, d):
+                super().__init__()
+                self.value = nn.Linear(d, 1)
+                self.crit = nn.MSELoss()
+            def forward(self, obs, returns):
+                n, d = obs.shape
+                target = returns.view(n)
+                return self.crit(self.value(obs), target)
+        """, [(11, 16)]),
     # -- a data loader needs "loader" (any case) -------------------------------------------------
     "loader-alias": ("MAT502", """
         import torch
@@ -262,6 +284,24 @@ CASES = {
                 total += loss.item()
             return total
         """, [(7, 18)]),
+    "training-loop-fullwidth-step": ("MAT502", """
+        import torch
+        def train(model, batches, optimizer, criterion):
+            total = 0.0
+            for x, y in batches:
+                loss = criterion(model(x), y)
+                optimizer.\uff53\uff54\uff45\uff50()
+                total += loss.item()
+            return total
+        """, [(7, 18)]),
+    "training-loop-at-module-level": ("MAT502", """
+        import torch
+        total = 0.0
+        for x, y in batches:
+            loss = criterion(model(x), y)
+            loss.backward()
+            total += loss.item()
+        """, [(6, 14)]),
     "training-loop-backward-only": ("MAT504", """
         import torch
         def train(model, loader, lr):
@@ -278,7 +318,7 @@ def _lint(code: str, source: str) -> list:
             for f in lint_source(textwrap.dedent(source).lstrip("\n"), "gate.py", [get_rule(code)], prefilter=False)]
 
 
-GATES = ("may_mention", "function_may_mention", "may_take_root")
+GATES = ("may_mention", "function_may_mention", "may_take_root", "may_hold_shapes", "may_train")
 
 
 def _open_gates(monkeypatch) -> None:
