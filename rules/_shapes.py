@@ -2115,7 +2115,7 @@ def function_shapes(ctx, owner=None):
 # jaxtyping/torchtyping annotation; an `assert` (`x.shape == (B, T)`, `x.ndim == 3`); or unpacking
 # `B, T = x.shape` / `x.size()`. `may_hold_shapes` looks for these in the function's text and
 # statements; a function with none of them is left unanalysed. Any new way `FunctionShapes` learns
-# a shape from something that is not a shape must be added here; `tests/test_shapes_gate.py`
+# a shape from something that is not a shape must be added here; `tests/test_shapes.py`
 # checks the promise on every rule example.
 
 _NO_SHAPES = SimpleNamespace(values=MappingProxyType({}))
