@@ -6,7 +6,7 @@ import ast
 import re
 from functools import cached_property
 
-from ._tree import child_nodes
+from ._tree import block_fields, child_nodes
 
 _SCOPES = (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef, ast.Lambda)
 _SCOPE_TYPES = frozenset(_SCOPES)
@@ -33,6 +33,22 @@ def walk_no_scopes(node: ast.AST):
         current = stack.pop()
         yield current
         stack.extend([child for child in child_nodes(current) if child.__class__ not in scopes])
+
+
+def scope_statements(body):
+    """The statements of a scope's `body` in source order, into blocks (`if`, `for`, `try`,
+    `with`, `match`) but not into nested functions or classes: their `def` or `class` statement
+    is yielded, their body is another scope's."""
+    stack = list(reversed(body))
+    while stack:
+        stmt = stack.pop()
+        yield stmt
+        cls = stmt.__class__
+        if cls not in _SCOPE_TYPES:
+            for field in block_fields(cls):
+                children = getattr(stmt, field)
+                if children:
+                    stack.extend(reversed(children))
 
 
 def walk_direct(stmts):

@@ -11,8 +11,8 @@ from __future__ import annotations
 import ast
 from typing import Optional
 
-from ._loops import _SCOPE_TYPES
-from ._tree import block_fields, walk
+from ._loops import scope_statements
+from ._tree import walk
 
 # Spellings that reach the same function under another module path.
 CANONICAL = {
@@ -87,9 +87,7 @@ class NameResolver:
         aliases: dict = {}
         for name in params:
             aliases[name] = None
-        stack = list(reversed(body))  # the scope's statements, into blocks but not nested scopes
-        while stack:
-            stmt = stack.pop()
+        for stmt in scope_statements(body):
             cls = stmt.__class__
             if cls is ast.Assign:
                 value = self._alias_value(stmt.value, aliases)
@@ -124,12 +122,6 @@ class NameResolver:
                     if item.optional_vars is not None:
                         for name in _bound_names(item.optional_vars):
                             aliases[name] = None
-            if cls in _SCOPE_TYPES:
-                continue  # its body is another scope
-            for field in block_fields(cls):
-                children = getattr(stmt, field)
-                if children:
-                    stack.extend(reversed(children))
         return aliases
 
     def _alias_value(self, value: ast.AST, aliases: dict) -> Optional[str]:

@@ -41,9 +41,9 @@ from types import MappingProxyType, SimpleNamespace
 from typing import Callable, Optional
 
 from ._flow import function_text
-from ._kinds import identifier_text
-from ._loops import _SCOPE_TYPES
-from ._tree import block_fields, child_nodes
+from ._kinds import identifier_text, may_mention
+from ._loops import scope_statements
+from ._tree import child_nodes
 
 # -- dims -----------------------------------------------------------------------------------
 
@@ -2151,29 +2151,21 @@ def _names_a_shape_source(ctx, text: str) -> bool:
 def _states_shapes(body) -> bool:
     """An `assert` (it may state a shape or a rank) or `B, T = x.shape` among these statements,
     nested functions and classes left out (the analysis does not enter them)."""
-    stack = list(body)
-    while stack:
-        stmt = stack.pop()
+    for stmt in scope_statements(body):
         cls = stmt.__class__
         if cls is ast.Assert:
             return True
         if cls is ast.Assign and _size_receiver(stmt.value) is not None and any(
                 t.__class__ is ast.Tuple or t.__class__ is ast.List for t in stmt.targets):
             return True
-        if cls in _SCOPE_TYPES:
-            continue
-        for name in block_fields(cls):
-            children = getattr(stmt, name)
-            if children:
-                stack.extend(children)
     return False
 
 
 def _uses_shaping_attribute(ctx, cls: ast.ClassDef, text: str) -> bool:
     """Whether `text` (a method of `cls`) names a layer or loss that `__init__` stores."""
     inits = [s for s in cls.body if isinstance(s, (ast.FunctionDef, ast.AsyncFunctionDef)) and s.name == "__init__"]
-    if not any("import" in function_text(ctx, init) or _names_a_shape_source(ctx, function_text(ctx, init))
-               for init in inits):
+    init_texts = [function_text(ctx, init) for init in inits]
+    if not any("import" in init_text or _names_a_shape_source(ctx, init_text) for init_text in init_texts):
         return False  # `__init__` builds no layer or loss (its own imports could hide one: counted)
     stored = [name for name, value in _class_attrs(ctx, cls).items() if isinstance(value, (Module, Loss))]
     return bool(stored) and not set(_ATTRIBUTE_NAME.findall(text)).isdisjoint(stored)
@@ -2182,12 +2174,7 @@ def _uses_shaping_attribute(ctx, cls: ast.ClassDef, text: str) -> bool:
 def may_hold_shapes(ctx, owner, cls: Optional[ast.ClassDef] = None) -> bool:
     """False only when the analysis of `owner`, the function (or module) the walker is in, can
     know no shape; `cls` is the class when `owner` is one of its methods."""
-    shared = ctx.shared
-    annotated = shared.get("shapes.annotated")
-    if annotated is None:
-        text = identifier_text(ctx)
-        annotated = shared["shapes.annotated"] = "jaxtyping" in text or "torchtyping" in text
-    if annotated:
+    if may_mention(ctx, "jaxtyping") or may_mention(ctx, "torchtyping"):
         return True
     text = _owner_text(ctx, owner)
     if _names_a_shape_source(ctx, text):
