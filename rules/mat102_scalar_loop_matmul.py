@@ -4,7 +4,7 @@ from __future__ import annotations
 import ast
 from typing import Optional
 
-from matlint.rule import Rule, bad, good
+from matlint.rule import Only, Rule, bad, good
 
 from . import _kinds
 
@@ -142,6 +142,8 @@ class ScalarLoopMatmul(Rule):
                     out[i, j] += x[i, j] * x[j, i]
             """),
     ]
+
+    only = {"visit_AugAssign": Only(in_loops=True), "visit_Assign": Only(in_loops=True)}
 
     def visit_AugAssign(self, node: ast.AugAssign) -> None:
         if isinstance(node.op, ast.Add) and len(self.ctx.loops) >= 3:

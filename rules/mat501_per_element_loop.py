@@ -4,7 +4,7 @@ from __future__ import annotations
 import ast
 from typing import Optional
 
-from matlint.rule import Rule, bad, good
+from matlint.rule import Only, Rule, bad, good
 
 from . import _kinds
 from ._loops import LoopInfo, loaded_names
@@ -159,6 +159,8 @@ class PerElementLoop(Rule):
     def __init__(self, ctx, options=None):
         super().__init__(ctx, options)
         self._reported_loops: set = set()
+
+    only = {"visit_Assign": Only(in_loops=True), "visit_AugAssign": Only(in_loops=True)}
 
     def visit_Assign(self, node: ast.Assign) -> None:
         if len(node.targets) == 1:

@@ -168,7 +168,7 @@ class HostSyncInLoop(Rule):
             """),
     ]
 
-    only = {"visit_Call": Only(in_loops=True)}
+    only = {name: Only(in_loops=True) for name in ("visit_Call", "visit_If", "visit_While", "visit_IfExp")}
 
     def visit_Call(self, node: ast.Call) -> None:
         if not self.ctx.loops:
