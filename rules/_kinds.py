@@ -9,7 +9,7 @@ import unicodedata
 from typing import Optional
 
 from ._lazy import BuiltOnFirstUse
-from ._tree import child_nodes
+from ._tree import block_fields, child_nodes
 
 TENSOR = "tensor"            # a tensor whose device is not known to be the CPU
 CPU_TENSOR = "cpu_tensor"    # a tensor on the CPU by construction
@@ -567,11 +567,7 @@ class _Inference:
 
 def class_attribute_kind(ctx, cls: ast.ClassDef, attr: str) -> Optional[str]:
     """Kind of `self.<attr>` from the assignments to it in the class's methods."""
-    key = ("class_attrs", id(cls))
-    table = ctx.shared.get(key)
-    if table is None:
-        table = ctx.shared[key] = _class_attribute_values(cls)
-    entries = table.get(attr)
+    entries = class_attribute_values(ctx, cls, attr)
     if not entries:
         return None
     cache_key = ("class_attr_kind", id(cls), attr)
@@ -594,14 +590,29 @@ def class_attribute_values(ctx, cls: ast.ClassDef, attr: str) -> list:
     key = ("class_attrs", id(cls))
     table = ctx.shared.get(key)
     if table is None:
-        table = ctx.shared[key] = _class_attribute_values(cls)
+        calls = may_mention(ctx, "register_buffer") or may_mention(ctx, "setattr")
+        table = ctx.shared[key] = _class_attribute_values(cls, calls)
     return table.get(attr, [])
 
 
 _ASSIGNS_AND_CALLS = frozenset({ast.Assign, ast.AugAssign, ast.AnnAssign, ast.Call})
 
 
-def _class_attribute_values(cls: ast.ClassDef) -> dict:
+_STATEMENT_FIELDS: dict = {}
+
+
+def _statement_fields(node_type) -> tuple:
+    """`block_fields` in `_fields` order (a `Try`'s handlers come before its `orelse`)."""
+    fields = _STATEMENT_FIELDS.get(node_type)
+    if fields is None:
+        blocks = block_fields(node_type)
+        fields = _STATEMENT_FIELDS[node_type] = tuple(f for f in node_type._fields if f in blocks)
+    return fields
+
+
+def _class_attribute_values(cls: ast.ClassDef, calls: bool) -> dict:
+    """The table of `class_attribute_values`; without `calls` (the file never names
+    `register_buffer` or `setattr`) only statements can add to it, and expressions are not entered."""
     table: dict = {}
     for method in cls.body:
         if not isinstance(method, (ast.FunctionDef, ast.AsyncFunctionDef)):
@@ -610,13 +621,18 @@ def _class_attribute_values(cls: ast.ClassDef) -> dict:
         if not params:
             continue
         self_name = params[0].arg
-        # `walk(method)`'s order, leaving out the nodes that cannot hold an assignment or a call.
+        # `walk(method)`'s order, leaving out the nodes that cannot hold an assignment or a call
+        # (without `calls`, an assignment: they are statements, and only statements hold one).
         queue = [method]
         index = 0
         while index < len(queue):
             node = queue[index]
             index += 1
-            queue.extend([child for child in child_nodes(node) if type(child) not in _BINDS_NOTHING])
+            if calls:
+                queue.extend([child for child in child_nodes(node) if type(child) not in _BINDS_NOTHING])
+            else:
+                for field in _statement_fields(type(node)):
+                    queue.extend(getattr(node, field))
             if type(node) not in _ASSIGNS_AND_CALLS:
                 continue
             if isinstance(node, ast.Assign):

@@ -302,6 +302,34 @@ CASES = {
             loss.backward()
             total += loss.item()
         """, [(6, 14)]),
+    # -- class attributes: without `register_buffer` or `setattr` only statements are read ------
+    "class-attribute-set-in-a-block": ("MAT601", """
+        import math
+        import torch
+        from torch import nn
+        class Attention(nn.Module):
+            def __init__(self, causal):
+                super().__init__()
+                if causal:
+                    self.act = nn.Softmax(dim=-1)
+                else:
+                    raise ValueError(causal)
+            def forward(self, q, k, v):
+                return self.act(q @ k.transpose(-2, -1) / math.sqrt(q.size(-1))) @ v
+        """, [(12, 25)]),
+    "class-attribute-replaced-by-setattr": ("MAT601", """
+        import math
+        import torch
+        from torch import nn
+        class Attention(nn.Module):
+            def __init__(self, act=None):
+                super().__init__()
+                self.act = nn.Softmax(dim=-1)
+                if act is not None:
+                    setattr(self, "act", act)  # self.act may not be a softmax: quiet
+            def forward(self, q, k, v):
+                return self.act(q @ k.transpose(-2, -1) / math.sqrt(q.size(-1))) @ v
+        """, []),
     "training-loop-backward-only": ("MAT504", """
         import torch
         def train(model, loader, lr):
