@@ -164,19 +164,26 @@ assert all(node_fields(c) == (f,) for c, f in _ONE_CHILD.items())
 _NOT_NODES = frozenset({type(None), str, int, float, bytes, bool})
 
 
+_UNNAMED_ATTRIBUTE = object()
+
+
 class _Routes:
     """The handlers of one node class, some with an `Only`: the ones to call, by whether the
     node is inside a loop and (for a call) the attribute it calls, in registration order."""
 
-    __slots__ = ("entries", "by_key")
+    __slots__ = ("entries", "by_key", "attrs")
 
     def __init__(self, entries: list):
         self.entries = entries
         self.by_key: dict = {}
+        # Any attribute no entry names routes alike: one key for all of them.
+        self.attrs = frozenset().union(*(only.attrs for _, _, only in entries if only and only.attrs))
 
     def pick(self, ctx, node) -> list:
         func = getattr(node, "func", None)
         attr = func.attr if func.__class__ is ast.Attribute else None
+        if attr is not None and attr not in self.attrs:
+            attr = _UNNAMED_ATTRIBUTE
         key = (bool(ctx.loops), attr)
         handlers = self.by_key.get(key)
         if handlers is None:

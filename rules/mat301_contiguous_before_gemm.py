@@ -143,7 +143,10 @@ class ContiguousBeforeGemm(GemmVisitor, Rule):
     ]
 
     def check_gemm(self, node: ast.AST) -> None:
-        if not any(self._is_copy(c) for c in gemm_candidates(node)):
+        for candidate in gemm_candidates(node):  # a loop, not any(): this runs on every call
+            if candidate.__class__ is ast.Call and self._is_copy(candidate):
+                break
+        else:
             return
         gemm = as_gemm(self.ctx, node)
         if gemm is None or gemm.op not in ("@", "matmul", "mm", "bmm", "linear"):

@@ -131,7 +131,10 @@ class StridedGemmInput(GemmVisitor, Rule):
     ]
 
     def check_gemm(self, node: ast.AST) -> None:
-        if not any(self._maybe_strided(c) for c in gemm_candidates(node)):
+        for candidate in gemm_candidates(node):  # a loop, not any(): this runs on every call
+            if (candidate.__class__ is ast.Call or candidate.__class__ is ast.Subscript) and self._maybe_strided(candidate):
+                break
+        else:
             return
         gemm = as_gemm(self.ctx, node)
         if gemm is None or gemm.op not in ("@", "matmul", "mm", "bmm") + _FOLDING:
