@@ -50,14 +50,13 @@ def _swap(rank: int, a: int, b: int) -> Optional[tuple]:
     return tuple(perm)
 
 
-def _transpose(ctx, node, base, a_node, b_node) -> Optional[Reorder]:
+def _transpose(ctx, node, base, a_node, b_node, known_rank: Optional[int]) -> Optional[Reorder]:
     a, b = int_const(a_node), int_const(b_node)
     if a is None or b is None or a == b:
         return None
+    rank = rank_of(ctx, base) or known_rank
     if {a, b} == {-1, -2}:
-        rank = rank_of(ctx, base)
         return Reorder(node, base, _swap(rank, a, b) if rank else None, True)
-    rank = rank_of(ctx, base)
     if rank is None:
         return Reorder(node, base, None, False)
     perm = _swap(rank, a, b)
@@ -66,8 +65,10 @@ def _transpose(ctx, node, base, a_node, b_node) -> Optional[Reorder]:
     return Reorder(node, base, perm, rank >= 2 and perm[-2:] == (rank - 1, rank - 2) and perm[:-2] == tuple(range(rank - 2)))
 
 
-def reorder(ctx, node: ast.AST) -> Optional[Reorder]:
-    """The transpose/permute view `node` is, or None (also for numpy and unknown receivers of `.T`)."""
+def reorder(ctx, node: ast.AST, known_rank: Optional[int] = None) -> Optional[Reorder]:
+    """The transpose/permute view `node` is, or None (also for numpy and unknown receivers of `.T`).
+    `known_rank`: the rank the caller knows the view has (a `bmm` operand is 3-D), for when the
+    shape analysis does not know it."""
     if isinstance(node, ast.Attribute) and node.attr in ("T", "mT"):
         if _kinds.kind_of(ctx, node.value) == _kinds.NUMPY:
             return None
@@ -83,7 +84,7 @@ def reorder(ctx, node: ast.AST) -> Optional[Reorder]:
     func, args = node.func, node.args
     qual = ctx.qualname(func)
     if qual in _TRANSPOSE_FUNCTIONS and len(args) == 3:
-        return _transpose(ctx, node, args[0], args[1], args[2])
+        return _transpose(ctx, node, args[0], args[1], args[2], known_rank)
     if qual == "torch.t" and len(args) == 1:
         return Reorder(node, args[0], (1, 0), True)
     if qual == "torch.permute" and len(args) == 2 and isinstance(args[1], (ast.Tuple, ast.List)):
@@ -94,7 +95,7 @@ def reorder(ctx, node: ast.AST) -> Optional[Reorder]:
     if _kinds.kind_of(ctx, receiver) in _kinds.NON_TENSORS:
         return None
     if func.attr in _TRANSPOSE_METHODS and len(args) == 2:
-        return _transpose(ctx, node, receiver, args[0], args[1])
+        return _transpose(ctx, node, receiver, args[0], args[1], known_rank)
     if func.attr == "t" and not args:
         return Reorder(node, receiver, (1, 0), True)
     if func.attr == "permute" and args:

@@ -13,6 +13,7 @@ from ._torch_api import GemmVisitor, as_gemm
 _COPIES = ("contiguous", "clone")
 # GEMMs whose operands go to cuBLAS as they are (no batch folding): which operand positions.
 _DIRECT = {"mm": (0, 1), "bmm": (0, 1), "linear": (1,)}
+_OPERAND_RANK = {"mm": 2, "bmm": 3}  # torch.mm takes matrices, torch.bmm 3-D batches: nothing else
 
 
 class ContiguousBeforeGemm(GemmVisitor, Rule):
@@ -119,6 +120,27 @@ class ContiguousBeforeGemm(GemmVisitor, Rule):
                 x = torch.randn(8, 16, 32)
                 return a.t() @ b, x.transpose(1, 2).matmul(x)
             """),
+        bad("""
+            import torch
+            def scores(q, k, a, b):
+                s = torch.bmm(q, k.transpose(1, 2).contiguous())
+                t = q.bmm(k.transpose(2, 1).contiguous())
+                u = torch.mm(a, b.transpose(0, 1).contiguous())
+                return s, t, u
+            """, (3, 22), (4, 15), (5, 21),
+            fixed="""
+            import torch
+            def scores(q, k, a, b):
+                s = torch.bmm(q, k.transpose(1, 2))
+                t = q.bmm(k.transpose(2, 1))
+                u = torch.mm(a, b.transpose(0, 1))
+                return s, t, u
+            """),
+        good("""
+            import torch
+            def scores(q, k):
+                return torch.bmm(q, k.transpose(0, 1).contiguous()), torch.bmm(q, k.transpose(0, 2).contiguous())
+            """),
         good("""
             import torch
             def f(x, w, q, k):
@@ -159,7 +181,7 @@ class ContiguousBeforeGemm(GemmVisitor, Rule):
         for position, operand in enumerate(operands):
             if position not in _DIRECT.get(gemm.op, (0, 1)):
                 continue
-            view = self._copied_transpose(operand)
+            view = self._copied_transpose(operand, _OPERAND_RANK.get(gemm.op))
             if view is None or not view.last_two_only:
                 continue
             if gemm.op in ("@", "matmul") and position == 0 and not self._left_goes_direct(view, operands[1]):
@@ -181,8 +203,8 @@ class ContiguousBeforeGemm(GemmVisitor, Rule):
         return (isinstance(expr, ast.Call) and isinstance(expr.func, ast.Attribute)
                 and expr.func.attr in _COPIES and not expr.args and not expr.keywords)
 
-    def _copied_transpose(self, operand: ast.AST) -> Optional[Reorder]:
-        return reorder(self.ctx, operand.func.value) if self._is_copy(operand) else None
+    def _copied_transpose(self, operand: ast.AST, known_rank: Optional[int]) -> Optional[Reorder]:
+        return reorder(self.ctx, operand.func.value, known_rank) if self._is_copy(operand) else None
 
     def _left_goes_direct(self, view: Reorder, right: ast.AST) -> bool:
         """matmul hands a transposed left operand to cuBLAS as is: it is a matrix, or both sides are batched."""

@@ -16,6 +16,9 @@ _FILLS = {"zeros", "ones", "full", "empty", "arange", "eye", "linspace", "logspa
 # Factories whose values come from the generator of the device they are created on.
 _RANDOM = {"rand", "randn", "randint", "randperm", "normal", "bernoulli"}
 _FROM_DATA = {"tensor", "as_tensor", "asarray", "Tensor", "FloatTensor", "LongTensor"}
+# Ops whose result lives where their input does (`torch.tril(torch.ones(T, T)).to(device)`).
+_SAME_DEVICE_FUNCTIONS = {"torch.tril", "torch.triu"}
+_SAME_DEVICE_METHODS = {"tril", "triu", "bool", "float", "half", "bfloat16", "long", "int"}
 _ONE_TIME_FUNCTION = re.compile(r"^(__init__|_?init|_?build|_?setup|reset_parameters)", re.IGNORECASE)
 
 
@@ -130,6 +133,39 @@ class TensorCreationInLoop(Rule):
                     shift = T.as_tensor((0.1, -0.2)).to(x.device)
                     return x * scale + bias + noise + shift
             """, unsafe=True),
+        bad("""
+            import torch
+            from torch import nn
+            class CausalMask(nn.Module):
+                def forward(self, x):
+                    T = x.shape[1]
+                    a = torch.tril(torch.ones(T, T)).to(x.device)
+                    b = torch.ones(T, T).triu(1).bool().to(x.device)
+                    c = torch.tril(torch.ones(T, T), diagonal=-1).cuda()
+                    return x.masked_fill(b, 0) * a * c
+            """, (6, 13), (7, 13), (8, 13),
+            fixed="""
+            import torch
+            from torch import nn
+            class CausalMask(nn.Module):
+                def forward(self, x):
+                    T = x.shape[1]
+                    a = torch.tril(torch.ones(T, T, device=x.device))
+                    b = torch.ones(T, T, device=x.device).triu(1).bool()
+                    c = torch.tril(torch.ones(T, T, device="cuda"), diagonal=-1)
+                    return x.masked_fill(b, 0) * a * c
+            """),
+        good("""
+            import torch
+            from torch import nn
+            class CausalMask(nn.Module):
+                def forward(self, x, m):
+                    T = x.shape[1]
+                    a = torch.tril(m).to(x.device)
+                    b = torch.ones(T, T).masked_fill(m, 0).to(x.device)
+                    c = torch.ones(T, T).float().to(x)
+                    return a, b, c
+            """),
         good("""
             import torch
             import torch.nn as nn
@@ -171,13 +207,15 @@ class TensorCreationInLoop(Rule):
     ]
 
     def visit_Call(self, node: ast.Call) -> None:
+        func = node.func
+        moves = isinstance(func, ast.Attribute) and func.attr in ("to", "cuda")
+        # The call's own shape first: it rules out almost every call, and costs less than the place.
+        if (self._host_made(func.value) if moves else self._factory(node)) is None:
+            return
         if not self._hot() or in_test_code(self.ctx) or self._runs_once_per_loop():
             return
-        func = node.func
-        if isinstance(func, ast.Attribute) and func.attr in ("to", "cuda"):
-            factory = self._factory(func.value)
-            if factory is None:
-                return
+        if moves:
+            factory = self._host_made(func.value)
             target = self._device_target(node, func.attr)
             if target is None or (isinstance(target, ast.AST) and self._varies_per_iteration(target)):
                 return
@@ -236,6 +274,20 @@ class TensorCreationInLoop(Rule):
     def _where(self) -> str:
         return "iteration" if self.ctx.loops else "forward call"
 
+    def _host_made(self, expr: ast.AST) -> Optional[tuple]:
+        """The factory call that makes `expr`, directly or through ops that keep its device
+        (`torch.ones(T, T).tril().bool()`), as `_factory` gives it."""
+        while isinstance(expr, ast.Call):
+            func = expr.func
+            if isinstance(func, ast.Attribute) and func.attr in _SAME_DEVICE_METHODS and not expr.keywords and (
+                    not expr.args or func.attr in ("tril", "triu")) and self.ctx.qualname(func) is None:
+                expr = func.value
+            elif self.ctx.qualname(func) in _SAME_DEVICE_FUNCTIONS and expr.args and not isinstance(expr.args[0], ast.Starred):
+                expr = expr.args[0]
+            else:
+                return self._factory(expr)
+        return None
+
     def _factory(self, expr: ast.AST) -> Optional[tuple]:
         if not isinstance(expr, ast.Call):
             return None
@@ -280,8 +332,13 @@ class TensorCreationInLoop(Rule):
         separator = "" if head.endswith(("(", ",")) else ", "
         if head.endswith(","):
             separator = " "
-        return self.replace(move, f"{head}{separator}device={device})",
-                            "Create the tensor on the device with `device=`", safe=safe)
+        created = f"{head}{separator}device={device})"
+        moved = self.ctx.segment(move.func.value)
+        if moved != text:  # ops between the factory and the move: they now run on the device
+            if moved.count(text) != 1:
+                return None
+            created = moved.replace(text, created)
+        return self.replace(move, created, "Create the tensor on the device with `device=`", safe=safe)
 
     def _report_constant(self, node: ast.Call) -> None:
         self.report(node, f"this constant tensor is copied from the host to the device on every {self._where()}; "
