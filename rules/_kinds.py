@@ -50,7 +50,7 @@ _NON_TENSOR_METHODS = {
     "tensor_split": LIST, "backward": OTHER, "register_hook": OTHER, "is_floating_point": SCALAR,
     "is_complex": SCALAR, "storage": OTHER, "untyped_storage": OTHER, "sort": LIST, "topk": LIST,
     "max": None, "min": None, "median": None, "mode": None, "kthvalue": None, "unique": None,
-    "type": None, "equal": SCALAR, "all": None, "any": None,
+    "type": None, "equal": SCALAR,
 }
 _NON_TENSOR_ATTRS = {"shape", "device", "dtype", "ndim", "is_cuda", "requires_grad", "layout",
                      "is_leaf", "grad_fn", "names", "is_sparse", "itemsize", "nbytes"}

@@ -115,6 +115,19 @@ class HostSyncInLoop(Rule):
             """, (10, 22), (11, 12), (13, 9)),
         bad("""
             import torch
+            import torch.nn.functional as F
+            def train(model, loader, opt):
+                for x, y in loader:
+                    loss = F.cross_entropy(model(x.cuda()), y.cuda())
+                    if torch.isnan(loss).any():
+                        continue
+                    loss.backward()
+                    if not loss.isfinite().all():
+                        raise RuntimeError("non-finite loss")
+                    opt.step()
+            """, (6, 12), (9, 16)),
+        bad("""
+            import torch
             model = torch.nn.Linear(4, 1)
             opt = torch.optim.SGD(model.parameters(), lr=0.1)
             step = 0
