@@ -122,6 +122,11 @@ class _Order(ast.NodeVisitor):
     visit_ListComp = visit_SetComp = visit_GeneratorExp = visit_DictComp = _comprehension
 
 
+def _changes_in_place(method: str) -> bool:
+    """`x.add_(...)`, `x.copy_(...)`, `xs.append(...)`: the method changes its receiver."""
+    return (method.endswith("_") and not method.startswith("_")) or method in ("append", "extend", "insert")
+
+
 class LoopInfo:
     """A `for`, `while` or comprehension, as seen from inside its body."""
 
@@ -179,7 +184,9 @@ class LoopInfo:
 
     @cached_property
     def carried(self) -> set:
-        """Names whose value from the previous iteration is read (recurrences, accumulators)."""
+        """Names whose value from the previous iteration is read (recurrences, accumulators),
+        also through a tensor or list the body changes in place and reads (`hs[t + 1] =
+        f(hs[t] @ W)`, `h.copy_(f(h @ W))`, `outs.append(outs[-1] @ W)`)."""
         if self.is_comprehension:
             return set()
         order = _Order()
@@ -192,7 +199,27 @@ class LoopInfo:
                 written.add(name)
             elif name in assigned and name not in written and name not in self.targets:
                 carried.add(name)
-        return carried
+        return carried | self._read_after_change_in_place()
+
+    def _read_after_change_in_place(self) -> set:
+        changed, bases = set(), set()
+        nodes = [sub for stmt in self.node.body for sub in walk_no_scopes(stmt)]
+        for sub in nodes:
+            if sub.__class__ is ast.Subscript and sub.ctx.__class__ is ast.Store:
+                base = sub.value
+                while base.__class__ is ast.Subscript:  # hs[t][0] = ...
+                    base = base.value
+            elif sub.__class__ is ast.Call and sub.func.__class__ is ast.Attribute and _changes_in_place(sub.func.attr):
+                base = sub.func.value
+            else:
+                continue
+            if base.__class__ is ast.Name:
+                changed.add(base.id)
+                bases.add(id(base))
+        if not changed:
+            return set()
+        return {sub.id for sub in nodes if sub.__class__ is ast.Name and sub.id in changed
+                and sub.ctx.__class__ is ast.Load and id(sub) not in bases}
 
     @cached_property
     def derived(self) -> set:

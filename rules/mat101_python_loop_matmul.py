@@ -153,6 +153,20 @@ class PythonLoopMatmul(GemmVisitor, Rule):
             """),
         good("""
             import torch
+            def rollout(h0: torch.Tensor, W: torch.Tensor, T: int):
+                hs = h0.new_zeros(T + 1, *h0.shape)
+                hs[0] = h0
+                for t in range(T):
+                    hs[t + 1] = torch.tanh(hs[t] @ W)  # hs[t] was written by the step before
+                return hs
+            def unroll(x: torch.Tensor, W: torch.Tensor, T: int):
+                outs = [x[0]]
+                for t in range(1, T):
+                    outs.append(torch.tanh(outs[-1] @ W) + x[t] @ W)
+                return outs
+            """),
+        good("""
+            import torch
             def forward(self, x):
                 for block in self.blocks:
                     x = block(x)

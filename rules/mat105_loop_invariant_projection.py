@@ -93,6 +93,23 @@ class LoopInvariantProjection(GemmVisitor, Rule):
             """),
         good("""
             import torch
+            import torch.nn as nn
+            class ARDecoder(nn.Module):
+                def __init__(self, d):
+                    super().__init__()
+                    self.w_in = nn.Linear(d, d)
+                    self.w_h = nn.Linear(d, d)
+                    self.out = nn.Linear(d, d)
+                def forward(self, x0: torch.Tensor, h: torch.Tensor, steps: int):
+                    ys = x0.new_zeros(x0.size(0), steps + 1, x0.size(-1))
+                    ys[:, 0] = x0
+                    for t in range(steps):
+                        h = torch.tanh(self.w_in(ys[:, t]) + self.w_h(h))  # ys[:, t] is the step before's output
+                        ys[:, t + 1] = self.out(h)
+                    return ys
+            """),
+        good("""
+            import torch
             def decode(emb, h, W_xh, W_hh, y0, T):
                 y = y0
                 for t in range(T):
