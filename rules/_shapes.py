@@ -729,22 +729,42 @@ def _target_names(target) -> list:
     return []
 
 
+# Methods that change their receiver's shape in place (`y.unsqueeze_(1)`): the name's old shape is gone.
+_RESHAPES_IN_PLACE = frozenset({"unsqueeze_", "squeeze_", "resize_", "resize_as_", "t_", "transpose_",
+                                "swapdims_", "swapaxes_", "as_strided_", "set_"})
+_RESHAPE_IN_PLACE_TEXT = re.compile(r"\b(?:%s)\b" % "|".join(sorted(_RESHAPES_IN_PLACE)))
+
+
+def _reshaped_in_place(node) -> Optional[str]:
+    """The name `node` (`y.unsqueeze_(1)`) changes the shape of in place, if any."""
+    if node.__class__ is ast.Call:
+        func = node.func
+        if func.__class__ is ast.Attribute and func.attr in _RESHAPES_IN_PLACE and func.value.__class__ is ast.Name:
+            return func.value.id
+    return None
+
+
 class _Bindings:
     """Names bound in a function body, found statement by statement (expressions are not
-    walked, except for `:=`): how often each is bound (a binding inside a loop counts as many),
-    and which names each loop or try statement binds."""
+    walked, except for `:=` and in-place reshapes like `y.unsqueeze_(1)`, which rebind `y`):
+    how often each is bound (a binding inside a loop counts as many), and which names each loop
+    or try statement binds."""
 
-    def __init__(self, body, walrus: bool):
+    def __init__(self, body, walrus: bool, reshapes_in_place: bool):
         self.counts: dict = {}
         self.stored: dict = {}  # id(statement) -> names bound inside it
         self._block(body, False)
-        if walrus:
+        if walrus or reshapes_in_place:
             for stmt in body:
                 for sub in ast.walk(stmt):
                     if isinstance(sub, ast.NamedExpr) and isinstance(sub.target, ast.Name):
-                        self.counts[sub.target.id] = self.counts.get(sub.target.id, 0) + 2
+                        name = sub.target.id
+                    else:
+                        name = _reshaped_in_place(sub)
+                    if name is not None:  # bound many times, and in every loop and try
+                        self.counts[name] = self.counts.get(name, 0) + 2
                         for key in self.stored:
-                            self.stored[key].add(sub.target.id)
+                            self.stored[key].add(name)
 
     def _bump(self, names, in_loop, out: set) -> None:
         for name in names:
@@ -840,7 +860,8 @@ class FunctionShapes:
         self.stored_attrs: dict = {}  # init mode: self.<attr> -> value
         self.param_aliases: dict = {}  # init mode: param name -> "self.attr" it is stored to
         body = owner.body if isinstance(owner.body, list) else [owner.body]
-        bindings = _Bindings(body, ":=" in _owner_text(ctx, owner))
+        text = _owner_text(ctx, owner)
+        bindings = _Bindings(body, ":=" in text, _RESHAPE_IN_PLACE_TEXT.search(text) is not None)
         self.counts = bindings.counts
         self.stored_in = bindings.stored
         env: dict = {}
@@ -1491,6 +1512,13 @@ class FunctionShapes:
 
     def _call(self, node):
         func = node.func
+        reshaped = _reshaped_in_place(node)
+        if reshaped is not None:
+            for arg in node.args:
+                self.infer(arg)
+            self.infer(func.value)
+            self.env[reshaped] = None
+            return None
         receiver = self.infer(func.value) if isinstance(func, ast.Attribute) else None
         callee = None
         if not isinstance(func, ast.Attribute):

@@ -150,6 +150,16 @@ class TrailingOneBroadcast(Rule):
             """, unsafe=True),
         good("""
             import torch
+            def in_place(N: int):
+                a = torch.randn(N, 1)
+                b = torch.randn(N)
+                a.squeeze_(1)  # a is (N,) from here on
+                c = torch.randn(N, 1)
+                c.resize_(N)
+                return a - b, c * b
+            """),
+        good("""
+            import torch
             n = 64
             a, b = torch.randn(n), torch.randn(n)
             pairwise = a[:, None] - b[None, :]

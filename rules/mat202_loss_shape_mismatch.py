@@ -151,6 +151,20 @@ class LossShapeMismatch(Rule):
             """, (12, 16), message_contains="l1_loss input (B, 1) and target (B,)"),
         good("""
             import torch
+            import torch.nn as nn
+            import torch.nn.functional as F
+            class Reg(nn.Module):
+                def __init__(self, d):
+                    super().__init__()
+                    self.head = nn.Linear(d, 1)
+                def forward(self, x, N: int):
+                    pred = self.head(torch.randn(N, 8))
+                    y = torch.randn(N)
+                    y.unsqueeze_(1)  # now (N, 1), like pred
+                    return F.mse_loss(pred, y)
+            """),
+        good("""
+            import torch
             import torch.nn.functional as F
 
             def step(N: int, M: int, C: int, x, y):

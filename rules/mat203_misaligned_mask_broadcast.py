@@ -176,6 +176,15 @@ class MisalignedMaskBroadcast(Rule):
             """, (6, 12), message_contains="`[:, None, :]` or `[:, :, None]` (whichever axes it belongs to)"),
         good("""
             import torch
+            from jaxtyping import Bool, Float
+            from torch import Tensor
+            def masked_mean(h: Float[Tensor, "B T C"], mask: Bool[Tensor, "B T"]):
+                mask = mask.float()
+                mask.unsqueeze_(-1)
+                return (h * mask).sum(1) / mask.sum(1)
+            """),
+        good("""
+            import torch
 
             def f(B: int, H: int, T: int, pad):
                 scores = torch.randn(B, H, T, T)
