@@ -84,6 +84,8 @@ class TensorCreationInLoop(Rule):
       len(steps) - 1:`, `if state is None:`, `if len(state) == 0:`).
     - Loops in `__init__`, `init*`, `build*`, `setup*` and `reset_parameters` (run once), code
       outside loops and `forward`, and tests.
+    - Caches filled on the first call: `self._mask = ...` under an `if` that tests `self._mask`
+      (`if self._mask is None or self._mask.size(0) < T:`, `if not hasattr(self, "_mask"):`).
 
     ## Fix safety
     Host-created-then-moved fills (`zeros`, `ones`, `full`, `empty`, `arange`, `eye`,
@@ -157,6 +159,24 @@ class TensorCreationInLoop(Rule):
             """),
         good("""
             import torch
+            import torch.nn as nn
+            class CausalAttn(nn.Module):
+                def __init__(self):
+                    super().__init__()
+                    self._mask = None
+                def forward(self, scores):
+                    T = scores.size(-1)
+                    if self._mask is None or self._mask.size(0) < T:
+                        self._mask = torch.ones(T, T).tril().bool().to(scores.device)
+                    return scores.masked_fill(~self._mask[:T, :T], float("-inf"))
+            class Rel(nn.Module):
+                def forward(self, x):
+                    if not hasattr(self, "_scale"):
+                        self._scale = torch.tensor([0.5, 2.0]).to(x.device)
+                    return x * self._scale
+            """),
+        good("""
+            import torch
             from torch import nn
             class CausalMask(nn.Module):
                 def forward(self, x, m):
@@ -212,7 +232,7 @@ class TensorCreationInLoop(Rule):
         # The call's own shape first: it rules out almost every call, and costs less than the place.
         if (self._host_made(func.value) if moves else self._factory(node)) is None:
             return
-        if not self._hot() or in_test_code(self.ctx) or self._runs_once_per_loop():
+        if not self._hot() or in_test_code(self.ctx) or self._runs_once_per_loop() or self._fills_a_cache():
             return
         if moves:
             factory = self._host_made(func.value)
@@ -264,6 +284,34 @@ class TensorCreationInLoop(Rule):
                 test = parent.test
                 if isinstance(test, ast.Compare) and all(isinstance(op, (ast.Eq, ast.Is)) for op in test.ops):
                     return True
+        return False
+
+    def _fills_a_cache(self) -> bool:
+        """`self._mask = ...` under `if self._mask is None or ...:` or `if not hasattr(self,
+        "_mask"):`: a cache filled on the first call (or when it grows), not per-call work."""
+        parents = self.ctx.parents
+        statement = next((p for p in reversed(parents) if isinstance(p, ast.stmt)), None)
+        if isinstance(statement, ast.Assign):
+            targets = statement.targets
+        elif isinstance(statement, ast.AnnAssign):
+            targets = [statement.target]
+        else:
+            return False
+        stored = set()
+        for target in targets:
+            while isinstance(target, ast.Subscript):  # self._cache[key] = ...
+                target = target.value
+            if isinstance(target, ast.Attribute):
+                stored.add(target.attr)
+        if not stored:
+            return False
+        for parent in reversed(parents):
+            if parent is self.ctx.function:
+                break
+            if isinstance(parent, ast.If) and any(
+                    (isinstance(sub, ast.Attribute) and sub.attr in stored)
+                    or (isinstance(sub, ast.Constant) and sub.value in stored) for sub in ast.walk(parent.test)):
+                return True
         return False
 
     def _varies_per_iteration(self, expr: ast.AST) -> bool:
