@@ -7,6 +7,7 @@ from typing import Optional
 
 from matlint.rule import Only, Rule, bad, good
 
+from ._flow import flow_of
 from ._layout import Reorder, int_const, mergeable, reorder
 from ._shapes import shape_of
 
@@ -53,6 +54,9 @@ class ViewAfterTranspose(Rule):
       stays quiet.
     - Transposes of a tensor whose rank is unknown (other than `permute`, which states it), a
       view of a name assigned from a transpose, `view(dtype)`, `view(*shape)`, `view(shape)`.
+    - Transposes of a tensor that is itself a transposed view or a `memory_format=` copy, inline
+      or through a name (`h = x.transpose(1, 2)` ... `h.transpose(1, 2).view(B, -1)`): the
+      second transpose may restore memory order.
     - Dims known to have size 1 (they merge with anything).
 
     ## Fix safety
@@ -104,6 +108,20 @@ class ViewAfterTranspose(Rule):
             """),
         good("""
             import torch
+            def forward(x):
+                B, T, C = x.shape
+                h = x.transpose(1, 2)  # (B, C, T), for pooling
+                pooled = h.mean(-1)
+                flat = h.transpose(1, 2).view(B, T * C)  # back in memory order
+                twice = x.transpose(1, 2).transpose(1, 2).view(B, T * C)
+                return pooled, flat, twice
+            def channels_last(x):
+                B, C, H, W = x.shape
+                x = x.contiguous(memory_format=torch.channels_last)
+                return x.permute(0, 2, 3, 1).view(B, H * W * C)
+            """),
+        good("""
+            import torch
             def f(x, y, B, T, C, H, W, pos, dim):
                 a = y.transpose(1, 2).contiguous().view(B, T, C)
                 b = y.transpose(1, 2).reshape(B, T, C)
@@ -138,7 +156,7 @@ class ViewAfterTranspose(Rule):
         if source is None or source.perm is None:
             return
         perm = source.perm
-        if view_rank >= len(perm):
+        if view_rank >= len(perm) or self._may_be_laid_out_otherwise(source.base):
             return
         ones = self._size_one_dims(source)
         for i in range(len(perm) - 1):
@@ -167,6 +185,24 @@ class ViewAfterTranspose(Rule):
             # A single argument may be a dtype or a shape variable: only a literal int is a rank-1 view.
             return 1 if int_const(only) is not None else None
         return len(args)
+
+    def _may_be_laid_out_otherwise(self, base: ast.AST) -> bool:
+        """The transposed tensor may not be contiguous: it is itself a transposed view or a
+        channels-last copy, inline or through a name the function assigns so (`h =
+        x.transpose(1, 2)`, whose `h.transpose(1, 2)` is contiguous again)."""
+        values = [base]
+        if isinstance(base, ast.Name) and self.ctx.function is not None:
+            stores = flow_of(self.ctx, self.ctx.function).stores.get(base.id, [])
+            values += [stmt.value for stmt, simple in stores if simple]
+        for value in values:
+            while (isinstance(value, ast.Call) and isinstance(value.func, ast.Attribute)
+                   and value.func.attr in _STRIDE_KEEPING | {"contiguous"}):
+                if any(k.arg == "memory_format" for k in value.keywords):
+                    return True
+                value = value.func.value
+            if reorder(self.ctx, value) is not None:
+                return True
+        return False
 
     def _reorder_through_casts(self, expr: ast.AST) -> Optional[Reorder]:
         while (isinstance(expr, ast.Call) and isinstance(expr.func, ast.Attribute)
