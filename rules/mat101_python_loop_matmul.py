@@ -20,10 +20,11 @@ _BATCH_LETTERS = "bnzyxwvutsrqpomlkhgfedca"
 class _Batched:
     """A per-iteration operand and the tensor that holds all iterations."""
 
-    def __init__(self, base: ast.AST, dim: Optional[int], plain: bool):
+    def __init__(self, base: ast.AST, dim: Optional[int], plain: bool, index: str):
         self.base = base      # the tensor indexed or iterated over
         self.dim = dim        # which dim the loop walks (0 for `x[i]` and `for xi in x`)
         self.plain = plain    # the operand is exactly base[i] (no wrapping calls)
+        self.index = index    # the loop variable that walks it (`i`)
 
 
 class PythonLoopMatmul(GemmVisitor, Rule):
@@ -142,6 +143,17 @@ class PythonLoopMatmul(GemmVisitor, Rule):
             def heads(q: torch.Tensor, k: torch.Tensor, n_heads: int):
                 return [torch.einsum("btd,bsd->bts", q[:, h], k[:, h]) for h in range(n_heads)]
             """, (3, 13), message_contains='torch.einsum("bntd,bnsd->nbts", q, k)'),
+        bad("""
+            import torch
+            import torch.nn.functional as F
+            def project(x: torch.Tensor, weight, bias):
+                return torch.stack([F.linear(row, weight, bias=bias) for row in x])
+            """, (4, 25), message_contains="`F.linear(x, weight, bias=bias)`"),
+        bad("""
+            import torch
+            def gram(x: torch.Tensor, n: int):
+                return [x[i] @ x[j] for i in range(n) for j in range(n)]  # all pairs: not matmul(x, x)
+            """, (3, 13), message_contains="do all iterations in one call"),
         good("""
             import torch
             import d2l
@@ -302,32 +314,32 @@ class PythonLoopMatmul(GemmVisitor, Rule):
             if loop.depends_on_iteration(base) or not self._tensor_base(base):
                 return None
             elems = op.slice.elts if isinstance(op.slice, ast.Tuple) else [op.slice]
-            dim, found = None, 0
+            dim, found, index = None, 0, None
             for pos, elem in enumerate(elems):
                 if isinstance(elem, ast.Name) and self._index_var(loop, elem.id):
-                    dim, found = pos, found + 1
+                    dim, found, index = pos, found + 1, elem.id
                 elif isinstance(elem, ast.Slice) and elem.lower is None and elem.upper is None and elem.step is None:
                     continue
                 else:
                     return None
-            return _Batched(base, dim, True) if found == 1 else None
+            return _Batched(base, dim, True, index) if found == 1 else None
         if isinstance(op, ast.Name):
             if op.id in loop.targets:
                 source = self._iterated_tensor(loop, op.id)
-                return _Batched(source, 0, True) if source is not None else None
+                return _Batched(source, 0, True, op.id) if source is not None else None
             assignment = self._single_assignment(loop, op.id)
             if assignment is not None:
                 inner = self._batched(loop, assignment, depth + 1)
-                return _Batched(inner.base, inner.dim, False) if inner else None
+                return _Batched(inner.base, inner.dim, False, inner.index) if inner else None
             return None
         if isinstance(op, ast.Call) and isinstance(op.func, ast.Attribute) and op.func.attr in _SHAPE_KEEPING_METHODS:
             if any(loop.depends_on_iteration(a) for a in op.args):
                 return None
             inner = self._batched(loop, op.func.value, depth + 1)
-            return _Batched(inner.base, inner.dim, False) if inner else None
+            return _Batched(inner.base, inner.dim, False, inner.index) if inner else None
         if isinstance(op, ast.Attribute) and op.attr in _SHAPE_KEEPING_ATTRS:
             inner = self._batched(loop, op.value, depth + 1)
-            return _Batched(inner.base, inner.dim, False) if inner else None
+            return _Batched(inner.base, inner.dim, False, inner.index) if inner else None
         return None
 
     def _tensor_base(self, base: ast.AST) -> bool:
@@ -404,7 +416,8 @@ class PythonLoopMatmul(GemmVisitor, Rule):
         ops = gemm.operands
         items = [seg(b.base) if b else seg(op) for b, op in zip(batched, ops)]
         present = [b for b in batched if b is not None]
-        plain = all(b.plain for b in present)
+        # `x[i] @ x[j]` over two loop variables: all pairs, not one batch
+        plain = all(b.plain for b in present) and len({b.index for b in present}) == 1
         dim0 = plain and all(b.dim == 0 for b in present)
         generic = ("do all iterations in one call: `torch.matmul`/`bmm` with the loop's items as a batch "
                    "dimension, or `torch.einsum` with a batch index")
@@ -413,7 +426,8 @@ class PythonLoopMatmul(GemmVisitor, Rule):
             return f'use one call: `torch.einsum("{eq}", {", ".join(items)})`' if eq else generic
         if gemm.op in ("nn.Linear", "linear") and plain and batched[0] is not None and len(present) == 1:
             call = gemm.spelling if gemm.op == "nn.Linear" else seg(gemm.node.func)
-            args = [items[0]] + [seg(a) for a in gemm.node.args[1:]]
+            args = [items[0]] + [seg(a) for a in gemm.node.args[1:]] + [
+                f"{k.arg}={seg(k.value)}" if k.arg else f"**{seg(k.value)}" for k in gemm.node.keywords]
             then = "" if batched[0].dim == 0 else f" and index dim {batched[0].dim} of the result"
             return (f"apply it once to the whole tensor: `{call}({', '.join(args)})`{then} "
                     f"(a linear layer maps the last dim over any leading dims)")
