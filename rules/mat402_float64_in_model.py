@@ -12,6 +12,9 @@ from ._names import in_test_code
 
 _FLOAT64 = {"torch.float64", "torch.double"}
 _CASTS = {"float", "half", "bfloat16", "to", "type", "type_as"}
+# Methods and functions whose result is no float64 tensor: an integer or bool tensor, a Python value.
+_EXITS = {"long", "int", "short", "bool", "item", "tolist"}
+_EXIT_FUNCTIONS = {"torch.allclose", "torch.equal", "torch.isclose"}
 _HOST_KINDS = (_kinds.CPU_TENSOR, _kinds.NUMPY, _kinds.SCALAR, _kinds.LIST, _kinds.LOADER, _kinds.OTHER)
 _MODULE_KINDS = (_kinds.MODULE, _kinds.LINEAR, _kinds.MODULE_LIST)
 
@@ -54,7 +57,9 @@ class Float64InModel(Rule):
       through the names assigned from it) is later cast with `.float()`, `.to(x.dtype)`,
       `.type_as(x)`... in the same function, e.g. RoPE frequency tables built in float64 and
       then cast, or a numerically sensitive reduction done in float64 and returned in the
-      input's dtype.
+      input's dtype; also float64 that leaves at once for integers or Python values
+      (`(lengths.double() * r).ceil().long()`, `x.double().sum().item()`,
+      `torch.allclose(a.double(), b.double())`).
     - Branches that test a dtype (`if x.dtype == torch.float64:`), values on the CPU by
       construction, numpy arrays, and buffers or tables computed once in `__init__` that do
       not become parameters.
@@ -102,6 +107,25 @@ class Float64InModel(Rule):
                 def forward(self, x):
                     return x.type("torch.\x44oubleTensor") + x.to("torch.Dou" "bleTensor")
             """, (5, 16), (5, 50)),
+        good("""
+            import torch
+            import torch.nn as nn
+            class Resampler(nn.Module):
+                def forward(self, x, lengths, ratio: float):
+                    new_lengths = (lengths.double() * ratio).ceil().long()
+                    self.total = x.double().sum().item()
+                    coeffs = torch.tensor([1.0, 0.5, 0.25], dtype=torch.float64)  # stays on the host
+                    ok = torch.allclose(x.double(), x.float().double())
+                    return x * coeffs.tolist()[0], new_lengths, ok
+            """),
+        bad("""
+            import torch
+            import torch.nn as nn
+            class Poly(nn.Module):
+                def forward(self, x):
+                    coeffs = torch.tensor([1.0, 0.5, 0.25], dtype=torch.float64, device=x.device)
+                    return x * coeffs
+            """, (5, 55)),
         good("""
             import torch
             import torch.nn as nn
@@ -175,6 +199,8 @@ class Float64InModel(Rule):
         dtype = next((k.value for k in node.keywords if k.arg == "dtype"), None)
         if dtype is None or self.ctx.qualname(dtype) not in _FLOAT64:
             return
+        if where == "forward" and _kinds.kind_of(self.ctx, node) == _kinds.CPU_TENSOR and not self._moved(node):
+            return  # made on the host for this call and left there (`torch.tensor([...], dtype=torch.float64)`)
         if where == "__init__" and not (self._inside_parameter(node) or self._is_layer(qualname)):
             return
         if qualname is None and not isinstance(func, ast.Attribute):
@@ -248,8 +274,15 @@ class Float64InModel(Rule):
                     return True
         return False
 
+    def _moved(self, node: ast.AST) -> bool:
+        """`node.to(...)`, `node.cuda()`: the tensor goes to a device right away."""
+        parents = self.ctx.parents
+        return (len(parents) >= 2 and isinstance(parents[-1], ast.Attribute) and parents[-1].value is node
+                and parents[-1].attr in ("to", "cuda") and isinstance(parents[-2], ast.Call))
+
     def _cast_back(self, node: ast.AST) -> bool:
-        """The float64 value, or a name assigned from it, is cast to another dtype in this function."""
+        """The float64 value, or a name assigned from it, is cast to another dtype in this
+        function, or leaves float64 at once (`.long()`, `.item()`, `torch.allclose(...)`)."""
         parents = self.ctx.parents
         for i in range(len(parents) - 1, -1, -1):
             parent = parents[i]
@@ -257,6 +290,9 @@ class Float64InModel(Rule):
                 statement = parent
                 break
             if self._is_cast_call(parent) and any(n is node for n in ast.walk(parent.func.value)):
+                return True
+            if (isinstance(parent, ast.Call) and self.ctx.qualname(parent.func) in _EXIT_FUNCTIONS
+                    and any(n is node for a in parent.args for n in ast.walk(a))):
                 return True
         else:
             return False
@@ -281,7 +317,8 @@ class Float64InModel(Rule):
                    for n in walk_no_scopes(function))
 
     def _is_cast_call(self, node: ast.AST) -> bool:
-        if not (isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute) and node.func.attr in _CASTS):
+        if not (isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute)
+                and (node.func.attr in _CASTS or node.func.attr in _EXITS)):
             return False
         if node.func.attr in ("to", "type"):
             return bool(node.args or node.keywords) and not self._float64_arg(node)
