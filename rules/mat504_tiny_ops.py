@@ -17,7 +17,8 @@ _PARAMETER_SOURCES = {"parameters", "named_parameters"}
 _INPLACE_MATH = {"add_", "sub_", "mul_", "div_", "addcmul_", "addcdiv_", "lerp_", "clamp_", "sqrt_", "pow_",
                  "neg_", "exp_"}
 _HOT_FUNCTION = re.compile(r"step|update|ema|average|swa|apply_grad", re.IGNORECASE)
-_ONE_TIME_FUNCTION = re.compile(r"init|reset|load|build|setup|copy|convert|prune|quantiz", re.IGNORECASE)
+_ONE_TIME_FUNCTION = re.compile(r"init|reset|load|build|setup|copy|convert|prune|quantiz|checkpoint|ckpt",
+                                re.IGNORECASE)
 
 
 class TinyOps(Rule):
@@ -65,7 +66,8 @@ class TinyOps(Rule):
       `p.grad = None`, `p.copy_(...)`, `p.zero_()`, initializers (`p.normal_()`), reading
       norms into a list.
     - Loops in functions that run once (`__init__`, `init*`, `reset*`, `load*`, `build*`,
-      `setup*`, `copy*`, `convert*`, `prune*`, `quantize*`), and functions that already use
+      `setup*`, `copy*`, `convert*`, `prune*`, `quantize*`, and any name with `checkpoint` or
+      `ckpt`: `average_checkpoints` runs offline), and functions that already use
       `torch._foreach_*` (the loop is the fallback).
     - Loops that also run GEMMs, linear algebra, autograd or a loss per parameter (Shampoo or
       Kron preconditioners, per-parameter Hessians): their cost is not launch overhead.
@@ -124,6 +126,18 @@ class TinyOps(Rule):
                     for p in model.parameters():
                         p.data = p.data - lr * p.grad
             """, (5, 9), (10, 17), (15, 17), (20, 13)),
+        good("""
+            import torch
+            @torch.no_grad()
+            def average_checkpoints(model, paths):
+                states = [torch.load(p, map_location="cpu") for p in paths]
+                for name, p in model.named_parameters():
+                    p.zero_()
+                    for s in states:
+                        p.add_(s[name])
+                    p.div_(len(states))
+                return model
+            """),
         good("""
             import torch
             def freeze(model):
