@@ -747,8 +747,8 @@ def _reshaped_in_place(node) -> Optional[str]:
 class _Bindings:
     """Names bound in a function body, found statement by statement (expressions are not
     walked, except for `:=` and in-place reshapes like `y.unsqueeze_(1)`, which rebind `y`):
-    how often each is bound (a binding inside a loop counts as many), and which names each loop
-    or try statement binds."""
+    how often each is bound (a loop target, augmented assignment or other binding inside a loop
+    counts as many), and which names each loop or try statement binds."""
 
     def __init__(self, body, walrus: bool, reshapes_in_place: bool):
         self.counts: dict = {}
@@ -778,14 +778,17 @@ class _Bindings:
         return out
 
     def _statement(self, stmt, in_loop) -> set:
+        # An assignment inside a loop counts once: each pass through the body binds the name anew,
+        # and the analysis forgets every name a loop binds where the loop starts and ends, so a
+        # symbol for it never meets the value of another iteration.
         out: set = set()
         if isinstance(stmt, ast.Assign):
             for target in stmt.targets:
-                self._bump(_target_names(target), in_loop, out)
+                self._bump(_target_names(target), False, out)
         elif isinstance(stmt, ast.AugAssign):
             self._bump(_target_names(stmt.target), True, out)
         elif isinstance(stmt, ast.AnnAssign):
-            self._bump(_target_names(stmt.target), in_loop, out)
+            self._bump(_target_names(stmt.target), False, out)
         elif isinstance(stmt, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
             self._bump([stmt.name], in_loop, out)
         elif isinstance(stmt, (ast.Import, ast.ImportFrom)):

@@ -148,6 +148,27 @@ class TrailingOneBroadcast(Rule):
                 n, _ = boxes.shape
                 return boxes[:, 2:3].squeeze(-1) - boxes[:, 0]
             """, unsafe=True),
+        bad("""
+            import torch
+            from torch import nn
+            def train(d: int, loader):
+                head = nn.Linear(d, 1)
+                for obs, returns in loader:
+                    n, _ = obs.shape
+                    assert returns.shape == (n,)
+                    loss = (head(obs) - returns).pow(2).mean()
+            """, (8, 17)),
+        good("""
+            import torch
+            def deltas(loader):
+                prev = None
+                for obs in loader:
+                    n = obs.shape[0]
+                    cur = torch.zeros(n)
+                    if prev is not None:
+                        yield prev - cur  # prev is (n, 1) of the step before: its n may differ
+                    prev = torch.zeros(n, 1)
+            """),
         good("""
             import torch
             def in_place(N: int):

@@ -174,6 +174,14 @@ class MisalignedMaskBroadcast(Rule):
                 pad = torch.ones(B, T)
                 return scores * pad
             """, (6, 12), message_contains="`[:, None, :]` or `[:, :, None]` (whichever axes it belongs to)"),
+        bad("""
+            import torch
+            def run(loader):
+                for hidden, mask in loader:
+                    B, T, C = hidden.shape
+                    assert mask.shape == (B, T)
+                    pooled = (hidden * mask).sum(1)
+            """, (6, 19)),
         good("""
             import torch
             from jaxtyping import Bool, Float
