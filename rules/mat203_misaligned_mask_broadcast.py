@@ -8,6 +8,8 @@ from matlint.rules._shapes import Shape, broadcast_is_valid, dim_eq, fmt_shape, 
 from matlint.rules.mat201_trailing_one_broadcast import operand_source
 
 _BINOPS = {ast.Add: "+", ast.Sub: "-", ast.Mult: "*", ast.Div: "/"}
+# The same operations as methods and torch functions (`h.mul(mask)`, `torch.mul(h, mask)`, `h.mul_(mask)`).
+_METHODS = {"add", "sub", "subtract", "mul", "multiply", "div", "divide", "true_divide"}
 
 
 def _matches(small, big) -> bool:
@@ -104,6 +106,41 @@ class MisalignedMaskBroadcast(Rule):
                 scores = scores.masked_fill(pad[:, None, None, :] == 0, float("-inf"))
                 return scores.softmax(-1)
             """, unsafe=True, message_contains="mask (B, T) against (B, n_head, T, T) broadcasts as (1, 1, B, T): its B meets axis 2 (T)"),
+        bad("""
+            import torch
+            from jaxtyping import Float
+            from torch import Tensor
+
+            def pool(h: Float[Tensor, "B T C"], m: Float[Tensor, "B T"], s: Float[Tensor, "B H T T"]):
+                a = h.mul(m).sum(1)
+                b = torch.mul(m, h).sum(1)
+                h.mul_(m)
+                c = torch.masked_fill(s, m == 0, float("-inf"))
+                return a, b, c
+            """, (6, 9), (7, 9), (8, 5), (9, 9), fixed="""
+            import torch
+            from jaxtyping import Float
+            from torch import Tensor
+
+            def pool(h: Float[Tensor, "B T C"], m: Float[Tensor, "B T"], s: Float[Tensor, "B H T T"]):
+                a = h.mul(m[:, :, None]).sum(1)
+                b = torch.mul(m[:, :, None], h).sum(1)
+                h.mul_(m[:, :, None])
+                c = torch.masked_fill(s, m[:, None, None, :] == 0, float("-inf"))
+                return a, b, c
+            """, unsafe=True),
+        good("""
+            import torch
+            from jaxtyping import Float
+            from torch import Tensor
+
+            def pool(h: Float[Tensor, "B T C"], m: Float[Tensor, "B T"], s: Float[Tensor, "B H T T"]):
+                a = h.mul(m[:, :, None]).sum(1)
+                b = torch.add(h, m[..., None], alpha=2)
+                c = torch.masked_fill(s, m[:, None, None, :] == 0, float("-inf"))
+                d = s.masked_fill(m[:, None, None, :] == 0, 0.0)
+                return a, b, c, d
+            """),
         bad("""
             import torch
             from jaxtyping import Float
@@ -215,18 +252,32 @@ class MisalignedMaskBroadcast(Rule):
         if type(node.op) in _BINOPS:
             self._check(node, node.value, node.target)
 
-    only = {"visit_Call": Only(attrs=frozenset({"masked_fill", "masked_fill_", "where"}))}
+    only = {"visit_Call": Only(attrs=frozenset(
+        {"masked_fill", "masked_fill_", "where"} | _METHODS | {m + "_" for m in _METHODS}))}
 
     def visit_Call(self, node: ast.Call) -> None:
         func = node.func
-        if not isinstance(func, ast.Attribute):
+        if not isinstance(func, ast.Attribute) or any(isinstance(a, ast.Starred) for a in node.args):
             return
-        if func.attr in ("masked_fill", "masked_fill_") and node.args:
-            self._check(node, node.args[0], func.value)
-        elif func.attr == "where" and self.ctx.qualname(func) == "torch.where" and len(node.args) == 3:
-            for other in node.args[1:]:
-                if self._check(node, node.args[0], other):
+        attr, args = func.attr, node.args
+        qual = self.ctx.qualname(func)
+        if attr in ("masked_fill", "masked_fill_"):
+            if qual == "torch.masked_fill" and len(args) >= 2:
+                self._check(node, args[1], args[0])
+            elif qual is None and args:
+                self._check(node, args[0], func.value)
+        elif attr == "where" and qual == "torch.where" and len(args) == 3:
+            for other in args[1:]:
+                if self._check(node, args[0], other):
                     return
+        elif node.keywords:
+            return  # `alpha=`, `rounding_mode=`, `out=`: leave them be
+        elif attr in _METHODS and qual == f"torch.{attr}" and len(args) == 2:
+            self._check(node, args[0], args[1]) or self._check(node, args[1], args[0])
+        elif attr in _METHODS and qual is None and len(args) == 1:
+            self._check(node, func.value, args[0]) or self._check(node, args[0], func.value)
+        elif attr[:-1] in _METHODS and qual is None and len(args) == 1:
+            self._check(node, args[0], func.value)  # in place: the receiver keeps its shape
 
     def _check(self, node, mask_node, target_node) -> bool:
         if never_shaped(mask_node) or never_shaped(target_node):
