@@ -1255,8 +1255,20 @@ class FunctionShapes:
             return self.env[node.id]
         qual = self.ctx.qualname(node)
         if self.counts.get(node.id, 0) == 0 and qual is None:
-            return Opaque(self.sym(node.id))
+            layer = self._module_level_layer(node.id)
+            return layer if layer is not None else Opaque(self.sym(node.id))
         return _loss_function(qual)
+
+    def _module_level_layer(self, name: str):
+        """The layer or loss a free name holds when the module binds it once, to a `torch.nn`
+        constructor (`criterion = nn.MSELoss()` above the function that calls it)."""
+        if self.owner is self.ctx.tree:
+            return None
+        call = _module_constructors(self.ctx).get(name)
+        if call is None:
+            return None
+        value = self.infer(call)
+        return value if isinstance(value, (Module, Loss)) else None
 
     def _infer(self, node):
         if isinstance(node, ast.Constant):
@@ -2066,6 +2078,24 @@ def _drop_first_arg(node: ast.Call) -> ast.Call:
     return ast.Call(func=node.func, args=node.args[1:], keywords=node.keywords)
 
 
+def _module_constructors(ctx) -> dict:
+    """Names the module binds exactly once, by `name = torch.nn.<Class>(...)`: name -> the call.
+    Empty when any function could rebind a module name (`global`)."""
+    found = ctx.shared.get("shapes.module_constructors")
+    if found is None:
+        found = ctx.shared["shapes.module_constructors"] = {}
+        body = ctx.tree.body
+        if "global" in ctx.source:
+            return found
+        counts = _Bindings(body, False, False).counts
+        for stmt in scope_statements(body):
+            if (isinstance(stmt, ast.Assign) and len(stmt.targets) == 1 and isinstance(stmt.targets[0], ast.Name)
+                    and counts.get(stmt.targets[0].id) == 1 and isinstance(stmt.value, ast.Call)
+                    and (ctx.qualname(stmt.value.func) or "").startswith("torch.nn.")):
+                found[stmt.targets[0].id] = stmt.value
+    return found
+
+
 def _terminates(body) -> bool:
     return bool(body) and isinstance(body[-1], (ast.Return, ast.Raise, ast.Continue, ast.Break))
 
@@ -2175,8 +2205,10 @@ def _owner_text(ctx, owner) -> str:
 def _names_a_shape_source(ctx, text: str) -> bool:
     if _SHAPE_SOURCE.search(text):
         return True
-    aliases = ctx.names.names_bound_to(_SHAPE_SOURCE_NAMES)
-    return bool(aliases) and not aliases.isdisjoint(_WORD.findall(text))
+    # A name bound to a source (`from torch import zeros as z`) or to a layer the module builds
+    # (`criterion = nn.MSELoss()` above the function).
+    names = ctx.names.names_bound_to(_SHAPE_SOURCE_NAMES) | _module_constructors(ctx).keys()
+    return bool(names) and not names.isdisjoint(_WORD.findall(text))
 
 
 def _states_shapes(body) -> bool:

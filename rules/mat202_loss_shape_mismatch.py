@@ -149,6 +149,15 @@ class LossShapeMismatch(Rule):
                     B, D = x.shape
                     return self.criterion(self.out(x), y.reshape(B))
             """, (12, 16), message_contains="l1_loss input (B, 1) and target (B,)"),
+        bad("""
+            import torch
+            import torch.nn as nn
+            criterion = nn.MSELoss()
+            def step(N: int):
+                pred = torch.randn(N, 1)
+                target = torch.randn(N)
+                return criterion(pred, target)
+            """, (7, 12)),
         good("""
             import torch
             import torch.nn as nn

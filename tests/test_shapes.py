@@ -404,6 +404,22 @@ def test_names_assigned_twice_are_not_symbols():
     assert str(values[0]) == "(?,)" and str(values[1]) == "(?,)"
 
 
+def test_a_name_assigned_once_in_a_loop_is_a_symbol_within_one_pass():
+    values = revealed("def f(xs):\n    prev = None\n    for x in xs:\n        n = x.size(0)\n"
+                      "        reveal(torch.zeros(n) - torch.zeros(n))\n        reveal(prev)\n"
+                      "        prev = torch.zeros(n)\n    reveal(torch.zeros(n))\n")
+    assert str(values[0]) == "(n,)"
+    assert values[1] is None             # the step before's value: forgotten where the loop starts
+    assert str(values[2]) != "(n,)"      # after the loop n is forgotten (the last pass's n, or none)
+
+
+def test_module_level_layers_bound_twice_or_made_global_are_not_known():
+    twice = revealed("crit = nn.MSELoss()\ncrit = nn.L1Loss()\ndef f(a, b):\n    reveal(crit(a, b))\n")
+    made_global = revealed("crit = nn.MSELoss()\ndef g():\n    global crit\n    crit = None\n"
+                           "def f(a, b):\n    reveal(crit(a, b))\n")
+    assert twice == [None] and made_global == [None]
+
+
 def test_init_symbols_do_not_meet_forward_symbols():
     values = revealed("class M(nn.Module):\n    def __init__(self, n):\n        super().__init__()\n"
                       "        self.fc = nn.Linear(3, n)\n    def forward(self, x, n: int):\n"
@@ -535,6 +551,8 @@ class M(nn.Module):
         reveal(self.crit(a, b))
 """,
     "jaxtyping-annotation": "from jaxtyping import Float\nfrom torch import Tensor\ndef f(x: Float[Tensor, 'b 1']):\n    reveal(x)\n",
+    "loss-built-at-module-level": "criterion = nn.MSELoss()\ndef f(a, b):\n    reveal(criterion(a, b))\n",
+    "layer-built-at-module-level": "head = nn.Linear(8, 1)\ndef f(x: torch.Tensor, n):\n    reveal(head(x.view(n, 8)))\n",
     "module-level-code": "reveal(torch.randn(3, 1))\n",
     "lambda": "f = lambda n: reveal(torch.randn(n, 1))\n",
 }
