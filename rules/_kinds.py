@@ -21,10 +21,13 @@ LINEAR = "linear"            # an nn.Linear (or LazyLinear) module
 MODULE = "module"            # a torch.nn module that returns one tensor
 MODULE_LIST = "module_list"
 LOADER = "loader"
+MODULE_CLASS = "module_class"  # a class of the file that subclasses a torch.nn module (`class Net(nn.Module)`)
+USER_MODULE = "user_module"  # an instance of one: a model, whose call may return anything
 OTHER = "other"              # known, but none of the above (an optimizer, a context manager...)
 
 TENSORS = (TENSOR, CPU_TENSOR)
-NON_TENSORS = (NUMPY, LIST, SCALAR, LINEAR, MODULE, MODULE_LIST, LOADER, OTHER, TENSOR_SEQ)
+NON_TENSORS = (NUMPY, LIST, SCALAR, LINEAR, MODULE, MODULE_LIST, LOADER, OTHER, TENSOR_SEQ, MODULE_CLASS,
+               USER_MODULE)
 
 _TENSOR_NAMESPACES = ("torch", "torch.nn.functional", "torch.linalg", "torch.fft", "torch.special")
 _NOT_TENSOR_FUNCTIONS = {
@@ -224,7 +227,8 @@ class ScopeKinds(BuiltOnFirstUse):
                 if type(node.value) is ast.Name:
                     self.methods_used.setdefault(node.value.id, set()).add(node.attr)
             elif what == "scope":
-                self.assigned.setdefault(node.name, []).append(("kind", OTHER))
+                entry = ("class", node) if node_type is ast.ClassDef else ("kind", OTHER)
+                self.assigned.setdefault(node.name, []).append(entry)
                 continue
             elif what == "lambda":
                 continue
@@ -339,7 +343,17 @@ class _Inference:
             return None
         if tag == "elem":
             return sub.element(entry[1], entry[2])
+        if tag == "class":
+            return MODULE_CLASS if any(sub._module_base(base) for base in entry[1].bases) else OTHER
         return None
+
+    def _module_base(self, base: ast.AST) -> bool:
+        """`nn.Module`, another torch.nn class, a LightningModule, or a module class of the file."""
+        qual = self.ctx.qualname(base)
+        if qual is not None:
+            last = qual.rsplit(".", 1)[-1]
+            return (qual.startswith("torch.nn.") and last[:1].isupper()) or last == "LightningModule"
+        return isinstance(base, ast.Name) and self.name(base.id) == MODULE_CLASS
 
     def element(self, iterable: ast.AST, path: tuple) -> Optional[str]:
         """Kind of the item at `path` inside each element of `iterable`."""
@@ -483,15 +497,19 @@ class _Inference:
                            "isinstance", "hasattr", "repr"):
                 return SCALAR if func.id not in ("sum", "abs", "max", "min") else None
             callee = self.name(func.id)
+            if callee == MODULE_CLASS:
+                return USER_MODULE
         elif isinstance(func, ast.Attribute):
             receiver = self.expr(func.value)
             if receiver in TENSORS:
                 return self._tensor_method(func.attr, receiver, node)
             if receiver == NUMPY:
                 return SCALAR if func.attr in ("item",) else LIST if func.attr == "tolist" else NUMPY
-            if receiver in (MODULE, LINEAR) and func.attr in ("parameters", "named_parameters", "modules", "children"):
+            if receiver in (MODULE, LINEAR, USER_MODULE) and func.attr in (
+                    "parameters", "named_parameters", "modules", "children"):
                 return OTHER
-            if receiver in (MODULE, LINEAR) and func.attr in ("cuda", "cpu", "to", "float", "half", "bfloat16", "double", "train", "eval"):
+            if receiver in (MODULE, LINEAR, USER_MODULE) and func.attr in (
+                    "cuda", "cpu", "to", "float", "half", "bfloat16", "double", "train", "eval"):
                 return receiver
             if receiver == MODULE_LIST:
                 return None

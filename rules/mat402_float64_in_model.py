@@ -16,7 +16,7 @@ _CASTS = {"float", "half", "bfloat16", "to", "type", "type_as"}
 _EXITS = {"long", "int", "short", "bool", "item", "tolist"}
 _EXIT_FUNCTIONS = {"torch.allclose", "torch.equal", "torch.isclose"}
 _HOST_KINDS = (_kinds.CPU_TENSOR, _kinds.NUMPY, _kinds.SCALAR, _kinds.LIST, _kinds.LOADER, _kinds.OTHER)
-_MODULE_KINDS = (_kinds.MODULE, _kinds.LINEAR, _kinds.MODULE_LIST)
+_MODULE_KINDS = (_kinds.MODULE, _kinds.LINEAR, _kinds.MODULE_LIST, _kinds.USER_MODULE)
 
 
 class Float64InModel(Rule):
@@ -107,6 +107,20 @@ class Float64InModel(Rule):
                 def forward(self, x):
                     return x.type("torch.\x44oubleTensor") + x.to("torch.Dou" "bleTensor")
             """, (5, 16), (5, 50)),
+        bad("""
+            import torch
+            from torch import nn
+            class Net(nn.Module):
+                def forward(self, x):
+                    return x
+            class Deeper(Net):
+                pass
+            def main():
+                model = Net().double()
+                other = Deeper()
+                other.to(torch.float64)
+                return model, other
+            """, (9, 13), (11, 5)),
         good("""
             import torch
             import torch.nn as nn
@@ -114,7 +128,7 @@ class Float64InModel(Rule):
                 def forward(self, x, lengths, ratio: float):
                     new_lengths = (lengths.double() * ratio).ceil().long()
                     self.total = x.double().sum().item()
-                    coeffs = torch.tensor([1.0, 0.5, 0.25], dtype=torch.float64)  # stays on the host
+                    coeffs = torch.tensor([1.0, 0.5, 0.25], dtype=torch.float64)  # read back as Python floats
                     ok = torch.allclose(x.double(), x.float().double())
                     return x * coeffs.tolist()[0], new_lengths, ok
             """),
@@ -199,8 +213,6 @@ class Float64InModel(Rule):
         dtype = next((k.value for k in node.keywords if k.arg == "dtype"), None)
         if dtype is None or self.ctx.qualname(dtype) not in _FLOAT64:
             return
-        if where == "forward" and _kinds.kind_of(self.ctx, node) == _kinds.CPU_TENSOR and not self._moved(node):
-            return  # made on the host for this call and left there (`torch.tensor([...], dtype=torch.float64)`)
         if where == "__init__" and not (self._inside_parameter(node) or self._is_layer(qualname)):
             return
         if qualname is None and not isinstance(func, ast.Attribute):
@@ -273,12 +285,6 @@ class Float64InModel(Rule):
                 if "dtype" in text or "float64" in text or "double" in text:
                     return True
         return False
-
-    def _moved(self, node: ast.AST) -> bool:
-        """`node.to(...)`, `node.cuda()`: the tensor goes to a device right away."""
-        parents = self.ctx.parents
-        return (len(parents) >= 2 and isinstance(parents[-1], ast.Attribute) and parents[-1].value is node
-                and parents[-1].attr in ("to", "cuda") and isinstance(parents[-2], ast.Call))
 
     def _cast_back(self, node: ast.AST) -> bool:
         """The float64 value, or a name assigned from it, is cast to another dtype in this

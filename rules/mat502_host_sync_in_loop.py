@@ -14,8 +14,7 @@ from ._loops import LoopInfo, identifier as _identifier, is_training_loop, itera
 
 _GATE_NAME = re.compile(r"log|print|verbose|debug|interval|every|freq|display|report|eval|save|val",
                         re.IGNORECASE)
-_NOT_SYNCED = (_kinds.CPU_TENSOR, _kinds.NUMPY, _kinds.LIST, _kinds.SCALAR, _kinds.LINEAR, _kinds.MODULE,
-               _kinds.MODULE_LIST, _kinds.LOADER, _kinds.OTHER, _kinds.TENSOR_SEQ)
+_NOT_SYNCED = (_kinds.CPU_TENSOR,) + _kinds.NON_TENSORS
 _SYNC_METHODS = {"item", "cpu", "tolist", "to"}
 _CONVERSIONS = {"float", "int", "bool"}
 
