@@ -732,7 +732,6 @@ def _target_names(target) -> list:
 # Methods that change their receiver's shape in place (`y.unsqueeze_(1)`): the name's old shape is gone.
 _RESHAPES_IN_PLACE = frozenset({"unsqueeze_", "squeeze_", "resize_", "resize_as_", "t_", "transpose_",
                                 "swapdims_", "swapaxes_", "as_strided_", "set_"})
-_RESHAPE_IN_PLACE_TEXT = re.compile(r"\b(?:%s)\b" % "|".join(sorted(_RESHAPES_IN_PLACE)))
 
 
 def _reshaped_in_place(node) -> Optional[str]:
@@ -864,7 +863,8 @@ class FunctionShapes:
         self.param_aliases: dict = {}  # init mode: param name -> "self.attr" it is stored to
         body = owner.body if isinstance(owner.body, list) else [owner.body]
         text = _owner_text(ctx, owner)
-        bindings = _Bindings(body, ":=" in text, _RESHAPE_IN_PLACE_TEXT.search(text) is not None)
+        self.reshapes_in_place = _RESHAPE_IN_PLACE_TEXT.search(text) is not None
+        bindings = _Bindings(body, ":=" in text, self.reshapes_in_place)
         self.counts = bindings.counts
         self.stored_in = bindings.stored
         env: dict = {}
@@ -1527,7 +1527,7 @@ class FunctionShapes:
 
     def _call(self, node):
         func = node.func
-        reshaped = _reshaped_in_place(node)
+        reshaped = _reshaped_in_place(node) if self.reshapes_in_place else None
         if reshaped is not None:
             for arg in node.args:
                 self.infer(arg)
@@ -2087,12 +2087,15 @@ def _module_constructors(ctx) -> dict:
         body = ctx.tree.body
         if "global" in ctx.source:
             return found
-        counts = _Bindings(body, False, False).counts
         for stmt in scope_statements(body):
-            if (isinstance(stmt, ast.Assign) and len(stmt.targets) == 1 and isinstance(stmt.targets[0], ast.Name)
-                    and counts.get(stmt.targets[0].id) == 1 and isinstance(stmt.value, ast.Call)
+            if (stmt.__class__ is ast.Assign and len(stmt.targets) == 1 and stmt.targets[0].__class__ is ast.Name
+                    and stmt.value.__class__ is ast.Call
                     and (ctx.qualname(stmt.value.func) or "").startswith("torch.nn.")):
                 found[stmt.targets[0].id] = stmt.value
+        if found:
+            counts = _Bindings(body, False, False).counts
+            for name in [name for name in found if counts.get(name) != 1]:
+                del found[name]
     return found
 
 
@@ -2194,6 +2197,7 @@ _SHAPE_SOURCE_NAMES = frozenset(
 # import zeros as z`), which `NameResolver.names_bound_to` gives.
 _DOT = r"\.(?:\s|\\|#[^\n]*\n)*"  # a comment ends at its newline: no two ways to split a row of `#`
 _SHAPE_SOURCE = re.compile(_DOT + r"(?:%s)\b" % "|".join(sorted(_SHAPE_SOURCE_NAMES)))
+_RESHAPE_IN_PLACE_TEXT = re.compile(_DOT + r"(?:%s)\b" % "|".join(sorted(_RESHAPES_IN_PLACE)))
 _ATTRIBUTE_NAME = re.compile(_DOT + r"(\w+)")
 _WORD = re.compile(r"\w+")
 

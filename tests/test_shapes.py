@@ -413,6 +413,13 @@ def test_a_name_assigned_once_in_a_loop_is_a_symbol_within_one_pass():
     assert str(values[2]) != "(n,)"      # after the loop n is forgotten (the last pass's n, or none)
 
 
+def test_a_name_reshaped_in_place_is_forgotten():
+    values = revealed("def f(n):\n    a = torch.randn(n, 1)\n    a.squeeze_(1)\n    reveal(a)\n"
+                      "    b = torch.randn(n, 1)\n    b. \\\n        unsqueeze_(0)\n    reveal(b)\n"
+                      "    c = torch.randn(n, 1)\n    for _ in range(2):\n        reveal(c)\n        c.t_()\n")
+    assert values == [None, None, None]  # in the loop, c may be the step before's transpose
+
+
 def test_module_level_layers_bound_twice_or_made_global_are_not_known():
     twice = revealed("crit = nn.MSELoss()\ncrit = nn.L1Loss()\ndef f(a, b):\n    reveal(crit(a, b))\n")
     made_global = revealed("crit = nn.MSELoss()\ndef g():\n    global crit\n    crit = None\n"
