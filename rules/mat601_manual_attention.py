@@ -355,6 +355,33 @@ class ManualAttention(Rule):
                     return torch.matmul(probs, value_layer)
             """, (10, 18)),
         # A module-level capability flag selects the manual path.
+        bad("""
+            import torch
+            import torch.nn.functional as F
+
+            def attend(q, k, v, mask):
+                kt = k.transpose(-2, -1)
+                attn = q.matmul(kt)
+                attn.masked_fill_(mask == 0, float("-inf"))
+                attn = attn.softmax(dim=-1)
+                return attn.matmul(v)
+            """, (6, 12), fixed="""
+            import torch
+            import torch.nn.functional as F
+
+            def attend(q, k, v, mask):
+                return F.scaled_dot_product_attention(q, k, v, attn_mask=mask != 0, scale=1.0)
+            """, unsafe=True),
+        good("""
+            import torch
+            import torch.nn.functional as F
+
+            def attend(q, k, v, mask):
+                attn = q @ k.transpose(-2, -1)
+                probs = attn.softmax(dim=-1)
+                attn.masked_fill_(mask == 0, float("-inf"))  # after the softmax: a fix would break it
+                return probs @ v
+            """),
         good("""
             import torch
             import torch.nn.functional as F
@@ -549,13 +576,19 @@ class ManualAttention(Rule):
         if depth > _MAX_DEPTH:
             return None
         if isinstance(node, ast.Name):
-            # The value this name holds, when it is read nowhere else.
+            # The value this name holds, when it is read nowhere else (but by in-place fills).
             assign = flow.reaching(node)
-            if assign is not None and [u for u in flow.uses(assign) if u is not also_read_by] == [node]:
-                found = self._scores(flow, assign.value, depth + 1)
-                if found:
-                    found.statements.append(assign)
-                return found
+            if assign is not None:
+                others = [u for u in flow.uses(assign) if u is not also_read_by and u is not node]
+                fills = [self._in_place_fill(flow, u, assign, node) for u in others]
+                if None not in fills and node in flow.uses(assign):
+                    found = self._scores(flow, assign.value, depth + 1)
+                    if found:
+                        found.statements.append(assign)
+                        for statement, step in sorted(fills, key=lambda f: f[0].lineno):
+                            found.steps.append(step)
+                            found.statements.append(statement)
+                    return found
             optional = flow.optional_update(node)
             if optional is not None:
                 found = self._scores(flow, optional[0].value, depth + 1, also_read_by=node)
@@ -565,7 +598,7 @@ class ManualAttention(Rule):
             return None
         gemm = as_gemm(self.ctx, node)
         if gemm is not None:
-            return self._qk(gemm)
+            return self._qk(flow, gemm)
         if isinstance(node, ast.BinOp):
             sides = []
             if isinstance(node.op, ast.Mult):
@@ -598,10 +631,23 @@ class ManualAttention(Rule):
                 return found
         return None
 
+    def _in_place_fill(self, flow: FunctionFlow, use: ast.Name, assign: ast.Assign, later: ast.Name):
+        """(statement, step) for `scores.masked_fill_(cond, value)`, a statement of its own in
+        the block of `assign`, before `later` reads the scores, that fills them in place; else None."""
+        attribute = flow.parent.get(use)
+        call = flow.parent.get(attribute)
+        statement = flow.parent.get(call)
+        if not (isinstance(attribute, ast.Attribute) and attribute.attr == "masked_fill_"
+                and isinstance(call, ast.Call) and call.func is attribute and len(call.args) == 2
+                and not call.keywords and isinstance(statement, ast.Expr) and flow.same_block(statement, assign)
+                and (statement.end_lineno, statement.end_col_offset) <= (later.lineno, later.col_offset)):
+            return None
+        return statement, ("fill", call.args[0], call.args[1])
+
     def _contains_gemm(self, node: ast.AST) -> bool:
         return any(as_gemm(self.ctx, sub) for sub in ast.walk(node) if isinstance(sub, (ast.BinOp, ast.Call)))
 
-    def _qk(self, gemm) -> Optional[_Scores]:
+    def _qk(self, flow: FunctionFlow, gemm) -> Optional[_Scores]:
         if len(gemm.operands) != 2:
             return None
         q, kt = gemm.operands
@@ -623,12 +669,19 @@ class ManualAttention(Rule):
         if gemm.op not in ("@", "matmul", "bmm", "mm"):
             return None
         untransposed = self._untranspose(kt, gemm.op)
+        statements = []
+        if untransposed is None and isinstance(kt, ast.Name):
+            # `kt = k.transpose(-2, -1)` ... `q @ kt`, where only the product reads kt
+            assign = flow.reaching(kt)
+            if assign is not None and flow.uses(assign) == [kt]:
+                untransposed = self._untranspose(assign.value, gemm.op)
+                statements.append(assign)
         if untransposed is None:
             return None
         k, exact = untransposed
         if self._is_own_parameter(k):
             return None
-        return _Scores(gemm, q, k, exact, True)
+        return _Scores(gemm, q, k, exact, True, statements=statements)
 
     def _untranspose(self, node: ast.AST, op: str):
         """(k, exact) for an expression that is `k` with its last two axes swapped."""
@@ -686,12 +739,13 @@ class ManualAttention(Rule):
                 continue
             if isinstance(parent, ast.Attribute) and parent.value is node:
                 call = flow.parent.get(parent)
-                if (isinstance(call, ast.Call) and call.func is parent and parent.attr in _CAST_METHODS
-                        and self.ctx.qualname(parent) is None):
+                if not (isinstance(call, ast.Call) and call.func is parent and self.ctx.qualname(parent) is None):
+                    return None
+                if parent.attr in _CAST_METHODS:
                     steps.append(("cast",))
                     node = call
                     continue
-                return None
+                parent = call  # `attn.matmul(v)`, `attn.bmm(v)`: the GEMM, checked below
             if isinstance(parent, ast.Call) and parent.args and parent.args[0] is node:
                 dropout = self._dropout(parent)
                 if dropout is not None:
