@@ -7,6 +7,7 @@ from typing import Optional
 
 from matlint.rule import Only, Rule, bad, good
 
+from ._flow import flow_of
 from ._kinds import may_mention
 from ._loops import bound_names, loaded_names
 from ._tree import walk
@@ -105,6 +106,30 @@ class PerHeadModules(Rule):
                         outs.append(probe(feats))
                     return T.stack(outs, dim=1)
             """, (13, 16), message_contains="nn.Linear(d, n * 1)"),
+        bad("""
+            import torch
+            import torch.nn as nn
+            class Heads(nn.Module):
+                def __init__(self, n_embd, head_size, n):
+                    super().__init__()
+                    self.heads = nn.ModuleList([nn.Linear(n_embd, head_size) for _ in range(n)])
+                def forward(self, x):
+                    outs = [h(x) for h in self.heads]
+                    return torch.cat(outs, -1)
+            """, (9, 16)),
+        good("""
+            import torch
+            import torch.nn as nn
+            class Heads(nn.Module):
+                def __init__(self, n_embd, head_size, n):
+                    super().__init__()
+                    self.heads = nn.ModuleList([nn.Linear(n_embd, head_size) for _ in range(n)])
+                def forward(self, x, extra):
+                    outs = [h(x) for h in self.heads]
+                    if extra is not None:
+                        outs = outs + [extra]
+                    return torch.cat(outs, -1)
+            """),
         good("""
             import torch
             import torch.nn as nn
@@ -168,7 +193,8 @@ class PerHeadModules(Rule):
                           f"input (`{call_text}`) and joined: {how}")
 
     def _applied_heads(self, joined: ast.AST, fn, self_name: str):
-        """(attr, call) for `[h(x) for h in self.attr]`, or a list filled by `for h in self.attr: out.append(h(x))`."""
+        """(attr, call) for `[h(x) for h in self.attr]` (inline or through a name), or a list filled
+        by `for h in self.attr: out.append(h(x))`."""
         if isinstance(joined, (ast.ListComp, ast.GeneratorExp)) and len(joined.generators) == 1:
             gen = joined.generators[0]
             if gen.ifs or gen.is_async or not isinstance(gen.target, ast.Name):
@@ -179,6 +205,9 @@ class PerHeadModules(Rule):
             return None
         if not isinstance(joined, ast.Name):
             return None
+        assign = flow_of(self.ctx, fn).reaching(joined)
+        if assign is not None and isinstance(assign.value, (ast.ListComp, ast.GeneratorExp)):
+            return self._applied_heads(assign.value, fn, self_name)  # `outs = [h(x) for h in self.heads]`
         key = ("mat104.one_statement_loops", id(fn))
         loops = self.ctx.shared.get(key)
         if loops is None:
