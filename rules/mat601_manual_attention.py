@@ -12,6 +12,7 @@ from matlint.rule import Only, Rule, bad, good
 
 from . import _kinds
 from ._flow import FunctionFlow, flow_of
+from ._layout import rank_of
 from ._names import mentions, outermost_scope, spelling
 from ._torch_api import as_gemm
 
@@ -372,6 +373,26 @@ class ManualAttention(Rule):
             def attend(q, k, v, mask):
                 return F.scaled_dot_product_attention(q, k, v, attn_mask=mask != 0, scale=1.0)
             """, unsafe=True),
+        bad("""
+            import torch
+            from jaxtyping import Float
+            from torch import Tensor
+
+            def attend(q: Float[Tensor, "b h l d"], k: Float[Tensor, "b h s d"], v):
+                attn = q @ k.transpose(-2, -1)
+                attn = attn.softmax(dim=3)
+                return attn @ v
+            """, (6, 12)),
+        good("""
+            import torch
+            from jaxtyping import Float
+            from torch import Tensor
+
+            def attend(q: Float[Tensor, "b h l d"], k: Float[Tensor, "b h s d"], v):
+                attn = q @ k.transpose(-2, -1)
+                attn = attn.softmax(dim=2)  # over the queries: not attention as SDPA computes it
+                return attn @ v
+            """),
         good("""
             import torch
             import torch.nn.functional as F
@@ -529,7 +550,8 @@ class ManualAttention(Rule):
         scores = self._scores(flow, scores_expr, 0)
         if scores is None or not scores.key_axis_last:
             return
-        if _int(dim) != -1 and not (scores.gemm.op == "bmm" and _int(dim) == 2):
+        if _int(dim) != -1 and not (scores.gemm.op == "bmm" and _int(dim) == 2) and not (
+                _int(dim) > 0 and rank_of(self.ctx, scores_expr) == _int(dim) + 1):  # softmax(dim=3) of 4-D scores
             return
         if self._is_cosine(flow, scores):
             return
