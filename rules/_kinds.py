@@ -659,9 +659,14 @@ def _class_attribute_values(cls: ast.ClassDef, calls: bool) -> dict:
                             and target.value.id == self_name):
                         table.setdefault(target.attr, []).append((method, node.value))
                     elif isinstance(target, (ast.Tuple, ast.List)):
-                        for elt in target.elts:
+                        # `self.q, self.k = nn.Linear(d, d), nn.Linear(d, d)`: item by item
+                        value = node.value
+                        paired = (isinstance(value, (ast.Tuple, ast.List)) and len(value.elts) == len(target.elts)
+                                  and not any(isinstance(e, ast.Starred) for e in target.elts + value.elts))
+                        for i, elt in enumerate(target.elts):
                             if isinstance(elt, ast.Attribute) and isinstance(elt.value, ast.Name) and elt.value.id == self_name:
-                                table.setdefault(elt.attr, []).append((method, ast.Constant(None)))
+                                table.setdefault(elt.attr, []).append(
+                                    (method, value.elts[i] if paired else ast.Constant(None)))
             elif isinstance(node, (ast.AugAssign, ast.AnnAssign)):
                 target = node.target
                 if (isinstance(target, ast.Attribute) and isinstance(target.value, ast.Name)

@@ -154,6 +154,15 @@ class PythonLoopMatmul(GemmVisitor, Rule):
             def gram(x: torch.Tensor, n: int):
                 return [x[i] @ x[j] for i in range(n) for j in range(n)]  # all pairs: not matmul(x, x)
             """, (3, 13), message_contains="do all iterations in one call"),
+        bad("""
+            import torch.nn as nn
+            class Net(nn.Module):
+                def __init__(self, d):
+                    super().__init__()
+                    self.q, self.k = nn.Linear(d, d), nn.Linear(d, d)
+                def forward(self, x):
+                    return [self.q(x[:, t]) for t in range(x.size(1))]
+            """, (7, 17), message_contains="`self.q(x)` and index dim 1"),
         good("""
             import torch
             import d2l
