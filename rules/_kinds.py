@@ -82,6 +82,8 @@ _ELEMENTWISE_MODULES = {
 }
 _LINEAR_MODULES = {"torch.nn.Linear", "torch.nn.LazyLinear"}
 _RECURSING = object()
+# Methods whose result is the receiver's kind, on the same device (dtype and mode changes).
+_KIND_KEEPING_METHODS = {"float", "half", "bfloat16", "double", "train", "eval", "requires_grad_"}
 _NOT_YET = object()
 
 
@@ -324,7 +326,7 @@ class _Inference:
         if tag == "kind":
             return entry[1]
         if tag == "value":
-            return sub.expr(entry[1])
+            return sub._expr(entry[1])  # `model = model.double()` adds no kind of its own: see `_call`
         if tag == "aug":
             node = entry[1]
             value = sub.expr(node.value)
@@ -500,7 +502,10 @@ class _Inference:
             if callee == MODULE_CLASS:
                 return USER_MODULE
         elif isinstance(func, ast.Attribute):
-            receiver = self.expr(func.value)
+            receiver = self._expr(func.value)
+            if receiver is _RECURSING:
+                # `model = model.double()`: a dtype or mode change keeps what the name held before
+                return _RECURSING if func.attr in _KIND_KEEPING_METHODS else None
             if receiver in TENSORS:
                 return self._tensor_method(func.attr, receiver, node)
             if receiver == NUMPY:

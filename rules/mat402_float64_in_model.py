@@ -121,6 +121,13 @@ class Float64InModel(Rule):
                 other.to(torch.float64)
                 return model, other
             """, (9, 13), (11, 5)),
+        bad("""
+            import torch
+            torch.set_default_tensor_type(torch.DoubleTensor)
+            torch.set_default_tensor_type("torch.cuda.DoubleTensor")
+            model = torch.nn.Linear(4, 4)
+            model = model.double()
+            """, (2, 1), (3, 1), (5, 9), message_contains="`torch.set_default_tensor_type(torch.DoubleTensor)`"),
         good("""
             import torch
             import torch.nn as nn
@@ -187,10 +194,11 @@ class Float64InModel(Rule):
         if not (self._file_names_float64 or self._may_name_dtype_in_a_string(node)):
             return  # every float64 spelling below is an identifier naming `float64`, `double` or `DoubleTensor`
         qualname = self.ctx.qualname(func)
-        if qualname == "torch.set_default_dtype":
-            if node.args and self.ctx.qualname(node.args[0]) in _FLOAT64 and not in_test_code(self.ctx):
-                self.report(node, "`torch.set_default_dtype(torch.float64)` makes every model and tensor float64, "
-                                  "which tensor cores cannot compute; keep float32 (and train under bf16 autocast)")
+        if qualname in ("torch.set_default_dtype", "torch.set_default_tensor_type"):
+            if node.args and self._names_float64(node.args[0]) and not in_test_code(self.ctx):
+                self.report(node, f"`{self.ctx.segment(func)}({self.ctx.segment(node.args[0])})` makes every model "
+                                  "and tensor float64, which tensor cores cannot compute; keep float32 (and train "
+                                  "under bf16 autocast)")
             return
         method = func.attr if isinstance(func, ast.Attribute) else None
         casts_to_64 = method == "double" and not node.args or method in ("to", "type") and self._float64_arg(node)
@@ -220,6 +228,12 @@ class Float64InModel(Rule):
         self._report(dtype, "`dtype=torch.float64`", where)
 
     # -- helpers ----------------------------------------------------------------
+    def _names_float64(self, arg: ast.AST) -> bool:
+        """`torch.float64`, `torch.double`, `torch.DoubleTensor`, `"torch.cuda.DoubleTensor"`."""
+        if isinstance(arg, ast.Constant):
+            return arg.value in ("torch.DoubleTensor", "torch.cuda.DoubleTensor")
+        return self.ctx.qualname(arg) in _FLOAT64 | {"torch.DoubleTensor", "torch.cuda.DoubleTensor"}
+
     @staticmethod
     def _may_name_dtype_in_a_string(node: ast.Call) -> bool:
         """`.to("torch.DoubleTensor")` / `.type(...)` with a string argument: `_float64_arg` reads
