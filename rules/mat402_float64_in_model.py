@@ -31,7 +31,8 @@ class Float64InModel(Rule):
     - in its `__init__`: parameters and layers created in float64 (`nn.Parameter(w.double())`,
       `nn.Linear(..., dtype=torch.float64)`) and `self.double()`;
     - anywhere: a whole model cast to float64 (`model.double()`, `model.to(torch.float64)`) and
-      `torch.set_default_dtype(torch.float64)`.
+      `torch.set_default_dtype(torch.float64)` (or the older
+      `torch.set_default_tensor_type(torch.DoubleTensor)`).
 
     ## Why is this bad?
     Tensor cores do not compute in float64. An H100 runs float64 at a small fraction of its
