@@ -79,6 +79,25 @@ class StackedLoopProducts(Rule):
                 cols = [(x[:, j] * v).sum(dim=1) for j in range(4)]
                 return torch.cat(cols)
             """, (5, 12)),
+        bad("""
+            import torch
+            def scores(q: torch.Tensor, k: torch.Tensor, n):
+                out = []
+                for i in range(n):
+                    s = q[i].mul(k[i]).sum(-1)
+                    out.append(s)
+                return torch.stack(out), torch.stack([torch.mul(q[i], k[i]).sum(-1) for i in range(n)])
+            """, (7, 12), (7, 30)),
+        good("""
+            import torch
+            def lagged(q: torch.Tensor, k: torch.Tensor, n):
+                out = []
+                s = torch.zeros(())
+                for i in range(n):
+                    out.append(s)  # the step before's product
+                    s = (q[i] * k[i]).sum(-1)
+                return torch.stack(out)
+            """),
         good("""
             import torch
             def f(q, k, w, xs, n):
@@ -133,6 +152,12 @@ class StackedLoopProducts(Rule):
             if found is None:
                 return
             loop, item = found
+            if isinstance(item, ast.Name) and item.id not in loop.targets:
+                if item.id in loop.carried:
+                    return  # appends the value of the iteration before
+                item = self._loop_gemms._single_assignment(loop, item.id)  # `s = (q[i] * k[i]).sum(-1)`
+                if item is None:
+                    return
         else:
             return
         if loop.carried & loaded_names(item):
@@ -180,10 +205,20 @@ class StackedLoopProducts(Rule):
             rebuild = lambda product: f"({product}).sum({', '.join(rest)})"
         else:
             return None
-        if not (isinstance(inner, ast.BinOp) and isinstance(inner.op, ast.Mult)):
+        if isinstance(inner, ast.BinOp) and isinstance(inner.op, ast.Mult):
+            factors = [inner.left, inner.right]
+        elif (isinstance(inner, ast.Call) and not inner.keywords and self.ctx.qualname(inner.func) == "torch.mul"
+              and len(inner.args) == 2):
+            factors = list(inner.args)
+        elif (isinstance(inner, ast.Call) and isinstance(inner.func, ast.Attribute) and inner.func.attr == "mul"
+              and self.ctx.qualname(inner.func) is None and len(inner.args) == 1 and not inner.keywords):
+            factors = [inner.func.value, inner.args[0]]  # `q[i].mul(k[i])`
+        else:
+            return None
+        if any(isinstance(f, ast.Starred) for f in factors):
             return None
         dims = positional[:1] + [k.value for k in item.keywords if k.arg == "dim"]
-        return [inner.left, inner.right], rebuild, dims
+        return factors, rebuild, dims
 
     @staticmethod
     def _reduces_trailing_dims(dims: list) -> bool:
