@@ -205,14 +205,21 @@ class PerHeadModules(Rule):
             return None
         if not isinstance(joined, ast.Name):
             return None
-        assign = flow_of(self.ctx, fn).reaching(joined)
-        if assign is not None and isinstance(assign.value, (ast.ListComp, ast.GeneratorExp)):
-            return self._applied_heads(assign.value, fn, self_name)  # `outs = [h(x) for h in self.heads]`
-        key = ("mat104.one_statement_loops", id(fn))
-        loops = self.ctx.shared.get(key)
-        if loops is None:
-            loops = self.ctx.shared[key] = [stmt for stmt in walk(fn) if isinstance(stmt, ast.For)
-                                            and isinstance(stmt.target, ast.Name) and len(stmt.body) == 1]
+        key = ("mat104.loops_and_comprehensions", id(fn))
+        found = self.ctx.shared.get(key)
+        if found is None:
+            loops, comprehensions = [], set()
+            for stmt in walk(fn):
+                if isinstance(stmt, ast.For) and isinstance(stmt.target, ast.Name) and len(stmt.body) == 1:
+                    loops.append(stmt)
+                elif isinstance(stmt, ast.Assign) and isinstance(stmt.value, (ast.ListComp, ast.GeneratorExp)):
+                    comprehensions.update(t.id for t in stmt.targets if isinstance(t, ast.Name))
+            found = self.ctx.shared[key] = (loops, comprehensions)
+        loops, comprehensions = found
+        if joined.id in comprehensions:  # `outs = [h(x) for h in self.heads]`, if that is what reaches here
+            assign = flow_of(self.ctx, fn).reaching(joined)
+            if assign is not None and isinstance(assign.value, (ast.ListComp, ast.GeneratorExp)):
+                return self._applied_heads(assign.value, fn, self_name)
         for stmt in loops:
             attr = _self_attr(stmt.iter, self_name)
             call = stmt.body[0].value if isinstance(stmt.body[0], ast.Expr) else None
