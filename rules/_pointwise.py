@@ -114,6 +114,21 @@ def torch_op(ctx, node: ast.AST) -> Optional[Op]:
     return None
 
 
+_PRODUCTS = {"mul": ast.Mult, "multiply": ast.Mult, "div": ast.Div, "divide": ast.Div, "true_divide": ast.Div}
+PRODUCT_METHODS = frozenset(_PRODUCTS)
+
+
+def product(ctx, node: ast.AST) -> Optional[tuple]:
+    """(ast.Mult or ast.Div, left, right) for `a * b`, `a / b` and their call spellings
+    (`a.mul(b)`, `torch.div(a, b)`), or None."""
+    if isinstance(node, ast.BinOp):
+        return (node.op.__class__, node.left, node.right) if isinstance(node.op, (ast.Mult, ast.Div)) else None
+    op = torch_op(ctx, node)
+    if op is None or op.name not in _PRODUCTS or len(op.args) != 2 or op.keywords:
+        return None  # `rounding_mode=`, `out=`: not a plain product
+    return _PRODUCTS[op.name], op.args[0], op.args[1]
+
+
 def _normalized(name: str, args: list, keywords: dict) -> Op:
     if name == "square" and len(args) == 1:
         return Op("pow", [args[0], ast.Constant(2)], keywords)

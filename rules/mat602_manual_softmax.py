@@ -4,10 +4,10 @@ from __future__ import annotations
 import ast
 from typing import Optional
 
-from matlint.rule import Rule, bad, good
+from matlint.rule import Only, Rule, bad, good
 
 from ._flow import flow_of, function_may_mention
-from ._pointwise import is_true, number, resolve, same, torch_op
+from ._pointwise import PRODUCT_METHODS, is_true, number, product, resolve, same, torch_op
 
 _ATOMS = (ast.Name, ast.Attribute, ast.Call, ast.Subscript)
 
@@ -94,6 +94,18 @@ class ManualSoftmax(Rule):
                 partition = X_exp.sum(1, keepdims=True)
                 return X_exp / partition
             """, (5, 12)),
+        bad("""
+            import torch
+            def probs(logits):
+                e = logits.exp()
+                return e.div(e.sum(-1, keepdim=True)), torch.div(e, e.sum(-1, keepdim=True))
+            """, (4, 12), (4, 44)),
+        good("""
+            import torch
+            def probs(logits):
+                e = logits.exp()
+                return e.div(e.sum(-1, keepdim=True), rounding_mode="floor"), e.mul(e.sum(-1, keepdim=True))
+            """),
         good("""
             import torch
             def gaussian(x, sigma):
@@ -113,17 +125,28 @@ class ManualSoftmax(Rule):
             """),
     ]
 
+    only = {"visit_Call": Only(attrs=PRODUCT_METHODS)}
+
     def visit_BinOp(self, node: ast.BinOp) -> None:
+        if isinstance(node.op, ast.Div):
+            self._check(node, node.op.__class__, node.left, node.right)
+
+    def visit_Call(self, node: ast.Call) -> None:
+        found = product(self.ctx, node)  # `e.div(e.sum(-1, keepdim=True))`, `torch.div(e, s)`
+        if found is not None:
+            self._check(node, *found)
+
+    def _check(self, node: ast.AST, op, left: ast.AST, right: ast.AST) -> None:
         function = self.ctx.function
-        if not isinstance(node.op, ast.Div) or function is None or isinstance(function, ast.Lambda):
+        if op is not ast.Div or function is None or isinstance(function, ast.Lambda):
             return
         if not function_may_mention(self.ctx, function, ("exp",)):
             return
         flow = flow_of(self.ctx, function)
-        numerator = self._exp_argument(flow, node.left)
+        numerator = self._exp_argument(flow, left)
         if numerator is None:
             return
-        denominator, eps = node.right, None
+        denominator, eps = right, None
         if isinstance(denominator, ast.BinOp) and isinstance(denominator.op, ast.Add):
             denominator, eps = denominator.left, denominator.right
         total = torch_op(self.ctx, resolve(flow, denominator, depth=1))
@@ -133,7 +156,7 @@ class ManualSoftmax(Rule):
             return
         dim = total.arg(1, "dim")
         summed = total.args[0]
-        if dim is None or not (same(summed, node.left) or same(self._exp_argument(flow, summed), numerator)):
+        if dim is None or not (same(summed, left) or same(self._exp_argument(flow, summed), numerator)):
             return
         if eps is not None and not self._small_constant(eps):
             return
@@ -143,7 +166,7 @@ class ManualSoftmax(Rule):
         if not stable:
             message += "; exp() also overflows to inf for large inputs (x > 88 in float32), making inf/inf = nan"
         fix = None
-        if eps is None and not any(isinstance(n, ast.Name) for n in (node.left, node.right, total.args[0])):
+        if eps is None and not any(isinstance(n, ast.Name) for n in (left, right, total.args[0])):
             fix = self.replace(node, suggestion, "replace with softmax", safe=False)
         self.report(node, message, fix=fix)
 

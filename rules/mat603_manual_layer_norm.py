@@ -6,11 +6,12 @@ import ast
 import re
 from typing import Optional
 
-from matlint.rule import Rule, bad, good
+from matlint.rule import Only, Rule, bad, good
 
 from ._flow import flow_of, function_may_mention
 from ._names import mentions, outermost_scope, subclasses
-from ._pointwise import last_dim_reduction, may_take_root, number, resolve, root_of, same, strip_casts, torch_op
+from ._pointwise import (PRODUCT_METHODS, last_dim_reduction, may_take_root, number, product, resolve, root_of, same,
+                         strip_casts, torch_op)
 
 
 # A class or function that names one of these has a fused layer norm next to the manual one.
@@ -110,6 +111,12 @@ class ManualLayerNorm(Rule):
                     std = x.std(-1, keepdim=True)
                     return self.a_2 * (x - mean) / (std + self.eps) + self.b_2
             """, (6, 16), message_contains="unbiased"),
+        bad("""
+            import torch
+            def ln(x, eps: float = 1e-5):
+                centered = x - x.mean(-1, keepdim=True)
+                return centered.div(torch.sqrt(centered.pow(2).mean(-1, keepdim=True) + eps))
+            """, (4, 12)),
         good("""
             import torch
             from torch import nn
@@ -137,21 +144,31 @@ class ManualLayerNorm(Rule):
             """),
     ]
 
+    only = {"visit_Call": Only(attrs=PRODUCT_METHODS)}
+
     def visit_BinOp(self, node: ast.BinOp) -> None:
+        if isinstance(node.op, (ast.Div, ast.Mult)):
+            self._check(node, node.op.__class__, node.left, node.right)
+
+    def visit_Call(self, node: ast.Call) -> None:
+        found = product(self.ctx, node)  # `centered.div(std)`, `torch.mul(centered, torch.rsqrt(var + eps))`
+        if found is not None:
+            self._check(node, *found)
+
+    def _check(self, node: ast.AST, op, left: ast.AST, right: ast.AST) -> None:
         function = self.ctx.function
-        if function is None or isinstance(function, ast.Lambda) or not isinstance(node.op, (ast.Div, ast.Mult)):
+        if function is None or isinstance(function, ast.Lambda):
             return
         if not (may_take_root(self.ctx, function, ("sqrt", "rsqrt", "std"))
                 and function_may_mention(self.ctx, function, ("mean",))):
             return  # no root or no mean in this function, so no layer norm
         flow = flow_of(self.ctx, function)
-        pairs = [(node.left, node.right)] if isinstance(node.op, ast.Div) else [
-            (node.left, node.right), (node.right, node.left)]
+        pairs = [(left, right)] if op is ast.Div else [(left, right), (right, left)]
         for centered, spread in pairs:
             x = self._centered(flow, centered)
             if x is None:
                 continue
-            note = self._spread(flow, spread, centered, x, inverse=isinstance(node.op, ast.Mult))
+            note = self._spread(flow, spread, centered, x, inverse=op is ast.Mult)
             if note is None:
                 continue
             if (mentions(self.ctx, outermost_scope(self.ctx), _FUSED_PATH)

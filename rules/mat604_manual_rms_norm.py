@@ -5,11 +5,12 @@ from __future__ import annotations
 import ast
 import re
 
-from matlint.rule import Rule, bad, good
+from matlint.rule import Only, Rule, bad, good
 
 from ._flow import flow_of, function_may_mention
 from ._names import mentions, outermost_scope, subclasses
-from ._pointwise import last_dim_reduction, may_take_root, number, resolve, root_of, same, strip_casts, torch_op
+from ._pointwise import (PRODUCT_METHODS, last_dim_reduction, may_take_root, number, product, resolve, root_of, same,
+                         strip_casts, torch_op)
 
 # A class or function that names one of these already has (or switches to) a fused RMS norm;
 # the hand-written code is its fallback.
@@ -102,6 +103,11 @@ class ManualRmsNorm(Rule):
             def norm(x):
                 return x * (x ** 2).mean(-1, keepdim=True).add(1e-5).rsqrt()
             """, (3, 12)),
+        bad("""
+            import torch
+            def rms_norm(x, eps: float = 1e-6):
+                return x.mul(torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + eps))
+            """, (3, 12)),
         good("""
             import torch
             import torch.nn as nn
@@ -153,16 +159,27 @@ class ManualRmsNorm(Rule):
             """),
     ]
 
+    only = {"visit_Call": Only(attrs=PRODUCT_METHODS)}
+
     def visit_BinOp(self, node: ast.BinOp) -> None:
+        if isinstance(node.op, (ast.Div, ast.Mult)):
+            self._check(node, node.op.__class__, node.left, node.right)
+
+    def visit_Call(self, node: ast.Call) -> None:
+        found = product(self.ctx, node)  # `x.mul(torch.rsqrt(v + eps))`, `torch.div(x, rms)`
+        if found is not None:
+            self._check(node, *found)
+
+    def _check(self, node: ast.AST, op, left: ast.AST, right: ast.AST) -> None:
         function = self.ctx.function
-        if function is None or isinstance(function, ast.Lambda) or not isinstance(node.op, (ast.Div, ast.Mult)):
+        if function is None or isinstance(function, ast.Lambda):
             return
         if not (may_take_root(self.ctx, function, ("sqrt", "rsqrt"))
                 and function_may_mention(self.ctx, function, ("mean",))):
             return  # no root or no mean of squares in this function, so no RMS norm
         flow = flow_of(self.ctx, function)
-        inverse = isinstance(node.op, ast.Mult)
-        pairs = [(node.left, node.right)] if not inverse else [(node.left, node.right), (node.right, node.left)]
+        inverse = op is ast.Mult
+        pairs = [(left, right)] if not inverse else [(left, right), (right, left)]
         for x, scale in pairs:
             if self._is_rms_of(flow, scale, x, inverse):
                 if (mentions(self.ctx, outermost_scope(self.ctx), _FUSED_PATH) or self._is_gated(function)

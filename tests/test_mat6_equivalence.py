@@ -98,6 +98,14 @@ def _check_bmm(source, fixed):
     return before(q, k, v), after(q, k, v)
 
 
+def _check_in_place_fill_and_methods(source, fixed):
+    before, after = _functions(source, fixed, "attend")
+    q, k, v = _qkv(2, 4, 9, 16, s=11)
+    mask = torch.ones(2, 1, 1, 11, dtype=torch.int64)
+    mask[0, ..., -4:] = 0
+    return before(q, k, v, mask), after(q, k, v, mask)
+
+
 CHECKS = {
     0: _check_nanogpt,
     1: _check_one_expression,
@@ -106,6 +114,7 @@ CHECKS = {
     4: _check_float_mask,
     5: _check_bool_padding,
     6: _check_bmm,
+    9: _check_in_place_fill_and_methods,
 }
 
 
