@@ -230,12 +230,12 @@ class TensorCreationInLoop(Rule):
         func = node.func
         moves = isinstance(func, ast.Attribute) and func.attr in ("to", "cuda")
         # The call's own shape first: it rules out almost every call, and costs less than the place.
-        if (self._host_made(func.value) if moves else self._factory(node)) is None:
+        factory = self._host_made(func.value) if moves else self._factory(node)
+        if factory is None:
             return
         if not self._hot() or in_test_code(self.ctx) or self._runs_once_per_loop() or self._fills_a_cache():
             return
         if moves:
-            factory = self._host_made(func.value)
             target = self._device_target(node, func.attr)
             if target is None or (isinstance(target, ast.AST) and self._varies_per_iteration(target)):
                 return
@@ -253,8 +253,7 @@ class TensorCreationInLoop(Rule):
                               f"on every {self._where()}; create it there with `device=`",
                         fix=self._device_fix(node, call, device, safe=name in _FILLS))
             return
-        factory = self._factory(node)
-        if factory is None or factory[0] not in _FROM_DATA or not node.args or not _is_constant_data(node.args[0]):
+        if factory[0] not in _FROM_DATA or not node.args or not _is_constant_data(node.args[0]):
             return
         device = next((k.value for k in node.keywords if k.arg == "device"), None)
         if device is not None and self._is_device(device) and not self._varies_per_iteration(device):
