@@ -851,7 +851,7 @@ class FunctionShapes:
     """Values of the expressions of one function (or module body, or lambda)."""
 
     def __init__(self, ctx, owner, class_attrs: Optional[dict] = None, self_name: Optional[str] = None,
-                 scope: str = "", init_mode: bool = False):
+                 scope: str = "", init_mode: bool = False, lazy: bool = False):
         self.ctx = ctx
         self.owner = owner
         self.values: dict = {}
@@ -873,10 +873,30 @@ class FunctionShapes:
         if isinstance(owner, (ast.FunctionDef, ast.AsyncFunctionDef, ast.Lambda)):
             env = self._parameters(owner)
         self.env = env
+        self._pending, self._next = [], 0
         if isinstance(owner, ast.Lambda):
             self.infer(owner.body)
+        elif lazy:
+            self._pending = body  # analysed by `value`, as far as the statements it is asked about
         else:
             self.block(body)
+
+    def value(self, expr):
+        """What the analysis knows about `expr`. A lazy analysis first reads the top-level
+        statements up to the one holding `expr`: the analysis runs forward only, so the value is
+        the one a whole analysis gives, and statements after the last one a rule asks about (often
+        most of a function) are never read."""
+        pending = self._pending
+        if self._next < len(pending):
+            row = getattr(expr, "lineno", None)
+            position = (row, expr.col_offset) if row is not None else None
+            while self._next < len(pending):
+                stmt = pending[self._next]
+                if position is not None and (stmt.lineno, stmt.col_offset) > position:
+                    break
+                self._next += 1
+                self.statement(stmt)
+        return self.values.get(id(expr))
 
     # -- symbols -------------------------------------------------------------------------------
     def sym(self, text: str) -> Sym:
@@ -2165,9 +2185,9 @@ def function_shapes(ctx, owner=None):
         if owner is current and not may_hold_shapes(ctx, owner, cls):
             cached = ctx.shared[key] = _NO_SHAPES
         elif cls is not None:
-            cached = ctx.shared[key] = FunctionShapes(ctx, owner, _class_attrs(ctx, cls), _self_name(owner))
+            cached = ctx.shared[key] = FunctionShapes(ctx, owner, _class_attrs(ctx, cls), _self_name(owner), lazy=True)
         else:
-            cached = ctx.shared[key] = FunctionShapes(ctx, owner)
+            cached = ctx.shared[key] = FunctionShapes(ctx, owner, lazy=True)
     return cached
 
 
@@ -2182,7 +2202,7 @@ def function_shapes(ctx, owner=None):
 # a shape from something that is not a shape must be added here; `tests/test_shapes.py`
 # checks the promise on every rule example.
 
-_NO_SHAPES = SimpleNamespace(values=MappingProxyType({}))
+_NO_SHAPES = SimpleNamespace(values=MappingProxyType({}), value=lambda expr: None)
 
 # Torch names (the last part of the qualified name) whose call gives a shape from sizes alone, or
 # a layer or loss whose call does.
@@ -2281,7 +2301,7 @@ def never_shaped(expr) -> bool:
 
 def value_of(ctx, expr):
     """What the analysis knows about `expr` in the function being walked (None: nothing)."""
-    return function_shapes(ctx).values.get(id(expr))
+    return function_shapes(ctx).value(expr)
 
 
 def shape_of(ctx, expr) -> Optional[Shape]:

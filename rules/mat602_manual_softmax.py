@@ -142,13 +142,15 @@ class ManualSoftmax(Rule):
             return
         if not function_may_mention(self.ctx, function, ("exp",)):
             return
+        denominator, eps = right, None
+        if isinstance(denominator, ast.BinOp) and isinstance(denominator.op, ast.Add):
+            denominator, eps = denominator.left, denominator.right
+        if not (self._may_be(left, "exp") and self._may_be(denominator, "sum")):
+            return  # read off the syntax, before any data flow is built
         flow = flow_of(self.ctx, function)
         numerator = self._exp_argument(flow, left)
         if numerator is None:
             return
-        denominator, eps = right, None
-        if isinstance(denominator, ast.BinOp) and isinstance(denominator.op, ast.Add):
-            denominator, eps = denominator.left, denominator.right
         total = torch_op(self.ctx, resolve(flow, denominator, depth=1))
         if total is None or total.name != "sum":
             return
@@ -169,6 +171,13 @@ class ManualSoftmax(Rule):
         if eps is None and not any(isinstance(n, ast.Name) for n in (left, right, total.args[0])):
             fix = self.replace(node, suggestion, "replace with softmax", safe=False)
         self.report(node, message, fix=fix)
+
+    def _may_be(self, node: ast.AST, name: str) -> bool:
+        """Whether `node` is, or is a name that may hold, a call of the torch op `name`."""
+        if isinstance(node, ast.Name):
+            return True
+        op = torch_op(self.ctx, node)
+        return op is not None and op.name == name
 
     def _exp_argument(self, flow, node: ast.AST) -> Optional[ast.AST]:
         op = torch_op(self.ctx, resolve(flow, node, depth=1))

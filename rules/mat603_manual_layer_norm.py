@@ -162,13 +162,16 @@ class ManualLayerNorm(Rule):
         if not (may_take_root(self.ctx, function, ("sqrt", "rsqrt", "std"))
                 and function_may_mention(self.ctx, function, ("mean",))):
             return  # no root or no mean in this function, so no layer norm
-        flow = flow_of(self.ctx, function)
+        inverse = op is ast.Mult
         pairs = [(left, right)] if op is ast.Div else [(left, right), (right, left)]
         for centered, spread in pairs:
+            if not self._may_be_spread(spread, inverse):
+                continue  # read off the syntax: most products stop here, before any data flow is built
+            flow = flow_of(self.ctx, function)
             x = self._centered(flow, centered)
             if x is None:
                 continue
-            note = self._spread(flow, spread, centered, x, inverse=op is ast.Mult)
+            note = self._spread(flow, spread, centered, x, inverse)
             if note is None:
                 continue
             if (mentions(self.ctx, outermost_scope(self.ctx), _FUSED_PATH)
@@ -189,6 +192,14 @@ class ManualLayerNorm(Rule):
         x = value.left
         mean_of = last_dim_reduction(self.ctx, flow, value.right, ("mean",))
         return x if mean_of is not None and self._same_tensor(flow, mean_of, x) else None
+
+    def _may_be_spread(self, node: ast.AST, inverse: bool) -> bool:
+        """Whether `_spread` can accept `node`: it reads the root (or `std + eps`) off the
+        node itself, never through an assignment."""
+        if not inverse and isinstance(node, ast.BinOp) and isinstance(node.op, ast.Add):
+            return True
+        root = root_of(self.ctx, node, inverse)
+        return root is not None and root[1] is not None
 
     def _spread(self, flow, node: ast.AST, centered: ast.AST, x: ast.AST, inverse: bool) -> Optional[str]:
         """"" when `node` is the (inverse) root of x's biased variance plus eps, a note for

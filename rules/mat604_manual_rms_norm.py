@@ -177,11 +177,12 @@ class ManualRmsNorm(Rule):
         if not (may_take_root(self.ctx, function, ("sqrt", "rsqrt"))
                 and function_may_mention(self.ctx, function, ("mean",))):
             return  # no root or no mean of squares in this function, so no RMS norm
-        flow = flow_of(self.ctx, function)
         inverse = op is ast.Mult
         pairs = [(left, right)] if not inverse else [(left, right), (right, left)]
         for x, scale in pairs:
-            if self._is_rms_of(flow, scale, x, inverse):
+            if not isinstance(scale, ast.Name) and root_of(self.ctx, scale, inverse) is None:
+                continue  # no root, and no name that could hold one: no data flow needed
+            if self._is_rms_of(flow_of(self.ctx, function), scale, x, inverse):
                 if (mentions(self.ctx, outermost_scope(self.ctx), _FUSED_PATH) or self._is_gated(function)
                     or subclasses(self.ctx, self.ctx.class_, "torch.nn.RMSNorm")):
                     return

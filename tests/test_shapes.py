@@ -495,7 +495,7 @@ def test_never_shaped_expressions_have_no_shape(monkeypatch):
         for sub in ast.walk(node):
             if isinstance(sub, ast.expr) and never_shaped(sub):
                 checked.append(sub)
-                assert not isinstance(analysis.values.get(id(sub)), Shape), ast.unparse(sub)
+                assert not isinstance(analysis.value(sub), Shape), ast.unparse(sub)
 
     def visit_Module(self, node):
         visit_FunctionDef(self, node)
@@ -507,6 +507,40 @@ def test_never_shaped_expressions_have_no_shape(monkeypatch):
             continue
         probe(source, visit_FunctionDef=visit_FunctionDef, visit_Module=visit_Module)
     assert len(checked) > 1000
+
+
+def _same_value(a, b) -> bool:
+    """Equal values; modules (compared by identity) built by two analyses of one function are
+    the same when their names and layers agree."""
+    return a == b or ("Module(" in repr(a) and repr(a) == repr(b))
+
+
+def test_lazy_analysis_gives_the_values_of_the_whole_analysis(monkeypatch):
+    """A lazy analysis (the one rules get) reads a function's statements only as far as it is
+    asked; asked about every expression, in reverse order of position and then in order, it must
+    give exactly the values the whole analysis gives."""
+    monkeypatch.setattr(_shapes, "may_hold_shapes", lambda *args: True)
+    compared = []
+
+    def visit_FunctionDef(self, node):
+        cls = self.ctx.class_ if node in getattr(self.ctx.class_, "body", ()) else None
+        args = (_shapes._class_attrs(self.ctx, cls), _shapes._self_name(node)) if cls is not None else ()
+        whole = FunctionShapes(self.ctx, node, *args)
+        exprs = [sub for sub in ast.walk(node) if isinstance(sub, ast.expr)]
+        for order in (exprs[::-1], exprs):
+            lazy = FunctionShapes(self.ctx, node, *args, lazy=True)
+            for sub in order:
+                assert _same_value(lazy.value(sub), whole.values.get(id(sub))), ast.unparse(sub)
+                compared.append(sub)
+        assert lazy.values.keys() == whole.values.keys()
+
+    for source in _sources_with_shapes():
+        try:
+            ast.parse(source)
+        except SyntaxError:
+            continue
+        probe(source, visit_FunctionDef=visit_FunctionDef, visit_Module=visit_FunctionDef)
+    assert len(compared) > 10000
 
 
 def test_never_shaped_covers_sizes_attributes_and_displays():
