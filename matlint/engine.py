@@ -153,13 +153,27 @@ def _node_classes(base=ast.AST) -> list:
 
 
 _NODE_CLASSES = frozenset(_node_classes())
-# Nodes with no child the walker visits (Name, Constant, Pass, alias...): entering one only calls
-# its handlers, so a walk with none for it does not enter it.
-_LEAF_CLASSES = frozenset(c for c in _NODE_CLASSES if not node_fields(c))
+# Annotations are types, not computation: the walker does not enter them (a parameter's, a
+# return's, an annotated assignment's), nor does it call handlers on anything inside them.
+_ANNOTATION_FIELDS = {ast.arg: "annotation", ast.AnnAssign: "annotation"}
+
+
+def walked_fields(node_type) -> tuple:
+    """The fields of `node_type` the walker enters: `node_fields` less annotations."""
+    fields = node_fields(node_type)
+    annotation = _ANNOTATION_FIELDS.get(node_type)
+    return fields if annotation is None else tuple(f for f in fields if f != annotation)
+
+
+# Nodes with no child the walker visits (Name, Constant, Pass, alias, arg...): entering one only
+# calls its handlers, so a walk with none for it does not enter it.
+_LEAF_CLASSES = frozenset(c for c in _NODE_CLASSES if not walked_fields(c))
+# Statements whose children are all leaves (`alias`): entered only for their own handlers.
+_LEAF_PARENTS = {ast.Import: ast.alias, ast.ImportFrom: ast.alias}
 # Node classes whose only child field holds one node or None (not a list).
-_ONE_CHILD = {ast.Attribute: "value", ast.keyword: "value", ast.arg: "annotation", ast.Expr: "value",
+_ONE_CHILD = {ast.Attribute: "value", ast.keyword: "value", ast.Expr: "value",
               ast.Starred: "value", ast.UnaryOp: "operand", ast.Await: "value", ast.Return: "value"}
-assert all(node_fields(c) == (f,) for c, f in _ONE_CHILD.items())
+assert all(walked_fields(c) == (f,) for c, f in _ONE_CHILD.items())
 # Values of child fields that are not nodes (a missing `returns`, a Dict's `**` key).
 _NOT_NODES = frozenset({type(None), str, int, float, bytes, bool})
 
@@ -227,6 +241,9 @@ class Walker:
                     table[node_class] = [(rule, handler) for rule, handler, _ in entries]
         unhandled = {c for c in _NODE_CLASSES if c not in self.visit and c not in self.leave and c not in self.special}
         skipped = unhandled & _LEAF_CLASSES
+        skipped |= {c for c, child in _LEAF_PARENTS.items() if c in unhandled and child in skipped}
+        # A function's parameters are entered only for their defaults, or for a handler of `arg`.
+        self.walk_all_parameters = ast.arg not in skipped
         # Handler-less nodes with one child (`self.fc`, `dim=1`), entered only when that child is
         # not skipped: a fifth of the nodes the walk would otherwise enter to do nothing.
         self.hollow = {c: field for c, field in _ONE_CHILD.items() if c in unhandled}
@@ -238,7 +255,7 @@ class Walker:
 
     def _plan(self, node_type) -> tuple:
         plan = self.plans[node_type] = (self.visit.get(node_type), self.leave.get(node_type),
-                                        self.special.get(node_type), node_fields(node_type))
+                                        self.special.get(node_type), walked_fields(node_type))
         return plan
 
     def walk(self, node: ast.AST) -> None:
@@ -320,10 +337,10 @@ class Walker:
     def _walk_function(self, node) -> None:
         ctx = self.ctx
         if not isinstance(node, ast.Lambda):
-            self._walk_all(node.decorator_list)
-            if node.returns:
-                self.walk(node.returns)
-        self.walk(node.args)
+            self._walk_all(node.decorator_list)  # not `returns`: an annotation
+        args = node.args
+        if self.walk_all_parameters or args.defaults or any(args.kw_defaults):
+            self.walk(args)
         saved_loops, ctx.loops = ctx.loops, []
         saved_function, ctx.function = ctx.function, node
         ctx.functions.append(node)

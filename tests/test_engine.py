@@ -184,9 +184,9 @@ def test_linting_leaves_no_tree_in_reference_cycles():
     assert kept == []
 
 
-def test_walker_visits_every_node_but_operators_contexts_and_first_generators():
-    # The walker skips fields that cannot hold a node it visits; this checks the list leaves out
-    # no node, on real code using most of the grammar.
+def test_walker_visits_every_node_but_operators_contexts_first_generators_and_annotations():
+    # The walker skips fields that cannot hold a node it visits, and annotations; this checks the
+    # list leaves out no other node, on real code using most of the grammar.
     import dataclasses
     import inspect
     import typing
@@ -206,16 +206,32 @@ def test_walker_visits_every_node_but_operators_contexts_and_first_generators():
             return self.seen.append
 
     skipped_types = (ast.expr_context, ast.operator, ast.cmpop, ast.unaryop, ast.boolop)
-    for module in (ast, dataclasses, inspect, typing):
-        source = inspect.getsource(module)
+    annotated = (
+        "import torch\n"
+        "def f(x: torch.Tensor | None, *a: int, k: 'Tensor' = g(1), **kw: dict[str, int]) -> tuple[int, int]:\n"
+        "    y: torch.Tensor = x @ x\n"
+        "    z: list[int]\n"
+        "    return lambda q=h(2): q\n"
+        "class C:\n"
+        "    w: Optional[torch.Tensor] = None\n"
+        "    async def m(self, /, b: np.ndarray = np.zeros(3), *, c: int = 1) -> 'C': ...\n")
+    sources = [inspect.getsource(module) for module in (ast, dataclasses, inspect, typing)] + [annotated]
+    annotation_count = 0
+    for source in sources:
         tree = ast.parse(source)
         recorder = Recorder()
         Walker(FileContext(source, "t.py", tree), [recorder]).walk(tree)
         first_generators = {id(n.generators[0]) for n in ast.walk(tree)
                             if isinstance(n, (ast.ListComp, ast.SetComp, ast.GeneratorExp, ast.DictComp))}
-        expected = [n for n in ast.walk(tree) if not isinstance(n, skipped_types) and id(n) not in first_generators]
+        annotations = {id(sub) for n in ast.walk(tree)
+                       for ann in (getattr(n, "annotation", None), getattr(n, "returns", None)) if ann is not None
+                       for sub in ast.walk(ann)}
+        annotation_count += len(annotations)
+        expected = [n for n in ast.walk(tree) if not isinstance(n, skipped_types)
+                    and id(n) not in first_generators and id(n) not in annotations]
         assert sorted(map(id, recorder.seen)) == sorted(map(id, expected))
         assert len(recorder.seen) == len({id(n) for n in recorder.seen})
+    assert annotation_count > 20
 
 
 # Calls routed by attribute that a file can also spell as a bare name, with the finding each gives.
@@ -309,3 +325,29 @@ def test_child_nodes_and_walk_match_the_stdlib_less_contexts_and_operators():
         expected = [c for c in ast.iter_child_nodes(node) if not isinstance(c, singletons)]
         assert child_nodes(node) == expected, type(node).__name__
     assert list(walk(tree)) == [n for n in nodes if not isinstance(n, singletons)]
+
+
+def test_walker_enters_parameter_defaults_but_not_annotations():
+    """Without a handler for `arg` the walker enters a function's parameters only for their
+    defaults; calls inside annotations are never seen."""
+    from matlint.engine import Walker
+
+    class Calls:
+        code = "MAT999"
+        _handlers = {("visit", "Call"): ["visit_Call"]}
+
+        def __init__(self):
+            self.seen = []
+
+        def visit_Call(self, node):
+            self.seen.append(ast.unparse(node))
+
+    source = ("def f(x: T[g0()], k=g1(), *, j: T[g2()] = g3(), m=None) -> T[g4()]:\n"
+              "    y: T[g5()] = g6()\n"
+              "    return lambda q=g7(): q\n"
+              "def plain(a: T[g8()], b) -> None:\n"
+              "    pass\n")
+    tree = ast.parse(source)
+    calls = Calls()
+    Walker(FileContext(source, "t.py", tree), [calls]).walk(tree)
+    assert calls.seen == ["g3()", "g1()", "g6()", "g7()"]  # `arguments` field order: kw_defaults first
