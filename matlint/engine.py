@@ -136,6 +136,13 @@ class FileContext:
     def parent(self) -> Optional[ast.AST]:
         return self.parents[-1] if self.parents else None
 
+    def statement(self) -> Optional[ast.stmt]:
+        """The innermost statement around the node being walked (None at module level)."""
+        for node in reversed(self.parents):
+            if isinstance(node, ast.stmt):
+                return node
+        return None
+
     def report(self, code: str, node: ast.AST, message: str, fix=None, end_node=None) -> None:
         row, col, end_row, end_col = self.span(node, end_node)
         self.findings.append(Finding(code, message, self.filename, row, col, end_row, end_col, fix, row))

@@ -304,19 +304,17 @@ class Float64InModel(Rule):
     def _cast_back(self, node: ast.AST) -> bool:
         """The float64 value, or a name assigned from it, is cast to another dtype in this
         function, or leaves float64 at once (`.long()`, `.item()`, `torch.allclose(...)`)."""
-        parents = self.ctx.parents
-        for i in range(len(parents) - 1, -1, -1):
-            parent = parents[i]
-            if isinstance(parent, ast.stmt):
-                statement = parent
+        statement = self.ctx.statement()
+        if statement is None:
+            return False
+        for parent in reversed(self.ctx.parents):  # the expressions around the value, inside out
+            if parent is statement:
                 break
             if self._is_cast_call(parent) and any(n is node for n in ast.walk(parent.func.value)):
                 return True
             if (isinstance(parent, ast.Call) and self.ctx.qualname(parent.func) in _EXIT_FUNCTIONS
                     and any(n is node for a in parent.args for n in ast.walk(a))):
                 return True
-        else:
-            return False
         tainted = set()
         if isinstance(statement, (ast.Assign, ast.AnnAssign, ast.AugAssign)):
             targets = statement.targets if isinstance(statement, ast.Assign) else [statement.target]

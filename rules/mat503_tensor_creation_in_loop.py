@@ -288,8 +288,7 @@ class TensorCreationInLoop(Rule):
     def _fills_a_cache(self) -> bool:
         """`self._mask = ...` under `if self._mask is None or ...:` or `if not hasattr(self,
         "_mask"):`: a cache filled on the first call (or when it grows), not per-call work."""
-        parents = self.ctx.parents
-        statement = next((p for p in reversed(parents) if isinstance(p, ast.stmt)), None)
+        statement = self.ctx.statement()
         if isinstance(statement, ast.Assign):
             targets = statement.targets
         elif isinstance(statement, ast.AnnAssign):
@@ -304,7 +303,7 @@ class TensorCreationInLoop(Rule):
                 stored.add(target.attr)
         if not stored:
             return False
-        for parent in reversed(parents):
+        for parent in reversed(self.ctx.parents):
             if parent is self.ctx.function:
                 break
             if isinstance(parent, ast.If) and any(
