@@ -861,6 +861,7 @@ class FunctionShapes:
         self.init_mode = init_mode
         self.stored_attrs: dict = {}  # init mode: self.<attr> -> value
         self.param_aliases: dict = {}  # init mode: param name -> "self.attr" it is stored to
+        self.module_layers: dict = {}  # free name -> the layer or loss the module binds it to (or None)
         body = owner.body if isinstance(owner.body, list) else [owner.body]
         text = _owner_text(ctx, owner)
         self.reshapes_in_place = _RESHAPE_IN_PLACE_TEXT.search(text) is not None
@@ -1284,11 +1285,19 @@ class FunctionShapes:
         constructor (`criterion = nn.MSELoss()` above the function that calls it)."""
         if self.owner is self.ctx.tree:
             return None
-        call = _module_constructors(self.ctx).get(name)
-        if call is None:
-            return None
-        value = self.infer(call)
-        return value if isinstance(value, (Module, Loss)) else None
+        value = self.module_layers.get(name, _MISSING)
+        if value is _MISSING:
+            value = None
+            call = _module_constructors(self.ctx).get(name)
+            if call is not None:
+                # Read at module level: the function's own names (a local `d`) are not the module's.
+                saved, self.env = self.env, {}
+                try:
+                    value = self.infer(call)
+                finally:
+                    self.env = saved
+            value = self.module_layers[name] = value if isinstance(value, (Module, Loss)) else None
+        return value
 
     def _infer(self, node):
         if isinstance(node, ast.Constant):

@@ -427,6 +427,14 @@ def test_module_level_layers_bound_twice_or_made_global_are_not_known():
     assert twice == [None] and made_global == [None]
 
 
+def test_module_level_layers_are_read_with_the_module_names_not_the_function_locals():
+    layer = "d = 8\nhead = nn.Linear(4, d)\ndef f(x: torch.Tensor, n):\n"
+    plain = revealed(layer + "    reveal(head(x.view(n, 4)))\n    reveal(head(x.view(n, 4)))\n")
+    assert [str(v) for v in plain] == ["(n, d)", "(n, d)"]
+    shadowed = revealed(layer + "    d = 3\n    reveal(head(x.view(n, 4)))\n")
+    assert shadowed == [None]  # not (n, 3): the module's d is not the function's
+
+
 def test_init_symbols_do_not_meet_forward_symbols():
     values = revealed("class M(nn.Module):\n    def __init__(self, n):\n        super().__init__()\n"
                       "        self.fc = nn.Linear(3, n)\n    def forward(self, x, n: int):\n"
