@@ -84,6 +84,10 @@ _LINEAR_MODULES = {"torch.nn.Linear", "torch.nn.LazyLinear"}
 _RECURSING = object()
 # Methods whose result is the receiver's kind, on the same device (dtype and mode changes).
 _KIND_KEEPING_METHODS = {"float", "half", "bfloat16", "double", "train", "eval", "requires_grad_"}
+_DTYPE_NAMES = frozenset({"float32", "float16", "bfloat16", "float64", "int64", "long", "int32", "bool", "float",
+                          "half", "double"})
+# Keywords of `.to(...)` that leave a tensor or module where it is.
+_TO_KEEPING_PLACE = frozenset({"dtype", "non_blocking", "copy", "memory_format"})
 _NOT_YET = object()
 
 
@@ -458,8 +462,7 @@ class _Inference:
         module, _, attr = qual.rpartition(".")
         if qual.startswith(("numpy.", "np.")):
             return NUMPY if attr and attr[0].islower() else OTHER
-        if qual.startswith("torch.") and (attr in ("float32", "float16", "bfloat16", "float64", "int64",
-                                                   "long", "int32", "bool", "float", "half", "double")):
+        if qual.startswith("torch.") and attr in _DTYPE_NAMES:
             return SCALAR
         return OTHER if qual.startswith("torch") else None
 
@@ -504,8 +507,10 @@ class _Inference:
         elif isinstance(func, ast.Attribute):
             receiver = self._expr(func.value)
             if receiver is _RECURSING:
-                # `model = model.double()`: a dtype or mode change keeps what the name held before
-                return _RECURSING if func.attr in _KIND_KEEPING_METHODS else None
+                # `model = model.double()`, `model = model.to(dtype=torch.float64)`: a dtype or
+                # mode change keeps what the name held before
+                keeps = func.attr in _KIND_KEEPING_METHODS or (func.attr == "to" and self._to_dtype_only(node))
+                return _RECURSING if keeps else None
             if receiver in TENSORS:
                 return self._tensor_method(func.attr, receiver, node)
             if receiver == NUMPY:
@@ -524,6 +529,15 @@ class _Inference:
         if callee in (LINEAR, MODULE):
             return TENSOR
         return None
+
+    def _to_dtype_only(self, node: ast.Call) -> bool:
+        """`.to(torch.float64)` / `.to(dtype=torch.float64)`: a dtype, and no device."""
+        if any(k.arg not in _TO_KEEPING_PLACE for k in node.keywords) or len(node.args) > 1:
+            return False
+        if not node.args:
+            return any(k.arg == "dtype" for k in node.keywords)
+        qual = self.ctx.qualname(node.args[0]) or ""
+        return qual.startswith("torch.") and qual.rpartition(".")[2] in _DTYPE_NAMES
 
     def _tensor_method(self, method: str, receiver: str, node: ast.Call) -> Optional[str]:
         if method == "cpu":

@@ -129,6 +129,29 @@ class Float64InModel(Rule):
             model = torch.nn.Linear(4, 4)
             model = model.double()
             """, (2, 1), (3, 1), (5, 9), message_contains="`torch.set_default_tensor_type(torch.DoubleTensor)`"),
+        bad("""
+            import torch
+            from torch import nn
+            class Net(nn.Module):
+                def forward(self, x):
+                    return x
+            def main(device):
+                model = Net()
+                model = model.to(dtype=torch.float64)
+                head = nn.Linear(4, 4)
+                head = head.to(torch.double, non_blocking=True)
+                return model, head
+            """, (8, 13), (10, 12)),
+        good("""
+            import torch
+            from torch import nn
+            def main(device, batch):
+                model = nn.Linear(4, 4)
+                model = model.to(device)
+                x = batch.to(torch.float64)
+                x = x.to(dtype=torch.float64)
+                return model(x.float())
+            """),
         good("""
             import torch
             import torch.nn as nn
