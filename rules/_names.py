@@ -147,6 +147,10 @@ class NameResolver:
         self._scopes.append(self._scan(body, module_level=False, params=params))
         self._resolved = {}
 
+    def binds_locally(self, name: str) -> bool:
+        """The function being walked binds `name` (a parameter, an assignment, an import...)."""
+        return len(self._scopes) > 1 and name in self._scopes[-1]
+
     def enter_class(self, node) -> None:
         self._scopes.append({})  # class bodies bind no aliases here; lookups pass through
 

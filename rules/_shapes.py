@@ -2107,24 +2107,32 @@ def _drop_first_arg(node: ast.Call) -> ast.Call:
     return ast.Call(func=node.func, args=node.args[1:], keywords=node.keywords)
 
 
-def _module_constructors(ctx) -> dict:
-    """Names the module binds exactly once, by `name = torch.nn.<Class>(...)`: name -> the call.
-    Empty when any function could rebind a module name (`global`)."""
-    found = ctx.shared.get("shapes.module_constructors")
+def module_assignments(ctx) -> dict:
+    """Names the module binds exactly once, by a plain `name = value`: name -> the value. Empty
+    when any function could rebind a module name (`global`)."""
+    found = ctx.shared.get("shapes.module_assignments")
     if found is None:
-        found = ctx.shared["shapes.module_constructors"] = {}
+        found = ctx.shared["shapes.module_assignments"] = {}
         body = ctx.tree.body
         if "global" in ctx.source:
             return found
         for stmt in scope_statements(body):
-            if (stmt.__class__ is ast.Assign and len(stmt.targets) == 1 and stmt.targets[0].__class__ is ast.Name
-                    and stmt.value.__class__ is ast.Call
-                    and (ctx.qualname(stmt.value.func) or "").startswith("torch.nn.")):
+            if stmt.__class__ is ast.Assign and len(stmt.targets) == 1 and stmt.targets[0].__class__ is ast.Name:
                 found[stmt.targets[0].id] = stmt.value
         if found:
             counts = _Bindings(body, False, False).counts
             for name in [name for name in found if counts.get(name) != 1]:
                 del found[name]
+    return found
+
+
+def _module_constructors(ctx) -> dict:
+    """Names the module binds exactly once, by `name = torch.nn.<Class>(...)`: name -> the call."""
+    found = ctx.shared.get("shapes.module_constructors")
+    if found is None:
+        found = ctx.shared["shapes.module_constructors"] = {
+            name: value for name, value in module_assignments(ctx).items()
+            if value.__class__ is ast.Call and (ctx.qualname(value.func) or "").startswith("torch.nn.")}
     return found
 
 

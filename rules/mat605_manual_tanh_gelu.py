@@ -13,6 +13,7 @@ from ._flow import flow_of
 from ._kinds import may_mention
 from ._names import mentions, outermost_scope, spelling
 from ._pointwise import torch_op
+from ._shapes import module_assignments
 
 # A class or function that names one of these has a fused GELU next to the formula (a kernel-hub
 # decorator, an `F.gelu` switch): the formula is its fallback or its reference.
@@ -104,6 +105,39 @@ class ManualTanhGelu(Rule):
             class FastGELU(nn.Module):
                 def forward(self, input):
                     return nn.functional.gelu(input, approximate="tanh")
+            """),
+        bad("""
+            import math
+            import torch
+            SQRT_2_OVER_PI = math.sqrt(2.0 / math.pi)
+            GELU_COEF = 0.044715
+            def gelu(x):
+                return 0.5 * x * (1.0 + torch.tanh(SQRT_2_OVER_PI * (x + GELU_COEF * torch.pow(x, 3.0))))
+            """, (6, 12), fixed="""
+            import math
+            import torch
+            SQRT_2_OVER_PI = math.sqrt(2.0 / math.pi)
+            GELU_COEF = 0.044715
+            def gelu(x):
+                return torch.nn.functional.gelu(x, approximate="tanh")
+            """),
+        good("""
+            import math
+            import torch
+            SQRT_2_OVER_PI = math.sqrt(2.0 / math.pi)
+            COEF = 0.044715
+            SCALE = 0.5
+            SCALE = 0.25
+            def coef_given(x, COEF):
+                return 0.5 * x * (1.0 + torch.tanh(SQRT_2_OVER_PI * (x + COEF * x ** 3)))
+            def coef_local(x):
+                COEF = 0.1
+                return 0.5 * x * (1.0 + torch.tanh(SQRT_2_OVER_PI * (x + COEF * x ** 3)))
+            def bound_twice(x):
+                return SCALE * x * (1.0 + torch.tanh(SQRT_2_OVER_PI * (x + COEF * x ** 3)))
+            def imported(x):
+                from consts import COEF
+                return 0.5 * x * (1.0 + torch.tanh(SQRT_2_OVER_PI * (x + COEF * x ** 3)))
             """),
         bad("""
             import math
@@ -262,10 +296,28 @@ class ManualTanhGelu(Rule):
                        for n in ast.walk(assign.value)):
                     raise _NotArithmetic  # its inputs changed since: `x` would not be one value
                 return self._evaluate(flow, assign.value, env, leaves, depth + 1)
+            constant = self._module_constant(flow, node, depth)
+            if constant is not None:
+                return constant
         if isinstance(node, (ast.Name, ast.Attribute, ast.Call, ast.Subscript)) and not env:
             leaves[ast.dump(node)] = node
             return 1.0
         raise _NotArithmetic
+
+    def _module_constant(self, flow, node: ast.Name, depth: int) -> Optional[float]:
+        """The number a free name holds when the module binds it once to arithmetic on numbers
+        (`SQRT_2_OVER_PI = math.sqrt(2 / math.pi)` above the function)."""
+        if node not in flow.parent or node.id in flow.stores or self.ctx.names.binds_locally(node.id):
+            return None  # in a nested scope, or a name of the function's own
+        value = module_assignments(self.ctx).get(node.id)
+        if value is None:
+            return None
+        names: dict = {}
+        try:
+            number = self._evaluate(flow, value, {}, names, depth + 1)
+        except (_NotArithmetic, ArithmeticError, ValueError):
+            return None
+        return None if names else number
 
     def _fix(self, node: ast.AST, x: ast.AST):
         if not isinstance(x, (ast.Name, ast.Attribute)):
