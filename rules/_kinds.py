@@ -161,7 +161,9 @@ class ScopeKinds(BuiltOnFirstUse):
 
     def _build(self) -> None:
         owner = self.owner
-        self.assigned: dict = {}      # name -> list of ("value", expr) / ("elem", iter, path) / ("kind", k)
+        # name -> list of ("value", expr) / ("elem", iter, path) / ("unpack", expr, index) / ("kind", k)
+        # / ("kind", k, annotated value)
+        self.assigned: dict = {}
         self.methods_used: dict = {}  # name -> set of attribute names used on it
         if isinstance(owner, (ast.FunctionDef, ast.AsyncFunctionDef, ast.Lambda)):
             args = owner.args
@@ -179,13 +181,16 @@ class ScopeKinds(BuiltOnFirstUse):
         if isinstance(target, ast.Name):
             self.assigned.setdefault(target.id, []).append(entry)
         elif isinstance(target, (ast.Tuple, ast.List)):
+            starred = False
             for i, elt in enumerate(target.elts):
                 if isinstance(elt, ast.Starred):
+                    starred = True
                     self._bind(elt.value, ("kind", LIST))
                 elif entry[0] == "elem":
                     self._bind(elt, ("elem", entry[1], entry[2] + (i,)))
                 elif entry[0] == "value":
-                    self._bind(elt, ("unpack", entry[1], i))
+                    # After `*rest` the targets count from the end: `*rest, last = 1, 2, 3`.
+                    self._bind(elt, ("unpack", entry[1], i - len(target.elts) if starred else i))
                 else:
                     self._bind(elt, ("kind", None))
 
@@ -207,7 +212,8 @@ class ScopeKinds(BuiltOnFirstUse):
             elif what == "annassign":
                 ann = _annotation_kind(node.annotation)
                 if node.value is not None:
-                    self._bind(node.target, ("value", node.value) if ann is None else ("kind", ann))
+                    # An annotated value keeps the value too, for `constant_int` (`WIDTH: int = 1001`).
+                    self._bind(node.target, ("value", node.value) if ann is None else ("kind", ann, node.value))
                 elif ann is not None:
                     self._bind(node.target, ("kind", ann))
             elif what == "augassign":
@@ -337,7 +343,7 @@ class _Inference:
             return value if value in TENSORS else (SCALAR if value == SCALAR else None)
         if tag == "unpack":
             value, index = entry[1], entry[2]
-            if isinstance(value, (ast.Tuple, ast.List)) and index < len(value.elts):
+            if isinstance(value, (ast.Tuple, ast.List)) and -len(value.elts) <= index < len(value.elts):
                 return sub.expr(value.elts[index])
             if isinstance(value, ast.Call) and isinstance(value.func, ast.Attribute):
                 if value.func.attr in ("split", "chunk", "unbind", "tensor_split") and sub.expr(value.func.value) in TENSORS:
@@ -738,18 +744,35 @@ def looks_like_tensor(ctx, expr: ast.AST) -> bool:
     return False
 
 
+def _literal_int(node) -> Optional[int]:
+    return node.value if isinstance(node, ast.Constant) and type(node.value) is int else None
+
+
+def _assigned_int(entry) -> Optional[int]:
+    """The int literal one assignment stores: `n = 1001`, `n: int = 1001`, `a, n = 8, 1001`."""
+    tag = entry[0]
+    if tag == "value":
+        return _literal_int(entry[1])
+    if tag == "kind" and len(entry) == 3:
+        return _literal_int(entry[2])
+    if tag == "unpack":
+        value, index = entry[1], entry[2]
+        if (isinstance(value, (ast.Tuple, ast.List)) and -len(value.elts) <= index < len(value.elts)
+                and not any(isinstance(e, ast.Starred) for e in value.elts)):
+            return _literal_int(value.elts[index])
+    return None
+
+
 def constant_int(ctx, expr: ast.AST) -> Optional[int]:
     """The int `expr` always holds: a literal, or a name whose every assignment in the scope
-    that binds it is that same literal (`vocab_size = 50257`). Parameters are not constants."""
-    if isinstance(expr, ast.Constant) and type(expr.value) is int:
-        return expr.value
+    that binds it is that same literal (`vocab_size = 50257`, `width: int = 1001`, `d_in, d_out
+    = 1001, 512`). Parameters are not constants."""
     if not isinstance(expr, ast.Name):
-        return None
+        return _literal_int(expr)
     for scope in _chain(ctx):
         entries = scope.assigned.get(expr.id)
         if entries is None:
             continue
-        values = {e[1].value if e[0] == "value" and isinstance(e[1], ast.Constant) and type(e[1].value) is int
-                  else None for e in entries}
+        values = {_assigned_int(e) for e in entries}
         return values.pop() if len(values) == 1 else None
     return None

@@ -123,6 +123,29 @@ class GemmDimNotMultipleOf8(Rule):
             def logits(h):
                 return h @ emb.weight.T
             """, (4, 27), (5, 26), (6, 37), (7, 28)),
+        bad("""
+            from torch import nn
+            WIDTH: int = 1001
+            D_IN, D_OUT = 512, 1003
+            class Net(nn.Module):
+                def __init__(self):
+                    super().__init__()
+                    self.a = nn.Linear(WIDTH, 512)
+                    self.b = nn.Linear(D_IN, D_OUT)
+            """, (7, 28), (8, 34)),
+        good("""
+            from torch import nn
+            D_IN, D_OUT = 1001, 1024
+            WIDTH: int
+            WIDTH = 1001 if D_IN else 1024
+            *REST, LAST = 1001, 1003, 1024
+            class Net(nn.Module):
+                def __init__(self):
+                    super().__init__()
+                    self.a = nn.Linear(512, D_OUT)
+                    self.b = nn.Linear(WIDTH, 512)
+                    self.c = nn.Linear(512, LAST)
+            """),
         good("""
             import torch.nn as nn
             class Net(nn.Module):
