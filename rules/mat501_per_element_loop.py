@@ -108,6 +108,33 @@ class PerElementLoop(Rule):
                     t[:, j] *= 0.5
                 return t
             """, (8, 13), (10, 9)),
+        bad("""
+            import torch
+            def double(n, m):
+                src = torch.randn(n, m)
+                out = torch.zeros(n, m)
+                for i in range(n):
+                    for j in range(m):
+                        out[i][j] = src[i][j] * 2
+                return out
+            """, (7, 13)),
+        good("""
+            import torch
+            def fill(n, m, idx):
+                grid = [[0.0] * m for _ in range(n)]
+                src = torch.randn(n, m)
+                out = torch.zeros(n, m)
+                for i in range(n):
+                    for j in range(m):
+                        grid[i][j] = float(i * j)
+                for i in range(n):
+                    for j in range(m):
+                        out[i][j] = src[idx[i]][j]
+                for i in range(n):
+                    for j in range(m):
+                        out[i][j] = out[i][j - 1] + src[i][j]
+                return grid, out
+            """),
         good("""
             import torch
             def scan(x: torch.Tensor, a: float):
@@ -178,9 +205,10 @@ class PerElementLoop(Rule):
             return
         indices = set().union(*(loop.targets for loop in loops))
         if isinstance(target, ast.Subscript):
-            if not self._element_index(target.slice, indices) or not self._is_tensor(target.value):
+            written = self._element_base(target, indices)
+            if written is None or not self._is_tensor(written):
                 return
-            if loaded_names(target.value) & loaded_names(value):
+            if loaded_names(written) & loaded_names(value):
                 return  # reads the tensor it writes: a recurrence
             reads = self._element_reads(value, indices)
             if reads is None or (not reads and not isinstance(value, ast.Constant)):
@@ -189,7 +217,7 @@ class PerElementLoop(Rule):
                 return
         elif isinstance(target, ast.Name) and isinstance(augmented, (ast.Add, ast.Sub, ast.Mult)):
             reads = self._element_reads(value, indices)
-            if not reads or not any(self._is_tensor(r.value) for r in reads):
+            if not reads or not any(self._is_tensor(r) for r in reads):
                 return
             if isinstance(augmented, ast.Add) and self._is_product_of_elements(value):
                 return
@@ -218,20 +246,25 @@ class PerElementLoop(Rule):
         return list(reversed(run))
 
     @staticmethod
-    def _element_index(index: ast.AST, indices: set) -> bool:
-        """`i`, `i, j`, `:, i`, `i + 1`: loop variables, constants and full slices only."""
-        parts = index.elts if isinstance(index, ast.Tuple) else [index]
+    def _element_base(node: ast.Subscript, indices: set) -> Optional[ast.AST]:
+        """The tensor an element access indexes (`x[i]`, `x[i, j]`, `x[:, i]`, `x[i][j]`, `x[i + 1]`)
+        when every index is a loop variable, a constant or a full slice; else None."""
+        parts = []
+        while isinstance(node, ast.Subscript):
+            index = node.slice
+            parts.extend(index.elts if isinstance(index, ast.Tuple) else [index])
+            node = node.value
         uses_loop_variable = False
         for part in parts:
             if isinstance(part, ast.Slice):
                 if part.lower or part.upper or part.step:
-                    return False
+                    return None
                 continue
             names = loaded_names(part)
             if not names <= indices or any(isinstance(n, (ast.Call, ast.Subscript, ast.Attribute)) for n in ast.walk(part)):
-                return False
+                return None
             uses_loop_variable |= bool(names)
-        return uses_loop_variable
+        return node if uses_loop_variable else None
 
     def _element_reads(self, value: ast.AST, indices: set) -> Optional[list]:
         """The indexed reads in an element-wise expression, or None when it is not element-wise."""
@@ -240,9 +273,10 @@ class PerElementLoop(Rule):
         while stack:
             node = stack.pop()
             if isinstance(node, ast.Subscript):
-                if not self._element_index(node.slice, indices):
+                base = self._element_base(node, indices)
+                if base is None:
                     return None
-                reads.append(node)
+                reads.append(base)
                 continue
             if isinstance(node, ast.Call):
                 if not self._is_elementwise_call(node):
@@ -272,7 +306,7 @@ class PerElementLoop(Rule):
                 targets = stmt.targets if isinstance(stmt, ast.Assign) else [stmt.target]
                 for target in targets:
                     if isinstance(target, ast.Subscript):
-                        if not self._element_index(target.slice, indices):
+                        if self._element_base(target, indices) is None:
                             return False
                     elif not isinstance(target, ast.Name):
                         return False
