@@ -1,6 +1,7 @@
 """Which calls are GEMMs, and what their operands are, in every spelling: `a @ b`,
 `torch.matmul(a, b)`, `T.mm(a, b)`, `mm(a, b)` after `from torch import mm`, `a.matmul(b)`,
-`torch.einsum("ij,jk->ik", a, b)`, `F.linear(x, w)`, and an `nn.Linear` module applied to `x`."""
+`torch.einsum("ij,jk->ik", a, b)`, `F.linear(x, w)`, operands passed by keyword
+(`torch.matmul(a, other=b)`, `a.mm(mat2=b)`), and an `nn.Linear` module applied to `x`."""
 from __future__ import annotations
 
 import ast
@@ -48,8 +49,32 @@ class Gemm:
     method: bool = False  # x.mm(y) rather than torch.mm(x, y)
 
 
+# Parameter names of the GEMMs whose operands can be passed by keyword (`torch.matmul(a, other=b)`).
+_PARAMETERS = {
+    "matmul": ("input", "other"), "mm": ("input", "mat2"), "bmm": ("input", "mat2"), "mv": ("input", "vec"),
+    "dot": ("input", "other"), "inner": ("input", "other"), "linear": ("input", "weight", "bias"),
+    "addmm": ("input", "mat1", "mat2"), "baddbmm": ("input", "batch1", "batch2"),
+    "addbmm": ("input", "batch1", "batch2"), "addmv": ("input", "mat", "vec"),
+}
+
+
 def _call_args(call: ast.Call) -> list:
     return [a for a in call.args if not isinstance(a, ast.Starred)]
+
+
+def _with_keyword_operands(op: str, args: list, keywords: list, method: bool) -> list:
+    """`args` followed by the operands passed by keyword, in parameter order (a method's
+    receiver is its `input`)."""
+    params = _PARAMETERS.get(op)
+    if params is None or not keywords:
+        return args
+    given = {k.arg: k.value for k in keywords if k.arg}
+    operands = list(args)
+    for name in params[int(method) + len(args):]:
+        if name not in given:
+            break
+        operands.append(given[name])
+    return operands
 
 
 def as_gemm(ctx, node: ast.AST) -> Optional[Gemm]:
@@ -72,6 +97,7 @@ def _as_gemm(ctx, node: ast.AST) -> Optional[Gemm]:
     qualname = ctx.qualname(func)
     if qualname in GEMM_FUNCTIONS:
         op = GEMM_FUNCTIONS[qualname]
+        args = _with_keyword_operands(op, args, node.keywords, method=False)
         spelling = ctx.segment(func)
         if op == "einsum":
             if not args:
@@ -102,6 +128,8 @@ def _as_gemm(ctx, node: ast.AST) -> Optional[Gemm]:
             return None  # np.dot(...), scipy..., a module function
         is_gemm_method = name in GEMM_METHODS or (
             name in GEMM_METHODS_NEEDING_TENSOR and _kinds.is_tensor(ctx, receiver))
+        if is_gemm_method:
+            args = _with_keyword_operands(name, args, node.keywords, method=True)
         if is_gemm_method and args and not _kinds.is_non_tensor(ctx, receiver):
             if name in _ADD_FORMS:
                 return Gemm(node, name, args[:2], "." + name, method=True) if len(args) == 2 else None

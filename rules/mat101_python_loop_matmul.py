@@ -93,6 +93,16 @@ class PythonLoopMatmul(GemmVisitor, Rule):
             ys = [x[i] @ w for i in range(8)]
             """, (4, 7), message_contains="x @ w"),
         bad("""
+            import torch
+            def f(x, w):
+                outs = []
+                for i in range(x.shape[0]):
+                    outs.append(torch.matmul(x[i], other=w))
+                    outs.append(x[i].mm(mat2=w))
+                    outs.append(torch.mm(input=x[i], mat2=w))
+                return outs
+            """, (5, 21), (6, 21), (7, 21), message_contains="x @ w"),
+        bad("""
             from torch import einsum as es
             import torch
             q = torch.randn(4, 10, 16)
