@@ -52,8 +52,8 @@ class FunctionFlow(BuiltOnFirstUse):
                     if isinstance(block, list):
                         self._index_block(block)
                 stack.extend([child for child in children if child.__class__ not in _SCOPE_TYPES])
-        args = function.args
-        for arg in args.posonlyargs + args.args + args.kwonlyargs + [args.vararg, args.kwarg]:
+        args = getattr(function, "args", None)  # none for the module
+        for arg in (args.posonlyargs + args.args + args.kwonlyargs + [args.vararg, args.kwarg]) if args else ():
             if arg is not None:
                 self.stores.setdefault(arg.arg, []).append((None, False))
         for node in list(self.parent):
@@ -144,6 +144,15 @@ class FunctionFlow(BuiltOnFirstUse):
         return a in self.block and b in self.block and self.block[a][0] == self.block[b][0]
 
 
+def code_scope(ctx) -> Optional[ast.AST]:
+    """The function the walker is in, or the module at module level: the scope whose flow the
+    rules read. None inside a lambda or a class body."""
+    function = ctx.function
+    if function is None:
+        return ctx.tree if ctx.class_ is None else None
+    return None if isinstance(function, ast.Lambda) else function
+
+
 def flow_of(ctx, function: ast.AST) -> FunctionFlow:
     key = ("flow", id(function))
     flow = ctx.shared.get(key)
@@ -158,6 +167,8 @@ def function_text(ctx, function: ast.AST) -> str:
     key = ("function_text", id(function))
     text = ctx.shared.get(key)
     if text is None:
+        if not hasattr(function, "lineno"):  # the module
+            return identifier_text(ctx)
         text = "\n".join(ctx.lines[function.lineno - 1:function.end_lineno])
         if not text.isascii():
             text = unicodedata.normalize("NFKC", text)

@@ -256,9 +256,9 @@ def mentions(ctx, node: ast.AST, pattern) -> bool:
 
 
 def outermost_scope(ctx):
-    """The outermost class (else function) around the current node: where a fused path that
-    the code switches to, or a decorator that replaces it, would be written."""
-    return ctx.classes[0] if ctx.classes else (ctx.functions[0] if ctx.functions else None)
+    """The outermost class (else function, else the module) around the current node: where a
+    fused path that the code switches to, or a decorator that replaces it, would be written."""
+    return ctx.classes[0] if ctx.classes else (ctx.functions[0] if ctx.functions else ctx.tree)
 
 
 def subclasses(ctx, cls, qualname: str) -> bool:

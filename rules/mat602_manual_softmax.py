@@ -6,7 +6,7 @@ from typing import Optional
 
 from matlint.rule import Only, Rule, bad, good
 
-from ._flow import flow_of, function_may_mention
+from ._flow import code_scope, flow_of, function_may_mention
 from ._pointwise import PRODUCT_METHODS, is_true, number, product, resolve, same, torch_op
 
 _ATOMS = (ast.Name, ast.Attribute, ast.Call, ast.Subscript)
@@ -123,6 +123,15 @@ class ManualSoftmax(Rule):
                 e = torch.exp(x) / torch.exp(mask).sum(-1, keepdim=True)
                 return a, b, c, d, e
             """),
+        bad("""
+            import torch
+            x = torch.randn(4, 8)
+            e = torch.exp(x)
+            probs = e / e.sum(-1, keepdim=True)
+            class Table:
+                w = torch.exp(x)
+                p = w / w.sum(-1, keepdim=True)
+            """, (4, 9)),
     ]
 
     only = {"visit_Call": Only(attrs=PRODUCT_METHODS)}
@@ -137,8 +146,8 @@ class ManualSoftmax(Rule):
             self._check(node, *found)
 
     def _check(self, node: ast.AST, op, left: ast.AST, right: ast.AST) -> None:
-        function = self.ctx.function
-        if op is not ast.Div or function is None or isinstance(function, ast.Lambda):
+        function = code_scope(self.ctx)
+        if op is not ast.Div or function is None:
             return
         if not function_may_mention(self.ctx, function, ("exp",)):
             return

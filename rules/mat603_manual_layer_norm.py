@@ -8,7 +8,7 @@ from typing import Optional
 
 from matlint.rule import Only, Rule, bad, good
 
-from ._flow import flow_of, function_may_mention
+from ._flow import code_scope, flow_of, function_may_mention
 from ._names import mentions, outermost_scope, subclasses
 from ._pointwise import (PRODUCT_METHODS, last_dim_reduction, may_take_root, number, product, resolve, root_of, same,
                          strip_casts, torch_op)
@@ -142,6 +142,11 @@ class ManualLayerNorm(Rule):
                 c = x - x.mean(-1, keepdim=True)
                 return a, b, c
             """),
+        bad("""
+            import torch
+            x = torch.randn(4, 8)
+            y = (x - x.mean(-1, keepdim=True)) / torch.sqrt(x.var(-1, keepdim=True, unbiased=False) + 1e-5)
+            """, (3, 5)),
     ]
 
     only = {"visit_Call": Only(attrs=PRODUCT_METHODS)}
@@ -156,8 +161,8 @@ class ManualLayerNorm(Rule):
             self._check(node, *found)
 
     def _check(self, node: ast.AST, op, left: ast.AST, right: ast.AST) -> None:
-        function = self.ctx.function
-        if function is None or isinstance(function, ast.Lambda):
+        function = code_scope(self.ctx)
+        if function is None:
             return
         if not (may_take_root(self.ctx, function, ("sqrt", "rsqrt", "std"))
                 and function_may_mention(self.ctx, function, ("mean",))):

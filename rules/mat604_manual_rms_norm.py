@@ -7,7 +7,7 @@ import re
 
 from matlint.rule import Only, Rule, bad, good
 
-from ._flow import flow_of, function_may_mention
+from ._flow import code_scope, flow_of, function_may_mention
 from ._names import mentions, outermost_scope, subclasses
 from ._pointwise import (PRODUCT_METHODS, last_dim_reduction, may_take_root, number, product, resolve, root_of, same,
                          strip_casts, torch_op)
@@ -157,6 +157,11 @@ class ManualRmsNorm(Rule):
                 d = xc * torch.rsqrt(xc.pow(2).mean(-1, keepdim=True) + eps)
                 return a, b, c, d
             """),
+        bad("""
+            import torch
+            x = torch.randn(4, 8)
+            y = x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + 1e-6)
+            """, (3, 5)),
     ]
 
     only = {"visit_Call": Only(attrs=PRODUCT_METHODS)}
@@ -171,8 +176,8 @@ class ManualRmsNorm(Rule):
             self._check(node, *found)
 
     def _check(self, node: ast.AST, op, left: ast.AST, right: ast.AST) -> None:
-        function = self.ctx.function
-        if function is None or isinstance(function, ast.Lambda):
+        function = code_scope(self.ctx)
+        if function is None:
             return
         if not (may_take_root(self.ctx, function, ("sqrt", "rsqrt"))
                 and function_may_mention(self.ctx, function, ("mean",))):
@@ -195,8 +200,8 @@ class ManualRmsNorm(Rule):
     def _is_gated(function: ast.AST) -> bool:
         """A gated RMS norm (`forward(self, hidden_states, gate=None)`, Mamba-2's norm): the model
         runs mamba-ssm's fused gated-norm kernel when it is installed, and this is the fallback."""
-        args = function.args
-        return any("gate" in a.arg for a in args.posonlyargs + args.args + args.kwonlyargs)
+        args = getattr(function, "args", None)  # none for the module
+        return args is not None and any("gate" in a.arg for a in args.posonlyargs + args.args + args.kwonlyargs)
 
     def _is_rms_of(self, flow, scale: ast.AST, x: ast.AST, inverse: bool) -> bool:
         root = root_of(self.ctx, resolve(flow, scale), inverse)
