@@ -9,7 +9,7 @@ from typing import Optional
 
 from matlint.rule import Only, Rule, bad, good
 
-from ._flow import flow_of
+from ._flow import code_scope, flow_of
 from ._kinds import may_mention
 from ._names import mentions, outermost_scope, spelling
 from ._pointwise import torch_op
@@ -191,6 +191,12 @@ class ManualTanhGelu(Rule):
                 scalar = 0.5 * x * (1 + np.tanh(np.sqrt(2 / np.pi) * (x + 0.044715 * x ** 3)))
                 return exact, sig, wrong_const, no_half, scalar
             """),
+        bad("""
+            import math
+            import torch
+            x = torch.randn(4, 8)
+            y = 0.5 * x * (1.0 + torch.tanh(math.sqrt(2.0 / math.pi) * (x + 0.044715 * torch.pow(x, 3.0))))
+            """, (4, 5)),
     ]
 
     only = {"visit_Call": Only(if_file=lambda ctx: may_mention(ctx, "tanh"))}
@@ -198,9 +204,9 @@ class ManualTanhGelu(Rule):
     def visit_Call(self, node: ast.Call) -> None:
         if not may_mention(self.ctx, "tanh"):
             return  # `torch_op` names an op after the identifier that spells it
-        function = self.ctx.function
+        function = code_scope(self.ctx)
         op = torch_op(self.ctx, node)
-        if op is None or op.name != "tanh" or len(op.args) != 1 or function is None or isinstance(function, ast.Lambda):
+        if op is None or op.name != "tanh" or len(op.args) != 1 or function is None:
             return
         flow = flow_of(self.ctx, function)
         for candidate in self._outwards(flow, node):
