@@ -1290,6 +1290,7 @@ class FunctionShapes:
             value = None
             call = _module_constructors(self.ctx).get(name)
             if call is not None:
+                self.module_layers[name] = None  # while it is read: `a = nn.Sequential(b)`, `b = ...(a)`
                 # Read at module level: the function's own names (a local `d`) are not the module's.
                 saved, self.env = self.env, {}
                 try:

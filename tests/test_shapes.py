@@ -435,6 +435,13 @@ def test_module_level_layers_are_read_with_the_module_names_not_the_function_loc
     assert shadowed == [None]  # not (n, 3): the module's d is not the function's
 
 
+def test_module_level_layers_built_from_each_other_end():
+    # `a` is read while `b` is read while `a` is read...: this recursed until the walk gave up (MAT000).
+    values = revealed("a = nn.Sequential(b)\nb = nn.Sequential(a)\ndef f(x: torch.Tensor, n):\n"
+                      "    reveal(a(x.view(n, 4)))\n")
+    assert len(values) == 1
+
+
 def test_init_symbols_do_not_meet_forward_symbols():
     values = revealed("class M(nn.Module):\n    def __init__(self, n):\n        super().__init__()\n"
                       "        self.fc = nn.Linear(3, n)\n    def forward(self, x, n: int):\n"
