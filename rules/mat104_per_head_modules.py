@@ -27,6 +27,20 @@ def _params(fn) -> list:
     return fn.args.posonlyargs + fn.args.args
 
 
+def _range_stop(expr: ast.AST) -> Optional[ast.AST]:
+    """`n` for `range(n)`."""
+    if (isinstance(expr, ast.Call) and isinstance(expr.func, ast.Name) and expr.func.id == "range"
+            and len(expr.args) == 1 and not expr.keywords):
+        return expr.args[0]
+    return None
+
+
+def _stop_is_len_of(stop: ast.AST, attr: str, self_name: str) -> bool:
+    """`len(self.attr)`."""
+    return (isinstance(stop, ast.Call) and isinstance(stop.func, ast.Name) and stop.func.id == "len"
+            and len(stop.args) == 1 and _self_attr(stop.args[0], self_name) == attr)
+
+
 class PerHeadModules(Rule):
     code = "MAT104"
     name = "per-head-modules"
@@ -34,8 +48,9 @@ class PerHeadModules(Rule):
     docs = """
     ## What it does
     Flags `torch.cat`/`torch.stack` of the outputs of a `ModuleList`'s modules applied one by one
-    to the same input (`torch.cat([h(x) for h in self.heads], dim=-1)`, or a loop appending
-    `head(x)` to a list that is then concatenated) when `__init__` built the list from one class
+    to the same input (`torch.cat([h(x) for h in self.heads], dim=-1)`, by index over all of them
+    `[self.heads[i](x) for i in range(len(self.heads))]`, or a loop appending `head(x)` to a list
+    that is then concatenated) when `__init__` built the list from one class
     with the same arguments for every item (`nn.ModuleList([Head(d) for _ in range(n)])`, or a
     loop of `append`s), and that class is `nn.Linear` or a class of the same file that holds
     `nn.Linear` projections (an attention head).
@@ -69,6 +84,8 @@ class PerHeadModules(Rule):
       (`expert(x[idx])`, `h(x_i)`).
     - Lists of classes from other files whose content it cannot see (ensembles of full models),
       and lists not built in `__init__` of the same class.
+    - Indexing over a range not known to cover every item (`range(k)` for a list built with
+      `range(n)`).
 
     ## Fix safety
     No automatic fix: the weights must be re-laid out into one module (checkpoints change).
@@ -158,6 +175,31 @@ class PerHeadModules(Rule):
                 def forward(self, x):
                     return torch.stack([m(x) for m in self.models])
             """),
+        bad("""
+            import torch
+            import torch.nn as nn
+            class Heads(nn.Module):
+                def __init__(self, d):
+                    super().__init__()
+                    self.heads = nn.ModuleList([nn.Linear(d, 64) for _ in range(8)])
+                def forward(self, x):
+                    a = torch.cat([self.heads[i](x) for i in range(len(self.heads))], -1)
+                    b = torch.stack([self.heads[h](x) for h in range(8)])
+                    return a, b
+            """, (8, 13), (9, 13)),
+        good("""
+            import torch
+            import torch.nn as nn
+            class Heads(nn.Module):
+                def __init__(self, d, n):
+                    super().__init__()
+                    self.heads = nn.ModuleList([nn.Linear(d, 64) for _ in range(8)])
+                def forward(self, x, parts, k):
+                    a = torch.cat([self.heads[i](x) for i in range(4)], -1)
+                    b = torch.cat([self.heads[i](parts[i]) for i in range(8)], -1)
+                    c = torch.cat([self.heads[i](x) for i in range(k)], -1)
+                    return a, b, c
+            """),
     ]
 
     # The heads must be nn.Linear or a class of this file that holds one (`_holds_projections`).
@@ -173,12 +215,14 @@ class PerHeadModules(Rule):
         applied = self._applied_heads(node.args[0], fn, self_name)
         if applied is None:
             return
-        attr, call_text = applied
+        attr, call_text, stop = applied
         built = self._identical_items(cls, attr)
         if built is None:
             return
         module_call, count = built
         seg = self.ctx.segment
+        if stop is not None and not (seg(stop) == count or _stop_is_len_of(stop, attr, self_name)):
+            return  # `self.heads[i] for i in range(k)`: not known to apply every head
         kind = module_call.func
         if self.ctx.qualname(kind) in _LINEAR:
             args = [seg(a) for a in module_call.args]
@@ -193,15 +237,23 @@ class PerHeadModules(Rule):
                           f"input (`{call_text}`) and joined: {how}")
 
     def _applied_heads(self, joined: ast.AST, fn, self_name: str):
-        """(attr, call) for `[h(x) for h in self.attr]` (inline or through a name), or a list filled
-        by `for h in self.attr: out.append(h(x))`."""
+        """(attr, call, stop) for `[h(x) for h in self.attr]` (inline or through a name), a list
+        filled by `for h in self.attr: out.append(h(x))`, or `[self.attr[i](x) for i in range(stop)]`
+        (stop None where every item is applied by construction)."""
         if isinstance(joined, (ast.ListComp, ast.GeneratorExp)) and len(joined.generators) == 1:
             gen = joined.generators[0]
             if gen.ifs or gen.is_async or not isinstance(gen.target, ast.Name):
                 return None
             attr = _self_attr(gen.iter, self_name)
             if attr and self._same_input_call(joined.elt, gen.target.id):
-                return attr, self.ctx.segment(joined.elt)
+                return attr, self.ctx.segment(joined.elt), None
+            stop = _range_stop(gen.iter)
+            elt = joined.elt
+            if (stop is not None and isinstance(elt, ast.Call) and isinstance(elt.func, ast.Subscript)
+                    and isinstance(elt.func.slice, ast.Name) and elt.func.slice.id == gen.target.id
+                    and _self_attr(elt.func.value, self_name)
+                    and elt.args and not any(gen.target.id in loaded_names(a) for a in elt.args + elt.keywords)):
+                return _self_attr(elt.func.value, self_name), self.ctx.segment(elt), stop
             return None
         if not isinstance(joined, ast.Name):
             return None
@@ -227,7 +279,7 @@ class PerHeadModules(Rule):
                     and call.func.attr == "append" and isinstance(call.func.value, ast.Name)
                     and call.func.value.id == joined.id and len(call.args) == 1
                     and self._same_input_call(call.args[0], stmt.target.id)):
-                return attr, self.ctx.segment(call.args[0])
+                return attr, self.ctx.segment(call.args[0]), None
         return None
 
     @staticmethod
