@@ -137,7 +137,7 @@ class FileContext:
         return self.parents[-1] if self.parents else None
 
     def statement(self) -> Optional[ast.stmt]:
-        """The innermost statement around the node being walked (None at module level)."""
+        """The innermost statement around the node being walked (None outside every statement)."""
         for node in reversed(self.parents):
             if isinstance(node, ast.stmt):
                 return node
