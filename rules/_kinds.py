@@ -91,6 +91,11 @@ _TO_KEEPING_PLACE = frozenset({"dtype", "non_blocking", "copy", "memory_format"}
 _NOT_YET = object()
 
 
+def _is_dtype(qual: str) -> bool:
+    """`torch.float64`, `torch.long`..."""
+    return qual.startswith("torch.") and qual.rpartition(".")[2] in _DTYPE_NAMES
+
+
 def _is_cpu_literal(expr: ast.AST) -> bool:
     if isinstance(expr, ast.Constant) and isinstance(expr.value, str):
         return expr.value.split(":")[0] == "cpu"
@@ -468,7 +473,7 @@ class _Inference:
         module, _, attr = qual.rpartition(".")
         if qual.startswith(("numpy.", "np.")):
             return NUMPY if attr and attr[0].islower() else OTHER
-        if qual.startswith("torch.") and attr in _DTYPE_NAMES:
+        if _is_dtype(qual):
             return SCALAR
         return OTHER if qual.startswith("torch") else None
 
@@ -542,8 +547,7 @@ class _Inference:
             return False
         if not node.args:
             return any(k.arg == "dtype" for k in node.keywords)
-        qual = self.ctx.qualname(node.args[0]) or ""
-        return qual.startswith("torch.") and qual.rpartition(".")[2] in _DTYPE_NAMES
+        return _is_dtype(self.ctx.qualname(node.args[0]) or "")
 
     def _tensor_method(self, method: str, receiver: str, node: ast.Call) -> Optional[str]:
         if method == "cpu":
@@ -744,22 +748,28 @@ def looks_like_tensor(ctx, expr: ast.AST) -> bool:
     return False
 
 
-def _literal_int(node) -> Optional[int]:
-    return node.value if isinstance(node, ast.Constant) and type(node.value) is int else None
+def int_const(node: ast.AST) -> Optional[int]:
+    """A literal int, negative ones included."""
+    if isinstance(node, ast.Constant) and type(node.value) is int:
+        return node.value
+    if isinstance(node, ast.UnaryOp) and isinstance(node.op, ast.USub):
+        inner = int_const(node.operand)
+        return -inner if inner is not None else None
+    return None
 
 
 def _assigned_int(entry) -> Optional[int]:
     """The int literal one assignment stores: `n = 1001`, `n: int = 1001`, `a, n = 8, 1001`."""
     tag = entry[0]
     if tag == "value":
-        return _literal_int(entry[1])
+        return int_const(entry[1])
     if tag == "kind" and len(entry) == 3:
-        return _literal_int(entry[2])
+        return int_const(entry[2])
     if tag == "unpack":
         value, index = entry[1], entry[2]
         if (isinstance(value, (ast.Tuple, ast.List)) and -len(value.elts) <= index < len(value.elts)
                 and not any(isinstance(e, ast.Starred) for e in value.elts)):
-            return _literal_int(value.elts[index])
+            return int_const(value.elts[index])
     return None
 
 
@@ -768,7 +778,7 @@ def constant_int(ctx, expr: ast.AST) -> Optional[int]:
     that binds it is that same literal (`vocab_size = 50257`, `width: int = 1001`, `d_in, d_out
     = 1001, 512`). Parameters are not constants."""
     if not isinstance(expr, ast.Name):
-        return _literal_int(expr)
+        return int_const(expr)
     for scope in _chain(ctx):
         entries = scope.assigned.get(expr.id)
         if entries is None:

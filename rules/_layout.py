@@ -11,20 +11,11 @@ from dataclasses import dataclass
 from typing import Optional
 
 from . import _kinds
+from ._kinds import int_const
 from ._shapes import shape_of
 
 _TRANSPOSE_METHODS = {"transpose", "swapaxes", "swapdims"}
 _TRANSPOSE_FUNCTIONS = {"torch.transpose", "torch.swapaxes", "torch.swapdims"}
-
-
-def int_const(node: ast.AST) -> Optional[int]:
-    """A literal int, negative ones included."""
-    if isinstance(node, ast.Constant) and type(node.value) is int:
-        return node.value
-    if isinstance(node, ast.UnaryOp) and isinstance(node.op, ast.USub):
-        inner = int_const(node.operand)
-        return -inner if inner is not None else None
-    return None
 
 
 def rank_of(ctx, expr: ast.AST) -> Optional[int]:

@@ -41,7 +41,7 @@ from types import MappingProxyType, SimpleNamespace
 from typing import Callable, Optional
 
 from ._flow import function_text
-from ._kinds import identifier_text, may_mention
+from ._kinds import identifier_text, int_const, may_mention
 from ._loops import scope_statements
 from ._tree import child_nodes
 
@@ -1209,9 +1209,9 @@ class FunctionShapes:
         if isinstance(value_node, ast.Call) and isinstance(value_node.func, ast.Attribute) \
                 and value_node.func.attr == "size" and len(value_node.args) == 1 \
                 and isinstance(value_node.func.value, ast.Name):
-            name, axis = value_node.func.value.id, _const_int(value_node.args[0])
+            name, axis = value_node.func.value.id, int_const(value_node.args[0])
         elif isinstance(value_node, ast.Subscript) and _size_receiver(value_node.value):
-            name, axis = _size_receiver(value_node.value), _const_int(value_node.slice)
+            name, axis = _size_receiver(value_node.value), int_const(value_node.slice)
         current = self.env.get(name) if name else None
         if not isinstance(current, Shape) or axis is None:
             return
@@ -1248,7 +1248,7 @@ class FunctionShapes:
                     (isinstance(lhs, ast.Call) and isinstance(lhs.func, ast.Attribute) and lhs.func.attr == "dim"
                      and not lhs.args and isinstance(lhs.func.value, ast.Name)):
                 name = lhs.value.id if isinstance(lhs, ast.Attribute) else lhs.func.value.id
-                rank = _const_int(rhs)
+                rank = int_const(rhs)
                 current = self.env.get(name)
                 if rank is not None and rank >= 0 and not (isinstance(current, Shape) and not current.leading):
                     dims = [None] * rank
@@ -1459,7 +1459,7 @@ class FunctionShapes:
             if isinstance(items[0], ast.Slice):
                 if dims is None:
                     return None
-                lo, hi, step = (_const_int(items[0].lower), _const_int(items[0].upper), _const_int(items[0].step))
+                lo, hi, step = (int_const(items[0].lower), int_const(items[0].upper), int_const(items[0].step))
                 if any(b is None and e is not None for b, e in ((lo, items[0].lower), (hi, items[0].upper), (step, items[0].step))):
                     return None
                 if dims[1] and (lo is None or lo >= 0):
@@ -1472,7 +1472,7 @@ class FunctionShapes:
                     return SizeVal(make_shape(dims[0][lo:hi:step])) if hi is None and -lo <= len(dims[0]) else None
                 picked = dims[0][lo:hi:step]
                 return SizeVal(make_shape(picked)) if isinstance(base, SizeVal) else Seq(tuple(IntVal(d) for d in picked))
-            i = _const_int(items[0])
+            i = int_const(items[0])
             if i is None:
                 return None
             if isinstance(base, Seq):
@@ -1978,7 +1978,7 @@ class FunctionShapes:
                 dims = as_dims(only)
                 if dims is None or dims[1]:
                     return None
-                literal_ones = [i for i, e in enumerate(node.args[0].elts) if _const_int(e) == 1] \
+                literal_ones = [i for i, e in enumerate(node.args[0].elts) if int_const(e) == 1] \
                     if isinstance(node.args[0], (ast.Tuple, ast.List)) else []
                 return op_view(s, dims[0], literal_ones)
             if isinstance(only, Opaque):
@@ -1995,7 +1995,7 @@ class FunctionShapes:
                 continue
             if not isinstance(value, (IntVal, Opaque)):
                 return None
-            if _const_int(arg_node) == 1:
+            if int_const(arg_node) == 1:
                 literal_ones.append(len(dims))
             dims.append(as_dim(value))
         return op_view(s, dims, literal_ones)
@@ -2041,7 +2041,7 @@ def _conv(s: Optional[Shape], out_dim, spatial: int) -> Optional[Shape]:
 def _slice_size(item, d):
     if _is_full_slice(item):
         return d
-    lo, hi, step = _const_int(item.lower), _const_int(item.upper), _const_int(item.step)
+    lo, hi, step = int_const(item.lower), int_const(item.upper), int_const(item.step)
     if any(v is None and part is not None for v, part in ((lo, item.lower), (hi, item.upper), (step, item.step))):
         return None
     if isinstance(d, int):
@@ -2056,15 +2056,6 @@ def _slice_size(item, d):
 
 def _is_full_slice(item) -> bool:
     return isinstance(item, ast.Slice) and item.lower is None and item.upper is None and item.step is None
-
-
-def _const_int(node) -> Optional[int]:
-    if isinstance(node, ast.Constant) and isinstance(node.value, int) and not isinstance(node.value, bool):
-        return node.value
-    if isinstance(node, ast.UnaryOp) and isinstance(node.op, ast.USub):
-        inner = _const_int(node.operand)
-        return -inner if inner is not None else None
-    return None
 
 
 def _bool_value(value) -> Optional[bool]:

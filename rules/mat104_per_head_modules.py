@@ -35,6 +35,11 @@ def _range_stop(expr: ast.AST) -> Optional[ast.AST]:
     return None
 
 
+def _applied_alike(call: ast.Call, item: str) -> bool:
+    """`call` has inputs and none of them reads `item` (the loop's head or index)."""
+    return bool(call.args) and not any(item in loaded_names(a) for a in call.args + call.keywords)
+
+
 def _stop_is_len_of(stop: ast.AST, attr: str, self_name: str) -> bool:
     """`len(self.attr)`."""
     return (isinstance(stop, ast.Call) and isinstance(stop.func, ast.Name) and stop.func.id == "len"
@@ -251,9 +256,10 @@ class PerHeadModules(Rule):
             elt = joined.elt
             if (stop is not None and isinstance(elt, ast.Call) and isinstance(elt.func, ast.Subscript)
                     and isinstance(elt.func.slice, ast.Name) and elt.func.slice.id == gen.target.id
-                    and _self_attr(elt.func.value, self_name)
-                    and elt.args and not any(gen.target.id in loaded_names(a) for a in elt.args + elt.keywords)):
-                return _self_attr(elt.func.value, self_name), self.ctx.segment(elt), stop
+                    and _applied_alike(elt, gen.target.id)):
+                attr = _self_attr(elt.func.value, self_name)
+                if attr:
+                    return attr, self.ctx.segment(elt), stop
             return None
         if not isinstance(joined, ast.Name):
             return None
@@ -285,7 +291,7 @@ class PerHeadModules(Rule):
     @staticmethod
     def _same_input_call(expr: ast.AST, item: str) -> bool:
         return (isinstance(expr, ast.Call) and isinstance(expr.func, ast.Name) and expr.func.id == item
-                and bool(expr.args) and not any(item in loaded_names(a) for a in expr.args + expr.keywords))
+                and _applied_alike(expr, item))
 
     def _identical_items(self, cls: ast.ClassDef, attr: str):
         """(module constructor call, count text) when `__init__` fills `self.attr` with one class, same arguments."""
@@ -324,9 +330,9 @@ class PerHeadModules(Rule):
     def _item(self, call: ast.AST, loop_names: set, iterable: ast.AST):
         if not isinstance(call, ast.Call) or any(loop_names & loaded_names(a) for a in call.args + call.keywords):
             return None
-        if not (isinstance(iterable, ast.Call) and getattr(iterable.func, "id", None) == "range" and len(iterable.args) == 1):
+        count = _range_stop(iterable)
+        if count is None:
             return None
-        count = iterable.args[0]
         return call, (self.ctx.segment(count) if isinstance(count, (ast.Name, ast.Constant, ast.Attribute)) else None)
 
     def _holds_projections(self, func: ast.AST) -> bool:

@@ -6,7 +6,8 @@ from typing import Optional
 
 from matlint.rule import Rule, bad, good
 
-from ._layout import gemm_candidates, int_const, mergeable, rank_of, reorder
+from ._kinds import int_const
+from ._layout import gemm_candidates, mergeable, rank_of, reorder
 from ._torch_api import GemmVisitor, as_gemm
 
 _FOLDING = ("nn.Linear", "linear")

@@ -8,7 +8,8 @@ from typing import Optional
 from matlint.rule import Only, Rule, bad, good
 
 from ._flow import flow_of
-from ._layout import Reorder, int_const, mergeable, reorder
+from ._kinds import int_const
+from ._layout import Reorder, mergeable, reorder
 from ._shapes import shape_of
 
 # Casts keep a non-contiguous tensor's strides (memory_format=torch.preserve_format).

@@ -7,7 +7,8 @@ from typing import Optional
 from matlint.rule import Only, Rule, bad, good
 
 from . import _kinds
-from ._layout import int_const, reorder
+from ._kinds import int_const
+from ._layout import reorder
 from ._loops import LoopInfo, loaded_names, walk_no_scopes
 from ._torch_api import as_gemm
 from .mat101_python_loop_matmul import PythonLoopMatmul

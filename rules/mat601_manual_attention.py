@@ -12,6 +12,7 @@ from matlint.rule import Only, Rule, bad, good
 
 from . import _kinds
 from ._flow import FunctionFlow, flow_of
+from ._kinds import int_const
 from ._layout import rank_of
 from ._names import mentions, outermost_scope, spelling
 from ._torch_api import as_gemm
@@ -46,15 +47,6 @@ class _Probs:
     v: ast.AST
     steps: list = field(default_factory=list)       # ("dropout", p, training) / ("cast",)
     statements: list = field(default_factory=list)
-
-
-def _int(node: ast.AST) -> Optional[int]:
-    if isinstance(node, ast.Constant) and type(node.value) is int:
-        return node.value
-    if isinstance(node, ast.UnaryOp) and isinstance(node.op, ast.USub):
-        inner = _int(node.operand)
-        return -inner if inner is not None else None
-    return None
 
 
 def _arg(call: ast.Call, index: int, name: str) -> Optional[ast.AST]:
@@ -542,7 +534,7 @@ class ManualAttention(Rule):
         if softmax is None:
             return
         scores_expr, dim, upcast = softmax
-        if _int(dim) is None or mentions(self.ctx, outermost_scope(self.ctx), _FUSED_PATH):
+        if int_const(dim) is None or mentions(self.ctx, outermost_scope(self.ctx), _FUSED_PATH):
             return
         flow = flow_of(self.ctx, function)
         if _SDPA in self.ctx.source and any(isinstance(a, ast.If) for a in flow.enclosing(node)):
@@ -550,8 +542,8 @@ class ManualAttention(Rule):
         scores = self._scores(flow, scores_expr, 0)
         if scores is None or not scores.key_axis_last:
             return
-        if _int(dim) != -1 and not (scores.gemm.op == "bmm" and _int(dim) == 2) and not (
-                _int(dim) > 0 and rank_of(self.ctx, scores_expr) == _int(dim) + 1):  # softmax(dim=3) of 4-D scores
+        if int_const(dim) != -1 and not (scores.gemm.op == "bmm" and int_const(dim) == 2) and not (
+                int_const(dim) > 0 and rank_of(self.ctx, scores_expr) == int_const(dim) + 1):  # softmax(dim=3) of 4-D scores
             return
         if self._is_cosine(flow, scores):
             return
@@ -711,7 +703,7 @@ class ManualAttention(Rule):
             return node.value, node.attr == "mT" or op == "mm"
         if not (isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute)):
             return None
-        method, args = node.func.attr, [_int(a) for a in node.args]
+        method, args = node.func.attr, [int_const(a) for a in node.args]
         if node.keywords or None in args or self.ctx.qualname(node.func) is not None:
             return None
         if method == "transpose" and len(args) == 2:
@@ -1036,9 +1028,9 @@ class ManualAttention(Rule):
         (called with k too: q @ kᵀ makes their last dims equal)."""
         def last_dim(node):
             if isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute) and node.func.attr == "size":
-                return len(node.args) == 1 and _int(node.args[0]) == -1 and ast.dump(node.func.value) == ast.dump(q)
+                return len(node.args) == 1 and int_const(node.args[0]) == -1 and ast.dump(node.func.value) == ast.dump(q)
             if isinstance(node, ast.Subscript) and isinstance(node.value, ast.Attribute) and node.value.attr == "shape":
-                return _int(node.slice) == -1 and ast.dump(node.value.value) == ast.dump(q)
+                return int_const(node.slice) == -1 and ast.dump(node.value.value) == ast.dump(q)
             return False
 
         def sqrt_of_last_dim(node):

@@ -170,13 +170,14 @@ class ManualLayerNorm(Rule):
         inverse = op is ast.Mult
         pairs = [(left, right)] if op is ast.Div else [(left, right), (right, left)]
         for centered, spread in pairs:
-            if not self._may_be_spread(spread, inverse):
+            form = self._spread_form(spread, inverse)
+            if form is None:
                 continue  # read off the syntax: most products stop here, before any data flow is built
             flow = flow_of(self.ctx, function)
             x = self._centered(flow, centered)
             if x is None:
                 continue
-            note = self._spread(flow, spread, centered, x, inverse)
+            note = self._spread(flow, form, centered, x)
             if note is None:
                 continue
             if (mentions(self.ctx, outermost_scope(self.ctx), _FUSED_PATH)
@@ -198,27 +199,25 @@ class ManualLayerNorm(Rule):
         mean_of = last_dim_reduction(self.ctx, flow, value.right, ("mean",))
         return x if mean_of is not None and self._same_tensor(flow, mean_of, x) else None
 
-    def _may_be_spread(self, node: ast.AST, inverse: bool) -> bool:
-        """Whether `_spread` can accept `node`: it reads the root (or `std + eps`) off the
-        node itself, never through an assignment."""
+    def _spread_form(self, node: ast.AST, inverse: bool) -> Optional[tuple]:
+        """("std", s) for `s + eps`, ("root", v) for the (inverse) root of `v + eps`, read off the
+        node itself (never through an assignment); None for anything else."""
         if not inverse and isinstance(node, ast.BinOp) and isinstance(node.op, ast.Add):
-            return True
+            return "std", node.left
         root = root_of(self.ctx, node, inverse)
-        return root is not None and root[1] is not None
+        return ("root", root[0]) if root is not None and root[1] is not None else None
 
-    def _spread(self, flow, node: ast.AST, centered: ast.AST, x: ast.AST, inverse: bool) -> Optional[str]:
-        """"" when `node` is the (inverse) root of x's biased variance plus eps, a note for
+    def _spread(self, flow, form: tuple, centered: ast.AST, x: ast.AST) -> Optional[str]:
+        """"" when `form` is the (inverse) root of x's biased variance plus eps, a note for
         the `std + eps` form, None otherwise."""
-        if not inverse and isinstance(node, ast.BinOp) and isinstance(node.op, ast.Add):
-            std_of = last_dim_reduction(self.ctx, flow, node.left, ("std",))
+        kind, base = form
+        if kind == "std":
+            std_of = last_dim_reduction(self.ctx, flow, base, ("std",))
             if std_of is not None and self._same_tensor(flow, std_of, x):
                 return (" (this form divides by the unbiased std plus eps; F.layer_norm uses the biased "
                         "variance with eps inside the root, so results differ slightly)")
             return None
-        root = root_of(self.ctx, node, inverse)
-        if root is None or root[1] is None:
-            return None
-        variance = root[0]
+        variance = base
         var_of = last_dim_reduction(self.ctx, flow, variance, ("var",))
         if var_of is not None:
             op = torch_op(self.ctx, strip_casts(self.ctx, resolve(flow, variance)))
