@@ -171,8 +171,13 @@ def dim_binop(op: ast.operator, a, b):
 
 # -- shapes ---------------------------------------------------------------------------------
 
+# The values below are never changed once made, but they are not `frozen` dataclasses: a frozen
+# dataclass's __init__ sets each field through object.__setattr__, twice the cost, and the
+# analysis makes one value per expression it reads. `unsafe_hash` hashes them as frozen ones are.
+_value_class = dataclass(unsafe_hash=True)
 
-@dataclass(frozen=True)
+
+@_value_class
 class Shape:
     dims: tuple
     leading: bool = False          # unknown dims (any number, maybe none) before `dims`
@@ -273,19 +278,19 @@ def broadcast_is_valid(a: Shape, b: Shape) -> bool:
 # -- values the analysis tracks ---------------------------------------------------------------
 
 
-@dataclass(frozen=True)
+@_value_class
 class IntVal:
     """A Python int (a size, an axis, a count); `dim` is its value as a dim."""
     dim: object = None
 
 
-@dataclass(frozen=True)
+@_value_class
 class Opaque:
     """Something the analysis cannot read; if it is used as a size, it is the symbol `sym`."""
     sym: Optional[Sym] = None
 
 
-@dataclass(frozen=True)
+@_value_class
 class Scalar:
     """A Python float or other number that is not a tensor."""
 
@@ -293,26 +298,26 @@ class Scalar:
 SCALAR = Scalar()
 
 
-@dataclass(frozen=True)
+@_value_class
 class Seq:
     """A tuple or list literal (or a tuple result such as `x.max(dim)`), item by item."""
     items: tuple
 
 
-@dataclass(frozen=True)
+@_value_class
 class SizeVal:
     """`x.shape` / `x.size()`: a tuple of dims."""
     shape: Shape
 
 
-@dataclass(frozen=True, eq=False)
+@dataclass(eq=False)
 class Module:
     """An nn.Module whose effect on shapes is known (`apply(shape) -> shape`)."""
     name: str
     apply: Callable = field(repr=False)
 
 
-@dataclass(frozen=True)
+@_value_class
 class Loss:
     """A loss module instance (`nn.MSELoss()`, named by its class) or a loss function held as
     a value (`self.criterion = F.mse_loss`, named by the function)."""
@@ -2140,7 +2145,10 @@ def _self_name(fn) -> Optional[str]:
     return args[0].arg if args else None
 
 
-_ATTRIBUTE_STORE = re.compile(r"\.\s*([A-Za-z_]\w*)\s*(?:[-+*/@%&|^]|//|\*\*|<<|>>)?=(?!=)|\.\s*([A-Za-z_]\w*)\s*,")
+# `.name =`, `.name += ...`, `.name, ... =`. The name is matched whole by the lookahead and
+# backreference (an atomic group): no shorter name could be followed by `=` or `,`, and not
+# trying each one made the search 3x faster.
+_ATTRIBUTE_STORE = re.compile(r"\.\s*(?=([A-Za-z_]\w*))\1\s*(?:(?:[-+*/@%&|^]|//|\*\*|<<|>>)?=(?!=)|,)")
 
 
 def _class_attrs(ctx, cls: ast.ClassDef) -> dict:
@@ -2168,7 +2176,7 @@ def _class_attrs(ctx, cls: ast.ClassDef) -> dict:
             start, end = init.lineno - cls.lineno, init.end_lineno - cls.lineno + 1
             lines = lines[:start] + lines[end:]
         for match in _ATTRIBUTE_STORE.finditer("\n".join(lines)):
-            attrs.pop(match.group(1) or match.group(2), None)
+            attrs.pop(match.group(1), None)
     ctx.shared[key] = attrs
     return attrs
 
