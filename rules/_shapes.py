@@ -1285,6 +1285,27 @@ class FunctionShapes:
             return layer if layer is not None else Opaque(self.sym(node.id))
         return _loss_function(qual)
 
+    def may_hold_loss(self, expr) -> bool:
+        """False when `value(expr)` cannot be a Loss, read off the function's bindings without
+        reading its statements. Mirrors `_name` and `_attribute`: change them together. A name the
+        function never binds (nor takes as a parameter) is a loss only when the module builds one
+        under it or it names a loss function; an attribute only as `self.<attr>` of a loss stored
+        in `__init__`, as a loss function (`F.mse_loss`), or as an item of a pair (`.values`)."""
+        cls = expr.__class__
+        if cls is ast.Name:
+            name = expr.id
+            if name in self.counts:
+                return True
+            if name in self.env:  # a parameter, bound to no loss
+                return False
+            return (_module_constructors(self.ctx).get(name) is not None
+                    or _loss_function(self.ctx.qualname(expr)) is not None)
+        if cls is ast.Attribute:
+            if self._is_self_attr(expr) and not self.init_mode:
+                return isinstance(self.class_attrs.get(expr.attr), Loss)
+            return expr.attr in ("values", "indices") or _loss_function(self.ctx.qualname(expr)) is not None
+        return True
+
     def _module_level_layer(self, name: str):
         """The layer or loss a free name holds when the module binds it once, to a `torch.nn`
         constructor (`criterion = nn.MSELoss()` above the function that calls it)."""
@@ -2325,6 +2346,17 @@ def shape_of(ctx, expr) -> Optional[Shape]:
     """The shape of tensor expression `expr`, or None when it is not known to be a tensor of a
     known rank."""
     return as_shape(value_of(ctx, expr))
+
+
+def loss_of(ctx, expr) -> Optional[Loss]:
+    """The loss `expr` holds in the function being walked (`criterion`, `self.loss_fn`,
+    `nn.MSELoss()`), or None. Asks the analysis, which reads the function up to `expr`, only where
+    a loss can be: most called names and attributes are settled by `_may_hold_loss` alone."""
+    analysis = function_shapes(ctx)
+    if analysis is _NO_SHAPES or not analysis.may_hold_loss(expr):
+        return None
+    value = analysis.value(expr)
+    return value if isinstance(value, Loss) else None
 
 
 # -- patterns the MAT2xx rules look for ------------------------------------------------------------

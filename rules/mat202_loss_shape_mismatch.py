@@ -5,8 +5,8 @@ import ast
 
 from matlint.rule import Only, Rule, bad, good
 from matlint.rules._kinds import identifier_text
-from matlint.rules._shapes import (LOSS_FUNCTIONS, LOSS_MODULES, Loss, broadcast, broadcast_is_valid,
-                                   fmt_shape, shape_of, trailing_one_mismatch, value_of)
+from matlint.rules._shapes import (LOSS_FUNCTIONS, LOSS_MODULES, broadcast, broadcast_is_valid,
+                                   fmt_shape, loss_of, shape_of, trailing_one_mismatch)
 from matlint.rules.mat201_trailing_one_broadcast import squeezed
 
 
@@ -224,10 +224,10 @@ class LossShapeMismatch(Rule):
             return qual.rsplit(".", 1)[1]
         if not _names_a_loss(self.ctx):
             return None  # no loss is ever built or stored here: skip the shape analysis of every call
-        callee = value_of(self.ctx, node.func)
-        if isinstance(callee, Loss) and callee.name in LOSS_MODULES:
+        callee = loss_of(self.ctx, node.func)
+        if callee is not None and callee.name in LOSS_MODULES:
             return f"{callee.name}()"
-        if isinstance(callee, Loss) and callee.name in LOSS_FUNCTIONS:
+        if callee is not None and callee.name in LOSS_FUNCTIONS:
             return callee.name
         return None
 
