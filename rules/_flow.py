@@ -176,20 +176,33 @@ def function_text(ctx, function: ast.AST) -> str:
     return text
 
 
+def _whole_word_ends(text: str, word: str):
+    """The end offsets of `word` where it stands in `text` as a whole identifier (a `\w+` token)."""
+    size = len(text)
+    at = text.find(word)
+    while at >= 0:
+        end = at + len(word)
+        if not (at and (text[at - 1].isalnum() or text[at - 1] == "_")) and not (
+                end < size and (text[end].isalnum() or text[end] == "_")):
+            yield end
+        at = text.find(word, at + 1)
+
+
+def has_word(text: str, word: str) -> bool:
+    """Whether identifier `word` stands in `text` (str.find per word: listing every word of the
+    text with a regex cost more)."""
+    return next(_whole_word_ends(text, word), None) is not None
+
+
 def _named_other_than_by_call(text: str, name: str) -> bool:
     """Whether identifier `name` stands somewhere in `text` without a call right after it (str.find:
     a regex searched over every file's whole text cost more than the analyses it saved)."""
     size = len(text)
-    at = text.find(name)
-    while at >= 0:
-        end = at + len(name)
-        if not (at and (text[at - 1].isalnum() or text[at - 1] == "_")) and not (
-                end < size and (text[end].isalnum() or text[end] == "_")):
-            while end < size and text[end].isspace():
-                end += 1
-            if end == size or text[end] != "(":
-                return True
-        at = text.find(name, at + 1)
+    for end in _whole_word_ends(text, name):
+        while end < size and text[end].isspace():
+            end += 1
+        if end == size or text[end] != "(":
+            return True
     return False
 
 

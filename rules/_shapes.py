@@ -40,7 +40,7 @@ from dataclasses import dataclass, field, replace
 from types import MappingProxyType, SimpleNamespace
 from typing import Callable, Optional
 
-from ._flow import function_text
+from ._flow import function_text, has_word
 from ._kinds import identifier_text, int_const, may_mention
 from ._loops import scope_statements
 from ._tree import child_nodes
@@ -2257,7 +2257,6 @@ _DOT = r"\.(?:\s|\\|#[^\n]*\n)*"  # a comment ends at its newline: no two ways t
 _SHAPE_SOURCE = re.compile(_DOT + r"(?:%s)\b" % "|".join(sorted(_SHAPE_SOURCE_NAMES)))
 _RESHAPE_IN_PLACE_TEXT = re.compile(_DOT + r"(?:%s)\b" % "|".join(sorted(_RESHAPES_IN_PLACE)))
 _ATTRIBUTE_NAME = re.compile(_DOT + r"(\w+)")
-_WORD = re.compile(r"\w+")
 
 
 def _owner_text(ctx, owner) -> str:
@@ -2270,7 +2269,7 @@ def _names_a_shape_source(ctx, text: str) -> bool:
     # A name bound to a source (`from torch import zeros as z`) or to a layer the module builds
     # (`criterion = nn.MSELoss()` above the function).
     names = ctx.names.names_bound_to(_SHAPE_SOURCE_NAMES) | _module_constructors(ctx).keys()
-    return bool(names) and not names.isdisjoint(_WORD.findall(text))
+    return any(has_word(text, name) for name in names)
 
 
 def _states_shapes(body) -> bool:
