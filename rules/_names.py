@@ -244,15 +244,26 @@ def mentions(ctx, node: ast.AST, pattern) -> bool:
     key = ("mentions", id(node), pattern.pattern)
     found = ctx.shared.get(key)
     if found is None:
-        found = False
-        for sub in walk(node):
-            text = (sub.id if isinstance(sub, ast.Name) else sub.attr if isinstance(sub, ast.Attribute)
-                    else sub.value if isinstance(sub, ast.Constant) and isinstance(sub.value, str) else None)
-            if text and pattern.search(text):
-                found = True
-                break
-        ctx.shared[key] = found
+        search = pattern.search
+        found = ctx.shared[key] = any(search(text) for text in _mention_texts(ctx, node))
     return found
+
+
+def _mention_texts(ctx, node: ast.AST) -> set:
+    """The distinct names, attributes and string constants inside `node`, collected in one walk
+    for every pattern asked about it (a class is asked about by several rules, and the same
+    names recur hundreds of times in it)."""
+    key = ("mention_texts", id(node))
+    texts = ctx.shared.get(key)
+    if texts is None:
+        texts = ctx.shared[key] = set()
+        for sub in walk(node):
+            cls = sub.__class__
+            text = (sub.id if cls is ast.Name else sub.attr if cls is ast.Attribute
+                    else sub.value if cls is ast.Constant and isinstance(sub.value, str) else None)
+            if text:
+                texts.add(text)
+    return texts
 
 
 def outermost_scope(ctx):
