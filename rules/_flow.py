@@ -177,7 +177,7 @@ def function_text(ctx, function: ast.AST) -> str:
 
 
 def _whole_word_ends(text: str, word: str):
-    """The end offsets of `word` where it stands in `text` as a whole identifier (a `\w+` token)."""
+    """The end offsets of `word` where it stands in `text` as a whole identifier (a maximal run of word characters)."""
     size = len(text)
     at = text.find(word)
     while at >= 0:

@@ -43,7 +43,7 @@ from typing import Callable, Optional
 from ._flow import function_text, has_word
 from ._kinds import identifier_text, int_const, may_mention
 from ._loops import scope_statements
-from ._tree import child_nodes
+from ._tree import child_nodes, walk
 
 # -- dims -----------------------------------------------------------------------------------
 
@@ -760,7 +760,7 @@ class _Bindings:
         self._block(body, False)
         if walrus or reshapes_in_place:
             for stmt in body:
-                for sub in ast.walk(stmt):
+                for sub in walk(stmt):
                     if isinstance(sub, ast.NamedExpr) and isinstance(sub.target, ast.Name):
                         name = sub.target.id
                     else:
@@ -902,7 +902,7 @@ class FunctionShapes:
                     break
                 self._next += 1
                 self.statement(stmt)
-        return self.values.get(id(expr))
+        return self.values.get(expr)
 
     # -- symbols -------------------------------------------------------------------------------
     def sym(self, text: str) -> Sym:
@@ -1003,7 +1003,7 @@ class FunctionShapes:
             self.infer(stmt.target) if not isinstance(stmt.target, ast.Name) else None
             if isinstance(stmt.target, ast.Name):
                 old = self.env.get(stmt.target.id)
-                self.values[id(stmt.target)] = old
+                self.values[stmt.target] = old
                 if isinstance(old, Shape):
                     new = old  # in-place ops keep the tensor's shape (or raise)
                 elif isinstance(old, IntVal) and isinstance(value, IntVal):
@@ -1243,7 +1243,7 @@ class FunctionShapes:
         for lhs, rhs in ((test.left, test.comparators[0]), (test.comparators[0], test.left)):
             name = _size_receiver(_unwrap_tuple_call(lhs))
             if name is not None:
-                stated = as_dims(self.values.get(id(rhs)))
+                stated = as_dims(self.values.get(rhs))
                 if stated is not None:
                     current = self.env.get(name)
                     explicit = current.explicit if isinstance(current, Shape) else ()
@@ -1273,12 +1273,13 @@ class FunctionShapes:
                 value = self._infer(node)
             except (TypeError, ValueError, IndexError, KeyError, AttributeError, ZeroDivisionError):
                 value = None
-        self.values[id(node)] = value
+        self.values[node] = value
         return value
 
     def _name(self, node: ast.Name):
-        if node.id in self.env:
-            return self.env[node.id]
+        value = self.env.get(node.id, _MISSING)
+        if value is not _MISSING:
+            return value
         qual = self.ctx.qualname(node)
         if self.counts.get(node.id, 0) == 0 and qual is None:
             layer = self._module_level_layer(node.id)
@@ -1369,7 +1370,7 @@ class FunctionShapes:
             for elt in node.elts:
                 if isinstance(elt, ast.Starred):
                     inner = self.infer(elt.value)
-                    self.values[id(elt)] = inner
+                    self.values[elt] = inner
                     spread = as_dims(inner)
                     if spread is None or spread[1]:
                         starred = True
@@ -1477,7 +1478,7 @@ class FunctionShapes:
         index = node.slice
         items = index.elts if isinstance(index, ast.Tuple) else [index]
         item_values = [self._index_item(i) for i in items]
-        self.values[id(index)] = None if isinstance(index, ast.Tuple) else item_values[0]
+        self.values[index] = None if isinstance(index, ast.Tuple) else item_values[0]
         if isinstance(base, (SizeVal, Seq)):
             if len(items) != 1:
                 return None
@@ -1596,7 +1597,7 @@ class FunctionShapes:
             callee = self.infer(func)
         elif self._is_self_attr(func) and not self.init_mode:
             callee = self.class_attrs.get(func.attr)
-            self.values[id(func)] = callee
+            self.values[func] = callee
         args = [self.infer(a.value) if isinstance(a, ast.Starred) else self.infer(a) for a in node.args]
         kwargs = {k.arg: self.infer(k.value) for k in node.keywords}
         if any(isinstance(a, ast.Starred) for a in node.args) or None in kwargs:
