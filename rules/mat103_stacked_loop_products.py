@@ -7,6 +7,7 @@ from typing import Optional
 
 from matlint.rule import Only, Rule, bad, good
 
+from ._flow import function_may_mention
 from ._loops import LoopInfo, loaded_names, walk_no_scopes
 from ._torch_api import as_gemm
 from .mat101_python_loop_matmul import PythonLoopMatmul
@@ -138,6 +139,9 @@ class StackedLoopProducts(Rule):
         join = _JOINS.get(self.ctx.qualname(node.func))
         if join is None or not node.args:
             return
+        function = self.ctx.function
+        if not function_may_mention(self.ctx, function if function is not None else self.ctx.tree, ("sum",)):
+            return  # no item can be `(...).sum(...)` or `torch.sum(...)`: skip the loop analyses
         listed = node.args[0]
         if isinstance(listed, ast.Name):
             value = self._single_value(listed.id)
@@ -160,12 +164,12 @@ class StackedLoopProducts(Rule):
                     return
         else:
             return
+        product = self._product_sum(item)  # syntax only: first, it rules out most items
+        if product is None:
+            return
         if loop.carried & loaded_names(item):
             return
         if any(as_gemm(self.ctx, sub) for sub in walk_no_scopes(item) if isinstance(sub, (ast.BinOp, ast.Call))):
-            return
-        product = self._product_sum(item)
-        if product is None:
             return
         factors, rebuild, dims = product
         slices = []

@@ -330,6 +330,28 @@ CASES = {
             def forward(self, q, k, v):
                 return self.act(q @ k.transpose(-2, -1) / math.sqrt(q.size(-1))) @ v
         """, []),
+    # -- MAT103 needs a `sum` the function can call --------------------------------------------
+    "stacked-sum-method": ("MAT103", """
+        import torch
+        def f(x, w):
+            return torch.stack([(x[i] * w).sum(-1) for i in range(x.shape[0])])
+        """, [(3, 12)]),
+    "stacked-sum-imported-alias": ("MAT103", """
+        import torch
+        from torch import sum as total
+        def f(x, w):
+            out = []
+            for i in range(x.shape[0]):
+                out.append(total(x[i] * w, dim=-1))
+            return torch.stack(out)
+        """, [(7, 12)]),
+    "stacked-sum-module-alias": ("MAT103", """
+        import torch
+        add_up = torch.sum
+        def f(x, w):
+            rows = [add_up(x[i] * w, dim=-1) for i in range(x.shape[0])]
+            return torch.stack(rows)
+        """, [(5, 12)]),
     "training-loop-backward-only": ("MAT504", """
         import torch
         def train(model, loader, lr):
