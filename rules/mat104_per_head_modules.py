@@ -208,13 +208,15 @@ class PerHeadModules(Rule):
     ]
 
     # The heads must be nn.Linear or a class of this file that holds one (`_holds_projections`).
-    only = {"visit_Call": Only(if_file=lambda ctx: may_mention(ctx, "Linear"))}
+    # The join is `torch.cat(...)`-like, or a bare name bound to one.
+    only = {"visit_Call": Only(attrs=frozenset({name.rsplit(".", 1)[1] for name in _JOINS} | {None}),
+                               if_file=lambda ctx: may_mention(ctx, "Linear"))}
 
     def visit_Call(self, node: ast.Call) -> None:
         fn, cls = self.ctx.function, self.ctx.class_
-        if fn is None or cls is None or not node.args or fn not in cls.body or not _params(fn):
+        if fn is None or cls is None or not node.args or self.ctx.qualname(node.func) not in _JOINS:
             return
-        if self.ctx.qualname(node.func) not in _JOINS:
+        if fn not in cls.body or not _params(fn):
             return
         self_name = _params(fn)[0].arg
         applied = self._applied_heads(node.args[0], fn, self_name)

@@ -241,6 +241,10 @@ ROUTED_BY_BARE_NAME = {
     "import torch as T\ndef scores(q: T.Tensor, k: T.Tensor, n):\n"
     "    return T.concat([(q[i] * k[i]).sum(-1) for i in range(n)])\n": "MAT103",
     "import torch\nfrom torch.nn import Linear as L\nlayer = L(1000, 1001)\n": "MAT403",
+    "import torch\nfrom torch import nn\nfrom torch import cat\nclass Heads(nn.Module):\n"
+    "    def __init__(self, d):\n        super().__init__()\n"
+    "        self.heads = nn.ModuleList([nn.Linear(d, 64) for _ in range(8)])\n"
+    "    def forward(self, x):\n        return cat([h(x) for h in self.heads], -1)\n": "MAT104",
     "import torch\nfrom torch.optim import AdamW\ndef make(model):\n"
     "    return AdamW(model.parameters(), foreach=False)\n": "MAT504",
 }
