@@ -525,6 +525,10 @@ class ManualAttention(Rule):
     only = {"visit_Call": Only(if_file=lambda ctx: _kinds.may_mention(ctx, "softmax", ignore_case=True))}
 
     def visit_Call(self, node: ast.Call) -> None:
+        func = node.func
+        if func.__class__ is ast.Attribute and func.attr != "softmax" and not (
+                func.value.__class__ is ast.Name and func.value.id == "self"):
+            return  # neither `softmax` nor `self.<module>`: `_softmax` would say None
         function = self.ctx.function
         if function is None or isinstance(function, ast.Lambda):
             return
