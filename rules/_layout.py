@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import ast
 from dataclasses import dataclass
-from typing import Optional
+from typing import Callable, Optional
 
 from . import _kinds
 from ._kinds import int_const
@@ -104,6 +104,34 @@ def gemm_candidates(node: ast.AST) -> list:
         extra = [node.func.value] if isinstance(node.func, ast.Attribute) else []
         return list(node.args) + extra
     return []
+
+
+def gemm_of_operand(ctx, node: ast.AST, is_operand: Callable) -> Optional[ast.AST]:
+    """The `@` or call just above `node` (the node being walked) when `node` is the first of its
+    `gemm_candidates` that `is_operand` accepts, else None. A rule about one kind of operand (a
+    copy, a permuted view) visits those operands and judges each GEMM once, at its first such
+    operand, instead of filtering the operands of every call in the file."""
+    parents = ctx.parents
+    if not parents:
+        return None
+    parent = parents[-1]
+    cls = parent.__class__
+    if cls is ast.Attribute:  # `x.t().contiguous().mm(w)`: the receiver of a method call
+        owner = parents[-2] if len(parents) > 1 else None
+        if parent.value is not node or owner.__class__ is not ast.Call or owner.func is not parent:
+            return None
+    elif cls is ast.BinOp:
+        if parent.op.__class__ is not ast.MatMult:
+            return None
+        owner = parent
+    elif cls is ast.Call:
+        owner = parent
+    else:
+        return None
+    for candidate in gemm_candidates(owner):
+        if is_operand(candidate):
+            return owner if candidate is node else None
+    return None
 
 
 def _permute(node, base, elts) -> Optional[Reorder]:

@@ -5,10 +5,10 @@ from __future__ import annotations
 import ast
 from typing import Optional
 
-from matlint.rule import Rule, bad, good
+from matlint.rule import Only, Rule, bad, good
 
-from ._layout import Reorder, gemm_candidates, rank_of, reorder
-from ._torch_api import GemmVisitor, as_gemm
+from ._layout import Reorder, gemm_of_operand, rank_of, reorder
+from ._torch_api import as_gemm
 
 _COPIES = ("contiguous", "clone")
 # GEMMs whose operands go to cuBLAS as they are (no batch folding): which operand positions.
@@ -16,7 +16,7 @@ _DIRECT = {"mm": (0, 1), "bmm": (0, 1), "linear": (1,)}
 _OPERAND_RANK = {"mm": 2, "bmm": 3}  # torch.mm takes matrices, torch.bmm 3-D batches: nothing else
 
 
-class ContiguousBeforeGemm(GemmVisitor, Rule):
+class ContiguousBeforeGemm(Rule):
     code = "MAT301"
     name = "contiguous-before-gemm"
     summary = "`.contiguous()` on a transposed view right before a GEMM: a needless copy, cuBLAS takes the transpose for free."
@@ -164,12 +164,16 @@ class ContiguousBeforeGemm(GemmVisitor, Rule):
             """),
     ]
 
+    # The copy is visited: `x.t().contiguous()` is a call of `contiguous` or `clone`.
+    only = {"visit_Call": Only(attrs=frozenset(_COPIES))}
+
+    def visit_Call(self, node: ast.Call) -> None:
+        if self._is_copy(node):
+            gemm_node = gemm_of_operand(self.ctx, node, self._is_copy)
+            if gemm_node is not None:
+                self.check_gemm(gemm_node)
+
     def check_gemm(self, node: ast.AST) -> None:
-        for candidate in gemm_candidates(node):  # a loop, not any(): this runs on every call
-            if candidate.__class__ is ast.Call and self._is_copy(candidate):
-                break
-        else:
-            return
         gemm = as_gemm(self.ctx, node)
         if gemm is None or gemm.op not in ("@", "matmul", "mm", "bmm", "linear"):
             return

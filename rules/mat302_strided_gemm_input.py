@@ -4,13 +4,14 @@ from __future__ import annotations
 import ast
 from typing import Optional
 
-from matlint.rule import Rule, bad, good
+from matlint.rule import Only, Rule, bad, good
 
 from ._kinds import int_const
-from ._layout import gemm_candidates, mergeable, rank_of, reorder
-from ._torch_api import GemmVisitor, as_gemm
+from ._layout import gemm_of_operand, mergeable, rank_of, reorder
+from ._torch_api import as_gemm
 
 _FOLDING = ("nn.Linear", "linear")
+_REORDERS = ("permute", "transpose", "swapaxes", "swapdims")
 
 
 def _strided_last_dim(ctx, operand: ast.AST) -> bool:
@@ -31,7 +32,7 @@ def _strided_last_dim(ctx, operand: ast.AST) -> bool:
     return rank_of(ctx, operand.value) == len(elts) and len(elts) >= 2
 
 
-class StridedGemmInput(GemmVisitor, Rule):
+class StridedGemmInput(Rule):
     code = "MAT302"
     name = "strided-gemm-input"
     summary = "A GEMM operand cuBLAS cannot read in place (strided last dim, permuted batch dims): matmul copies it on every call."
@@ -131,12 +132,22 @@ class StridedGemmInput(GemmVisitor, Rule):
             """),
     ]
 
+    # The operand is visited: a step slice, or a call of `permute`/`transpose`/... (a method or a bare name).
+    only = {"visit_Call": Only(attrs=frozenset(_REORDERS) | {None})}
+
+    def visit_Call(self, node: ast.Call) -> None:
+        self._visit_operand(node)
+
+    def visit_Subscript(self, node: ast.Subscript) -> None:
+        self._visit_operand(node)
+
+    def _visit_operand(self, node) -> None:
+        if self._maybe_strided(node):
+            gemm_node = gemm_of_operand(self.ctx, node, self._maybe_strided)
+            if gemm_node is not None:
+                self.check_gemm(gemm_node)
+
     def check_gemm(self, node: ast.AST) -> None:
-        for candidate in gemm_candidates(node):  # a loop, not any(): this runs on every call
-            if (candidate.__class__ is ast.Call or candidate.__class__ is ast.Subscript) and self._maybe_strided(candidate):
-                break
-        else:
-            return
         gemm = as_gemm(self.ctx, node)
         if gemm is None or gemm.op not in ("@", "matmul", "mm", "bmm") + _FOLDING:
             return
@@ -160,7 +171,7 @@ class StridedGemmInput(GemmVisitor, Rule):
         if not isinstance(expr, ast.Call):
             return False
         name = expr.func.attr if isinstance(expr.func, ast.Attribute) else getattr(expr.func, "id", None)
-        return name in ("permute", "transpose", "swapaxes", "swapdims")
+        return name in _REORDERS
 
     def _copy_reason(self, gemm, position: int, operand: ast.AST) -> Optional[str]:
         if _strided_last_dim(self.ctx, operand):
