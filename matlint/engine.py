@@ -265,60 +265,75 @@ class Walker:
                                         self.special.get(node_type), walked_fields(node_type))
         return plan
 
-    def walk(self, node: ast.AST) -> None:
-        plan = self.plans.get(node.__class__)
-        visit, leave, special, fields = plan if plan is not None else self._plan(node.__class__)
-        if visit:
-            if visit.__class__ is _Routes:
-                visit = visit.pick(self.ctx, node)
-            for rule, handler in visit:  # inline, not a helper: this runs for most nodes
-                try:
-                    handler(node)
-                except BaseException:
-                    self.ctx._current_code = rule.code  # for the MAT000 finding that names the rule
-                    raise
-        parents = self.ctx.parents
-        parents.append(node)
-        if special is not None:
-            special(self, node)
-        else:
-            walk, enter, skip, hollow = self.walk, self.enter, self.skip, self.hollow
-            for field in fields:
-                value = getattr(node, field, None)
-                if value.__class__ is list:
-                    for item in value:
-                        cls = item.__class__
-                        if cls in enter:
-                            walk(item)
-                        elif cls in hollow:
-                            if getattr(item, hollow[cls]).__class__ not in skip:
+    def walk(self, tree: ast.AST) -> None:
+        """Walk `tree` (a file's module, or any node), calling the rules' handlers."""
+        ctx = self.ctx
+        plans, make_plan = self.plans, self._plan
+        parents = ctx.parents
+        enter, skip, hollow = self.enter, self.skip, self.hollow
+
+        # A closure, not a method: its names are cells, not attributes looked up on every node.
+        def walk(node: ast.AST) -> None:
+            plan = plans.get(node.__class__)
+            visit, leave, special, fields = plan if plan is not None else make_plan(node.__class__)
+            if visit:
+                if visit.__class__ is _Routes:
+                    visit = visit.pick(ctx, node)
+                for rule, handler in visit:  # inline, not a helper: this runs for most nodes
+                    try:
+                        handler(node)
+                    except BaseException:
+                        ctx._current_code = rule.code  # for the MAT000 finding that names the rule
+                        raise
+            parents.append(node)
+            if special is not None:
+                special(self, node)
+            else:
+                for field in fields:
+                    value = getattr(node, field, None)
+                    if value.__class__ is list:
+                        for item in value:
+                            cls = item.__class__
+                            if cls in enter:
                                 walk(item)
-                        elif cls not in skip and isinstance(item, _AST):
-                            walk(item)
-                else:
-                    cls = value.__class__
-                    if cls in enter:
-                        walk(value)
-                    elif cls in hollow:
-                        if getattr(value, hollow[cls]).__class__ not in skip:
+                            elif cls in hollow:
+                                if getattr(item, hollow[cls]).__class__ not in skip:
+                                    walk(item)
+                            elif cls not in skip and isinstance(item, _AST):
+                                walk(item)
+                    else:
+                        cls = value.__class__
+                        if cls in enter:
                             walk(value)
-                    elif cls not in skip and isinstance(value, _AST):
-                        walk(value)
-        parents.pop()
-        if leave:
-            if leave.__class__ is _Routes:
-                leave = leave.pick(self.ctx, node)
-            for rule, handler in leave:
-                try:
-                    handler(node)
-                except BaseException:
-                    self.ctx._current_code = rule.code
-                    raise
+                        elif cls in hollow:
+                            if getattr(value, hollow[cls]).__class__ not in skip:
+                                walk(value)
+                        elif cls not in skip and isinstance(value, _AST):
+                            walk(value)
+            parents.pop()
+            if leave:
+                if leave.__class__ is _Routes:
+                    leave = leave.pick(ctx, node)
+                for rule, handler in leave:
+                    try:
+                        handler(node)
+                    except BaseException:
+                        ctx._current_code = rule.code
+                        raise
+
+        self._walk_node = walk
+        try:
+            walk(tree)
+        finally:
+            # `walk` holds itself and this walker: cycles that would keep the tree alive until
+            # the garbage collector found them. Emptying the cell and the attribute breaks both.
+            self._walk_node = walk = None
 
     def _walk_all(self, nodes) -> None:
+        walk = self._walk_node
         for child in nodes:
             if child is not None:
-                self.walk(child)
+                walk(child)
 
     def _in_loop(self, loop: LoopInfo, nodes) -> None:
         self.ctx.loops.append(loop)
@@ -336,7 +351,7 @@ class Walker:
 
     def _walk_comprehension(self, node) -> None:
         first = node.generators[0]
-        self.walk(first.iter)
+        self._walk_node(first.iter)
         inner = [first.target, *first.ifs, *node.generators[1:]]
         inner += [node.key, node.value] if isinstance(node, ast.DictComp) else [node.elt]
         self._in_loop(LoopInfo(node, self.ctx), inner)
@@ -347,13 +362,13 @@ class Walker:
             self._walk_all(node.decorator_list)  # not `returns`: an annotation
         args = node.args
         if self.walk_all_parameters or args.defaults or any(args.kw_defaults):
-            self.walk(args)
+            self._walk_node(args)
         saved_loops, ctx.loops = ctx.loops, []
         saved_function, ctx.function = ctx.function, node
         ctx.functions.append(node)
         ctx.names.enter_function(node)
         if isinstance(node, ast.Lambda):
-            self.walk(node.body)
+            self._walk_node(node.body)
         else:
             self._walk_all(node.body)
         ctx.names.leave_scope()
