@@ -215,6 +215,25 @@ class _Routes:
         return handlers
 
 
+def _walk_layout(handled: frozenset) -> tuple:
+    """What the walker enters, given the node classes with handlers or a special walk."""
+    unhandled = _NODE_CLASSES - handled
+    skipped = unhandled & _LEAF_CLASSES
+    skipped |= {c for c, child in _LEAF_PARENTS.items() if c in unhandled and child in skipped}
+    # A function's parameters are entered only for their defaults, or for a handler of `arg`.
+    walk_all_parameters = ast.arg not in skipped
+    # Handler-less nodes with one child (`self.fc`, `dim=1`), entered only when that child is
+    # not skipped: a fifth of the nodes the walk would otherwise enter to do nothing.
+    hollow = {c: field for c, field in _ONE_CHILD.items() if c in unhandled}
+    # Classes of child values to enter, and to step over without a look (handler-less leaves, non-nodes).
+    enter = _NODE_CLASSES - skipped - hollow.keys()
+    skip = frozenset(skipped | _NOT_NODES)
+    return walk_all_parameters, hollow, enter, skip
+
+
+_LAYOUTS: dict = {}  # handled classes -> _walk_layout(...)
+
+
 class Walker:
     """One traversal of the tree, calling each enabled rule's visit_/leave_ handlers."""
 
@@ -246,17 +265,11 @@ class Walker:
                     table[node_class] = _Routes(entries)
                 else:
                     table[node_class] = [(rule, handler) for rule, handler, _ in entries]
-        unhandled = {c for c in _NODE_CLASSES if c not in self.visit and c not in self.leave and c not in self.special}
-        skipped = unhandled & _LEAF_CLASSES
-        skipped |= {c for c, child in _LEAF_PARENTS.items() if c in unhandled and child in skipped}
-        # A function's parameters are entered only for their defaults, or for a handler of `arg`.
-        self.walk_all_parameters = ast.arg not in skipped
-        # Handler-less nodes with one child (`self.fc`, `dim=1`), entered only when that child is
-        # not skipped: a fifth of the nodes the walk would otherwise enter to do nothing.
-        self.hollow = {c: field for c, field in _ONE_CHILD.items() if c in unhandled}
-        # Classes of child values to enter, and to step over without a look (handler-less leaves, non-nodes).
-        self.enter = _NODE_CLASSES - skipped - self.hollow.keys()
-        self.skip = frozenset(skipped | _NOT_NODES)
+        handled = frozenset(self.visit).union(self.leave)
+        layout = _LAYOUTS.get(handled)
+        if layout is None:  # the same few sets of handled classes recur file after file
+            layout = _LAYOUTS[handled] = _walk_layout(handled | self.special.keys())
+        self.walk_all_parameters, self.hollow, self.enter, self.skip = layout
         # node class -> (visit handlers, leave handlers, special walk, child fields), built on first sight
         self.plans: dict = {}
 
