@@ -186,33 +186,54 @@ _NOT_NODES = frozenset({type(None), str, int, float, bytes, bool})
 
 
 _UNNAMED_ATTRIBUTE = object()
+_ATTRIBUTE = object()  # the route key's second name, for a call of an attribute
 
 
 class _Routes:
     """The handlers of one node class, some with an `Only`: the ones to call, by whether the
-    node is inside a loop and (for a call) the attribute it calls, in registration order."""
+    node is inside a loop and (for a call) the attribute or bare name it calls, in registration
+    order."""
 
     __slots__ = ("entries", "by_key", "attrs")
 
     def __init__(self, entries: list):
         self.entries = entries
         self.by_key: dict = {}
-        # Any attribute no entry names routes alike: one key for all of them.
+        # Any attribute or name no entry names routes alike: one key for all of them.
         self.attrs = frozenset().union(*(only.attrs for _, _, only in entries if only and only.attrs))
 
     def pick(self, ctx, node) -> list:
         func = getattr(node, "func", None)
-        attr = func.attr if func.__class__ is ast.Attribute else None
-        if attr is not None and attr not in self.attrs:
-            attr = _UNNAMED_ATTRIBUTE
-        key = (bool(ctx.loops), attr)
+        cls = func.__class__
+        attrs = self.attrs
+        if cls is ast.Attribute:
+            name, alias = func.attr, _ATTRIBUTE
+            if name not in attrs:
+                name = _UNNAMED_ATTRIBUTE
+        elif cls is ast.Name:  # `cat(...)`: by the name, and by what it stands for (`torch.cat`)
+            name = func.id if func.id in attrs else None
+            alias = (ctx.qualname(func) or "").rpartition(".")[2] if attrs else ""
+            if alias not in attrs:
+                alias = None
+        else:
+            name = alias = None
+        key = (bool(ctx.loops), name, alias)
         handlers = self.by_key.get(key)
         if handlers is None:
-            in_loop = key[0]
-            handlers = self.by_key[key] = [
-                (rule, handler) for rule, handler, only in self.entries
-                if only is None or ((in_loop or not only.in_loops) and (only.attrs is None or attr in only.attrs))]
+            handlers = self.by_key[key] = [(rule, handler) for rule, handler, only in self.entries
+                                           if only is None or _admits(only, key, cls)]
         return handlers
+
+
+def _admits(only, key: tuple, func_class) -> bool:
+    in_loop, name, alias = key
+    if only.in_loops and not in_loop:
+        return False
+    if only.attrs is None:
+        return True
+    if func_class is ast.Attribute:
+        return name in only.attrs
+    return None in only.attrs or name in only.attrs or alias in only.attrs
 
 
 def _walk_layout(handled: frozenset) -> tuple:

@@ -77,8 +77,10 @@ def good(source: str) -> Example:
 class Only:
     """When a handler can do anything, so the engine calls it only then (a rule's `only` maps
     handler names to these): `in_loops`, only inside a loop or comprehension; `attrs` (for
-    `visit_Call`), only for calls `x.<attr>(...)` with one of these names (with None among them,
-    also for calls of anything but an attribute: `f(...)`); `if_file`, only in files for which
+    `visit_Call`), only for calls `x.<attr>(...)` with one of these names, and calls `f(...)` of a
+    bare name that is one of them or is bound to a qualified name ending in one (`cat(...)` after
+    `from torch import cat as join`); with None among them, also for calls of anything else that
+    is not an attribute (`self.heads[i](x)`, `f()(x)`); `if_file`, only in files for which
     this predicate of the file's context holds (asked once per file). The
     handler must return at once in every case left out, as if the engine did not route."""
 

@@ -133,7 +133,7 @@ class StackedLoopProducts(Rule):
         self._loop_gemms = PythonLoopMatmul(ctx)
 
     # A join is `torch.stack(...)`, `T.cat(...)`, or a bare name bound to one (`stack(...)`).
-    only = {"visit_Call": Only(attrs=frozenset({name.rsplit(".", 1)[1] for name in _JOINS} | {None}))}
+    only = {"visit_Call": Only(attrs=frozenset(name.rsplit(".", 1)[1] for name in _JOINS))}
 
     def visit_Call(self, node: ast.Call) -> None:
         join = _JOINS.get(self.ctx.qualname(node.func))

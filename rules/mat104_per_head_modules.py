@@ -209,7 +209,7 @@ class PerHeadModules(Rule):
 
     # The heads must be nn.Linear or a class of this file that holds one (`_holds_projections`).
     # The join is `torch.cat(...)`-like, or a bare name bound to one.
-    only = {"visit_Call": Only(attrs=frozenset({name.rsplit(".", 1)[1] for name in _JOINS} | {None}),
+    only = {"visit_Call": Only(attrs=frozenset(name.rsplit(".", 1)[1] for name in _JOINS),
                                if_file=lambda ctx: may_mention(ctx, "Linear"))}
 
     def visit_Call(self, node: ast.Call) -> None:

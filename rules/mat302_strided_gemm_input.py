@@ -133,7 +133,7 @@ class StridedGemmInput(Rule):
     ]
 
     # The operand is visited: a step slice, or a call of `permute`/`transpose`/... (a method or a bare name).
-    only = {"visit_Call": Only(attrs=frozenset(_REORDERS) | {None})}
+    only = {"visit_Call": Only(attrs=frozenset(_REORDERS))}
 
     def visit_Call(self, node: ast.Call) -> None:
         self._visit_operand(node)

@@ -169,7 +169,7 @@ class GemmDimNotMultipleOf8(Rule):
     ]
 
     # A layer is `nn.Linear(...)`, `torch.nn.Embedding(...)`, or a bare name bound to one (`Linear(...)`).
-    only = {"visit_Call": Only(attrs=frozenset({name.rsplit(".", 1)[1] for name in _LAYERS} | {None}))}
+    only = {"visit_Call": Only(attrs=frozenset(name.rsplit(".", 1)[1] for name in _LAYERS))}
 
     def visit_Call(self, node: ast.Call) -> None:
         qualname = self.ctx.qualname(node.func)

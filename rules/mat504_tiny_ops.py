@@ -182,7 +182,7 @@ class TinyOps(Rule):
         self._reported_loops: set = set()
 
     # An optimizer built as `torch.optim.AdamW(...)` or by a bare name (`AdamW(...)`), or an in-place update.
-    only = {"visit_Call": Only(attrs=frozenset(_OPTIMIZERS | _INPLACE_MATH | {None}))}
+    only = {"visit_Call": Only(attrs=frozenset(_OPTIMIZERS | _INPLACE_MATH))}
 
     def visit_Call(self, node: ast.Call) -> None:
         qualname = self.ctx.qualname(node.func) or ""

@@ -240,6 +240,10 @@ ROUTED_BY_BARE_NAME = {
     "    return stack([(q[i] * k[i]).sum(-1) for i in range(n)])\n": "MAT103",
     "import torch as T\ndef scores(q: T.Tensor, k: T.Tensor, n):\n"
     "    return T.concat([(q[i] * k[i]).sum(-1) for i in range(n)])\n": "MAT103",
+    "import torch\njoin = torch.stack\ndef scores(q: torch.Tensor, k: torch.Tensor, n):\n"
+    "    return join([(q[i] * k[i]).sum(-1) for i in range(n)])\n": "MAT103",
+    "import torch\ndef scores(q: torch.Tensor, k: torch.Tensor, n):\n    from torch import cat as glue\n"
+    "    return glue([(q[i] * k[i]).sum(-1) for i in range(n)])\n": "MAT103",
     "import torch\nfrom torch.nn import Linear as L\nlayer = L(1000, 1001)\n": "MAT403",
     "import torch\nfrom torch import nn\nfrom torch import cat\nclass Heads(nn.Module):\n"
     "    def __init__(self, d):\n        super().__init__()\n"
