@@ -6,7 +6,7 @@ import ast
 import re
 from typing import Optional
 
-from matlint.rule import Rule, bad, good
+from matlint.rule import Only, Rule, bad, good
 
 from ._loops import identifier
 from ._names import in_test_code
@@ -225,6 +225,9 @@ class TensorCreationInLoop(Rule):
                     assert torch.zeros(2).to(device).sum() == 0
             """),
     ]
+
+    # A move (`.to(...)`, `.cuda()`), or a tensor made from data (`torch.tensor(...)`, `tensor(...)`).
+    only = {"visit_Call": Only(attrs=frozenset({"to", "cuda"} | _FROM_DATA))}
 
     def visit_Call(self, node: ast.Call) -> None:
         func = node.func

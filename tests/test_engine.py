@@ -249,6 +249,8 @@ ROUTED_BY_BARE_NAME = {
     "    def __init__(self, d):\n        super().__init__()\n"
     "        self.heads = nn.ModuleList([nn.Linear(d, 64) for _ in range(8)])\n"
     "    def forward(self, x):\n        return cat([h(x) for h in self.heads], -1)\n": "MAT104",
+    "import torch\nfrom torch import tensor as T\ndef train(model, loader, device):\n    for x in loader:\n"
+    "        scale = T([0.5, 2.0], device=device)\n        model(x * scale).backward()\n": "MAT503",
     "import torch\nfrom torch.optim import AdamW\ndef make(model):\n"
     "    return AdamW(model.parameters(), foreach=False)\n": "MAT504",
 }
