@@ -199,7 +199,8 @@ class ManualTanhGelu(Rule):
             """, (4, 5)),
     ]
 
-    only = {"visit_Call": Only(if_file=lambda ctx: may_mention(ctx, "tanh"))}
+    # The tanh is `torch.tanh(...)`, `x.tanh()` or a bare name bound to it (`torch_op` names it "tanh").
+    only = {"visit_Call": Only(attrs=frozenset({"tanh"}), if_file=lambda ctx: may_mention(ctx, "tanh"))}
 
     def visit_Call(self, node: ast.Call) -> None:
         if not may_mention(self.ctx, "tanh"):

@@ -251,6 +251,8 @@ ROUTED_BY_BARE_NAME = {
     "    def forward(self, x):\n        return cat([h(x) for h in self.heads], -1)\n": "MAT104",
     "import torch\nfrom torch import tensor as T\ndef train(model, loader, device):\n    for x in loader:\n"
     "        scale = T([0.5, 2.0], device=device)\n        model(x * scale).backward()\n": "MAT503",
+    "import math\nimport torch\nfrom torch import tanh as th\ndef gelu(x):\n"
+    "    return 0.5 * x * (1.0 + th(math.sqrt(2.0 / math.pi) * (x + 0.044715 * torch.pow(x, 3.0))))\n": "MAT605",
     "import torch\nfrom torch.optim import AdamW\ndef make(model):\n"
     "    return AdamW(model.parameters(), foreach=False)\n": "MAT504",
 }
