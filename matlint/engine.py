@@ -200,7 +200,7 @@ class _Routes:
         self.entries = entries
         self.by_key: dict = {}
         # Any attribute or name no entry names routes alike: one key for all of them.
-        self.attrs = frozenset().union(*(only.attrs for _, _, only in entries if only and only.attrs))
+        self.attrs = frozenset().union(*(only.attrs for _, only in entries if only and only.attrs))
 
     def pick(self, ctx, node) -> list:
         func = getattr(node, "func", None)
@@ -220,7 +220,7 @@ class _Routes:
         key = (bool(ctx.loops), name, alias)
         handlers = self.by_key.get(key)
         if handlers is None:
-            handlers = self.by_key[key] = [(rule, handler) for rule, handler, only in self.entries
+            handlers = self.by_key[key] = [handler for handler, only in self.entries
                                            if only is None or _admits(only, key, cls)]
         return handlers
 
@@ -279,13 +279,14 @@ class Walker:
                             routed.add((table is self.visit, node_class))
                         else:
                             only = None
-                    table.setdefault(node_class, []).append((rule, getattr(rule, attr), only))
+                    table.setdefault(node_class, []).append((getattr(rule, attr), only))
+        # Handlers are bound methods of the rules: `handler.__self__.code` names the rule.
         for table in (self.visit, self.leave):
             for node_class, entries in table.items():
                 if (table is self.visit, node_class) in routed:
                     table[node_class] = _Routes(entries)
                 else:
-                    table[node_class] = [(rule, handler) for rule, handler, _ in entries]
+                    table[node_class] = [handler for handler, _ in entries]
         handled = frozenset(self.visit).union(self.leave)
         layout = _LAYOUTS.get(handled)
         if layout is None:  # the same few sets of handled classes recur file after file
@@ -313,12 +314,12 @@ class Walker:
             if visit:
                 if visit.__class__ is _Routes:
                     visit = visit.pick(ctx, node)
-                for rule, handler in visit:  # inline, not a helper: this runs for most nodes
-                    try:
+                try:
+                    for handler in visit:  # inline, not a helper: this runs for most nodes
                         handler(node)
-                    except BaseException:
-                        ctx._current_code = rule.code  # for the MAT000 finding that names the rule
-                        raise
+                except BaseException:
+                    ctx._current_code = handler.__self__.code  # for the MAT000 finding that names the rule
+                    raise
             parents.append(node)
             if special is not None:
                 special(self, node)
@@ -348,12 +349,12 @@ class Walker:
             if leave:
                 if leave.__class__ is _Routes:
                     leave = leave.pick(ctx, node)
-                for rule, handler in leave:
-                    try:
+                try:
+                    for handler in leave:
                         handler(node)
-                    except BaseException:
-                        ctx._current_code = rule.code
-                        raise
+                except BaseException:
+                    ctx._current_code = handler.__self__.code
+                    raise
 
         self._walk_node = walk
         try:

@@ -90,7 +90,9 @@ class NameResolver:
         for stmt in scope_statements(body):
             cls = stmt.__class__
             if cls is ast.Assign:
-                value = self._alias_value(stmt.value, aliases)
+                value = stmt.value
+                value = (self._alias_value(value, aliases)
+                         if value.__class__ is ast.Attribute or value.__class__ is ast.Name else None)
                 for target in stmt.targets:
                     if target.__class__ is ast.Name:
                         aliases[target.id] = value or None
