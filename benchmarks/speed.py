@@ -237,7 +237,8 @@ def changed_file_rerun(matlint: list, files: list, scratch: Path, timeout: float
 
     Returns (files re-linted by the second run, its Run, the changed file's path in the copy),
     or a string saying what failed. The cache writes one entry per file it lints and none for
-    a hit, so the entries the second run rewrote are the files it re-linted.
+    a hit, so the entries the second run rewrote are the files it re-linted (the snapshot of the
+    whole run, one more file that any run with a miss rewrites, is not an entry).
     """
     tree = scratch / "changed-file"
     shutil.rmtree(tree, ignore_errors=True)
@@ -255,7 +256,8 @@ def changed_file_rerun(matlint: list, files: list, scratch: Path, timeout: float
             return outcome
 
     def entries():
-        return {p: p.stat().st_mtime_ns for p in tree.rglob(".matlint_cache/**/*") if p.is_file()}
+        # v2: matlint/cache.py's FORMAT, the folder of the per-file entries
+        return {p: p.stat().st_mtime_ns for p in tree.rglob(".matlint_cache/v2/**/*") if p.is_file()}
 
     before = entries()
     if not before:

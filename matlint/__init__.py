@@ -5,15 +5,9 @@ Importing matlint is cheap: it imports neither torch nor rich; `check`, `lint_te
 """
 from __future__ import annotations
 
-
-def _version() -> str:
-    from importlib.metadata import PackageNotFoundError, version
-
-    try:
-        return version("matlint")
-    except PackageNotFoundError:  # running from a source tree that is not installed
-        return "0+unknown"
-
+# The one place the version is written: pyproject.toml reads it from here (a constant, so that
+# `matlint check`, whose cache is keyed by it, need not read the installed package's metadata).
+__version__ = "0.1.0"
 
 _LAZY = {
     "check": ("matlint.api", "check"),
@@ -32,9 +26,6 @@ __all__ = ["__version__", *(name for name in _LAZY if name != "guard")]
 
 
 def __getattr__(name: str):
-    if name == "__version__":  # looked up on first use: reading the metadata costs milliseconds
-        value = globals()["__version__"] = _version()
-        return value
     if name not in _LAZY:
         raise AttributeError(f"module 'matlint' has no attribute {name!r}")
     import importlib
@@ -46,4 +37,4 @@ def __getattr__(name: str):
 
 
 def __dir__():
-    return sorted(set(globals()) | set(_LAZY) | {"__version__"})
+    return sorted(set(globals()) | set(_LAZY))

@@ -8,6 +8,12 @@ different key is a miss. ctime moves on every write and cannot be set back, so a
 that keeps size and mtime still misses. Entries are written atomically, and a corrupt or
 unreadable entry is a miss, never an error. Keeping one entry per path bounds the cache by the
 size of the tree.
+
+A run over many files also leaves a snapshot: one file holding every linted path's stat and
+findings (files that never mention torch included), keyed by the salt and the list of paths. The
+same run again reads that one file and stats each path, instead of opening an entry per path (a
+warm re-run of a large tree was mostly those opens); a path whose stat changed goes through its
+entry as above. The most recent few snapshots are kept.
 """
 from __future__ import annotations
 
@@ -26,6 +32,8 @@ CACHEDIR_TAG = (
     "# For information about cache directory tags see https://bford.info/cachedir/\n"
 )
 FORMAT = "v2"
+SNAPSHOTS = "runs"
+MAX_SNAPSHOTS = 8
 
 
 def matlint_version() -> str:
@@ -103,16 +111,67 @@ class Cache:
         try:
             entry_dir = os.path.dirname(target)
             self._prepare(entry_dir)
-            fd, temporary = tempfile.mkstemp(dir=entry_dir, prefix=".tmp-")
-            try:
-                with os.fdopen(fd, "w", encoding="utf-8") as handle:
-                    handle.write(payload)
-                os.replace(temporary, target)
-            except BaseException:
-                os.unlink(temporary)
-                raise
+            self._write(entry_dir, target, payload)
         except OSError:
             self.usable = False  # a read-only tree still lints; it just is not cached
+
+    # -- snapshots of whole runs ---------------------------------------------------------------
+    def _snapshot_path(self, paths: list) -> str:
+        digest = hashlib.sha256(self.salt_id.encode())
+        for path in paths:
+            digest.update(os.path.abspath(path).encode("utf-8", "surrogateescape") + b"\0")
+        return os.path.join(self.directory, SNAPSHOTS, digest.hexdigest()[:32])
+
+    def load_snapshot(self, paths: list) -> dict:
+        """{path: (stat, findings as JSON)} from the last run over exactly `paths`, or {}."""
+        try:
+            with open(self._snapshot_path(paths), encoding="utf-8") as handle:
+                snapshot = json.load(handle)
+        except (OSError, ValueError):
+            return {}
+        if not isinstance(snapshot, dict) or snapshot.get("salt") != self.salt_id:
+            return {}
+        records = snapshot.get("files")
+        if not isinstance(records, list) or len(records) != len(paths):
+            return {}
+        return {path: record for path, record in zip(paths, records)
+                if isinstance(record, list) and len(record) == 2 and isinstance(record[1], list)}
+
+    def snapshot_findings(self, record: list, path: str, stat: Optional[list]) -> Optional[list]:
+        """The findings a snapshot record holds, if `stat` is the one they were made under."""
+        if stat is None or record[0] != stat:
+            return None
+        return self._findings({"findings": record[1]}, path)
+
+    def save_snapshot(self, paths: list, stats: list, findings: list) -> None:
+        """Store a run over `paths`: each one's stat before it was read (None: not stored) and findings."""
+        if not self.usable:
+            return
+        payload = json.dumps({"salt": self.salt_id, "files": [
+            [stat, [f.to_json() for f in found]] if stat is not None else None
+            for stat, found in zip(stats, findings)]})
+        target = self._snapshot_path(paths)
+        try:
+            snapshot_dir = os.path.dirname(target)
+            self._prepare(snapshot_dir)
+            self._write(snapshot_dir, target, payload)
+            kept = sorted((e for e in os.scandir(snapshot_dir) if not e.name.startswith(".tmp-")),
+                          key=lambda e: e.stat().st_mtime_ns, reverse=True)
+            for old in kept[MAX_SNAPSHOTS:]:
+                os.unlink(old.path)
+        except OSError:
+            self.usable = False
+
+    @staticmethod
+    def _write(directory: str, target: str, payload: str) -> None:
+        fd, temporary = tempfile.mkstemp(dir=directory, prefix=".tmp-")
+        try:
+            with os.fdopen(fd, "w", encoding="utf-8") as handle:
+                handle.write(payload)
+            os.replace(temporary, target)
+        except BaseException:
+            os.unlink(temporary)
+            raise
 
     def _prepare(self, entry_dir: str) -> None:
         if os.path.isdir(entry_dir):

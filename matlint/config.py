@@ -102,14 +102,18 @@ class Settings:
         return False
 
     def relative_path(self, path) -> str:
-        """`path` relative to the config's directory, in posix form, for glob matching."""
+        """`path` relative to the config's directory, in posix form, for glob matching (its
+        name alone when it is not under that directory)."""
         absolute = os.path.abspath(os.fspath(path))
+        return matched_path(self.path_from_root(absolute), os.path.basename(absolute))
+
+    def path_from_root(self, absolute: str) -> Optional[str]:
+        """`os.path.relpath` of an absolute path from the config's directory, in posix form (`..`
+        when it is outside), or None when there is no relative path (another drive on Windows)."""
         try:
             relative = os.path.relpath(absolute, self.root)
-        except ValueError:  # another drive on Windows
-            return os.path.basename(absolute)
-        if relative.startswith(".."):
-            return os.path.basename(absolute)
+        except ValueError:
+            return None
         return relative if os.sep == "/" else relative.replace(os.sep, "/")
 
     def fingerprint(self) -> str:
@@ -148,6 +152,14 @@ def _per_file_specs(per_file_ignores: tuple) -> list:
 
 
 # -- loading ----------------------------------------------------------------------
+
+def matched_path(relative: Optional[str], name: str) -> str:
+    """What exclude and per-file-ignores patterns are matched against: the path from the config's
+    directory (`path_from_root`), or the file's `name` when it has none inside that directory."""
+    if relative is None or relative.startswith(".."):
+        return name
+    return relative
+
 
 def find_config(start) -> Optional[Path]:
     """The nearest pyproject.toml with a [tool.matlint] table, searching upward from `start`."""

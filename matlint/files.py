@@ -4,6 +4,7 @@ followed; a broken link or an unreadable entry becomes one MAT003 finding and th
 from __future__ import annotations
 
 import os
+import re
 import stat
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -11,6 +12,7 @@ from typing import Optional
 
 import pathspec
 
+from .config import matched_path
 from .diagnostics import Finding
 
 PYTHON_SUFFIXES = (".py", ".pyi")
@@ -94,10 +96,27 @@ class _Ignores:
         return False
 
 
+def _any_pattern(spec: pathspec.PathSpec):
+    """One regex that finds a path some pattern of `spec` that excludes (not `!negated`) would
+    match, or None: a path it does not find is not excluded, whatever the patterns' order, and
+    is settled in one search instead of one per pattern."""
+    regexes = [p.regex.pattern for p in spec.patterns if p.include and p.regex is not None]
+    if any(isinstance(r, bytes) for r in regexes):
+        return None
+    try:  # the patterns' named groups (a directory mark) would clash once joined
+        return re.compile("|".join(f"(?:{_NAMED_GROUP.sub('(?:', r)})" for r in regexes) or "(?!)")
+    except re.error:
+        return None
+
+
+_NAMED_GROUP = re.compile(r"\(\?P<\w+>")
+
+
 class FileFinder:
     def __init__(self, settings):
         self.settings = settings
         self.exclude = pathspec.GitIgnoreSpec.from_lines(settings.exclude)
+        self.may_exclude = _any_pattern(self.exclude)
 
     def find(self, paths) -> Discovery:
         """Files to lint under `paths`, in a stable order. Raises UsageError for a path that does not exist."""
@@ -116,7 +135,7 @@ class FileFinder:
             if stat.S_ISDIR(mode):
                 # A symlink named explicitly is followed, without the .gitignore files above it.
                 ignores = _Ignores() if os.path.islink(path) else self._ignores_above(Path(path))
-                self._walk(Path(path), ignores, found)
+                self._walk(Path(path), ignores, found, self.settings.path_from_root(os.path.abspath(path)))
             elif stat.S_ISREG(mode):
                 if path.endswith(NOTEBOOK_SUFFIX):
                     found.problems.append(Finding("MAT003", NOTEBOOK_NOTE, path, 1, 1, 1, 1))
@@ -146,34 +165,45 @@ class FileFinder:
             ignores = ignores.entering(root / parent)
         return ignores
 
-    def _excluded(self, path: str, is_dir: bool) -> bool:
+    def _excluded(self, relative: Optional[str], name: str, is_dir: bool) -> bool:
         # Patterns are gitignore-style, relative to the config's directory: `build` matches at
         # any depth, `/build` or `src/gen` only there.
-        return self.exclude.match_file(self.settings.relative_path(path) + ("/" if is_dir else ""))
+        path = matched_path(relative, name) + ("/" if is_dir else "")
+        if self.may_exclude is not None and not self.may_exclude.search(path):
+            return False
+        return self.exclude.match_file(path)
 
-    def _walk(self, directory, ignores: _Ignores, found: Discovery) -> None:
-        if self.settings.respect_gitignore:
-            ignores = ignores.entering(Path(os.path.abspath(directory)))
+    def _walk(self, directory, ignores: _Ignores, found: Discovery, relative: Optional[str]) -> None:
+        """`relative` is the directory's `Settings.path_from_root`: its entries' paths from the
+        config's directory are built from it, not computed again for each."""
         try:
             entries = sorted(os.scandir(directory), key=lambda e: e.name)
         except OSError as exc:
             found.problems.append(unreadable(os.path.normpath(directory), exc.strerror or str(exc), "directory"))
             return
+        if self.settings.respect_gitignore and any(e.name in (".gitignore", ".git") for e in entries):
+            ignores = ignores.entering(Path(os.path.abspath(directory)))  # its .gitignore or .git/info/exclude
         for entry in entries:
-            path = entry.path
+            path, name = entry.path, entry.name
             try:
                 is_dir = entry.is_dir(follow_symlinks=False)
                 is_link = entry.is_symlink()
             except OSError:
                 is_dir = is_link = False
+            if relative is None or relative.startswith(".."):
+                # Outside the config's directory a file is matched by its name; a directory may
+                # lead back into it (walking `..` from inside): ask os.path.relpath.
+                entry_relative = self.settings.path_from_root(os.path.abspath(path)) if is_dir else None
+            else:
+                entry_relative = name if relative == "." else f"{relative}/{name}"
             if is_dir:
                 # os.path.exists, unlike Path.exists, is False (not an error) inside an unreadable directory.
-                if (self._excluded(path, True) or os.path.exists(os.path.join(path, "pyvenv.cfg"))
+                if (self._excluded(entry_relative, name, True) or os.path.exists(os.path.join(path, "pyvenv.cfg"))
                         or (ignores.specs and ignores.ignores(Path(os.path.abspath(path)), True))):
                     continue
-                self._walk(path, ignores, found)
+                self._walk(path, ignores, found, entry_relative)
                 continue
-            if not _is_python(entry.name) or self._excluded(path, False):
+            if not _is_python(name) or self._excluded(entry_relative, name, False):
                 continue
             if ignores.specs and ignores.ignores(Path(os.path.abspath(path)), False):
                 continue

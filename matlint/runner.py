@@ -23,6 +23,8 @@ from .registry import rules_fingerprint
 
 # Below this many files, starting worker processes costs more than it saves.
 MIN_FILES_FOR_PARALLEL = 48
+# Below this many files, opening each one's cache entry is quick enough: no snapshot of the run.
+MIN_FILES_FOR_SNAPSHOT = 48
 CHUNK_SIZE = 16
 
 
@@ -37,31 +39,35 @@ def finalize(findings: list, path: str, settings) -> list:
     return [f for f in findings if f.code in enabled and not settings.is_ignored(path, f.code)]
 
 
-def lint_path(path: str, settings, cache: Optional[Cache]) -> list:
-    """Findings for one file, before per-file-ignores."""
+def lint_path(path: str, settings, cache: Optional[Cache]) -> tuple:
+    """Findings for one file, before per-file-ignores, and its stat taken before it was read (what
+    a cache may store them under; None without a cache, or where the file could not be read)."""
     entry = stat = None
     if cache:
         stat = cache.stat(path)  # before the read: a write after it makes the next run look again
         entry = cache.load(path) if stat is not None else None
         cached = cache.unchanged(entry, path, stat)
         if cached is not None:
-            return cached
+            return cached, stat
     try:
         with open(path, "rb") as handle:
             data = handle.read()
     except OSError as exc:
-        return [unreadable(path, exc.strerror or str(exc))]
+        return [unreadable(path, exc.strerror or str(exc))], None
     if not engine.mentions_torch(data):
-        # Not parsed at all, not cached; only an undecodable file is worth a word.
-        return engine.lint_bytes(data, path, ())
+        # Not parsed at all, and no entry of its own (a run's snapshot holds it); only an
+        # undecodable file is worth a word.
+        return engine.lint_bytes(data, path, ()), stat
     if cache:
         key = cache.key(data, path)
         cached = cache.same_key(entry, path, key)
         if cached is None:
-            cached = engine.lint_bytes(data, path, settings.enabled_rules(), settings.rule_options)
+            with collector_paused_per_file():
+                cached = engine.lint_bytes(data, path, settings.enabled_rules(), settings.rule_options)
         cache.put(key, path, cached, stat)  # a hit by content is stored again under the new stat
-        return cached
-    return engine.lint_bytes(data, path, settings.enabled_rules(), settings.rule_options)
+        return cached, stat
+    with collector_paused_per_file():
+        return engine.lint_bytes(data, path, settings.enabled_rules(), settings.rule_options), None
 
 
 @contextmanager
@@ -84,13 +90,12 @@ def collector_paused_per_file():
         gc.collect(0)
 
 
-def _lint_one(path: str, settings, cache: Optional[Cache]) -> list:
+def _lint_one(path: str, settings, cache: Optional[Cache]) -> tuple:
+    """(findings before per-file-ignores, stat) as `lint_path` gives them, or an internal error."""
     try:
-        with collector_paused_per_file():
-            findings = lint_path(path, settings, cache)
-        return finalize(findings, path, settings)
+        return lint_path(path, settings, cache)
     except Exception as exc:  # one file's failure must not end the run
-        return finalize([internal_error(path, exc)], path, settings)
+        return [internal_error(path, exc)], None
 
 
 def _lint_chunk(paths: list, settings, use_cache: bool) -> list:
@@ -120,13 +125,24 @@ def lint_files(paths: list, settings, use_cache: bool = True, jobs: Optional[int
                on_progress: Optional[Callable[[int], None]] = None) -> list:
     """Findings for every file in `paths`, sorted by file and position."""
     jobs = jobs or default_jobs()
-    results: dict = {}
-    if jobs > 1 and len(paths) >= MIN_FILES_FOR_PARALLEL:
+    results: dict = {}  # path -> (findings before per-file-ignores, stat)
+    cache = Cache(settings.cache_path(), settings.fingerprint()) if use_cache else None
+    snapshot = cache is not None and len(paths) >= MIN_FILES_FOR_SNAPSHOT
+    if snapshot:
+        for path, record in cache.load_snapshot(paths).items():
+            stat = cache.stat(path)
+            found = cache.snapshot_findings(record, path, stat)
+            if found is not None:
+                results[path] = (found, stat)
+        if on_progress and results:
+            on_progress(len(results))
+    todo = [p for p in paths if p not in results]
+    if jobs > 1 and len(todo) >= MIN_FILES_FOR_PARALLEL:
         # Import the rules and hash their sources once, here: forked workers inherit both.
         settings.enabled_rules()
         if use_cache:
             rules_fingerprint()
-        chunks = [paths[i:i + CHUNK_SIZE] for i in range(0, len(paths), CHUNK_SIZE)]
+        chunks = [todo[i:i + CHUNK_SIZE] for i in range(0, len(todo), CHUNK_SIZE)]
         try:
             pool = ProcessPoolExecutor(max_workers=min(jobs, len(chunks)), mp_context=_context(),
                                        initializer=_ignore_interrupts)
@@ -142,7 +158,7 @@ def lint_files(paths: list, settings, use_cache: bool = True, jobs: Optional[int
                     except BrokenProcessPool:
                         raise
                     except Exception as exc:
-                        chunk_results = [[internal_error(p, exc)] for p in chunk]
+                        chunk_results = [([internal_error(p, exc)], None) for p in chunk]
                     results.update(zip(chunk, chunk_results))
                     if on_progress:
                         on_progress(len(chunk))
@@ -151,14 +167,14 @@ def lint_files(paths: list, settings, use_cache: bool = True, jobs: Optional[int
             finally:
                 # On ^C, do not wait for the queued chunks.
                 pool.shutdown(wait=True, cancel_futures=True)
-    remaining = [p for p in paths if p not in results]
-    if remaining:
-        cache = Cache(settings.cache_path(), settings.fingerprint()) if use_cache else None
-        for path in remaining:
+    for path in todo:
+        if path not in results:
             results[path] = _lint_one(path, settings, cache)
             if on_progress:
                 on_progress(1)
-    findings = [f for path in paths for f in results[path]]
+    if snapshot and todo:
+        cache.save_snapshot(paths, [results[p][1] for p in paths], [results[p][0] for p in paths])
+    findings = [f for path in paths for f in finalize(results[path][0], path, settings)]
     findings.sort(key=Finding.sort_key)
     return findings
 

@@ -105,7 +105,8 @@ def cached_project(tmp_path):
 
 
 def _entries(project: Path) -> list:
-    return [p for p in (project / ".matlint_cache").rglob("*") if p.is_file() and p.parent.name != ".matlint_cache"]
+    """The per-file entries (not the tags, nor the snapshots of whole runs)."""
+    return [p for p in (project / ".matlint_cache" / "v2").rglob("*") if p.is_file()]
 
 
 def _report(project, *args) -> list:
@@ -199,6 +200,20 @@ def test_exclude_patterns_are_relative_to_the_config(tmp_path):
     assert _found(tmp_path, tmp_path / "pkg") == {"pkg/gen/b.py"}
 
 
+def test_exclude_patterns_when_the_walk_starts_above_the_config(tmp_path):
+    """Outside the config's directory an entry is matched by its name; walking down into that
+    directory from above, the paths inside are matched from it again."""
+    project = tmp_path / "proj"
+    write(project / "pyproject.toml", '[tool.matlint]\nextend-exclude = ["/gen", "src/legacy"]\n')
+    for name in ("proj/a.py", "proj/gen/g.py", "proj/src/legacy/l.py", "proj/src/ok.py", "gen/o.py",
+                 "other/src/legacy/x.py", "b.py"):
+        write(tmp_path / name, SOURCE)
+    settings = load_settings(project / "a.py")
+    found = find_files([str(project / "a.py"), str(tmp_path)], settings)
+    assert {Path(p).relative_to(tmp_path).as_posix() for p in found.files} == {
+        "proj/a.py", "proj/src/ok.py", "b.py", "other/src/legacy/x.py"}
+
+
 def _lint_in_process(project: Path) -> list:
     from matlint.runner import lint_files
 
@@ -253,3 +268,111 @@ def test_a_touched_file_is_a_hit_by_content_and_its_stat_is_stored_again(cached_
 
         patch.setattr(matlint.cache.Cache, "key", must_not_run)
         assert _lint_in_process(cached_project) == first  # and now by stat
+
+
+# -- snapshots of whole runs ------------------------------------------------------------------
+
+@pytest.fixture
+def many_files(tmp_path):
+    """A project of 60 files: 50 with findings, 10 that never mention torch."""
+    write(tmp_path / "pyproject.toml", "[tool.matlint]\n")
+    for i in range(50):
+        write(tmp_path / f"m{i:02}.py", bad_example("MAT101").code + f"# {i}\n")
+    for i in range(10):
+        write(tmp_path / f"plain{i}.py", f"x = {i}\n")
+    return tmp_path
+
+
+def _lint_tree(project: Path) -> list:
+    from matlint.runner import lint_files
+
+    settings = load_settings(project)
+    return [f.to_json() for f in lint_files(find_files([str(project)], settings).files, settings, jobs=1)]
+
+
+def _snapshots(project: Path) -> list:
+    return sorted((project / ".matlint_cache" / "runs").glob("[!.]*"))
+
+
+def _count_reads(monkeypatch) -> list:
+    import matlint.runner
+
+    read = []
+    lint_path = matlint.runner.lint_path
+    monkeypatch.setattr(matlint.runner, "lint_path", lambda path, *rest: read.append(path) or lint_path(path, *rest))
+    return read
+
+
+def test_a_warm_run_over_many_files_reads_one_snapshot_and_no_file(many_files, monkeypatch):
+    import matlint.cache
+
+    first = _lint_tree(many_files)
+    assert len(first) == 50 and len(_snapshots(many_files)) == 1
+    read = _count_reads(monkeypatch)
+    monkeypatch.setattr(matlint.cache.Cache, "load", lambda *args: pytest.fail("a per-file entry was opened"))
+    assert _lint_tree(many_files) == first
+    assert read == []  # not even the files without torch, which have no entry of their own
+
+
+def test_a_changed_file_is_relinted_alone_and_the_snapshot_follows(many_files, monkeypatch):
+    first = _lint_tree(many_files)
+    changed = many_files / "m07.py"
+    changed.write_text("import torch\n")  # its finding is gone
+    read = _count_reads(monkeypatch)
+    second = _lint_tree(many_files)
+    assert read == [str(changed)]
+    assert len(second) == len(first) - 1 and all(f["filename"] != str(changed) for f in second)
+    read.clear()
+    assert _lint_tree(many_files) == second and read == []
+
+
+def test_per_file_ignores_apply_after_the_snapshot(many_files):
+    assert len(_lint_tree(many_files)) == 50
+    write(many_files / "pyproject.toml", '[tool.matlint.per-file-ignores]\n"m0*.py" = ["MAT101"]\n')
+    assert len(_lint_tree(many_files)) == 40
+
+
+def test_a_corrupt_snapshot_is_ignored(many_files, monkeypatch):
+    first = _lint_tree(many_files)
+    (snapshot,) = _snapshots(many_files)
+    salt = json.loads(snapshot.read_text())["salt"]
+    for garbage in ("{not json", '{"salt": "x", "files": []}', "[]", '{"salt": null}',
+                    json.dumps({"salt": salt, "files": [[None, [{"code": 1}]], 7] * 30}),
+                    json.dumps({"salt": salt, "files": "x"})):
+        snapshot.write_text(garbage)
+        assert _lint_tree(many_files) == first
+
+
+def test_only_the_most_recent_snapshots_are_kept(many_files):
+    from matlint.cache import MAX_SNAPSHOTS
+    from matlint.runner import lint_files
+
+    settings = load_settings(many_files)
+    files = find_files([str(many_files)], settings).files
+    for drop in range(MAX_SNAPSHOTS + 3):  # as many different lists of files
+        lint_files(files[:drop] + files[drop + 1:], settings, jobs=1)
+    assert len(_snapshots(many_files)) == MAX_SNAPSHOTS
+
+
+@pytest.mark.parametrize("patterns", [
+    ("build", "dist", "*.egg-info", ".git", "__pycache__"),
+    ("/gen", "src/legacy", "**/fixtures/**", "*_pb2.py", "docs/"),
+    ("gen/", "!gen/keep.py", "*.py", "!src/*.py", "a/**/b"),
+    ("[abc]*.py", "x?.py", "deep/**", "!deep/keep/"),
+    (),
+])
+def test_the_exclude_prefilter_agrees_with_the_patterns(patterns):
+    import pathspec
+
+    from matlint.files import _any_pattern
+
+    spec = pathspec.GitIgnoreSpec.from_lines(patterns)
+    regex = _any_pattern(spec)
+    assert regex is not None
+    paths = ["a.py", "build/", "build/x.py", "pkg/build/", "x.egg-info/", "src/legacy/", "other/src/legacy/",
+             "gen/", "pkg/gen/", "gen/keep.py", "gen/other.py", "src/a.py", "src/sub/a.py", "tests/fixtures/f.py",
+             "m_pb2.py", "docs/", "docs/x.py", "a/b", "a/x/y/b", "bz.py", "xy.py", "deep/keep/", "deep/k/x.py",
+             ".git/", "pkg/__pycache__/", "ünïcode.py"]
+    for path in paths:
+        assert not spec.match_file(path) or regex.search(path), path  # the prefilter never hides a match
+    assert not regex.search("plain/notes.txt")  # and it does settle paths on its own
