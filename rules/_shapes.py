@@ -1328,7 +1328,12 @@ class FunctionShapes:
         return value
 
     def _infer(self, node):
-        if isinstance(node, ast.Constant):
+        cls = node.__class__
+        if cls is ast.Call:
+            return self._call(node)
+        if cls is ast.Attribute:
+            return self._attribute(node)
+        if cls is ast.Constant:
             if isinstance(node.value, bool):
                 return IntVal(int(node.value))
             if node.value is None or isinstance(node.value, (str, bytes)):
@@ -1338,12 +1343,10 @@ class FunctionShapes:
             if isinstance(node.value, float):
                 return SCALAR
             return None
-        if isinstance(node, ast.Attribute):
-            return self._attribute(node)
-        if isinstance(node, ast.Call):
-            return self._call(node)
-        if isinstance(node, ast.BinOp):
+        if cls is ast.BinOp:
             return self._binop(node)
+        if cls is ast.Subscript:
+            return self._subscript(node)
         if isinstance(node, ast.UnaryOp):
             value = self.infer(node.operand)
             if isinstance(node.op, (ast.USub, ast.UAdd)):
@@ -1591,20 +1594,21 @@ class FunctionShapes:
             self.infer(func.value)
             self.env[reshaped] = None
             return None
-        receiver = self.infer(func.value) if isinstance(func, ast.Attribute) else None
-        callee = None
-        if not isinstance(func, ast.Attribute):
-            callee = self.infer(func)
-        elif self._is_self_attr(func) and not self.init_mode:
-            callee = self.class_attrs.get(func.attr)
-            self.values[func] = callee
-        args = [self.infer(a.value) if isinstance(a, ast.Starred) else self.infer(a) for a in node.args]
-        kwargs = {k.arg: self.infer(k.value) for k in node.keywords}
-        if any(isinstance(a, ast.Starred) for a in node.args) or None in kwargs:
-            if not (isinstance(func, ast.Attribute) and func.attr in ("view", "reshape", "permute", "expand")):
-                return None
         qual = self.ctx.qualname(func)
         named = _torch_name(qual)
+        callee = receiver = None
+        if func.__class__ is not ast.Attribute:
+            callee = self.infer(func)
+        elif named is None:  # the receiver of `torch.nn.functional.relu` is a module path: no value
+            receiver = self.infer(func.value)
+            if self._is_self_attr(func) and not self.init_mode:
+                callee = self.class_attrs.get(func.attr)
+                self.values[func] = callee
+        args = [self.infer(a.value) if a.__class__ is ast.Starred else self.infer(a) for a in node.args]
+        kwargs = {k.arg: self.infer(k.value) for k in node.keywords}
+        if None in kwargs or any(a.__class__ is ast.Starred for a in node.args):
+            if not (func.__class__ is ast.Attribute and func.attr in ("view", "reshape", "permute", "expand")):
+                return None
         if named is not None:
             return self._torch_call(named, node, args, kwargs)
         if isinstance(callee, Module):
