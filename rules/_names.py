@@ -69,6 +69,8 @@ class NameResolver:
         # Each scope holds only its own bindings (copying the enclosing ones into every function
         # made a file with many top-level names quadratic); lookups go outward.
         self._scopes: list = []
+        # Per scope, whether it binds any name to a qualified name (most functions bind none).
+        self._has_aliases: list = []
         self._scopes.append(self._scan(module.body, module_level=True))
         # expr -> qualname in the current scope: rules ask about the same call many times over.
         # Keyed by the node itself (not its id) so a temporary node cannot leave a stale entry.
@@ -124,6 +126,7 @@ class NameResolver:
                     if item.optional_vars is not None:
                         for name in _bound_names(item.optional_vars):
                             aliases[name] = None
+        self._has_aliases.append(any(aliases.values()))
         return aliases
 
     def _alias_value(self, value: ast.AST, aliases: dict) -> Optional[str]:
@@ -155,9 +158,11 @@ class NameResolver:
 
     def enter_class(self, node) -> None:
         self._scopes.append({})  # class bodies bind no aliases here; lookups pass through
+        self._has_aliases.append(False)
 
     def leave_scope(self) -> None:
         self._scopes.pop()
+        self._has_aliases.pop()
         self._resolved = {}
 
     def qualname(self, expr: ast.AST) -> Optional[str]:
@@ -187,9 +192,10 @@ class NameResolver:
         module_level = self._module_names_bound_to.get(last_parts)
         if module_level is None:
             module_level = self._module_names_bound_to[last_parts] = self._bound_to(self._scopes[0], last_parts)
-        if len(self._scopes) == 1:
+        inner = [scope for scope, has in zip(self._scopes[1:], self._has_aliases[1:]) if has]
+        if not inner:
             return module_level
-        return module_level.union(*(self._bound_to(scope, last_parts) for scope in self._scopes[1:]))
+        return module_level.union(*(self._bound_to(scope, last_parts) for scope in inner))
 
     @staticmethod
     def _bound_to(scope: dict, last_parts: frozenset) -> frozenset:

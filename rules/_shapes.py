@@ -748,6 +748,12 @@ def _reshaped_in_place(node) -> Optional[str]:
     return None
 
 
+# Statements that bind no name (their expressions are read for `:=` and in-place reshapes apart).
+_BIND_NOTHING = frozenset({ast.Expr, ast.Return, ast.Pass, ast.Raise, ast.Assert, ast.Break, ast.Continue,
+                           ast.Global, ast.Nonlocal})
+_NOTHING_BOUND = frozenset()
+
+
 class _Bindings:
     """Names bound in a function body, found statement by statement (expressions are not
     walked, except for `:=` and in-place reshapes like `y.unsqueeze_(1)`, which rebind `y`):
@@ -785,6 +791,8 @@ class _Bindings:
         # An assignment inside a loop counts once: each pass through the body binds the name anew,
         # and the analysis forgets every name a loop binds where the loop starts and ends, so a
         # symbol for it never meets the value of another iteration.
+        if stmt.__class__ in _BIND_NOTHING:
+            return _NOTHING_BOUND
         out: set = set()
         if isinstance(stmt, ast.Assign):
             for target in stmt.targets:
