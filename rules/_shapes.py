@@ -878,7 +878,11 @@ class FunctionShapes:
         body = owner.body if isinstance(owner.body, list) else [owner.body]
         text = _owner_text(ctx, owner)
         self.reshapes_in_place = _RESHAPE_IN_PLACE_TEXT.search(text) is not None
-        bindings = _Bindings(body, ":=" in text, self.reshapes_in_place)
+        walrus = ":=" in text
+        # `__init__` read for the attributes it stores: its expression statements change nothing
+        # it keeps (no value of theirs is asked for), unless one binds a name (`:=`, `x.squeeze_()`).
+        self.skips_expressions = init_mode and not walrus and not self.reshapes_in_place
+        bindings = _Bindings(body, walrus, self.reshapes_in_place)
         self.counts = bindings.counts
         self.stored_in = bindings.stored
         env: dict = {}
@@ -1020,7 +1024,7 @@ class FunctionShapes:
                     new = None
                 self.env[stmt.target.id] = new
         elif isinstance(stmt, (ast.Expr, ast.Return)):
-            if stmt.value is not None:
+            if stmt.value is not None and not self.skips_expressions:
                 self.infer(stmt.value)
         elif isinstance(stmt, ast.Assert):
             self.infer(stmt.test)
