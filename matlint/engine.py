@@ -12,6 +12,7 @@ from functools import cached_property
 from typing import Iterable, Optional
 
 from .diagnostics import Edit, Finding
+from .rule import Only
 from matlint.rules._loops import LoopInfo
 from matlint.rules._tree import node_fields
 from matlint.rules._names import NameResolver
@@ -253,6 +254,7 @@ def _walk_layout(handled: frozenset) -> tuple:
 
 
 _LAYOUTS: dict = {}  # handled classes -> _walk_layout(...)
+_EVERY_CALL, _EVERY_CALL_IN_LOOPS = Only(), Only(in_loops=True)
 
 
 class Walker:
@@ -275,6 +277,8 @@ class Walker:
                     if only is not None:
                         if only.if_file is not None and not only.if_file(ctx):
                             continue  # the handler does nothing anywhere in this file
+                        if only.every_call_if is not None and only.attrs is not None and only.every_call_if(ctx):
+                            only = _EVERY_CALL_IN_LOOPS if only.in_loops else _EVERY_CALL
                         if only.in_loops or only.attrs is not None:
                             routed.add((table is self.visit, node_class))
                         else:

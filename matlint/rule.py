@@ -80,13 +80,16 @@ class Only:
     `visit_Call`), only for calls `x.<attr>(...)` with one of these names, and calls `f(...)` of a
     bare name that is one of them or is bound to a qualified name ending in one (`cat(...)` after
     `from torch import cat as join`); with None among them, also for calls of anything else that
-    is not an attribute (`self.heads[i](x)`, `f()(x)`); `if_file`, only in files for which
-    this predicate of the file's context holds (asked once per file). The
-    handler must return at once in every case left out, as if the engine did not route."""
+    is not an attribute (`self.heads[i](x)`, `f()(x)`); `every_call_if`, a predicate of the
+    file's context under which `attrs` does not apply and every call is routed (a file that
+    names `float64` anywhere); `if_file`, only in files for which this predicate holds (both asked
+    once per file). The handler must return at once in every case left out, as if the engine
+    did not route."""
 
     in_loops: bool = False
     attrs: Optional[frozenset] = None
     if_file: Optional[Callable] = None
+    every_call_if: Optional[Callable] = None
 
 
 @dataclass(frozen=True)

@@ -4,7 +4,7 @@ from __future__ import annotations
 import ast
 from typing import Optional
 
-from matlint.rule import Rule, bad, good
+from matlint.rule import Only, Rule, bad, good
 
 from . import _kinds
 from ._loops import bound_names, loaded_names, walk_no_scopes
@@ -17,6 +17,10 @@ _EXITS = {"long", "int", "short", "bool", "item", "tolist"}
 _EXIT_FUNCTIONS = {"torch.allclose", "torch.equal", "torch.isclose"}
 _HOST_KINDS = (_kinds.CPU_TENSOR, _kinds.NUMPY, _kinds.SCALAR, _kinds.LIST, _kinds.LOADER, _kinds.OTHER)
 _MODULE_KINDS = (_kinds.MODULE, _kinds.LINEAR, _kinds.MODULE_LIST, _kinds.USER_MODULE)
+
+
+def _names_float64_anywhere(ctx) -> bool:
+    return _kinds.may_mention(ctx, "float64") or _kinds.may_mention(ctx, "double", ignore_case=True)
 
 
 class Float64InModel(Rule):
@@ -208,15 +212,15 @@ class Float64InModel(Rule):
             """),
     ]
 
-    _file_names_float64 = None  # per file (a rule object lints one file), on the first call
+    # Every float64 spelling the checks read is an identifier naming `float64`, `double` or
+    # `DoubleTensor`, but for a string given to `.to(...)` / `.type(...)`: in a file with no such
+    # identifier, only those two calls are worth a look.
+    only = {"visit_Call": Only(attrs=frozenset({"to", "type"}), every_call_if=_names_float64_anywhere)}
 
     def visit_Call(self, node: ast.Call) -> None:
         func = node.func
-        if self._file_names_float64 is None:
-            self._file_names_float64 = (_kinds.may_mention(self.ctx, "float64")
-                                        or _kinds.may_mention(self.ctx, "double", ignore_case=True))
-        if not (self._file_names_float64 or self._may_name_dtype_in_a_string(node)):
-            return  # every float64 spelling below is an identifier naming `float64`, `double` or `DoubleTensor`
+        if not (_names_float64_anywhere(self.ctx) or self._may_name_dtype_in_a_string(node)):
+            return
         qualname = self.ctx.qualname(func)
         if qualname in ("torch.set_default_dtype", "torch.set_default_tensor_type"):
             if node.args and self._names_float64(node.args[0]) and not in_test_code(self.ctx):

@@ -522,7 +522,11 @@ class ManualAttention(Rule):
             """),
     ]
 
-    only = {"visit_Call": Only(if_file=lambda ctx: _kinds.may_mention(ctx, "softmax", ignore_case=True))}
+    # A softmax is a call of `softmax` (an attribute, or a name bound to it), or of `self.<module>`
+    # in a file that builds `nn.Softmax`.
+    only = {"visit_Call": Only(attrs=frozenset({"softmax", None}),
+                               every_call_if=lambda ctx: _kinds.may_mention(ctx, "Softmax"),
+                               if_file=lambda ctx: _kinds.may_mention(ctx, "softmax", ignore_case=True))}
 
     def visit_Call(self, node: ast.Call) -> None:
         func = node.func

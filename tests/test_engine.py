@@ -234,7 +234,8 @@ def test_walker_visits_every_node_but_operators_contexts_first_generators_and_an
     assert annotation_count > 20
 
 
-# Calls routed by attribute that a file can also spell as a bare name, with the finding each gives.
+# Calls routed by attribute that a file can also spell as a bare name (or that a per-file gate
+# routes), with the finding each gives.
 ROUTED_BY_BARE_NAME = {
     "from torch import stack\nimport torch\ndef scores(q: torch.Tensor, k: torch.Tensor, n):\n"
     "    return stack([(q[i] * k[i]).sum(-1) for i in range(n)])\n": "MAT103",
@@ -255,6 +256,15 @@ ROUTED_BY_BARE_NAME = {
     "    return 0.5 * x * (1.0 + th(math.sqrt(2.0 / math.pi) * (x + 0.044715 * torch.pow(x, 3.0))))\n": "MAT605",
     "import torch\nfrom torch.optim import AdamW\ndef make(model):\n"
     "    return AdamW(model.parameters(), foreach=False)\n": "MAT504",
+    # Routed to `.to`/`.type` only, in a file that names no float64 identifier: the string spells it.
+    "import torch\nimport torch.nn as nn\nclass M(nn.Module):\n    def __init__(self):\n        super().__init__()\n"
+    "        self.w = nn.Parameter(torch.randn(4, 4))\n    def forward(self, x):\n"
+    "        return x.to(\"torch.DoubleTensor\") @ self.w\n": "MAT402",
+    # Routed to every call in a file that builds `nn.Softmax`: the softmax is `self.norm(...)`.
+    "import torch\nimport torch.nn as nn\nclass A(nn.Module):\n    def __init__(self, d):\n        super().__init__()\n"
+    "        self.q, self.k, self.v = nn.Linear(d, d), nn.Linear(d, d), nn.Linear(d, d)\n"
+    "        self.norm = nn.Softmax(dim=-1)\n    def forward(self, x):\n        q, k, v = self.q(x), self.k(x), self.v(x)\n"
+    "        return self.norm(q @ k.transpose(-2, -1) / 8.0) @ v\n": "MAT601",
 }
 
 
