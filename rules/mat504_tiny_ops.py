@@ -9,6 +9,7 @@ from typing import Optional
 from matlint.diagnostics import Edit, Fix
 from matlint.rule import Only, Rule, bad, good
 
+from ._kinds import identifier_text
 from ._loops import LoopInfo, identifier, is_training_loop
 from ._names import in_test_code
 
@@ -16,6 +17,9 @@ _OPTIMIZERS = {"SGD", "Adam", "AdamW", "Adamax", "NAdam", "RAdam", "Adagrad", "A
 _PARAMETER_SOURCES = {"parameters", "named_parameters"}
 _INPLACE_MATH = {"add_", "sub_", "mul_", "div_", "addcmul_", "addcdiv_", "lerp_", "clamp_", "sqrt_", "pow_",
                  "neg_", "exp_"}
+# `p.data = ...` (also `(p.data) = ...`, or with a line continuation before the `=`): a file
+# without it has no `.data` update for visit_Assign to find.
+_ASSIGNS_DATA = re.compile(r"data[\s\\)]*=(?!=)")
 _HOT_FUNCTION = re.compile(r"step|update|ema|average|swa|apply_grad", re.IGNORECASE)
 _ONE_TIME_FUNCTION = re.compile(r"init|reset|load|build|setup|copy|convert|prune|quantiz|checkpoint|ckpt",
                                 re.IGNORECASE)
@@ -182,7 +186,8 @@ class TinyOps(Rule):
         self._reported_loops: set = set()
 
     # An optimizer built as `torch.optim.AdamW(...)` or by a bare name (`AdamW(...)`), or an in-place update.
-    only = {"visit_Call": Only(attrs=frozenset(_OPTIMIZERS | _INPLACE_MATH))}
+    only = {"visit_Call": Only(attrs=frozenset(_OPTIMIZERS | _INPLACE_MATH)),
+            "visit_Assign": Only(if_file=lambda ctx: _ASSIGNS_DATA.search(identifier_text(ctx)) is not None)}
 
     def visit_Call(self, node: ast.Call) -> None:
         qualname = self.ctx.qualname(node.func) or ""

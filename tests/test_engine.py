@@ -260,6 +260,9 @@ ROUTED_BY_BARE_NAME = {
     "import torch\nimport torch.nn as nn\nclass M(nn.Module):\n    def __init__(self):\n        super().__init__()\n"
     "        self.w = nn.Parameter(torch.randn(4, 4))\n    def forward(self, x):\n"
     "        return x.to(\"torch.DoubleTensor\") @ self.w\n": "MAT402",
+    # `p.data = ...` reached through a file gate that reads the source: parenthesized, continued.
+    "import torch\ndef sgd_step(model, lr):\n    for p in model.parameters():\n        (p.data) = \\\n"
+    "            p.data - lr * p.grad\n": "MAT504",
     # Routed to every call in a file that builds `nn.Softmax`: the softmax is `self.norm(...)`.
     "import torch\nimport torch.nn as nn\nclass A(nn.Module):\n    def __init__(self, d):\n        super().__init__()\n"
     "        self.q, self.k, self.v = nn.Linear(d, d), nn.Linear(d, d), nn.Linear(d, d)\n"
