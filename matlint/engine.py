@@ -328,6 +328,8 @@ class Walker:
             if special is not None:
                 special(self, node)
             else:
+                # The same test for a list's items and for a single child, written out twice: a
+                # helper called per child would cost a call for every child of every node.
                 for field in fields:
                     value = getattr(node, field, None)
                     if value.__class__ is list:
