@@ -71,7 +71,7 @@ class NameResolver:
         self._scopes: list = []
         # Per scope, whether it binds any name to a qualified name (most functions bind none).
         self._has_aliases: list = []
-        self._scopes.append(self._scan(module.body, module_level=True))
+        self._push(self._scan(module.body, module_level=True))
         # expr -> qualname in the current scope: rules ask about the same call many times over.
         # Keyed by the node itself (not its id) so a temporary node cannot leave a stale entry.
         self._resolved: dict = {}
@@ -126,7 +126,6 @@ class NameResolver:
                     if item.optional_vars is not None:
                         for name in _bound_names(item.optional_vars):
                             aliases[name] = None
-        self._has_aliases.append(any(aliases.values()))
         return aliases
 
     def _alias_value(self, value: ast.AST, aliases: dict) -> Optional[str]:
@@ -149,7 +148,7 @@ class NameResolver:
         if args.kwarg:
             params.append(args.kwarg.arg)
         body = node.body if isinstance(node.body, list) else []
-        self._scopes.append(self._scan(body, module_level=False, params=params))
+        self._push(self._scan(body, module_level=False, params=params))
         self._resolved = {}
 
     def binds_locally(self, name: str) -> bool:
@@ -157,8 +156,11 @@ class NameResolver:
         return len(self._scopes) > 1 and name in self._scopes[-1]
 
     def enter_class(self, node) -> None:
-        self._scopes.append({})  # class bodies bind no aliases here; lookups pass through
-        self._has_aliases.append(False)
+        self._push({})  # class bodies bind no aliases here; lookups pass through
+
+    def _push(self, scope: dict) -> None:
+        self._scopes.append(scope)
+        self._has_aliases.append(any(scope.values()))
 
     def leave_scope(self) -> None:
         self._scopes.pop()

@@ -216,10 +216,13 @@ class Float64InModel(Rule):
     # `DoubleTensor`, but for a string given to `.to(...)` / `.type(...)`: in a file with no such
     # identifier, only those two calls are worth a look.
     only = {"visit_Call": Only(attrs=frozenset({"to", "type"}), every_call_if=_names_float64_anywhere)}
+    _file_names_float64 = None  # per file (a rule object lints one file), on the first call
 
     def visit_Call(self, node: ast.Call) -> None:
         func = node.func
-        if not (_names_float64_anywhere(self.ctx) or self._may_name_dtype_in_a_string(node)):
+        if self._file_names_float64 is None:
+            self._file_names_float64 = _names_float64_anywhere(self.ctx)
+        if not (self._file_names_float64 or self._may_name_dtype_in_a_string(node)):
             return
         qualname = self.ctx.qualname(func)
         if qualname in ("torch.set_default_dtype", "torch.set_default_tensor_type"):

@@ -84,6 +84,11 @@ def _is_neg_inf(node: ast.AST) -> bool:
     return False
 
 
+def _builds_softmax_module(ctx) -> bool:
+    """The file may build an `nn.Softmax` module (an identifier spells `Softmax`)."""
+    return _kinds.may_mention(ctx, "Softmax")
+
+
 class ManualAttention(Rule):
     code = "MAT601"
     name = "manual-attention"
@@ -525,7 +530,7 @@ class ManualAttention(Rule):
     # A softmax is a call of `softmax` (an attribute, or a name bound to it), or of `self.<module>`
     # in a file that builds `nn.Softmax`.
     only = {"visit_Call": Only(attrs=frozenset({"softmax", None}),
-                               every_call_if=lambda ctx: _kinds.may_mention(ctx, "Softmax"),
+                               every_call_if=_builds_softmax_module,
                                if_file=lambda ctx: _kinds.may_mention(ctx, "softmax", ignore_case=True))}
 
     def visit_Call(self, node: ast.Call) -> None:
@@ -573,7 +578,7 @@ class ManualAttention(Rule):
         if qual is not None or not isinstance(func, ast.Attribute):
             return None
         if isinstance(func.value, ast.Name) and func.value.id == "self":
-            if not _kinds.may_mention(ctx, "Softmax"):  # no nn.Softmax module in this file
+            if not _builds_softmax_module(ctx):
                 return None
             module = self._self_module(func.attr)
             if (module is not None and len(call.args) == 1 and not call.keywords
