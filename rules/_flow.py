@@ -1,7 +1,9 @@
 """Straight-line def-use within one function: which assignment a name reads, and where the value
 an assignment stores is read. Source order stands in for control flow (good enough for the
-straight-line code of a `forward`); a name stored any other way than `name = value` breaks the
-chain, and callers stay quiet on a broken chain."""
+straight-line code of a `forward`), with two corrections: a store later in a loop around the read
+reaches it on the next pass, and a store in the header of a statement around the read (a `for`
+target, `with ... as`, a `:=` in a test) comes before it. A name stored any other way than
+`name = value` breaks the chain, and callers stay quiet on a broken chain."""
 from __future__ import annotations
 
 import ast
@@ -25,7 +27,7 @@ def _end(node: ast.AST) -> tuple:
 class FunctionFlow(BuiltOnFirstUse):
     """Parents, stores and loads of plain names in one function, collected once, on first use."""
 
-    _BUILT = frozenset({"parent", "block", "stores", "loads"})
+    _BUILT = frozenset({"parent", "block", "stores", "loads", "mutations"})
 
     def __init__(self, function: ast.AST):
         self.function = function
@@ -36,6 +38,7 @@ class FunctionFlow(BuiltOnFirstUse):
         self.block: dict = {}    # statement -> (id of its statement list, index in it)
         self.stores: dict = {}   # name -> [(storing statement, it is a plain `name = value`)]
         self.loads: dict = {}    # name -> [Name node]
+        self.mutations: dict = {}  # name -> [statement changing it in place: `x.add_(1)`, `x[i] = 0`]
         body = function.body if isinstance(function.body, list) else [function.body]
         self._index_block(body)
         parent = self.parent
@@ -60,10 +63,24 @@ class FunctionFlow(BuiltOnFirstUse):
             if isinstance(node, ast.Name):
                 if isinstance(node.ctx, ast.Load):
                     self.loads.setdefault(node.id, []).append(node)
+                    if self._mutated(node):
+                        self.mutations.setdefault(node.id, []).append(self.statement(node))
                 else:
                     stmt = self.statement(node)
                     simple = isinstance(stmt, ast.Assign) and len(stmt.targets) == 1 and stmt.targets[0] is node
                     self.stores.setdefault(node.id, []).append((stmt, simple))
+
+    def _mutated(self, load: ast.Name) -> bool:
+        """`load` is changed in place where it stands: `x.masked_fill_(...)`, `x[i] = v`, `del x[i]`."""
+        up = self.parent.get(load)
+        if isinstance(up, ast.Subscript):
+            return up.value is load and not isinstance(up.ctx, ast.Load)
+        if isinstance(up, ast.Attribute) and up.value is load:
+            attr = up.attr
+            call = self.parent.get(up)
+            return (attr.endswith("_") and not attr.startswith("_") and isinstance(call, ast.Call)
+                    and call.func is up)
+        return False
 
     def _index_block(self, block: list) -> None:
         for i, stmt in enumerate(block):
@@ -94,14 +111,42 @@ class FunctionFlow(BuiltOnFirstUse):
 
     def _reaches(self, store: Optional[ast.stmt], load: ast.Name) -> bool:
         if store is not None and _end(store) > _pos(load):
-            return False
+            return self._encloses(store, load) or self._carried(store, load)
         for other, _ in self.stores.get(load.id, ()):
             if other is store or other is None:
+                continue
+            if self._encloses(other, load):
+                if store is None or _end(store) <= _pos(other):
+                    return False  # `for x in xs:` binds x before every pass reads it
                 continue
             later = store is None or _end(other) > _end(store)
             if later and _end(other) <= _pos(load) and self._dominates(other, load):
                 return False
         return True
+
+    def _encloses(self, stmt: ast.stmt, load: ast.Name) -> bool:
+        """`stmt` holds `load` in its body and stores the name in its header (a `for` target,
+        `with ... as`, `:=` in a test), which runs first."""
+        if not isinstance(stmt, _HEADER_STORES) or not any(a is stmt for a in self.enclosing(load)):
+            return False
+        # `for x in f(x):` reads the `x` from before the loop in its iterable
+        return not (isinstance(stmt, (ast.For, ast.AsyncFor)) and _pos(stmt.iter) <= _pos(load) <= _end(stmt.iter))
+
+    def _carried(self, store: ast.stmt, load: ast.Name) -> bool:
+        """`store`, after `load` in the source, runs in a loop around `load`, so its value reaches
+        `load` on the next pass, unless every pass stores the name again before the read."""
+        for loop in self.enclosing(load):
+            if not isinstance(loop, _LOOPS) or not _in_loop_body(load, loop):
+                continue
+            if not _in_loop_body(store, loop):
+                continue  # an outer loop may still hold both
+            if isinstance(loop, (ast.For, ast.AsyncFor)) and load.id in _stored_names_of(loop.target):
+                return False
+            return not any(
+                other is not None and other is not store and _in_loop_body(other, loop)
+                and _end(other) <= _pos(load) and self._dominates(other, load)
+                for other, _ in self.stores.get(load.id, ()))
+        return False
 
     def reaching_all(self, load: ast.Name) -> list:
         """Every (statement, is a plain `name = value`) whose stored value `load` may read; the
@@ -139,9 +184,28 @@ class FunctionFlow(BuiltOnFirstUse):
         return any(stmt is not None and _end(start) < _end(stmt) <= _pos(stop)
                    for stmt, _ in self.stores.get(name, ()))
 
+    def changed_between(self, name: str, start: ast.AST, stop: ast.AST) -> bool:
+        """Whether `name` is stored, or changed in place, after `start` ends and before `stop` begins."""
+        return self.stored_between(name, start, stop) or any(
+            _end(start) < _end(stmt) <= _pos(stop) for stmt in self.mutations.get(name, ()))
+
     def same_block(self, a: ast.stmt, b: ast.stmt) -> bool:
         """Both statements are in the same statement list (so both run, in order)."""
         return a in self.block and b in self.block and self.block[a][0] == self.block[b][0]
+
+
+_LOOPS = (ast.For, ast.AsyncFor, ast.While)
+_HEADER_STORES = (ast.For, ast.AsyncFor, ast.While, ast.If, ast.With, ast.AsyncWith)
+
+
+def _in_loop_body(node: ast.AST, loop: ast.AST) -> bool:
+    """`node` lies in what runs on every pass of `loop`: its body, and a `while` loop's test."""
+    first = loop.test if isinstance(loop, ast.While) else loop.body[0]
+    return _pos(first) <= _pos(node) and _end(node) <= _end(loop.body[-1])
+
+
+def _stored_names_of(target: ast.AST) -> set:
+    return {n.id for n in walk_no_scopes(target) if isinstance(n, ast.Name)}
 
 
 def code_scope(ctx) -> Optional[ast.AST]:

@@ -10,6 +10,7 @@ from dataclasses import dataclass, field
 from typing import Optional
 
 from ._flow import function_may_mention, function_text
+from ._loops import walk_no_scopes
 
 _NAMESPACES = ("torch.", "torch.nn.functional.", "torch.special.")
 
@@ -138,10 +139,16 @@ def _normalized(name: str, args: list, keywords: dict) -> Op:
 
 
 def resolve(flow, node: ast.AST, depth: int = 4) -> ast.AST:
-    """`node`, or the value assigned to the name it is, followed through plain assignments."""
+    """`node`, or the value assigned to the name it is, followed through plain assignments. The
+    value is compared as text with what stands at `node`, so it is not followed where a name it
+    reads, or the name it is stored in, is stored again or changed in place before `node`
+    (`v = x.pow(2).mean(-1)`, `x = proj(x)`, then `x * rsqrt(v)`)."""
+    site = node
     while depth and isinstance(node, ast.Name):
         assign = flow.reaching(node)
-        if assign is None:
+        if assign is None or flow.changed_between(node.id, assign, site) or any(
+                isinstance(n, ast.Name) and flow.changed_between(n.id, assign, site)
+                for n in walk_no_scopes(assign.value)):
             break
         node = assign.value
         depth -= 1

@@ -132,6 +132,37 @@ class ManualSoftmax(Rule):
                 w = torch.exp(x)
                 p = w / w.sum(-1, keepdim=True)
             """, (4, 9)),
+        good("""
+            import torch
+            def sinkhorn(scores, iters: int):
+                P = torch.exp(scores)
+                for _ in range(iters):
+                    P = P / P.sum(dim=-1, keepdim=True)
+                    P = P / P.sum(dim=-2, keepdim=True)
+                return P
+            def reassigned(x, y):
+                e = torch.exp(x)
+                s = e.sum(-1, keepdim=True)
+                e = torch.exp(y)
+                return e / s
+            def masked_in_place(x, mask):
+                e = torch.exp(x)
+                e.masked_fill_(~mask, 0.0)
+                return e / (e.sum(-1, keepdim=True) + 1e-6)
+            def masked_by_index(x, mask):
+                e = torch.exp(x)
+                e[~mask] = 0
+                return e / e.sum(-1, keepdim=True)
+            """),
+        bad("""
+            import torch
+            def per_item(xs):
+                outs = []
+                for x in xs:
+                    e = torch.exp(x)
+                    outs.append(e / e.sum(-1, keepdim=True))
+                return outs
+            """, (6, 21)),
     ]
 
     only = {"visit_Call": Only(attrs=PRODUCT_METHODS)}

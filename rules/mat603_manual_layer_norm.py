@@ -147,6 +147,16 @@ class ManualLayerNorm(Rule):
             x = torch.randn(4, 8)
             y = (x - x.mean(-1, keepdim=True)) / torch.sqrt(x.var(-1, keepdim=True, unbiased=False) + 1e-5)
             """, (3, 5)),
+        good("""
+            import torch
+            from torch import nn
+            class LNLinear(nn.Module):
+                def forward(self, x):
+                    mean = x.mean(-1, keepdim=True)
+                    var = x.var(-1, keepdim=True, unbiased=False)
+                    x = self.proj(x)
+                    return (x - mean) * torch.rsqrt(var + self.eps)
+            """),
     ]
 
     only = {"visit_Call": Only(attrs=PRODUCT_METHODS)}

@@ -162,6 +162,20 @@ class ManualRmsNorm(Rule):
             x = torch.randn(4, 8)
             y = x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + 1e-6)
             """, (3, 5)),
+        good("""
+            import torch
+            from torch import nn
+            class NormLinear(nn.Module):
+                def forward(self, x):
+                    variance = x.pow(2).mean(-1, keepdim=True)
+                    x = self.proj(x)
+                    return x * torch.rsqrt(variance + self.eps)
+            class ScaledInPlace(nn.Module):
+                def forward(self, x):
+                    variance = x.pow(2).mean(-1, keepdim=True)
+                    x.mul_(self.scale)
+                    return x * torch.rsqrt(variance + self.eps)
+            """),
     ]
 
     only = {"visit_Call": Only(attrs=PRODUCT_METHODS)}

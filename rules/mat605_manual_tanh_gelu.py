@@ -24,6 +24,15 @@ _UNARY = {"sqrt": math.sqrt, "tanh": math.tanh, "exp": math.exp}
 _WRAPPERS = {"tensor", "as_tensor", "float", "to", "type_as"}  # value-keeping calls around constants or x
 
 
+def _power(base: float, exponent: float) -> float:
+    """`base ** exponent` over the reals: a negative base to a fractional power has no real value
+    (Python would give a complex number), so the expression is not the formula."""
+    value = base ** exponent
+    if isinstance(value, complex):
+        raise _NotArithmetic
+    return value
+
+
 def _tanh_gelu(x: float) -> float:
     return 0.5 * x * (1.0 + math.tanh(math.sqrt(2.0 / math.pi) * (x + 0.044715 * x ** 3)))
 
@@ -197,6 +206,32 @@ class ManualTanhGelu(Rule):
             x = torch.randn(4, 8)
             y = 0.5 * x * (1.0 + torch.tanh(math.sqrt(2.0 / math.pi) * (x + 0.044715 * torch.pow(x, 3.0))))
             """, (4, 5)),
+        bad("""
+            import torch
+            import torch.nn.functional as F
+            def run(x, blocks):
+                h = x
+                for blk in blocks:
+                    a = 0.5 * h * (1.0 + torch.tanh(0.7978845608 * (h + 0.044715 * h ** 3)))
+                    h = h + blk(a)
+                return h
+            """, (6, 13), fixed="""
+            import torch
+            import torch.nn.functional as F
+            def run(x, blocks):
+                h = x
+                for blk in blocks:
+                    a = F.gelu(h, approximate="tanh")
+                    h = h + blk(a)
+                return h
+            """),
+        good("""
+            import torch
+            def damp(r):
+                return torch.tanh(r) / r ** 0.5
+            def grow(x):
+                return 1 + torch.tanh(x ** 0.5) * x ** 1.5
+            """),
     ]
 
     # The tanh is `torch.tanh(...)`, `x.tanh()` or a bare name bound to it (`torch_op` names it "tanh").
@@ -270,7 +305,7 @@ class ManualTanhGelu(Rule):
             left = self._evaluate(flow, node.left, env, leaves, depth + 1)
             right = self._evaluate(flow, node.right, env, leaves, depth + 1)
             return {ast.Add: lambda: left + right, ast.Sub: lambda: left - right, ast.Mult: lambda: left * right,
-                    ast.Div: lambda: left / right, ast.Pow: lambda: left ** right}[type(node.op)]()
+                    ast.Div: lambda: left / right, ast.Pow: lambda: _power(left, right)}[type(node.op)]()
         qual = self.ctx.qualname(node) if isinstance(node, ast.Attribute) else None
         if qual in _CONSTANTS:
             return _CONSTANTS[qual]
@@ -284,8 +319,8 @@ class ManualTanhGelu(Rule):
                 if op.name in _UNARY and len(args) == 1:
                     return _UNARY[op.name](self._evaluate(flow, args[0], env, leaves, depth + 1))
                 if op.name == "pow" and len(args) == 2:
-                    return self._evaluate(flow, args[0], env, leaves, depth + 1) ** self._evaluate(
-                        flow, args[1], env, leaves, depth + 1)
+                    return _power(self._evaluate(flow, args[0], env, leaves, depth + 1),
+                                  self._evaluate(flow, args[1], env, leaves, depth + 1))
                 if op.name in ("mul", "add") and len(args) == 2:
                     a = self._evaluate(flow, args[0], env, leaves, depth + 1)
                     b = self._evaluate(flow, args[1], env, leaves, depth + 1)
