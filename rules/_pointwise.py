@@ -82,6 +82,16 @@ def may_take_root(ctx, function: ast.AST, names: tuple) -> bool:
     return found
 
 
+def is_eps(node: ast.AST) -> bool:
+    """A small constant added for numerical safety: a number in (0, 1e-3], or a name or attribute
+    called eps (`eps`, `self.variance_epsilon`)."""
+    value = number(node)
+    if value is not None:
+        return 0 < value <= 1e-3
+    return isinstance(node, ast.Name) and "eps" in node.id.lower() or (
+        isinstance(node, ast.Attribute) and "eps" in node.attr.lower())
+
+
 def is_true(node: Optional[ast.AST]) -> bool:
     return isinstance(node, ast.Constant) and node.value is True
 

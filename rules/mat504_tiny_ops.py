@@ -78,7 +78,8 @@ class TinyOps(Rule):
     - Loops that are not known to run every step: only an optimizer's `step`, a function
       whose name says it updates (`update`, `ema`, `average`, `swa`...), or a loop nested in
       a training loop counts; a one-off gradient rescale after training does not.
-    - `foreach=False` next to `differentiable=True` (meta-learning through the update), and
+    - `foreach=False` next to `differentiable=True` (meta-learning through the update) or next
+      to `fused=` (unless it is `fused=False`: the fused kernel already does every parameter), and
       tests.
 
     ## Fix safety
@@ -172,6 +173,8 @@ class TinyOps(Rule):
                         p.add_(pre, alpha=-0.1)
             opt = torch.optim.SGD(params, lr=0.1, foreach=True)
             meta = torch.optim.SGD(params, lr=0.1, differentiable=True, foreach=False)
+            fused = torch.optim.AdamW(params, lr=3e-4, foreach=False, fused=True)
+            chosen = torch.optim.AdamW(params, lr=3e-4, foreach=False, fused=use_fused)
             """),
         good("""
             import torch
@@ -216,6 +219,8 @@ class TinyOps(Rule):
             return
         if in_test_code(self.ctx) or any(k.arg == "differentiable" for k in node.keywords):
             return  # differentiable optimizers (meta-learning) choose their implementation for autograd
+        if any(k.arg == "fused" and not (isinstance(k.value, ast.Constant) and not k.value.value) for k in node.keywords):
+            return  # `fused=True` (or a fused flag set elsewhere) already runs one kernel for all parameters
         self.report(foreach, "`foreach=False` updates every parameter with its own small kernels; drop it (PyTorch "
                              "picks foreach on CUDA) or pass `fused=True`",
                     fix=self._drop_keyword(node, foreach))

@@ -7,7 +7,7 @@ from typing import Optional
 from matlint.rule import Only, Rule, bad, good
 
 from ._flow import code_scope, flow_of, function_may_mention
-from ._pointwise import PRODUCT_METHODS, is_true, number, product, resolve, same, torch_op
+from ._pointwise import PRODUCT_METHODS, is_eps, is_true, number, product, resolve, same, torch_op
 
 _ATOMS = (ast.Name, ast.Attribute, ast.Call, ast.Subscript)
 
@@ -47,7 +47,10 @@ class ManualSoftmax(Rule):
     - numpy and math (`np.exp(x) / np.exp(x).sum()`): not tensors.
     - Masked or weighted forms (`exp(x) * mask / (exp(x) * mask).sum(...)`), sums without
       `keepdim=True` or over all elements, and denominators that are not the sum of the
-      numerator's exponentials (`exp(x) / (1 + exp(x))` is a sigmoid).
+      numerator's exponentials (`exp(x) / (1 + exp(x))` is a sigmoid); sums over several dims
+      (`dim=(-2, -1)`), which no one softmax call takes.
+    - Exponentials changed between the `exp` and the division (masked in place with
+      `masked_fill_` or `e[~mask] = 0`, rebound, or renormalized in a loop as in Sinkhorn).
 
     ## Fix safety
     The fix (`x.softmax(dim=D)`) is offered only when the exponentials are written inline, and
@@ -149,6 +152,9 @@ class ManualSoftmax(Rule):
                 e = torch.exp(x)
                 e.masked_fill_(~mask, 0.0)
                 return e / (e.sum(-1, keepdim=True) + 1e-6)
+            def over_two_dims(x):
+                a = torch.exp(x) / torch.exp(x).sum(dim=(-2, -1), keepdim=True)
+                return a + torch.exp(x) / torch.sum(torch.exp(x), [2, 3], keepdim=True)
             def masked_by_index(x, mask):
                 e = torch.exp(x)
                 e[~mask] = 0
@@ -198,9 +204,11 @@ class ManualSoftmax(Rule):
             return
         dim = total.arg(1, "dim")
         summed = total.args[0]
+        if isinstance(dim, (ast.Tuple, ast.List, ast.Set)):
+            return  # a sum over several dims: no one softmax call does that
         if dim is None or not (same(summed, left) or same(self._exp_argument(flow, summed), numerator)):
             return
-        if eps is not None and not self._small_constant(eps):
+        if eps is not None and not is_eps(eps):
             return
         logits, stable = self._unshifted(numerator, dim)
         suggestion = f"{self._atom(logits)}.softmax(dim={self.ctx.segment(dim)})"
@@ -243,13 +251,6 @@ class ManualSoftmax(Rule):
                     and same(op.arg(1, "dim"), dim)):
                 return logits.left, True
         return logits, False
-
-    def _small_constant(self, node: ast.AST) -> bool:
-        value = number(node)
-        if value is not None:
-            return 0 < value <= 1e-3
-        return isinstance(node, ast.Name) and "eps" in node.id.lower() or (
-            isinstance(node, ast.Attribute) and "eps" in node.attr.lower())
 
     def _atom(self, node: ast.AST) -> str:
         text = self.ctx.segment(node)

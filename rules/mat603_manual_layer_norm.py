@@ -10,8 +10,8 @@ from matlint.rule import Only, Rule, bad, good
 
 from ._flow import code_scope, flow_of, function_may_mention
 from ._names import mentions, outermost_scope, subclasses
-from ._pointwise import (PRODUCT_METHODS, last_dim_reduction, may_take_root, number, product, resolve, root_of, same,
-                         strip_casts, torch_op)
+from ._pointwise import (PRODUCT_METHODS, is_eps, last_dim_reduction, may_take_root, number, product, resolve,
+                         root_of, same, strip_casts, torch_op)
 
 
 # A class or function that names one of these has a fused layer norm next to the manual one.
@@ -64,6 +64,7 @@ class ManualLayerNorm(Rule):
       the fused kernel was replaced on purpose (transformers' flow-head layer norms work around
       wrong forward-mode JVP gradients of the fused op).
     - Unbiased variance (`x.var(-1, keepdim=True)`): that is not what a layer norm computes.
+    - A std plus something that is not an eps (`std + 1.0`, `std + floor`): no layer norm.
 
     ## Fix safety
     No automatic fix: the affine part usually lives in another statement, `F.layer_norm`
@@ -112,6 +113,10 @@ class ManualLayerNorm(Rule):
                     return self.a_2 * (x - mean) / (std + self.eps) + self.b_2
             """, (6, 16), message_contains="unbiased"),
         bad("""
+            def standardize(x, eps=1e-5):
+                return (x - x.mean(-1, keepdim=True)) / (x.std(-1, keepdim=True, unbiased=False) + eps)
+            """, (2, 12), message_contains="divides by the std plus eps"),
+        bad("""
             import torch
             def ln(x, eps: float = 1e-5):
                 centered = x - x.mean(-1, keepdim=True)
@@ -150,6 +155,10 @@ class ManualLayerNorm(Rule):
         good("""
             import torch
             from torch import nn
+            def std_plus_one(x):
+                return (x - x.mean(-1, keepdim=True)) / (x.std(-1, keepdim=True) + 1.0)
+            def std_plus_floor(x, floor):
+                return (x - x.mean(-1, keepdim=True)) / (x.std(-1, keepdim=True) + floor)
             class LNLinear(nn.Module):
                 def forward(self, x):
                     mean = x.mean(-1, keepdim=True)
@@ -213,7 +222,7 @@ class ManualLayerNorm(Rule):
         """("std", s) for `s + eps`, ("root", v) for the (inverse) root of `v + eps`, read off the
         node itself (never through an assignment); None for anything else."""
         if not inverse and isinstance(node, ast.BinOp) and isinstance(node.op, ast.Add):
-            return "std", node.left
+            return ("std", node.left) if is_eps(node.right) else None  # `std + 1.0` is no layer norm
         root = root_of(self.ctx, node, inverse)
         return ("root", root[0]) if root is not None and root[1] is not None else None
 
@@ -223,20 +232,19 @@ class ManualLayerNorm(Rule):
         kind, base = form
         if kind == "std":
             std_of = last_dim_reduction(self.ctx, flow, base, ("std",))
-            if std_of is not None and self._same_tensor(flow, std_of, x):
-                return (" (this form divides by the unbiased std plus eps; F.layer_norm uses the biased "
-                        "variance with eps inside the root, so results differ slightly)")
-            return None
+            if std_of is None or not self._same_tensor(flow, std_of, x):
+                return None
+            if self._biased(torch_op(self.ctx, strip_casts(self.ctx, resolve(flow, base)))):
+                return (" (this form divides by the std plus eps; F.layer_norm puts eps inside the root, "
+                        "so results differ slightly)")
+            return (" (this form divides by the unbiased std plus eps; F.layer_norm uses the biased "
+                    "variance with eps inside the root: results differ by a factor √((n−1)/n) for rows "
+                    "of n, which matters for short rows)")
         variance = base
         var_of = last_dim_reduction(self.ctx, flow, variance, ("var",))
         if var_of is not None:
             op = torch_op(self.ctx, strip_casts(self.ctx, resolve(flow, variance)))
-            biased = op.keywords.get("unbiased")
-            correction = op.keywords.get("correction")
-            if (isinstance(biased, ast.Constant) and biased.value is False or number(correction) == 0) \
-                    and self._same_tensor(flow, var_of, x):
-                return ""
-            return None
+            return "" if self._biased(op) and self._same_tensor(flow, var_of, x) else None
         squares_of = last_dim_reduction(self.ctx, flow, variance, ("mean",))
         if squares_of is None:
             return None
@@ -247,6 +255,12 @@ class ManualLayerNorm(Rule):
         if same(inner, centered) or same(resolve(flow, inner), resolve(flow, centered)):
             return ""
         return None
+
+    @staticmethod
+    def _biased(op) -> bool:
+        """`x.var(..., unbiased=False)` / `correction=0`: the variance a layer norm computes."""
+        biased = op.keywords.get("unbiased")
+        return isinstance(biased, ast.Constant) and biased.value is False or number(op.keywords.get("correction")) == 0
 
     def _same_tensor(self, flow, a: ast.AST, b: ast.AST) -> bool:
         return same(strip_casts(self.ctx, a), strip_casts(self.ctx, b)) or same(
