@@ -84,6 +84,23 @@ def _is_neg_inf(node: ast.AST) -> bool:
     return False
 
 
+def _fills_a_constant(value: ast.AST) -> bool:
+    """A fill that is a number exp() does not send to 0 (`0.0`, `1e4`): the filled scores still
+    count in the softmax, which no attention mask can say."""
+    number = value.operand if isinstance(value, ast.UnaryOp) and isinstance(value.op, ast.USub) else value
+    return (isinstance(number, ast.Constant) and isinstance(number.value, (int, float))
+            and not isinstance(number.value, bool) and not _is_neg_inf(value))
+
+
+# Multipliers of the scores that are not one number for all of them: a mask, a gate, a bias, a
+# per-position factor (`k.norm(dim=-1).unsqueeze(-2)`, `torch.tril(...)`), which `scale=` cannot take.
+_NOT_A_SCALE_NAME = re.compile(r"mask|gate|bias|weight|prob|score|attn|decay", re.IGNORECASE)
+_PER_POSITION_OPS = frozenset({
+    "unsqueeze", "view", "reshape", "expand", "expand_as", "tril", "triu", "ones", "zeros", "full", "rand",
+    "randn", "ones_like", "zeros_like", "full_like", "norm", "transpose", "permute", "repeat", "masked_fill",
+    "where", "sigmoid", "softmax", "cumsum", "arange", "matmul", "bmm", "einsum", "outer", "stack", "cat"})
+
+
 def _builds_softmax_module(ctx) -> bool:
     """The file may build an `nn.Softmax` module (an identifier spells `Softmax`)."""
     return _kinds.may_mention(ctx, "Softmax")
@@ -525,6 +542,40 @@ class ManualAttention(Rule):
                 probs = torch.softmax(h @ self.embed.weight.transpose(-2, -1), dim=-1)
                 return probs @ self.embed.weight
             """),
+        # torch.softmax takes dtype third: the upcast is seen (tests/test_rule_examples.py: the fix is unsafe).
+        bad("""
+            import torch
+            def upcast_positional(q, k, v):
+                attn = (q @ k.transpose(-2, -1)) * 0.125
+                attn = torch.softmax(attn, -1, torch.float32)
+                return attn @ v
+            """, (3, 13)),
+        # Multipliers that are not one number (a mask, a gate, a per-position factor) and fills
+        # that leave the scores in the softmax: no mask or scale SDPA takes says these.
+        good("""
+            import torch
+            def mult_mask(q, k, v, mask):
+                attn = (q @ k.transpose(-2, -1)) * mask
+                return attn.softmax(dim=-1) @ v
+            def div_by_norms(q, k, v):
+                attn = (q @ k.transpose(-2, -1)) / k.norm(dim=-1).unsqueeze(-2)
+                return attn.softmax(dim=-1) @ v
+            def decayed(q, k, v, T: int):
+                d = torch.tril(torch.ones(T, T))
+                attn = (q @ k.transpose(-2, -1)) * d
+                return attn.softmax(dim=-1) @ v
+            def gated(q, k, v, g: torch.Tensor):
+                attn = (q @ k.transpose(-2, -1)) * g
+                return attn.softmax(dim=-1) @ v
+            def fill_zero(q, k, v, mask):
+                attn = (q @ k.transpose(-2, -1)) * 0.125
+                attn = attn.masked_fill(mask, 0.0)
+                return attn.softmax(dim=-1) @ v
+            def fill_large(q, k, v, mask):
+                attn = (q @ k.transpose(-2, -1)) * 0.125
+                attn.masked_fill_(mask, 1e4)
+                return attn.softmax(dim=-1) @ v
+            """),
     ]
 
     # A softmax is a call of `softmax` (an attribute, or a name bound to it), or of `self.<module>`
@@ -574,7 +625,9 @@ class ManualAttention(Rule):
         func = call.func
         qual = ctx.qualname(func)
         if qual in _SOFTMAX_FUNCTIONS and call.args:
-            return call.args[0], _arg(call, 1, "dim"), _arg(call, 3, "dtype") is not None
+            # `F.softmax(input, dim, _stacklevel, dtype)`; `torch.softmax(input, dim, dtype)`
+            dtype_at = 3 if qual == "torch.nn.functional.softmax" else 2
+            return call.args[0], _arg(call, 1, "dim"), _arg(call, dtype_at, "dtype") is not None
         if qual is not None or not isinstance(func, ast.Attribute):
             return None
         if isinstance(func.value, ast.Name) and func.value.id == "self":
@@ -637,7 +690,7 @@ class ManualAttention(Rule):
             elif isinstance(node.op, ast.Sub):
                 sides = [(node.left, ("mask", None))]
             for inner, step in sides:
-                if step[0] == "scale" and self._contains_gemm(step[1]):
+                if step[0] == "scale" and (self._contains_gemm(step[1]) or not self._may_be_scale(flow, step[1], 0)):
                     continue
                 found = self._scores(flow, inner, depth + 1, also_read_by)
                 if found:
@@ -648,6 +701,8 @@ class ManualAttention(Rule):
             method = node.func.attr
             step = None
             if method == "masked_fill" and len(node.args) == 2 and not node.keywords:
+                if _fills_a_constant(node.args[1]):
+                    return None
                 step = ("fill", node.args[0], node.args[1])
             elif method in _CAST_METHODS:
                 step = ("cast",)
@@ -667,9 +722,34 @@ class ManualAttention(Rule):
         if not (isinstance(attribute, ast.Attribute) and attribute.attr == "masked_fill_"
                 and isinstance(call, ast.Call) and call.func is attribute and len(call.args) == 2
                 and not call.keywords and isinstance(statement, ast.Expr) and flow.same_block(statement, assign)
-                and (statement.end_lineno, statement.end_col_offset) <= (later.lineno, later.col_offset)):
+                and (statement.end_lineno, statement.end_col_offset) <= (later.lineno, later.col_offset)
+                and not _fills_a_constant(call.args[1])):
             return None
         return statement, ("fill", call.args[0], call.args[1])
+
+    def _may_be_scale(self, flow: FunctionFlow, expr: ast.AST, depth: int) -> bool:
+        """Whether `expr` can be one number that scales every score (`self.scale`, `math.sqrt(d)`,
+        `torch.sqrt(torch.tensor(d_k))`): not a mask, gate or per-position tensor, by its names, the
+        ops that compute it, the annotation of a parameter it is, and (twice over) what it is assigned."""
+        if self._is_number(expr):
+            return True
+        for sub in ast.walk(expr):
+            name = getattr(sub, "id", None) or getattr(sub, "attr", None)
+            if isinstance(sub, (ast.Name, ast.Attribute)) and _NOT_A_SCALE_NAME.search(name):
+                return False
+            if isinstance(sub, ast.Call):
+                func = sub.func
+                called = func.attr if isinstance(func, ast.Attribute) else getattr(func, "id", None)
+                if called in _PER_POSITION_OPS:
+                    return False
+            if isinstance(sub, ast.Name) and isinstance(sub.ctx, ast.Load):
+                reaching = flow.reaching_all(sub)
+                if len(reaching) == 1 and reaching[0][0] is None and _kinds.is_tensor(self.ctx, sub):
+                    return False  # a parameter annotated as a tensor: of any shape
+                assign = flow.reaching(sub)
+                if assign is not None and depth < 2 and not self._may_be_scale(flow, assign.value, depth + 1):
+                    return False
+        return True
 
     def _contains_gemm(self, node: ast.AST) -> bool:
         return any(as_gemm(self.ctx, sub) for sub in ast.walk(node) if isinstance(sub, (ast.BinOp, ast.Call)))

@@ -182,7 +182,19 @@ def test_tanh_gelu_module_fix_is_equivalent():
     assert torch.allclose(before(x), after(x), atol=1e-9)
 
 
+def test_tanh_gelu_fix_in_a_loop_is_equivalent():
+    """The formula's input is rebound on every pass: the fix reads the loop's `h`, not the `x` it
+    started from (with `x`, the second pass would differ)."""
+    source, fixed = _fixed(RULES["MAT605"], RULES["MAT605"].examples[10])
+    before, after = _functions(source, fixed, "run")
+    torch.manual_seed(0)
+    blocks = [torch.nn.Linear(8, 8).double() for _ in range(3)]
+    x = torch.randn(2, 8, dtype=torch.float64)
+    assert torch.allclose(before(x, blocks), after(x, blocks), atol=1e-12)
+
+
 def test_every_elementwise_fix_is_checked():
     fixed = {(code, i) for code in ("MAT602", "MAT605") for i, e in enumerate(RULES[code].examples)
              if e.fixed is not None}
-    assert fixed == {("MAT602", 0), ("MAT602", 1), ("MAT605", 0), ("MAT605", 1), ("MAT605", 2), ("MAT605", 4)}
+    assert fixed == {("MAT602", 0), ("MAT602", 1), ("MAT605", 0), ("MAT605", 1), ("MAT605", 2), ("MAT605", 4),
+                     ("MAT605", 10)}

@@ -39,3 +39,19 @@ def test_example(rule, index, example):
 def test_rule_has_bad_and_good_examples(rule):
     assert any(e.expect for e in rule.examples), f"{rule.code} has no bad example"
     assert any(not e.expect for e in rule.examples), f"{rule.code} has no good example"
+
+
+def test_mat601_sees_a_softmax_upcast_passed_positionally():
+    """`torch.softmax(x, -1, torch.float32)` upcasts (dtype is its third argument): dropping the
+    upcast changes the result in half precision, so the fix to SDPA must not be safe."""
+    rule = next(r for r in all_rules() if r.code == "MAT601")
+    source = ("import torch\n"
+              "def upcast(q, k, v):\n"
+              "    attn = (q @ k.transpose(-2, -1)) * 0.125\n"
+              "    attn = {softmax}\n"
+              "    return attn @ v\n")
+    for softmax, safe in (("torch.softmax(attn, -1, torch.float32)", False),
+                          ("torch.nn.functional.softmax(attn, -1, 3, torch.float32)", False),
+                          ("torch.softmax(attn, -1)", True)):
+        (finding,) = _lint_one(rule, source.format(softmax=softmax))
+        assert finding.fix is not None and finding.fix.safe is safe, softmax
