@@ -11,8 +11,21 @@ from matlint.rule import Only, Rule, bad, good
 from ._loops import identifier
 from ._names import in_test_code
 
-# Factories whose values do not depend on where they are created.
+# Factories built from sizes alone (their values, to the last bit, in `_same_values_on_device`).
 _FILLS = {"zeros", "ones", "full", "empty", "arange", "eye", "linspace", "logspace", "tril_indices", "triu_indices"}
+
+
+def _same_values_on_device(name: str, call: ast.Call) -> bool:
+    """Whether the factory gives bit-identical values on any device: fills of one value, and
+    `arange` stepping by a whole number. Interpolating factories round differently per device."""
+    if name in ("linspace", "logspace") or name not in _FILLS:
+        return False
+    if name == "arange":
+        step = call.args[2] if len(call.args) > 2 else next((k.value for k in call.keywords if k.arg == "step"), None)
+        return step is None or (isinstance(step, ast.Constant) and type(step.value) is int)
+    return True
+
+
 # Factories whose values come from the generator of the device they are created on.
 _RANDOM = {"rand", "randn", "randint", "randperm", "normal", "bernoulli"}
 _FROM_DATA = {"tensor", "as_tensor", "asarray", "Tensor", "FloatTensor", "LongTensor"}
@@ -88,11 +101,14 @@ class TensorCreationInLoop(Rule):
       (`if self._mask is None or self._mask.size(0) < T:`, `if not hasattr(self, "_mask"):`).
 
     ## Fix safety
-    Host-created-then-moved fills (`zeros`, `ones`, `full`, `empty`, `arange`, `eye`,
-    `linspace`...) have a safe fix: pass `device=` to the factory and drop the move; the values
-    are identical. For random factories (`randn`, `rand`, `randint`, `randperm`) the fix is
-    unsafe: the device's generator draws different numbers from the CPU's. Constants have no
-    fix: hoisting them (a buffer, a module-level tensor) is the author's call.
+    Host-created-then-moved fills (`zeros`, `ones`, `full`, `empty`, `eye`, and `arange` with
+    a whole-number step) have a safe fix: pass `device=` to the factory and drop the move; the
+    values are identical. `linspace`, `logspace` and `arange` with a fractional step compute
+    their values with rounding that differs between CPU and GPU kernels (the last bit of a
+    float, or a whole step after a cast to an integer dtype), so their fix is unsafe; so is the
+    fix for random factories (`randn`, `rand`, `randint`, `randperm`): the device's generator
+    draws different numbers from the CPU's. Constants have no fix: hoisting them (a buffer, a
+    module-level tensor) is the author's call.
     """
     examples = [
         bad("""
@@ -254,7 +270,7 @@ class TensorCreationInLoop(Rule):
                 return  # already placed, unknown keywords, host-only options, or a leaf whose copy is what is used
             self.report(node, f"`{self.ctx.segment(call.func)}(...)` is created on the host and copied to the device "
                               f"on every {self._where()}; create it there with `device=`",
-                        fix=self._device_fix(node, call, device, safe=name in _FILLS))
+                        fix=self._device_fix(node, call, device, safe=_same_values_on_device(name, call)))
             return
         if factory[0] not in _FROM_DATA or not node.args or not _is_constant_data(node.args[0]):
             return

@@ -55,3 +55,19 @@ def test_mat601_sees_a_softmax_upcast_passed_positionally():
                           ("torch.softmax(attn, -1)", True)):
         (finding,) = _lint_one(rule, source.format(softmax=softmax))
         assert finding.fix is not None and finding.fix.safe is safe, softmax
+
+
+def test_mat503_device_fix_is_safe_only_where_the_values_are_bit_identical():
+    """`linspace`, `logspace` and a fractional-step `arange` round differently on the GPU than on
+    the host (measured on an H100), so creating them there is an unsafe fix; fills are exact."""
+    rule = next(r for r in all_rules() if r.code == "MAT503")
+    source = ("import torch\n"
+              "from torch import nn\n"
+              "class M(nn.Module):\n"
+              "    def forward(self, x):\n"
+              "        return x + {factory}.to(x.device)\n")
+    for factory, safe in (("torch.logspace(-4, 0, 333)", False), ("torch.linspace(0, 1, 7)", False),
+                          ("torch.arange(0, 1, 0.001)", False), ("torch.arange(0, 10, step=0.5)", False),
+                          ("torch.arange(8)", True), ("torch.arange(0, 16, 2)", True), ("torch.ones(3)", True)):
+        (finding,) = _lint_one(rule, source.format(factory=factory))
+        assert finding.fix is not None and finding.fix.safe is safe, factory
