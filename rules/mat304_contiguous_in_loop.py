@@ -14,6 +14,10 @@ from ._torch_api import as_gemm
 from .mat101_python_loop_matmul import PythonLoopMatmul
 
 _TRAINING_CALLS = {"backward", "step", "zero_grad"}
+# Methods that return a view of their receiver's data (or the receiver itself): the same data on every pass.
+_VIEWS = {"transpose", "permute", "t", "expand", "expand_as", "view", "view_as", "reshape", "swapaxes", "swapdims",
+          "movedim", "moveaxis", "narrow", "select", "unsqueeze", "squeeze", "flatten", "unflatten", "unfold",
+          "detach", "contiguous", "size"}
 
 
 class ContiguousInLoop(Rule):
@@ -27,7 +31,8 @@ class ContiguousInLoop(Rule):
     that picks one index of a later dim, `x[:, t]`) and the copy could be made once for the whole
     loop:
     - the receiver does not change across iterations (`w.t().contiguous()` of a weight fixed
-      before the loop): hoist the copy out of the loop;
+      before the loop; it reads no name the loop assigns, calls nothing but views, and the loop
+      calls no method of what it reads): hoist the copy out of the loop;
     - the receiver is the step's slice of a tensor fixed before the loop (`x[:, t].contiguous()`,
       `x[t].transpose(0, 1).contiguous()`): copy the whole tensor into the wanted layout once
       (`x.movedim(1, 0).contiguous()`, then index `[t]`).
@@ -118,6 +123,21 @@ class ContiguousInLoop(Rule):
                     self.weight = self.weight * 0.5
                 return y, v, u
             """),
+        good("""
+            import torch
+            def run(data_iter, model, env, steps):
+                for _ in range(steps):
+                    imgs = next(data_iter).permute(0, 3, 1, 2).contiguous()
+                    noise = torch.randn(64, 32).t().contiguous()
+                    frame = env.render().transpose(1, 0).contiguous()
+                    model(imgs, noise, frame)
+            def refreshed(self, x, n):
+                for _ in range(n):
+                    self.refresh_weights()
+                    wt = self.weight.t().contiguous()
+                    x = x @ wt
+                return x
+            """),
     ]
 
     def __init__(self, ctx, options=None):
@@ -138,6 +158,8 @@ class ContiguousInLoop(Rule):
             return
         seg = self.ctx.segment
         if not (loaded_names(receiver) & (loop.assigned | loop.targets)):
+            if self._may_change(receiver, loop):
+                return  # `next(it).permute(...)`, `torch.randn(...).t()`: new data on every pass
             self.report(node, f"`{seg(node)}` makes the same copy on every iteration: hoist it out of the loop")
             return
         item = self._loop_gemms._batched(loop, receiver, 0)
@@ -150,6 +172,34 @@ class ContiguousInLoop(Rule):
         whole = self._whole_copy(receiver, item)
         how = f"`{whole}` once before the loop" if whole else "the whole tensor into the wanted layout once before the loop"
         self.report(node, f"`{seg(node)}` copies one step's slice per iteration: copy {how} and index it per step")
+
+    def _may_change(self, receiver: ast.AST, loop: LoopInfo) -> bool:
+        """Whether the receiver can hold other data on another pass although no name it reads is
+        assigned in the loop: it calls something that is not a view (`next(it)`, `env.render()`,
+        `torch.randn(...)`), or the loop calls a method of an object it reads (`self.refresh()`
+        before `self.weight.t()`)."""
+        for sub in ast.walk(receiver):
+            if isinstance(sub, ast.Call) and not (isinstance(sub.func, ast.Attribute) and sub.func.attr in _VIEWS):
+                if reorder(self.ctx, sub) is None:
+                    return True
+        return not loaded_names(receiver).isdisjoint(self._called_on(loop))
+
+    def _called_on(self, loop: LoopInfo) -> set:
+        """Names whose methods, other than views, the loop calls (`self` for `self.step()`, `env`
+        for `env.reset()`)."""
+        key = ("mat304_called_on", id(loop.node))
+        names = self.ctx.shared.get(key)
+        if names is None:
+            names = self.ctx.shared[key] = set()
+            for stmt in loop.body:
+                for sub in walk_no_scopes(stmt):
+                    if isinstance(sub, ast.Call) and isinstance(sub.func, ast.Attribute) and sub.func.attr not in _VIEWS:
+                        base = sub.func.value
+                        while isinstance(base, (ast.Attribute, ast.Subscript)):
+                            base = base.value
+                        if isinstance(base, ast.Name) and self.ctx.qualname(base) is None:
+                            names.add(base.id)
+        return names
 
     def _surely_strided(self, expr: ast.AST) -> bool:
         view = reorder(self.ctx, expr)
