@@ -186,7 +186,7 @@ class LoopInfo:
     def carried(self) -> set:
         """Names whose value from the previous iteration is read (recurrences, accumulators),
         also through a tensor or list the body changes in place and reads (`hs[t + 1] =
-        f(hs[t] @ W)`, `h.copy_(f(h @ W))`, `outs.append(outs[-1] @ W)`)."""
+        f(hs[t] @ W)`, `h.copy_(f(h @ W))`, `outs.append(outs[-1] @ W)`, `W.data += ...`)."""
         if self.is_comprehension:
             return set()
         order = _Order()
@@ -211,6 +211,10 @@ class LoopInfo:
                     base = base.value
             elif sub.__class__ is ast.Call and sub.func.__class__ is ast.Attribute and _changes_in_place(sub.func.attr):
                 base = sub.func.value
+            elif sub.__class__ is ast.Attribute and sub.ctx.__class__ is ast.Store and sub.attr == "data":
+                base = sub.value  # `W.data += lr * g`, `x.data[t] = h`: the tensor changes in place
+                while base.__class__ is ast.Subscript:
+                    base = base.value
             else:
                 continue
             if base.__class__ is ast.Name:
@@ -222,9 +226,8 @@ class LoopInfo:
                 and sub.ctx.__class__ is ast.Load and id(sub) not in bases}
 
     @cached_property
-    def derived(self) -> set:
-        """Names assigned in the body from values that depend on the loop variable."""
-        deps = set(self.targets)
+    def _assignments(self) -> list:
+        """(names bound, names read) for each binding in the body."""
         assignments = []
         for stmt in self.body:
             for sub in walk_no_scopes(stmt):
@@ -237,21 +240,38 @@ class LoopInfo:
                     assignments.append((bound_names(sub.target), loaded_names(sub.iter)))
                 elif isinstance(sub, ast.NamedExpr):
                     assignments.append((bound_names(sub.target), loaded_names(sub.value)))
+        return assignments
+
+    def _assigned_from(self, seeds: set) -> set:
+        """`seeds`, and every name the body assigns from one of them, transitively."""
+        deps = set(seeds)
         changed = True
         while changed:
             changed = False
-            for targets, reads in assignments:
+            for targets, reads in self._assignments:
                 if reads & deps and not targets <= deps:
                     deps |= targets
                     changed = True
-        return deps - set(self.targets)
+        return deps
+
+    @cached_property
+    def derived(self) -> set:
+        """Names assigned in the body from values that depend on the loop variable."""
+        return self._assigned_from(self.targets) - set(self.targets)
+
+    @cached_property
+    def carried_all(self) -> set:
+        """`carried`, and the names the body assigns from them: `cur` in `cur = buf[t]` when the
+        body also writes `buf[t + 1]` reads the previous step as surely as `buf[t]` does."""
+        carried = self.carried
+        return self._assigned_from(carried) if carried else carried
 
     def depends_on_iteration(self, expr: ast.AST) -> bool:
         names = loaded_names(expr)
         return bool(names & (self.targets | self.derived))
 
     def reads_carried(self, expr: ast.AST) -> bool:
-        return bool(loaded_names(expr) & self.carried)
+        return bool(loaded_names(expr) & self.carried_all)
 
     def direct_nodes(self):
         """Nodes of the body that run once per iteration of this loop (not of a nested loop)."""

@@ -7,7 +7,7 @@ from typing import Optional
 from matlint.rule import Rule, bad, good
 
 from . import _kinds
-from ._loops import LoopInfo, walk_no_scopes
+from ._loops import LoopInfo, is_training_loop, walk_no_scopes
 from ._torch_api import GemmVisitor, as_gemm
 
 # Methods that keep a per-item operand batchable (the batched tensor gets the same call).
@@ -262,6 +262,26 @@ class PythonLoopMatmul(GemmVisitor, Rule):
                     print(i)
                 return [torch.mm(a, b) for a, b in pairs()]
             """),
+        good("""
+            import torch
+            def rollout(x0: torch.Tensor, W: torch.Tensor, T: int):
+                buf = x0.new_zeros(T + 1, *x0.shape)
+                buf[0] = x0
+                for t in range(T):
+                    cur = buf[t]
+                    buf[t + 1] = torch.tanh(cur @ W)
+                return buf
+            def online(x: torch.Tensor, y: torch.Tensor, w: torch.Tensor, optimizer):
+                for i in range(len(x)):
+                    loss = ((x[i] @ w - y[i]) ** 2).mean()
+                    optimizer.zero_grad()
+                    loss.backward()
+                    optimizer.step()
+            def hebbian(x: torch.Tensor, W: torch.Tensor, lr: float):
+                for i in range(x.size(0)):
+                    W.data += lr * torch.outer(x[i], x[i] @ W)
+                return W
+            """),
     ]
 
     gemms_in_loops_only = True
@@ -277,8 +297,8 @@ class PythonLoopMatmul(GemmVisitor, Rule):
             batched = [self._batched(loop, op, 0) if dep else None for op, dep in zip(gemm.operands, depends)]
             if any(dep and b is None for dep, b in zip(depends, batched)):
                 return
-            if self._is_recurrence(loop):
-                return
+            if self._is_recurrence(loop) or is_training_loop(self.ctx, loop):
+                return  # each step reads the last one's result, or the weights change between steps
             self.report(node, self._message(gemm, loop, batched))
             return
 

@@ -15,6 +15,10 @@ from .mat101_python_loop_matmul import PythonLoopMatmul
 _JOINS = {"torch.stack": "stack", "torch.cat": "cat", "torch.concat": "cat", "torch.concatenate": "cat"}
 
 
+# List methods that change the list: an `append` loop fills it only when it is the one change.
+_LIST_CHANGES = frozenset({"append", "extend", "insert", "reverse", "sort", "pop", "remove", "clear"})
+
+
 class StackedLoopProducts(Rule):
     code = "MAT103"
     name = "stacked-loop-products"
@@ -52,7 +56,10 @@ class StackedLoopProducts(Rule):
     - Items containing a GEMM (MAT101 reports those) and items that are not a product summed
       out (`x[i] * w` alone, `f(x[i])`).
     - Items of lists (their shapes may differ), chunked loops, numpy arrays, names of unknown kind.
-    - Recurrences (an item depends on the previous one) and lists that get other appends too.
+    - Recurrences (an item depends on the previous one, also through a name: `prev = buf[i]`
+      where the loop writes `buf[i + 1]`), lists that get other appends or changes too
+      (`out.reverse()`, `out[0] = ...`), appends under an `if` (filtered items), and loops
+      with `break`, `continue`, `return` or `raise`.
 
     ## Fix safety
     No automatic fix: the broadcasted form may need `unsqueeze` to align dims, which needs the
@@ -125,6 +132,36 @@ class StackedLoopProducts(Rule):
             stack_leaves = lambda *x: torch.stack(x)
             stack_pairs = lambda x, y: torch.stack([(x[i] * y[i]).sum() for i in range(len(x))])
             """),
+        good("""
+            import torch
+            def filtered(q: torch.Tensor, k: torch.Tensor, keep: torch.Tensor):
+                out = []
+                for i in range(q.size(0)):
+                    if keep[i]:
+                        out.append((q[i] * k[i]).sum(-1))
+                return torch.stack(out)
+            def early_exit(q: torch.Tensor, k: torch.Tensor):
+                out = []
+                for i in range(q.size(0)):
+                    out.append((q[i] * k[i]).sum(-1))
+                    if len(out) > 3:
+                        break
+                return torch.stack(out)
+            def reordered(q: torch.Tensor, k: torch.Tensor):
+                out = []
+                for i in range(q.size(0)):
+                    out.append((q[i] * k[i]).sum(-1))
+                out.reverse()
+                return torch.stack(out)
+            def rollout(x: torch.Tensor, w: torch.Tensor, buf: torch.Tensor):
+                out = []
+                for i in range(x.size(0)):
+                    prev = buf[i]
+                    s = (prev * w).sum(-1)
+                    buf[i + 1] = x[i] * s
+                    out.append(s)
+                return torch.stack(out)
+            """),
     ]
 
     def __init__(self, ctx, options=None):
@@ -157,7 +194,7 @@ class StackedLoopProducts(Rule):
                 return
             loop, item = found
             if isinstance(item, ast.Name) and item.id not in loop.targets:
-                if item.id in loop.carried:
+                if item.id in loop.carried_all:
                     return  # appends the value of the iteration before
                 item = self._loop_gemms._single_assignment(loop, item.id)  # `s = (q[i] * k[i]).sum(-1)`
                 if item is None:
@@ -167,7 +204,7 @@ class StackedLoopProducts(Rule):
         product = self._product_sum(item)  # syntax only: first, it rules out most items
         if product is None:
             return
-        if loop.carried & loaded_names(item):
+        if loop.carried_all & loaded_names(item):
             return
         if any(as_gemm(self.ctx, sub) for sub in walk_no_scopes(item) if isinstance(sub, (ast.BinOp, ast.Call))):
             return
@@ -254,7 +291,7 @@ class StackedLoopProducts(Rule):
     def _bindings(self):
         """For the function being walked (a lambda's one expression), or the module, in one walk:
         {name: [values of `name = value`]}, {name: stores of the name}, its for loops, and
-        {name: calls `name.append/extend/insert(...)`}."""
+        {name: changes of the list `name` (`name.append(...)`, `.sort()`, `name[i] = ...`)}."""
         fn = self.ctx.function
         key = ("mat103.bindings", id(fn if fn is not None else self.ctx.tree))
         found = self.ctx.shared.get(key)
@@ -276,8 +313,10 @@ class StackedLoopProducts(Rule):
                 elif cls is ast.Call:
                     func = sub.func
                     if (isinstance(func, ast.Attribute) and isinstance(func.value, ast.Name)
-                            and func.attr in ("append", "extend", "insert")):
+                            and func.attr in _LIST_CHANGES):
                         appends.setdefault(func.value.id, []).append(sub)
+                elif cls is ast.Subscript and not isinstance(sub.ctx, ast.Load) and isinstance(sub.value, ast.Name):
+                    appends.setdefault(sub.value.id, []).append(sub)  # `out[0] = ...`, `del out[-1]`
         found = self.ctx.shared[key] = (values, stores, loops, appends)
         return found
 
@@ -291,7 +330,8 @@ class StackedLoopProducts(Rule):
         """The one loop that fills list `name` (bound once, to `[]`) by `name.append(item)`, its only change."""
         _, _, loops, appends = self._bindings()
         appends = appends.get(name, ())
-        if len(appends) != 1 or appends[0].func.attr != "append" or len(appends[0].args) != 1:
+        if (len(appends) != 1 or not isinstance(appends[0], ast.Call) or appends[0].func.attr != "append"
+                or len(appends[0].args) != 1):
             return None
         call = appends[0]
         owners = [loop for loop in loops if any(sub is call for stmt in loop.body for sub in walk_no_scopes(stmt))]
@@ -299,4 +339,11 @@ class StackedLoopProducts(Rule):
         if len(owners) != 1 or not (isinstance(start, ast.List) and not start.elts):
             return None
         owner = owners[0]
+        # One item per iteration, in order: the append is a statement of the body itself (not under
+        # an `if`), and nothing ends an iteration or the loop early.
+        if not any(isinstance(stmt, ast.Expr) and stmt.value is call for stmt in owner.body):
+            return None
+        if any(isinstance(sub, (ast.Break, ast.Continue, ast.Return, ast.Raise))
+               for stmt in owner.body + owner.orelse for sub in walk_no_scopes(stmt)):
+            return None
         return LoopInfo(owner, self.ctx), call.args[0]

@@ -6,6 +6,7 @@ import ast
 
 from matlint.rule import Rule, bad, good
 
+from ._loops import is_training_loop
 from ._torch_api import GemmVisitor, as_gemm
 from .mat101_python_loop_matmul import PythonLoopMatmul
 
@@ -126,6 +127,30 @@ class LoopInvariantProjection(GemmVisitor, Rule):
                     x = x * 0.5
                 return h
             """),
+        good("""
+            import torch
+            from torch import nn
+            class ARDecoder(nn.Module):
+                def __init__(self, d):
+                    super().__init__()
+                    self.w_in = nn.Linear(d, d)
+                    self.w_h = nn.Linear(d, d)
+                    self.out = nn.Linear(d, d)
+                def forward(self, x0: torch.Tensor, h: torch.Tensor, steps: int):
+                    ys = x0.new_zeros(x0.size(0), steps + 1, x0.size(-1))
+                    ys[:, 0] = x0
+                    for t in range(steps):
+                        prev = ys[:, t]
+                        h = torch.tanh(self.w_in(prev) + self.w_h(h))
+                        ys[:, t + 1] = self.out(h)
+                    return ys
+            def tbptt(x: torch.Tensor, h: torch.Tensor, W_xh, W_hh, opt, loss_fn):
+                for t in range(x.size(0)):
+                    h = torch.tanh(x[t] @ W_xh + h.detach() @ W_hh)
+                    loss_fn(h).backward()
+                    opt.step()
+                return h
+            """),
     ]
 
     def __init__(self, ctx, options=None):
@@ -140,8 +165,8 @@ class LoopInvariantProjection(GemmVisitor, Rule):
         if gemm is None or not gemm.operands or gemm.op == "einsum":
             return
         loop = self.ctx.loops[-1]
-        if loop.is_comprehension or not self._loop_gemms._is_recurrence(loop):
-            return
+        if loop.is_comprehension or not self._loop_gemms._is_recurrence(loop) or is_training_loop(self.ctx, loop):
+            return  # no recurrence, or the weights change between steps (`opt.step()` in the loop)
         stepped = [op for op in gemm.operands if loop.depends_on_iteration(op) or loop.reads_carried(op)]
         if len(stepped) != 1:
             return
