@@ -7,16 +7,19 @@ from typing import Optional
 from matlint.rule import Only, Rule, bad, good
 
 from . import _kinds
+from ._loops import loaded_names
 
 
 def _range_var(loop) -> Optional[str]:
-    """The counter of `for v in range(n)` / `range(a, b)`, else None."""
+    """The counter of `for v in range(n)` / `range(0, n)`, a whole dim from 0, else None."""
     node = loop.node
     if not isinstance(node, ast.For) or not isinstance(node.target, ast.Name):
         return None
     it = node.iter
     if (isinstance(it, ast.Call) and isinstance(it.func, ast.Name) and it.func.id == "range"
             and len(it.args) in (1, 2) and not it.keywords):
+        if len(it.args) == 2 and not (isinstance(it.args[0], ast.Constant) and it.args[0].value == 0):
+            return None  # `range(1, n)` leaves a row out
         return node.target.id
     return None
 
@@ -67,8 +70,9 @@ class ScalarLoopMatmul(Rule):
     ```
 
     ## Stays quiet on
-    - Loops that are not three plain `range` counters (`range(0, n, step)` tiles, loops over
-      lists), sums whose indices do not form a product (`A[i][k] * B[i][k]`, `A[i][j] * B[j][k]`
+    - Loops that are not three plain `range` counters over whole dims (`range(0, n, step)`
+      tiles, `range(1, n)`, a bound that reads another counter as in `range(i + 1)`, loops over
+      lists), sums added under an `if`, scalar accumulators not reset to 0 for each element, sums whose indices do not form a product (`A[i][k] * B[i][k]`, `A[i][j] * B[j][k]`
       into `C[i][k]` with `j` not a loop counter).
     - Operands not known to be tensors: Python lists of lists and numpy arrays (textbook code
       about loops), names of unknown kind.
@@ -141,6 +145,40 @@ class ScalarLoopMatmul(Rule):
                         out[i, j] += x[i, k] * x[k, j]
                     out[i, j] += x[i, j] * x[j, i]
             """),
+        good("""
+            import torch
+            def tri(A: torch.Tensor, B: torch.Tensor, n: int):
+                C = torch.zeros(n, n)
+                for i in range(n):
+                    for j in range(n):
+                        for k in range(i + 1):
+                            C[i, j] += A[i, k] * B[k, j]
+                return C
+            def skip_first(A: torch.Tensor, B: torch.Tensor, n: int):
+                C = torch.zeros(n, n)
+                for i in range(n):
+                    for j in range(n):
+                        for k in range(1, n):
+                            C[i, j] += A[i, k] * B[k, j]
+                return C
+            def off_diagonal(A: torch.Tensor, B: torch.Tensor, n: int):
+                C = torch.zeros(n, n)
+                for i in range(n):
+                    for j in range(n):
+                        for k in range(n):
+                            if k != i:
+                                C[i, j] += A[i, k] * B[k, j]
+                return C
+            def running(A: torch.Tensor, B: torch.Tensor, n: int):
+                C = torch.zeros(n, n)
+                s = 0.0
+                for i in range(n):
+                    for j in range(n):
+                        for k in range(n):
+                            s += A[i, k] * B[k, j]
+                        C[i, j] = s
+                return C
+            """),
     ]
 
     only = {"visit_AugAssign": Only(in_loops=True), "visit_Assign": Only(in_loops=True)}
@@ -165,6 +203,10 @@ class ScalarLoopMatmul(Rule):
         counters = [_range_var(loop) for loop in loops]
         if None in counters or len(set(counters)) != 3:
             return
+        if any(loaded_names(loop.node.iter) & set(counters) for loop in loops):
+            return  # `range(i + 1)`: a triangular sum, not the whole product
+        if stmt not in loops[2].node.body:
+            return  # under an `if` in the innermost loop: not every term is added
         if not (isinstance(value, ast.BinOp) and isinstance(value.op, ast.Mult)):
             return
         left, right = _indices(value.left), _indices(value.right)
@@ -205,6 +247,11 @@ class ScalarLoopMatmul(Rule):
         body = loops[1].node.body
         if innermost not in body:
             return None
+        before = body[:body.index(innermost)]
+        if not any(isinstance(stmt, ast.Assign) and len(stmt.targets) == 1 and isinstance(stmt.targets[0], ast.Name)
+                   and stmt.targets[0].id == name and isinstance(stmt.value, ast.Constant) and stmt.value.value == 0
+                   for stmt in before):
+            return None  # not started from 0 for each element: a running sum, not C[i, j]
         for stmt in body[body.index(innermost) + 1:]:
             if (isinstance(stmt, ast.Assign) and len(stmt.targets) == 1 and isinstance(stmt.value, ast.Name)
                     and stmt.value.id == name):
