@@ -57,13 +57,17 @@ class ContiguousBeforeGemm(Rule):
       saving. (Measured with PyTorch 2.11 on an H100: `a.mT @ w` with a 3-D `a` launches no copy,
       so this quiet case errs on the side of silence.)
     - GEMMs written with `out=`: the output may alias the tensor that was copied.
-    - A copy whose line carries a comment about it (`# contiguous() works around a jit bug`):
+    - A copy whose lines carry a comment about it (`# contiguous() works around a jit bug`):
       the author kept it on purpose.
     - `.contiguous(memory_format=...)`, `.clone(memory_format=...)`, and `.T` of something known
       to have other than two dims or to be a numpy array.
 
     ## Fix safety
-    Safe: the GEMM computes the same product from the view; only the copy goes away.
+    Dropping `.contiguous()` is safe: the GEMM computes the same product from the view; only
+    the copy goes away. Dropping `.clone()` is unsafe: autograd saves the GEMM's operand for
+    backward, and where code after the GEMM changes the original in place (`w.mul_(0.5)` under
+    `no_grad`), backward accepts the clone but raises on the view. No fix where the operand
+    spans lines that carry a comment (the rewrite would drop it).
     """
     examples = [
         bad("""
@@ -97,7 +101,7 @@ class ContiguousBeforeGemm(Rule):
                 z = bmm(a.mT.clone(), b)
                 u = T.mm(a.t().contiguous(), b.permute(1, 0).contiguous())
                 return y, z, u
-            """, (5, 21), (6, 13), (7, 14), (7, 34),
+            """, (5, 21), (6, 13), (7, 14), (7, 34), unsafe=True,  # the `.clone()` fix is unsafe
             fixed="""
             import torch as T
             from torch.nn import functional as F
@@ -151,8 +155,10 @@ class ContiguousBeforeGemm(Rule):
                 z = x.permute(0, 2, 1, 3).contiguous() @ w
                 c = torch.matmul(q, k.transpose(-2, -1).contiguous(memory_format=torch.contiguous_format))
                 d = q @ k.transpose(-2, -1).contiguous()  # contiguous() works around a TorchScript bug
+                g = torch.matmul(q, k.transpose(-2, -1)  # contiguous() works around a TorchScript bug
+                                 .contiguous())
                 e = torch.mm(w.t().contiguous(), x, out=w)
-                return y, s, h, z, c, d, e
+                return y, s, h, z, c, d, e, g
             """),
         good("""
             import numpy as np
@@ -193,14 +199,22 @@ class ContiguousBeforeGemm(Rule):
             if self._explained(operand):
                 continue
             copy = operand.func.attr
+            fix = None
+            if not self._comments(operand):  # the fix rewrites the operand: no comment inside it may go
+                # A clone also gives autograd a private copy to save: after it, changing the
+                # original in place is allowed, without it backward raises.
+                fix = self.replace(operand, self.ctx.segment(view.node), f"drop `.{copy}()`", safe=copy == "contiguous")
             self.report(operand, f"`.{copy}()` copies a transposed view only to feed it to a GEMM; cuBLAS takes the "
-                                 f"transpose for free: pass `{self.ctx.segment(view.node)}` directly",
-                        fix=self.replace(operand, self.ctx.segment(view.node), f"drop `.{copy}()`"))
+                                 f"transpose for free: pass `{self.ctx.segment(view.node)}` directly", fix=fix)
+
+    def _comments(self, operand: ast.AST) -> list:
+        """The comments on the lines the operand spans (a `#` inside a string counts too: it errs
+        on the side of no fix)."""
+        lines = self.ctx.lines[operand.lineno - 1:operand.end_lineno]
+        return [line[line.find("#"):] for line in lines if "#" in line]
 
     def _explained(self, operand: ast.AST) -> bool:
-        line = self.ctx.lines[operand.end_lineno - 1]
-        comment = line[line.find("#"):] if "#" in line else ""
-        return any(word in comment for word in _COPIES)
+        return any(word in comment for comment in self._comments(operand) for word in _COPIES)
 
     @staticmethod
     def _is_copy(expr: ast.AST) -> bool:

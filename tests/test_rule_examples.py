@@ -71,3 +71,16 @@ def test_mat503_device_fix_is_safe_only_where_the_values_are_bit_identical():
                           ("torch.arange(8)", True), ("torch.arange(0, 16, 2)", True), ("torch.ones(3)", True)):
         (finding,) = _lint_one(rule, source.format(factory=factory))
         assert finding.fix is not None and finding.fix.safe is safe, factory
+
+
+def test_mat301_drops_contiguous_safely_and_clone_unsafely():
+    """A clone gives autograd a private copy to save; without it, an in-place change of the
+    original after the GEMM makes backward raise, so dropping `.clone()` is not a safe fix."""
+    rule = next(r for r in all_rules() if r.code == "MAT301")
+    source = "import torch\ndef f(x, w):\n    return x @ w.t().{copy}()\n"
+    for copy, safe in (("contiguous", True), ("clone", False)):
+        (finding,) = _lint_one(rule, source.format(copy=copy))
+        assert finding.fix is not None and finding.fix.safe is safe, copy
+    multiline = "import torch\ndef f(x, w):\n    return x @ (w.t()  # a note\n            .contiguous())\n"
+    (finding,) = _lint_one(rule, multiline)
+    assert finding.fix is None  # the rewrite would drop the comment
