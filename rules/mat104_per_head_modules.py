@@ -40,10 +40,19 @@ def _applied_alike(call: ast.Call, item: str) -> bool:
     return bool(call.args) and not any(item in loaded_names(a) for a in call.args + call.keywords)
 
 
+def _same_count(stop: str, count: Optional[str]) -> bool:
+    """`range(stop)` in a method covers the `count` items `__init__` built: the same number, or
+    the same `self.` attribute (a bare name in `__init__` is a local there, not the method's)."""
+    return count is not None and stop == count and (count.isdigit() or count.startswith("self."))
+
+
 def _stop_is_len_of(stop: ast.AST, attr: str, self_name: str) -> bool:
     """`len(self.attr)`."""
     return (isinstance(stop, ast.Call) and isinstance(stop.func, ast.Name) and stop.func.id == "len"
             and len(stop.args) == 1 and _self_attr(stop.args[0], self_name) == attr)
+
+
+_LIST_CHANGES = frozenset({"append", "extend", "insert", "pop", "remove", "clear", "reverse", "sort"})
 
 
 class PerHeadModules(Rule):
@@ -205,6 +214,31 @@ class PerHeadModules(Rule):
                     c = torch.cat([self.heads[i](x) for i in range(k)], -1)
                     return a, b, c
             """),
+        good("""
+            import torch
+            import torch.nn as nn
+            class Grown(nn.Module):
+                def __init__(self, d, n):
+                    super().__init__()
+                    self.heads = nn.ModuleList([nn.Linear(d, 16) for _ in range(n)])
+                    self.heads.append(nn.Linear(d, 32))
+                def forward(self, x):
+                    return torch.cat([h(x) for h in self.heads], -1)
+            class Replaced(nn.Module):
+                def __init__(self, d, n):
+                    super().__init__()
+                    self.heads = nn.ModuleList([nn.Linear(d, 16) for _ in range(n)])
+                def widen(self, d):
+                    self.heads[0] = nn.Linear(d, 64)
+                def forward(self, x):
+                    return torch.cat([h(x) for h in self.heads], -1)
+            class EarlyExit(nn.Module):
+                def __init__(self, d, n):
+                    super().__init__()
+                    self.heads = nn.ModuleList([nn.Linear(d, 10) for _ in range(n)])
+                def forward(self, x, n=1):
+                    return torch.stack([self.heads[i](x) for i in range(n)])
+            """),
     ]
 
     # The heads must be nn.Linear or a class of this file that holds one (`_holds_projections`).
@@ -228,7 +262,7 @@ class PerHeadModules(Rule):
             return
         module_call, count = built
         seg = self.ctx.segment
-        if stop is not None and not (seg(stop) == count or _stop_is_len_of(stop, attr, self_name)):
+        if stop is not None and not (_same_count(seg(stop), count) or _stop_is_len_of(stop, attr, self_name)):
             return  # `self.heads[i] for i in range(k)`: not known to apply every head
         kind = module_call.func
         if self.ctx.qualname(kind) in _LINEAR:
@@ -313,10 +347,28 @@ class PerHeadModules(Rule):
                         found.append(self._item(call.args[0], bound_names(stmt.target), stmt.iter))
         if len(found) == 2 and found[0] == "empty":
             found = found[1:]
+        if self._changed_elsewhere(cls, attr, init, self_name):
+            return None
         if len(found) != 1 or found[0] in (None, "empty"):
             return None
         module_call, count = found[0]
         return (module_call, count) if self._holds_projections(module_call.func) else None
+
+    @staticmethod
+    def _changed_elsewhere(cls: ast.ClassDef, attr: str, init: ast.FunctionDef, self_name: str) -> bool:
+        """`self.attr` gets items other than by the one fill of `__init__` (a later `.append`, an
+        `.extend`, `self.attr[0] = ...`, anywhere in the class): its modules may differ."""
+        fills = {id(sub.value) for stmt in ast.walk(init) if isinstance(stmt, ast.For)
+                 for sub in stmt.body if isinstance(sub, ast.Expr)}
+        for node in ast.walk(cls):
+            if (isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute) and node.func.attr in _LIST_CHANGES
+                    and isinstance(node.func.value, ast.Attribute) and node.func.value.attr == attr
+                    and id(node) not in fills):
+                return True
+            if (isinstance(node, ast.Subscript) and not isinstance(node.ctx, ast.Load)
+                    and isinstance(node.value, ast.Attribute) and node.value.attr == attr):
+                return True
+        return False
 
     def _from_module_list(self, value: ast.AST):
         if not (isinstance(value, ast.Call) and self.ctx.qualname(value.func) in _MODULE_LISTS):
