@@ -414,8 +414,8 @@ class _Inference:
             if qual is not None:
                 return self._qualified(qual)
             kind = self.name(node.id)
-            if kind is None and "loader" in node.id.lower():
-                return LOADER
+            if kind is None and node.id.lower().endswith("loader"):
+                return LOADER  # `train_loader`, `dataloader`; not `loader_names`, `val_loaders`
             return kind
         if isinstance(node, ast.Constant):
             return SCALAR
@@ -564,7 +564,9 @@ class _Inference:
                 return receiver  # .to(torch.float16): a dtype
             return TENSOR
         if method in _NON_TENSOR_METHODS:
-            return _NON_TENSOR_METHODS[method]
+            kind = _NON_TENSOR_METHODS[method]
+            # `.max()` is a tensor or a (values, indices) pair, but of a host tensor either stays there
+            return CPU_TENSOR if kind is None and receiver == CPU_TENSOR else kind
         return receiver
 
     def _qualified_call(self, qual: str, node: ast.Call) -> Optional[str]:
@@ -580,6 +582,8 @@ class _Inference:
             return CPU_TENSOR
         if qual == "torch.utils.data.DataLoader":
             return LOADER
+        if qual == "torch.from_numpy":
+            return CPU_TENSOR  # shares the array's host memory
         if module == "torch.nn" and attr[:1].isupper():
             return MODULE if (attr in _ELEMENTWISE_MODULES or attr.endswith("Loss")) else OTHER
         if qual.startswith(("numpy.", "np.")):

@@ -337,4 +337,5 @@ def iterates_loader(ctx, loop: LoopInfo) -> bool:
     kind = _kinds.kind_of(ctx, it)
     if kind == _kinds.LOADER:
         return True
-    return kind is None and "loader" in (identifier(it) or "").lower()
+    # `train_loader`, `dataloader`; not `loader_names` or `val_loaders` (an item is a whole loader)
+    return kind is None and (identifier(it) or "").lower().endswith("loader")

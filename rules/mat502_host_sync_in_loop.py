@@ -65,7 +65,10 @@ class HostSyncInLoop(Rule):
       batches straight from a `DataLoader` before they are moved), numpy arrays, Python numbers.
     - Syncs outside loops, in loops that are not training/evaluation steps (an epoch loop whose
       steps run in an inner loop, a loop over parameters outside any step loop), and syncs gated
-      to run every N steps (`if step % log_every == 0:`, `if verbose:`).
+      to run every N steps (`if step % log_every == 0:`, `if verbose:`) or once (in a branch
+      that ends in `return`, `break` or `raise`, in the `return` itself, in an `except`).
+    - Loops over a list of loaders or of their names (`for loader in val_loaders:`): one step
+      per dataset, not per batch. A loader is a `DataLoader` or a name ending in `loader`.
     - Values whose kind it cannot tell, for `float()`, `int()`, `bool()`, `if`, `print()` and
       `.tolist()` (those need a value known to be a tensor).
 
@@ -177,6 +180,31 @@ class HostSyncInLoop(Rule):
             def stats(model):
                 for name, p in model.named_parameters():
                     print(name, p.norm().item())
+            """),
+        good("""
+            import torch
+            import torch.nn.functional as F
+            def evaluate_all(model, loader_names, val_loaders, evaluate):
+                results = [evaluate(model, name).item() for name in loader_names]
+                for loader in val_loaders:
+                    results.append(evaluate(model, loader).item())
+                return results
+            def longest(loader, arrays):
+                n = 0
+                for ids, lengths in loader:
+                    n = max(n, lengths.max().item(), torch.from_numpy(arrays[0]).max().item())
+                return n
+            def train(model, loader, opt, max_steps, skip):
+                for step, (x, y) in enumerate(loader):
+                    loss = F.cross_entropy(model(x.cuda()), y.cuda())
+                    loss.backward()
+                    opt.step()
+                    if step + 1 >= max_steps:
+                        print(f"stopped at {loss.item():.3f}")
+                        break
+                    if step in skip:
+                        raise ValueError(f"loss is {loss.item()}")
+                return loss.item()
             """),
     ]
 
@@ -305,19 +333,23 @@ class HostSyncInLoop(Rule):
         return iterates_loader(self.ctx, loop)
 
     def _gated(self, loop: LoopInfo, in_test: bool) -> bool:
-        """The call sits under an `if` that lets it run only some steps (every N, verbose...)."""
+        """The call sits under an `if` that lets it run only some steps (every N, verbose...), in
+        a branch that leaves the loop (`return`, `break`, `raise`), or in an error path."""
         parents = self.ctx.parents
         start = next((i for i, p in enumerate(parents) if p is loop.node), None)
         if start is None:
             return False
         chain = parents[start + 1:]
         for i, parent in enumerate(chain):
-            if isinstance(parent, ast.ExceptHandler):
-                return True
+            if isinstance(parent, (ast.ExceptHandler, ast.Return, ast.Raise)):
+                return True  # an error path, or the statement that leaves the loop: once at most
             if isinstance(parent, ast.If):
                 child = chain[i + 1] if i + 1 < len(chain) else None
                 if child is parent.test or (in_test and child is None):
                     continue
+                branch = parent.body if any(stmt is child for stmt in parent.body) else parent.orelse
+                if branch and isinstance(branch[-1], (ast.Return, ast.Break, ast.Raise)):
+                    return True  # the branch leaves the loop: it runs on one step, not every step
                 if _is_gate(parent.test):
                     return True
         return False
