@@ -81,13 +81,28 @@ _ELEMENTWISE_MODULES = {
     "AdaptiveAvgPool1d", "AdaptiveAvgPool2d", "Upsample", "PixelShuffle", "Bilinear", "Sequential",
 }
 _LINEAR_MODULES = {"torch.nn.Linear", "torch.nn.LazyLinear"}
-_RECURSING = object()
+
+
+class _Held:
+    """The value a name holds through its other bindings, seen from a binding that reuses it
+    (`model = model.double()`, `x = x.to(device)`): the same kind, moved to `moved_to` (TENSOR: a
+    device not known to be the CPU; CPU_TENSOR: the CPU; None: not moved). A move keeps a module
+    a module and makes a tensor a tensor on that device (see `_combine`)."""
+    __slots__ = ("moved_to",)
+
+    def __init__(self, moved_to):
+        self.moved_to = moved_to
+
+
+_RECURSING = _Held(None)     # also marks a name (or attribute) whose kind is being inferred
+_MOVED = _Held(TENSOR)
+_MOVED_TO_CPU = _Held(CPU_TENSOR)
+_STAYS = object()            # `.to(...)` of a dtype only: the value stays where it is
 # Methods whose result is the receiver's kind, on the same device (dtype and mode changes).
 _KIND_KEEPING_METHODS = {"float", "half", "bfloat16", "double", "train", "eval", "requires_grad_"}
+_MOVABLE = frozenset({LINEAR, MODULE, USER_MODULE})  # modules, which `.to(device)` / `.cuda()` return
 _DTYPE_NAMES = frozenset({"float32", "float16", "bfloat16", "float64", "int64", "long", "int32", "bool", "float",
                           "half", "double"})
-# Keywords of `.to(...)` that leave a tensor or module where it is.
-_TO_KEEPING_PLACE = frozenset({"dtype", "non_blocking", "copy", "memory_format"})
 _NOT_YET = object()
 
 
@@ -328,9 +343,16 @@ class _Inference:
 
     @staticmethod
     def _combine(kinds) -> Optional[str]:
-        known = [k for k in kinds if k is not _RECURSING]
+        known = [k for k in kinds if k.__class__ is not _Held]
         if not known or any(k is None for k in known):
             return None
+        if len(known) < len(kinds):
+            moves = [k.moved_to for k in kinds if k.__class__ is _Held and k.moved_to is not None]
+            if moves:  # `x = x.to(device)`: a tensor on that device; a module stays a module
+                if set(known) <= set(TENSORS):
+                    known += moves
+                elif not set(known) <= _MOVABLE:
+                    return None
         if set(known) <= set(TENSORS):
             return CPU_TENSOR if all(k == CPU_TENSOR for k in known) else TENSOR
         return known[0] if len(set(known)) == 1 else None
@@ -349,7 +371,9 @@ class _Inference:
         if tag == "unpack":
             value, index = entry[1], entry[2]
             if isinstance(value, (ast.Tuple, ast.List)) and -len(value.elts) <= index < len(value.elts):
-                return sub.expr(value.elts[index])
+                item = value.elts[index]
+                # `x, y = x.to(device), y.to(device)` reuses the names as `x = x.to(device)` does
+                return sub._expr(item) if isinstance(item, ast.Call) else sub.expr(item)
             if isinstance(value, ast.Call) and isinstance(value.func, ast.Attribute):
                 if value.func.attr in ("split", "chunk", "unbind", "tensor_split") and sub.expr(value.func.value) in TENSORS:
                     return sub.expr(value.func.value)
@@ -405,7 +429,7 @@ class _Inference:
     # -- expressions ------------------------------------------------------------
     def expr(self, node: ast.AST) -> Optional[str]:
         result = self._expr(node)
-        return None if result is _RECURSING else result
+        return None if result.__class__ is _Held else result
 
     def _expr(self, node: ast.AST):
         ctx = self.ctx
@@ -517,11 +541,15 @@ class _Inference:
                 return USER_MODULE
         elif isinstance(func, ast.Attribute):
             receiver = self._expr(func.value)
-            if receiver is _RECURSING:
-                # `model = model.double()`, `model = model.to(dtype=torch.float64)`: a dtype or
-                # mode change keeps what the name held before
-                keeps = func.attr in _KIND_KEEPING_METHODS or (func.attr == "to" and self._to_dtype_only(node))
-                return _RECURSING if keeps else None
+            if receiver.__class__ is _Held:
+                # `model = model.double()`, `x = x.to(device)`: a dtype or mode change keeps what
+                # the name held before, a move moves it
+                if func.attr in _KIND_KEEPING_METHODS:
+                    return receiver
+                where = self._destination(func.attr, node)
+                if where is _STAYS:
+                    return receiver
+                return None if where is None else _MOVED_TO_CPU if where == CPU_TENSOR else _MOVED
             if receiver in TENSORS:
                 return self._tensor_method(func.attr, receiver, node)
             if receiver == NUMPY:
@@ -541,28 +569,32 @@ class _Inference:
             return TENSOR
         return None
 
-    def _to_dtype_only(self, node: ast.Call) -> bool:
-        """`.to(torch.float64)` / `.to(dtype=torch.float64)`: a dtype, and no device."""
-        if any(k.arg not in _TO_KEEPING_PLACE for k in node.keywords) or len(node.args) > 1:
-            return False
-        if not node.args:
-            return any(k.arg == "dtype" for k in node.keywords)
-        return _is_dtype(self.ctx.qualname(node.args[0]) or "")
-
-    def _tensor_method(self, method: str, receiver: str, node: ast.Call) -> Optional[str]:
+    def _destination(self, method: str, node: ast.Call):
+        """Where `.cpu()` / `.cuda()` / `.to(...)` puts its receiver: CPU_TENSOR (the CPU), TENSOR
+        (a device not known to be the CPU), `_STAYS` (`.to(torch.float16)`, `.to(dtype=...)`); None
+        for other methods."""
         if method == "cpu":
             return CPU_TENSOR
         if method == "cuda":
             return TENSOR
-        if method == "to":
-            target = node.args[0] if node.args else next((k.value for k in node.keywords if k.arg == "device"), None)
-            if target is None:
-                return receiver
-            if _is_cpu_literal(target):
-                return CPU_TENSOR
-            if self.expr(target) == SCALAR and not (isinstance(target, ast.Constant)):
-                return receiver  # .to(torch.float16): a dtype
-            return TENSOR
+        if method != "to":
+            return None
+        target = node.args[0] if node.args else next((k.value for k in node.keywords if k.arg == "device"), None)
+        if target is None:
+            return _STAYS
+        if _is_cpu_literal(target):
+            return CPU_TENSOR
+        if isinstance(target, ast.Attribute) and target.attr == "device":  # `.to(x.device)`
+            return CPU_TENSOR if self.expr(target.value) == CPU_TENSOR else TENSOR
+        kind = self.expr(target)
+        if kind == SCALAR and not isinstance(target, ast.Constant):
+            return _STAYS  # .to(torch.float16): a dtype
+        return CPU_TENSOR if kind == CPU_TENSOR else TENSOR  # a device, or `.to(other)`: other's device
+
+    def _tensor_method(self, method: str, receiver: str, node: ast.Call) -> Optional[str]:
+        if method in ("cpu", "cuda", "to"):
+            where = self._destination(method, node)
+            return receiver if where is _STAYS else where
         if method in _NON_TENSOR_METHODS:
             kind = _NON_TENSOR_METHODS[method]
             # `.max()` is a tensor or a (values, indices) pair, but of a host tensor either stays there

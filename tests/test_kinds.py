@@ -1,0 +1,105 @@
+"""The shared kinds analysis (`rules/_kinds.py`) read through its public helpers, at the engine's
+position of each `reveal(expr)` call of a snippet."""
+import textwrap
+
+import pytest
+
+from matlint.engine import lint_source
+from matlint.registry import _handlers
+from matlint.rule import Rule
+from matlint.rules import _kinds
+
+
+class _Reveal(Rule):
+    """Reports the kind of the argument of every `reveal(...)` call."""
+    code = "MAT999"
+    name = "reveal-kind"
+    summary = docs = ""
+
+    def visit_Call(self, node):
+        if getattr(node.func, "id", None) == "reveal":
+            self.report(node, str(_kinds.kind_of(self.ctx, node.args[0])))
+
+
+_Reveal._handlers = _handlers(_Reveal)
+
+
+def kinds(source: str) -> list:
+    findings = lint_source(textwrap.dedent(source), "example.py", [_Reveal], prefilter=False)
+    assert not [f for f in findings if f.code == "MAT000"], findings
+    return [f.message for f in findings]
+
+
+@pytest.mark.parametrize("move", ["x, y = x.to(device), y.to(device)",
+                                  "x, y = x.cuda(), y.cuda(non_blocking=True)",
+                                  "x = x.to(device); y = y.to(device, non_blocking=True)",
+                                  "x, y = x.to(device).float(), y.to(batch.device)"])
+def test_a_loader_batch_moved_to_the_device_under_its_own_name_is_a_device_tensor(move):
+    assert kinds(f"""
+        import torch
+        def evaluate(model, test_loader, device, batch):
+            for x, y in test_loader:
+                {move}
+                reveal(x)
+                reveal(y)
+        """) == ["tensor", "tensor"]
+
+
+def test_a_tensor_moved_to_the_cpu_under_its_own_name_is_a_host_tensor():
+    assert kinds("""
+        import torch
+        def f(loader):
+            for x in loader:
+                x = x.cpu()
+                y = torch.zeros(3)
+                y = y.to("cpu")
+                reveal(x)
+                reveal(y)
+        """) == ["cpu_tensor", "cpu_tensor"]
+
+
+def test_a_move_to_another_tensors_device_follows_that_tensor():
+    assert kinds("""
+        import torch
+        def f(x: torch.Tensor, device):
+            w = torch.arange(4).to(x.device)
+            c = torch.ones(3).to(torch.zeros(2).device)
+            d = torch.ones(3).to(device)
+            reveal(w)
+            reveal(c)
+            reveal(d)
+        """) == ["tensor", "cpu_tensor", "tensor"]
+
+
+@pytest.mark.parametrize("moves", ["model = model.to(device)", "model = model.cuda()",
+                                   "model = model.to(device, dtype=torch.float64)",
+                                   "model = model.double().to(device)",
+                                   "model = model.cuda(); model = model.double()"])
+def test_a_module_moved_under_its_own_name_stays_a_module(moves):
+    assert kinds(f"""
+        import torch
+        from torch import nn
+        class Net(nn.Module):
+            pass
+        def main(device):
+            model = Net()
+            {moves}
+            reveal(model)
+            head = nn.Linear(4, 4)
+            head = head.to(device)
+            reveal(head)
+        """) == ["user_module", "linear"]
+
+
+def test_a_move_of_a_name_of_unknown_or_mixed_kind_stays_unknown():
+    assert kinds("""
+        import torch
+        def f(batch, device, flag):
+            batch = batch.to(device)
+            reveal(batch)
+            v = [1, 2] if flag else torch.zeros(2)
+            v = v.to(device)
+            reveal(v)
+            a, b = b, a
+            reveal(a)
+        """) == ["None", "None", "None"]
