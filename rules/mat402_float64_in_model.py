@@ -13,8 +13,10 @@ from ._names import in_test_code
 _FLOAT64 = {"torch.float64", "torch.double"}
 _CASTS = {"float", "half", "bfloat16", "to", "type", "type_as"}
 # Methods and functions whose result is no float64 tensor: an integer or bool tensor, a Python value.
-_EXITS = {"long", "int", "short", "bool", "item", "tolist"}
+_EXITS = {"long", "int", "short", "bool", "item", "tolist", "numpy"}
 _EXIT_FUNCTIONS = {"torch.allclose", "torch.equal", "torch.isclose"}
+# Keywords of a `.to(...)` that moves a value and leaves its dtype alone.
+_DEVICE_KEYWORDS = frozenset({"device", "non_blocking", "copy", "memory_format"})
 _HOST_KINDS = (_kinds.CPU_TENSOR, _kinds.NUMPY, _kinds.SCALAR, _kinds.LIST, _kinds.LOADER, _kinds.OTHER)
 _MODULE_KINDS = (_kinds.MODULE, _kinds.LINEAR, _kinds.MODULE_LIST, _kinds.USER_MODULE)
 
@@ -34,8 +36,9 @@ class Float64InModel(Rule):
       and tensors created with `dtype=torch.float64` / `torch.double`;
     - in its `__init__`: parameters and layers created in float64 (`nn.Parameter(w.double())`,
       `nn.Linear(..., dtype=torch.float64)`) and `self.double()`;
-    - anywhere: a whole model cast to float64 (`model.double()`, `model.to(torch.float64)`) and
-      `torch.set_default_dtype(torch.float64)` (or the older
+    - anywhere: a whole model cast to float64 (`model.double()`, `model.to(torch.float64)`,
+      `model.to(device, dtype=torch.float64)`, also after a move: `model = model.cuda();
+      model = model.double()`) and `torch.set_default_dtype(torch.float64)` (or the older
       `torch.set_default_tensor_type(torch.DoubleTensor)`).
 
     ## Why is this bad?
@@ -60,14 +63,18 @@ class Float64InModel(Rule):
     ## Stays quiet on
     - Deliberate float64 numerics that are cast back: an upcast whose result (directly, or
       through the names assigned from it) is later cast with `.float()`, `.to(x.dtype)`,
-      `.type_as(x)`... in the same function, e.g. RoPE frequency tables built in float64 and
-      then cast, or a numerically sensitive reduction done in float64 and returned in the
-      input's dtype; also float64 that leaves at once for integers or Python values
-      (`(lengths.double() * r).ceil().long()`, `x.double().sum().item()`,
-      `torch.allclose(a.double(), b.double())`).
-    - Branches that test a dtype (`if x.dtype == torch.float64:`), values on the CPU by
-      construction, numpy arrays, and buffers or tables computed once in `__init__` that do
-      not become parameters.
+      `.to(x)`, `.type_as(x)`... in the same function, e.g. RoPE frequency tables built in
+      float64 and then cast, or a numerically sensitive reduction done in float64 and returned
+      in the input's dtype; also float64 that leaves at once for integers, Python values or
+      numpy (`(lengths.double() * r).ceil().long()`, `x.double().sum().item()`,
+      `img.to(torch.double).numpy()`, `torch.allclose(a.double(), b.double())`). A `.to(...)`
+      that names only a device (`.to(x.device)`, `.to(device, non_blocking=True)`) casts
+      nothing back.
+    - Values on the CPU by construction (a factory with no device,
+      `torch.arange(n, dtype=torch.float64)`, or a host tensor's `.double()`) unless the same
+      function moves them to a device (`.to(x.device)`, `.cuda()`).
+    - Branches that test a dtype (`if x.dtype == torch.float64:`), numpy arrays, and buffers
+      or tables computed once in `__init__` that do not become parameters.
     - Methods other than `forward` and `__init__` (metrics, statistics, export helpers) and
       code outside `nn.Module` classes, except a whole model cast to float64.
     - Tests.
@@ -146,6 +153,68 @@ class Float64InModel(Rule):
                 head = head.to(torch.double, non_blocking=True)
                 return model, head
             """, (8, 13), (10, 12)),
+        bad("""
+            import torch
+            from torch import nn
+            class Net(nn.Module):
+                def forward(self, x):
+                    return x
+            def main(device):
+                model = Net()
+                model = model.to(device)
+                model.double()
+                m2 = Net()
+                m2 = m2.to(device, dtype=torch.float64)
+                m3 = Net()
+                m3 = m3.double().to(device)
+                m4 = nn.Linear(4, 4)
+                m4 = m4.cuda()
+                m4 = m4.double()
+                return model, m2, m3, m4
+            """, (9, 5), (11, 10), (13, 10), (16, 10)),
+        bad("""
+            import torch
+            import torch.nn as nn
+            class M(nn.Module):
+                def forward(self, x):
+                    h = x.double() * 2.0
+                    g = x.double().cumsum(-1).to(device=x.device, non_blocking=True)
+                    return h.to(x.device), g.cuda()
+            """, (5, 13), (6, 13)),
+        good("""
+            import torch
+            import torch.nn as nn
+            class M(nn.Module):
+                def forward(self, x, device):
+                    h = x.double().cumsum(-1)
+                    g = x.double().cumprod(-1).to(device, x.dtype)
+                    return h.to(x), g
+            """),
+        bad("""
+            import torch as T
+            import torch.nn as nn
+            class M(nn.Module):
+                def forward(self, x):
+                    w = T.arange(x.shape[-1], dtype=T.double)
+                    return x * w.to(x.device)
+            class N(nn.Module):
+                def forward(self, x):
+                    return x * T.linspace(0, 1, 16, dtype=T.float64).cuda()
+            """, (5, 41), (9, 47), message_contains="`dtype=T.double` puts float64"),
+        good("""
+            import torch
+            import torch.nn as nn
+            class Positions(nn.Module):
+                def forward(self, x):
+                    t = torch.linspace(0, 1, 16, dtype=torch.float64)
+                    w = torch.arange(x.shape[-1], dtype=torch.float64).to("cpu")
+                    window = torch.hann_window(64, dtype=torch.float64)
+                    return t, w, torch.stft(x, 64, window=window.to(x), return_complex=True)
+            class ToSLIC:
+                def forward(self, img):
+                    seg = slic(img.to(torch.double).numpy(), start_label=0)
+                    return torch.from_numpy(seg)
+            """),
         good("""
             import torch
             from torch import nn
@@ -245,8 +314,10 @@ class Float64InModel(Rule):
             if where == "__init__" and not self._is_self(func.value):
                 if not self._inside_parameter(node):
                     return
-            elif _kinds.kind_of(self.ctx, func.value) in _HOST_KINDS:
-                return
+            else:
+                receiver = _kinds.kind_of(self.ctx, func.value)
+                if receiver in _HOST_KINDS and not (receiver == _kinds.CPU_TENSOR and self._moved_to_device(node)):
+                    return
             self._report(node, f"`{self.ctx.segment(node)}`", where)
             return
         dtype = next((k.value for k in node.keywords if k.arg == "dtype"), None)
@@ -256,7 +327,9 @@ class Float64InModel(Rule):
             return
         if qualname is None and not isinstance(func, ast.Attribute):
             return
-        self._report(dtype, "`dtype=torch.float64`", where)
+        if where == "forward" and _kinds.kind_of(self.ctx, node) == _kinds.CPU_TENSOR and not self._moved_to_device(node):
+            return  # `torch.arange(n, dtype=torch.float64)`: on the CPU, unless moved to the device
+        self._report(dtype, f"`dtype={self.ctx.segment(dtype)}`", where)
 
     # -- helpers ----------------------------------------------------------------
     def _names_float64(self, arg: ast.AST) -> bool:
@@ -333,17 +406,31 @@ class Float64InModel(Rule):
 
     def _cast_back(self, node: ast.AST) -> bool:
         """The float64 value, or a name assigned from it, is cast to another dtype in this
-        function, or leaves float64 at once (`.long()`, `.item()`, `torch.allclose(...)`)."""
+        function, or leaves float64 at once (`.long()`, `.item()`, `.numpy()`, `torch.allclose(...)`)."""
+        statement = self.ctx.statement()
+        for parent in reversed(self.ctx.parents):
+            if parent is statement:
+                break
+            if (isinstance(parent, ast.Call) and self.ctx.qualname(parent.func) in _EXIT_FUNCTIONS
+                    and any(n is node for a in parent.args for n in ast.walk(a))):
+                return True
+        return self._called_on_value(node, self._is_cast_call)
+
+    def _moved_to_device(self, node: ast.AST) -> bool:
+        """The value (on the CPU by construction), or a name assigned from it, is moved to a
+        device: `.cuda()`, `.to(x.device)`, `.to("cuda")`."""
+        return self._called_on_value(node, self._is_device_move)
+
+    def _called_on_value(self, node: ast.AST, wanted) -> bool:
+        """A method call for which `wanted` holds is made on the value of `node`: around it in its
+        statement, or on a name assigned from it (directly or through other names) in this function."""
         statement = self.ctx.statement()
         if statement is None:
             return False
         for parent in reversed(self.ctx.parents):  # the expressions around the value, inside out
             if parent is statement:
                 break
-            if self._is_cast_call(parent) and any(n is node for n in ast.walk(parent.func.value)):
-                return True
-            if (isinstance(parent, ast.Call) and self.ctx.qualname(parent.func) in _EXIT_FUNCTIONS
-                    and any(n is node for a in parent.args for n in ast.walk(a))):
+            if wanted(parent) and any(n is node for n in ast.walk(parent.func.value)):
                 return True
         tainted = set()
         if isinstance(statement, (ast.Assign, ast.AnnAssign, ast.AugAssign)):
@@ -362,13 +449,40 @@ class Float64InModel(Rule):
                 if reads & tainted and not targets <= tainted:
                     tainted |= targets
                     changed = True
-        return any(self._is_cast_call(n) and loaded_names(n.func.value) & tainted
-                   for n in walk_no_scopes(function))
+        return any(wanted(n) and loaded_names(n.func.value) & tainted for n in walk_no_scopes(function))
 
     def _is_cast_call(self, node: ast.AST) -> bool:
+        """A call that takes the value out of float64: `.float()`, `.type_as(x)`, `.to(x.dtype)`,
+        `.to(x)` (x's dtype), `.long()`, `.item()`... A `.to(...)` that names only a device is none."""
         if not (isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute)
                 and (node.func.attr in _CASTS or node.func.attr in _EXITS)):
             return False
         if node.func.attr in ("to", "type"):
-            return bool(node.args or node.keywords) and not self._float64_arg(node)
+            if not (node.args or node.keywords) or self._float64_arg(node):
+                return False
+            return node.func.attr == "type" or not self._names_only_a_device(node)
         return True
+
+    def _is_device_move(self, node: ast.AST) -> bool:
+        if not (isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute)):
+            return False
+        if node.func.attr == "cuda":
+            return True
+        return (node.func.attr == "to" and self._names_only_a_device(node)
+                and not any(isinstance(a, ast.Constant) and str(a.value).split(":")[0] == "cpu"
+                            for a in [*node.args, *(k.value for k in node.keywords)]))
+
+    def _names_only_a_device(self, node: ast.Call) -> bool:
+        """`.to(x.device)`, `.to(device)`, `.to("cuda", non_blocking=True)`, `.to(device=dev)`: no
+        dtype and no tensor to take one from (an argument that might be either is neither)."""
+        if any(k.arg not in _DEVICE_KEYWORDS for k in node.keywords) or len(node.args) > 1:
+            return False
+        return all(self._is_device(a) for a in [*node.args, *(k.value for k in node.keywords if k.arg == "device")])
+
+    def _is_device(self, expr: ast.AST) -> bool:
+        if isinstance(expr, ast.Constant):
+            return isinstance(expr.value, (str, int)) and not isinstance(expr.value, bool)
+        if isinstance(expr, ast.Call):
+            return self.ctx.qualname(expr.func) == "torch.device"
+        name = expr.attr if isinstance(expr, ast.Attribute) else getattr(expr, "id", None)
+        return name is not None and ("device" in name.lower() or name in ("dev", "rank", "local_rank"))
