@@ -23,6 +23,7 @@ _HOW_TO_PAD = {
     "in1_features": " (zero-padding the first input's last dim to match)",
     "in2_features": " (zero-padding the second input's last dim to match)",
     "out_features": " (and ignore or slice off the extra outputs)",
+    "num_embeddings": " (its extra rows are extra output logits: slice or mask them off)",
 }
 _SHORT = {"torch.nn.Linear": "nn.Linear", "torch.nn.LazyLinear": "nn.LazyLinear",
           "torch.nn.Bilinear": "nn.Bilinear", "torch.nn.Embedding": "nn.Embedding"}
@@ -73,7 +74,9 @@ class GemmDimNotMultipleOf8(Rule):
     self.lm_head = nn.Linear(768, 50304, bias=False)
     self.wte.weight = self.lm_head.weight
     ```
-    The extra logits are never targets; mask or slice them off if the sampler could pick them.
+    The extra logits are never targets, but they are outputs: they enter the softmax's
+    normalizer and the logits' shape, so slice them off (`logits[..., :50257]`) or mask them
+    where the exact distribution or shape matters (sampling, `logits.view(-1, 50257)`).
 
     ## Stays quiet on
     - Small sizes (below `min_dim`): output heads such as `nn.Linear(768, 1)` or
@@ -88,10 +91,13 @@ class GemmDimNotMultipleOf8(Rule):
     - Tests, whose tiny models are never worth padding.
 
     ## Fix safety
-    An unsafe fix pads an `nn.Embedding`'s literal `num_embeddings` (rows that are never
-    looked up change no output, but the parameter's shape changes, so checkpoints saved with
-    the old size no longer load, and the random initialization draws differently). Other sizes
-    have no fix: padding them changes the shapes the model computes.
+    No fix: padding a size changes the shapes the model computes. A padded `out_features`, or
+    the vocabulary of an embedding whose weight is used as an output layer (`head.weight =
+    embed.weight`, `F.linear(h, embed.weight)`), adds output logits: the output grows from
+    `[..., 32001]` to `[..., 32064]` (`logits.view(-1, 32001)` then raises) and the extra
+    logits enter the softmax and the loss unless they are masked or sliced off. A padded
+    `in_features` needs inputs padded to match. Either way checkpoints saved with the old
+    size no longer load.
     """
     examples = [
         bad("""
@@ -102,16 +108,20 @@ class GemmDimNotMultipleOf8(Rule):
                     self.wte = nn.Embedding(50257, 768)
                     self.lm_head = nn.Linear(768, 50257, bias=False)
                     self.wte.weight = self.lm_head.weight
-            """, (5, 33), (6, 39),
-            fixed="""
+            """, (5, 33), (6, 39), message_contains="pad to 50304"),
+        bad("""
             import torch.nn as nn
-            class GPT(nn.Module):
+            import torch.nn.functional as F
+            class LM(nn.Module):
                 def __init__(self):
                     super().__init__()
-                    self.wte = nn.Embedding(50304, 768)
-                    self.lm_head = nn.Linear(768, 50257, bias=False)
-                    self.wte.weight = self.lm_head.weight
-            """, unsafe=True, message_contains="pad to 50304"),
+                    self.embed = nn.Embedding(32001, 512)
+                    self.head = nn.Linear(512, 32001, bias=False)
+                    self.head.weight = self.embed.weight
+                    self.tok = nn.Embedding(30522, 768)
+                def forward(self, ids, h):
+                    return self.head(self.embed(ids)).view(-1, 32001), F.linear(h, self.tok.weight)
+            """, (6, 35), (7, 36), (9, 33)),
         bad("""
             import torch
             from torch.nn import Linear, Embedding as Emb
@@ -185,13 +195,9 @@ class GemmDimNotMultipleOf8(Rule):
                 continue
             if param == "num_embeddings" and not self._weight_used_in_gemm():
                 continue
-            target = padded(dim)
-            fix = None
-            if param == "num_embeddings" and isinstance(expr, ast.Constant):
-                fix = self.replace(expr, str(target), f"Pad the vocabulary to {target}", safe=False)
             self.report(expr, f"`{_SHORT[qualname]}` {param}={dim} is not a multiple of 8, so its bf16/fp16 "
                               f"GEMMs miss the tensor-core fast path (K=8191 ran 5.3× slower than K=8192 on an "
-                              f"H100); pad to {target}{_HOW_TO_PAD.get(param, '')}", fix=fix)
+                              f"H100); pad to {padded(dim)}{_HOW_TO_PAD.get(param, '')}")
 
     def _weight_used_in_gemm(self) -> bool:
         """The embedding being built (`self.wte = nn.Embedding(...)`) has its `.weight` tied to an
