@@ -25,6 +25,19 @@ _TOKEN_SPLIT = re.compile(r"[^a-z0-9]+")
 _EVAL_FUNCTION = re.compile(r"eval|valid|test|predict|infer|generate|sample|decode", re.IGNORECASE)
 
 
+# Attributes assigned to turn on reduced-precision GEMMs (checked for what they belong to).
+_TF32_SETTINGS = frozenset({"allow_tf32", "allow_bf16_reduced_precision_reduction", "fp32_precision"})
+
+
+def _is_main_guard(test: ast.AST) -> bool:
+    """`__name__ == "__main__"` (either way round)."""
+    if not (isinstance(test, ast.Compare) and len(test.ops) == 1 and isinstance(test.ops[0], ast.Eq)):
+        return False
+    sides = {getattr(test.left, "id", None), getattr(test.comparators[0], "id", None),
+             getattr(test.left, "value", None), getattr(test.comparators[0], "value", None)}
+    return "__name__" in sides and "__main__" in sides
+
+
 def _tokens(text: str) -> set:
     return set(_TOKEN_SPLIT.split(text.lower()))
 
@@ -47,8 +60,12 @@ class NoMixedPrecision(Rule):
       `dtype=torch.bfloat16`, `torch_dtype=torch.float16`), or a dtype taken from a variable
       or a model (`dtype=weight_dtype`, `.to(self.unet.dtype)`): the model's precision is then
       chosen where it is loaded;
-    - TF32: `torch.backends.cuda.matmul.allow_tf32 = True`, `torch.backends.cudnn.allow_tf32 =
-      True`, `torch.set_float32_matmul_precision("high" | "medium" | a variable)`;
+    - TF32 for matmuls: `torch.backends.cuda.matmul.allow_tf32 = True`,
+      `torch.set_float32_matmul_precision("high" | "medium" | a variable)`,
+      `torch.backends.cuda.matmul.fp32_precision = "tf32"` or the global
+      `torch.backends.fp32_precision = "tf32"` (cuDNN's `torch.backends.cudnn.allow_tf32`, on by
+      default, and `torch.backends.cudnn.conv.fp32_precision` change only convolutions, so they
+      do not count);
     - a framework that owns precision: Lightning `precision=`, accelerate
       `Accelerator(mixed_precision=...)` (or any `Accelerator`: its config file decides),
       DeepSpeed, an import of lightning, accelerate, deepspeed or apex;
@@ -87,7 +104,8 @@ class NoMixedPrecision(Rule):
     - Files with any of the signs above, including a precision flag it cannot evaluate
       (`if args.amp:`), and training steps in tests (`test_*` functions, test files).
     - Files that never mention CUDA or a device (CPU-only code, where bf16 autocast rarely
-      pays).
+      pays), and a step at module level inside an `if __name__ == "__main__":` block that never
+      mentions them (a smoke test of the file's model on the CPU).
     - Training steps driven by a framework (`self.manual_backward`, `accelerator.backward`):
       no plain `.backward()` plus optimizer `.step()` pair.
 
@@ -162,6 +180,57 @@ class NoMixedPrecision(Rule):
                         loss.backward()
                         optimizer.step()
             """),
+        bad("""
+            import torch
+            import torch.nn.functional as F
+            from torch.backends import cudnn
+            torch.backends.cudnn.allow_tf32 = True
+            cudnn.conv.fp32_precision = "tf32"
+            def train(model, loader, opt):
+                for x, y in loader:
+                    x, y = x.cuda(), y.cuda()
+                    loss = F.cross_entropy(model(x), y)
+                    loss.backward()
+                    opt.step()
+            """, (10, 9)),
+        good("""
+            import torch
+            torch.backends.cuda.matmul.fp32_precision = "tf32"
+            def train(model, x, opt):
+                model(x.cuda()).sum().backward()
+                opt.step()
+            """),
+        good("""
+            import torch
+            torch.backends.fp32_precision = "tf32"
+            def train(model, x, opt):
+                model(x.cuda()).sum().backward()
+                opt.step()
+            """),
+        good("""
+            import torch
+            from torch import nn
+            class Learner(nn.Module):
+                def forward(self, x):
+                    return self.net(x.to(self.device)).sum()
+            if __name__ == "__main__":
+                learner = Learner()
+                opt = torch.optim.Adam(learner.parameters(), lr=3e-4)
+                loss = learner(torch.randn(8, 3, 256, 256))
+                opt.zero_grad()
+                loss.backward()
+                opt.step()
+            """),
+        bad("""
+            import torch
+            from torch import nn
+            if __name__ == "__main__":
+                model = nn.Linear(512, 512).cuda()
+                opt = torch.optim.Adam(model.parameters(), lr=3e-4)
+                loss = model(torch.randn(8, 512, device="cuda")).sum()
+                loss.backward()
+                opt.step()
+            """, (7, 5)),
         good("""
             import torch
             torch.backends.cuda.matmul.allow_tf32 = True
@@ -234,13 +303,14 @@ class NoMixedPrecision(Rule):
         super().__init__(ctx, options)
         self.training_backward: Optional[ast.Call] = None
         self.mixed_precision = False
+        self.not_a_sign: Optional[ast.AST] = None  # the value of a TF32 setting that leaves matmuls alone
 
     # -- training steps -------------------------------------------------------------
     def visit_Call(self, node: ast.Call) -> None:
         if self.mixed_precision:
             return
         if is_backward(node) and self.training_backward is None and not in_test_code(self.ctx):
-            if self._step_in_same_function():
+            if self._step_in_same_function() and not self._in_cpu_demo():
                 self.training_backward = node
         if self._enables_reduced_precision(node):
             self.mixed_precision = True
@@ -252,6 +322,17 @@ class NoMixedPrecision(Rule):
             body = owner.body if isinstance(owner.body, list) else [owner.body]
             self.ctx.shared[key] = any(is_optimizer_step(n) for stmt in body for n in walk_no_scopes(stmt))
         return self.ctx.shared[key]
+
+    def _in_cpu_demo(self) -> bool:
+        """At module level inside an `if __name__ == "__main__":` block that never names CUDA or a
+        device: a smoke test of the file's model, on the CPU."""
+        if self.ctx.function is not None:
+            return False
+        for parent in self.ctx.parents:
+            if isinstance(parent, ast.If) and _is_main_guard(parent.test):
+                text = self.ctx.segment(parent)
+                return "cuda" not in text and "device" not in text
+        return False
 
     # -- signs of mixed precision -------------------------------------------------------
     def _enables_reduced_precision(self, node: ast.Call) -> bool:
@@ -304,9 +385,18 @@ class NoMixedPrecision(Rule):
 
     def visit_Assign(self, node: ast.Assign) -> None:
         for target in node.targets:
-            if isinstance(target, ast.Attribute) and target.attr in ("allow_tf32", "allow_bf16_reduced_precision_reduction"):
-                if not (isinstance(node.value, ast.Constant) and node.value.value is False):
-                    self.mixed_precision = True
+            if not (isinstance(target, ast.Attribute) and target.attr in _TF32_SETTINGS):
+                continue
+            if not self._sets_matmuls(target):
+                # `torch.backends.cudnn.allow_tf32 = True` (already the default) and cuDNN's
+                # `fp32_precision = "tf32"` change convolutions, not the matmuls
+                self.not_a_sign = node.value
+            elif target.attr != "fp32_precision" and not (isinstance(node.value, ast.Constant) and node.value.value is False):
+                self.mixed_precision = True  # a "tf32" value of `fp32_precision` counts as a string
+
+    def _sets_matmuls(self, target: ast.Attribute) -> bool:
+        path = self.ctx.qualname(target) or ast.unparse(target)
+        return not {"cudnn", "mkldnn"} & set(path.split("."))
 
     def visit_Import(self, node: ast.Import) -> None:
         if any(alias.name.split(".")[0] in _FRAMEWORKS for alias in node.names):
@@ -329,7 +419,7 @@ class NoMixedPrecision(Rule):
             self._precision_setting(node.arg)
 
     def visit_Constant(self, node: ast.Constant) -> None:
-        if isinstance(node.value, str) and len(node.value) < 40:
+        if isinstance(node.value, str) and len(node.value) < 40 and node is not self.not_a_sign:
             self._precision_setting(node.value)
 
     def _precision_setting(self, text: str) -> None:
