@@ -163,7 +163,7 @@ CASES = {
         from torch import nn
         class M(nn.Module):
             def forward(self, x):
-                return T.zeros(3, dtype=T.double) + x
+                return T.zeros(3, dtype=T.double, device=x.device) + x
         """, [(5, 33)]),
     "float64-imported-alias": ("MAT402", """
         import torch
