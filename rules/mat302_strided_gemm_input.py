@@ -24,7 +24,7 @@ class _Copy:
     why: str
     who: str
     advice: str
-_REORDERS = ("permute", "transpose", "swapaxes", "swapdims")
+_REORDERS = ("permute", "transpose", "swapaxes", "swapdims", "movedim", "moveaxis")
 
 
 def _strided_last_dim(ctx, operand: ast.AST) -> bool:
@@ -134,8 +134,8 @@ class StridedGemmInput(Rule):
         bad("""
             from torch import bmm, permute
             def f(x, y):
-                return bmm(x.permute(2, 0, 1), y), bmm(permute(y, (2, 0, 1)), x)
-            """, (3, 16), (3, 44)),
+                return bmm(x.permute(2, 0, 1), y), bmm(permute(y, (2, 0, 1)), x), bmm(x.movedim(2, 0), y)
+            """, (3, 16), (3, 44), (3, 75)),
         good("""
             import torch
             def f(x, w, q, k, y):
@@ -237,7 +237,7 @@ class StridedGemmInput(Rule):
     def _copy(self, gemm, position: int, operand: ast.AST) -> Optional[_Copy]:
         if _strided_last_dim(self.ctx, operand):
             return _Copy("steps through its last dim, leaving no dim with stride 1", "the GEMM", _PRODUCE)
-        view = reorder(self.ctx, operand)
+        view = reorder(self.ctx, operand, 3 if gemm.op == "bmm" else None)  # bmm takes 3-D batches only
         if view is None or view.perm is None or view.last_two_only or not isinstance(view.node, ast.Call):
             return None
         perm, rank = view.perm, len(view.perm)
