@@ -11,11 +11,16 @@ from dataclasses import dataclass
 from typing import Callable, Optional
 
 from . import _kinds
+from ._flow import flow_of
 from ._kinds import int_const
 from ._shapes import shape_of
 
 _TRANSPOSE_METHODS = {"transpose", "swapaxes", "swapdims"}
 _TRANSPOSE_FUNCTIONS = {"torch.transpose", "torch.swapaxes", "torch.swapdims"}
+_MOVE_METHODS = {"movedim", "moveaxis"}
+_MOVE_FUNCTIONS = {"torch.movedim", "torch.moveaxis"}
+# Casts keep a non-contiguous tensor's strides (memory_format=torch.preserve_format).
+STRIDE_KEEPING = frozenset({"float", "half", "bfloat16", "double", "to", "type_as"})
 
 
 def rank_of(ctx, expr: ast.AST) -> Optional[int]:
@@ -56,6 +61,43 @@ def _transpose(ctx, node, base, a_node, b_node, known_rank: Optional[int]) -> Op
     return Reorder(node, base, perm, rank >= 2 and perm[-2:] == (rank - 1, rank - 2) and perm[:-2] == tuple(range(rank - 2)))
 
 
+def _matrix_t(ctx, node, base) -> Optional[Reorder]:
+    """`.t()` swaps the dims of a matrix and returns a 0-D or 1-D tensor as it is."""
+    if rank_of(ctx, base) in (0, 1):
+        return None
+    return Reorder(node, base, (1, 0), True)
+
+
+def _move(ctx, node, base, source_node, destination_node, known_rank: Optional[int]) -> Optional[Reorder]:
+    """`x.movedim(source, destination)` with ints or tuples of ints."""
+    def ints(arg):
+        elts = arg.elts if isinstance(arg, (ast.Tuple, ast.List)) else [arg]
+        values = [int_const(e) for e in elts]
+        return None if None in values or not values else values
+    sources, destinations = ints(source_node), ints(destination_node)
+    if sources is None or destinations is None or len(sources) != len(destinations):
+        return None
+    rank = rank_of(ctx, base) or known_rank
+    if len(sources) == 1 and {sources[0], destinations[0]} == {-1, -2}:  # moving one of the last two past the other
+        return Reorder(node, base, _swap(rank, -2, -1) if rank else None, True)
+    if rank is None:
+        return Reorder(node, base, None, False)
+    sources = [s + rank if s < 0 else s for s in sources]
+    destinations = [d + rank if d < 0 else d for d in destinations]
+    dims = sources + destinations
+    if not all(0 <= d < rank for d in dims) or len(set(sources)) != len(sources) or len(set(destinations)) != len(destinations):
+        return None
+    perm = [None] * rank
+    for s, d in zip(sources, destinations):
+        perm[d] = s
+    rest = iter(d for d in range(rank) if d not in sources)
+    perm = tuple(p if p is not None else next(rest) for p in perm)
+    if perm == tuple(range(rank)):
+        return None
+    last_two = rank >= 2 and perm[:-2] == tuple(range(rank - 2)) and perm[-2:] == (rank - 1, rank - 2)
+    return Reorder(node, base, perm, last_two)
+
+
 def reorder(ctx, node: ast.AST, known_rank: Optional[int] = None) -> Optional[Reorder]:
     """The transpose/permute view `node` is, or None (also for numpy and unknown receivers of `.T`).
     `known_rank`: the rank the caller knows the view has (a `bmm` operand is 3-D), for when the
@@ -77,7 +119,9 @@ def reorder(ctx, node: ast.AST, known_rank: Optional[int] = None) -> Optional[Re
     if qual in _TRANSPOSE_FUNCTIONS and len(args) == 3:
         return _transpose(ctx, node, args[0], args[1], args[2], known_rank)
     if qual == "torch.t" and len(args) == 1:
-        return Reorder(node, args[0], (1, 0), True)
+        return _matrix_t(ctx, node, args[0])
+    if qual in _MOVE_FUNCTIONS and len(args) == 3:
+        return _move(ctx, node, args[0], args[1], args[2], known_rank)
     if qual == "torch.permute" and len(args) == 2 and isinstance(args[1], (ast.Tuple, ast.List)):
         return _permute(node, args[0], args[1].elts)
     if not isinstance(func, ast.Attribute) or qual is not None:
@@ -88,7 +132,9 @@ def reorder(ctx, node: ast.AST, known_rank: Optional[int] = None) -> Optional[Re
     if func.attr in _TRANSPOSE_METHODS and len(args) == 2:
         return _transpose(ctx, node, receiver, args[0], args[1], known_rank)
     if func.attr == "t" and not args:
-        return Reorder(node, receiver, (1, 0), True)
+        return _matrix_t(ctx, node, receiver)
+    if func.attr in _MOVE_METHODS and len(args) == 2:
+        return _move(ctx, node, receiver, args[0], args[1], known_rank)
     if func.attr == "permute" and args:
         elts = args[0].elts if len(args) == 1 and isinstance(args[0], (ast.Tuple, ast.List)) else args
         return _permute(node, receiver, elts)
@@ -149,3 +195,23 @@ def _permute(node, base, elts) -> Optional[Reorder]:
 def mergeable(perm: tuple, i: int) -> bool:
     """Dims i and i+1 of a permuted view of a contiguous tensor can be merged without a copy."""
     return perm[i + 1] == perm[i] + 1
+
+
+def may_be_laid_out_otherwise(ctx, base: ast.AST) -> bool:
+    """`base` may not be contiguous: it is itself a transposed or permuted view or a
+    `memory_format=` copy, inline or through a name the function assigns so (`h =
+    x.transpose(1, 2)`, whose `h.transpose(1, 2)` is contiguous again; `k = x.view(B, T, H,
+    D).transpose(1, 2)`, whose batch dims do not merge)."""
+    values = [base]
+    if isinstance(base, ast.Name) and ctx.function is not None:
+        stores = flow_of(ctx, ctx.function).stores.get(base.id, [])
+        values += [stmt.value for stmt, simple in stores if simple]
+    for value in values:
+        while (isinstance(value, ast.Call) and isinstance(value.func, ast.Attribute)
+               and value.func.attr in STRIDE_KEEPING | {"contiguous"}):
+            if any(k.arg == "memory_format" for k in value.keywords):
+                return True
+            value = value.func.value
+        if reorder(ctx, value) is not None:
+            return True
+    return False

@@ -7,7 +7,7 @@ from typing import Optional
 
 from matlint.rule import Only, Rule, bad, good
 
-from ._layout import Reorder, gemm_of_operand, rank_of, reorder
+from ._layout import Reorder, gemm_of_operand, may_be_laid_out_otherwise, rank_of, reorder
 from ._torch_api import as_gemm
 
 _COPIES = ("contiguous", "clone")
@@ -56,6 +56,11 @@ class ContiguousBeforeGemm(Rule):
       view anyway) depends on the ranks and the PyTorch version, so the rule does not promise a
       saving. (Measured with PyTorch 2.11 on an H100: `a.mT @ w` with a 3-D `a` launches no copy,
       so this quiet case errs on the side of silence.)
+    - An operand of `@`/`matmul` with 4 or more dims (or an unknown number) whose transposed
+      tensor is itself a permuted view, inline or through a name the function assigns so
+      (`k = x.view(B, T, H, D).transpose(1, 2)` ... `q @ k.transpose(-2, -1).contiguous()`):
+      matmul folds the batch dims with `reshape`, which cannot merge them and copies anyway, so
+      dropping the copy saves nothing.
     - GEMMs written with `out=`: the output may alias the tensor that was copied.
     - A copy whose lines carry a comment about it (`# contiguous() works around a jit bug`):
       the author kept it on purpose.
@@ -63,18 +68,20 @@ class ContiguousBeforeGemm(Rule):
       to have other than two dims or to be a numpy array.
 
     ## Fix safety
-    Dropping `.contiguous()` is safe: the GEMM computes the same product from the view; only
-    the copy goes away. Dropping `.clone()` is unsafe: autograd saves the GEMM's operand for
-    backward, and where code after the GEMM changes the original in place (`w.mul_(0.5)` under
-    `no_grad`), backward accepts the clone but raises on the view. No fix where the operand
-    spans lines that carry a comment (the rewrite would drop it).
+    Unsafe, for `.contiguous()` and `.clone()` alike. The GEMM computes the same product from
+    the view, but `.contiguous()` of a transposed view is a copy just as `.clone()` is, and
+    autograd saves the GEMM's operand for backward: where code after the GEMM changes the
+    original in place (`w.mul_(0.5)` under `no_grad`), backward accepts the copy but raises
+    `one of the variables needed for gradient computation has been modified by an inplace
+    operation` on the view. No fix where a comment lies inside the operand (the rewrite would
+    drop it); a comment after it on its last line stays.
     """
     examples = [
         bad("""
             import torch
             def attn(q, k):
                 return torch.matmul(q, k.transpose(-2, -1).contiguous())
-            """, (3, 28),
+            """, (3, 28), unsafe=True,
             fixed="""
             import torch
             def attn(q, k):
@@ -85,7 +92,7 @@ class ContiguousBeforeGemm(Rule):
             class Tied(nn.Module):
                 def forward(self, x):
                     return x @ self.weight.t().contiguous()
-            """, (4, 20),
+            """, (4, 20), unsafe=True,
             fixed="""
             import torch.nn as nn
             class Tied(nn.Module):
@@ -101,7 +108,7 @@ class ContiguousBeforeGemm(Rule):
                 z = bmm(a.mT.clone(), b)
                 u = T.mm(a.t().contiguous(), b.permute(1, 0).contiguous())
                 return y, z, u
-            """, (5, 21), (6, 13), (7, 14), (7, 34), unsafe=True,  # the `.clone()` fix is unsafe
+            """, (5, 21), (6, 13), (7, 14), (7, 34), unsafe=True,
             fixed="""
             import torch as T
             from torch.nn import functional as F
@@ -117,7 +124,7 @@ class ContiguousBeforeGemm(Rule):
             def f(a: torch.Tensor, b: torch.Tensor):
                 x = torch.randn(8, 16, 32)
                 return a.t().contiguous() @ b, x.transpose(1, 2).contiguous().matmul(x)
-            """, (4, 12), (4, 36),
+            """, (4, 12), (4, 36), unsafe=True,
             fixed="""
             import torch
             def f(a: torch.Tensor, b: torch.Tensor):
@@ -131,7 +138,7 @@ class ContiguousBeforeGemm(Rule):
                 t = q.bmm(k.transpose(2, 1).contiguous())
                 u = torch.mm(a, b.transpose(0, 1).contiguous())
                 return s, t, u
-            """, (3, 22), (4, 15), (5, 21),
+            """, (3, 22), (4, 15), (5, 21), unsafe=True,
             fixed="""
             import torch
             def scores(q, k, a, b):
@@ -140,10 +147,39 @@ class ContiguousBeforeGemm(Rule):
                 u = torch.mm(a, b.transpose(0, 1))
                 return s, t, u
             """),
+        bad("""
+            import torch
+            def f(x, w, q, T: int, B: int, D: int):
+                k = x.permute(1, 0, 2)  # (T, B, D) -> (B, T, D): a 3-D view, one batch dim
+                assert k.shape == (B, T, D)
+                y = x @ w.t().contiguous()  # project
+                return y, q @ k.movedim(-1, -2).contiguous()
+            """, (5, 13), (6, 19), unsafe=True,
+            fixed="""
+            import torch
+            def f(x, w, q, T: int, B: int, D: int):
+                k = x.permute(1, 0, 2)  # (T, B, D) -> (B, T, D): a 3-D view, one batch dim
+                assert k.shape == (B, T, D)
+                y = x @ w.t()  # project
+                return y, q @ k.movedim(-1, -2)
+            """),
         good("""
             import torch
             def scores(q, k):
                 return torch.bmm(q, k.transpose(0, 1).contiguous()), torch.bmm(q, k.transpose(0, 2).contiguous())
+            """),
+        good("""
+            import torch
+            def attn(x, B: int, T: int, H: int, D: int):
+                q = x.view(B, T, H, D).transpose(1, 2)
+                k = x.view(B, T, H, D).transpose(1, 2)
+                s = torch.matmul(q, k.transpose(-2, -1).contiguous())
+                t = q.transpose(-2, -1).contiguous() @ k
+                u = q @ x.view(B, T, H, D).permute(0, 2, 3, 1).transpose(-2, -1).contiguous()
+                return s, t, u
+            def unknown_rank(x, q):
+                k = x.transpose(1, 2)
+                return q @ k.mT.contiguous()
             """),
         good("""
             import torch
@@ -194,27 +230,34 @@ class ContiguousBeforeGemm(Rule):
             view = self._copied_transpose(operand, _OPERAND_RANK.get(gemm.op))
             if view is None or not view.last_two_only:
                 continue
-            if gemm.op in ("@", "matmul") and position == 0 and not self._left_goes_direct(view, operands[1]):
-                continue
+            if gemm.op in ("@", "matmul"):
+                if position == 0 and not self._left_goes_direct(view, operands[1]):
+                    continue
+                if self._batch_dims_may_not_fold(view):
+                    continue
             if self._explained(operand):
                 continue
             copy = operand.func.attr
             fix = None
-            if not self._comments(operand):  # the fix rewrites the operand: no comment inside it may go
-                # A clone also gives autograd a private copy to save: after it, changing the
+            if "#" not in self.ctx.segment(operand):  # the fix rewrites the operand: no comment inside it may go
+                # The copy also gives autograd a private tensor to save: after it, changing the
                 # original in place is allowed, without it backward raises.
-                fix = self.replace(operand, self.ctx.segment(view.node), f"drop `.{copy}()`", safe=copy == "contiguous")
+                fix = self.replace(operand, self.ctx.segment(view.node), f"drop `.{copy}()`", safe=False)
             self.report(operand, f"`.{copy}()` copies a transposed view only to feed it to a GEMM; cuBLAS takes the "
                                  f"transpose for free: pass `{self.ctx.segment(view.node)}` directly", fix=fix)
 
-    def _comments(self, operand: ast.AST) -> list:
-        """The comments on the lines the operand spans (a `#` inside a string counts too: it errs
-        on the side of no fix)."""
-        lines = self.ctx.lines[operand.lineno - 1:operand.end_lineno]
-        return [line[line.find("#"):] for line in lines if "#" in line]
-
     def _explained(self, operand: ast.AST) -> bool:
-        return any(word in comment for comment in self._comments(operand) for word in _COPIES)
+        """A comment on a line of the operand names the copy."""
+        lines = self.ctx.lines[operand.lineno - 1:operand.end_lineno]
+        comments = [line[line.find("#"):] for line in lines if "#" in line]
+        return any(word in comment for comment in comments for word in _COPIES)
+
+    def _batch_dims_may_not_fold(self, view: Reorder) -> bool:
+        """matmul folds the batch dims of an operand of 4 or more dims with `reshape`: where the
+        transposed tensor is itself a permuted view (`k = x.view(B, T, H, D).transpose(1, 2)`),
+        they may not merge, and matmul copies it with or without `.contiguous()`."""
+        rank = len(view.perm) if view.perm else None
+        return (rank is None or rank >= 4) and may_be_laid_out_otherwise(self.ctx, view.base)
 
     @staticmethod
     def _is_copy(expr: ast.AST) -> bool:

@@ -7,13 +7,9 @@ from typing import Optional
 
 from matlint.rule import Only, Rule, bad, good
 
-from ._flow import flow_of
 from ._kinds import int_const
-from ._layout import Reorder, mergeable, reorder
+from ._layout import STRIDE_KEEPING, Reorder, may_be_laid_out_otherwise, mergeable, reorder
 from ._shapes import shape_of
-
-# Casts keep a non-contiguous tensor's strides (memory_format=torch.preserve_format).
-_STRIDE_KEEPING = {"float", "half", "bfloat16", "double", "to", "type_as"}
 
 
 class ViewAfterTranspose(Rule):
@@ -23,7 +19,8 @@ class ViewAfterTranspose(Rule):
     docs = """
     ## What it does
     Flags `.view(...)` applied directly to a transpose or permute (`x.transpose(1, 2).view(B, T, C)`,
-    `x.permute(0, 2, 1).view(-1)`, also through a dtype/device cast) when the view must merge two
+    `x.permute(0, 2, 1).view(-1)`, `x.movedim(1, 2).view(B, -1)`, also through a dtype/device
+    cast) when the view must merge two
     dims that the transpose took out of memory order. The rule knows the permutation (from
     `permute`'s arguments, or from `transpose` and the tensor's inferred rank) and the number of
     dims asked for; it reports only when the view asks for fewer dims than the permuted tensor
@@ -55,9 +52,10 @@ class ViewAfterTranspose(Rule):
       stays quiet.
     - Transposes of a tensor whose rank is unknown (other than `permute`, which states it), a
       view of a name assigned from a transpose, `view(dtype)`, `view(*shape)`, `view(shape)`.
-    - Transposes of a tensor that is itself a transposed view or a `memory_format=` copy, inline
-      or through a name (`h = x.transpose(1, 2)` ... `h.transpose(1, 2).view(B, -1)`): the
-      second transpose may restore memory order.
+    - Transposes of a tensor that is itself a transposed, permuted or moved view (`movedim`,
+      `moveaxis`) or a `memory_format=` copy, inline or through a name (`h = x.transpose(1, 2)`
+      ... `h.transpose(1, 2).view(B, -1)`): the second transpose may restore memory order.
+    - `.t()` of a tensor known to have fewer than two dims: it returns the tensor as it is.
     - Dims known to have size 1 (they merge with anything).
 
     ## Fix safety
@@ -133,6 +131,31 @@ class ViewAfterTranspose(Rule):
                 g = y.transpose(1, 2).view(B, T, C)
                 return a, b, c, d, e, f, g
             """),
+        bad("""
+            import torch
+            def f(x, B: int):
+                assert x.ndim == 4
+                y = torch.randn(2, 3, 4)
+                return x.movedim(1, 2).view(B, -1), torch.moveaxis(y, 0, 1).view(-1), y.movedim((0, 2), (2, 0)).view(4, 6)
+            """, (5, 12), (5, 41), (5, 75),
+            fixed="""
+            import torch
+            def f(x, B: int):
+                assert x.ndim == 4
+                y = torch.randn(2, 3, 4)
+                return x.movedim(1, 2).reshape(B, -1), torch.moveaxis(y, 0, 1).reshape(-1), y.movedim((0, 2), (2, 0)).reshape(4, 6)
+            """),
+        good("""
+            import torch
+            def merge_heads(x):
+                B, T, H, D = x.shape
+                y = x.movedim(2, 1)
+                assert y.ndim == 4
+                return y.transpose(1, 2).view(B, T, H * D)
+            def vectors():
+                v = torch.randn(5)
+                return v.t().view(-1), torch.t(v).view(5)
+            """),
         good("""
             import torch
             def f():
@@ -157,7 +180,7 @@ class ViewAfterTranspose(Rule):
         if source is None or source.perm is None:
             return
         perm = source.perm
-        if view_rank >= len(perm) or self._may_be_laid_out_otherwise(source.base):
+        if view_rank >= len(perm) or may_be_laid_out_otherwise(self.ctx, source.base):
             return
         ones = self._size_one_dims(source)
         for i in range(len(perm) - 1):
@@ -187,27 +210,9 @@ class ViewAfterTranspose(Rule):
             return 1 if int_const(only) is not None else None
         return len(args)
 
-    def _may_be_laid_out_otherwise(self, base: ast.AST) -> bool:
-        """The transposed tensor may not be contiguous: it is itself a transposed view or a
-        channels-last copy, inline or through a name the function assigns so (`h =
-        x.transpose(1, 2)`, whose `h.transpose(1, 2)` is contiguous again)."""
-        values = [base]
-        if isinstance(base, ast.Name) and self.ctx.function is not None:
-            stores = flow_of(self.ctx, self.ctx.function).stores.get(base.id, [])
-            values += [stmt.value for stmt, simple in stores if simple]
-        for value in values:
-            while (isinstance(value, ast.Call) and isinstance(value.func, ast.Attribute)
-                   and value.func.attr in _STRIDE_KEEPING | {"contiguous"}):
-                if any(k.arg == "memory_format" for k in value.keywords):
-                    return True
-                value = value.func.value
-            if reorder(self.ctx, value) is not None:
-                return True
-        return False
-
     def _reorder_through_casts(self, expr: ast.AST) -> Optional[Reorder]:
         while (isinstance(expr, ast.Call) and isinstance(expr.func, ast.Attribute)
-               and expr.func.attr in _STRIDE_KEEPING and not expr.keywords):
+               and expr.func.attr in STRIDE_KEEPING and not expr.keywords):
             expr = expr.func.value
         return reorder(self.ctx, expr)
 

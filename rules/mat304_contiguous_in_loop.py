@@ -18,6 +18,14 @@ _TRAINING_CALLS = {"backward", "step", "zero_grad"}
 _VIEWS = {"transpose", "permute", "t", "expand", "expand_as", "view", "view_as", "reshape", "swapaxes", "swapdims",
           "movedim", "moveaxis", "narrow", "select", "unsqueeze", "squeeze", "flatten", "unflatten", "unfold",
           "detach", "contiguous", "size"}
+# Views through which a callee can change the tensor it is handed (`contiguous()` may be a copy).
+_SHARED_VIEWS = _VIEWS - {"contiguous", "size"}
+# Calls that change none of their arguments.
+_PURE_BUILTINS = {"print", "len", "isinstance", "str", "repr", "float", "int", "bool", "range", "enumerate", "zip",
+                  "min", "max", "sum", "abs", "list", "tuple", "id", "type", "hasattr", "getattr", "iter", "next",
+                  "sorted", "reversed", "dict", "set", "any", "all", "format", "round"}
+# `outs.append(w)` keeps `w` without changing it; a view method gives it back.
+_KEEPING_METHODS = _VIEWS | {"append", "extend", "insert"}
 
 
 class ContiguousInLoop(Rule):
@@ -32,7 +40,7 @@ class ContiguousInLoop(Rule):
     loop:
     - the receiver does not change across iterations (`w.t().contiguous()` of a weight fixed
       before the loop; it reads no name the loop assigns, calls nothing but views, and the loop
-      calls no method of what it reads): hoist the copy out of the loop;
+      hands what it reads to no call that may change it): hoist the copy out of the loop;
     - the receiver is the step's slice of a tensor fixed before the loop (`x[:, t].contiguous()`,
       `x[t].transpose(0, 1).contiguous()`): copy the whole tensor into the wanted layout once
       (`x.movedim(1, 0).contiguous()`, then index `[t]`).
@@ -63,8 +71,13 @@ class ContiguousInLoop(Rule):
       each item is separate data.
     - `.contiguous()` of something that may already be contiguous (`x.contiguous()`, `x[t]`):
       no copy happens then.
-    - Loops that update tensors in place (`add_`, `x[i] = ...`, `self.w = ...`) or run a training step
-      (`.backward()`, `optimizer.step()`): the receiver may change between iterations.
+    - Loops that update tensors in place (`w.add_(...)`, `orthogonal_(w)`, `torch.lerp(w, v, 0.1, out=w)`,
+      `x[i] = ...`, `self.w = ...`) or run a training step (`.backward()`, `optimizer.step()`): the
+      receiver may change between iterations.
+    - Loops that hand the receiver, or the object it belongs to, to a call that may change it: a
+      method of it (`self.refresh_weights()` before `self.weight.t().contiguous()`), or a call
+      other than a torch function or a builtin that takes it as an argument
+      (`train_one_epoch(model, loader, opt)` before `model.embed.weight.t().contiguous()`).
     - `.contiguous()` written as an operand of a GEMM on a last-two-dims transpose: MAT301
       reports that copy as needless altogether.
 
@@ -138,6 +151,40 @@ class ContiguousInLoop(Rule):
                     x = x @ wt
                 return x
             """),
+        good("""
+            import torch
+            from torch.nn.init import orthogonal_
+            def probe(w, src, v, n: int):
+                outs = []
+                for _ in range(n):
+                    orthogonal_(w)
+                    wt = w.t().contiguous()
+                    outs.append(torch.mv(wt, v))
+                for _ in range(n):
+                    torch.lerp(w, src, 0.1, out=w)
+                    wt = w.t().contiguous()
+                    outs.append(torch.mv(wt, v))
+                return outs
+            def fit(model, loader, opt, epochs: int, train_one_epoch, evaluate):
+                for epoch in range(epochs):
+                    train_one_epoch(model, loader, opt)
+                    evaluate(model.embed.weight.t().contiguous())
+                for epoch in range(epochs):
+                    refresh(weights=model.embed)
+                    evaluate(model.embed.weight.t().contiguous())
+            """),
+        bad("""
+            import torch
+            import torch.nn.functional as F
+            def probe(model, xs, v, log):
+                outs = []
+                for x in xs:
+                    log(x.mean())
+                    wt = model.embed.weight.t().contiguous()
+                    outs.append(F.linear(x, model.embed.weight))
+                    print(len(model.embed.weight), wt.shape)
+                return outs
+            """, (7, 14), message_contains="hoist"),
     ]
 
     def __init__(self, ctx, options=None):
@@ -182,24 +229,51 @@ class ContiguousInLoop(Rule):
             if isinstance(sub, ast.Call) and not (isinstance(sub.func, ast.Attribute) and sub.func.attr in _VIEWS):
                 if reorder(self.ctx, sub) is None:
                     return True
-        return not loaded_names(receiver).isdisjoint(self._called_on(loop))
+        return not loaded_names(receiver).isdisjoint(self._handled_by_calls(loop))
 
-    def _called_on(self, loop: LoopInfo) -> set:
-        """Names whose methods, other than views, the loop calls (`self` for `self.step()`, `env`
-        for `env.reset()`)."""
-        key = ("mat304_called_on", id(loop.node))
+    def _handled_by_calls(self, loop: LoopInfo) -> set:
+        """Names the loop hands to calls that may change them: whose methods, other than views,
+        it calls (`self` for `self.step()`, `env` for `env.reset()`), or that it passes to a call
+        other than a torch function or a builtin (`model` in `train_one_epoch(model, loader)`)."""
+        key = ("mat304_handled_by_calls", id(loop.node))
         names = self.ctx.shared.get(key)
         if names is None:
             names = self.ctx.shared[key] = set()
             for stmt in loop.body:
                 for sub in walk_no_scopes(stmt):
-                    if isinstance(sub, ast.Call) and isinstance(sub.func, ast.Attribute) and sub.func.attr not in _VIEWS:
-                        base = sub.func.value
-                        while isinstance(base, (ast.Attribute, ast.Subscript)):
-                            base = base.value
-                        if isinstance(base, ast.Name) and self.ctx.qualname(base) is None:
+                    if not isinstance(sub, ast.Call):
+                        continue
+                    func = sub.func
+                    if isinstance(func, ast.Attribute) and func.attr not in _VIEWS:
+                        base = self._root_name(func.value, ())
+                        if base is not None and self.ctx.qualname(base) is None:
                             names.add(base.id)
+                    if self._may_change_arguments(sub):
+                        for arg in sub.args + [k.value for k in sub.keywords]:
+                            root = self._root_name(arg, _SHARED_VIEWS)
+                            if root is not None:
+                                names.add(root.id)
         return names
+
+    def _may_change_arguments(self, call: ast.Call) -> bool:
+        func = call.func
+        if isinstance(func, ast.Name) and func.id in _PURE_BUILTINS and self.ctx.qualname(func) is None:
+            return False
+        if isinstance(func, ast.Attribute) and func.attr in _KEEPING_METHODS:
+            return False
+        qual = self.ctx.qualname(func)
+        return not (qual is not None and qual.startswith("torch.") and not qual.endswith("_"))
+
+    @staticmethod
+    def _root_name(expr: ast.AST, views) -> Optional[ast.Name]:
+        """`model` for `model.embed.weight`, `w[0]`, `*ws`, or (through `views`) `w.t()`."""
+        while True:
+            if isinstance(expr, (ast.Attribute, ast.Subscript, ast.Starred)):
+                expr = expr.value
+            elif isinstance(expr, ast.Call) and isinstance(expr.func, ast.Attribute) and expr.func.attr in views:
+                expr = expr.func.value
+            else:
+                return expr if isinstance(expr, ast.Name) else None
 
     def _surely_strided(self, expr: ast.AST) -> bool:
         view = reorder(self.ctx, expr)
@@ -259,9 +333,13 @@ class ContiguousInLoop(Rule):
             cached = False
             for stmt in loop.body:
                 for sub in walk_no_scopes(stmt):
-                    if isinstance(sub, ast.Call) and isinstance(sub.func, ast.Attribute):
-                        attr = sub.func.attr
-                        if attr in _TRAINING_CALLS or (attr.endswith("_") and not attr.startswith("_")):
+                    if isinstance(sub, ast.Call):
+                        func = sub.func
+                        name = func.attr if isinstance(func, ast.Attribute) else getattr(func, "id", "")
+                        # `w.add_(1)`, `orthogonal_(w)`, `torch.lerp(w, v, 0.1, out=w)`, `opt.step()`
+                        if (name.endswith("_") and not name.startswith("_")) or any(k.arg == "out" for k in sub.keywords):
+                            cached = True
+                        elif isinstance(func, ast.Attribute) and name in _TRAINING_CALLS:
                             cached = True
                     elif isinstance(sub, (ast.Assign, ast.AugAssign)):
                         targets = sub.targets if isinstance(sub, ast.Assign) else [sub.target]
