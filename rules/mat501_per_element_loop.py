@@ -7,7 +7,7 @@ from typing import Optional
 from matlint.rule import Only, Rule, bad, good
 
 from . import _kinds
-from ._loops import LoopInfo, loaded_names
+from ._loops import LoopInfo, loaded_names, walk_no_scopes
 from ._names import in_test_code
 
 # Element-wise functions an element expression may call, by qualified name or tensor method.
@@ -16,6 +16,48 @@ _ELEMENTWISE_FUNCTIONS = {
     "clamp", "clip", "pow", "maximum", "minimum", "floor", "ceil", "round", "sign", "square", "erf",
 }
 _SMALL_RANGE = 8
+# Reads of a tensor's metadata, not of its values: `x.shape`, `x.size(0)`, `len(x)`.
+_METADATA_ATTRS = {"shape", "dtype", "device", "ndim", "is_cuda"}
+_METADATA_METHODS = {"size", "dim", "numel", "nelement", "stride"}
+# Methods whose result shares memory with the receiver: `y = x.view(-1)` writes through to `x`.
+_VIEW_METHODS = {"view", "view_as", "reshape", "flatten", "unflatten", "squeeze", "unsqueeze", "transpose",
+                 "permute", "t", "narrow", "select", "expand", "expand_as", "detach", "as_strided", "movedim",
+                 "contiguous", "unfold", "diagonal"}
+
+
+def _index_parts(node: ast.Subscript):
+    """The base of `x[i][j]` / `x[i, j]` and its index parts, outermost subscript first."""
+    parts = []
+    while isinstance(node, ast.Subscript):
+        index = node.slice
+        parts.extend(index.elts if isinstance(index, ast.Tuple) else [index])
+        node = node.value
+    return node, parts
+
+
+def _literal_length(expr) -> Optional[int]:
+    if isinstance(expr, (ast.List, ast.Tuple)) and not any(isinstance(e, ast.Starred) for e in expr.elts):
+        return len(expr.elts)
+    return None
+
+
+def _is_slab(parts) -> bool:
+    """An index that keeps whole dimensions: `x[:, i]`, `x[..., i]`."""
+    return any(isinstance(p, ast.Slice) or (isinstance(p, ast.Constant) and p.value is Ellipsis) for p in parts)
+
+
+def _view_root(expr: ast.AST) -> Optional[str]:
+    """`x` for `x`, `x[0]`, `x.T`, `x.view(-1)`: the name whose memory `expr` shares."""
+    while True:
+        if isinstance(expr, ast.Name):
+            return expr.id
+        if isinstance(expr, ast.Subscript) or (isinstance(expr, ast.Attribute) and expr.attr in ("T", "mT", "data")):
+            expr = expr.value
+        elif (isinstance(expr, ast.Call) and isinstance(expr.func, ast.Attribute)
+              and expr.func.attr in _VIEW_METHODS):
+            expr = expr.func.value
+        else:
+            return None
 
 
 def _range_bound(loop: LoopInfo) -> Optional[ast.AST]:
@@ -39,8 +81,10 @@ class PerElementLoop(Rule):
     written per index:
     - an element or slice of a tensor assigned from an element-wise expression of other
       elements at the loop indices: `out[i] = a[i] * 2 + b[i]`, `t[i, j] = x[i, j].exp()`,
-      `t[:, i] = 0`, `if t[i] < 0: t[i] = 0`;
-    - a Python accumulator summing elements: `total += x[i]`, `s += (a[i] - b[i]) ** 2`.
+      `t[:, i] = 0`, `if t[i] < 0: t[i] = 0`, `x[i] = x[i] * w[i]` (a read at exactly the
+      index written is element-wise);
+    - a Python accumulator summing elements: `total += x[i]`, `s += (a[i] - b[i]) ** 2`, or
+      counting the elements a test picks: `if pred[i] == y[i]: correct += 1`.
     The expression may use numbers, names, other tensors indexed by the loop variables, and
     element-wise functions (`torch.exp`, `math.sqrt`, `.abs()`, `.clamp()` ...).
 
@@ -66,16 +110,21 @@ class PerElementLoop(Rule):
     ```
 
     ## Stays quiet on
-    - Recurrences and scans: the value reads the tensor being written (`h[t] = h[t - 1] * a
-      + x[t]`, dynamic programming) or a value carried from the previous iteration.
+    - Recurrences and scans: the loop reads a tensor it writes at another index than the one
+      written (`h[t] = h[t - 1] * a + x[t]`, `vad[:, i] |= vad[:, i - 1]`, dynamic
+      programming), or as a whole, or through another name for its memory (`y = x`, `buf =
+      out.view(-1)`), or reads a value carried from the previous iteration.
     - Indices that are data (`t[idx[i]] = ...`, `mask[i, :lengths[i]] = 1`): scatters and
       ragged writes need more than a one-line rewrite.
     - Loops that do anything besides element-wise assignments and tests (other calls,
       `break`, matrix products, per-item logic that happens to write one element), and
       right-hand sides that call anything but element-wise math (modules, losses, `.item()`),
-      loops over small literal ranges (`range(3)` over channels), targets that are not known
-      to be tensors (lists, numpy arrays), sums of products of two indexed tensors (a dot or
-      matrix product, the loops family's rules), and tests.
+      loops over small ranges (`range(3)` over channels, also spelled `range(C)` with `C = 3`
+      or `range(len(MEAN))` over a literal list of 3), loops over a model setting that work on
+      whole slabs (`for i in range(self.groups): res += x[..., i] * w`), targets that are not known
+      to be tensors (lists, numpy arrays), sums of products of indexed tensors over an index
+      the target lacks (`s += a[i] * b[i]`, `C[i, j] += alpha * A[i, k] * B[k, j]`, also as
+      `C[i, j] = C[i, j] + ...`: a dot or matrix product, the loops family's rules), and tests.
 
     ## Fix safety
     No fix: the vectorized form depends on the shapes and on what the loop covers.
@@ -181,11 +230,88 @@ class PerElementLoop(Rule):
                     dot += a[i] * b[i]
                 return arr, feats, dot
             """),
+        bad("""
+            import torch
+            def rescale(x: torch.Tensor, w: torch.Tensor, boxes: torch.Tensor, sx: float):
+                for i in range(x.shape[0]):
+                    x[i] = x[i] * w[i]
+                for i in range(boxes.shape[0]):
+                    boxes[i, 0] = boxes[i, 0] * sx
+                    boxes[i, 2] = boxes[i, 2] * sx
+                for i in range(x.shape[0]):
+                    x[i] = x[i] + w[i] * boxes[i, 0]
+                return x, boxes
+            """, (4, 9), (6, 9), (9, 9)),
+        good("""
+            import torch
+            def gemm(A: torch.Tensor, B: torch.Tensor, alpha: float, n: int, m: int, p: int):
+                C = torch.zeros(n, m)
+                for i in range(n):
+                    for j in range(m):
+                        for k in range(p):
+                            C[i, j] = A[i, k] * B[k, j] + C[i, j]
+                D = torch.zeros(n, m)
+                for i in range(n):
+                    for j in range(m):
+                        for k in range(p):
+                            D[i, j] += alpha * A[i, k] * B[k, j]
+                return C, D
+            """),
+        bad("""
+            import torch
+            def accuracy(pred: torch.Tensor, y: torch.Tensor):
+                correct = 0
+                for i in range(len(y)):
+                    if pred[i] == y[i]:
+                        correct += 1
+                positive = 0
+                for i in range(pred.numel()):
+                    if pred[i] > 0:
+                        positive += 1
+                return correct / len(y), positive
+            """, (6, 13), (10, 13)),
+        good("""
+            import torch
+            def hysteresis(vad_prob: torch.Tensor, keep: torch.Tensor):
+                vad_th = vad_prob >= 0.5
+                for i in range(1, vad_prob.shape[1]):
+                    vad_th[:, i, ...] |= vad_th[:, i - 1, ...]
+                    vad_th[:, i, ...] &= keep[:, i, ...]
+                return vad_th
+            def shifted(x: torch.Tensor):
+                y = x
+                for i in range(1, x.shape[0]):
+                    x[i] = y[i - 1] * 0.5
+                out = x.clone()
+                buf = out.view(-1)
+                for i in range(1, len(x)):
+                    out[i] = buf[i - 1] + x[i]
+                return x, out
+            """),
+        good("""
+            import torch
+            NUM_CHANNELS = 3
+            MEAN = [0.485, 0.456, 0.406]
+            STD = (0.229, 0.224, 0.225)
+            def normalize(img: torch.Tensor, out: torch.Tensor):
+                for c in range(NUM_CHANNELS):
+                    img[c] = (img[c] - MEAN[c]) / STD[c]
+                for c in range(len(MEAN)):
+                    out[c] = (img[c] - MEAN[c]) / STD[c]
+                return img, out
+            class Quantizer(torch.nn.Module):
+                def to_codebook_index(self, indices: torch.Tensor):
+                    res = indices.new_full(indices.shape[:-1], 0)
+                    for i in range(self.groups):
+                        res += indices[..., i] * (self.num_vars ** (self.groups - i - 1))
+                    return res
+            """),
     ]
 
     def __init__(self, ctx, options=None):
         super().__init__(ctx, options)
         self._reported_loops: set = set()
+        self._recurrences: dict = {}
 
     only = {"visit_Assign": Only(in_loops=True), "visit_AugAssign": Only(in_loops=True)}
 
@@ -204,27 +330,47 @@ class PerElementLoop(Rule):
         if id(outer.node) in self._reported_loops:
             return
         indices = set().union(*(loop.targets for loop in loops))
+        tests = []
         if isinstance(target, ast.Subscript):
             written = self._element_base(target, indices)
             if written is None or not self._is_tensor(written):
                 return
-            if loaded_names(written) & loaded_names(value):
-                return  # reads the tensor it writes: a recurrence
             reads = self._element_reads(value, indices)
             if reads is None or (not reads and not isinstance(value, ast.Constant)):
                 return
-            if isinstance(augmented, ast.Add) and self._is_product_of_elements(value):
-                return
+            operation, added = augmented, value
+            if augmented is None and isinstance(value, ast.BinOp) and isinstance(value.op, ast.Add):
+                # `C[i, j] = C[i, j] + A[i, k] * B[k, j]` accumulates as `+=` does
+                for own, other in ((value.left, value.right), (value.right, value.left)):
+                    if isinstance(own, ast.Subscript) and self.ctx.segment(own) == self.ctx.segment(target):
+                        operation, added = value.op, other
+            if isinstance(operation, ast.Add) and self._is_product_of_elements(added) and \
+                    loaded_names(added) & indices - loaded_names(target):
+                return  # `y[i] += A[i, k] * x[k]`: products summed over k, a matrix product (the loops family's)
         elif isinstance(target, ast.Name) and isinstance(augmented, (ast.Add, ast.Sub, ast.Mult)):
             reads = self._element_reads(value, indices)
+            if reads == [] and isinstance(value, ast.Constant) and not isinstance(augmented, ast.Mult):
+                # `if pred[i] == y[i]: correct += 1`: counting the elements a test picks
+                tests = self._enclosing_tests(outer.node)
+                for test in tests:
+                    test_reads = self._element_reads(test, indices)
+                    if test_reads is None:
+                        return
+                    reads.extend(test_reads)
             if not reads or not any(self._is_tensor(r) for r in reads):
                 return
             if isinstance(augmented, ast.Add) and self._is_product_of_elements(value):
                 return
         else:
             return
-        if any(loop.reads_carried(value) for loop in loops) or in_test_code(self.ctx):
+        if in_test_code(self.ctx) or self._over_few_slabs(loops, target, value):
             return
+        recurrent, same_index = self._recurrence(outer.node)
+        if recurrent:
+            return
+        if any(loop.carried - same_index and (loop.reads_carried(value) or any(loop.reads_carried(t) for t in tests))
+               for loop in loops):
+            return  # reads a value carried from the previous iteration: a scan
         if not self._only_element_work(outer.node.body, indices):
             return
         self._reported_loops.add(id(outer.node))
@@ -240,20 +386,112 @@ class PerElementLoop(Rule):
             bound = _range_bound(loop)
             if bound is None:
                 break
-            if isinstance(bound, ast.Constant) and isinstance(bound.value, int) and bound.value <= _SMALL_RANGE:
+            if self._is_small(bound):
                 return []
             run.append(loop)
         return list(reversed(run))
+
+    def _is_small(self, bound: ast.AST) -> bool:
+        """`range(3)`, `range(C)` with `C = 3`, `range(len(MEAN))` over a 3-item literal list."""
+        if isinstance(bound, ast.Call) and getattr(bound.func, "id", None) == "len" and len(bound.args) == 1:
+            size = self._literal_length(bound.args[0])
+        else:
+            size = _kinds.constant_int(self.ctx, bound)
+        return size is not None and size <= _SMALL_RANGE
+
+    def _literal_length(self, expr: ast.AST) -> Optional[int]:
+        """The length of the literal list or tuple `expr` is, or a name holds in every assignment
+        of the scope that binds it (`MEAN = [0.485, 0.456, 0.406]`)."""
+        if isinstance(expr, ast.Name):
+            for scope in _kinds._chain(self.ctx):
+                entries = scope.assigned.get(expr.id)
+                if entries is not None:
+                    lengths = {_literal_length(e[-1]) if e[0] in ("value", "kind") else None for e in entries}
+                    return lengths.pop() if len(lengths) == 1 else None
+            return None
+        return _literal_length(expr)
+
+    def _over_few_slabs(self, loops: list, target: ast.AST, value: ast.AST) -> bool:
+        """`for i in range(self.groups): res += x[..., i] * w`: whole slabs over a model setting
+        (groups, heads), a handful of whole-tensor ops rather than one op per element."""
+        if not any(isinstance(_range_bound(loop), ast.Attribute) for loop in loops):
+            return False
+        return any(isinstance(sub, ast.Subscript) and _is_slab(_index_parts(sub)[1])
+                   for part in (target, value) for sub in ast.walk(part))
+
+    def _enclosing_tests(self, outer: ast.AST) -> list:
+        """The tests of the `if`s between the outer loop and the node (`if x[i] > 0:`)."""
+        parents = self.ctx.parents
+        start = next(k for k, parent in enumerate(parents) if parent is outer)
+        return [parent.test for parent in parents[start + 1:] if isinstance(parent, ast.If)]
+
+    def _recurrence(self, loop: ast.AST) -> tuple:
+        """(whether the loop reads a tensor it writes at another index than it writes, or through
+        an alias, as in a scan `h[t] = h[t - 1] * a`; the written tensors read only at the indices
+        written, `x[i] = x[i] * w[i]`, which are element-wise)."""
+        key = id(loop)
+        if key not in self._recurrences:
+            self._recurrences[key] = self._find_recurrence(loop)
+        return self._recurrences[key]
+
+    def _find_recurrence(self, loop: ast.AST) -> tuple:
+        writes: dict = {}
+        for stmt in loop.body:
+            for sub in walk_no_scopes(stmt):
+                if isinstance(sub, ast.Subscript) and isinstance(sub.ctx, (ast.Store, ast.Del)):
+                    base, parts = _index_parts(sub)
+                    if isinstance(base, ast.Name):
+                        writes.setdefault(base.id, set()).add(tuple(ast.dump(p) for p in parts))
+        if not writes:
+            return False, frozenset()
+        aliases = self._aliases(set(writes))
+        stack = list(loop.body)
+        while stack:
+            node = stack.pop()
+            if isinstance(node, ast.Subscript):
+                base, parts = _index_parts(node)
+                if isinstance(base, ast.Name) and (base.id in writes or base.id in aliases):
+                    if base.id in aliases or tuple(ast.dump(p) for p in parts) not in writes[base.id]:
+                        return True, frozenset()
+                    stack.extend(parts)
+                    continue
+            elif isinstance(node, ast.Name) and (node.id in writes or node.id in aliases):
+                return True, frozenset()  # the whole tensor read or passed on
+            elif isinstance(node, ast.Attribute) and isinstance(node.value, ast.Name) and node.attr in _METADATA_ATTRS:
+                continue
+            elif isinstance(node, ast.Call) and (
+                    (isinstance(node.func, ast.Attribute) and isinstance(node.func.value, ast.Name)
+                     and node.func.attr in _METADATA_METHODS)
+                    or (getattr(node.func, "id", None) == "len" and len(node.args) == 1 and isinstance(node.args[0], ast.Name))):
+                stack.extend(node.args if isinstance(node.func, ast.Attribute) else [])
+                continue
+            stack.extend(child for child in ast.iter_child_nodes(node)
+                         if not isinstance(child, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef, ast.Lambda)))
+        return False, frozenset(writes)
+
+    def _aliases(self, names: set) -> set:
+        """Other names for the memory of `names` in the scope: `y = x`, `buf = out.view(-1)`, and the
+        name a written tensor was taken from (`x = y[0]`)."""
+        scope = self.ctx.function if self.ctx.function is not None else self.ctx.tree
+        aliases = set()
+        for stmt in scope.body:
+            for sub in walk_no_scopes(stmt):
+                if not (isinstance(sub, ast.Assign) and len(sub.targets) == 1 and isinstance(sub.targets[0], ast.Name)):
+                    continue
+                target, root = sub.targets[0].id, _view_root(sub.value)
+                if root is None or root == target:
+                    continue
+                if root in names and target not in names:
+                    aliases.add(target)
+                elif target in names and root not in names:
+                    aliases.add(root)
+        return aliases
 
     @staticmethod
     def _element_base(node: ast.Subscript, indices: set) -> Optional[ast.AST]:
         """The tensor an element access indexes (`x[i]`, `x[i, j]`, `x[:, i]`, `x[i][j]`, `x[i + 1]`)
         when every index is a loop variable, a constant or a full slice; else None."""
-        parts = []
-        while isinstance(node, ast.Subscript):
-            index = node.slice
-            parts.extend(index.elts if isinstance(index, ast.Tuple) else [index])
-            node = node.value
+        node, parts = _index_parts(node)
         uses_loop_variable = False
         for part in parts:
             if isinstance(part, ast.Slice):
@@ -337,8 +575,15 @@ class PerElementLoop(Rule):
 
     @staticmethod
     def _is_product_of_elements(value: ast.AST) -> bool:
-        return (isinstance(value, ast.BinOp) and isinstance(value.op, ast.Mult)
-                and isinstance(value.left, ast.Subscript) and isinstance(value.right, ast.Subscript))
+        """`a[i] * b[i]`, `alpha * A[i, k] * B[k, j]`: a product of two or more indexed factors."""
+        factors, stack = 0, [value]
+        while stack:
+            node = stack.pop()
+            if isinstance(node, ast.BinOp) and isinstance(node.op, ast.Mult):
+                stack.extend((node.left, node.right))
+            elif isinstance(node, ast.Subscript):
+                factors += 1
+        return factors >= 2 and isinstance(value, ast.BinOp)
 
     def _is_tensor(self, expr: ast.AST) -> bool:
         return _kinds.kind_of(self.ctx, expr) in _kinds.TENSORS or (

@@ -8,6 +8,7 @@ from typing import Optional
 
 from matlint.rule import Only, Rule, bad, good
 
+from . import _kinds
 from ._loops import identifier
 from ._names import in_test_code
 
@@ -29,10 +30,17 @@ def _same_values_on_device(name: str, call: ast.Call) -> bool:
 # Factories whose values come from the generator of the device they are created on.
 _RANDOM = {"rand", "randn", "randint", "randperm", "normal", "bernoulli"}
 _FROM_DATA = {"tensor", "as_tensor", "asarray", "Tensor", "FloatTensor", "LongTensor"}
+# Legacy constructors: `torch.Tensor(2, 4)` takes sizes (uninitialised memory), `torch.Tensor([2, 4])` data.
+_LEGACY_CONSTRUCTORS = {"Tensor": "", "FloatTensor": "dtype=torch.float32, ", "LongTensor": "dtype=torch.long, "}
+# Tests that read a tensor's values on the host: the branch under them handles what the data says
+# (an empty mask, a NaN, an out-of-range loss), not the work of every call.
+_VALUE_CHECKS = {"item", "any", "all", "isnan", "isinf", "isfinite", "equal", "allclose", "is_nonzero"}
+# Bases that make a class a plain Python class, not an nn.Module.
+_PLAIN_BASES = {"abc.ABC", "typing.Generic", "typing.Protocol", "typing.NamedTuple", "enum.Enum"}
 # Ops whose result lives where their input does (`torch.tril(torch.ones(T, T)).to(device)`).
 _SAME_DEVICE_FUNCTIONS = {"torch.tril", "torch.triu"}
 _SAME_DEVICE_METHODS = {"tril", "triu", "bool", "float", "half", "bfloat16", "long", "int"}
-_ONE_TIME_FUNCTION = re.compile(r"^(__init__|_?init|_?build|_?setup|reset_parameters)", re.IGNORECASE)
+_ONE_TIME_FUNCTION = re.compile(r"^(__init__|_?init|_?build|_?setup|_?load|reset_parameters)", re.IGNORECASE)
 
 
 def _is_constant_data(expr: ast.AST) -> bool:
@@ -42,6 +50,37 @@ def _is_constant_data(expr: ast.AST) -> bool:
         return _is_constant_data(expr.operand)
     if isinstance(expr, (ast.List, ast.Tuple)):
         return bool(expr.elts) and all(_is_constant_data(e) for e in expr.elts)
+    return False
+
+
+def _is_scalar_data(expr: ast.AST) -> bool:
+    return _is_constant_data(expr) and not isinstance(expr, (ast.List, ast.Tuple))
+
+
+def _scalar_value(expr: ast.AST):
+    """The number a scalar literal (`_is_scalar_data`) spells: `-1.0`, `+2`, `True`."""
+    if isinstance(expr, ast.UnaryOp):
+        value = _scalar_value(expr.operand)
+        return -value if isinstance(expr.op, ast.USub) else value
+    return expr.value
+
+
+def _changes_in_place(name: str, stmt: ast.AST) -> bool:
+    """`stmt` changes the tensor held by `name` in place: `name += ...`, `name[i] = ...`, `name.add_(...)`."""
+    for node in ast.walk(stmt):
+        if isinstance(node, ast.AugAssign):
+            target = node.target
+        elif isinstance(node, ast.Subscript) and isinstance(node.ctx, ast.Store):
+            target = node
+        elif (isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute) and node.func.attr.endswith("_")
+              and not node.func.attr.startswith("_")):
+            target = node.func.value
+        else:
+            continue
+        while isinstance(target, (ast.Subscript, ast.Attribute)):
+            target = target.value
+        if isinstance(target, ast.Name) and target.id == name:
+            return True
     return False
 
 
@@ -56,19 +95,24 @@ class TensorCreationInLoop(Rule):
       `torch.arange(n).cuda()`, `torch.randn(b, d).to(x.device)`): it can be created on the
       device directly;
     - a constant copied from the host (`torch.tensor([0.5, 2.0], device=x.device)`,
-      `torch.tensor(1.0).cuda()`): the same values are uploaded again each time.
+      `torch.tensor(1.0).cuda()`): the same values are uploaded again each time. A scalar
+      (`torch.tensor(0.0, device=d)`, often an accumulator updated in place) gets the fill that
+      makes it on the device (`torch.zeros((), device=d)`, same dtype), not a buffer;
+    - an uninitialised tensor allocated on the host and moved (`torch.Tensor(2, 4).to(d)`: the
+      arguments are sizes): `torch.empty(2, 4, device=d)`.
 
     ## Why is this bad?
     Creating on the host and copying costs a host allocation, a fill on the CPU and a
     host-to-device copy from pageable memory, which blocks the CPU until the copy is done,
     every iteration. `device=` makes it one fill kernel on the GPU. A constant uploaded per
-    step is a copy that never had to happen: create it once.
+    step is a copy that never had to happen: create it once, or fill a scalar on the device.
 
     ## Example
     ```python
     def forward(self, x):
         mask = torch.ones(x.shape[1], x.shape[1]).to(x.device).tril()
         scale = torch.tensor([0.5, 2.0], device=x.device)
+        total = torch.tensor(0.0, device=x.device)
         ...
     ```
 
@@ -80,6 +124,7 @@ class TensorCreationInLoop(Rule):
 
     def forward(self, x):
         mask = torch.ones(x.shape[1], x.shape[1], device=x.device).tril()
+        total = torch.zeros((), device=x.device)
         ...
     ```
 
@@ -91,12 +136,22 @@ class TensorCreationInLoop(Rule):
     - `.to(x)` / `.to(dtype)` and other `.to` calls whose argument may not be a device, and
       `.to("cpu")`; random tensors drawn from an explicit `generator=` (it lives on the host);
       factories with `requires_grad=True` (the moved copy is a non-leaf, so `device=` would
-      change which tensor gets the gradient) or `pin_memory=True`.
+      change which tensor gets the gradient; a constant leaf must be a new one each call) or
+      `pin_memory=True`.
+    - Constant tensors that a tensor made once could not replace: returned or stored in another
+      object (`data.edge_index = torch.tensor(...)`: every result would share it), or changed
+      in place later (`counts = torch.tensor([0, 0], device=d)`, then `counts[k] += 1`).
     - A device that changes with the loop variable (`torch.tensor(0, device=torch.device("cuda",
       i))` to initialize each GPU), and branches that run on one iteration only (`if i ==
-      len(steps) - 1:`, `if state is None:`, `if len(state) == 0:`).
-    - Loops in `__init__`, `init*`, `build*`, `setup*` and `reset_parameters` (run once), code
-      outside loops and `forward`, and tests.
+      len(steps) - 1:`, `if state is None:`, `if len(state) == 0:`; their `else:` is reported).
+    - Branches that the data chooses, under a test that reads tensor values on the host (`if
+      not torch.any(mask): return torch.tensor(0.0, device=d)`, `if loss.item() > 1.0:`, `if
+      total == 0:` for a tensor `total`): an empty batch or an out-of-range value, not the work
+      of every call.
+    - Loops in `__init__`, `init*`, `build*`, `setup*`, `load*` and `reset_parameters` (run
+      once), loops that make one tensor per listed shape (`torch.randn(1, *shape).to(device) for
+      shape in input_shapes`: dummy inputs), code outside loops and `forward`, the `forward` of a
+      class known not to be an `nn.Module` (no base, `object`, `ABC`), and tests.
     - Caches filled on the first call: `self._mask = ...` under an `if` that tests `self._mask`
       (`if self._mask is None or self._mask.size(0) < T:`, `if not hasattr(self, "_mask"):`).
 
@@ -107,8 +162,11 @@ class TensorCreationInLoop(Rule):
     their values with rounding that differs between CPU and GPU kernels (the last bit of a
     float, or a whole step after a cast to an integer dtype), so their fix is unsafe; so is the
     fix for random factories (`randn`, `rand`, `randint`, `randperm`): the device's generator
-    draws different numbers from the CPU's. Constants have no fix: hoisting them (a buffer, a
-    module-level tensor) is the author's call.
+    draws different numbers from the CPU's. `device=` goes before the closing parenthesis, or
+    right after the last argument when a comment ends the argument list; there is no fix when a
+    comment sits between the factory and the end of the move (it would be dropped). Constants
+    and `torch.Tensor(sizes)` have no fix: hoisting them (a buffer, a module-level tensor) is
+    the author's call.
     """
     examples = [
         bad("""
@@ -234,6 +292,89 @@ class TensorCreationInLoop(Rule):
                     if flag is None:
                         flag = torch.zeros(1).to(device)
             """),
+        bad("""
+            import torch
+            import torch.nn as nn
+            class DeepSupervisionLoss(nn.Module):
+                def forward(self, inputs, target):
+                    loss = torch.tensor(0, dtype=torch.float, device=target.device)
+                    for x in inputs:
+                        loss += self.loss(x, target)
+                    return loss
+            """, (5, 16), message_contains="`torch.zeros((), dtype=torch.float, device=target.device)` fills it"),
+        bad("""
+            import torch
+            from torch import nn
+            class M(nn.Module):
+                def forward(self, x):
+                    h = torch.Tensor(2, 4).to(x.device)
+                    flags = torch.tensor(True).cuda()
+                    return x + h.sum(), flags
+            """, (5, 13), (6, 17), message_contains="`torch.empty(2, 4, device=x.device)`"),
+        bad("""
+            import torch
+            def train(model, loader, device):
+                for x, y in loader:
+                    mask = torch.zeros(
+                        x.shape[0], 4,  # batch, heads
+                    ).to(device)
+                    ones = (torch.ones(3)  # per head
+                            ).to(device)
+                    model(x.to(device), mask, ones)
+            """, (4, 16), (7, 16),
+            fixed="""
+            import torch
+            def train(model, loader, device):
+                for x, y in loader:
+                    mask = torch.zeros(
+                        x.shape[0], 4, device=device,  # batch, heads
+                    )
+                    ones = (torch.ones(3)  # per head
+                            ).to(device)
+                    model(x.to(device), mask, ones)
+            """),
+        good("""
+            import torch
+            import torch.nn as nn
+            class ListLoss(nn.Module):
+                def forward(self, logits, mask, y):
+                    if not torch.any(mask):
+                        return torch.tensor(0.0, device=logits.device)
+                    total = torch.sum(mask)
+                    if total == 0:
+                        return torch.tensor([0.0, 0.0], device=logits.device)
+                    loss = self.loss(logits, y)
+                    if loss.item() > 1.0:
+                        loss = torch.tensor(1.0, device=loss.device)
+                    zero = torch.tensor(0.0, device=logits.device, requires_grad=True)
+                    return loss + zero
+            """),
+        good("""
+            import torch
+            import torch.nn as nn
+            class Delaunay:
+                def forward(self, data):
+                    scale = torch.tensor([0.5, 2.0], device=data.pos.device)
+                    return data.pos * scale
+            class Triangulate(nn.Module):
+                def forward(self, data, device):
+                    if data.pos.size(0) == 2:
+                        data.edge_index = torch.tensor([[0, 1], [1, 0]], device=device)
+                        return data
+                    counts = torch.tensor([0, 0], device=device)
+                    counts[0] += data.pos.size(0)
+                    return data, counts, torch.tensor([1, 2], device=device)
+            """),
+        good("""
+            import torch
+            class OnnxBackend:
+                def load_model(self, outputs, dtype):
+                    for output in outputs:
+                        y = torch.empty(output.shape, dtype=dtype).to(self.device)
+                        self.bind(output, y)
+            def complexity_info(model, input_shapes, device):
+                return tuple(torch.randn(1, *shape).to(device) for shape in input_shapes)
+            """),
         good("""
             import torch
             def test_moves(device):
@@ -261,22 +402,28 @@ class TensorCreationInLoop(Rule):
             device = target if isinstance(target, str) else self.ctx.segment(target)
             name, call = factory
             if name in _FROM_DATA:
-                if call.args and _is_constant_data(call.args[0]):
-                    self._report_constant(node)
+                if self._legacy_sizes(name, call):
+                    self._report_sizes(node, name, call, device)
+                elif call.args and _is_constant_data(call.args[0]):
+                    self._constant(node, call, device)
                 return
             if name not in _FILLS and name not in _RANDOM:
                 return
             if any(k.arg in ("device", None, "out", "generator", "requires_grad", "pin_memory") for k in call.keywords):
                 return  # already placed, unknown keywords, host-only options, or a leaf whose copy is what is used
+            if self._sized_by_loop_item(call) or self._in_value_checked_branch():
+                return
             self.report(node, f"`{self.ctx.segment(call.func)}(...)` is created on the host and copied to the device "
                               f"on every {self._where()}; create it there with `device=`",
                         fix=self._device_fix(node, call, device, safe=_same_values_on_device(name, call)))
             return
         if factory[0] not in _FROM_DATA or not node.args or not _is_constant_data(node.args[0]):
             return
+        if self._legacy_sizes(factory[0], node):
+            return  # `torch.FloatTensor(2, 4, device=...)`: sizes, allocated where it is used
         device = next((k.value for k in node.keywords if k.arg == "device"), None)
         if device is not None and self._is_device(device) and not self._varies_per_iteration(device):
-            self._report_constant(node)
+            self._constant(node, node, self.ctx.segment(device))
 
     # -- helpers --------------------------------------------------------------------
     def _hot(self) -> bool:
@@ -285,8 +432,24 @@ class TensorCreationInLoop(Rule):
             return bool(self.ctx.loops)
         name = getattr(function, "name", "")
         if name == "forward":
-            return bool(self.ctx.loops) or (self.ctx.class_ is not None and len(self.ctx.functions) == 1)
+            return bool(self.ctx.loops) or (self.ctx.class_ is not None and len(self.ctx.functions) == 1
+                                            and not self._plain_class(self.ctx.class_))
         return bool(self.ctx.loops) and not _ONE_TIME_FUNCTION.match(name)
+
+    def _plain_class(self, cls: ast.ClassDef, depth: int = 0) -> bool:
+        """A class known not to be an nn.Module (no bases, `object`, `ABC`, or plain classes of this
+        file): its `forward` is not called per step of a model, and it has no `register_buffer`."""
+        for base in cls.bases:
+            if isinstance(base, ast.Subscript):  # Generic[T]
+                base = base.value
+            if isinstance(base, ast.Name) and base.id == "object" or self.ctx.qualname(base) in _PLAIN_BASES:
+                continue
+            if not isinstance(base, ast.Name) or depth > 3 or self.ctx.qualname(base) is not None:
+                return False
+            defined = [s for s in self.ctx.tree.body if isinstance(s, ast.ClassDef) and s.name == base.id]
+            if len(defined) != 1 or not self._plain_class(defined[0], depth + 1):
+                return False
+        return True
 
     def _runs_once_per_loop(self) -> bool:
         """Under `if i == last:`, `if x is None:`, `if len(state) == 0:` inside the loop: a
@@ -294,12 +457,13 @@ class TensorCreationInLoop(Rule):
         if not self.ctx.loops:
             return False
         loop_node = self.ctx.loops[-1].node
+        parents = self.ctx.parents
         inside = False
-        for parent in self.ctx.parents:
+        for k, parent in enumerate(parents[:-1]):
             if parent is loop_node:
                 inside = True
-            elif inside and isinstance(parent, ast.If):
-                test = parent.test
+            elif inside and isinstance(parent, ast.If) and any(s is parents[k + 1] for s in parent.body):
+                test = parent.test  # its `else:` runs on the other iterations
                 if isinstance(test, ast.Compare) and all(isinstance(op, (ast.Eq, ast.Is)) for op in test.ops):
                     return True
         return False
@@ -393,18 +557,139 @@ class TensorCreationInLoop(Rule):
         text = self.ctx.segment(factory)
         if not text.endswith(")"):
             return None
-        head = text[:-1].rstrip()
-        separator = "" if head.endswith(("(", ",")) else ", "
-        if head.endswith(","):
-            separator = " "
-        created = f"{head}{separator}device={device})"
+        arguments = factory.args + factory.keywords
+        if "#" in text and arguments:
+            # A comment after the last argument would swallow a `device=...)` put before the `)`:
+            # put it right after the last argument instead.
+            last = max(arguments, key=lambda a: (a.end_lineno, a.end_col_offset))
+            span = ast.AST(lineno=factory.lineno, col_offset=factory.col_offset,
+                           end_lineno=last.end_lineno, end_col_offset=last.end_col_offset)
+            head = self.ctx.segment(span)
+            if not text.startswith(head):
+                return None
+            created = f"{head}, device={device}{text[len(head):]}"
+        else:
+            head = text[:-1].rstrip()
+            separator = "" if head.endswith(("(", ",")) else ", "
+            if head.endswith(","):
+                separator = " "
+            created = f"{head}{separator}device={device})"
         moved = self.ctx.segment(move.func.value)
         if moved != text:  # ops between the factory and the move: they now run on the device
             if moved.count(text) != 1:
                 return None
             created = moved.replace(text, created)
+        if "#" in self.ctx.segment(move).replace(text, ""):
+            return None  # a comment between the factory and the end of the move would be dropped
         return self.replace(move, created, "Create the tensor on the device with `device=`", safe=safe)
 
-    def _report_constant(self, node: ast.Call) -> None:
+    def _constant(self, node: ast.Call, factory: ast.Call, device: str) -> None:
+        """`node` uploads the constant `factory` builds (`node` is the factory itself or its move)."""
+        if any(k.arg in ("requires_grad", None) for k in factory.keywords):
+            return  # a fresh leaf for autograd each time: one shared tensor would not do
+        if self._in_value_checked_branch():
+            return
+        value = factory.args[0]
+        if _is_scalar_data(value):
+            self._report_scalar(node, factory, value, device)
+            return
+        if self._escapes(node) or self._changed_in_place_later(node):
+            return  # one tensor made once would be shared by every result, or changed by every call
         self.report(node, f"this constant tensor is copied from the host to the device on every {self._where()}; "
                           "create it once (`self.register_buffer(..., persistent=False)` or outside the loop)")
+
+    def _report_scalar(self, node: ast.Call, factory: ast.Call, value: ast.AST, device: str) -> None:
+        number = _scalar_value(value)
+        keywords = [f"{k.arg}={self.ctx.segment(k.value)}" for k in factory.keywords if k.arg != "device"]
+        if not any(k.arg == "dtype" for k in factory.keywords) and type(number) in (bool, int):
+            # `torch.tensor(0)` is int64 and `torch.tensor(True)` bool; `torch.zeros(())` would be float
+            keywords.append("dtype=torch.bool" if type(number) is bool else "dtype=torch.long")
+        keywords.append(f"device={device}")
+        if number in (0, 1):
+            instead = f"torch.{'zeros' if number == 0 else 'ones'}((), {', '.join(keywords)})"
+        else:
+            instead = f"torch.full((), {self.ctx.segment(value)}, {', '.join(keywords)})"
+        self.report(node, f"this scalar is copied from the host to the device on every {self._where()}; "
+                          f"`{instead}` fills it on the device without a copy (or pass the Python number where "
+                          "the op takes one)")
+
+    def _report_sizes(self, node: ast.Call, name: str, call: ast.Call, device: str) -> None:
+        sizes = ", ".join(self.ctx.segment(a) for a in call.args)
+        self.report(node, f"`{self.ctx.segment(call)}` allocates an uninitialised tensor on the host and copies it to "
+                          f"the device on every {self._where()}; allocate it there: "
+                          f"`torch.empty({sizes}, {_LEGACY_CONSTRUCTORS[name]}device={device})`")
+
+    @staticmethod
+    def _legacy_sizes(name: str, call: ast.Call) -> bool:
+        """`torch.Tensor(2, 4)`, `torch.FloatTensor(3)`: sizes, not data."""
+        return name in _LEGACY_CONSTRUCTORS and bool(call.args) and all(
+            isinstance(a, ast.Constant) and type(a.value) is int for a in call.args)
+
+    def _in_value_checked_branch(self) -> bool:
+        """Under `if not torch.any(mask):`, `if loss.item() > 1.0:`, `if total == 0:` (a tensor): a
+        branch the data chooses (an empty batch, an out-of-range value), not work of every call."""
+        parents = self.ctx.parents
+        for k in range(len(parents) - 2, -1, -1):
+            parent = parents[k]
+            if parent is self.ctx.function:
+                break
+            if isinstance(parent, ast.If) and any(s is parents[k + 1] for s in parent.body) \
+                    and self._reads_tensor_values(parent.test):
+                return True
+        return False
+
+    def _reads_tensor_values(self, test: ast.AST) -> bool:
+        operands = [test.operand if isinstance(test, ast.UnaryOp) else test]
+        for sub in ast.walk(test):
+            if isinstance(sub, ast.Call) and isinstance(sub.func, ast.Attribute) and sub.func.attr in _VALUE_CHECKS:
+                return True
+            if isinstance(sub, ast.Compare):
+                operands.append(sub.left)
+                operands.extend(sub.comparators)
+        return any(isinstance(o, (ast.Name, ast.Attribute, ast.Call, ast.Subscript)) and _kinds.kind_of(self.ctx, o) in _kinds.TENSORS
+                   for o in operands)
+
+    def _escapes(self, node: ast.Call) -> bool:
+        """The new tensor is returned, or stored in another object (`data.edge_index = ...`,
+        `out["mask"] = ...`): a tensor made once would be shared by every result."""
+        parent = self.ctx.parent
+        if isinstance(parent, ast.Tuple):
+            parent = self.ctx.parents[-2] if len(self.ctx.parents) > 1 else None
+        if isinstance(parent, ast.Return):
+            return True
+        if not isinstance(parent, ast.Assign) or parent.value is not node and not isinstance(parent.value, ast.Tuple):
+            return False
+        for target in parent.targets:
+            if isinstance(target, ast.Attribute) and not (isinstance(target.value, ast.Name) and target.value.id == "self"):
+                return True
+            if isinstance(target, ast.Subscript) and _kinds.kind_of(self.ctx, target.value) not in _kinds.TENSORS:
+                return True
+        return False
+
+    def _changed_in_place_later(self, node: ast.Call) -> bool:
+        """`counts = torch.tensor([0, 0], device=d)` then `counts[k] += 1`: a tensor made once would
+        carry the changes of every call."""
+        statement = self.ctx.statement()
+        if not (isinstance(statement, ast.Assign) and statement.value is node and len(statement.targets) == 1
+                and isinstance(statement.targets[0], ast.Name)):
+            return False
+        name = statement.targets[0].id
+        scope = self.ctx.function if self.ctx.function is not None else self.ctx.tree
+        return any(_changes_in_place(name, stmt) for stmt in scope.body)
+
+    def _sized_by_loop_item(self, call: ast.Call) -> bool:
+        """`torch.randn(1, *shape).to(device) for shape in input_shapes`: one tensor per listed
+        shape (dummy inputs built once), not the same work on every iteration."""
+        if not self.ctx.loops:
+            return False
+        loop = self.ctx.loops[-1]
+        it = loop.iter
+        if isinstance(it, ast.Call) and getattr(it.func, "id", None) in ("range", "enumerate"):
+            return False
+        targets = loop.targets
+        for arg in call.args:
+            if isinstance(arg, ast.Starred):
+                arg = arg.value
+            if isinstance(arg, ast.Name) and arg.id in targets:
+                return True
+        return False

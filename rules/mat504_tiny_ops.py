@@ -10,7 +10,7 @@ from matlint.diagnostics import Edit, Fix
 from matlint.rule import Only, Rule, bad, good
 
 from ._kinds import identifier_text
-from ._loops import LoopInfo, identifier, is_training_loop
+from ._loops import LoopInfo, identifier, is_training_loop, loaded_names
 from ._names import in_test_code
 
 _OPTIMIZERS = {"SGD", "Adam", "AdamW", "Adamax", "NAdam", "RAdam", "Adagrad", "Adadelta", "RMSprop", "Rprop", "ASGD"}
@@ -20,9 +20,19 @@ _INPLACE_MATH = {"add_", "sub_", "mul_", "div_", "addcmul_", "addcdiv_", "lerp_"
 # `p.data = ...` (also `(p.data) = ...`, or with a line continuation before the `=`): a file
 # without it has no `.data` update for visit_Assign to find.
 _ASSIGNS_DATA = re.compile(r"data[\s\\)]*=(?!=)")
-_HOT_FUNCTION = re.compile(r"step|update|ema|average|swa|apply_grad", re.IGNORECASE)
+# Name tokens of a function that runs on every update (`sgd_step`, `update_ema`, `applyGradients`):
+# whole tokens, so `remap`, `swap` and `schema` do not count.
+_HOT_TOKENS = frozenset({"step", "steps", "update", "updates", "ema", "average", "averages", "avg", "swa", "sgd"}
+                        | {name.lower() for name in _OPTIMIZERS})
+_NAME_TOKEN = re.compile(r"[A-Z]+(?![a-z])|[A-Z]?[a-z]+|[0-9]+")
 _ONE_TIME_FUNCTION = re.compile(r"init|reset|load|build|setup|copy|convert|prune|quantiz|checkpoint|ckpt",
                                 re.IGNORECASE)
+
+
+def _updates_every_step(name: str) -> bool:
+    tokens = [token.lower() for token in _NAME_TOKEN.findall(name)]
+    return any(token in _HOT_TOKENS or (token == "apply" and following.startswith("grad"))
+               for token, following in zip(tokens, tokens[1:] + [""]))
 
 
 class TinyOps(Rule):
@@ -35,9 +45,12 @@ class TinyOps(Rule):
     - a `torch.optim` optimizer built with `foreach=False`;
     - a hand-written update loop over a model's parameters (`for p in model.parameters():`,
       `for name, p in model.named_parameters():`, `for e, p in zip(ema.parameters(),
-      model.parameters()):`, `for p in group["params"]:`) whose body updates them in place
-      with arithmetic (`p.data.add_(...)`, `p.mul_(...)`, `e.lerp_(p, w)`, `p -= lr * p.grad`,
-      `p.data = p.data - ...`).
+      model.parameters()):`, `for p in group["params"]:`) whose body updates them, or the state
+      kept for each in a dict keyed by the loop variable, in place with arithmetic
+      (`p.data.add_(...)`, `p.mul_(...)`, `e.lerp_(p, w)`, `p -= lr * p.grad`, `p.data = p.data -
+      ...`, `self.shadow[name].mul_(d).add_(p, alpha=1 - d)`);
+    - the same over a list of tensors (`for param in params:`) where the update reads the
+      gradient of the tensor it updates (`param -= lr * param.grad / batch_size`): a parameter.
 
     ## Why is this bad?
     Each in-place op on one parameter is one kernel launch. A model with 200 parameter
@@ -76,8 +89,12 @@ class TinyOps(Rule):
     - Loops that also run GEMMs, linear algebra, autograd or a loss per parameter (Shampoo or
       Kron preconditioners, per-parameter Hessians): their cost is not launch overhead.
     - Loops that are not known to run every step: only an optimizer's `step`, a function
-      whose name says it updates (`update`, `ema`, `average`, `swa`...), or a loop nested in
-      a training loop counts; a one-off gradient rescale after training does not.
+      whose name says it updates (a whole word of it: `update`, `step`, `ema`, `average`,
+      `swa`, `sgd`, an optimizer's name; not `remap` or `swap`), the `__call__` of a class so
+      named (`class EMA`), or a loop nested in a training loop counts; a one-off gradient
+      rescale after training does not.
+    - Loops over a list of tensors (`for s in scales:`) whose update does not read their `.grad`,
+      and tallies in a dict keyed by the parameter (`self.counts[name] += 1`).
     - `foreach=False` next to `differentiable=True` (meta-learning through the update) or next
       to `fused=` (unless it is `fused=False`: the fused kernel already does every parameter), and
       tests.
@@ -176,6 +193,41 @@ class TinyOps(Rule):
             fused = torch.optim.AdamW(params, lr=3e-4, foreach=False, fused=True)
             chosen = torch.optim.AdamW(params, lr=3e-4, foreach=False, fused=use_fused)
             """),
+        bad("""
+            import torch
+            class EMA:
+                @torch.no_grad()
+                def update(self, model):
+                    for name, p in model.named_parameters():
+                        self.shadow[name].mul_(self.decay).add_(p, alpha=1 - self.decay)
+            class ModelEma:
+                @torch.no_grad()
+                def __call__(self, model):
+                    for name, p in model.named_parameters():
+                        self.shadow[name] -= (1 - self.decay) * (self.shadow[name] - p)
+            def sgd(params, lr, batch_size):
+                with torch.no_grad():
+                    for param in params:
+                        param -= lr * param.grad / batch_size
+                        param.grad.zero_()
+            """, (6, 13), (11, 13), (15, 13)),
+        good("""
+            import torch
+            @torch.no_grad()
+            def remap_to_half_range(model):
+                for p in model.parameters():
+                    p.mul_(0.5).add_(0.5)
+            @torch.no_grad()
+            def swap_in_averaged(model, avg_model):
+                for p, q in zip(model.parameters(), avg_model.parameters()):
+                    p.mul_(0).add_(q)
+            class Tracker:
+                def update(self, model, scales):
+                    for name, p in model.named_parameters():
+                        self.counts[name] += 1
+                    for s in scales:
+                        s.mul_(0.5)
+            """),
         good("""
             import torch
             def test_update(model):
@@ -264,6 +316,11 @@ class TinyOps(Rule):
         updated = target if target is not None else node.func.value
         if not self._is_parameter(updated, loop):
             return
+        if not self._iterates_parameters(loop.iter) and not self._reads_own_gradient(node, updated):
+            return  # `for p in params:` is a parameter list only where the update reads `p.grad`
+        if isinstance(node, ast.AugAssign) and isinstance(updated, ast.Subscript) and not (
+                loaded_names(node.value) & loop.targets):
+            return  # `counts[name] += 1`: a tally keyed by the parameter, not an update from it
         function = self.ctx.function
         if function is not None and (_ONE_TIME_FUNCTION.search(getattr(function, "name", "")) or self._uses_foreach(function)):
             return
@@ -280,7 +337,22 @@ class TinyOps(Rule):
         loop = self.ctx.loops[-1]
         if loop.is_comprehension or loop.iter is None:
             return None
-        return loop if self._iterates_parameters(loop.iter) else None
+        it = loop.iter
+        if self._iterates_parameters(it) or isinstance(it, (ast.Name, ast.Attribute, ast.List, ast.Tuple)):
+            return loop
+        return None
+
+    @staticmethod
+    def _reads_own_gradient(node: ast.AST, updated: ast.AST) -> bool:
+        """`param -= lr * param.grad`, `p.data.add_(p.grad, alpha=-lr)`: the update reads the
+        gradient of the tensor it updates, so that tensor is a parameter."""
+        root = updated
+        while isinstance(root, (ast.Attribute, ast.Call)):
+            root = root.func.value if isinstance(root, ast.Call) else root.value
+        if not isinstance(root, ast.Name):
+            return False
+        return any(isinstance(sub, ast.Attribute) and sub.attr == "grad" and isinstance(sub.value, ast.Name)
+                   and sub.value.id == root.id for sub in ast.walk(node))
 
     def _iterates_parameters(self, it: ast.AST) -> bool:
         calls = [it]
@@ -295,7 +367,8 @@ class TinyOps(Rule):
 
     @staticmethod
     def _is_parameter(expr: ast.AST, loop: LoopInfo) -> bool:
-        """`p`, `p.data`, `p.grad`, `p.data.mul_(d)` for a loop variable `p`."""
+        """`p`, `p.data`, `p.grad`, `p.data.mul_(d)` for a loop variable `p`, or the state kept for
+        it in a dict keyed by the loop variable (`self.shadow[name]`)."""
         node = expr
         while isinstance(node, (ast.Attribute, ast.Call)):
             if isinstance(node, ast.Call):
@@ -306,6 +379,9 @@ class TinyOps(Rule):
                 if node.attr not in ("data", "grad"):
                     return False
                 node = node.value
+        if isinstance(node, ast.Subscript) and isinstance(node.slice, ast.Name) and node.slice.id in loop.targets \
+                and isinstance(node.value, (ast.Name, ast.Attribute)):
+            return True
         return isinstance(node, ast.Name) and node.id in loop.targets
 
     def _does_other_work(self, loop: LoopInfo) -> bool:
@@ -325,10 +401,15 @@ class TinyOps(Rule):
         return False
 
     def _runs_every_step(self, loop: LoopInfo) -> bool:
-        """An optimizer `step`, an EMA/`update` function, or a loop inside a training loop."""
+        """An optimizer `step`, an EMA/`update` function (or the `__call__` of an `EMA` class), or
+        a loop inside a training loop."""
         function = self.ctx.function
-        if function is not None and _HOT_FUNCTION.search(getattr(function, "name", "")):
-            return True
+        if function is not None:
+            name = getattr(function, "name", "")
+            if name == "__call__" and self.ctx.class_ is not None:
+                name = self.ctx.class_.name
+            if _updates_every_step(name):
+                return True
         return any(is_training_loop(self.ctx, outer) for outer in self.ctx.loops if outer is not loop)
 
     def _uses_foreach(self, function: ast.AST) -> bool:
