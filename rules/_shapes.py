@@ -12,25 +12,30 @@ Each function is analysed once, lazily, the first time a rule asks about an expr
 (`shape_of(ctx, expr)`), walking its statements in order with an environment of names and
 recording the value of every expression it evaluates. Branches are merged (a name whose value
 differs between branches becomes unknown); names assigned in a loop are unknown inside and after
-it. `self.<attr>` modules and sizes come from the class's `__init__`.
+it. `self.<attr>` modules, sizes and numbers come from the class's `__init__`.
 
 `Shape.explicit` remembers the axes (counted from the end) whose size 1 the author asked for on
 purpose (`x[:, None]`, `unsqueeze`, `keepdim=True`, a literal 1 in `view`/`reshape`):
 broadcasting against them is intended, and the MAT2xx rules stay quiet. A slice that happens to
-keep one element (`boxes[:, 2:3]`) states no such intent.
+keep one element (`boxes[:, 2:3]`) states no such intent, nor does a 1 made for `gather`'s
+index (the result has the index's shape, but the 1 was asked for to pick one element per row).
 
 Where shapes come from: constructors (`randn/zeros/ones/empty/full/rand/randint/arange/linspace/
 eye`, `*_like`, `new_*`, `torch.tensor` of literal nests); jaxtyping/torchtyping annotations;
-`assert x.shape == (B, T)` / `x.ndim == 3`; `B, T, C = x.shape` (which also tells x's rank);
+`assert x.shape == (B, T)` / `x.ndim == 3` / `x.shape[0] == B` (one dim of a tensor of known rank,
+or the last dims: `x.shape[-1] == D` gives `(..., D)`); `B, T, C = x.shape` (which also tells x's rank);
 `view`/`reshape` with explicit sizes; modules built in `__init__` or locally (`nn.Linear`,
 `nn.Embedding`, `nn.Conv1d/2d/3d` channels, `nn.Sequential` chains, shape-keeping layers).
+Python numbers keep a tensor's shape: literals, `math.*` calls, sizes, parameters annotated `float`
+or given a float default, and any arithmetic among them (`1.0 / math.sqrt(D)`, `D ** -0.5`).
 
 Left unknown on purpose: unannotated parameters and values returned by user functions (no
 inter-procedural analysis); `squeeze()` / `squeeze(d)` over a symbolic size (it may be 1); a
 `-1` in `view` unless the input's sizes are all known; advanced and boolean indexing;
 `chunk`/`split`/`unbind`; `F.pad`/`interpolate`; convolution spatial sizes; `view(dtype)`; a
 single name passed as a size (`zeros(shape)`: it may be a tuple); `nn.ModuleList` and layers
-indexed or looped over; any operand that may be a tensor of unknown shape (`x * self.scale`).
+indexed or looped over; any operand that may be a tensor of unknown shape (`x * self.scale`, unless
+`__init__` sets it to a number).
 """
 from __future__ import annotations
 
@@ -938,6 +943,10 @@ class FunctionShapes:
         env = {}
         args = fn.args
         every = args.posonlyargs + args.args + args.kwonlyargs
+        positional = args.posonlyargs + args.args
+        float_defaults = {a.arg for a, d in zip(positional[len(positional) - len(args.defaults):] + args.kwonlyargs,
+                                                args.defaults + args.kw_defaults)
+                          if d is not None and _float_constant(d)}
         for a in every:
             shape = self.annotation_shape(a.annotation) if getattr(a, "annotation", None) else None
             single = self.counts.get(a.arg, 0) == 0
@@ -946,6 +955,9 @@ class FunctionShapes:
                 env[a.arg] = shape
             elif isinstance(a.annotation, ast.Name) and a.annotation.id == "int":
                 env[a.arg] = IntVal(sym)
+            elif (a.annotation.id == "float" if isinstance(a.annotation, ast.Name)
+                  else a.annotation is None and a.arg in float_defaults):
+                env[a.arg] = SCALAR  # `gamma: float`, `gamma=0.99`: a number, not a tensor
             else:
                 env[a.arg] = Opaque(sym)
         for a in (args.vararg, args.kwarg):
@@ -1220,8 +1232,10 @@ class FunctionShapes:
         elif current is None or isinstance(current, Opaque):
             self.env[name] = make_shape(dims, leading)
 
-    def _refine_from_size(self, value_node, sym) -> None:
-        """`B = x.size(0)` / `B = x.shape[0]` / `B = len(x)` names dim 0 of a known-rank x."""
+    def _refine_from_size(self, value_node, sym, stated: bool = False) -> bool:
+        """`B = x.size(0)` / `B = x.shape[0]` names dim 0 of a known-rank x, and so does `assert
+        x.shape[0] == B` (`stated`), which also gives an x of unknown rank its trailing dims
+        (`x.shape[-1] == D`: `(..., D)`). True when `value_node` is such a size."""
         name, axis = None, None
         if isinstance(value_node, ast.Call) and isinstance(value_node.func, ast.Attribute) \
                 and value_node.func.attr == "size" and len(value_node.args) == 1 \
@@ -1229,20 +1243,25 @@ class FunctionShapes:
             name, axis = value_node.func.value.id, int_const(value_node.args[0])
         elif isinstance(value_node, ast.Subscript) and _size_receiver(value_node.value):
             name, axis = _size_receiver(value_node.value), int_const(value_node.slice)
-        current = self.env.get(name) if name else None
-        if not isinstance(current, Shape) or axis is None:
-            return
+        if name is None or axis is None:
+            return False
+        current = self.env.get(name)
+        if not isinstance(current, Shape):
+            if stated and axis < 0 and sym is not None and (current is None or isinstance(current, Opaque)):
+                self.env[name] = make_shape([sym] + [None] * (-axis - 1), True)
+            return True
         n = len(current.dims)
         if axis < 0 and -axis <= n:
             pos = n + axis
         elif axis >= 0 and not current.leading and axis < n:
             pos = axis
         else:
-            return
+            return True
         if current.dims[pos] is None:
             dims = list(current.dims)
             dims[pos] = sym
             self.env[name] = make_shape(dims, current.leading, current.explicit)
+        return True
 
     def assume(self, test) -> None:
         """Shapes stated by `assert x.shape == (B, T)`, `assert x.ndim == 3`."""
@@ -1253,6 +1272,8 @@ class FunctionShapes:
         if not (isinstance(test, ast.Compare) and len(test.ops) == 1 and isinstance(test.ops[0], ast.Eq)):
             return
         for lhs, rhs in ((test.left, test.comparators[0]), (test.comparators[0], test.left)):
+            if self._refine_from_size(lhs, as_dim(self.values.get(rhs)), stated=True):  # `assert y.shape[0] == B`
+                return
             name = _size_receiver(_unwrap_tuple_call(lhs))
             if name is not None:
                 stated = as_dims(self.values.get(rhs))
@@ -1431,6 +1452,8 @@ class FunctionShapes:
             return op_matmul(a, b) if a is not None and b is not None else None
         if isinstance(left, IntVal) and isinstance(right, IntVal):
             return IntVal(dim_binop(node.op, left.dim, right.dim))
+        if _is_scalar(left) and _is_scalar(right):  # `1.0 / math.sqrt(D)`, `D ** -0.5`: a number
+            return SCALAR
         if isinstance(left, (Opaque, IntVal)) and isinstance(right, (Opaque, IntVal)):
             # `n_embd * 4`: still opaque (it may be a tensor), but a size if it is used as one
             return Opaque(dim_binop(node.op, as_dim(left), as_dim(right))) if isinstance(node.op, tuple(_DIM_OPS)) else None
@@ -1654,6 +1677,9 @@ class FunctionShapes:
                 return self._tensor_method(func.attr, receiver, node, args, kwargs)
             if func.attr in ("view", "reshape") and (receiver is None or isinstance(receiver, Opaque)):
                 return self._view(None, node, args)  # the target size alone gives the shape
+            if (func.attr == "gather" and qual is None and len(args) == 2 and not kwargs
+                    and isinstance(args[0], IntVal) and (receiver is None or isinstance(receiver, Opaque))):
+                return _gathered(args[1])  # `net(s).gather(1, a)`: the index's shape whatever the input
             if func.attr == "size" and not kwargs and len(args) <= 1 and not self._is_self_attr(func.value):
                 return SizeVal(make_shape([], True)) if not args else IntVal(None)
             if isinstance(receiver, Module) and func.attr == "forward":
@@ -1742,7 +1768,7 @@ class FunctionShapes:
                 return make_shape(batch.dims + (a.dims[-2], b.dims[-2]), batch.leading) if batch else None
             return None
         if name == "gather" and len(args) >= 3:
-            return as_shape(args[2])
+            return _gathered(args[2])
         if name in _BINARY and len(args) >= 2:
             return self._broadcast_values(args[0], args[1], True)
         # torch.<method>(x, ...) mirrors x.<method>(...)
@@ -1845,8 +1871,8 @@ class FunctionShapes:
                 return None
             out_dim = as_dim(out)
             return Module(name, lambda s: _conv(s, out_dim, spatial))
-        if name in _SAME_MODULES:
-            return Module(name, lambda s: replace(s, explicit=frozenset()) if s is not None else None)
+        if name in _SAME_MODULES:  # like their functional forms, they keep a singleton axis asked for
+            return Module(name, lambda s: s)
         if name == "Flatten":
             start = _int_const(kwargs.get("start_dim", args[0] if args else IntVal(1)))
             end = _int_const(kwargs.get("end_dim", args[1] if len(args) > 1 else IntVal(-1)))
@@ -1981,8 +2007,7 @@ class FunctionShapes:
             dims = (1,) * (len(reps) - len(s.dims)) + s.dims
             return make_shape([dim_product([r, d]) if r is not None else None for r, d in zip(reps, dims)])
         if name == "gather":
-            index = args[1] if len(args) > 1 else kwargs.get("index")
-            return as_shape(index)
+            return _gathered(args[1] if len(args) > 1 else kwargs.get("index"))
         if name == "where":
             if not args:
                 return None
@@ -2062,7 +2087,20 @@ class FunctionShapes:
                 out.append(s.dims[i - pad] if i >= pad else None)
             else:
                 out.append(size)
-        return make_shape(out)
+        return make_shape(out, False, s.explicit)  # `x[:, None].expand(n, 1)` keeps the 1 asked for
+
+
+def _gathered(index) -> Optional[Shape]:
+    """`gather`'s result has its index's shape; a 1 made for the index (`actions.unsqueeze(1)`)
+    is no broadcast the author asked for."""
+    s = as_shape(index)
+    return replace(s, explicit=frozenset()) if s is not None and s.explicit else s
+
+
+def _float_constant(node) -> bool:
+    if node.__class__ is ast.UnaryOp and node.op.__class__ in (ast.USub, ast.UAdd):
+        node = node.operand
+    return node.__class__ is ast.Constant and node.value.__class__ is float
 
 
 def _loss_function(qual: Optional[str]) -> Optional[Loss]:
@@ -2204,7 +2242,7 @@ def _class_attrs(ctx, cls: ast.ClassDef) -> dict:
             init = stmt
             analysis = FunctionShapes(ctx, stmt, self_name=_self_name(stmt), scope="__init__", init_mode=True)
             attrs = {k: v for k, v in analysis.stored_attrs.items()
-                     if isinstance(v, (Module, Loss)) or (isinstance(v, IntVal) and v.dim is not None)
+                     if isinstance(v, (Module, Loss, Scalar)) or (isinstance(v, IntVal) and v.dim is not None)
                      or (isinstance(v, Opaque) and v.sym is not None)}
     if attrs:
         # Attributes (of anything) stored outside __init__, read off the source text: cheap,

@@ -32,17 +32,20 @@ class TrailingOneBroadcast(Rule):
     docs = """
     ## What it does
     Finds arithmetic and comparisons (`-`, `+`, `*`, `/`, `**`, `==`, `<`, ...; `torch.sub`,
-    `x.mul(y)`, ...) where one operand has shape `(..., N, 1)` and the other `(..., N)`, one
-    dim less, with the same `N`. Broadcasting lines the trailing 1 up against `N`, so
-    `(N, 1) - (N,)` is an `(N, N)` matrix. Shapes come from matlint's symbolic shape analysis
-    (constructors, `nn.Linear` outputs, `view`, indexing, reductions, jaxtyping annotations,
-    `assert x.shape == ...`); the rule fires only when both shapes are known.
+    `x.mul(y)`, `sub(a, b)` after `from torch import sub`, ...) and `torch.where`/`x.where`
+    (its two values and its condition broadcast together) where one operand has shape
+    `(..., N, 1)` and the other `(..., N)`, one dim less, with the same `N`. Broadcasting lines
+    the trailing 1 up against `N`, so `(N, 1) - (N,)` is an `(N, N)` matrix. Shapes come from
+    matlint's symbolic shape analysis (constructors, `nn.Linear` outputs, `view`, indexing,
+    reductions, `gather` (the index's shape), jaxtyping annotations, `assert x.shape == ...`,
+    `assert x.shape[0] == n`); the rule fires only when both shapes are known.
 
     ## Why is this bad?
     Nothing fails: the result has N² elements instead of N, its mean trains happily toward the
     wrong answer, and the GPU spends N times the memory and work on numbers nobody wanted. The
-    classic case is a regression head `nn.Linear(d, 1)` giving `(N, 1)` predictions against an
-    `(N,)` target.
+    classic cases are a regression head `nn.Linear(d, 1)` giving `(N, 1)` predictions against an
+    `(N,)` target, and a DQN's `q_values.gather(1, actions.unsqueeze(1))`, `(N, 1)`, against an
+    `(N,)` TD target.
 
     ## Example
     ```python
@@ -60,7 +63,8 @@ class TrailingOneBroadcast(Rule):
 
     ## Stays quiet on
     Operands whose singleton axis the author asked for (`x[:, None]`, `unsqueeze`,
-    `keepdim=True`, a literal 1 in `view`/`reshape`), including pairwise
+    `keepdim=True`, a literal 1 in `view`/`reshape`), also after shape-keeping functions and
+    layers (`torch.sigmoid`, `nn.Sigmoid()`) and `expand(n, 1)`, including pairwise
     constructions such as `a[:, None] - b[None, :]`; `torch.outer`; operands that are both
     `(N, 1)`; any operand whose shape or rank is not known; sizes that are different symbols
     (`N` against `M` may differ), and in-place updates (`a -= b` cannot grow `a`).
@@ -68,7 +72,8 @@ class TrailingOneBroadcast(Rule):
     ## Fix safety
     The fix squeezes the `(N, 1)` operand (`.squeeze(-1)`). It is unsafe: it changes the
     result's shape and values, which is the point, and code downstream may rely on the old
-    shape.
+    shape. In `torch.where(a > b, a, b)` both the comparison and `where`'s values are reported,
+    so `--fix` squeezes `a` in both places.
     """
     examples = [
         bad("""
@@ -158,6 +163,68 @@ class TrailingOneBroadcast(Rule):
                     assert returns.shape == (n,)
                     loss = (head(obs) - returns).pow(2).mean()
             """, (8, 17)),
+        bad("""
+            import torch
+            from torch import sub, maximum as larger
+
+            def f(n: int):
+                a, b = torch.randn(n, 1), torch.randn(n)
+                return sub(a, b), larger(b, a)
+            """, (6, 12), (6, 23), message_contains="(n, 1) - (n,) broadcasts to (n, n)"),
+        bad("""
+            import torch
+
+            def clipped(n: int):
+                a, b = torch.randn(n, 1), torch.randn(n)
+                return torch.where(a > b, a, b), a.where(a > 0, b)
+            """, (5, 12), (5, 24), (5, 38), fixed="""
+            import torch
+
+            def clipped(n: int):
+                a, b = torch.randn(n, 1), torch.randn(n)
+                return torch.where(a.squeeze(-1) > b, a.squeeze(-1), b), a.squeeze(-1).where((a > 0).squeeze(-1), b)
+            """, unsafe=True, message_contains="`where` of (n, 1) and (n,) broadcasts to (n, n)"),
+        bad("""
+            import torch
+
+            def dqn_td_error(q_values, actions, target):
+                B, A = q_values.shape
+                assert actions.shape == (B,) and target.shape == (B,)
+                q = q_values.gather(1, actions.unsqueeze(1))  # (B, 1): the 1 was made for the index
+                return (q - target).pow(2).mean()
+            """, (7, 13), fixed="""
+            import torch
+
+            def dqn_td_error(q_values, actions, target):
+                B, A = q_values.shape
+                assert actions.shape == (B,) and target.shape == (B,)
+                q = q_values.gather(1, actions.unsqueeze(1))  # (B, 1): the 1 was made for the index
+                return (q.squeeze(-1) - target).pow(2).mean()
+            """, unsafe=True),
+        bad("""
+            import torch
+
+            def residual(pred, y):
+                assert pred.ndim == 2 and y.ndim == 1
+                n = pred.size(0)
+                assert pred.shape[1] == 1 and y.shape[0] == n
+                return pred - y
+            """, (7, 12), message_contains="(n, 1) - (n,)"),
+        good("""
+            import torch
+            import torch.nn as nn
+
+            class Pairwise(nn.Module):
+                def __init__(self):
+                    super().__init__()
+                    self.act = nn.Sigmoid()
+
+                def forward(self, a, b, n: int):
+                    assert a.shape == (n,) and b.shape == (n,)
+                    p = self.act(a[:, None]) * b
+                    q = a.view(-1, 1).expand(n, 1) - b
+                    return p, q
+            """),
         good("""
             import torch
             def deltas(loader):
@@ -203,7 +270,7 @@ class TrailingOneBroadcast(Rule):
             """),
     ]
 
-    only = {"visit_Call": Only(attrs=frozenset(_FUNCTIONS))}
+    only = {"visit_Call": Only(attrs=frozenset(_FUNCTIONS) | {"where"})}
 
     def visit_BinOp(self, node: ast.BinOp) -> None:
         op = _BINOPS.get(type(node.op))
@@ -215,32 +282,49 @@ class TrailingOneBroadcast(Rule):
             self._check(node, node.left, node.comparators[0], _COMPARES[type(node.ops[0])])
 
     def visit_Call(self, node: ast.Call) -> None:
-        func = node.func
-        if not isinstance(func, ast.Attribute) or func.attr not in _FUNCTIONS or node.keywords:
+        func, args = node.func, node.args
+        if node.keywords or not isinstance(func, (ast.Attribute, ast.Name)):
             return
         qual = self.ctx.qualname(func)
-        if qual == f"torch.{func.attr}" and len(node.args) == 2:
-            self._check(node, node.args[0], node.args[1], _FUNCTIONS[func.attr])
-        elif qual is None and len(node.args) == 1:
-            self._check(node, func.value, node.args[0], _FUNCTIONS[func.attr])
+        if qual is not None:  # `torch.sub(a, b)`, or `sub(a, b)` after `from torch import sub`
+            name = qual[len("torch."):] if qual.startswith("torch.") else None
+            if name == "where" and len(args) == 3:
+                self._check_where(node, *args)
+            elif name in _FUNCTIONS and len(args) == 2:
+                self._check(node, args[0], args[1], _FUNCTIONS[name])
+        elif isinstance(func, ast.Attribute):  # `a.sub(b)`, `a.where(cond, b)`
+            if func.attr == "where" and len(args) == 2:
+                self._check_where(node, args[0], func.value, args[1])
+            elif func.attr in _FUNCTIONS and len(args) == 1:
+                self._check(node, func.value, args[0], _FUNCTIONS[func.attr])
 
-    def _check(self, node, left, right, op: str) -> None:
+    def _check_where(self, node, condition, x, y) -> None:
+        """`torch.where` broadcasts its three operands together: its values (the usual fix
+        leaves `torch.where(a.squeeze(-1) > b, a, b)` still growing) and the condition."""
+        for left, right in ((x, y), (condition, x), (condition, y)):
+            if self._check(node, left, right, None):
+                return
+
+    def _check(self, node, left, right, op) -> bool:
         if never_shaped(left) or never_shaped(right):
-            return  # no shape to compare, and no analysis of the function run for it
+            return False  # no shape to compare, and no analysis of the function run for it
         a, b = shape_of(self.ctx, left), shape_of(self.ctx, right)
         if a is None or b is None:
-            return
+            return False
         if trailing_one_mismatch(a, b):
             column = left
         elif trailing_one_mismatch(b, a):
             column = right
         else:
-            return
+            return False
         result = broadcast(a, b)
         n = (a if column is left else b).dims[-2]
+        operation = (f"{fmt_shape(a)} {op} {fmt_shape(b)}" if op is not None
+                     else f"`where` of {fmt_shape(a)} and {fmt_shape(b)}")
         self.report(node, (
-            f"{fmt_shape(a)} {op} {fmt_shape(b)} broadcasts to {fmt_shape(result)}: the trailing 1 meets "
+            f"{operation} broadcasts to {fmt_shape(result)}: the trailing 1 meets "
             f"{n} and the result grows a dimension; write `.squeeze(-1)` on the {fmt_shape(shape_of(self.ctx, column))} "
             f"operand (or index the other with `[:, None]` if an outer result is meant)"),
             fix=self.replace(column, squeezed(self.ctx, column),
                              "Squeeze the trailing 1 (`.squeeze(-1)`)", safe=False))
+        return True

@@ -5,10 +5,16 @@ import ast
 
 from matlint.rule import Only, Rule, bad, good
 from matlint.rules._kinds import identifier_text
-from matlint.rules._shapes import (LOSS_FUNCTIONS, LOSS_MODULES, broadcast, broadcast_is_valid,
+from matlint.rules._shapes import (LOSS_FUNCTIONS, LOSS_MODULES, broadcast, broadcast_is_valid, dim_eq,
                                    fmt_shape, loss_of, shape_of, trailing_one_mismatch)
 from matlint.rules.mat201_trailing_one_broadcast import squeezed
 
+# Losses that check the shapes (torch 2.x): the BCE pair raises ValueError on any difference;
+# soft_margin_loss writes the broadcast into a tensor of the input's shape, so it raises
+# RuntimeError where the input would have to grow and runs as meant where only the target
+# broadcasts. The others (mse, l1, smooth_l1, huber) broadcast and only warn.
+_RAISES_ON_ANY_MISMATCH = {"binary_cross_entropy": "ValueError", "binary_cross_entropy_with_logits": "ValueError"}
+_RAISES_WHERE_INPUT_GROWS = {"soft_margin_loss": "RuntimeError"}
 
 
 def _names_a_loss(ctx) -> bool:
@@ -25,7 +31,7 @@ def _names_a_loss(ctx) -> bool:
 class LossShapeMismatch(Rule):
     code = "MAT202"
     name = "loss-shape-mismatch"
-    summary = "A loss's input and target have different shapes that broadcast, so the loss averages the wrong thing"
+    summary = "A loss's input and target have different shapes: the loss averages the wrong thing, or raises"
     docs = """
     ## What it does
     Finds element-wise losses (`F.mse_loss`, `l1_loss`, `smooth_l1_loss`, `huber_loss`,
@@ -34,12 +40,16 @@ class LossShapeMismatch(Rule):
     `nn.BCEWithLogitsLoss()`, `nn.SoftMarginLoss()`; called directly, or held in a local or in
     an attribute created in `__init__`, module or function alike) whose input and target have
     known shapes that differ and broadcast: `(N, 1)` against `(N,)` gives an `(N, N)` loss
-    matrix, `(N, 1)` against `(N, 4)` repeats the one prediction four times.
+    matrix, `(B, 1, H, W)` against `(B, H, W)` a `(B, B, H, W)` one, `(N, 1)` against `(N, 4)`
+    repeats the one prediction four times, and `(N, 4)` against `(N, 1)` repeats each target.
 
     ## Why is this bad?
-    The loss is computed over the broadcast shape and reduced to a scalar, so training runs
-    without an error toward a wrong objective (the mean over all pairs). PyTorch warns for some
-    of these losses, once, in a log nobody reads.
+    It depends on the loss. `mse_loss`, `l1_loss`, `smooth_l1_loss` and `huber_loss` compute
+    the loss over the broadcast shape and reduce it to a scalar, so training runs without an
+    error toward a wrong objective (the mean over all pairs); PyTorch only warns, once, in a log
+    nobody reads. `binary_cross_entropy` and `binary_cross_entropy_with_logits` raise
+    `ValueError` on any shape difference, and `soft_margin_loss` raises `RuntimeError` where the
+    input would have to grow: a crash waiting for the first run of that code path.
 
     ## Example
     ```python
@@ -56,9 +66,11 @@ class LossShapeMismatch(Rule):
     ## Stays quiet on
     Input or target of unknown shape or rank; sizes that are different symbols (`N` against
     `M`, or a symbolic size against 1: the symbol may be 1); a singleton axis the author made
-    on purpose (`y[:, None]`, `unsqueeze`, `keepdim=True`, `view(-1, 1)`); losses whose
-    arguments are meant to differ in shape (`cross_entropy`, `nll_loss`, `gaussian_nll_loss`'s
-    variance).
+    on purpose (`y[:, None]`, `unsqueeze`, `keepdim=True`, `view(-1, 1)`); a lower-rank operand
+    that only repeats over the other's leading axes (`(H, W)` against `(B, H, W)`), and other
+    rank differences than one shape being the other with a 1 inserted; `soft_margin_loss` with a target that broadcasts to
+    the input's shape (it computes the loss meant, without a warning); losses whose arguments
+    are meant to differ in shape (`cross_entropy`, `nll_loss`, `gaussian_nll_loss`'s variance).
 
     ## Fix safety
     For the `(N, 1)` / `(N,)` case the fix squeezes the `(N, 1)` argument (`.squeeze(-1)`); it is
@@ -158,6 +170,53 @@ class LossShapeMismatch(Rule):
                 target = torch.randn(N)
                 return criterion(pred, target)
             """, (7, 12)),
+        bad("""
+            import torch
+            import torch.nn as nn
+            import torch.nn.functional as F
+
+            def step(N: int):
+                logits, y = torch.randn(N, 1), torch.randn(N)
+                a = F.binary_cross_entropy_with_logits(logits, y)
+                b = nn.BCELoss()(logits.sigmoid(), y)
+                c = F.soft_margin_loss(logits, y)
+                return a, b, c
+            """, (7, 9), (8, 9), (9, 9),
+            message_contains="`binary_cross_entropy_with_logits` raises ValueError at run time"),
+        bad("""
+            import torch
+            import torch.nn.functional as F
+
+            def gan_losses(d_fake):
+                assert d_fake.shape == (16,)
+                a = F.binary_cross_entropy_with_logits(d_fake, torch.ones(1))
+                b = F.mse_loss(torch.randn(8, 4), torch.randn(8, 1))
+                c = F.soft_margin_loss(d_fake, torch.ones(1))
+                return a, b, c
+            """, (6, 9), (7, 9), message_contains="target (8, 1) broadcasts to the input's (8, 4)"),
+        bad("""
+            import torch
+            import torch.nn.functional as F
+
+            def depth_loss(pred, depth_gt, template):
+                B, _, H, W = pred.shape
+                assert pred.shape == (B, 1, H, W)
+                assert depth_gt.shape == (B, H, W) and template.shape == (H, W)
+                return F.l1_loss(pred, depth_gt), F.l1_loss(template, depth_gt)
+            """, (8, 12), message_contains="l1_loss input (B, 1, H, W) and target (B, H, W) broadcast to (B, B, H, W)"),
+        bad("""
+            import torch
+            import torch.nn as nn
+            import torch.nn.functional as F
+
+            def td_loss(policy_net, states, actions, rewards, next_v, dones, gamma: float, tau=0.99):
+                B = states.shape[0]
+                assert actions.shape == (B, 1) and rewards.shape == (B,)
+                assert next_v.shape == (B,) and dones.shape == (B,)
+                q = policy_net(states).gather(1, actions)
+                target = rewards + gamma * tau * (1 - dones) * next_v
+                return nn.SmoothL1Loss()(q, target)
+            """, (11, 12), message_contains="SmoothL1Loss() input (B, 1) and target (B,)"),
         good("""
             import torch
             import torch.nn as nn
@@ -192,9 +251,10 @@ class LossShapeMismatch(Rule):
     only = {"visit_Call": Only(if_file=_names_a_loss)}
 
     def visit_Call(self, node: ast.Call) -> None:
-        loss = self._loss_name(node)
-        if loss is None:
+        named = self._loss_name(node)
+        if named is None:
             return
+        loss, function = named
         args = list(node.args)
         kwargs = {k.arg: k.value for k in node.keywords}
         input_node = args[0] if args else kwargs.get("input")
@@ -205,31 +265,66 @@ class LossShapeMismatch(Rule):
         if a is None or b is None:
             return
         fix = None
+        result = broadcast(a, b)
+        input_grows = result is None or result.dims != a.dims
         if trailing_one_mismatch(a, b):
             fix = self.replace(input_node, squeezed(self.ctx, input_node), "Squeeze the input (`.squeeze(-1)`)", safe=False)
             advice = "write `.squeeze(-1)` on the input"
         elif trailing_one_mismatch(b, a):
             fix = self.replace(target_node, squeezed(self.ctx, target_node), "Squeeze the target (`.squeeze(-1)`)", safe=False)
             advice = "write `.squeeze(-1)` on the target"
-        elif self._literal_mismatch(a, b):
+        elif self._rank_mismatch(a, b):
             advice = "make the shapes agree (`target.view_as(input)` if they hold the same elements)"
+        elif self._literal_mismatch(a, b):
+            advice = ("make the shapes agree" if input_grows else
+                      "give the target the input's shape (`target.expand_as(input)` if the repeat is meant)")
         else:
             return
-        self.report(node, f"{loss} input {fmt_shape(a)} and target {fmt_shape(b)} broadcast to "
-                          f"{fmt_shape(broadcast(a, b))}: the loss averages over the broadcast; {advice}", fix=fix)
+        shapes = f"{loss} input {fmt_shape(a)} and target {fmt_shape(b)}"
+        error = _RAISES_ON_ANY_MISMATCH.get(function) or (_RAISES_WHERE_INPUT_GROWS.get(function) if input_grows else None)
+        if error is not None:
+            message = f"{shapes} differ in shape: `{function}` raises {error} at run time; {advice}"
+        elif function in _RAISES_WHERE_INPUT_GROWS:
+            return  # only the target broadcasts, to the input's shape: the loss is the one meant
+        elif input_grows:
+            message = (f"{shapes} broadcast to {fmt_shape(result)}: the loss averages over the broadcast "
+                       f"(torch only warns); {advice}")
+        else:
+            message = (f"{loss} target {fmt_shape(b)} broadcasts to the input's {fmt_shape(a)}: each target value "
+                       f"is reused along the broadcast axes (torch only warns); {advice}")
+        self.report(node, message, fix=fix)
 
     def _loss_name(self, node: ast.Call):
+        """The loss called, as the message names it (`mse_loss`, `MSELoss()`), and the function
+        it computes (`mse_loss`); None when the call is no element-wise loss."""
         qual = self.ctx.qualname(node.func) or ""
         if qual.startswith("torch.nn.functional.") and qual.rsplit(".", 1)[1] in LOSS_FUNCTIONS:
-            return qual.rsplit(".", 1)[1]
+            function = qual.rsplit(".", 1)[1]
+            return function, function
         if not _names_a_loss(self.ctx):
             return None  # no loss is ever built or stored here: skip the shape analysis of every call
         callee = loss_of(self.ctx, node.func)
         if callee is not None and callee.name in LOSS_MODULES:
-            return f"{callee.name}()"
+            return f"{callee.name}()", LOSS_MODULES[callee.name]
         if callee is not None and callee.name in LOSS_FUNCTIONS:
-            return callee.name
+            return callee.name, callee.name
         return None
+
+    @staticmethod
+    def _rank_mismatch(a, b) -> bool:
+        """One shape is the other with a literal 1 inserted, and broadcasting them (which succeeds
+        whatever the symbols are) gives a shape bigger than either: `(B, 1, H, W)` against
+        `(B, H, W)` gives `(B, B, H, W)`. Every size known."""
+        high, low = (a, b) if len(a.dims) > len(b.dims) else (b, a)
+        if len(high.dims) != len(low.dims) + 1 or not (a.known and b.known) or a.explicit or b.explicit:
+            return False
+        if not any(d == 1 and all(dim_eq(x, y) for x, y in zip(high.dims[:i] + high.dims[i + 1:], low.dims))
+                   for i, d in enumerate(high.dims)):
+            return False
+        if not broadcast_is_valid(a, b):
+            return False
+        result = broadcast(a, b)
+        return result is not None and result.dims != a.dims and result.dims != b.dims
 
     @staticmethod
     def _literal_mismatch(a, b) -> bool:

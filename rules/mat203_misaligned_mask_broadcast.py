@@ -4,7 +4,8 @@ from __future__ import annotations
 import ast
 
 from matlint.rule import Only, Rule, bad, good
-from matlint.rules._shapes import Shape, broadcast_is_valid, dim_eq, fmt_shape, make_shape, never_shaped, shape_of
+from matlint.rules._shapes import (Shape, broadcast_is_valid, dim_eq, fmt_dim, fmt_shape, make_shape, never_shaped,
+                                   shape_of)
 from matlint.rules.mat201_trailing_one_broadcast import operand_source
 
 _BINOPS = {ast.Add: "+", ast.Sub: "-", ast.Mult: "*", ast.Div: "/"}
@@ -47,8 +48,9 @@ class MisalignedMaskBroadcast(Rule):
     ## What it does
     Finds a mask or bias of shape `(B, T)` (or `(B, T, T)`) combined with scores of shape
     `(B, H, T, T)`, or a `(B, T)` padding mask combined with hidden states `(B, T, C)`, by `+`,
-    `-`, `*`, `/` (also in place, `scores += bias`), `scores.masked_fill(mask, ...)` or
-    `torch.where(mask, scores, ...)`, without expanding the mask first. Broadcasting aligns
+    `-`, `*`, `/` (also in place, `scores += bias`, and as `torch.mul`, `h.mul(mask)`, ...),
+    `scores.masked_fill(mask, ...)` (also `mask=` as a keyword) or `torch.where(mask, scores, ...)`
+    (also bare `where` after `from torch import where`), without expanding the mask first. Broadcasting aligns
     shapes from the right, so `(B, T)` is read as `(1, 1, B, T)`: the batch axis of the mask
     meets the query axis of the scores. The rule fires when both shapes are known, right
     alignment is not known to work, and a placement of the mask's axes (leading axes against
@@ -73,8 +75,9 @@ class MisalignedMaskBroadcast(Rule):
     ## Stays quiet on
     Masks already expanded (`[:, None, None, :]`, `unsqueeze`, `view(B, 1, 1, T)`); masks whose
     right alignment works for every size (`(T, T)` causal masks, `(1, 1, T, T)` buffers);
-    shapes with an unknown size or rank; masks that match no placement (they are not this
-    pattern); one-dim masks.
+    shapes with an unknown size or rank, also where the size the mask's axes meet is unknown
+    (after a misaligned broadcast the scores' query axis is unknown: the first finding is the
+    one to fix); masks that match no placement (they are not this pattern); one-dim masks.
 
     ## Fix safety
     The fix inserts the indexing that lines the mask up (`mask[:, None, None, :]`,
@@ -219,6 +222,49 @@ class MisalignedMaskBroadcast(Rule):
                     assert mask.shape == (B, T)
                     pooled = (hidden * mask).sum(1)
             """, (6, 19)),
+        bad("""
+            import math
+            import torch
+
+            def attend(q, k, pad, temperature: float):
+                B, H, T, D = q.shape
+                assert k.shape == (B, H, T, D) and pad.shape == (B, T)
+                s1 = (q @ k.transpose(-2, -1)) * (1.0 / math.sqrt(D))
+                s1 = s1.masked_fill(pad == 0, float("-inf"))
+                s2 = q @ k.transpose(-2, -1) / D ** 0.5
+                s2 = s2.masked_fill(pad == 0, float("-inf"))
+                scale = D ** -0.5 / temperature
+                s3 = (q @ k.transpose(-2, -1) * scale).masked_fill(pad == 0, 0.0)
+                return s1, s2, s3
+            """, (8, 10), (10, 10), (12, 10)),
+        bad("""
+            import torch
+            from torch import where
+
+            def f(B: int, H: int, T: int):
+                scores = torch.randn(B, H, T, T)
+                pad = torch.ones(B, T, dtype=torch.bool)
+                return where(pad, scores, 0.0), scores.masked_fill(mask=pad, value=0.0)
+            """, (7, 12), (7, 37), fixed="""
+            import torch
+            from torch import where
+
+            def f(B: int, H: int, T: int):
+                scores = torch.randn(B, H, T, T)
+                pad = torch.ones(B, T, dtype=torch.bool)
+                return where(pad[:, None, None, :], scores, 0.0), scores.masked_fill(mask=pad[:, None, None, :], value=0.0)
+            """, unsafe=True),
+        bad("""
+            import torch
+
+            def f(x, n_head: int):
+                B, T, C = x.shape
+                mask = torch.ones(B, T)
+                att = torch.randn(B, n_head, T, T)
+                att = att.masked_fill(mask == 0, -1e9)  # att is (B, n_head, ?, T) from here on
+                att = att.masked_fill_(mask.bool(), 0.0)
+                return att
+            """, (7, 11)),
         good("""
             import torch
             from jaxtyping import Bool, Float
@@ -256,28 +302,37 @@ class MisalignedMaskBroadcast(Rule):
         {"masked_fill", "masked_fill_", "where"} | _METHODS | {m + "_" for m in _METHODS}))}
 
     def visit_Call(self, node: ast.Call) -> None:
-        func = node.func
-        if not isinstance(func, ast.Attribute) or any(isinstance(a, ast.Starred) for a in node.args):
+        func, args = node.func, node.args
+        if not isinstance(func, (ast.Attribute, ast.Name)) or any(isinstance(a, ast.Starred) for a in args):
             return
-        attr, args = func.attr, node.args
         qual = self.ctx.qualname(func)
-        if attr in ("masked_fill", "masked_fill_"):
-            if qual == "torch.masked_fill" and len(args) >= 2:
-                self._check(node, args[1], args[0])
-            elif qual is None and args:
-                self._check(node, args[0], func.value)
-        elif attr == "where" and qual == "torch.where" and len(args) == 3:
-            for other in args[1:]:
-                if self._check(node, args[0], other):
-                    return
-        elif node.keywords:
-            return  # `alpha=`, `rounding_mode=`, `out=`: leave them be
-        elif attr in _METHODS and qual == f"torch.{attr}" and len(args) == 2:
-            self._check(node, args[0], args[1]) or self._check(node, args[1], args[0])
-        elif attr in _METHODS and qual is None and len(args) == 1:
-            self._check(node, func.value, args[0]) or self._check(node, args[0], func.value)
-        elif attr[:-1] in _METHODS and qual is None and len(args) == 1:
-            self._check(node, args[0], func.value)  # in place: the receiver keeps its shape
+        if qual is not None:  # `torch.where(...)`, or `where(...)` after `from torch import where`
+            name = qual[len("torch."):] if qual.startswith("torch.") else None
+            if name == "masked_fill":
+                scores, mask = _argument(node, 0, "input"), _argument(node, 1, "mask")
+                if scores is not None and mask is not None:
+                    self._check(node, mask, scores)
+            elif name == "where":
+                condition = _argument(node, 0, "condition")
+                for other in (_argument(node, 1, "input"), _argument(node, 2, "other")):
+                    if condition is not None and other is not None and self._check(node, condition, other):
+                        return
+            elif node.keywords:
+                return  # `alpha=`, `rounding_mode=`, `out=`: leave them be
+            elif name in _METHODS and len(args) == 2:
+                self._check(node, args[0], args[1]) or self._check(node, args[1], args[0])
+        elif isinstance(func, ast.Attribute):
+            attr = func.attr
+            if attr in ("masked_fill", "masked_fill_"):
+                mask = _argument(node, 0, "mask")
+                if mask is not None:
+                    self._check(node, mask, func.value)
+            elif node.keywords:
+                return
+            elif attr in _METHODS and len(args) == 1:
+                self._check(node, func.value, args[0]) or self._check(node, args[0], func.value)
+            elif attr[:-1] in _METHODS and len(args) == 1:
+                self._check(node, args[0], func.value)  # in place: the receiver keeps its shape
 
     def _check(self, node, mask_node, target_node) -> bool:
         if never_shaped(mask_node) or never_shaped(target_node):
@@ -292,17 +347,29 @@ class MisalignedMaskBroadcast(Rule):
         index = " or ".join(f"`{i}`" for i in indexings)
         pad = len(target.dims) - len(mask.dims)
         aligned = make_shape((1,) * pad + mask.dims)
-        clash = next(i for i, (m, t) in enumerate(zip(aligned.dims, target.dims))
-                     if not (dim_eq(m, t) or m == 1 or t == 1))  # exists: expansions() checked it
+        # An axis where right alignment meets two different known sizes. Where the target's size
+        # is unknown there, it is often the trace of an earlier misaligned broadcast (whose
+        # finding is enough): stay quiet.
+        clash = next((i for i, (m, t) in enumerate(zip(aligned.dims, target.dims))
+                      if t is not None and not (dim_eq(m, t) or m == 1 or t == 1)), None)
+        if clash is None:
+            return False
         fix = None
         if len(indexings) == 1:
             fix = self.replace(fix_node, operand_source(self.ctx, fix_node) + indexings[0],
                                f"Expand the mask with `{indexings[0]}`", safe=False)
         self.report(node, (
             f"mask {fmt_shape(mask)} against {fmt_shape(target)} broadcasts as {fmt_shape(aligned)}: its "
-            f"{aligned.dims[clash]} meets axis {clash} ({target.dims[clash]}) of {fmt_shape(target)}; "
+            f"{fmt_dim(aligned.dims[clash])} meets axis {clash} ({fmt_dim(target.dims[clash])}) of {fmt_shape(target)}; "
             f"expand it with {index}{' (whichever axes it belongs to)' if fix is None else ''}"), fix=fix)
         return True
+
+
+def _argument(node: ast.Call, position: int, keyword: str):
+    """The argument passed at `position` or as `keyword=`, or None."""
+    if len(node.args) > position:
+        return node.args[position]
+    return next((k.value for k in node.keywords if k.arg == keyword), None)
 
 
 def _mask_leaf(node):

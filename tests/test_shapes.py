@@ -201,6 +201,9 @@ CROSS_CHECKED = [
     ("a = torch.randn(2, 3)", "a.repeat(2, 2)"),
     ("a = torch.randn(2, 3)", "a.repeat(4, 1, 1)"),
     ("a = torch.randn(2, 3); i = torch.zeros(2, 1, dtype=torch.long)", "a.gather(1, i)"),
+    ("a = torch.randn(2, 3); i = torch.zeros(2, dtype=torch.long)", "torch.gather(a, 1, i.unsqueeze(1))"),
+    ("a = torch.randn(2, 3); i = torch.zeros(2, 1, dtype=torch.long)", "a.gather(1, i).expand(2, 1)"),
+    ("import math; a = torch.randn(2, 3); D = a.size(-1)", "a * (1.0 / math.sqrt(D)) + a / D ** 0.5 - a * D ** -0.5"),
     ("i = torch.randint(0, 5, (2, 3))", "F.one_hot(i, 5)"),
     ("q = torch.randn(2, 4, 6, 8); v = torch.randn(2, 4, 6, 3)", "F.scaled_dot_product_attention(q, q[..., :8], v)"),
     # modules
@@ -276,6 +279,14 @@ SYMBOLIC = [
     ("def f(x, d):\n    lin = nn.Linear(d, 1)\n    reveal(lin(x))", "(..., 1)"),
     ("def f(x, d):\n    h = nn.Linear(d, 8)(x)\n    B, T, C = h.shape\n    reveal(torch.zeros(B, C))", "(B, 8)"),
     ("def f(x, d):\n    conv = nn.Conv2d(3, d, 3)\n    reveal(conv(x))", "(..., d, ?, ?)"),
+    ("import math\ndef f(x):\n    B, D = x.shape\n    s = 1.0 / math.sqrt(D)\n    reveal(x * s + x / D ** 0.5 + x * D ** -0.5)",
+     "(B, D)"),
+    ("def f(x, g: float, h=0.99, *, k=-1.5):\n    B, D = x.shape\n    reveal(g * x * h / k)", "(B, D)"),
+    ("def f(q, a):\n    B, A = q.shape\n    assert a.shape == (B,)\n    reveal(q.gather(1, a.unsqueeze(1)))", "(B, 1)"),
+    ("def f(net, s, a, B):\n    assert a.shape == (B, 1)\n    reveal(net(s).gather(1, a))", "(B, 1)"),
+    ("def f(y, B):\n    assert y.ndim == 2 and y.shape[0] == B\n    reveal(y)", "(B, ?)"),
+    ("def f(y, B, C):\n    assert y.ndim == 2\n    assert y.size(-1) == C\n    assert B == y.shape[0]\n    reveal(y)", "(B, C)"),
+    ("def f(x, D):\n    assert x.shape[-1] == D\n    reveal(x)", "(..., D)"),
     ("class M(nn.Module):\n    def __init__(self, d, n_embd):\n        super().__init__()\n"
      "        self.n_embd = n_embd\n        self.fc = nn.Linear(d, n_embd)\n"
      "    def forward(self, x):\n        B, T, _ = x.shape\n        reveal(self.fc(x).view(B, T, self.n_embd))",
@@ -327,6 +338,10 @@ UNKNOWN = [
     "class M(nn.Module):\n    def __init__(self):\n        super().__init__()\n        self.fc = nn.Linear(3, 1)\n"
     "    def reset(self):\n        self.fc = nn.Identity()\n    def forward(self, x):\n        reveal(self.fc(x))",
     "def f(x):\n    t = torch.randn(2, 3)\n    t = t.unsqueeze(x)\n    reveal(t)",
+    "def f(D):\n    reveal(torch.randn(3) * D ** 0.5)",          # D may be a tensor
+    "def f(g: torch.Tensor = 0.5):\n    reveal(torch.randn(3) * g)",  # annotated as a tensor
+    "def f(acc):\n    reveal(acc.gather(torch.randn(3)))",        # not gather(dim, index)
+    "def f(x, B):\n    assert x.shape[0] == B\n    reveal(x)",    # rank unknown
 ]
 
 
@@ -368,6 +383,13 @@ EXPLICIT = [
     ("x = torch.randn(4)", "x[:, None][:, :]", {-1}),
     ("x = torch.randn(4)", "x[:, None][..., :]", {-1}),
     ("x = torch.randn(4, 3)", "x.sum(1, keepdim=True)[0]", {-1}),
+    ("x = torch.randn(4, 3); i = torch.zeros(4, dtype=torch.long)", "x.gather(1, i.unsqueeze(1))", set()),
+    ("x = torch.randn(4, 3); i = torch.zeros(4, dtype=torch.long)", "torch.gather(x, 1, i[:, None])", set()),
+    ("x = torch.randn(4)", "nn.Sigmoid()(x[:, None])", {-1}),
+    ("act = nn.Sequential(nn.ReLU(), nn.Dropout(0.1)); x = torch.randn(4)", "act(x[:, None])", {-1}),
+    ("x = torch.randn(4)", "x[:, None].expand(4, 1)", {-1}),
+    ("x = torch.randn(4)", "x[:, None].expand(-1, 1)", {-1}),
+    ("x = torch.randn(4)", "x[:, None].expand(4, 3)", set()),
 ]
 
 
