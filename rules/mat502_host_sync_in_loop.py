@@ -125,9 +125,10 @@ class HostSyncInLoop(Rule):
       parameters outside any step loop), and syncs gated to run every N steps (`if step %
       log_every == 0:`, `if verbose:`, an `==` on a value that changes as the loop runs:
       `if step == 0:`) or once (in a branch that ends in `return`, `break` or `raise`, in the
-      `return` itself, in an `except`). `if rank == 0:` is not a gate: it holds on every step of
-      one process (an `==` on names the loop does not assign, constants, or attributes and
-      calls that name the process: `args.local_rank`, `dist.get_rank()`).
+      `return` itself, in an `except`). The `else` of a gate runs on the other steps: a sync
+      there is reported. `if rank == 0:` is not a gate: it holds on every step of one process
+      (an `==` on names the loop does not assign, constants, or attributes and calls that name
+      the process: `args.local_rank`, `dist.get_rank()`).
     - Loops over a list of loaders or of their names (`for loader in val_loaders:`): one step
       per dataset, not per batch. A loader is a `DataLoader` or a name ending in `loader`. So
       are loops over keys or names (`for key in dataset_keys:`, `for name, fn in losses.items():`,
