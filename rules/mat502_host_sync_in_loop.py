@@ -283,6 +283,7 @@ class HostSyncInLoop(Rule):
             import torch
             def train(model, loader, opt):
                 total, running = 0.0, 0.0
+                weighted = 0
                 for x, y in loader:
                     x, y = x.cuda(), y.cuda()
                     loss_a = model(x).mean()
@@ -291,12 +292,15 @@ class HostSyncInLoop(Rule):
                     opt.step()
                     total += (loss_a + loss_b).item()
                     running += (loss_a * x.size(0)).item()
-                return total, running
-            """, (10, 18), (11, 20),
+                    weighted += (loss_b  # no fix: the comment would go
+                                 * x.size(0)).item()
+                return total, running, weighted
+            """, (11, 18), (12, 20), (13, 21),
             fixed="""
             import torch
             def train(model, loader, opt):
                 total, running = 0.0, 0.0
+                weighted = 0
                 for x, y in loader:
                     x, y = x.cuda(), y.cuda()
                     loss_a = model(x).mean()
@@ -305,7 +309,9 @@ class HostSyncInLoop(Rule):
                     opt.step()
                     total += (loss_a + loss_b).detach()
                     running += (loss_a * x.size(0)).detach()
-                return total, running
+                    weighted += (loss_b  # no fix: the comment would go
+                                 * x.size(0)).item()
+                return total, running, weighted
             """, unsafe=True),
         # monai's GAN trainer: `d_total_loss += dloss.detach()` would add a CUDA tensor to a CPU
         # one and raise; no fix, the message says to make the accumulator a device tensor.
@@ -550,8 +556,9 @@ class HostSyncInLoop(Rule):
             return
         if method == "item":
             accumulation = self._accumulation(node)
-            fix = self._detach_fix(node, receiver, accumulation) if accumulation is not None else None
-            if fix is not None:
+            onto_number = accumulation is not None and self._python_number(accumulation.target)
+            fix = self._detach_fix(node, receiver) if onto_number else None
+            if onto_number:
                 instead = "keep the running value on the device (`total += loss.detach()`) and call `.item()` once after the loop"
             elif accumulation is not None:
                 instead = ("accumulate on the device (`total = torch.zeros((), device=loss.device)`, then "
@@ -601,11 +608,10 @@ class HostSyncInLoop(Rule):
             return parent
         return None
 
-    def _detach_fix(self, call: ast.Call, receiver: ast.AST, accumulation: ast.AugAssign) -> Optional[Fix]:
-        """Only onto a Python number: `acc += loss.detach()` onto a CPU tensor (`torch.zeros(1)`)
-        raises (the operands are on two devices), and the rule cannot see where another tensor is."""
-        if not self._python_number(accumulation.target):
-            return None
+    def _detach_fix(self, call: ast.Call, receiver: ast.AST) -> Optional[Fix]:
+        """Only onto a Python number (the caller checks): `acc += loss.detach()` onto a CPU tensor
+        (`torch.zeros(1)`) raises (the operands are on two devices), and the rule cannot see where
+        another tensor is."""
         text = self.ctx.segment(call)
         if "#" in text:
             return None  # a comment inside the call would go with it
