@@ -3,6 +3,7 @@ evaluation loop."""
 from __future__ import annotations
 
 import ast
+import os
 import re
 from typing import Optional
 
@@ -10,18 +11,61 @@ from matlint.diagnostics import Fix
 from matlint.rule import Only, Rule, bad, good
 
 from . import _kinds
-from ._loops import LoopInfo, identifier as _identifier, is_training_loop, iterates_loader
+from ._flow import function_text
+from ._loops import (LoopInfo, identifier as _identifier, is_training_loop, iterates_loader, loaded_names,
+                     walk_no_scopes)
 
 _GATE_NAME = re.compile(r"log|print|verbose|debug|interval|every|freq|display|report|eval|save|val",
                         re.IGNORECASE)
+# Words of the attributes an `==` can read and still hold on every step: which process this is.
+_PROCESS_WORDS = {"rank", "main", "master", "world", "process", "gpu", "device"}
+# A comment heading the copy that says why it is there (the host needs it now, GPU memory).
+_EXPLAINING = re.compile(r"\bcpu\b|\bhost\b|synchroni|\bsync|\bwait|blocking|memory|\boom\b|transfer",
+                         re.IGNORECASE)
+_SYNC_TEXT = (".cpu(", ".to(", ".item(", ".tolist(", ".numpy(")
+# Functions that run once over a data set (torch_geometric's `Dataset.process()`, calibration):
+# whole names, or `_`-separated words of the function's or the file's name.
+_ONE_OFF_NAMES = {"process", "_process"}
+_ONE_OFF_WORDS = {"preprocess", "precompute", "calibrate", "calibration", "calib"}
+# What makes a function move data to an accelerator (or hand it to code that does).
+_DEVICE_WORDS = re.compile(r"cuda|device|gpu|\.to\(|accelerat|fabric|parallel|\b(?:xla|mps|npu|xpu|tpu)\b", re.IGNORECASE)
+_HOST_BUILTINS = {"len", "max", "min", "sum", "abs", "int", "float", "bool", "round", "list", "tuple", "zip",
+                  "range", "enumerate", "isinstance", "print", "sorted", "dict", "set", "str", "any", "all"}
+_HOST_METHODS = _kinds.TENSOR_ONLY_METHODS | {
+    "max", "min", "sum", "mean", "std", "var", "abs", "item", "tolist", "numpy", "long", "int", "bool",
+    "double", "reshape", "squeeze", "nonzero", "square", "sqrt", "append", "extend", "update", "keys",
+    "values", "items", "get", "pop", "format"}
 _NOT_SYNCED = (_kinds.CPU_TENSOR,) + _kinds.NON_TENSORS
 _SYNC_METHODS = {"item", "cpu", "tolist", "to"}
 _CONVERSIONS = {"float", "int", "bool"}
+_ATOMIC = (ast.Name, ast.Attribute, ast.Call, ast.Subscript)
+_LEAVES_LOOP = (ast.Break, ast.Return)
+_ORDERING = (ast.Lt, ast.LtE, ast.Gt, ast.GtE)
+_COMPREHENSIONS = (ast.ListComp, ast.SetComp, ast.GeneratorExp, ast.DictComp)
+_NESTED_LOOPS = (ast.For, ast.AsyncFor, ast.While) + _COMPREHENSIONS
 
 
 def _is_cpu_target(call: ast.Call) -> bool:
     target = call.args[0] if call.args else next((k.value for k in call.keywords if k.arg == "device"), None)
     return target is not None and _kinds._is_cpu_literal(target)
+
+
+def _non_blocking(call: ast.Call) -> bool:
+    """`.to("cpu", non_blocking=True)` (or `.to("cpu", dtype, True)`): queued on the stream, the
+    host goes on. Anything but a literal False counts: the rule cannot tell it is False."""
+    flag = next((k.value for k in call.keywords if k.arg == "non_blocking"), None)
+    if flag is None and len(call.args) >= 3:
+        flag = call.args[2]
+    return flag is not None and not (isinstance(flag, ast.Constant) and flag.value is False)
+
+
+def _is_torch_predicate(ctx, expr: ast.AST) -> bool:
+    """`torch.is_autocast_enabled()`, `torch.are_deterministic_algorithms_enabled()`: Python bools."""
+    if not isinstance(expr, ast.Call):
+        return False
+    qual = ctx.qualname(expr.func) or ""
+    module, _, attr = qual.rpartition(".")
+    return module.split(".")[0] == "torch" and attr.startswith(("is_", "are_"))
 
 
 class HostSyncInLoop(Rule):
@@ -63,18 +107,47 @@ class HostSyncInLoop(Rule):
     ## Stays quiet on
     - Values on the CPU by construction (`torch.tensor(...)` without a device, after `.cpu()`,
       batches straight from a `DataLoader` before they are moved), numpy arrays, Python numbers.
-    - Syncs outside loops, in loops that are not training/evaluation steps (an epoch loop whose
-      steps run in an inner loop, a loop over parameters outside any step loop), and syncs gated
-      to run every N steps (`if step % log_every == 0:`, `if verbose:`) or once (in a branch
-      that ends in `return`, `break` or `raise`, in the `return` itself, in an `except`).
+    - Evaluation loops whose function never names a device (no `.to(`, `cuda`, `device`...) and
+      calls only imported functions, builtins and tensor or container methods: the batches stay
+      on the host (a call of a model, `model(x)` or `self.net(x)`, may move them itself).
+    - `.to("cpu", non_blocking=True)`: the copy is queued on the stream and the host goes on
+      (any `non_blocking` but a literal `False` counts).
+    - A copy whose statement carries, or whose run of copies is headed by, a comment saying why
+      (`# wait for the indices: the host slices with them`, `# kept in CPU tensors, else GPU memory
+      runs out`): words about the CPU, the host, syncing, waiting, blocking, memory or transfers.
+    - A value the host needs in the same iteration: bound to a name that a later test compares to
+      stop the loop (`if abs(cur - prev) < tol: break`), or that Python code then iterates or
+      indexes (`toks = out.cpu().tolist()`, then `for i ...: f(toks[i])`); and a sync in such a
+      test itself (`if loss.item() < tol: break`, `while loss.item() > tol:`). A guard like
+      `if torch.isnan(loss): break` is still reported: it can run every N steps.
+    - Syncs outside loops, in loops that are not training/evaluation steps (an epoch loop, which
+      runs a whole pass over a loader in each iteration whatever else it steps, a loop over
+      parameters outside any step loop), and syncs gated to run every N steps (`if step %
+      log_every == 0:`, `if verbose:`, an `==` on a value that changes as the loop runs:
+      `if step == 0:`) or once (in a branch that ends in `return`, `break` or `raise`, in the
+      `return` itself, in an `except`). The `else` of a gate runs on the other steps: a sync
+      there is reported. `if rank == 0:` is not a gate: it holds on every step of one process
+      (an `==` on names the loop does not assign, constants, or attributes and calls that name
+      the process: `args.local_rank`, `dist.get_rank()`).
     - Loops over a list of loaders or of their names (`for loader in val_loaders:`): one step
-      per dataset, not per batch. A loader is a `DataLoader` or a name ending in `loader`.
-    - Values whose kind it cannot tell, for `float()`, `int()`, `bool()`, `if`, `print()` and
-      `.tolist()` (those need a value known to be a tensor).
+      per dataset, not per batch. A loader is a `DataLoader` or a name ending in `loader`. So
+      are loops over keys or names (`for key in dataset_keys:`, `for name, fn in losses.items():`,
+      a loop variable ending in `key` or `name`), even with a `.backward()` inside: one per task.
+    - One-off passes over a data set: in a function named `process` (torch_geometric's
+      `Dataset.process()`), or whose name or file name has the word `preprocess`, `precompute`,
+      `calibrate`, `calibration` or `calib`.
+    - Torch's predicates (`torch.is_autocast_enabled()`, `torch.are_deterministic_algorithms_enabled()`):
+      Python bools. Values whose kind it cannot tell, for `float()`, `int()`, `bool()`, `if`,
+      `print()` and `.tolist()` (those need a value known to be a tensor).
 
     ## Fix safety
-    `total += loss.item()` has an unsafe fix to `total += loss.detach()`: the accumulator
-    becomes a tensor, which changes how it prints and what type later code sees.
+    `total += loss.item()` has an unsafe fix to `total += loss.detach()` (a receiver that is not
+    atomic is parenthesized: `(a + b).detach()`), offered only where the accumulator is a Python
+    number (every binding of the name in its scope is a number or adds one): the accumulator
+    becomes a tensor, which changes how it prints and what type later code sees. Onto a tensor
+    accumulator there is no fix (`acc = torch.zeros(1)` is on the CPU: `acc += loss.detach()`
+    would raise, the operands being on two devices), nor where the call's text holds a comment;
+    the message says to accumulate in a device tensor instead.
     """
     examples = [
         bad("""
@@ -206,6 +279,234 @@ class HostSyncInLoop(Rule):
                         raise ValueError(f"loss is {loss.item()}")
                 return loss.item()
             """),
+        bad("""
+            import torch
+            def train(model, loader, opt):
+                total, running = 0.0, 0.0
+                weighted = 0
+                for x, y in loader:
+                    x, y = x.cuda(), y.cuda()
+                    loss_a = model(x).mean()
+                    loss_b = (model(x) - y).pow(2).mean()
+                    (loss_a + loss_b).backward()
+                    opt.step()
+                    total += (loss_a + loss_b).item()
+                    running += (loss_a * x.size(0)).item()
+                    weighted += (loss_b  # no fix: the comment would go
+                                 * x.size(0)).item()
+                return total, running, weighted
+            """, (11, 18), (12, 20), (13, 21),
+            fixed="""
+            import torch
+            def train(model, loader, opt):
+                total, running = 0.0, 0.0
+                weighted = 0
+                for x, y in loader:
+                    x, y = x.cuda(), y.cuda()
+                    loss_a = model(x).mean()
+                    loss_b = (model(x) - y).pow(2).mean()
+                    (loss_a + loss_b).backward()
+                    opt.step()
+                    total += (loss_a + loss_b).detach()
+                    running += (loss_a * x.size(0)).detach()
+                    weighted += (loss_b  # no fix: the comment would go
+                                 * x.size(0)).item()
+                return total, running, weighted
+            """, unsafe=True),
+        # monai's GAN trainer: `d_total_loss += dloss.detach()` would add a CUDA tensor to a CPU
+        # one and raise; no fix, the message says to make the accumulator a device tensor.
+        bad("""
+            import torch
+            def train_discriminator(engine, g_output, d_input):
+                d_total_loss = torch.zeros(1)
+                for _ in range(engine.d_train_steps):
+                    dloss = engine.d_loss_function(g_output, d_input)
+                    dloss.backward()
+                    engine.d_optimizer.step()
+                    d_total_loss += dloss.item()
+                return d_total_loss
+            """, (8, 25), message_contains="accumulate on the device (`total = torch.zeros((), device=loss.device)`"),
+        # A blocking copy to the CPU keeps its keywords in the message.
+        bad("""
+            import torch
+            def evaluate(model, loader, device):
+                outs = []
+                for batch in loader:
+                    out = model(batch.to(device))
+                    outs.append(out.to("cpu", non_blocking=False))
+                return outs
+            """, (6, 21), message_contains='`.to("cpu", non_blocking=False)`'),
+        # `if rank == 0:` holds on every step of the main process: not a gate (`step == 0` is).
+        bad("""
+            import torch
+            def train(model, loader, opt, rank, args):
+                for step, (x, y) in enumerate(loader):
+                    loss = model(x.cuda(), y.cuda())
+                    loss.backward()
+                    opt.step()
+                    if rank == 0:
+                        print(f"step {step} loss {loss.item():.4f}")
+                    if args.local_rank == 0 and step == 0:
+                        print(f"first loss {loss.item():.4f}")
+            """, (8, 39)),
+        # Under a `% N` gate a test runs every N steps; its `else` runs on the other steps.
+        bad("""
+            import torch
+            def train(model, loader, opt, pbar):
+                for step, (x, y) in enumerate(loader):
+                    loss = model(x.cuda(), y.cuda())
+                    loss.backward()
+                    opt.step()
+                    if step % 100 == 0:
+                        if torch.isnan(loss):
+                            print("nan")
+                    else:
+                        pbar.set_postfix(loss=loss.item())
+            """, (11, 35)),
+        # A loader loop whose function calls a model: the model (DataParallel) may move the batch.
+        bad("""
+            import torch
+            def predict(model, loader):
+                preds = []
+                for x, y in loader:
+                    out = model(x)
+                    preds.append(out.argmax(1).cpu())
+                return preds
+            """, (6, 22)),
+        # torch_geometric's gpse: a non-blocking copy does not wait for the GPU; a blocking one
+        # whose comment says why the host needs it now is deliberate.
+        good("""
+            import torch
+            def encode_all(model, loader, device):
+                out_list, ptrs = [], []
+                for batch in loader:
+                    out, ptr = model(batch.to(device))
+                    out_list.append(out.to("cpu", non_blocking=True))
+                    # Need to wait for ptr to finish transferring so that start and
+                    # end indices are ready to use
+                    ptrs.append(ptr.to('cpu', non_blocking=False))
+                return torch.vstack(out_list), ptrs
+            """),
+        # open_clip: features kept on the CPU on purpose, as the comment above them says.
+        good("""
+            import torch
+            def evaluate(model, dataloader, device):
+                all_image_features, all_text_features = [], []
+                for images, texts in dataloader:
+                    out = model(images.to(device), texts.to(device))
+                    # features are accumulated in CPU tensors, otherwise GPU memory exhausted quickly
+                    all_image_features.append(out["image_features"].cpu())
+                    all_text_features.append(out["text_features"].cpu())
+                return all_image_features, all_text_features
+            """),
+        # monai's DatasetSummary: batches straight from the loader, never moved, no model called.
+        good("""
+            import torch
+            from monai.utils import convert_data_type
+            class DatasetSummary:
+                def calculate_statistics(self, foreground_threshold=0):
+                    voxel_max, voxel_min = [], []
+                    for data in self.data_loader:
+                        image, label = data
+                        image, *_ = convert_data_type(data=image, output_type=torch.Tensor)
+                        foreground = image[torch.where(label > foreground_threshold)]
+                        voxel_max.append(foreground.max().item())
+                        voxel_min.append(foreground.min().item())
+                    return max(voxel_max), min(voxel_min)
+            """),
+        # kornia's ImageRegistrator: the loss decides, in the same iteration, whether to stop.
+        good("""
+            import torch
+            def register(model, opt, src, dst, num_iterations, tolerance, loss_fn):
+                prev_loss = None
+                for i in range(num_iterations):
+                    opt.zero_grad()
+                    loss = loss_fn(src, dst, model())
+                    current_loss = loss.item()
+                    if prev_loss is not None and abs(current_loss - prev_loss) < tolerance:
+                        break
+                    prev_loss = current_loss
+                    loss.backward()
+                    opt.step()
+            def fit(model, opt, x, tolerance):
+                loss = model(x.cuda())
+                while loss.item() > tolerance:
+                    loss = model(x.cuda())
+                    loss.backward()
+                    opt.step()
+                    if loss.item() < tolerance / 10:
+                        return loss
+            """),
+        # fairseq's pgslm sampler: Python post-processes each sample of the lists in this iteration.
+        good("""
+            import torch
+            def sample(models, dataloader, decoder, realign):
+                for batch in dataloader:
+                    batch = {k: v.cuda() for k, v in batch.items()}
+                    tokens, durations = models[0](batch, decoder)
+                    tokens, durations = (
+                        tokens.cpu().tolist(),
+                        durations.cpu().tolist(),
+                    )
+                    for i in range(len(tokens)):
+                        realign(tokens[i], durations[i])
+                    labels = batch["target"].tolist()
+                    counts = [label for label in labels if label > 0]
+            """),
+        # fairseq's online back-translation: a loop over the data sets of one training step.
+        good("""
+            import torch
+            def train_step(self, sample, model, criterion, optimizer):
+                agg_loss = 0.0
+                dataset_keys = self.datasets["train"].datasets.keys()
+                for dataset_key in dataset_keys:
+                    loss, sample_size, logging_output = criterion(model, sample[dataset_key])
+                    optimizer.backward(loss)
+                    agg_loss += loss.item()
+                for name, loss_fn in self.losses.items():
+                    loss = loss_fn(model, sample)
+                    loss.backward()
+                    agg_loss += loss.item()
+                return agg_loss
+            """),
+        # One-off passes over a data set: torch_geometric's `Dataset.process()`, calibration.
+        good("""
+            import torch
+            from torch.utils.data import DataLoader
+            class PascalVOCKeypoints:
+                def process(self):
+                    loader = DataLoader(self.imgs, batch_size=self.batch_size, shuffle=False)
+                    for i, batch_img in enumerate(loader):
+                        out = self.vgg16(batch_img.to(self.device))
+                        for j in range(out.size(0)):
+                            self.data_list[i * self.batch_size + j].x = out[j].to('cpu')
+            def calibrate_depth(model, dataloader, device):
+                pairs = []
+                for batch in dataloader:
+                    pred = model(batch["img"].to(device))
+                    for pi, gi in zip(pred, batch["depth"].to(device)):
+                        valid = (gi > 1e-3) & (pi > 1e-3)
+                        if not valid.any():
+                            continue
+                        pairs.append((torch.log(pi[valid]).cpu().numpy(), torch.log(gi[valid]).cpu().numpy()))
+                return pairs
+            """),
+        # Python bools from torch's predicates; an epoch loop that steps a scheduler named `optim_sched`.
+        good("""
+            import torch
+            def train(model, loader, optimizer, optim_sched, evaluate, n):
+                for epoch in range(n):
+                    for x, y in loader:
+                        loss = model(x.cuda(), y.cuda())
+                        loss.backward()
+                        if torch.is_autocast_enabled() or not torch.are_deterministic_algorithms_enabled():
+                            pass
+                        if torch.is_inference_mode_enabled():
+                            pass
+                        optimizer.step()
+                    optim_sched.step()
+                    print(evaluate(model).item())
+            """),
     ]
 
     only = {name: Only(in_loops=True) for name in ("visit_Call", "visit_If", "visit_While", "visit_IfExp")}
@@ -231,14 +532,14 @@ class HostSyncInLoop(Rule):
                         return
 
     def visit_If(self, node: ast.If) -> None:
-        self._condition(node.test)
+        self._condition(node)
 
     def visit_While(self, node: ast.While) -> None:
         if self.ctx.loops:
-            self._condition(node.test)
+            self._condition(node)
 
     def visit_IfExp(self, node: ast.IfExp) -> None:
-        self._condition(node.test)
+        self._condition(node)
 
     # -- checks ---------------------------------------------------------------------
     def _method(self, node: ast.Call, func: ast.Attribute) -> None:
@@ -249,49 +550,207 @@ class HostSyncInLoop(Rule):
         if kind in _NOT_SYNCED:
             return
         method = func.attr
-        if method == "to" and not _is_cpu_target(node):
+        if method == "to" and (not _is_cpu_target(node) or _non_blocking(node)):
             return
         if method == "tolist" and kind not in _kinds.TENSORS:
             return
         if method == "item":
-            fix = self._detach_fix(node, receiver)
-            instead = ("keep the running value on the device (`total += loss.detach()`) and call `.item()` once after the loop"
-                       if fix else "keep the values on the device and convert them once after the loop "
-                                   "(`torch.stack(values).tolist()`), or log every N steps")
+            accumulation = self._accumulation(node)
+            onto_number = accumulation is not None and self._python_number(accumulation.target)
+            fix = self._detach_fix(node, receiver) if onto_number else None
+            if onto_number:
+                instead = "keep the running value on the device (`total += loss.detach()`) and call `.item()` once after the loop"
+            elif accumulation is not None:
+                instead = ("accumulate on the device (`total = torch.zeros((), device=loss.device)`, then "
+                           "`total += loss.detach()`) and call `.item()` once after the loop")
+            else:
+                instead = ("keep the values on the device and convert them once after the loop "
+                           "(`torch.stack(values).tolist()`), or log every N steps")
             self._report(node, "`.item()`", instead, fix=fix)
         elif method in ("cpu", "to"):
-            self._report(node, f"`.{method}({'' if method == 'cpu' else self.ctx.segment(node.args[0] if node.args else node)})`",
+            arguments = ", ".join(self.ctx.segment(a) for a in node.args + node.keywords)
+            self._report(node, f"`.{method}({arguments})`",
                          "collect results on the device (`torch.cat`/`torch.stack` after the loop) and copy once")
         else:
             self._report(node, "`.tolist()`", "collect results on the device and convert once after the loop")
 
-    def _condition(self, test: ast.AST) -> None:
+    def _condition(self, owner: ast.AST) -> None:
         if not self.ctx.loops or self._step_loop() is None:
             return
+        test = owner.test
         values = test.values if isinstance(test, ast.BoolOp) else [test]
         for value in values:
             inner = value.operand if isinstance(value, ast.UnaryOp) and isinstance(value.op, ast.Not) else value
+            if _is_torch_predicate(self.ctx, inner):
+                continue
             if self._is_device_tensor(inner) and not self._contains_sync_call(inner):
                 self._report(inner, "a tensor used as a Python `bool`",
                              "keep the decision on the device (`torch.where`, masking) or check it every N steps",
-                             in_test=True)
+                             owner=owner)
                 return
 
-    def _report(self, node: ast.AST, what: str, instead: str, fix: Optional[Fix] = None, in_test: bool = False) -> None:
+    def _report(self, node: ast.AST, what: str, instead: str, fix: Optional[Fix] = None,
+                owner: Optional[ast.AST] = None) -> None:
+        """`owner`: the `if`/`while` whose test `node` is, for a tensor used as a `bool`."""
         loop = self._step_loop()
-        if loop is None or self._gated(loop, in_test):
+        if loop is None or self._gated(loop, owner):
             return
-        kind = "training" if self._is_training(loop) else "evaluation"
+        training = self._is_training(loop)
+        if (owner is None and self._used_now(node, loop)) or self._explained() or (not training and self._host_only(loop)):
+            return
+        kind = "training" if training else "evaluation"
         self.report(node, f"{what} waits for the GPU and copies to the host on every step of the {kind} "
                           f"loop on line {loop.node.lineno}; {instead}", fix=fix)
 
-    def _detach_fix(self, call: ast.Call, receiver: ast.AST) -> Optional[Fix]:
+    def _accumulation(self, call: ast.Call) -> Optional[ast.AugAssign]:
         parent = self.ctx.parent
         if isinstance(parent, ast.AugAssign) and parent.value is call and isinstance(parent.op, ast.Add):
-            return self.replace(call, f"{self.ctx.segment(receiver)}.detach()",
-                                "Accumulate on the device with `.detach()`; call `.item()` once after the loop",
-                                safe=False)
+            return parent
         return None
+
+    def _detach_fix(self, call: ast.Call, receiver: ast.AST) -> Optional[Fix]:
+        """Only onto a Python number (the caller checks): `acc += loss.detach()` onto a CPU tensor
+        (`torch.zeros(1)`) raises (the operands are on two devices), and the rule cannot see where
+        another tensor is."""
+        text = self.ctx.segment(call)
+        if "#" in text:
+            return None  # a comment inside the call would go with it
+        receiver_text = self.ctx.segment(receiver)
+        if not isinstance(receiver, _ATOMIC):
+            receiver_text = f"({receiver_text})"  # `(a + b).item()`: not `a + b.detach()`
+        return self.replace(call, f"{receiver_text}.detach()",
+                            "Accumulate on the device with `.detach()`; call `.item()` once after the loop",
+                            safe=False)
+
+    def _python_number(self, target: ast.AST) -> bool:
+        """Every binding of the accumulator in its scope is a Python number (`total = 0.0`) or adds
+        one (`total += x.item()`); an attribute, a tensor or a name of unknown kind is not."""
+        if not isinstance(target, ast.Name):
+            return False
+        scope = _kinds._scope(self.ctx, self.ctx.function or self.ctx.tree)
+        entries = scope.assigned.get(target.id)
+        if not entries:
+            return False
+        for entry in entries:
+            tag = entry[0]
+            if tag == "value" and self._number_value(entry[1]):
+                continue
+            if tag == "aug" and self._number_value(entry[1].value):
+                continue
+            if tag == "unpack" and isinstance(entry[1], (ast.Tuple, ast.List)):  # `total, n = 0.0, 0`
+                items = entry[1].elts
+                if not any(isinstance(item, ast.Starred) for item in items) and -len(items) <= entry[2] < len(items) \
+                        and self._number_value(items[entry[2]]):
+                    continue
+            if tag == "kind" and entry[1] == _kinds.SCALAR:
+                continue
+            return False
+        return True
+
+    def _number_value(self, expr: ast.AST) -> bool:
+        if isinstance(expr, ast.Call) and isinstance(expr.func, ast.Attribute) and expr.func.attr == "item" and not expr.args:
+            return True
+        if isinstance(expr, ast.BinOp):
+            return self._number_value(expr.left) and self._number_value(expr.right)
+        if isinstance(expr, ast.UnaryOp):
+            return self._number_value(expr.operand)
+        return _kinds.kind_of(self.ctx, expr) == _kinds.SCALAR
+
+    # -- when the host needs the value now -------------------------------------------------
+    def _used_now(self, node: ast.AST, loop: LoopInfo) -> bool:
+        """The value, bound to a name, decides whether the loop stops in this same iteration (a
+        convergence test), or Python code goes over it item by item (iterates or indexes it)."""
+        bound = self._bound_name(node)
+        if bound is None:
+            return False
+        name, statement = bound
+        for other in loop.direct_nodes():
+            if getattr(other, "lineno", 0) <= statement.end_lineno:
+                continue
+            if isinstance(other, ast.If) and _stops_on_comparison(other) and name in loaded_names(other.test):
+                return True
+            if isinstance(other, _NESTED_LOOPS) and _goes_over(other, name):
+                return True
+        return False
+
+    def _bound_name(self, node: ast.AST):
+        """(name, statement) where the sync's value is bound (`v = x.cpu().tolist()`, `a, b =
+        (x.tolist(), y.tolist())`), else None."""
+        current, index = node, None
+        for parent in reversed(self.ctx.parents):
+            if (isinstance(parent, ast.Attribute) and parent.value is current) or \
+                    (isinstance(parent, ast.Call) and parent.func is current):
+                current = parent
+            elif isinstance(parent, ast.Tuple) and index is None:
+                index = next(i for i, elt in enumerate(parent.elts) if elt is current)
+                current = parent
+            elif isinstance(parent, (ast.Assign, ast.AnnAssign)) and parent.value is current:
+                targets = parent.targets if isinstance(parent, ast.Assign) else [parent.target]
+                if len(targets) != 1:
+                    return None
+                target = targets[0]
+                if index is not None:
+                    if not (isinstance(target, ast.Tuple) and len(target.elts) == len(current.elts)):
+                        return None
+                    target = target.elts[index]
+                return (target.id, parent) if isinstance(target, ast.Name) else None
+            else:
+                return None
+        return None
+
+    def _explained(self) -> bool:
+        """A comment on the statement, or heading the run of copies it is in, says why the copy is
+        there (`# wait for the indices: the host slices with them`, `# kept on the CPU, else OOM`)."""
+        statement = self.ctx.statement()
+        if statement is None:
+            return False
+        lines = self.ctx.lines
+        body = getattr(statement, "body", None)
+        end = statement.end_lineno
+        if isinstance(body, list) and body:  # `if`, `for`, `with`: its header, not its block
+            end = max(statement.lineno, body[0].lineno - 1)
+        comments = [line[line.find("#"):] for line in lines[statement.lineno - 1:end] if "#" in line]
+        row = statement.lineno - 2
+        while row >= 0:
+            text = lines[row].strip()
+            if text.startswith("#"):
+                comments.append(text)
+            elif not text or not any(sync in text for sync in _SYNC_TEXT):
+                break
+            row -= 1
+        return any(_EXPLAINING.search(comment) for comment in comments)
+
+    def _host_only(self, loop: LoopInfo) -> bool:
+        """An evaluation loop in a function that never names a device (no `.to(`, `cuda`,
+        `device`...) and calls nothing that may run a model (only imported functions, builtins and
+        tensor or container methods): its batches stay where the loader made them, on the host."""
+        key = ("mat502_host_only", id(loop.node))
+        found = self.ctx.shared.get(key)
+        if found is None:
+            found = self.ctx.shared[key] = self._calls_only_host_code(loop)
+        return found
+
+    def _calls_only_host_code(self, loop: LoopInfo) -> bool:
+        function = self.ctx.function
+        if _DEVICE_WORDS.search(function_text(self.ctx, function) if function is not None else self.ctx.source):
+            return False
+        for stmt in loop.body:
+            for node in walk_no_scopes(stmt):
+                if not isinstance(node, ast.Call):
+                    continue
+                func = node.func
+                if self.ctx.qualname(func) is not None:
+                    continue  # an imported function (or torch's, numpy's): it runs where its inputs are
+                if isinstance(func, ast.Name) and func.id in _HOST_BUILTINS:
+                    continue
+                if isinstance(func, ast.Attribute) and func.attr in _HOST_METHODS and not self._on_self(func):
+                    continue
+                return False  # `model(x)`, `self.net(x)`: may move the batch itself (DataParallel)
+        return True
+
+    @staticmethod
+    def _on_self(func: ast.Attribute) -> bool:
+        return isinstance(func.value, ast.Name) and func.value.id == "self"
 
     # -- context ------------------------------------------------------------------------
     def _is_device_tensor(self, expr: ast.AST) -> bool:
@@ -323,7 +782,9 @@ class HostSyncInLoop(Rule):
     def _is_step_loop(self, loop: LoopInfo) -> bool:
         key = ("mat502_step", id(loop.node))
         if key not in self.ctx.shared:
-            self.ctx.shared[key] = self._is_training(loop) or self._iterates_loader(loop)
+            self.ctx.shared[key] = ((self._is_training(loop) or self._iterates_loader(loop))
+                                    and not self._one_off() and not self._iterates_names(loop)
+                                    and not self._epoch_loop(loop))
         return self.ctx.shared[key]
 
     def _is_training(self, loop: LoopInfo) -> bool:
@@ -332,36 +793,117 @@ class HostSyncInLoop(Rule):
     def _iterates_loader(self, loop: LoopInfo) -> bool:
         return iterates_loader(self.ctx, loop)
 
-    def _gated(self, loop: LoopInfo, in_test: bool) -> bool:
+    def _epoch_loop(self, loop: LoopInfo) -> bool:
+        """The loop runs a whole pass over a loader in each iteration: an epoch loop, whatever
+        else it steps (`sched.step()`)."""
+        return any(isinstance(node, (ast.For, ast.AsyncFor)) and self._iterates_loader(LoopInfo(node, self.ctx))
+                   for node in loop.direct_nodes())
+
+    @staticmethod
+    def _iterates_names(loop: LoopInfo) -> bool:
+        """`for key in dataset_keys:`, `for task_name in tasks:`, `for k, v in losses.items():`: one
+        iteration per data set or task, not per batch."""
+        it = loop.iter
+        while isinstance(it, ast.Call) and isinstance(it.func, ast.Name) and it.func.id in ("enumerate", "sorted", "list") \
+                and it.args:
+            it = it.args[0]
+        if it is None:
+            return False
+        if isinstance(it, ast.Call) and isinstance(it.func, ast.Attribute) and it.func.attr in ("keys", "items") \
+                and not it.args:
+            return True
+        if (_identifier(it) or "").lower().endswith(("keys", "names")):
+            return True
+        target = loop.node.target if isinstance(loop.node, (ast.For, ast.AsyncFor)) else loop.node.generators[0].target
+        return isinstance(target, ast.Name) and target.id.lower().endswith(("key", "name"))
+
+    def _one_off(self) -> bool:
+        """In a function that runs once over a data set: `process()`, `precompute_*`, calibration."""
+        function = self.ctx.function
+        key = ("mat502_one_off", id(function))
+        found = self.ctx.shared.get(key)
+        if found is None:
+            names = [f.name for f in self.ctx.functions if not isinstance(f, ast.Lambda)]
+            stem = os.path.splitext(os.path.basename(self.ctx.filename or ""))[0]
+            words = {w for n in names + [stem] for w in n.lower().split("_")}
+            found = self.ctx.shared[key] = bool(_ONE_OFF_NAMES.intersection(names) or words & _ONE_OFF_WORDS)
+        return found
+
+    def _gated(self, loop: LoopInfo, owner: Optional[ast.AST]) -> bool:
         """The call sits under an `if` that lets it run only some steps (every N, verbose...), in
-        a branch that leaves the loop (`return`, `break`, `raise`), or in an error path."""
+        a branch that leaves the loop (`return`, `break`, `raise`), in an error path, or in a test
+        that stops a loop on a comparison (a convergence test)."""
         parents = self.ctx.parents
         start = next((i for i, p in enumerate(parents) if p is loop.node), None)
         if start is None:
             return False
-        chain = parents[start + 1:]
+        chain = parents[start + 1:] + ([owner] if owner is not None else [])
+        if isinstance(owner, ast.While) and _has_ordering(owner.test):
+            return True  # `while (x - prev).norm() > tol:` inside a step: it must know when to stop
+        if isinstance(loop.node, ast.While) and chain and chain[0] is loop.node.test and _has_ordering(loop.node.test):
+            return True  # `while loss.item() > tol:`: the loop's own stopping test
         for i, parent in enumerate(chain):
             if isinstance(parent, (ast.ExceptHandler, ast.Return, ast.Raise)):
                 return True  # an error path, or the statement that leaves the loop: once at most
             if isinstance(parent, ast.If):
                 child = chain[i + 1] if i + 1 < len(chain) else None
-                if child is parent.test or (in_test and child is None):
+                if child is None or child is parent.test:  # what is reported is in this `if`'s test
+                    if _stops_on_comparison(parent):
+                        return True  # `if abs(loss.item() - prev) < tol: break`: needed now, to stop
                     continue
-                branch = parent.body if any(stmt is child for stmt in parent.body) else parent.orelse
+                in_body = any(stmt is child for stmt in parent.body)
+                branch = parent.body if in_body else parent.orelse
                 if branch and isinstance(branch[-1], (ast.Return, ast.Break, ast.Raise)):
                     return True  # the branch leaves the loop: it runs on one step, not every step
-                if _is_gate(parent.test):
-                    return True
+                if in_body and _is_gate(parent.test, loop):
+                    return True  # (its `else` runs on the other steps)
         return False
 
 
-def _is_gate(test: ast.AST) -> bool:
+def _goes_over(loop: ast.AST, name: str) -> bool:
+    """The loop iterates over `name` (`for t in tokens`) or indexes it (`tokens[i]`)."""
+    if isinstance(loop, (ast.For, ast.AsyncFor)) and name in loaded_names(loop.iter):
+        return True
+    if isinstance(loop, _COMPREHENSIONS) and any(name in loaded_names(g.iter) for g in loop.generators):
+        return True
+    return any(isinstance(node, ast.Subscript) and isinstance(node.value, ast.Name) and node.value.id == name
+               for node in walk_no_scopes(loop))
+
+
+def _has_ordering(test: ast.AST) -> bool:
+    return any(isinstance(node, ast.Compare) and any(isinstance(op, _ORDERING) for op in node.ops)
+               for node in ast.walk(test))
+
+
+def _stops_on_comparison(node: ast.If) -> bool:
+    """`if abs(loss - prev) < tol: break`: a convergence test, not a guard (`if isnan: break`)."""
+    return bool(node.body) and isinstance(node.body[-1], _LEAVES_LOOP) and _has_ordering(node.test)
+
+
+def _is_gate(test: ast.AST, loop: LoopInfo) -> bool:
     for node in ast.walk(test):
         if isinstance(node, ast.BinOp) and isinstance(node.op, ast.Mod):
             return True
         if isinstance(node, (ast.Name, ast.Attribute)) and _GATE_NAME.search(_identifier(node) or ""):
             return True
-        if isinstance(node, ast.Compare) and any(isinstance(op, (ast.Eq,)) for op in node.ops):
+        if isinstance(node, ast.Compare) and any(isinstance(op, ast.Eq) for op in node.ops) \
+                and not all(_same_every_step(operand, loop) for operand in [node.left] + node.comparators):
             return True
     return False
 
+
+def _same_every_step(operand: ast.AST, loop: LoopInfo) -> bool:
+    """`rank`, `0`, `args.local_rank`, `dist.get_rank()`: an `==` on these is true on every step
+    or on none, not a gate; `step`, `self.global_step` change as the loop runs."""
+    if isinstance(operand, ast.Constant):
+        return True
+    if isinstance(operand, ast.Name):
+        return operand.id not in loop.targets and operand.id not in loop.assigned
+    if isinstance(operand, ast.Call) and not operand.args and not operand.keywords:
+        operand = operand.func
+    if isinstance(operand, ast.Attribute) and _PROCESS_WORDS.intersection(operand.attr.lower().split("_")):
+        root = operand.value
+        while isinstance(root, ast.Attribute):
+            root = root.value
+        return isinstance(root, ast.Name) and root.id not in loop.targets and root.id not in loop.assigned
+    return False
