@@ -507,6 +507,25 @@ class HostSyncInLoop(Rule):
                     optim_sched.step()
                     print(evaluate(model).item())
             """),
+        # Batches moved by rebinding their own names (`x, y = x.to(device), y.to(device)`) are
+        # tensors on the device: the syncs on them count as on any other device tensor.
+        bad("""
+            import torch
+            def evaluate(model, test_loader, device):
+                for x, y in test_loader:
+                    x, y = x.to(device), y.to(device)
+                    acc = float((model(x).argmax(-1) == y).float().mean())
+                    if x.any():
+                        print(y)
+            def train(model, train_loader, opt, device):
+                for x, y in train_loader:
+                    x = x.cuda(non_blocking=True)
+                    y = y.to(device)
+                    loss = model(x, y)
+                    loss.backward()
+                    opt.step()
+                    n = int((y == 0).sum())
+            """, (5, 15), (6, 12), (7, 13), (15, 13)),
     ]
 
     only = {name: Only(in_loops=True) for name in ("visit_Call", "visit_If", "visit_While", "visit_IfExp")}
