@@ -211,13 +211,23 @@ class ManualAttention(Rule):
     docs = """
     ## What it does
     Flags scaled dot-product attention computed step by step: a GEMM of queries with
-    transposed keys (`q @ k.transpose(-2, -1)`, `torch.matmul`, `torch.bmm`, `.mT`, or an
-    `einsum` such as `"bhqd,bhkd->bhqk"`), optionally scaled (`* scale`, `/ math.sqrt(d)`,
-    `* d ** -0.5`), masked (`+ mask`, `.masked_fill(mask == 0, float("-inf"))`) and cast, then a
-    softmax over the last (key) axis (`F.softmax`, `torch.softmax`, `.softmax(-1)`, an
-    `nn.Softmax(dim=-1)` module), optionally dropout, then a GEMM with the values. The steps
-    may be spread over several statements through intermediate variables. The finding is
-    reported on the q·kᵀ product.
+    transposed keys (`q @ k.transpose(-2, -1)`, `.swapaxes`, `torch.transpose`,
+    `.permute(0, 1, 3, 2)`, `.mT`, `torch.matmul`, `torch.bmm`, or an `einsum` such as
+    `"bhqd,bhkd->bhqk"`), optionally scaled (`* scale`, `/ math.sqrt(d)`, `* d ** -0.5`, `/=`,
+    `.div()`, `.mul()`, `torch.div`), masked (`+ mask`, `+=`, `.add()`,
+    `.masked_fill(mask == 0, float("-inf"))`, an in-place `masked_fill_`, also under an `if`),
+    shifted by its row maximum and cast, then a softmax over the last (key) axis (`F.softmax`,
+    `torch.softmax`, `.softmax(-1)`, an `nn.Softmax(dim=-1)` module), optionally dropout, then a
+    GEMM with the values. The steps may be spread over several statements through intermediate
+    variables; reading the scores' `.dtype`, `.shape` or `.size()` on the way (`torch.finfo(w.dtype)`,
+    a size check) does not hide them. The finding is reported on the q·kᵀ product.
+
+    SDPA's fused kernels take q, k, v as 4-D `(B, H, L, E)` tensors with the head dim last and
+    stride 1 along it; on anything else it runs its math path, which is slower than the
+    hand-written code. Where the code shows the operands are not like that (3-D `(b h) n d`, 5-D
+    windows, a channels-first `"b h d i, b h d j"` einsum, a view whose last axis is not
+    unit-stride such as `rearrange(conv_out, "b (h d) x y -> b h (x y) d")`), the message says
+    what SDPA needs (split or merge axes, permute, `.contiguous()`).
 
     ## Why is this bad?
     The manual form writes the whole `L × S` score matrix to memory, reads it back for the
@@ -242,37 +252,55 @@ class ManualAttention(Rule):
 
     ## Stays quiet on
     - Functions and classes that already use `scaled_dot_product_attention`, or switch to a
-      fused path (flash-attn, xformers, an `attn_implementation` / `fused_attn` / `use_sdpa`
-      switch, `hasattr(F, "scaled_dot_product_attention")`), and manual paths inside an `if`
-      in a file that calls SDPA somewhere (the switch may be a module-level flag): the manual
-      path there is a guarded fallback or a reference implementation.
+      fused path (flash-attn, xformers, `flex_attention`, an `attn_implementation` /
+      `fused_attn` / `use_sdpa` switch, `hasattr(F, "scaled_dot_product_attention")`), and manual
+      paths inside an `if` in a file that calls SDPA somewhere (the switch may be a module-level
+      flag): the manual path there is a guarded fallback or a reference implementation.
     - Attention whose probabilities (or scores) are used for anything else: returned
       (`output_attentions`), stored on `self`, fed to a loss or a hook. SDPA does not hand
-      them back.
+      them back. (A hook registered from another file cannot be seen.)
     - Scores changed in ways SDPA cannot express: anything other than scaling, adding a
-      bias or mask, `masked_fill`, and dtype casts (e.g. talking-heads mixing across heads,
-      an unknown function applied to the scores).
-    - Cosine and cross-covariance attention (both q and k `F.normalize`d, as in XCiT and
-      EdgeNeXt): the learned per-head temperature is a tensor `scale=` cannot take, and the map
-      often runs over channels, where there is nothing to gain.
+      bias or mask, `masked_fill`, the row-maximum shift and dtype casts (e.g. talking-heads
+      mixing across heads, an unknown function applied to the scores).
+    - Cosine and cross-covariance attention (both q and k `F.normalize`d, directly or through a
+      helper such as `l2norm = lambda t: F.normalize(t, dim=-1)` or a `def`, also mapped with
+      `map(l2norm, (q, k))`, as in XCiT and EdgeNeXt): the learned per-head temperature is a
+      tensor `scale=` cannot take, and the map often runs over channels, where there is
+      nothing to gain.
     - A second operand computed from another softmax (the Nyström approximation's
       `kernel_1 @ inv(kernel_2)`): a composition of attention kernels, not attention over values.
     - Additive / MLP attention (`tanh(W q + U k)`), sigmoid gates, a softmax over any axis but
       the last (the query axis, as in slot attention), and keys that are a module's own
-      parameters (`x @ self.codebook.T`, `h @ self.embed.weight.mT`: soft assignment, not attention).
+      parameters (`x @ self.codebook.T`, `h @ self.embed.weight.mT`, also through a local name
+      such as `codebook = self.codebook`: soft assignment, not attention).
+
+    Operands in a layout SDPA's fused kernels do not take are still reported, because reshaping,
+    permuting or copying q, k and v costs little next to the `L × S` scores: on an H100 (bf16,
+    forward + backward, 1024 tokens), SDPA called on them as they are took 1.5-2.7× longer than
+    the manual code, and after `unsqueeze(0)` (3-D), `flatten(0, 1)` (5-D) or `.contiguous()`
+    (a strided view, channels-first) it ran 1.5-2.5× faster than it. The message says what to
+    change; there is no fix but for 3-D operands (see Fix safety).
 
     ## Fix safety
     The fix replaces the final GEMM with one `scaled_dot_product_attention` call and deletes
     the statements that only fed it. It is **safe** only when the call is exactly equivalent:
     no mask, or a causal `tril` buffer sliced `[:T, :T]` and filled with `-inf` (→
     `is_causal=True`); an explicit scale (→ `scale=...`), the default `1/sqrt(q.size(-1))`
-    or of `k.size(-1)` (→ no argument) or none (→ `scale=1.0`); no dropout and no dtype casts; the standard
-    `(..., L, E)` layout. It is **unsafe** (offered with `--unsafe-fixes`) when the call
+    or of `k.size(-1)` (→ no argument) or none (→ `scale=1.0`); no dropout and no dtype casts
+    (a row-maximum shift is dropped: softmax does not change); the standard `(..., L, E)` layout.
+    Operands known to be 3-D (`torch.bmm`, a `"bid,bjd->bij"` einsum) are passed as
+    `q.unsqueeze(0)` (and the result `.squeeze(0)`): the same values as a `(1, B·H, L, E)` batch,
+    which the fused kernels take. It is **unsafe** (offered with `--unsafe-fixes`) when the call
     needs judgement: an additive mask becomes `attn_mask=` (a boolean mask means the opposite
-    there), a general `masked_fill` becomes a boolean `attn_mask=~(cond)`, dropout becomes
-    `dropout_p=` (a different random stream), a softmax upcast is dropped, a scale whose type
-    is not known to be a Python number, a transpose spelled with positive axes. There is no
-    fix when the layout differs (`"bqhd,bkhd->bhqk"`), when the steps sit in different blocks,
+    there); a general `masked_fill` becomes a boolean `attn_mask=~(cond)`, and rows where every
+    key is masked then come out differently (NaN with a `-inf` fill, the mean of v with a finite
+    fill such as `-1e9` or `finfo.min`, zeros from SDPA in recent PyTorch); dropout becomes
+    `dropout_p=` (a different random stream); a softmax upcast is dropped; a scale whose type is
+    not known to be a Python number; a transpose spelled with positive axes
+    (`k.transpose(2, 3)` swaps the last two only if k is 4-D) unless the code shows that rank.
+    There is no fix when the layout differs (`"bqhd,bkhd->bhqk"`, channels-first), the operands
+    are known to be neither 4-D nor 3-D or have a strided last axis, when the steps sit in different blocks or
+    a conditional expression, when a read of the scores' `.shape` / `.dtype` stays in the code,
     or when torch.nn.functional has no name in the file.
     """
     examples = [
