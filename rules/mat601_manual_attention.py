@@ -13,8 +13,10 @@ from matlint.rule import Only, Rule, bad, good
 from . import _kinds
 from ._flow import FunctionFlow, flow_of
 from ._kinds import int_const
-from ._layout import rank_of
+from ._layout import rank_of, reorder
+from ._loops import walk_no_scopes
 from ._names import mentions, outermost_scope, spelling
+from ._pointwise import is_true, product, torch_op
 from ._torch_api import as_gemm
 
 _SOFTMAX_FUNCTIONS = {"torch.softmax", "torch.nn.functional.softmax", "torch.special.softmax"}
@@ -22,10 +24,18 @@ _DROPOUT_FUNCTIONS = {"torch.nn.functional.dropout", "torch.dropout"}
 _CAST_METHODS = {"to", "type_as", "type", "float", "half", "bfloat16", "double"}
 # Identifiers that show the function (or its class) already has, or switches to, a fused
 # attention path: the manual one is then a fallback or a reference.
-_FUSED_PATH = re.compile(r"scaled_dot_product|sdpa|flash|xformers|memory_efficient|fused_attn|"
+_FUSED_PATH = re.compile(r"scaled_dot_product|sdpa|flash|flex_attention|xformers|memory_efficient|fused_attn|"
                          r"attn_implementation|attention_interface|ATTENTION_FUNCTIONS", re.IGNORECASE)
 _SDPA = "scaled_dot_product_attention"
 _MAX_DEPTH = 24
+_TRANSPOSE_METHODS = frozenset({"transpose", "swapaxes", "swapdims"})
+# Reads of what a tensor is, not of its values: they leave the scores free to go.
+_METADATA_ATTRIBUTES = frozenset({"dtype", "shape", "device", "ndim", "is_cuda", "layout"})
+_METADATA_METHODS = frozenset({"size", "dim", "ndimension", "numel", "nelement", "get_device"})
+_ATOMIC = (ast.Name, ast.Attribute, ast.Call, ast.Subscript)
+_TO_4D = {2: "add the batch and head axes (`q[None, None]`, ...)",
+          3: "split the heads out of the batch axis, or add a leading one (`q.unsqueeze(0)`, ...)",
+          5: "merge the leading axes into the batch (`q.flatten(0, 1)`, ...)"}
 
 
 @dataclass
@@ -36,9 +46,14 @@ class _Scores:
     k: ast.AST
     exact_layout: bool          # q, k are (..., L, E), (..., S, E) as SDPA takes them
     key_axis_last: bool         # the GEMM's last output axis runs over the keys
-    # ("scale", expr, op) / ("mask", expr) / ("fill", cond, value) / ("cast",)
+    # ("scale", expr, op) / ("mask", expr) / ("fill", cond, value) / ("cast",) / ("shift",)
     steps: list = field(default_factory=list)
     statements: list = field(default_factory=list)  # the `name = ...` statements the chain ran through
+    terms: Optional[tuple] = None  # an einsum's q and k terms, and the ones SDPA takes: (a, b, want_a, want_b)
+    k_rank: Optional[int] = None   # the rank of k its transpose implies (`.t()`: 2, `.permute(0, 1, 3, 2)`: 4)
+    rank_assumed: bool = False     # ... only if positive axes (`k.transpose(2, 3)`) mean the last two
+    metadata_reads: list = field(default_factory=list)  # `scores.dtype`, `scores.size(-1)`: reads that are not uses
+    conditional: bool = False      # a step under a conditional expression (`s if m is None else s.masked_fill(...)`)
 
 
 @dataclass
@@ -47,6 +62,25 @@ class _Probs:
     v: ast.AST
     steps: list = field(default_factory=list)       # ("dropout", p, training) / ("cast",)
     statements: list = field(default_factory=list)
+    terms: Optional[tuple] = None  # an einsum's v term and the one SDPA takes
+
+
+@dataclass
+class _Layout:
+    rank: Optional[int] = None
+    strided_by: Optional[ast.AST] = None  # the view that moved another axis last: its stride is not 1
+
+
+@dataclass
+class _Operands:
+    """q, k and v against what SDPA's fused kernels take."""
+    rank: Optional[int]         # the one rank the code shows them to have
+    ranked: list                # the names of those whose rank it shows
+    pinned: bool                # it shows the rank of all three, and the same
+    conflicting: bool           # it shows different ranks
+    strided: list               # (name, view) for those whose last axis is not unit-stride
+    rank_confirmed: bool        # something besides positive transpose axes says k's rank
+    names: tuple = ("q", "k", "v")
 
 
 def _arg(call: ast.Call, index: int, name: str) -> Optional[ast.AST]:
@@ -64,6 +98,69 @@ def _einsum_terms(subscripts: Optional[str]):
     if len(terms) != 2 or any(len(set(t)) != len(t) for t in terms + [out]):
         return None
     return terms[0], terms[1], out
+
+
+def _reads_metadata(flow: FunctionFlow, use: ast.Name) -> bool:
+    """`use` reads what a tensor is, not its values: `x.dtype`, `x.shape`, `x.size(-1)`, `len(x)`."""
+    up = flow.parent.get(use)
+    if isinstance(up, ast.Attribute) and up.value is use:
+        call = flow.parent.get(up)
+        if isinstance(call, ast.Call) and call.func is up:
+            return up.attr in _METADATA_METHODS
+        return up.attr in _METADATA_ATTRIBUTES
+    return isinstance(up, ast.Call) and isinstance(up.func, ast.Name) and up.func.id == "len" and up.args == [use]
+
+
+def _within(node: ast.AST, outer: ast.AST) -> bool:
+    return ((outer.lineno, outer.col_offset) <= (node.lineno, node.col_offset)
+            and (node.end_lineno, node.end_col_offset) <= (outer.end_lineno, outer.end_col_offset))
+
+
+_EINOPS_TOKEN = re.compile(r"\.\.\.|\w+|[()]")
+
+
+def _einops_groups(side: str):
+    """(groups, a bare `...` stands among them) for one side of an einops pattern: its axes grouped
+    as parentheses group them; None for anonymous axes (`1`, `()`) or unbalanced text."""
+    groups, current, bare_ellipsis = [], None, False
+    for token in _EINOPS_TOKEN.findall(side):
+        if token == "(":
+            if current is not None:
+                return None
+            current = []
+        elif token == ")":
+            if not current:
+                return None
+            groups.append(current)
+            current = None
+        elif token.isdigit():
+            return None
+        elif current is not None:
+            current.append(token)
+        else:
+            groups.append([token])
+            bare_ellipsis |= token == "..."
+    return (groups, bare_ellipsis) if current is None else None
+
+
+def _rearranged(call: ast.Call) -> _Layout:
+    """The layout `einops.rearrange(t, pattern)` makes of a contiguous `t`: its rank, and whether it
+    is a view whose last axis is not t's last. einops reshapes, permutes, then reshapes again, which
+    copies into a contiguous result unless each group it merges was adjacent, in order, in t."""
+    pattern = call.args[1] if len(call.args) > 1 else None
+    if not (isinstance(pattern, ast.Constant) and isinstance(pattern.value, str)) or pattern.value.count("->") != 1:
+        return _Layout()
+    sides = [_einops_groups(side) for side in pattern.value.split("->")]
+    if None in sides:
+        return _Layout()
+    (lhs, _), (rhs, bare_ellipsis) = sides
+    rank = None if bare_ellipsis else len(rhs)
+    axes = [axis for group in lhs for axis in group]
+    if not rhs or sorted(axes) != sorted(axis for group in rhs for axis in group) or len(set(axes)) != len(axes):
+        return _Layout(rank)
+    position = {axis: i for i, axis in enumerate(axes)}
+    view = all(position[b] == position[a] + 1 for group in rhs for a, b in zip(group, group[1:]))
+    return _Layout(rank, call if view and rhs[-1][-1] != axes[-1] else None)
 
 
 def _is_neg_inf(node: ast.AST) -> bool:
@@ -114,13 +211,23 @@ class ManualAttention(Rule):
     docs = """
     ## What it does
     Flags scaled dot-product attention computed step by step: a GEMM of queries with
-    transposed keys (`q @ k.transpose(-2, -1)`, `torch.matmul`, `torch.bmm`, `.mT`, or an
-    `einsum` such as `"bhqd,bhkd->bhqk"`), optionally scaled (`* scale`, `/ math.sqrt(d)`,
-    `* d ** -0.5`), masked (`+ mask`, `.masked_fill(mask == 0, float("-inf"))`) and cast, then a
-    softmax over the last (key) axis (`F.softmax`, `torch.softmax`, `.softmax(-1)`, an
-    `nn.Softmax(dim=-1)` module), optionally dropout, then a GEMM with the values. The steps
-    may be spread over several statements through intermediate variables. The finding is
-    reported on the q·kᵀ product.
+    transposed keys (`q @ k.transpose(-2, -1)`, `.swapaxes`, `torch.transpose`,
+    `.permute(0, 1, 3, 2)`, `.mT`, `torch.matmul`, `torch.bmm`, or an `einsum` such as
+    `"bhqd,bhkd->bhqk"`), optionally scaled (`* scale`, `/ math.sqrt(d)`, `* d ** -0.5`, `/=`,
+    `.div()`, `.mul()`, `torch.div`), masked (`+ mask`, `+=`, `.add()`,
+    `.masked_fill(mask == 0, float("-inf"))`, an in-place `masked_fill_`, also under an `if`),
+    shifted by its row maximum and cast, then a softmax over the last (key) axis (`F.softmax`,
+    `torch.softmax`, `.softmax(-1)`, an `nn.Softmax(dim=-1)` module), optionally dropout, then a
+    GEMM with the values. The steps may be spread over several statements through intermediate
+    variables; reading the scores' `.dtype`, `.shape` or `.size()` on the way (`torch.finfo(w.dtype)`,
+    a size check) does not hide them. The finding is reported on the q·kᵀ product.
+
+    SDPA's fused kernels take q, k, v as 4-D `(B, H, L, E)` tensors with the head dim last and
+    stride 1 along it; on anything else it runs its math path, which is slower than the
+    hand-written code. Where the code shows the operands are not like that (3-D `(b h) n d`, 5-D
+    windows, a channels-first `"b h d i, b h d j"` einsum, a view whose last axis is not
+    unit-stride such as `rearrange(conv_out, "b (h d) x y -> b h (x y) d")`), the message says
+    what SDPA needs (split or merge axes, permute, `.contiguous()`).
 
     ## Why is this bad?
     The manual form writes the whole `L × S` score matrix to memory, reads it back for the
@@ -145,37 +252,55 @@ class ManualAttention(Rule):
 
     ## Stays quiet on
     - Functions and classes that already use `scaled_dot_product_attention`, or switch to a
-      fused path (flash-attn, xformers, an `attn_implementation` / `fused_attn` / `use_sdpa`
-      switch, `hasattr(F, "scaled_dot_product_attention")`), and manual paths inside an `if`
-      in a file that calls SDPA somewhere (the switch may be a module-level flag): the manual
-      path there is a guarded fallback or a reference implementation.
+      fused path (flash-attn, xformers, `flex_attention`, an `attn_implementation` /
+      `fused_attn` / `use_sdpa` switch, `hasattr(F, "scaled_dot_product_attention")`), and manual
+      paths inside an `if` in a file that calls SDPA somewhere (the switch may be a module-level
+      flag): the manual path there is a guarded fallback or a reference implementation.
     - Attention whose probabilities (or scores) are used for anything else: returned
       (`output_attentions`), stored on `self`, fed to a loss or a hook. SDPA does not hand
-      them back.
+      them back. (A hook registered from another file cannot be seen.)
     - Scores changed in ways SDPA cannot express: anything other than scaling, adding a
-      bias or mask, `masked_fill`, and dtype casts (e.g. talking-heads mixing across heads,
-      an unknown function applied to the scores).
-    - Cosine and cross-covariance attention (both q and k `F.normalize`d, as in XCiT and
-      EdgeNeXt): the learned per-head temperature is a tensor `scale=` cannot take, and the map
-      often runs over channels, where there is nothing to gain.
+      bias or mask, `masked_fill`, the row-maximum shift and dtype casts (e.g. talking-heads
+      mixing across heads, an unknown function applied to the scores).
+    - Cosine and cross-covariance attention (both q and k `F.normalize`d, directly or through a
+      helper such as `l2norm = lambda t: F.normalize(t, dim=-1)` or a `def`, also mapped with
+      `map(l2norm, (q, k))`, as in XCiT and EdgeNeXt): the learned per-head temperature is a
+      tensor `scale=` cannot take, and the map often runs over channels, where there is
+      nothing to gain.
     - A second operand computed from another softmax (the Nyström approximation's
       `kernel_1 @ inv(kernel_2)`): a composition of attention kernels, not attention over values.
     - Additive / MLP attention (`tanh(W q + U k)`), sigmoid gates, a softmax over any axis but
       the last (the query axis, as in slot attention), and keys that are a module's own
-      parameters (`x @ self.codebook.T`, `h @ self.embed.weight.mT`: soft assignment, not attention).
+      parameters (`x @ self.codebook.T`, `h @ self.embed.weight.mT`, also through a local name
+      such as `codebook = self.codebook`: soft assignment, not attention).
+
+    Operands in a layout SDPA's fused kernels do not take are still reported, because reshaping,
+    permuting or copying q, k and v costs little next to the `L × S` scores: on an H100 (bf16,
+    forward + backward, 1024 tokens), SDPA called on them as they are took 1.5-2.7× longer than
+    the manual code, and after `unsqueeze(0)` (3-D), `flatten(0, 1)` (5-D) or `.contiguous()`
+    (a strided view, channels-first) it ran 1.5-2.5× faster than it. The message says what to
+    change; there is no fix but for 3-D operands (see Fix safety).
 
     ## Fix safety
     The fix replaces the final GEMM with one `scaled_dot_product_attention` call and deletes
     the statements that only fed it. It is **safe** only when the call is exactly equivalent:
     no mask, or a causal `tril` buffer sliced `[:T, :T]` and filled with `-inf` (→
     `is_causal=True`); an explicit scale (→ `scale=...`), the default `1/sqrt(q.size(-1))`
-    or of `k.size(-1)` (→ no argument) or none (→ `scale=1.0`); no dropout and no dtype casts; the standard
-    `(..., L, E)` layout. It is **unsafe** (offered with `--unsafe-fixes`) when the call
+    or of `k.size(-1)` (→ no argument) or none (→ `scale=1.0`); no dropout and no dtype casts
+    (a row-maximum shift is dropped: softmax does not change); the standard `(..., L, E)` layout.
+    Operands known to be 3-D (`torch.bmm`, a `"bid,bjd->bij"` einsum) are passed as
+    `q.unsqueeze(0)` (and the result `.squeeze(0)`): the same values as a `(1, B·H, L, E)` batch,
+    which the fused kernels take. It is **unsafe** (offered with `--unsafe-fixes`) when the call
     needs judgement: an additive mask becomes `attn_mask=` (a boolean mask means the opposite
-    there), a general `masked_fill` becomes a boolean `attn_mask=~(cond)`, dropout becomes
-    `dropout_p=` (a different random stream), a softmax upcast is dropped, a scale whose type
-    is not known to be a Python number, a transpose spelled with positive axes. There is no
-    fix when the layout differs (`"bqhd,bkhd->bhqk"`), when the steps sit in different blocks,
+    there); a general `masked_fill` becomes a boolean `attn_mask=~(cond)`, and rows where every
+    key is masked then come out differently (NaN with a `-inf` fill, the mean of v with a finite
+    fill such as `-1e9` or `finfo.min`, zeros from SDPA in recent PyTorch); dropout becomes
+    `dropout_p=` (a different random stream); a softmax upcast is dropped; a scale whose type is
+    not known to be a Python number; a transpose spelled with positive axes
+    (`k.transpose(2, 3)` swaps the last two only if k is 4-D) unless the code shows that rank.
+    There is no fix when the layout differs (`"bqhd,bkhd->bhqk"`, channels-first), the operands
+    are known to be neither 4-D nor 3-D or have a strided last axis, when the steps sit in different blocks or
+    a conditional expression, when a read of the scores' `.shape` / `.dtype` stays in the code,
     or when torch.nn.functional has no name in the file.
     """
     examples = [
@@ -315,7 +440,9 @@ class ManualAttention(Rule):
             def attend(q, k, v, pad):
                 return F.scaled_dot_product_attention(q, k, v, attn_mask=~(pad), scale=0.125)
             """),
-        # bmm on (B*H, L, E) tensors and an nn.Softmax module.
+        # bmm on (B*H, L, E) tensors and an nn.Softmax module: SDPA's fused kernels take 4-D operands
+        # (on 3-D ones it runs its math path, 2.7x slower than the bmm pair on an H100), so the fix
+        # hands it (1, B*H, L, E) views.
         bad("""
             import torch
             import torch.nn as nn
@@ -339,9 +466,9 @@ class ManualAttention(Rule):
                     self.softmax = nn.Softmax(dim=-1)
                     self.temperature = d ** 0.5
                 def forward(self, q, k, v):
-                    output = nn.functional.scaled_dot_product_attention(q, k, v, scale=1 / self.temperature)
+                    output = nn.functional.scaled_dot_product_attention(q.unsqueeze(0), k.unsqueeze(0), v.unsqueeze(0), scale=1 / self.temperature).squeeze(0)
                     return output
-            """),
+            """, message_contains="are 3-D here"),
         # Heads in dim 2 (einsum "bqhd,bkhd"): reported, no fix (SDPA wants heads before the sequence).
         bad("""
             import torch
@@ -576,6 +703,230 @@ class ManualAttention(Rule):
                 attn.masked_fill_(mask, 1e4)
                 return attn.softmax(dim=-1) @ v
             """),
+        # Reads of what the scores are, not of their values (`.dtype`, `.size()`, `.shape`): still
+        # attention. The fill reads the dtype inside the chain (an unsafe fix: a boolean mask); the
+        # size check and the print stay, and they name the scores, so no fix there.
+        bad("""
+            import math
+            import torch
+            def attend(q, k, v, mask):
+                w = q @ k.transpose(-2, -1) * 0.125
+                w = w.masked_fill(mask, torch.finfo(w.dtype).min)
+                return w.softmax(-1) @ v
+            def checked(q, k, v, bsz: int, heads: int, q_len: int, kv_len: int):
+                scores = torch.matmul(q, k.transpose(-2, -1)) / math.sqrt(q.size(-1))
+                if scores.size() != (bsz, heads, q_len, kv_len):
+                    raise ValueError(f"scores are {scores.size()}")
+                return torch.matmul(torch.softmax(scores, dim=-1), v)
+            def printed(q, k, v):
+                s = q @ k.transpose(-2, -1) * 0.125
+                print(s.shape, s.dtype, len(s))
+                return s.softmax(-1) @ v
+            """, (4, 9), (8, 14), (13, 9)),
+        # Augmented assignments scale and mask: OpenCLIP's `attn += attn_mask` on (B*H, L, E) bmm
+        # operands, `/=`, `*=`, and a bias added only when given.
+        bad("""
+            import math
+            import torch
+            import torch.nn.functional as F
+            def clip(q, k, v, attn_mask):
+                attn = torch.bmm(q, k.transpose(-1, -2))
+                attn += attn_mask
+                attn = attn.softmax(dim=-1)
+                return torch.bmm(attn, v)
+            def divided(q, k, v):
+                scores = torch.matmul(q, k.transpose(-2, -1))
+                scores /= math.sqrt(q.size(-1))
+                return torch.matmul(F.softmax(scores, dim=-1), v)
+            def multiplied(q, k, v, scale: float):
+                scores = q @ k.transpose(-2, -1)
+                scores *= scale
+                return F.softmax(scores, dim=-1) @ v
+            def biased(q, k, v, bias=None):
+                attn = (q @ k.transpose(-2, -1)) * 0.125
+                if bias is not None:
+                    attn += bias
+                attn = attn.softmax(dim=-1)
+                return attn @ v
+            """, (5, 12), (10, 14), (14, 14), (18, 13)),
+        # The ldm / stable-diffusion CrossAttention: an in-place fill under an `if`, its value read
+        # off the scores' dtype. Reported on (B*H, L, E) operands; no fix (the steps sit in two blocks).
+        bad("""
+            import torch
+            from torch import nn, einsum
+            from einops import rearrange, repeat
+            class CrossAttention(nn.Module):
+                def __init__(self, heads=8, dim_head=64):
+                    super().__init__()
+                    self.scale = dim_head ** -0.5
+                    self.heads = heads
+                def forward(self, q, k, v, mask=None):
+                    h = self.heads
+                    q, k, v = map(lambda t: rearrange(t, 'b n (h d) -> (b h) n d', h=h), (q, k, v))
+                    sim = einsum('b i d, b j d -> b i j', q, k) * self.scale
+                    if mask is not None:
+                        mask = rearrange(mask, 'b ... -> b (...)')
+                        max_neg_value = -torch.finfo(sim.dtype).max
+                        mask = repeat(mask, 'b j -> (b h) () j', h=h)
+                        sim.masked_fill_(~mask, max_neg_value)
+                    attn = sim.softmax(dim=-1)
+                    out = einsum('b i j, b j d -> b i d', attn, v)
+                    return rearrange(out, '(b h) n d -> b n (h d)', h=h)
+            """, (12, 15), message_contains="`q`, `k`, `v` are 3-D here"),
+        # Keys that are the module's own weights, read through a local name: soft assignment.
+        good("""
+            import torch
+            import torch.nn as nn
+            class SoftVQ(nn.Module):
+                def __init__(self, n, d):
+                    super().__init__()
+                    self.codebook = nn.Parameter(torch.randn(n, d))
+                    self.embed = nn.Embedding(n, d)
+                def forward(self, x):
+                    codebook = self.codebook
+                    w = torch.softmax(x @ codebook.t(), dim=-1)
+                    return w @ codebook
+                def tokens(self, h):
+                    W = self.embed.weight
+                    probs = torch.softmax(h @ W.T, dim=-1)
+                    return probs @ W
+            """),
+        # Scale and mask as methods and functions: `.div()`, `.mul()`, `torch.div`, `.add()`.
+        bad("""
+            import math
+            import torch
+            def div_method(q, k, v):
+                w = q.matmul(k.transpose(-2, -1)).div(8.0)
+                return w.softmax(dim=-1).matmul(v)
+            def mul_method(q, k, v, scale: float):
+                return torch.softmax((q @ k.mT).mul(scale), dim=-1) @ v
+            def torch_div(q, k, v):
+                s = torch.div(torch.matmul(q, k.transpose(-2, -1)), math.sqrt(q.size(-1)))
+                return torch.matmul(torch.softmax(s, dim=-1), v)
+            def add_method(q, k, v, bias):
+                s = (q @ k.transpose(-2, -1) * 0.125).add(bias)
+                return s.softmax(-1) @ v
+            """, (4, 9), (7, 27), (9, 19), (12, 10)),
+        # Other spellings: swapaxes, torch.transpose, einsum with a list of operands, the
+        # max-subtracting stabilizer (softmax is the same without it), a conditional mask as a
+        # conditional expression, `F.softmax(input=...)`, and positive transpose axes (an unsafe
+        # fix: they mean the last two only for 4-D keys).
+        bad("""
+            import torch
+            import torch.nn.functional as F
+            def swapped(q, k, v):
+                return torch.softmax(q @ k.swapaxes(-2, -1) * 0.125, dim=-1) @ v
+            def transposed(q, k, v):
+                return torch.softmax(q @ torch.transpose(k, -2, -1) * 0.125, dim=-1) @ v
+            def listed(q, k, v):
+                s = torch.einsum('bhqd,bhkd->bhqk', [q, k]) * 0.125
+                return torch.einsum('bhqk,bhkd->bhqd', [s.softmax(-1), v])
+            def stabilized(q, k, v):
+                sim = (q @ k.transpose(-2, -1)) * 0.125
+                sim = sim - sim.amax(dim=-1, keepdim=True).detach()
+                return sim.softmax(dim=-1) @ v
+            def ternary(q, k, v, mask=None):
+                s = q @ k.transpose(-2, -1) * 0.125
+                s = s if mask is None else s.masked_fill(~mask, float("-inf"))
+                return F.softmax(s, dim=-1) @ v
+            def keyword(q, k, v):
+                return F.softmax(input=q @ k.transpose(-2, -1) * 0.125, dim=-1) @ v
+            def positive_axes(q, k, v):
+                w = F.softmax(torch.matmul(q, k.transpose(2, 3)) * 0.125, dim=-1)
+                return torch.matmul(w, v)
+            """, (4, 26), (6, 26), (8, 9), (11, 12), (15, 9), (19, 28), (21, 19)),
+        # Operands SDPA's fused kernels do not take as they are: reported with what SDPA needs,
+        # and no fix (called as written it would run its math path, slower than this code).
+        # 5-D (kornia's MobileViT):
+        bad("""
+            import torch
+            import torch.nn as nn
+            class Attention(nn.Module):
+                def __init__(self, dim, heads=8, dim_head=64):
+                    super().__init__()
+                    self.heads, self.scale = heads, dim_head ** -0.5
+                    self.attend = nn.Softmax(dim=-1)
+                    self.to_qkv = nn.Linear(dim, dim_head * heads * 3, bias=False)
+                def forward(self, x):
+                    qkv = self.to_qkv(x).chunk(3, dim=-1)
+                    b, p, n, hd = qkv[0].shape
+                    q, k, v = (t.reshape(b, p, n, self.heads, hd // self.heads).transpose(2, 3) for t in qkv)
+                    dots = torch.matmul(q, k.transpose(-1, -2)) * self.scale
+                    attn = self.attend(dots)
+                    return torch.matmul(attn, v)
+            """, (13, 16), message_contains="`q`, `k`, `v` are 5-D here: merge the leading axes"),
+        # Heads split off a conv output's channels, sequence last-but-one: the head dim comes
+        # last through a permuted view, stride H*W (vit-pytorch's NesT); and (b h) n d from it (CvT).
+        bad("""
+            import torch
+            from torch import nn, einsum
+            from einops import rearrange
+            class Attention(nn.Module):
+                def __init__(self, dim, heads=8, dim_head=64):
+                    super().__init__()
+                    self.heads, self.scale = heads, dim_head ** -0.5
+                    self.to_qkv = nn.Conv2d(dim, dim_head * heads * 3, 1, bias=False)
+                def forward(self, x):
+                    qkv = self.to_qkv(x).chunk(3, dim=1)
+                    q, k, v = map(lambda t: rearrange(t, 'b (h d) x y -> b h (x y) d', h=self.heads), qkv)
+                    dots = einsum('b h i d, b h j d -> b h i j', q, k) * self.scale
+                    attn = dots.softmax(dim=-1)
+                    return einsum('b h i j, b h j d -> b h i d', attn, v)
+                def merged(self, x):
+                    q, k, v = self.to_qkv(x).chunk(3, dim=1)
+                    q, k, v = map(lambda t: rearrange(t, 'b (h d) x y -> (b h) (x y) d', h=self.heads), (q, k, v))
+                    dots = einsum('b i d, b j d -> b i j', q, k) * self.scale
+                    return einsum('b i j, b j d -> b i d', dots.softmax(dim=-1), v)
+            """, (12, 16), (18, 16), message_contains="are views whose last axis has a stride other than 1"),
+        # A copy (the merged groups were not adjacent) is contiguous: the usual message, and a fix.
+        bad("""
+            import torch
+            import torch.nn.functional as F
+            from einops import rearrange
+            def windows(q, k, v, scale: float):
+                q, k, v = map(lambda t: rearrange(t, 'b (h d) (x w1) (y w2) -> (b x y) h (w1 w2) d', h=8, w1=7, w2=7), (q, k, v))
+                dots = torch.matmul(q, k.transpose(-1, -2)) * scale
+                return torch.matmul(dots.softmax(dim=-1), v)
+            """, (6, 12)),
+        # Channels-first (the denoising-diffusion attention): called on q, k, v as they are, SDPA would
+        # attend over the head dim.
+        bad("""
+            import torch
+            from torch import einsum
+            from einops import rearrange
+            def attend(qkv, heads: int, scale: float):
+                q, k, v = map(lambda t: rearrange(t, 'b (h c) x y -> b h c (x y)', h=heads), qkv)
+                q = q * scale
+                sim = einsum('b h d i, b h d j -> b h i j', q, k)
+                attn = sim.softmax(dim=-1)
+                return einsum('b h i j, b h d j -> b h i d', attn, v)
+            """, (7, 11), message_contains="`q` is `bhdi`, `k` is `bhdj`, `v` is `bhdj` where SDPA needs `bhid`"),
+        # Cross-covariance attention (XCiT) with q and k normalized through a helper.
+        good("""
+            import torch
+            import torch.nn.functional as F
+            from torch import einsum
+            def l2norm(t):
+                return F.normalize(t, dim=-1, p=2)
+            unit = lambda t: F.normalize(t, dim=-1)
+            def xca(q, k, v, temperature):
+                q, k = map(l2norm, (q, k))
+                sim = einsum('b h i n, b h j n -> b h i j', q, k) * temperature.exp()
+                return einsum('b h i j, b h j n -> b h i n', sim.softmax(dim=-1), v)
+            def cosine(q, k, v, temperature):
+                q, k = unit(q), unit(k)
+                return (q @ k.transpose(-2, -1) * temperature).softmax(dim=-1) @ v
+            """),
+        # The manual path as the fallback of flex attention.
+        good("""
+            import torch
+            from torch.nn.attention.flex_attention import flex_attention
+            def attend(q, k, v, block_mask=None, scale: float = 0.125):
+                if block_mask is not None:
+                    return flex_attention(q, k, v, block_mask=block_mask, scale=scale)
+                scores = torch.matmul(q, k.transpose(-1, -2)) * scale
+                return torch.matmul(scores.softmax(dim=-1), v)
+            """),
     ]
 
     # A softmax is a call of `softmax` (an attribute, or a name bound to it), or of `self.<module>`
@@ -616,7 +967,9 @@ class ManualAttention(Rule):
             return
         if upcast:
             scores.steps.append(("cast",))
-        self.report(scores.gemm.node, self._message(scores, probs), fix=self._fix(flow, scores, probs))
+        operands = self._operands(flow, scores, probs)
+        self.report(scores.gemm.node, self._message(scores, probs, operands),
+                    fix=self._fix(flow, scores, probs, operands))
 
     # -- the pattern ---------------------------------------------------------------
     def _softmax(self, call: ast.Call):
@@ -624,10 +977,13 @@ class ManualAttention(Rule):
         ctx = self.ctx
         func = call.func
         qual = ctx.qualname(func)
-        if qual in _SOFTMAX_FUNCTIONS and call.args:
+        if qual in _SOFTMAX_FUNCTIONS:
             # `F.softmax(input, dim, _stacklevel, dtype)`; `torch.softmax(input, dim, dtype)`
+            scores = _arg(call, 0, "input")
+            if scores is None:
+                return None
             dtype_at = 3 if qual == "torch.nn.functional.softmax" else 2
-            return call.args[0], _arg(call, 1, "dim"), _arg(call, dtype_at, "dtype") is not None
+            return scores, _arg(call, 1, "dim"), _arg(call, dtype_at, "dtype") is not None
         if qual is not None or not isinstance(func, ast.Attribute):
             return None
         if isinstance(func.value, ast.Name) and func.value.id == "self":
@@ -652,52 +1008,29 @@ class ManualAttention(Rule):
             return values[0][1]
         return None
 
-    def _scores(self, flow: FunctionFlow, node: ast.AST, depth: int, also_read_by=None) -> Optional[_Scores]:
+    def _scores(self, flow: FunctionFlow, node: ast.AST, depth: int, skip: tuple = ()) -> Optional[_Scores]:
+        """The q·kᵀ chain `node` computes. `skip`: reads of the scores that the caller accounts
+        for (the other arm of a conditional update, the row maximum subtracted from them)."""
         if depth > _MAX_DEPTH:
             return None
         if isinstance(node, ast.Name):
-            # The value this name holds, when it is read nowhere else (but by in-place fills).
-            assign = flow.reaching(node)
-            if assign is not None:
-                others = [u for u in flow.uses(assign) if u is not also_read_by and u is not node]
-                fills = [self._in_place_fill(flow, u, assign, node) for u in others]
-                if None not in fills and node in flow.uses(assign):
-                    found = self._scores(flow, assign.value, depth + 1)
-                    if found:
-                        found.statements.append(assign)
-                        for statement, step in sorted(fills, key=lambda f: f[0].lineno):
-                            found.steps.append(step)
-                            found.statements.append(statement)
-                    return found
-            optional = flow.optional_update(node)
-            if optional is not None:
-                found = self._scores(flow, optional[0].value, depth + 1, also_read_by=node)
-                if found:
-                    found.statements.append(optional[0])  # in another block: no fix
-                return found
-            return None
+            return self._named_scores(flow, node, depth, skip)
         gemm = as_gemm(self.ctx, node)
         if gemm is not None:
             return self._qk(flow, gemm)
         if isinstance(node, ast.BinOp):
-            sides = []
-            if isinstance(node.op, ast.Mult):
-                sides = [(node.left, ("scale", node.right, "*")), (node.right, ("scale", node.left, "*"))]
-            elif isinstance(node.op, ast.Div):
-                sides = [(node.left, ("scale", node.right, "/"))]
-            elif isinstance(node.op, ast.Add):
-                sides = [(node.left, ("mask", node.right)), (node.right, ("mask", node.left))]
-            elif isinstance(node.op, ast.Sub):
-                sides = [(node.left, ("mask", None))]
-            for inner, step in sides:
-                if step[0] == "scale" and (self._contains_gemm(step[1]) or not self._may_be_scale(flow, step[1], 0)):
-                    continue
-                found = self._scores(flow, inner, depth + 1, also_read_by)
-                if found:
-                    found.steps.append(step)
-                    return found
+            return self._combined(flow, node.op.__class__, node.left, node.right, depth, skip)
+        if isinstance(node, ast.IfExp):
+            return self._either(flow, node, depth, skip)
+        if not isinstance(node, ast.Call):
             return None
-        if isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute) and self.ctx.qualname(node.func) is None:
+        scaled = product(self.ctx, node)  # `s.mul(scale)`, `s.div(d)`, `torch.div(s, d)`
+        if scaled is not None:
+            return self._combined(flow, scaled[0], scaled[1], scaled[2], depth, skip)
+        op = torch_op(self.ctx, node)
+        if op is not None and op.name in ("add", "sub") and len(op.args) == 2 and not op.keywords:
+            return self._combined(flow, ast.Add if op.name == "add" else ast.Sub, op.args[0], op.args[1], depth, skip)
+        if isinstance(node.func, ast.Attribute) and self.ctx.qualname(node.func) is None:
             method = node.func.attr
             step = None
             if method == "masked_fill" and len(node.args) == 2 and not node.keywords:
@@ -707,24 +1040,188 @@ class ManualAttention(Rule):
             elif method in _CAST_METHODS:
                 step = ("cast",)
             if step:
-                found = self._scores(flow, node.func.value, depth + 1, also_read_by)
+                found = self._scores(flow, node.func.value, depth + 1, skip)
                 if found:
                     found.steps.append(step)
                 return found
         return None
 
-    def _in_place_fill(self, flow: FunctionFlow, use: ast.Name, assign: ast.Assign, later: ast.Name):
-        """(statement, step) for `scores.masked_fill_(cond, value)`, a statement of its own in
-        the block of `assign`, before `later` reads the scores, that fills them in place; else None."""
+    def _named_scores(self, flow: FunctionFlow, node: ast.Name, depth: int, skip: tuple) -> Optional[_Scores]:
+        reaching = flow.reaching_all(node)
+        if len(reaching) == 1 and reaching[0][0] is not None:
+            store, simple = reaching[0]
+            if simple:
+                return self._through(flow, node, store, store.value, None, depth, skip)
+            step = self._update_step(flow, store, node.id)
+            if step is not None:  # `attn += mask`, `scores /= math.sqrt(d)`
+                return self._through(flow, node, store, store.target, step, depth, skip)
+            return None
+        if len(reaching) == 2:
+            return self._optional_update(flow, node, reaching, depth, skip)
+        return None
+
+    def _through(self, flow: FunctionFlow, node: ast.Name, store: ast.stmt, inner: ast.AST, step, depth: int,
+                 skip: tuple) -> Optional[_Scores]:
+        """The chain through `store`, the statement whose value `node` reads, when nothing else
+        reads that value but in-place fills and metadata (`.shape`, `.dtype`, `.size()`)."""
+        readers = flow.uses(store) if isinstance(store, ast.Assign) else self._readers(flow, store)
+        if isinstance(node.ctx, ast.Load) and node not in readers:
+            return None
+        metadata, fills = [], []
+        for use in readers:
+            if use is node or use in skip:
+                continue
+            if _reads_metadata(flow, use):
+                metadata.append(use)
+                continue
+            fill = self._in_place_fill(flow, use, store, node)
+            if fill is None:
+                return None
+            fills.append(fill)
+        found = self._scores(flow, inner, depth + 1)
+        if found:
+            found.statements.append(store)
+            if step:
+                found.steps.append(step)
+            found.metadata_reads.extend(metadata)
+            for statement, fill_step in sorted(fills, key=lambda f: f[0].lineno):
+                found.steps.append(fill_step)
+                found.statements.append(statement)
+        return found
+
+    def _readers(self, flow: FunctionFlow, update: ast.AugAssign) -> list:
+        """The loads that read the value an augmented assignment stores."""
+        return [load for load in flow.loads.get(update.target.id, ())
+                if any(store is update for store, _ in flow.reaching_all(load))]
+
+    def _update_step(self, flow: FunctionFlow, store: ast.stmt, name: str):
+        """The step `scores += mask` / `scores *= scale` / `scores /= d` applies, else None."""
+        if not (isinstance(store, ast.AugAssign) and isinstance(store.target, ast.Name) and store.target.id == name):
+            return None
+        op = store.op.__class__
+        if op is ast.Add:
+            return ("mask", store.value)
+        if op is ast.Sub:
+            return ("mask", None)
+        if op in (ast.Mult, ast.Div) and not self._contains_gemm(store.value) and self._may_be_scale(flow, store.value, 0):
+            return ("scale", store.value, "*" if op is ast.Mult else "/")
+        return None
+
+    def _optional_update(self, flow: FunctionFlow, node: ast.Name, reaching: list, depth: int,
+                         skip: tuple) -> Optional[_Scores]:
+        """`if mask is not None: scores = scores + mask` (or `scores += mask`): `node` reads the
+        update or the value before it, which the update reads (metadata reads aside) once."""
+        for (update, plain), (before, simple) in (reaching, reaching[::-1]):
+            if not simple:
+                continue
+            if isinstance(update, ast.AugAssign):
+                step = self._update_step(flow, update, node.id)
+                if step is None or flow.reaching(update.target) is not before:
+                    continue
+                readers = self._readers(flow, update)
+            elif plain:
+                step = None
+                inner = [n for n in walk_no_scopes(update.value) if isinstance(n, ast.Name) and n.id == node.id
+                         and not _reads_metadata(flow, n)]
+                if len(inner) != 1 or flow.reaching(inner[0]) is not before:
+                    continue
+                readers = flow.uses(update)
+            else:
+                continue
+            if any(use is not node and use not in skip and not _reads_metadata(flow, use) for use in readers):
+                return None
+            if step is None:
+                found = self._scores(flow, update.value, depth + 1, skip + (node,))
+            else:
+                found = self._through(flow, update.target, before, before.value, None, depth, skip + (node,))
+                if found:
+                    found.steps.append(step)
+            if found:
+                found.statements.append(update)  # in another block: no fix
+            return found
+        return None
+
+    def _combined(self, flow: FunctionFlow, op: type, left: ast.AST, right: ast.AST, depth: int,
+                  skip: tuple) -> Optional[_Scores]:
+        """The chain through `left <op> right`, one side being the scores."""
+        if op is ast.Mult:
+            sides = [(left, ("scale", right, "*")), (right, ("scale", left, "*"))]
+        elif op is ast.Div:
+            sides = [(left, ("scale", right, "/"))]
+        elif op is ast.Add:
+            sides = [(left, ("mask", right)), (right, ("mask", left))]
+        elif op is ast.Sub:
+            row_max = self._row_max_of(right)
+            if isinstance(left, ast.Name) and isinstance(row_max, ast.Name) and row_max.id == left.id:
+                # `sim - sim.amax(-1, keepdim=True).detach()`: softmax is the same without the shift
+                found = self._scores(flow, left, depth + 1, skip + (row_max,))
+                if found:
+                    found.steps.append(("shift",))
+                return found
+            sides = [(left, ("mask", None))]
+        else:
+            return None
+        for inner, step in sides:
+            if step[0] == "scale" and (self._contains_gemm(step[1]) or not self._may_be_scale(flow, step[1], 0)):
+                continue
+            found = self._scores(flow, inner, depth + 1, skip)
+            if found:
+                found.steps.append(step)
+                return found
+        return None
+
+    def _either(self, flow: FunctionFlow, node: ast.IfExp, depth: int, skip: tuple) -> Optional[_Scores]:
+        """`s if mask is None else s.masked_fill(~mask, float("-inf"))`: a conditional step."""
+        for plain, changed in ((node.body, node.orelse), (node.orelse, node.body)):
+            if not isinstance(plain, ast.Name):
+                continue
+            before = flow.reaching(plain)
+            found = self._scores(flow, changed, depth + 1, skip + (plain,))
+            if found and before is not None and before in found.statements:
+                found.conditional = True
+                return found
+        return None
+
+    def _row_max_of(self, node: ast.AST) -> Optional[ast.AST]:
+        """`x` for its row maximum `x.amax(-1, keepdim=True)` (or `x.max(dim=-1, keepdim=True).values`,
+        `torch.max(x, -1, keepdim=True)[0]`), detached or not; else None."""
+        node = self._undetached(node)
+        indexed = False
+        if isinstance(node, ast.Attribute) and node.attr == "values":
+            node, indexed = node.value, True
+        elif isinstance(node, ast.Subscript) and int_const(node.slice) == 0:
+            node, indexed = node.value, True
+        op = torch_op(self.ctx, self._undetached(node))
+        if op is None or op.name != ("max" if indexed else "amax") or len(op.args) > 3:
+            return None
+        if int_const(op.arg(1, "dim")) != -1 or not is_true(op.arg(2, "keepdim")) or set(op.keywords) - {"dim", "keepdim"}:
+            return None
+        return self._undetached(op.args[0])
+
+    def _undetached(self, node: ast.AST) -> ast.AST:
+        op = torch_op(self.ctx, node)
+        if op is not None and op.name == "detach" and len(op.args) == 1 and not op.keywords:
+            return op.args[0]
+        return node
+
+    def _in_place_fill(self, flow: FunctionFlow, use: ast.Name, assign: ast.stmt, later: ast.Name):
+        """(statement, step) for `scores.masked_fill_(cond, value)`, a statement of its own (in the
+        block of `assign`, or under an `if` there), before `later` reads the scores, that fills them
+        in place; else None."""
         attribute = flow.parent.get(use)
         call = flow.parent.get(attribute)
         statement = flow.parent.get(call)
         if not (isinstance(attribute, ast.Attribute) and attribute.attr == "masked_fill_"
                 and isinstance(call, ast.Call) and call.func is attribute and len(call.args) == 2
-                and not call.keywords and isinstance(statement, ast.Expr) and flow.same_block(statement, assign)
+                and not call.keywords and isinstance(statement, ast.Expr)
                 and (statement.end_lineno, statement.end_col_offset) <= (later.lineno, later.col_offset)
                 and not _fills_a_constant(call.args[1])):
             return None
+        branch = statement
+        while not flow.same_block(branch, assign):
+            branch = flow.parent.get(branch)
+            if not isinstance(branch, ast.If):
+                return None  # in a loop, a `with`, a nested function...
         return statement, ("fill", call.args[0], call.args[1])
 
     def _may_be_scale(self, flow: FunctionFlow, expr: ast.AST, depth: int) -> bool:
@@ -767,12 +1264,12 @@ class ManualAttention(Rule):
             rows_q, rows_k = set(a) - set(b), set(b) - set(a)
             if len(contracted) != 1 or len(rows_q) != 1 or len(rows_k) != 1 or not (rows_q | rows_k) <= set(out):
                 return None
-            if self._is_own_parameter(kt):
+            if self._is_own_parameter(flow, kt):
                 return None
             (d,), (i,), (j,) = contracted, rows_q, rows_k
             prefix = out[:-2]
             exact = a == prefix + i + d and b == prefix + j + d and out == prefix + i + j
-            return _Scores(gemm, q, kt, exact, out[-1] == j)
+            return _Scores(gemm, q, kt, exact, out[-1] == j, terms=(a, b, prefix + i + d, prefix + j + d))
         if gemm.op not in ("@", "matmul", "bmm", "mm"):
             return None
         untransposed = self._untranspose(kt, gemm.op)
@@ -785,39 +1282,44 @@ class ManualAttention(Rule):
                 statements.append(assign)
         if untransposed is None:
             return None
-        k, exact = untransposed
-        if self._is_own_parameter(k):
+        k, rank, assumed = untransposed
+        if self._is_own_parameter(flow, k):
             return None
-        return _Scores(gemm, q, k, exact, True, statements=statements)
+        return _Scores(gemm, q, k, True, True, statements=statements, k_rank=rank, rank_assumed=assumed)
 
     def _untranspose(self, node: ast.AST, op: str):
-        """(k, exact) for an expression that is `k` with its last two axes swapped."""
-        if isinstance(node, ast.Attribute) and node.attr in ("mT", "T"):
-            return node.value, node.attr == "mT" or op == "mm"
-        if not (isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute)):
+        """(k, rank, assumed) for an expression that is `k` with its last two axes swapped (`.mT`,
+        `.transpose(-2, -1)`, `.swapaxes`, `torch.transpose`, `.permute(0, 1, 3, 2)`). `rank` is the
+        rank of k the spelling implies (None: any); `assumed`, when that comes only from positive
+        axes (`k.transpose(2, 3)` swaps the last two only if k is 4-D)."""
+        # The usual spellings need not ask the shape analysis for k's rank.
+        if isinstance(node, ast.Attribute) and node.attr == "mT":
+            return node.value, None, False
+        if (isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute) and not node.keywords
+                and node.func.attr in _TRANSPOSE_METHODS and len(node.args) == 2
+                and {int_const(a) for a in node.args} == {-2, -1} and self.ctx.qualname(node.func) is None):
+            return node.func.value, None, False
+        found = reorder(self.ctx, node, {"bmm": 3, "mm": 2}.get(op))
+        if found is None:
             return None
-        method, args = node.func.attr, [int_const(a) for a in node.args]
-        if node.keywords or None in args or self.ctx.qualname(node.func) is not None:
-            return None
-        if method == "transpose" and len(args) == 2:
-            pair = set(args)
-            if pair == {-2, -1}:
-                return node.func.value, True
-            if pair == {1, 2} and op == "bmm" or pair == {0, 1} and op == "mm":
-                return node.func.value, True
-            if pair in ({2, 3}, {1, 2}):
-                return node.func.value, False
-            return None
-        if method == "t" and not args:
-            return node.func.value, op == "mm"
-        if method == "permute" and len(args) >= 2:
-            n = len(args)
-            if args == list(range(n - 2)) + [n - 1, n - 2]:
-                return node.func.value, False
+        if found.last_two_only:
+            return found.base, len(found.perm) if found.perm is not None else None, False
+        if found.perm is None and isinstance(node, ast.Call):
+            axes = [int_const(a) for a in node.args[-2:]]
+            if None in axes:
+                return None
+            axes.sort()
+            if axes[0] >= 0 and axes[1] == axes[0] + 1:
+                return found.base, axes[1] + 1, True
         return None
 
-    def _is_own_parameter(self, node: ast.AST) -> bool:
-        """`self.codebook`, `self.gate.weight`: keys that are a module's own weights."""
+    def _is_own_parameter(self, flow: FunctionFlow, node: ast.AST) -> bool:
+        """`self.codebook`, `self.gate.weight` (or a local name for one): keys that are a module's own weights."""
+        if isinstance(node, ast.Name):
+            assign = flow.reaching(node)
+            if assign is None:
+                return False
+            node = assign.value
         if not isinstance(node, ast.Attribute):
             return False
         while isinstance(node, ast.Attribute):
@@ -844,6 +1346,8 @@ class ManualAttention(Rule):
                 statements.append(parent)
                 node = uses[0]
                 continue
+            if isinstance(parent, (ast.List, ast.Tuple)):
+                parent = flow.parent.get(parent)  # `torch.einsum(eq, [attn, v])`: checked below
             if isinstance(parent, ast.Attribute) and parent.value is node:
                 call = flow.parent.get(parent)
                 if not (isinstance(call, ast.Call) and call.func is parent and self.ctx.qualname(parent) is None):
@@ -876,6 +1380,9 @@ class ManualAttention(Rule):
                     probs_term[:-2] + probs_term[-1] + v_term[-1])
                 probs = _Probs(gemm, gemm.operands[1] if gemm.operands[0] is node else gemm.operands[0], steps,
                                statements)
+                value_axes = set(v_term) - set(probs_term)
+                if len(value_axes) == 1:
+                    probs.terms = (v_term, probs_term[:-2] + probs_term[-1] + value_axes.pop())
                 if not exact:
                     probs.steps.append(("layout",))
                 return probs
@@ -897,12 +1404,93 @@ class ManualAttention(Rule):
     def _is_cosine(self, flow: FunctionFlow, scores: _Scores) -> bool:
         """q and k both L2-normalized: cosine or cross-covariance attention (XCiT), whose learned
         per-head temperature `scale=` cannot take, and whose map may run over channels."""
-        def normalized(node):
-            if isinstance(node, ast.Name):
-                assign = flow.reaching(node)
-                node = assign.value if assign is not None else node
-            return isinstance(node, ast.Call) and self.ctx.qualname(node.func) == "torch.nn.functional.normalize"
-        return normalized(scores.q) and normalized(scores.k)
+        return self._normalized(flow, scores.q) and self._normalized(flow, scores.k)
+
+    def _normalized(self, flow: FunctionFlow, node: ast.AST) -> bool:
+        """`F.normalize(x)`, directly or through a helper (`l2norm = lambda t: F.normalize(t, dim=-1)`,
+        a `def`), also mapped over several tensors (`q, k = map(l2norm, (q, k))`)."""
+        for _ in range(4):
+            if not isinstance(node, ast.Name):
+                break
+            origin = self._origin(flow, node)
+            if origin is None:
+                return False
+            node, _, mapped = origin
+            if mapped is not None:
+                return self._returns_normalized(flow, mapped)
+        if not isinstance(node, ast.Call):
+            return False
+        if self.ctx.qualname(node.func) == "torch.nn.functional.normalize":
+            return True
+        return len(node.args) == 1 and not node.keywords and self._returns_normalized(flow, node.func)
+
+    def _returns_normalized(self, flow: FunctionFlow, func: ast.AST) -> bool:
+        """`func` is a lambda, or names one or a `def` (in this function or at module level), that
+        returns `F.normalize(...)`."""
+        if isinstance(func, ast.Name):
+            assign = flow.reaching(func)
+            if assign is not None:
+                func = assign.value
+            else:
+                body = flow.function.body if isinstance(flow.function.body, list) else []
+                found = [s.value if isinstance(s, ast.Assign) else s for s in body + self.ctx.tree.body
+                         if isinstance(s, (ast.FunctionDef, ast.AsyncFunctionDef)) and s.name == func.id
+                         or isinstance(s, ast.Assign) and len(s.targets) == 1
+                         and isinstance(s.targets[0], ast.Name) and s.targets[0].id == func.id]
+                if len(found) != 1:
+                    return False
+                func = found[0]
+        if isinstance(func, ast.Lambda):
+            returned = func.body
+        elif isinstance(func, (ast.FunctionDef, ast.AsyncFunctionDef)):
+            statements = [s for s in func.body if not (
+                isinstance(s, ast.Expr) and isinstance(s.value, ast.Constant) and isinstance(s.value.value, str))]
+            if len(statements) != 1 or not isinstance(statements[0], ast.Return):
+                return False
+            returned = statements[0].value
+        else:
+            return False
+        return isinstance(returned, ast.Call) and self.ctx.qualname(returned.func) == "torch.nn.functional.normalize"
+
+    def _origin(self, flow: FunctionFlow, name: ast.Name):
+        """(expression, names it binds, mapped function) for what `name` holds: the value of its one
+        `name = value`, or one element of an unpacking (`q, k, v = a, b, c`; `= (f(t) for t in xs)`;
+        `= map(lambda t: f(t), xs)`, whose `t` the names bound say is an element; `= map(f, xs)`,
+        whose f comes back as the mapped function); else None."""
+        reaching = flow.reaching_all(name)
+        if len(reaching) != 1 or reaching[0][0] is None:
+            return None
+        store, simple = reaching[0]
+        if simple:
+            return store.value, frozenset(), None
+        if not (isinstance(store, ast.Assign) and len(store.targets) == 1
+                and isinstance(store.targets[0], (ast.Tuple, ast.List))):
+            return None
+        names = store.targets[0].elts
+        index = next((i for i, e in enumerate(names) if isinstance(e, ast.Name) and e.id == name.id), None)
+        if index is None or any(isinstance(e, ast.Starred) for e in names):
+            return None
+        value = store.value
+        if isinstance(value, (ast.Tuple, ast.List)):
+            if len(value.elts) != len(names) or any(isinstance(e, ast.Starred) for e in value.elts):
+                return None
+            return value.elts[index], frozenset(), None
+        if isinstance(value, (ast.GeneratorExp, ast.ListComp)):
+            loop = value.generators[0]
+            if len(value.generators) == 1 and not loop.ifs and isinstance(loop.target, ast.Name):
+                return value.elt, frozenset({loop.target.id}), None
+            return None
+        if (isinstance(value, ast.Call) and isinstance(value.func, ast.Name) and value.func.id == "map"
+                and self.ctx.qualname(value.func) is None and len(value.args) == 2 and not value.keywords):
+            func = value.args[0]
+            if isinstance(func, ast.Lambda):
+                params = func.args
+                if len(params.args) == 1 and not (params.posonlyargs or params.kwonlyargs or params.vararg
+                                                  or params.kwarg):
+                    return func.body, frozenset({params.args[0].arg}), None
+                return None
+            return None, frozenset(), func
+        return None
 
     def _derives_from_softmax(self, flow: FunctionFlow, node: ast.AST, depth: int) -> bool:
         """The "values" are computed from another softmax (a Nyström factor, a kernel product):
@@ -918,8 +1506,104 @@ class ManualAttention(Rule):
                     return True
         return False
 
+    # -- the operands' layout ------------------------------------------------------------
+    def _operands(self, flow: FunctionFlow, scores: _Scores, probs: _Probs) -> _Operands:
+        """What the code shows of q, k and v against what SDPA's fused kernels take: 4-D, the head
+        dim last with stride 1. Worked out only once the whole attention has been found."""
+        ranks = ([], [], [])  # what the code shows of the rank of q, k and v
+        by_op = {"bmm": 3, "mm": 2}
+        if scores.gemm.op in by_op:
+            ranks[0].append(by_op[scores.gemm.op])
+            ranks[1].append(by_op[scores.gemm.op])
+        if probs.pv.op in by_op:
+            ranks[2].append(by_op[probs.pv.op])
+        if scores.terms:
+            for i, term in enumerate(scores.terms[:2]):
+                if "*" not in term:
+                    ranks[i].append(len(term))
+        if probs.terms and "*" not in probs.terms[0]:
+            ranks[2].append(len(probs.terms[0]))
+        if scores.k_rank is not None and not scores.rank_assumed:
+            ranks[1].append(scores.k_rank)
+        exprs = (scores.q, scores.k, probs.v)
+        names = tuple(expr.id if isinstance(expr, ast.Name) else generic for expr, generic in zip(exprs, "qkv"))
+        strided = []
+        for i, expr in enumerate(exprs):
+            layout = self._layout(flow, expr, 0, frozenset())
+            rank = layout.rank if layout.rank is not None else rank_of(self.ctx, expr)
+            if rank is not None:
+                ranks[i].append(rank)
+            if layout.strided_by is not None:
+                strided.append((names[i], layout.strided_by))
+        seen = {r for found in ranks for r in found}
+        confirmed = scores.rank_assumed and seen == {scores.k_rank}
+        if scores.rank_assumed and not seen:
+            ranks[1].append(scores.k_rank)  # the only word on it: the message says what it implies
+            seen = {scores.k_rank}
+        rank = next(iter(seen)) if len(seen) == 1 else None
+        return _Operands(rank, [names[i] for i in range(3) if ranks[i]], all(ranks) and rank is not None,
+                         len(seen) > 1, strided, confirmed, names)
+
+    def _layout(self, flow: FunctionFlow, node: ast.AST, depth: int, bound: frozenset) -> _Layout:
+        """An operand's rank and the view, if any, that leaves its last axis with a stride other
+        than 1, read off the expressions that compute it (`rearrange`, `view`/`reshape`,
+        `transpose`/`permute`, `.contiguous()`), through names and unpacking. `bound`: names that
+        stand for one element of an unpacked sequence (`t` in `map(lambda t: ..., qkv)`)."""
+        if depth > 8:
+            return _Layout()
+        if isinstance(node, ast.Name):
+            if node.id in bound:
+                return _Layout()
+            origin = self._origin(flow, node)
+            if origin is None or origin[0] is None:
+                return _Layout()
+            return self._layout(flow, origin[0], depth + 1, bound | origin[1])
+        if isinstance(node, ast.BinOp) and isinstance(node.op, (ast.Mult, ast.Div)) and isinstance(
+                node.right, (ast.Constant, ast.Name, ast.Attribute)):
+            return self._layout(flow, node.left, depth + 1, bound)  # `q * self.scale` keeps q's strides
+        if not isinstance(node, ast.Call):
+            return _Layout()
+        if self.ctx.qualname(node.func) == "einops.rearrange":
+            return _rearranged(node)
+        func = node.func
+        if not isinstance(func, ast.Attribute) or self.ctx.qualname(func) is not None:
+            return _Layout()
+        method, args = func.attr, node.args
+        if any(isinstance(a, ast.Starred) for a in args):
+            return _Layout()
+        if method in ("reshape", "view") and args and not node.keywords:
+            if len(args) == 1:
+                if isinstance(args[0], (ast.Tuple, ast.List)):
+                    return _Layout(len(args[0].elts))
+                return _Layout(1) if int_const(args[0]) is not None else _Layout()  # one name may be a shape
+            return _Layout(len(args))
+        inner = lambda: self._layout(flow, func.value, depth + 1, bound)  # noqa: E731
+        if method in _TRANSPOSE_METHODS and len(args) == 2 and not node.keywords:
+            axes = {int_const(a) for a in args}
+            found = inner()
+            if None in axes:
+                return _Layout(found.rank)
+            if axes & ({-1} | ({found.rank - 1} if found.rank else set())):
+                # another axis comes last; unless this undoes an earlier transpose, its stride is not 1
+                return _Layout(found.rank, node if found.strided_by is None else None)
+            return found
+        if method == "permute" and args and not node.keywords:
+            order = [int_const(a) for a in (args[0].elts if len(args) == 1 and isinstance(args[0], (ast.Tuple, ast.List))
+                                             else args)]
+            if None in order:
+                return _Layout()
+            rank, found = len(order), inner()
+            if order[-1] % rank != rank - 1:
+                return _Layout(rank, node if found.strided_by is None else None)
+            return _Layout(rank, found.strided_by)
+        if method == "contiguous" and not args:
+            return _Layout(inner().rank)
+        if method in _CAST_METHODS or method in ("detach", "clone"):
+            return inner()  # they keep the strides (memory_format=torch.preserve_format)
+        return _Layout()
+
     # -- message and fix -------------------------------------------------------------
-    def _message(self, scores: _Scores, probs: _Probs) -> str:
+    def _message(self, scores: _Scores, probs: _Probs, operands: _Operands) -> str:
         parts = ["q @ kᵀ"]
         kinds = {s[0] for s in scores.steps}
         if "scale" in kinds:
@@ -930,14 +1614,61 @@ class ManualAttention(Rule):
         if any(s[0].startswith("dropout") for s in probs.steps):
             parts.append("dropout")
         parts.append("@ v")
-        return (f"hand-written attention ({' → '.join(parts)}, result at line {probs.pv.node.lineno}): use "
-                "`F.scaled_dot_product_attention(q, k, v, ...)`, one fused flash/memory-efficient kernel "
-                "(15× faster fwd+bwd in bf16 on an H100 at S=2048)")
+        message = (f"hand-written attention ({' → '.join(parts)}, result at line {probs.pv.node.lineno}): use "
+                   "`F.scaled_dot_product_attention(q, k, v, ...)`, one fused flash/memory-efficient kernel "
+                   "(15× faster fwd+bwd in bf16 on an H100 at S=2048)")
+        notes = self._layout_notes(scores, probs, operands)
+        if notes:
+            message += ("; its fused kernels take (B, H, L, E) operands, 4-D with the head dim last and "
+                        "stride(-1) == 1 (else a slower math path runs): " + "; ".join(notes))
+        return message
 
-    def _fix(self, flow: FunctionFlow, scores: _Scores, probs: _Probs) -> Optional[Fix]:
+    def _layout_notes(self, scores: _Scores, probs: _Probs, operands: _Operands) -> list:
+        """What keeps q, k and v, as the code holds them, from SDPA's fused kernels."""
+        notes = []
+        wrong = []
+        if scores.terms:
+            a, b, want_a, want_b = scores.terms
+            wrong += [(name, has, want) for name, has, want in ((operands.names[0], a, want_a),
+                                                                 (operands.names[1], b, want_b)) if has != want]
+        if probs.terms and probs.terms[0] != probs.terms[1]:
+            wrong.append((operands.names[2], *probs.terms))
+        if wrong:
+            show = lambda term: term.replace("*", "...")  # noqa: E731
+            note = (", ".join(f"`{name}` is `{show(has)}`" for name, has, _ in wrong) + " where SDPA needs "
+                    + ", ".join(f"`{show(want)}`" for _, _, want in wrong)
+                    + f": permute {'it' if len(wrong) == 1 else 'them'} first (as they are, SDPA would attend "
+                      "over the wrong axes)")
+            if any(has[-1] != want[-1] for _, has, want in wrong):
+                note += (", and since that moves another axis last, make them `.contiguous()` (or produce that "
+                         "layout in the first place)")
+            notes.append(note)
+        if operands.rank is not None and operands.rank != 4:
+            names = [f"`{name}`" for name in operands.ranked]
+            notes.append(f"{', '.join(names)} {'is' if len(names) == 1 else 'are'} {operands.rank}-D here: "
+                         + _TO_4D.get(operands.rank, "reshape them to 4-D"))
+        if operands.strided:
+            names = [f"`{name}`" for name, _ in operands.strided]
+            view = operands.strided[0][1]
+            one = len(names) == 1
+            notes.append(f"{', '.join(names)} {'is a view' if one else 'are views'} whose last axis has a stride "
+                         f"other than 1 (`{self._describe(view)}`, line {view.lineno}): make "
+                         f"{'it' if one else 'them'} `.contiguous()` first")
+        return notes
+
+    def _describe(self, view: ast.Call) -> str:
+        if self.ctx.qualname(view.func) == "einops.rearrange":
+            return f"rearrange(..., {self.ctx.segment(view.args[1])})"
+        text = self.ctx.segment(view)
+        return text if len(text) <= 60 and "\n" not in text else f".{view.func.attr}(...)"
+
+    def _fix(self, flow: FunctionFlow, scores: _Scores, probs: _Probs, operands: _Operands) -> Optional[Fix]:
         ctx = self.ctx
-        if not scores.exact_layout or any(s[0] == "layout" for s in probs.steps):
+        if not scores.exact_layout or scores.conditional or any(s[0] == "layout" for s in probs.steps):
             return None
+        if operands.strided or operands.conflicting or operands.rank not in (None, 4) and not (
+                operands.rank == 3 and operands.pinned):
+            return None  # SDPA would run its slow math path on them as they are: the message says why
         prefix = spelling(self.ctx, "torch.nn.functional")
         if prefix is None:
             return None
@@ -954,7 +1685,18 @@ class ManualAttention(Rule):
             for sub in ast.walk(expr):
                 if isinstance(sub, ast.Name) and flow.stored_between(sub.id, flow.statement(expr), probs.pv.node):
                     return None
-        safe = True
+        # The call is written from these; the statements around them go.
+        emitted = [scores.q, scores.k, probs.v] + [part for step in scores.steps + probs.steps
+                                                   if step[0] in ("scale", "mask", "fill", "dropout", "dropout_module")
+                                                   for part in step[1:3] if isinstance(part, ast.expr)
+                                                   and not (step[0] == "fill" and part is step[2])]
+        for read in scores.metadata_reads:  # `scores.shape`: it must go with the statements that read it
+            stmt = flow.statement(read)
+            stays = stmt is final and not _within(read, probs.pv.node) or stmt is not final and not any(
+                stmt is s for s in statements)
+            if stays or any(_within(read, part) for part in emitted):
+                return None
+        safe = not scores.rank_assumed or operands.rank_confirmed
         kwargs = []
         scale, mask, causal = [], None, False
         fills = [s for s in scores.steps if s[0] == "fill"]
@@ -1018,10 +1760,15 @@ class ManualAttention(Rule):
             kwargs.append("scale=1.0")
         if causal:
             kwargs.append("is_causal=True")
-        args = ", ".join([ctx.segment(scores.q), ctx.segment(scores.k), ctx.segment(probs.v)] + kwargs)
+        tensors = [ctx.segment(x) for x in (scores.q, scores.k, probs.v)]
+        if operands.rank == 3:  # (B·H, L, E) as (1, B·H, L, E): 4-D for the fused kernels
+            tensors = [(text if isinstance(x, _ATOMIC) else f"({text})") + ".unsqueeze(0)"
+                       for text, x in zip(tensors, (scores.q, scores.k, probs.v))]
+        args = ", ".join(tensors + kwargs)
         if "\n" in args:
             return None
-        edits = [ctx.edit(probs.pv.node, f"{prefix}.{_SDPA}({args})")]
+        call = f"{prefix}.{_SDPA}({args})" + (".squeeze(0)" if operands.rank == 3 else "")
+        edits = [ctx.edit(probs.pv.node, call)]
         deleted = {row for stmt in statements if stmt is not final for row in range(stmt.lineno, stmt.end_lineno + 1)}
         edits += [Edit("", first, 1, last + 1, 1) for first, last in self._line_runs(deleted)]
         return Fix("replace with F.scaled_dot_product_attention", tuple(edits), safe)
