@@ -742,13 +742,28 @@ class ManualAttention(Rule):
                 scores = q @ k.transpose(-2, -1)
                 scores *= scale
                 return F.softmax(scores, dim=-1) @ v
+            """, (5, 12), (10, 14), (14, 14),
+            fixed="""
+            import math
+            import torch
+            import torch.nn.functional as F
+            def clip(q, k, v, attn_mask):
+                return F.scaled_dot_product_attention(q.unsqueeze(0), k.unsqueeze(0), v.unsqueeze(0), attn_mask=attn_mask, scale=1.0).squeeze(0)
+            def divided(q, k, v):
+                return F.scaled_dot_product_attention(q, k, v)
+            def multiplied(q, k, v, scale: float):
+                return F.scaled_dot_product_attention(q, k, v, scale=scale)
+            """, unsafe=True),
+        # A bias added only when given: reported, no fix (the steps sit in two blocks).
+        bad("""
+            import torch
             def biased(q, k, v, bias=None):
                 attn = (q @ k.transpose(-2, -1)) * 0.125
                 if bias is not None:
                     attn += bias
                 attn = attn.softmax(dim=-1)
                 return attn @ v
-            """, (5, 12), (10, 14), (14, 14), (18, 13)),
+            """, (3, 13)),
         # The ldm / stable-diffusion CrossAttention: an in-place fill under an `if`, its value read
         # off the scores' dtype. Reported on (B*H, L, E) operands; no fix (the steps sit in two blocks).
         bad("""
@@ -806,7 +821,19 @@ class ManualAttention(Rule):
             def add_method(q, k, v, bias):
                 s = (q @ k.transpose(-2, -1) * 0.125).add(bias)
                 return s.softmax(-1) @ v
-            """, (4, 9), (7, 27), (9, 19), (12, 10)),
+            """, (4, 9), (7, 27), (9, 19), (12, 10),
+            fixed="""
+            import math
+            import torch
+            def div_method(q, k, v):
+                return torch.nn.functional.scaled_dot_product_attention(q, k, v, scale=1 / 8.0)
+            def mul_method(q, k, v, scale: float):
+                return torch.nn.functional.scaled_dot_product_attention(q, k, v, scale=scale)
+            def torch_div(q, k, v):
+                return torch.nn.functional.scaled_dot_product_attention(q, k, v)
+            def add_method(q, k, v, bias):
+                return torch.nn.functional.scaled_dot_product_attention(q, k, v, attn_mask=bias, scale=0.125)
+            """, unsafe=True),
         # Other spellings: swapaxes, torch.transpose, einsum with a list of operands, the
         # max-subtracting stabilizer (softmax is the same without it), a conditional mask as a
         # conditional expression, `F.softmax(input=...)`, and positive transpose axes (an unsafe
@@ -825,16 +852,37 @@ class ManualAttention(Rule):
                 sim = (q @ k.transpose(-2, -1)) * 0.125
                 sim = sim - sim.amax(dim=-1, keepdim=True).detach()
                 return sim.softmax(dim=-1) @ v
-            def ternary(q, k, v, mask=None):
-                s = q @ k.transpose(-2, -1) * 0.125
-                s = s if mask is None else s.masked_fill(~mask, float("-inf"))
-                return F.softmax(s, dim=-1) @ v
             def keyword(q, k, v):
                 return F.softmax(input=q @ k.transpose(-2, -1) * 0.125, dim=-1) @ v
             def positive_axes(q, k, v):
                 w = F.softmax(torch.matmul(q, k.transpose(2, 3)) * 0.125, dim=-1)
                 return torch.matmul(w, v)
-            """, (4, 26), (6, 26), (8, 9), (11, 12), (15, 9), (19, 28), (21, 19)),
+            """, (4, 26), (6, 26), (8, 9), (11, 12), (15, 28), (17, 19),
+            fixed="""
+            import torch
+            import torch.nn.functional as F
+            def swapped(q, k, v):
+                return F.scaled_dot_product_attention(q, k, v, scale=0.125)
+            def transposed(q, k, v):
+                return F.scaled_dot_product_attention(q, k, v, scale=0.125)
+            def listed(q, k, v):
+                return F.scaled_dot_product_attention(q, k, v, scale=0.125)
+            def stabilized(q, k, v):
+                return F.scaled_dot_product_attention(q, k, v, scale=0.125)
+            def keyword(q, k, v):
+                return F.scaled_dot_product_attention(q, k, v, scale=0.125)
+            def positive_axes(q, k, v):
+                return F.scaled_dot_product_attention(q, k, v, scale=0.125)
+            """, unsafe=True),
+        # A conditional mask as a conditional expression: reported, no fix.
+        bad("""
+            import torch
+            import torch.nn.functional as F
+            def ternary(q, k, v, mask=None):
+                s = q @ k.transpose(-2, -1) * 0.125
+                s = s if mask is None else s.masked_fill(~mask, float("-inf"))
+                return F.softmax(s, dim=-1) @ v
+            """, (4, 9)),
         # Operands SDPA's fused kernels do not take as they are: reported with what SDPA needs,
         # and no fix (called as written it would run its math path, slower than this code).
         # 5-D (kornia's MobileViT):

@@ -106,6 +106,26 @@ def _check_in_place_fill_and_methods(source, fixed):
     return before(q, k, v, mask), after(q, k, v, mask)
 
 
+def _check_functions(calls):
+    """A check of an example holding several attention functions: each is called as `calls` says
+    (name -> arguments after q, k, v, and the shapes of q) and the outputs are compared stacked."""
+    def check(source, fixed):
+        outputs = [], []
+        for name, (shape_q, extra) in calls.items():
+            before, after = _functions(source, fixed, name)
+            q, k, v = _qkv(*shape_q, s=11)
+            args = [a() if callable(a) else a for a in extra]
+            outputs[0].append(before(q, k, v, *args).flatten())
+            outputs[1].append(after(q, k, v, *args).flatten())
+        return torch.cat(outputs[0]), torch.cat(outputs[1])
+    return check
+
+
+def _float_bias(*shape):
+    torch.manual_seed(1)
+    return torch.randn(*shape, dtype=torch.float64)
+
+
 CHECKS = {
     0: _check_nanogpt,
     1: _check_one_expression,
@@ -115,6 +135,16 @@ CHECKS = {
     5: _check_bool_padding,
     6: _check_bmm,
     9: _check_in_place_fill_and_methods,
+    # OpenCLIP's `attn += attn_mask` on 3-D bmm operands, `/=` and `*=`
+    28: _check_functions({"clip": ((6, 9, 16), [lambda: _float_bias(6, 9, 11)]),
+                          "divided": ((2, 4, 9, 16), []), "multiplied": ((2, 4, 9, 16), [0.37])}),
+    # `.div()`, `.mul()`, `torch.div`, `.add(bias)`
+    32: _check_functions({"div_method": ((2, 4, 9, 16), []), "mul_method": ((2, 4, 9, 16), [0.37]),
+                          "torch_div": ((2, 4, 9, 16), []),
+                          "add_method": ((2, 4, 9, 16), [lambda: _float_bias(2, 1, 9, 11)])}),
+    # swapaxes, torch.transpose, einsum with a list, the stabilizer, `input=`, positive axes
+    33: _check_functions({name: ((2, 4, 9, 16), []) for name in
+                          ("swapped", "transposed", "listed", "stabilized", "keyword", "positive_axes")}),
 }
 
 
