@@ -7,6 +7,7 @@ from typing import Optional
 from matlint.rule import Rule, bad, good
 
 from . import _kinds
+from ._flow import flow_of
 from ._loops import LoopInfo, is_training_loop, walk_no_scopes
 from ._torch_api import GemmVisitor, as_gemm
 
@@ -15,6 +16,8 @@ _SHAPE_KEEPING_METHODS = {"float", "half", "bfloat16", "double", "to", "contiguo
                           "t", "transpose", "unsqueeze", "squeeze", "view", "reshape", "permute", "flatten"}
 _SHAPE_KEEPING_ATTRS = {"T", "mT", "H", "mH"}
 _BATCH_LETTERS = "bnzyxwvutsrqpomlkhgfedca"
+_RECURRENT_MODULES = frozenset({"torch.nn.RNNCell", "torch.nn.LSTMCell", "torch.nn.GRUCell",
+                                "torch.nn.RNN", "torch.nn.LSTM", "torch.nn.GRU"})
 
 
 class _Batched:
@@ -65,8 +68,12 @@ class PythonLoopMatmul(GemmVisitor, Rule):
     - Loops over layers or modules (`for block in self.blocks: x = block(x)`), and over weights
       of a list (`for w in weights: x = x @ w`).
     - Recurrences: a loop where a GEMM consumes a value from the previous iteration (RNN state
-      `h @ W_hh`, Newton–Schulz, power iteration). Input projections inside such loops are the
-      business of a separate rule.
+      `h @ W_hh`, a state kept on `self`, Newton–Schulz, power iteration, a buffer filled step
+      by step through `buf[t + 1] = ...`, `buf[t + 1].copy_(...)` or `out=buf[t + 1]`), or an
+      RNN cell (`nn.LSTMCell`, `nn.GRUCell`, `nn.RNNCell`, `nn.LSTM`...) or a module class of
+      the file consumes such a value. Input projections inside such loops are MAT105's.
+    - Weights that change between steps: an optimizer step or `.backward()` in the loop, or an
+      in-place update of an operand (`self.w += ...`, `self.W.data.add_(...)`, `W.data -= ...`).
     - Chunked loops (`range(0, n, step)`, `x.split(...)`, `x[i:i + chunk]`): chunking bounds
       memory on purpose.
     - Items whose shapes may differ: iterating a list, `range(len(xs))` over something not known
@@ -282,6 +289,69 @@ class PythonLoopMatmul(GemmVisitor, Rule):
                     W.data += lr * torch.outer(x[i], x[i] @ W)
                 return W
             """),
+        good("""
+            import torch
+            def rollout(x0: torch.Tensor, W: torch.Tensor, T: int):
+                buf = x0.new_zeros(T + 1, *x0.shape)
+                buf[0] = x0
+                for t in range(T):
+                    buf[t + 1].copy_(torch.tanh(buf[t] @ W))
+                for t in range(T):
+                    torch.matmul(buf[t], W, out=buf[t + 1])
+                return buf
+            """),
+        good("""
+            import torch
+            from torch import nn
+            class Perceptron:
+                def fit(self, X: torch.Tensor, y: torch.Tensor):
+                    for i in range(X.shape[0]):
+                        pred = torch.sign(X[i] @ self.w)
+                        self.w += 0.1 * (y[i] - pred) * X[i]
+            class Hebb(nn.Module):
+                def learn(self, x: torch.Tensor, lr: float):
+                    for i in range(x.size(0)):
+                        y = x[i] @ self.W
+                        self.W.data.add_(lr * torch.outer(x[i], y))
+            class Sim(nn.Module):
+                def __init__(self, d, T):
+                    super().__init__()
+                    self.A = nn.Parameter(torch.eye(d))
+                    self.register_buffer("traj", torch.zeros(T, d))
+                def forward(self):
+                    for t in range(self.traj.size(0) - 1):
+                        self.traj[t + 1] = self.traj[t] @ self.A
+                    return self.traj
+            """),
+        good("""
+            import torch
+            from torch import nn
+            class RNN(nn.Module):
+                def forward(self, x: torch.Tensor):
+                    self.h = torch.zeros(x.size(1), x.size(2))
+                    for t in range(x.size(0)):
+                        self.h = torch.tanh(x[t] @ self.W_xh + self.h @ self.W_hh)  # MAT105's
+                    return self.h
+            class Dec(nn.Module):
+                def __init__(self, d):
+                    super().__init__()
+                    self.inp = nn.Linear(d, d)
+                    self.cell = nn.LSTMCell(d, d)
+                def forward(self, x):
+                    h = c = x.new_zeros(x.size(0), x.size(2))
+                    for t in range(x.size(1)):
+                        h, c = self.cell(self.inp(x[:, t]), (h, c))  # MAT105's
+                    return h
+            """),
+        bad("""
+            import torch
+            class Cache:
+                def fill(self, x: torch.Tensor):
+                    for i in range(x.size(0)):
+                        self.out[i] = x[i] @ self.W  # written, never read back
+                        self.count += 1
+                        torch.nn.init.zeros_(self.tmp)
+            """, (5, 27), message_contains="x @ self.W"),
     ]
 
     gemms_in_loops_only = True
@@ -314,11 +384,39 @@ class PythonLoopMatmul(GemmVisitor, Rule):
                         gemm = as_gemm(self.ctx, sub) if isinstance(sub, (ast.BinOp, ast.Call)) else None
                         if gemm and any(loop.reads_carried(op) for op in gemm.operands):
                             cached = True
+                        elif (gemm is None and isinstance(sub, ast.Call) and sub.args
+                              and any(loop.reads_carried(a) for a in sub.args) and self._recurrent_module(sub.func)):
+                            cached = True  # `h, c = self.cell(x_t, (h, c))`
+                        if cached:
                             break
                     if cached:
                         break
             self.ctx.shared[key] = cached
         return cached
+
+    def _recurrent_module(self, func: ast.AST) -> bool:
+        """`func` is an RNN cell or layer of torch.nn (`self.cell` after `self.cell =
+        nn.LSTMCell(...)`, `cell` after `cell = nn.GRUCell(...)`), or a module class of this file:
+        called on the state, it multiplies the state by its weights."""
+        ctx = self.ctx
+        kind = _kinds.kind_of(ctx, func)
+        if kind == _kinds.USER_MODULE:
+            return True
+        if kind != _kinds.OTHER:
+            return False
+        if isinstance(func, ast.Attribute) and isinstance(func.value, ast.Name) and ctx.class_ is not None:
+            method = ctx.functions[0] if ctx.functions else None
+            params = method.args.posonlyargs + method.args.args if method is not None else []
+            if not params or func.value.id != params[0].arg:
+                return False
+            values = [value for _, value in _kinds.class_attribute_values(ctx, ctx.class_, func.attr)]
+        elif isinstance(func, ast.Name) and ctx.function is not None:
+            assign = flow_of(ctx, ctx.function).reaching(func)
+            values = [assign.value] if assign is not None else []
+        else:
+            return False
+        return bool(values) and all(isinstance(v, ast.Call) and ctx.qualname(v.func) in _RECURRENT_MODULES
+                                    for v in values)
 
     def _index_var(self, loop: LoopInfo, name: str) -> bool:
         """`name` walks 0..n-1 one step at a time: a plain range/enumerate counter or a while counter."""

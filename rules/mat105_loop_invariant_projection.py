@@ -18,7 +18,8 @@ class LoopInvariantProjection(GemmVisitor, Rule):
     docs = """
     ## What it does
     In a recurrence (a loop where some GEMM reads a value the previous iteration produced, such
-    as an RNN's `h @ W_hh`), flags each GEMM that reads the step's slice of a tensor fixed before
+    as an RNN's `h @ W_hh` or `self.h @ W_hh`, or where an RNN cell such as `nn.LSTMCell`, or a
+    module class of the file, is called on it), flags each GEMM that reads the step's slice of a tensor fixed before
     the loop (`x[t] @ W_xh`, `x[:, t] @ W`, `self.W_ih(x[:, t])`, `F.linear(x_t, w, b)` with
     `x_t = x[t]`) and a loop-invariant weight, and nothing from the recurrent state.
     MAT101 stays quiet on recurrences; this rule covers the part of them that is not sequential.
@@ -45,8 +46,9 @@ class LoopInvariantProjection(GemmVisitor, Rule):
     - Loops that are not recurrences (MAT101 reports their GEMMs), and GEMMs that read the state
       (`h @ W_hh`) or anything derived from it in the step.
     - Inputs that are not a plain per-step slice of one tensor (a list of steps, a value fed
-      back from the previous prediction, `x[t:t + k]` chunks), tensors rebound inside the loop,
-      and weights that change per step.
+      back from the previous prediction, `x[t:t + k]` chunks), tensors rebound or written in
+      place inside the loop (`ys[:, t + 1].copy_(h)`), and weights that change per step
+      (`self.W_x.data.mul_(0.99)`, an optimizer step in the loop).
 
     ## Fix safety
     No automatic fix: hoisting adds a tensor of all steps' projections and changes the loop body.
@@ -151,6 +153,46 @@ class LoopInvariantProjection(GemmVisitor, Rule):
                     opt.step()
                 return h
             """),
+        good("""
+            import torch
+            from torch import nn
+            class AR(nn.Module):
+                def __init__(self, d):
+                    super().__init__()
+                    self.w_in = nn.Linear(d, d)
+                    self.w_h = nn.Linear(d, d)
+                def forward(self, ys: torch.Tensor, h: torch.Tensor):
+                    for t in range(ys.size(1) - 1):
+                        h = torch.tanh(self.w_in(ys[:, t]) + self.w_h(h))  # ys[:, t] was written last step
+                        ys[:, t + 1].copy_(h)
+                    return ys
+            class FastWeights(nn.Module):
+                def forward(self, x: torch.Tensor, h: torch.Tensor):
+                    for t in range(x.size(0)):
+                        h = torch.tanh(x[t] @ self.W_x + h @ self.W_h)
+                        self.W_x.data.mul_(0.99)  # the weight changes per step
+                    return h
+            """),
+        bad("""
+            import torch
+            from torch import nn
+            class RNN(nn.Module):
+                def forward(self, x: torch.Tensor):
+                    self.h = torch.zeros(x.size(1), x.size(2))
+                    for t in range(x.size(0)):
+                        self.h = torch.tanh(x[t] @ self.W_xh + self.h @ self.W_hh)
+                    return self.h
+            class Dec(nn.Module):
+                def __init__(self, d):
+                    super().__init__()
+                    self.inp = nn.Linear(d, d)
+                    self.cell = nn.LSTMCell(d, d)
+                def forward(self, x):
+                    h = c = x.new_zeros(x.size(0), x.size(2))
+                    for t in range(x.size(1)):
+                        h, c = self.cell(self.inp(x[:, t]), (h, c))
+                    return h
+            """, (7, 33), (17, 30), message_contains="proj = "),
     ]
 
     def __init__(self, ctx, options=None):
