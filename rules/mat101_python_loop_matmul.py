@@ -9,6 +9,7 @@ from matlint.rule import Rule, bad, good
 from . import _kinds
 from ._flow import flow_of
 from ._loops import LoopInfo, is_training_loop, walk_no_scopes
+from ._shapes import shape_of
 from ._torch_api import GemmVisitor, as_gemm
 
 # Methods that keep a per-item operand batchable (the batched tensor gets the same call).
@@ -16,6 +17,7 @@ _SHAPE_KEEPING_METHODS = {"float", "half", "bfloat16", "double", "to", "contiguo
                           "t", "transpose", "unsqueeze", "squeeze", "view", "reshape", "permute", "flatten"}
 _SHAPE_KEEPING_ATTRS = {"T", "mT", "H", "mH"}
 _BATCH_LETTERS = "bnzyxwvutsrqpomlkhgfedca"
+_ATOMS = (ast.Name, ast.Attribute, ast.Call, ast.Subscript, ast.Constant)
 _RECURRENT_MODULES = frozenset({"torch.nn.RNNCell", "torch.nn.LSTMCell", "torch.nn.GRUCell",
                                 "torch.nn.RNN", "torch.nn.LSTM", "torch.nn.GRU"})
 
@@ -41,7 +43,10 @@ class PythonLoopMatmul(GemmVisitor, Rule):
     loop or comprehension when one of its operands is the loop's item: indexed by the loop
     variable (`x[i]`, `x[:, i]`), iterated over (`for xi in x`), or assigned from such an item in
     the loop body. The message says which single call replaces the loop, with `einsum`
-    subscripts written out when they can be derived.
+    subscripts written out when they can be derived. `matmul` treats a 1-D operand as a vector,
+    so the call depends on the items' rank: `A @ x[i]` over vectors is `x @ A.T`, `x[i] @ y[i]`
+    over vectors is `(x * y).sum(-1)`; where the rank is not known the message names the call
+    for matrices and for vectors.
 
     A loop of GEMMs whose results are collected and stacked is reported here, once per GEMM;
     MAT103 (stacked-loop-products) stays quiet on it and reports only per-item products written
@@ -289,6 +294,43 @@ class PythonLoopMatmul(GemmVisitor, Rule):
                     W.data += lr * torch.outer(x[i], x[i] @ W)
                 return W
             """),
+        bad("""
+            import torch
+            A = torch.randn(3, 5)
+            x = torch.randn(10, 5)
+            y = torch.randn(10, 5)
+            M = torch.randn(10, 4, 5)
+            out = torch.empty(10, 3)
+            for i in range(10):
+                out[i] = A @ x[i]
+            """, (8, 14), message_contains="use one call: `x @ A.T`"),
+        bad("""
+            import torch
+            x = torch.randn(10, 5)
+            y = torch.randn(10, 5)
+            a = [x[i] @ y[i] for i in range(10)]
+            """, (4, 6), message_contains="use one call: `(x * y).sum(-1)`"),
+        bad("""
+            import torch
+            y = torch.randn(10, 5)
+            M = torch.randn(10, 4, 5)
+            b = [M[i] @ y[i] for i in range(10)]
+            """, (4, 6), message_contains='`torch.einsum("bij,bj->bi", M, y)`'),
+        bad("""
+            import torch
+            def f(A: torch.Tensor, x: torch.Tensor, y: torch.Tensor):
+                return [A @ x[i] for i in range(x.size(0))]
+            """, (3, 13), message_contains="`A @ x` if each item of `x` is a matrix (with vector items, `x @ A.T` for a 2-D `A`)"),
+        bad("""
+            import torch
+            def f(A: torch.Tensor, x: torch.Tensor):
+                return [torch.mv(A, x[i]) for i in range(x.size(0))]
+            """, (3, 13), message_contains="use one call: `x @ A.T`"),
+        bad("""
+            import torch
+            def f(x: torch.Tensor, y: torch.Tensor):
+                return [torch.matmul(x[i], y[i]) for i in range(x.size(0))]
+            """, (3, 13), message_contains="`torch.matmul(x, y)` if each item is a matrix"),
         good("""
             import torch
             def rollout(x0: torch.Tensor, W: torch.Tensor, T: int):
@@ -570,12 +612,10 @@ class PythonLoopMatmul(GemmVisitor, Rule):
                     f"(a linear layer maps the last dim over any leading dims)")
         if len(ops) != 2 or not dim0:
             return generic
-        a, b = items
+        a, b = [text if isinstance(op, _ATOMS) else f"({text})"
+                for text, op in zip(items, [bt.base if bt else op for bt, op in zip(batched, ops)])]
         if gemm.op in ("@", "matmul", "mm", "bmm"):
-            if len(present) == 2:
-                call = "torch.bmm" if gemm.op == "mm" else "torch.matmul"
-                return f"use one batched call: `{call}({a}, {b})`"
-            return f"use one batched call: `{a} @ {b}` (matmul broadcasts over the batch dim)"
+            return self._matmul_suggestion(gemm.op, batched, ops, a, b) or generic
         if gemm.op in ("dot", "inner") and len(present) == 2:
             return f"use one call: `({a} * {b}).sum(-1)`"
         if gemm.op == "mv":
@@ -583,7 +623,51 @@ class PythonLoopMatmul(GemmVisitor, Rule):
                 return f'use one call: `torch.einsum("bij,bj->bi", {a}, {b})`'
             if batched[0] is not None:
                 return f'use one call: `torch.einsum("bij,j->bi", {a}, {b})`'
+            return f"use one call: `{b} @ {a}.T`"
         return generic
+
+    def _matmul_suggestion(self, op: str, batched, ops, a: str, b: str) -> Optional[str]:
+        """The batched call for `a[i] @ b[i]`, `a[i] @ b` or `a @ b[i]`. `matmul` treats a 1-D
+        operand as a vector, not as a batch of scalars: `A @ x[i]` over vectors `x[i]` is
+        `x @ A.T`, not `A @ x`. `mm` and `bmm` take matrices only."""
+        left, right = batched
+        if left is not None and right is not None:
+            if op in ("mm", "bmm"):
+                return f"use one batched call: `{'torch.bmm' if op == 'mm' else 'torch.matmul'}({a}, {b})`"
+            ranks = (self._item_rank(left), self._item_rank(right))
+            if ranks == (1, 1):
+                return f"use one call: `({a} * {b}).sum(-1)`"
+            if ranks == (2, 1):
+                return f'use one call: `torch.einsum("bij,bj->bi", {a}, {b})`'
+            if ranks == (1, 2):
+                return f'use one call: `torch.einsum("bj,bjk->bk", {a}, {b})`'
+            if None in ranks:
+                return (f"use one batched call: `torch.matmul({a}, {b})` if each item is a matrix "
+                        f"(with vector items, `torch.einsum` with a batch index)")
+            return f"use one batched call: `torch.matmul({a}, {b})`" if min(ranks) >= 2 else None
+        broadcast = f"use one batched call: `{a} @ {b}` (matmul broadcasts over the batch dim)"
+        fixed = shape_of(self.ctx, ops[1] if left is not None else ops[0])
+        if fixed is not None and fixed.rank is not None and fixed.rank > 2:
+            return None  # its own batch dims would meet the loop's
+        if left is not None or op in ("mm", "bmm"):
+            return broadcast
+        rank = self._item_rank(right)
+        if rank is not None and rank >= 2:
+            return broadcast
+        if fixed is not None and fixed.rank == 1:
+            vector_form = f"`{b} @ {a}`"
+        elif fixed is not None and fixed.rank == 2:
+            vector_form = f"`{b} @ {a}.T`"
+        else:
+            vector_form = f"`{b} @ {a}.T` for a 2-D `{a}`"
+        if rank == 1:
+            return f"use one call: {vector_form}"
+        return (f"use one batched call: `{a} @ {b}` if each item of `{b}` is a matrix "
+                f"(with vector items, {vector_form})")
+
+    def _item_rank(self, item: _Batched) -> Optional[int]:
+        shape = shape_of(self.ctx, item.base)
+        return shape.rank - 1 if shape is not None and shape.rank else None
 
     @staticmethod
     def _batched_einsum(subscripts: Optional[str], batched) -> Optional[str]:
