@@ -410,6 +410,31 @@ def is_training_loop(ctx, loop: LoopInfo) -> bool:
     return ctx.shared[key]
 
 
+def updates_weights(ctx, loop: LoopInfo) -> bool:
+    """`is_training_loop`, or the body hands an optimizer or a loss to a function or a method of
+    `self` (`train_step(loss, opt)`, `self.update(loss)`), which may run the backward pass and
+    the step: the weights may change between iterations."""
+    if is_training_loop(ctx, loop):
+        return True
+    key = ("updates_weights", id(loop.node))
+    found = ctx.shared.get(key)
+    if found is None:
+        found = ctx.shared[key] = any(_passes_training_state(n) for n in loop.direct_nodes())
+    return found
+
+
+def _passes_training_state(node: ast.AST) -> bool:
+    if node.__class__ is not ast.Call:
+        return False
+    func = node.func
+    if not (func.__class__ is ast.Name or (func.__class__ is ast.Attribute and func.value.__class__ is ast.Name
+                                            and func.value.id == "self")):
+        return False
+    names = [identifier(arg) for arg in node.args] + [k.arg for k in node.keywords] + [
+        identifier(k.value) for k in node.keywords]
+    return any(name and (OPTIMIZER_NAME.search(name) or "loss" in name.lower()) for name in names)
+
+
 def may_train(ctx) -> bool:
     """False only when the function the walker is in (or the module, outside functions) cannot
     call `.backward()` or `.step()`: attribute names, so its text (NFKC) would spell them."""

@@ -8,7 +8,7 @@ from matlint.rule import Rule, bad, good
 
 from . import _kinds
 from ._flow import flow_of
-from ._loops import LoopInfo, is_training_loop, walk_no_scopes
+from ._loops import LoopInfo, updates_weights, walk_no_scopes
 from ._shapes import shape_of
 from ._torch_api import GemmVisitor, as_gemm
 
@@ -77,7 +77,8 @@ class PythonLoopMatmul(GemmVisitor, Rule):
       by step through `buf[t + 1] = ...`, `buf[t + 1].copy_(...)` or `out=buf[t + 1]`), or an
       RNN cell (`nn.LSTMCell`, `nn.GRUCell`, `nn.RNNCell`, `nn.LSTM`...) or a module class of
       the file consumes such a value. Input projections inside such loops are MAT105's.
-    - Weights that change between steps: an optimizer step or `.backward()` in the loop, or an
+    - Weights that change between steps: an optimizer step or `.backward()` in the loop, a
+      function or `self.` method handed an optimizer or a loss (`train_step(loss, opt)`), or an
       in-place update of an operand (`self.w += ...`, `self.W.data.add_(...)`, `W.data -= ...`).
     - Chunked loops (`range(0, n, step)`, `x.split(...)`, `x[i:i + chunk]`): chunking bounds
       memory on purpose.
@@ -385,6 +386,25 @@ class PythonLoopMatmul(GemmVisitor, Rule):
                         h, c = self.cell(self.inp(x[:, t]), (h, c))  # MAT105's
                     return h
             """),
+        good("""
+            import torch
+            def train(X: torch.Tensor, Y: torch.Tensor, w: torch.Tensor, opt):
+                for i in range(X.shape[0]):
+                    loss = ((X[i] @ w - Y[i]) ** 2).mean()
+                    train_step(loss, opt)
+            def train_step(loss, opt):
+                opt.zero_grad(); loss.backward(); opt.step()
+            class Learner:
+                def fit(self, X: torch.Tensor, w: torch.Tensor):
+                    for i in range(X.shape[0]):
+                        self.update(loss=(X[i] @ w).sum())
+            """),
+        bad("""
+            import torch
+            def evaluate(X: torch.Tensor, w: torch.Tensor):
+                for i in range(X.shape[0]):
+                    record(i, X[i] @ w)
+            """, (4, 19), message_contains="X @ w"),
         bad("""
             import torch
             class Cache:
@@ -409,7 +429,7 @@ class PythonLoopMatmul(GemmVisitor, Rule):
             batched = [self._batched(loop, op, 0) if dep else None for op, dep in zip(gemm.operands, depends)]
             if any(dep and b is None for dep, b in zip(depends, batched)):
                 return
-            if self._is_recurrence(loop) or is_training_loop(self.ctx, loop):
+            if self._is_recurrence(loop) or updates_weights(self.ctx, loop):
                 return  # each step reads the last one's result, or the weights change between steps
             self.report(node, self._message(gemm, loop, batched))
             return

@@ -6,7 +6,7 @@ import ast
 
 from matlint.rule import Rule, bad, good
 
-from ._loops import is_training_loop
+from ._loops import updates_weights
 from ._torch_api import GemmVisitor, as_gemm
 from .mat101_python_loop_matmul import PythonLoopMatmul
 
@@ -241,7 +241,7 @@ class LoopInvariantProjection(GemmVisitor, Rule):
         if gemm is None or not gemm.operands:
             return
         loop = self.ctx.loops[-1]
-        if loop.is_comprehension or not self._loop_gemms._is_recurrence(loop) or is_training_loop(self.ctx, loop):
+        if loop.is_comprehension or not self._loop_gemms._is_recurrence(loop) or updates_weights(self.ctx, loop):
             return  # no recurrence, or the weights change between steps (`opt.step()` in the loop)
         stepped = [op for op in gemm.operands if loop.depends_on_iteration(op) or loop.reads_carried(op)]
         if len(stepped) != 1:
