@@ -41,7 +41,7 @@ class PythonLoopMatmul(GemmVisitor, Rule):
     Flags a GEMM (`@`, `torch.matmul`, `mm`, `bmm`, `einsum`, `dot`, `mv`, `tensordot`,
     `F.linear`, the `.matmul()`/`.mm()` methods, or an `nn.Linear` module) inside a `for`/`while`
     loop or comprehension when one of its operands is the loop's item: indexed by the loop
-    variable (`x[i]`, `x[:, i]`), iterated over (`for xi in x`), or assigned from such an item in
+    variable (`x[i]`, `x[:, i]`, `x[i, ...]`, `x.select(0, i)`), iterated over (`for xi in x`), or assigned from such an item in
     the loop body. The message says which single call replaces the loop, with `einsum`
     subscripts written out when they can be derived. `matmul` treats a 1-D operand as a vector,
     so the call depends on the items' rank: `A @ x[i]` over vectors is `x @ A.T`, `x[i] @ y[i]`
@@ -186,6 +186,15 @@ class PythonLoopMatmul(GemmVisitor, Rule):
                 def forward(self, x):
                     return [self.q(x[:, t]) for t in range(x.size(1))]
             """, (7, 17), message_contains="`self.q(x)` and index dim 1"),
+        bad("""
+            import torch
+            def f(x: torch.Tensor, w: torch.Tensor):
+                a = [x[i, ...] @ w for i in range(x.size(0))]
+                b = [x.select(0, i) @ w for i in range(x.size(0))]
+                c = [x[..., i] @ w for i in range(x.size(-1))]  # which dim: not known
+                d = [x.select(dim=1, index=i) @ w for i in range(x.size(1))]
+                return a, b, c, d
+            """, (3, 10), (4, 10), (6, 10), message_contains="use one batched call: `x @ w`"),
         good("""
             import torch
             import d2l
@@ -519,9 +528,21 @@ class PythonLoopMatmul(GemmVisitor, Rule):
                     dim, found, index = pos, found + 1, elem.id
                 elif isinstance(elem, ast.Slice) and elem.lower is None and elem.upper is None and elem.step is None:
                     continue
+                elif isinstance(elem, ast.Constant) and elem.value is Ellipsis and found:
+                    continue  # `x[i, ...]`; before the index it would hide which dim the loop walks
                 else:
                     return None
             return _Batched(base, dim, True, index) if found == 1 else None
+        if (isinstance(op, ast.Call) and isinstance(op.func, ast.Attribute) and op.func.attr == "select"
+                and not loop.depends_on_iteration(op.func.value) and self._tensor_base(op.func.value)):
+            # `x.select(0, i)`, `x.select(dim=1, index=i)`
+            given = dict(zip(("dim", "index"), op.args))
+            given.update((k.arg, k.value) for k in op.keywords)
+            dim, index = given.get("dim"), given.get("index")
+            if (len(given) == 2 and isinstance(dim, ast.Constant) and type(dim.value) is int and dim.value >= 0
+                    and isinstance(index, ast.Name) and self._index_var(loop, index.id)):
+                return _Batched(op.func.value, dim.value, True, index.id)
+            return None
         if isinstance(op, ast.Name):
             if op.id in loop.targets:
                 source = self._iterated_tensor(loop, op.id)
