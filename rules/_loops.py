@@ -257,18 +257,16 @@ class LoopInfo:
                 carried.add(name)
         return carried | self._read_after_change_in_place()
 
-    def _read_after_change_in_place(self) -> set:
-        """Names and attribute paths the body changes in place (a store into `buf[t + 1]` or
-        `self.traj[t + 1]`, `self.w += ...`, `W.data = ...`, `buf[t + 1].copy_(...)`,
-        `out=buf[t + 1]`, `self.W.data.add_(...)`) and reads elsewhere in the body: the read sees
-        what an earlier iteration wrote. A changed attribute path also counts as read through
-        the attributes holding it (`self.proj(x)` after `self.proj.weight.data -= ...`)."""
-        from ._names import dotted
-
+    @cached_property
+    def _changes_in_place(self):
+        """(names and attribute paths the body changes in place, ids of the nodes that spell
+        those changes): a store into `buf[t + 1]` or `self.traj[t + 1]`, `self.w += ...`,
+        `W.data = ...`, `buf[t + 1].copy_(...)`, `out=buf[t + 1]`, `self.W.data.add_(...)`. A
+        changed attribute path comes with the attributes holding it (`self.proj` for
+        `self.proj.weight`): calling `self.proj(x)` reads it."""
         changed, spine = set(), []
-        nodes = [sub for stmt in self.node.body for sub in walk_no_scopes(stmt)]
         qualname = self.ctx.qualname
-        for sub in nodes:
+        for sub in self._body_nodes:
             cls = sub.__class__
             if cls is ast.Subscript and sub.ctx.__class__ is ast.Store:
                 target = sub
@@ -296,11 +294,22 @@ class LoopInfo:
             path = _changed_tensor(target, spine)
             if path is not None:
                 changed.update(_path_prefixes(path))
+        return changed, {id(n) for n in spine}
+
+    @cached_property
+    def _body_nodes(self) -> list:
+        return [sub for stmt in self.body for sub in walk_no_scopes(stmt)]
+
+    def _read_after_change_in_place(self) -> set:
+        """The names and attribute paths of `_changes_in_place` that the body also reads: the
+        read sees what an earlier iteration wrote."""
+        from ._names import dotted
+
+        changed, not_reads = self._changes_in_place
         if not changed:
             return set()
-        not_reads = {id(n) for n in spine}
         found = set()
-        for sub in nodes:
+        for sub in self._body_nodes:
             cls = sub.__class__
             if cls is ast.Name:
                 if sub.id in changed and sub.ctx.__class__ is ast.Load and id(sub) not in not_reads:
@@ -310,6 +319,32 @@ class LoopInfo:
                 if path in changed:
                     found.add(path)
         return found
+
+    @cached_property
+    def _changed_paths(self) -> set:
+        """Names and attribute paths whose value the body changes: in place, or attributes it
+        rebinds (`self.W = ...`, with the attributes holding them)."""
+        from ._names import dotted
+
+        paths = set(self._changes_in_place[0])
+        for sub in self._body_nodes:
+            if sub.__class__ is ast.Attribute and sub.ctx.__class__ is not ast.Load:
+                path = dotted(sub)
+                if path is not None:
+                    paths.update(_path_prefixes(path))
+        return paths
+
+    def changes(self, expr: ast.AST) -> bool:
+        """`expr` reads something the body assigns, rebinds or changes in place: its value may
+        differ from one iteration to the next (`W` after `W = next(ws)`, `self.W` after
+        `self.W = ...` or `self.W.data.mul_(...)`)."""
+        names = loaded_names(expr)
+        if names & self.assigned:
+            return True
+        changed = self._changed_paths
+        if not changed:
+            return False
+        return bool(names & changed) or bool(_attribute_paths(expr) & changed)
 
     @cached_property
     def _assignments(self) -> list:

@@ -78,8 +78,9 @@ class PythonLoopMatmul(GemmVisitor, Rule):
       RNN cell (`nn.LSTMCell`, `nn.GRUCell`, `nn.RNNCell`, `nn.LSTM`...) or a module class of
       the file consumes such a value. Input projections inside such loops are MAT105's.
     - Weights that change between steps: an optimizer step or `.backward()` in the loop, a
-      function or `self.` method handed an optimizer or a loss (`train_step(loss, opt)`), or an
-      in-place update of an operand (`self.w += ...`, `self.W.data.add_(...)`, `W.data -= ...`).
+      function or `self.` method handed an optimizer or a loss (`train_step(loss, opt)`), an
+      operand or module the loop rebinds (`W = next(ws)`, `self.W = ...`), or an in-place
+      update of one (`self.w += ...`, `self.W.data.add_(...)`, `self.proj.weight.data -= ...`).
     - Chunked loops (`range(0, n, step)`, `x.split(...)`, `x[i:i + chunk]`): chunking bounds
       memory on purpose.
     - Items whose shapes may differ: iterating a list, `range(len(xs))` over something not known
@@ -414,6 +415,26 @@ class PythonLoopMatmul(GemmVisitor, Rule):
                 for i in range(X.shape[0]):
                     record(i, X[i] @ w)
             """, (4, 19), message_contains="X @ w"),
+        good("""
+            import torch
+            from torch import nn
+            def per_step_weights(x: torch.Tensor, ws):
+                for i in range(x.size(0)):
+                    W = next(ws)
+                    y = x[i] @ W
+            class Online(nn.Module):
+                def __init__(self, d):
+                    super().__init__()
+                    self.proj = nn.Linear(d, d)
+                def learn(self, x: torch.Tensor, lr: float):
+                    for i in range(x.size(0)):
+                        y = self.proj(x[i])
+                        self.proj.weight.data -= lr * torch.outer(y, x[i])
+                def scheduled(self, x: torch.Tensor):
+                    for i in range(x.size(0)):
+                        self.W = self.bank[i % 4]
+                        y = x[i] @ self.W
+            """),
         bad("""
             import torch
             class Cache:
@@ -437,6 +458,15 @@ class PythonLoopMatmul(GemmVisitor, Rule):
                 continue
             batched = [self._batched(loop, op, 0) if dep else None for op, dep in zip(gemm.operands, depends)]
             if any(dep and b is None for dep, b in zip(depends, batched)):
+                return
+            # What is not the item must hold still: `W = next(ws)`, `self.W = ...`, `self.W.data.mul_()`
+            # or `self.proj.weight.data -= ...` in the loop give each step other weights.
+            fixed = [op for op, dep in zip(gemm.operands, depends) if not dep] + [b.base for b in batched if b]
+            if gemm.op == "nn.Linear":
+                fixed.append(node.func)
+            elif gemm.op == "linear":
+                fixed.extend(node.args[2:] + [k.value for k in node.keywords])
+            if any(loop.changes(expr) for expr in fixed):
                 return
             if self._is_recurrence(loop) or updates_weights(self.ctx, loop):
                 return  # each step reads the last one's result, or the weights change between steps

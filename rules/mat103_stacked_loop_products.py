@@ -74,7 +74,8 @@ class StackedLoopProducts(Rule):
       out (`x[i] * w` alone, `f(x[i])`).
     - Items of lists (their shapes may differ), chunked loops, numpy arrays, names of unknown kind.
     - Recurrences (an item depends on the previous one, also through a name: `prev = buf[i]`
-      where the loop writes `buf[i + 1]`), lists that get other appends or changes too
+      where the loop writes `buf[i + 1]`, or an attribute: `self.prev` read, then rebound),
+      factors the loop rebinds or changes in place (`self.scale = x[i]`), lists that get other appends or changes too
       (`out.reverse()`, `out[0] = ...`), appends under an `if` (filtered items), and loops
       with `break`, `continue`, `return` or `raise`.
 
@@ -141,6 +142,22 @@ class StackedLoopProducts(Rule):
                     i += 2
                 return torch.stack(out), torch.stack([(q[i] * k[i]).sum(-1) for i in range(1, q.size(0))])
             """, (8, 12), (8, 30), message_contains="multiply the whole tensors once with the item dim kept"),
+        good("""
+            import torch
+            class Lagged:
+                def f(self, x: torch.Tensor, w: torch.Tensor):
+                    out = []
+                    for i in range(x.size(0)):
+                        out.append((self.prev * w[i]).sum(-1))  # the step before's x[i]
+                        self.prev = x[i]
+                    return torch.stack(out)
+                def g(self, x: torch.Tensor, w: torch.Tensor):
+                    out = []
+                    for i in range(x.size(0)):
+                        self.scale = x[i]
+                        out.append((self.scale * w[i]).sum(-1))
+                    return torch.stack(out)
+            """),
         good("""
             import torch
             def lagged(q: torch.Tensor, k: torch.Tensor, n):
@@ -253,14 +270,14 @@ class StackedLoopProducts(Rule):
         product = self._product_sum(item)  # syntax only: first, it rules out most items
         if product is None:
             return
-        if loop.carried_all & loaded_names(item):
+        if loop.reads_carried(item):
             return
         if any(as_gemm(self.ctx, sub) for sub in walk_no_scopes(item) if isinstance(sub, (ast.BinOp, ast.Call))):
             return
         factors, rebuild, dims = product
         slices = []
         for factor in factors:
-            if loop.depends_on_iteration(factor) or (loaded_names(factor) & loop.assigned):
+            if loop.depends_on_iteration(factor) or loop.changes(factor):
                 batched = self._per_item(loop, factor)
                 if batched is None:
                     return

@@ -227,6 +227,16 @@ class LoopInvariantProjection(GemmVisitor, Rule):
                     outs.append(h)
                 return outs
             """, (5, 24), message_contains="read `proj[i]` in the loop"),
+        good("""
+            import torch
+            from torch import nn
+            class Scheduled(nn.Module):
+                def forward(self, x: torch.Tensor, h: torch.Tensor):
+                    for t in range(x.size(0)):
+                        self.W_x = self.bank[t % 4]  # other weights each step
+                        h = torch.tanh(x[t] @ self.W_x + h @ self.W_h)
+                    return h
+            """),
     ]
 
     def __init__(self, ctx, options=None):
@@ -253,20 +263,16 @@ class LoopInvariantProjection(GemmVisitor, Rule):
             item = self._loop_gemms._batched(loop, assigned, 0) if assigned is not None else None
         else:
             item = self._loop_gemms._batched(loop, step_input, 0)
-        if item is None or self._names(item.base) & loop.assigned or loop.reads_carried(step_input):
+        if item is None or loop.changes(item.base) or loop.reads_carried(step_input):
             return
         others = [op for op in gemm.operands if op is not step_input]
         extra = [a for a in getattr(node, "args", [])[len(gemm.operands):]] if gemm.op == "linear" else []
-        if any(self._names(op) & loop.assigned for op in others + extra):
+        if any(loop.changes(op) for op in others + extra):
             return
-        if gemm.op == "nn.Linear" and self._names(node.func) & loop.assigned:
+        if gemm.op == "nn.Linear" and loop.changes(node.func):
             return
         self.report(node, f"this projection reads only the step's input, not the recurrent state: "
                           f"{self._suggestion(gemm, item, step_input, loop)}")
-
-    @staticmethod
-    def _names(expr: ast.AST) -> set:
-        return {n.id for n in ast.walk(expr) if isinstance(n, ast.Name)}
 
     def _suggestion(self, gemm, item, step_input, loop) -> str:
         seg = self.ctx.segment
