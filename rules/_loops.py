@@ -25,6 +25,13 @@ def loaded_names(expr: ast.AST) -> set:
     return {n.id for n in walk_no_scopes(expr) if n.__class__ is ast.Name and n.ctx.__class__ is ast.Load}
 
 
+def _attribute_paths(expr: ast.AST) -> set:
+    """`self.h` and `self.h.T` for `self.h.T @ W`: the dotted paths of the attributes `expr` reads."""
+    from ._names import dotted  # (_names imports this module)
+
+    return {dotted(n) for n in walk_no_scopes(expr) if n.__class__ is ast.Attribute} - {None}
+
+
 def walk_no_scopes(node: ast.AST):
     """ast.walk that does not enter nested functions, lambdas or classes."""
     stack = [node]
@@ -63,13 +70,23 @@ def walk_direct(stmts):
 
 
 class _Order(ast.NodeVisitor):
-    """Reads and writes of plain names in (approximate) evaluation order."""
+    """Reads and writes of plain names, and of attributes of them (`self.h`), in (approximate)
+    evaluation order."""
 
     def __init__(self):
+        from ._names import dotted  # (_names imports this module)
+
         self.events: list = []
+        self._dotted = dotted
 
     def visit_Name(self, node):
         self.events.append(("write" if isinstance(node.ctx, (ast.Store, ast.Del)) else "read", node.id))
+
+    def visit_Attribute(self, node):
+        path = self._dotted(node)
+        if path is not None:
+            self.events.append(("write" if isinstance(node.ctx, (ast.Store, ast.Del)) else "read", path))
+        self.visit(node.value)
 
     def visit_Assign(self, node):
         self.visit(node.value)
@@ -125,6 +142,44 @@ class _Order(ast.NodeVisitor):
 def _changes_in_place(method: str) -> bool:
     """`x.add_(...)`, `x.copy_(...)`, `xs.append(...)`: the method changes its receiver."""
     return (method.endswith("_") and not method.startswith("_")) or method in ("append", "extend", "insert")
+
+
+# Methods whose result shares the receiver's memory: an in-place change of it changes the receiver.
+_VIEWS = frozenset({"view", "view_as", "select", "narrow", "t", "transpose", "permute", "unsqueeze", "squeeze",
+                    "flatten", "unflatten", "reshape", "expand", "diagonal", "movedim", "swapaxes"})
+
+
+def _changed_tensor(target: ast.AST, spine: list):
+    """The name or attribute path (`buf`, `self.traj`) whose tensor a store into `target` or an
+    in-place call on it changes: through indexing (`buf[t + 1]`), views (`buf.view(-1)`) and
+    `.data` (`self.W.data`). Collects the nodes walked into `spine` (they are the change, not a read)."""
+    from ._names import dotted
+
+    node = target
+    while True:
+        spine.append(node)
+        cls = node.__class__
+        if cls is ast.Subscript:
+            node = node.value
+        elif cls is ast.Call and node.func.__class__ is ast.Attribute and node.func.attr in _VIEWS:
+            node = node.func.value
+        elif cls is ast.Attribute and node.attr == "data":
+            node = node.value
+        else:
+            break
+    path = dotted(node)
+    if path is not None:
+        spine.extend(n for n in walk_no_scopes(node) if n.__class__ in (ast.Attribute, ast.Name))
+    return path
+
+
+def _path_prefixes(path: str) -> list:
+    """`self.a.b` -> `self.a`, `self.a.b`: the attributes that hold (or are) the changed tensor;
+    a plain name is its own."""
+    parts = path.split(".")
+    if len(parts) == 1:
+        return parts
+    return [".".join(parts[:i]) for i in range(2, len(parts) + 1)]
 
 
 class LoopInfo:
@@ -193,7 +248,8 @@ class LoopInfo:
         for stmt in self.node.body:
             order.visit(stmt)
         written, carried = set(), set()
-        assigned = self.assigned
+        # `self.h = f(x[t] @ W + self.h @ U)`: an attribute rebound in the body, read before
+        assigned = self.assigned | {name for kind, name in order.events if kind == "write" and "." in name}
         for kind, name in order.events:
             if kind == "write":
                 written.add(name)
@@ -201,55 +257,124 @@ class LoopInfo:
                 carried.add(name)
         return carried | self._read_after_change_in_place()
 
-    def _read_after_change_in_place(self) -> set:
-        changed, bases = set(), set()
-        nodes = [sub for stmt in self.node.body for sub in walk_no_scopes(stmt)]
-        for sub in nodes:
-            if sub.__class__ is ast.Subscript and sub.ctx.__class__ is ast.Store:
-                base = sub.value
-                while base.__class__ is ast.Subscript:  # hs[t][0] = ...
-                    base = base.value
-            elif sub.__class__ is ast.Call and sub.func.__class__ is ast.Attribute and _changes_in_place(sub.func.attr):
-                base = sub.func.value
-            elif sub.__class__ is ast.Attribute and sub.ctx.__class__ is ast.Store and sub.attr == "data":
-                base = sub.value  # `W.data += lr * g`, `x.data[t] = h`: the tensor changes in place
-                while base.__class__ is ast.Subscript:
-                    base = base.value
+    @cached_property
+    def _changes_in_place(self):
+        """(names and attribute paths the body changes in place, ids of the nodes that spell
+        those changes): a store into `buf[t + 1]` or `self.traj[t + 1]`, `self.w += ...`,
+        `W.data = ...`, `buf[t + 1].copy_(...)`, `out=buf[t + 1]`, `self.W.data.add_(...)`. A
+        changed attribute path comes with the attributes holding it (`self.proj` for
+        `self.proj.weight`): calling `self.proj(x)` reads it."""
+        changed, spine = set(), []
+        qualname = self.ctx.qualname
+        for sub in self._body_nodes:
+            cls = sub.__class__
+            if cls is ast.Subscript and sub.ctx.__class__ is ast.Store:
+                target = sub
+            elif cls is ast.AugAssign and sub.target.__class__ is ast.Attribute:
+                target = sub.target  # `self.w += ...`
+            elif cls is ast.Attribute and sub.ctx.__class__ is ast.Store and sub.attr == "data":
+                target = sub  # `W.data = ...`
+            elif cls is ast.Call:
+                for keyword in sub.keywords:
+                    if keyword.arg == "out":  # `torch.matmul(a, b, out=buf[t + 1])`
+                        path = _changed_tensor(keyword.value, spine)
+                        if path is not None:
+                            changed.update(_path_prefixes(path))
+                func = sub.func
+                if func.__class__ is not ast.Attribute or not _changes_in_place(func.attr):
+                    continue
+                if qualname(func) is not None:  # `torch.relu_(x)`, `nn.init.zeros_(w)`: changes its argument
+                    if not sub.args:
+                        continue
+                    target = sub.args[0]
+                else:
+                    target = func.value
             else:
                 continue
-            if base.__class__ is ast.Name:
-                changed.add(base.id)
-                bases.add(id(base))
+            path = _changed_tensor(target, spine)
+            if path is not None:
+                changed.update(_path_prefixes(path))
+        return changed, {id(n) for n in spine}
+
+    @cached_property
+    def _body_nodes(self) -> list:
+        return [sub for stmt in self.body for sub in walk_no_scopes(stmt)]
+
+    def _read_after_change_in_place(self) -> set:
+        """The names and attribute paths of `_changes_in_place` that the body also reads: the
+        read sees what an earlier iteration wrote."""
+        from ._names import dotted
+
+        changed, not_reads = self._changes_in_place
         if not changed:
             return set()
-        return {sub.id for sub in nodes if sub.__class__ is ast.Name and sub.id in changed
-                and sub.ctx.__class__ is ast.Load and id(sub) not in bases}
+        found = set()
+        for sub in self._body_nodes:
+            cls = sub.__class__
+            if cls is ast.Name:
+                if sub.id in changed and sub.ctx.__class__ is ast.Load and id(sub) not in not_reads:
+                    found.add(sub.id)
+            elif cls is ast.Attribute and sub.ctx.__class__ is ast.Load and id(sub) not in not_reads:
+                path = dotted(sub)
+                if path in changed:
+                    found.add(path)
+        return found
+
+    @cached_property
+    def _changed_paths(self) -> set:
+        """Names and attribute paths whose value the body changes: in place, or attributes it
+        rebinds (`self.W = ...`, with the attributes holding them)."""
+        from ._names import dotted
+
+        paths = set(self._changes_in_place[0])
+        for sub in self._body_nodes:
+            if sub.__class__ is ast.Attribute and sub.ctx.__class__ is not ast.Load:
+                path = dotted(sub)
+                if path is not None:
+                    paths.update(_path_prefixes(path))
+        return paths
+
+    def changes(self, expr: ast.AST) -> bool:
+        """`expr` reads something the body assigns, rebinds or changes in place: its value may
+        differ from one iteration to the next (`W` after `W = next(ws)`, `self.W` after
+        `self.W = ...` or `self.W.data.mul_(...)`)."""
+        names = loaded_names(expr)
+        if names & self.assigned:
+            return True
+        changed = self._changed_paths
+        if not changed:
+            return False
+        return bool(names & changed) or bool(_attribute_paths(expr) & changed)
 
     @cached_property
     def _assignments(self) -> list:
-        """(names bound, names read) for each binding in the body."""
+        """(names bound, names read, value) for each binding in the body."""
         assignments = []
         for stmt in self.body:
             for sub in walk_no_scopes(stmt):
                 if isinstance(sub, ast.Assign):
                     targets = set().union(*(bound_names(t) for t in sub.targets))
-                    assignments.append((targets, loaded_names(sub.value)))
+                    assignments.append((targets, loaded_names(sub.value), sub.value))
                 elif isinstance(sub, (ast.AugAssign, ast.AnnAssign)) and sub.value is not None:
-                    assignments.append((bound_names(sub.target), loaded_names(sub.value)))
+                    assignments.append((bound_names(sub.target), loaded_names(sub.value), sub.value))
                 elif isinstance(sub, (ast.For, ast.AsyncFor)):
-                    assignments.append((bound_names(sub.target), loaded_names(sub.iter)))
+                    assignments.append((bound_names(sub.target), loaded_names(sub.iter), sub.iter))
                 elif isinstance(sub, ast.NamedExpr):
-                    assignments.append((bound_names(sub.target), loaded_names(sub.value)))
+                    assignments.append((bound_names(sub.target), loaded_names(sub.value), sub.value))
         return assignments
 
     def _assigned_from(self, seeds: set) -> set:
-        """`seeds`, and every name the body assigns from one of them, transitively."""
+        """`seeds`, and every name the body assigns from one of them (or from an attribute path
+        among them, `cur = self.traj[t]`), transitively."""
         deps = set(seeds)
+        paths = {name for name in seeds if "." in name}
         changed = True
         while changed:
             changed = False
-            for targets, reads in self._assignments:
-                if reads & deps and not targets <= deps:
+            for targets, reads, value in self._assignments:
+                if targets <= deps:
+                    continue
+                if reads & deps or (paths and _attribute_paths(value) & paths):
                     deps |= targets
                     changed = True
         return deps
@@ -271,7 +396,16 @@ class LoopInfo:
         return bool(names & (self.targets | self.derived))
 
     def reads_carried(self, expr: ast.AST) -> bool:
-        return bool(loaded_names(expr) & self.carried_all)
+        carried = self.carried_all
+        if not carried:
+            return False
+        if loaded_names(expr) & carried:
+            return True
+        return self._carries_attributes and bool(_attribute_paths(expr) & carried)
+
+    @cached_property
+    def _carries_attributes(self) -> bool:
+        return any("." in name for name in self.carried)
 
     def direct_nodes(self):
         """Nodes of the body that run once per iteration of this loop (not of a nested loop)."""
@@ -309,6 +443,31 @@ def is_training_loop(ctx, loop: LoopInfo) -> bool:
     if key not in ctx.shared:
         ctx.shared[key] = may_train(ctx) and any(is_backward(n) or is_optimizer_step(n) for n in loop.direct_nodes())
     return ctx.shared[key]
+
+
+def updates_weights(ctx, loop: LoopInfo) -> bool:
+    """`is_training_loop`, or the body hands an optimizer or a loss to a function or a method of
+    `self` (`train_step(loss, opt)`, `self.update(loss)`), which may run the backward pass and
+    the step: the weights may change between iterations."""
+    if is_training_loop(ctx, loop):
+        return True
+    key = ("updates_weights", id(loop.node))
+    found = ctx.shared.get(key)
+    if found is None:
+        found = ctx.shared[key] = any(_passes_training_state(n) for n in loop.direct_nodes())
+    return found
+
+
+def _passes_training_state(node: ast.AST) -> bool:
+    if node.__class__ is not ast.Call:
+        return False
+    func = node.func
+    if not (func.__class__ is ast.Name or (func.__class__ is ast.Attribute and func.value.__class__ is ast.Name
+                                            and func.value.id == "self")):
+        return False
+    names = [identifier(arg) for arg in node.args] + [k.arg for k in node.keywords] + [
+        identifier(k.value) for k in node.keywords]
+    return any(name and (OPTIMIZER_NAME.search(name) or "loss" in name.lower()) for name in names)
 
 
 def may_train(ctx) -> bool:

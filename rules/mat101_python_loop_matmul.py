@@ -7,7 +7,9 @@ from typing import Optional
 from matlint.rule import Rule, bad, good
 
 from . import _kinds
-from ._loops import LoopInfo, is_training_loop, walk_no_scopes
+from ._flow import flow_of
+from ._loops import LoopInfo, updates_weights, walk_no_scopes
+from ._shapes import shape_of
 from ._torch_api import GemmVisitor, as_gemm
 
 # Methods that keep a per-item operand batchable (the batched tensor gets the same call).
@@ -15,6 +17,9 @@ _SHAPE_KEEPING_METHODS = {"float", "half", "bfloat16", "double", "to", "contiguo
                           "t", "transpose", "unsqueeze", "squeeze", "view", "reshape", "permute", "flatten"}
 _SHAPE_KEEPING_ATTRS = {"T", "mT", "H", "mH"}
 _BATCH_LETTERS = "bnzyxwvutsrqpomlkhgfedca"
+_ATOMS = (ast.Name, ast.Attribute, ast.Call, ast.Subscript, ast.Constant)
+_RECURRENT_MODULES = frozenset({"torch.nn.RNNCell", "torch.nn.LSTMCell", "torch.nn.GRUCell",
+                                "torch.nn.RNN", "torch.nn.LSTM", "torch.nn.GRU"})
 
 
 class _Batched:
@@ -36,9 +41,12 @@ class PythonLoopMatmul(GemmVisitor, Rule):
     Flags a GEMM (`@`, `torch.matmul`, `mm`, `bmm`, `einsum`, `dot`, `mv`, `tensordot`,
     `F.linear`, the `.matmul()`/`.mm()` methods, or an `nn.Linear` module) inside a `for`/`while`
     loop or comprehension when one of its operands is the loop's item: indexed by the loop
-    variable (`x[i]`, `x[:, i]`), iterated over (`for xi in x`), or assigned from such an item in
+    variable (`x[i]`, `x[:, i]`, `x[i, ...]`, `x.select(0, i)`), iterated over (`for xi in x`), or assigned from such an item in
     the loop body. The message says which single call replaces the loop, with `einsum`
-    subscripts written out when they can be derived.
+    subscripts written out when they can be derived. `matmul` treats a 1-D operand as a vector,
+    so the call depends on the items' rank: `A @ x[i]` over vectors is `x @ A.T`, `x[i] @ y[i]`
+    over vectors is `(x * y).sum(-1)`; where the rank is not known the message names the call
+    for matrices and for vectors.
 
     A loop of GEMMs whose results are collected and stacked is reported here, once per GEMM;
     MAT103 (stacked-loop-products) stays quiet on it and reports only per-item products written
@@ -65,8 +73,14 @@ class PythonLoopMatmul(GemmVisitor, Rule):
     - Loops over layers or modules (`for block in self.blocks: x = block(x)`), and over weights
       of a list (`for w in weights: x = x @ w`).
     - Recurrences: a loop where a GEMM consumes a value from the previous iteration (RNN state
-      `h @ W_hh`, Newton–Schulz, power iteration). Input projections inside such loops are the
-      business of a separate rule.
+      `h @ W_hh`, a state kept on `self`, Newton–Schulz, power iteration, a buffer filled step
+      by step through `buf[t + 1] = ...`, `buf[t + 1].copy_(...)` or `out=buf[t + 1]`), or an
+      RNN cell (`nn.LSTMCell`, `nn.GRUCell`, `nn.RNNCell`, `nn.LSTM`...) or a module class of
+      the file consumes such a value. Input projections inside such loops are MAT105's.
+    - Weights that change between steps: an optimizer step or `.backward()` in the loop, a
+      function or `self.` method handed an optimizer or a loss (`train_step(loss, opt)`), an
+      operand or module the loop rebinds (`W = next(ws)`, `self.W = ...`), or an in-place
+      update of one (`self.w += ...`, `self.W.data.add_(...)`, `self.proj.weight.data -= ...`).
     - Chunked loops (`range(0, n, step)`, `x.split(...)`, `x[i:i + chunk]`): chunking bounds
       memory on purpose.
     - Items whose shapes may differ: iterating a list, `range(len(xs))` over something not known
@@ -173,6 +187,15 @@ class PythonLoopMatmul(GemmVisitor, Rule):
                 def forward(self, x):
                     return [self.q(x[:, t]) for t in range(x.size(1))]
             """, (7, 17), message_contains="`self.q(x)` and index dim 1"),
+        bad("""
+            import torch
+            def f(x: torch.Tensor, w: torch.Tensor):
+                a = [x[i, ...] @ w for i in range(x.size(0))]
+                b = [x.select(0, i) @ w for i in range(x.size(0))]
+                c = [x[..., i] @ w for i in range(x.size(-1))]  # which dim: not known
+                d = [x.select(dim=1, index=i) @ w for i in range(x.size(1))]
+                return a, b, c, d
+            """, (3, 10), (4, 10), (6, 10), message_contains="use one batched call: `x @ w`"),
         good("""
             import torch
             import d2l
@@ -282,6 +305,145 @@ class PythonLoopMatmul(GemmVisitor, Rule):
                     W.data += lr * torch.outer(x[i], x[i] @ W)
                 return W
             """),
+        bad("""
+            import torch
+            A = torch.randn(3, 5)
+            x = torch.randn(10, 5)
+            y = torch.randn(10, 5)
+            M = torch.randn(10, 4, 5)
+            out = torch.empty(10, 3)
+            for i in range(10):
+                out[i] = A @ x[i]
+            """, (8, 14), message_contains="use one call: `x @ A.T`"),
+        bad("""
+            import torch
+            x = torch.randn(10, 5)
+            y = torch.randn(10, 5)
+            a = [x[i] @ y[i] for i in range(10)]
+            """, (4, 6), message_contains="use one call: `(x * y).sum(-1)`"),
+        bad("""
+            import torch
+            y = torch.randn(10, 5)
+            M = torch.randn(10, 4, 5)
+            b = [M[i] @ y[i] for i in range(10)]
+            """, (4, 6), message_contains='`torch.einsum("bij,bj->bi", M, y)`'),
+        bad("""
+            import torch
+            def f(A: torch.Tensor, x: torch.Tensor, y: torch.Tensor):
+                return [A @ x[i] for i in range(x.size(0))]
+            """, (3, 13), message_contains="`A @ x` if each item of `x` is a matrix (with vector items, `x @ A.T` for a 2-D `A`)"),
+        bad("""
+            import torch
+            def f(A: torch.Tensor, x: torch.Tensor):
+                return [torch.mv(A, x[i]) for i in range(x.size(0))]
+            """, (3, 13), message_contains="use one call: `x @ A.T`"),
+        bad("""
+            import torch
+            def f(x: torch.Tensor, y: torch.Tensor):
+                return [torch.matmul(x[i], y[i]) for i in range(x.size(0))]
+            """, (3, 13), message_contains="`torch.matmul(x, y)` if each item is a matrix"),
+        good("""
+            import torch
+            def rollout(x0: torch.Tensor, W: torch.Tensor, T: int):
+                buf = x0.new_zeros(T + 1, *x0.shape)
+                buf[0] = x0
+                for t in range(T):
+                    buf[t + 1].copy_(torch.tanh(buf[t] @ W))
+                for t in range(T):
+                    torch.matmul(buf[t], W, out=buf[t + 1])
+                return buf
+            """),
+        good("""
+            import torch
+            from torch import nn
+            class Perceptron:
+                def fit(self, X: torch.Tensor, y: torch.Tensor):
+                    for i in range(X.shape[0]):
+                        pred = torch.sign(X[i] @ self.w)
+                        self.w += 0.1 * (y[i] - pred) * X[i]
+            class Hebb(nn.Module):
+                def learn(self, x: torch.Tensor, lr: float):
+                    for i in range(x.size(0)):
+                        y = x[i] @ self.W
+                        self.W.data.add_(lr * torch.outer(x[i], y))
+            class Sim(nn.Module):
+                def __init__(self, d, T):
+                    super().__init__()
+                    self.A = nn.Parameter(torch.eye(d))
+                    self.register_buffer("traj", torch.zeros(T, d))
+                def forward(self):
+                    for t in range(self.traj.size(0) - 1):
+                        self.traj[t + 1] = self.traj[t] @ self.A
+                    return self.traj
+            """),
+        good("""
+            import torch
+            from torch import nn
+            class RNN(nn.Module):
+                def forward(self, x: torch.Tensor):
+                    self.h = torch.zeros(x.size(1), x.size(2))
+                    for t in range(x.size(0)):
+                        self.h = torch.tanh(x[t] @ self.W_xh + self.h @ self.W_hh)  # MAT105's
+                    return self.h
+            class Dec(nn.Module):
+                def __init__(self, d):
+                    super().__init__()
+                    self.inp = nn.Linear(d, d)
+                    self.cell = nn.LSTMCell(d, d)
+                def forward(self, x):
+                    h = c = x.new_zeros(x.size(0), x.size(2))
+                    for t in range(x.size(1)):
+                        h, c = self.cell(self.inp(x[:, t]), (h, c))  # MAT105's
+                    return h
+            """),
+        good("""
+            import torch
+            def train(X: torch.Tensor, Y: torch.Tensor, w: torch.Tensor, opt):
+                for i in range(X.shape[0]):
+                    loss = ((X[i] @ w - Y[i]) ** 2).mean()
+                    train_step(loss, opt)
+            def train_step(loss, opt):
+                opt.zero_grad(); loss.backward(); opt.step()
+            class Learner:
+                def fit(self, X: torch.Tensor, w: torch.Tensor):
+                    for i in range(X.shape[0]):
+                        self.update(loss=(X[i] @ w).sum())
+            """),
+        bad("""
+            import torch
+            def evaluate(X: torch.Tensor, w: torch.Tensor):
+                for i in range(X.shape[0]):
+                    record(i, X[i] @ w)
+            """, (4, 19), message_contains="X @ w"),
+        good("""
+            import torch
+            from torch import nn
+            def per_step_weights(x: torch.Tensor, ws):
+                for i in range(x.size(0)):
+                    W = next(ws)
+                    y = x[i] @ W
+            class Online(nn.Module):
+                def __init__(self, d):
+                    super().__init__()
+                    self.proj = nn.Linear(d, d)
+                def learn(self, x: torch.Tensor, lr: float):
+                    for i in range(x.size(0)):
+                        y = self.proj(x[i])
+                        self.proj.weight.data -= lr * torch.outer(y, x[i])
+                def scheduled(self, x: torch.Tensor):
+                    for i in range(x.size(0)):
+                        self.W = self.bank[i % 4]
+                        y = x[i] @ self.W
+            """),
+        bad("""
+            import torch
+            class Cache:
+                def fill(self, x: torch.Tensor):
+                    for i in range(x.size(0)):
+                        self.out[i] = x[i] @ self.W  # written, never read back
+                        self.count += 1
+                        torch.nn.init.zeros_(self.tmp)
+            """, (5, 27), message_contains="x @ self.W"),
     ]
 
     gemms_in_loops_only = True
@@ -297,7 +459,16 @@ class PythonLoopMatmul(GemmVisitor, Rule):
             batched = [self._batched(loop, op, 0) if dep else None for op, dep in zip(gemm.operands, depends)]
             if any(dep and b is None for dep, b in zip(depends, batched)):
                 return
-            if self._is_recurrence(loop) or is_training_loop(self.ctx, loop):
+            # What is not the item must hold still: `W = next(ws)`, `self.W = ...`, `self.W.data.mul_()`
+            # or `self.proj.weight.data -= ...` in the loop give each step other weights.
+            fixed = [op for op, dep in zip(gemm.operands, depends) if not dep] + [b.base for b in batched if b]
+            if gemm.op == "nn.Linear":
+                fixed.append(node.func)
+            elif gemm.op == "linear":
+                fixed.extend(node.args[2:] + [k.value for k in node.keywords])
+            if any(loop.changes(expr) for expr in fixed):
+                return
+            if self._is_recurrence(loop) or updates_weights(self.ctx, loop):
                 return  # each step reads the last one's result, or the weights change between steps
             self.report(node, self._message(gemm, loop, batched))
             return
@@ -314,11 +485,39 @@ class PythonLoopMatmul(GemmVisitor, Rule):
                         gemm = as_gemm(self.ctx, sub) if isinstance(sub, (ast.BinOp, ast.Call)) else None
                         if gemm and any(loop.reads_carried(op) for op in gemm.operands):
                             cached = True
+                        elif (gemm is None and isinstance(sub, ast.Call) and sub.args
+                              and any(loop.reads_carried(a) for a in sub.args) and self._recurrent_module(sub.func)):
+                            cached = True  # `h, c = self.cell(x_t, (h, c))`
+                        if cached:
                             break
                     if cached:
                         break
             self.ctx.shared[key] = cached
         return cached
+
+    def _recurrent_module(self, func: ast.AST) -> bool:
+        """`func` is an RNN cell or layer of torch.nn (`self.cell` after `self.cell =
+        nn.LSTMCell(...)`, `cell` after `cell = nn.GRUCell(...)`), or a module class of this file:
+        called on the state, it multiplies the state by its weights."""
+        ctx = self.ctx
+        kind = _kinds.kind_of(ctx, func)
+        if kind == _kinds.USER_MODULE:
+            return True
+        if kind != _kinds.OTHER:
+            return False
+        if isinstance(func, ast.Attribute) and isinstance(func.value, ast.Name) and ctx.class_ is not None:
+            method = ctx.functions[0] if ctx.functions else None
+            params = method.args.posonlyargs + method.args.args if method is not None else []
+            if not params or func.value.id != params[0].arg:
+                return False
+            values = [value for _, value in _kinds.class_attribute_values(ctx, ctx.class_, func.attr)]
+        elif isinstance(func, ast.Name) and ctx.function is not None:
+            assign = flow_of(ctx, ctx.function).reaching(func)
+            values = [assign.value] if assign is not None else []
+        else:
+            return False
+        return bool(values) and all(isinstance(v, ast.Call) and ctx.qualname(v.func) in _RECURRENT_MODULES
+                                    for v in values)
 
     def _index_var(self, loop: LoopInfo, name: str) -> bool:
         """`name` walks 0..n-1 one step at a time: a plain range/enumerate counter or a while counter."""
@@ -359,9 +558,21 @@ class PythonLoopMatmul(GemmVisitor, Rule):
                     dim, found, index = pos, found + 1, elem.id
                 elif isinstance(elem, ast.Slice) and elem.lower is None and elem.upper is None and elem.step is None:
                     continue
+                elif isinstance(elem, ast.Constant) and elem.value is Ellipsis and found:
+                    continue  # `x[i, ...]`; before the index it would hide which dim the loop walks
                 else:
                     return None
             return _Batched(base, dim, True, index) if found == 1 else None
+        if (isinstance(op, ast.Call) and isinstance(op.func, ast.Attribute) and op.func.attr == "select"
+                and not loop.depends_on_iteration(op.func.value) and self._tensor_base(op.func.value)):
+            # `x.select(0, i)`, `x.select(dim=1, index=i)`
+            given = dict(zip(("dim", "index"), op.args))
+            given.update((k.arg, k.value) for k in op.keywords)
+            dim, index = given.get("dim"), given.get("index")
+            if (len(given) == 2 and isinstance(dim, ast.Constant) and type(dim.value) is int and dim.value >= 0
+                    and isinstance(index, ast.Name) and self._index_var(loop, index.id)):
+                return _Batched(op.func.value, dim.value, True, index.id)
+            return None
         if isinstance(op, ast.Name):
             if op.id in loop.targets:
                 source = self._iterated_tensor(loop, op.id)
@@ -472,12 +683,10 @@ class PythonLoopMatmul(GemmVisitor, Rule):
                     f"(a linear layer maps the last dim over any leading dims)")
         if len(ops) != 2 or not dim0:
             return generic
-        a, b = items
+        a, b = [text if isinstance(op, _ATOMS) else f"({text})"
+                for text, op in zip(items, [bt.base if bt else op for bt, op in zip(batched, ops)])]
         if gemm.op in ("@", "matmul", "mm", "bmm"):
-            if len(present) == 2:
-                call = "torch.bmm" if gemm.op == "mm" else "torch.matmul"
-                return f"use one batched call: `{call}({a}, {b})`"
-            return f"use one batched call: `{a} @ {b}` (matmul broadcasts over the batch dim)"
+            return self._matmul_suggestion(gemm.op, batched, ops, a, b) or generic
         if gemm.op in ("dot", "inner") and len(present) == 2:
             return f"use one call: `({a} * {b}).sum(-1)`"
         if gemm.op == "mv":
@@ -485,7 +694,51 @@ class PythonLoopMatmul(GemmVisitor, Rule):
                 return f'use one call: `torch.einsum("bij,bj->bi", {a}, {b})`'
             if batched[0] is not None:
                 return f'use one call: `torch.einsum("bij,j->bi", {a}, {b})`'
+            return f"use one call: `{b} @ {a}.T`"
         return generic
+
+    def _matmul_suggestion(self, op: str, batched, ops, a: str, b: str) -> Optional[str]:
+        """The batched call for `a[i] @ b[i]`, `a[i] @ b` or `a @ b[i]`. `matmul` treats a 1-D
+        operand as a vector, not as a batch of scalars: `A @ x[i]` over vectors `x[i]` is
+        `x @ A.T`, not `A @ x`. `mm` and `bmm` take matrices only."""
+        left, right = batched
+        if left is not None and right is not None:
+            if op in ("mm", "bmm"):
+                return f"use one batched call: `{'torch.bmm' if op == 'mm' else 'torch.matmul'}({a}, {b})`"
+            ranks = (self._item_rank(left), self._item_rank(right))
+            if ranks == (1, 1):
+                return f"use one call: `({a} * {b}).sum(-1)`"
+            if ranks == (2, 1):
+                return f'use one call: `torch.einsum("bij,bj->bi", {a}, {b})`'
+            if ranks == (1, 2):
+                return f'use one call: `torch.einsum("bj,bjk->bk", {a}, {b})`'
+            if None in ranks:
+                return (f"use one batched call: `torch.matmul({a}, {b})` if each item is a matrix "
+                        f"(with vector items, `torch.einsum` with a batch index)")
+            return f"use one batched call: `torch.matmul({a}, {b})`" if min(ranks) >= 2 else None
+        broadcast = f"use one batched call: `{a} @ {b}` (matmul broadcasts over the batch dim)"
+        fixed = shape_of(self.ctx, ops[1] if left is not None else ops[0])
+        if fixed is not None and fixed.rank is not None and fixed.rank > 2:
+            return None  # its own batch dims would meet the loop's
+        if left is not None or op in ("mm", "bmm"):
+            return broadcast
+        rank = self._item_rank(right)
+        if rank is not None and rank >= 2:
+            return broadcast
+        if fixed is not None and fixed.rank == 1:
+            vector_form = f"`{b} @ {a}`"
+        elif fixed is not None and fixed.rank == 2:
+            vector_form = f"`{b} @ {a}.T`"
+        else:
+            vector_form = f"`{b} @ {a}.T` for a 2-D `{a}`"
+        if rank == 1:
+            return f"use one call: {vector_form}"
+        return (f"use one batched call: `{a} @ {b}` if each item of `{b}` is a matrix "
+                f"(with vector items, {vector_form})")
+
+    def _item_rank(self, item: _Batched) -> Optional[int]:
+        shape = shape_of(self.ctx, item.base)
+        return shape.rank - 1 if shape is not None and shape.rank else None
 
     @staticmethod
     def _batched_einsum(subscripts: Optional[str], batched) -> Optional[str]:

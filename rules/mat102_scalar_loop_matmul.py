@@ -1,4 +1,4 @@
-"""MAT102 scalar-loop-matmul: a matrix product computed one scalar at a time in a triple loop."""
+"""MAT102 scalar-loop-matmul: a matrix (or batched, or matrix-vector) product computed one scalar at a time in nested loops."""
 from __future__ import annotations
 
 import ast
@@ -8,6 +8,7 @@ from matlint.rule import Only, Rule, bad, good
 
 from . import _kinds
 from ._loops import loaded_names
+from ._shapes import shape_of
 
 
 def _range_var(loop) -> Optional[str]:
@@ -25,31 +26,52 @@ def _range_var(loop) -> Optional[str]:
 
 
 def _indices(expr: ast.AST):
-    """(base, [index names]) for `A[i][k]` or `A[i, k]`, else None."""
+    """(base, [index names]) for `x[k]`, `A[i][k]`, `A[i, k]`, `A[b][i][k]`, `A[b, i, k]`, else None."""
     if not isinstance(expr, ast.Subscript):
         return None
     if isinstance(expr.slice, ast.Tuple):
         elts = expr.slice.elts
-        if len(elts) == 2 and all(isinstance(e, ast.Name) for e in elts):
+        if len(elts) in (2, 3) and all(isinstance(e, ast.Name) for e in elts):
             return expr.value, [e.id for e in elts]
         return None
-    inner = expr.value
-    if isinstance(expr.slice, ast.Name) and isinstance(inner, ast.Subscript) and isinstance(inner.slice, ast.Name):
-        return inner.value, [inner.slice.id, expr.slice.id]
-    return None
+    names = []
+    while isinstance(expr, ast.Subscript) and isinstance(expr.slice, ast.Name) and len(names) < 3:
+        names.append(expr.slice.id)
+        expr = expr.value
+    if isinstance(expr, ast.Subscript) or not names:
+        return None
+    return expr, names[::-1]
+
+
+def _factors(expr: ast.AST) -> list:
+    """The factors of a product `a * b * c`, in order."""
+    if isinstance(expr, ast.BinOp) and isinstance(expr.op, ast.Mult):
+        return _factors(expr.left) + _factors(expr.right)
+    return [expr]
+
+
+_ATOMS = (ast.Name, ast.Attribute, ast.Call, ast.Constant, ast.Subscript)
+
+
+def _operand(text: str, expr: ast.AST) -> str:
+    return text if isinstance(expr, _ATOMS) else f"({text})"
 
 
 class ScalarLoopMatmul(Rule):
     code = "MAT102"
     name = "scalar-loop-matmul"
-    summary = "A matrix product computed element by element in a Python triple loop; `A @ B` does it in one call."
+    summary = "A matrix (or matrix-vector) product computed element by element in nested Python loops; `A @ B` does it in one call."
     docs = """
     ## What it does
     Flags three nested `for ... in range(...)` loops whose body accumulates a product of two
     tensor elements into a third: `C[i][j] += A[i][k] * B[k][j]` (also `C[i, j] += ...`,
     `C[i][j] = C[i][j] + ...`, and a scalar accumulator `s += A[i, k] * B[k, j]` stored to
     `C[i, j] = s` after the innermost loop), in any loop order and with either operand
-    transposed (`A[k][i]`). The message gives the single call, `A @ B` or the `einsum`.
+    transposed (`A[k][i]`), also scaled by factors the same for every term
+    (`alpha * A[i, k] * B[k, j]`). The same holds for a batched product in four loops whose
+    batch counter leads every index (`C[b, i, j] += A[b, i, k] * B[b, k, j]`) and for a
+    matrix-vector product in two (`y[i] += A[i, k] * x[k]`). The message gives the single call
+    (`C += alpha * A @ B`, `y += A @ x`, `C += A.mT @ B`).
 
     ## Why is this bad?
     Every scalar multiply-add is a Python operation plus, on tensors, a dispatch and a
@@ -70,10 +92,14 @@ class ScalarLoopMatmul(Rule):
     ```
 
     ## Stays quiet on
-    - Loops that are not three plain `range` counters over whole dims (`range(0, n, step)`
-      tiles, `range(1, n)`, a bound that reads another counter as in `range(i + 1)`, loops over
-      lists), sums added under an `if`, scalar accumulators not reset to 0 for each element, sums whose indices do not form a product (`A[i][k] * B[i][k]`, `A[i][j] * B[j][k]`
-      into `C[i][k]` with `j` not a loop counter).
+    - Loops that are not plain `range` counters over whole dims (`range(0, n, step)` tiles,
+      `range(1, n)`, a bound that reads another counter as in `range(i + 1)`, loops over
+      lists), sums added under an `if`, scalar accumulators not reset to 0 for each element,
+      sums whose indices do not form a product (`A[i][k] * B[i][k]`, `A[i][j] * B[j][k]` into
+      `C[i][k]` with `j` not a loop counter, a batch index that does not lead), factors that
+      change from term to term (`w[i] * A[i, k] * x[k]`, a value computed in the loops), and
+      an operand of a known rank other than its index count (`W[i, k]` of a 3-D `W`).
+    - Single loops (`s += a[i] * b[i]`): the batched call depends on ranks it cannot see.
     - Operands not known to be tensors: Python lists of lists and numpy arrays (textbook code
       about loops), names of unknown kind.
 
@@ -115,6 +141,78 @@ class ScalarLoopMatmul(Rule):
                     for j in range(0, 8):
                         out[i, j] = out[i, j] + y[k, j] * x[i, k]
             """, (5, 1), message_contains="out += x @ y"),
+        bad("""
+            import torch
+            def bmm(A: torch.Tensor, B: torch.Tensor):
+                b, n, p = A.shape
+                m = B.shape[2]
+                C = torch.zeros(b, n, m)
+                for bi in range(b):
+                    for i in range(n):
+                        for j in range(m):
+                            for k in range(p):
+                                C[bi, i, j] += A[bi, k, i] * B[bi, k, j]
+                return C
+            """, (6, 5), message_contains="a batched matrix product computed one element at a time in nested "
+                                          "Python loops; use one call: `C += A.mT @ B`"),
+        bad("""
+            import torch
+            def gemm(A: torch.Tensor, B: torch.Tensor, C: torch.Tensor, alpha: float, beta: float):
+                n, p = A.shape
+                for i in range(n):
+                    for j in range(B.shape[1]):
+                        for k in range(p):
+                            C[i, j] += (1 - beta) * alpha * A[i, k] * B[k, j]
+                return C
+            """, (4, 5), message_contains="`C += (1 - beta) * alpha * A @ B`"),
+        bad("""
+            import torch
+            def matvec(A: torch.Tensor, x: torch.Tensor):
+                n, m = A.shape
+                y = torch.zeros(n)
+                for i in range(n):
+                    for k in range(m):
+                        y[i] += A[i, k] * x[k]
+                return y
+            def vecmat(x: torch.Tensor, B: torch.Tensor):
+                y = torch.zeros(B.shape[1])
+                for j in range(B.shape[1]):
+                    s = 0.0
+                    for k in range(B.shape[0]):
+                        s += x[k] * B[k, j]
+                    y[j] = s
+                return y
+            """, (5, 5), (11, 5), message_contains="a matrix-vector product computed one element at a time in "
+                                                   "nested Python loops; use one call: `y = B.T @ x`"),
+        good("""
+            import torch
+            def f(A: torch.Tensor, B: torch.Tensor, x: torch.Tensor, w: torch.Tensor, n: int, m: int):
+                C = torch.zeros(n, n, n)
+                y = torch.zeros(n)
+                for i in range(n):
+                    for k in range(m):
+                        y[i] += w[i] * A[i, k] * x[k]  # a per-row weight
+                for i in range(n):
+                    for k in range(m):
+                        scale = 1.0 / (k + 1)
+                        y[i] += scale * A[i, k] * x[k]
+                for i in range(n):
+                    for k in range(m):
+                        y[i] += A[i, k] * x[i]  # not a product over k
+                for i in range(n):
+                    for b in range(n):
+                        for j in range(n):
+                            for k in range(n):
+                                C[i, b, j] += A[b, i, k] * B[b, k, j]  # the batch index is not C's first
+                return C, y
+            def attention_like(W: torch.Tensor, v: torch.Tensor, n: int, K: int):
+                W = torch.randn(n, K, 16)
+                out = torch.zeros(n, 16)
+                for i in range(n):
+                    for k in range(K):
+                        out[i] += W[i, k] * v[k]  # W[i, k] is a row of a 3-D W
+                return out
+            """),
         good("""
             import torch
             def f(A, B, n):
@@ -184,11 +282,11 @@ class ScalarLoopMatmul(Rule):
     only = {"visit_AugAssign": Only(in_loops=True), "visit_Assign": Only(in_loops=True)}
 
     def visit_AugAssign(self, node: ast.AugAssign) -> None:
-        if isinstance(node.op, ast.Add) and len(self.ctx.loops) >= 3:
+        if isinstance(node.op, ast.Add) and len(self.ctx.loops) >= 2:
             self._check(node.target, node.value, node)
 
     def visit_Assign(self, node: ast.Assign) -> None:
-        if len(node.targets) != 1 or len(self.ctx.loops) < 3:
+        if len(node.targets) != 1 or len(self.ctx.loops) < 2:
             return
         value = node.value
         if isinstance(value, ast.BinOp) and isinstance(value.op, ast.Add):
@@ -199,52 +297,105 @@ class ScalarLoopMatmul(Rule):
                 self._check(node.targets[0], value.left, node)
 
     def _check(self, target: ast.AST, value: ast.AST, stmt: ast.AST) -> None:
-        loops = self.ctx.loops[-3:]
-        counters = [_range_var(loop) for loop in loops]
-        if None in counters or len(set(counters)) != 3:
-            return
-        if any(loaded_names(loop.node.iter) & set(counters) for loop in loops):
-            return  # `range(i + 1)`: a triangular sum, not the whole product
-        if stmt not in loops[2].node.body:
-            return  # under an `if` in the innermost loop: not every term is added
+        """`out[i, j] += A[i, k] * B[k, j]` (and scaled: `alpha * A[i, k] * B[k, j]`) where the
+        innermost loops count every index: one more loop than `out` has indices (`k`, summed
+        out). With one index, a matrix-vector product (`y[i] += A[i, k] * x[k]`); with three, a
+        batched product whose batch counter leads every index (`C[b, i, j] += A[b, i, k] * B[b, k, j]`)."""
         if not (isinstance(value, ast.BinOp) and isinstance(value.op, ast.Mult)):
             return
-        left, right = _indices(value.left), _indices(value.right)
-        if left is None or right is None:
+        indexed, scales = [], []
+        for factor in _factors(value):
+            found = _indices(factor)
+            (indexed if found is not None else scales).append(found or factor)
+        if len(indexed) != 2:
             return
+        left, right = indexed
         if isinstance(target, ast.Name):
-            out = self._stored_accumulator(target.id, loops)
+            out = self._stored_accumulator(target.id)
         else:
             out = _indices(target)
         if out is None:
             return
-        out_base, (row, col) = out
-        if row == col or not {row, col} <= set(counters):
+        out_base, out_names = out
+        loops = self.ctx.loops[-(len(out_names) + 1):]
+        if len(loops) != len(out_names) + 1:
             return
-        inner = (set(counters) - {row, col}).pop()
-        if not self._tensors(out_base, left[0], right[0]):
+        counters = [_range_var(loop) for loop in loops]
+        if None in counters or len(set(counters)) != len(counters):
             return
-        # Put the operand holding the output row first.
-        if row not in left[1]:
+        if any(loaded_names(loop.node.iter) & set(counters) for loop in loops):
+            return  # `range(i + 1)`: a triangular sum, not the whole product
+        if stmt not in loops[-1].node.body:
+            return  # under an `if` in the innermost loop: not every term is added
+        roles = self._roles(out_names, left[1], right[1], set(counters))
+        if roles is None:
+            return
+        batch, row, col, inner = roles
+        # Scale factors: the same for every term (no counter, nothing the loops assign).
+        varying = set(counters) | loops[0].assigned
+        if any(loaded_names(f) & varying or any(isinstance(n, ast.Subscript) for n in ast.walk(f)) for f in scales):
+            return
+        if not self._tensors(out_base, left[0], right[0]) or not self._elements(left, right):
+            return
+        # The operand holding the output row (or, for a vector output, the matrix) goes first.
+        if row is not None and row not in left[1] or row is None and len(left[1]) < len(right[1]):
             left, right = right, left
-        if sorted(left[1]) != sorted([row, inner]) or sorted(right[1]) != sorted([inner, col]):
-            return
         key = ("mat102", id(loops[0].node))
         if key in self.ctx.shared:
             return
         self.ctx.shared[key] = True
         seg = self.ctx.segment
-        a = seg(left[0]) + (".T" if left[1] == [inner, row] else "")
-        b = seg(right[0]) + (".T" if right[1] == [col, inner] else "")
+        flip = ".mT" if batch else ".T"
+        a = _operand(seg(left[0]), left[0]) + (flip if left[1][-1] != inner else "")
+        b = _operand(seg(right[0]), right[0]) + (flip if len(right[1]) > 1 and right[1][-2] != inner else "")
+        scale = "".join(f"{_operand(seg(f), f)} * " for f in scales)
         assign = "=" if isinstance(target, ast.Name) else "+="
+        what = {1: "a matrix-vector product", 2: "a matrix product", 3: "a batched matrix product"}[len(out_names)]
         first = loops[0].node
-        self.report(first, f"a matrix product computed one element at a time in a Python triple loop; use one call: "
-                           f"`{seg(out_base)} {assign} {a} @ {b}`", end_node=first.iter)
+        self.report(first, f"{what} computed one element at a time in nested Python loops; use one call: "
+                           f"`{seg(out_base)} {assign} {scale}{a} @ {b}`", end_node=first.iter)
 
-    def _stored_accumulator(self, name: str, loops):
-        """`s += ...` in the innermost loop, and `C[i][j] = s` right after it in the middle loop."""
-        innermost = loops[2].node
-        body = loops[1].node.body
+    @staticmethod
+    def _roles(out: list, left: list, right: list, counters: set):
+        """(batch, row, col, inner) counters when `out += left * right` is a (batched) matrix
+        product or a matrix-vector product over exactly the loops' counters, else None. `row`
+        or `col` is None for a vector output."""
+        if len(set(left)) != len(left) or len(set(right)) != len(right) or len(set(out)) != len(out):
+            return None
+        if set(out) | set(left) | set(right) != counters:
+            return None
+        batch = None
+        if len(out) == 3:
+            batch = out[0]
+            if left[0] != batch or right[0] != batch or len(left) != 3 or len(right) != 3:
+                return None
+            out, left, right = out[1:], left[1:], right[1:]
+        inner = (set(left) & set(right)) - set(out)
+        if len(inner) != 1:
+            return None
+        inner = inner.pop()
+        if len(out) == 2:
+            row, col = out
+            if len(left) != 2 or len(right) != 2:
+                return None
+            if row in right:
+                left, right = right, left
+            if sorted(left) != sorted([row, inner]) or sorted(right) != sorted([inner, col]):
+                return None
+            return batch, row, col, inner
+        # A vector output `y[i]`: one operand is the matrix `A[i, k]` (or `A[k, i]`), the other `x[k]`.
+        (row,) = out
+        matrix, vector = (left, right) if len(left) == 2 else (right, left)
+        if vector != [inner] or sorted(matrix) != sorted([row, inner]):
+            return None
+        return None, row, None, inner
+
+    def _stored_accumulator(self, name: str):
+        """`s += ...` in the innermost loop, started from 0 just before it, and `C[i][j] = s`
+        right after it in the enclosing loop: (C, [i, j])."""
+        loops = self.ctx.loops
+        innermost = loops[-1].node
+        body = loops[-2].node.body
         if innermost not in body:
             return None
         before = body[:body.index(innermost)]
@@ -257,6 +408,16 @@ class ScalarLoopMatmul(Rule):
                     and stmt.value.id == name):
                 return _indices(stmt.targets[0])
         return None
+
+    def _elements(self, *operands) -> bool:
+        """The matrix operands' indices pick single elements: a matrix of a known rank other
+        than its index count (`A[i, k]` of a 3-D `A` is a vector) makes another product."""
+        for base, names in operands:
+            if len(names) > 1:
+                shape = shape_of(self.ctx, base)
+                if shape is not None and shape.rank is not None and shape.rank != len(names):
+                    return False
+        return True
 
     def _tensors(self, *bases) -> bool:
         kinds = [_kinds.kind_of(self.ctx, b) for b in bases]

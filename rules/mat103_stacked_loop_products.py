@@ -19,17 +19,34 @@ _JOINS = {"torch.stack": "stack", "torch.cat": "cat", "torch.concat": "cat", "to
 _LIST_CHANGES = frozenset({"append", "extend", "insert", "reverse", "sort", "pop", "remove", "clear"})
 
 
+def _stack_dim(node: ast.Call) -> Optional[int]:
+    """The literal dim of `torch.stack(items)` (0), `torch.stack(items, 1)`, `torch.stack(items, dim=1)`;
+    None for a negative, computed or unusual one."""
+    if len(node.args) > 2 or any(k.arg != "dim" for k in node.keywords):
+        return None
+    given = node.args[1:] + [k.value for k in node.keywords]
+    if not given:
+        return 0
+    dim = given[0]
+    if len(given) == 1 and isinstance(dim, ast.Constant) and type(dim.value) is int and dim.value >= 0:
+        return dim.value
+    return None
+
+
 class StackedLoopProducts(Rule):
     code = "MAT103"
     name = "stacked-loop-products"
     summary = "Per-item multiply-and-sum products collected in a list and stacked; one broadcasted call or einsum computes them all."
     docs = """
     ## What it does
-    Flags `torch.stack`/`torch.cat` of a list built one item at a time (a comprehension, or a
-    loop appending to the list) when each item is a contraction written out by hand: an
+    Flags `torch.stack`/`torch.cat` of a list built one item at a time (a comprehension, also
+    inside `tuple(...)`, or a `for` or `while` loop appending to the list) when each item is a contraction written out by hand: an
     elementwise product summed over some dims, `(x[i] * w).sum(-1)`, `torch.sum(a[i] * b[i], dim=-1)`,
     where the factors are the loop's slice of a tensor (`x[i]`, `x[:, i]`, `for xi in x`) and
-    values fixed across the loop. When it can, the message spells out the single call.
+    values fixed across the loop. The message spells out the single call where it is exact:
+    the loop takes every item from the first (`range(n)`, not `range(1, n)` or a `while`
+    counter) and the items are stacked along the dim they were taken from (`x[i]` with `dim=0`,
+    `x[:, h]` with `dim=1`); otherwise it describes the rewrite.
 
     This rule and MAT101 split the work: a loop whose items are GEMMs (`@`, `matmul`, `bmm`,
     `einsum`, `dot`, `nn.Linear`...) is MAT101's, which reports each GEMM; MAT103 stays quiet on
@@ -57,7 +74,8 @@ class StackedLoopProducts(Rule):
       out (`x[i] * w` alone, `f(x[i])`).
     - Items of lists (their shapes may differ), chunked loops, numpy arrays, names of unknown kind.
     - Recurrences (an item depends on the previous one, also through a name: `prev = buf[i]`
-      where the loop writes `buf[i + 1]`), lists that get other appends or changes too
+      where the loop writes `buf[i + 1]`, or an attribute: `self.prev` read, then rebound),
+      factors the loop rebinds or changes in place (`self.scale = x[i]`), lists that get other appends or changes too
       (`out.reverse()`, `out[0] = ...`), appends under an `if` (filtered items), and loops
       with `break`, `continue`, `return` or `raise`.
 
@@ -96,6 +114,50 @@ class StackedLoopProducts(Rule):
                     out.append(s)
                 return torch.stack(out), torch.stack([torch.mul(q[i], k[i]).sum(-1) for i in range(n)])
             """, (7, 12), (7, 30)),
+        bad("""
+            import torch
+            def f(q: torch.Tensor, k: torch.Tensor):
+                a = torch.stack([(q[i] * k[i]).sum(dim=-1) for i in range(q.size(0))], dim=0)
+                b = torch.stack(tuple((q[i] * k[i]).sum(-1) for i in range(q.size(0))))
+                c = torch.stack([(q[:, h] * k[:, h]).sum(-1) for h in range(q.size(1))], dim=1)
+                return a, b, c
+            """, (3, 9), (4, 9), (5, 9), message_contains="use one call over all items: `(q * k).sum(dim=-1)`"),
+        bad("""
+            import torch
+            def f(q: torch.Tensor, k: torch.Tensor):
+                return torch.stack(tuple((q[i] * k[i]).sum(-1) for i in range(q.size(0))))
+            """, (3, 12), message_contains="use one call over all items: `(q * k).sum(-1)`"),
+        bad("""
+            import torch
+            def f(q: torch.Tensor, k: torch.Tensor):
+                return torch.stack([(q[:, h] * k[:, h]).sum(-1) for h in range(q.size(1))], dim=1)
+            """, (3, 12), message_contains="use one call over all items: `(q * k).sum(-1)`"),
+        bad("""
+            import torch
+            def f(q: torch.Tensor, k: torch.Tensor):
+                out = []
+                i = 0
+                while i < q.size(0):
+                    out.append((q[i] * k[i]).sum(-1))
+                    i += 2
+                return torch.stack(out), torch.stack([(q[i] * k[i]).sum(-1) for i in range(1, q.size(0))])
+            """, (8, 12), (8, 30), message_contains="multiply the whole tensors once with the item dim kept"),
+        good("""
+            import torch
+            class Lagged:
+                def f(self, x: torch.Tensor, w: torch.Tensor):
+                    out = []
+                    for i in range(x.size(0)):
+                        out.append((self.prev * w[i]).sum(-1))  # the step before's x[i]
+                        self.prev = x[i]
+                    return torch.stack(out)
+                def g(self, x: torch.Tensor, w: torch.Tensor):
+                    out = []
+                    for i in range(x.size(0)):
+                        self.scale = x[i]
+                        out.append((self.scale * w[i]).sum(-1))
+                    return torch.stack(out)
+            """),
         good("""
             import torch
             def lagged(q: torch.Tensor, k: torch.Tensor, n):
@@ -180,6 +242,10 @@ class StackedLoopProducts(Rule):
         if not function_may_mention(self.ctx, function if function is not None else self.ctx.tree, ("sum",)):
             return  # no item can be `(...).sum(...)` or `torch.sum(...)`: skip the loop analyses
         listed = node.args[0]
+        if (isinstance(listed, ast.Call) and isinstance(listed.func, ast.Name) and listed.func.id in ("tuple", "list")
+                and len(listed.args) == 1 and not listed.keywords and self.ctx.qualname(listed.func) is None
+                and isinstance(listed.args[0], (ast.ListComp, ast.GeneratorExp))):
+            listed = listed.args[0]  # `torch.stack(tuple(... for i in range(n)))`
         if isinstance(listed, ast.Name):
             value = self._single_value(listed.id)
             listed = value if isinstance(value, ast.ListComp) else listed
@@ -204,14 +270,14 @@ class StackedLoopProducts(Rule):
         product = self._product_sum(item)  # syntax only: first, it rules out most items
         if product is None:
             return
-        if loop.carried_all & loaded_names(item):
+        if loop.reads_carried(item):
             return
         if any(as_gemm(self.ctx, sub) for sub in walk_no_scopes(item) if isinstance(sub, (ast.BinOp, ast.Call))):
             return
         factors, rebuild, dims = product
         slices = []
         for factor in factors:
-            if loop.depends_on_iteration(factor) or (loaded_names(factor) & loop.assigned):
+            if loop.depends_on_iteration(factor) or loop.changes(factor):
                 batched = self._per_item(loop, factor)
                 if batched is None:
                     return
@@ -222,7 +288,7 @@ class StackedLoopProducts(Rule):
             return
         self.report(node, f"each item is a product summed out by hand, computed one item at a time and "
                           f"{'stacked' if join == 'stack' else 'concatenated'}: "
-                          f"{self._suggestion(join, node, dims, factors, slices, rebuild)}")
+                          f"{self._suggestion(join, node, dims, factors, slices, rebuild, loop)}")
 
     def _per_item(self, loop: LoopInfo, factor: ast.AST):
         if isinstance(factor, ast.Name) and factor.id not in loop.targets:
@@ -261,6 +327,17 @@ class StackedLoopProducts(Rule):
         dims = positional[:1] + [k.value for k in item.keywords if k.arg == "dim"]
         return factors, rebuild, dims
 
+    def _takes_every_item(self, loop: LoopInfo) -> bool:
+        """The loop walks its items from the first: `range(n)`, `range(0, n)`, `for xi in x`,
+        `enumerate(x)` (not `range(1, n)`, nor a `while` counter whose start and step are not read)."""
+        it = loop.iter
+        if it is None:
+            return False
+        if isinstance(it, ast.Call) and isinstance(it.func, ast.Name) and it.func.id == "range":
+            return len(it.args) == 1 or (len(it.args) == 2 and isinstance(it.args[0], ast.Constant)
+                                         and it.args[0].value == 0)
+        return True
+
     @staticmethod
     def _reduces_trailing_dims(dims: list) -> bool:
         """A sum over negative dims only: those name the same dims with or without the item dim."""
@@ -271,17 +348,18 @@ class StackedLoopProducts(Rule):
         return all(isinstance(e, ast.UnaryOp) and isinstance(e.op, ast.USub) and isinstance(e.operand, ast.Constant)
                    for e in elts)
 
-    def _suggestion(self, join, node, dims, factors, slices, rebuild) -> str:
+    def _suggestion(self, join, node, dims, factors, slices, rebuild, loop) -> str:
         seg = self.ctx.segment
         if not self._reduces_trailing_dims(dims):
             return "multiply the whole tensors once with the item dim kept (broadcasting or `torch.einsum`) and sum out the same dims"
-        exact = (join == "stack" and len(node.args) == 1 and not node.keywords
-                 and all(b.plain and b.dim == 0 for _, b in slices) and len(slices) == len(factors))
-        if exact:
+        # The items are stacked along the dim they were taken from, and every item is taken.
+        stack_dim = _stack_dim(node)
+        aligned = (join == "stack" and stack_dim is not None and self._takes_every_item(loop)
+                   and all(b.plain and b.dim == stack_dim for _, b in slices))
+        if aligned and len(slices) == len(factors):
             product = " * ".join(seg(b.base) for _, b in slices)
             return f"use one call over all items: `{rebuild(product)}`"
-        if (join == "stack" and len(node.args) == 1 and not node.keywords
-                and all(b.plain and b.dim == 0 for _, b in slices)):
+        if aligned and stack_dim == 0:
             whole = {id(f): seg(b.base) for f, b in slices}
             product = " * ".join(whole.get(id(f), seg(f)) for f in factors)
             return (f"use one broadcasted call over all items, e.g. `{rebuild(product)}` (check that the fixed "
@@ -308,7 +386,7 @@ class StackedLoopProducts(Rule):
                 elif cls is ast.Name:
                     if isinstance(sub.ctx, ast.Store):
                         stores[sub.id] = stores.get(sub.id, 0) + 1
-                elif cls is ast.For or cls is ast.AsyncFor:
+                elif cls is ast.For or cls is ast.AsyncFor or cls is ast.While:
                     loops.append(sub)
                 elif cls is ast.Call:
                     func = sub.func

@@ -8,19 +8,25 @@ from typing import Optional
 from matlint.rule import Only, Rule, bad, good
 
 from ._flow import flow_of
-from ._kinds import may_mention
+from ._kinds import class_attribute_values, may_mention
 from ._loops import bound_names, loaded_names
 from ._tree import walk
 
 _JOINS = {"torch.cat", "torch.concat", "torch.concatenate", "torch.stack"}
 _MODULE_LISTS = {"torch.nn.ModuleList"}
 _LINEAR = {"torch.nn.Linear"}
+_ATTENTION_CALLS = frozenset({"softmax", "log_softmax", "scaled_dot_product_attention", "Softmax"})
 
 
 def _self_attr(expr: ast.AST, self_name: str) -> Optional[str]:
     if isinstance(expr, ast.Attribute) and isinstance(expr.value, ast.Name) and expr.value.id == self_name:
         return expr.attr
     return None
+
+
+def _atomic(text: str, expr: ast.AST) -> str:
+    """`text` of `expr`, parenthesized where a product would bind into it (`n * (d + 1)`)."""
+    return text if isinstance(expr, (ast.Name, ast.Attribute, ast.Call, ast.Subscript, ast.Constant)) else f"({text})"
 
 
 def _params(fn) -> list:
@@ -38,6 +44,20 @@ def _range_stop(expr: ast.AST) -> Optional[ast.AST]:
 def _applied_alike(call: ast.Call, item: str) -> bool:
     """`call` has inputs and none of them reads `item` (the loop's head or index)."""
     return bool(call.args) and not any(item in loaded_names(a) for a in call.args + call.keywords)
+
+
+def _each_item(target: ast.AST, iterable: ast.AST, self_name: str):
+    """(attr, item, index) for `for h in self.attr` (index None) and `for i, h in
+    enumerate(self.attr)`, else None."""
+    if isinstance(target, ast.Name):
+        attr = _self_attr(iterable, self_name)
+        return (attr, target.id, None) if attr else None
+    if (isinstance(target, ast.Tuple) and len(target.elts) == 2 and all(isinstance(e, ast.Name) for e in target.elts)
+            and isinstance(iterable, ast.Call) and isinstance(iterable.func, ast.Name) and iterable.func.id == "enumerate"
+            and len(iterable.args) == 1):
+        attr = _self_attr(iterable.args[0], self_name)
+        return (attr, target.elts[1].id, target.elts[0].id) if attr else None
+    return None
 
 
 def _same_count(stop: str, count: Optional[str]) -> bool:
@@ -62,12 +82,16 @@ class PerHeadModules(Rule):
     docs = """
     ## What it does
     Flags `torch.cat`/`torch.stack` of the outputs of a `ModuleList`'s modules applied one by one
-    to the same input (`torch.cat([h(x) for h in self.heads], dim=-1)`, by index over all of them
-    `[self.heads[i](x) for i in range(len(self.heads))]`, or a loop appending `head(x)` to a list
-    that is then concatenated) when `__init__` built the list from one class
-    with the same arguments for every item (`nn.ModuleList([Head(d) for _ in range(n)])`, or a
-    loop of `append`s), and that class is `nn.Linear` or a class of the same file that holds
-    `nn.Linear` projections (an attention head).
+    to the same input (`torch.cat([h(x) for h in self.heads], dim=-1)`, also through
+    `enumerate(self.heads)`, by index over all of them `[self.heads[i](x) for i in
+    range(len(self.heads))]` or `range(self.n_heads)` when `__init__` stored its count parameter
+    there, or a loop appending `head(x)` to a list that is then concatenated) when `__init__`
+    built the list from one class with the same arguments for every item
+    (`nn.ModuleList([Head(d) for _ in range(n)])`, or a loop of `append`s), and that class is
+    `nn.Linear` or a class of the same file that holds `nn.Linear` projections. The advice
+    depends on the class: one wider `nn.Linear` for Linear items, a head dim for an attention
+    head (a class computing a softmax), stacked member weights (`torch.func.stack_module_state`
+    with `torch.vmap`, or batched GEMMs) for any other class, such as an ensemble of small models.
 
     ## Why is this bad?
     Each head runs its own small GEMMs (and softmax, and launches): `n_heads` times the kernels
@@ -96,10 +120,11 @@ class PerHeadModules(Rule):
       (`Block(i)`, `nn.Linear(dims[i], dims[i + 1])`): not identical.
     - Sequential use (`for layer in self.layers: x = layer(x)`) and heads given different inputs
       (`expert(x[idx])`, `h(x_i)`).
-    - Lists of classes from other files whose content it cannot see (ensembles of full models),
-      and lists not built in `__init__` of the same class.
+    - Lists of classes from other files whose content it cannot see (ensembles of full models
+      defined elsewhere), and lists not built in `__init__` of the same class.
     - Indexing over a range not known to cover every item (`range(k)` for a list built with
-      `range(n)`).
+      `range(n)`, `range(self.n_heads)` where `self.n_heads` is stored more than once or from a
+      changed local).
 
     ## Fix safety
     No automatic fix: the weights must be re-laid out into one module (checkpoints change).
@@ -239,6 +264,87 @@ class PerHeadModules(Rule):
                 def forward(self, x, n=1):
                     return torch.stack([self.heads[i](x) for i in range(n)])
             """),
+        bad("""
+            import torch
+            import torch.nn as nn
+            class Heads(nn.Module):
+                def __init__(self, d, h, n):
+                    super().__init__()
+                    self.heads = nn.ModuleList([nn.Linear(in_features=d, out_features=h) for _ in range(n)])
+                    self.more = nn.ModuleList([nn.Linear(d, h + 1, bias=False) for _ in range(n)])
+                def forward(self, x):
+                    a = torch.cat([h(x) for h in self.heads], -1)
+                    return a, torch.cat([m(x) for m in self.more], -1)
+            """, (9, 13), (10, 19), message_contains="`nn.Linear(in_features=d, out_features=n * h)`"),
+        bad("""
+            import torch
+            import torch.nn as nn
+            class Heads(nn.Module):
+                def __init__(self, d, h, n):
+                    super().__init__()
+                    self.more = nn.ModuleList([nn.Linear(d, h + 1, bias=False) for _ in range(n)])
+                def forward(self, x):
+                    return torch.cat([m(x) for m in self.more], -1)
+            """, (8, 16), message_contains="`nn.Linear(d, n * (h + 1), bias=False)`"),
+        bad("""
+            import torch
+            import torch.nn as nn
+            class Head(nn.Module):
+                def __init__(self, d, hs):
+                    super().__init__()
+                    self.q = nn.Linear(d, hs)
+                    self.k = nn.Linear(d, hs)
+                def forward(self, x):
+                    return torch.softmax(self.q(x) @ self.k(x).transpose(-2, -1), -1)
+            class MHA(nn.Module):
+                def __init__(self, d, n_heads):
+                    super().__init__()
+                    self.n_heads = n_heads
+                    self.heads = nn.ModuleList([Head(d, d // n_heads) for _ in range(n_heads)])
+                def forward(self, x):
+                    a = torch.cat([self.heads[i](x) for i in range(self.n_heads)], dim=-1)
+                    b = torch.cat([h(x) for i, h in enumerate(self.heads)], dim=-1)
+                    outs = []
+                    for i, head in enumerate(self.heads):
+                        outs.append(head(x))
+                    return a, b, torch.cat(outs, -1)
+            """, (16, 13), (17, 13), (21, 22), message_contains="attention batched over heads"),
+        good("""
+            import torch
+            import torch.nn as nn
+            class MHA(nn.Module):
+                def __init__(self, d, n_heads, keep=None):
+                    super().__init__()
+                    self.n_heads = n_heads
+                    self.heads = nn.ModuleList([nn.Linear(d, 8) for _ in range(n_heads)])
+                    self.k = keep or n_heads
+                    n_heads = n_heads // 2
+                    self.half = n_heads
+                    self.n2 = n_heads
+                def prune(self):
+                    self.n_heads -= 1
+                def forward(self, x):
+                    a = torch.cat([self.heads[i](x) for i in range(self.n_heads)], dim=-1)  # pruned
+                    b = torch.cat([self.heads[i](x) for i in range(self.half)], dim=-1)
+                    c = torch.cat([h(x[i]) for i, h in enumerate(self.heads)], dim=-1)
+                    return a, b, c
+            """),
+        bad("""
+            import torch
+            import torch.nn as nn
+            class QNet(nn.Module):
+                def __init__(self, obs, act, hidden=256):
+                    super().__init__()
+                    self.net = nn.Sequential(nn.Linear(obs + act, hidden), nn.ReLU(), nn.Linear(hidden, 1))
+                def forward(self, s, a):
+                    return self.net(torch.cat([s, a], -1))
+            class Critic(nn.Module):
+                def __init__(self, obs, act, n=10):
+                    super().__init__()
+                    self.qs = nn.ModuleList([QNet(obs, act) for _ in range(n)])
+                def forward(self, s, a):
+                    return torch.stack([q(s, a) for q in self.qs], dim=0)
+            """, (14, 16), message_contains="`torch.func.stack_module_state` with `torch.vmap`"),
     ]
 
     # The heads must be nn.Linear or a class of this file that holds one (`_holds_projections`).
@@ -262,20 +368,47 @@ class PerHeadModules(Rule):
             return
         module_call, count = built
         seg = self.ctx.segment
-        if stop is not None and not (_same_count(seg(stop), count) or _stop_is_len_of(stop, attr, self_name)):
+        if stop is not None and not (_same_count(seg(stop), count) or _stop_is_len_of(stop, attr, self_name)
+                                     or self._holds_count(cls, stop, self_name, count)):
             return  # `self.heads[i] for i in range(k)`: not known to apply every head
         kind = module_call.func
         if self.ctx.qualname(kind) in _LINEAR:
-            args = [seg(a) for a in module_call.args]
-            if len(args) >= 2:
-                args[1] = f"{count} * {args[1]}" if count else f"n * {args[1]}"
-            how = (f"one `{seg(kind)}({', '.join(args + [seg(k) for k in module_call.keywords])})` computes every "
+            width = module_call.args[1] if len(module_call.args) >= 2 else next(
+                (k.value for k in module_call.keywords if k.arg == "out_features"), None)
+            if width is None:
+                return
+            times = f"{count or 'n'} * {_atomic(seg(width), width)}"
+            args = [times if a is width else seg(a) for a in module_call.args] + [
+                f"out_features={times}" if k.value is width else seg(k) for k in module_call.keywords]
+            how = (f"one `{seg(kind)}({', '.join(args)})` computes every "
                    f"item at once (then `view` out the item dim)")
-        else:
+        elif self._is_attention(kind):
             how = ("hold the heads' weights in one module with a head dim (one projection to "
                    "`n_heads * head_size`, attention batched over heads) and run them in one call")
+        else:
+            how = ("hold the members' weights stacked along a member dim (batched GEMMs with `torch.bmm`/"
+                   "`torch.einsum`, or `torch.func.stack_module_state` with `torch.vmap`) and run all "
+                   "members in one call")
         self.report(node, f"`self.{attr}` holds identical `{seg(kind)}` modules applied one by one to the same "
                           f"input (`{call_text}`) and joined: {how}")
+
+    def _holds_count(self, cls: ast.ClassDef, stop: ast.AST, self_name: str, count: Optional[str]) -> bool:
+        """`range(self.n_heads)` where `__init__` built the list over `range(n_heads)` and
+        `self.n_heads = n_heads` is the one store of `self.n_heads` in the class, of the
+        unchanged parameter `n_heads`."""
+        attr = _self_attr(stop, self_name)
+        if attr is None or count is None or not count.isidentifier():
+            return False
+        values = class_attribute_values(self.ctx, cls, attr)
+        if len(values) != 1:
+            return False
+        method, value = values[0]
+        if method.name != "__init__" or not (isinstance(value, ast.Name) and value.id == count):
+            return False
+        if count not in {a.arg for a in _params(method) + method.args.kwonlyargs}:
+            return False
+        return not any(isinstance(n, ast.Name) and n.id == count and not isinstance(n.ctx, ast.Load)
+                       for n in ast.walk(method))
 
     def _applied_heads(self, joined: ast.AST, fn, self_name: str):
         """(attr, call, stop) for `[h(x) for h in self.attr]` (inline or through a name), a list
@@ -283,11 +416,16 @@ class PerHeadModules(Rule):
         (stop None where every item is applied by construction)."""
         if isinstance(joined, (ast.ListComp, ast.GeneratorExp)) and len(joined.generators) == 1:
             gen = joined.generators[0]
-            if gen.ifs or gen.is_async or not isinstance(gen.target, ast.Name):
+            if gen.ifs or gen.is_async:
                 return None
-            attr = _self_attr(gen.iter, self_name)
-            if attr and self._same_input_call(joined.elt, gen.target.id):
-                return attr, self.ctx.segment(joined.elt), None
+            head = _each_item(gen.target, gen.iter, self_name)
+            if head is not None:
+                attr, item, index = head
+                if self._same_input_call(joined.elt, item, index):
+                    return attr, self.ctx.segment(joined.elt), None
+                return None
+            if not isinstance(gen.target, ast.Name):
+                return None
             stop = _range_stop(gen.iter)
             elt = joined.elt
             if (stop is not None and isinstance(elt, ast.Call) and isinstance(elt.func, ast.Subscript)
@@ -304,7 +442,7 @@ class PerHeadModules(Rule):
         if found is None:
             loops, comprehensions = [], set()
             for stmt in walk(fn):
-                if isinstance(stmt, ast.For) and isinstance(stmt.target, ast.Name) and len(stmt.body) == 1:
+                if isinstance(stmt, ast.For) and len(stmt.body) == 1 and _each_item(stmt.target, stmt.iter, self_name):
                     loops.append(stmt)
                 elif isinstance(stmt, ast.Assign) and isinstance(stmt.value, (ast.ListComp, ast.GeneratorExp)):
                     comprehensions.update(t.id for t in stmt.targets if isinstance(t, ast.Name))
@@ -315,19 +453,19 @@ class PerHeadModules(Rule):
             if assign is not None and isinstance(assign.value, (ast.ListComp, ast.GeneratorExp)):
                 return self._applied_heads(assign.value, fn, self_name)
         for stmt in loops:
-            attr = _self_attr(stmt.iter, self_name)
+            attr, item, index = _each_item(stmt.target, stmt.iter, self_name)
             call = stmt.body[0].value if isinstance(stmt.body[0], ast.Expr) else None
-            if (attr and isinstance(call, ast.Call) and isinstance(call.func, ast.Attribute)
+            if (isinstance(call, ast.Call) and isinstance(call.func, ast.Attribute)
                     and call.func.attr == "append" and isinstance(call.func.value, ast.Name)
                     and call.func.value.id == joined.id and len(call.args) == 1
-                    and self._same_input_call(call.args[0], stmt.target.id)):
+                    and self._same_input_call(call.args[0], item, index)):
                 return attr, self.ctx.segment(call.args[0]), None
         return None
 
     @staticmethod
-    def _same_input_call(expr: ast.AST, item: str) -> bool:
+    def _same_input_call(expr: ast.AST, item: str, index: Optional[str] = None) -> bool:
         return (isinstance(expr, ast.Call) and isinstance(expr.func, ast.Name) and expr.func.id == item
-                and _applied_alike(expr, item))
+                and _applied_alike(expr, item) and (index is None or _applied_alike(expr, index)))
 
     def _identical_items(self, cls: ast.ClassDef, attr: str):
         """(module constructor call, count text) when `__init__` fills `self.attr` with one class, same arguments."""
@@ -389,12 +527,23 @@ class PerHeadModules(Rule):
             return None
         return call, (self.ctx.segment(count) if isinstance(count, (ast.Name, ast.Constant, ast.Attribute)) else None)
 
+    def _is_attention(self, func: ast.AST) -> bool:
+        """The class of the file that `func` names computes a softmax (an attention head), rather
+        than being a whole model of its own (an ensemble member, `QNet`)."""
+        cls = self._file_class(func)
+        return cls is not None and any(
+            (isinstance(n, ast.Attribute) and n.attr in _ATTENTION_CALLS)
+            or (isinstance(n, ast.Name) and n.id in _ATTENTION_CALLS) for n in ast.walk(cls))
+
+    def _file_class(self, func: ast.AST) -> Optional[ast.ClassDef]:
+        if not isinstance(func, ast.Name):
+            return None
+        return next((stmt for stmt in self.ctx.tree.body if isinstance(stmt, ast.ClassDef) and stmt.name == func.id),
+                    None)
+
     def _holds_projections(self, func: ast.AST) -> bool:
         if self.ctx.qualname(func) in _LINEAR:
             return True
-        if not isinstance(func, ast.Name):
-            return False
-        for stmt in self.ctx.tree.body:
-            if isinstance(stmt, ast.ClassDef) and stmt.name == func.id:
-                return any(isinstance(n, ast.Call) and self.ctx.qualname(n.func) in _LINEAR for n in ast.walk(stmt))
-        return False
+        cls = self._file_class(func)
+        return cls is not None and any(isinstance(n, ast.Call) and self.ctx.qualname(n.func) in _LINEAR
+                                       for n in ast.walk(cls))

@@ -6,7 +6,7 @@ import ast
 
 from matlint.rule import Rule, bad, good
 
-from ._loops import is_training_loop
+from ._loops import updates_weights
 from ._torch_api import GemmVisitor, as_gemm
 from .mat101_python_loop_matmul import PythonLoopMatmul
 
@@ -18,9 +18,13 @@ class LoopInvariantProjection(GemmVisitor, Rule):
     docs = """
     ## What it does
     In a recurrence (a loop where some GEMM reads a value the previous iteration produced, such
-    as an RNN's `h @ W_hh`), flags each GEMM that reads the step's slice of a tensor fixed before
-    the loop (`x[t] @ W_xh`, `x[:, t] @ W`, `self.W_ih(x[:, t])`, `F.linear(x_t, w, b)` with
-    `x_t = x[t]`) and a loop-invariant weight, and nothing from the recurrent state.
+    as an RNN's `h @ W_hh` or `self.h @ W_hh`, or where an RNN cell such as `nn.LSTMCell`, or a
+    module class of the file, is called on it), flags each GEMM that reads the step's slice of
+    a tensor fixed before the loop (`x[t] @ W_xh`, `x[:, t] @ W`, `self.W_ih(x[:, t])`,
+    `F.linear(x_t, w, b)` with `x_t = x[t]`, `torch.einsum("bd,dh->bh", x[:, t], W)`, `x_t @ W`
+    for `x_t` in `x`) and a loop-invariant weight, and nothing from the recurrent state. The
+    message gives the hoisted call and how the loop reads it (`proj[t]`, with the loop's own
+    counter, or iterating over `proj` in place of `x`).
     MAT101 stays quiet on recurrences; this rule covers the part of them that is not sequential.
 
     ## Why is this bad?
@@ -45,8 +49,9 @@ class LoopInvariantProjection(GemmVisitor, Rule):
     - Loops that are not recurrences (MAT101 reports their GEMMs), and GEMMs that read the state
       (`h @ W_hh`) or anything derived from it in the step.
     - Inputs that are not a plain per-step slice of one tensor (a list of steps, a value fed
-      back from the previous prediction, `x[t:t + k]` chunks), tensors rebound inside the loop,
-      and weights that change per step.
+      back from the previous prediction, `x[t:t + k]` chunks), tensors rebound or written in
+      place inside the loop (`ys[:, t + 1].copy_(h)`), and weights that change per step
+      (`self.W_x.data.mul_(0.99)`, an optimizer step in the loop).
 
     ## Fix safety
     No automatic fix: hoisting adds a tensor of all steps' projections and changes the loop body.
@@ -151,6 +156,87 @@ class LoopInvariantProjection(GemmVisitor, Rule):
                     opt.step()
                 return h
             """),
+        good("""
+            import torch
+            from torch import nn
+            class AR(nn.Module):
+                def __init__(self, d):
+                    super().__init__()
+                    self.w_in = nn.Linear(d, d)
+                    self.w_h = nn.Linear(d, d)
+                def forward(self, ys: torch.Tensor, h: torch.Tensor):
+                    for t in range(ys.size(1) - 1):
+                        h = torch.tanh(self.w_in(ys[:, t]) + self.w_h(h))  # ys[:, t] was written last step
+                        ys[:, t + 1].copy_(h)
+                    return ys
+            class FastWeights(nn.Module):
+                def forward(self, x: torch.Tensor, h: torch.Tensor):
+                    for t in range(x.size(0)):
+                        h = torch.tanh(x[t] @ self.W_x + h @ self.W_h)
+                        self.W_x.data.mul_(0.99)  # the weight changes per step
+                    return h
+            """),
+        bad("""
+            import torch
+            from torch import nn
+            class RNN(nn.Module):
+                def forward(self, x: torch.Tensor):
+                    self.h = torch.zeros(x.size(1), x.size(2))
+                    for t in range(x.size(0)):
+                        self.h = torch.tanh(x[t] @ self.W_xh + self.h @ self.W_hh)
+                    return self.h
+            class Dec(nn.Module):
+                def __init__(self, d):
+                    super().__init__()
+                    self.inp = nn.Linear(d, d)
+                    self.cell = nn.LSTMCell(d, d)
+                def forward(self, x):
+                    h = c = x.new_zeros(x.size(0), x.size(2))
+                    for t in range(x.size(1)):
+                        h, c = self.cell(self.inp(x[:, t]), (h, c))
+                    return h
+            """, (7, 33), (17, 30), message_contains="proj = "),
+        bad("""
+            import torch
+            from torch import einsum
+            def rnn(x: torch.Tensor, h: torch.Tensor, W_xh: torch.Tensor, W_hh: torch.Tensor):
+                for t in range(x.shape[1]):
+                    h = torch.tanh(einsum("bd,dh->bh", x[:, t], W_xh) + torch.einsum("bh,hk->bk", h, W_hh))
+                return h
+            """, (5, 24), message_contains='`proj = einsum("bnd,dh->nbh", x, W_xh)`) and read `proj[t]`'),
+        bad("""
+            import torch
+            def rnn(x: torch.Tensor, h: torch.Tensor, W_xh: torch.Tensor, W_hh: torch.Tensor):
+                for step in range(x.size(0)):
+                    h = torch.tanh(x[step] @ W_xh + h @ W_hh)
+                return h
+            """, (4, 24), message_contains="read `proj[step]` in the loop"),
+        bad("""
+            import torch
+            def rnn(x: torch.Tensor, h: torch.Tensor, W_xh: torch.Tensor, W_hh: torch.Tensor):
+                for x_t in x:
+                    h = torch.tanh(x_t @ W_xh + h @ W_hh)
+                return h
+            """, (4, 24), message_contains="and iterate over `proj` in place of `x`"),
+        bad("""
+            import torch
+            def rnn(x: torch.Tensor, h: torch.Tensor, W_xh: torch.Tensor, W_hh: torch.Tensor):
+                outs = []
+                for i, x_t in enumerate(x.unbind(0)):
+                    h = torch.tanh(x_t @ W_xh + h @ W_hh)
+                    outs.append(h)
+                return outs
+            """, (5, 24), message_contains="read `proj[i]` in the loop"),
+        good("""
+            import torch
+            from torch import nn
+            class Scheduled(nn.Module):
+                def forward(self, x: torch.Tensor, h: torch.Tensor):
+                    for t in range(x.size(0)):
+                        self.W_x = self.bank[t % 4]  # other weights each step
+                        h = torch.tanh(x[t] @ self.W_x + h @ self.W_h)
+                    return h
+            """),
     ]
 
     def __init__(self, ctx, options=None):
@@ -162,10 +248,10 @@ class LoopInvariantProjection(GemmVisitor, Rule):
 
     def check_gemm(self, node: ast.AST) -> None:
         gemm = as_gemm(self.ctx, node)
-        if gemm is None or not gemm.operands or gemm.op == "einsum":
+        if gemm is None or not gemm.operands:
             return
         loop = self.ctx.loops[-1]
-        if loop.is_comprehension or not self._loop_gemms._is_recurrence(loop) or is_training_loop(self.ctx, loop):
+        if loop.is_comprehension or not self._loop_gemms._is_recurrence(loop) or updates_weights(self.ctx, loop):
             return  # no recurrence, or the weights change between steps (`opt.step()` in the loop)
         stepped = [op for op in gemm.operands if loop.depends_on_iteration(op) or loop.reads_carried(op)]
         if len(stepped) != 1:
@@ -177,25 +263,21 @@ class LoopInvariantProjection(GemmVisitor, Rule):
             item = self._loop_gemms._batched(loop, assigned, 0) if assigned is not None else None
         else:
             item = self._loop_gemms._batched(loop, step_input, 0)
-        if item is None or self._names(item.base) & loop.assigned or loop.reads_carried(step_input):
+        if item is None or loop.changes(item.base) or loop.reads_carried(step_input):
             return
         others = [op for op in gemm.operands if op is not step_input]
         extra = [a for a in getattr(node, "args", [])[len(gemm.operands):]] if gemm.op == "linear" else []
-        if any(self._names(op) & loop.assigned for op in others + extra):
+        if any(loop.changes(op) for op in others + extra):
             return
-        if gemm.op == "nn.Linear" and self._names(node.func) & loop.assigned:
+        if gemm.op == "nn.Linear" and loop.changes(node.func):
             return
         self.report(node, f"this projection reads only the step's input, not the recurrent state: "
-                          f"{self._suggestion(gemm, item, step_input)}")
+                          f"{self._suggestion(gemm, item, step_input, loop)}")
 
-    @staticmethod
-    def _names(expr: ast.AST) -> set:
-        return {n.id for n in ast.walk(expr) if isinstance(n, ast.Name)}
-
-    def _suggestion(self, gemm, item, step_input) -> str:
+    def _suggestion(self, gemm, item, step_input, loop) -> str:
         seg = self.ctx.segment
         base = seg(item.base)
-        index = "[t]" if item.dim == 0 else f"[{', '.join([':'] * item.dim)}, t]"
+        dim = item.dim
         whole = None
         if item.plain and gemm.op == "nn.Linear":
             whole = f"{gemm.spelling}({base})"
@@ -203,6 +285,30 @@ class LoopInvariantProjection(GemmVisitor, Rule):
             whole = f"{seg(gemm.node.func)}({', '.join([base] + [seg(a) for a in gemm.node.args[1:]])})"
         elif item.plain and item.dim == 0 and gemm.op in ("@", "matmul") and gemm.operands[0] is step_input:
             whole = f"{base} @ {seg(gemm.operands[1])}"
+        elif item.plain and gemm.op == "einsum":
+            batched = [item if op is step_input else None for op in gemm.operands]
+            eq = PythonLoopMatmul._batched_einsum(gemm.subscripts, batched)
+            if eq:  # the steps' letter leads the output
+                operands = ", ".join(base if b else seg(op) for b, op in zip(batched, gemm.operands))
+                whole = f'{seg(gemm.node.func)}("{eq}", {operands})'
+                dim = 0
         if whole is None:
             return "compute it for all steps in one GEMM before the loop and index the result per step"
-        return f"compute all steps in one GEMM before the loop (`proj = {whole}`) and read `proj{index}` in the loop"
+        hoist = f"compute all steps in one GEMM before the loop (`proj = {whole}`)"
+        index = self._step_index(loop, item)
+        if index is None:
+            if dim != 0:
+                return f"{hoist} and index it per step"
+            return f"{hoist} and iterate over `proj` in place of `{base}`"
+        return f"{hoist} and read `proj[{', '.join([':'] * dim + [index])}]` in the loop"
+
+    def _step_index(self, loop, item):
+        """The loop's counter of steps: `t` in `x[t]`, `i` in `for i, x_t in enumerate(x)`; None
+        for `for x_t in x`."""
+        if self._loop_gemms._index_var(loop, item.index):
+            return item.index
+        target = self._loop_gemms._target_node(loop)
+        if isinstance(target, ast.Tuple) and target.elts and isinstance(target.elts[0], ast.Name):
+            if self._loop_gemms._index_var(loop, target.elts[0].id):
+                return target.elts[0].id
+        return None
