@@ -14,6 +14,12 @@ from ._loops import walk_no_scopes
 
 _NAMESPACES = ("torch.", "torch.nn.functional.", "torch.special.")
 
+# Identifiers (for `_names.mentions`) of a switch to fused kernels, the kernel hub's above all
+# (`@use_kernel_forward_from_hub("RMSNorm")`, `use_kernelized_func`, `kernelize`,
+# `is_kernels_available`, `disable_custom_kernels`); never `kernel` alone, which names conv and
+# smoothing kernels (`kernel_size`).
+KERNEL_SWITCH = r"use_kernel|kernelize|kernels?_hub|hub_kernels?|kernels_available|custom_kernels?"
+
 
 @dataclass
 class Op:

@@ -10,12 +10,12 @@ from matlint.rule import Only, Rule, bad, good
 
 from ._flow import code_scope, flow_of, function_may_mention
 from ._names import mentions, outermost_scope, subclasses
-from ._pointwise import (PRODUCT_METHODS, is_eps, last_dim_reduction, may_take_root, number, product, resolve,
-                         root_of, same, strip_casts, torch_op)
+from ._pointwise import (KERNEL_SWITCH, PRODUCT_METHODS, is_eps, last_dim_reduction, may_take_root, number, product,
+                         resolve, root_of, same, strip_casts, torch_op)
 
 
 # A class or function that names one of these has a fused layer norm next to the manual one.
-_FUSED_PATH = re.compile(r"kernel|fused|apex|triton|liger|^layer_norm$", re.IGNORECASE)
+_FUSED_PATH = re.compile(KERNEL_SWITCH + r"|fused|apex|triton|liger|^layer_norm$", re.IGNORECASE)
 
 
 class ManualLayerNorm(Rule):
@@ -60,6 +60,8 @@ class ManualLayerNorm(Rule):
       computed elsewhere (running stats, a batch-norm's buffers), and numpy.
     - Classes and functions that also have a fused path (a kernel-hub decorator, apex,
       triton, or an `F.layer_norm` switch next to the manual code): the manual code is the fallback.
+      Only code counts, as whole identifiers or their parts (`FusedLayerNorm`, `use_fused`): a
+      docstring that mentions a fused kernel, or a conv's `kernel_size`, is no fused path.
     - Subclasses of `nn.LayerNorm` that override `forward` with the written-out computation:
       the fused kernel was replaced on purpose (transformers' flow-head layer norms work around
       wrong forward-mode JVP gradients of the fused op).
@@ -165,6 +167,37 @@ class ManualLayerNorm(Rule):
                     var = x.var(-1, keepdim=True, unbiased=False)
                     x = self.proj(x)
                     return (x - mean) * torch.rsqrt(var + self.eps)
+            """),
+        bad("""
+            import torch
+            import torch.nn as nn
+            class LayerNorm(nn.Module):
+                '''LayerNorm with optional bias (PyTorch's fused kernel lacks bias=False).'''
+                def forward(self, x):
+                    u = x.mean(-1, keepdim=True)
+                    s = (x - u).pow(2).mean(-1, keepdim=True)
+                    return (x - u) / torch.sqrt(s + 1e-5)
+            class Block(nn.Module):
+                def __init__(self, dim, kernel_size=7):
+                    super().__init__()
+                    self.conv = nn.Conv1d(dim, dim, kernel_size, padding=kernel_size // 2)
+                def forward(self, x):
+                    x = self.conv(x).transpose(1, 2)
+                    u = x.mean(-1, keepdim=True)
+                    s = (x - u).pow(2).mean(-1, keepdim=True)
+                    return (x - u) / torch.sqrt(s + 1e-6)
+            """, (8, 16), (17, 16)),
+        good("""
+            import torch
+            import torch.nn as nn
+            from apex.normalization import FusedLayerNorm
+            class LayerNorm(nn.Module):
+                def forward(self, x):
+                    if x.is_cuda:
+                        return FusedLayerNorm.apply(x, self.weight, self.bias, self.eps)
+                    u = x.mean(-1, keepdim=True)
+                    s = (x - u).pow(2).mean(-1, keepdim=True)
+                    return (x - u) / torch.sqrt(s + self.eps)
             """),
     ]
 

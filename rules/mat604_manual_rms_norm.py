@@ -9,14 +9,14 @@ from matlint.rule import Only, Rule, bad, good
 
 from ._flow import code_scope, flow_of, function_may_mention
 from ._names import mentions, outermost_scope, subclasses
-from ._pointwise import (PRODUCT_METHODS, last_dim_reduction, may_take_root, number, product, resolve, root_of, same,
-                         strip_casts, torch_op)
+from ._pointwise import (KERNEL_SWITCH, PRODUCT_METHODS, last_dim_reduction, may_take_root, number, product, resolve,
+                         root_of, same, strip_casts, torch_op)
 
 # A class or function that names one of these already has (or switches to) a fused RMS norm;
 # the hand-written code is its fallback.
 # torchrl's `@implement_for("torch", None, "2.4")` marks a fallback for releases without
 # F.rms_norm; ONNX export patches decompose on purpose.
-_FUSED_PATH = re.compile(r"kernel|fused|apex|triton|liger|rms_norm|flash|implement_for|onnx|nn\.RMSNorm",
+_FUSED_PATH = re.compile(KERNEL_SWITCH + r"|fused|apex|triton|liger|rms_norm|flash|implement_for|onnx|nn\.RMSNorm",
                          re.IGNORECASE)
 
 
@@ -59,8 +59,9 @@ class ManualRmsNorm(Rule):
 
     ## Stays quiet on
     - Classes and functions that already have a fused path: a kernel-hub decorator
-      (transformers' `@use_kernel_forward_from_hub("RMSNorm")`), or any mention of a fused,
-      apex, triton, liger or `rms_norm` implementation next to the manual code.
+      (transformers' `@use_kernel_forward_from_hub("RMSNorm")`), or an identifier or string
+      naming a fused, apex, triton, liger or `rms_norm` implementation next to the manual code
+      (whole identifiers or their parts: `_rms_normalize` names none; docstrings do not count).
     - Torch-version and export fallbacks: torchrl's `@implement_for("torch", None, "2.4")`
       implementations (for releases without `F.rms_norm`) and ONNX export patches.
     - Gated RMS norms (a `gate` parameter, as in Mamba-2, Bamba, Zamba-2, Falcon-H1): the
@@ -176,6 +177,18 @@ class ManualRmsNorm(Rule):
                     x.mul_(self.scale)
                     return x * torch.rsqrt(variance + self.eps)
             """),
+        bad("""
+            import torch
+            import torch.nn as nn
+            class RMSNorm(nn.Module):
+                '''Matches the reference norm (`norm_type="rms_norm"`), computed in float32.'''
+                def forward(self, x):
+                    variance = x.float().pow(2).mean(-1, keepdim=True)
+                    x = x * torch.rsqrt(variance + self.eps)
+                    return x * self.weight
+                def _rms_normalize(self, x):
+                    return x * torch.rsqrt(x.pow(2).mean(dim=-1, keepdim=True) + self.eps)
+            """, (7, 13), (10, 16)),
     ]
 
     only = {"visit_Call": Only(attrs=PRODUCT_METHODS)}

@@ -12,12 +12,12 @@ from matlint.rule import Only, Rule, bad, good
 from ._flow import code_scope, flow_of
 from ._kinds import may_mention
 from ._names import mentions, outermost_scope, spelling
-from ._pointwise import torch_op
+from ._pointwise import KERNEL_SWITCH, torch_op
 from ._shapes import module_assignments
 
 # A class or function that names one of these has a fused GELU next to the formula (a kernel-hub
 # decorator, an `F.gelu` switch): the formula is its fallback or its reference.
-_FUSED_PATH = re.compile(r"kernel|fused|triton|liger|^gelu$", re.IGNORECASE)
+_FUSED_PATH = re.compile(KERNEL_SWITCH + r"|fused|triton|liger|^gelu$", re.IGNORECASE)
 _SAMPLES = (-3.1, -0.7, 0.0, 0.45, 1.3, 2.9)
 _CONSTANTS = {"math.pi": math.pi, "numpy.pi": math.pi, "torch.pi": math.pi, "math.e": math.e}
 _UNARY = {"sqrt": math.sqrt, "tanh": math.tanh, "exp": math.exp}
@@ -76,7 +76,9 @@ class ManualTanhGelu(Rule):
     ## Stays quiet on
     - Classes and functions that also have a fused path: a kernel-hub decorator
       (transformers' `@use_kernel_forward_from_hub("NewGELU")`) or an `F.gelu` switch next to
-      the formula (`GELUTanh(use_gelu_tanh_python=True)`): the formula is the fallback.
+      the formula (`GELUTanh(use_gelu_tanh_python=True)`): the formula is the fallback. Only
+      code counts, as whole identifiers or their parts: a docstring that mentions fused kernels,
+      or a conv's `kernel_size`, is no fused path.
     - The exact GELU (`x * 0.5 * (1 + torch.erf(x / math.sqrt(2)))`, which `F.gelu(x)`
       replaces; a separate shape) and the sigmoid approximation `x * torch.sigmoid(1.702 * x)`.
     - Expressions that differ from the formula (other constants, a missing `0.5`, an extra
@@ -232,6 +234,22 @@ class ManualTanhGelu(Rule):
             def grow(x):
                 return 1 + torch.tanh(x ** 0.5) * x ** 1.5
             """),
+        bad("""
+            import math
+            import torch
+            import torch.nn as nn
+            class NewGELU(nn.Module):
+                '''GELU activation, same as in Google BERT; fused kernels not used here.'''
+                def forward(self, x):
+                    return 0.5 * x * (1.0 + torch.tanh(math.sqrt(2.0 / math.pi) * (x + 0.044715 * torch.pow(x, 3.0))))
+            class ConvMLP(nn.Module):
+                def __init__(self, dim, kernel_size=3):
+                    super().__init__()
+                    self.dw = nn.Conv1d(dim, dim, kernel_size, padding=kernel_size // 2, groups=dim)
+                def forward(self, x):
+                    h = self.dw(x)
+                    return 0.5 * h * (1 + torch.tanh(math.sqrt(2 / math.pi) * (h + 0.044715 * torch.pow(h, 3))))
+            """, (7, 16), (14, 16)),
     ]
 
     # The tanh is `torch.tanh(...)`, `x.tanh()` or a bare name bound to it (`torch_op` names it "tanh").
