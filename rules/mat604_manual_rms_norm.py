@@ -31,7 +31,8 @@ class ManualRmsNorm(Rule):
     `(... + eps) ** -0.5`, `1 / torch.sqrt(...)`) or divided by the root
     (`x / torch.sqrt(x.pow(2).mean(-1, keepdim=True) + eps)`). The squares may be spelled
     `x ** 2`, `x.pow(2)`, `torch.pow(x, 2)`, `x.square()` or `x * x`, with dtype casts around
-    `x` and the steps in separate statements (the `LlamaRMSNorm` shape: upcast to float32,
+    `x`, the weight multiplied first or last (`self.weight * x * torch.rsqrt(...)`) and the steps
+    in separate statements (the `LlamaRMSNorm` shape: upcast to float32,
     normalize, cast back, multiply by the weight). Those classes are reported on purpose
     unless a kernel-hub decorator replaces them: they are the pattern, and `F.rms_norm`
     computes half-precision statistics in float32 as they do (see Fix safety for the last bit).
@@ -189,6 +190,25 @@ class ManualRmsNorm(Rule):
                 def _rms_normalize(self, x):
                     return x * torch.rsqrt(x.pow(2).mean(dim=-1, keepdim=True) + self.eps)
             """, (7, 13), (10, 16)),
+        bad("""
+            import torch
+            import torch.nn as nn
+            def rms(x, w, eps: float = 1e-6):
+                return w * x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + eps)
+            class RMSNorm(nn.Module):
+                def forward(self, x):
+                    return self.weight * x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + self.eps)
+            def scaled(x, w, eps: float = 1e-6):
+                return (w * x.float()).mul(torch.rsqrt(x.float().square().mean(-1, keepdim=True) + eps))
+            """, (4, 12), (7, 16), (9, 12)),
+        good("""
+            import torch
+            def not_rms(x, eps: float = 1e-6):
+                a = x * x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + eps)
+                xc = x - x.mean(-1, keepdim=True)
+                b = self.weight * xc * torch.rsqrt(xc.pow(2).mean(-1, keepdim=True) + eps)
+                return a, b
+            """),
     ]
 
     only = {"visit_Call": Only(attrs=PRODUCT_METHODS)}
@@ -240,10 +260,21 @@ class ManualRmsNorm(Rule):
         square = torch_op(self.ctx, strip_casts(self.ctx, resolve(flow, squares_of)))
         if square is None or square.name != "pow" or number(square.args[1]) != 2:
             return False
-        base, target = strip_casts(self.ctx, square.args[0]), strip_casts(self.ctx, x)
-        if not (same(base, target) or same(resolve(flow, base), resolve(flow, target))):
-            return False
-        centered = resolve(flow, target)
-        if isinstance(centered, ast.BinOp) and isinstance(centered.op, ast.Sub):
-            return last_dim_reduction(self.ctx, flow, centered.right, ("mean",)) is None
-        return True
+        base = strip_casts(self.ctx, square.args[0])
+        for target in self._factors(x, 3):
+            target = strip_casts(self.ctx, target)
+            if same(base, target) or same(resolve(flow, base), resolve(flow, target)):
+                centered = resolve(flow, target)
+                if isinstance(centered, ast.BinOp) and isinstance(centered.op, ast.Sub):
+                    return last_dim_reduction(self.ctx, flow, centered.right, ("mean",)) is None
+                return True
+        return False
+
+    def _factors(self, node: ast.AST, depth: int):
+        """`node`, and when it is a product the factors inside it: the weight may come first
+        (`w * x * rsqrt(...)` multiplies `w * x` by the root)."""
+        yield node
+        found = product(self.ctx, node) if depth else None
+        if found is not None and found[0] is ast.Mult and not same(found[1], found[2]):  # `x * x` is a square
+            yield from self._factors(found[1], depth - 1)
+            yield from self._factors(found[2], depth - 1)
