@@ -9,8 +9,8 @@ from matlint.rule import Only, Rule, bad, good
 
 from ._flow import code_scope, flow_of, function_may_mention
 from ._names import mentions, outermost_scope, subclasses
-from ._pointwise import (KERNEL_SWITCH, PRODUCT_METHODS, last_dim_reduction, may_take_root, number, product, resolve,
-                         root_of, same, strip_casts, torch_op)
+from ._pointwise import (KERNEL_SWITCH, PRODUCT_METHODS, difference, last_dim_reduction, may_take_root, number, product,
+                         resolve, root_of, same, strip_casts, torch_op)
 
 # A class or function that names one of these already has (or switches to) a fused RMS norm;
 # the hand-written code is its fallback.
@@ -157,7 +157,9 @@ class ManualRmsNorm(Rule):
                 c = x / x.norm(dim=-1, keepdim=True)
                 xc = x - x.mean(-1, keepdim=True)
                 d = xc * torch.rsqrt(xc.pow(2).mean(-1, keepdim=True) + eps)
-                return a, b, c, d
+                xs = x.sub(x.mean(-1, keepdim=True))
+                e = xs * torch.rsqrt(xs.pow(2).mean(-1, keepdim=True) + eps)
+                return a, b, c, d, e
             """),
         bad("""
             import torch
@@ -264,10 +266,8 @@ class ManualRmsNorm(Rule):
         for target in self._factors(x, 3):
             target = strip_casts(self.ctx, target)
             if same(base, target) or same(resolve(flow, base), resolve(flow, target)):
-                centered = resolve(flow, target)
-                if isinstance(centered, ast.BinOp) and isinstance(centered.op, ast.Sub):
-                    return last_dim_reduction(self.ctx, flow, centered.right, ("mean",)) is None
-                return True
+                centered = difference(self.ctx, resolve(flow, target))  # `x - x.mean(...)`: a layer norm
+                return centered is None or last_dim_reduction(self.ctx, flow, centered[1], ("mean",)) is None
         return False
 
     def _factors(self, node: ast.AST, depth: int):
