@@ -354,13 +354,17 @@ class ManualSoftmax(Rule):
         also held in names and scaled (`(x - m) / T` gives the text of `x / T`), else (text of the
         exponent, False)."""
         value = resolve(flow, logits, depth=1)
-        scale = None
+        scale = None  # (operator, factor) of `(x - m) / T`, `(x - m) * c`, `c * (x - m)`
         shifted = difference(self.ctx, value)
         if shifted is None:
             found = product(self.ctx, value)
             if found is not None:
-                shifted = difference(self.ctx, resolve(flow, found[1], depth=1))
-                scale = found
+                operator, left, right = found
+                shifted = difference(self.ctx, resolve(flow, left, depth=1))
+                scale = (operator, right)
+                if shifted is None and operator is ast.Mult:
+                    shifted = difference(self.ctx, resolve(flow, right, depth=1))
+                    scale = (operator, left)
         if shifted is not None:
             x, shift = shifted
             shift = resolve(flow, shift, depth=1)
@@ -380,7 +384,7 @@ class ManualSoftmax(Rule):
                 if scale is None:
                     return self._atom(x), True
                 operator = "*" if scale[0] is ast.Mult else "/"
-                return f"({self._atom(x)} {operator} {self._atom(scale[2])})", True
+                return f"({self._atom(x)} {operator} {self._atom(scale[1])})", True
         return self._atom(logits), False
 
     def _atom(self, node: ast.AST) -> str:
