@@ -9,6 +9,7 @@ from typing import Optional
 from matlint.rule import Only, Rule, bad, good
 
 from ._flow import code_scope, flow_of, function_may_mention
+from ._loops import scope_statements
 from ._names import mentions, outermost_scope, subclasses
 from ._pointwise import (KERNEL_SWITCH, PRODUCT_METHODS, difference, feeds_only, is_eps, last_dim_reduction, may_take_root,
                          number, product, resolve, root_of, same, strip_casts, torch_op)
@@ -16,6 +17,18 @@ from ._pointwise import (KERNEL_SWITCH, PRODUCT_METHODS, difference, feeds_only,
 
 # A class or function that names one of these has a fused layer norm next to the manual one.
 _FUSED_PATH = re.compile(KERNEL_SWITCH + r"|fused|apex|triton|liger|^layer_norm$", re.IGNORECASE)
+
+
+_ROOT_METHODS = frozenset({"sqrt", "rsqrt", "pow"})
+
+
+def _may_be_spread(value: ast.AST) -> bool:
+    """Whether an assigned value can be a root (`torch.sqrt(...)`, `(...).rsqrt()`, `** -0.5`,
+    `1 / sqrt(...)`, a bare-name alias) or a std plus eps, by its outer syntax alone."""
+    cls = value.__class__
+    if cls is ast.BinOp:
+        return value.op.__class__ in (ast.Pow, ast.Div, ast.Add)
+    return cls is ast.Call and (value.func.__class__ is not ast.Attribute or value.func.attr in _ROOT_METHODS)
 
 
 class ManualLayerNorm(Rule):
@@ -267,7 +280,7 @@ class ManualLayerNorm(Rule):
         pairs = [(left, right)] if op is ast.Div else [(left, right), (right, left)]
         for centered, spread in pairs:
             form = self._spread_form(spread, inverse)
-            if form is None and spread.__class__ is not ast.Name:
+            if form is None and not (spread.__class__ is ast.Name and self._may_hold_root(function, spread.id)):
                 continue  # read off the syntax: most products stop here, before any data flow is built
             flow = flow_of(self.ctx, function)
             if form is None:  # a name that may hold the root: `std = (var + eps).sqrt()`, `rstd = torch.rsqrt(...)`
@@ -289,6 +302,22 @@ class ManualLayerNorm(Rule):
                         "`F.layer_norm(x, (x.shape[-1],), weight, bias, eps)` (or `nn.LayerNorm`), one fused "
                         f"kernel forward and backward instead of one kernel per step{note}")
             return
+
+    def _may_hold_root(self, function: ast.AST, name: str) -> bool:
+        """Whether `function` assigns `name` a root or a std plus eps (`std = (var + eps).sqrt()`,
+        `rstd = torch.rsqrt(var + eps)`): read off its statements before any data flow is built."""
+        key = ("roots_assigned", id(function))
+        roots = self.ctx.shared.get(key)
+        if roots is None:
+            roots = self.ctx.shared[key] = {}
+            for stmt in scope_statements(function.body):
+                if stmt.__class__ is ast.Assign and len(stmt.targets) == 1 and stmt.targets[0].__class__ is ast.Name:
+                    roots.setdefault(stmt.targets[0].id, []).append(stmt.value)
+        values = roots.get(name)
+        if values.__class__ is list:  # decided on first ask: the same name is asked about again and again
+            values = roots[name] = any(self._spread_form(v, True) or self._spread_form(v, False)
+                                       for v in values if _may_be_spread(v))
+        return bool(values)
 
     @staticmethod
     def _statistics_wanted(flow, node: ast.AST, statistics) -> bool:
