@@ -250,29 +250,59 @@ def spelling(ctx, qualname: str) -> Optional[str]:
 
 def mentions(ctx, node: ast.AST, pattern) -> bool:
     """Whether a name, attribute, decorator or string constant inside `node` matches the
-    compiled regex `pattern` (e.g. a class that mentions `scaled_dot_product_attention`)."""
+    compiled regex `pattern` as a whole identifier or a run of its parts (`flash` in
+    `use_flash_attn` and `FlashAttention`, not in `nonflash`; `kernel` in `kernel_size` too, so
+    patterns name the identifiers they mean). Docstrings and other bare string statements are
+    prose, not code: "TODO: use flash attention" switches to nothing."""
     key = ("mentions", id(node), pattern.pattern)
     found = ctx.shared.get(key)
     if found is None:
-        search = pattern.search
-        found = ctx.shared[key] = any(search(text) for text in _mention_texts(ctx, node))
+        found = ctx.shared[key] = any(_matches_parts(pattern, text) for text in _mention_texts(ctx, node))
     return found
 
 
+def _matches_parts(pattern, text: str) -> bool:
+    match = pattern.search(text)
+    while match is not None:
+        start, end = match.span()
+        if _part_boundary(text, start) and _part_boundary(text, end):
+            return True
+        match = pattern.search(text, start + 1)
+    return False
+
+
+def _part_boundary(text: str, at: int) -> bool:
+    """Whether offset `at` separates two parts of an identifier (or of words in a string): an end,
+    a character that is no letter or digit on either side (`_`, `.`, a space), a lower-case
+    letter before an upper-case one (`FlashAttention`), or a letter next to a digit."""
+    if at == 0 or at == len(text):
+        return True
+    before, after = text[at - 1], text[at]
+    if not (before.isalnum() and after.isalnum()):
+        return True
+    return (before.islower() and after.isupper()) or before.isdigit() != after.isdigit()
+
+
 def _mention_texts(ctx, node: ast.AST) -> set:
-    """The distinct names, attributes and string constants inside `node`, collected in one walk
-    for every pattern asked about it (a class is asked about by several rules, and the same
-    names recur hundreds of times in it)."""
+    """The distinct names, attributes and string constants inside `node`, less docstrings and other
+    bare string statements, collected in one walk for every pattern asked about it (a class is
+    asked about by several rules, and the same names recur hundreds of times in it)."""
     key = ("mention_texts", id(node))
     texts = ctx.shared.get(key)
     if texts is None:
         texts = ctx.shared[key] = set()
-        for sub in walk(node):
+        prose = set()
+        for sub in walk(node):  # breadth first: a statement comes before its string
             cls = sub.__class__
-            text = (sub.id if cls is ast.Name else sub.attr if cls is ast.Attribute
-                    else sub.value if cls is ast.Constant and isinstance(sub.value, str) else None)
-            if text:
-                texts.add(text)
+            if cls is ast.Name:
+                texts.add(sub.id)
+            elif cls is ast.Attribute:
+                texts.add(sub.attr)
+            elif cls is ast.Constant:
+                if isinstance(sub.value, str) and sub.value and id(sub) not in prose:
+                    texts.add(sub.value)
+            elif cls is ast.Expr and sub.value.__class__ is ast.Constant:
+                prose.add(id(sub.value))
     return texts
 
 

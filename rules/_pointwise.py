@@ -14,6 +14,12 @@ from ._loops import walk_no_scopes
 
 _NAMESPACES = ("torch.", "torch.nn.functional.", "torch.special.")
 
+# Identifiers (for `_names.mentions`) of a switch to fused kernels, the kernel hub's above all
+# (`@use_kernel_forward_from_hub("RMSNorm")`, `use_kernelized_func`, `kernelize`,
+# `is_kernels_available`, `disable_custom_kernels`); never `kernel` alone, which names conv and
+# smoothing kernels (`kernel_size`).
+KERNEL_SWITCH = r"use_kernel|kernelize|kernels?_hub|hub_kernels?|kernels_available|custom_kernels?"
+
 
 @dataclass
 class Op:
@@ -138,6 +144,31 @@ def product(ctx, node: ast.AST) -> Optional[tuple]:
     if op is None or op.name not in _PRODUCTS or len(op.args) != 2 or op.keywords:
         return None  # `rounding_mode=`, `out=`: not a plain product
     return _PRODUCTS[op.name], op.args[0], op.args[1]
+
+
+def difference(ctx, node: ast.AST) -> Optional[tuple]:
+    """(a, b) for `a - b`, `a.sub(b)` and `torch.sub(a, b)` (not with `alpha=`), or None."""
+    if isinstance(node, ast.BinOp):
+        return (node.left, node.right) if isinstance(node.op, ast.Sub) else None
+    op = torch_op(ctx, node)
+    if op is None or op.name not in ("sub", "subtract") or len(op.args) != 2 or op.keywords:
+        return None
+    return op.args[0], op.args[1]
+
+
+def feeds_only(flow, assign: ast.Assign, node: ast.AST, depth: int = 3) -> bool:
+    """Whether every read of the value `assign` stores lies inside `node`, or in a plain
+    `name = value` whose value in turn feeds only `node`: the steps of one computation. A read
+    anywhere else (returned, stored on `self`, reused in other math) means the value is wanted on
+    its own, which a fused op would not give."""
+    for use in flow.uses(assign):
+        if any(ancestor is node for ancestor in flow.enclosing(use)):
+            continue
+        stmt = flow.statement(use)
+        if not (depth and isinstance(stmt, ast.Assign) and len(stmt.targets) == 1
+                and isinstance(stmt.targets[0], ast.Name) and feeds_only(flow, stmt, node, depth - 1)):
+            return False
+    return True
 
 
 def _normalized(name: str, args: list, keywords: dict) -> Op:

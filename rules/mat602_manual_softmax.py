@@ -7,9 +7,12 @@ from typing import Optional
 from matlint.rule import Only, Rule, bad, good
 
 from ._flow import code_scope, flow_of, function_may_mention
-from ._pointwise import PRODUCT_METHODS, is_eps, is_true, number, product, resolve, same, torch_op
+from ._pointwise import (PRODUCT_METHODS, difference, feeds_only, is_eps, is_true, number, product, resolve, same,
+                         torch_op)
 
 _ATOMS = (ast.Name, ast.Attribute, ast.Call, ast.Subscript)
+# How far above the hand-written steps a comment about softmax still explains them.
+_COMMENT_LINES_ABOVE = 5
 
 
 class ManualSoftmax(Rule):
@@ -18,11 +21,13 @@ class ManualSoftmax(Rule):
     summary = "Softmax written out as `exp(x) / exp(x).sum(dim, keepdim=True)`; `x.softmax(dim)` is one stable kernel."
     docs = """
     ## What it does
-    Flags a division whose numerator is `torch.exp(x)` (or `x.exp()`, or a name holding it)
-    and whose denominator is the sum of the same exponentials over one dim with
-    `keepdim=True` (`torch.exp(x).sum(-1, keepdim=True)`, `torch.sum(e, dim=1, keepdim=True)`),
-    also in the max-subtracted form `exp(x - x.max(dim, keepdim=True).values)` and with a
-    small `+ eps` in the denominator.
+    Flags a division (`/`, `.div`, `torch.div`, `e /= ...`) whose numerator is `torch.exp(x)`
+    (or `x.exp()`, or a name holding it) and whose denominator is the sum of the same
+    exponentials over one dim with `keepdim=True` (`torch.exp(x).sum(-1, keepdim=True)`,
+    `torch.sum(e, dim=1, keepdim=True)`, numpy's spelling `e.sum(axis=-1, keepdims=True)`),
+    also in the max-subtracted form `exp(x - x.max(dim, keepdim=True).values)` (the max may sit
+    in a name: the message then suggests softmax of the unshifted `x` and claims no overflow)
+    and with a small `+ eps` in the denominator.
 
     ## Why is this bad?
     It launches an exp, a reduction and a division, materializing the exponentials, where
@@ -41,16 +46,22 @@ class ManualSoftmax(Rule):
     ```
 
     ## Stays quiet on
-    - Normalized kernels whose exponent is written negated (`exp(-x.pow(2) / (2 * sigma ** 2))`
-      divided by its sum): a Gaussian or RBF weighting, which reads as what it is and cannot
-      overflow.
+    - Normalized kernels whose exponent is written negated (`exp(-x.pow(2) / (2 * sigma ** 2))`,
+      `exp(-0.5 * dist / sigma ** 2)`, a negative factor anywhere in the product, `d.neg()`, or
+      a name holding such an exponent, divided by its sum): a Gaussian or RBF weighting, which
+      reads as what it is and cannot overflow.
     - numpy and math (`np.exp(x) / np.exp(x).sum()`): not tensors.
     - Masked or weighted forms (`exp(x) * mask / (exp(x) * mask).sum(...)`), sums without
-      `keepdim=True` or over all elements, and denominators that are not the sum of the
+      `keepdim=True` or over all elements (`dim=None`), and denominators that are not the sum of the
       numerator's exponentials (`exp(x) / (1 + exp(x))` is a sigmoid); sums over several dims
       (`dim=(-2, -1)`), which no one softmax call takes.
     - Exponentials changed between the `exp` and the division (masked in place with
       `masked_fill_` or `e[~mask] = 0`, rebound, or renormalized in a loop as in Sinkhorn).
+    - A sum held in a name that is also read elsewhere (`x_exp @ grid / x_sum` next to
+      `x_exp / x_sum`): softmax would compute it again, adding kernels instead of removing them.
+    - Hand-written steps with a comment that mentions softmax on their lines or up to five lines
+      above them (`# softmax(dim=1) as exp(x - max) / sum: the dim-1 kernel is slower here`):
+      the form was chosen knowingly.
 
     ## Fix safety
     The fix (`x.softmax(dim=D)`) is offered only when the exponentials are written inline, and
@@ -169,6 +180,61 @@ class ManualSoftmax(Rule):
                     outs.append(e / e.sum(-1, keepdim=True))
                 return outs
             """, (6, 21)),
+        good("""
+            import torch
+            def gaussian(dist, sigma, d2, gamma, tau):
+                w = torch.exp(-0.5 * dist / sigma ** 2)
+                a = w / w.sum(-1, keepdim=True)
+                v = torch.exp(-gamma * d2 / tau)
+                b = v / v.sum(dim=1, keepdim=True)
+                logits = -d2 / (2 * sigma ** 2)
+                u = torch.exp(logits)
+                c = u / u.sum(-1, keepdim=True)
+                t = torch.exp(d2.neg() / tau)
+                return a, b, c, t / t.sum(-1, keepdim=True)
+            """),
+        bad("""
+            import torch
+            def probs(x):
+                m = x.max(dim=-1, keepdim=True).values
+                e = torch.exp(x - m)
+                return e / e.sum(-1, keepdim=True)
+            """, (5, 12), message_contains="use `x.softmax(dim=-1)`"),
+        bad("""
+            import torch
+            def probs(x, temperature):
+                z = x - torch.max(x, dim=1, keepdim=True)[0]
+                num = torch.exp(z / temperature)
+                den = torch.sum(num, dim=1, keepdim=True)
+                return num / den
+            """, (6, 12), message_contains="use `(x / temperature).softmax(dim=1)`"),
+        good("""
+            import torch
+            def total_over_all(x):
+                e = torch.exp(x)
+                return e / e.sum(dim=None, keepdim=True)
+            def reused(patch_scores, grid, temperature):
+                max_v = patch_scores.max(dim=1).values.detach()[:, None]
+                x_exp = ((patch_scores - max_v) / temperature).exp()
+                x_sum = x_exp.sum(dim=1, keepdim=True)
+                residual = x_exp @ grid / x_sum
+                return residual, x_exp / x_sum
+            def explained(sim, conf):
+                # softmax(dim=1) as exp(sim - column max) / column sum: PyTorch's dim-1 softmax kernel is several
+                # times slower on (L, S) similarity matrices than these contiguous passes.
+                conf = conf.softmax(2)
+                if sim.requires_grad:
+                    col_exp = torch.exp(sim - sim.amax(dim=1, keepdim=True))
+                    conf = col_exp / col_exp.sum(dim=1, keepdim=True) * conf
+                return conf
+            """),
+        bad("""
+            import torch
+            def probs(x):
+                e = torch.exp(x)
+                e /= e.sum(axis=-1, keepdims=True)
+                return e
+            """, (4, 5)),
     ]
 
     only = {"visit_Call": Only(attrs=PRODUCT_METHODS)}
@@ -176,6 +242,10 @@ class ManualSoftmax(Rule):
     def visit_BinOp(self, node: ast.BinOp) -> None:
         if isinstance(node.op, ast.Div):
             self._check(node, node.op.__class__, node.left, node.right)
+
+    def visit_AugAssign(self, node: ast.AugAssign) -> None:
+        if isinstance(node.op, ast.Div) and isinstance(node.target, ast.Name):  # `e /= e.sum(-1, keepdim=True)`
+            self._check(node, ast.Div, node.target, node.value)
 
     def visit_Call(self, node: ast.Call) -> None:
         found = product(self.ctx, node)  # `e.div(e.sum(-1, keepdim=True))`, `torch.div(e, s)`
@@ -202,16 +272,18 @@ class ManualSoftmax(Rule):
             return
         if not is_true(total.keywords.get("keepdim", total.keywords.get("keepdims", total.arg(2, "")))):
             return
-        dim = total.arg(1, "dim")
+        dim = total.arg(1, "dim") or total.keywords.get("axis")
         summed = total.args[0]
-        if isinstance(dim, (ast.Tuple, ast.List, ast.Set)):
-            return  # a sum over several dims: no one softmax call does that
+        if isinstance(dim, (ast.Tuple, ast.List, ast.Set)) or isinstance(dim, ast.Constant) and dim.value is None:
+            return  # a sum over several dims or all elements: no one softmax call does that
         if dim is None or not (same(summed, left) or same(self._exp_argument(flow, summed), numerator)):
             return
         if eps is not None and not is_eps(eps):
             return
-        logits, stable = self._unshifted(numerator, dim)
-        suggestion = f"{self._atom(logits)}.softmax(dim={self.ctx.segment(dim)})"
+        if self._reused(flow, node, denominator) or self._explained(flow, node, left):
+            return
+        logits, stable = self._unshifted(flow, numerator, dim)
+        suggestion = f"{logits}.softmax(dim={self.ctx.segment(dim)})"
         message = f"hand-written softmax: use `{suggestion}`, one fused kernel"
         if not stable:
             message += "; exp() also overflows to inf for large inputs (x > 88 in float32), making inf/inf = nan"
@@ -231,26 +303,89 @@ class ManualSoftmax(Rule):
         op = torch_op(self.ctx, resolve(flow, node, depth=1))
         if op is None or op.name != "exp" or len(op.args) != 1 or op.keywords:
             return None
-        exponent = op.args[0]
-        if isinstance(exponent, ast.BinOp) and isinstance(exponent.op, (ast.Mult, ast.Div)):
-            exponent = exponent.left
-        if isinstance(exponent, ast.UnaryOp) and isinstance(exponent.op, ast.USub):
+        if self._negated(flow, op.args[0], 4):
             return None  # exp(-d ** 2 / (2 * sigma ** 2)): a Gaussian / RBF kernel being normalized
         return op.args[0]
 
-    def _unshifted(self, logits: ast.AST, dim: ast.AST):
-        """(x, True) for `x - x.max(dim, keepdim=True)[0]` / `.values` / `x.amax(dim, keepdim=True)`."""
-        if isinstance(logits, ast.BinOp) and isinstance(logits.op, ast.Sub):
-            shift = logits.right
-            if isinstance(shift, ast.Subscript) and number(shift.slice) == 0:
-                shift = shift.value
-            elif isinstance(shift, ast.Attribute) and shift.attr == "values":
-                shift = shift.value
+    def _negated(self, flow, node: ast.AST, depth: int) -> bool:
+        """Whether an exponent is written negated: `-d`, `-0.5 * d / s ** 2`, `d.neg()`, a negative
+        factor anywhere in a product (`(-g * d2) / tau`), or a name holding one."""
+        if isinstance(node, ast.Name):
+            node = resolve(flow, node, depth=1)
+        if isinstance(node, ast.UnaryOp):
+            return isinstance(node.op, ast.USub)
+        value = number(node)
+        if value is not None:
+            return value < 0
+        if not depth:
+            return False
+        found = product(self.ctx, node)
+        if found is not None:
+            return self._negated(flow, found[1], depth - 1) != self._negated(flow, found[2], depth - 1)
+        op = torch_op(self.ctx, node)
+        return op is not None and op.name in ("neg", "negative")
+
+    def _reused(self, flow, node: ast.AST, total: ast.AST) -> bool:
+        """Whether a name holding the sum is also read outside this division (`x_exp @ grid / x_sum`
+        next to `x_exp / x_sum`): the sum is computed anyway, and softmax would compute it again,
+        adding kernels instead of removing them. (Exponentials reused elsewhere still leave the
+        sum and the division to fuse: `p = e / e.sum(...)` next to `e.T / e.T.sum(...)`.)"""
+        if isinstance(total, ast.Name):
+            assign = flow.reaching(total)
+            return assign is not None and not feeds_only(flow, assign, node)
+        return False
+
+    def _explained(self, flow, node: ast.AST, exps: ast.AST) -> bool:
+        """Whether a comment mentioning softmax stands on the lines of the hand-written steps or in
+        the few lines above them (`# softmax(dim=1) as exp(sim - column max) / column sum: the dim-1
+        kernel is slower here`): the form was chosen knowingly."""
+        first = flow.statement(node) or node
+        if isinstance(exps, ast.Name):
+            first = flow.reaching(exps) or first
+        top = max(first.lineno - _COMMENT_LINES_ABOVE, getattr(flow.function, "lineno", 1))
+        for line in self.ctx.lines[top - 1:node.end_lineno]:
+            at = line.find("#")
+            if at >= 0 and "softmax" in line[at:].lower():
+                return True
+        return False
+
+    def _unshifted(self, flow, logits: ast.AST, dim: ast.AST):
+        """(text of x, True) for `x - x.max(dim, keepdim=True)[0]` / `.values` / `x.amax(dim, keepdim=True)`,
+        also held in names and scaled (`(x - m) / T` gives the text of `x / T`), else (text of the
+        exponent, False)."""
+        value = resolve(flow, logits, depth=1)
+        scale = None  # (operator, factor) of `(x - m) / T`, `(x - m) * c`, `c * (x - m)`
+        shifted = difference(self.ctx, value)
+        if shifted is None:
+            found = product(self.ctx, value)
+            if found is not None:
+                operator, left, right = found
+                shifted = difference(self.ctx, resolve(flow, left, depth=1))
+                scale = (operator, right)
+                if shifted is None and operator is ast.Mult:
+                    shifted = difference(self.ctx, resolve(flow, right, depth=1))
+                    scale = (operator, left)
+        if shifted is not None:
+            x, shift = shifted
+            shift = resolve(flow, shift, depth=1)
+            while True:
+                if isinstance(shift, ast.Subscript) and number(shift.slice) == 0:
+                    shift = shift.value
+                elif isinstance(shift, ast.Attribute) and shift.attr == "values":
+                    shift = shift.value
+                elif (isinstance(shift, ast.Call) and isinstance(shift.func, ast.Attribute)
+                      and shift.func.attr == "detach" and not shift.args):
+                    shift = shift.func.value
+                else:
+                    break
             op = torch_op(self.ctx, shift)
-            if (op is not None and op.name in ("max", "amax") and same(op.args[0], logits.left)
+            if (op is not None and op.name in ("max", "amax") and same(op.args[0], x)
                     and same(op.arg(1, "dim"), dim)):
-                return logits.left, True
-        return logits, False
+                if scale is None:
+                    return self._atom(x), True
+                operator = "*" if scale[0] is ast.Mult else "/"
+                return f"({self._atom(x)} {operator} {self._atom(scale[1])})", True
+        return self._atom(logits), False
 
     def _atom(self, node: ast.AST) -> str:
         text = self.ctx.segment(node)

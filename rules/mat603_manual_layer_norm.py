@@ -9,13 +9,26 @@ from typing import Optional
 from matlint.rule import Only, Rule, bad, good
 
 from ._flow import code_scope, flow_of, function_may_mention
+from ._loops import scope_statements
 from ._names import mentions, outermost_scope, subclasses
-from ._pointwise import (PRODUCT_METHODS, is_eps, last_dim_reduction, may_take_root, number, product, resolve,
-                         root_of, same, strip_casts, torch_op)
+from ._pointwise import (KERNEL_SWITCH, PRODUCT_METHODS, difference, feeds_only, is_eps, last_dim_reduction, may_take_root,
+                         number, product, resolve, root_of, same, strip_casts, torch_op)
 
 
 # A class or function that names one of these has a fused layer norm next to the manual one.
-_FUSED_PATH = re.compile(r"kernel|fused|apex|triton|liger|^layer_norm$", re.IGNORECASE)
+_FUSED_PATH = re.compile(KERNEL_SWITCH + r"|fused|apex|triton|liger|^layer_norm$", re.IGNORECASE)
+
+
+_ROOT_METHODS = frozenset({"sqrt", "rsqrt", "pow"})
+
+
+def _may_be_spread(value: ast.AST) -> bool:
+    """Whether an assigned value can be a root (`torch.sqrt(...)`, `(...).rsqrt()`, `** -0.5`,
+    `1 / sqrt(...)`, a bare-name alias) or a std plus eps, by its outer syntax alone."""
+    cls = value.__class__
+    if cls is ast.BinOp:
+        return value.op.__class__ in (ast.Pow, ast.Div, ast.Add)
+    return cls is ast.Call and (value.func.__class__ is not ast.Attribute or value.func.attr in _ROOT_METHODS)
 
 
 class ManualLayerNorm(Rule):
@@ -25,12 +38,13 @@ class ManualLayerNorm(Rule):
     docs = """
     ## What it does
     Flags the normalization step of a hand-written layer norm over the last dim: `x` minus its
-    mean (`x.mean(-1, keepdim=True)`, `torch.mean(x, dim=-1, keepdim=True)`), divided by the
+    mean (`x - x.mean(-1, keepdim=True)`, `x.sub(torch.mean(x, dim=-1, keepdim=True))`), divided by the
     square root of its variance plus eps (`torch.sqrt(var + eps)`, `(var + eps).sqrt()`,
     `** 0.5`) or multiplied by its inverse root (`torch.rsqrt(var + eps)`, `** -0.5`). The
     variance may be `x.var(-1, keepdim=True, unbiased=False)` or the mean of the squared
     centered values (`.pow(2)`, `** 2`, `.square()`, `xc * xc`), and the steps may sit in
-    separate statements. The "annotated transformer" form `(x - mean) / (x.std(-1, keepdim=True) + eps)`
+    separate statements (`std = (var + eps).sqrt()`, then `(x - mean) / std`;
+    `rstd = torch.rsqrt(var + eps)`, then `xc * rstd * w + b`). The "annotated transformer" form `(x - mean) / (x.std(-1, keepdim=True) + eps)`
     is reported too, with a note that it differs slightly from a layer norm.
 
     ## Why is this bad?
@@ -60,9 +74,14 @@ class ManualLayerNorm(Rule):
       computed elsewhere (running stats, a batch-norm's buffers), and numpy.
     - Classes and functions that also have a fused path (a kernel-hub decorator, apex,
       triton, or an `F.layer_norm` switch next to the manual code): the manual code is the fallback.
+      Only code counts, as whole identifiers or their parts (`FusedLayerNorm`, `use_fused`): a
+      docstring that mentions a fused kernel, or a conv's `kernel_size`, is no fused path.
     - Subclasses of `nn.LayerNorm` that override `forward` with the written-out computation:
       the fused kernel was replaced on purpose (transformers' flow-head layer norms work around
       wrong forward-mode JVP gradients of the fused op).
+    - Statistics wanted on their own: a name holding the mean or the spread that is also read
+      outside the normalization (`return x, mu, std` to de-normalise later,
+      `ctx.save_for_backward(xc, rstd)`); `F.layer_norm` returns neither.
     - Unbiased variance (`x.var(-1, keepdim=True)`): that is not what a layer norm computes.
     - A std plus something that is not an eps (`std + 1.0`, `std + floor`): no layer norm.
 
@@ -166,6 +185,77 @@ class ManualLayerNorm(Rule):
                     x = self.proj(x)
                     return (x - mean) * torch.rsqrt(var + self.eps)
             """),
+        bad("""
+            import torch
+            import torch.nn as nn
+            class LayerNorm(nn.Module):
+                '''LayerNorm with optional bias (PyTorch's fused kernel lacks bias=False).'''
+                def forward(self, x):
+                    u = x.mean(-1, keepdim=True)
+                    s = (x - u).pow(2).mean(-1, keepdim=True)
+                    return (x - u) / torch.sqrt(s + 1e-5)
+            class Block(nn.Module):
+                def __init__(self, dim, kernel_size=7):
+                    super().__init__()
+                    self.conv = nn.Conv1d(dim, dim, kernel_size, padding=kernel_size // 2)
+                def forward(self, x):
+                    x = self.conv(x).transpose(1, 2)
+                    u = x.mean(-1, keepdim=True)
+                    s = (x - u).pow(2).mean(-1, keepdim=True)
+                    return (x - u) / torch.sqrt(s + 1e-6)
+            """, (8, 16), (17, 16)),
+        good("""
+            import torch
+            import torch.nn as nn
+            from apex.normalization import FusedLayerNorm
+            class LayerNorm(nn.Module):
+                def forward(self, x):
+                    if x.is_cuda:
+                        return FusedLayerNorm.apply(x, self.weight, self.bias, self.eps)
+                    u = x.mean(-1, keepdim=True)
+                    s = (x - u).pow(2).mean(-1, keepdim=True)
+                    return (x - u) / torch.sqrt(s + self.eps)
+            """),
+        bad("""
+            import torch
+            def std_in_a_name(x, eps: float = 1e-5):
+                mean = x.mean(-1, keepdim=True)
+                var = x.var(-1, keepdim=True, unbiased=False)
+                std = (var + eps).sqrt()
+                return (x - mean) / std
+            def rstd_in_a_name(x, w, b, eps: float = 1e-5):
+                xc = x - x.mean(-1, keepdim=True)
+                var = (xc * xc).mean(-1, keepdim=True)
+                rstd = torch.rsqrt(var + eps)
+                return xc * rstd * w + b
+            def chained(x, eps: float = 1e-5):
+                mu = x.mean(-1, keepdim=True)
+                sigma = (x - mu).pow(2).mean(-1, keepdim=True).add(eps).sqrt()
+                return (x - mu) / sigma
+            def sub_method(x, eps: float = 1e-5):
+                xc = x.sub(x.mean(-1, keepdim=True))
+                return xc / torch.sqrt(xc.pow(2).mean(-1, keepdim=True) + eps)
+            """, (6, 12), (11, 12), (15, 12), (18, 12)),
+        good("""
+            import torch
+            def LN(x, eps: float = 1e-5):
+                mu = x.mean(dim=-1, keepdim=True)
+                x = x - mu
+                std = x.std(dim=-1, keepdim=True)
+                x = x / (std + eps)
+                return x, mu, std
+            class Norm(torch.autograd.Function):
+                @staticmethod
+                def forward(ctx, x, eps):
+                    mean = x.mean(-1, keepdim=True)
+                    xc = x - mean
+                    rstd = torch.rsqrt(xc.pow(2).mean(-1, keepdim=True) + eps)
+                    ctx.save_for_backward(xc, rstd)
+                    return xc * rstd
+            def not_a_root(x, scale):
+                xc = x - x.mean(-1, keepdim=True)
+                return xc * scale
+            """),
     ]
 
     only = {"visit_Call": Only(attrs=PRODUCT_METHODS)}
@@ -190,37 +280,72 @@ class ManualLayerNorm(Rule):
         pairs = [(left, right)] if op is ast.Div else [(left, right), (right, left)]
         for centered, spread in pairs:
             form = self._spread_form(spread, inverse)
-            if form is None:
+            if form is None and not (spread.__class__ is ast.Name and self._may_hold_root(function, spread.id)):
                 continue  # read off the syntax: most products stop here, before any data flow is built
             flow = flow_of(self.ctx, function)
-            x = self._centered(flow, centered)
-            if x is None:
+            if form is None:  # a name that may hold the root: `std = (var + eps).sqrt()`, `rstd = torch.rsqrt(...)`
+                form = self._spread_form(resolve(flow, spread), inverse)
+                if form is None:
+                    continue
+            found = self._centered(flow, centered)
+            if found is None:
                 continue
+            x, mean = found
             note = self._spread(flow, form, centered, x)
             if note is None:
                 continue
             if (mentions(self.ctx, outermost_scope(self.ctx), _FUSED_PATH)
-                    or subclasses(self.ctx, self.ctx.class_, "torch.nn.LayerNorm")):
+                    or subclasses(self.ctx, self.ctx.class_, "torch.nn.LayerNorm")
+                    or self._statistics_wanted(flow, node, (mean, spread, form[1]))):
                 return
             self.report(node, "hand-written layer norm over the last dim: use "
                         "`F.layer_norm(x, (x.shape[-1],), weight, bias, eps)` (or `nn.LayerNorm`), one fused "
                         f"kernel forward and backward instead of one kernel per step{note}")
             return
 
-    def _centered(self, flow, node: ast.AST) -> Optional[ast.AST]:
-        """x for `x - x.mean(-1, keepdim=True)` (or a name holding it)."""
+    def _may_hold_root(self, function: ast.AST, name: str) -> bool:
+        """Whether `function` assigns `name` a root or a std plus eps (`std = (var + eps).sqrt()`,
+        `rstd = torch.rsqrt(var + eps)`): read off its statements before any data flow is built."""
+        key = ("roots_assigned", id(function))
+        roots = self.ctx.shared.get(key)
+        if roots is None:
+            roots = self.ctx.shared[key] = {}
+            for stmt in scope_statements(function.body):
+                if stmt.__class__ is ast.Assign and len(stmt.targets) == 1 and stmt.targets[0].__class__ is ast.Name:
+                    roots.setdefault(stmt.targets[0].id, []).append(stmt.value)
+        values = roots.get(name)
+        if values.__class__ is list:  # decided on first ask: the same name is asked about again and again
+            values = roots[name] = any(self._spread_form(v, True) or self._spread_form(v, False)
+                                       for v in values if _may_be_spread(v))
+        return bool(values)
+
+    @staticmethod
+    def _statistics_wanted(flow, node: ast.AST, statistics) -> bool:
+        """Whether a name holding the mean or the spread is read outside the normalization
+        (`return x, mu, std` to de-normalise later, `ctx.save_for_backward(x, mean, rstd)`):
+        F.layer_norm returns neither."""
+        for name in statistics:
+            if name.__class__ is ast.Name:
+                assign = flow.reaching(name)
+                if assign is not None and not feeds_only(flow, assign, node):
+                    return True
+        return False
+
+    def _centered(self, flow, node: ast.AST) -> Optional[tuple]:
+        """(x, the mean) for `x - x.mean(-1, keepdim=True)` or `x.sub(...)` (or a name holding it)."""
         value = resolve(flow, node)
         if isinstance(value, ast.BinOp) and isinstance(value.op, ast.Mult):  # weight * (x - mean) / std
             return self._centered(flow, value.left) or self._centered(flow, value.right)
-        if not (isinstance(value, ast.BinOp) and isinstance(value.op, ast.Sub)):
+        found = difference(self.ctx, value)
+        if found is None:
             return None
-        x = value.left
-        mean_of = last_dim_reduction(self.ctx, flow, value.right, ("mean",))
-        return x if mean_of is not None and self._same_tensor(flow, mean_of, x) else None
+        x, mean = found
+        mean_of = last_dim_reduction(self.ctx, flow, mean, ("mean",))
+        return (x, mean) if mean_of is not None and self._same_tensor(flow, mean_of, x) else None
 
     def _spread_form(self, node: ast.AST, inverse: bool) -> Optional[tuple]:
         """("std", s) for `s + eps`, ("root", v) for the (inverse) root of `v + eps`, read off the
-        node itself (never through an assignment); None for anything else."""
+        node itself (the caller resolves a name); None for anything else."""
         if not inverse and isinstance(node, ast.BinOp) and isinstance(node.op, ast.Add):
             return ("std", node.left) if is_eps(node.right) else None  # `std + 1.0` is no layer norm
         root = root_of(self.ctx, node, inverse)

@@ -9,14 +9,14 @@ from matlint.rule import Only, Rule, bad, good
 
 from ._flow import code_scope, flow_of, function_may_mention
 from ._names import mentions, outermost_scope, subclasses
-from ._pointwise import (PRODUCT_METHODS, last_dim_reduction, may_take_root, number, product, resolve, root_of, same,
-                         strip_casts, torch_op)
+from ._pointwise import (KERNEL_SWITCH, PRODUCT_METHODS, difference, last_dim_reduction, may_take_root, number, product,
+                         resolve, root_of, same, strip_casts, torch_op)
 
 # A class or function that names one of these already has (or switches to) a fused RMS norm;
 # the hand-written code is its fallback.
 # torchrl's `@implement_for("torch", None, "2.4")` marks a fallback for releases without
 # F.rms_norm; ONNX export patches decompose on purpose.
-_FUSED_PATH = re.compile(r"kernel|fused|apex|triton|liger|rms_norm|flash|implement_for|onnx|nn\.RMSNorm",
+_FUSED_PATH = re.compile(KERNEL_SWITCH + r"|fused|apex|triton|liger|rms_norm|flash|implement_for|onnx|nn\.RMSNorm",
                          re.IGNORECASE)
 
 
@@ -31,7 +31,8 @@ class ManualRmsNorm(Rule):
     `(... + eps) ** -0.5`, `1 / torch.sqrt(...)`) or divided by the root
     (`x / torch.sqrt(x.pow(2).mean(-1, keepdim=True) + eps)`). The squares may be spelled
     `x ** 2`, `x.pow(2)`, `torch.pow(x, 2)`, `x.square()` or `x * x`, with dtype casts around
-    `x` and the steps in separate statements (the `LlamaRMSNorm` shape: upcast to float32,
+    `x`, the weight multiplied first or last (`self.weight * x * torch.rsqrt(...)`) and the steps
+    in separate statements (the `LlamaRMSNorm` shape: upcast to float32,
     normalize, cast back, multiply by the weight). Those classes are reported on purpose
     unless a kernel-hub decorator replaces them: they are the pattern, and `F.rms_norm`
     computes half-precision statistics in float32 as they do (see Fix safety for the last bit).
@@ -59,8 +60,9 @@ class ManualRmsNorm(Rule):
 
     ## Stays quiet on
     - Classes and functions that already have a fused path: a kernel-hub decorator
-      (transformers' `@use_kernel_forward_from_hub("RMSNorm")`), or any mention of a fused,
-      apex, triton, liger or `rms_norm` implementation next to the manual code.
+      (transformers' `@use_kernel_forward_from_hub("RMSNorm")`), or an identifier or string
+      naming a fused, apex, triton, liger or `rms_norm` implementation next to the manual code
+      (whole identifiers or their parts: `_rms_normalize` names none; docstrings do not count).
     - Torch-version and export fallbacks: torchrl's `@implement_for("torch", None, "2.4")`
       implementations (for releases without `F.rms_norm`) and ONNX export patches.
     - Gated RMS norms (a `gate` parameter, as in Mamba-2, Bamba, Zamba-2, Falcon-H1): the
@@ -155,7 +157,9 @@ class ManualRmsNorm(Rule):
                 c = x / x.norm(dim=-1, keepdim=True)
                 xc = x - x.mean(-1, keepdim=True)
                 d = xc * torch.rsqrt(xc.pow(2).mean(-1, keepdim=True) + eps)
-                return a, b, c, d
+                xs = x.sub(x.mean(-1, keepdim=True))
+                e = xs * torch.rsqrt(xs.pow(2).mean(-1, keepdim=True) + eps)
+                return a, b, c, d, e
             """),
         bad("""
             import torch
@@ -175,6 +179,37 @@ class ManualRmsNorm(Rule):
                     variance = x.pow(2).mean(-1, keepdim=True)
                     x.mul_(self.scale)
                     return x * torch.rsqrt(variance + self.eps)
+            """),
+        bad("""
+            import torch
+            import torch.nn as nn
+            class RMSNorm(nn.Module):
+                '''Matches the reference norm (`norm_type="rms_norm"`), computed in float32.'''
+                def forward(self, x):
+                    variance = x.float().pow(2).mean(-1, keepdim=True)
+                    x = x * torch.rsqrt(variance + self.eps)
+                    return x * self.weight
+                def _rms_normalize(self, x):
+                    return x * torch.rsqrt(x.pow(2).mean(dim=-1, keepdim=True) + self.eps)
+            """, (7, 13), (10, 16)),
+        bad("""
+            import torch
+            import torch.nn as nn
+            def rms(x, w, eps: float = 1e-6):
+                return w * x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + eps)
+            class RMSNorm(nn.Module):
+                def forward(self, x):
+                    return self.weight * x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + self.eps)
+            def scaled(x, w, eps: float = 1e-6):
+                return (w * x.float()).mul(torch.rsqrt(x.float().square().mean(-1, keepdim=True) + eps))
+            """, (4, 12), (7, 16), (9, 12)),
+        good("""
+            import torch
+            def not_rms(x, eps: float = 1e-6):
+                a = x * x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + eps)
+                xc = x - x.mean(-1, keepdim=True)
+                b = self.weight * xc * torch.rsqrt(xc.pow(2).mean(-1, keepdim=True) + eps)
+                return a, b
             """),
     ]
 
@@ -227,10 +262,19 @@ class ManualRmsNorm(Rule):
         square = torch_op(self.ctx, strip_casts(self.ctx, resolve(flow, squares_of)))
         if square is None or square.name != "pow" or number(square.args[1]) != 2:
             return False
-        base, target = strip_casts(self.ctx, square.args[0]), strip_casts(self.ctx, x)
-        if not (same(base, target) or same(resolve(flow, base), resolve(flow, target))):
-            return False
-        centered = resolve(flow, target)
-        if isinstance(centered, ast.BinOp) and isinstance(centered.op, ast.Sub):
-            return last_dim_reduction(self.ctx, flow, centered.right, ("mean",)) is None
-        return True
+        base = strip_casts(self.ctx, square.args[0])
+        for target in self._factors(x, 3):
+            target = strip_casts(self.ctx, target)
+            if same(base, target) or same(resolve(flow, base), resolve(flow, target)):
+                centered = difference(self.ctx, resolve(flow, target))  # `x - x.mean(...)`: a layer norm
+                return centered is None or last_dim_reduction(self.ctx, flow, centered[1], ("mean",)) is None
+        return False
+
+    def _factors(self, node: ast.AST, depth: int):
+        """`node`, and when it is a product the factors inside it: the weight may come first
+        (`w * x * rsqrt(...)` multiplies `w * x` by the root)."""
+        yield node
+        found = product(self.ctx, node) if depth else None
+        if found is not None and found[0] is ast.Mult and not same(found[1], found[2]):  # `x * x` is a square
+            yield from self._factors(found[1], depth - 1)
+            yield from self._factors(found[2], depth - 1)

@@ -12,16 +12,18 @@ from matlint.rule import Only, Rule, bad, good
 from ._flow import code_scope, flow_of
 from ._kinds import may_mention
 from ._names import mentions, outermost_scope, spelling
-from ._pointwise import torch_op
+from ._pointwise import KERNEL_SWITCH, torch_op
 from ._shapes import module_assignments
+from ._tree import walk
 
 # A class or function that names one of these has a fused GELU next to the formula (a kernel-hub
 # decorator, an `F.gelu` switch): the formula is its fallback or its reference.
-_FUSED_PATH = re.compile(r"kernel|fused|triton|liger|^gelu$", re.IGNORECASE)
+_FUSED_PATH = re.compile(KERNEL_SWITCH + r"|fused|triton|liger|^gelu$", re.IGNORECASE)
 _SAMPLES = (-3.1, -0.7, 0.0, 0.45, 1.3, 2.9)
 _CONSTANTS = {"math.pi": math.pi, "numpy.pi": math.pi, "torch.pi": math.pi, "math.e": math.e}
 _UNARY = {"sqrt": math.sqrt, "tanh": math.tanh, "exp": math.exp}
 _WRAPPERS = {"tensor", "as_tensor", "float", "to", "type_as"}  # value-keeping calls around constants or x
+_TORCH_GELU = frozenset({"torch.nn.GELU", "torch.nn.functional.gelu", "torch.nn.modules.activation.GELU"})
 
 
 def _power(base: float, exponent: float) -> float:
@@ -76,7 +78,12 @@ class ManualTanhGelu(Rule):
     ## Stays quiet on
     - Classes and functions that also have a fused path: a kernel-hub decorator
       (transformers' `@use_kernel_forward_from_hub("NewGELU")`) or an `F.gelu` switch next to
-      the formula (`GELUTanh(use_gelu_tanh_python=True)`): the formula is the fallback.
+      the formula (`GELUTanh(use_gelu_tanh_python=True)`): the formula is the fallback. Only
+      code counts, as whole identifiers or their parts: a docstring that mentions fused kernels,
+      or a conv's `kernel_size`, is no fused path.
+    - Fallbacks for a torch without GELU: a class or function that is the other branch of a
+      switch to torch's (`GELU = nn.GELU if hasattr(nn, "GELU") else GELU_`, or a module-level
+      `if`/`try` whose other branch binds `nn.GELU`, `F.gelu` or `from torch.nn import GELU`).
     - The exact GELU (`x * 0.5 * (1 + torch.erf(x / math.sqrt(2)))`, which `F.gelu(x)`
       replaces; a separate shape) and the sigmoid approximation `x * torch.sigmoid(1.702 * x)`.
     - Expressions that differ from the formula (other constants, a missing `0.5`, an extra
@@ -86,7 +93,11 @@ class ManualTanhGelu(Rule):
     The fix is **safe**: `F.gelu(x, approximate="tanh")` computes the same function (results
     agree to rounding). It is offered when `x` is a plain name or attribute (an expression with
     side effects would be evaluated once instead of several times, so it is left to a human)
-    and torch.nn.functional has a name in the file.
+    and torch.nn.functional has a name in the file. It is **unsafe** where the formula reads `x`
+    through a dtype cast (`x.float()`, `.to(...)`, `.type_as(...)`, also through a name such as
+    `xf = x.float()`): `F.gelu(x)` computes in `x`'s dtype, so a bfloat16 `x` upcast in only
+    some operands gave a float32 result that the fix would return in bfloat16. Intermediate
+    names the formula reads (`cdf = 0.5 * (1 + torch.tanh(...))`) are left in place, unused.
     """
     examples = [
         bad("""
@@ -232,6 +243,42 @@ class ManualTanhGelu(Rule):
             def grow(x):
                 return 1 + torch.tanh(x ** 0.5) * x ** 1.5
             """),
+        bad("""
+            import math
+            import torch
+            import torch.nn as nn
+            class NewGELU(nn.Module):
+                '''GELU activation, same as in Google BERT; fused kernels not used here.'''
+                def forward(self, x):
+                    return 0.5 * x * (1.0 + torch.tanh(math.sqrt(2.0 / math.pi) * (x + 0.044715 * torch.pow(x, 3.0))))
+            class ConvMLP(nn.Module):
+                def __init__(self, dim, kernel_size=3):
+                    super().__init__()
+                    self.dw = nn.Conv1d(dim, dim, kernel_size, padding=kernel_size // 2, groups=dim)
+                def forward(self, x):
+                    h = self.dw(x)
+                    return 0.5 * h * (1 + torch.tanh(math.sqrt(2 / math.pi) * (h + 0.044715 * torch.pow(h, 3))))
+            """, (7, 16), (14, 16)),
+        bad("""
+            import torch
+            import torch.nn.functional as F
+            def gelu(x):
+                return 0.5 * x * (1 + torch.tanh(0.7978845608 * (x.float() + 0.044715 * x.float() ** 3)))
+            """, (4, 12)),
+        good("""
+            import math
+            import torch
+            from torch import nn
+            class GELU_(nn.Module):
+                def forward(self, x):
+                    return 0.5 * x * (1 + torch.tanh(math.sqrt(2 / math.pi) * (x + 0.044715 * torch.pow(x, 3))))
+            GELU = nn.GELU if hasattr(nn, 'GELU') else GELU_
+            try:
+                from torch.nn import GELU as TorchGELU
+            except ImportError:
+                def gelu(x):
+                    return 0.5 * x * (1 + torch.tanh(math.sqrt(2 / math.pi) * (x + 0.044715 * torch.pow(x, 3))))
+            """),
     ]
 
     # The tanh is `torch.tanh(...)`, `x.tanh()` or a bare name bound to it (`torch_op` names it "tanh").
@@ -248,11 +295,55 @@ class ManualTanhGelu(Rule):
         for candidate in self._outwards(flow, node):
             x = self._gelu_input(flow, candidate)
             if x is not None:
-                if mentions(self.ctx, outermost_scope(self.ctx), _FUSED_PATH):
+                scope = outermost_scope(self.ctx)
+                if mentions(self.ctx, scope, _FUSED_PATH) or self._is_torch_gelu_fallback(scope):
                     return
                 self.report(candidate, 'hand-written tanh GELU: use `F.gelu(x, approximate="tanh")`, one '
-                            "kernel instead of about nine", fix=self._fix(candidate, x))
+                            "kernel instead of about nine", fix=self._fix(candidate, x, safe=not self._cast))
                 return
+
+    def _is_torch_gelu_fallback(self, scope: ast.AST) -> bool:
+        """Whether the class or function holding the formula is the other branch of a switch to
+        torch's GELU: `GELU = nn.GELU if hasattr(nn, "GELU") else GELU_`, or a module-level
+        `if`/`try` whose other branch binds `nn.GELU` (`try: from torch.nn import GELU`)."""
+        name = getattr(scope, "name", None)
+        if name is None:
+            return False
+        key = ("torch_gelu_fallbacks",)
+        fallbacks = self.ctx.shared.get(key)
+        if fallbacks is None:
+            fallbacks = self.ctx.shared[key] = self._torch_gelu_fallbacks()
+        return name in fallbacks
+
+    def _torch_gelu_fallbacks(self) -> set:
+        names = set()
+        for node in walk(self.ctx.tree):
+            if isinstance(node, ast.IfExp):
+                for branch, other in ((node.body, node.orelse), (node.orelse, node.body)):
+                    head = branch.func if isinstance(branch, ast.Call) else branch
+                    if isinstance(head, ast.Name) and self._names_torch_gelu(other):
+                        names.add(head.id)
+        for stmt in self.ctx.tree.body:
+            if isinstance(stmt, (ast.If, ast.Try)):
+                branches = ([stmt.body, stmt.orelse] if isinstance(stmt, ast.If)
+                            else [stmt.body + stmt.orelse] + [handler.body for handler in stmt.handlers])
+                for branch in branches:
+                    if not any(self._names_torch_gelu(part) for other in branches if other is not branch
+                               for part in other):
+                        continue
+                    names.update(part.name for part in branch
+                                 if isinstance(part, (ast.ClassDef, ast.FunctionDef, ast.AsyncFunctionDef)))
+        return names
+
+    def _names_torch_gelu(self, node: ast.AST) -> bool:
+        """Whether `node` refers to torch's GELU (`nn.GELU`, `F.gelu`, `from torch.nn import GELU`)."""
+        for sub in walk(node):
+            if isinstance(sub, ast.ImportFrom):
+                if (sub.module or "").startswith("torch.nn") and any(a.name in ("GELU", "gelu") for a in sub.names):
+                    return True
+            elif isinstance(sub, (ast.Name, ast.Attribute)) and self.ctx.qualname(sub) in _TORCH_GELU:
+                return True
+        return False
 
     def _outwards(self, flow, node: ast.AST):
         """The arithmetic around the tanh, innermost first, through names read once
@@ -271,6 +362,7 @@ class ManualTanhGelu(Rule):
     def _gelu_input(self, flow, expr: ast.AST) -> Optional[ast.AST]:
         """The x for which `expr` computes tanh-GELU(x), else None."""
         leaves: dict = {}
+        self._cast = False
         try:
             self._evaluate(flow, expr, {}, leaves, 0)
         except (_NotArithmetic, ArithmeticError, ValueError):
@@ -326,7 +418,14 @@ class ManualTanhGelu(Rule):
                     b = self._evaluate(flow, args[1], env, leaves, depth + 1)
                     return a * b if op.name == "mul" else a + b
                 if op.name in _WRAPPERS and len(args) >= 1 and not (op.name == "tensor" and len(args) > 1):
-                    return self._evaluate(flow, args[0], env, leaves, depth + 1)
+                    if env:
+                        return self._evaluate(flow, args[0], env, leaves, depth + 1)
+                    wrapped: dict = {}
+                    value = self._evaluate(flow, args[0], env, wrapped, depth + 1)
+                    if wrapped:  # `x.float()`: F.gelu(x) would not compute in the cast's dtype
+                        self._cast = True
+                        leaves.update(wrapped)
+                    return value
                 if op.name in _UNARY or op.name in ("pow", "mul", "add"):
                     raise _NotArithmetic
             if qual is not None and not qual.startswith("torch."):
@@ -361,11 +460,11 @@ class ManualTanhGelu(Rule):
             return None
         return None if names else number
 
-    def _fix(self, node: ast.AST, x: ast.AST):
+    def _fix(self, node: ast.AST, x: ast.AST, safe: bool):
         if not isinstance(x, (ast.Name, ast.Attribute)):
             return None
         prefix = spelling(self.ctx, "torch.nn.functional")
         if prefix is None:
             return None
         return self.replace(node, f'{prefix}.gelu({self.ctx.segment(x)}, approximate="tanh")',
-                            'replace with F.gelu(x, approximate="tanh")')
+                            'replace with F.gelu(x, approximate="tanh")', safe=safe)
