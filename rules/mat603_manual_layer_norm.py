@@ -256,6 +256,14 @@ class ManualLayerNorm(Rule):
                 xc = x - x.mean(-1, keepdim=True)
                 return xc * scale
             """),
+        # A module-level loop whose product reaches its own read of `h` on the next pass: quiet,
+        # and the product is looked into only a few levels deep (no unbounded recursion).
+        good("""
+            import torch
+            for i in range(n):
+                v = h.pow(2).mean(-1, keepdim=True)
+                h = h * torch.rsqrt(v + 1e-6)
+            """),
     ]
 
     only = {"visit_Call": Only(attrs=PRODUCT_METHODS)}
@@ -331,11 +339,14 @@ class ManualLayerNorm(Rule):
                     return True
         return False
 
-    def _centered(self, flow, node: ast.AST) -> Optional[tuple]:
-        """(x, the mean) for `x - x.mean(-1, keepdim=True)` or `x.sub(...)` (or a name holding it)."""
+    def _centered(self, flow, node: ast.AST, depth: int = 4) -> Optional[tuple]:
+        """(x, the mean) for `x - x.mean(-1, keepdim=True)` or `x.sub(...)` (or a name holding it).
+        `depth` bounds the products looked into: in a loop, `h = h * s` reaches its own read of `h`."""
         value = resolve(flow, node)
         if isinstance(value, ast.BinOp) and isinstance(value.op, ast.Mult):  # weight * (x - mean) / std
-            return self._centered(flow, value.left) or self._centered(flow, value.right)
+            if not depth:
+                return None
+            return self._centered(flow, value.left, depth - 1) or self._centered(flow, value.right, depth - 1)
         found = difference(self.ctx, value)
         if found is None:
             return None
