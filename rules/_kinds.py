@@ -42,7 +42,7 @@ _SPLITTING_FUNCTIONS = {"split", "chunk", "tensor_split", "hsplit", "vsplit", "d
                         "unravel_index", "where_tuple", "sort", "topk", "max", "min", "median",
                         "mode", "kthvalue", "std_mean", "var_mean", "unique", "lu", "qr", "svd",
                         "eig", "eigh", "slogdet", "frexp", "aminmax", "cummax", "cummin"}
-_FACTORIES = {"tensor", "as_tensor", "zeros", "ones", "empty", "full", "rand", "randn", "randint",
+FACTORIES = {"tensor", "as_tensor", "zeros", "ones", "empty", "full", "rand", "randn", "randint",
               "randperm", "arange", "linspace", "logspace", "eye", "from_numpy", "asarray",
               "scalar_tensor", "zeros_like", "ones_like", "empty_like", "full_like", "rand_like",
               "randn_like", "randint_like"}
@@ -111,11 +111,11 @@ def _is_dtype(qual: str) -> bool:
     return qual.startswith("torch.") and qual.rpartition(".")[2] in _DTYPE_NAMES
 
 
-def _is_cpu_literal(expr: ast.AST) -> bool:
+def is_cpu_literal(expr: ast.AST) -> bool:
     if isinstance(expr, ast.Constant) and isinstance(expr.value, str):
         return expr.value.split(":")[0] == "cpu"
     if isinstance(expr, ast.Call) and expr.args and not expr.keywords:
-        return _is_cpu_literal(expr.args[0]) and (getattr(expr.func, "attr", None) == "device"
+        return is_cpu_literal(expr.args[0]) and (getattr(expr.func, "attr", None) == "device"
                                                   or getattr(expr.func, "id", None) == "device")
     return False
 
@@ -267,7 +267,8 @@ class ScopeKinds(BuiltOnFirstUse):
             stack.extend(child_nodes(node))
 
 
-def _scope(ctx, owner) -> ScopeKinds:
+def scope_kinds(ctx, owner) -> ScopeKinds:
+    """The kinds analysis of one function (or the module): its bindings, read once per file."""
     key = ("kinds", id(owner))
     scope = ctx.shared.get(key)
     if scope is None:
@@ -276,7 +277,17 @@ def _scope(ctx, owner) -> ScopeKinds:
 
 
 def _chain(ctx) -> list:
-    return [_scope(ctx, f) for f in reversed(ctx.functions)] + [_scope(ctx, ctx.tree)]
+    return [scope_kinds(ctx, f) for f in reversed(ctx.functions)] + [scope_kinds(ctx, ctx.tree)]
+
+
+def bindings(ctx, name: str) -> Optional[list]:
+    """The assignments of `name` in the innermost scope around the walker that binds it, as
+    `ScopeKinds.assigned` records them; None where no scope binds it."""
+    for scope in _chain(ctx):
+        entries = scope.assigned.get(name)
+        if entries is not None:
+            return entries
+    return None
 
 
 def _sets_default_device(ctx) -> bool:
@@ -582,7 +593,7 @@ class _Inference:
         target = node.args[0] if node.args else next((k.value for k in node.keywords if k.arg == "device"), None)
         if target is None:
             return _STAYS
-        if _is_cpu_literal(target):
+        if is_cpu_literal(target):
             return CPU_TENSOR
         if isinstance(target, ast.Attribute) and target.attr == "device":  # `.to(x.device)`
             return CPU_TENSOR if self.expr(target.value) == CPU_TENSOR else TENSOR
@@ -627,7 +638,7 @@ class _Inference:
                 return LIST
             if attr == "unbind":
                 return TENSOR_SEQ
-            if attr in _FACTORIES:
+            if attr in FACTORIES:
                 return self._factory_kind(attr, node)
             arg_kinds = [self.expr(a) for a in node.args]
             if CPU_TENSOR in arg_kinds and TENSOR not in arg_kinds:
@@ -645,7 +656,7 @@ class _Inference:
             return CPU_TENSOR
         if device is None:
             return TENSOR if self.default_device_set else CPU_TENSOR
-        return CPU_TENSOR if _is_cpu_literal(device) else TENSOR
+        return CPU_TENSOR if is_cpu_literal(device) else TENSOR
 
 
 def class_attribute_kind(ctx, cls: ast.ClassDef, attr: str) -> Optional[str]:
@@ -660,7 +671,7 @@ def class_attribute_kind(ctx, cls: ast.ClassDef, attr: str) -> Optional[str]:
     ctx.shared[cache_key] = _RECURSING
     kinds = []
     for method, value in entries:
-        inference = _Inference(ctx, [_scope(ctx, method), _scope(ctx, ctx.tree)])
+        inference = _Inference(ctx, [scope_kinds(ctx, method), scope_kinds(ctx, ctx.tree)])
         kinds.append(inference.expr(value))
     result = _Inference._combine(kinds)
     ctx.shared[cache_key] = result
@@ -815,10 +826,8 @@ def constant_int(ctx, expr: ast.AST) -> Optional[int]:
     = 1001, 512`). Parameters are not constants."""
     if not isinstance(expr, ast.Name):
         return int_const(expr)
-    for scope in _chain(ctx):
-        entries = scope.assigned.get(expr.id)
-        if entries is None:
-            continue
-        values = {_assigned_int(e) for e in entries}
-        return values.pop() if len(values) == 1 else None
-    return None
+    entries = bindings(ctx, expr.id)
+    if entries is None:
+        return None
+    values = {_assigned_int(e) for e in entries}
+    return values.pop() if len(values) == 1 else None

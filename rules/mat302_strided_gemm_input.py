@@ -8,13 +8,13 @@ from typing import Optional
 from matlint.rule import Only, Rule, bad, good
 
 from ._flow import flow_of, function_text, has_word
-from ._kinds import _FACTORIES, int_const
+from ._kinds import FACTORIES, int_const
 from ._layout import Reorder, gemm_of_operand, mergeable, rank_of, reorder
 from ._torch_api import as_gemm
 
 _FOLDING = ("nn.Linear", "linear")
 # Tensor factories whose result does not require grad unless asked (`as_tensor`/`asarray` may return their argument).
-_NO_GRAD_FACTORIES = _FACTORIES - {"as_tensor", "asarray"}
+_NO_GRAD_FACTORIES = FACTORIES - {"as_tensor", "asarray"}
 _PRODUCE = "produce it in the layout the GEMM reads (weights: transpose or select once at init)"
 
 

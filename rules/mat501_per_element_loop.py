@@ -403,12 +403,11 @@ class PerElementLoop(Rule):
         """The length of the literal list or tuple `expr` is, or a name holds in every assignment
         of the scope that binds it (`MEAN = [0.485, 0.456, 0.406]`)."""
         if isinstance(expr, ast.Name):
-            for scope in _kinds._chain(self.ctx):
-                entries = scope.assigned.get(expr.id)
-                if entries is not None:
-                    lengths = {_literal_length(e[-1]) if e[0] in ("value", "kind") else None for e in entries}
-                    return lengths.pop() if len(lengths) == 1 else None
-            return None
+            entries = _kinds.bindings(self.ctx, expr.id)
+            if entries is None:
+                return None
+            lengths = {_literal_length(e[-1]) if e[0] in ("value", "kind") else None for e in entries}
+            return lengths.pop() if len(lengths) == 1 else None
         return _literal_length(expr)
 
     def _over_few_slabs(self, loops: list, target: ast.AST, value: ast.AST) -> bool:

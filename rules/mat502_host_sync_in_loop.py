@@ -47,7 +47,7 @@ _NESTED_LOOPS = (ast.For, ast.AsyncFor, ast.While) + _COMPREHENSIONS
 
 def _is_cpu_target(call: ast.Call) -> bool:
     target = call.args[0] if call.args else next((k.value for k in call.keywords if k.arg == "device"), None)
-    return target is not None and _kinds._is_cpu_literal(target)
+    return target is not None and _kinds.is_cpu_literal(target)
 
 
 def _non_blocking(call: ast.Call) -> bool:
@@ -646,7 +646,7 @@ class HostSyncInLoop(Rule):
         one (`total += x.item()`); an attribute, a tensor or a name of unknown kind is not."""
         if not isinstance(target, ast.Name):
             return False
-        scope = _kinds._scope(self.ctx, self.ctx.function or self.ctx.tree)
+        scope = _kinds.scope_kinds(self.ctx, self.ctx.function or self.ctx.tree)
         entries = scope.assigned.get(target.id)
         if not entries:
             return False
