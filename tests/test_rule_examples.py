@@ -57,6 +57,22 @@ def test_mat601_sees_a_softmax_upcast_passed_positionally():
         assert finding.fix is not None and finding.fix.safe is safe, softmax
 
 
+def test_mat605_fix_is_unsafe_where_the_formula_reads_x_through_a_cast():
+    """`x.float()` inside the formula upcasts only part of it: on a bf16 `x` the original returns
+    float32 and `F.gelu(x, approximate="tanh")` returns bf16, so the fix must not be safe; the
+    same formula without casts keeps its safe fix."""
+    rule = next(r for r in all_rules() if r.code == "MAT605")
+    source = ("import math\n"
+              "import torch\n"
+              "def gelu(x):\n"
+              "    return 0.5 * x * (1 + torch.tanh(math.sqrt(2 / math.pi) * ({inner})))\n")
+    for inner, safe in (("x.float() + 0.044715 * x.float() ** 3", False),
+                        ("x.to(torch.float32) + 0.044715 * torch.pow(x.to(torch.float32), 3)", False),
+                        ("x + 0.044715 * x ** 3", True)):
+        (finding,) = _lint_one(rule, source.format(inner=inner))
+        assert finding.fix is not None and finding.fix.safe is safe, inner
+
+
 def test_mat503_device_fix_is_safe_only_where_the_values_are_bit_identical():
     """`linspace`, `logspace` and a fractional-step `arange` round differently on the GPU than on
     the host (measured on an H100), so creating them there is an unsafe fix; fills are exact."""
