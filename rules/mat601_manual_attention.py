@@ -975,6 +975,17 @@ class ManualAttention(Rule):
                 scores = torch.matmul(q, k.transpose(-1, -2)) * scale
                 return torch.matmul(scores.softmax(dim=-1), v)
             """),
+        # A docstring that talks about a fused path is no fused path: still reported.
+        bad("""
+            import math
+            import torch.nn as nn
+            import torch.nn.functional as F
+            class Attention(nn.Module):
+                \"\"\"Plain multi-head attention. TODO: use flash attention, or a fused kernel.\"\"\"
+                def forward(self, q, k, v):
+                    att = (q @ k.transpose(-2, -1)) * (1.0 / math.sqrt(k.size(-1)))
+                    return F.softmax(att, dim=-1) @ v
+            """, (7, 16)),
     ]
 
     # A softmax is a call of `softmax` (an attribute, or a name bound to it), or of `self.<module>`
