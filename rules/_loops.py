@@ -6,7 +6,7 @@ import ast
 import re
 from functools import cached_property
 
-from ._tree import block_fields, child_nodes
+from ._tree import block_fields, child_nodes, dotted
 
 _SCOPES = (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef, ast.Lambda)
 _SCOPE_TYPES = frozenset(_SCOPES)
@@ -27,8 +27,6 @@ def loaded_names(expr: ast.AST) -> set:
 
 def _attribute_paths(expr: ast.AST) -> set:
     """`self.h` and `self.h.T` for `self.h.T @ W`: the dotted paths of the attributes `expr` reads."""
-    from ._names import dotted  # (_names imports this module)
-
     return {dotted(n) for n in walk_no_scopes(expr) if n.__class__ is ast.Attribute} - {None}
 
 
@@ -74,16 +72,13 @@ class _Order(ast.NodeVisitor):
     evaluation order."""
 
     def __init__(self):
-        from ._names import dotted  # (_names imports this module)
-
         self.events: list = []
-        self._dotted = dotted
 
     def visit_Name(self, node):
         self.events.append(("write" if isinstance(node.ctx, (ast.Store, ast.Del)) else "read", node.id))
 
     def visit_Attribute(self, node):
-        path = self._dotted(node)
+        path = dotted(node)
         if path is not None:
             self.events.append(("write" if isinstance(node.ctx, (ast.Store, ast.Del)) else "read", path))
         self.visit(node.value)
@@ -153,8 +148,6 @@ def _changed_tensor(target: ast.AST, spine: list):
     """The name or attribute path (`buf`, `self.traj`) whose tensor a store into `target` or an
     in-place call on it changes: through indexing (`buf[t + 1]`), views (`buf.view(-1)`) and
     `.data` (`self.W.data`). Collects the nodes walked into `spine` (they are the change, not a read)."""
-    from ._names import dotted
-
     node = target
     while True:
         spine.append(node)
@@ -303,8 +296,6 @@ class LoopInfo:
     def _read_after_change_in_place(self) -> set:
         """The names and attribute paths of `_changes_in_place` that the body also reads: the
         read sees what an earlier iteration wrote."""
-        from ._names import dotted
-
         changed, not_reads = self._changes_in_place
         if not changed:
             return set()
@@ -324,8 +315,6 @@ class LoopInfo:
     def _changed_paths(self) -> set:
         """Names and attribute paths whose value the body changes: in place, or attributes it
         rebinds (`self.W = ...`, with the attributes holding them)."""
-        from ._names import dotted
-
         paths = set(self._changes_in_place[0])
         for sub in self._body_nodes:
             if sub.__class__ is ast.Attribute and sub.ctx.__class__ is not ast.Load:

@@ -12,7 +12,7 @@ import ast
 from typing import Optional
 
 from ._loops import scope_statements
-from ._tree import walk
+from ._tree import dotted, walk
 
 # Spellings that reach the same function under another module path.
 CANONICAL = {
@@ -38,18 +38,6 @@ _UNRESOLVED = object()
 
 def canonical(qualname: str) -> str:
     return CANONICAL.get(qualname, qualname)
-
-
-def dotted(expr: ast.AST) -> Optional[str]:
-    """`a.b.c` for a chain of Name/Attribute nodes, else None."""
-    parts = []
-    while isinstance(expr, ast.Attribute):
-        parts.append(expr.attr)
-        expr = expr.value
-    if isinstance(expr, ast.Name):
-        parts.append(expr.id)
-        return ".".join(reversed(parts))
-    return None
 
 
 def _bound_names(target: ast.AST):

@@ -9,6 +9,7 @@ engine's walker reads its children from the same table.
 from __future__ import annotations
 
 import ast
+from typing import Optional
 
 _AST = ast.AST
 
@@ -78,3 +79,15 @@ def walk(node: ast.AST):
         index += 1
         queue.extend(child_nodes(current))
         yield current
+
+
+def dotted(expr: ast.AST) -> Optional[str]:
+    """`a.b.c` for a chain of Name/Attribute nodes, else None."""
+    parts = []
+    while isinstance(expr, ast.Attribute):
+        parts.append(expr.attr)
+        expr = expr.value
+    if isinstance(expr, ast.Name):
+        parts.append(expr.id)
+        return ".".join(reversed(parts))
+    return None
