@@ -46,6 +46,15 @@ def _is_slab(parts) -> bool:
     return any(isinstance(p, ast.Slice) or (isinstance(p, ast.Constant) and p.value is Ellipsis) for p in parts)
 
 
+def _writes_matrices(target: ast.AST) -> bool:
+    """`K[..., i, i, :, :] = ...`, `x[:, :, c] = ...`: two or more whole dimensions spelled out, so
+    each iteration works on at least a matrix, not on an element or a row."""
+    if not isinstance(target, ast.Subscript):
+        return False
+    whole = [p for p in _index_parts(target)[1] if isinstance(p, ast.Slice) and not (p.lower or p.upper or p.step)]
+    return len(whole) >= 2
+
+
 def _view_root(expr: ast.AST) -> Optional[str]:
     """`x` for `x`, `x[0]`, `x.T`, `x.view(-1)`: the name whose memory `expr` shares."""
     while True:
@@ -121,7 +130,10 @@ class PerElementLoop(Rule):
       right-hand sides that call anything but element-wise math (modules, losses, `.item()`),
       loops over small ranges (`range(3)` over channels, also spelled `range(C)` with `C = 3`
       or `range(len(MEAN))` over a literal list of 3), loops over a model setting that work on
-      whole slabs (`for i in range(self.groups): res += x[..., i] * w`), targets that are not known
+      whole slabs (`for i in range(self.groups): res += x[..., i] * w`), writes of a slab with two
+      or more whole dimensions spelled out (`K[..., i, i, :, :] = K[..., i, i, :, :] + K_base`:
+      a matrix per iteration, not an element; one whole dimension, `t[:, j]`, is still a column
+      loop and reported), targets that are not known
       to be tensors (lists, numpy arrays), sums of products of indexed tensors over an index
       the target lacks (`s += a[i] * b[i]`, `C[i, j] += alpha * A[i, k] * B[k, j]`, also as
       `C[i, j] = C[i, j] + ...`: a dot or matrix product, the loops family's rules), and tests.
@@ -306,6 +318,15 @@ class PerElementLoop(Rule):
                         res += indices[..., i] * (self.num_vars ** (self.groups - i - 1))
                     return res
             """),
+        good("""
+            import torch
+            def kernel_grad(K22: torch.Tensor, K12_base: torch.Tensor, imgs: torch.Tensor, d: int, n: int):
+                for i in range(d):
+                    K22[..., i, i, :, :] = K22[..., i, i, :, :] + K12_base
+                for b in range(n):
+                    imgs[b, :, :] *= 0.5
+                return K22, imgs
+            """),
     ]
 
     def __init__(self, ctx, options=None):
@@ -363,7 +384,7 @@ class PerElementLoop(Rule):
                 return
         else:
             return
-        if in_test_code(self.ctx) or self._over_few_slabs(loops, target, value):
+        if in_test_code(self.ctx) or self._over_few_slabs(loops, target, value) or _writes_matrices(target):
             return
         recurrent, same_index = self._recurrence(outer.node)
         if recurrent:

@@ -9,7 +9,7 @@ from typing import Optional
 from matlint.rule import Only, Rule, bad, good
 
 from . import _kinds
-from ._loops import identifier
+from ._loops import identifier, is_training_loop
 from ._names import in_test_code
 
 # Factories built from sizes alone (their values, to the last bit, in `_same_values_on_device`).
@@ -27,6 +27,9 @@ def _same_values_on_device(name: str, call: ast.Call) -> bool:
     return True
 
 
+# Factories that take sizes: every positional argument, but only the first of `full` and the last of
+# `randint` (the others are values).
+_SIZED_FACTORIES = {"zeros", "ones", "empty", "full", "rand", "randn", "randint", "randperm", "eye"}
 # Factories whose values come from the generator of the device they are created on.
 _RANDOM = {"rand", "randn", "randint", "randperm", "normal", "bernoulli"}
 _FROM_DATA = {"tensor", "as_tensor", "asarray", "Tensor", "FloatTensor", "LongTensor"}
@@ -35,12 +38,19 @@ _LEGACY_CONSTRUCTORS = {"Tensor": "", "FloatTensor": "dtype=torch.float32, ", "L
 # Tests that read a tensor's values on the host: the branch under them handles what the data says
 # (an empty mask, a NaN, an out-of-range loss), not the work of every call.
 _VALUE_CHECKS = {"item", "any", "all", "isnan", "isinf", "isfinite", "equal", "allclose", "is_nonzero"}
+# Reductions whose result, compared on the host (`if mask.sum() > 0:`), reads the tensor's values.
+_REDUCTIONS = {"sum", "count_nonzero", "max", "min", "amax", "amin", "mean", "prod", "norm", "nansum"}
 # Bases that make a class a plain Python class, not an nn.Module.
 _PLAIN_BASES = {"abc.ABC", "typing.Generic", "typing.Protocol", "typing.NamedTuple", "enum.Enum"}
 # Ops whose result lives where their input does (`torch.tril(torch.ones(T, T)).to(device)`).
 _SAME_DEVICE_FUNCTIONS = {"torch.tril", "torch.triu"}
 _SAME_DEVICE_METHODS = {"tril", "triu", "bool", "float", "half", "bfloat16", "long", "int"}
-_ONE_TIME_FUNCTION = re.compile(r"^(__init__|_?init|_?build|_?setup|_?load|reset_parameters)", re.IGNORECASE)
+# A function run once, by its first name token: `__init__`, `init_weights`, `initialize`, `build_model`,
+# `setUp`, `load`, `load_model`, `loadModel`, `reset_parameters`; not `loader_step` or `builder`.
+_ONE_TIME_FUNCTION = re.compile(
+    r"^_*(?:[Ii]nit(?:iali[sz](?:e|ation))?|[Bb]uild|[Ss]et_?[Uu]p|[Ll]oad|reset_parameters)(?![a-z])")
+# ... unless another token of its name says it trains (`load_and_train`, `build_and_fit`).
+_TRAINING_WORD = re.compile(r"(?:^|_|(?<=[a-z]))(?:[Tt]rain(?:ing)?|[Ff]it)(?![a-z])")
 
 
 def _is_constant_data(expr: ast.AST) -> bool:
@@ -51,6 +61,11 @@ def _is_constant_data(expr: ast.AST) -> bool:
     if isinstance(expr, (ast.List, ast.Tuple)):
         return bool(expr.elts) and all(_is_constant_data(e) for e in expr.elts)
     return False
+
+
+def _is_false(expr: ast.AST) -> bool:
+    """`requires_grad=False`, `pin_memory=False`: the default, as if the keyword were not there."""
+    return isinstance(expr, ast.Constant) and expr.value is False
 
 
 def _is_scalar_data(expr: ast.AST) -> bool:
@@ -137,7 +152,7 @@ class TensorCreationInLoop(Rule):
       `.to("cpu")`; random tensors drawn from an explicit `generator=` (it lives on the host);
       factories with `requires_grad=True` (the moved copy is a non-leaf, so `device=` would
       change which tensor gets the gradient; a constant leaf must be a new one each call) or
-      `pin_memory=True`.
+      `pin_memory=True` (`requires_grad=False` and `pin_memory=False` are the defaults: reported).
     - Constant tensors that a tensor made once could not replace: returned or stored in another
       object (`data.edge_index = torch.tensor(...)`: every result would share it), or changed
       in place later (`counts = torch.tensor([0, 0], device=d)`, then `counts[k] += 1`).
@@ -146,12 +161,18 @@ class TensorCreationInLoop(Rule):
       len(steps) - 1:`, `if state is None:`, `if len(state) == 0:`; their `else:` is reported).
     - Branches that the data chooses, under a test that reads tensor values on the host (`if
       not torch.any(mask): return torch.tensor(0.0, device=d)`, `if loss.item() > 1.0:`, `if
-      total == 0:` for a tensor `total`): an empty batch or an out-of-range value, not the work
-      of every call.
-    - Loops in `__init__`, `init*`, `build*`, `setup*`, `load*` and `reset_parameters` (run
-      once), loops that make one tensor per listed shape (`torch.randn(1, *shape).to(device) for
-      shape in input_shapes`: dummy inputs), code outside loops and `forward`, the `forward` of a
-      class known not to be an `nn.Module` (no base, `object`, `ABC`), and tests.
+      total == 0:` for a tensor `total`, a reduction compared: `if mask.sum() > 0:`, `if (z <
+      -1).sum() == 0:`): an empty batch or an out-of-range value, not the work of every call.
+      `if position_ids is None:` reads no values (the argument was not passed, which is the
+      usual call): the default built under it is reported.
+    - Loops in functions whose name starts with the word `init` (`__init__`, `init_weights`,
+      `initialize`), `build`, `setup`, `load` (`load`, `load_model`; not `loader_step`) or is
+      `reset_parameters` (run once), unless the name also says `train` or `fit`
+      (`load_and_train`) or the loop calls `.backward()` or an optimizer's `.step()`; loops that
+      make one tensor per listed shape (`torch.randn(1, *shape).to(device) for shape in
+      input_shapes`: dummy inputs; the loop item is a size, not the fill value of
+      `torch.full((b,), t)` for `t in timesteps`), code outside loops and `forward`, the
+      `forward` of a class known not to be an `nn.Module` (no base, `object`, `ABC`), and tests.
     - Caches filled on the first call: `self._mask = ...` under an `if` that tests `self._mask`
       (`if self._mask is None or self._mask.size(0) < T:`, `if not hasattr(self, "_mask"):`).
 
@@ -381,6 +402,114 @@ class TensorCreationInLoop(Rule):
                 for _ in range(3):
                     assert torch.zeros(2).to(device).sum() == 0
             """),
+        bad("""
+            from typing import Optional
+            import torch
+            from torch import nn
+            class Embeddings(nn.Module):
+                def forward(self, input_ids: torch.LongTensor, position_ids: Optional[torch.LongTensor] = None,
+                            mask: torch.Tensor = None, token_type_ids=None):
+                    if position_ids is None:
+                        position_ids = torch.arange(input_ids.size(1)).to(input_ids.device)
+                    if mask is not None:
+                        pad = torch.zeros(input_ids.size(0), 1).to(input_ids.device)
+                        mask = torch.cat([pad, mask], dim=1)
+                    if token_type_ids is None:
+                        token_type_ids = torch.zeros(input_ids.shape, dtype=torch.long).to(input_ids.device)
+                    return self.emb(input_ids, position_ids, token_type_ids), mask
+            """, (8, 28), (10, 19), (13, 30),
+            fixed="""
+            from typing import Optional
+            import torch
+            from torch import nn
+            class Embeddings(nn.Module):
+                def forward(self, input_ids: torch.LongTensor, position_ids: Optional[torch.LongTensor] = None,
+                            mask: torch.Tensor = None, token_type_ids=None):
+                    if position_ids is None:
+                        position_ids = torch.arange(input_ids.size(1), device=input_ids.device)
+                    if mask is not None:
+                        pad = torch.zeros(input_ids.size(0), 1, device=input_ids.device)
+                        mask = torch.cat([pad, mask], dim=1)
+                    if token_type_ids is None:
+                        token_type_ids = torch.zeros(input_ids.shape, dtype=torch.long, device=input_ids.device)
+                    return self.emb(input_ids, position_ids, token_type_ids), mask
+            """),
+        bad("""
+            import torch
+            @torch.no_grad()
+            def sample(model, scheduler, shape, device):
+                x = torch.randn(shape, device=device)
+                for t in scheduler.timesteps:
+                    ts = torch.full((shape[0],), t, dtype=torch.long).to(device)
+                    x = scheduler.step(model(x, ts), t, x).prev_sample
+                return x
+            def loader_train_step(model, loader, opt, device):
+                for x, y in loader:
+                    w = torch.ones(x.size(0), requires_grad=False).to(device)
+                    loss = (model(x.to(device), y.to(device)) * w).mean()
+                    opt.zero_grad()
+                    loss.backward()
+                    opt.step()
+            def load_and_train(model, loader, device):
+                for x, y in loader:
+                    model.train_step(x, torch.zeros(x.size(0), pin_memory=False).to(device))
+            def load_data(model, loader, opt, device):
+                for x, y in loader:
+                    model(x, torch.ones(x.size(0)).to(device)).backward()
+                    opt.step()
+            """, (6, 14), (11, 13), (18, 29), (21, 18),
+            fixed="""
+            import torch
+            @torch.no_grad()
+            def sample(model, scheduler, shape, device):
+                x = torch.randn(shape, device=device)
+                for t in scheduler.timesteps:
+                    ts = torch.full((shape[0],), t, dtype=torch.long, device=device)
+                    x = scheduler.step(model(x, ts), t, x).prev_sample
+                return x
+            def loader_train_step(model, loader, opt, device):
+                for x, y in loader:
+                    w = torch.ones(x.size(0), requires_grad=False, device=device)
+                    loss = (model(x.to(device), y.to(device)) * w).mean()
+                    opt.zero_grad()
+                    loss.backward()
+                    opt.step()
+            def load_and_train(model, loader, device):
+                for x, y in loader:
+                    model.train_step(x, torch.zeros(x.size(0), pin_memory=False, device=device))
+            def load_data(model, loader, opt, device):
+                for x, y in loader:
+                    model(x, torch.ones(x.size(0), device=device)).backward()
+                    opt.step()
+            """),
+        bad("""
+            import torch
+            from torch import nn
+            class Scale(nn.Module):
+                def forward(self, x):
+                    w = torch.tensor([0.5, 2.0, 1.0], device=x.device, requires_grad=False)
+                    return x * w
+            """, (5, 13)),
+        good("""
+            import torch
+            from torch import nn
+            class LogNormalCDF(nn.Module):
+                def forward(self, z):
+                    z_is_small = z.lt(-1)
+                    if z_is_small.sum() > 0:
+                        z = z + torch.tensor(0.56, dtype=z.dtype, device=z.device)
+                    if (z < -1).sum() == 0:
+                        z = z * torch.tensor([1.0, 2.0], dtype=z.dtype, device=z.device)
+                    if torch.count_nonzero(z) < 2 or z.max() > 1e4:
+                        z = z - torch.tensor(3.0, dtype=z.dtype, device=z.device)
+                    return z
+            def loadModel(backend, outputs, dtype):
+                for output in outputs:
+                    backend.bind(output, torch.empty(output.shape, dtype=dtype).to(backend.device))
+            def dummy_inputs(input_shapes, device):
+                return [(torch.zeros((1, *shape)).to(device), torch.randint(0, 10, shape).to(device))
+                        for shape in input_shapes]
+            """),
     ]
 
     # A move (`.to(...)`, `.cuda()`), or a tensor made from data (`torch.tensor(...)`, `tensor(...)`).
@@ -409,9 +538,10 @@ class TensorCreationInLoop(Rule):
                 return
             if name not in _FILLS and name not in _RANDOM:
                 return
-            if any(k.arg in ("device", None, "out", "generator", "requires_grad", "pin_memory") for k in call.keywords):
+            if any(k.arg in ("device", None, "out", "generator") or k.arg in ("requires_grad", "pin_memory")
+                   and not _is_false(k.value) for k in call.keywords):
                 return  # already placed, unknown keywords, host-only options, or a leaf whose copy is what is used
-            if self._sized_by_loop_item(call) or self._in_value_checked_branch():
+            if self._sized_by_loop_item(name, call) or self._in_value_checked_branch():
                 return
             self.report(node, f"`{self.ctx.segment(call.func)}(...)` is created on the host and copied to the device "
                               f"on every {self._where()}; create it there with `device=`",
@@ -434,7 +564,11 @@ class TensorCreationInLoop(Rule):
         if name == "forward":
             return bool(self.ctx.loops) or (self.ctx.class_ is not None and len(self.ctx.functions) == 1
                                             and not self._plain_class(self.ctx.class_))
-        return bool(self.ctx.loops) and not _ONE_TIME_FUNCTION.match(name)
+        if not self.ctx.loops:
+            return False
+        if not _ONE_TIME_FUNCTION.match(name) or _TRAINING_WORD.search(name):
+            return True
+        return any(is_training_loop(self.ctx, loop) for loop in self.ctx.loops)  # `.backward()`: not run once
 
     def _plain_class(self, cls: ast.ClassDef, depth: int = 0) -> bool:
         """A class known not to be an nn.Module (no bases, `object`, `ABC`, or plain classes of this
@@ -585,7 +719,7 @@ class TensorCreationInLoop(Rule):
 
     def _constant(self, node: ast.Call, factory: ast.Call, device: str) -> None:
         """`node` uploads the constant `factory` builds (`node` is the factory itself or its move)."""
-        if any(k.arg in ("requires_grad", None) for k in factory.keywords):
+        if any(k.arg is None or k.arg == "requires_grad" and not _is_false(k.value) for k in factory.keywords):
             return  # a fresh leaf for autograd each time: one shared tensor would not do
         if self._in_value_checked_branch():
             return
@@ -639,15 +773,30 @@ class TensorCreationInLoop(Rule):
         return False
 
     def _reads_tensor_values(self, test: ast.AST) -> bool:
+        """The test reads a tensor's values on the host: `.item()`, `.any()`, `torch.isnan(...)`, a
+        reduction compared (`mask.sum() > 0`, `(z < -1).sum() == 0`), a tensor compared (`total ==
+        0`) or tested for truth. `x is None` reads no values: it is the optional argument's default."""
         operands = [test.operand if isinstance(test, ast.UnaryOp) else test]
         for sub in ast.walk(test):
             if isinstance(sub, ast.Call) and isinstance(sub.func, ast.Attribute) and sub.func.attr in _VALUE_CHECKS:
                 return True
-            if isinstance(sub, ast.Compare):
-                operands.append(sub.left)
-                operands.extend(sub.comparators)
+            if isinstance(sub, ast.Compare) and not any(isinstance(op, (ast.Is, ast.IsNot)) for op in sub.ops):
+                compared = [sub.left, *sub.comparators]
+                if any(self._is_reduction(o) for o in compared):
+                    return True
+                operands.extend(compared)
         return any(isinstance(o, (ast.Name, ast.Attribute, ast.Call, ast.Subscript)) and _kinds.kind_of(self.ctx, o) in _kinds.TENSORS
                    for o in operands)
+
+    def _is_reduction(self, expr: ast.AST) -> bool:
+        """`mask.sum()`, `(z < -1).sum()`, `torch.count_nonzero(m)`: a tensor method or a torch
+        function that reduces values (not `len(x)`, `sum(lengths)` or `x.size(0)`)."""
+        if not (isinstance(expr, ast.Call) and isinstance(expr.func, ast.Attribute) and expr.func.attr in _REDUCTIONS):
+            return False
+        qualname = self.ctx.qualname(expr.func)
+        if qualname is not None:
+            return qualname.rpartition(".")[0] == "torch"
+        return _kinds.kind_of(self.ctx, expr.func.value) not in _kinds.NON_TENSORS
 
     def _escapes(self, node: ast.Call) -> bool:
         """The new tensor is returned, or stored in another object (`data.edge_index = ...`,
@@ -677,19 +826,27 @@ class TensorCreationInLoop(Rule):
         scope = self.ctx.function if self.ctx.function is not None else self.ctx.tree
         return any(_changes_in_place(name, stmt) for stmt in scope.body)
 
-    def _sized_by_loop_item(self, call: ast.Call) -> bool:
+    def _sized_by_loop_item(self, name: str, call: ast.Call) -> bool:
         """`torch.randn(1, *shape).to(device) for shape in input_shapes`: one tensor per listed
-        shape (dummy inputs built once), not the same work on every iteration."""
-        if not self.ctx.loops:
+        shape (dummy inputs built once), not the same work on every iteration. Only the size
+        arguments count: in `torch.full((b,), t)` for `t in timesteps`, `t` is the fill value."""
+        if not self.ctx.loops or name not in _SIZED_FACTORIES:
             return False
         loop = self.ctx.loops[-1]
         it = loop.iter
         if isinstance(it, ast.Call) and getattr(it.func, "id", None) in ("range", "enumerate"):
             return False
-        targets = loop.targets
-        for arg in call.args:
-            if isinstance(arg, ast.Starred):
-                arg = arg.value
-            if isinstance(arg, ast.Name) and arg.id in targets:
-                return True
+        if name == "full":
+            sizes = call.args[:1]
+        elif name == "randint":  # randint(high, size), randint(low, high, size)
+            sizes = call.args[-1:] if len(call.args) >= 2 else []
+        else:
+            sizes = call.args
+        sizes = [*sizes, *(k.value for k in call.keywords if k.arg == "size")]
+        for size in sizes:
+            for arg in size.elts if isinstance(size, (ast.Tuple, ast.List)) else [size]:
+                if isinstance(arg, ast.Starred):
+                    arg = arg.value
+                if isinstance(arg, ast.Name) and arg.id in loop.targets:
+                    return True
         return False

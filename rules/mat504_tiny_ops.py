@@ -25,6 +25,14 @@ _ASSIGNS_DATA = re.compile(r"data[\s\\)]*=(?!=)")
 _HOT_TOKENS = frozenset({"step", "steps", "update", "updates", "ema", "average", "averages", "avg", "swa", "sgd"}
                         | {name.lower() for name in _OPTIMIZERS})
 _NAME_TOKEN = re.compile(r"[A-Z]+(?![a-z])|[A-Z]?[a-z]+|[0-9]+")
+# Calls whose work per parameter is matrix work, autograd or a model, not a few element-wise ops.
+_MATRIX_CALLS = {"backward", "forward", "grad", "einsum", "matmul", "mm", "bmm", "svd", "eigh", "qr", "cholesky",
+                 "pinv", "inverse"}
+# Name tokens of a helper defined in another file that does matrix work per parameter: Muon's
+# Newton-Schulz orthogonalization, Shampoo/SOAP preconditioners, decompositions.
+_MATRIX_HELPER_TOKENS = {"muon", "newtonschulz", "schulz", "zeropower", "orthogonalize", "orthogonalise",
+                         "orthogonalization", "orthogonalisation", "orthogonalized", "shampoo", "precondition",
+                         "preconditioner", "svd", "eig", "eigh", "qr", "cholesky", "inverse", "matmul", "einsum"}
 _ONE_TIME_FUNCTION = re.compile(r"init|reset|load|build|setup|copy|convert|prune|quantiz|checkpoint|ckpt",
                                 re.IGNORECASE)
 
@@ -87,7 +95,12 @@ class TinyOps(Rule):
       `ckpt`: `average_checkpoints` runs offline), and functions that already use
       `torch._foreach_*` (the loop is the fallback).
     - Loops that also run GEMMs, linear algebra, autograd or a loss per parameter (Shampoo or
-      Kron preconditioners, per-parameter Hessians): their cost is not launch overhead.
+      Kron preconditioners, per-parameter Hessians), written inline or in a helper they call: a
+      function of the file or a method of the class that does so, followed three calls deep
+      (Muon's `muon_update` → `zeropower_via_newtonschulz5` → `X @ X.mT`), or a function from
+      another file whose name says it does (`muon_update`, `newtonschulz`, `orthogonalize`,
+      `precondition`, `svd`): their cost is not launch overhead. A helper of element-wise ops
+      (`adam_update`) is still reported.
     - Loops that are not known to run every step: only an optimizer's `step`, a function
       whose name says it updates (a whole word of it: `update`, `step`, `ema`, `average`,
       `swa`, `sgd`, an optimizer's name; not `remap` or `swap`), the `__call__` of a class so
@@ -234,6 +247,60 @@ class TinyOps(Rule):
                 for p in model.parameters():
                     p.data.add_(1.0)
             """),
+        good("""
+            import torch
+            from .muon import muon_update as imported_muon_update
+            def zeropower_via_newtonschulz5(G, steps):
+                X = G.bfloat16()
+                for _ in range(steps):
+                    A = X @ X.mT
+                    X = 3.4445 * X + (-4.775 * A + 2.0315 * A @ A) @ X
+                return X
+            def muon_update(grad, momentum, beta=0.95):
+                momentum.lerp_(grad, 1 - beta)
+                return zeropower_via_newtonschulz5(grad.lerp_(momentum, beta), steps=5)
+            class Muon(torch.optim.Optimizer):
+                @torch.no_grad()
+                def step(self):
+                    for group in self.param_groups:
+                        for p in group["params"]:
+                            update = muon_update(p.grad, self.state[p]["momentum_buffer"])
+                            p.mul_(1 - group["lr"] * group["weight_decay"])
+                            p.add_(update.reshape(p.shape), alpha=-group["lr"])
+            class ImportedMuon(torch.optim.Optimizer):
+                @torch.no_grad()
+                def step(self):
+                    for p in self.param_groups[0]["params"]:
+                        p.add_(imported_muon_update(p.grad, self.state[p]["buf"]), alpha=-0.02)
+            class Shampoo(torch.optim.Optimizer):
+                def _precondition(self, p):
+                    state = self.state[p]
+                    return state["L"] @ p.grad @ state["R"]
+                @torch.no_grad()
+                def step(self):
+                    for p in self.param_groups[0]["params"]:
+                        p.add_(self._precondition(p), alpha=-0.1)
+            """),
+        bad("""
+            import torch
+            from .adam import adam_update as imported_adam_update
+            def adam_update(grad, buf1, buf2, step, betas, eps):
+                buf1.lerp_(grad, 1 - betas[0])
+                buf2.lerp_(grad.square(), 1 - betas[1])
+                return buf1 / (1 - betas[0] ** step) / ((buf2 / (1 - betas[1] ** step)).sqrt() + eps)
+            class MuonWithAuxAdam(torch.optim.Optimizer):
+                @torch.no_grad()
+                def step(self):
+                    for group in self.param_groups:
+                        for p in group["params"]:
+                            state = self.state[p]
+                            update = adam_update(p.grad, state["exp_avg"], state["exp_avg_sq"], state["step"],
+                                                 group["betas"], group["eps"])
+                            p.mul_(1 - group["lr"] * group["weight_decay"])
+                            p.add_(update, alpha=-group["lr"])
+                        for p in group["params"]:
+                            p.add_(imported_adam_update(p.grad, *self.state[p].values()), alpha=-group["lr"])
+            """, (15, 17), (18, 17)),
     ]
 
     def __init__(self, ctx, options=None):
@@ -385,20 +452,57 @@ class TinyOps(Rule):
         return isinstance(node, ast.Name) and node.id in loop.targets
 
     def _does_other_work(self, loop: LoopInfo) -> bool:
-        """The loop also runs GEMMs, linear algebra, autograd or a loss per parameter: its cost is
-        not launch overhead (Shampoo/Kron preconditioners, per-parameter Hessians)."""
-        for stmt in loop.body:
-            for node in ast.walk(stmt):
-                if isinstance(node, (ast.BinOp, ast.AugAssign)) and isinstance(node.op, ast.MatMult):
-                    return True
-                if isinstance(node, ast.Call) and isinstance(node.func, (ast.Name, ast.Attribute)):
-                    name = identifier(node.func) or ""
-                    qualname = self.ctx.qualname(node.func) or ""
-                    if name in ("backward", "forward", "grad", "einsum", "matmul", "mm", "bmm", "svd", "eigh",
-                                "qr", "cholesky", "pinv", "inverse") or "loss" in name.lower() \
-                            or qualname.startswith("torch.linalg."):
-                        return True
+        """The loop also runs GEMMs, linear algebra, autograd or a loss per parameter, inline or
+        in a helper (`update = muon_update(p.grad, buf)`, whose Newton-Schulz steps are GEMMs):
+        its cost is not launch overhead (Muon, Shampoo/Kron preconditioners, per-parameter Hessians)."""
+        return any(self._heavy(node) or self._calls_heavy_helper(node)
+                   for stmt in loop.body for node in ast.walk(stmt))
+
+    def _heavy(self, node: ast.AST) -> bool:
+        if isinstance(node, (ast.BinOp, ast.AugAssign)) and isinstance(node.op, ast.MatMult):
+            return True
+        if isinstance(node, ast.Call) and isinstance(node.func, (ast.Name, ast.Attribute)):
+            name = identifier(node.func) or ""
+            qualname = self.ctx.qualname(node.func) or ""
+            return name in _MATRIX_CALLS or "loss" in name.lower() or qualname.startswith("torch.linalg.")
         return False
+
+    def _calls_heavy_helper(self, node: ast.AST, depth: int = 0) -> bool:
+        """A call of a function of this file (or a method of the class) that does matrix work,
+        followed three calls deep; or of a function defined elsewhere whose name says it does
+        (`zeropower_via_newtonschulz5`, `muon_update`, `orthogonalize`, `precondition`)."""
+        if not isinstance(node, ast.Call):
+            return False
+        func = node.func
+        helper = None
+        if isinstance(func, ast.Name):
+            helper = self._functions().get(func.id)
+        elif isinstance(func, ast.Attribute) and isinstance(func.value, ast.Name) and func.value.id == "self" \
+                and self.ctx.class_ is not None:
+            helper = next((s for s in self.ctx.class_.body if isinstance(s, (ast.FunctionDef, ast.AsyncFunctionDef))
+                           and s.name == func.attr), None)
+        elif not isinstance(func, ast.Attribute):
+            return False
+        if helper is None:
+            if (self.ctx.qualname(func) or "").startswith("torch."):
+                return False
+            return any(token.lower() in _MATRIX_HELPER_TOKENS for token in _NAME_TOKEN.findall(identifier(func) or ""))
+        if depth >= 3:
+            return False
+        key = ("mat504_heavy_helper", id(helper), depth)
+        if key not in self.ctx.shared:
+            self.ctx.shared[key] = False  # a recursive helper reaches itself: not (yet) known to be heavy
+            self.ctx.shared[key] = any(self._heavy(sub) or self._calls_heavy_helper(sub, depth + 1)
+                                       for stmt in helper.body for sub in ast.walk(stmt))
+        return self.ctx.shared[key]
+
+    def _functions(self) -> dict:
+        """The module-level functions of the file, by name."""
+        key = "mat504_functions"
+        if key not in self.ctx.shared:
+            self.ctx.shared[key] = {s.name: s for s in self.ctx.tree.body
+                                    if isinstance(s, (ast.FunctionDef, ast.AsyncFunctionDef))}
+        return self.ctx.shared[key]
 
     def _runs_every_step(self, loop: LoopInfo) -> bool:
         """An optimizer `step`, an EMA/`update` function (or the `__call__` of an `EMA` class), or
