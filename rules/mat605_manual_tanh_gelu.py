@@ -83,10 +83,10 @@ class ManualTanhGelu(Rule):
       or a conv's `kernel_size`, is no fused path.
     - Fallbacks for a torch without GELU: a class or function that is the other branch of a
       switch to torch's on what the installed torch has (`GELU = nn.GELU if hasattr(nn, "GELU")
-      else GELU_`, a version check, or a module-level `try` whose other branch binds `nn.GELU`,
-      `F.gelu` or `from torch.nn import GELU`). A switch on a user's or config's choice
-      (`NewGELU() if tanh_gelu else nn.GELU()`) is no fallback: the formula runs whenever it
-      is chosen, and is reported.
+      else GELU_`, a check of `torch.__version__` or a `TORCH_VERSION`, or a module-level `try`
+      whose other branch binds `nn.GELU`, `F.gelu` or `from torch.nn import GELU`). A switch on a
+      user's or config's choice (`NewGELU() if tanh_gelu else nn.GELU()`) is no fallback: the
+      formula runs whenever it is chosen, and is reported.
     - Compiled code: a function (or class) decorated to be compiled, by a decorator whose name
       says compile, jit or script (`@torch.compile`, `@torch.jit.script`, deepspeed's
       `@jit_script_compat`), or a module-level function handed to one (`fast = torch.compile(gelu)`):
@@ -301,12 +301,13 @@ class ManualTanhGelu(Rule):
                 def __init__(self, d, tanh_gelu=True):
                     super().__init__()
                     self.act = NewGELU() if tanh_gelu else nn.GELU()
+                    self.act2 = NewGELU() if config.gelu_version == 2 else nn.GELU()
             if USE_TANH:
                 def gelu(x):
                     return 0.5 * x * (1 + torch.tanh(math.sqrt(2 / math.pi) * (x + 0.044715 * x ** 3)))
             else:
                 gelu = nn.functional.gelu
-            """, (7, 16), (14, 16)),
+            """, (7, 16), (15, 16)),
         # Version checks are fallbacks too.
         good("""
             import math
@@ -316,7 +317,7 @@ class ManualTanhGelu(Rule):
                 def forward(self, x):
                     return 0.5 * x * (1 + torch.tanh(math.sqrt(2 / math.pi) * (x + 0.044715 * torch.pow(x, 3))))
             GELU = GELU_ if TORCH_VERSION < (1, 4) else nn.GELU
-            if torch.__version__ >= "1.4":
+            if version.parse(torch.__version__) >= version.parse("1.4"):
                 act = nn.functional.gelu
             else:
                 def act(x):
@@ -416,15 +417,18 @@ class ManualTanhGelu(Rule):
 
     def _checks_torch(self, test: ast.AST) -> bool:
         """Whether a switch's test asks what the installed torch has: `hasattr(nn, "GELU")`,
-        `getattr(F, "gelu", None)`, a version (`torch.__version__`, `TORCH_VERSION >= ...`,
-        `is_torch_version(...)`). A user's or config's choice (`if tanh_gelu`) is none: the
-        hand-written branch then runs whenever it is chosen."""
+        `getattr(F, "gelu", None)`, torch's version (`torch.__version__`, `TORCH_VERSION >= ...`,
+        `is_torch_version(...)`). A user's or config's choice (`if tanh_gelu`,
+        `config.gelu_version == 2`) is none: the hand-written branch runs whenever it is chosen."""
         for sub in walk(test):
             if (isinstance(sub, ast.Call) and isinstance(sub.func, ast.Name) and sub.func.id in ("hasattr", "getattr")
                     and sub.args and (self.ctx.qualname(sub.args[0]) or "").startswith("torch")):
                 return True
-            text = sub.id if isinstance(sub, ast.Name) else sub.attr if isinstance(sub, ast.Attribute) else None
-            if text is not None and "version" in text.lower():
+            if isinstance(sub, ast.Attribute) and sub.attr == "__version__":
+                if (self.ctx.qualname(sub.value) or "").startswith("torch"):
+                    return True
+            text = sub.id if isinstance(sub, ast.Name) else sub.attr if isinstance(sub, ast.Attribute) else ""
+            if "torch" in text.lower() and "version" in text.lower():
                 return True
         return False
 
