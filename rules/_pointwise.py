@@ -11,6 +11,7 @@ from typing import Optional
 
 from ._flow import function_may_mention, function_text
 from ._loops import walk_no_scopes
+from ._tree import dotted
 
 _NAMESPACES = ("torch.", "torch.nn.functional.", "torch.special.")
 
@@ -19,6 +20,55 @@ _NAMESPACES = ("torch.", "torch.nn.functional.", "torch.special.")
 # `is_kernels_available`, `disable_custom_kernels`); never `kernel` alone, which names conv and
 # smoothing kernels (`kernel_size`).
 KERNEL_SWITCH = r"use_kernel|kernelize|kernels?_hub|hub_kernels?|kernels_available|custom_kernels?"
+
+
+# Words of a decorator's (or wrapper's) own name that say it compiles the function
+# (`@torch.compile`, `@torch.jit.script`, deepspeed's `@jit_script_compat`, `@lazy_compile`), and
+# words that say the opposite or something else (`@torch.jit.ignore`, `@torch.compiler.disable`,
+# `@torch.jit.script_if_tracing`, which runs eagerly outside tracing, `@compile_compatible_lru_cache`).
+_COMPILE_WORDS = frozenset({"compile", "compiled"})
+_SCRIPT_WORDS = frozenset({"jit", "script", "scripted", "torchscript"})
+_NOT_COMPILING_WORDS = frozenset({"disable", "disabled", "ignore", "unused", "no", "not", "skip", "eager", "if",
+                                  "tracing", "export", "overload", "constant", "cache", "compatible", "allow",
+                                  "setter", "getter"})
+_WORD = re.compile(r"[A-Z]?[a-z]+|[A-Z]+(?![a-z])|\d+")
+
+
+def _compiles(callee: ast.AST, reductions: bool) -> bool:
+    """Whether the own name of a decorator or wrapper (the last part of `torch.jit.script`) says it
+    compiles what it is given; with `reductions`, with torch.compile, which fuses reductions too
+    (TorchScript's default fuser fuses elementwise ops only)."""
+    if isinstance(callee, ast.Call):
+        if isinstance(callee.func, (ast.Name, ast.Attribute)) and dotted(callee.func) in ("partial", "functools.partial"):
+            return bool(callee.args) and _compiles(callee.args[0], reductions)  # `@partial(torch.compile, mode=...)`
+        callee = callee.func
+    name = callee.attr if isinstance(callee, ast.Attribute) else getattr(callee, "id", "")
+    words = {word.lower() for word in _WORD.findall(name)}
+    return bool(words & _COMPILE_WORDS or not reductions and words & _SCRIPT_WORDS) and not words & _NOT_COMPILING_WORDS
+
+
+def in_compiled_code(ctx, reductions: bool = False) -> bool:
+    """Whether the code at the engine's position runs compiled: a function or class around it is
+    decorated to be (`@torch.compile`, `@torch.jit.script`, a project's `@jit_script_compat`), or
+    the module-level function holding it is handed to such a wrapper (`fast_gelu =
+    torch.compile(gelu)`); the written-out elementwise steps then run fused, so the fused op
+    would save nothing. With `reductions` (steps that include a sum or a mean), only
+    torch.compile counts: TorchScript's default fuser leaves the reductions separate kernels.
+    Asked only once a pattern has been found."""
+    for scope in ctx.functions + ctx.classes:
+        for decorator in getattr(scope, "decorator_list", ()):
+            if _compiles(decorator, reductions):
+                return True
+    if ctx.classes or not ctx.functions or isinstance(ctx.functions[0], ast.Lambda):
+        return False
+    key = ("compiled_by_wrapper", reductions)
+    wrapped = ctx.shared.get(key)
+    if wrapped is None:
+        wrapped = ctx.shared[key] = {
+            stmt.value.args[0].id for stmt in ctx.tree.body
+            if isinstance(stmt, (ast.Assign, ast.Expr)) and isinstance(stmt.value, ast.Call) and stmt.value.args
+            and isinstance(stmt.value.args[0], ast.Name) and _compiles(stmt.value.func, reductions)}
+    return ctx.functions[0].name in wrapped
 
 
 @dataclass
@@ -156,17 +206,49 @@ def difference(ctx, node: ast.AST) -> Optional[tuple]:
     return op.args[0], op.args[1]
 
 
-def feeds_only(flow, assign: ast.Assign, node: ast.AST, depth: int = 3) -> bool:
+# Reads of what a tensor is, not of its values (a fused op leaves them answerable).
+_METADATA_ATTRIBUTES = frozenset({"dtype", "shape", "device", "ndim", "is_cuda", "layout"})
+_METADATA_METHODS = frozenset({"size", "dim", "ndimension", "numel", "nelement", "get_device"})
+
+
+def reads_metadata(flow, use: ast.Name) -> bool:
+    """`use` reads what a tensor is, not its values: `x.dtype`, `x.shape`, `x.size(-1)`, `len(x)`."""
+    up = flow.parent.get(use)
+    if isinstance(up, ast.Attribute) and up.value is use:
+        call = flow.parent.get(up)
+        if isinstance(call, ast.Call) and call.func is up:
+            return up.attr in _METADATA_METHODS
+        return up.attr in _METADATA_ATTRIBUTES
+    return isinstance(up, ast.Call) and isinstance(up.func, ast.Name) and up.func.id == "len" and up.args == [use]
+
+
+def _checked_only(ctx, flow, use: ast.Name) -> bool:
+    """`use` sits in a check (`assert torch.isfinite(var).all()`, `torch._assert(...)`) or reads
+    metadata: the value is not wanted on its own."""
+    if reads_metadata(flow, use):
+        return True
+    for ancestor in flow.enclosing(use):
+        if isinstance(ancestor, ast.Assert):
+            return True
+        if isinstance(ancestor, ast.Call) and ctx.qualname(ancestor.func) in ("torch._assert", "torch._assert_async"):
+            return True
+        if isinstance(ancestor, ast.stmt):
+            return False
+    return False
+
+
+def feeds_only(ctx, flow, assign: ast.Assign, node: ast.AST, depth: int = 3) -> bool:
     """Whether every read of the value `assign` stores lies inside `node`, or in a plain
     `name = value` whose value in turn feeds only `node`: the steps of one computation. A read
     anywhere else (returned, stored on `self`, reused in other math) means the value is wanted on
-    its own, which a fused op would not give."""
+    its own, which a fused op would not give; checks (`assert`, `torch._assert`) and metadata
+    reads (`.shape`, `.dtype`) do not."""
     for use in flow.uses(assign):
-        if any(ancestor is node for ancestor in flow.enclosing(use)):
+        if any(ancestor is node for ancestor in flow.enclosing(use)) or _checked_only(ctx, flow, use):
             continue
         stmt = flow.statement(use)
         if not (depth and isinstance(stmt, ast.Assign) and len(stmt.targets) == 1
-                and isinstance(stmt.targets[0], ast.Name) and feeds_only(flow, stmt, node, depth - 1)):
+                and isinstance(stmt.targets[0], ast.Name) and feeds_only(ctx, flow, stmt, node, depth - 1)):
             return False
     return True
 

@@ -16,7 +16,7 @@ from ._kinds import int_const
 from ._layout import rank_of, reorder
 from ._loops import walk_no_scopes
 from ._names import mentions, outermost_scope, spelling
-from ._pointwise import is_true, product, torch_op
+from ._pointwise import is_true, product, reads_metadata, torch_op
 from ._torch_api import as_gemm
 
 _SOFTMAX_FUNCTIONS = {"torch.softmax", "torch.nn.functional.softmax", "torch.special.softmax"}
@@ -29,9 +29,6 @@ _FUSED_PATH = re.compile(r"scaled_dot_product|sdpa|flash|flex_attention|xformers
 _SDPA = "scaled_dot_product_attention"
 _MAX_DEPTH = 24
 _TRANSPOSE_METHODS = frozenset({"transpose", "swapaxes", "swapdims"})
-# Reads of what a tensor is, not of its values: they leave the scores free to go.
-_METADATA_ATTRIBUTES = frozenset({"dtype", "shape", "device", "ndim", "is_cuda", "layout"})
-_METADATA_METHODS = frozenset({"size", "dim", "ndimension", "numel", "nelement", "get_device"})
 _ATOMIC = (ast.Name, ast.Attribute, ast.Call, ast.Subscript)
 _TO_4D = {2: "add the batch and head axes (`q[None, None]`, ...)",
           3: "split the heads out of the batch axis, or add a leading one (`q.unsqueeze(0)`, ...)",
@@ -98,17 +95,6 @@ def _einsum_terms(subscripts: Optional[str]):
     if len(terms) != 2 or any(len(set(t)) != len(t) for t in terms + [out]):
         return None
     return terms[0], terms[1], out
-
-
-def _reads_metadata(flow: FunctionFlow, use: ast.Name) -> bool:
-    """`use` reads what a tensor is, not its values: `x.dtype`, `x.shape`, `x.size(-1)`, `len(x)`."""
-    up = flow.parent.get(use)
-    if isinstance(up, ast.Attribute) and up.value is use:
-        call = flow.parent.get(up)
-        if isinstance(call, ast.Call) and call.func is up:
-            return up.attr in _METADATA_METHODS
-        return up.attr in _METADATA_ATTRIBUTES
-    return isinstance(up, ast.Call) and isinstance(up.func, ast.Name) and up.func.id == "len" and up.args == [use]
 
 
 def _within(node: ast.AST, outer: ast.AST) -> bool:
@@ -257,8 +243,8 @@ class ManualAttention(Rule):
       paths inside an `if` in a file that calls SDPA somewhere (the switch may be a module-level
       flag): the manual path there is a guarded fallback or a reference implementation.
     - Attention whose probabilities (or scores) are used for anything else: returned
-      (`output_attentions`), stored on `self`, fed to a loss or a hook. SDPA does not hand
-      them back. (A hook registered from another file cannot be seen.)
+      (`output_attentions`), stored on `self` or in a `global` / `nonlocal` name, fed to a loss
+      or a hook. SDPA does not hand them back. (A hook registered from another file cannot be seen.)
     - Scores changed in ways SDPA cannot express: anything other than scaling, adding a
       bias or mask, `masked_fill`, the row-maximum shift and dtype casts (e.g. talking-heads
       mixing across heads, an unknown function applied to the scores).
@@ -272,7 +258,10 @@ class ManualAttention(Rule):
     - Additive / MLP attention (`tanh(W q + U k)`), sigmoid gates, a softmax over any axis but
       the last (the query axis, as in slot attention), and keys that are a module's own
       parameters (`x @ self.codebook.T`, `h @ self.embed.weight.mT`, also through a local name
-      such as `codebook = self.codebook`: soft assignment, not attention).
+      such as `codebook = self.codebook`: soft assignment, not attention). An attribute stored
+      outside `__init__` (other than as an `nn.Parameter`) or written into in place is no weight:
+      a KV cache kept on the module (`self.cache_k = k` in forward, `self.cache_k[:, pos] = k`)
+      holds activations, and attention over it is reported.
 
     Operands in a layout SDPA's fused kernels do not take are still reported, because reshaping,
     permuting or copying q, k and v costs little next to the `L × S` scores: on an H100 (bf16,
@@ -986,6 +975,56 @@ class ManualAttention(Rule):
                     att = (q @ k.transpose(-2, -1)) * (1.0 / math.sqrt(k.size(-1)))
                     return F.softmax(att, dim=-1) @ v
             """, (7, 16)),
+        # A KV cache kept on the module holds activations, not the module's weights: attention
+        # over it is reported, read directly or through a local name, stored whole in forward or
+        # written into in place (its buffer made in __init__).
+        bad("""
+            import math
+            import torch
+            import torch.nn as nn
+            import torch.nn.functional as F
+            class CachedSelfAttention(nn.Module):
+                def __init__(self, dim, heads, max_len):
+                    super().__init__()
+                    self.hd = dim // heads
+                    self.cache_k = None
+                    self.cache_v = None
+                    self.register_buffer("buf_k", torch.zeros(1, heads, max_len, dim // heads))
+                    self.register_buffer("buf_v", torch.zeros(1, heads, max_len, dim // heads))
+                def forward(self, q, k, v):
+                    if self.cache_k is not None:
+                        k = torch.cat([self.cache_k, k], dim=2)
+                        v = torch.cat([self.cache_v, v], dim=2)
+                    self.cache_k, self.cache_v = k, v
+                    keys = self.cache_k
+                    att = (q @ keys.transpose(-2, -1)) / math.sqrt(self.hd)
+                    out = F.softmax(att, dim=-1) @ self.cache_v
+                    att2 = F.softmax(q @ self.cache_k.transpose(-2, -1), dim=-1)
+                    return out, att2 @ self.cache_v
+                def step(self, q, k, v, pos: int):
+                    self.buf_k[:, :, pos] = k
+                    self.buf_v[:, :, pos].copy_(v)
+                    keys = self.buf_k
+                    att = F.softmax(q @ keys.transpose(-2, -1), dim=-1)
+                    return att @ self.buf_v
+            """, (19, 16), (21, 26), (27, 25)),
+        # Scores kept in a `global` (or `nonlocal`) name are wanted outside, as when stored on
+        # self: SDPA does not give them back, and deleting the store would stop updating it.
+        good("""
+            import torch
+            LAST_SCORES = None
+            def attend(q, k, v):
+                global LAST_SCORES
+                LAST_SCORES = q @ k.transpose(-2, -1)
+                return LAST_SCORES.softmax(-1) @ v
+            def make():
+                probs = None
+                def attend(q, k, v):
+                    nonlocal probs
+                    probs = (q @ k.transpose(-2, -1)).softmax(-1)
+                    return probs @ v
+                return attend
+            """),
     ]
 
     # A softmax is a call of `softmax` (an attribute, or a name bound to it), or of `self.<module>`
@@ -1023,6 +1062,8 @@ class ManualAttention(Rule):
             return
         probs = self._probs(flow, node)
         if probs is None or self._derives_from_softmax(flow, probs.v, 0):
+            return
+        if self._kept_outside(function, scores.statements + probs.statements, flow.statement(probs.pv.node)):
             return
         if upcast:
             scores.steps.append(("cast",))
@@ -1130,7 +1171,7 @@ class ManualAttention(Rule):
         for use in readers:
             if use is node or use in skip:
                 continue
-            if _reads_metadata(flow, use):
+            if reads_metadata(flow, use):
                 metadata.append(use)
                 continue
             fill = self._in_place_fill(flow, use, store, node)
@@ -1181,13 +1222,13 @@ class ManualAttention(Rule):
             elif plain:
                 step = None
                 inner = [n for n in walk_no_scopes(update.value) if isinstance(n, ast.Name) and n.id == node.id
-                         and not _reads_metadata(flow, n)]
+                         and not reads_metadata(flow, n)]
                 if len(inner) != 1 or flow.reaching(inner[0]) is not before:
                     continue
                 readers = flow.uses(update)
             else:
                 continue
-            if any(use is not node and use not in skip and not _reads_metadata(flow, use) for use in readers):
+            if any(use is not node and use not in skip and not reads_metadata(flow, use) for use in readers):
                 return None
             if step is None:
                 found = self._scores(flow, update.value, depth + 1, skip + (node,))
@@ -1373,7 +1414,9 @@ class ManualAttention(Rule):
         return None
 
     def _is_own_parameter(self, flow: FunctionFlow, node: ast.AST) -> bool:
-        """`self.codebook`, `self.gate.weight` (or a local name for one): keys that are a module's own weights."""
+        """`self.codebook`, `self.gate.weight` (or a local name for one): keys that are a module's own
+        weights. An attribute stored outside `__init__` (`self.cache_k = k` in forward, a cache
+        filled in place with `self.cache_k[:, pos] = k`) holds activations, not weights."""
         if isinstance(node, ast.Name):
             assign = flow.reaching(node)
             if assign is None:
@@ -1381,9 +1424,56 @@ class ManualAttention(Rule):
             node = assign.value
         if not isinstance(node, ast.Attribute):
             return False
+        attr = None
         while isinstance(node, ast.Attribute):
-            node = node.value
-        return isinstance(node, ast.Name) and node.id == "self"
+            node, attr = node.value, node.attr
+        if not (isinstance(node, ast.Name) and node.id == "self"):
+            return False
+        cls = self.ctx.class_
+        if cls is None:
+            return True
+        if any(getattr(method, "name", None) != "__init__" and not self._makes_parameter(value)
+               for method, value in _kinds.class_attribute_values(self.ctx, cls, attr)):
+            return False
+        return not self._written_in_place(flow, attr)
+
+    @staticmethod
+    def _kept_outside(function: ast.AST, statements: list, final: ast.stmt) -> bool:
+        """A step before the final GEMM stores the scores or probabilities in a name declared
+        `global` or `nonlocal` (`LAST_SCORES = q @ k.mT`, kept for visualisation): they are wanted
+        outside the function, as when stored on `self`, and SDPA does not hand them back."""
+        outer = {name for sub in walk_no_scopes(function) if isinstance(sub, (ast.Global, ast.Nonlocal))
+                 for name in sub.names}
+        if not outer:
+            return False
+        for stmt in statements:
+            if stmt is final:
+                continue
+            targets = stmt.targets if isinstance(stmt, ast.Assign) else [getattr(stmt, "target", None)]
+            if any(isinstance(t, ast.Name) and t.id in outer for t in targets):
+                return True
+        return False
+
+    def _makes_parameter(self, value: ast.AST) -> bool:
+        """`nn.Parameter(...)`: a weight, wherever it is created (a lazy `build`)."""
+        return isinstance(value, ast.Call) and self.ctx.qualname(value.func) in (
+            "torch.nn.Parameter", "torch.nn.parameter.Parameter")
+
+    @staticmethod
+    def _written_in_place(flow: FunctionFlow, attr: str) -> bool:
+        """The function writes into `self.<attr>` (`self.cache_k[:, pos] = k`,
+        `self.cache_k.copy_(k)`): state it updates, not a weight."""
+        for node in flow.parent:
+            if not (isinstance(node, ast.Attribute) and node.attr == attr and isinstance(node.value, ast.Name)
+                    and node.value.id == "self"):
+                continue
+            up = flow.parent.get(node)
+            if isinstance(up, ast.Subscript) and up.value is node and not isinstance(up.ctx, ast.Load):
+                return True
+            if (isinstance(up, ast.Attribute) and up.value is node and up.attr.endswith("_")
+                    and not up.attr.startswith("_") and isinstance(flow.parent.get(up), ast.Call)):
+                return True
+        return False
 
     def _probs(self, flow: FunctionFlow, softmax: ast.Call) -> Optional[_Probs]:
         node, steps, statements = softmax, [], []

@@ -2,17 +2,25 @@
 from __future__ import annotations
 
 import ast
+import re
 from typing import Optional
 
 from matlint.rule import Only, Rule, bad, good
 
 from ._flow import code_scope, flow_of, function_may_mention
-from ._pointwise import (PRODUCT_METHODS, difference, feeds_only, is_eps, is_true, number, product, resolve, same,
-                         torch_op)
+from ._pointwise import (PRODUCT_METHODS, difference, feeds_only, in_compiled_code, is_eps, is_true, number, product,
+                         resolve, same, torch_op)
 
 _ATOMS = (ast.Name, ast.Attribute, ast.Call, ast.Subscript)
 # How far above the hand-written steps a comment about softmax still explains them.
 _COMMENT_LINES_ABOVE = 5
+# Words of a comment that gives a reason for writing softmax out (`the dim-1 softmax kernel is
+# several times slower here`), not merely a label for the steps (`# softmax over the keys`) or
+# for the max subtraction (`# subtract the max to avoid overflow`).
+_REASON = re.compile(r"\b(?:slow|fast|speed|perf|avoid|instead|workaround|work around|because|deliberate|"
+                     r"on purpose|intentional|bug|bypass|onnx|export|tensorrt|unsupported|not supported)"
+                     r"(?![^.;]{0,40}(?:overflow|underflow|\bnan|\binf\b|stabil|numeric))",
+                     re.IGNORECASE)
 
 
 class ManualSoftmax(Rule):
@@ -27,7 +35,9 @@ class ManualSoftmax(Rule):
     `torch.sum(e, dim=1, keepdim=True)`, numpy's spelling `e.sum(axis=-1, keepdims=True)`),
     also in the max-subtracted form `exp(x - x.max(dim, keepdim=True).values)` (the max may sit
     in a name: the message then suggests softmax of the unshifted `x` and claims no overflow)
-    and with a small `+ eps` in the denominator.
+    and with a small `+ eps` in the denominator. A maximum taken over another dim, or over all
+    of `x`, also keeps every exponent <= 0: the message then warns of underflow (a row of zeros
+    gives 0/0 = nan) instead of overflow.
 
     ## Why is this bad?
     It launches an exp, a reduction and a division, materializing the exponentials, where
@@ -59,9 +69,18 @@ class ManualSoftmax(Rule):
       `masked_fill_` or `e[~mask] = 0`, rebound, or renormalized in a loop as in Sinkhorn).
     - A sum held in a name that is also read elsewhere (`x_exp @ grid / x_sum` next to
       `x_exp / x_sum`): softmax would compute it again, adding kernels instead of removing them.
-    - Hand-written steps with a comment that mentions softmax on their lines or up to five lines
-      above them (`# softmax(dim=1) as exp(x - max) / sum: the dim-1 kernel is slower here`):
-      the form was chosen knowingly.
+    - Hand-written steps with comments, on their lines or up to five lines above them, that
+      mention softmax and give a reason for writing it out (it is faster or slower, avoids or
+      works around something, is deliberate, serves an export: `# softmax(dim=1) as exp(x - max)
+      / sum: the dim-1 kernel is slower here`): the form was chosen knowingly. A comment that
+      only names the op (`# softmax over the keys`) is a label, and one that explains the max
+      subtraction (`# subtract the max to avoid overflow`) explains no choice against softmax:
+      the steps are reported.
+    - Code compiled by torch.compile: a function (or class) under a decorator whose name says
+      compile (`@torch.compile`, `@torch.compile(mode=...)`), or a module-level function handed
+      to one (`fast = torch.compile(f)`): its steps are fused already. TorchScript
+      (`@torch.jit.script`) is reported: its default fuser fuses elementwise ops only, so the
+      exp, the sum and the division stay separate kernels.
 
     ## Fix safety
     The fix (`x.softmax(dim=D)`) is offered only when the exponentials are written inline, and
@@ -235,6 +254,55 @@ class ManualSoftmax(Rule):
                 e /= e.sum(axis=-1, keepdims=True)
                 return e
             """, (4, 5)),
+        # A comment that only names the op is a label, not a reason for writing it out.
+        bad("""
+            import torch
+            def attention_weights(scores):
+                # softmax over the keys
+                e = torch.exp(scores - scores.max(dim=-1, keepdim=True).values)
+                return e / e.sum(dim=-1, keepdim=True)
+            def probs(logits):
+                return torch.exp(logits) / torch.exp(logits).sum(-1, keepdim=True)  # softmax
+            def stable(logits):
+                # softmax: subtract the row max first, to avoid overflow in exp
+                e = (logits - logits.max(-1, keepdim=True)[0]).exp()
+                return e / e.sum(-1, keepdim=True)
+            """, (5, 12), (7, 12), (11, 12)),
+        good("""
+            import torch
+            def probs(logits):
+                # Softmax written out on purpose: the exporter we target has no softmax op.
+                e = torch.exp(logits - logits.amax(-1, keepdim=True))
+                return e / e.sum(-1, keepdim=True)
+            """),
+        # Shifted by a maximum over another dim: every exponent is <= 0, so exp() cannot
+        # overflow; a row of the summed dim can underflow to all zeros instead.
+        bad("""
+            import torch
+            def normalize_cols(x):
+                z = x - torch.max(x, 1, keepdim=True)[0]
+                e = z.exp()
+                return e / e.sum(-1, keepdim=True)
+            """, (5, 12), message_contains="underflow to 0, making 0/0 = nan"),
+        # Compiled code: torch.compile fuses the steps already; TorchScript fuses no reductions.
+        good("""
+            import torch
+            @torch.compile
+            def probs(logits):
+                e = torch.exp(logits - logits.amax(-1, keepdim=True))
+                return e / e.sum(-1, keepdim=True)
+            def _probs(logits):
+                e = torch.exp(logits - logits.amax(-1, keepdim=True))
+                return e / e.sum(-1, keepdim=True)
+            fast_probs = torch.compile(_probs, dynamic=True)
+            """),
+        bad("""
+            import torch
+            @torch.jit.script
+            def probs(logits):
+                e = torch.exp(logits - logits.amax(-1, keepdim=True))
+                return e / e.sum(-1, keepdim=True)
+            """, (5, 12)),
     ]
 
     only = {"visit_Call": Only(attrs=PRODUCT_METHODS)}
@@ -280,13 +348,16 @@ class ManualSoftmax(Rule):
             return
         if eps is not None and not is_eps(eps):
             return
-        if self._reused(flow, node, denominator) or self._explained(flow, node, left):
+        if self._reused(flow, node, denominator) or self._explained(flow, node, left) or in_compiled_code(self.ctx, reductions=True):
             return
-        logits, stable = self._unshifted(flow, numerator, dim)
+        logits, shift = self._unshifted(flow, numerator, dim)
         suggestion = f"{logits}.softmax(dim={self.ctx.segment(dim)})"
         message = f"hand-written softmax: use `{suggestion}`, one fused kernel"
-        if not stable:
+        if shift is None:
             message += "; exp() also overflows to inf for large inputs (x > 88 in float32), making inf/inf = nan"
+        elif shift == "other":
+            message += ("; the maximum subtracted is not taken over the summed dim, so a whole row can "
+                        "underflow to 0, making 0/0 = nan")
         fix = None
         if eps is None and not any(isinstance(n, ast.Name) for n in (left, right, total.args[0])):
             fix = self.replace(node, suggestion, "replace with softmax", safe=False)
@@ -332,27 +403,32 @@ class ManualSoftmax(Rule):
         sum and the division to fuse: `p = e / e.sum(...)` next to `e.T / e.T.sum(...)`.)"""
         if isinstance(total, ast.Name):
             assign = flow.reaching(total)
-            return assign is not None and not feeds_only(flow, assign, node)
+            return assign is not None and not feeds_only(self.ctx, flow, assign, node)
         return False
 
     def _explained(self, flow, node: ast.AST, exps: ast.AST) -> bool:
-        """Whether a comment mentioning softmax stands on the lines of the hand-written steps or in
-        the few lines above them (`# softmax(dim=1) as exp(sim - column max) / column sum: the dim-1
-        kernel is slower here`): the form was chosen knowingly."""
+        """Whether the comments on the lines of the hand-written steps, or in the few lines above
+        them, mention softmax and give a reason for writing it out (`# softmax(dim=1) as exp(sim -
+        column max) / column sum: the dim-1 kernel is slower here`): the form was chosen knowingly.
+        A label (`# softmax over the keys`) explains nothing."""
         first = flow.statement(node) or node
         if isinstance(exps, ast.Name):
             first = flow.reaching(exps) or first
         top = max(first.lineno - _COMMENT_LINES_ABOVE, getattr(flow.function, "lineno", 1))
+        comments = []
         for line in self.ctx.lines[top - 1:node.end_lineno]:
             at = line.find("#")
-            if at >= 0 and "softmax" in line[at:].lower():
-                return True
-        return False
+            if at >= 0:
+                comments.append(line[at + 1:])
+        text = " ".join(comments)
+        return "softmax" in text.lower() and _REASON.search(text) is not None
 
     def _unshifted(self, flow, logits: ast.AST, dim: ast.AST):
-        """(text of x, True) for `x - x.max(dim, keepdim=True)[0]` / `.values` / `x.amax(dim, keepdim=True)`,
-        also held in names and scaled (`(x - m) / T` gives the text of `x / T`), else (text of the
-        exponent, False)."""
+        """(text of x, "same") for `x - x.max(dim, keepdim=True)[0]` / `.values` / `x.amax(dim, keepdim=True)`,
+        also held in names and scaled (`(x - m) / T` gives the text of `x / T`); else the text of
+        the exponent, with "other" when it is x less its maximum over another dim or all of x
+        (every exponent is <= 0: no overflow, but a row can underflow), "shifted" when such a
+        difference is scaled by a factor of unknown sign, None when it is not shifted."""
         value = resolve(flow, logits, depth=1)
         scale = None  # (operator, factor) of `(x - m) / T`, `(x - m) * c`, `c * (x - m)`
         shifted = difference(self.ctx, value)
@@ -379,13 +455,18 @@ class ManualSoftmax(Rule):
                 else:
                     break
             op = torch_op(self.ctx, shift)
-            if (op is not None and op.name in ("max", "amax") and same(op.args[0], x)
-                    and same(op.arg(1, "dim"), dim)):
-                if scale is None:
-                    return self._atom(x), True
-                operator = "*" if scale[0] is ast.Mult else "/"
-                return f"({self._atom(x)} {operator} {self._atom(scale[1])})", True
-        return self._atom(logits), False
+            if op is not None and op.name in ("max", "amax") and same(op.args[0], x):
+                over = op.arg(1, "dim")
+                if same(over, dim):
+                    if scale is None:
+                        return self._atom(x), "same"
+                    operator = "*" if scale[0] is ast.Mult else "/"
+                    return f"({self._atom(x)} {operator} {self._atom(scale[1])})", "same"
+                if over is None and len(op.args) == 1 or is_true(op.keywords.get("keepdim", op.arg(2, ""))):
+                    factor = None if scale is None else number(scale[1])
+                    # exponents <= 0 unless a scale of unknown sign multiplies them
+                    return self._atom(logits), "other" if scale is None or factor is not None and factor > 0 else "shifted"
+        return self._atom(logits), None
 
     def _atom(self, node: ast.AST) -> str:
         text = self.ctx.segment(node)

@@ -11,8 +11,8 @@ from matlint.rule import Only, Rule, bad, good
 from ._flow import code_scope, flow_of, function_may_mention
 from ._loops import scope_statements
 from ._names import mentions, outermost_scope, subclasses
-from ._pointwise import (KERNEL_SWITCH, PRODUCT_METHODS, difference, feeds_only, is_eps, last_dim_reduction, may_take_root,
-                         number, product, resolve, root_of, same, strip_casts, torch_op)
+from ._pointwise import (KERNEL_SWITCH, PRODUCT_METHODS, difference, feeds_only, in_compiled_code, is_eps,
+                         last_dim_reduction, may_take_root, number, product, resolve, root_of, same, strip_casts, torch_op)
 
 
 # A class or function that names one of these has a fused layer norm next to the manual one.
@@ -81,7 +81,13 @@ class ManualLayerNorm(Rule):
       wrong forward-mode JVP gradients of the fused op).
     - Statistics wanted on their own: a name holding the mean or the spread that is also read
       outside the normalization (`return x, mu, std` to de-normalise later,
-      `ctx.save_for_backward(xc, rstd)`); `F.layer_norm` returns neither.
+      `ctx.save_for_backward(xc, rstd)`); `F.layer_norm` returns neither. Checks
+      (`assert torch.isfinite(var).all()`, `torch._assert`) and metadata reads (`var.shape`,
+      `mean.dtype`) are no such use: the norm is reported.
+    - Code compiled by torch.compile: a function (or class) under a decorator whose name says
+      compile (`@torch.compile`), or a module-level function handed to one
+      (`fast = torch.compile(f)`): its steps are fused already. TorchScript (`@torch.jit.script`)
+      is reported: its default fuser leaves the reductions separate kernels.
     - Unbiased variance (`x.var(-1, keepdim=True)`): that is not what a layer norm computes.
     - A std plus something that is not an eps (`std + 1.0`, `std + floor`): no layer norm.
 
@@ -264,6 +270,36 @@ class ManualLayerNorm(Rule):
                 v = h.pow(2).mean(-1, keepdim=True)
                 h = h * torch.rsqrt(v + 1e-6)
             """),
+        # A debug check or a metadata read of a statistic is no use of it on its own.
+        bad("""
+            import torch
+            from torch import nn
+            class LayerNorm(nn.Module):
+                def forward(self, x):
+                    mean = x.mean(-1, keepdim=True)
+                    var = x.var(-1, keepdim=True, unbiased=False)
+                    assert torch.isfinite(var).all()
+                    torch._assert(mean.shape[-1] == 1, "keepdim")
+                    return (x - mean) / torch.sqrt(var + self.eps) * self.weight + self.bias
+            """, (9, 16)),
+        # Compiled by torch.compile: fused already. TorchScript's default fuser leaves the
+        # reductions separate, so the scripted one is reported.
+        good("""
+            import torch
+            @torch.compile(dynamic=False)
+            def ln(x, eps: float = 1e-5):
+                mean = x.mean(-1, keepdim=True)
+                var = (x - mean).pow(2).mean(-1, keepdim=True)
+                return (x - mean) / torch.sqrt(var + eps)
+            """),
+        bad("""
+            import torch
+            @torch.jit.script
+            def ln(x, eps: float = 1e-5):
+                mean = x.mean(-1, keepdim=True)
+                var = (x - mean).pow(2).mean(-1, keepdim=True)
+                return (x - mean) / torch.sqrt(var + eps)
+            """, (6, 12)),
     ]
 
     only = {"visit_Call": Only(attrs=PRODUCT_METHODS)}
@@ -304,7 +340,8 @@ class ManualLayerNorm(Rule):
                 continue
             if (mentions(self.ctx, outermost_scope(self.ctx), _FUSED_PATH)
                     or subclasses(self.ctx, self.ctx.class_, "torch.nn.LayerNorm")
-                    or self._statistics_wanted(flow, node, (mean, spread, form[1]))):
+                    or self._statistics_wanted(flow, node, (mean, spread, form[1]))
+                    or in_compiled_code(self.ctx, reductions=True)):
                 return
             self.report(node, "hand-written layer norm over the last dim: use "
                         "`F.layer_norm(x, (x.shape[-1],), weight, bias, eps)` (or `nn.LayerNorm`), one fused "
@@ -327,15 +364,15 @@ class ManualLayerNorm(Rule):
                                        for v in values if _may_be_spread(v))
         return bool(values)
 
-    @staticmethod
-    def _statistics_wanted(flow, node: ast.AST, statistics) -> bool:
+    def _statistics_wanted(self, flow, node: ast.AST, statistics) -> bool:
         """Whether a name holding the mean or the spread is read outside the normalization
         (`return x, mu, std` to de-normalise later, `ctx.save_for_backward(x, mean, rstd)`):
-        F.layer_norm returns neither."""
+        F.layer_norm returns neither. Checks (`assert torch.isfinite(var).all()`) and metadata
+        reads (`var.shape`) are no such use."""
         for name in statistics:
             if name.__class__ is ast.Name:
                 assign = flow.reaching(name)
-                if assign is not None and not feeds_only(flow, assign, node):
+                if assign is not None and not feeds_only(self.ctx, flow, assign, node):
                     return True
         return False
 

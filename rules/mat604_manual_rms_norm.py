@@ -9,8 +9,8 @@ from matlint.rule import Only, Rule, bad, good
 
 from ._flow import code_scope, flow_of, function_may_mention
 from ._names import mentions, outermost_scope, subclasses
-from ._pointwise import (KERNEL_SWITCH, PRODUCT_METHODS, difference, last_dim_reduction, may_take_root, number, product,
-                         resolve, root_of, same, strip_casts, torch_op)
+from ._pointwise import (KERNEL_SWITCH, PRODUCT_METHODS, difference, in_compiled_code, last_dim_reduction, may_take_root,
+                         number, product, resolve, root_of, same, strip_casts, torch_op)
 
 # A class or function that names one of these already has (or switches to) a fused RMS norm;
 # the hand-written code is its fallback.
@@ -69,6 +69,10 @@ class ManualRmsNorm(Rule):
       models run mamba-ssm's fused gated-norm kernel when it is installed, and the written-out
       norm is the fallback; `F.rms_norm` does not cover the gate either.
     - Subclasses of `nn.RMSNorm` that override `forward`: the fused op was replaced on purpose.
+    - Code compiled by torch.compile: a function (or class) under a decorator whose name says
+      compile (`@torch.compile`), or a module-level function handed to one
+      (`fast = torch.compile(f)`): its steps are fused already. TorchScript (`@torch.jit.script`)
+      is reported: its default fuser leaves the mean a separate kernel.
     - Norms over any dim but the last, centered inputs (that is a layer norm: MAT603), an L2
       normalization without the mean (`x / x.norm(dim=-1, keepdim=True)`), and numpy.
 
@@ -211,6 +215,23 @@ class ManualRmsNorm(Rule):
                 b = self.weight * xc * torch.rsqrt(xc.pow(2).mean(-1, keepdim=True) + eps)
                 return a, b
             """),
+        # Compiled by torch.compile: fused already. TorchScript's default fuser leaves the
+        # mean a separate kernel, so the scripted one is reported.
+        good("""
+            import torch
+            @torch.compile
+            def rms_norm(x, weight, eps: float = 1e-6):
+                return x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + eps) * weight
+            def _rms(x, eps: float = 1e-6):
+                return x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + eps)
+            rms = torch.compile(_rms)
+            """),
+        bad("""
+            import torch
+            @torch.jit.script
+            def rms_norm(x, weight, eps: float = 1e-6):
+                return x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + eps) * weight
+            """, (4, 12)),
     ]
 
     only = {"visit_Call": Only(attrs=PRODUCT_METHODS)}
@@ -238,7 +259,8 @@ class ManualRmsNorm(Rule):
                 continue  # no root, and no name that could hold one: no data flow needed
             if self._is_rms_of(flow_of(self.ctx, function), scale, x, inverse):
                 if (mentions(self.ctx, outermost_scope(self.ctx), _FUSED_PATH) or self._is_gated(function)
-                    or subclasses(self.ctx, self.ctx.class_, "torch.nn.RMSNorm")):
+                        or subclasses(self.ctx, self.ctx.class_, "torch.nn.RMSNorm")
+                        or in_compiled_code(self.ctx, reductions=True)):
                     return
                 self.report(node, "hand-written RMS norm over the last dim: use "
                             "`F.rms_norm(x, (x.shape[-1],), weight, eps)` (torch >= 2.4, or `nn.RMSNorm`), one "

@@ -12,7 +12,7 @@ from matlint.rule import Only, Rule, bad, good
 from ._flow import code_scope, flow_of
 from ._kinds import may_mention
 from ._names import mentions, outermost_scope, spelling
-from ._pointwise import KERNEL_SWITCH, torch_op
+from ._pointwise import KERNEL_SWITCH, in_compiled_code, torch_op
 from ._shapes import module_assignments
 from ._tree import walk
 
@@ -82,8 +82,16 @@ class ManualTanhGelu(Rule):
       code counts, as whole identifiers or their parts: a docstring that mentions fused kernels,
       or a conv's `kernel_size`, is no fused path.
     - Fallbacks for a torch without GELU: a class or function that is the other branch of a
-      switch to torch's (`GELU = nn.GELU if hasattr(nn, "GELU") else GELU_`, or a module-level
-      `if`/`try` whose other branch binds `nn.GELU`, `F.gelu` or `from torch.nn import GELU`).
+      switch to torch's on what the installed torch has (`GELU = nn.GELU if hasattr(nn, "GELU")
+      else GELU_`, a check of `torch.__version__` or a `TORCH_VERSION`, or a module-level `try`
+      whose other branch binds `nn.GELU`, `F.gelu` or `from torch.nn import GELU`). A switch on a
+      user's or config's choice (`NewGELU() if tanh_gelu else nn.GELU()`) is no fallback: the
+      formula runs whenever it is chosen, and is reported.
+    - Compiled code: a function (or class) decorated to be compiled, by a decorator whose name
+      says compile, jit or script (`@torch.compile`, `@torch.jit.script`, deepspeed's
+      `@jit_script_compat`), or a module-level function handed to one (`fast = torch.compile(gelu)`):
+      the formula already runs as one fused kernel. `@torch.jit.ignore`, `@torch.compiler.disable`
+      and `@torch.jit.script_if_tracing` keep it eager, and it is reported.
     - The exact GELU (`x * 0.5 * (1 + torch.erf(x / math.sqrt(2)))`, which `F.gelu(x)`
       replaces; a separate shape) and the sigmoid approximation `x * torch.sigmoid(1.702 * x)`.
     - Expressions that differ from the formula (other constants, a missing `0.5`, an extra
@@ -279,6 +287,76 @@ class ManualTanhGelu(Rule):
                 def gelu(x):
                     return 0.5 * x * (1 + torch.tanh(math.sqrt(2 / math.pi) * (x + 0.044715 * torch.pow(x, 3))))
             """),
+        # A user's choice between the formula and torch's (exact) GELU is no fallback: the formula
+        # runs whenever it is chosen.
+        bad("""
+            import math
+            import torch
+            from torch import nn
+            USE_TANH = True
+            class NewGELU(nn.Module):
+                def forward(self, x):
+                    return 0.5 * x * (1.0 + torch.tanh(math.sqrt(2.0 / math.pi) * (x + 0.044715 * torch.pow(x, 3.0))))
+            class MLP(nn.Module):
+                def __init__(self, d, tanh_gelu=True):
+                    super().__init__()
+                    self.act = NewGELU() if tanh_gelu else nn.GELU()
+                    self.act2 = NewGELU() if config.gelu_version == 2 else nn.GELU()
+            if USE_TANH:
+                def gelu(x):
+                    return 0.5 * x * (1 + torch.tanh(math.sqrt(2 / math.pi) * (x + 0.044715 * x ** 3)))
+            else:
+                gelu = nn.functional.gelu
+            """, (7, 16), (15, 16)),
+        # Version checks are fallbacks too.
+        good("""
+            import math
+            import torch
+            from torch import nn
+            class GELU_(nn.Module):
+                def forward(self, x):
+                    return 0.5 * x * (1 + torch.tanh(math.sqrt(2 / math.pi) * (x + 0.044715 * torch.pow(x, 3))))
+            GELU = GELU_ if TORCH_VERSION < (1, 4) else nn.GELU
+            if version.parse(torch.__version__) >= version.parse("1.4"):
+                act = nn.functional.gelu
+            else:
+                def act(x):
+                    return 0.5 * x * (1 + torch.tanh(math.sqrt(2 / math.pi) * (x + 0.044715 * torch.pow(x, 3))))
+            """),
+        # Compiled code: torch.compile and TorchScript's fuser already run the formula as one kernel.
+        good("""
+            import functools
+            import torch
+            from deepspeed.utils.torch import jit_script_compat
+            @torch.jit.script
+            def bias_gelu(x):
+                return x * 0.5 * (1.0 + torch.tanh(0.79788456 * x * (1 + 0.044715 * x * x)))
+            @torch.compile(mode="max-autotune")
+            def compiled(x):
+                return x * 0.5 * (1.0 + torch.tanh(0.79788456 * x * (1 + 0.044715 * x * x)))
+            @jit_script_compat
+            def compat(x):
+                return x * 0.5 * (1.0 + torch.tanh(0.79788456 * x * (1 + 0.044715 * x * x)))
+            @functools.partial(torch.compile, dynamic=True)
+            def partial(x):
+                return x * 0.5 * (1.0 + torch.tanh(0.79788456 * x * (1 + 0.044715 * x * x)))
+            def wrapped(x):
+                return x * 0.5 * (1.0 + torch.tanh(0.79788456 * x * (1 + 0.044715 * x * x)))
+            fast_gelu = torch.compile(wrapped)
+            """),
+        # Decorators that keep the function eager, or do something else, are no compilation.
+        bad("""
+            import torch
+            @torch.compiler.disable
+            def eager(x):
+                return x * 0.5 * (1.0 + torch.tanh(0.79788456 * x * (1 + 0.044715 * x * x)))
+            @torch.jit.ignore
+            def ignored(x):
+                return x * 0.5 * (1.0 + torch.tanh(0.79788456 * x * (1 + 0.044715 * x * x)))
+            @compile_compatible_method_lru_cache(maxsize=4)
+            def cached(x):
+                return x * 0.5 * (1.0 + torch.tanh(0.79788456 * x * (1 + 0.044715 * x * x)))
+            """, (4, 12), (7, 12), (10, 12)),
     ]
 
     # The tanh is `torch.tanh(...)`, `x.tanh()` or a bare name bound to it (`torch_op` names it "tanh").
@@ -296,7 +374,8 @@ class ManualTanhGelu(Rule):
             x = self._gelu_input(flow, candidate)
             if x is not None:
                 scope = outermost_scope(self.ctx)
-                if mentions(self.ctx, scope, _FUSED_PATH) or self._is_torch_gelu_fallback(scope):
+                if (mentions(self.ctx, scope, _FUSED_PATH) or self._is_torch_gelu_fallback(scope)
+                        or in_compiled_code(self.ctx)):
                     return
                 self.report(candidate, 'hand-written tanh GELU: use `F.gelu(x, approximate="tanh")`, one '
                             "kernel instead of about nine", fix=self._fix(candidate, x, safe=not self._cast))
@@ -304,8 +383,9 @@ class ManualTanhGelu(Rule):
 
     def _is_torch_gelu_fallback(self, scope: ast.AST) -> bool:
         """Whether the class or function holding the formula is the other branch of a switch to
-        torch's GELU: `GELU = nn.GELU if hasattr(nn, "GELU") else GELU_`, or a module-level
-        `if`/`try` whose other branch binds `nn.GELU` (`try: from torch.nn import GELU`)."""
+        torch's GELU on what torch has: `GELU = nn.GELU if hasattr(nn, "GELU") else GELU_`, a
+        module-level `if` on a version, or a `try` whose other branch binds `nn.GELU`
+        (`try: from torch.nn import GELU`)."""
         name = getattr(scope, "name", None)
         if name is None:
             return False
@@ -318,13 +398,13 @@ class ManualTanhGelu(Rule):
     def _torch_gelu_fallbacks(self) -> set:
         names = set()
         for node in walk(self.ctx.tree):
-            if isinstance(node, ast.IfExp):
+            if isinstance(node, ast.IfExp) and self._checks_torch(node.test):
                 for branch, other in ((node.body, node.orelse), (node.orelse, node.body)):
                     head = branch.func if isinstance(branch, ast.Call) else branch
                     if isinstance(head, ast.Name) and self._names_torch_gelu(other):
                         names.add(head.id)
         for stmt in self.ctx.tree.body:
-            if isinstance(stmt, (ast.If, ast.Try)):
+            if isinstance(stmt, ast.Try) or isinstance(stmt, ast.If) and self._checks_torch(stmt.test):
                 branches = ([stmt.body, stmt.orelse] if isinstance(stmt, ast.If)
                             else [stmt.body + stmt.orelse] + [handler.body for handler in stmt.handlers])
                 for branch in branches:
@@ -334,6 +414,23 @@ class ManualTanhGelu(Rule):
                     names.update(part.name for part in branch
                                  if isinstance(part, (ast.ClassDef, ast.FunctionDef, ast.AsyncFunctionDef)))
         return names
+
+    def _checks_torch(self, test: ast.AST) -> bool:
+        """Whether a switch's test asks what the installed torch has: `hasattr(nn, "GELU")`,
+        `getattr(F, "gelu", None)`, torch's version (`torch.__version__`, `TORCH_VERSION >= ...`,
+        `is_torch_version(...)`). A user's or config's choice (`if tanh_gelu`,
+        `config.gelu_version == 2`) is none: the hand-written branch runs whenever it is chosen."""
+        for sub in walk(test):
+            if (isinstance(sub, ast.Call) and isinstance(sub.func, ast.Name) and sub.func.id in ("hasattr", "getattr")
+                    and sub.args and (self.ctx.qualname(sub.args[0]) or "").startswith("torch")):
+                return True
+            if isinstance(sub, ast.Attribute) and sub.attr == "__version__":
+                if (self.ctx.qualname(sub.value) or "").startswith("torch"):
+                    return True
+            text = sub.id if isinstance(sub, ast.Name) else sub.attr if isinstance(sub, ast.Attribute) else ""
+            if "torch" in text.lower() and "version" in text.lower():
+                return True
+        return False
 
     def _names_torch_gelu(self, node: ast.AST) -> bool:
         """Whether `node` refers to torch's GELU (`nn.GELU`, `F.gelu`, `from torch.nn import GELU`)."""
