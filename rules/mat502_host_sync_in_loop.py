@@ -134,14 +134,13 @@ class HostSyncInLoop(Rule):
       `to save GPU memory`). A comment that says what the line does (`# move predictions to
       cpu`), a reason `.detach()` meets as well (`# so the graph is not kept alive (memory
       leak)`), or a comment on another line of a multi-line statement does not count.
-    - A value the host needs in the same iteration: bound to a name that a later convergence
-      test reads to stop the loop (`if abs(cur - prev) < tol: break`), or that Python code then
-      iterates or indexes (`toks = out.cpu().tolist()`, then `for i ...: f(toks[i])`); and a
-      sync in such a test itself (`if loss.item() < tol: break`, `while loss.item() > tol:`). A
-      convergence test compares a change (`cur - prev`) or a tolerance (a name with `tol`,
-      `eps` or `converg`, a constant below 1). A guard that only trips on failure, `if
-      torch.isnan(loss): break` or `if loss_val > 1e4: break`, is still reported: it can be
-      checked every N steps.
+    - A value the host needs in the same iteration: bound to a name that a later test compares to
+      stop the loop in its normal course (`if abs(cur - prev) < tol: break`, PPO's `if approx_kl
+      > 1.5 * target_kl: break`), or that Python code then iterates or indexes (`toks =
+      out.cpu().tolist()`, then `for i ...: f(toks[i])`); and a sync in such a test itself (`if
+      loss.item() < tol: break`, `while loss.item() > tol:`). A guard that only trips on failure
+      is still reported, as it can be checked every N steps: `if torch.isnan(loss): break`, or
+      the value past a large literal bound (`if loss_val > 1e4: break`, |bound| >= 100).
     - Syncs outside loops, in loops that are not training/evaluation steps (an epoch loop, which
       runs a whole pass over a loader in each iteration whatever else it steps, a loop over
       parameters outside any step loop; a pass under an `if`, such as validation every N steps
@@ -717,6 +716,33 @@ class HostSyncInLoop(Rule):
                 mean = np.mean([epoch_loss / n])
                 return round(total, 4), mean
             """, unsafe=True),
+        # Stopping tests in the loop's normal course stay quiet (botorch's shared convergence test,
+        # PPO's KL early stop, a tolerance); the value past a large literal bound is a guard.
+        bad("""
+            import torch
+            def descend(X, paths, optimizer, steps, convergence_tol, target_kl, loader):
+                prev = X.detach().clone()
+                for _ in range(steps):
+                    optimizer.zero_grad()
+                    paths(X).sum().backward()
+                    optimizer.step()
+                    with torch.no_grad():
+                        step_sizes = torch.linalg.norm(X - prev, dim=-1)
+                        if torch.all(step_sizes <= convergence_tol):
+                            break
+                        prev.copy_(X)
+                for x, y in loader:
+                    loss, log_ratio = paths(x.cuda(), y.cuda())
+                    loss.backward()
+                    optimizer.step()
+                    approx_kl = ((log_ratio.exp() - 1) - log_ratio).mean().cpu().numpy()
+                    if approx_kl > 1.5 * target_kl:
+                        break
+                    if loss.item() < 1e-6 or 100 > -loss.item():
+                        break
+                    if 1e4 < abs(loss.item()):
+                        break
+            """, (22, 22)),
         # lightly's embedding loop: a loader batch copied with `.clone()` is still on the host.
         good("""
             import torch
@@ -976,7 +1002,7 @@ class HostSyncInLoop(Rule):
         for other in loop.direct_nodes():
             if getattr(other, "lineno", 0) <= statement.end_lineno:
                 continue
-            if isinstance(other, ast.If) and _stops_on_convergence(other, lambda compare: name in loaded_names(compare)):
+            if isinstance(other, ast.If) and _stops_on_comparison(other, lambda compare: name in loaded_names(compare)):
                 return True
             if isinstance(other, _NESTED_LOOPS) and _goes_over(other, name):
                 return True
@@ -1165,7 +1191,7 @@ class HostSyncInLoop(Rule):
             if isinstance(parent, ast.If):
                 child = chain[i + 1] if i + 1 < len(chain) else None
                 if child is None or child is parent.test:  # what is reported is in this `if`'s test
-                    if _stops_on_convergence(parent, lambda compare: any(n is node for n in ast.walk(compare))):
+                    if _stops_on_comparison(parent, lambda compare: _overlap(compare, node)):
                         return True  # `if abs(loss.item() - prev) < tol: break`: needed now, to stop
                     continue
                 in_body = any(stmt is child for stmt in parent.body)
@@ -1254,6 +1280,11 @@ def _numeric_template(template, text_conversion: re.Pattern) -> bool:
     return isinstance(template, str) and not text_conversion.search(template)
 
 
+def _overlap(a: ast.AST, b: ast.AST) -> bool:
+    """One of the two nodes holds the other (`if torch.all(step <= tol):` reports the call around the comparison)."""
+    return any(n is b for n in ast.walk(a)) or any(n is a for n in ast.walk(b))
+
+
 def _every_iteration(body: list):
     """The statements of a loop body that run whenever the body runs: into `with` blocks and the
     body, `else` and `finally` of a `try`, not into `if`, `match`, `except` or nested loops."""
@@ -1298,34 +1329,42 @@ def _has_ordering(test: ast.AST) -> bool:
                for node in ast.walk(test))
 
 
-def _stops_on_convergence(node: ast.If, involves) -> bool:
-    """`if abs(loss - prev) < tol: break`: a convergence test on the value (`involves(compare)`),
-    which stops the loop in its normal course. A guard that only failure trips (`if loss > 1e4:
-    break`, `if isnan: break`) can be checked every N steps."""
+def _stops_on_comparison(node: ast.If, involves) -> bool:
+    """`if abs(loss - prev) < tol: break`, `if approx_kl > 1.5 * target_kl: break`: an ordering on
+    the value (`involves(compare)`) that stops the loop in its normal course. A guard that only
+    failure trips (`if loss > 1e4: break`, `if isnan: break`) can be checked every N steps."""
     if not (node.body and isinstance(node.body[-1], _LEAVES_LOOP)):
         return False
     return any(isinstance(compare, ast.Compare) and any(isinstance(op, _ORDERING) for op in compare.ops)
-               and involves(compare) and any(_is_change(o) or _is_tolerance(o) for o in [compare.left] + compare.comparators)
+               and involves(compare) and not _divergence_guard(compare)
                for compare in ast.walk(node.test))
 
 
-def _is_change(expr: ast.AST) -> bool:
-    """`cur - prev`, `(x - x_prev).norm()`: a difference of two values, not `loss - 1`."""
-    return any(isinstance(sub, ast.BinOp) and isinstance(sub.op, ast.Sub)
-               and not isinstance(sub.left, ast.Constant) and not isinstance(sub.right, ast.Constant)
-               for sub in ast.walk(expr))
-
-
-def _is_tolerance(expr: ast.AST) -> bool:
-    """`tol`, `self.tolerance / 10`, `args.eps`, `1e-6`: what a converging value falls under."""
-    for sub in ast.walk(expr):
-        if isinstance(sub, ast.Constant) and isinstance(sub.value, (int, float)) and not isinstance(sub.value, bool) \
-                and 0 < abs(sub.value) < 1:
-            return True
-        words = (_identifier(sub) or "").lower().split("_")
-        if any(w in ("tol", "atol", "rtol", "eps") or w.startswith(("toler", "epsilon", "converg")) for w in words):
-            return True
+def _divergence_guard(compare: ast.Compare) -> bool:
+    """`loss_val > 1e4`, `1e3 < abs(loss)`, `ll < -1e6`: the value past a large literal bound
+    (|bound| >= 100), where only a diverging run goes."""
+    if len(compare.ops) != 1:
+        return False
+    left, right = compare.left, compare.comparators[0]
+    if isinstance(compare.ops[0], (ast.Lt, ast.LtE)):
+        left, right = right, left  # read every comparison as `left > right`
+    low, high = _literal_number(right), _literal_number(left)
+    if low is not None and high is None:
+        return low >= 100   # `value > 1e4`
+    if high is not None and low is None:
+        return high <= -100  # `-1e6 > value`
     return False
+
+
+def _literal_number(expr: ast.AST) -> Optional[float]:
+    """`1e4`, `-1e4`; None for anything else."""
+    sign = 1
+    if isinstance(expr, ast.UnaryOp) and isinstance(expr.op, (ast.USub, ast.UAdd)):
+        sign = -1 if isinstance(expr.op, ast.USub) else 1
+        expr = expr.operand
+    if isinstance(expr, ast.Constant) and isinstance(expr.value, (int, float)) and not isinstance(expr.value, bool):
+        return sign * expr.value
+    return None
 
 
 def _is_gate(test: ast.AST, loop: LoopInfo) -> bool:
