@@ -54,6 +54,7 @@ _LEAVES_LOOP = (ast.Break, ast.Return)
 _ORDERING = (ast.Lt, ast.LtE, ast.Gt, ast.GtE)
 _COMPREHENSIONS = (ast.ListComp, ast.SetComp, ast.GeneratorExp, ast.DictComp)
 _NESTED_LOOPS = (ast.For, ast.AsyncFor, ast.While) + _COMPREHENSIONS
+_TRY = (ast.Try, getattr(ast, "TryStar", ast.Try))  # `try: ... except* E:` from Python 3.11
 
 
 def _is_cpu_target(call: ast.Call) -> bool:
@@ -1294,7 +1295,7 @@ def _every_iteration(body: list):
         yield stmt
         if isinstance(stmt, (ast.With, ast.AsyncWith)):
             stack.extend(stmt.body)
-        elif isinstance(stmt, ast.Try) or stmt.__class__.__name__ == "TryStar":
+        elif isinstance(stmt, _TRY):
             stack.extend(stmt.body + stmt.orelse + stmt.finalbody)
 
 
