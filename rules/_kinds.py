@@ -99,7 +99,8 @@ _MOVED = _Held(TENSOR)
 _MOVED_TO_CPU = _Held(CPU_TENSOR)
 _STAYS = object()            # `.to(...)` of a dtype only: the value stays where it is
 # Methods whose result is the receiver's kind, on the same device (dtype and mode changes).
-_KIND_KEEPING_METHODS = {"float", "half", "bfloat16", "double", "train", "eval", "requires_grad_"}
+_KIND_KEEPING_METHODS = {"float", "half", "bfloat16", "double", "train", "eval", "requires_grad_", "clone", "detach",
+                         "contiguous"}
 _MOVABLE = frozenset({LINEAR, MODULE, USER_MODULE})  # modules, which `.to(device)` / `.cuda()` return
 _DTYPE_NAMES = frozenset({"float32", "float16", "bfloat16", "float64", "int64", "long", "int32", "bool", "float",
                           "half", "double"})

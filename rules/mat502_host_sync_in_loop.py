@@ -5,23 +5,34 @@ from __future__ import annotations
 import ast
 import os
 import re
-from typing import Optional
+from typing import Callable, Optional
 
 from matlint.diagnostics import Fix
 from matlint.rule import Only, Rule, bad, good
 
 from . import _kinds
 from ._flow import function_text
-from ._loops import (LoopInfo, identifier as _identifier, is_training_loop, iterates_loader, loaded_names,
-                     walk_no_scopes)
+from ._loops import (LoopInfo, identifier as _identifier, is_optimizer_step, is_training_loop, iterates_loader,
+                     loaded_names, walk_no_scopes)
 
 _GATE_NAME = re.compile(r"log|print|verbose|debug|interval|every|freq|display|report|eval|save|val",
                         re.IGNORECASE)
 # Words of the attributes an `==` can read and still hold on every step: which process this is.
 _PROCESS_WORDS = {"rank", "main", "master", "world", "process", "gpu", "device"}
-# A comment heading the copy that says why it is there (the host needs it now, GPU memory).
-_EXPLAINING = re.compile(r"\bcpu\b|\bhost\b|synchroni|\bsync|\bwait|blocking|memory|\boom\b|transfer",
-                         re.IGNORECASE)
+# A comment on the copy that says why it is deliberate, not what it does (`# move to cpu`): the
+# values kept on the GPU would exhaust its memory, or the host needs them now.
+_MEMORY_REASON = re.compile(
+    r"\b(?:oom|out[ -]of[ -]memory|vram)\b|\b(?:gpu|cuda|device|accelerator)(?:'s)?\s+mem"
+    r"|\bmem\w*\s+(?:\w+\s+){0,3}?(?:exhaust|runs?\s+out|ran\s+out|explod|blows?\s+up|overflow|pressure|limit)"
+    r"|\b(?:sav|free|reduc|spar)\w*\s+(?:\w+\s+){0,2}?mem", re.IGNORECASE)
+_HOST_REASON = re.compile(
+    r"\bwait(?:s|ing)?\s+(?:for|until)\b|\bready\s+to\s+(?:use|be\s+used)\b"
+    r"|\bneed(?:s|ed)?\s+(?:\w+\s+){0,4}?(?:on|by|in)\s+(?:the\s+)?(?:host|cpu|python|numpy)\b"
+    r"|\b(?:host|cpu|python|numpy)\s+needs\b", re.IGNORECASE)
+# Memory the sync saves by dropping the autograd graph: `.detach()` saves it as well.
+_GRAPH_MEMORY = re.compile(r"\bleak|\bgraph\b|autograd", re.IGNORECASE)
+_NEGATED = re.compile(r"(?:n't|\bnot|\bno|\bnever|\bwithout|\bavoid\w*)\s+(?:\w+\s+){0,2}?(?:wait|need)",
+                      re.IGNORECASE)
 _SYNC_TEXT = (".cpu(", ".to(", ".item(", ".tolist(", ".numpy(")
 # Functions that run once over a data set (torch_geometric's `Dataset.process()`, calibration):
 # whole names, or `_`-separated words of the function's or the file's name.
@@ -43,6 +54,7 @@ _LEAVES_LOOP = (ast.Break, ast.Return)
 _ORDERING = (ast.Lt, ast.LtE, ast.Gt, ast.GtE)
 _COMPREHENSIONS = (ast.ListComp, ast.SetComp, ast.GeneratorExp, ast.DictComp)
 _NESTED_LOOPS = (ast.For, ast.AsyncFor, ast.While) + _COMPREHENSIONS
+_TRY = (ast.Try, getattr(ast, "TryStar", ast.Try))  # `try: ... except* E:` from Python 3.11
 
 
 def _is_cpu_target(call: ast.Call) -> bool:
@@ -111,20 +123,31 @@ class HostSyncInLoop(Rule):
       calls only imported functions, builtins and tensor or container methods: the batches stay
       on the host (a call of a model, `model(x)` or `self.net(x)`, may move them itself).
     - `.to("cpu", non_blocking=True)`: the copy is queued on the stream and the host goes on
-      (any `non_blocking` but a literal `False` counts).
-    - A copy whose statement carries, or whose run of copies is headed by, a comment saying why
-      (`# wait for the indices: the host slices with them`, `# kept in CPU tensors, else GPU memory
-      runs out`): words about the CPU, the host, syncing, waiting, blocking, memory or transfers.
+      (any `non_blocking` but a literal `False` counts), as long as the host does not read the
+      result in the same iteration. Where it does (`.tolist()`, `.numpy()`, `.item()`,
+      `float()`, `print()`, `np.asarray()` of the copy, or of the name bound to it, with no
+      `synchronize()` in between), the finding says so: that is a data race, the host can read
+      values the copy has not written yet.
+    - A copy whose own line carries, or whose statement (or run of copies) is headed by, a
+      comment saying why it is deliberate: the host needs the values now (`# wait for the
+      indices: the host slices with them`, `# needed on the host`), or keeping them on the GPU
+      would exhaust its memory (`# kept in CPU tensors, else GPU memory runs out`, `OOM`,
+      `to save GPU memory`). A comment that says what the line does (`# move predictions to
+      cpu`), a reason `.detach()` meets as well (`# so the graph is not kept alive (memory
+      leak)`), or a comment on another line of a multi-line statement does not count.
     - A value the host needs in the same iteration: bound to a name that a later test compares to
-      stop the loop (`if abs(cur - prev) < tol: break`), or that Python code then iterates or
-      indexes (`toks = out.cpu().tolist()`, then `for i ...: f(toks[i])`); and a sync in such a
-      test itself (`if loss.item() < tol: break`, `while loss.item() > tol:`). A guard like
-      `if torch.isnan(loss): break` is still reported: it can run every N steps.
+      stop the loop in its normal course (`if abs(cur - prev) < tol: break`, PPO's `if approx_kl
+      > 1.5 * target_kl: break`), or that Python code then iterates or indexes (`toks =
+      out.cpu().tolist()`, then `for i ...: f(toks[i])`); and a sync in such a test itself (`if
+      loss.item() < tol: break`, `while loss.item() > tol:`). A guard that only trips on failure
+      is still reported, as it can be checked every N steps: `if torch.isnan(loss): break`, or
+      the value past a large literal bound (`if loss_val > 1e4: break`, |bound| >= 100).
     - Syncs outside loops, in loops that are not training/evaluation steps (an epoch loop, which
       runs a whole pass over a loader in each iteration whatever else it steps, a loop over
-      parameters outside any step loop), and syncs gated to run every N steps (`if step %
-      log_every == 0:`, `if verbose:`, an `==` on a value that changes as the loop runs:
-      `if step == 0:`) or once (in a branch that ends in `return`, `break` or `raise`, in the
+      parameters outside any step loop; a pass under an `if`, such as validation every N steps
+      inside a training loop, does not run in each iteration and makes no epoch loop), and
+      syncs gated to run every N steps (`if step % log_every == 0:`, `if verbose:`, an `==` on a
+      value that changes as the loop runs: `if step == 0:`) or once (in a branch that ends in `return`, `break` or `raise`, in the
       `return` itself, in an `except`). The `else` of a gate runs on the other steps: a sync
       there is reported. `if rank == 0:` is not a gate: it holds on every step of one process
       (an `==` on names the loop does not assign, constants, or attributes and calls that name
@@ -132,10 +155,13 @@ class HostSyncInLoop(Rule):
     - Loops over a list of loaders or of their names (`for loader in val_loaders:`): one step
       per dataset, not per batch. A loader is a `DataLoader` or a name ending in `loader`. So
       are loops over keys or names (`for key in dataset_keys:`, `for name, fn in losses.items():`,
-      a loop variable ending in `key` or `name`), even with a `.backward()` inside: one per task.
-    - One-off passes over a data set: in a function named `process` (torch_geometric's
-      `Dataset.process()`), or whose name or file name has the word `preprocess`, `precompute`,
-      `calibrate`, `calibration` or `calib`.
+      a loop variable or iterable whose last `_`-word is `key(s)` or `name(s)`: not `fname`),
+      even with a `.backward()` inside: one per task. A loop that steps an optimizer is a
+      training step whatever it goes over (a round robin over `loaders.items()`).
+    - One-off passes over a data set that do not train: in a method `process(self)`
+      (torch_geometric's `Dataset.process()`; not a `process(rank, ...)` worker), or in a function
+      whose name or file name has the word `preprocess`, `precompute`, `calibrate`, `calibration`
+      or `calib`. A loop that calls `.backward()` or an optimizer's `.step()` is never one-off.
     - Torch's predicates (`torch.is_autocast_enabled()`, `torch.are_deterministic_algorithms_enabled()`):
       Python bools. Values whose kind it cannot tell, for `float()`, `int()`, `bool()`, `if`,
       `print()` and `.tolist()` (those need a value known to be a tensor).
@@ -143,11 +169,16 @@ class HostSyncInLoop(Rule):
     ## Fix safety
     `total += loss.item()` has an unsafe fix to `total += loss.detach()` (a receiver that is not
     atomic is parenthesized: `(a + b).detach()`), offered only where the accumulator is a Python
-    number (every binding of the name in its scope is a number or adds one): the accumulator
-    becomes a tensor, which changes how it prints and what type later code sees. Onto a tensor
-    accumulator there is no fix (`acc = torch.zeros(1)` is on the CPU: `acc += loss.detach()`
-    would raise, the operands being on two devices), nor where the call's text holds a comment;
-    the message says to accumulate in a device tensor instead.
+    number (every binding of the name in its scope is a number or adds one) whose every later
+    use works the same on a 0-d tensor: arithmetic, formatting as a number (`f"{total:.3f}"`,
+    `"%.3f" % total`, `"{:.2f}".format(total)`), `float()`, `int()`, `round()`, returning it; the
+    same for the names it flows into (`avg = total / n`, `epoch_total += total`). Any other use (a
+    call such as `np.mean([total])` or `log(total)`, a comparison, `%s`, a closure) may need a
+    Python number: no fix. The accumulator becomes a tensor, which changes its precision (float32)
+    and what type later code sees; a receiver of more than one element (shape `(1,)`) would not
+    format as a number. Onto a tensor accumulator there is no fix (`acc = torch.zeros(1)` is on
+    the CPU: `acc += loss.detach()` would raise, the operands being on two devices), nor where the
+    call's text holds a comment; the message says to accumulate in a device tensor instead.
     """
     examples = [
         bad("""
@@ -526,6 +557,206 @@ class HostSyncInLoop(Rule):
                     opt.step()
                     n = int((y == 0).sum())
             """, (5, 15), (6, 12), (7, 13), (15, 13)),
+        # Validation every N steps inside a training loop does not make it an epoch loop: the
+        # pass runs on some iterations. A pass in a `with` block runs on each: an epoch loop.
+        bad("""
+            import torch
+            def train(model, train_loader, val_loader, opt, crit, device):
+                running = 0.0
+                for step, (x, y) in enumerate(train_loader):
+                    x, y = x.to(device), y.to(device)
+                    loss = crit(model(x), y)
+                    loss.backward()
+                    opt.step()
+                    running += loss.item()
+                    if step % 500 == 0:
+                        with torch.no_grad():
+                            for vx, vy in val_loader:
+                                crit(model(vx.to(device)), vy.to(device))
+                return running
+            def epochs(model, loader, opt, crit, n):
+                for epoch in range(n):
+                    model.train()
+                    with torch.enable_grad():
+                        for x, y in loader:
+                            loss = crit(model(x.cuda()), y.cuda())
+                            loss.backward()
+                            opt.step()
+                    print(f"epoch {epoch}: {loss.item():.3f}")
+            """, (9, 20)),
+        # Comments that narrate (`# move predictions to cpu`), give a reason `.detach()` meets as
+        # well (the graph), or belong to another line of a multi-line call explain nothing.
+        bad("""
+            import torch
+            import wandb
+            def evaluate(model, loader, device):
+                preds = []
+                for x, y in loader:
+                    out = model(x.to(device))
+                    # move predictions to cpu
+                    preds.append(out.argmax(1).cpu())
+                return preds
+            def train(model, loader, opt, crit, device):
+                total = 0.0
+                for step, (x, y) in enumerate(loader):
+                    loss = crit(model(x.to(device)), y.to(device))
+                    loss.backward()
+                    opt.step()
+                    # use .item() so we don't keep the autograd graph alive (memory leak)
+                    total += loss.item()
+                    wandb.log({
+                        "train/loss": loss.item(),
+                        "train/mem_gb": torch.cuda.max_memory_allocated() / 2**30,  # peak memory
+                    }, step=step)
+                return total
+            """, (8, 22), (17, 18), (19, 27)),
+        # A non-blocking copy the host reads in the same iteration, before anything waits for it, is
+        # a data race; one only collected, or read after `torch.cuda.synchronize()`, is not.
+        bad("""
+            import torch
+            @torch.no_grad()
+            def predict(model, loader, device):
+                preds, outs, firsts = [], [], []
+                for x, _ in loader:
+                    out = model(x.to(device))
+                    preds.extend(out.argmax(1).to("cpu", non_blocking=True).tolist())
+                    outs.append(out.to("cpu", non_blocking=True))
+                    top = out.max(1).values.to("cpu", non_blocking=True)
+                    firsts.append(float(top[0]))
+                    last = out[-1].to("cpu", non_blocking=True)
+                    torch.cuda.synchronize()
+                    print(last)
+                return preds, outs, firsts
+            """, (7, 22), (9, 15), message_contains="a data race"),
+        # `fname` is no `name`, and a loop over tasks that steps the optimizer is a training step.
+        bad("""
+            import torch
+            def train_on_shards(model, shard_files, opt, crit):
+                for fname in shard_files:
+                    batch = torch.load(fname)
+                    loss = crit(model(batch["x"].cuda()), batch["y"].cuda())
+                    loss.backward()
+                    opt.step()
+                    print(fname, loss.item())
+            def round_robin(model, loaders, opt, crit, device):
+                for step in range(10000):
+                    for task, loader in loaders.items():
+                        x, y = next(loader)
+                        loss = crit(model(x.to(device)), y.to(device))
+                        loss.backward()
+                        opt.step()
+                        print(task, loss.item())
+            """, (8, 22), (16, 25)),
+        # A loop that trains is never a one-off pass: `process(rank, ...)` is an `mp.spawn` worker.
+        bad("""
+            import torch
+            import torch.multiprocessing as mp
+            def process(rank, model, loader, opt, crit):
+                device = torch.device("cuda", rank)
+                for x, y in loader:
+                    loss = crit(model(x.to(device)), y.to(device))
+                    loss.backward()
+                    opt.step()
+                    print(f"loss {loss.item():.4f}")
+            def preprocess_and_train(model, loader, opt, crit):
+                for x, y in loader:
+                    loss = crit(model(x.cuda()), y.cuda())
+                    loss.backward()
+                    opt.step()
+                    print(f"loss {loss.item():.4f}")
+            if __name__ == "__main__":
+                mp.spawn(process, nprocs=2)
+            """, (9, 23), (15, 23)),
+        # A divergence guard (`> 1e4`) trips only on failure: it can be checked every N steps.
+        bad("""
+            import torch
+            def train(model, loader, opt, crit, device, history):
+                for x, y in loader:
+                    loss = crit(model(x.to(device)), y.to(device))
+                    loss.backward()
+                    opt.step()
+                    loss_val = loss.item()
+                    history.append(loss_val)
+                    if loss_val > 1e4:  # diverged
+                        break
+                    if loss.item() > 1e4 or not torch.isfinite(loss):
+                        break
+            """, (7, 20), (11, 12), (11, 37)),
+        # flair's trainer: the fix only where every later use takes a 0-d tensor as it takes a
+        # number (arithmetic, formatting as a number, `round`, returning it); `batch_loss` flows
+        # into `epoch_loss`, which numpy reads.
+        bad("""
+            import numpy as np
+            import torch
+            def train(model, loader, opt, log, n):
+                total, batch_loss, epoch_loss = 0.0, 0.0, 0.0
+                for x, y in loader:
+                    loss = model(x.cuda(), y.cuda())
+                    loss.backward()
+                    opt.step()
+                    total += loss.item()
+                    batch_loss += loss.item()
+                    epoch_loss += batch_loss
+                log(f"{total / n:.4f}", "%.3f" % total, "{:.2f}".format(total))
+                mean = np.mean([epoch_loss / n])
+                return round(total, 4), mean
+            """, (9, 18), (10, 23),
+            fixed="""
+            import numpy as np
+            import torch
+            def train(model, loader, opt, log, n):
+                total, batch_loss, epoch_loss = 0.0, 0.0, 0.0
+                for x, y in loader:
+                    loss = model(x.cuda(), y.cuda())
+                    loss.backward()
+                    opt.step()
+                    total += loss.detach()
+                    batch_loss += loss.item()
+                    epoch_loss += batch_loss
+                log(f"{total / n:.4f}", "%.3f" % total, "{:.2f}".format(total))
+                mean = np.mean([epoch_loss / n])
+                return round(total, 4), mean
+            """, unsafe=True),
+        # Stopping tests in the loop's normal course stay quiet (botorch's shared convergence test,
+        # PPO's KL early stop, a tolerance); the value past a large literal bound is a guard.
+        bad("""
+            import torch
+            def descend(X, paths, optimizer, steps, convergence_tol, target_kl, loader):
+                prev = X.detach().clone()
+                for _ in range(steps):
+                    optimizer.zero_grad()
+                    paths(X).sum().backward()
+                    optimizer.step()
+                    with torch.no_grad():
+                        step_sizes = torch.linalg.norm(X - prev, dim=-1)
+                        if torch.all(step_sizes <= convergence_tol):
+                            break
+                        prev.copy_(X)
+                for x, y in loader:
+                    loss, log_ratio = paths(x.cuda(), y.cuda())
+                    loss.backward()
+                    optimizer.step()
+                    approx_kl = ((log_ratio.exp() - 1) - log_ratio).mean().cpu().numpy()
+                    if approx_kl > 1.5 * target_kl:
+                        break
+                    if loss.item() < 1e-6 or 100 > -loss.item():
+                        break
+                    if 1e4 < abs(loss.item()):
+                        break
+            """, (22, 22)),
+        # lightly's embedding loop: a loader batch copied with `.clone()` is still on the host.
+        good("""
+            import torch
+            def embed(model, dataloader, device):
+                out, labels = [], []
+                with torch.no_grad():
+                    for x, y in dataloader:
+                        x = x.to(device)
+                        y = y.clone()
+                        out.append(model(x))
+                        labels.extend(y.cpu().tolist())
+                return out, labels
+            """),
     ]
 
     only = {name: Only(in_loops=True) for name in ("visit_Call", "visit_If", "visit_While", "visit_IfExp")}
@@ -569,14 +800,22 @@ class HostSyncInLoop(Rule):
         if kind in _NOT_SYNCED:
             return
         method = func.attr
-        if method == "to" and (not _is_cpu_target(node) or _non_blocking(node)):
+        if method == "to" and not _is_cpu_target(node):
+            return
+        if method == "to" and _non_blocking(node):
+            read = self._read_before_copied(node)
+            if read is not None:  # the copy does not block: not a sync, a race
+                self.report(node, f"`.to({self._arguments(node)})` may return before the copy is done, yet the host "
+                                  f"reads the result on line {read} in the same iteration: a data race, it can see "
+                                  f"values not copied yet; copy with a blocking `.cpu()` where the host needs the "
+                                  f"values now, or collect results on the device and copy once after the loop")
             return
         if method == "tolist" and kind not in _kinds.TENSORS:
             return
         if method == "item":
             accumulation = self._accumulation(node)
             onto_number = accumulation is not None and self._python_number(accumulation.target)
-            fix = self._detach_fix(node, receiver) if onto_number else None
+            fix = (lambda: self._detach_fix(node, receiver, accumulation.target.id)) if onto_number else None
             if onto_number:
                 instead = "keep the running value on the device (`total += loss.detach()`) and call `.item()` once after the loop"
             elif accumulation is not None:
@@ -587,8 +826,7 @@ class HostSyncInLoop(Rule):
                            "(`torch.stack(values).tolist()`), or log every N steps")
             self._report(node, "`.item()`", instead, fix=fix)
         elif method in ("cpu", "to"):
-            arguments = ", ".join(self.ctx.segment(a) for a in node.args + node.keywords)
-            self._report(node, f"`.{method}({arguments})`",
+            self._report(node, f"`.{method}({self._arguments(node)})`",
                          "collect results on the device (`torch.cat`/`torch.stack` after the loop) and copy once")
         else:
             self._report(node, "`.tolist()`", "collect results on the device and convert once after the loop")
@@ -608,18 +846,61 @@ class HostSyncInLoop(Rule):
                              owner=owner)
                 return
 
-    def _report(self, node: ast.AST, what: str, instead: str, fix: Optional[Fix] = None,
+    def _report(self, node: ast.AST, what: str, instead: str, fix: Optional[Callable[[], Optional[Fix]]] = None,
                 owner: Optional[ast.AST] = None) -> None:
-        """`owner`: the `if`/`while` whose test `node` is, for a tensor used as a `bool`."""
+        """`fix`: makes the fix, once the finding stands. `owner`: the `if`/`while` whose test
+        `node` is, for a tensor used as a `bool`."""
         loop = self._step_loop()
-        if loop is None or self._gated(loop, owner):
+        if loop is None or self._gated(node, loop, owner):
             return
         training = self._is_training(loop)
-        if (owner is None and self._used_now(node, loop)) or self._explained() or (not training and self._host_only(loop)):
+        if (owner is None and self._used_now(node, loop)) or self._explained(node) or (not training and self._host_only(loop)):
             return
         kind = "training" if training else "evaluation"
         self.report(node, f"{what} waits for the GPU and copies to the host on every step of the {kind} "
-                          f"loop on line {loop.node.lineno}; {instead}", fix=fix)
+                          f"loop on line {loop.node.lineno}; {instead}", fix=fix() if fix is not None else None)
+
+    def _arguments(self, call: ast.Call) -> str:
+        return ", ".join(self.ctx.segment(a) for a in call.args + call.keywords)
+
+    def _read_before_copied(self, call: ast.Call) -> Optional[int]:
+        """The line where the host reads the CPU tensor that a non-blocking copy returns, in the same
+        iteration with nothing waiting for the copy first: on the copy itself
+        (`.to("cpu", non_blocking=True).tolist()`, `float(...)`) or through the name bound to it."""
+        current = call
+        for parent in reversed(self.ctx.parents):
+            if _reads_values(self.ctx, parent, current):
+                return parent.lineno
+            if not _extends(parent, current):
+                break
+            current = parent
+        bound = self._bound_name(call)
+        if bound is None:
+            return None
+        name, statement = bound
+        body = self.ctx.loops[-1].body
+        parents = {}
+        later = []
+        for stmt in body:
+            for sub in walk_no_scopes(stmt):
+                for child in ast.iter_child_nodes(sub):
+                    parents[child] = sub
+                if getattr(sub, "lineno", 0) > statement.end_lineno and isinstance(sub, (ast.Name, ast.Call)):
+                    later.append(sub)
+        later.sort(key=lambda n: (n.lineno, n.col_offset))
+        for sub in later:
+            if isinstance(sub, ast.Call):
+                if _identifier(sub.func) == "synchronize":
+                    return None  # `torch.cuda.synchronize()`, `stream.synchronize()`: the copy is done
+                continue
+            if sub.id != name or not isinstance(sub.ctx, ast.Load):
+                continue
+            current, parent = sub, parents.get(sub)
+            while parent is not None and _extends(parent, current):
+                current, parent = parent, parents.get(parent)
+            if parent is not None and _reads_values(self.ctx, parent, current):
+                return parent.lineno
+        return None
 
     def _accumulation(self, call: ast.Call) -> Optional[ast.AugAssign]:
         parent = self.ctx.parent
@@ -627,13 +908,15 @@ class HostSyncInLoop(Rule):
             return parent
         return None
 
-    def _detach_fix(self, call: ast.Call, receiver: ast.AST) -> Optional[Fix]:
+    def _detach_fix(self, call: ast.Call, receiver: ast.AST, accumulator: str) -> Optional[Fix]:
         """Only onto a Python number (the caller checks): `acc += loss.detach()` onto a CPU tensor
         (`torch.zeros(1)`) raises (the operands are on two devices), and the rule cannot see where
-        another tensor is."""
+        another tensor is. Only where the number's later uses work the same on a 0-d tensor."""
         text = self.ctx.segment(call)
         if "#" in text:
             return None  # a comment inside the call would go with it
+        if not self._uses_work_on_tensor(accumulator):
+            return None  # `np.mean([total])`, `log(total)`: host code may not take a device tensor
         receiver_text = self.ctx.segment(receiver)
         if not isinstance(receiver, _ATOMIC):
             receiver_text = f"({receiver_text})"  # `(a + b).item()`: not `a + b.detach()`
@@ -641,13 +924,47 @@ class HostSyncInLoop(Rule):
                             "Accumulate on the device with `.detach()`; call `.item()` once after the loop",
                             safe=False)
 
+    def _uses_work_on_tensor(self, accumulator: str) -> bool:
+        """Every read of the accumulator in its scope, and of the names it flows into
+        (`avg = total / n`, `epoch_total += total`), works the same on a 0-d device tensor:
+        arithmetic, an f-string or `format`, `float()`/`int()`/`round()`, returning it. Any other
+        use (a call, numpy, a comparison, an attribute, a closure) may need a Python number."""
+        owner = self.ctx.function or self.ctx.tree
+        key = ("mat502_parents", id(owner))
+        parents = self.ctx.shared.get(key)
+        if parents is None:
+            parents = self.ctx.shared[key] = {child: node for node in ast.walk(owner)
+                                              for child in ast.iter_child_nodes(node)}
+        reads: dict = {}
+        for node in parents:
+            if isinstance(node, ast.Name) and isinstance(node.ctx, ast.Load):
+                reads.setdefault(node.id, []).append(node)
+            elif isinstance(node, (ast.Global, ast.Nonlocal)) and accumulator in node.names:
+                return False
+        pending, seen = [accumulator], set()
+        while pending:
+            name = pending.pop()
+            if name in seen:
+                continue
+            seen.add(name)
+            for read in reads.get(name, ()):
+                flows_into = _use_on_tensor(self.ctx, read, parents, owner)
+                if flows_into is False:
+                    return False
+                if isinstance(flows_into, str):
+                    if flows_into != name and not self._python_number_name(flows_into):
+                        return False  # `acc += total` onto a CPU tensor raises
+                    pending.append(flows_into)
+        return True
+
     def _python_number(self, target: ast.AST) -> bool:
         """Every binding of the accumulator in its scope is a Python number (`total = 0.0`) or adds
         one (`total += x.item()`); an attribute, a tensor or a name of unknown kind is not."""
-        if not isinstance(target, ast.Name):
-            return False
+        return isinstance(target, ast.Name) and self._python_number_name(target.id)
+
+    def _python_number_name(self, name: str) -> bool:
         scope = _kinds.scope_kinds(self.ctx, self.ctx.function or self.ctx.tree)
-        entries = scope.assigned.get(target.id)
+        entries = scope.assigned.get(name)
         if not entries:
             return False
         for entry in entries:
@@ -686,7 +1003,7 @@ class HostSyncInLoop(Rule):
         for other in loop.direct_nodes():
             if getattr(other, "lineno", 0) <= statement.end_lineno:
                 continue
-            if isinstance(other, ast.If) and _stops_on_comparison(other) and name in loaded_names(other.test):
+            if isinstance(other, ast.If) and _stops_on_comparison(other, lambda compare: name in loaded_names(compare)):
                 return True
             if isinstance(other, _NESTED_LOOPS) and _goes_over(other, name):
                 return True
@@ -717,18 +1034,17 @@ class HostSyncInLoop(Rule):
                 return None
         return None
 
-    def _explained(self) -> bool:
-        """A comment on the statement, or heading the run of copies it is in, says why the copy is
-        there (`# wait for the indices: the host slices with them`, `# kept on the CPU, else OOM`)."""
+    def _explained(self, node: ast.AST) -> bool:
+        """A comment on the sync's own lines, or above its statement (heading the run of copies it
+        is in), says why the copy is deliberate (`# wait for the indices: the host slices with
+        them`, `# kept on the CPU, else GPU memory runs out`). A comment on another line of a
+        multi-line statement belongs to that line; one that says what the line does (`# move to
+        cpu`) or why not to keep the graph (`.detach()` does that too) explains nothing."""
         statement = self.ctx.statement()
         if statement is None:
             return False
         lines = self.ctx.lines
-        body = getattr(statement, "body", None)
-        end = statement.end_lineno
-        if isinstance(body, list) and body:  # `if`, `for`, `with`: its header, not its block
-            end = max(statement.lineno, body[0].lineno - 1)
-        comments = [line[line.find("#"):] for line in lines[statement.lineno - 1:end] if "#" in line]
+        comments = [line[line.find("#"):] for line in lines[node.lineno - 1:node.end_lineno] if "#" in line]
         row = statement.lineno - 2
         while row >= 0:
             text = lines[row].strip()
@@ -737,7 +1053,7 @@ class HostSyncInLoop(Rule):
             elif not text or not any(sync in text for sync in _SYNC_TEXT):
                 break
             row -= 1
-        return any(_EXPLAINING.search(comment) for comment in comments)
+        return any(_says_why(comment) for comment in comments)
 
     def _host_only(self, loop: LoopInfo) -> bool:
         """An evaluation loop in a function that never names a device (no `.to(`, `cuda`,
@@ -801,8 +1117,13 @@ class HostSyncInLoop(Rule):
     def _is_step_loop(self, loop: LoopInfo) -> bool:
         key = ("mat502_step", id(loop.node))
         if key not in self.ctx.shared:
-            self.ctx.shared[key] = ((self._is_training(loop) or self._iterates_loader(loop))
-                                    and not self._one_off() and not self._iterates_names(loop)
+            training = self._is_training(loop)
+            # A loop that steps an optimizer is a training step whatever it goes over; one that
+            # only runs backward passes may go over the tasks of one step.
+            steps = training and any(is_optimizer_step(n) for n in loop.direct_nodes())
+            self.ctx.shared[key] = ((training or self._iterates_loader(loop))
+                                    and not (not training and self._one_off())
+                                    and not (not steps and self._iterates_names(loop))
                                     and not self._epoch_loop(loop))
         return self.ctx.shared[key]
 
@@ -814,14 +1135,17 @@ class HostSyncInLoop(Rule):
 
     def _epoch_loop(self, loop: LoopInfo) -> bool:
         """The loop runs a whole pass over a loader in each iteration: an epoch loop, whatever
-        else it steps (`sched.step()`)."""
-        return any(isinstance(node, (ast.For, ast.AsyncFor)) and self._iterates_loader(LoopInfo(node, self.ctx))
-                   for node in loop.direct_nodes())
+        else it steps (`sched.step()`). A pass under an `if` (validation every N steps) or in an
+        `except` does not run in each iteration."""
+        return any(isinstance(stmt, (ast.For, ast.AsyncFor)) and self._iterates_loader(LoopInfo(stmt, self.ctx))
+                   for stmt in _every_iteration(loop.node.body if isinstance(loop.node, (ast.For, ast.AsyncFor, ast.While))
+                                                else []))
 
     @staticmethod
     def _iterates_names(loop: LoopInfo) -> bool:
         """`for key in dataset_keys:`, `for task_name in tasks:`, `for k, v in losses.items():`: one
-        iteration per data set or task, not per batch."""
+        iteration per data set or task, not per batch. Whole words: `fname` names a file, which
+        may hold a batch."""
         it = loop.iter
         while isinstance(it, ast.Call) and isinstance(it.func, ast.Name) and it.func.id in ("enumerate", "sorted", "list") \
                 and it.args:
@@ -831,25 +1155,26 @@ class HostSyncInLoop(Rule):
         if isinstance(it, ast.Call) and isinstance(it.func, ast.Attribute) and it.func.attr in ("keys", "items") \
                 and not it.args:
             return True
-        if (_identifier(it) or "").lower().endswith(("keys", "names")):
+        if _last_word(_identifier(it)) in ("keys", "names"):
             return True
         target = loop.node.target if isinstance(loop.node, (ast.For, ast.AsyncFor)) else loop.node.generators[0].target
-        return isinstance(target, ast.Name) and target.id.lower().endswith(("key", "name"))
+        return isinstance(target, ast.Name) and _last_word(target.id) in ("key", "name")
 
     def _one_off(self) -> bool:
-        """In a function that runs once over a data set: `process()`, `precompute_*`, calibration."""
+        """In a function that runs once over a data set: a `process()` method (torch_geometric's
+        `Dataset.process(self)`), `precompute_*`, calibration."""
         function = self.ctx.function
         key = ("mat502_one_off", id(function))
         found = self.ctx.shared.get(key)
         if found is None:
-            names = [f.name for f in self.ctx.functions if not isinstance(f, ast.Lambda)]
+            functions = [f for f in self.ctx.functions if not isinstance(f, ast.Lambda)]
             stem = os.path.splitext(os.path.basename(self.ctx.filename or ""))[0]
-            words = {w for n in names + [stem] for w in n.lower().split("_")}
-            found = self.ctx.shared[key] = bool(_ONE_OFF_NAMES.intersection(names) or words & _ONE_OFF_WORDS)
+            words = {w for n in [f.name for f in functions] + [stem] for w in n.lower().split("_")}
+            found = self.ctx.shared[key] = bool(any(_dataset_process(f) for f in functions) or words & _ONE_OFF_WORDS)
         return found
 
-    def _gated(self, loop: LoopInfo, owner: Optional[ast.AST]) -> bool:
-        """The call sits under an `if` that lets it run only some steps (every N, verbose...), in
+    def _gated(self, node: ast.AST, loop: LoopInfo, owner: Optional[ast.AST]) -> bool:
+        """The call (`node`) sits under an `if` that lets it run only some steps (every N, verbose...), in
         a branch that leaves the loop (`return`, `break`, `raise`), in an error path, or in a test
         that stops a loop on a comparison (a convergence test)."""
         parents = self.ctx.parents
@@ -867,7 +1192,7 @@ class HostSyncInLoop(Rule):
             if isinstance(parent, ast.If):
                 child = chain[i + 1] if i + 1 < len(chain) else None
                 if child is None or child is parent.test:  # what is reported is in this `if`'s test
-                    if _stops_on_comparison(parent):
+                    if _stops_on_comparison(parent, lambda compare: _overlap(compare, node)):
                         return True  # `if abs(loss.item() - prev) < tol: break`: needed now, to stop
                     continue
                 in_body = any(stmt is child for stmt in parent.body)
@@ -877,6 +1202,117 @@ class HostSyncInLoop(Rule):
                 if in_body and _is_gate(parent.test, loop):
                     return True  # (its `else` runs on the other steps)
         return False
+
+
+def _extends(parent: ast.AST, child: ast.AST) -> bool:
+    """`child.attr`, `child(...)`, `child[...]`: the expression goes on from `child`."""
+    return (isinstance(parent, (ast.Attribute, ast.Subscript)) and parent.value is child) or \
+        (isinstance(parent, ast.Call) and parent.func is child)
+
+
+def _reads_values(ctx, parent: ast.AST, child: ast.AST) -> bool:
+    """`parent` reads the values of the tensor `child` on the host: `.tolist()`, `.numpy()`,
+    `.item()`, `float()`, `int()`, `bool()`, `list()`, `print()`, `np.asarray()`, an f-string."""
+    if isinstance(parent, ast.Attribute):
+        return parent.value is child and parent.attr in ("tolist", "numpy", "item")
+    if isinstance(parent, ast.Call):
+        func = parent.func
+        if not any(arg is child for arg in parent.args):
+            return False
+        if isinstance(func, ast.Name) and ctx.qualname(func) is None:
+            return func.id in ("float", "int", "bool", "list", "print")
+        return ctx.qualname(func) in ("numpy.asarray", "numpy.array")
+    return isinstance(parent, ast.FormattedValue) and parent.value is child
+
+
+def _use_on_tensor(ctx, read: ast.Name, parents: dict, owner: ast.AST):
+    """How a read of a Python-number accumulator would take a 0-d tensor in its place: True (the
+    same), False (maybe not), or the name the value flows into (`avg = total / n`, `acc += total`),
+    whose own reads decide."""
+    scope = parents.get(read)
+    while scope is not None and scope is not owner:
+        if isinstance(scope, (ast.FunctionDef, ast.AsyncFunctionDef, ast.Lambda, ast.ClassDef)):
+            return False  # a closure: it may run anywhere
+        scope = parents.get(scope)
+    child = read
+    while True:
+        parent = parents.get(child)
+        if isinstance(parent, ast.BinOp) and not isinstance(parent.op, (ast.MatMult, ast.BitAnd, ast.BitOr, ast.BitXor,
+                                                                         ast.LShift, ast.RShift)):
+            if isinstance(parent.op, ast.Mod) and isinstance(parent.left, (ast.Constant, ast.JoinedStr)):
+                # `"%.3f" % total` reads a number; `%s` and `%r` would print `tensor(...)`
+                return isinstance(parent.left, ast.Constant) and _numeric_template(parent.left.value, _PERCENT_TEXT)
+            child = parent
+        elif isinstance(parent, ast.UnaryOp) and isinstance(parent.op, (ast.USub, ast.UAdd)):
+            child = parent
+        elif isinstance(parent, ast.FormattedValue):
+            return parent.conversion == -1  # `{total:.3f}` formats the number; `{total!r}` would not
+        elif isinstance(parent, ast.Return):
+            return True
+        elif isinstance(parent, ast.Tuple) and isinstance(parents.get(parent), ast.Return):
+            return True  # `return total, n`
+        elif isinstance(parent, ast.Call):
+            func = parent.func
+            if not any(arg is child for arg in parent.args):
+                return False
+            if isinstance(func, ast.Name) and ctx.qualname(func) is None and func.id == "round":
+                child = parent  # `round(t)` is a tensor again
+                continue
+            if isinstance(func, ast.Name) and ctx.qualname(func) is None:
+                return func.id in ("float", "int")
+            return isinstance(func, ast.Attribute) and func.attr == "format" and isinstance(func.value, ast.Constant) \
+                and _numeric_template(func.value.value, _CONVERSION_TEXT)
+        elif isinstance(parent, ast.AugAssign) and parent.value is child and isinstance(parent.target, ast.Name) \
+                and isinstance(parent.op, (ast.Add, ast.Sub, ast.Mult, ast.Div)):
+            return parent.target.id
+        elif isinstance(parent, ast.Assign) and parent.value is child and len(parent.targets) == 1 \
+                and isinstance(parent.targets[0], ast.Name):
+            return parent.targets[0].id
+        else:
+            return False
+
+
+_PERCENT_TEXT = re.compile(r"%[^a-zA-Z%]*[sra]")
+_CONVERSION_TEXT = re.compile(r"![sra]")
+
+
+def _numeric_template(template, text_conversion: re.Pattern) -> bool:
+    """A format string that formats its values as numbers, none as text (`%s`, `{!r}`)."""
+    return isinstance(template, str) and not text_conversion.search(template)
+
+
+def _overlap(a: ast.AST, b: ast.AST) -> bool:
+    """One of the two nodes holds the other (`if torch.all(step <= tol):` reports the call around the comparison)."""
+    return any(n is b for n in ast.walk(a)) or any(n is a for n in ast.walk(b))
+
+
+def _every_iteration(body: list):
+    """The statements of a loop body that run whenever the body runs: into `with` blocks and the
+    body, `else` and `finally` of a `try`, not into `if`, `match`, `except` or nested loops."""
+    stack = list(body)
+    while stack:
+        stmt = stack.pop()
+        yield stmt
+        if isinstance(stmt, (ast.With, ast.AsyncWith)):
+            stack.extend(stmt.body)
+        elif isinstance(stmt, _TRY):
+            stack.extend(stmt.body + stmt.orelse + stmt.finalbody)
+
+
+def _last_word(identifier: Optional[str]) -> str:
+    return (identifier or "").lower().rsplit("_", 1)[-1]
+
+
+def _dataset_process(function: ast.AST) -> bool:
+    """`def process(self):`, a method (torch_geometric's `Dataset.process`); not `def process(rank, ...)`."""
+    params = function.args.posonlyargs + function.args.args
+    return function.name in _ONE_OFF_NAMES and bool(params) and params[0].arg == "self"
+
+
+def _says_why(comment: str) -> bool:
+    if _HOST_REASON.search(comment) and not _NEGATED.search(comment):
+        return True
+    return bool(_MEMORY_REASON.search(comment)) and not _GRAPH_MEMORY.search(comment)
 
 
 def _goes_over(loop: ast.AST, name: str) -> bool:
@@ -894,9 +1330,42 @@ def _has_ordering(test: ast.AST) -> bool:
                for node in ast.walk(test))
 
 
-def _stops_on_comparison(node: ast.If) -> bool:
-    """`if abs(loss - prev) < tol: break`: a convergence test, not a guard (`if isnan: break`)."""
-    return bool(node.body) and isinstance(node.body[-1], _LEAVES_LOOP) and _has_ordering(node.test)
+def _stops_on_comparison(node: ast.If, involves) -> bool:
+    """`if abs(loss - prev) < tol: break`, `if approx_kl > 1.5 * target_kl: break`: an ordering on
+    the value (`involves(compare)`) that stops the loop in its normal course. A guard that only
+    failure trips (`if loss > 1e4: break`, `if isnan: break`) can be checked every N steps."""
+    if not (node.body and isinstance(node.body[-1], _LEAVES_LOOP)):
+        return False
+    return any(isinstance(compare, ast.Compare) and any(isinstance(op, _ORDERING) for op in compare.ops)
+               and involves(compare) and not _divergence_guard(compare)
+               for compare in ast.walk(node.test))
+
+
+def _divergence_guard(compare: ast.Compare) -> bool:
+    """`loss_val > 1e4`, `1e3 < abs(loss)`, `ll < -1e6`: the value past a large literal bound
+    (|bound| >= 100), where only a diverging run goes."""
+    if len(compare.ops) != 1:
+        return False
+    left, right = compare.left, compare.comparators[0]
+    if isinstance(compare.ops[0], (ast.Lt, ast.LtE)):
+        left, right = right, left  # read every comparison as `left > right`
+    low, high = _literal_number(right), _literal_number(left)
+    if low is not None and high is None:
+        return low >= 100   # `value > 1e4`
+    if high is not None and low is None:
+        return high <= -100  # `-1e6 > value`
+    return False
+
+
+def _literal_number(expr: ast.AST) -> Optional[float]:
+    """`1e4`, `-1e4`; None for anything else."""
+    sign = 1
+    if isinstance(expr, ast.UnaryOp) and isinstance(expr.op, (ast.USub, ast.UAdd)):
+        sign = -1 if isinstance(expr.op, ast.USub) else 1
+        expr = expr.operand
+    if isinstance(expr, ast.Constant) and isinstance(expr.value, (int, float)) and not isinstance(expr.value, bool):
+        return sign * expr.value
+    return None
 
 
 def _is_gate(test: ast.AST, loop: LoopInfo) -> bool:

@@ -103,3 +103,19 @@ def test_a_move_of_a_name_of_unknown_or_mixed_kind_stays_unknown():
             a, b = b, a
             reveal(a)
         """) == ["None", "None", "None"]
+
+
+@pytest.mark.parametrize("keep", ["y = y.clone()", "y = y.detach()", "y = y.contiguous()",
+                                  "y = y.detach().clone()", "y = y.clone(); y = y.contiguous()"])
+def test_a_copy_or_view_under_its_own_name_keeps_the_device(keep):
+    # lightly's embedding loop: `y = y.clone()` of a batch straight from the loader stays on the host
+    assert kinds(f"""
+        import torch
+        def embed(model, dataloader, device):
+            for x, y in dataloader:
+                x = x.to(device)
+                {keep.replace("y", "x")}
+                {keep}
+                reveal(x)
+                reveal(y)
+        """) == ["tensor", "cpu_tensor"]
