@@ -14,6 +14,7 @@ from . import _kinds
 from ._flow import function_text
 from ._loops import (LoopInfo, identifier as _identifier, is_optimizer_step, is_training_loop, iterates_loader,
                      loaded_names, walk_no_scopes)
+from ._names import name_tokens
 
 _GATE_NAME = re.compile(r"log|print|verbose|debug|interval|every|freq|display|report|eval|save|val",
                         re.IGNORECASE)
@@ -1169,7 +1170,7 @@ class HostSyncInLoop(Rule):
         if found is None:
             functions = [f for f in self.ctx.functions if not isinstance(f, ast.Lambda)]
             stem = os.path.splitext(os.path.basename(self.ctx.filename or ""))[0]
-            words = {w for n in [f.name for f in functions] + [stem] for w in n.lower().split("_")}
+            words = {w for n in [f.name for f in functions] + [stem] for w in name_tokens(n)}
             found = self.ctx.shared[key] = bool(any(_dataset_process(f) for f in functions) or words & _ONE_OFF_WORDS)
         return found
 
@@ -1389,7 +1390,7 @@ def _same_every_step(operand: ast.AST, loop: LoopInfo) -> bool:
         return operand.id not in loop.targets and operand.id not in loop.assigned
     if isinstance(operand, ast.Call) and not operand.args and not operand.keywords:
         operand = operand.func
-    if isinstance(operand, ast.Attribute) and _PROCESS_WORDS.intersection(operand.attr.lower().split("_")):
+    if isinstance(operand, ast.Attribute) and _PROCESS_WORDS.intersection(name_tokens(operand.attr)):
         root = operand.value
         while isinstance(root, ast.Attribute):
             root = root.value

@@ -11,7 +11,7 @@ from matlint.rule import Only, Rule, bad, good
 
 from ._kinds import identifier_text
 from ._loops import LoopInfo, identifier, is_training_loop, loaded_names
-from ._names import in_test_code
+from ._names import in_test_code, name_tokens
 
 _OPTIMIZERS = {"SGD", "Adam", "AdamW", "Adamax", "NAdam", "RAdam", "Adagrad", "Adadelta", "RMSprop", "Rprop", "ASGD"}
 _PARAMETER_SOURCES = {"parameters", "named_parameters"}
@@ -24,7 +24,6 @@ _ASSIGNS_DATA = re.compile(r"data[\s\\)]*=(?!=)")
 # whole tokens, so `remap`, `swap` and `schema` do not count.
 _HOT_TOKENS = frozenset({"step", "steps", "update", "updates", "ema", "average", "averages", "avg", "swa", "sgd"}
                         | {name.lower() for name in _OPTIMIZERS})
-_NAME_TOKEN = re.compile(r"[A-Z]+(?![a-z])|[A-Z]?[a-z]+|[0-9]+")
 # Calls whose work per parameter is matrix work, autograd or a model, not a few element-wise ops.
 _MATRIX_CALLS = {"backward", "forward", "grad", "einsum", "matmul", "mm", "bmm", "svd", "eigh", "qr", "cholesky",
                  "pinv", "inverse"}
@@ -38,7 +37,7 @@ _ONE_TIME_FUNCTION = re.compile(r"init|reset|load|build|setup|copy|convert|prune
 
 
 def _updates_every_step(name: str) -> bool:
-    tokens = [token.lower() for token in _NAME_TOKEN.findall(name)]
+    tokens = name_tokens(name)
     return any(token in _HOT_TOKENS or (token == "apply" and following.startswith("grad"))
                for token, following in zip(tokens, tokens[1:] + [""]))
 
@@ -486,7 +485,7 @@ class TinyOps(Rule):
         if helper is None:
             if (self.ctx.qualname(func) or "").startswith("torch."):
                 return False
-            return any(token.lower() in _MATRIX_HELPER_TOKENS for token in _NAME_TOKEN.findall(identifier(func) or ""))
+            return any(token in _MATRIX_HELPER_TOKENS for token in name_tokens(identifier(func)))
         if depth >= 3:
             return False
         key = ("mat504_heavy_helper", id(helper), depth)
