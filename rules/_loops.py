@@ -3,6 +3,7 @@ to the next, and which depend on the loop variable. Computed lazily, once per lo
 from __future__ import annotations
 
 import ast
+import builtins
 import re
 from functools import cached_property
 
@@ -435,28 +436,111 @@ def is_training_loop(ctx, loop: LoopInfo) -> bool:
 
 
 def updates_weights(ctx, loop: LoopInfo) -> bool:
-    """`is_training_loop`, or the body hands an optimizer or a loss to a function or a method of
-    `self` (`train_step(loss, opt)`, `self.update(loss)`), which may run the backward pass and
-    the step: the weights may change between iterations."""
+    """`is_training_loop`, or the body calls a helper that may run the backward pass and the
+    step (`train_step(loss, opt)`, `self.update(loss=...)`, `self.optimize_model()`): the weights
+    may change between iterations."""
     if is_training_loop(ctx, loop):
         return True
     key = ("updates_weights", id(loop.node))
     found = ctx.shared.get(key)
     if found is None:
-        found = ctx.shared[key] = any(_passes_training_state(n) for n in loop.direct_nodes())
+        found = ctx.shared[key] = any(node.__class__ is ast.Call and _may_run_training_step(node)
+                                      for node in loop.direct_nodes())
     return found
 
 
-def _passes_training_state(node: ast.AST) -> bool:
-    if node.__class__ is not ast.Call:
+_NAME_TOKEN = re.compile(r"[A-Z]+(?![a-z])|[A-Z]?[a-z]+|[0-9]+")
+
+
+def name_tokens(name: str) -> list:
+    """The lower-case words of an identifier, split at `_`, case changes and digits:
+    `optimizerG` -> optimizer, g; `train_step` -> train, step; `optimal_k` -> optimal, k."""
+    return [token.lower() for token in _NAME_TOKEN.findall(name)]
+
+
+# Whole tokens: `opt`, `optim`, `g_optimizer`, `optD`, not `optimal_k`, `opts` (options) or a
+# `scaler` (sklearn's as often as a GradScaler, and a GradScaler comes with its optimizer).
+_OPTIMIZER_TOKENS = frozenset({"opt", "optim", "optims", "optimizer", "optimizers", "optimiser", "optimisers"})
+# What a loss is held in, not the loss: `loss_fn`, `loss_weight`, `val_loss`, `loss_history`.
+_NOT_A_LOSS = frozenset({"fn", "fns", "func", "function", "functions", "criterion", "weight", "weights", "scale",
+                         "coef", "coeff", "type", "name", "names", "cfg", "config", "args", "kwargs", "dict", "list",
+                         "history", "hist", "log", "logs", "meter", "value", "values", "val", "valid", "eval",
+                         "test", "str"})
+# What a step changes: `backprop(loss, model)`, `update_params(...)`, `apply_grads(loss, net.parameters())`.
+_STEPPABLE_TOKENS = _OPTIMIZER_TOKENS | frozenset({
+    "model", "models", "net", "nets", "network", "networks", "module", "policy", "agent", "actor", "critic",
+    "learner", "params", "parameters", "weights", "generator", "discriminator"})
+# A callee named so trains, whatever it is handed (`train_step`, `training_step`, `fit_batch`,
+# `manual_backward`, `optimize_model`); `step` and `update` only next to a word that says what
+# they step (`sgd_step`, `update_params`): `self.step(x, h)` and `self.update_state(h)` are
+# recurrent cells as often.
+_TRAINING_VERBS = frozenset({"train", "training", "fit", "backward", "backprop", "optimize", "optimise", "learn"})
+_STEP_VERBS = frozenset({"step", "update"})
+_STEP_OBJECTS = _STEPPABLE_TOKENS | frozenset({"sgd", "adam", "grad", "grads", "gradient", "gradients", "param",
+                                               "parameter", "weight", "update", "learning"})
+# Callees and receivers that only read what they are handed: builtins (`float(loss)`,
+# `print(loss)`), logging, metrics, bookkeeping (`losses.append(loss)`), evaluation.
+_BUILTINS = frozenset(dir(builtins))
+_READS_ONLY = frozenset({
+    "log", "logs", "logger", "logging", "metric", "metrics", "meter", "meters", "tracker", "track", "record",
+    "history", "stats", "stat", "summary", "writer", "wandb", "tb", "tensorboard", "pbar", "tqdm", "progress",
+    "print", "info", "debug", "warn", "warning", "write", "report", "plot", "show", "display", "save", "dump",
+    "append", "extend", "insert", "add", "item", "items", "tolist", "numpy", "cpu", "detach", "format", "to",
+    "eval", "evaluate", "validate", "validation", "test", "predict", "inference", "infer",
+    "is", "get", "has", "should", "can", "num"})
+
+
+def _argument_names(call: ast.Call) -> list:
+    """The identifiers a call is handed: `opt`, `self.optimizer`, keyword names (`loss=...`), and
+    `model` for `model.parameters()`."""
+    names = [k.arg for k in call.keywords if k.arg]
+    for arg in call.args + [k.value for k in call.keywords]:
+        if arg.__class__ is ast.Starred:
+            arg = arg.value
+        name = identifier(arg)
+        if (name is None and arg.__class__ is ast.Call and arg.func.__class__ is ast.Attribute
+                and arg.func.attr in ("parameters", "named_parameters")):
+            name = identifier(arg.func.value)
+        if name:
+            names.append(name)
+    return names
+
+
+def _is_loss(tokens: list) -> bool:
+    return any(token in ("loss", "losses") for token in tokens) and not _NOT_A_LOSS.intersection(tokens)
+
+
+def _may_run_training_step(call: ast.Call) -> bool:
+    """A call that can plausibly run a training step: it is handed an optimizer (`train_step(loss,
+    opt)`, `trainer.run(batch, optimizer)`), or a loss together with a model or optimizer
+    (`backprop(loss, model)`), or its name says it trains (`self.training_step(batch)`,
+    `update(loss=...)`). Builtins, logging, metrics and bookkeeping never count."""
+    func = call.func
+    callee = identifier(func)
+    if callee is None or (func.__class__ is ast.Name and callee in _BUILTINS):
         return False
-    func = node.func
-    if not (func.__class__ is ast.Name or (func.__class__ is ast.Attribute and func.value.__class__ is ast.Name
-                                            and func.value.id == "self")):
+    callee_tokens = name_tokens(callee)
+    if _READS_ONLY.intersection(callee_tokens):
         return False
-    names = [identifier(arg) for arg in node.args] + [k.arg for k in node.keywords] + [
-        identifier(k.value) for k in node.keywords]
-    return any(name and (OPTIMIZER_NAME.search(name) or "loss" in name.lower()) for name in names)
+    if func.__class__ is ast.Attribute and _READS_ONLY.intersection(name_tokens(identifier(func.value) or "")):
+        return False  # `loss_meter.update(loss)`, `self.logger.step(loss)`
+    handed = [name_tokens(name) for name in _argument_names(call)]
+    if any(_OPTIMIZER_TOKENS.intersection(tokens) for tokens in handed):
+        return True
+    has_loss = any(_is_loss(tokens) for tokens in handed)
+    if has_loss and any(_STEPPABLE_TOKENS.intersection(tokens) for tokens in handed):
+        return True
+    if _TRAINING_VERBS.intersection(callee_tokens):
+        # `model.train()`, `self.train(False)`: the mode switch, not a training run
+        return not (callee_tokens == ["train"] and not call.keywords
+                    and all(arg.__class__ is ast.Constant for arg in call.args))
+    for at, token in enumerate(callee_tokens):
+        if token in _STEP_VERBS:
+            if len(callee_tokens) == 1:
+                return has_loss  # `self.update(loss=...)`; not `self.step(x, h)`
+            if _STEP_OBJECTS.intersection(callee_tokens[:at] + callee_tokens[at + 1:]):
+                return True
+    return False
 
 
 def may_train(ctx) -> bool:

@@ -78,7 +78,9 @@ class PythonLoopMatmul(GemmVisitor, Rule):
       RNN cell (`nn.LSTMCell`, `nn.GRUCell`, `nn.RNNCell`, `nn.LSTM`...) or a module class of
       the file consumes such a value. Input projections inside such loops are MAT105's.
     - Weights that change between steps: an optimizer step or `.backward()` in the loop, a
-      function or `self.` method handed an optimizer or a loss (`train_step(loss, opt)`), an
+      call that may run a training step (handed an optimizer, `train_step(loss, opt)`; a loss
+      and a model, `backprop(loss, model)`; or named so, `self.training_step(batch)`,
+      `self.optimize_model()`, `sgd_step(...)`, `update(loss=...)`), an
       operand or module the loop rebinds (`W = next(ws)`, `self.W = ...`), or an in-place
       update of one (`self.w += ...`, `self.W.data.add_(...)`, `self.proj.weight.data -= ...`).
     - Chunked loops (`range(0, n, step)`, `x.split(...)`, `x[i:i + chunk]`): chunking bounds
@@ -415,6 +417,45 @@ class PythonLoopMatmul(GemmVisitor, Rule):
                 for i in range(X.shape[0]):
                     record(i, X[i] @ w)
             """, (4, 19), message_contains="X @ w"),
+        good("""
+            import torch
+            def gan(X: torch.Tensor, w: torch.Tensor, G, optD):
+                for i in range(X.shape[0]):
+                    run_batch(X[i] @ w, G, optD)  # handed an optimizer
+            def per_sample(X: torch.Tensor, w: torch.Tensor, model):
+                for i in range(X.shape[0]):
+                    loss_i = (X[i] @ w).sum()
+                    apply_gradients(loss_i, model.parameters())  # a loss and what it steps
+            class Agent:
+                def replay(self, X: torch.Tensor, w: torch.Tensor):
+                    for i in range(X.shape[0]):
+                        q = X[i] @ w
+                        self.optimize_model(q)
+                def fit(self, X: torch.Tensor, w: torch.Tensor):
+                    for i in range(X.shape[0]):
+                        self.sgd_step(X[i] @ w)
+            """),
+        bad("""
+            import torch
+            import torch.nn.functional as F
+            def per_sample_losses(x: torch.Tensor, y: torch.Tensor, W: torch.Tensor, optimal_k: int):
+                losses = []
+                for i in range(x.shape[0]):
+                    out = x[i] @ W
+                    loss = F.mse_loss(out, y[i])
+                    losses.append(float(loss))
+                    print(loss, min(optimal_k, 4))
+                return losses
+            class Scorer:
+                def score(self, x: torch.Tensor, W: torch.Tensor, model, loss_meter):
+                    for i in range(x.shape[0]):
+                        model.train()
+                        step_loss = (x[i] @ W).sum()
+                        self.log_metric(f"loss_{i}", step_loss)
+                        loss_meter.update(step_loss)
+                        self.evaluate(step_loss, model)
+            """, (6, 15), (15, 26),
+            message_contains="many small GEMMs instead of one; use one batched call: `x @ W`"),
         good("""
             import torch
             from torch import nn
