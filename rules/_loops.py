@@ -471,23 +471,25 @@ _STEPPABLE_TOKENS = _OPTIMIZER_TOKENS | frozenset({
     "model", "models", "net", "nets", "network", "networks", "module", "policy", "agent", "actor", "critic",
     "learner", "params", "parameters", "weights", "generator", "discriminator"})
 # A callee named so trains, whatever it is handed (`train_step`, `training_step`, `fit_batch`,
-# `manual_backward`, `optimize_model`); `step` and `update` only next to a word that says what
-# they step (`sgd_step`, `update_params`): `self.step(x, h)` and `self.update_state(h)` are
-# recurrent cells as often.
-_TRAINING_VERBS = frozenset({"train", "training", "fit", "backward", "backprop", "optimize", "optimise", "learn"})
+# `manual_backward`, `optimize_model`; `fit` only leading, not `fit_to_box` or `resize_to_fit`);
+# `step` and `update` only next to a word that says what they step (`sgd_step`,
+# `update_params`), or alone when handed a loss or called on a trainer: `self.step(x, h)`,
+# `self.update_state(h)` and `results.update(...)` are recurrent cells and dicts as often.
+_TRAINING_VERBS = frozenset({"train", "training", "backward", "backprop", "optimize", "optimise", "learn"})
 _STEP_VERBS = frozenset({"step", "update"})
 _STEP_OBJECTS = _STEPPABLE_TOKENS | frozenset({"sgd", "adam", "grad", "grads", "gradient", "gradients", "param",
                                                "parameter", "weight", "update", "learning"})
-# Callees and receivers that only read what they are handed: builtins (`float(loss)`,
-# `print(loss)`), logging, metrics, bookkeeping (`losses.append(loss)`), evaluation.
+_TRAINERS = frozenset({"trainer", "learner", "engine", "agent", "solver", "updater"})
+# Callees and receivers that step nothing: builtins (`float(loss)`, `print(loss)`), logging,
+# metrics, bookkeeping (`losses.append(loss)`), evaluation, mode switches and hooks.
 _BUILTINS = frozenset(dir(builtins))
-_READS_ONLY = frozenset({
+_STEPS_NOTHING = frozenset({
     "log", "logs", "logger", "logging", "metric", "metrics", "meter", "meters", "tracker", "track", "record",
     "history", "stats", "stat", "summary", "writer", "wandb", "tb", "tensorboard", "pbar", "tqdm", "progress",
     "print", "info", "debug", "warn", "warning", "write", "report", "plot", "show", "display", "save", "dump",
     "append", "extend", "insert", "add", "item", "items", "tolist", "numpy", "cpu", "detach", "format", "to",
-    "eval", "evaluate", "validate", "validation", "test", "predict", "inference", "infer",
-    "is", "get", "has", "should", "can", "num"})
+    "eval", "evaluate", "validate", "validation", "test", "predict", "inference", "infer", "mode", "hook",
+    "register", "is", "get", "has", "should", "can", "num"})
 
 
 def _argument_names(call: ast.Call) -> list:
@@ -520,9 +522,10 @@ def _may_run_training_step(call: ast.Call) -> bool:
     if callee is None or (func.__class__ is ast.Name and callee in _BUILTINS):
         return False
     callee_tokens = name_tokens(callee)
-    if _READS_ONLY.intersection(callee_tokens):
+    if _STEPS_NOTHING.intersection(callee_tokens):
         return False
-    if func.__class__ is ast.Attribute and _READS_ONLY.intersection(name_tokens(identifier(func.value) or "")):
+    receiver = name_tokens(identifier(func.value) or "") if func.__class__ is ast.Attribute else []
+    if _STEPS_NOTHING.intersection(receiver):
         return False  # `loss_meter.update(loss)`, `self.logger.step(loss)`
     handed = [name_tokens(name) for name in _argument_names(call)]
     if any(_OPTIMIZER_TOKENS.intersection(tokens) for tokens in handed):
@@ -530,14 +533,17 @@ def _may_run_training_step(call: ast.Call) -> bool:
     has_loss = any(_is_loss(tokens) for tokens in handed)
     if has_loss and any(_STEPPABLE_TOKENS.intersection(tokens) for tokens in handed):
         return True
-    if _TRAINING_VERBS.intersection(callee_tokens):
+    if _TRAINING_VERBS.intersection(callee_tokens) or callee_tokens[:1] == ["fit"] and callee_tokens[1:2] != ["to"]:
         # `model.train()`, `self.train(False)`: the mode switch, not a training run
         return not (callee_tokens == ["train"] and not call.keywords
                     and all(arg.__class__ is ast.Constant for arg in call.args))
     for at, token in enumerate(callee_tokens):
         if token in _STEP_VERBS:
             if len(callee_tokens) == 1:
-                return has_loss  # `self.update(loss=...)`; not `self.step(x, h)`
+                # `update(loss=...)`, `self.update(loss)`, `trainer.step(batch)`; not
+                # `self.step(x, h)` or `results.update(loss=...)`
+                own = func.__class__ is ast.Name or receiver == ["self"]
+                return has_loss and own or bool(_TRAINERS.intersection(receiver))
             if _STEP_OBJECTS.intersection(callee_tokens[:at] + callee_tokens[at + 1:]):
                 return True
     return False

@@ -80,7 +80,9 @@ class PythonLoopMatmul(GemmVisitor, Rule):
     - Weights that change between steps: an optimizer step or `.backward()` in the loop, a
       call that may run a training step (handed an optimizer, `train_step(loss, opt)`; a loss
       and a model, `backprop(loss, model)`; or named so, `self.training_step(batch)`,
-      `self.optimize_model()`, `sgd_step(...)`, `update(loss=...)`), an
+      `self.optimize_model()`, `sgd_step(...)`, `update(loss=...)`, `trainer.step(batch)`;
+      not builtins, logging or bookkeeping: `print(loss)`, `losses.append(float(loss))`,
+      `self.log_metric(..., loss)`, `meter.update(loss)`), an
       operand or module the loop rebinds (`W = next(ws)`, `self.W = ...`), or an in-place
       update of one (`self.w += ...`, `self.W.data.add_(...)`, `self.proj.weight.data -= ...`).
     - Chunked loops (`range(0, n, step)`, `x.split(...)`, `x[i:i + chunk]`): chunking bounds
@@ -434,6 +436,9 @@ class PythonLoopMatmul(GemmVisitor, Rule):
                 def fit(self, X: torch.Tensor, w: torch.Tensor):
                     for i in range(X.shape[0]):
                         self.sgd_step(X[i] @ w)
+                def run(self, X: torch.Tensor, w: torch.Tensor):
+                    for i in range(X.shape[0]):
+                        self.trainer.step(X[i] @ w)
             """),
         bad("""
             import torch
@@ -454,6 +459,8 @@ class PythonLoopMatmul(GemmVisitor, Rule):
                         self.log_metric(f"loss_{i}", step_loss)
                         loss_meter.update(step_loss)
                         self.evaluate(step_loss, model)
+                        self.results.update(loss=step_loss)  # a dict
+                        self.pbar.update(1)
             """, (6, 15), (15, 26),
             message_contains="many small GEMMs instead of one; use one batched call: `x @ W`"),
         good("""
