@@ -81,8 +81,9 @@ class PythonLoopMatmul(GemmVisitor, Rule):
       call that may run a training step (handed an optimizer, `train_step(loss, opt)`; a loss
       and a model, `backprop(loss, model)`; or named so, `self.training_step(batch)`,
       `self.optimize_model()`, `sgd_step(...)`, `update(loss=...)`, `trainer.step(batch)`;
-      not builtins, logging or bookkeeping: `print(loss)`, `losses.append(float(loss))`,
-      `self.log_metric(..., loss)`, `meter.update(loss)`), an
+      not builtins, logging, bookkeeping or steps of something else: `print(loss)`,
+      `losses.append(float(loss))`, `self.log_metric(..., loss)`, `meter.update(loss)`,
+      `self.step(x, h)`, `model = fit(sample)`, `self._update_model_kwargs_for_generation(...)`), an
       operand or module the loop rebinds (`W = next(ws)`, `self.W = ...`), or an in-place
       update of one (`self.w += ...`, `self.W.data.add_(...)`, `self.proj.weight.data -= ...`).
     - Chunked loops (`range(0, n, step)`, `x.split(...)`, `x[i:i + chunk]`): chunking bounds
@@ -439,7 +440,26 @@ class PythonLoopMatmul(GemmVisitor, Rule):
                 def run(self, X: torch.Tensor, w: torch.Tensor):
                     for i in range(X.shape[0]):
                         self.trainer.step(X[i] @ w)
+                def tune(self, X: torch.Tensor, w: torch.Tensor):
+                    for i in range(X.shape[0]):
+                        self.fit(X[i] @ w)  # for its effect
+                        polyak_parameter_update(self.target, self.online, 0.01)
+                        self._optimizer_hook(self.losses)
             """),
+        bad("""
+            import torch
+            class Decoder:
+                def sample(self, X: torch.Tensor, w: torch.Tensor, kwargs):
+                    for i in range(X.shape[0]):
+                        logits = X[i] @ w
+                        kwargs = self._update_model_kwargs_for_generation(logits, kwargs)
+                        self._optimize_model_for_decode()
+                def ransac(self, X: torch.Tensor, w: torch.Tensor):
+                    for i in range(X.shape[0]):
+                        model = fit(X[i] @ w)  # a fitted model, not a training step
+                        grad = _linear_backward(X[i], w)  # a gradient computed by hand
+                        size = self.update_step_size(model, grad)
+            """, (5, 22), (10, 25), message_contains="use one batched call: `X @ w`"),
         bad("""
             import torch
             import torch.nn.functional as F
