@@ -496,8 +496,8 @@ _STEPS_NOTHING = frozenset({
     "history", "stats", "stat", "summary", "writer", "wandb", "tb", "tensorboard", "pbar", "tqdm", "progress",
     "print", "info", "debug", "warn", "warning", "write", "report", "plot", "show", "display", "save", "dump",
     "append", "extend", "insert", "add", "item", "items", "tolist", "numpy", "cpu", "detach", "format", "to",
-    "eval", "evaluate", "val", "valid", "validate", "validation", "test", "predict", "inference", "infer", "decode", "generate",
-    "generation", "compile", "export", "mode", "register", "on", "callback", "callbacks",
+    "eval", "evaluate", "val", "valid", "validate", "validation", "test", "predict", "inference", "infer",
+    "decode", "generate", "generation", "compile", "export", "mode", "register", "on", "callback", "callbacks",
     "is", "get", "has", "should", "can", "num"})
 
 

@@ -522,7 +522,9 @@ class ScalarLoopMatmul(Rule):
             return False
         flow = flow_of(self.ctx, scope)
         assign = flow.reaching(name)
-        if assign is None or not flow.same_block(assign, first_loop) or flow.changed_between(name.id, assign, first_loop):
+        if assign is None or not flow.same_block(assign, first_loop):
+            return False
+        if flow.changed_between(name.id, assign, first_loop):
             return False
         value = assign.value
         while (isinstance(value, ast.Call) and isinstance(value.func, ast.Attribute)
