@@ -3,6 +3,7 @@ to the next, and which depend on the loop variable. Computed lazily, once per lo
 from __future__ import annotations
 
 import ast
+import builtins
 import re
 from functools import cached_property
 
@@ -435,28 +436,146 @@ def is_training_loop(ctx, loop: LoopInfo) -> bool:
 
 
 def updates_weights(ctx, loop: LoopInfo) -> bool:
-    """`is_training_loop`, or the body hands an optimizer or a loss to a function or a method of
-    `self` (`train_step(loss, opt)`, `self.update(loss)`), which may run the backward pass and
-    the step: the weights may change between iterations."""
+    """`is_training_loop`, or the body calls a helper that may run the backward pass and the
+    step (`train_step(loss, opt)`, `self.update(loss=...)`, `self.optimize_model()`): the weights
+    may change between iterations."""
     if is_training_loop(ctx, loop):
         return True
     key = ("updates_weights", id(loop.node))
     found = ctx.shared.get(key)
     if found is None:
-        found = ctx.shared[key] = any(_passes_training_state(n) for n in loop.direct_nodes())
+        found = False
+        discarded = set()  # calls made for their effect: `self.fit(x, y)`, not `model = fit(sample)`
+        for node in loop.direct_nodes():
+            cls = node.__class__
+            if cls is ast.Expr and node.value.__class__ is ast.Call:
+                discarded.add(id(node.value))
+            elif cls is ast.Call and _may_run_training_step(node, id(node) in discarded):
+                found = True
+                break
+        ctx.shared[key] = found
     return found
 
 
-def _passes_training_state(node: ast.AST) -> bool:
-    if node.__class__ is not ast.Call:
+_NAME_TOKEN = re.compile(r"[A-Z]+(?![a-z])|[A-Z]?[a-z]+|[0-9]+")
+
+
+def name_tokens(name: str) -> list:
+    """The lower-case words of an identifier, split at `_`, case changes and digits:
+    `optimizerG` -> optimizer, g; `train_step` -> train, step; `optimal_k` -> optimal, k."""
+    return [token.lower() for token in _NAME_TOKEN.findall(name)]
+
+
+# Whole tokens: `opt`, `optim`, `g_optimizer`, `optD`, not `optimal_k`, `opts` (options) or a
+# `scaler` (sklearn's as often as a GradScaler, and a GradScaler comes with its optimizer).
+_OPTIMIZER_TOKENS = frozenset({"opt", "optim", "optims", "optimizer", "optimizers", "optimiser", "optimisers"})
+# What a loss is held in, not the loss: `loss_fn`, `loss_weight`, `val_loss`, `loss_history`.
+_NOT_A_LOSS = frozenset({"fn", "fns", "func", "function", "functions", "criterion", "module", "weight", "weights",
+                         "scale", "coef", "coeff", "type", "name", "names", "cfg", "config", "args", "kwargs", "dict",
+                         "list", "history", "hist", "log", "logs", "meter", "value", "values", "val", "valid", "eval",
+                         "test", "str"})
+# What a step changes, handed with a loss: `backprop(loss, model)`, `apply_grads(loss, net.parameters())`.
+_STEPPABLE = _OPTIMIZER_TOKENS | frozenset({
+    "model", "models", "net", "nets", "network", "networks", "module", "policy", "agent", "actor", "critic",
+    "learner", "params", "parameters", "weights", "generator", "discriminator"})
+# What `step`, `update` and `optimize` act on when they name a training step: `sgd_step`,
+# `optimizer_step`, `update_params`, `update_target_network`, `optimize_parameters`; not
+# `time_step`, `decode_step`, `update_state`, `update_step_size`, `optimize_acqf`.
+_STEP_VERBS = frozenset({"step", "update", "optimize", "optimise"})
+_STEP_OBJECTS = _OPTIMIZER_TOKENS | frozenset({
+    "model", "models", "net", "network", "networks", "policy", "actor", "critic", "params", "parameters", "param",
+    "parameter", "weights", "weight", "sgd", "adam", "grad", "grads", "gradient", "gradients", "update"})
+_TRAINERS = frozenset({"trainer", "learner", "engine", "agent", "solver", "updater"})
+# A bool handed to `.train(...)`: `model.train(mode)`, `module.train(self.training)`.
+_MODE_FLAGS = frozenset({"mode", "training", "train", "flag", "enabled", "enable", "eval"})
+# Callees and receivers that step nothing: builtins (`float(loss)`, `print(loss)`), logging,
+# metrics, bookkeeping (`losses.append(loss)`), evaluation, inference, callbacks, getters.
+_BUILTINS = frozenset(dir(builtins))
+_STEPS_NOTHING = frozenset({
+    "log", "logs", "logger", "logging", "metric", "metrics", "meter", "meters", "tracker", "track", "record",
+    "history", "stats", "stat", "summary", "writer", "wandb", "tb", "tensorboard", "pbar", "tqdm", "progress",
+    "print", "info", "debug", "warn", "warning", "write", "report", "plot", "show", "display", "save", "dump",
+    "append", "extend", "insert", "add", "item", "items", "tolist", "numpy", "cpu", "detach", "format", "to",
+    "eval", "evaluate", "val", "valid", "validate", "validation", "test", "predict", "inference", "infer",
+    "decode", "generate", "generation", "compile", "export", "mode", "register", "on", "callback", "callbacks",
+    "is", "get", "has", "should", "can", "num"})
+
+
+def _argument_names(call: ast.Call) -> list:
+    """The identifiers a call is handed: `opt`, `self.optimizer`, keyword names (`loss=...`), and
+    `model` for `model.parameters()`."""
+    names = [k.arg for k in call.keywords if k.arg]
+    for arg in call.args + [k.value for k in call.keywords]:
+        if arg.__class__ is ast.Starred:
+            arg = arg.value
+        name = identifier(arg)
+        if (name is None and arg.__class__ is ast.Call and arg.func.__class__ is ast.Attribute
+                and arg.func.attr in ("parameters", "named_parameters")):
+            name = identifier(arg.func.value)
+        if name:
+            names.append(name)
+    return names
+
+
+def _is_loss(tokens: list) -> bool:
+    return any(token in ("loss", "losses") for token in tokens) and not _NOT_A_LOSS.intersection(tokens)
+
+
+def _mode_switch(call: ast.Call) -> bool:
+    """`model.train()`, `self.train(False)`, `module.train(mode)`: not a training run."""
+    if call.func.__class__ is not ast.Attribute or call.keywords or len(call.args) > 1:
         return False
-    func = node.func
-    if not (func.__class__ is ast.Name or (func.__class__ is ast.Attribute and func.value.__class__ is ast.Name
-                                            and func.value.id == "self")):
+    if not call.args:
+        return True
+    arg = call.args[0]
+    if arg.__class__ in (ast.Constant, ast.UnaryOp, ast.BoolOp, ast.Compare):
+        return True
+    return bool(_MODE_FLAGS.intersection(name_tokens(identifier(arg) or "")))
+
+
+def _may_run_training_step(call: ast.Call, discarded: bool) -> bool:
+    """A call that can plausibly run a training step: it is handed an optimizer (`train_step(loss,
+    opt)`, `trainer.run(batch, optimizer)`), or a loss together with what a step changes
+    (`backprop(loss, model)`), or its name says it trains (`self.training_step(batch)`,
+    `sgd_step(...)`, `update(loss=...)`, `self.fit(x, y)` for its effect). Builtins, logging,
+    metrics and bookkeeping never count. `discarded`: the call is a statement of its own."""
+    func = call.func
+    callee = identifier(func)
+    if callee is None or (func.__class__ is ast.Name and callee in _BUILTINS):
         return False
-    names = [identifier(arg) for arg in node.args] + [k.arg for k in node.keywords] + [
-        identifier(k.value) for k in node.keywords]
-    return any(name and (OPTIMIZER_NAME.search(name) or "loss" in name.lower()) for name in names)
+    tokens = name_tokens(callee)
+    if not tokens or _STEPS_NOTHING.intersection(tokens):
+        return False
+    receiver = name_tokens(identifier(func.value) or "") if func.__class__ is ast.Attribute else []
+    if _STEPS_NOTHING.intersection(receiver):
+        return False  # `loss_meter.update(loss)`, `self.logger.step(loss)`
+    handed = [name_tokens(name) for name in _argument_names(call)]
+    if any(_OPTIMIZER_TOKENS.intersection(names) for names in handed):
+        return True
+    has_loss = any(_is_loss(names) for names in handed)
+    steppable = any(_STEPPABLE.intersection(names) for names in handed if not _is_loss(names))  # not `policy_loss`
+    if has_loss and (steppable or _OPTIMIZER_TOKENS.intersection(tokens + receiver)):
+        return True  # `backprop(loss, model)`, `self._optimizer_hook(losses)`, `optim_wrapper.run(loss)`
+    own = func.__class__ is ast.Name or receiver == ["self"]
+    trainer = bool(_TRAINERS.intersection(receiver))
+    first, last = tokens[0], tokens[-1]
+    if first in ("train", "training", "learn"):  # `train_step`, `self._training_step`; not `_transpose_if_training`
+        return not (tokens == ["train"] and _mode_switch(call))
+    if "backward" in tokens or "backprop" in tokens:
+        # `self.manual_backward(loss)`, `backward_chunk(1)`; not `grad = _linear_backward(g, w)`
+        return discarded or has_loss or steppable
+    if first == "fit" and tokens[1:2] != ["to"]:
+        # `self.fit(x, y)`, `trainer.fit(model)`, `self.fit_batch(b)`; not `scaler.fit(x)` or
+        # `model = fit(sample)` (a RANSAC fit)
+        return ((own or trainer or bool(_STEPPABLE.intersection(receiver)))
+                and (discarded or len(tokens) > 1 or has_loss or steppable))
+    if len(tokens) == 1:
+        # `update(loss=...)`, `self.update(loss)`, `trainer.step(batch)`; not `self.step(x, h)`,
+        # `results.update(loss=...)` or `env.step(action)`
+        return first in _STEP_VERBS and (has_loss and own or trainer)
+    if last in _STEP_VERBS and tokens[-2] in _STEP_OBJECTS:
+        return True  # `sgd_step`, `optimizer_step`, `polyak_parameter_update`
+    return last in _STEP_OBJECTS and bool(_STEP_VERBS.intersection(tokens[:-1]))  # `update_params`
 
 
 def may_train(ctx) -> bool:

@@ -78,7 +78,12 @@ class PythonLoopMatmul(GemmVisitor, Rule):
       RNN cell (`nn.LSTMCell`, `nn.GRUCell`, `nn.RNNCell`, `nn.LSTM`...) or a module class of
       the file consumes such a value. Input projections inside such loops are MAT105's.
     - Weights that change between steps: an optimizer step or `.backward()` in the loop, a
-      function or `self.` method handed an optimizer or a loss (`train_step(loss, opt)`), an
+      call that may run a training step (handed an optimizer, `train_step(loss, opt)`; a loss
+      and a model, `backprop(loss, model)`; or named so, `self.training_step(batch)`,
+      `self.optimize_model()`, `sgd_step(...)`, `update(loss=...)`, `trainer.step(batch)`;
+      not builtins, logging, bookkeeping or steps of something else: `print(loss)`,
+      `losses.append(float(loss))`, `self.log_metric(..., loss)`, `meter.update(loss)`,
+      `self.step(x, h)`, `model = fit(sample)`, `self._update_model_kwargs_for_generation(...)`), an
       operand or module the loop rebinds (`W = next(ws)`, `self.W = ...`), or an in-place
       update of one (`self.w += ...`, `self.W.data.add_(...)`, `self.proj.weight.data -= ...`).
     - Chunked loops (`range(0, n, step)`, `x.split(...)`, `x[i:i + chunk]`): chunking bounds
@@ -415,6 +420,69 @@ class PythonLoopMatmul(GemmVisitor, Rule):
                 for i in range(X.shape[0]):
                     record(i, X[i] @ w)
             """, (4, 19), message_contains="X @ w"),
+        good("""
+            import torch
+            def gan(X: torch.Tensor, w: torch.Tensor, G, optD):
+                for i in range(X.shape[0]):
+                    run_batch(X[i] @ w, G, optD)  # handed an optimizer
+            def per_sample(X: torch.Tensor, w: torch.Tensor, model):
+                for i in range(X.shape[0]):
+                    loss_i = (X[i] @ w).sum()
+                    apply_gradients(loss_i, model.parameters())  # a loss and what it steps
+            class Agent:
+                def replay(self, X: torch.Tensor, w: torch.Tensor):
+                    for i in range(X.shape[0]):
+                        q = X[i] @ w
+                        self.optimize_model(q)
+                def fit(self, X: torch.Tensor, w: torch.Tensor):
+                    for i in range(X.shape[0]):
+                        self.sgd_step(X[i] @ w)
+                def run(self, X: torch.Tensor, w: torch.Tensor):
+                    for i in range(X.shape[0]):
+                        self.trainer.step(X[i] @ w)
+                def tune(self, X: torch.Tensor, w: torch.Tensor):
+                    for i in range(X.shape[0]):
+                        self.fit(X[i] @ w)  # for its effect
+                        polyak_parameter_update(self.target, self.online, 0.01)
+                        self._optimizer_hook(self.losses)
+            """),
+        bad("""
+            import torch
+            class Decoder:
+                def sample(self, X: torch.Tensor, w: torch.Tensor, kwargs):
+                    for i in range(X.shape[0]):
+                        logits = X[i] @ w
+                        kwargs = self._update_model_kwargs_for_generation(logits, kwargs)
+                        self._optimize_model_for_decode()
+                def ransac(self, X: torch.Tensor, w: torch.Tensor):
+                    for i in range(X.shape[0]):
+                        model = fit(X[i] @ w)  # a fitted model, not a training step
+                        grad = _linear_backward(X[i], w)  # a gradient computed by hand
+                        size = self.update_step_size(model, grad)
+            """, (5, 22), (10, 25), message_contains="use one batched call: `X @ w`"),
+        bad("""
+            import torch
+            import torch.nn.functional as F
+            def per_sample_losses(x: torch.Tensor, y: torch.Tensor, W: torch.Tensor, optimal_k: int):
+                losses = []
+                for i in range(x.shape[0]):
+                    out = x[i] @ W
+                    loss = F.mse_loss(out, y[i])
+                    losses.append(float(loss))
+                    print(loss, min(optimal_k, 4))
+                return losses
+            class Scorer:
+                def score(self, x: torch.Tensor, W: torch.Tensor, model, loss_meter):
+                    for i in range(x.shape[0]):
+                        model.train()
+                        step_loss = (x[i] @ W).sum()
+                        self.log_metric(f"loss_{i}", step_loss)
+                        loss_meter.update(step_loss)
+                        self.evaluate(step_loss, model)
+                        self.results.update(loss=step_loss)  # a dict
+                        self.pbar.update(1)
+            """, (6, 15), (15, 26),
+            message_contains="many small GEMMs instead of one; use one batched call: `x @ W`"),
         good("""
             import torch
             from torch import nn

@@ -7,6 +7,7 @@ from typing import Optional
 from matlint.rule import Only, Rule, bad, good
 
 from . import _kinds
+from ._flow import code_scope, flow_of
 from ._loops import loaded_names
 from ._shapes import shape_of
 
@@ -51,6 +52,17 @@ def _factors(expr: ast.AST) -> list:
 
 
 _ATOMS = (ast.Name, ast.Attribute, ast.Call, ast.Constant, ast.Subscript)
+_BUFFER_FACTORIES = frozenset({"zeros", "empty", "zeros_like", "empty_like"})
+_MOVES = frozenset({"to", "cuda", "cpu", "float", "double", "half", "bfloat16", "contiguous"})
+
+
+def _is_factory_method(call: ast.Call) -> bool:
+    """`x.new_zeros(n, m)`, `x.new_empty(n, m)`."""
+    return isinstance(call.func, ast.Attribute) and call.func.attr in ("new_zeros", "new_empty")
+
+
+def _is_zero(expr: ast.AST) -> bool:
+    return isinstance(expr, ast.Constant) and type(expr.value) in (int, float) and expr.value == 0
 
 
 def _operand(text: str, expr: ast.AST) -> str:
@@ -71,7 +83,11 @@ class ScalarLoopMatmul(Rule):
     (`alpha * A[i, k] * B[k, j]`). The same holds for a batched product in four loops whose
     batch counter leads every index (`C[b, i, j] += A[b, i, k] * B[b, k, j]`) and for a
     matrix-vector product in two (`y[i] += A[i, k] * x[k]`). The message gives the single call
-    (`C += alpha * A @ B`, `y += A @ x`, `C += A.mT @ B`).
+    (`C = alpha * A @ B`, `y = A @ x`, `C = A.mT @ B`): with `=` where the loops write every
+    element from 0 (a scalar accumulator started at 0, `y[i] = 0` or a row `C[i] = 0` set
+    before its sum, a `torch.zeros`/`torch.empty` buffer made right before the loops), with
+    `+=` where they add onto what the output already held (a tensor passed in, a buffer that an
+    outer loop adds to on every pass).
 
     ## Why is this bad?
     Every scalar multiply-add is a Python operation plus, on tensors, a dispatch and a
@@ -80,6 +96,7 @@ class ScalarLoopMatmul(Rule):
 
     ## Example
     ```python
+    C = torch.zeros(n, m)
     for i in range(n):
         for j in range(m):
             for k in range(p):
@@ -88,7 +105,7 @@ class ScalarLoopMatmul(Rule):
 
     ## Use instead
     ```python
-    C += A @ B
+    C = A @ B
     ```
 
     ## Stays quiet on
@@ -118,7 +135,7 @@ class ScalarLoopMatmul(Rule):
                         for k in range(p):
                             C[i][j] += A[i][k] * B[k][j]
                 return C
-            """, (5, 5), message_contains="C += A @ B"),
+            """, (5, 5), message_contains="use one call: `C = A @ B`"),
         bad("""
             import torch as T
             a = T.randn(4, 3)
@@ -140,7 +157,7 @@ class ScalarLoopMatmul(Rule):
                 for i in range(8):
                     for j in range(0, 8):
                         out[i, j] = out[i, j] + y[k, j] * x[i, k]
-            """, (5, 1), message_contains="out += x @ y"),
+            """, (5, 1), message_contains="use one call: `out = x @ y`"),
         bad("""
             import torch
             def bmm(A: torch.Tensor, B: torch.Tensor):
@@ -154,7 +171,7 @@ class ScalarLoopMatmul(Rule):
                                 C[bi, i, j] += A[bi, k, i] * B[bi, k, j]
                 return C
             """, (6, 5), message_contains="a batched matrix product computed one element at a time in nested "
-                                          "Python loops; use one call: `C += A.mT @ B`"),
+                                          "Python loops; use one call: `C = A.mT @ B`"),
         bad("""
             import torch
             def gemm(A: torch.Tensor, B: torch.Tensor, C: torch.Tensor, alpha: float, beta: float):
@@ -184,6 +201,70 @@ class ScalarLoopMatmul(Rule):
                 return y
             """, (5, 5), (11, 5), message_contains="a matrix-vector product computed one element at a time in "
                                                    "nested Python loops; use one call: `y = B.T @ x`"),
+        bad("""
+            import torch
+            def matvec(A: torch.Tensor, x: torch.Tensor, n: int, m: int) -> torch.Tensor:
+                y = torch.empty(n)
+                for i in range(n):
+                    y[i] = 0
+                    for k in range(m):
+                        y[i] += A[i, k] * x[k]
+                return y
+            def bmm(A: torch.Tensor, B: torch.Tensor, C: torch.Tensor, n: int):
+                for b in range(n):
+                    for i in range(n):
+                        for j in range(n):
+                            C[b, i, j] = 0.0
+                            for k in range(n):
+                                C[b, i, j] += A[b, i, k] * B[b, k, j]
+            def textbook(A: torch.Tensor, B: torch.Tensor, C: torch.Tensor, n: int):
+                for i in range(n):
+                    C[i] = 0  # a whole row
+                    for j in range(n):
+                        for k in range(n):
+                            C[i][j] = C[i][j] + A[i][k] * B[k][j]
+            """, (4, 5), (10, 5), (17, 5), message_contains="use one call: `y = A @ x`"),
+        bad("""
+            import torch
+            def bmm(A: torch.Tensor, B: torch.Tensor, n: int):
+                C = A.new_empty(n, n, n).to(A.device)
+                for b in range(n):
+                    for i in range(n):
+                        for j in range(n):
+                            for k in range(n):
+                                C[b, i, j] += A[b, i, k] * B[b, k, j]
+                return C
+            """, (4, 5), message_contains="use one call: `C = A @ B`"),
+        bad("""
+            import torch
+            def twice(A: torch.Tensor, B: torch.Tensor, n: int):
+                C = torch.zeros(n, n)
+                for rep in range(2):  # adds the product on every pass
+                    for i in range(n):
+                        for j in range(n):
+                            for k in range(n):
+                                C[i, j] += A[i, k] * B[k, j]
+                return C
+            def bias_first(A: torch.Tensor, B: torch.Tensor, bias: torch.Tensor, n: int):
+                C = torch.zeros(n, n)
+                C[0, 0] = 1.0  # changed before the loops
+                for i in range(n):
+                    for j in range(n):
+                        for k in range(n):
+                            C[i, j] += A[i, k] * B[k, j]
+                return C
+            def other_order(A: torch.Tensor, B: torch.Tensor, C: torch.Tensor, n: int):
+                for k in range(n):
+                    for i in range(n):
+                        C[i] = 0  # clears row i on every k
+                        for j in range(n):
+                            C[i, j] += A[i, k] * B[k, j]
+            def from_bias(A: torch.Tensor, x: torch.Tensor, y: torch.Tensor, b: torch.Tensor, n: int):
+                for i in range(n):
+                    y[i] = b[i]
+                    for k in range(n):
+                        y[i] += A[i, k] * x[k]
+            """, (5, 9), (13, 5), (19, 5), (25, 5), message_contains="use one call: `C += A @ B`"),
         good("""
             import torch
             def f(A: torch.Tensor, B: torch.Tensor, x: torch.Tensor, w: torch.Tensor, n: int, m: int):
@@ -349,7 +430,7 @@ class ScalarLoopMatmul(Rule):
         a = _operand(seg(left[0]), left[0]) + (flip if left[1][-1] != inner else "")
         b = _operand(seg(right[0]), right[0]) + (flip if len(right[1]) > 1 and right[1][-2] != inner else "")
         scale = "".join(f"{_operand(seg(f), f)} * " for f in scales)
-        assign = "=" if isinstance(target, ast.Name) else "+="
+        assign = "=" if self._starts_from_zero(target, out_base, out_names, loops, counters) else "+="
         what = {1: "a matrix-vector product", 2: "a matrix product", 3: "a batched matrix product"}[len(out_names)]
         first = loops[0].node
         self.report(first, f"{what} computed one element at a time in nested Python loops; use one call: "
@@ -408,6 +489,53 @@ class ScalarLoopMatmul(Rule):
                     and stmt.value.id == name):
                 return _indices(stmt.targets[0])
         return None
+
+    def _starts_from_zero(self, target, out_base, out_names: list, loops: list, counters: list) -> bool:
+        """The loops write every element of the output from 0, so they compute `C = A @ B`, not
+        `C += A @ B`: a scalar accumulator started from 0, an element (or row) set to 0 before
+        the loops that sum into it (`y[i] = 0` then `y[i] += A[i, k] * x[k]`), or a buffer made
+        by `torch.zeros`/`torch.empty` right before the loops and not changed since."""
+        if isinstance(target, ast.Name):
+            return True  # `_stored_accumulator` found `s = 0` before the sum
+        seg = self.ctx.segment
+        base = seg(out_base)
+        for depth, (loop, inner) in enumerate(zip(loops, loops[1:])):
+            body = loop.node.body
+            if inner.node not in body:
+                break
+            for stmt in body[:body.index(inner.node)]:
+                if not (isinstance(stmt, ast.Assign) and len(stmt.targets) == 1 and _is_zero(stmt.value)):
+                    continue
+                reset = _indices(stmt.targets[0])
+                # `C[i] = 0` in the `i` loop resets a whole row; `C[j] = 0` there is another element
+                if (reset is not None and seg(reset[0]) == base and reset[1] == out_names[:len(reset[1])]
+                        and set(reset[1]) == set(counters[:depth + 1])):
+                    return True
+        return isinstance(out_base, ast.Name) and self._fresh_buffer(out_base, loops[0].node)
+
+    def _fresh_buffer(self, name: ast.Name, first_loop: ast.AST) -> bool:
+        """`name` holds a `torch.zeros`/`torch.empty` buffer (`zeros_like`, `x.new_zeros`, also
+        moved: `.to(device)`) made in the block that runs the loops, before them, and not changed
+        in between: an outer loop around the loops would add the product again on each pass."""
+        scope = code_scope(self.ctx)
+        if scope is None:
+            return False
+        flow = flow_of(self.ctx, scope)
+        assign = flow.reaching(name)
+        if assign is None or not flow.same_block(assign, first_loop):
+            return False
+        if flow.changed_between(name.id, assign, first_loop):
+            return False
+        value = assign.value
+        while (isinstance(value, ast.Call) and isinstance(value.func, ast.Attribute)
+               and value.func.attr in _MOVES and not _is_factory_method(value)):
+            value = value.func.value
+        if not isinstance(value, ast.Call):
+            return False
+        if _is_factory_method(value):
+            return True
+        qualname = self.ctx.qualname(value.func)
+        return qualname is not None and qualname.startswith("torch.") and qualname[6:] in _BUFFER_FACTORIES
 
     def _elements(self, *operands) -> bool:
         """The matrix operands' indices pick single elements: a matrix of a known rank other

@@ -51,7 +51,9 @@ class LoopInvariantProjection(GemmVisitor, Rule):
     - Inputs that are not a plain per-step slice of one tensor (a list of steps, a value fed
       back from the previous prediction, `x[t:t + k]` chunks), tensors rebound or written in
       place inside the loop (`ys[:, t + 1].copy_(h)`), and weights that change per step
-      (`self.W_x.data.mul_(0.99)`, an optimizer step in the loop).
+      (`self.W_x.data.mul_(0.99)`, an optimizer step in the loop, a call that may run one:
+      `train_step(loss, opt)`, `self.training_step(batch)`; logging a loss, `print(loss)` or
+      `losses.append(float(loss))` steps nothing).
 
     ## Fix safety
     No automatic fix: hoisting adds a tensor of all steps' projections and changes the loop body.
@@ -227,6 +229,39 @@ class LoopInvariantProjection(GemmVisitor, Rule):
                     outs.append(h)
                 return outs
             """, (5, 24), message_contains="read `proj[i]` in the loop"),
+        bad("""
+            import torch
+            import torch.nn.functional as F
+            from torch import nn
+            class Seq(nn.Module):
+                def __init__(self, d=32, h=64):
+                    super().__init__()
+                    self.W_xh = nn.Linear(d, h)
+                    self.W_hh = nn.Linear(h, h)
+                    self.head = nn.Linear(h, d)
+                def forward(self, x, y):
+                    h = x.new_zeros(x.size(0), 64)
+                    total = 0.0
+                    for t in range(x.size(1)):
+                        h = torch.tanh(self.W_xh(x[:, t]) + self.W_hh(h))
+                        step_loss = F.mse_loss(self.head(h), y[:, t])
+                        total = total + step_loss
+                        self.log_metric(f"loss_t{t}", step_loss)  # logging steps no weights
+                        self.loss_tracker.update(step_loss)
+                    return total
+            """, (14, 28), message_contains="`proj = self.W_xh(x)`"),
+        good("""
+            import torch
+            import torch.nn.functional as F
+            from torch import nn
+            class TBPTT(nn.Module):
+                def fit(self, x, y):
+                    h = x.new_zeros(x.size(0), 64)
+                    for t in range(x.size(1)):
+                        h = torch.tanh(self.W_xh(x[:, t]) + self.W_hh(h.detach()))
+                        self.train_step(F.mse_loss(self.head(h), y[:, t]))  # steps the weights
+                    return h
+            """),
         good("""
             import torch
             from torch import nn
