@@ -6,6 +6,7 @@ import ast
 import builtins
 import re
 from functools import cached_property
+from typing import Optional
 
 from ._tree import block_fields, child_nodes, dotted
 
@@ -460,10 +461,10 @@ def updates_weights(ctx, loop: LoopInfo) -> bool:
 _NAME_TOKEN = re.compile(r"[A-Z]+(?![a-z])|[A-Z]?[a-z]+|[0-9]+")
 
 
-def name_tokens(name: str) -> list:
+def name_tokens(name: Optional[str]) -> list:
     """The lower-case words of an identifier, split at `_`, case changes and digits:
     `optimizerG` -> optimizer, g; `train_step` -> train, step; `optimal_k` -> optimal, k."""
-    return [token.lower() for token in _NAME_TOKEN.findall(name)]
+    return [token.lower() for token in _NAME_TOKEN.findall(name or "")]
 
 
 # Whole tokens: `opt`, `optim`, `g_optimizer`, `optD`, not `optimal_k`, `opts` (options) or a

@@ -9,7 +9,6 @@ assignment) shadow the import in their function.
 from __future__ import annotations
 
 import ast
-import re
 from typing import Optional
 
 from ._loops import scope_statements
@@ -39,15 +38,6 @@ _UNRESOLVED = object()
 
 def canonical(qualname: str) -> str:
     return CANONICAL.get(qualname, qualname)
-
-
-_NAME_TOKEN = re.compile(r"[A-Z]+(?![a-z])|[A-Z]?[a-z]+|[0-9]+")
-
-
-def name_tokens(name: Optional[str]) -> list:
-    """The words of an identifier, lower case, split at `_` and at case changes:
-    `applyGradients` -> apply, gradients; `local_rank` -> local, rank; `HTTPServer` -> http, server."""
-    return [token.lower() for token in _NAME_TOKEN.findall(name or "")]
 
 
 def _bound_names(target: ast.AST):

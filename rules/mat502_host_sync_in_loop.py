@@ -13,8 +13,7 @@ from matlint.rule import Only, Rule, bad, good
 from . import _kinds
 from ._flow import function_text
 from ._loops import (LoopInfo, identifier as _identifier, is_optimizer_step, is_training_loop, iterates_loader,
-                     loaded_names, walk_no_scopes)
-from ._names import name_tokens
+                     loaded_names, name_tokens, walk_no_scopes)
 
 _GATE_NAME = re.compile(r"log|print|verbose|debug|interval|every|freq|display|report|eval|save|val",
                         re.IGNORECASE)
