@@ -10,7 +10,7 @@ from dataclasses import dataclass, field
 from typing import Optional
 
 from ._flow import function_may_mention, function_text
-from ._loops import walk_no_scopes
+from ._loops import name_tokens, walk_no_scopes
 from ._tree import dotted
 
 _NAMESPACES = ("torch.", "torch.nn.functional.", "torch.special.")
@@ -31,7 +31,6 @@ _SCRIPT_WORDS = frozenset({"jit", "script", "scripted", "torchscript"})
 _NOT_COMPILING_WORDS = frozenset({"disable", "disabled", "ignore", "unused", "no", "not", "skip", "eager", "if",
                                   "tracing", "export", "overload", "constant", "cache", "compatible", "allow",
                                   "setter", "getter"})
-_WORD = re.compile(r"[A-Z]?[a-z]+|[A-Z]+(?![a-z])|\d+")
 
 
 def _compiles(callee: ast.AST, reductions: bool) -> bool:
@@ -43,7 +42,7 @@ def _compiles(callee: ast.AST, reductions: bool) -> bool:
             return bool(callee.args) and _compiles(callee.args[0], reductions)  # `@partial(torch.compile, mode=...)`
         callee = callee.func
     name = callee.attr if isinstance(callee, ast.Attribute) else getattr(callee, "id", "")
-    words = {word.lower() for word in _WORD.findall(name)}
+    words = set(name_tokens(name))
     return bool(words & _COMPILE_WORDS or not reductions and words & _SCRIPT_WORDS) and not words & _NOT_COMPILING_WORDS
 
 
