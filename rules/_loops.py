@@ -405,7 +405,6 @@ class LoopInfo:
 
 # -- training and evaluation step loops ------------------------------------------------
 
-OPTIMIZER_NAME = re.compile(r"optim|^opt$|^opt_|_opt$|scaler", re.IGNORECASE)
 _LOADER_WRAPPERS = ("enumerate", "iter", "tqdm", "zip")
 
 
@@ -423,9 +422,11 @@ def is_backward(node: ast.AST) -> bool:
 
 
 def is_optimizer_step(node: ast.AST) -> bool:
-    """`opt.step()`, `optimizer.step()`, `self.optim.step()`, `scaler.step(opt)`."""
+    """`opt.step()`, `optimizer.step()`, `self.optim.step()`, `optD.step()`, `scaler.step(opt)`;
+    not `optimal_x.step()` or `self.options.step()`."""
     return (isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute) and node.func.attr == "step"
-            and bool(OPTIMIZER_NAME.search(identifier(node.func.value) or "")))
+            and any(token in _OPTIMIZER_TOKENS or token.endswith(_OPTIMIZER_SUFFIXES)
+                    for token in name_tokens(identifier(node.func.value))))
 
 
 def is_training_loop(ctx, loop: LoopInfo) -> bool:
@@ -470,6 +471,8 @@ def name_tokens(name: Optional[str]) -> list:
 # Whole tokens: `opt`, `optim`, `g_optimizer`, `optD`, not `optimal_k`, `opts` (options) or a
 # `scaler` (sklearn's as often as a GradScaler, and a GradScaler comes with its optimizer).
 _OPTIMIZER_TOKENS = frozenset({"opt", "optim", "optims", "optimizer", "optimizers", "optimiser", "optimisers"})
+# One-word names of an optimizer or of the GradScaler that steps it: `doptimizer`, `gradscaler`, `scaler`.
+_OPTIMIZER_SUFFIXES = ("optim", "optimizer", "optimiser", "scaler")
 # What a loss is held in, not the loss: `loss_fn`, `loss_weight`, `val_loss`, `loss_history`.
 _NOT_A_LOSS = frozenset({"fn", "fns", "func", "function", "functions", "criterion", "module", "weight", "weights",
                          "scale", "coef", "coeff", "type", "name", "names", "cfg", "config", "args", "kwargs", "dict",

@@ -246,6 +246,23 @@ class HostSyncInLoop(Rule):
                 value = float(loss)
                 step += 1
             """, (10, 14), (11, 13)),
+        # The optimizer named in camel case (`optD`) makes a training loop; `optimal_x` does not.
+        bad("""
+            import torch
+            def train_discriminator(netD, batches, optD):
+                for x in batches:
+                    loss = netD(x).sum()
+                    optD.step()
+                    print(loss.item())
+            """, (6, 15)),
+        good("""
+            import torch
+            def anneal(model, batches, optimal_x):
+                for x in batches:
+                    loss = model(x).sum()
+                    optimal_x.step()
+                    print(loss.item())
+            """),
         good("""
             import torch
             def train(model, loader, opt, log_every=100):
