@@ -11,7 +11,7 @@ from __future__ import annotations
 import ast
 from typing import Optional
 
-from ._loops import scope_statements
+from ._loops import name_tokens, scope_statements
 from ._tree import dotted, walk
 
 # Spellings that reach the same function under another module path.
@@ -219,6 +219,23 @@ def in_test_code(ctx) -> bool:
         if is_test:
             return True
     return any(c.name.startswith("Test") for c in ctx.classes)
+
+
+def in_reference_code(ctx) -> bool:
+    """The engine is inside a reference implementation kept to check a fused one against:
+    a function or class named with the word `ref` or `reference` (`attention_ref`,
+    `_ReferenceAdEMAMix`, `reference_softmax`). Spelled out step by step on purpose."""
+    for scope in (*ctx.functions, *ctx.classes):
+        key = ("reference_scope", id(scope))
+        found = ctx.shared.get(key)
+        if found is None:
+            found = ctx.shared[key] = not _REFERENCE_WORDS.isdisjoint(name_tokens(getattr(scope, "name", "")))
+        if found:
+            return True
+    return False
+
+
+_REFERENCE_WORDS = frozenset({"ref", "reference"})
 
 
 def spelling(ctx, qualname: str) -> Optional[str]:

@@ -14,6 +14,7 @@ from . import _kinds
 from ._flow import function_text
 from ._loops import (LoopInfo, identifier as _identifier, is_optimizer_step, is_training_loop, iterates_loader,
                      loaded_names, name_tokens, walk_no_scopes)
+from ._names import in_reference_code, in_test_code
 
 _GATE_NAME = re.compile(r"log|print|verbose|debug|interval|every|freq|display|report|eval|save|val",
                         re.IGNORECASE)
@@ -117,6 +118,10 @@ class HostSyncInLoop(Rule):
     ```
 
     ## Stays quiet on
+    - Tests (`test_*.py`, `*_test.py`, `conftest.py`, files under `tests/`, `test/` or `testing/`,
+      `test*` functions, `Test*` classes, fixtures) and reference implementations (a function
+      or class named with the word `ref` or `reference`: `attention_ref`, `_ReferenceAdam`),
+      which spell each step out on purpose to check a fused path against.
     - Values on the CPU by construction (`torch.tensor(...)` without a device, after `.cpu()`,
       batches straight from a `DataLoader` before they are moved), numpy arrays, Python numbers.
     - Evaluation loops whose function never names a device (no `.to(`, `cuda`, `device`...) and
@@ -774,6 +779,26 @@ class HostSyncInLoop(Rule):
                         labels.extend(y.cpu().tolist())
                 return out, labels
             """),
+        # A test's loop checks each step's value on the host: its speed helps no user (also in
+        # `test_*.py`, `tests/`, `testing/`), nor does a reference implementation's.
+        bad("""
+            import torch
+            def check_training_converges(model, batches, opt):
+                for x in batches:
+                    loss = model(x).sum()
+                    loss.backward()
+                    opt.step()
+                    assert loss.item() < 10.0
+            """, (7, 16)),
+        good("""
+            import torch
+            def test_training_converges(model, batches, opt):
+                for x in batches:
+                    loss = model(x).sum()
+                    loss.backward()
+                    opt.step()
+                    assert loss.item() < 10.0
+            """),
     ]
 
     only = {name: Only(in_loops=True) for name in ("visit_Call", "visit_If", "visit_While", "visit_IfExp")}
@@ -872,6 +897,8 @@ class HostSyncInLoop(Rule):
             return
         training = self._is_training(loop)
         if (owner is None and self._used_now(node, loop)) or self._explained(node) or (not training and self._host_only(loop)):
+            return
+        if in_test_code(self.ctx) or in_reference_code(self.ctx):
             return
         kind = "training" if training else "evaluation"
         self.report(node, f"{what} waits for the GPU and copies to the host on every step of the {kind} "

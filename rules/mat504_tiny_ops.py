@@ -11,7 +11,7 @@ from matlint.rule import Only, Rule, bad, good
 
 from ._kinds import identifier_text
 from ._loops import LoopInfo, identifier, is_training_loop, loaded_names, name_tokens
-from ._names import in_test_code
+from ._names import in_reference_code, in_test_code
 
 _OPTIMIZERS = {"SGD", "Adam", "AdamW", "Adamax", "NAdam", "RAdam", "Adagrad", "Adadelta", "RMSprop", "Rprop", "ASGD"}
 _PARAMETER_SOURCES = {"parameters", "named_parameters"}
@@ -86,6 +86,10 @@ class TinyOps(Rule):
     ```
 
     ## Stays quiet on
+    - Tests (`test_*.py`, `*_test.py`, `conftest.py`, files under `tests/`, `test/` or `testing/`,
+      `test*` functions, `Test*` classes, fixtures) and reference implementations (a function
+      or class named with the word `ref` or `reference`: `attention_ref`, `_ReferenceAdam`),
+      which spell each step out on purpose to check a fused path against.
     - Loops over parameters that launch no arithmetic: `p.requires_grad_(False)`,
       `p.grad = None`, `p.copy_(...)`, `p.zero_()`, initializers (`p.normal_()`), reading
       norms into a list.
@@ -300,6 +304,31 @@ class TinyOps(Rule):
                         for p in group["params"]:
                             p.add_(imported_adam_update(p.grad, *self.state[p].values()), alpha=-group["lr"])
             """, (15, 17), (18, 17)),
+        # A plain optimizer kept as the reference a fused one is checked against is unfused on purpose.
+        bad("""
+            import torch
+            class _PlainAdam(torch.optim.Optimizer):
+                @torch.no_grad()
+                def step(self):
+                    for group in self.param_groups:
+                        for p in group["params"]:
+                            state = self.state[p]
+                            state["m"].mul_(0.9).add_(p.grad, alpha=0.1)
+                            state["v"].mul_(0.999).addcmul_(p.grad, p.grad, value=0.001)
+                            p.addcdiv_(state["m"], state["v"].sqrt().add_(1e-8), value=-group["lr"])
+            """, (10, 17)),
+        good("""
+            import torch
+            class _ReferenceAdam(torch.optim.Optimizer):
+                @torch.no_grad()
+                def step(self):
+                    for group in self.param_groups:
+                        for p in group["params"]:
+                            state = self.state[p]
+                            state["m"].mul_(0.9).add_(p.grad, alpha=0.1)
+                            state["v"].mul_(0.999).addcmul_(p.grad, p.grad, value=0.001)
+                            p.addcdiv_(state["m"], state["v"].sqrt().add_(1e-8), value=-group["lr"])
+            """),
     ]
 
     def __init__(self, ctx, options=None):
@@ -390,7 +419,7 @@ class TinyOps(Rule):
         function = self.ctx.function
         if function is not None and (_ONE_TIME_FUNCTION.search(getattr(function, "name", "")) or self._uses_foreach(function)):
             return
-        if in_test_code(self.ctx) or self._does_other_work(loop) or not self._runs_every_step(loop):
+        if in_test_code(self.ctx) or in_reference_code(self.ctx) or self._does_other_work(loop) or not self._runs_every_step(loop):
             return
         self._reported_loops.add(id(loop.node))
         self.report(node, f"this loop over parameters (line {loop.node.lineno}) launches small kernels for every "

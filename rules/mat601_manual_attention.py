@@ -15,7 +15,7 @@ from ._flow import FunctionFlow, flow_of
 from ._kinds import int_const
 from ._layout import rank_of, reorder
 from ._loops import walk_no_scopes
-from ._names import mentions, outermost_scope, spelling
+from ._names import in_reference_code, in_test_code, mentions, outermost_scope, spelling
 from ._pointwise import is_true, product, reads_metadata, torch_op
 from ._torch_api import as_gemm
 
@@ -237,6 +237,10 @@ class ManualAttention(Rule):
     ```
 
     ## Stays quiet on
+    - Tests (`test_*.py`, `*_test.py`, `conftest.py`, files under `tests/`, `test/` or `testing/`,
+      `test*` functions, `Test*` classes, fixtures) and reference implementations (a function
+      or class named with the word `ref` or `reference`: `attention_ref`, `_ReferenceAdam`),
+      which spell each step out on purpose to check a fused path against.
     - Functions and classes that already use `scaled_dot_product_attention`, or switch to a
       fused path (flash-attn, xformers, `flex_attention`, an `attn_implementation` /
       `fused_attn` / `use_sdpa` switch, `hasattr(F, "scaled_dot_product_attention")`), and manual
@@ -1064,6 +1068,8 @@ class ManualAttention(Rule):
         if probs is None or self._derives_from_softmax(flow, probs.v, 0):
             return
         if self._kept_outside(function, scores.statements + probs.statements, flow.statement(probs.pv.node)):
+            return
+        if in_test_code(self.ctx) or in_reference_code(self.ctx):
             return
         if upcast:
             scores.steps.append(("cast",))

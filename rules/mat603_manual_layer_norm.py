@@ -10,7 +10,7 @@ from matlint.rule import Only, Rule, bad, good
 
 from ._flow import code_scope, flow_of, function_may_mention
 from ._loops import scope_statements
-from ._names import mentions, outermost_scope, subclasses
+from ._names import in_reference_code, in_test_code, mentions, outermost_scope, subclasses
 from ._pointwise import (KERNEL_SWITCH, PRODUCT_METHODS, difference, feeds_only, in_compiled_code, is_eps,
                          last_dim_reduction, may_take_root, number, product, resolve, root_of, same, strip_casts, torch_op)
 
@@ -67,6 +67,10 @@ class ManualLayerNorm(Rule):
     ```
 
     ## Stays quiet on
+    - Tests (`test_*.py`, `*_test.py`, `conftest.py`, files under `tests/`, `test/` or `testing/`,
+      `test*` functions, `Test*` classes, fixtures) and reference implementations (a function
+      or class named with the word `ref` or `reference`: `attention_ref`, `_ReferenceAdam`),
+      which spell each step out on purpose to check a fused path against.
     - Normalization over any dim but the last (channels-first `LayerNorm2d` over dim 1,
       group/instance norms over several dims): `F.layer_norm` normalizes trailing dims only, and
       the permutes around it cost copies.
@@ -341,7 +345,8 @@ class ManualLayerNorm(Rule):
             if (mentions(self.ctx, outermost_scope(self.ctx), _FUSED_PATH)
                     or subclasses(self.ctx, self.ctx.class_, "torch.nn.LayerNorm")
                     or self._statistics_wanted(flow, node, (mean, spread, form[1]))
-                    or in_compiled_code(self.ctx, reductions=True)):
+                    or in_compiled_code(self.ctx, reductions=True)
+                    or in_test_code(self.ctx) or in_reference_code(self.ctx)):
                 return
             self.report(node, "hand-written layer norm over the last dim: use "
                         "`F.layer_norm(x, (x.shape[-1],), weight, bias, eps)` (or `nn.LayerNorm`), one fused "

@@ -8,7 +8,7 @@ import re
 from matlint.rule import Only, Rule, bad, good
 
 from ._flow import code_scope, flow_of, function_may_mention
-from ._names import mentions, outermost_scope, subclasses
+from ._names import in_reference_code, in_test_code, mentions, outermost_scope, subclasses
 from ._pointwise import (KERNEL_SWITCH, PRODUCT_METHODS, difference, in_compiled_code, last_dim_reduction, may_take_root,
                          number, product, resolve, root_of, same, strip_casts, torch_op)
 
@@ -59,6 +59,10 @@ class ManualRmsNorm(Rule):
     ```
 
     ## Stays quiet on
+    - Tests (`test_*.py`, `*_test.py`, `conftest.py`, files under `tests/`, `test/` or `testing/`,
+      `test*` functions, `Test*` classes, fixtures) and reference implementations (a function
+      or class named with the word `ref` or `reference`: `attention_ref`, `_ReferenceAdam`),
+      which spell each step out on purpose to check a fused path against.
     - Classes and functions that already have a fused path: a kernel-hub decorator
       (transformers' `@use_kernel_forward_from_hub("RMSNorm")`), or an identifier or string
       naming a fused, apex, triton, liger or `rms_norm` implementation next to the manual code
@@ -260,7 +264,8 @@ class ManualRmsNorm(Rule):
             if self._is_rms_of(flow_of(self.ctx, function), scale, x, inverse):
                 if (mentions(self.ctx, outermost_scope(self.ctx), _FUSED_PATH) or self._is_gated(function)
                         or subclasses(self.ctx, self.ctx.class_, "torch.nn.RMSNorm")
-                        or in_compiled_code(self.ctx, reductions=True)):
+                        or in_compiled_code(self.ctx, reductions=True)
+                        or in_test_code(self.ctx) or in_reference_code(self.ctx)):
                     return
                 self.report(node, "hand-written RMS norm over the last dim: use "
                             "`F.rms_norm(x, (x.shape[-1],), weight, eps)` (torch >= 2.4, or `nn.RMSNorm`), one "

@@ -11,7 +11,7 @@ from matlint.rule import Only, Rule, bad, good
 
 from ._flow import code_scope, flow_of
 from ._kinds import may_mention
-from ._names import mentions, outermost_scope, spelling
+from ._names import in_reference_code, in_test_code, mentions, outermost_scope, spelling
 from ._pointwise import KERNEL_SWITCH, in_compiled_code, torch_op
 from ._shapes import module_assignments
 from ._tree import walk
@@ -76,6 +76,10 @@ class ManualTanhGelu(Rule):
     ```
 
     ## Stays quiet on
+    - Tests (`test_*.py`, `*_test.py`, `conftest.py`, files under `tests/`, `test/` or `testing/`,
+      `test*` functions, `Test*` classes, fixtures) and reference implementations (a function
+      or class named with the word `ref` or `reference`: `attention_ref`, `_ReferenceAdam`),
+      which spell each step out on purpose to check a fused path against.
     - Classes and functions that also have a fused path: a kernel-hub decorator
       (transformers' `@use_kernel_forward_from_hub("NewGELU")`) or an `F.gelu` switch next to
       the formula (`GELUTanh(use_gelu_tanh_python=True)`): the formula is the fallback. Only
@@ -375,7 +379,7 @@ class ManualTanhGelu(Rule):
             if x is not None:
                 scope = outermost_scope(self.ctx)
                 if (mentions(self.ctx, scope, _FUSED_PATH) or self._is_torch_gelu_fallback(scope)
-                        or in_compiled_code(self.ctx)):
+                        or in_compiled_code(self.ctx) or in_test_code(self.ctx) or in_reference_code(self.ctx)):
                     return
                 self.report(candidate, 'hand-written tanh GELU: use `F.gelu(x, approximate="tanh")`, one '
                             "kernel instead of about nine", fix=self._fix(candidate, x, safe=not self._cast))
