@@ -116,6 +116,9 @@ class ScalarLoopMatmul(Rule):
       `C[i][k]` with `j` not a loop counter, a batch index that does not lead), factors that
       change from term to term (`w[i] * A[i, k] * x[k]`, a value computed in the loops), and
       an operand of a known rank other than its index count (`W[i, k]` of a 3-D `W`).
+    - An output that is also an operand (`A[i, j] += A[i, k] * A[k, j]`,
+      `C[i, j] += C[i, k] * B[k, j]`): the loops read entries they have already updated, which
+      `A += A @ A` does not.
     - Single loops (`s += a[i] * b[i]`): the batched call depends on ranks it cannot see.
     - Operands not known to be tensors: Python lists of lists and numpy arrays (textbook code
       about loops), names of unknown kind.
@@ -358,6 +361,23 @@ class ScalarLoopMatmul(Rule):
                         C[i, j] = s
                 return C
             """),
+        good("""
+            import torch
+            def path_weights(A: torch.Tensor) -> torch.Tensor:
+                n = A.shape[0]
+                for k in range(n):
+                    for i in range(n):
+                        for j in range(n):
+                            A[i, j] += A[i, k] * A[k, j]  # reads entries it already updated
+                return A
+            def update_rows(C: torch.Tensor, B: torch.Tensor) -> torch.Tensor:
+                n, m = C.shape
+                for i in range(n):
+                    for j in range(m):
+                        for k in range(m):
+                            C[i, j] += C[i, k] * B[k, j]
+                return C
+            """),
     ]
 
     only = {"visit_AugAssign": Only(in_loops=True), "visit_Assign": Only(in_loops=True)}
@@ -398,6 +418,8 @@ class ScalarLoopMatmul(Rule):
         if out is None:
             return
         out_base, out_names = out
+        if self.ctx.segment(out_base) in (self.ctx.segment(left[0]), self.ctx.segment(right[0])):
+            return  # `A[i, j] += A[i, k] * A[k, j]` reads entries it has already updated: not `A @ A`
         loops = self.ctx.loops[-(len(out_names) + 1):]
         if len(loops) != len(out_names) + 1:
             return
