@@ -50,7 +50,9 @@ class MisalignedMaskBroadcast(Rule):
     `(B, H, T, T)`, or a `(B, T)` padding mask combined with hidden states `(B, T, C)`, by `+`,
     `-`, `*`, `/` (also in place, `scores += bias`, and as `torch.mul`, `h.mul(mask)`, ...),
     `scores.masked_fill(mask, ...)` (also `mask=` as a keyword) or `torch.where(mask, scores, ...)`
-    (also bare `where` after `from torch import where`), without expanding the mask first. Broadcasting aligns
+    (also bare `where` after `from torch import where`), or passed as the `attn_mask` of
+    `F.scaled_dot_product_attention(q, k, v, ...)` (which broadcasts it against the scores,
+    q's shape with k's length last: `(B, H, T, S)`), without expanding the mask first. Broadcasting aligns
     shapes from the right, so `(B, T)` is read as `(1, 1, B, T)`: the batch axis of the mask
     meets the query axis of the scores. The rule fires when both shapes are known, right
     alignment is not known to work, and a placement of the mask's axes (leading axes against
@@ -288,6 +290,31 @@ class MisalignedMaskBroadcast(Rule):
                 e = scores + pad
                 return a, b, c, d, e
             """),
+        bad("""
+            import torch.nn.functional as F
+            from jaxtyping import Bool, Float
+            from torch import Tensor
+
+            def attend(q: Float[Tensor, "B H T D"], k: Float[Tensor, "B H S D"], v: Float[Tensor, "B H S D"],
+                       pad: Bool[Tensor, "B S"], causal: Bool[Tensor, "T S"]):
+                a = F.scaled_dot_product_attention(q, k, v, attn_mask=pad)
+                b = F.scaled_dot_product_attention(q, k, v, pad)
+                c = F.scaled_dot_product_attention(q, k, v, attn_mask=pad[:, None, None, :])
+                d = F.scaled_dot_product_attention(q, k, v, attn_mask=causal)
+                return a, b, c, d
+            """, (7, 9), (8, 9), fixed="""
+            import torch.nn.functional as F
+            from jaxtyping import Bool, Float
+            from torch import Tensor
+
+            def attend(q: Float[Tensor, "B H T D"], k: Float[Tensor, "B H S D"], v: Float[Tensor, "B H S D"],
+                       pad: Bool[Tensor, "B S"], causal: Bool[Tensor, "T S"]):
+                a = F.scaled_dot_product_attention(q, k, v, attn_mask=pad[:, None, None, :])
+                b = F.scaled_dot_product_attention(q, k, v, pad[:, None, None, :])
+                c = F.scaled_dot_product_attention(q, k, v, attn_mask=pad[:, None, None, :])
+                d = F.scaled_dot_product_attention(q, k, v, attn_mask=causal)
+                return a, b, c, d
+            """, unsafe=True, message_contains="mask (B, S) against (B, H, T, S) broadcasts as (1, 1, B, S)"),
     ]
 
     def visit_BinOp(self, node: ast.BinOp) -> None:
@@ -299,7 +326,8 @@ class MisalignedMaskBroadcast(Rule):
             self._check(node, node.value, node.target)
 
     only = {"visit_Call": Only(attrs=frozenset(
-        {"masked_fill", "masked_fill_", "where"} | _METHODS | {m + "_" for m in _METHODS}))}
+        {"masked_fill", "masked_fill_", "where", "scaled_dot_product_attention"} | _METHODS
+        | {m + "_" for m in _METHODS}))}
 
     def visit_Call(self, node: ast.Call) -> None:
         func, args = node.func, node.args
@@ -308,7 +336,9 @@ class MisalignedMaskBroadcast(Rule):
         qual = self.ctx.qualname(func)
         if qual is not None:  # `torch.where(...)`, or `where(...)` after `from torch import where`
             name = qual[len("torch."):] if qual.startswith("torch.") else None
-            if name == "masked_fill":
+            if qual == "torch.nn.functional.scaled_dot_product_attention":
+                self._check_sdpa(node)
+            elif name == "masked_fill":
                 scores, mask = _argument(node, 0, "input"), _argument(node, 1, "mask")
                 if scores is not None and mask is not None:
                     self._check(node, mask, scores)
@@ -334,10 +364,23 @@ class MisalignedMaskBroadcast(Rule):
             elif attr[:-1] in _METHODS and len(args) == 1:
                 self._check(node, args[0], func.value)  # in place: the receiver keeps its shape
 
-    def _check(self, node, mask_node, target_node) -> bool:
-        if never_shaped(mask_node) or never_shaped(target_node):
+    def _check_sdpa(self, node: ast.Call) -> None:
+        """`F.scaled_dot_product_attention(q, k, v, attn_mask=mask)` broadcasts the mask against
+        the scores, `(..., L, S)`: q's shape with k's sequence length last."""
+        query, key, mask_node = _argument(node, 0, "query"), _argument(node, 1, "key"), _argument(node, 3, "attn_mask")
+        if query is None or key is None or mask_node is None or never_shaped(mask_node):
+            return
+        q, k = shape_of(self.ctx, query), shape_of(self.ctx, key)
+        if q is None or k is None or q.leading or k.leading or len(q.dims) < 3 or len(k.dims) != len(q.dims):
+            return
+        self._check(node, mask_node, None, make_shape(q.dims[:-1] + k.dims[-2:-1]))
+
+    def _check(self, node, mask_node, target_node, target=None) -> bool:
+        if never_shaped(mask_node) or (target is None and never_shaped(target_node)):
             return False
-        mask, target = shape_of(self.ctx, mask_node), shape_of(self.ctx, target_node)
+        mask = shape_of(self.ctx, mask_node)
+        if target is None:
+            target = shape_of(self.ctx, target_node)
         if mask is None or target is None:
             return False
         indexings = expansions(mask, target)
