@@ -469,8 +469,8 @@ class _Inference:
                 return TENSOR
             if base == SCALAR:
                 return SCALAR
-            if base == MODULE_LIST:
-                return None
+            if base in (MODULE_LIST, MODULE, OTHER):
+                return self._container_item(node)
             return None
         if isinstance(node, (ast.BinOp,)):
             left, right = self.expr(node.left), self.expr(node.right)
@@ -613,8 +613,32 @@ class _Inference:
             return CPU_TENSOR if kind is None and receiver == CPU_TENSOR else kind
         return receiver
 
+    def _container_item(self, node: ast.Subscript) -> Optional[str]:
+        """`self.blocks[0]`, `self.layers["proj"]`: the kind of the item a fixed key picks out of a
+        container that `__init__` builds and the class never changes in place, from the
+        expressions that build that item (all of a comprehension's items are built by one)."""
+        container = node.value
+        key = fixed_key(node.slice)
+        cls = self.ctx.class_
+        if (key is None or cls is None or not isinstance(container, ast.Attribute) or not self.chain
+                or not isinstance(container.value, ast.Name) or container.value.id != self.chain[0].self_name
+                or container.attr in mutated_attributes(self.ctx, cls)):
+            return None
+        entries = class_attribute_values(self.ctx, cls, container.attr)
+        kinds = []
+        for method, value in entries:
+            built = module_container(self.ctx, value)
+            item = built.item(key) if built is not None else None
+            if item is None:
+                return None
+            inference = _Inference(self.ctx, [scope_kinds(self.ctx, method), scope_kinds(self.ctx, self.ctx.tree)])
+            kinds.append(inference.expr(item[0]))
+        return self._combine(kinds) if kinds else None
+
     def _qualified_call(self, qual: str, node: ast.Call) -> Optional[str]:
         module, _, attr = qual.rpartition(".")
+        if qual == "copy.deepcopy" and len(node.args) == 1 and not node.keywords:
+            return self.expr(node.args[0])
         if qual in _LINEAR_MODULES:
             return LINEAR
         if qual == "torch.nn.ModuleList":
@@ -760,6 +784,102 @@ def _class_attribute_values(cls: ast.ClassDef, calls: bool) -> dict:
                 if len(node.args) >= 2 and isinstance(node.args[1], ast.Constant):
                     table.setdefault(node.args[1].value, []).append((method, ast.Constant(None)))
     return table
+
+
+# -- module containers -------------------------------------------------------------
+
+_CONTAINER_MUTATORS = frozenset({"append", "extend", "insert", "update", "pop", "popitem", "clear",
+                                 "add_module", "register_module", "setdefault", "__setitem__", "__delitem__"})
+_MODULE_CONTAINERS = frozenset({"torch.nn.ModuleList", "torch.nn.ModuleDict", "torch.nn.Sequential"})
+
+
+def fixed_key(index: ast.AST):
+    """The int (negative ones included) or str literal an index is, else None."""
+    if isinstance(index, ast.Constant) and isinstance(index.value, str):
+        return index.value
+    return int_const(index)
+
+
+class ModuleContainer:
+    """What an `nn.ModuleList` / `nn.ModuleDict` / `nn.Sequential` call holds, read off its
+    arguments: `by_key` maps each fixed key (positions counted from both ends, or names) to the
+    expression that builds that item; `every` is the expression that builds every item, where a
+    comprehension builds them all (`[nn.Linear(d, d) for _ in range(n)]`), and `every_varies`
+    whether it reads the comprehension's own names (`nn.Linear(d, sizes[i])`: the same kind of
+    module every time, not the same shape)."""
+
+    __slots__ = ("by_key", "every", "every_varies")
+
+    def __init__(self, by_key: dict, every: Optional[ast.AST] = None, every_varies: bool = False):
+        self.by_key = by_key
+        self.every = every
+        self.every_varies = every_varies
+
+    def item(self, key):
+        """(expression, the same for every item's shape too) for the item at `key`, else None."""
+        if key in self.by_key:
+            return self.by_key[key], True
+        if self.every is not None:
+            return self.every, not self.every_varies
+        return None
+
+
+def module_container(ctx, value: ast.AST) -> Optional[ModuleContainer]:
+    """The container `value` builds, when it is a `torch.nn` container call whose items can be
+    read: positional modules (`nn.Sequential(a, b)`), a literal list or tuple, a literal dict with
+    str keys, or a list/generator/dict comprehension. None otherwise (a list built elsewhere,
+    `*layers`, `**more`, an `OrderedDict`)."""
+    if not isinstance(value, ast.Call) or value.keywords or ctx.qualname(value.func) not in _MODULE_CONTAINERS:
+        return None
+    qual = ctx.qualname(value.func)
+    if qual == "torch.nn.Sequential" and not (len(value.args) == 1 and isinstance(value.args[0], (
+            ast.List, ast.ListComp, ast.GeneratorExp))):
+        items = value.args
+    elif len(value.args) != 1 or qual == "torch.nn.Sequential":
+        return None if value.args or qual == "torch.nn.Sequential" else ModuleContainer({})
+    else:
+        items = value.args[0]
+        if isinstance(items, (ast.List, ast.Tuple)) and qual == "torch.nn.ModuleList":
+            items = items.elts
+        elif isinstance(items, ast.Dict) and qual == "torch.nn.ModuleDict":
+            if not all(isinstance(k, ast.Constant) and isinstance(k.value, str) for k in items.keys):
+                return None  # `**more` (a None key) may replace any item
+            return ModuleContainer(dict(zip((k.value for k in items.keys), items.values)))
+        elif isinstance(items, (ast.ListComp, ast.GeneratorExp, ast.DictComp)) and (
+                isinstance(items, ast.DictComp) == (qual == "torch.nn.ModuleDict")):
+            every = items.value if isinstance(items, ast.DictComp) else items.elt
+            own = {n.id for gen in items.generators for n in ast.walk(gen.target) if isinstance(n, ast.Name)}
+            varies = any(isinstance(n, ast.Name) and n.id in own for n in ast.walk(every))
+            return ModuleContainer({}, every, varies)
+        else:
+            return None
+    if any(isinstance(item, ast.Starred) for item in items):
+        return None
+    by_key = {i: item for i, item in enumerate(items)}
+    by_key.update({i - len(items): item for i, item in enumerate(items)})
+    return ModuleContainer(by_key)
+
+
+def mutated_attributes(ctx, cls: ast.ClassDef) -> frozenset:
+    """The `self.<attr>` containers the class changes in place: `self.x.append(...)`,
+    `self.x[k] = ...`, `del self.x[k]`, `self.x += ...` (any method's first parameter counts as
+    `self`, and so does any other name: erring on the side of forgetting a container)."""
+    key = ("mutated_attributes", id(cls))
+    found = ctx.shared.get(key)
+    if found is None:
+        names = set()
+        for node in ast.walk(cls):
+            target = None
+            if isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute) and node.func.attr in _CONTAINER_MUTATORS:
+                target = node.func.value
+            elif isinstance(node, (ast.Subscript,)) and not isinstance(node.ctx, ast.Load):
+                target = node.value
+            elif isinstance(node, ast.AugAssign):
+                target = node.target
+            if isinstance(target, ast.Attribute):
+                names.add(target.attr)
+        found = ctx.shared[key] = frozenset(names)
+    return found
 
 
 # -- public API ------------------------------------------------------------------

@@ -25,7 +25,10 @@ eye`, `*_like`, `new_*`, `torch.tensor` of literal nests); jaxtyping/torchtyping
 `assert x.shape == (B, T)` / `x.ndim == 3` / `x.shape[0] == B` (one dim of a tensor of known rank,
 or the last dims: `x.shape[-1] == D` gives `(..., D)`); `B, T, C = x.shape` (which also tells x's rank);
 `view`/`reshape` with explicit sizes; modules built in `__init__` or locally (`nn.Linear`,
-`nn.Embedding`, `nn.Conv1d/2d/3d` channels, `nn.Sequential` chains, shape-keeping layers).
+`nn.Embedding`, `nn.Conv1d/2d/3d` channels, `nn.Sequential` chains, shape-keeping layers; an item
+of an `nn.ModuleList`/`nn.ModuleDict` taken by a fixed key, `self.heads[0]`, where `__init__` builds
+that item in the call, or builds every item with one comprehension expression that reads none of
+its own names, and the class never changes the container in place).
 Python numbers keep a tensor's shape: literals, `math.*` calls, sizes, parameters annotated `float`
 or given a float default, and any arithmetic among them (`1.0 / math.sqrt(D)`, `D ** -0.5`).
 
@@ -34,7 +37,7 @@ inter-procedural analysis); `squeeze()` / `squeeze(d)` over a symbolic size (it 
 `-1` in `view` unless the input's sizes are all known; advanced and boolean indexing;
 `chunk`/`split`/`unbind`; `F.pad`/`interpolate`; convolution spatial sizes; `view(dtype)`; a
 single name passed as a size (`zeros(shape)`: it may be a tuple); `nn.ModuleList` and layers
-indexed or looped over; any operand that may be a tensor of unknown shape (`x * self.scale`, unless
+indexed by a variable or looped over; any operand that may be a tensor of unknown shape (`x * self.scale`, unless
 `__init__` sets it to a number).
 """
 from __future__ import annotations
@@ -46,7 +49,7 @@ from types import MappingProxyType, SimpleNamespace
 from typing import Callable, Optional
 
 from ._flow import function_text, has_word
-from ._kinds import identifier_text, int_const, may_mention
+from ._kinds import fixed_key, identifier_text, int_const, may_mention, module_container, mutated_attributes
 from ._loops import scope_statements
 from ._tree import child_nodes, walk
 
@@ -320,6 +323,15 @@ class Module:
     """An nn.Module whose effect on shapes is known (`apply(shape) -> shape`)."""
     name: str
     apply: Callable = field(repr=False)
+
+
+@dataclass(eq=False)
+class ModuleItems:
+    """An `nn.ModuleList` / `nn.ModuleDict` whose items are known layers: `items` maps fixed keys
+    (positions, names) to them; `every` is the layer each item is, where one expression builds
+    them all (`[nn.Linear(d, 1) for _ in range(n)]`)."""
+    items: dict
+    every: Optional[Module] = None
 
 
 @_value_class
@@ -1517,6 +1529,9 @@ class FunctionShapes:
         items = index.elts if isinstance(index, ast.Tuple) else [index]
         item_values = [self._index_item(i) for i in items]
         self.values[index] = None if isinstance(index, ast.Tuple) else item_values[0]
+        if isinstance(base, ModuleItems):
+            key = fixed_key(index)
+            return None if key is None else base.items.get(key, base.every)
         if isinstance(base, (SizeVal, Seq)):
             if len(items) != 1:
                 return None
@@ -1877,6 +1892,8 @@ class FunctionShapes:
             start = _int_const(kwargs.get("start_dim", args[0] if args else IntVal(1)))
             end = _int_const(kwargs.get("end_dim", args[1] if len(args) > 1 else IntVal(-1)))
             return Module(name, lambda s: op_flatten(s, start, end) if s is not None else None)
+        if name in ("ModuleList", "ModuleDict"):
+            return self._module_items(node)
         if name == "Sequential":
             if kwargs or not args or not all(isinstance(a, Module) for a in args):
                 return None
@@ -1888,6 +1905,17 @@ class FunctionShapes:
                 return s
             return Module(name, chain)
         return None
+
+    def _module_items(self, node):
+        built = module_container(self.ctx, node)
+        if built is None:
+            return None
+        layers = {id(expr): self.infer(expr) for expr in set(built.by_key.values())}
+        items = {key: layers[id(expr)] for key, expr in built.by_key.items() if isinstance(layers[id(expr)], Module)}
+        # The comprehension's own names are not bound here: only an item that reads none of them.
+        every = self.infer(built.every) if built.every is not None and not built.every_varies else None
+        every = every if isinstance(every, Module) else None
+        return ModuleItems(items, every) if items or every is not None else None
 
     def _reduction(self, s: Shape, dim_value, keepdim_value, has_dim: bool):
         if not has_dim or dim_value is None:
@@ -2243,7 +2271,8 @@ def _class_attrs(ctx, cls: ast.ClassDef) -> dict:
             analysis = FunctionShapes(ctx, stmt, self_name=_self_name(stmt), scope="__init__", init_mode=True)
             attrs = {k: v for k, v in analysis.stored_attrs.items()
                      if isinstance(v, (Module, Loss, Scalar)) or (isinstance(v, IntVal) and v.dim is not None)
-                     or (isinstance(v, Opaque) and v.sym is not None)}
+                     or (isinstance(v, Opaque) and v.sym is not None)
+                     or (isinstance(v, ModuleItems) and k not in mutated_attributes(ctx, cls))}
     if attrs:
         # Attributes (of anything) stored outside __init__, read off the source text: cheap,
         # and it errs on the side of forgetting an attribute.
@@ -2346,7 +2375,7 @@ def _uses_shaping_attribute(ctx, cls: ast.ClassDef, text: str) -> bool:
     init_texts = [function_text(ctx, init) for init in inits]
     if not any("import" in init_text or _names_a_shape_source(ctx, init_text) for init_text in init_texts):
         return False  # `__init__` builds no layer or loss (its own imports could hide one: counted)
-    stored = [name for name, value in _class_attrs(ctx, cls).items() if isinstance(value, (Module, Loss))]
+    stored = [name for name, value in _class_attrs(ctx, cls).items() if isinstance(value, (Module, Loss, ModuleItems))]
     return bool(stored) and not set(_ATTRIBUTE_NAME.findall(text)).isdisjoint(stored)
 
 

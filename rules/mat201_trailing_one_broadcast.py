@@ -36,7 +36,8 @@ class TrailingOneBroadcast(Rule):
     (its two values and its condition broadcast together) where one operand has shape
     `(..., N, 1)` and the other `(..., N)`, one dim less, with the same `N`. Broadcasting lines
     the trailing 1 up against `N`, so `(N, 1) - (N,)` is an `(N, N)` matrix. Shapes come from
-    matlint's symbolic shape analysis (constructors, `nn.Linear` outputs, `view`, indexing,
+    matlint's symbolic shape analysis (constructors, `nn.Linear` outputs (also of an item of an
+    `nn.ModuleList`/`nn.ModuleDict` taken by a fixed key, `self.heads[0](x)`), `view`, indexing,
     reductions, `gather` (the index's shape), jaxtyping annotations, `assert x.shape == ...`,
     `assert x.shape[0] == n`); the rule fires only when both shapes are known.
 
@@ -68,6 +69,12 @@ class TrailingOneBroadcast(Rule):
     constructions such as `a[:, None] - b[None, :]`; `torch.outer`; operands that are both
     `(N, 1)`; any operand whose shape or rank is not known; sizes that are different symbols
     (`N` against `M` may differ), and in-place updates (`a -= b` cannot grow `a`).
+
+    A literal 1 in a constructor (`torch.zeros(n, 1)`, `torch.rand(n, 1)`) is not taken as a
+    request to broadcast: it gives storage its shape, most often the `(n, 1)` of per-row values
+    that an `nn.Linear(d, 1)` head also gives, and an `(n, 1)` buffer of predictions or values
+    met by an `(n,)` target is the bug this rule is for. Where an outer result is meant, say so
+    on the other operand (`centres[None, :]`).
 
     ## Fix safety
     The fix squeezes the `(N, 1)` operand (`.squeeze(-1)`). It is unsafe: it changes the
@@ -268,6 +275,20 @@ class TrailingOneBroadcast(Rule):
                 r -= torch.randn(n)
                 return p - q, p - x, x - y
             """),
+        bad("""
+            import torch.nn as nn
+            from jaxtyping import Float
+            from torch import Tensor
+
+            class MultiTask(nn.Module):
+                def __init__(self, d):
+                    super().__init__()
+                    self.heads = nn.ModuleList([nn.Linear(d, 1) for _ in range(3)])
+
+                def reg_loss(self, x: Float[Tensor, "n d"], y: Float[Tensor, "n"]):
+                    pred = self.heads[0](x)
+                    return ((pred - y) ** 2).mean()
+            """, (12, 18), message_contains="(n, 1) - (n,) broadcasts to (n, n)"),
     ]
 
     only = {"visit_Call": Only(attrs=frozenset(_FUNCTIONS) | {"where"})}

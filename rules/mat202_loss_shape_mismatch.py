@@ -246,6 +246,42 @@ class LossShapeMismatch(Rule):
                 g = F.mse_loss(x, y)
                 return a, b, c, d, e, f, g
             """),
+        bad("""
+            import torch.nn as nn
+            import torch.nn.functional as F
+            from jaxtyping import Float
+            from torch import Tensor
+
+            class MultiTask(nn.Module):
+                def __init__(self, d, names):
+                    super().__init__()
+                    self.heads = nn.ModuleList([nn.Linear(d, 1) for _ in range(3)])
+                    self.named = nn.ModuleDict({"reg": nn.Linear(d, 1), "cls": nn.Linear(d, 4)})
+                    self.mixed = nn.ModuleList([nn.Linear(d, 1), nn.Linear(d, 4)])
+                    self.sized = nn.ModuleList([nn.Linear(d, k) for k in (1, 4)])
+
+                def loss(self, x: Float[Tensor, "n d"], y: Float[Tensor, "n"]):
+                    a = F.mse_loss(self.heads[0](x), y)
+                    b = F.l1_loss(self.named["reg"](x), y)
+                    c = F.l1_loss(self.mixed[0](x), y)
+                    d = F.l1_loss(self.sized[0](x), y)  # the comprehension's items differ in shape
+                    return a, b, c, d
+            """, (15, 13), (16, 13), (17, 13), message_contains="mse_loss input (n, 1) and target (n,) broadcast to (n, n)"),
+        good("""
+            import torch.nn as nn
+            import torch.nn.functional as F
+            from jaxtyping import Float
+            from torch import Tensor
+
+            class MultiTask(nn.Module):
+                def __init__(self, d):
+                    super().__init__()
+                    self.heads = nn.ModuleList([nn.Linear(d, 1) for _ in range(3)])
+                    self.heads[0] = nn.Linear(d, d)
+
+                def loss(self, x: Float[Tensor, "n d"], y: Float[Tensor, "n"], i: int):
+                    return F.mse_loss(self.heads[0](x), y), F.mse_loss(self.heads[i](x), y)
+            """),
     ]
 
     only = {"visit_Call": Only(if_file=_names_a_loss)}

@@ -119,3 +119,54 @@ def test_a_copy_or_view_under_its_own_name_keeps_the_device(keep):
                 reveal(x)
                 reveal(y)
         """) == ["tensor", "cpu_tensor"]
+
+
+def test_an_item_of_a_module_container_taken_by_a_fixed_key_has_the_kind_its_construction_gives():
+    assert kinds("""
+        import copy
+        import torch.nn as nn
+        class Net(nn.Module):
+            def __init__(self, d, names):
+                super().__init__()
+                self.blocks = nn.ModuleList([nn.Linear(d, d) for _ in range(2)])
+                self.layers = nn.ModuleDict({"proj": nn.Linear(d, d), "act": nn.ReLU()})
+                self.heads = nn.ModuleDict({name: nn.Linear(d, 1) for name in names})
+                self.net = nn.Sequential(nn.Linear(d, d), nn.ReLU(), nn.Linear(d, 1))
+                self.copies = nn.ModuleList([copy.deepcopy(self.net[0]) for _ in range(3)])
+            def forward(self, x):
+                reveal(self.blocks[0])
+                reveal(self.blocks[-1])
+                reveal(self.layers["proj"])
+                reveal(self.layers["act"])
+                reveal(self.heads["a"])
+                reveal(self.net[0])
+                reveal(self.net[1])
+                reveal(self.net[-1])
+                reveal(self.copies[1])
+        """) == ["linear", "linear", "linear", "module", "linear", "linear", "module", "linear", "linear"]
+
+
+def test_an_item_of_a_module_container_is_unknown_where_its_construction_does_not_say():
+    assert kinds("""
+        import torch.nn as nn
+        class Net(nn.Module):
+            def __init__(self, d, layers, n):
+                super().__init__()
+                self.mixed = nn.ModuleList([nn.Linear(d, d) if i else nn.ReLU() for i in range(n)])
+                self.given = nn.ModuleList(layers)
+                self.grown = nn.ModuleList([nn.Linear(d, d)])
+                self.grown.append(nn.ReLU())
+                self.replaced = nn.ModuleList([nn.Linear(d, d), nn.Linear(d, d)])
+                self.replaced[1] = nn.ReLU()
+                self.starred = nn.Sequential(nn.Linear(d, d), *layers)
+                self.pairs = nn.ModuleDict({"proj": nn.Linear(d, d), **layers})
+            def forward(self, x, i):
+                reveal(self.mixed[0])
+                reveal(self.given[0])
+                reveal(self.grown[0])
+                reveal(self.replaced[0])
+                reveal(self.starred[0])
+                reveal(self.pairs["proj"])
+                reveal(self.mixed[i])
+                reveal(self.grown[5])
+        """) == ["None"] * 8
