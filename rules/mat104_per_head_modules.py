@@ -15,6 +15,7 @@ from ._tree import walk
 _JOINS = {"torch.cat", "torch.concat", "torch.concatenate", "torch.stack"}
 _MODULE_LISTS = {"torch.nn.ModuleList"}
 _LINEAR = {"torch.nn.Linear"}
+_LIST, _DICT = "torch.nn.ModuleList", "torch.nn.ModuleDict"  # how the heads are read: `self.attr`, `self.attr.values()`
 _ATTENTION_CALLS = frozenset({"softmax", "log_softmax", "scaled_dot_product_attention", "Softmax"})
 
 
@@ -46,17 +47,30 @@ def _applied_alike(call: ast.Call, item: str) -> bool:
     return bool(call.args) and not any(item in loaded_names(a) for a in call.args + call.keywords)
 
 
+def _heads_read(iterable: ast.AST, self_name: str):
+    """(attr, container) for `self.attr` (a ModuleList's items) and `self.attr.values()` (a
+    ModuleDict's), else None."""
+    attr = _self_attr(iterable, self_name)
+    if attr:
+        return attr, _LIST
+    if (isinstance(iterable, ast.Call) and isinstance(iterable.func, ast.Attribute) and iterable.func.attr == "values"
+            and not iterable.args and not iterable.keywords):
+        attr = _self_attr(iterable.func.value, self_name)
+        return (attr, _DICT) if attr else None
+    return None
+
+
 def _each_item(target: ast.AST, iterable: ast.AST, self_name: str):
-    """(attr, item, index) for `for h in self.attr` (index None) and `for i, h in
-    enumerate(self.attr)`, else None."""
+    """(attr, item, index, container) for `for h in self.attr` (index None), `for h in
+    self.attr.values()` and `for i, h in enumerate(...)` of either, else None."""
     if isinstance(target, ast.Name):
-        attr = _self_attr(iterable, self_name)
-        return (attr, target.id, None) if attr else None
+        read = _heads_read(iterable, self_name)
+        return (read[0], target.id, None, read[1]) if read else None
     if (isinstance(target, ast.Tuple) and len(target.elts) == 2 and all(isinstance(e, ast.Name) for e in target.elts)
             and isinstance(iterable, ast.Call) and isinstance(iterable.func, ast.Name) and iterable.func.id == "enumerate"
             and len(iterable.args) == 1):
-        attr = _self_attr(iterable.args[0], self_name)
-        return (attr, target.elts[1].id, target.elts[0].id) if attr else None
+        read = _heads_read(iterable.args[0], self_name)
+        return (read[0], target.elts[1].id, target.elts[0].id, read[1]) if read else None
     return None
 
 
@@ -72,7 +86,8 @@ def _stop_is_len_of(stop: ast.AST, attr: str, self_name: str) -> bool:
             and len(stop.args) == 1 and _self_attr(stop.args[0], self_name) == attr)
 
 
-_LIST_CHANGES = frozenset({"append", "extend", "insert", "pop", "remove", "clear", "reverse", "sort"})
+_LIST_CHANGES = frozenset({"append", "extend", "insert", "pop", "remove", "clear", "reverse", "sort", "update",
+                           "popitem", "setdefault"})
 
 
 class PerHeadModules(Rule):
@@ -87,8 +102,12 @@ class PerHeadModules(Rule):
     range(len(self.heads))]` or `range(self.n_heads)` when `__init__` stored its count parameter
     there, or a loop appending `head(x)` to a list that is then concatenated) when `__init__`
     built the list from one class with the same arguments for every item
-    (`nn.ModuleList([Head(d) for _ in range(n)])`, or a loop of `append`s), and that class is
-    `nn.Linear` or a class of the same file that holds `nn.Linear` projections. The advice
+    (`nn.ModuleList([Head(d) for _ in range(n)])`, or a loop of `append`s; also copies of one
+    module, `[copy.deepcopy(layer) for _ in range(n)]` or a helper of the file that only returns
+    that list, `clones(layer, n)`; or a `ModuleDict` built by `{k: Head(d) for k in keys}` whose
+    `.values()` are applied), and that class is `nn.Linear`, an `nn.Sequential` of `torch.nn`
+    layers built in the call that holds an `nn.Linear`, or a class of the same file that holds
+    `nn.Linear` projections. The advice
     depends on the class: one wider `nn.Linear` for Linear items, a head dim for an attention
     head (a class computing a softmax), stacked member weights (`torch.func.stack_module_state`
     with `torch.vmap`, or batched GEMMs) for any other class, such as an ensemble of small models.
@@ -345,6 +364,53 @@ class PerHeadModules(Rule):
                 def forward(self, s, a):
                     return torch.stack([q(s, a) for q in self.qs], dim=0)
             """, (14, 16), message_contains="`torch.func.stack_module_state` with `torch.vmap`"),
+        bad("""
+            import copy
+            import torch
+            import torch.nn as nn
+            def clones(module, N):
+                "N copies of module"
+                return nn.ModuleList([copy.deepcopy(module) for _ in range(N)])
+            class Heads(nn.Module):
+                def __init__(self, d, n, names):
+                    super().__init__()
+                    head = nn.Linear(d, d // n)
+                    self.copies = nn.ModuleList([copy.deepcopy(head) for _ in range(n)])
+                    self.cloned = clones(nn.Linear(d, 8), n)
+                    self.named = nn.ModuleDict({name: nn.Linear(d, 1) for name in names})
+                    self.mlps = nn.ModuleList([nn.Sequential(nn.Linear(d, 64), nn.ReLU(), nn.Linear(64, 1))
+                                               for _ in range(n)])
+                def forward(self, x):
+                    a = torch.cat([h(x) for h in self.copies], -1)
+                    b = torch.cat([h(x) for h in self.cloned], -1)
+                    c = torch.cat([h(x) for h in self.named.values()], -1)
+                    d = torch.cat([h(x) for h in self.mlps], -1)
+                    return a, b, c, d
+            """, (17, 13), (18, 13), (19, 13), (20, 13), message_contains="`nn.Linear(d, n * (d // n))`"),
+        good("""
+            import copy
+            import torch
+            import torch.nn as nn
+            def clones(module, N):
+                return nn.ModuleList([module for _ in range(N)])
+            class Heads(nn.Module):
+                def __init__(self, d, n, names, shared, layer):
+                    super().__init__()
+                    self.shared = clones(nn.Linear(d, 8), n)  # one module n times: no copies
+                    self.given = nn.ModuleList([copy.deepcopy(layer) for _ in range(n)])
+                    self.sized = nn.ModuleDict({name: nn.Linear(d, len(name)) for name in names})
+                    self.mixed = nn.ModuleList([nn.Sequential(shared, nn.Linear(d, 1)) for _ in range(n)])
+                    self.keyed = nn.ModuleDict({name: nn.Linear(d, 1) for name in names})
+                    self.keyed.update({"extra": nn.Linear(d, 2)})
+                def forward(self, x):
+                    a = torch.cat([h(x) for h in self.shared], -1)
+                    b = torch.cat([h(x) for h in self.given], -1)
+                    c = torch.cat([h(x) for h in self.sized.values()], -1)
+                    d = torch.cat([h(x) for h in self.mixed], -1)
+                    e = torch.cat([h(x) for h in self.keyed.values()], -1)
+                    f = torch.cat([h(x) for h in self.keyed], -1)  # the keys
+                    return a, b, c, d, e, f
+            """),
     ]
 
     # The heads must be nn.Linear or a class of this file that holds one (`_holds_projections`).
@@ -362,8 +428,8 @@ class PerHeadModules(Rule):
         applied = self._applied_heads(node.args[0], fn, self_name)
         if applied is None:
             return
-        attr, call_text, stop = applied
-        built = self._identical_items(cls, attr)
+        attr, call_text, stop, container = applied
+        built = self._identical_items(cls, attr, container)
         if built is None:
             return
         module_call, count = built
@@ -411,18 +477,19 @@ class PerHeadModules(Rule):
                        for n in ast.walk(method))
 
     def _applied_heads(self, joined: ast.AST, fn, self_name: str):
-        """(attr, call, stop) for `[h(x) for h in self.attr]` (inline or through a name), a list
-        filled by `for h in self.attr: out.append(h(x))`, or `[self.attr[i](x) for i in range(stop)]`
-        (stop None where every item is applied by construction)."""
+        """(attr, call, stop, container) for `[h(x) for h in self.attr]` (inline or through a
+        name; also `self.attr.values()`), a list filled by `for h in self.attr: out.append(h(x))`,
+        or `[self.attr[i](x) for i in range(stop)]` (stop None where every item is applied by
+        construction); `container` is the class the heads must be read from."""
         if isinstance(joined, (ast.ListComp, ast.GeneratorExp)) and len(joined.generators) == 1:
             gen = joined.generators[0]
             if gen.ifs or gen.is_async:
                 return None
             head = _each_item(gen.target, gen.iter, self_name)
             if head is not None:
-                attr, item, index = head
+                attr, item, index, container = head
                 if self._same_input_call(joined.elt, item, index):
-                    return attr, self.ctx.segment(joined.elt), None
+                    return attr, self.ctx.segment(joined.elt), None, container
                 return None
             if not isinstance(gen.target, ast.Name):
                 return None
@@ -433,7 +500,7 @@ class PerHeadModules(Rule):
                     and _applied_alike(elt, gen.target.id)):
                 attr = _self_attr(elt.func.value, self_name)
                 if attr:
-                    return attr, self.ctx.segment(elt), stop
+                    return attr, self.ctx.segment(elt), stop, _LIST
             return None
         if not isinstance(joined, ast.Name):
             return None
@@ -453,13 +520,13 @@ class PerHeadModules(Rule):
             if assign is not None and isinstance(assign.value, (ast.ListComp, ast.GeneratorExp)):
                 return self._applied_heads(assign.value, fn, self_name)
         for stmt in loops:
-            attr, item, index = _each_item(stmt.target, stmt.iter, self_name)
+            attr, item, index, container = _each_item(stmt.target, stmt.iter, self_name)
             call = stmt.body[0].value if isinstance(stmt.body[0], ast.Expr) else None
             if (isinstance(call, ast.Call) and isinstance(call.func, ast.Attribute)
                     and call.func.attr == "append" and isinstance(call.func.value, ast.Name)
                     and call.func.value.id == joined.id and len(call.args) == 1
                     and self._same_input_call(call.args[0], item, index)):
-                return attr, self.ctx.segment(call.args[0]), None
+                return attr, self.ctx.segment(call.args[0]), None, container
         return None
 
     @staticmethod
@@ -467,8 +534,9 @@ class PerHeadModules(Rule):
         return (isinstance(expr, ast.Call) and isinstance(expr.func, ast.Name) and expr.func.id == item
                 and _applied_alike(expr, item) and (index is None or _applied_alike(expr, index)))
 
-    def _identical_items(self, cls: ast.ClassDef, attr: str):
-        """(module constructor call, count text) when `__init__` fills `self.attr` with one class, same arguments."""
+    def _identical_items(self, cls: ast.ClassDef, attr: str, container: str):
+        """(module constructor call, count text) when `__init__` fills `self.attr` (a `container`)
+        with one class, same arguments."""
         init = next((f for f in cls.body if isinstance(f, ast.FunctionDef) and f.name == "__init__"), None)
         if init is None or not _params(init):
             return None
@@ -476,13 +544,13 @@ class PerHeadModules(Rule):
         found = []
         for stmt in ast.walk(init):
             if isinstance(stmt, ast.Assign) and any(_self_attr(t, self_name) == attr for t in stmt.targets):
-                found.append(self._from_module_list(stmt.value))
-            elif isinstance(stmt, ast.For):
+                found.append(self._from_container(stmt.value, container, init))
+            elif isinstance(stmt, ast.For) and container == _LIST:
                 for sub in stmt.body:
                     call = sub.value if isinstance(sub, ast.Expr) else None
                     if (isinstance(call, ast.Call) and isinstance(call.func, ast.Attribute) and call.func.attr == "append"
                             and _self_attr(call.func.value, self_name) == attr and len(call.args) == 1):
-                        found.append(self._item(call.args[0], bound_names(stmt.target), stmt.iter))
+                        found.append(self._item(call.args[0], bound_names(stmt.target), stmt.iter, init))
         if len(found) == 2 and found[0] == "empty":
             found = found[1:]
         if self._changed_elsewhere(cls, attr, init, self_name):
@@ -490,7 +558,7 @@ class PerHeadModules(Rule):
         if len(found) != 1 or found[0] in (None, "empty"):
             return None
         module_call, count = found[0]
-        return (module_call, count) if self._holds_projections(module_call.func) else None
+        return (module_call, count) if self._holds_projections(module_call) else None
 
     @staticmethod
     def _changed_elsewhere(cls: ast.ClassDef, attr: str, init: ast.FunctionDef, self_name: str) -> bool:
@@ -508,24 +576,89 @@ class PerHeadModules(Rule):
                 return True
         return False
 
-    def _from_module_list(self, value: ast.AST):
-        if not (isinstance(value, ast.Call) and self.ctx.qualname(value.func) in _MODULE_LISTS):
+    def _from_container(self, value: ast.AST, container: str, init: ast.FunctionDef):
+        """What `self.attr = value` fills the container with: `nn.ModuleList([Head() for _ in
+        range(n)])`, `nn.ModuleDict({k: Head() for k in keys})`, or a helper of the file that
+        returns copies of its argument (`clones(layer, n)`)."""
+        if not isinstance(value, ast.Call):
+            return None
+        if container == _LIST and not value.keywords:
+            cloned = self._cloned(value)
+            if cloned is not None:
+                module, count = cloned
+                call = self._built_once(module, init)
+                return None if call is None else (call, self._count_text(count))
+        if self.ctx.qualname(value.func) != container:
             return None
         if not value.args:
             return "empty"
         items = value.args[0]
-        if isinstance(items, (ast.ListComp, ast.GeneratorExp)) and len(items.generators) == 1 and not items.generators[0].ifs:
+        comprehension = ast.DictComp if container == _DICT else (ast.ListComp, ast.GeneratorExp)
+        if isinstance(items, comprehension) and len(items.generators) == 1 and not items.generators[0].ifs:
             gen = items.generators[0]
-            return self._item(items.elt, bound_names(gen.target), gen.iter)
+            elt = items.value if container == _DICT else items.elt
+            return self._item(elt, bound_names(gen.target), gen.iter, init, counted=container == _LIST)
         return None
 
-    def _item(self, call: ast.AST, loop_names: set, iterable: ast.AST):
+    def _cloned(self, call: ast.Call):
+        """(module, count) for `clones(module, count)` where `clones` is a function of the file
+        that only returns `nn.ModuleList([copy.deepcopy(module) for _ in range(count)])`."""
+        if not isinstance(call.func, ast.Name) or any(isinstance(a, ast.Starred) for a in call.args):
+            return None
+        fn = next((stmt for stmt in self.ctx.tree.body if isinstance(stmt, ast.FunctionDef)
+                   and stmt.name == call.func.id), None)
+        if fn is None or fn.args.vararg or fn.args.kwarg or len(fn.args.args) != len(call.args):
+            return None
+        body = fn.body[1:] if fn.body and isinstance(fn.body[0], ast.Expr) and isinstance(fn.body[0].value, ast.Constant) else fn.body
+        made = body[0].value if len(body) == 1 and isinstance(body[0], ast.Return) else None
+        if not (isinstance(made, ast.Call) and self.ctx.qualname(made.func) == _LIST and len(made.args) == 1
+                and not made.keywords and isinstance(made.args[0], (ast.ListComp, ast.GeneratorExp))):
+            return None
+        items = made.args[0]
+        gen, copied = items.generators[0], items.elt
+        count = _range_stop(gen.iter)
+        params = [a.arg for a in fn.args.args]
+        if (len(items.generators) != 1 or gen.ifs or not isinstance(count, ast.Name) or count.id not in params
+                or not (isinstance(copied, ast.Call) and self.ctx.qualname(copied.func) == "copy.deepcopy"
+                        and len(copied.args) == 1 and not copied.keywords and isinstance(copied.args[0], ast.Name))
+                or copied.args[0].id not in params or copied.args[0].id in bound_names(gen.target)):
+            return None
+        return call.args[params.index(copied.args[0].id)], call.args[params.index(count.id)]
+
+    def _item(self, call: ast.AST, loop_names: set, iterable: ast.AST, init: ast.FunctionDef, counted: bool = True):
+        """(module constructor call, count text) for the item a fill builds on each pass over
+        `iterable` (`range(n)`, or, not `counted`, any keys), where it reads none of `loop_names`:
+        a constructor call, or a copy (`copy.deepcopy(layer)`) of a module built once in `init`."""
         if not isinstance(call, ast.Call) or any(loop_names & loaded_names(a) for a in call.args + call.keywords):
             return None
+        if self.ctx.qualname(call.func) == "copy.deepcopy":
+            if len(call.args) != 1 or call.keywords:
+                return None
+            call = self._built_once(call.args[0], init)
+            if call is None:
+                return None
         count = _range_stop(iterable)
         if count is None:
+            return (call, None) if not counted else None
+        return call, self._count_text(count)
+
+    def _count_text(self, count: ast.AST) -> Optional[str]:
+        return self.ctx.segment(count) if isinstance(count, (ast.Name, ast.Constant, ast.Attribute)) else None
+
+    @staticmethod
+    def _built_once(module: ast.AST, init: ast.FunctionDef) -> Optional[ast.Call]:
+        """The constructor call `module` is: the call itself, or the one call a name of `init`
+        (bound nowhere else there) is assigned."""
+        if isinstance(module, ast.Call):
+            return module
+        if not isinstance(module, ast.Name) or module.id in {a.arg for a in _params(init) + init.args.kwonlyargs}:
             return None
-        return call, (self.ctx.segment(count) if isinstance(count, (ast.Name, ast.Constant, ast.Attribute)) else None)
+        stores = [n for n in ast.walk(init) if isinstance(n, ast.Name) and n.id == module.id and not isinstance(n.ctx, ast.Load)]
+        assigns = [s for s in ast.walk(init) if isinstance(s, ast.Assign) and len(s.targets) == 1
+                   and isinstance(s.targets[0], ast.Name) and s.targets[0].id == module.id]
+        if len(stores) != 1 or len(assigns) != 1 or not isinstance(assigns[0].value, ast.Call):
+            return None
+        return assigns[0].value
 
     def _is_attention(self, func: ast.AST) -> bool:
         """The class of the file that `func` names computes a softmax (an attention head), rather
@@ -541,9 +674,16 @@ class PerHeadModules(Rule):
         return next((stmt for stmt in self.ctx.tree.body if isinstance(stmt, ast.ClassDef) and stmt.name == func.id),
                     None)
 
-    def _holds_projections(self, func: ast.AST) -> bool:
+    def _holds_projections(self, module_call: ast.Call) -> bool:
+        func = module_call.func
         if self.ctx.qualname(func) in _LINEAR:
             return True
+        if self.ctx.qualname(func) == "torch.nn.Sequential":
+            # Layers built in the call (a module passed by name would be one module shared by all).
+            return (bool(module_call.args) and not module_call.keywords
+                    and all(isinstance(a, ast.Call) and (self.ctx.qualname(a.func) or "").startswith("torch.nn.")
+                            for a in module_call.args)
+                    and any(self.ctx.qualname(a.func) in _LINEAR for a in module_call.args))
         cls = self._file_class(func)
         return cls is not None and any(isinstance(n, ast.Call) and self.ctx.qualname(n.func) in _LINEAR
                                        for n in ast.walk(cls))
