@@ -37,11 +37,12 @@ class LossShapeMismatch(Rule):
     Finds element-wise losses (`F.mse_loss`, `l1_loss`, `smooth_l1_loss`, `huber_loss`,
     `binary_cross_entropy`, `binary_cross_entropy_with_logits`, `soft_margin_loss`, and the
     modules `nn.MSELoss()`, `nn.L1Loss()`, `nn.SmoothL1Loss()`, `nn.HuberLoss()`, `nn.BCELoss()`,
-    `nn.BCEWithLogitsLoss()`, `nn.SoftMarginLoss()`; called directly, or held in a local or in
-    an attribute created in `__init__`, module or function alike) whose input and target have
-    known shapes that differ and broadcast: `(N, 1)` against `(N,)` gives an `(N, N)` loss
-    matrix, `(B, 1, H, W)` against `(B, H, W)` a `(B, B, H, W)` one, `(N, 1)` against `(N, 4)`
-    repeats the one prediction four times, and `(N, 4)` against `(N, 1)` repeats each target.
+    `nn.BCEWithLogitsLoss()`, `nn.SoftMarginLoss()`; called directly or through `.forward`, or
+    held in a local or in an attribute created in `__init__`, module or function alike) whose
+    input and target have known shapes that differ and broadcast: `(N, 1)` against `(N,)` gives
+    an `(N, N)` loss matrix, `(B, 1, H, W)` against `(B, H, W)` a `(B, B, H, W)` one, `(N, 1)`
+    against `(N, 4)` repeats the one prediction four times, and `(N, 4)` against `(N, 1)`
+    repeats each target.
 
     ## Why is this bad?
     It depends on the loss. `mse_loss`, `l1_loss`, `smooth_l1_loss` and `huber_loss` compute
@@ -282,6 +283,15 @@ class LossShapeMismatch(Rule):
                 def loss(self, x: Float[Tensor, "n d"], y: Float[Tensor, "n"], i: int):
                     return F.mse_loss(self.heads[0](x), y), F.mse_loss(self.heads[i](x), y)
             """),
+        bad("""
+            import torch
+            import torch.nn as nn
+
+            def step(n: int, d: int):
+                head = nn.Linear(d, 1)
+                crit = nn.MSELoss()
+                return crit.forward(head(torch.randn(n, d)), torch.randn(n))
+            """, (7, 12), message_contains="MSELoss() input (n, 1) and target (n,) broadcast to (n, n)"),
     ]
 
     only = {"visit_Call": Only(if_file=_names_a_loss)}
@@ -339,7 +349,10 @@ class LossShapeMismatch(Rule):
             return function, function
         if not _names_a_loss(self.ctx):
             return None  # no loss is ever built or stored here: skip the shape analysis of every call
-        callee = loss_of(self.ctx, node.func)
+        func = node.func
+        if isinstance(func, ast.Attribute) and func.attr == "forward":
+            func = func.value  # `criterion.forward(pred, y)`
+        callee = loss_of(self.ctx, func)
         if callee is not None and callee.name in LOSS_MODULES:
             return f"{callee.name}()", LOSS_MODULES[callee.name]
         if callee is not None and callee.name in LOSS_FUNCTIONS:
