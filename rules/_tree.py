@@ -91,3 +91,10 @@ def dotted(expr: ast.AST) -> Optional[str]:
         parts.append(expr.id)
         return ".".join(reversed(parts))
     return None
+
+
+def product_factors(expr: ast.AST) -> list:
+    """The factors of a product `a * b * c`, in order (`[expr]` for anything else)."""
+    if isinstance(expr, ast.BinOp) and isinstance(expr.op, ast.Mult):
+        return product_factors(expr.left) + product_factors(expr.right)
+    return [expr]

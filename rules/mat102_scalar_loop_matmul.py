@@ -10,6 +10,7 @@ from . import _kinds
 from ._flow import code_scope, flow_of
 from ._loops import loaded_names
 from ._shapes import shape_of
+from ._tree import product_factors
 
 
 def _range_var(loop) -> Optional[str]:
@@ -42,13 +43,6 @@ def _indices(expr: ast.AST):
     if isinstance(expr, ast.Subscript) or not names:
         return None
     return expr, names[::-1]
-
-
-def _factors(expr: ast.AST) -> list:
-    """The factors of a product `a * b * c`, in order."""
-    if isinstance(expr, ast.BinOp) and isinstance(expr.op, ast.Mult):
-        return _factors(expr.left) + _factors(expr.right)
-    return [expr]
 
 
 _ATOMS = (ast.Name, ast.Attribute, ast.Call, ast.Constant, ast.Subscript)
@@ -405,7 +399,7 @@ class ScalarLoopMatmul(Rule):
         if not (isinstance(value, ast.BinOp) and isinstance(value.op, ast.Mult)):
             return
         indexed, scales = [], []
-        for factor in _factors(value):
+        for factor in product_factors(value):
             found = _indices(factor)
             (indexed if found is not None else scales).append(found or factor)
         if len(indexed) != 2:

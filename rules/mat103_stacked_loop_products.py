@@ -7,9 +7,11 @@ from typing import Optional
 
 from matlint.rule import Only, Rule, bad, good
 
+from . import _kinds
 from ._flow import function_may_mention
 from ._loops import LoopInfo, loaded_names, walk_no_scopes
 from ._torch_api import as_gemm
+from ._tree import product_factors
 from .mat101_python_loop_matmul import PythonLoopMatmul
 
 _JOINS = {"torch.stack": "stack", "torch.cat": "cat", "torch.concat": "cat", "torch.concatenate": "cat"}
@@ -17,6 +19,13 @@ _JOINS = {"torch.stack": "stack", "torch.cat": "cat", "torch.concat": "cat", "to
 
 # List methods that change the list: an `append` loop fills it only when it is the one change.
 _LIST_CHANGES = frozenset({"append", "extend", "insert", "reverse", "sort", "pop", "remove", "clear"})
+
+
+def _range_call(expr: ast.AST) -> Optional[ast.Call]:
+    """`range(...)`, else None."""
+    if isinstance(expr, ast.Call) and isinstance(expr.func, ast.Name) and expr.func.id == "range":
+        return expr
+    return None
 
 
 def _stack_dim(node: ast.Call) -> Optional[int]:
@@ -40,8 +49,10 @@ class StackedLoopProducts(Rule):
     docs = """
     ## What it does
     Flags `torch.stack`/`torch.cat` of a list built one item at a time (a comprehension, also
-    inside `tuple(...)`, or a `for` or `while` loop appending to the list) when each item is a contraction written out by hand: an
-    elementwise product summed over some dims, `(x[i] * w).sum(-1)`, `torch.sum(a[i] * b[i], dim=-1)`,
+    inside `tuple(...)`, or a `for` or `while` loop appending to the list), and a tensor buffer
+    filled row by row in a `for i in range(...)` loop (`out[i] = ...`, the loop's one use of
+    `out`), when each item is a contraction written out by hand: an elementwise product (of two
+    factors or more) summed over some dims, `(x[i] * w).sum(-1)`, `torch.sum(a[i] * b[i], dim=-1)`,
     where the factors are the loop's slice of a tensor (`x[i]`, `x[:, i]`, `for xi in x`) and
     values fixed across the loop. The message spells out the single call where it is exact:
     the loop takes every item from the first (`range(n)`, not `range(1, n)` or a `while`
@@ -224,6 +235,43 @@ class StackedLoopProducts(Rule):
                     out.append(s)
                 return torch.stack(out)
             """),
+        bad("""
+            import torch
+            def masked_dots(q: torch.Tensor, k: torch.Tensor, mask: torch.Tensor):
+                return torch.stack([(q[b] * k[b] * mask[b]).sum(-1) for b in range(q.size(0))])
+            def row_dots(x: torch.Tensor, y: torch.Tensor, w: torch.Tensor):
+                out = torch.empty(x.size(0), x.size(1))
+                for i in range(x.size(0)):
+                    out[i] = (x[i] * y[i]).sum(-1)
+                acc = torch.zeros(x.size(0))
+                for i in range(x.size(0)):
+                    acc[i] = torch.sum(x[i] * w, dim=(-2, -1))
+                return out, acc
+            """, (3, 12), (7, 9), (10, 9), message_contains="written into `out`: use one call over all items: "
+                                                            "`out = (x * y).sum(-1)`"),
+        good("""
+            import torch
+            def fills(x: torch.Tensor, y: torch.Tensor, keep: torch.Tensor, order):
+                out = torch.zeros(x.size(0), x.size(1))
+                for i in range(1, x.size(0)):
+                    out[i] = (x[i] * out[i - 1]).sum(-1)  # reads the row before
+                for i in range(x.size(0)):
+                    if keep[i]:
+                        out[i] = (x[i] * y[i]).sum(-1)  # some rows only
+                for i in range(x.size(0)):
+                    out[i] = (x[i] * y[i]).sum(-1)
+                    out[i] += 1.0
+                for i in order:
+                    out[i] = (x[i] * y[i]).sum(-1)
+                for i in range(x.size(0)):
+                    out[i] = (x[i] * y[i]).sum(-1)
+                    if out[i].max() > 3:
+                        break
+                rows = [0.0] * x.size(0)
+                for i in range(x.size(0)):
+                    rows[i] = (x[i] * y[i]).sum(-1)
+                return out, rows
+            """),
     ]
 
     def __init__(self, ctx, options=None):
@@ -232,7 +280,39 @@ class StackedLoopProducts(Rule):
         self._loop_gemms = PythonLoopMatmul(ctx)
 
     # A join is `torch.stack(...)`, `T.cat(...)`, or a bare name bound to one (`stack(...)`).
-    only = {"visit_Call": Only(attrs=frozenset(name.rsplit(".", 1)[1] for name in _JOINS))}
+    only = {"visit_Call": Only(attrs=frozenset(name.rsplit(".", 1)[1] for name in _JOINS)),
+            "visit_Assign": Only(in_loops=True)}
+
+    def visit_Assign(self, node: ast.Assign) -> None:
+        """`out[i] = (x[i] * y[i]).sum(-1)` in `for i in ...`: a tensor buffer filled item by
+        item, the same products as a stacked list."""
+        target = node.targets[0] if len(node.targets) == 1 else None
+        if not (isinstance(target, ast.Subscript) and isinstance(target.value, ast.Name)
+                and isinstance(target.slice, ast.Name)):
+            return
+        product = self._product_sum(node.value)  # syntax only: first, it rules out most statements
+        if product is None:
+            return
+        loop = self.ctx.loops[-1]
+        buffer = target.value.id
+        if (not isinstance(loop.node, ast.For) or _range_call(loop.node.iter) is None
+                or loop.targets != {target.slice.id} or node not in loop.node.body
+                or buffer in loaded_names(node.value) or not _kinds.is_tensor(self.ctx, target.value)):
+            return
+        for stmt in loop.node.body + loop.node.orelse:
+            for sub in walk_no_scopes(stmt):
+                if isinstance(sub, (ast.Break, ast.Continue, ast.Return, ast.Raise)):
+                    return
+                if isinstance(sub, ast.Name) and sub.id == buffer and sub is not target.value:
+                    return  # the loop reads or changes the buffer elsewhere too
+        found = self._judge(loop, node.value, product)
+        if found is None:
+            return
+        factors, rebuild, dims, slices = found
+        seg = self.ctx.segment
+        fill = lambda whole: f"{seg(target.value)} = {rebuild(whole)}"
+        self.report(node, f"each item is a product summed out by hand, computed one item at a time and written into "
+                          f"`{seg(target.value)}`: {self._suggestion('stack', 0, dims, factors, slices, fill, loop)}")
 
     def visit_Call(self, node: ast.Call) -> None:
         join = _JOINS.get(self.ctx.qualname(node.func))
@@ -270,25 +350,32 @@ class StackedLoopProducts(Rule):
         product = self._product_sum(item)  # syntax only: first, it rules out most items
         if product is None:
             return
+        found = self._judge(loop, item, product)
+        if found is None:
+            return
+        factors, rebuild, dims, slices = found
+        self.report(node, f"each item is a product summed out by hand, computed one item at a time and "
+                          f"{'stacked' if join == 'stack' else 'concatenated'}: "
+                          f"{self._suggestion(join, _stack_dim(node), dims, factors, slices, rebuild, loop)}")
+
+    def _judge(self, loop: LoopInfo, item: ast.AST, product):
+        """(factors, rebuild, dims, [(factor, its batched form)]) when `item`, a product summed
+        out, takes the loop's slice of some factors and reads nothing else that changes."""
         if loop.reads_carried(item):
-            return
+            return None
         if any(as_gemm(self.ctx, sub) for sub in walk_no_scopes(item) if isinstance(sub, (ast.BinOp, ast.Call))):
-            return
+            return None
         factors, rebuild, dims = product
         slices = []
         for factor in factors:
             if loop.depends_on_iteration(factor) or loop.changes(factor):
                 batched = self._per_item(loop, factor)
                 if batched is None:
-                    return
+                    return None
                 slices.append((factor, batched))
             elif loaded_names(factor) & loop.targets:
-                return
-        if not slices:
-            return
-        self.report(node, f"each item is a product summed out by hand, computed one item at a time and "
-                          f"{'stacked' if join == 'stack' else 'concatenated'}: "
-                          f"{self._suggestion(join, node, dims, factors, slices, rebuild, loop)}")
+                return None
+        return (factors, rebuild, dims, slices) if slices else None
 
     def _per_item(self, loop: LoopInfo, factor: ast.AST):
         if isinstance(factor, ast.Name) and factor.id not in loop.targets:
@@ -313,7 +400,7 @@ class StackedLoopProducts(Rule):
         else:
             return None
         if isinstance(inner, ast.BinOp) and isinstance(inner.op, ast.Mult):
-            factors = [inner.left, inner.right]
+            factors = product_factors(inner)  # `(q[b] * k[b] * m[b]).sum(-1)`: every factor
         elif (isinstance(inner, ast.Call) and not inner.keywords and self.ctx.qualname(inner.func) == "torch.mul"
               and len(inner.args) == 2):
             factors = list(inner.args)
@@ -348,12 +435,11 @@ class StackedLoopProducts(Rule):
         return all(isinstance(e, ast.UnaryOp) and isinstance(e.op, ast.USub) and isinstance(e.operand, ast.Constant)
                    for e in elts)
 
-    def _suggestion(self, join, node, dims, factors, slices, rebuild, loop) -> str:
+    def _suggestion(self, join, stack_dim, dims, factors, slices, rebuild, loop) -> str:
         seg = self.ctx.segment
         if not self._reduces_trailing_dims(dims):
             return "multiply the whole tensors once with the item dim kept (broadcasting or `torch.einsum`) and sum out the same dims"
         # The items are stacked along the dim they were taken from, and every item is taken.
-        stack_dim = _stack_dim(node)
         aligned = (join == "stack" and stack_dim is not None and self._takes_every_item(loop)
                    and all(b.plain and b.dim == stack_dim for _, b in slices))
         if aligned and len(slices) == len(factors):
