@@ -10,13 +10,14 @@ from . import _kinds
 from ._flow import code_scope, flow_of
 from ._loops import loaded_names
 from ._shapes import shape_of
+from ._kinds import int_const
 from ._tree import product_factors
 
 
-def _range_var(loop) -> Optional[str]:
-    """The counter of `for v in range(n)` / `range(0, n)`, a whole dim from 0, else None."""
-    node = loop.node
-    if not isinstance(node, ast.For) or not isinstance(node.target, ast.Name):
+def _range_var(node) -> Optional[str]:
+    """The counter of `for v in range(n)` / `range(0, n)` (a loop or a comprehension's
+    generator), a whole dim from 0, else None."""
+    if not isinstance(node, (ast.For, ast.comprehension)) or not isinstance(node.target, ast.Name):
         return None
     it = node.iter
     if (isinstance(it, ast.Call) and isinstance(it.func, ast.Name) and it.func.id == "range"
@@ -50,6 +51,40 @@ _BUFFER_FACTORIES = frozenset({"zeros", "empty", "zeros_like", "empty_like"})
 _MOVES = frozenset({"to", "cuda", "cpu", "float", "double", "half", "bfloat16", "contiguous"})
 
 
+_WHOLE_AXIS = "·"  # the summed counter of `(A[i, :] * B[:, j]).sum()`: the slice itself
+
+
+def _sliced_indices(expr: ast.AST):
+    """(base, [index names]) for a row or column taken whole, `A[i, :]`, `B[:, j]`, with the
+    slice as `_WHOLE_AXIS`, else None."""
+    if not (isinstance(expr, ast.Subscript) and isinstance(expr.slice, ast.Tuple) and len(expr.slice.elts) == 2):
+        return None
+    names = []
+    for e in expr.slice.elts:
+        if isinstance(e, ast.Name):
+            names.append(e.id)
+        elif isinstance(e, ast.Slice) and e.lower is None and e.upper is None and e.step is None:
+            names.append(_WHOLE_AXIS)
+        else:
+            return None
+    return (expr.value, names) if names.count(_WHOLE_AXIS) == 1 else None
+
+
+def _whole_sum(call: ast.AST, ctx):
+    """The summed expression of `x.sum()` / `torch.sum(x)` (also over dim 0 or -1 of the
+    one-dim product), else None."""
+    if not isinstance(call, ast.Call) or call.keywords and [k.arg for k in call.keywords] != ["dim"]:
+        return None
+    if isinstance(call.func, ast.Attribute) and call.func.attr == "sum" and ctx.qualname(call.func) is None:
+        inner, dims = call.func.value, list(call.args)
+    elif ctx.qualname(call.func) == "torch.sum" and call.args:
+        inner, dims = call.args[0], list(call.args[1:])
+    else:
+        return None
+    dims = dims + [k.value for k in call.keywords]
+    return inner if len(dims) == 0 or len(dims) == 1 and int_const(dims[0]) in (0, -1) else None
+
+
 def _is_factory_method(call: ast.Call) -> bool:
     """`x.new_zeros(n, m)`, `x.new_empty(n, m)`."""
     return isinstance(call.func, ast.Attribute) and call.func.attr in ("new_zeros", "new_empty")
@@ -70,7 +105,9 @@ class ScalarLoopMatmul(Rule):
     docs = """
     ## What it does
     Flags three nested `for ... in range(...)` loops whose body accumulates a product of two
-    tensor elements into a third: `C[i][j] += A[i][k] * B[k][j]` (also `C[i, j] += ...`,
+    tensor elements into a third: `C[i][j] += A[i][k] * B[k][j]` (also `C[i, j] += ...`, the
+    innermost loop written as a sum, `C[i, j] = sum(A[i, k] * B[k, j] for k in range(p))`, or
+    as a whole row times a whole column, `C[i, j] = (A[i, :] * B[:, j]).sum()`,
     `C[i][j] = C[i][j] + ...`, and a scalar accumulator `s += A[i, k] * B[k, j]` stored to
     `C[i, j] = s` after the innermost loop), in any loop order and with either operand
     transposed (`A[k][i]`), also scaled by factors the same for every term
@@ -372,6 +409,49 @@ class ScalarLoopMatmul(Rule):
                             C[i, j] += C[i, k] * B[k, j]
                 return C
             """),
+        bad("""
+            import torch
+            def matmul(A: torch.Tensor, B: torch.Tensor, x: torch.Tensor) -> torch.Tensor:
+                n, p = A.shape
+                m = B.shape[1]
+                C = torch.zeros(n, m)
+                for i in range(n):
+                    for j in range(m):
+                        C[i, j] = sum(A[i, k] * B[k, j] for k in range(p))
+                D = torch.zeros(n, m)
+                for i in range(n):
+                    for j in range(m):
+                        D[i, j] = (A[i, :] * B[:, j]).sum()
+                E = torch.zeros(m, m)
+                for i in range(m):
+                    for j in range(m):
+                        E[i, j] = torch.sum(B[:, i] * B[:, j], dim=0)
+                y = torch.zeros(n)
+                for i in range(n):
+                    y[i] = sum(A[i, k] * x[k] for k in range(p))
+                return C, D, E, y
+            """, (6, 5), (10, 5), (14, 5), (18, 5), message_contains="use one call: `D = A @ B`"),
+        good("""
+            import torch
+            def partial(A: torch.Tensor, B: torch.Tensor, n: int, m: int, p: int) -> torch.Tensor:
+                C = torch.zeros(n, m)
+                for i in range(n):
+                    for j in range(m):
+                        C[i, j] = sum(A[i, k] * B[k, j] for k in range(i + 1))
+                for i in range(n):
+                    for j in range(m):
+                        C[i, j] = sum(A[i, k] * B[k, j] for k in range(p) if k != i)
+                for i in range(n):
+                    for j in range(m):
+                        C[i, j] = (A[i, :] * B[:, j]).sum(1)
+                for i in range(n):
+                    for j in range(m):
+                        C[i, j] = (A[i, 1:] * B[1:, j]).sum()
+                for i in range(n):
+                    for j in range(m):
+                        C[i, j] = (C[i, :] * B[:, j]).sum()
+                return C
+            """),
     ]
 
     only = {"visit_AugAssign": Only(in_loops=True), "visit_Assign": Only(in_loops=True)}
@@ -381,9 +461,14 @@ class ScalarLoopMatmul(Rule):
             self._check(node.target, node.value, node)
 
     def visit_Assign(self, node: ast.Assign) -> None:
-        if len(node.targets) != 1 or len(self.ctx.loops) < 2:
+        if len(node.targets) != 1:
             return
         value = node.value
+        if isinstance(value, ast.Call):
+            self._check_sum(node.targets[0], value, node)
+            return
+        if len(self.ctx.loops) < 2:
+            return
         if isinstance(value, ast.BinOp) and isinstance(value.op, ast.Add):
             same = self.ctx.segment(node.targets[0])
             if self.ctx.segment(value.left) == same:
@@ -391,7 +476,24 @@ class ScalarLoopMatmul(Rule):
             elif self.ctx.segment(value.right) == same:
                 self._check(node.targets[0], value.left, node)
 
-    def _check(self, target: ast.AST, value: ast.AST, stmt: ast.AST) -> None:
+    def _check_sum(self, target: ast.AST, call: ast.Call, stmt: ast.AST) -> None:
+        """`C[i, j] = sum(A[i, k] * B[k, j] for k in range(p))` (the innermost loop as a
+        generator) and `C[i, j] = (A[i, :] * B[:, j]).sum()` (a whole row times a whole column)."""
+        func = call.func
+        if (isinstance(func, ast.Name) and func.id == "sum" and self.ctx.qualname(func) is None
+                and len(call.args) == 1 and not call.keywords and isinstance(call.args[0], ast.GeneratorExp)):
+            gen = call.args[0]
+            if len(gen.generators) != 1 or gen.generators[0].ifs or gen.generators[0].is_async:
+                return
+            counter = _range_var(gen.generators[0])
+            if counter is not None:
+                self._check(target, gen.elt, stmt, sum_loop=(counter, gen.generators[0].iter))
+            return
+        summed = _whole_sum(call, self.ctx)
+        if summed is not None:
+            self._check(target, summed, stmt, sum_loop=(_WHOLE_AXIS, None))
+
+    def _check(self, target: ast.AST, value: ast.AST, stmt: ast.AST, sum_loop=None) -> None:
         """`out[i, j] += A[i, k] * B[k, j]` (and scaled: `alpha * A[i, k] * B[k, j]`) where the
         innermost loops count every index: one more loop than `out` has indices (`k`, summed
         out). With one index, a matrix-vector product (`y[i] += A[i, k] * x[k]`); with three, a
@@ -399,14 +501,15 @@ class ScalarLoopMatmul(Rule):
         if not (isinstance(value, ast.BinOp) and isinstance(value.op, ast.Mult)):
             return
         indexed, scales = [], []
+        indices = _sliced_indices if sum_loop is not None and sum_loop[0] == _WHOLE_AXIS else _indices
         for factor in product_factors(value):
-            found = _indices(factor)
+            found = indices(factor)
             (indexed if found is not None else scales).append(found or factor)
         if len(indexed) != 2:
             return
         left, right = indexed
         if isinstance(target, ast.Name):
-            out = self._stored_accumulator(target.id)
+            out = self._stored_accumulator(target.id) if sum_loop is None else None
         else:
             out = _indices(target)
         if out is None:
@@ -414,13 +517,15 @@ class ScalarLoopMatmul(Rule):
         out_base, out_names = out
         if self.ctx.segment(out_base) in (self.ctx.segment(left[0]), self.ctx.segment(right[0])):
             return  # `A[i, j] += A[i, k] * A[k, j]` reads entries it has already updated: not `A @ A`
-        loops = self.ctx.loops[-(len(out_names) + 1):]
-        if len(loops) != len(out_names) + 1:
+        n_loops = len(out_names) + (1 if sum_loop is None else 0)  # the sum is the innermost loop
+        loops = self.ctx.loops[-n_loops:]
+        if len(loops) != n_loops:
             return
-        counters = [_range_var(loop) for loop in loops]
+        counters = [_range_var(loop.node) for loop in loops] + ([sum_loop[0]] if sum_loop is not None else [])
         if None in counters or len(set(counters)) != len(counters):
             return
-        if any(loaded_names(loop.node.iter) & set(counters) for loop in loops):
+        iterables = [loop.node.iter for loop in loops] + ([sum_loop[1]] if sum_loop is not None and sum_loop[1] else [])
+        if any(loaded_names(it) & set(counters) for it in iterables):
             return  # `range(i + 1)`: a triangular sum, not the whole product
         if stmt not in loops[-1].node.body:
             return  # under an `if` in the innermost loop: not every term is added
@@ -446,7 +551,7 @@ class ScalarLoopMatmul(Rule):
         a = _operand(seg(left[0]), left[0]) + (flip if left[1][-1] != inner else "")
         b = _operand(seg(right[0]), right[0]) + (flip if len(right[1]) > 1 and right[1][-2] != inner else "")
         scale = "".join(f"{_operand(seg(f), f)} * " for f in scales)
-        assign = "=" if self._starts_from_zero(target, out_base, out_names, loops, counters) else "+="
+        assign = "=" if sum_loop is not None or self._starts_from_zero(target, out_base, out_names, loops, counters) else "+="
         what = {1: "a matrix-vector product", 2: "a matrix product", 3: "a batched matrix product"}[len(out_names)]
         first = loops[0].node
         self.report(first, f"{what} computed one element at a time in nested Python loops; use one call: "
