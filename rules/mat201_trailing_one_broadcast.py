@@ -74,7 +74,10 @@ class TrailingOneBroadcast(Rule):
     request to broadcast: it gives storage its shape, most often the `(n, 1)` of per-row values
     that an `nn.Linear(d, 1)` head also gives, and an `(n, 1)` buffer of predictions or values
     met by an `(n,)` target is the bug this rule is for. Where an outer result is meant, say so
-    on the other operand (`centres[None, :]`).
+    on the other operand (`centres[None, :]`). `keepdim=True` stays exempt, also against an
+    `(n,)` operand (`logits.argmax(1, keepdim=True).eq(target)` is not reported): the
+    squared-distance idiom `(x ** 2).sum(1, keepdim=True) + (y ** 2).sum(1) - 2 * x @ y.T` builds
+    its `(n, m)` matrix exactly so.
 
     ## Fix safety
     The fix squeezes the `(N, 1)` operand (`.squeeze(-1)`). It is unsafe: it changes the
