@@ -136,14 +136,112 @@ class _Order(ast.NodeVisitor):
     visit_ListComp = visit_SetComp = visit_GeneratorExp = visit_DictComp = _comprehension
 
 
+# Module methods that rewrite the module's weights: `self.fc.reset_parameters()`, `model.load_state_dict(sd)`.
+_REWRITE_WEIGHTS = frozenset({"reset_parameters", "_reset_parameters", "load_state_dict", "apply",
+                              "init_weights", "_init_weights"})
+
+
 def _changes_in_place(method: str) -> bool:
-    """`x.add_(...)`, `x.copy_(...)`, `xs.append(...)`: the method changes its receiver."""
-    return (method.endswith("_") and not method.startswith("_")) or method in ("append", "extend", "insert")
+    """`x.add_(...)`, `x.copy_(...)`, `xs.append(...)`, `self.fc.reset_parameters()`: the method
+    changes its receiver."""
+    return ((method.endswith("_") and not method.startswith("_")) or method in ("append", "extend", "insert")
+            or method in _REWRITE_WEIGHTS)
 
 
 # Methods whose result shares the receiver's memory: an in-place change of it changes the receiver.
 _VIEWS = frozenset({"view", "view_as", "select", "narrow", "t", "transpose", "permute", "unsqueeze", "squeeze",
                     "flatten", "unflatten", "reshape", "expand", "diagonal", "movedim", "swapaxes"})
+# Methods that may return their receiver itself (`x.float()` of a float tensor), or what it holds
+# (`self.fc.parameters()`, `sd.values()`): their results alias it too.
+_MAY_ALIAS = _VIEWS | frozenset({
+    "contiguous", "to", "float", "half", "bfloat16", "double", "type", "cuda", "cpu", "detach", "as_strided",
+    "expand_as", "reshape_as", "unfold", "view_as_real", "view_as_complex", "parameters", "named_parameters",
+    "buffers", "named_buffers", "state_dict", "values", "items", "unbind", "split", "chunk", "tensor_split"})
+_ALIAS_ATTRIBUTES = frozenset({"T", "mT", "H", "mH", "data", "real", "imag"})
+# Iterables whose items are the items of their arguments: `for p in zip(a.parameters(), ...)`.
+_ITEM_WRAPPERS = frozenset({"zip", "enumerate", "reversed", "list", "tuple", "iter"})
+
+
+def _alias_sources(value: ast.AST, qualname) -> list:
+    """The names and attribute paths whose memory `value` may share: `x` for `x`, `x[1:]`,
+    `x.T`, `x.view(-1)`, `x.unbind(0)`, `torch.narrow(x, ...)`; `self.fc` for
+    `self.fc.parameters()` and `zip(self.fc.parameters(), ...)`."""
+    while True:
+        cls = value.__class__
+        if cls is ast.Subscript:
+            value = value.value
+        elif cls is ast.Attribute and value.attr in _ALIAS_ATTRIBUTES:
+            value = value.value
+        elif cls is ast.Call and value.func.__class__ is ast.Attribute and value.func.attr in _MAY_ALIAS:
+            function = qualname(value.func)
+            if function is None:
+                value = value.func.value  # a method: `x.view(-1)`
+            elif function.startswith("torch.") and value.args:
+                value = value.args[0]  # `torch.transpose(x, 0, 1)`
+            else:
+                return []
+        elif cls is ast.Call and value.func.__class__ is ast.Name and value.func.id in _ITEM_WRAPPERS:
+            return [source for arg in value.args for source in _alias_sources(arg, qualname)]
+        else:
+            path = dotted(value)
+            return [path] if path is not None else []
+
+
+def _bound_paths(target: ast.AST) -> list:
+    """The names and attribute paths a store into `target` rebinds (`a, self.b = ...`)."""
+    if target.__class__ in (ast.Tuple, ast.List):
+        return [path for elt in target.elts for path in _bound_paths(elt)]
+    if target.__class__ is ast.Starred:
+        return _bound_paths(target.value)
+    path = dotted(target)
+    return [path] if path is not None else []
+
+
+def view_alias_roots(ctx, scope: ast.AST) -> dict:
+    """For the names and attribute paths of `scope` that are bound to a view or alias of another
+    (`out = x`, `prev, nxt = xs[:-1], xs[1:]`, `for p in self.fc.parameters()`), a representative
+    shared by all names that may hold the same memory. Flow-insensitive: a name bound once to an
+    alias is an alias everywhere, which errs on the side of "may share"."""
+    key = ("view_alias_roots", id(scope))
+    roots = ctx.shared.get(key)
+    if roots is None:
+        roots = {}
+
+        def root(path):
+            while roots.get(path, path) != path:
+                path = roots[path]
+            return path
+
+        def link(a, b):
+            ra, rb = root(a), root(b)
+            if ra != rb:
+                roots[ra] = rb
+                roots.setdefault(rb, rb)
+
+        body = scope.body if isinstance(scope.body, list) else [scope.body]
+        for stmt in body:
+            for sub in walk_no_scopes(stmt):
+                cls = sub.__class__
+                if cls is ast.Assign:
+                    pairs = [(target, sub.value) for target in sub.targets]
+                elif cls in (ast.AnnAssign, ast.NamedExpr) and sub.value is not None:
+                    pairs = [(sub.target, sub.value)]
+                elif cls in (ast.For, ast.AsyncFor, ast.comprehension):
+                    pairs = [(sub.target, sub.iter)]
+                else:
+                    continue
+                for target, value in pairs:
+                    if (target.__class__ in (ast.Tuple, ast.List) and value.__class__ in (ast.Tuple, ast.List)
+                            and len(target.elts) == len(value.elts)):
+                        pairs.extend(zip(target.elts, value.elts))  # `prev, nxt = xs[:-1], xs[1:]`
+                        continue
+                    sources = _alias_sources(value, ctx.qualname)
+                    for bound in _bound_paths(target) if sources else ():
+                        for source in sources:
+                            link(bound, source)
+        roots = {path: root(path) for path in roots}
+        ctx.shared[key] = roots
+    return roots
 
 
 def _changed_tensor(target: ast.AST, spine: list):
@@ -328,14 +426,36 @@ class LoopInfo:
     def changes(self, expr: ast.AST) -> bool:
         """`expr` reads something the body assigns, rebinds or changes in place: its value may
         differ from one iteration to the next (`W` after `W = next(ws)`, `self.W` after
-        `self.W = ...` or `self.W.data.mul_(...)`)."""
+        `self.W = ...` or `self.W.data.mul_(...)`), also through another name for the same memory
+        (`x` after `out = x` when the body writes `out[t + 1]`, `self.fc` when it runs
+        `p.mul_(...)` for `p` in `self.fc.parameters()`)."""
         names = loaded_names(expr)
         if names & self.assigned:
             return True
         changed = self._changed_paths
         if not changed:
             return False
-        return bool(names & changed) or bool(_attribute_paths(expr) & changed)
+        read = names | _attribute_paths(expr)
+        if read & changed:
+            return True
+        changed_roots = self._changed_alias_roots
+        if not changed_roots:
+            return False
+        roots = self._alias_roots
+        return any(roots.get(path) in changed_roots for path in read)
+
+    @cached_property
+    def _alias_roots(self) -> dict:
+        from ._flow import code_scope
+
+        scope = code_scope(self.ctx)
+        return view_alias_roots(self.ctx, scope) if scope is not None else {}
+
+    @cached_property
+    def _changed_alias_roots(self) -> set:
+        """The alias representatives of the names and paths the body changes in place."""
+        roots = self._alias_roots
+        return {roots[path] for path in self._changes_in_place[0] if path in roots}
 
     @cached_property
     def _assignments(self) -> list:

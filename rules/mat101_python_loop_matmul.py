@@ -20,16 +20,44 @@ _BATCH_LETTERS = "bnzyxwvutsrqpomlkhgfedca"
 _ATOMS = (ast.Name, ast.Attribute, ast.Call, ast.Subscript, ast.Constant)
 _RECURRENT_MODULES = frozenset({"torch.nn.RNNCell", "torch.nn.LSTMCell", "torch.nn.GRUCell",
                                 "torch.nn.RNN", "torch.nn.LSTM", "torch.nn.GRU"})
+# Transforms of an item that act on each element, or on each row along its last dims, alike for
+# every item: the batched tensor gets the same transform (`relu(x[i]) @ W` -> `relu(x) @ W`).
+_ELEMENTWISE_METHODS = {"relu", "sigmoid", "tanh", "exp", "log", "abs", "sqrt", "rsqrt", "square", "neg",
+                        "softmax", "log_softmax", "clamp", "clip", "pow", "sin", "cos", "erf"}
+_ELEMENTWISE_FUNCTIONS = frozenset(
+    [f"torch.{name}" for name in ("relu", "sigmoid", "tanh", "exp", "log", "abs", "sqrt", "rsqrt", "square",
+                                  "neg", "softmax", "log_softmax", "clamp", "clip", "sin", "cos", "erf")]
+    + [f"torch.nn.functional.{name}" for name in (
+        "relu", "relu6", "gelu", "silu", "elu", "selu", "celu", "leaky_relu", "mish", "hardswish", "sigmoid",
+        "tanh", "softplus", "softsign", "dropout", "softmax", "log_softmax", "layer_norm", "rms_norm",
+        "normalize", "embedding")])
+# Modules that transform each element or each row along the last dims (not BatchNorm, whose
+# statistics span the batch, nor GroupNorm/InstanceNorm, which read a channel dim).
+_ELEMENTWISE_MODULE_CLASSES = frozenset(f"torch.nn.{name}" for name in (
+    "LayerNorm", "RMSNorm", "Embedding", "Dropout", "Identity", "ReLU", "ReLU6", "GELU", "SiLU", "ELU", "SELU",
+    "CELU", "LeakyReLU", "Mish", "Hardswish", "Sigmoid", "Tanh", "Softplus", "Softsign"))
+_ARITHMETIC = (ast.Add, ast.Sub, ast.Mult, ast.Div, ast.Pow)
+# Calls whose items are the tensor's slices along a dim: `x.unbind(1)`, `torch.unbind(x, dim=1)`;
+# `x.split(1, 1)` keeps the dim (size 1).
+_SLICING_CALLS = {"unbind": ("dim",), "split": ("split_size_or_sections", "dim")}
 
 
 class _Batched:
     """A per-iteration operand and the tensor that holds all iterations."""
 
-    def __init__(self, base: ast.AST, dim: Optional[int], plain: bool, index: str):
+    def __init__(self, base: ast.AST, dim: Optional[int], plain: bool, index: str, keeps_dim: bool = False,
+                 sources: tuple = ()):
         self.base = base      # the tensor indexed or iterated over
         self.dim = dim        # which dim the loop walks (0 for `x[i]` and `for xi in x`)
         self.plain = plain    # the operand is exactly base[i] (no wrapping calls)
         self.index = index    # the loop variable that walks it (`i`)
+        self.keeps_dim = keeps_dim  # the item keeps the walked dim, of size 1 (`x[i:i + 1]`, `x.split(1)`)
+        self.sources = sources or (base,)  # every tensor whose items it is computed from
+
+    def wrapped(self, *others: "_Batched") -> "_Batched":
+        """The same item seen through a call or an operation: no longer exactly base[i]."""
+        sources = tuple(s for b in (self,) + others for s in b.sources)
+        return _Batched(self.base, self.dim, False, self.index, self.keeps_dim, sources)
 
 
 class PythonLoopMatmul(GemmVisitor, Rule):
@@ -41,8 +69,14 @@ class PythonLoopMatmul(GemmVisitor, Rule):
     Flags a GEMM (`@`, `torch.matmul`, `mm`, `bmm`, `einsum`, `dot`, `mv`, `tensordot`,
     `F.linear`, the `.matmul()`/`.mm()` methods, or an `nn.Linear` module) inside a `for`/`while`
     loop or comprehension when one of its operands is the loop's item: indexed by the loop
-    variable (`x[i]`, `x[:, i]`, `x[i, ...]`, `x.select(0, i)`), iterated over (`for xi in x`), or assigned from such an item in
-    the loop body. The message says which single call replaces the loop, with `einsum`
+    variable (`x[i]`, `x[:, i]`, `x[i, ...]`, `x.select(0, i)`, `x[i:i + 1]` in a step-1 loop,
+    `q[b, h]` in the loop over `h`, `hidden[b, 0]`), iterated over (`for xi in x`,
+    `x.unbind(1)`, `torch.unbind(x, 0)`, `x.split(1)`), or assigned from such an item in
+    the loop body, also through steps that treat every item alike: arithmetic with values fixed
+    in the loop (`(x[i] - mean) @ W`), elementwise torch functions (`torch.relu(x[b])`), row-wise
+    modules (`self.fc(self.norm(x[:, t]))` with a LayerNorm, Embedding, Dropout or activation),
+    and earlier GEMMs of the item (`att @ v[i]` with `att = softmax(q[i] @ k[i].T)`). The
+    message says which single call replaces the loop, with `einsum`
     subscripts written out when they can be derived. `matmul` treats a 1-D operand as a vector,
     so the call depends on the items' rank: `A @ x[i]` over vectors is `x @ A.T`, `x[i] @ y[i]`
     over vectors is `(x * y).sum(-1)`; where the rank is not known the message names the call
@@ -74,7 +108,9 @@ class PythonLoopMatmul(GemmVisitor, Rule):
       of a list (`for w in weights: x = x @ w`).
     - Recurrences: a loop where a GEMM consumes a value from the previous iteration (RNN state
       `h @ W_hh`, a state kept on `self`, Newton–Schulz, power iteration, a buffer filled step
-      by step through `buf[t + 1] = ...`, `buf[t + 1].copy_(...)` or `out=buf[t + 1]`), or an
+      by step through `buf[t + 1] = ...`, `buf[t + 1].copy_(...)` or `out=buf[t + 1]`, also
+      through another name for it: `out = x` then `out[t + 1] = x[t] @ W`, or views
+      `prev, nxt = xs[:-1], xs[1:]` then `nxt[t] = prev[t] @ A`), or an
       RNN cell (`nn.LSTMCell`, `nn.GRUCell`, `nn.RNNCell`, `nn.LSTM`...) or a module class of
       the file consumes such a value. Input projections inside such loops are MAT105's.
     - Weights that change between steps: an optimizer step or `.backward()` in the loop, a
@@ -85,9 +121,14 @@ class PythonLoopMatmul(GemmVisitor, Rule):
       `losses.append(float(loss))`, `self.log_metric(..., loss)`, `meter.update(loss)`,
       `self.step(x, h)`, `model = fit(sample)`, `self._update_model_kwargs_for_generation(...)`), an
       operand or module the loop rebinds (`W = next(ws)`, `self.W = ...`), or an in-place
-      update of one (`self.w += ...`, `self.W.data.add_(...)`, `self.proj.weight.data -= ...`).
-    - Chunked loops (`range(0, n, step)`, `x.split(...)`, `x[i:i + chunk]`): chunking bounds
+      update of one (`self.w += ...`, `self.W.data.add_(...)`, `self.proj.weight.data -= ...`,
+      `self.fc.reset_parameters()`, `self.fc.load_state_dict(sd)`, `p.mul_(0.99)` for `p` in
+      `self.fc.parameters()`).
+    - Chunked loops (`range(0, n, step)`, `x.split(chunk)`, `x[i:i + chunk]`): chunking bounds
       memory on purpose.
+    - Items transformed in ways that differ between items or read other items: BatchNorm (its
+      statistics span each step's batch), a boolean mask per item (`x[i][mask[i]]`), fresh
+      random values (`x[i] + torch.randn(d)`), `x[i] - x[i - 1]`.
     - Items whose shapes may differ: iterating a list, `range(len(xs))` over something not known
       to be a tensor, data loaders.
     - numpy arrays and anything not known to be a tensor.
@@ -512,6 +553,138 @@ class PythonLoopMatmul(GemmVisitor, Rule):
                         self.count += 1
                         torch.nn.init.zeros_(self.tmp)
             """, (5, 27), message_contains="x @ self.W"),
+        good("""
+            import torch
+            from torch import nn
+            class Resampled(nn.Module):
+                def __init__(self, d):
+                    super().__init__()
+                    self.fc = nn.Linear(d, d)
+                @torch.no_grad()
+                def fresh(self, x: torch.Tensor):
+                    outs = []
+                    for i in range(x.size(0)):
+                        self.fc.reset_parameters()  # new weights for every item
+                        outs.append(self.fc(x[i]))
+                    return outs
+                def sweep(self, x: torch.Tensor, states):
+                    return [self.fc.load_state_dict(states[i]) or self.fc(x[i]) for i in range(x.size(0))]
+                def checkpoints(self, x: torch.Tensor, states):
+                    outs = []
+                    for i in range(x.size(0)):
+                        self.load_state_dict(states[i])
+                        outs.append(self.fc(x[i]))
+                    return outs
+                def decay(self, x: torch.Tensor):
+                    outs = []
+                    for i in range(x.size(0)):
+                        outs.append(self.fc(x[i]))
+                        with torch.no_grad():
+                            for p in self.fc.parameters():
+                                p.mul_(0.99)
+                    return outs
+                def polyak(self, x: torch.Tensor, online: nn.Module):
+                    outs = []
+                    for i in range(x.size(0)):
+                        outs.append(x[i] @ self.fc.weight)
+                        for name, p in self.fc.named_parameters():
+                            p.data.copy_(online.state_dict()[name])
+                    return outs
+            """),
+        good("""
+            import torch
+            def propagate(x: torch.Tensor, W: torch.Tensor):
+                out = x  # the same tensor, written in place
+                for t in range(x.shape[0] - 1):
+                    out[t + 1] = x[t] @ W
+                return out
+            def rollout(x0: torch.Tensor, A: torch.Tensor, T: int):
+                xs = x0.new_zeros(T, x0.shape[0])
+                xs[0] = x0
+                prev, nxt = xs[:-1], xs[1:]  # views: nxt[t] is xs[t + 1]
+                for t in range(T - 1):
+                    nxt[t] = prev[t] @ A
+                for t, row in enumerate(xs[1:]):
+                    row.copy_(xs[t] @ A)
+                return xs
+            """),
+        bad("""
+            import torch
+            def project(x: torch.Tensor, W: torch.Tensor):
+                xf = x.float()
+                out = torch.empty(x.shape[0], W.shape[1])
+                for t in range(x.shape[0]):
+                    out[t] = xf[t] @ W  # `out` is a tensor of its own
+                return out
+            """, (6, 18), message_contains="`xf @ W`"),
+        bad("""
+            import torch
+            from torch import nn
+            def project_centered(x: torch.Tensor, mean: torch.Tensor, comps: torch.Tensor):
+                out = torch.empty(x.shape[0], comps.shape[1])
+                for i in range(x.shape[0]):
+                    out[i] = (x[i] - mean) @ comps
+                return out
+            def gated(x: torch.Tensor, v: torch.Tensor):
+                return torch.stack([torch.relu(x[b]) @ v[b] for b in range(x.shape[0])])
+            def per_sample_attn(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor):
+                out = torch.empty_like(q)
+                for i in range(q.shape[0]):
+                    att = torch.softmax(q[i] @ k[i].T, dim=-1)
+                    out[i] = att @ v[i]  # the second GEMM of the same loop
+                return out
+            class FrameHead(nn.Module):
+                def __init__(self, d, c):
+                    super().__init__()
+                    self.norm = nn.LayerNorm(d)
+                    self.fc = nn.Linear(d, c)
+                def forward(self, x: torch.Tensor):
+                    return torch.stack([self.fc(self.norm(x[:, t])) for t in range(x.size(1))], dim=1)
+            """, (6, 18), (9, 25), (13, 29), (14, 18), (22, 29),
+            message_contains="apply it once to the whole `x`, after the same steps that make its item here, "
+                             "and index dim 1"),
+        good("""
+            import torch
+            from torch import nn
+            class Head(nn.Module):
+                def __init__(self, d):
+                    super().__init__()
+                    self.bn = nn.BatchNorm1d(d)
+                    self.fc = nn.Linear(d, d)
+                def forward(self, x: torch.Tensor, mask: torch.Tensor, W: torch.Tensor):
+                    a = [self.fc(self.bn(x[:, t])) for t in range(x.size(1))]  # statistics of each step's batch
+                    b = [x[i][mask[i]] @ W for i in range(x.size(0))]  # ragged rows
+                    c = [(x[i] + torch.randn(x.size(-1))) @ W for i in range(x.size(0))]  # fresh noise per item
+                    d = [(x[i] - x[i - 1]) @ W for i in range(1, x.size(0))]
+                    return a, b, c, d
+            """),
+        bad("""
+            import torch
+            def project(x: torch.Tensor, w: torch.Tensor):
+                return torch.stack([t @ w for t in torch.unbind(x, dim=0)])
+            def per_item(x: torch.Tensor, w: torch.Tensor):
+                return torch.cat([x[i:i + 1] @ w for i in range(x.shape[0])])  # one row at a time, dim kept
+            """, (3, 25), (5, 23), message_contains="use one batched call: `x @ w`"),
+        bad("""
+            import torch
+            def per_head_scores(q: torch.Tensor, k: torch.Tensor):
+                B, H, T, _ = q.shape
+                scores = torch.empty(B, H, T, T)
+                for b in range(B):
+                    for h in range(H):
+                        scores[b, h] = torch.matmul(q[b, h], k[b, h].transpose(0, 1))
+                return scores
+            def cls_logits(hidden: torch.Tensor, w: torch.Tensor):
+                return torch.stack([hidden[b, 0] @ w for b in range(hidden.shape[0])])
+            """, (7, 28), (10, 25), message_contains="do all iterations in one call"),
+        good("""
+            import torch
+            def windows(x: torch.Tensor, w: torch.Tensor):
+                pairs = [x[i:i + 2] @ w for i in range(x.shape[0] - 1)]  # overlapping windows
+                strided = [x[i:i + 1] @ w for i in range(0, x.shape[0], 2)]  # every other row
+                shifted = [x[i, i - 1] @ w for i in range(1, x.shape[0])]
+                return pairs, strided, shifted
+            """),
     ]
 
     gemms_in_loops_only = True
@@ -524,12 +697,14 @@ class PythonLoopMatmul(GemmVisitor, Rule):
             depends = [loop.depends_on_iteration(op) for op in gemm.operands]
             if not any(depends):
                 continue
-            batched = [self._batched(loop, op, 0) if dep else None for op, dep in zip(gemm.operands, depends)]
+            batched = [self._batched(loop, op, 0, transforms=True) if dep else None
+                       for op, dep in zip(gemm.operands, depends)]
             if any(dep and b is None for dep, b in zip(depends, batched)):
                 return
             # What is not the item must hold still: `W = next(ws)`, `self.W = ...`, `self.W.data.mul_()`
             # or `self.proj.weight.data -= ...` in the loop give each step other weights.
-            fixed = [op for op, dep in zip(gemm.operands, depends) if not dep] + [b.base for b in batched if b]
+            fixed = [op for op, dep in zip(gemm.operands, depends) if not dep] + [
+                source for b in batched if b for source in b.sources]
             if gemm.op == "nn.Linear":
                 fixed.append(node.func)
             elif gemm.op == "linear":
@@ -567,12 +742,14 @@ class PythonLoopMatmul(GemmVisitor, Rule):
         """`func` is an RNN cell or layer of torch.nn (`self.cell` after `self.cell =
         nn.LSTMCell(...)`, `cell` after `cell = nn.GRUCell(...)`), or a module class of this file:
         called on the state, it multiplies the state by its weights."""
-        ctx = self.ctx
-        kind = _kinds.kind_of(ctx, func)
+        kind = _kinds.kind_of(self.ctx, func)
         if kind == _kinds.USER_MODULE:
             return True
-        if kind != _kinds.OTHER:
-            return False
+        return kind == _kinds.OTHER and self._constructed_by(func, _RECURRENT_MODULES)
+
+    def _constructed_by(self, func: ast.AST, classes) -> bool:
+        """Every value bound to `func` (`self.norm`, or a local `norm`) is a call of one of `classes`."""
+        ctx = self.ctx
         if isinstance(func, ast.Attribute) and isinstance(func.value, ast.Name) and ctx.class_ is not None:
             method = ctx.functions[0] if ctx.functions else None
             params = method.args.posonlyargs + method.args.args if method is not None else []
@@ -584,8 +761,7 @@ class PythonLoopMatmul(GemmVisitor, Rule):
             values = [assign.value] if assign is not None else []
         else:
             return False
-        return bool(values) and all(isinstance(v, ast.Call) and ctx.qualname(v.func) in _RECURRENT_MODULES
-                                    for v in values)
+        return bool(values) and all(isinstance(v, ast.Call) and ctx.qualname(v.func) in classes for v in values)
 
     def _index_var(self, loop: LoopInfo, name: str) -> bool:
         """`name` walks 0..n-1 one step at a time: a plain range/enumerate counter or a while counter."""
@@ -612,25 +788,15 @@ class PythonLoopMatmul(GemmVisitor, Rule):
             return node.generators[0].target
         return None
 
-    def _batched(self, loop: LoopInfo, op: ast.AST, depth: int) -> Optional[_Batched]:
+    def _batched(self, loop: LoopInfo, op: ast.AST, depth: int, transforms: bool = False) -> Optional[_Batched]:
+        """The loop's item that `op` is (`x[i]`, `x[:, t]`, `xt` for `xt` in `x.unbind(1)`, `x[i:i + 1]`,
+        `x[i].float()`), or with `transforms`, computes from items of one index and values fixed
+        in the loop, element by element or row by row (`(x[i] - mean)`, `torch.relu(x[b])`,
+        `self.norm(x[:, t])`, `softmax(q[i] @ k[i].T)`): the batched tensor takes the same steps."""
         if depth > 4:
             return None
         if isinstance(op, ast.Subscript):
-            base = op.value
-            if loop.depends_on_iteration(base) or not self._tensor_base(base):
-                return None
-            elems = op.slice.elts if isinstance(op.slice, ast.Tuple) else [op.slice]
-            dim, found, index = None, 0, None
-            for pos, elem in enumerate(elems):
-                if isinstance(elem, ast.Name) and self._index_var(loop, elem.id):
-                    dim, found, index = pos, found + 1, elem.id
-                elif isinstance(elem, ast.Slice) and elem.lower is None and elem.upper is None and elem.step is None:
-                    continue
-                elif isinstance(elem, ast.Constant) and elem.value is Ellipsis and found:
-                    continue  # `x[i, ...]`; before the index it would hide which dim the loop walks
-                else:
-                    return None
-            return _Batched(base, dim, True, index) if found == 1 else None
+            return self._indexed_item(loop, op)
         if (isinstance(op, ast.Call) and isinstance(op.func, ast.Attribute) and op.func.attr == "select"
                 and not loop.depends_on_iteration(op.func.value) and self._tensor_base(op.func.value)):
             # `x.select(0, i)`, `x.select(dim=1, index=i)`
@@ -643,22 +809,126 @@ class PythonLoopMatmul(GemmVisitor, Rule):
             return None
         if isinstance(op, ast.Name):
             if op.id in loop.targets:
-                source = self._iterated_tensor(loop, op.id)
-                return _Batched(source, 0, True, op.id) if source is not None else None
+                walked = self._iterated_tensor(loop, op.id)
+                return _Batched(walked[0], walked[1], True, op.id, walked[2]) if walked is not None else None
             assignment = self._single_assignment(loop, op.id)
             if assignment is not None:
-                inner = self._batched(loop, assignment, depth + 1)
-                return _Batched(inner.base, inner.dim, False, inner.index) if inner else None
+                inner = self._batched(loop, assignment, depth + 1, transforms)
+                return inner.wrapped() if inner else None
             return None
-        if isinstance(op, ast.Call) and isinstance(op.func, ast.Attribute) and op.func.attr in _SHAPE_KEEPING_METHODS:
+        if (isinstance(op, ast.Call) and isinstance(op.func, ast.Attribute) and self.ctx.qualname(op.func) is None
+                and (op.func.attr in _SHAPE_KEEPING_METHODS or transforms and op.func.attr in _ELEMENTWISE_METHODS)):
             if any(loop.depends_on_iteration(a) for a in op.args):
                 return None
-            inner = self._batched(loop, op.func.value, depth + 1)
-            return _Batched(inner.base, inner.dim, False, inner.index) if inner else None
+            if op.func.attr in _ELEMENTWISE_METHODS and any(
+                    self._varies(loop, a) for a in op.args + [k.value for k in op.keywords]):
+                return None
+            inner = self._batched(loop, op.func.value, depth + 1, transforms)
+            return inner.wrapped() if inner else None
         if isinstance(op, ast.Attribute) and op.attr in _SHAPE_KEEPING_ATTRS:
-            inner = self._batched(loop, op.value, depth + 1)
-            return _Batched(inner.base, inner.dim, False, inner.index) if inner else None
-        return None
+            inner = self._batched(loop, op.value, depth + 1, transforms)
+            return inner.wrapped() if inner else None
+        return self._transformed_item(loop, op, depth) if transforms else None
+
+    def _indexed_item(self, loop: LoopInfo, op: ast.Subscript) -> Optional[_Batched]:
+        """`x[i]`, `x[:, t]`, `x[i, ...]`, `x[i:i + 1]`; `q[b, h]` and `hidden[b, 0]` in the loop
+        over `h` and `b` (the other index holds still: not exactly base[i]); `inputs[i]` after
+        `inputs = x.unbind(0)`."""
+        base = op.value
+        if loop.depends_on_iteration(base):
+            return None
+        elems = op.slice.elts if isinstance(op.slice, ast.Tuple) else [op.slice]
+        if not self._tensor_base(base):
+            sliced = self._sliced_sequence(loop, base)
+            elem = elems[0]
+            if (sliced is not None and len(elems) == 1 and isinstance(elem, ast.Name)
+                    and self._index_var(loop, elem.id)):
+                return _Batched(sliced[0], sliced[1], True, elem.id, sliced[2])
+            return None
+        dim, found, index, keeps_dim, plain = None, 0, None, False, True
+        for pos, elem in enumerate(elems):
+            if isinstance(elem, ast.Name) and self._index_var(loop, elem.id):
+                dim, found, index = pos, found + 1, elem.id
+            elif isinstance(elem, ast.Slice) and elem.lower is None and elem.upper is None and elem.step is None:
+                continue
+            elif isinstance(elem, ast.Constant) and elem.value is Ellipsis:
+                if not found:
+                    return None  # `x[..., i]` hides which dim the loop walks
+            elif self._unit_slice(loop, elem):
+                dim, found, index, keeps_dim = pos, found + 1, elem.lower.id, True
+            elif isinstance(elem, (ast.Slice, ast.Starred)) or self._varies(loop, elem):
+                return None  # `x[i:i + chunk]`, `x[t, t - 1]`
+            else:
+                plain = False  # `q[b, h]` in the loop over `h`, `hidden[b, 0]`: one more index, fixed in the loop
+        return _Batched(base, dim, plain, index, keeps_dim) if found == 1 else None
+
+    def _unit_slice(self, loop: LoopInfo, elem: ast.AST) -> bool:
+        """`i:i + 1` for a counter `i` that walks one step at a time: the item at `i`, keeping its dim."""
+        if not (isinstance(elem, ast.Slice) and elem.step is None and isinstance(elem.lower, ast.Name)
+                and self._index_var(loop, elem.lower.id) and isinstance(elem.upper, ast.BinOp)
+                and isinstance(elem.upper.op, ast.Add)):
+            return False
+        left, right = elem.upper.left, elem.upper.right
+        one = [side for side in (left, right) if isinstance(side, ast.Constant) and side.value == 1
+               and type(side.value) is int]
+        counter = [side for side in (left, right) if isinstance(side, ast.Name) and side.id == elem.lower.id]
+        return bool(one) and bool(counter)
+
+    def _varies(self, loop: LoopInfo, expr: ast.AST) -> bool:
+        """`expr` may differ between iterations: it reads the item or something the loop changes,
+        or calls something (`torch.randn(d)` draws anew on every pass)."""
+        return (loop.depends_on_iteration(expr) or loop.changes(expr)
+                or any(isinstance(sub, ast.Call) for sub in walk_no_scopes(expr)))
+
+    def _transformed_item(self, loop: LoopInfo, op: ast.AST, depth: int) -> Optional[_Batched]:
+        """An item through a GEMM with fixed weights, arithmetic with fixed values, an elementwise
+        torch function or an elementwise/row-wise module (`self.norm`, `self.embed`, `self.drop`)."""
+        ctx = self.ctx
+        gemm = as_gemm(ctx, op) if isinstance(op, (ast.BinOp, ast.Call)) else None
+        if gemm is not None and gemm.operands:
+            fixed = []
+            if gemm.op == "nn.Linear":
+                fixed.append(op.func)
+            elif gemm.op == "linear":
+                fixed.extend(op.args[2:] + [k.value for k in op.keywords])
+            return self._combined(loop, gemm.operands, fixed, depth)
+        if isinstance(op, ast.BinOp) and isinstance(op.op, _ARITHMETIC):
+            return self._combined(loop, [op.left, op.right], [], depth)
+        if isinstance(op, ast.UnaryOp) and isinstance(op.op, (ast.USub, ast.UAdd)):
+            inner = self._batched(loop, op.operand, depth + 1, True)
+            return inner.wrapped() if inner else None
+        if not isinstance(op, ast.Call) or not op.args or isinstance(op.args[0], ast.Starred):
+            return None
+        qualname = ctx.qualname(op.func)
+        if qualname in _ELEMENTWISE_FUNCTIONS:
+            rest = op.args[1:] + [k.value for k in op.keywords]
+        elif (qualname is None and len(op.args) == 1 and not op.keywords
+              and _kinds.kind_of(ctx, op.func) == _kinds.MODULE
+              and self._constructed_by(op.func, _ELEMENTWISE_MODULE_CLASSES)):
+            rest = [op.func]
+        else:
+            return None
+        if any(self._varies(loop, r) for r in rest):
+            return None
+        inner = self._batched(loop, op.args[0], depth + 1, True)
+        return inner.wrapped() if inner else None
+
+    def _combined(self, loop: LoopInfo, operands: list, fixed: list, depth: int) -> Optional[_Batched]:
+        """The per-item value of an operation whose operands are items of one index or fixed."""
+        if any(self._varies(loop, f) for f in fixed):
+            return None
+        items = []
+        for operand in operands:
+            if loop.depends_on_iteration(operand):
+                item = self._batched(loop, operand, depth + 1, True)
+                if item is None:
+                    return None
+                items.append(item)
+            elif self._varies(loop, operand):
+                return None
+        if not items or len({item.index for item in items}) != 1:
+            return None
+        return items[0].wrapped(*items[1:])
 
     def _tensor_base(self, base: ast.AST) -> bool:
         kind = _kinds.kind_of(self.ctx, base)
@@ -666,8 +936,9 @@ class PythonLoopMatmul(GemmVisitor, Rule):
             return True
         return kind is None and isinstance(base, ast.Name) and _kinds.looks_like_tensor(self.ctx, base)
 
-    def _iterated_tensor(self, loop: LoopInfo, name: str) -> Optional[ast.AST]:
-        """The tensor whose rows the loop target `name` walks, if it is one."""
+    def _iterated_tensor(self, loop: LoopInfo, name: str) -> Optional[tuple]:
+        """(the tensor whose slices the loop target `name` walks, the dim, whether a slice keeps
+        it), if it is one: `for xt in x`, `for xt in x.unbind(1)`, `for xt in x.split(1, dim=1)`."""
         target, it = self._target_node(loop), loop.iter
         if target is None or it is None:
             return None
@@ -683,12 +954,50 @@ class PythonLoopMatmul(GemmVisitor, Rule):
                         source = it.args[0]
         if source is None:
             return None
-        if isinstance(source, ast.Call) and isinstance(source.func, ast.Attribute) and source.func.attr == "unbind":
-            if not source.args or (isinstance(source.args[0], ast.Constant) and source.args[0].value == 0):
-                source = source.func.value
-            else:
+        if isinstance(source, ast.Call):
+            walked = self._slicing_call(source)
+            return walked if walked is not None and self._tensor_base(walked[0]) else None
+        return (source, 0, False) if self._tensor_base(source) else None
+
+    def _slicing_call(self, call: ast.AST) -> Optional[tuple]:
+        """(tensor, dim, keeps_dim) for `x.unbind(1)`, `torch.unbind(x, dim=1)`, `x.split(1, 1)`,
+        `torch.split(x, 1, dim=1)`: the tensor's slices along a dim, one by one."""
+        if not (isinstance(call, ast.Call) and isinstance(call.func, ast.Attribute)
+                and call.func.attr in _SLICING_CALLS):
+            return None
+        method = call.func.attr
+        qualname = self.ctx.qualname(call.func)
+        if qualname is None:
+            tensor, args = call.func.value, call.args
+        elif qualname == f"torch.{method}" and call.args:
+            tensor, args = call.args[0], call.args[1:]
+        else:
+            return None
+        given = dict(zip(_SLICING_CALLS[method], args))
+        for keyword in call.keywords:
+            if keyword.arg not in ("dim", "split_size", "split_size_or_sections"):
                 return None
-        return source if self._tensor_base(source) else None
+            given[keyword.arg if keyword.arg == "dim" else "split_size_or_sections"] = keyword.value
+        if len(given) < len(args) + len(call.keywords) or any(isinstance(a, ast.Starred) for a in args):
+            return None
+        dim = _kinds.int_const(given["dim"]) if "dim" in given else 0
+        if dim is None or dim < 0:
+            return None
+        if method == "split" and _kinds.int_const(given.get("split_size_or_sections")) != 1:
+            return None  # chunks of several items bound memory on purpose
+        return tensor, dim, method == "split"
+
+    def _sliced_sequence(self, loop: LoopInfo, name: ast.AST) -> Optional[tuple]:
+        """(tensor, dim, keeps_dim) when `name` holds `x.unbind(d)` or `x.split(1, d)`, bound
+        before the loop: `inputs = x.unbind(0)` then `inputs[i]`."""
+        ctx = self.ctx
+        if not isinstance(name, ast.Name) or ctx.function is None or loop.changes(name):
+            return None
+        assign = flow_of(ctx, ctx.function).reaching(name)
+        if assign is None or len(getattr(assign, "targets", ())) != 1 or not isinstance(assign.targets[0], ast.Name):
+            return None
+        walked = self._slicing_call(assign.value)
+        return walked if walked is not None and self._tensor_base(walked[0]) else None
 
     def _single_assignment(self, loop: LoopInfo, name: str) -> Optional[ast.AST]:
         values = []
@@ -739,6 +1048,10 @@ class PythonLoopMatmul(GemmVisitor, Rule):
         dim0 = plain and all(b.dim == 0 for b in present)
         generic = ("do all iterations in one call: `torch.matmul`/`bmm` with the loop's items as a batch "
                    "dimension, or `torch.einsum` with a batch index")
+        if any(b.keeps_dim for b in present) and not (
+                gemm.op in ("nn.Linear", "linear")
+                or gemm.op in ("@", "matmul", "mm") and batched[0] is not None and len(present) == 1):
+            return generic  # `x[i:i + 1]` keeps its dim: only a left operand or a layer's input batches as is
         if gemm.op == "einsum":
             eq = self._batched_einsum(gemm.subscripts, batched) if plain else None
             return f'use one call: `torch.einsum("{eq}", {", ".join(items)})`' if eq else generic
@@ -749,6 +1062,11 @@ class PythonLoopMatmul(GemmVisitor, Rule):
             then = "" if batched[0].dim == 0 else f" and index dim {batched[0].dim} of the result"
             return (f"apply it once to the whole tensor: `{call}({', '.join(args)})`{then} "
                     f"(a linear layer maps the last dim over any leading dims)")
+        if gemm.op in ("nn.Linear", "linear") and batched[0] is not None and len(present) == 1:
+            return (f"apply it once to the whole `{items[0]}`, after the same steps that make its item here, "
+                    f"and index dim {batched[0].dim} of the result (a linear layer maps the last dim over any "
+                    f"leading dims)" if batched[0].dim is not None and batched[0].sources == (batched[0].base,)
+                    else generic)
         if len(ops) != 2 or not dim0:
             return generic
         a, b = [text if isinstance(op, _ATOMS) else f"({text})"

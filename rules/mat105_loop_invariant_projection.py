@@ -22,7 +22,10 @@ class LoopInvariantProjection(GemmVisitor, Rule):
     module class of the file, is called on it), flags each GEMM that reads the step's slice of
     a tensor fixed before the loop (`x[t] @ W_xh`, `x[:, t] @ W`, `self.W_ih(x[:, t])`,
     `F.linear(x_t, w, b)` with `x_t = x[t]`, `torch.einsum("bd,dh->bh", x[:, t], W)`, `x_t @ W`
-    for `x_t` in `x`) and a loop-invariant weight, and nothing from the recurrent state. The
+    for `x_t` in `x`, `x.unbind(1)`, `torch.unbind(x, 1)` or `x.split(1, dim=1)`, `inputs[i]`
+    after `inputs = x.unbind(0)`, or such a slice through the steps MAT101 follows, as in
+    `self.in_proj(self.embed(tgt[:, t]))`) and a loop-invariant weight, and nothing from the
+    recurrent state. The
     message gives the hoisted call and how the loop reads it (`proj[t]`, with the loop's own
     counter, or iterating over `proj` in place of `x`).
     MAT101 stays quiet on recurrences; this rule covers the part of them that is not sequential.
@@ -48,9 +51,10 @@ class LoopInvariantProjection(GemmVisitor, Rule):
     ## Stays quiet on
     - Loops that are not recurrences (MAT101 reports their GEMMs), and GEMMs that read the state
       (`h @ W_hh`) or anything derived from it in the step.
-    - Inputs that are not a plain per-step slice of one tensor (a list of steps, a value fed
-      back from the previous prediction, `x[t:t + k]` chunks), tensors rebound or written in
-      place inside the loop (`ys[:, t + 1].copy_(h)`), and weights that change per step
+    - Inputs that are not a per-step slice of one tensor (a list of steps, a value fed
+      back from the previous prediction, `x[t:t + k]` or `x.split(k, 1)` chunks), tensors rebound or written in
+      place inside the loop (`ys[:, t + 1].copy_(h)`, also through another name for the same
+      memory: `buf = x` then `buf[t + 1] = h @ Wo`), and weights that change per step
       (`self.W_x.data.mul_(0.99)`, an optimizer step in the loop, a call that may run one:
       `train_step(loss, opt)`, `self.training_step(batch)`; logging a loss, `print(loss)` or
       `losses.append(float(loss))` steps nothing).
@@ -272,6 +276,85 @@ class LoopInvariantProjection(GemmVisitor, Rule):
                         h = torch.tanh(x[t] @ self.W_x + h @ self.W_h)
                     return h
             """),
+        good("""
+            import torch
+            def closed_loop(x: torch.Tensor, Wx: torch.Tensor, Wh: torch.Tensor, Wo: torch.Tensor):
+                buf = x  # each next input is overwritten with the prediction, through the alias
+                h = torch.zeros(x.shape[1], Wh.shape[0])
+                for t in range(x.shape[0] - 1):
+                    h = torch.tanh(x[t] @ Wx + h @ Wh)
+                    buf[t + 1] = h @ Wo
+                return h
+            def shifted(x: torch.Tensor, Wx: torch.Tensor, Wh: torch.Tensor, Wo: torch.Tensor):
+                h = torch.zeros(x.shape[1], Wh.shape[0])
+                nxt = x[1:]
+                for t in range(x.shape[0] - 1):
+                    h = torch.tanh(x[t] @ Wx + h @ Wh)
+                    nxt[t].copy_(h @ Wo)
+                return h
+            """),
+        bad("""
+            import torch
+            import torch.nn as nn
+            class RNN(nn.Module):
+                def __init__(self, d, h):
+                    super().__init__()
+                    self.ih = nn.Linear(d, h)
+                    self.hh = nn.Linear(h, h)
+                def forward(self, x: torch.Tensor, h: torch.Tensor):
+                    for xt in x.unbind(1):
+                        h = torch.tanh(self.ih(xt) + self.hh(h))
+                    for xt in torch.unbind(x, 1):
+                        h = torch.tanh(self.ih(xt) + self.hh(h))
+                    for xt in x.split(1, dim=1):
+                        h = torch.tanh(self.ih(xt.squeeze(1)) + self.hh(h))
+                    return h
+            """, (10, 28), (12, 28), (14, 28), message_contains="proj = self.ih(x)"),
+        bad("""
+            import torch
+            import torch.nn as nn
+            class LSTMLayer(nn.Module):
+                def __init__(self, d, h):
+                    super().__init__()
+                    self.weight_ih = nn.Parameter(torch.randn(4 * h, d))
+                    self.weight_hh = nn.Parameter(torch.randn(4 * h, h))
+                def forward(self, input: torch.Tensor, hx: torch.Tensor, cx: torch.Tensor):
+                    inputs = input.unbind(0)
+                    outputs = []
+                    for i in range(len(inputs)):
+                        gates = torch.mm(inputs[i], self.weight_ih.t()) + torch.mm(hx, self.weight_hh.t())
+                        ig, fg, cg, og = gates.chunk(4, 1)
+                        cx = torch.sigmoid(fg) * cx + torch.sigmoid(ig) * torch.tanh(cg)
+                        hx = torch.sigmoid(og) * torch.tanh(cx)
+                        outputs.append(hx)
+                    return torch.stack(outputs), (hx, cx)
+            class Decoder(nn.Module):
+                def __init__(self, v, d):
+                    super().__init__()
+                    self.embed = nn.Embedding(v, d)
+                    self.in_proj = nn.Linear(d, d)
+                    self.cell = nn.GRUCell(d, d)
+                def forward(self, tgt: torch.Tensor, h: torch.Tensor):
+                    for t in range(tgt.size(1)):
+                        h = self.cell(self.in_proj(self.embed(tgt[:, t])), h)  # teacher forcing
+                    return h
+            """, (12, 21), (26, 27), message_contains="compute it for all steps in one GEMM before the loop"),
+        good("""
+            import torch
+            import torch.nn as nn
+            class RNN(nn.Module):
+                def __init__(self, d, h):
+                    super().__init__()
+                    self.ih = nn.Linear(d, h)
+                    self.hh = nn.Linear(h, h)
+                def forward(self, x: torch.Tensor, h: torch.Tensor):
+                    for xt in x.split(4, dim=1):  # chunks of steps, not steps
+                        h = torch.tanh(self.ih(xt).mean(1) + self.hh(h))
+                    inputs = x.unbind(1)
+                    for i in range(len(inputs)):
+                        h = torch.tanh(self.ih(inputs[i] + h) + self.hh(h))  # reads the state
+                    return h
+            """),
     ]
 
     def __init__(self, ctx, options=None):
@@ -295,10 +378,11 @@ class LoopInvariantProjection(GemmVisitor, Rule):
         if isinstance(step_input, ast.Name) and step_input.id not in loop.targets:
             # `x_t = x[t]` then `x_t @ W`: judge the assigned value.
             assigned = self._loop_gemms._single_assignment(loop, step_input.id)
-            item = self._loop_gemms._batched(loop, assigned, 0) if assigned is not None else None
+            item = self._loop_gemms._batched(loop, assigned, 0, transforms=True) if assigned is not None else None
         else:
-            item = self._loop_gemms._batched(loop, step_input, 0)
-        if item is None or loop.changes(item.base) or loop.reads_carried(step_input):
+            item = self._loop_gemms._batched(loop, step_input, 0, transforms=True)
+        if (item is None or any(loop.changes(source) for source in item.sources)
+                or loop.reads_carried(step_input)):
             return
         others = [op for op in gemm.operands if op is not step_input]
         extra = [a for a in getattr(node, "args", [])[len(gemm.operands):]] if gemm.op == "linear" else []
@@ -314,7 +398,9 @@ class LoopInvariantProjection(GemmVisitor, Rule):
         base = seg(item.base)
         dim = item.dim
         whole = None
-        if item.plain and gemm.op == "nn.Linear":
+        if item.keeps_dim:
+            pass  # `x.split(1, 1)`: the hoisted result is indexed differently
+        elif item.plain and gemm.op == "nn.Linear":
             whole = f"{gemm.spelling}({base})"
         elif item.plain and gemm.op == "linear":
             whole = f"{seg(gemm.node.func)}({', '.join([base] + [seg(a) for a in gemm.node.args[1:]])})"
