@@ -240,6 +240,23 @@ def function_text(ctx, function: ast.AST) -> str:
     return text
 
 
+def nearby_comments(ctx, node: ast.AST, statement: ast.stmt, continues=None) -> list:
+    """The comments that can explain `node`: those on its own lines, and the run of comment lines
+    just above its `statement` (a blank line, or code that `continues` does not accept, ends the
+    run). A comment on another line of a multi-line statement belongs to that line."""
+    lines = ctx.lines
+    comments = [line[line.find("#"):] for line in lines[node.lineno - 1:node.end_lineno] if "#" in line]
+    row = statement.lineno - 2
+    while row >= 0:
+        text = lines[row].strip()
+        if text.startswith("#"):
+            comments.append(text)
+        elif not text or continues is None or not continues(text):
+            break
+        row -= 1
+    return comments
+
+
 def _whole_word_ends(text: str, word: str):
     """The end offsets of `word` where it stands in `text` as a whole identifier (a maximal run of word characters)."""
     size = len(text)

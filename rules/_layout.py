@@ -215,3 +215,31 @@ def may_be_laid_out_otherwise(ctx, base: ast.AST) -> bool:
         if reorder(ctx, value) is not None:
             return True
     return False
+
+
+# Views whose strides no GEMM reads in place, whatever is done to them after: a broadcast dim
+# (stride 0) or overlapping windows.
+_BROADCASTING = frozenset({"expand", "expand_as", "broadcast_to", "as_strided", "unfold", "diagonal"})
+
+
+def may_have_stepped_dims(ctx, base: ast.AST) -> bool:
+    """`base` is a slice with a step (`x[:, ::2]`) or a broadcast view (`v.expand(8, -1)`), inline
+    or through a name the function assigns so: a transpose of it is no layout cuBLAS reads, and a
+    GEMM copies it anyway."""
+    values = [base]
+    if isinstance(base, ast.Name) and ctx.function is not None:
+        stores = flow_of(ctx, ctx.function).stores.get(base.id, [])
+        values += [stmt.value for stmt, simple in stores if simple]
+    for value in values:
+        while (isinstance(value, ast.Call) and isinstance(value.func, ast.Attribute)
+               and value.func.attr in STRIDE_KEEPING):
+            value = value.func.value
+        if isinstance(value, ast.Subscript):
+            items = value.slice.elts if isinstance(value.slice, ast.Tuple) else [value.slice]
+            if any(isinstance(item, ast.Slice) and item.step is not None and int_const(item.step) != 1
+                   for item in items):
+                return True
+        elif (isinstance(value, ast.Call) and isinstance(value.func, ast.Attribute)
+              and value.func.attr in _BROADCASTING):
+            return True
+    return False

@@ -286,6 +286,36 @@ def strip_casts(ctx, node: ast.AST) -> ast.AST:
         node = op.args[0]
 
 
+_CAST_METHODS = frozenset({"float", "to", "double", "type_as", "half", "bfloat16"})
+
+
+def returned_affine(ctx, node: ast.AST) -> Optional[str]:
+    """How the function returns `node`, the node being walked, in the expression around it:
+    "none" as it is (through dtype casts: `(x * rms).to(dtype)`), "scale" times one factor
+    (`w * normed`), "shift" times one factor plus one term; None when it is not returned there.
+    A hand-written norm returned "none" has no weight and no bias to pass to the fused call,
+    unless it is a method of a class that holds a parameter (Gemma's `_norm`, whose `forward`
+    applies the weight): None then."""
+    parents = ctx.parents
+    current, state, i = node, "none", len(parents) - 1
+    while i >= 0:
+        up = parents[i]
+        if (up.__class__ is ast.Attribute and up.value is current and up.attr in _CAST_METHODS and i
+                and parents[i - 1].__class__ is ast.Call and parents[i - 1].func is up):
+            current, i = parents[i - 1], i - 2
+            continue
+        if up.__class__ is ast.Return:
+            if state == "none" and ctx.class_ is not None and "Parameter" in function_text(ctx, ctx.class_):
+                return None
+            return state
+        if up.__class__ is ast.BinOp and (up.left is current or up.right is current) and (
+                (state == "none" and up.op.__class__ is ast.Mult) or (state == "scale" and up.op.__class__ is ast.Add)):
+            current, state, i = up, "scale" if state == "none" else "shift", i - 1
+            continue
+        return None
+    return None
+
+
 def last_dim_reduction(ctx, flow, node: ast.AST, names) -> Optional[ast.AST]:
     """The tensor a `<name>(t, -1, keepdim=True)` reduction (name in `names`) runs over, else None."""
     op = torch_op(ctx, strip_casts(ctx, resolve(flow, node)))

@@ -2244,7 +2244,7 @@ def _terminates(body) -> bool:
 # -- the entry points rules use --------------------------------------------------------------------
 
 
-def _self_name(fn) -> Optional[str]:
+def self_name_of(fn) -> Optional[str]:
     args = fn.args.posonlyargs + fn.args.args
     return args[0].arg if args else None
 
@@ -2268,7 +2268,7 @@ def _class_attrs(ctx, cls: ast.ClassDef) -> dict:
     for stmt in cls.body:
         if isinstance(stmt, (ast.FunctionDef, ast.AsyncFunctionDef)) and stmt.name == "__init__":
             init = stmt
-            analysis = FunctionShapes(ctx, stmt, self_name=_self_name(stmt), scope="__init__", init_mode=True)
+            analysis = FunctionShapes(ctx, stmt, self_name=self_name_of(stmt), scope="__init__", init_mode=True)
             attrs = {k: v for k, v in analysis.stored_attrs.items()
                      if isinstance(v, (Module, Loss, Scalar)) or (isinstance(v, IntVal) and v.dim is not None)
                      or (isinstance(v, Opaque) and v.sym is not None)
@@ -2307,7 +2307,7 @@ def function_shapes(ctx, owner=None):
         if owner is current and not may_hold_shapes(ctx, owner, cls):
             cached = ctx.shared[key] = _NO_SHAPES
         elif cls is not None:
-            cached = ctx.shared[key] = FunctionShapes(ctx, owner, _class_attrs(ctx, cls), _self_name(owner), lazy=True)
+            cached = ctx.shared[key] = FunctionShapes(ctx, owner, _class_attrs(ctx, cls), self_name_of(owner), lazy=True)
         else:
             cached = ctx.shared[key] = FunctionShapes(ctx, owner, lazy=True)
     return cached

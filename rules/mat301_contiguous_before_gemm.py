@@ -3,17 +3,26 @@ to a GEMM, which takes the transpose for free."""
 from __future__ import annotations
 
 import ast
+import re
 from typing import Optional
 
 from matlint.rule import Only, Rule, bad, good
 
-from ._layout import Reorder, gemm_of_operand, may_be_laid_out_otherwise, rank_of, reorder
+from ._flow import nearby_comments
+from ._layout import Reorder, gemm_of_operand, may_be_laid_out_otherwise, may_have_stepped_dims, rank_of, reorder
 from ._torch_api import as_gemm
 
 _COPIES = ("contiguous", "clone")
 # GEMMs whose operands go to cuBLAS as they are (no batch folding): which operand positions.
 _DIRECT = {"mm": (0, 1), "bmm": (0, 1), "linear": (1,)}
 _OPERAND_RANK = {"mm": 2, "bmm": 3}  # torch.mm takes matrices, torch.bmm 3-D batches: nothing else
+# Words that give a reason for the copy (`needed: graph break under torch.compile`, `to break the
+# view chain, which otherwise conflicts with backward hooks`), not a narration of it (`# make it
+# contiguous for the matmul`).
+_REASON = re.compile(r"\b(?:because|since|need|needs|needed|requires?|required|must|otherwise|workaround|"
+                     r"work(?:s|ed)? around|bug|avoid\w*|break\w*|hooks?|compile\w*|jit|torchscript|onnx|export\w*|"
+                     r"trac(?:e|ed|ing)|fail\w*|errors?|crash\w*|so that|in order to|alias\w*|in-place|inplace|"
+                     r"deliberate\w*|on purpose|intentional\w*)\b", re.IGNORECASE)
 
 
 class ContiguousBeforeGemm(Rule):
@@ -62,8 +71,14 @@ class ContiguousBeforeGemm(Rule):
       matmul folds the batch dims with `reshape`, which cannot merge them and copies anyway, so
       dropping the copy saves nothing.
     - GEMMs written with `out=`: the output may alias the tensor that was copied.
-    - A copy whose lines carry a comment about it (`# contiguous() works around a jit bug`):
-      the author kept it on purpose.
+    - A copy the author explains: a comment on its lines or in the run of comment lines just
+      above its statement, or the docstring of a function around it, that names the copy
+      (`contiguous`, `clone`) and gives a reason for it (`# contiguous() works around a jit bug`,
+      `copied with .contiguous() to break the view chain, which otherwise conflicts with backward
+      hooks`). Narration (`# make it contiguous for the matmul`) explains nothing.
+    - A transpose of a slice with a step (`x[:, ::2].t()`) or of a broadcast view
+      (`v.expand(8, -1).t()`), inline or through a name the function assigns so: cuBLAS cannot
+      read it in place, so the GEMM copies it with or without `.contiguous()`.
     - `.contiguous(memory_format=...)`, `.clone(memory_format=...)`, and `.T` of something known
       to have other than two dims or to be a numpy array.
 
@@ -204,6 +219,52 @@ class ContiguousBeforeGemm(Rule):
                 y = t.T.contiguous() @ b
                 return a.T.copy() @ b, y
             """),
+        # A base with a step (or a broadcast dim) has no layout cuBLAS reads: the GEMM copies it
+        # with or without `.contiguous()`.
+        good("""
+            import torch
+            def f(a: torch.Tensor, x: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
+                assert a.dim() == 2 and x.dim() == 2
+                xs = x[:, 1::2]
+                return a @ x[:, ::2].t().contiguous(), a @ xs.t().contiguous(), a @ v.expand(8, -1).t().contiguous()
+            """),
+        # A comment just above the statement, or the docstring of a function around the copy,
+        # that says why it is copied counts like a comment on its line; narration does not.
+        good("""
+            import torch
+            import torch.nn as nn
+            def f(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
+                assert a.dim() == 2 and b.dim() == 2
+                # contiguous() needed: torch.compile graph break on non-contiguous input in our version
+                return a @ b.t().contiguous()
+            def patch_linear(mod: nn.Linear) -> None:
+                '''Replace the forward of `mod` so that backward hooks see no views.
+
+                The transpose is copied with `.contiguous()` to break the view chain,
+                which otherwise conflicts with the module's backward hooks.
+                '''
+                def forward(x: torch.Tensor) -> torch.Tensor:
+                    return x @ mod.weight.T.contiguous()
+                mod.forward = forward
+            """),
+        bad("""
+            import torch
+            def f(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
+                '''Multiply `a` by the transpose of `b`, made contiguous.'''
+                assert a.dim() == 2 and b.dim() == 2
+                # transpose b and make it contiguous for the matmul
+                c = a @ b.t().contiguous()
+                return c @ b.T.contiguous()  # contiguous copy
+            """, (6, 13), (7, 16), unsafe=True,
+            fixed="""
+            import torch
+            def f(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
+                '''Multiply `a` by the transpose of `b`, made contiguous.'''
+                assert a.dim() == 2 and b.dim() == 2
+                # transpose b and make it contiguous for the matmul
+                c = a @ b.t()
+                return c @ b.T  # contiguous copy
+            """),
     ]
 
     # The copy is visited: `x.t().contiguous()` is a call of `contiguous` or `clone`.
@@ -228,7 +289,7 @@ class ContiguousBeforeGemm(Rule):
             if position not in _DIRECT.get(gemm.op, (0, 1)):
                 continue
             view = self._copied_transpose(operand, _OPERAND_RANK.get(gemm.op))
-            if view is None or not view.last_two_only:
+            if view is None or not view.last_two_only or may_have_stepped_dims(self.ctx, view.base):
                 continue
             if gemm.op in ("@", "matmul"):
                 if position == 0 and not self._left_goes_direct(view, operands[1]):
@@ -247,10 +308,13 @@ class ContiguousBeforeGemm(Rule):
                                  f"transpose for free: pass `{self.ctx.segment(view.node)}` directly", fix=fix)
 
     def _explained(self, operand: ast.AST) -> bool:
-        """A comment on a line of the operand names the copy."""
-        lines = self.ctx.lines[operand.lineno - 1:operand.end_lineno]
-        comments = [line[line.find("#"):] for line in lines if "#" in line]
-        return any(word in comment for comment in comments for word in _COPIES)
+        """A comment on a line of the operand or just above its statement, or the docstring of a
+        function around it, names the copy and gives a reason for it."""
+        statement = self.ctx.statement()
+        texts = nearby_comments(self.ctx, operand, statement) if statement is not None else []
+        texts += [ast.get_docstring(f) or "" for f in self.ctx.parents
+                  if isinstance(f, (ast.FunctionDef, ast.AsyncFunctionDef))]
+        return any(_REASON.search(text) and any(word in text for word in _COPIES) for text in texts)
 
     def _batch_dims_may_not_fold(self, view: Reorder) -> bool:
         """matmul folds the batch dims of an operand of 4 or more dims with `reshape`: where the

@@ -7,15 +7,26 @@ from typing import Optional
 
 from matlint.rule import Only, Rule, bad, good
 
+from . import _kinds
 from ._flow import flow_of, function_text, has_word
 from ._kinds import FACTORIES, int_const
-from ._layout import Reorder, gemm_of_operand, mergeable, rank_of, reorder
+from ._layout import STRIDE_KEEPING, Reorder, gemm_of_operand, mergeable, rank_of, reorder
+from ._shapes import self_name_of
 from ._torch_api import as_gemm
+from ._tree import child_nodes
 
 _FOLDING = ("nn.Linear", "linear")
 # Tensor factories whose result does not require grad unless asked (`as_tensor`/`asarray` may return their argument).
 _NO_GRAD_FACTORIES = FACTORIES - {"as_tensor", "asarray"}
 _PRODUCE = "produce it in the layout the GEMM reads (weights: transpose or select once at init)"
+_PARAMETER = ("torch.nn.Parameter", "torch.nn.parameter.Parameter")
+# Factories whose positional arguments are the sizes (`torch.randn(d, k)`, `torch.empty((d, k))`).
+_SIZED_FACTORIES = {"zeros", "ones", "empty", "rand", "randn"}
+# Iterating these gives a module's parameters (or modules holding them): freezing the items freezes the receiver.
+_PARAMETER_ITERATORS = {"parameters", "named_parameters", "modules", "named_modules", "children", "named_children"}
+# Views of a tensor that keep the layout a layer gave it (chunks and slices of its features, split dims).
+_LAYOUT_KEEPING = STRIDE_KEEPING | {"view", "view_as", "reshape", "reshape_as", "chunk", "split", "tensor_split",
+                                    "unflatten", "unbind", "contiguous"}
 
 
 @dataclass
@@ -60,7 +71,8 @@ class StridedGemmInput(Rule):
     - a permute written inline as an operand whose leading dims `matmul` folds but cannot merge:
       `x.permute(1, 0, 2) @ w` (a 3-D left operand with a matrix on the right, or any input of a
       linear layer: matmul folds these only when the matrix requires grad, as every trainable
-      parameter does, even under `torch.no_grad()`; otherwise it runs `bmm` on the view without a
+      parameter does, even under `torch.no_grad()`, an `nn.Parameter` (`self.W =
+      nn.Parameter(torch.randn(d, k))`) included; otherwise it runs `bmm` on the view without a
       copy), and `torch.matmul(a.permute(0, 2, 1, 3), b.permute(0, 2, 3, 1))` (two batched
       operands: always folded);
     - a permute that leaves no unit-stride dim among the last two (`torch.bmm(x.permute(2, 0, 1), y)`).
@@ -69,8 +81,9 @@ class StridedGemmInput(Rule):
     what avoids the copy: multiplying in the stored layout and permuting the product where the
     permute keeps the last dim in place (`(h @ w).permute(1, 0, 2)`); listing the batch dims in
     memory order in both operands and permuting the product back, where both store them together
-    in the same order; otherwise only a tensor made in the layout the GEMM reads, and where a
-    layer's output fixes the layout, it says the copy is the price of that product.
+    in the same order; otherwise only a tensor made in the layout the GEMM reads (for an operand
+    of unknown origin, it adds that where a layer's output fixes the layout, the copy is the
+    price of that product).
 
     ## Why is this bad?
     The copy is hidden inside the GEMM call (an `aten::clone` in matmul's `reshape`, or a copy
@@ -105,6 +118,16 @@ class StridedGemmInput(Rule):
     - A permuted input times a matrix that never requires grad: a tensor factory such as
       `torch.randn(128, 8)`, inline or as the only value of a name, in a function that never
       mentions `requires_grad` (matmul does not fold then).
+    - A layer or matrix the file may freeze: `self.fc.requires_grad_(False)`, `p.requires_grad =
+      False` in a loop over `self.fc.parameters()`, `self.requires_grad_(False)`,
+      `nn.Parameter(..., requires_grad=False)`, or a freeze of anything it cannot tell apart from
+      the layer (a helper's parameter, `model.fc`). Freezing another attribute of the same class
+      (`self.backbone.requires_grad_(False)`) leaves the layer trainable, and it is reported.
+    - Copies that no layout can avoid: an operand whose batch dims cannot be brought together, or
+      that has no unit-stride dim among its last two, when it is a view of a GEMM's output made in
+      the same function (`q, k = self.qk(x).chunk(2, -1)`, `q = q.view(b, t, h, d)`, then
+      `torch.matmul(q.permute(0, 2, 1, 3), k.permute(0, 2, 3, 1))`): the layer fixes the layout,
+      and no other spelling (einsum, an explicit `.contiguous()`) saves the copy.
 
     ## Fix safety
     No automatic fix: the better layout has to be produced where the data is created.
@@ -192,6 +215,72 @@ class StridedGemmInput(Rule):
                 guide = guide.view(bs, -1, nh, hc)
                 return embed.flatten(3).transpose(2, 3) @ guide.permute(0, 2, 3, 1)
             """, (5, 47), message_contains="where a layer's output fixes this layout, the copy is the price of this product"),
+        # A frozen layer or matrix (`requires_grad_(False)`, `requires_grad = False`, a loop over
+        # its parameters, `nn.Parameter(..., requires_grad=False)`): matmul does not fold, no copy.
+        good("""
+            import torch
+            import torch.nn as nn
+            class FrozenReadout(nn.Module):
+                def __init__(self, d, c):
+                    super().__init__()
+                    self.rnn = nn.GRU(d, d)
+                    self.fc = nn.Linear(d, c)
+                    self.fc.requires_grad_(False)
+                    self.head = nn.Linear(d, c)
+                    for p in self.head.parameters():
+                        p.requires_grad = False
+                    self.W = nn.Parameter(torch.randn(d, c), requires_grad=False)
+                def forward(self, x: torch.Tensor):
+                    out, _ = self.rnn(x)
+                    assert out.ndim == 3
+                    return self.fc(out.permute(1, 0, 2)), self.head(out.transpose(0, 1)), out.permute(1, 0, 2) @ self.W
+            """),
+        # Only the layer that is frozen is quiet: freezing another attribute leaves this one trainable.
+        bad("""
+            import torch
+            import torch.nn as nn
+            class Readout(nn.Module):
+                def __init__(self, d, c):
+                    super().__init__()
+                    self.rnn = nn.GRU(d, d)
+                    self.rnn.requires_grad_(False)
+                    self.fc = nn.Linear(d, c)
+                def forward(self, x: torch.Tensor):
+                    out, _ = self.rnn(x)
+                    assert out.ndim == 3
+                    return self.fc(out.permute(1, 0, 2))
+            """, (12, 24)),
+        # q and k are views of one fused Linear output made here: no layout of it avoids the copy,
+        # so there is nothing to change.
+        good("""
+            import torch
+            import torch.nn as nn
+            class HeadAveragedAttention(nn.Module):
+                def __init__(self, d_model: int, n_heads: int):
+                    super().__init__()
+                    self.h, self.d = n_heads, d_model // n_heads
+                    self.qk = nn.Linear(d_model, 2 * d_model, bias=False)
+                def forward(self, x: torch.Tensor) -> torch.Tensor:
+                    b, t, _ = x.shape
+                    q, k = self.qk(x).chunk(2, dim=-1)
+                    q = q.view(b, t, self.h, self.d)
+                    k = k.view(b, t, self.h, self.d)
+                    scores = torch.matmul(q.permute(0, 2, 1, 3), k.permute(0, 2, 3, 1))
+                    return scores.softmax(-1).mean(1)
+            """),
+        # An nn.Parameter requires grad: matmul folds the permuted input, a copy.
+        bad("""
+            import torch
+            import torch.nn as nn
+            class Readout(nn.Module):
+                def __init__(self, d, k):
+                    super().__init__()
+                    self.W = nn.Parameter(torch.randn(d, k))
+                def forward(self, h: torch.Tensor):
+                    T, B, D = h.shape
+                    w = nn.Parameter(torch.empty((D, 4)))
+                    return h.permute(1, 0, 2) @ self.W, h.transpose(0, 1) @ w
+            """, (10, 16), (10, 45), message_contains="when `self.W` requires grad"),
     ]
 
     # The operand is visited: a step slice, or a call of `permute`/`transpose`/... (a method or a bare name).
@@ -244,24 +333,29 @@ class StridedGemmInput(Rule):
         if rank < 3:
             return None
         if gemm.op == "bmm":
-            return None if rank - 1 in perm[-2:] else self._no_unit_stride()
+            return None if rank - 1 in perm[-2:] or self._layer_output(view.base) else self._no_unit_stride()
         if gemm.op in ("@", "matmul"):
             other = gemm.operands[1 - position]
             other_view = reorder(self.ctx, other)
             other_rank = len(other_view.perm) if other_view and other_view.perm else rank_of(self.ctx, other)
             if other_rank is None:
+                other_rank = self._parameter_rank(other)
+            if other_rank is None:
                 return None
             if position == 0 and other_rank == 2:
-                return None if self._never_requires_grad(other) else self._fold_rows(gemm, view, f"`{self.ctx.segment(other)}`")
+                if self._never_requires_grad(other) or self._may_be_frozen(other):
+                    return None
+                return self._fold_rows(gemm, view, f"`{self.ctx.segment(other)}`")
             if other_rank != rank:
                 return None
             if rank - 1 not in perm[-2:]:
-                return self._no_unit_stride()
+                return None if self._layer_output(view.base) else self._no_unit_stride()
             return self._fold_batch(view, other_view)
         if gemm.op == "nn.Linear":
-            return self._fold_rows(gemm, view, "the layer's weight")
-        if gemm.op == "linear" and not self._never_requires_grad(gemm.operands[1]):
-            return self._fold_rows(gemm, view, f"`{self.ctx.segment(gemm.operands[1])}`")
+            return None if self._may_be_frozen(gemm.node.func) else self._fold_rows(gemm, view, "the layer's weight")
+        weight = gemm.operands[1]
+        if gemm.op == "linear" and not self._never_requires_grad(weight) and not self._may_be_frozen(weight):
+            return self._fold_rows(gemm, view, f"`{self.ctx.segment(weight)}`")
         return None
 
     def _never_requires_grad(self, matrix: ast.AST) -> bool:
@@ -282,6 +376,88 @@ class StridedGemmInput(Rule):
                     or any(k.arg == "requires_grad" for k in value.keywords)):
                 return False
         return True
+
+    def _parameter_rank(self, matrix: ast.AST) -> Optional[int]:
+        """The rank of an `nn.Parameter` that requires grad, made of a sized factory
+        (`self.W = nn.Parameter(torch.randn(d, k))`, or a name the function binds so), else None."""
+        ctx = self.ctx
+        if not _kinds.may_mention(ctx, "Parameter"):
+            return None
+        if (isinstance(matrix, ast.Attribute) and isinstance(matrix.value, ast.Name) and ctx.class_ is not None
+                and ctx.functions and matrix.value.id == self_name_of(ctx.functions[0])):
+            values = [value for _, value in _kinds.class_attribute_values(ctx, ctx.class_, matrix.attr)]
+        elif isinstance(matrix, ast.Name) and ctx.function is not None:
+            stores = flow_of(ctx, ctx.function).stores.get(matrix.id, [])
+            values = [stmt.value for stmt, simple in stores] if all(simple for _, simple in stores) else []
+        else:
+            return None
+        ranks = {self._sized_parameter_rank(value) for value in values}
+        return ranks.pop() if len(ranks) == 1 else None
+
+    def _sized_parameter_rank(self, value: ast.AST) -> Optional[int]:
+        if not isinstance(value, ast.Call) or self.ctx.qualname(value.func) not in _PARAMETER or not value.args:
+            return None
+        grad = [k.value for k in value.keywords if k.arg == "requires_grad"] + value.args[1:2]
+        if any(not (isinstance(g, ast.Constant) and g.value is True) for g in grad):
+            return None  # frozen, or maybe
+        data = value.args[0]
+        qual = self.ctx.qualname(data.func) if isinstance(data, ast.Call) else None
+        if qual is None or qual.rpartition(".")[0] != "torch" or qual.rpartition(".")[2] not in _SIZED_FACTORIES:
+            return None
+        sizes = data.args
+        if any(isinstance(a, ast.Starred) for a in sizes) or not sizes:
+            return None
+        if len(sizes) == 1 and isinstance(sizes[0], (ast.Tuple, ast.List)):
+            elts = sizes[0].elts
+            return None if any(isinstance(e, ast.Starred) for e in elts) else len(elts)
+        return len(sizes) if len(sizes) > 1 else None  # one argument may be a size tuple held in a name
+
+    def _may_be_frozen(self, holder: ast.AST) -> bool:
+        """Whether the file may turn off grad for the layer or matrix `holder` (`self.fc`,
+        `self.fc.weight`, `self.W`, `w`): a `requires_grad_(...)` or `.requires_grad = ...` other
+        than True on it, on `self`, on a loop over its parameters, or on anything this cannot tell
+        apart from it. Freezing another attribute of this class (`self.backbone`), or a Linear
+        attribute of another class, leaves it trainable."""
+        ctx = self.ctx
+        freezes = _freezes(ctx)
+        if not freezes:
+            return False
+        first = _first_self_attribute(holder, self_name_of(ctx.functions[0]) if ctx.functions else None)
+        for cls, target in freezes:
+            attr = _first_self_attribute(target, "self")
+            if attr is None:
+                return True  # `self`, `model.fc`, a parameter of a helper: may be this layer
+            if cls is ctx.class_ and first is not None:
+                if attr == first:
+                    return True
+                continue
+            if cls is not ctx.class_ and cls is not None and _kinds.class_attribute_kind(ctx, cls, attr) == _kinds.LINEAR:
+                continue  # a Linear of another class holds no other layer
+            return True
+        return False
+
+    def _layer_output(self, expr: ast.AST, depth: int = 0) -> bool:
+        """`expr` is a view of a GEMM's output made in this function (`q` after `q, k =
+        self.qk(x).chunk(2, -1)` and `q = q.view(b, t, h, d)`): the layer fixed its layout."""
+        if depth > 8 or self.ctx.function is None:
+            return False
+        while True:
+            if isinstance(expr, ast.Subscript):
+                expr = expr.value
+            elif (isinstance(expr, ast.Call) and isinstance(expr.func, ast.Attribute)
+                  and expr.func.attr in _LAYOUT_KEEPING and as_gemm(self.ctx, expr) is None):
+                if any(k.arg == "memory_format" for k in expr.keywords):
+                    return False
+                expr = expr.func.value
+            else:
+                break
+        if isinstance(expr, ast.Call):
+            return as_gemm(self.ctx, expr) is not None
+        if not isinstance(expr, ast.Name):
+            return False
+        reaching = flow_of(self.ctx, self.ctx.function).reaching_all(expr)
+        return bool(reaching) and all(isinstance(stmt, ast.Assign) and self._layer_output(stmt.value, depth + 1)
+                                      for stmt, _ in reaching)
 
     @staticmethod
     def _no_unit_stride() -> _Copy:
@@ -319,8 +495,7 @@ class StridedGemmInput(Rule):
         suffix = operand_text[len(base):] if operand_text.startswith(base + ".") else None
         return product + (suffix or f".permute({', '.join(map(str, view.perm))})")
 
-    @staticmethod
-    def _fold_batch(view: Reorder, other_view: Optional[Reorder]) -> Optional[_Copy]:
+    def _fold_batch(self, view: Reorder, other_view: Optional[Reorder]) -> Optional[_Copy]:
         """Two batched operands: matmul reshapes the batch dims of each into one, a copy unless they merge."""
         perm, rank = view.perm, len(view.perm)
         batch = perm[:-2]
@@ -329,6 +504,8 @@ class StridedGemmInput(Rule):
         why = "has batch dims out of memory order, which matmul must fold into one with `reshape`"
         in_order = sorted(batch)
         if in_order != list(range(in_order[0], in_order[0] + len(in_order))):
+            if self._layer_output(view.base):
+                return None
             return _Copy(why, "matmul", "they are not next to each other in memory, so only a tensor made with "
                                         "them outermost avoids the copy; where a layer's output fixes this layout, "
                                         "the copy is the price of this product")
@@ -344,3 +521,61 @@ class StridedGemmInput(Rule):
         back = ", ".join(map(str, order + [rank - 2, rank - 1]))
         return _Copy(why, "matmul", f"list them in memory order in both operands (here `.permute({stored})`) "
                                         f"and permute the product back with `.permute({back})`")
+
+
+
+def _first_self_attribute(expr: ast.AST, self_name: Optional[str]) -> Optional[str]:
+    """`fc` for `self.fc`, `self.fc.weight`, `self.fc[0]`; None for anything else."""
+    first = None
+    while isinstance(expr, (ast.Attribute, ast.Subscript)):
+        if isinstance(expr, ast.Attribute):
+            first = expr.attr
+        expr = expr.value
+    return first if isinstance(expr, ast.Name) and expr.id == self_name else None
+
+
+def _freezes(ctx) -> list:
+    """(class, target) of each statement of the file that may turn grad off: `target.requires_grad_(False)`,
+    `target.requires_grad = flag`; a loop variable over `m.parameters()` stands for `m`."""
+    found = ctx.shared.get("mat302_freezes")
+    if found is not None:
+        return found
+    found = ctx.shared["mat302_freezes"] = []
+    if "requires_grad" not in ctx.source:
+        return found
+
+    def turns_off(value: Optional[ast.AST]) -> bool:
+        return not (isinstance(value, ast.Constant) and value.value is True)
+
+    stack = [(ctx.tree, None, {})]
+    while stack:
+        node, cls, loops = stack.pop()
+        if isinstance(node, ast.ClassDef):
+            cls, loops = node, {}
+        elif isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.Lambda)):
+            loops = {}
+        elif isinstance(node, (ast.For, ast.AsyncFor, ast.comprehension)):
+            it = node.iter
+            if isinstance(it, ast.Call) and isinstance(it.func, ast.Attribute) and it.func.attr in _PARAMETER_ITERATORS:
+                loops = dict(loops)
+                for name in ast.walk(node.target):
+                    if isinstance(name, ast.Name):
+                        loops[name.id] = it.func.value
+        target = None
+        if (isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute)
+                and node.func.attr == "requires_grad_" and (node.args or node.keywords)):
+            flag = node.args[0] if node.args else next((k.value for k in node.keywords if k.arg == "requires_grad"), None)
+            if turns_off(flag):
+                target = node.func.value
+        elif isinstance(node, (ast.Assign, ast.AnnAssign)) and node.value is not None and turns_off(node.value):
+            for t in node.targets if isinstance(node, ast.Assign) else [node.target]:
+                if isinstance(t, ast.Attribute) and t.attr == "requires_grad":
+                    target = t.value
+        if target is not None:
+            seen = set()
+            while isinstance(target, ast.Name) and target.id in loops and target.id not in seen:
+                seen.add(target.id)
+                target = loops[target.id]
+            found.append((cls, target))
+        stack.extend((child, cls, loops) for child in child_nodes(node))
+    return found

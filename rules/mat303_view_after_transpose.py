@@ -9,7 +9,7 @@ from matlint.rule import Only, Rule, bad, good
 
 from ._kinds import int_const
 from ._layout import STRIDE_KEEPING, Reorder, may_be_laid_out_otherwise, mergeable, reorder
-from ._shapes import shape_of
+from ._shapes import as_dim, dim_eq, shape_of, value_of
 
 
 class ViewAfterTranspose(Rule):
@@ -49,7 +49,10 @@ class ViewAfterTranspose(Rule):
       `x.permute(0, 2, 3, 1).view(1, -1, C)` merges dims 2 and 3, still adjacent in memory, and
       works; `x.transpose(1, 2).view(B, C, H, W)` splits a dim and works. Whenever some pair of
       neighbouring dims could be merged and the rule cannot tell which dims the view merges, it
-      stays quiet.
+      stays quiet. It can tell when the view's leading and trailing sizes are known to be the
+      permuted tensor's own and one size is left between them, which takes all the other dims:
+      `x.permute(0, 2, 3, 1).view(N, -1)` after `N, C, H, W = x.shape` merges H, W and C, and C
+      is out of memory order, so it is reported.
     - Transposes of a tensor whose rank is unknown (other than `permute`, which states it), a
       view of a name assigned from a transpose, `view(dtype)`, `view(*shape)`, `view(shape)`.
     - Transposes of a tensor that is itself a transposed, permuted or moved view (`movedim`,
@@ -165,6 +168,29 @@ class ViewAfterTranspose(Rule):
                 b = z.permute(0, 1, 3, 2).view(6, 5, 4)
                 return a, b
             """),
+        # Leading and trailing sizes equal to the permuted tensor's pin its dims: the one size
+        # left (`-1`) merges all the others, C among them, out of memory order.
+        bad("""
+            import torch
+            def flatten_nhwc(x: torch.Tensor):
+                N, C, H, W = x.shape
+                return x.permute(0, 2, 3, 1).view(N, -1), x.permute(0, 2, 3, 1).view(-1, C)
+            """, (4, 12), (4, 47),
+            fixed="""
+            import torch
+            def flatten_nhwc(x: torch.Tensor):
+                N, C, H, W = x.shape
+                return x.permute(0, 2, 3, 1).reshape(N, -1), x.permute(0, 2, 3, 1).reshape(-1, C)
+            """),
+        good("""
+            import torch
+            def flatten_nhwc(x: torch.Tensor, n: int):
+                N, C, H, W = x.shape
+                a = x.permute(0, 2, 3, 1).view(N, H * W, C)
+                b = x.permute(0, 2, 3, 1).view(N, -1, C)
+                c = x.permute(0, 2, 3, 1).view(n, -1)
+                return a, b, c
+            """),
     ]
 
     only = {"visit_Call": Only(attrs=frozenset({"view"}))}
@@ -183,9 +209,12 @@ class ViewAfterTranspose(Rule):
         if view_rank >= len(perm) or may_be_laid_out_otherwise(self.ctx, source.base):
             return
         ones = self._size_one_dims(source)
-        for i in range(len(perm) - 1):
-            if mergeable(perm, i) or perm[i] in ones or perm[i + 1] in ones:
-                return
+        merged = self._surely_merged(node, source, view_rank)
+        free = [mergeable(perm, i) or perm[i] in ones or perm[i + 1] in ones
+                for i in (merged if merged is not None else range(len(perm) - 1))]
+        # Which dims the view merges is known: one pair out of order fails. Unknown: it may merge any.
+        if all(free) if merged is not None else any(free):
+            return
         seg = self.ctx.segment
         self.report(func, f"`.view()` on `{seg(source.node)}` must merge dims the transpose took out of memory "
                           "order: it raises at run time for any dims larger than 1; use `.reshape(...)` (or "
@@ -215,6 +244,28 @@ class ViewAfterTranspose(Rule):
                and expr.func.attr in STRIDE_KEEPING and not expr.keywords):
             expr = expr.func.value
         return reorder(self.ctx, expr)
+
+    def _surely_merged(self, node: ast.Call, source: Reorder, view_rank: int) -> Optional[range]:
+        """The neighbouring pairs (i, i+1) of the permuted dims that the view certainly merges:
+        its leading and trailing sizes are the permuted tensor's own (`view(N, -1)` of an
+        (N, H, W, C) view), and the one size between them takes all the other dims. None when
+        the sizes do not pin them."""
+        shape = shape_of(self.ctx, source.base)
+        perm = source.perm
+        if shape is None or shape.rank != len(perm) or shape.leading:
+            return None
+        dims = [shape.dims[p] for p in perm]
+        args = node.args[0].elts if len(node.args) == 1 and isinstance(node.args[0], (ast.Tuple, ast.List)) else node.args
+        sizes = [as_dim(value_of(self.ctx, arg)) for arg in args]
+        lead = 0
+        while lead < view_rank - 1 and dim_eq(sizes[lead], dims[lead]):
+            lead += 1
+        trail = 0
+        while trail < view_rank - 1 - lead and dim_eq(sizes[view_rank - 1 - trail], dims[len(dims) - 1 - trail]):
+            trail += 1
+        if view_rank - lead - trail != 1:
+            return None
+        return range(lead, len(dims) - trail - 1)
 
     def _size_one_dims(self, source: Reorder) -> set:
         shape = shape_of(self.ctx, source.base)

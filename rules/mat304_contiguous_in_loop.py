@@ -8,8 +8,10 @@ from matlint.rule import Only, Rule, bad, good
 
 from . import _kinds
 from ._kinds import int_const
-from ._layout import reorder
+from ._flow import flow_of
+from ._layout import rank_of, reorder
 from ._loops import LoopInfo, loaded_names, walk_no_scopes
+from ._shapes import shape_of
 from ._torch_api import as_gemm
 from .mat101_python_loop_matmul import PythonLoopMatmul
 
@@ -28,6 +30,13 @@ _PURE_BUILTINS = {"print", "len", "isinstance", "str", "repr", "float", "int", "
 _KEEPING_METHODS = _VIEWS | {"append", "extend", "insert"}
 
 
+class _Step:
+    """The tensor a step's slice is taken from, the dim the loop walks, and whether the slice is exactly `base[..., t, ...]`."""
+
+    def __init__(self, base: ast.AST, dim: int, plain: bool):
+        self.base, self.dim, self.plain = base, dim, plain
+
+
 class ContiguousInLoop(Rule):
     code = "MAT304"
     name = "contiguous-in-loop"
@@ -42,8 +51,9 @@ class ContiguousInLoop(Rule):
       before the loop; it reads no name the loop assigns, calls nothing but views, and the loop
       hands what it reads to no call that may change it): hoist the copy out of the loop;
     - the receiver is the step's slice of a tensor fixed before the loop (`x[:, t].contiguous()`,
-      `x[t].transpose(0, 1).contiguous()`): copy the whole tensor into the wanted layout once
-      (`x.movedim(1, 0).contiguous()`, then index `[t]`).
+      `x[..., t]` of a tensor of known rank, `x.select(2, t)`, `x[t].transpose(0, 1).contiguous()`,
+      or the item `x_t` of `for x_t in x.unbind(1)`): copy the whole tensor into the wanted
+      layout once (`x.movedim(1, 0).contiguous()`, then index `[t]` or iterate over it).
 
     ## Why is this bad?
     A copy per iteration is a kernel launch per iteration that moves the same bytes one small
@@ -69,8 +79,10 @@ class ContiguousInLoop(Rule):
       each iteration has new data to lay out.
     - Items of something not known to be one tensor (`for a in t` over a tuple of tensors):
       each item is separate data.
-    - `.contiguous()` of something that may already be contiguous (`x.contiguous()`, `x[t]`):
-      no copy happens then.
+    - `.contiguous()` of something that may already be contiguous (`x.contiguous()`, `x[t]`,
+      `x[..., t]` of a tensor of unknown rank, `video[:, t]` where every dim before the index is
+      known to have size 1, from the shape or from an `assert video.size(0) == 1` before the
+      loop): no copy happens then.
     - Loops that update tensors in place (`w.add_(...)`, `orthogonal_(w)`, `torch.lerp(w, v, 0.1, out=w)`,
       `x[i] = ...`, `self.w = ...`) or run a training step (`.backward()`, `optimizer.step()`): the
       receiver may change between iterations.
@@ -185,6 +197,36 @@ class ContiguousInLoop(Rule):
                     print(len(model.embed.weight), wt.shape)
                 return outs
             """, (7, 14), message_contains="hoist"),
+        # The step's slice spelled `x[..., t]`, `x.select(2, t)` or as an item of `x.unbind(1)`.
+        bad("""
+            import torch
+            def scan(x: torch.Tensor, cell, h):
+                B, D, T = x.shape
+                for t in range(T):
+                    h = cell(x[..., t].contiguous(), h)
+                for t in range(T):
+                    h = cell(x.select(2, t).contiguous(), h)
+                for x_t in x.unbind(1):
+                    h = cell(x_t.contiguous(), h)
+                for i, x_t in enumerate(torch.unbind(x, dim=1)):
+                    h = cell(x_t.contiguous(), h)
+                return h
+            """, (5, 18), (7, 18), (9, 18), (11, 18), message_contains="x.movedim(2, 0).contiguous()"),
+        # Dims of size 1 before the index: `video[:, t]` of a (1, T, C, H, W) tensor is contiguous
+        # already; and `x[..., t]` of a tensor of unknown rank (a vector's items are scalars).
+        good("""
+            import torch
+            def frames(video, net, x, cell, h):
+                assert video.size(0) == 1
+                outs = []
+                for t in range(video.size(1)):
+                    outs.append(net(video[:, t].contiguous()))
+                for t in range(8):
+                    h = cell(x[..., t].contiguous(), h)
+                for x_t in x.unbind(0):
+                    h = cell(x_t.contiguous(), h)
+                return outs, h
+            """),
     ]
 
     def __init__(self, ctx, options=None):
@@ -201,24 +243,121 @@ class ContiguousInLoop(Rule):
             return
         loop = self.ctx.loops[-1]
         receiver = func.value
+        seg = self.ctx.segment
+        unbound = self._unbound_item(receiver, loop)
+        if unbound is not None:
+            base, dim = unbound
+            if not self._mutates(loop) and not loaded_names(base) & (loop.assigned | loop.targets):
+                self.report(node, f"`{seg(node)}` copies one step's slice per iteration: copy "
+                                  f"`{seg(base)}.movedim({dim}, 0).contiguous()` once before the loop and iterate over it")
+            return
         if not self._surely_strided(receiver) or self._is_gemm_operand(node) or self._mutates(loop):
             return
-        seg = self.ctx.segment
         if not (loaded_names(receiver) & (loop.assigned | loop.targets)):
             if self._may_change(receiver, loop):
                 return  # `next(it).permute(...)`, `torch.randn(...).t()`: new data on every pass
             self.report(node, f"`{seg(node)}` makes the same copy on every iteration: hoist it out of the loop")
             return
-        item = self._loop_gemms._batched(loop, receiver, 0)
+        item = self._last_dim_item(receiver, loop) or self._loop_gemms._batched(loop, receiver, 0)
         if item is None or loaded_names(item.base) & (loop.assigned | loop.targets):
             return
         if not self._indexed(receiver, loop):
             # Iterated directly (`for a in t`): `t` must be known to be one tensor, not a tuple of them.
             if _kinds.kind_of(self.ctx, item.base) not in _kinds.TENSORS:
                 return
+        if item.plain and self._leading_ones(item.base, item.dim):
+            return  # `video[:, t]` of a (1, T, ...) tensor: already contiguous
         whole = self._whole_copy(receiver, item)
         how = f"`{whole}` once before the loop" if whole else "the whole tensor into the wanted layout once before the loop"
         self.report(node, f"`{seg(node)}` copies one step's slice per iteration: copy {how} and index it per step")
+
+    def _leading_ones(self, base: ast.AST, dim: Optional[int]) -> bool:
+        """Every dim of `base` before `dim` is known to have size 1 (from its shape, or from an
+        `assert x.size(0) == 1` that runs before the loop): the step's slice is contiguous."""
+        if not dim:
+            return False
+        if self._asserted_ones(base) >= set(range(dim)):
+            return True
+        shape = shape_of(self.ctx, base)
+        return shape is not None and shape.rank is not None and dim <= shape.rank and all(
+            type(d) is int and d == 1 for d in shape.dims[:dim])
+
+    def _asserted_ones(self, base: ast.AST) -> set:
+        """The dims of name `base` that a top-level `assert x.size(k) == 1` (or `x.shape[k] == 1`)
+        of the function states before the loop, where the name is not stored after the assert."""
+        function, loop = self.ctx.function, self.ctx.loops[0].node if self.ctx.loops else None
+        if not isinstance(base, ast.Name) or function is None or loop is None or "assert" not in self.ctx.source:
+            return set()
+        ones = set()
+        stores = flow_of(self.ctx, function).stores.get(base.id, [])
+        for stmt in function.body:
+            if stmt.lineno >= loop.lineno:
+                break
+            if not isinstance(stmt, ast.Assert) or any(s is not None and s.end_lineno >= stmt.lineno for s, _ in stores):
+                continue
+            tests = stmt.test.values if isinstance(stmt.test, ast.BoolOp) and isinstance(stmt.test.op, ast.And) else [stmt.test]
+            for test in tests:
+                if not (isinstance(test, ast.Compare) and len(test.ops) == 1 and isinstance(test.ops[0], ast.Eq)):
+                    continue
+                for size, one in ((test.left, test.comparators[0]), (test.comparators[0], test.left)):
+                    if int_const(one) == 1:
+                        k = self._sized_dim(size, base.id)
+                        if k is not None:
+                            ones.add(k)
+        return ones
+
+    @staticmethod
+    def _sized_dim(expr: ast.AST, name: str) -> Optional[int]:
+        """k for `name.size(k)` or `name.shape[k]` (k a literal 0 or more)."""
+        if (isinstance(expr, ast.Call) and isinstance(expr.func, ast.Attribute) and expr.func.attr == "size"
+                and len(expr.args) == 1 and not expr.keywords):
+            owner, k = expr.func.value, int_const(expr.args[0])
+        elif isinstance(expr, ast.Subscript) and isinstance(expr.value, ast.Attribute) and expr.value.attr == "shape":
+            owner, k = expr.value.value, int_const(expr.slice)
+        else:
+            return None
+        return k if isinstance(owner, ast.Name) and owner.id == name and k is not None and k >= 0 else None
+
+    def _last_dim_item(self, receiver: ast.AST, loop: LoopInfo):
+        """`x[..., t]` with `t` the loop counter, of a tensor of known rank (2 or more) fixed before the loop."""
+        if not (isinstance(receiver, ast.Subscript) and isinstance(receiver.slice, ast.Tuple)
+                and len(receiver.slice.elts) == 2):
+            return None
+        first, index = receiver.slice.elts
+        if not (isinstance(first, ast.Constant) and first.value is Ellipsis and isinstance(index, ast.Name)
+                and self._loop_gemms._index_var(loop, index.id)):
+            return None
+        rank = rank_of(self.ctx, receiver.value)
+        if rank is None or rank < 2 or not self._loop_gemms._tensor_base(receiver.value):
+            return None
+        return _Step(receiver.value, rank - 1, True)
+
+    def _unbound_item(self, receiver: ast.AST, loop: LoopInfo):
+        """(x, d) when `receiver` is the loop's item of `x.unbind(d)` (`for x_t in x.unbind(1)`,
+        `for i, x_t in enumerate(torch.unbind(x, dim=1))`) and d is 1 or more: a strided view."""
+        node = loop.node
+        if not isinstance(receiver, ast.Name) or not isinstance(node, (ast.For, ast.AsyncFor)):
+            return None
+        target, it = node.target, node.iter
+        if (isinstance(target, ast.Tuple) and len(target.elts) == 2 and isinstance(it, ast.Call)
+                and isinstance(it.func, ast.Name) and it.func.id == "enumerate" and self.ctx.qualname(it.func) is None
+                and len(it.args) == 1 and not it.keywords):
+            target, it = target.elts[1], it.args[0]
+        if not (isinstance(target, ast.Name) and target.id == receiver.id and isinstance(it, ast.Call)):
+            return None
+        if isinstance(it.func, ast.Attribute) and it.func.attr == "unbind" and self.ctx.qualname(it.func) is None:
+            base, args = it.func.value, it.args
+        elif self.ctx.qualname(it.func) == "torch.unbind" and it.args:
+            base, args = it.args[0], it.args[1:]
+        else:
+            return None
+        given = list(args) + [k.value for k in it.keywords if k.arg == "dim"]
+        if len(given) != 1 or len(it.keywords) > (len(given) - len(args)):
+            return None
+        dim = int_const(given[0])
+        if dim is None or dim < 1 or _kinds.is_non_tensor(self.ctx, base) or self._leading_ones(base, dim):
+            return None
+        return base, dim
 
     def _may_change(self, receiver: ast.AST, loop: LoopInfo) -> bool:
         """Whether the receiver can hold other data on another pass although no name it reads is
@@ -279,8 +418,15 @@ class ContiguousInLoop(Rule):
         view = reorder(self.ctx, expr)
         if view is not None:
             return True
-        if isinstance(expr, ast.Call) and isinstance(expr.func, ast.Attribute) and expr.func.attr == "expand":
-            return True
+        if isinstance(expr, ast.Call) and isinstance(expr.func, ast.Attribute):
+            if expr.func.attr == "expand":
+                return True
+            if expr.func.attr == "select" and expr.args:  # `x.select(2, t)`: an index of a later dim
+                dim = int_const(expr.args[0])
+                return dim is not None and dim >= 1
+        if (isinstance(expr, ast.Subscript) and isinstance(expr.slice, ast.Tuple) and expr.slice.elts
+                and isinstance(expr.slice.elts[0], ast.Constant) and expr.slice.elts[0].value is Ellipsis):
+            return True  # `x[..., t]`: the rank decides, see `_last_dim_item`
         return self._column_slice(expr) is not None
 
     @staticmethod
@@ -302,9 +448,8 @@ class ContiguousInLoop(Rule):
     def _whole_copy(self, receiver: ast.AST, item) -> Optional[str]:
         seg = self.ctx.segment
         base = seg(item.base)
-        dim = self._column_slice(receiver)
-        if dim is not None and item.plain:
-            return f"{base}.movedim({dim}, 0).contiguous()"
+        if item.plain and item.dim:  # `x[:, t]`, `x[..., t]`, `x.select(2, t)`
+            return f"{base}.movedim({item.dim}, 0).contiguous()"
         view = reorder(self.ctx, receiver)
         inner = view.base if view is not None else None
         if (item.dim == 0 and view is not None and isinstance(inner, ast.Subscript)

@@ -11,7 +11,7 @@ from matlint.diagnostics import Fix
 from matlint.rule import Only, Rule, bad, good
 
 from . import _kinds
-from ._flow import function_text
+from ._flow import function_text, nearby_comments
 from ._loops import (LoopInfo, identifier as _identifier, is_optimizer_step, is_training_loop, iterates_loader,
                      loaded_names, name_tokens, walk_no_scopes)
 from ._names import in_reference_code, in_test_code
@@ -1087,16 +1087,7 @@ class HostSyncInLoop(Rule):
         statement = self.ctx.statement()
         if statement is None:
             return False
-        lines = self.ctx.lines
-        comments = [line[line.find("#"):] for line in lines[node.lineno - 1:node.end_lineno] if "#" in line]
-        row = statement.lineno - 2
-        while row >= 0:
-            text = lines[row].strip()
-            if text.startswith("#"):
-                comments.append(text)
-            elif not text or not any(sync in text for sync in _SYNC_TEXT):
-                break
-            row -= 1
+        comments = nearby_comments(self.ctx, node, statement, lambda text: any(sync in text for sync in _SYNC_TEXT))
         return any(_says_why(comment) for comment in comments)
 
     def _host_only(self, loop: LoopInfo) -> bool:

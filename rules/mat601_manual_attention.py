@@ -252,11 +252,14 @@ class ManualAttention(Rule):
     - Scores changed in ways SDPA cannot express: anything other than scaling, adding a
       bias or mask, `masked_fill`, the row-maximum shift and dtype casts (e.g. talking-heads
       mixing across heads, an unknown function applied to the scores).
-    - Cosine and cross-covariance attention (both q and k `F.normalize`d, directly or through a
-      helper such as `l2norm = lambda t: F.normalize(t, dim=-1)` or a `def`, also mapped with
-      `map(l2norm, (q, k))`, as in XCiT and EdgeNeXt): the learned per-head temperature is a
-      tensor `scale=` cannot take, and the map often runs over channels, where there is
-      nothing to gain.
+    - Cosine and cross-covariance attention whose product takes q and k straight from
+      `F.normalize` (directly or through a helper such as `l2norm = lambda t: F.normalize(t,
+      dim=-1)` or a `def`, also mapped with `map(l2norm, (q, k))`, as in XCiT and EdgeNeXt):
+      the scores are then scaled by a learned per-head temperature, a tensor `scale=` cannot
+      take, and the map often runs over channels, where there is nothing to gain. Where q and k
+      are rescaled after the normalization (`q = q * self.q_scale`, as in Imagen's "qk
+      rmsnorm") and the scores by a constant, SDPA takes the rescaled q and k as they are, so
+      that form is reported.
     - A second operand computed from another softmax (the Nyström approximation's
       `kernel_1 @ inv(kernel_2)`): a composition of attention kernels, not attention over values.
     - Additive / MLP attention (`tanh(W q + U k)`), sigmoid gates, a softmax over any axis but
@@ -1029,6 +1032,22 @@ class ManualAttention(Rule):
                     return probs @ v
                 return attend
             """),
+        # q and k normalized, then rescaled per dim, and the scores by a constant: SDPA takes them.
+        bad("""
+            import torch
+            import torch.nn.functional as F
+            from torch import einsum
+            def l2norm(t):
+                return F.normalize(t, dim=-1)
+            def perceiver(q, k, v, q_scale, k_scale, scale: float = 8.0):
+                assert q.ndim == 4 and k.ndim == 4 and v.ndim == 4
+                q, k = map(l2norm, (q, k))
+                q = q * q_scale
+                k = k * k_scale
+                sim = einsum('b h i d, b h j d -> b h i j', q, k) * scale
+                attn = sim.softmax(dim=-1)
+                return einsum('b h i j, b h j d -> b h i d', attn, v)
+            """, (11, 11)),
     ]
 
     # A softmax is a call of `softmax` (an attribute, or a name bound to it), or of `self.<module>`

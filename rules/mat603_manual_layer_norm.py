@@ -12,7 +12,8 @@ from ._flow import code_scope, flow_of, function_may_mention
 from ._loops import scope_statements
 from ._names import in_reference_code, in_test_code, mentions, outermost_scope, subclasses
 from ._pointwise import (KERNEL_SWITCH, PRODUCT_METHODS, difference, feeds_only, in_compiled_code, is_eps,
-                         last_dim_reduction, may_take_root, number, product, resolve, root_of, same, strip_casts, torch_op)
+                         last_dim_reduction, may_take_root, number, product, resolve, returned_affine, root_of, same,
+                         strip_casts, torch_op)
 
 
 # A class or function that names one of these has a fused layer norm next to the manual one.
@@ -45,7 +46,11 @@ class ManualLayerNorm(Rule):
     centered values (`.pow(2)`, `** 2`, `.square()`, `xc * xc`), and the steps may sit in
     separate statements (`std = (var + eps).sqrt()`, then `(x - mean) / std`;
     `rstd = torch.rsqrt(var + eps)`, then `xc * rstd * w + b`). The "annotated transformer" form `(x - mean) / (x.std(-1, keepdim=True) + eps)`
-    is reported too, with a note that it differs slightly from a layer norm.
+    is reported too, with a note that it differs slightly from a layer norm. The call it
+    suggests takes what the code applies where it returns the norm: nothing for a param-free
+    norm returned as it is, outside a class that holds a parameter (`F.layer_norm(x,
+    (x.shape[-1],), eps=eps)`), a weight where it is returned times one factor; otherwise a
+    weight and a bias.
 
     ## Why is this bad?
     Each step is a separate kernel (mean, subtract, square, mean, add, sqrt, divide, then
@@ -304,6 +309,22 @@ class ManualLayerNorm(Rule):
                 var = (x - mean).pow(2).mean(-1, keepdim=True)
                 return (x - mean) / torch.sqrt(var + eps)
             """, (6, 12)),
+        # The call suggested takes what the code applies: nothing (a param-free norm returned as
+        # it is), a weight only, or a weight and a bias.
+        bad("""
+            import torch
+            def ln_pre(x, eps: float = 1e-5):
+                x = x.float()
+                x = x - x.mean(dim=-1, keepdim=True)
+                scale = (x.pow(2).mean(dim=-1, keepdim=True) + eps).sqrt()
+                return (x / scale).to(torch.float16)
+            """, (6, 13), message_contains="`F.layer_norm(x, (x.shape[-1],), eps=eps)`"),
+        bad("""
+            import torch
+            def ln_scaled(x, w, eps: float = 1e-5):
+                xc = x - x.mean(-1, keepdim=True)
+                return w * (xc / torch.sqrt(xc.pow(2).mean(-1, keepdim=True) + eps))
+            """, (4, 17), message_contains="`F.layer_norm(x, (x.shape[-1],), weight, eps=eps)`"),
     ]
 
     only = {"visit_Call": Only(attrs=PRODUCT_METHODS)}
@@ -348,9 +369,12 @@ class ManualLayerNorm(Rule):
                     or in_compiled_code(self.ctx, reductions=True)
                     or in_test_code(self.ctx) or in_reference_code(self.ctx)):
                 return
-            self.report(node, "hand-written layer norm over the last dim: use "
-                        "`F.layer_norm(x, (x.shape[-1],), weight, bias, eps)` (or `nn.LayerNorm`), one fused "
-                        f"kernel forward and backward instead of one kernel per step{note}")
+            # The weight and bias the code applies, where it returns the norm as it is or times one factor.
+            affine = returned_affine(self.ctx, node) if difference(self.ctx, resolve(flow, centered)) else None
+            args = {"none": "eps=eps", "scale": "weight, eps=eps"}.get(affine, "weight, bias, eps")
+            self.report(node, f"hand-written layer norm over the last dim: use `F.layer_norm(x, (x.shape[-1],), {args})` "
+                              "(or `nn.LayerNorm`), one fused kernel forward and backward instead of one kernel "
+                              f"per step{note}")
             return
 
     def _may_hold_root(self, function: ast.AST, name: str) -> bool:

@@ -4,13 +4,14 @@ from __future__ import annotations
 
 import ast
 import re
+from typing import Optional
 
 from matlint.rule import Only, Rule, bad, good
 
 from ._flow import code_scope, flow_of, function_may_mention
 from ._names import in_reference_code, in_test_code, mentions, outermost_scope, subclasses
 from ._pointwise import (KERNEL_SWITCH, PRODUCT_METHODS, difference, in_compiled_code, last_dim_reduction, may_take_root,
-                         number, product, resolve, root_of, same, strip_casts, torch_op)
+                         number, product, resolve, returned_affine, root_of, same, strip_casts, torch_op)
 
 # A class or function that names one of these already has (or switches to) a fused RMS norm;
 # the hand-written code is its fallback.
@@ -36,6 +37,9 @@ class ManualRmsNorm(Rule):
     normalize, cast back, multiply by the weight). Those classes are reported on purpose
     unless a kernel-hub decorator replaces them: they are the pattern, and `F.rms_norm`
     computes half-precision statistics in float32 as they do (see Fix safety for the last bit).
+    A param-free norm that the function returns as it is (through a cast back), outside a class
+    that holds a parameter, is told to use `F.rms_norm(x, (x.shape[-1],), eps=eps)`, without a
+    weight.
 
     ## Why is this bad?
     Square, mean, add, rsqrt and multiply are separate kernels, each reading and writing the
@@ -236,6 +240,31 @@ class ManualRmsNorm(Rule):
             def rms_norm(x, weight, eps: float = 1e-6):
                 return x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + eps) * weight
             """, (4, 12)),
+        # A param-free norm returned as it is: the fused call takes no weight.
+        bad("""
+            import torch
+            def weightless_rms(x, eps: float):
+                dtype = x.dtype
+                x = x.float()
+                return (x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + eps)).to(dtype)
+            def scaled_rms(x, w, eps: float):
+                return w * x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + eps)
+            """, (5, 13), (7, 12), message_contains="`F.rms_norm(x, (x.shape[-1],), eps=eps)`"),
+        # A param-free helper of a class that holds the weight (Gemma's `_norm`): the weight is
+        # applied in `forward`, and it is suggested.
+        bad("""
+            import torch
+            import torch.nn as nn
+            class GemmaRMSNorm(nn.Module):
+                def __init__(self, dim: int, eps: float = 1e-6):
+                    super().__init__()
+                    self.eps = eps
+                    self.scale = nn.Parameter(torch.zeros(dim))
+                def _norm(self, x):
+                    return x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + self.eps)
+                def forward(self, x):
+                    return (self._norm(x.float()) * (1.0 + self.scale.float())).type_as(x)
+            """, (9, 16), message_contains="`F.rms_norm(x, (x.shape[-1],), weight, eps)`"),
     ]
 
     only = {"visit_Call": Only(attrs=PRODUCT_METHODS)}
@@ -261,15 +290,18 @@ class ManualRmsNorm(Rule):
         for x, scale in pairs:
             if not isinstance(scale, ast.Name) and root_of(self.ctx, scale, inverse) is None:
                 continue  # no root, and no name that could hold one: no data flow needed
-            if self._is_rms_of(flow_of(self.ctx, function), scale, x, inverse):
+            target = self._is_rms_of(flow_of(self.ctx, function), scale, x, inverse)
+            if target is not None:
                 if (mentions(self.ctx, outermost_scope(self.ctx), _FUSED_PATH) or self._is_gated(function)
                         or subclasses(self.ctx, self.ctx.class_, "torch.nn.RMSNorm")
                         or in_compiled_code(self.ctx, reductions=True)
                         or in_test_code(self.ctx) or in_reference_code(self.ctx)):
                     return
-                self.report(node, "hand-written RMS norm over the last dim: use "
-                            "`F.rms_norm(x, (x.shape[-1],), weight, eps)` (torch >= 2.4, or `nn.RMSNorm`), one "
-                            "call that runs as a fused kernel instead of one kernel per step")
+                # Returned as it is, with no factor besides x: a norm without weight.
+                weightless = target is x and returned_affine(self.ctx, node) == "none"
+                call = "F.rms_norm(x, (x.shape[-1],), eps=eps)" if weightless else "F.rms_norm(x, (x.shape[-1],), weight, eps)"
+                self.report(node, f"hand-written RMS norm over the last dim: use `{call}` (torch >= 2.4, or "
+                                  "`nn.RMSNorm`), one call that runs as a fused kernel instead of one kernel per step")
                 return
 
     @staticmethod
@@ -279,23 +311,25 @@ class ManualRmsNorm(Rule):
         args = getattr(function, "args", None)  # none for the module
         return args is not None and any("gate" in a.arg for a in args.posonlyargs + args.args + args.kwonlyargs)
 
-    def _is_rms_of(self, flow, scale: ast.AST, x: ast.AST, inverse: bool) -> bool:
+    def _is_rms_of(self, flow, scale: ast.AST, x: ast.AST, inverse: bool) -> Optional[ast.AST]:
+        """The factor of `x` (`x` itself, or `x` in `w * x`) that `scale` is the RMS of, else None."""
         root = root_of(self.ctx, resolve(flow, scale), inverse)
         if root is None:
-            return False
+            return None
         squares_of = last_dim_reduction(self.ctx, flow, root[0], ("mean",))
         if squares_of is None:
-            return False
+            return None
         square = torch_op(self.ctx, strip_casts(self.ctx, resolve(flow, squares_of)))
         if square is None or square.name != "pow" or number(square.args[1]) != 2:
-            return False
+            return None
         base = strip_casts(self.ctx, square.args[0])
-        for target in self._factors(x, 3):
-            target = strip_casts(self.ctx, target)
+        for factor in self._factors(x, 3):
+            target = strip_casts(self.ctx, factor)
             if same(base, target) or same(resolve(flow, base), resolve(flow, target)):
                 centered = difference(self.ctx, resolve(flow, target))  # `x - x.mean(...)`: a layer norm
-                return centered is None or last_dim_reduction(self.ctx, flow, centered[1], ("mean",)) is None
-        return False
+                plain = centered is None or last_dim_reduction(self.ctx, flow, centered[1], ("mean",)) is None
+                return factor if plain else None
+        return None
 
     def _factors(self, node: ast.AST, depth: int):
         """`node`, and when it is a product the factors inside it: the weight may come first

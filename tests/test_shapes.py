@@ -565,7 +565,7 @@ def test_lazy_analysis_gives_the_values_of_the_whole_analysis(monkeypatch):
 
     def visit_FunctionDef(self, node):
         cls = self.ctx.class_ if node in getattr(self.ctx.class_, "body", ()) else None
-        args = (_shapes._class_attrs(self.ctx, cls), _shapes._self_name(node)) if cls is not None else ()
+        args = (_shapes._class_attrs(self.ctx, cls), _shapes.self_name_of(node)) if cls is not None else ()
         whole = FunctionShapes(self.ctx, node, *args)
         exprs = [sub for sub in ast.walk(node) if isinstance(sub, ast.expr)]
         for order in (exprs[::-1], exprs):
@@ -691,7 +691,7 @@ def test_gate_skips_only_functions_the_analysis_knows_no_shape_in(monkeypatch):
     def checked(ctx, owner, cls=None):
         answer = real(ctx, owner, cls)
         if not answer:
-            analysis = (FunctionShapes(ctx, owner, _shapes._class_attrs(ctx, cls), _shapes._self_name(owner))
+            analysis = (FunctionShapes(ctx, owner, _shapes._class_attrs(ctx, cls), _shapes.self_name_of(owner))
                         if cls is not None else FunctionShapes(ctx, owner))
             shaped = [v for v in analysis.values.values() if isinstance(v, Shape)]
             assert not shaped, (ctx.source, getattr(owner, "lineno", None), shaped)
