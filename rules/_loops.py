@@ -474,7 +474,7 @@ class LoopInfo:
                     assignments.append((bound_names(sub.target), loaded_names(sub.value), sub.value))
         return assignments
 
-    def _assigned_from(self, seeds: set) -> set:
+    def assigned_from(self, seeds: set) -> set:
         """`seeds`, and every name the body assigns from one of them (or from an attribute path
         among them, `cur = self.traj[t]`), transitively."""
         deps = set(seeds)
@@ -493,14 +493,14 @@ class LoopInfo:
     @cached_property
     def derived(self) -> set:
         """Names assigned in the body from values that depend on the loop variable."""
-        return self._assigned_from(self.targets) - set(self.targets)
+        return self.assigned_from(self.targets) - set(self.targets)
 
     @cached_property
     def carried_all(self) -> set:
         """`carried`, and the names the body assigns from them: `cur` in `cur = buf[t]` when the
         body also writes `buf[t + 1]` reads the previous step as surely as `buf[t]` does."""
         carried = self.carried
-        return self._assigned_from(carried) if carried else carried
+        return self.assigned_from(carried) if carried else carried
 
     def depends_on_iteration(self, expr: ast.AST) -> bool:
         names = loaded_names(expr)

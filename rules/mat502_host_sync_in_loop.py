@@ -160,9 +160,11 @@ class HostSyncInLoop(Rule):
     - Loops over a list of loaders or of their names (`for loader in val_loaders:`): one step
       per dataset, not per batch. A loader is a `DataLoader` or a name ending in `loader`. So
       are loops over keys or names (`for key in dataset_keys:`, `for name, fn in losses.items():`,
-      a loop variable or iterable whose last `_`-word is `key(s)` or `name(s)`: not `fname`),
-      even with a `.backward()` inside: one per task. A loop that steps an optimizer is a
-      training step whatever it goes over (a round robin over `loaders.items()`).
+      a loop variable or iterable whose last `_`-word is `key(s)` or `name(s)`: not `fname`;
+      named pairs, `for name, discr_loss in discr_losses:`, unless they come from a loader),
+      even with a `.backward()` inside: one per task, and the loop around it is the training
+      step. A loop that steps an optimizer is a training step whatever it goes over (a round
+      robin over `loaders.items()`).
     - One-off passes over a data set that do not train: in a method `process(self)`
       (torch_geometric's `Dataset.process()`; not a `process(rank, ...)` worker), or in a function
       whose name or file name has the word `preprocess`, `precompute`, `calibrate`, `calibration`
@@ -172,8 +174,14 @@ class HostSyncInLoop(Rule):
       `print()` and `.tolist()` (those need a value known to be a tensor).
 
     ## Fix safety
-    `total += loss.item()` has an unsafe fix to `total += loss.detach()` (a receiver that is not
-    atomic is parenthesized: `(a + b).detach()`), offered only where the accumulator is a Python
+    A running total gets the running-total remedy (keep it on the device, `.item()` once after
+    the loop), other values `torch.stack(values).tolist()` after the loop. Where host code in
+    the loop reads the running total, or a name computed from it, on every step (a progress
+    bar's `set_postfix(loss=avg)`, a `print`, a comparison; not under a gate), keeping it on the
+    device would not help: the message says to show or log it every N steps, with no fix.
+    `total += loss.item()` (also scaled: `total += loss.item() * len(batch)`) has an unsafe fix
+    to `total += loss.detach()` (a receiver that is not atomic is parenthesized:
+    `(a + b).detach()`), offered only where the accumulator is a Python
     number (every binding of the name in its scope is a number or adds one) whose every later
     use works the same on a 0-d tensor: arithmetic, formatting as a number (`f"{total:.3f}"`,
     `"%.3f" % total`, `"{:.2f}".format(total)`), `float()`, `int()`, `round()`, returning it; the
@@ -799,6 +807,103 @@ class HostSyncInLoop(Rule):
                     opt.step()
                     assert loss.item() < 10.0
             """),
+        bad("""
+            import torch
+            def fit(model, batches, opt, micro):
+                losses = []
+                for batch in batches:
+                    total = 0.0
+                    opt.zero_grad()
+                    for part in batch.split(micro):
+                        loss = model(part).sum() / len(batch)
+                        loss.backward()
+                        total += loss.item() * len(batch)
+                    opt.step()
+                    losses.append(total / len(batches))
+                return losses
+            """, (10, 22), message_contains="keep the running value on the device (`total += loss.detach()`)"),
+        bad("""
+            import torch
+            def train(model, dl, opt, n_micro: int = 4):
+                for step in range(1000):
+                    total_loss = 0.
+                    for _ in range(n_micro):
+                        loss = model(next(dl))
+                        total_loss += -loss.item() / n_micro
+                        (loss / n_micro).backward()
+                    opt.step()
+                    print(f"loss: {total_loss:.3f}")
+            """, (7, 28),
+            fixed="""
+            import torch
+            def train(model, dl, opt, n_micro: int = 4):
+                for step in range(1000):
+                    total_loss = 0.
+                    for _ in range(n_micro):
+                        loss = model(next(dl))
+                        total_loss += -loss.detach() / n_micro
+                        (loss / n_micro).backward()
+                    opt.step()
+                    print(f"loss: {total_loss:.3f}")
+            """, unsafe=True),
+        bad("""
+            import torch
+            def train_discriminators(model, dl, opt, accum, logs):
+                for i in range(accum):
+                    discr_losses = model(next(dl), return_discr_losses_separately=True)
+                    for name, discr_loss in discr_losses:
+                        discr_loss.backward(retain_graph=True)
+                        logs[name] = discr_loss.item() / accum
+                opt.step()
+            """, (7, 26), message_contains="training loop on line 3;"),
+        bad("""
+            import torch
+            def evaluate(model, loader, scores):
+                for img_name, img in loader:
+                    out = model(img.cuda())
+                    scores[img_name] = out.mean().item()
+            """, (5, 28)),
+        bad("""
+            import torch
+            from tqdm import tqdm
+            def finetune(model, loader, optimizer, loss_fn, device):
+                running = 0.0
+                bar = tqdm(loader)
+                for i, (x, y) in enumerate(bar):
+                    loss = loss_fn(model(x.to(device)), y.to(device))
+                    loss.backward()
+                    optimizer.step()
+                    running += loss.item()
+                    avg = running / (i + 1)
+                    bar.set_postfix(loss=avg)
+                return model
+            """, (10, 20), message_contains="the host reads the running value on every step (line 12)"),
+        bad("""
+            import torch
+            def finetune(model, loader, optimizer, loss_fn, device):
+                running = 0.0
+                for i, (x, y) in enumerate(loader):
+                    loss = loss_fn(model(x.to(device)), y.to(device))
+                    loss.backward()
+                    optimizer.step()
+                    running += loss.item()
+                    if i % 100 == 0:
+                        print(f"{running / (i + 1):.3f}")
+                return running
+            """, (8, 20),
+            fixed="""
+            import torch
+            def finetune(model, loader, optimizer, loss_fn, device):
+                running = 0.0
+                for i, (x, y) in enumerate(loader):
+                    loss = loss_fn(model(x.to(device)), y.to(device))
+                    loss.backward()
+                    optimizer.step()
+                    running += loss.detach()
+                    if i % 100 == 0:
+                        print(f"{running / (i + 1):.3f}")
+                return running
+            """, unsafe=True),
     ]
 
     only = {name: Only(in_loops=True) for name in ("visit_Call", "visit_If", "visit_While", "visit_IfExp")}
@@ -856,9 +961,13 @@ class HostSyncInLoop(Rule):
             return
         if method == "item":
             accumulation = self._accumulation(node)
-            onto_number = accumulation is not None and self._python_number(accumulation.target)
+            read = self._read_on_every_step(accumulation.target) if accumulation is not None else None
+            onto_number = accumulation is not None and read is None and self._python_number(accumulation.target)
             fix = (lambda: self._detach_fix(node, receiver, accumulation.target.id)) if onto_number else None
-            if onto_number:
+            if read is not None:
+                instead = (f"the host reads the running value on every step (line {read}), so keeping it on the "
+                           f"device would not help: show or log it every N steps")
+            elif onto_number:
                 instead = "keep the running value on the device (`total += loss.detach()`) and call `.item()` once after the loop"
             elif accumulation is not None:
                 instead = ("accumulate on the device (`total = torch.zeros((), device=loss.device)`, then "
@@ -947,10 +1056,72 @@ class HostSyncInLoop(Rule):
         return None
 
     def _accumulation(self, call: ast.Call) -> Optional[ast.AugAssign]:
-        parent = self.ctx.parent
-        if isinstance(parent, ast.AugAssign) and parent.value is call and isinstance(parent.op, ast.Add):
-            return parent
+        """`total += loss.item()`, also scaled on the way (`total += loss.item() * len(batch)`,
+        `total_loss += loss.item() / accum`): a running total."""
+        value = call
+        for parent in reversed(self.ctx.parents):
+            if isinstance(parent, ast.AugAssign):
+                return parent if parent.value is value and isinstance(parent.op, ast.Add) else None
+            if not (isinstance(parent, ast.BinOp) and isinstance(parent.op, (ast.Mult, ast.Div))
+                    or isinstance(parent, ast.UnaryOp) and isinstance(parent.op, (ast.USub, ast.UAdd))):
+                return None
+            value = parent
         return None
+
+    def _read_on_every_step(self, target: ast.AST) -> Optional[int]:
+        """The line where host code in the step loop reads the running total, or a name it flows
+        into (`avg = total / (i + 1)`), on every step, outside a gate: `bar.set_postfix(loss=avg)`."""
+        loop = self._step_loop()
+        if loop is None or not isinstance(target, ast.Name):
+            return None
+        parents = self._parents()
+        pending, seen, lines = [target.id], set(), []
+        while pending:
+            name = pending.pop()
+            if name in seen:
+                continue
+            seen.add(name)
+            for stmt in loop.body:
+                for read in walk_no_scopes(stmt):
+                    if not (isinstance(read, ast.Name) and read.id == name and isinstance(read.ctx, ast.Load)):
+                        continue
+                    child, parent = read, parents.get(read)
+                    while isinstance(parent, (ast.BinOp, ast.UnaryOp)):
+                        child, parent = parent, parents.get(parent)
+                    if isinstance(parent, ast.AugAssign) and parent.value is child and isinstance(parent.target, ast.Name):
+                        pending.append(parent.target.id)
+                    elif isinstance(parent, ast.Assign) and parent.value is child and len(parent.targets) == 1 \
+                            and isinstance(parent.targets[0], ast.Name):
+                        pending.append(parent.targets[0].id)
+                    elif _host_reads(parent, child) and not self._gated_read(read, loop, parents):
+                        lines.append(read.lineno)
+        return min(lines, default=None)
+
+    @staticmethod
+    def _gated_read(read: ast.AST, loop: LoopInfo, parents: dict) -> bool:
+        """`read` runs on some steps only: under a gate (`if i % 100 == 0:`), in a branch that
+        leaves the loop, or in an `except`."""
+        child, parent = read, parents.get(read)
+        while parent is not None and parent is not loop.node:
+            if isinstance(parent, ast.ExceptHandler):
+                return True
+            if isinstance(parent, ast.If) and child is not parent.test:
+                in_body = any(stmt is child for stmt in parent.body)
+                branch = parent.body if in_body else parent.orelse
+                if isinstance(branch[-1], (ast.Return, ast.Break, ast.Raise)) or in_body and _is_gate(parent.test, loop):
+                    return True
+            child, parent = parent, parents.get(parent)
+        return False
+
+    def _parents(self) -> dict:
+        """Each node's parent in the current function (or module), built once."""
+        owner = self.ctx.function or self.ctx.tree
+        key = ("mat502_parents", id(owner))
+        parents = self.ctx.shared.get(key)
+        if parents is None:
+            parents = self.ctx.shared[key] = {child: node for node in ast.walk(owner)
+                                              for child in ast.iter_child_nodes(node)}
+        return parents
 
     def _detach_fix(self, call: ast.Call, receiver: ast.AST, accumulator: str) -> Optional[Fix]:
         """Only onto a Python number (the caller checks): `acc += loss.detach()` onto a CPU tensor
@@ -974,11 +1145,7 @@ class HostSyncInLoop(Rule):
         arithmetic, an f-string or `format`, `float()`/`int()`/`round()`, returning it. Any other
         use (a call, numpy, a comparison, an attribute, a closure) may need a Python number."""
         owner = self.ctx.function or self.ctx.tree
-        key = ("mat502_parents", id(owner))
-        parents = self.ctx.shared.get(key)
-        if parents is None:
-            parents = self.ctx.shared[key] = {child: node for node in ast.walk(owner)
-                                              for child in ast.iter_child_nodes(node)}
+        parents = self._parents()
         reads: dict = {}
         for node in parents:
             if isinstance(node, ast.Name) and isinstance(node.ctx, ast.Load):
@@ -1163,7 +1330,16 @@ class HostSyncInLoop(Rule):
         return self.ctx.shared[key]
 
     def _is_training(self, loop: LoopInfo) -> bool:
-        return is_training_loop(self.ctx, loop)
+        """The body calls `.backward()` or an optimizer's `.step()`, itself or in a loop over names
+        nested in it (`for name, discr_loss in discr_losses: discr_loss.backward()`): that loop
+        goes over the parts of this loop's step."""
+        key = ("mat502_training", id(loop.node))
+        found = self.ctx.shared.get(key)
+        if found is None:
+            found = self.ctx.shared[key] = is_training_loop(self.ctx, loop) or any(
+                isinstance(node, (ast.For, ast.AsyncFor)) and self._iterates_names(inner := LoopInfo(node, self.ctx))
+                and is_training_loop(self.ctx, inner) for node in loop.direct_nodes())
+        return found
 
     def _iterates_loader(self, loop: LoopInfo) -> bool:
         return iterates_loader(self.ctx, loop)
@@ -1176,11 +1352,11 @@ class HostSyncInLoop(Rule):
                    for stmt in _every_iteration(loop.node.body if isinstance(loop.node, (ast.For, ast.AsyncFor, ast.While))
                                                 else []))
 
-    @staticmethod
-    def _iterates_names(loop: LoopInfo) -> bool:
-        """`for key in dataset_keys:`, `for task_name in tasks:`, `for k, v in losses.items():`: one
-        iteration per data set or task, not per batch. Whole words: `fname` names a file, which
-        may hold a batch."""
+    def _iterates_names(self, loop: LoopInfo) -> bool:
+        """`for key in dataset_keys:`, `for task_name in tasks:`, `for k, v in losses.items():`,
+        `for name, discr_loss in discr_losses:`: one iteration per data set or task, not per batch.
+        Whole words: `fname` names a file, which may hold a batch; and named pairs from a loader
+        (`for img_name, img in loader:`) are its batches."""
         it = loop.iter
         while isinstance(it, ast.Call) and isinstance(it.func, ast.Name) and it.func.id in ("enumerate", "sorted", "list") \
                 and it.args:
@@ -1193,6 +1369,9 @@ class HostSyncInLoop(Rule):
         if _last_word(_identifier(it)) in ("keys", "names"):
             return True
         target = loop.node.target if isinstance(loop.node, (ast.For, ast.AsyncFor)) else loop.node.generators[0].target
+        if isinstance(target, ast.Tuple) and target.elts and isinstance(target.elts[0], ast.Name) \
+                and _last_word(target.elts[0].id) in ("key", "name"):
+            return not self._iterates_loader(loop)
         return isinstance(target, ast.Name) and _last_word(target.id) in ("key", "name")
 
     def _one_off(self) -> bool:
@@ -1258,6 +1437,18 @@ def _reads_values(ctx, parent: ast.AST, child: ast.AST) -> bool:
             return func.id in ("float", "int", "bool", "list", "print")
         return ctx.qualname(func) in ("numpy.asarray", "numpy.array")
     return isinstance(parent, ast.FormattedValue) and parent.value is child
+
+
+def _host_reads(parent: ast.AST, child: ast.AST) -> bool:
+    """`parent` needs the value of `child` on the host: formats it (`f"{avg:.3f}"`), passes it to a
+    call (`bar.set_postfix(loss=avg)`, `print(avg)`; not `losses.append(avg)`, which keeps it), or
+    compares it."""
+    if isinstance(parent, ast.keyword):
+        return True
+    if isinstance(parent, ast.Call):
+        return any(arg is child for arg in parent.args) and not (
+            isinstance(parent.func, ast.Attribute) and parent.func.attr in ("append", "extend", "insert", "add"))
+    return isinstance(parent, (ast.FormattedValue, ast.Compare))
 
 
 def _use_on_tensor(ctx, read: ast.Name, parents: dict, owner: ast.AST):

@@ -80,6 +80,25 @@ def _scalar_value(expr: ast.AST):
     return expr.value
 
 
+def _takes_device(name: str, call: ast.Call) -> bool:
+    """`torch.bernoulli(p)` and `torch.normal(mean_tensor, std)` sample from a tensor, with no
+    `device=`; `torch.normal(mean, std, size)` and the other factories take one."""
+    if name == "bernoulli":
+        return False
+    if name == "normal":
+        return len(call.args) >= 3 or any(k.arg == "size" for k in call.keywords)
+    return True
+
+
+def _walk_this_loop(node: ast.AST):
+    """The nodes of `node` outside nested loops and functions, whose `continue` is not this loop's."""
+    yield node
+    if isinstance(node, (ast.For, ast.AsyncFor, ast.While, ast.FunctionDef, ast.AsyncFunctionDef, ast.Lambda, ast.ClassDef)):
+        return
+    for child in ast.iter_child_nodes(node):
+        yield from _walk_this_loop(child)
+
+
 def _changes_in_place(name: str, stmt: ast.AST) -> bool:
     """`stmt` changes the tensor held by `name` in place: `name += ...`, `name[i] = ...`, `name.add_(...)`."""
     for node in ast.walk(stmt):
@@ -108,7 +127,10 @@ class TensorCreationInLoop(Rule):
     Inside a loop, or in an `nn.Module`'s `forward`, flags:
     - a tensor created on the host and then moved (`torch.zeros(n).to(device)`,
       `torch.arange(n).cuda()`, `torch.randn(b, d).to(x.device)`): it can be created on the
-      device directly;
+      device directly; a sample drawn on the host from a host-made input
+      (`torch.bernoulli(p * torch.ones(shape)).to(d)`): `torch.bernoulli` and `torch.normal(mean,
+      std)` take no `device=` and sample where their input is, so that input is what to make on
+      the device;
     - a constant copied from the host (`torch.tensor([0.5, 2.0], device=x.device)`,
       `torch.tensor(1.0).cuda()`): the same values are uploaded again each time. A scalar
       (`torch.tensor(0.0, device=d)`, often an accumulator updated in place) gets the fill that
@@ -149,7 +171,9 @@ class TensorCreationInLoop(Rule):
     - Data that changes per iteration (`torch.tensor(batch_ids).to(device)`): it has to be
       copied anyway.
     - `.to(x)` / `.to(dtype)` and other `.to` calls whose argument may not be a device, and
-      `.to("cpu")`; random tensors drawn from an explicit `generator=` (it lives on the host);
+      `.to("cpu")`; random tensors drawn from an explicit `generator=` (it lives on the host),
+      or sampled from an input whose place is unknown (`torch.bernoulli(probs).to(d)`: `probs`
+      may be on the device already);
       factories with `requires_grad=True` (the moved copy is a non-leaf, so `device=` would
       change which tensor gets the gradient; a constant leaf must be a new one each call) or
       `pin_memory=True` (`requires_grad=False` and `pin_memory=False` are the defaults: reported).
@@ -159,6 +183,11 @@ class TensorCreationInLoop(Rule):
     - A device that changes with the loop variable (`torch.tensor(0, device=torch.device("cuda",
       i))` to initialize each GPU), and branches that run on one iteration only (`if i ==
       len(steps) - 1:`, `if state is None:`, `if len(state) == 0:`; their `else:` is reported).
+    - Blocks that leave the loop right after the creation: a branch ending in `return` or
+      `raise` runs at most once per call (`if too_close: return torch.tensor(True, device=d)`),
+      one ending in `break` once per run of its loop (still reported when an outer loop runs
+      it again, and in a module's `forward`, once per forward call). A `continue` in the rest
+      of the block, or a `raise` that a `try` in the loop may catch, keeps it reported.
     - Branches that the data chooses, under a test that reads tensor values on the host (`if
       not torch.any(mask): return torch.tensor(0.0, device=d)`, `if loss.item() > 1.0:`, `if
       total == 0:` for a tensor `total`, a reduction compared: `if mask.sum() > 0:`, `if (z <
@@ -187,7 +216,8 @@ class TensorCreationInLoop(Rule):
     right after the last argument when a comment ends the argument list; there is no fix when a
     comment sits between the factory and the end of the move (it would be dropped). Constants
     and `torch.Tensor(sizes)` have no fix: hoisting them (a buffer, a module-level tensor) is
-    the author's call.
+    the author's call. Neither do samplers without `device=` (`torch.bernoulli`, `torch.normal`
+    of tensors): the message names the factory in their input to create on the device.
     """
     examples = [
         bad("""
@@ -510,6 +540,83 @@ class TensorCreationInLoop(Rule):
                 return [(torch.zeros((1, *shape)).to(device), torch.randint(0, 10, shape).to(device))
                         for shape in input_shapes]
             """),
+        good("""
+            import torch
+            def any_close(pos, group, thresh, max_hits):
+                ids = group.unique()
+                for i in range(len(ids)):
+                    for j in range(i + 1, len(ids)):
+                        d = torch.cdist(pos[group == ids[i]], pos[group == ids[j]])
+                        hits = (d < thresh).sum()
+                        too_close = (hits > max_hits) or (hits / d.numel() > 0.5)
+                        if too_close:
+                            return torch.tensor(True, dtype=torch.bool, device=pos.device)
+                return torch.tensor(False, dtype=torch.bool, device=pos.device)
+            def first_long(batches, device):
+                flag = None
+                for b in batches:
+                    if b.size(0) > 4:
+                        flag = torch.zeros(3).to(device)
+                        print("long batch")
+                        break
+                return flag
+            def check(batches, device):
+                for b in batches:
+                    if b.size(0) > 4:
+                        bad = torch.tensor([1.0, 2.0], device=device)
+                        raise ValueError(bad)
+            """),
+        bad("""
+            import torch
+            from torch import nn
+            def train(model, loader, device):
+                for x, y in loader:
+                    for k in range(3):
+                        if x.size(0) > k:
+                            w = torch.ones(3).to(device)
+                            break
+                    for k in range(3):
+                        try:
+                            if x.size(0) > k:
+                                v = torch.ones(3).to(device)
+                                raise ValueError(v)
+                        except ValueError:
+                            pass
+                        if x.size(0) > k:
+                            u = torch.ones(3).to(device)
+                            if u.sum() > 2:
+                                continue
+                            return u
+                    model(x, w, v)
+            """, (7, 21), (12, 25), (17, 21)),
+        bad("""
+            import torch
+            from torch import nn
+            class Pick(nn.Module):
+                def forward(self, xs):
+                    for x in xs:
+                        if x.size(0) > 2:
+                            return x * torch.tensor([0.5, 2.0], device=self.w.device)
+                    return xs[0]
+            """, (7, 28), message_contains="on every forward call"),
+        bad("""
+            import torch
+            from torch import nn
+            class RandomObfuscator(nn.Module):
+                def forward(self, x):
+                    mask = torch.bernoulli(self.p * torch.ones(x.shape)).to(x.device)
+                    return torch.mul(1 - mask, x), mask
+            """, (5, 16), message_contains="takes no `device=` (it samples where its input is): create "
+                                           "`torch.ones(x.shape)` there with `device=x.device`"),
+        good("""
+            import torch
+            from torch import nn
+            class Dropout(nn.Module):
+                def forward(self, x, probs, mean):
+                    keep = torch.bernoulli(probs).to(x.device)
+                    noise = torch.normal(mean, 0.1).to(x.device)
+                    return x * keep + noise
+            """),
     ]
 
     # A move (`.to(...)`, `.cuda()`), or a tensor made from data (`torch.tensor(...)`, `tensor(...)`).
@@ -522,6 +629,7 @@ class TensorCreationInLoop(Rule):
         factory = self._host_made(func.value) if moves else self._factory(node)
         if factory is None:
             return
+        self._loops = self._repeating_loops()
         if not self._hot() or in_test_code(self.ctx) or self._runs_once_per_loop() or self._fills_a_cache():
             return
         if moves:
@@ -543,6 +651,9 @@ class TensorCreationInLoop(Rule):
                 return  # already placed, unknown keywords, host-only options, or a leaf whose copy is what is used
             if self._sized_by_loop_item(name, call) or self._in_value_checked_branch():
                 return
+            if not _takes_device(name, call):
+                self._report_sampler(node, call, device)
+                return
             self.report(node, f"`{self.ctx.segment(call.func)}(...)` is created on the host and copied to the device "
                               f"on every {self._where()}; create it there with `device=`",
                         fix=self._device_fix(node, call, device, safe=_same_values_on_device(name, call)))
@@ -558,17 +669,48 @@ class TensorCreationInLoop(Rule):
     # -- helpers --------------------------------------------------------------------
     def _hot(self) -> bool:
         function = self.ctx.function
+        loops = self._loops
         if function is None:
-            return bool(self.ctx.loops)
+            return bool(loops)
         name = getattr(function, "name", "")
         if name == "forward":
-            return bool(self.ctx.loops) or (self.ctx.class_ is not None and len(self.ctx.functions) == 1
-                                            and not self._plain_class(self.ctx.class_))
-        if not self.ctx.loops:
+            return bool(loops) or (self.ctx.class_ is not None and len(self.ctx.functions) == 1
+                                   and not self._plain_class(self.ctx.class_))
+        if not loops:
             return False
         if not _ONE_TIME_FUNCTION.match(name) or _TRAINING_WORD.search(name):
             return True
-        return any(is_training_loop(self.ctx, loop) for loop in self.ctx.loops)  # `.backward()`: not run once
+        return any(is_training_loop(self.ctx, loop) for loop in loops)  # `.backward()`: not run once
+
+    def _repeating_loops(self) -> list:
+        """The enclosing loops that may run this call on every iteration: not those that its
+        block leaves right after it (`if too_close: return torch.tensor(True, ...)` runs at most
+        once per call, `...; break` once per run of the loop it ends)."""
+        loops = self.ctx.loops
+        if not loops:
+            return loops
+        parents = self.ctx.parents
+        first = next((k for k, p in enumerate(parents) if p is loops[0].node), None)
+        if first is None:
+            return loops
+        left = set()
+        for k in range(len(parents) - 1, first - 1, -1):
+            child = parents[k + 1] if k + 1 < len(parents) else None
+            block = next((b for b in (getattr(parents[k], f, None) for f in ("body", "orelse", "finalbody"))
+                          if isinstance(b, list) and any(s is child for s in b)), None)
+            if block is None:
+                continue
+            exit_ = block[-1]
+            tail = block[next(i for i, s in enumerate(block) if s is child):]
+            if not isinstance(exit_, (ast.Return, ast.Raise, ast.Break)) or any(
+                    isinstance(n, ast.Continue) for s in tail for n in _walk_this_loop(s)):
+                continue
+            if isinstance(exit_, ast.Return) or isinstance(exit_, ast.Raise) and not any(
+                    isinstance(p, ast.Try) for p in parents[first:k + 1]):
+                return []  # a `raise` under a `try` may be caught and the loop go on
+            if isinstance(exit_, ast.Break):
+                left.add(next(p for p in reversed(parents[:k + 1]) if isinstance(p, (ast.For, ast.AsyncFor, ast.While))))
+        return [loop for loop in loops if loop.node not in left] if left else loops
 
     def _plain_class(self, cls: ast.ClassDef, depth: int = 0) -> bool:
         """A class known not to be an nn.Module (no bases, `object`, `ABC`, or plain classes of this
@@ -635,7 +777,7 @@ class TensorCreationInLoop(Rule):
         return any(loop.depends_on_iteration(expr) for loop in self.ctx.loops)
 
     def _where(self) -> str:
-        return "iteration" if self.ctx.loops else "forward call"
+        return "iteration" if self._loops else "forward call"
 
     def _host_made(self, expr: ast.AST) -> Optional[tuple]:
         """The factory call that makes `expr`, directly or through ops that keep its device
@@ -746,6 +888,19 @@ class TensorCreationInLoop(Rule):
         self.report(node, f"this scalar is copied from the host to the device on every {self._where()}; "
                           f"`{instead}` fills it on the device without a copy (or pass the Python number where "
                           "the op takes one)")
+
+    def _report_sampler(self, node: ast.Call, call: ast.Call, device: str) -> None:
+        """`torch.bernoulli(p * torch.ones(shape)).to(d)`: the sampler has no `device=`; it draws
+        where its input is, so the factory in its input is the one to make on the device. An
+        input of unknown place (`torch.bernoulli(probs)`) may be on the device already: quiet."""
+        inputs = [sub for arg in call.args for sub in ast.walk(arg) if isinstance(sub, ast.Call)
+                  and (self._factory(sub) or ("",))[0] in _FILLS | _RANDOM and not any(k.arg == "device" for k in sub.keywords)]
+        if len(inputs) != 1:
+            return
+        func = self.ctx.segment(call.func)
+        self.report(node, f"`{func}(...)` samples on the host and its result is copied to the device on every "
+                          f"{self._where()}; `{func}` takes no `device=` (it samples where its input is): create "
+                          f"`{self.ctx.segment(inputs[0])}` there with `device={device}`")
 
     def _report_sizes(self, node: ast.Call, name: str, call: ast.Call, device: str) -> None:
         sizes = ", ".join(self.ctx.segment(a) for a in call.args)

@@ -15,6 +15,8 @@ from ._names import in_reference_code, in_test_code
 
 _OPTIMIZERS = {"SGD", "Adam", "AdamW", "Adamax", "NAdam", "RAdam", "Adagrad", "Adadelta", "RMSprop", "Rprop", "ASGD"}
 _PARAMETER_SOURCES = {"parameters", "named_parameters"}
+# Name tokens of a list of parameters (`self.shadow_params`, `model_params`, `parameters`).
+_PARAMETER_WORDS = {"param", "params", "parameters"}
 _INPLACE_MATH = {"add_", "sub_", "mul_", "div_", "addcmul_", "addcdiv_", "lerp_", "clamp_", "sqrt_", "pow_",
                  "neg_", "exp_"}
 # `p.data = ...` (also `(p.data) = ...`, or with a line continuation before the `=`): a file
@@ -34,6 +36,12 @@ _MATRIX_HELPER_TOKENS = {"muon", "newtonschulz", "schulz", "zeropower", "orthogo
                          "preconditioner", "svd", "eig", "eigh", "qr", "cholesky", "inverse", "matmul", "einsum"}
 _ONE_TIME_FUNCTION = re.compile(r"init|reset|load|build|setup|copy|convert|prune|quantiz|checkpoint|ckpt",
                                 re.IGNORECASE)
+
+
+def _zipped_lists(it: ast.AST) -> bool:
+    """`zip(self.shadow_params, parameters)`: two or more lists held by names or attributes."""
+    return isinstance(it, ast.Call) and getattr(it.func, "id", None) == "zip" and len(it.args) >= 2 \
+        and all(isinstance(arg, (ast.Name, ast.Attribute)) for arg in it.args)
 
 
 def _updates_every_step(name: str) -> bool:
@@ -57,7 +65,10 @@ class TinyOps(Rule):
       (`p.data.add_(...)`, `p.mul_(...)`, `e.lerp_(p, w)`, `p -= lr * p.grad`, `p.data = p.data -
       ...`, `self.shadow[name].mul_(d).add_(p, alpha=1 - d)`);
     - the same over a list of tensors (`for param in params:`) where the update reads the
-      gradient of the tensor it updates (`param -= lr * param.grad / batch_size`): a parameter.
+      gradient of the tensor it updates (`param -= lr * param.grad / batch_size`): a parameter;
+      or over zipped lists, one named as parameters, where the update of one item reads its
+      partner (`for s, p in zip(self.shadow_params, parameters): s.sub_((s - p) * (1 - d))`, an
+      EMA of the model's parameters: `torch._foreach_lerp_(shadow, params, 1 - d)`).
 
     ## Why is this bad?
     Each in-place op on one parameter is one kernel launch. A model with 200 parameter
@@ -110,7 +121,9 @@ class TinyOps(Rule):
       named (`class EMA`), or a loop nested in a training loop counts; a one-off gradient
       rescale after training does not.
     - Loops over a list of tensors (`for s in scales:`) whose update does not read their `.grad`,
-      and tallies in a dict keyed by the parameter (`self.counts[name] += 1`).
+      zipped lists none of which is named as parameters (`for buf, g in zip(self.buffers,
+      grads):`) or whose update does not read the partner item, and tallies in a dict keyed by
+      the parameter (`self.counts[name] += 1`).
     - `foreach=False` next to `differentiable=True` (meta-learning through the update) or next
       to `fused=` (unless it is `fused=False`: the fused kernel already does every parameter), and
       tests.
@@ -329,6 +342,34 @@ class TinyOps(Rule):
                             state["v"].mul_(0.999).addcmul_(p.grad, p.grad, value=0.001)
                             p.addcdiv_(state["m"], state["v"].sqrt().add_(1e-8), value=-group["lr"])
             """),
+        bad("""
+            import torch
+            class ExponentialMovingAverage:
+                def __init__(self, parameters, decay):
+                    self.shadow_params = [p.clone().detach() for p in parameters]
+                    self.decay = decay
+                def update(self, parameters):
+                    with torch.no_grad():
+                        for s_param, param in zip(self.shadow_params, parameters):
+                            tmp = (s_param - param)
+                            tmp.mul_(1.0 - self.decay)
+                            s_param.sub_(tmp)
+            def ema_step(ema_params, model_params, w):
+                for e, p in zip(ema_params, model_params):
+                    e.lerp_(p, w)
+            """, (11, 17), (14, 9)),
+        good("""
+            import torch
+            class Accumulator:
+                def update(self, grads, scales):
+                    for buf, g in zip(self.buffers, grads):
+                        buf.add_(g)
+                    for s, p in zip(self.shadow_params, self.params):
+                        s.mul_(0.5)
+            def swap_params(model_params, avg_params):
+                for p, q in zip(model_params, avg_params):
+                    p.mul_(0).add_(q)
+            """),
     ]
 
     def __init__(self, ctx, options=None):
@@ -411,7 +452,8 @@ class TinyOps(Rule):
         updated = target if target is not None else node.func.value
         if not self._is_parameter(updated, loop):
             return
-        if not self._iterates_parameters(loop.iter) and not self._reads_own_gradient(node, updated):
+        if not (self._iterates_parameters(loop.iter) or self._reads_own_gradient(node, updated)
+                or self._blends_parameter_lists(node, updated, loop)):
             return  # `for p in params:` is a parameter list only where the update reads `p.grad`
         if isinstance(node, ast.AugAssign) and isinstance(updated, ast.Subscript) and not (
                 loaded_names(node.value) & loop.targets):
@@ -435,6 +477,8 @@ class TinyOps(Rule):
         it = loop.iter
         if self._iterates_parameters(it) or isinstance(it, (ast.Name, ast.Attribute, ast.List, ast.Tuple)):
             return loop
+        if _zipped_lists(it):
+            return loop
         return None
 
     @staticmethod
@@ -448,6 +492,23 @@ class TinyOps(Rule):
             return False
         return any(isinstance(sub, ast.Attribute) and sub.attr == "grad" and isinstance(sub.value, ast.Name)
                    and sub.value.id == root.id for sub in ast.walk(node))
+
+    @staticmethod
+    def _blends_parameter_lists(node: ast.AST, updated: ast.AST, loop: LoopInfo) -> bool:
+        """`for s, p in zip(self.shadow_params, parameters): s.sub_((s - p) * (1 - d))`: a list
+        named as parameters, zipped with another, whose item is updated in place from its partner
+        (an EMA of the model's parameters)."""
+        it = loop.iter
+        if not _zipped_lists(it) or not any(_PARAMETER_WORDS.intersection(t.lower() for t in name_tokens(identifier(arg)))
+                                            for arg in it.args):
+            return False
+        root = updated
+        while isinstance(root, (ast.Attribute, ast.Call)):
+            root = root.func.value if isinstance(root, ast.Call) else root.value
+        if not isinstance(root, ast.Name):
+            return False
+        partners = loop.targets - {root.id}
+        return bool(partners and loaded_names(node) & loop.assigned_from(partners))
 
     def _iterates_parameters(self, it: ast.AST) -> bool:
         calls = [it]

@@ -89,6 +89,24 @@ def test_mat503_device_fix_is_safe_only_where_the_values_are_bit_identical():
         assert finding.fix is not None and finding.fix.safe is safe, factory
 
 
+def test_mat503_offers_device_only_to_factories_that_take_it():
+    """`torch.bernoulli(p)` and `torch.normal(mean_tensor, std)` sample from a tensor and take no
+    `device=`: their finding says to make that tensor on the device, and has no fix; the sized
+    `torch.normal(0.0, 1.0, size)` takes `device=` and gets the fix."""
+    rule = next(r for r in all_rules() if r.code == "MAT503")
+    source = ("import torch\n"
+              "from torch import nn\n"
+              "class M(nn.Module):\n"
+              "    def forward(self, x):\n"
+              "        return x + {factory}.to(x.device)\n")
+    for factory, fixed in (("torch.bernoulli(0.1 * torch.ones(x.shape))", False),
+                           ("torch.normal(torch.zeros(x.shape), 0.1)", False),
+                           ("torch.normal(0.0, 0.1, x.shape)", True), ("torch.normal(0.0, 0.1, size=(3,))", True)):
+        (finding,) = _lint_one(rule, source.format(factory=factory))
+        assert (finding.fix is not None) is fixed, factory
+        assert ("no `device=`" in finding.message) is not fixed, finding.message
+
+
 def test_mat301_drops_contiguous_and_clone_unsafely():
     """`.contiguous()` of a transposed view is a copy just as `.clone()` is: it gives autograd a
     private tensor to save; without it, an in-place change of the original after the GEMM makes
