@@ -197,16 +197,21 @@ def mergeable(perm: tuple, i: int) -> bool:
     return perm[i + 1] == perm[i] + 1
 
 
+def _inline_or_assigned(ctx, base: ast.AST) -> list:
+    """`base` itself and, for a name, the values the function assigns to it in simple statements."""
+    values = [base]
+    if isinstance(base, ast.Name) and ctx.function is not None:
+        stores = flow_of(ctx, ctx.function).stores.get(base.id, [])
+        values += [stmt.value for stmt, simple in stores if simple]
+    return values
+
+
 def may_be_laid_out_otherwise(ctx, base: ast.AST) -> bool:
     """`base` may not be contiguous: it is itself a transposed or permuted view or a
     `memory_format=` copy, inline or through a name the function assigns so (`h =
     x.transpose(1, 2)`, whose `h.transpose(1, 2)` is contiguous again; `k = x.view(B, T, H,
     D).transpose(1, 2)`, whose batch dims do not merge)."""
-    values = [base]
-    if isinstance(base, ast.Name) and ctx.function is not None:
-        stores = flow_of(ctx, ctx.function).stores.get(base.id, [])
-        values += [stmt.value for stmt, simple in stores if simple]
-    for value in values:
+    for value in _inline_or_assigned(ctx, base):
         while (isinstance(value, ast.Call) and isinstance(value.func, ast.Attribute)
                and value.func.attr in STRIDE_KEEPING | {"contiguous"}):
             if any(k.arg == "memory_format" for k in value.keywords):
@@ -226,11 +231,7 @@ def may_have_stepped_dims(ctx, base: ast.AST) -> bool:
     """`base` is a slice with a step (`x[:, ::2]`) or a broadcast view (`v.expand(8, -1)`), inline
     or through a name the function assigns so: a transpose of it is no layout cuBLAS reads, and a
     GEMM copies it anyway."""
-    values = [base]
-    if isinstance(base, ast.Name) and ctx.function is not None:
-        stores = flow_of(ctx, ctx.function).stores.get(base.id, [])
-        values += [stmt.value for stmt, simple in stores if simple]
-    for value in values:
+    for value in _inline_or_assigned(ctx, base):
         while (isinstance(value, ast.Call) and isinstance(value.func, ast.Attribute)
                and value.func.attr in STRIDE_KEEPING):
             value = value.func.value
