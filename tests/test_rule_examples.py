@@ -73,19 +73,22 @@ def test_mat605_fix_is_unsafe_where_the_formula_reads_x_through_a_cast():
         assert finding.fix is not None and finding.fix.safe is safe, inner
 
 
+# A module's forward that creates `{factory}` on the host and moves it to the input's device.
+_MAT503_FORWARD = ("import torch\n"
+                   "from torch import nn\n"
+                   "class M(nn.Module):\n"
+                   "    def forward(self, x):\n"
+                   "        return x + {factory}.to(x.device)\n")
+
+
 def test_mat503_device_fix_is_safe_only_where_the_values_are_bit_identical():
     """`linspace`, `logspace` and a fractional-step `arange` round differently on the GPU than on
     the host (measured on an H100), so creating them there is an unsafe fix; fills are exact."""
     rule = next(r for r in all_rules() if r.code == "MAT503")
-    source = ("import torch\n"
-              "from torch import nn\n"
-              "class M(nn.Module):\n"
-              "    def forward(self, x):\n"
-              "        return x + {factory}.to(x.device)\n")
     for factory, safe in (("torch.logspace(-4, 0, 333)", False), ("torch.linspace(0, 1, 7)", False),
                           ("torch.arange(0, 1, 0.001)", False), ("torch.arange(0, 10, step=0.5)", False),
                           ("torch.arange(8)", True), ("torch.arange(0, 16, 2)", True), ("torch.ones(3)", True)):
-        (finding,) = _lint_one(rule, source.format(factory=factory))
+        (finding,) = _lint_one(rule, _MAT503_FORWARD.format(factory=factory))
         assert finding.fix is not None and finding.fix.safe is safe, factory
 
 
@@ -94,15 +97,10 @@ def test_mat503_offers_device_only_to_factories_that_take_it():
     `device=`: their finding says to make that tensor on the device, and has no fix; the sized
     `torch.normal(0.0, 1.0, size)` takes `device=` and gets the fix."""
     rule = next(r for r in all_rules() if r.code == "MAT503")
-    source = ("import torch\n"
-              "from torch import nn\n"
-              "class M(nn.Module):\n"
-              "    def forward(self, x):\n"
-              "        return x + {factory}.to(x.device)\n")
     for factory, fixed in (("torch.bernoulli(0.1 * torch.ones(x.shape))", False),
                            ("torch.normal(torch.zeros(x.shape), 0.1)", False),
                            ("torch.normal(0.0, 0.1, x.shape)", True), ("torch.normal(0.0, 0.1, size=(3,))", True)):
-        (finding,) = _lint_one(rule, source.format(factory=factory))
+        (finding,) = _lint_one(rule, _MAT503_FORWARD.format(factory=factory))
         assert (finding.fix is not None) is fixed, factory
         assert ("no `device=`" in finding.message) is not fixed, finding.message
 
