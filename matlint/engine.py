@@ -13,9 +13,9 @@ from typing import Iterable, Optional
 
 from .diagnostics import Edit, Finding
 from .rule import Only
-from matlint.rules._loops import LoopInfo
-from matlint.rules._tree import node_fields
-from matlint.rules._names import NameResolver
+from matlint.semantic.loops import LoopInfo
+from matlint.semantic.tree import node_fields
+from matlint.semantic.names import NameResolver
 
 LINE_SPLIT = re.compile(r"\r\n|\r|\n")
 LINE_SPLIT_KEEP = re.compile(r"(\r\n|\r|\n)")

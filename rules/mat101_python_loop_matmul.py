@@ -6,11 +6,12 @@ from typing import Optional
 
 from matlint.rule import Rule, bad, good
 
-from . import _kinds
-from ._flow import flow_of
-from ._loops import LoopInfo, updates_weights, walk_no_scopes
-from ._shapes import shape_of
-from ._torch_api import GemmVisitor, as_gemm
+from matlint.semantic import kinds as _kinds
+from matlint.semantic.flow import flow_of
+from matlint.semantic.loops import LoopInfo, updates_weights, walk_no_scopes
+from matlint.semantic.shapes import shape_of
+from matlint.rule import GemmVisitor
+from matlint.semantic.torch_api import as_gemm
 
 # Methods that keep a per-item operand batchable (the batched tensor gets the same call).
 _SHAPE_KEEPING_METHODS = {"float", "half", "bfloat16", "double", "to", "contiguous", "detach", "clone",

@@ -6,12 +6,12 @@ from typing import Optional
 
 from matlint.rule import Only, Rule, bad, good
 
-from . import _kinds
-from ._flow import code_scope, flow_of
-from ._loops import loaded_names
-from ._shapes import shape_of
-from ._kinds import int_const
-from ._tree import product_factors
+from matlint.semantic import kinds as _kinds
+from matlint.semantic.flow import code_scope, flow_of
+from matlint.semantic.loops import loaded_names
+from matlint.semantic.shapes import shape_of
+from matlint.semantic.kinds import int_const
+from matlint.semantic.tree import product_factors
 
 
 def _range_var(node) -> Optional[str]:

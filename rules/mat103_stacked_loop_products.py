@@ -7,11 +7,11 @@ from typing import Optional
 
 from matlint.rule import Only, Rule, bad, good
 
-from . import _kinds
-from ._flow import function_may_mention
-from ._loops import LoopInfo, loaded_names, walk_no_scopes
-from ._torch_api import as_gemm
-from ._tree import product_factors
+from matlint.semantic import kinds as _kinds
+from matlint.semantic.flow import function_may_mention
+from matlint.semantic.loops import LoopInfo, loaded_names, walk_no_scopes
+from matlint.semantic.torch_api import as_gemm
+from matlint.semantic.tree import product_factors
 from .mat101_python_loop_matmul import PythonLoopMatmul
 
 _JOINS = {"torch.stack": "stack", "torch.cat": "cat", "torch.concat": "cat", "torch.concatenate": "cat"}

@@ -7,10 +7,10 @@ from typing import Optional
 
 from matlint.rule import Only, Rule, bad, good
 
-from ._flow import flow_of
-from ._kinds import class_attribute_values, may_mention
-from ._loops import bound_names, loaded_names
-from ._tree import walk
+from matlint.semantic.flow import flow_of
+from matlint.semantic.kinds import class_attribute_values, may_mention
+from matlint.semantic.loops import bound_names, loaded_names
+from matlint.semantic.tree import walk
 
 _JOINS = {"torch.cat", "torch.concat", "torch.concatenate", "torch.stack"}
 _MODULE_LISTS = {"torch.nn.ModuleList"}

@@ -6,8 +6,9 @@ import ast
 
 from matlint.rule import Rule, bad, good
 
-from ._loops import updates_weights
-from ._torch_api import GemmVisitor, as_gemm
+from matlint.semantic.loops import updates_weights
+from matlint.rule import GemmVisitor
+from matlint.semantic.torch_api import as_gemm
 from .mat101_python_loop_matmul import PythonLoopMatmul
 
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 import ast
 
 from matlint.rule import Only, Rule, bad, good
-from matlint.rules._shapes import broadcast, fmt_shape, never_shaped, shape_of, trailing_one_mismatch
+from matlint.semantic.shapes import broadcast, fmt_shape, never_shaped, shape_of, trailing_one_mismatch
 
 _BINOPS = {ast.Add: "+", ast.Sub: "-", ast.Mult: "*", ast.Div: "/", ast.FloorDiv: "//",
            ast.Mod: "%", ast.Pow: "**"}

@@ -4,8 +4,8 @@ from __future__ import annotations
 import ast
 
 from matlint.rule import Only, Rule, bad, good
-from matlint.rules._kinds import identifier_text
-from matlint.rules._shapes import (LOSS_FUNCTIONS, LOSS_MODULES, broadcast, broadcast_is_valid, dim_eq,
+from matlint.semantic.kinds import identifier_text
+from matlint.semantic.shapes import (LOSS_FUNCTIONS, LOSS_MODULES, broadcast, broadcast_is_valid, dim_eq,
                                    fmt_shape, loss_of, shape_of, trailing_one_mismatch)
 from matlint.rules.mat201_trailing_one_broadcast import squeezed
 

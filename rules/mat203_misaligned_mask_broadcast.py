@@ -4,7 +4,7 @@ from __future__ import annotations
 import ast
 
 from matlint.rule import Only, Rule, bad, good
-from matlint.rules._shapes import (Shape, broadcast_is_valid, dim_eq, fmt_dim, fmt_shape, make_shape, never_shaped,
+from matlint.semantic.shapes import (Shape, broadcast_is_valid, dim_eq, fmt_dim, fmt_shape, make_shape, never_shaped,
                                    shape_of)
 from matlint.rules.mat201_trailing_one_broadcast import operand_source
 

@@ -8,9 +8,9 @@ from typing import Optional
 
 from matlint.rule import Only, Rule, bad, good
 
-from ._flow import nearby_comments
-from ._layout import Reorder, gemm_of_operand, may_be_laid_out_otherwise, may_have_stepped_dims, rank_of, reorder
-from ._torch_api import as_gemm
+from matlint.semantic.flow import nearby_comments
+from matlint.semantic.layout import Reorder, gemm_of_operand, may_be_laid_out_otherwise, may_have_stepped_dims, rank_of, reorder
+from matlint.semantic.torch_api import as_gemm
 
 _COPIES = ("contiguous", "clone")
 # GEMMs whose operands go to cuBLAS as they are (no batch folding): which operand positions.

@@ -7,9 +7,9 @@ from typing import Optional
 
 from matlint.rule import Only, Rule, bad, good
 
-from ._kinds import int_const
-from ._layout import STRIDE_KEEPING, Reorder, may_be_laid_out_otherwise, mergeable, reorder
-from ._shapes import as_dim, dim_eq, shape_of, value_of
+from matlint.semantic.kinds import int_const
+from matlint.semantic.layout import STRIDE_KEEPING, Reorder, may_be_laid_out_otherwise, mergeable, reorder
+from matlint.semantic.shapes import as_dim, dim_eq, shape_of, value_of
 
 
 class ViewAfterTranspose(Rule):

@@ -6,13 +6,13 @@ from typing import Optional
 
 from matlint.rule import Only, Rule, bad, good
 
-from . import _kinds
-from ._kinds import int_const
-from ._flow import flow_of
-from ._layout import rank_of, reorder
-from ._loops import LoopInfo, loaded_names, walk_no_scopes
-from ._shapes import shape_of
-from ._torch_api import as_gemm
+from matlint.semantic import kinds as _kinds
+from matlint.semantic.kinds import int_const
+from matlint.semantic.flow import flow_of
+from matlint.semantic.layout import rank_of, reorder
+from matlint.semantic.loops import LoopInfo, loaded_names, walk_no_scopes
+from matlint.semantic.shapes import shape_of
+from matlint.semantic.torch_api import as_gemm
 from .mat101_python_loop_matmul import PythonLoopMatmul
 
 _TRAINING_CALLS = {"backward", "step", "zero_grad"}

@@ -8,8 +8,8 @@ from typing import Optional
 
 from matlint.rule import Rule, bad, good
 
-from ._loops import identifier, is_backward, is_optimizer_step, walk_no_scopes
-from ._names import in_test_code
+from matlint.semantic.loops import identifier, is_backward, is_optimizer_step, walk_no_scopes
+from matlint.semantic.names import in_test_code
 
 _AUTOCAST = {"torch.autocast", "torch.cuda.amp.autocast", "torch.cpu.amp.autocast", "torch.amp.autocast"}
 # Explicit dtypes other than the float32 default: reduced precision, or float64 on purpose.

@@ -6,9 +6,9 @@ from typing import Optional
 
 from matlint.rule import Only, Rule, bad, good
 
-from . import _kinds
-from ._loops import bound_names, loaded_names, walk_no_scopes
-from ._names import in_test_code
+from matlint.semantic import kinds as _kinds
+from matlint.semantic.loops import bound_names, loaded_names, walk_no_scopes
+from matlint.semantic.names import in_test_code
 
 _FLOAT64 = {"torch.float64", "torch.double"}
 _CASTS = {"float", "half", "bfloat16", "to", "type", "type_as"}

@@ -7,8 +7,8 @@ import re
 
 from matlint.rule import Only, Option, Rule, bad, good
 
-from . import _kinds
-from ._names import in_test_code
+from matlint.semantic import kinds as _kinds
+from matlint.semantic.names import in_test_code
 
 # Layer -> its size parameters, in positional order, and which of them are GEMM dims.
 _LAYERS = {

@@ -6,9 +6,9 @@ from typing import Optional
 
 from matlint.rule import Only, Rule, bad, good
 
-from . import _kinds
-from ._loops import LoopInfo, loaded_names, walk_no_scopes
-from ._names import in_test_code
+from matlint.semantic import kinds as _kinds
+from matlint.semantic.loops import LoopInfo, loaded_names, walk_no_scopes
+from matlint.semantic.names import in_test_code
 
 # Element-wise functions an element expression may call, by qualified name or tensor method.
 _ELEMENTWISE_FUNCTIONS = {

@@ -10,11 +10,11 @@ from typing import Callable, Optional
 from matlint.diagnostics import Fix
 from matlint.rule import Only, Rule, bad, good
 
-from . import _kinds
-from ._flow import function_text, nearby_comments
-from ._loops import (LoopInfo, identifier as _identifier, is_optimizer_step, is_training_loop, iterates_loader,
+from matlint.semantic import kinds as _kinds
+from matlint.semantic.flow import function_text, nearby_comments
+from matlint.semantic.loops import (LoopInfo, identifier as _identifier, is_optimizer_step, is_training_loop, iterates_loader,
                      loaded_names, name_tokens, walk_no_scopes)
-from ._names import in_reference_code, in_test_code
+from matlint.semantic.names import in_reference_code, in_test_code
 
 _GATE_NAME = re.compile(r"log|print|verbose|debug|interval|every|freq|display|report|eval|save|val",
                         re.IGNORECASE)

@@ -8,9 +8,9 @@ from typing import Optional
 
 from matlint.rule import Only, Rule, bad, good
 
-from . import _kinds
-from ._loops import identifier, is_training_loop
-from ._names import in_test_code
+from matlint.semantic import kinds as _kinds
+from matlint.semantic.loops import identifier, is_training_loop
+from matlint.semantic.names import in_test_code
 
 # Factories built from sizes alone (their values, to the last bit, in `_same_values_on_device`).
 _FILLS = {"zeros", "ones", "full", "empty", "arange", "eye", "linspace", "logspace", "tril_indices", "triu_indices"}

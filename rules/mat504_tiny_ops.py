@@ -9,9 +9,9 @@ from typing import Optional
 from matlint.diagnostics import Edit, Fix
 from matlint.rule import Only, Rule, bad, good
 
-from ._kinds import identifier_text
-from ._loops import LoopInfo, identifier, is_training_loop, loaded_names, name_tokens
-from ._names import in_reference_code, in_test_code
+from matlint.semantic.kinds import identifier_text
+from matlint.semantic.loops import LoopInfo, identifier, is_training_loop, loaded_names, name_tokens
+from matlint.semantic.names import in_reference_code, in_test_code
 
 _OPTIMIZERS = {"SGD", "Adam", "AdamW", "Adamax", "NAdam", "RAdam", "Adagrad", "Adadelta", "RMSprop", "Rprop", "ASGD"}
 _PARAMETER_SOURCES = {"parameters", "named_parameters"}

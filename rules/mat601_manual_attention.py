@@ -10,14 +10,14 @@ from typing import Optional
 from matlint.diagnostics import Edit, Fix
 from matlint.rule import Only, Rule, bad, good
 
-from . import _kinds
-from ._flow import FunctionFlow, flow_of
-from ._kinds import int_const
-from ._layout import rank_of, reorder
-from ._loops import walk_no_scopes
-from ._names import in_reference_code, in_test_code, mentions, outermost_scope, spelling
-from ._pointwise import is_true, product, reads_metadata, torch_op
-from ._torch_api import as_gemm
+from matlint.semantic import kinds as _kinds
+from matlint.semantic.flow import FunctionFlow, flow_of
+from matlint.semantic.kinds import int_const
+from matlint.semantic.layout import rank_of, reorder
+from matlint.semantic.loops import walk_no_scopes
+from matlint.semantic.names import in_reference_code, in_test_code, mentions, outermost_scope, spelling
+from matlint.semantic.pointwise import is_true, product, reads_metadata, torch_op
+from matlint.semantic.torch_api import as_gemm
 
 _SOFTMAX_FUNCTIONS = {"torch.softmax", "torch.nn.functional.softmax", "torch.special.softmax"}
 _DROPOUT_FUNCTIONS = {"torch.nn.functional.dropout", "torch.dropout"}

@@ -7,9 +7,9 @@ from typing import Optional
 
 from matlint.rule import Only, Rule, bad, good
 
-from ._flow import code_scope, flow_of, function_may_mention
-from ._names import in_reference_code, in_test_code
-from ._pointwise import (PRODUCT_METHODS, difference, feeds_only, in_compiled_code, is_eps, is_true, number, product,
+from matlint.semantic.flow import code_scope, flow_of, function_may_mention
+from matlint.semantic.names import in_reference_code, in_test_code
+from matlint.semantic.pointwise import (PRODUCT_METHODS, difference, feeds_only, in_compiled_code, is_eps, is_true, number, product,
                          resolve, same, torch_op)
 
 _ATOMS = (ast.Name, ast.Attribute, ast.Call, ast.Subscript)

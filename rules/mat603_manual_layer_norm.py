@@ -8,10 +8,10 @@ from typing import Optional
 
 from matlint.rule import Only, Rule, bad, good
 
-from ._flow import code_scope, flow_of, function_may_mention
-from ._loops import scope_statements
-from ._names import in_reference_code, in_test_code, mentions, outermost_scope, subclasses
-from ._pointwise import (KERNEL_SWITCH, PRODUCT_METHODS, difference, feeds_only, in_compiled_code, is_eps,
+from matlint.semantic.flow import code_scope, flow_of, function_may_mention
+from matlint.semantic.loops import scope_statements
+from matlint.semantic.names import in_reference_code, in_test_code, mentions, outermost_scope, subclasses
+from matlint.semantic.pointwise import (KERNEL_SWITCH, PRODUCT_METHODS, difference, feeds_only, in_compiled_code, is_eps,
                          last_dim_reduction, may_take_root, number, product, resolve, returned_affine, root_of, same,
                          strip_casts, torch_op)
 

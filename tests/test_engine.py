@@ -341,7 +341,7 @@ def f(x, /, y=1, *args, k, m=2, **kw) -> int:
 
 
 def test_child_nodes_and_walk_match_the_stdlib_less_contexts_and_operators():
-    from matlint.rules._tree import child_nodes, walk
+    from matlint.semantic.tree import child_nodes, walk
     singletons = (ast.expr_context, ast.operator, ast.unaryop, ast.cmpop, ast.boolop)
     tree = ast.parse(TREE_SOURCE)
     nodes = list(ast.walk(tree))

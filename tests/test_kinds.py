@@ -1,4 +1,4 @@
-"""The shared kinds analysis (`rules/_kinds.py`) read through its public helpers, at the engine's
+"""The shared kinds analysis (`matlint/semantic/kinds.py`) read through its public helpers, at the engine's
 position of each `reveal(expr)` call of a snippet."""
 import textwrap
 
@@ -7,7 +7,7 @@ import pytest
 from matlint.engine import lint_source
 from matlint.registry import _handlers
 from matlint.rule import Rule
-from matlint.rules import _kinds
+from matlint.semantic import kinds as _kinds
 
 
 class _Reveal(Rule):

@@ -1,4 +1,4 @@
-"""The symbolic shape analysis (rules/_shapes.py): shape in, shape out, for every op it handles.
+"""The symbolic shape analysis (`matlint/semantic/shapes.py`): shape in, shape out, for every op it handles.
 
 Cases written with literal sizes are also run with torch, and the inferred shape must be the
 shape torch produces. Symbolic cases check the dims by name; unknown cases check the analysis
@@ -12,8 +12,8 @@ from matlint.engine import lint_source
 from matlint.registry import _handlers
 from matlint.rule import Rule
 from matlint.registry import all_rules
-from matlint.rules import _shapes
-from matlint.rules._shapes import FunctionShapes, Shape, function_shapes, never_shaped, shape_of, value_of
+from matlint.semantic import shapes as _shapes
+from matlint.semantic.shapes import FunctionShapes, Shape, function_shapes, never_shaped, shape_of, value_of
 
 PRELUDE = "import torch\nimport torch.nn as nn\nimport torch.nn.functional as F\n"
 

@@ -13,8 +13,8 @@ import pytest
 import matlint.rules as rules_pkg
 from matlint.engine import lint_source
 from matlint.registry import all_rules, get_rule
-from matlint.rules import _kinds
-from matlint.rules._pointwise import holds_half
+from matlint.semantic import kinds as _kinds
+from matlint.semantic.pointwise import holds_half
 
 CASES = {
     # -- MAT601 needs "softmax" (any case) ------------------------------------------------------
@@ -421,7 +421,7 @@ def test_holds_half_is_quiet_on_other_numbers_and_names(text):
 def test_the_loss_gate_prefilter_holds_every_loss_name():
     # MAT202's file gate first looks for "_loss", "Loss" or "binary_cross_entropy": a loss name
     # added without one of them would be skipped in every file.
-    from matlint.rules._shapes import LOSS_FUNCTIONS, LOSS_MODULES
+    from matlint.semantic.shapes import LOSS_FUNCTIONS, LOSS_MODULES
 
     for name in (*LOSS_FUNCTIONS, *LOSS_MODULES):
         assert any(part in name for part in ("_loss", "Loss", "binary_cross_entropy")), name

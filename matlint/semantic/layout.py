@@ -10,10 +10,10 @@ import ast
 from dataclasses import dataclass
 from typing import Callable, Optional
 
-from . import _kinds
-from ._flow import flow_of
-from ._kinds import int_const
-from ._shapes import shape_of
+from . import kinds as _kinds
+from .flow import flow_of
+from .kinds import int_const
+from .shapes import shape_of
 
 _TRANSPOSE_METHODS = {"transpose", "swapaxes", "swapdims"}
 _TRANSPOSE_FUNCTIONS = {"torch.transpose", "torch.swapaxes", "torch.swapdims"}

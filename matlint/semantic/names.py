@@ -11,8 +11,8 @@ from __future__ import annotations
 import ast
 from typing import Optional
 
-from ._loops import name_tokens, scope_statements
-from ._tree import dotted, walk
+from .loops import name_tokens, scope_statements
+from .tree import dotted, walk
 
 # Spellings that reach the same function under another module path.
 CANONICAL = {

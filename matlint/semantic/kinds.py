@@ -8,8 +8,8 @@ import ast
 import unicodedata
 from typing import Optional
 
-from ._lazy import BuiltOnFirstUse
-from ._tree import block_fields, child_nodes
+from .lazy import BuiltOnFirstUse
+from .tree import block_fields, child_nodes
 
 TENSOR = "tensor"            # a tensor whose device is not known to be the CPU
 CPU_TENSOR = "cpu_tensor"    # a tensor on the CPU by construction

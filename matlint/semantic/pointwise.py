@@ -9,9 +9,9 @@ import re
 from dataclasses import dataclass, field
 from typing import Optional
 
-from ._flow import function_may_mention, function_text
-from ._loops import name_tokens, walk_no_scopes
-from ._tree import dotted
+from .flow import function_may_mention, function_text
+from .loops import name_tokens, walk_no_scopes
+from .tree import dotted
 
 _NAMESPACES = ("torch.", "torch.nn.functional.", "torch.special.")
 

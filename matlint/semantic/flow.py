@@ -10,10 +10,10 @@ import ast
 import unicodedata
 from typing import Optional
 
-from ._kinds import identifier_text
-from ._lazy import BuiltOnFirstUse
-from ._loops import _SCOPE_TYPES, walk_no_scopes
-from ._tree import block_fields, child_nodes
+from .kinds import identifier_text
+from .lazy import BuiltOnFirstUse
+from .loops import _SCOPE_TYPES, walk_no_scopes
+from .tree import block_fields, child_nodes
 
 
 def _pos(node: ast.AST) -> tuple:

@@ -8,7 +8,7 @@ import re
 from functools import cached_property
 from typing import Optional
 
-from ._tree import block_fields, child_nodes, dotted
+from .tree import block_fields, child_nodes, dotted
 
 _SCOPES = (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef, ast.Lambda)
 _SCOPE_TYPES = frozenset(_SCOPES)
@@ -446,7 +446,7 @@ class LoopInfo:
 
     @cached_property
     def _alias_roots(self) -> dict:
-        from ._flow import code_scope
+        from .flow import code_scope
 
         scope = code_scope(self.ctx)
         return view_alias_roots(self.ctx, scope) if scope is not None else {}
@@ -705,8 +705,8 @@ def _may_run_training_step(call: ast.Call, discarded: bool) -> bool:
 def may_train(ctx) -> bool:
     """False only when the function the walker is in (or the module, outside functions) cannot
     call `.backward()` or `.step()`: attribute names, so its text (NFKC) would spell them."""
-    from ._flow import function_text
-    from ._kinds import identifier_text
+    from .flow import function_text
+    from .kinds import identifier_text
 
     text = function_text(ctx, ctx.function) if ctx.function is not None else identifier_text(ctx)
     return "backward" in text or "step" in text
@@ -714,7 +714,7 @@ def may_train(ctx) -> bool:
 
 def iterates_loader(ctx, loop: LoopInfo) -> bool:
     """The loop iterates over a data loader (through enumerate/iter/tqdm/zip)."""
-    from . import _kinds
+    from . import kinds as _kinds
 
     if not _kinds.may_mention(ctx, "loader", ignore_case=True):
         return False  # a loader kind needs "loader" in a name or `DataLoader`

@@ -8,9 +8,7 @@ import ast
 from dataclasses import dataclass
 from typing import Optional
 
-from matlint.rule import Only
-
-from . import _kinds
+from . import kinds as _kinds
 
 # Function -> index of the first tensor operand and how many operands are multiplied.
 GEMM_FUNCTIONS = {
@@ -140,24 +138,3 @@ def _as_gemm(ctx, node: ast.AST) -> Optional[Gemm]:
             and _kinds.kind_of(ctx, func) == _kinds.LINEAR):
         return Gemm(node, "nn.Linear", [args[0]], ctx.segment(func))
     return None
-
-
-class GemmVisitor:
-    """Mixin for the rules about GEMMs: `check_gemm(node)` runs on every `a @ b` and every call,
-    the nodes `as_gemm` sorts out (with `gemms_in_loops_only`, only on those inside a loop or
-    comprehension). Put it before `Rule` in the bases and define `check_gemm`."""
-
-    gemms_in_loops_only = False
-
-    def __init_subclass__(cls, **kwargs):
-        super().__init_subclass__(**kwargs)
-        if cls.gemms_in_loops_only:  # the engine calls the handlers only inside loops
-            cls.only = {**cls.only, "visit_BinOp": Only(in_loops=True), "visit_Call": Only(in_loops=True)}
-
-    def visit_BinOp(self, node: ast.BinOp) -> None:
-        if node.op.__class__ is ast.MatMult and (self.ctx.loops or not self.gemms_in_loops_only):
-            self.check_gemm(node)
-
-    def visit_Call(self, node: ast.Call) -> None:
-        if self.ctx.loops or not self.gemms_in_loops_only:
-            self.check_gemm(node)

@@ -48,10 +48,10 @@ from dataclasses import dataclass, field, replace
 from types import MappingProxyType, SimpleNamespace
 from typing import Callable, Optional
 
-from ._flow import function_text, has_word
-from ._kinds import fixed_key, identifier_text, int_const, may_mention, module_container, mutated_attributes
-from ._loops import scope_statements
-from ._tree import child_nodes, walk
+from .flow import function_text, has_word
+from .kinds import fixed_key, identifier_text, int_const, may_mention, module_container, mutated_attributes
+from .loops import scope_statements
+from .tree import child_nodes, walk
 
 # -- dims -----------------------------------------------------------------------------------
 
