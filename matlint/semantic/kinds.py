@@ -8,7 +8,9 @@ import ast
 import unicodedata
 from typing import Optional
 
+from .calls import argument_for, file_calls
 from .lazy import BuiltOnFirstUse
+from .loops import walk_no_scopes
 from .tree import block_fields, child_nodes
 
 TENSOR = "tensor"            # a tensor whose device is not known to be the CPU
@@ -105,6 +107,7 @@ _MOVABLE = frozenset({LINEAR, MODULE, USER_MODULE})  # modules, which `.to(devic
 _DTYPE_NAMES = frozenset({"float32", "float16", "bfloat16", "float64", "int64", "long", "int32", "bool", "float",
                           "half", "double"})
 _NOT_YET = object()
+_MAX_CALL_SITES = 16  # a parameter takes its callers' kind from at most this many calls
 
 
 def _is_dtype(qual: str) -> bool:
@@ -190,7 +193,10 @@ class ScopeKinds(BuiltOnFirstUse):
             args = owner.args
             params = args.posonlyargs + args.args + args.kwonlyargs
             for i, arg in enumerate(params):
-                self.assigned.setdefault(arg.arg, []).append(("kind", _annotation_kind(arg.annotation)))
+                annotated = _annotation_kind(arg.annotation)
+                entry = ("kind", annotated) if annotated is not None or isinstance(owner, ast.Lambda) else (
+                    "param", owner, arg.arg)
+                self.assigned.setdefault(arg.arg, []).append(entry)
             for arg in (args.vararg, args.kwarg):
                 if arg is not None:
                     self.assigned.setdefault(arg.arg, []).append(("kind", LIST if arg is args.vararg else OTHER))
@@ -268,6 +274,106 @@ class ScopeKinds(BuiltOnFirstUse):
             stack.extend(child_nodes(node))
 
 
+# -- evidence of use ---------------------------------------------------------------
+# What the code does with a name, where its assignments leave its kind unknown (a parameter no
+# call of the file passes, the result of a call the analysis cannot follow): methods only a
+# tensor has, an argument of an op that takes only tensors, the receiver of `.backward()`.
+# Methods that modules (`.to`, `.cuda`, `.float`) or numpy arrays (`.reshape`, `.transpose`,
+# `.item`) share with tensors are no evidence.
+TENSOR_EVIDENCE_METHODS = frozenset({
+    "backward", "permute", "unsqueeze", "contiguous", "masked_fill", "masked_fill_", "detach", "detach_",
+    "softmax", "log_softmax", "view_as", "expand", "expand_as", "type_as", "new_zeros", "new_ones", "new_empty",
+    "new_full", "new_tensor", "unflatten", "narrow", "unbind", "bmm", "mm", "matmul", "index_select", "gather",
+    "scatter", "scatter_", "scatter_add", "scatter_add_", "masked_select", "repeat_interleave", "movedim",
+    "numpy", "is_contiguous", "requires_grad_", "zero_", "fill_", "copy_", "add_", "mul_", "sub_", "div_",
+    "clamp_", "squeeze_", "unsqueeze_", "t_", "norm", "element_size", "data_ptr", "pin_memory", "numel",
+    "masked_scatter", "index_add_", "index_fill_", "index_put_", "baddbmm", "addmm", "lerp_", "addcmul_",
+    "clamp_min", "clamp_max", "bernoulli", "bernoulli_", "uniform_", "normal_", "float_power", "logsumexp",
+})
+_NUMPY_EVIDENCE_METHODS = frozenset({"astype", "tobytes", "tofile", "ravel_multi_index", "argwhere", "nonzero_"})
+_MODULE_EVIDENCE_METHODS = frozenset({"parameters", "named_parameters", "state_dict", "load_state_dict", "train",
+                                      "eval", "modules", "children", "named_modules", "apply", "forward",
+                                      "register_forward_hook", "zero_grad", "buffers"})
+_LIST_EVIDENCE_METHODS = frozenset({"append", "extend", "insert", "pop", "remove", "keys", "values", "items",
+                                    "get", "update", "split_", "join", "startswith", "endswith", "format"})
+# torch ops whose every positional operand is a tensor (not a number): `torch.matmul(a, b)`.
+_ALL_TENSOR_OPERANDS = frozenset({"matmul", "mm", "bmm", "mv", "einsum", "cdist", "baddbmm", "addmm",
+                                  "masked_select", "index_select", "gather"})
+_NOT_TENSOR_FIRST_ARGUMENT = FACTORIES | frozenset({"from_numpy", "as_tensor", "asarray", "tensor", "save", "load",
+                                                      "is_tensor", "numel", "manual_seed", "device", "cat", "stack",
+                                                      "concat", "concatenate", "hstack", "vstack", "dstack",
+                                                      "broadcast_tensors", "block_diag", "cartesian_prod",
+                                                      "meshgrid", "atleast_1d", "atleast_2d", "atleast_3d"})
+
+
+def scope_evidence(ctx, scope: "ScopeKinds") -> dict:
+    """name -> the kind the uses of the name in `scope` give evidence of (TENSOR, NUMPY, a
+    module, LIST), for names with evidence of one kind only."""
+    key = ("evidence", id(scope.owner))
+    found = ctx.shared.get(key)
+    if found is None:
+        found = ctx.shared[key] = _collect_evidence(ctx, scope.owner)
+    return found
+
+
+def _collect_evidence(ctx, owner: ast.AST) -> dict:
+    seen: dict = {}
+
+    def add(name_node: ast.AST, kind: str) -> None:
+        if isinstance(name_node, ast.Name):
+            seen.setdefault(name_node.id, set()).add(kind)
+
+    called: set = set()  # the attributes called as methods (`x.size()`, not `arr.size`)
+    # A comprehension's names live in it alone: the uses in one say nothing of another's.
+    comprehended: set = set()
+    body = owner.body if isinstance(owner.body, list) else [owner.body]
+    for stmt in body:
+        for node in walk_no_scopes(stmt):  # a call comes before its function
+            if node.__class__ is ast.Attribute:
+                if node.value.__class__ is ast.Name and id(node) not in called:
+                    if node.attr == "size":
+                        add(node.value, NUMPY)  # `arr.size` read as a number is numpy's
+                    elif node.attr in _NUMPY_EVIDENCE_METHODS:
+                        add(node.value, NUMPY)
+                continue
+            if node.__class__ is ast.comprehension:
+                comprehended.update(n.id for n in ast.walk(node.target) if n.__class__ is ast.Name)
+                continue
+            if node.__class__ is not ast.Call or node.func.__class__ is not ast.Attribute:
+                continue
+            func = node.func
+            called.add(id(func))
+            receiver = func.value
+            qual = ctx.qualname(func)
+            if qual is None:
+                if func.attr in TENSOR_EVIDENCE_METHODS or func.attr == "size":
+                    add(receiver, TENSOR)
+                elif func.attr in _MODULE_EVIDENCE_METHODS:
+                    add(receiver, MODULE)
+                elif func.attr in _LIST_EVIDENCE_METHODS:
+                    add(receiver, LIST)
+                elif func.attr in _NUMPY_EVIDENCE_METHODS:
+                    add(receiver, NUMPY)
+                continue
+            module, _, attr = qual.rpartition(".")
+            if module in _TENSOR_NAMESPACES and attr[:1].islower() and node.args:
+                if attr in _ALL_TENSOR_OPERANDS:
+                    operands = node.args[1:] if attr == "einsum" else node.args
+                elif attr in _NOT_TENSOR_FUNCTIONS or attr in _NOT_TENSOR_FIRST_ARGUMENT:
+                    operands = []
+                else:
+                    operands = node.args[:1]
+                for operand in operands:
+                    add(operand, TENSOR)
+            elif module in ("numpy", "np") and node.args:
+                add(node.args[0], NUMPY)
+    evidence = {}
+    for name, kinds in seen.items():
+        if len(kinds) == 1 and name not in comprehended:
+            evidence[name] = kinds.pop()
+    return evidence
+
+
 def scope_kinds(ctx, owner) -> ScopeKinds:
     """The kinds analysis of one function (or the module): its bindings, read once per file."""
     key = ("kinds", id(owner))
@@ -332,9 +438,10 @@ def may_mention(ctx, word: str, ignore_case: bool = False) -> bool:
 
 
 class _Inference:
-    def __init__(self, ctx, chain):
+    def __init__(self, ctx, chain, cls=_NOT_YET):
         self.ctx = ctx
         self.chain = chain
+        self.cls = ctx.class_ if cls is _NOT_YET else cls
         self.default_device_set = _sets_default_device(ctx)
 
     # -- names ----------------------------------------------------------------
@@ -349,6 +456,8 @@ class _Inference:
                     return cached
                 scope.cache[ident] = _RECURSING
                 result = self._combine([self.entry(e, chain[depth:]) for e in scope.assigned[ident]])
+                if result is None:
+                    result = scope_evidence(self.ctx, scope).get(ident)
                 scope.cache[ident] = result
                 return result
         return None
@@ -370,7 +479,7 @@ class _Inference:
         return known[0] if len(set(known)) == 1 else None
 
     def entry(self, entry, chain) -> Optional[str]:
-        sub = _Inference(self.ctx, chain)
+        sub = _Inference(self.ctx, chain, self.cls)
         tag = entry[0]
         if tag == "kind":
             return entry[1]
@@ -396,9 +505,30 @@ class _Inference:
             return None
         if tag == "elem":
             return sub.element(entry[1], entry[2])
+        if tag == "param":
+            return self._passed(entry[1], entry[2])
         if tag == "class":
             return MODULE_CLASS if any(sub._module_base(base) for base in entry[1].bases) else OTHER
         return None
+
+    def _passed(self, function: ast.AST, name: str) -> Optional[str]:
+        """The kind every call of `function` in the file passes for its parameter `name`; None
+        where the file never calls it, or its calls disagree or cannot be told."""
+        calls = file_calls(self.ctx)
+        sites = calls.call_sites(function)
+        if not sites or len(sites) > _MAX_CALL_SITES:
+            return None
+        kinds = []
+        for site in sites:
+            value = argument_for(site, function, name)
+            if value is None:
+                return None
+            chain = [scope_kinds(self.ctx, f) for f in reversed(site.functions)] + [scope_kinds(self.ctx, self.ctx.tree)]
+            kind = _Inference(self.ctx, chain, site.cls).expr(value)
+            if kind is None:
+                return None
+            kinds.append(kind)
+        return self._combine(kinds)
 
     def _module_base(self, base: ast.AST) -> bool:
         """`nn.Module`, another torch.nn class, a LightningModule, or a module class of the file."""
@@ -520,8 +650,8 @@ class _Inference:
         if qual is not None:
             return self._qualified(qual)
         base = node.value
-        if isinstance(base, ast.Name) and self.chain and base.id == self.chain[0].self_name and self.ctx.class_ is not None:
-            return class_attribute_kind(self.ctx, self.ctx.class_, node.attr)
+        if isinstance(base, ast.Name) and self.chain and base.id == self.chain[0].self_name and self.cls is not None:
+            return class_attribute_kind(self.ctx, self.cls, node.attr)
         if base_kind is _NOT_YET:
             base_kind = self.expr(base)
         if base_kind in TENSORS:
@@ -577,7 +707,7 @@ class _Inference:
             callee = self._attribute(func, receiver)
         else:
             callee = None
-        if callee in (LINEAR, MODULE):
+        if callee in (LINEAR, MODULE, USER_MODULE):
             return TENSOR
         return None
 
@@ -600,8 +730,39 @@ class _Inference:
             return CPU_TENSOR if self.expr(target.value) == CPU_TENSOR else TENSOR
         kind = self.expr(target)
         if kind == SCALAR and not isinstance(target, ast.Constant):
-            return _STAYS  # .to(torch.float16): a dtype
+            devices = self.device_strings(target)
+            if devices is None:
+                return _STAYS  # .to(torch.float16): a dtype
+            return CPU_TENSOR if all(d.split(":")[0] == "cpu" for d in devices) else TENSOR
         return CPU_TENSOR if kind == CPU_TENSOR else TENSOR  # a device, or `.to(other)`: other's device
+
+    def device_strings(self, expr: ast.AST, depth: int = 0) -> Optional[set]:
+        """The device strings a name or expression holds (`device = "cuda"`, `dev = "cuda" if
+        torch.cuda.is_available() else "cpu"`, `args.device` aside), else None: every value it
+        may hold is a string literal."""
+        if isinstance(expr, ast.Constant):
+            return {expr.value} if isinstance(expr.value, str) else None
+        if isinstance(expr, ast.IfExp):
+            body, orelse = self.device_strings(expr.body, depth), self.device_strings(expr.orelse, depth)
+            return body | orelse if body is not None and orelse is not None else None
+        if isinstance(expr, ast.JoinedStr):  # f"cuda:{rank}"
+            head = expr.values[0] if expr.values else None
+            return {head.value} if isinstance(head, ast.Constant) and isinstance(head.value, str) else None
+        if not isinstance(expr, ast.Name) or depth > 4:
+            return None
+        for scope in self.chain:
+            entries = scope.assigned.get(expr.id)
+            if entries is None:
+                continue
+            found: set = set()
+            for entry in entries:
+                value = entry[1] if entry[0] == "value" else None
+                strings = self.device_strings(value, depth + 1) if value is not None else None
+                if strings is None:
+                    return None
+                found |= strings
+            return found or None
+        return None
 
     def _tensor_method(self, method: str, receiver: str, node: ast.Call) -> Optional[str]:
         if method in ("cpu", "cuda", "to"):
@@ -619,7 +780,7 @@ class _Inference:
         expressions that build that item (all of a comprehension's items are built by one)."""
         container = node.value
         key = fixed_key(node.slice)
-        cls = self.ctx.class_
+        cls = self.cls
         if (key is None or cls is None or not isinstance(container, ast.Attribute) or not self.chain
                 or not isinstance(container.value, ast.Name) or container.value.id != self.chain[0].self_name
                 or container.attr in mutated_attributes(self.ctx, cls)):
