@@ -38,6 +38,15 @@ def _is_main_guard(test: ast.AST) -> bool:
     return "__name__" in sides and "__main__" in sides
 
 
+_CUDA_WORK = re.compile(r"\bcuda\b|\.to\(\s*(?:self\.|args\.|cfg\.|config\.|opt\.)?device\b|\bdevice\s*=")
+
+
+def _moves_to_cuda(source: str) -> bool:
+    """The file moves work to a CUDA device: names CUDA (`.cuda()`, `"cuda"`, `torch.cuda`), or
+    moves tensors or models to a device it holds (`.to(device)`, `device=device`)."""
+    return _CUDA_WORK.search(source) is not None
+
+
 def _tokens(text: str) -> set:
     return set(_TOKEN_SPLIT.split(text.lower()))
 
@@ -46,12 +55,12 @@ class NoMixedPrecision(Rule):
     code = "MAT401"
     name = "no-mixed-precision"
     summary = "A training step (`.backward()` plus an optimizer step) in a file that never enables bf16/fp16 autocast, a half-precision model or TF32."
-    default_enabled = False
+    default_enabled = True
     docs = """
     ## What it does
-    Flags, once per file, the `.backward()` of a training step (a function, or the module
-    level, that calls both `.backward()` and an optimizer's `.step()`) when nothing in the file
-    turns on reduced-precision matmuls:
+    Flags, once per file, the `.backward()` of a GPU training step (a function, or the module
+    level, that calls both `.backward()` and an optimizer's `.step()`, in a file that moves work
+    to a CUDA device) when nothing in the file turns on reduced-precision matmuls:
     - `torch.autocast`, `torch.cuda.amp.autocast`, `torch.amp.autocast` in any form (`with`,
       decorator, a context stored in a variable, `nullcontext() if ... else autocast(...)`,
       `accelerator.autocast()`), unless it is `enabled=False` or only used for evaluation
@@ -109,11 +118,9 @@ class NoMixedPrecision(Rule):
     - Training steps driven by a framework (`self.manual_backward`, `accelerator.backward`):
       no plain `.backward()` plus optimizer `.step()` pair.
 
-    Off by default: precision is a process-wide choice, and it is often made in a different
-    file from the training step (the entry script sets TF32, the caller wraps the step in
-    autocast, a config decides). A linter that reads one file cannot see that, so on library
-    code many findings are wrong. Enable it (`select = ["MAT401"]`) for training scripts,
-    where the step and the precision setting live together.
+    - Library modules: a file with no training step of its own (the step lives in the user's
+      script), and steps that never reach a CUDA device (`.cuda()`, `device="cuda"`, a
+      `torch.device` or device string, `.to(device)`).
 
     ## Fix safety
     No fix: which precision is right (bf16 autocast, fp16 with a `GradScaler`, or TF32) and
@@ -429,7 +436,7 @@ class NoMixedPrecision(Rule):
     def leave_Module(self, node: ast.Module) -> None:
         if self.mixed_precision or self.training_backward is None:
             return
-        if "cuda" not in self.ctx.source and "device" not in self.ctx.source:
+        if not _moves_to_cuda(self.ctx.source):
             return
         self.report(self.training_backward,
                     "this training step runs its matmuls in float32 and nothing in this file enables mixed "
