@@ -10,6 +10,7 @@ from matlint.diagnostics import Edit, Fix
 from matlint.rule import Only, Rule, bad, good
 
 from matlint.semantic.kinds import identifier_text
+from matlint.semantic.steps import step_of
 from matlint.semantic.loops import LoopInfo, identifier, is_training_loop, loaded_names, name_tokens
 from matlint.semantic.names import in_reference_code, in_test_code
 
@@ -377,7 +378,7 @@ class TinyOps(Rule):
         self._reported_loops: set = set()
 
     # An optimizer built as `torch.optim.AdamW(...)` or by a bare name (`AdamW(...)`), or an in-place update.
-    only = {"visit_Call": Only(attrs=frozenset(_OPTIMIZERS | _INPLACE_MATH)),
+    only = {"visit_Call": Only(attrs=frozenset(_OPTIMIZERS | _INPLACE_MATH | {"copy_"})),
             "visit_Assign": Only(if_file=lambda ctx: _ASSIGNS_DATA.search(identifier_text(ctx)) is not None)}
 
     def visit_Call(self, node: ast.Call) -> None:
@@ -386,8 +387,9 @@ class TinyOps(Rule):
             self._optimizer(node)
             return
         func = node.func
-        if isinstance(func, ast.Attribute) and func.attr in _INPLACE_MATH:
-            self._update(node)
+        if isinstance(func, ast.Attribute) and (func.attr in _INPLACE_MATH or (
+                func.attr == "copy_" and len(node.args) == 1 and isinstance(node.args[0], ast.BinOp))):
+            self._update(node)  # `tp.data.copy_(tau * p.data + (1 - tau) * tp.data)`: arithmetic, then a copy
 
     def visit_AugAssign(self, node: ast.AugAssign) -> None:
         if isinstance(node.op, (ast.Add, ast.Sub, ast.Mult, ast.Div)):
@@ -603,7 +605,10 @@ class TinyOps(Rule):
                 name = self.ctx.class_.name
             if _updates_every_step(name):
                 return True
-        return any(is_training_loop(self.ctx, outer) for outer in self.ctx.loops if outer is not loop)
+        if any(is_training_loop(self.ctx, outer) for outer in self.ctx.loops if outer is not loop):
+            return True
+        step = step_of(self.ctx, self.ctx.functions)
+        return step is not None and step.training
 
     def _uses_foreach(self, function: ast.AST) -> bool:
         key = ("mat504_foreach", id(function))

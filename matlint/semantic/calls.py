@@ -12,6 +12,7 @@ from typing import NamedTuple, Optional
 from .tree import child_nodes
 
 _FUNCTIONS = (ast.FunctionDef, ast.AsyncFunctionDef)
+_LOOPS = (ast.For, ast.AsyncFor, ast.While)
 
 
 class CallSite(NamedTuple):
@@ -19,6 +20,7 @@ class CallSite(NamedTuple):
     functions: tuple          # the functions around the call, outermost first
     cls: Optional[ast.ClassDef]  # the class whose method holds the call
     bound: bool               # `self.m(...)`: the first parameter is bound, not passed
+    loops: tuple              # the loops around the call in its function, outermost first
 
 
 class FileCalls:
@@ -41,31 +43,33 @@ class FileCalls:
                         self.class_of[id(item)] = stmt
         for name in rebound:
             del self.module_functions[name]
-        self._walk(tree, (), None)
+        self.functions: list = []          # every function of the file
+        self._walk(tree, (), None, ())
 
-    def _walk(self, node: ast.AST, functions: tuple, cls: Optional[ast.ClassDef]) -> None:
+    def _walk(self, node: ast.AST, functions: tuple, cls: Optional[ast.ClassDef], loops: tuple) -> None:
         for child in child_nodes(node):
             if isinstance(child, _FUNCTIONS):
-                self._walk(child, functions + (child,), cls)
+                self.functions.append(child)
+                self._walk(child, functions + (child,), cls, ())
                 continue
             if isinstance(child, ast.ClassDef):
-                self._walk(child, functions, child)
+                self._walk(child, functions, child, ())
                 continue
             if isinstance(child, ast.Call):
-                self._record(child, functions, cls)
-            self._walk(child, functions, cls)
+                self._record(child, functions, cls, loops)
+            self._walk(child, functions, cls, loops + (child,) if isinstance(child, _LOOPS) else loops)
 
-    def _record(self, call: ast.Call, functions: tuple, cls: Optional[ast.ClassDef]) -> None:
+    def _record(self, call: ast.Call, functions: tuple, cls: Optional[ast.ClassDef], loops: tuple) -> None:
         func = call.func
         if isinstance(func, ast.Name):
             target = self.module_functions.get(func.id)
             if target is not None:
-                self.sites.setdefault(id(target), []).append(CallSite(call, functions, cls, False))
+                self.sites.setdefault(id(target), []).append(CallSite(call, functions, cls, False, loops))
         elif (isinstance(func, ast.Attribute) and isinstance(func.value, ast.Name) and cls is not None
               and functions and _first_parameter(functions[-1]) == func.value.id):
             target = self.methods.get(id(cls), {}).get(func.attr)
             if target is not None:
-                self.sites.setdefault(id(target), []).append(CallSite(call, functions, cls, True))
+                self.sites.setdefault(id(target), []).append(CallSite(call, functions, cls, True, loops))
 
     def call_sites(self, function: ast.AST) -> list:
         return self.sites.get(id(function), [])
