@@ -6,6 +6,7 @@ import ast
 import re
 from typing import Optional
 
+from matlint.semantic.kinds import moves_work_to_cuda
 from matlint.rule import Rule, bad, good
 
 from matlint.semantic.loops import identifier, is_backward, is_optimizer_step, walk_no_scopes
@@ -36,15 +37,6 @@ def _is_main_guard(test: ast.AST) -> bool:
     sides = {getattr(test.left, "id", None), getattr(test.comparators[0], "id", None),
              getattr(test.left, "value", None), getattr(test.comparators[0], "value", None)}
     return "__name__" in sides and "__main__" in sides
-
-
-_CUDA_WORK = re.compile(r"\bcuda\b|\.to\(\s*(?:self\.|args\.|cfg\.|config\.|opt\.)?device\b|\bdevice\s*=")
-
-
-def _moves_to_cuda(source: str) -> bool:
-    """The file moves work to a CUDA device: names CUDA (`.cuda()`, `"cuda"`, `torch.cuda`), or
-    moves tensors or models to a device it holds (`.to(device)`, `device=device`)."""
-    return _CUDA_WORK.search(source) is not None
 
 
 def _tokens(text: str) -> set:
@@ -436,7 +428,7 @@ class NoMixedPrecision(Rule):
     def leave_Module(self, node: ast.Module) -> None:
         if self.mixed_precision or self.training_backward is None:
             return
-        if not _moves_to_cuda(self.ctx.source):
+        if not moves_work_to_cuda(self.ctx):
             return
         self.report(self.training_backward,
                     "this training step runs its matmuls in float32 and nothing in this file enables mixed "

@@ -12,6 +12,7 @@ from matlint.rule import Only, Rule, bad, good
 
 from matlint.semantic import kinds as _kinds
 from matlint.semantic.flow import function_text, nearby_comments
+from matlint.semantic.steps import step_of
 from matlint.semantic.loops import (LoopInfo, identifier as _identifier, is_optimizer_step, is_training_loop, iterates_loader,
                      loaded_names, name_tokens, walk_no_scopes)
 from matlint.semantic.names import in_reference_code, in_test_code
@@ -91,7 +92,13 @@ class HostSyncInLoop(Rule):
     host: `.item()`, `.cpu()` / `.to("cpu")`, `.tolist()`, `float(t)`, `int(t)`, `bool(t)`,
     `if t:` / `while t:` on a tensor, and `print(t)` of a tensor. A training loop is a loop
     whose body calls `.backward()` or an optimizer's `.step()`; an evaluation loop iterates
-    over a data loader. `.numpy()` is reported through the `.cpu()` that must precede it (on a
+    over a data loader. A function that runs every step counts like a loop's body: a training
+    step called once per step (it calls `.backward()` and an optimizer's `.step()` outside any
+    loop of its own: an agent's `learn()`), a `training_step`/`validation_step` hook, and the
+    helpers such a step or loop calls on every pass (not under an `if`): a sync inside a metric
+    or logging helper is a sync per step. In a file that never moves work to a CUDA device
+    (`.cuda()`, a device string or `torch.device`, `.to(device)`), a step function's tensors
+    stay on the CPU and it stays quiet. `.numpy()` is reported through the `.cpu()` that must precede it (on a
     GPU tensor `.numpy()` alone raises instead of syncing).
 
     ## Why is this bad?
@@ -194,6 +201,58 @@ class HostSyncInLoop(Rule):
     call's text holds a comment; the message says to accumulate in a device tensor instead.
     """
     examples = [
+        bad("""
+            import torch
+            device = "cuda"
+            def train(model, loader, optimizer):
+                total = 0.0
+                for x, y in loader:
+                    x, y = x.to(device), y.to(device)
+                    loss = (model(x) - y).pow(2).mean()
+                    loss.backward(); optimizer.step(); optimizer.zero_grad()
+                    total += loss.item()
+                return total
+            """, (9, 18), message_contains="training loop on line 5"),
+        bad("""
+            import torch
+            import torch.nn.functional as F
+            class Agent:
+                def __init__(self, q, optimizer, device):
+                    self.q, self.optimizer, self.device = q, optimizer, device
+                def learn(self, states, targets):
+                    loss = F.mse_loss(self.q(states.to(self.device)), targets.to(self.device))
+                    self.optimizer.zero_grad()
+                    loss.backward()
+                    self.optimizer.step()
+                    self.log(loss)
+                    return loss.item()
+                def log(self, loss):
+                    print("loss", loss.item())
+            """, (12, 16), (14, 23), message_contains="every step: `learn` is a training step"),
+        good("""
+            import torch
+            import torch.nn.functional as F
+            class Agent:
+                def __init__(self, q, optimizer, device):
+                    self.q, self.optimizer, self.device = q, optimizer, device
+                def learn(self, states, targets):
+                    loss = F.mse_loss(self.q(states.to(self.device)), targets.to(self.device))
+                    loss.backward()
+                    self.optimizer.step()
+                    if self.debug:
+                        self.log(loss)
+                def log(self, loss):
+                    print("loss", loss.item())
+            """),
+        good("""
+            import torch
+            def train(model, loader, optimizer):
+                for x, y in loader:
+                    loss = (model(x) - y).pow(2).mean()
+                    loss.backward()
+                    optimizer.step()
+                    print(loss.item())
+            """),
         bad("""
             import torch
             def train(model, loader, opt, criterion):
@@ -906,16 +965,17 @@ class HostSyncInLoop(Rule):
             """, unsafe=True),
     ]
 
-    only = {name: Only(in_loops=True) for name in ("visit_Call", "visit_If", "visit_While", "visit_IfExp")}
+    only = {"visit_Call": Only(attrs=frozenset(_SYNC_METHODS | _CONVERSIONS | {"print"})),
+            "visit_While": Only(in_loops=True), "visit_IfExp": Only(in_loops=True)}
 
     def visit_Call(self, node: ast.Call) -> None:
-        if not self.ctx.loops:
+        if not self.ctx.loops and self.ctx.function is None:
             return
         func = node.func
         if isinstance(func, ast.Attribute) and func.attr in _SYNC_METHODS:
             self._method(node, func)
         elif isinstance(func, ast.Name) and self.ctx.qualname(func) is None and node.args:
-            if self._step_loop() is None:
+            if self._step_context() is None:
                 return
             if func.id in _CONVERSIONS and len(node.args) == 1 and not node.keywords:
                 if self._is_device_tensor(node.args[0]):
@@ -941,7 +1001,7 @@ class HostSyncInLoop(Rule):
     # -- checks ---------------------------------------------------------------------
     def _method(self, node: ast.Call, func: ast.Attribute) -> None:
         receiver = func.value
-        if self._step_loop() is None or self._chain_already_synced(receiver):
+        if self._step_context() is None or self._chain_already_synced(receiver):
             return
         kind = _kinds.kind_of(self.ctx, receiver)
         if kind in _NOT_SYNCED:
@@ -983,7 +1043,7 @@ class HostSyncInLoop(Rule):
             self._report(node, "`.tolist()`", "collect results on the device and convert once after the loop")
 
     def _condition(self, owner: ast.AST) -> None:
-        if not self.ctx.loops or self._step_loop() is None:
+        if self._step_context() is None:
             return
         test = owner.test
         values = test.values if isinstance(test, ast.BoolOp) else [test]
@@ -1002,7 +1062,10 @@ class HostSyncInLoop(Rule):
         """`fix`: makes the fix, once the finding stands. `owner`: the `if`/`while` whose test
         `node` is, for a tensor used as a `bool`."""
         loop = self._step_loop()
-        if loop is None or self._gated(node, loop, owner):
+        if loop is None:
+            self._report_in_step_function(node, what, instead, owner)
+            return
+        if self._gated(node, loop, owner):
             return
         training = self._is_training(loop)
         if (owner is None and self._used_now(node, loop)) or self._explained(node) or (not training and self._host_only(loop)):
@@ -1012,6 +1075,30 @@ class HostSyncInLoop(Rule):
         kind = "training" if training else "evaluation"
         self.report(node, f"{what} waits for the GPU and copies to the host on every step of the {kind} "
                           f"loop on line {loop.node.lineno}; {instead}", fix=fix() if fix is not None else None)
+
+    def _step_context(self):
+        """The step loop around the node, else the step that the function around it runs in (a
+        training step, a step hook, a helper the step calls), else None."""
+        loop = self._step_loop()
+        if loop is not None:
+            return loop
+        if self.ctx.function is None or in_test_code(self.ctx) or not _kinds.moves_work_to_cuda(self.ctx):
+            return None
+        return step_of(self.ctx, self.ctx.functions)
+
+    def _report_in_step_function(self, node: ast.AST, what: str, instead: str, owner: Optional[ast.AST]) -> None:
+        """A sync in a function that runs every step, outside any loop of its own: quiet where it
+        runs only on some calls (under an `if`, in an error path)."""
+        step = step_of(self.ctx, self.ctx.functions)
+        function = next(f for f in reversed(self.ctx.functions) if not isinstance(f, ast.Lambda))
+        start = next((i for i, p in enumerate(self.ctx.parents) if p is function), None)
+        chain = self.ctx.parents[start + 1:] if start is not None else []
+        if any(isinstance(p, (ast.If, ast.ExceptHandler, ast.Raise, ast.IfExp, ast.Try)) for p in chain):
+            return
+        if self._explained(node) or in_reference_code(self.ctx):
+            return
+        self.report(node, f"{what} waits for the GPU and copies to the host on every step: `{function.name}` "
+                          f"{step.why}; {instead}")
 
     def _arguments(self, call: ast.Call) -> str:
         return ", ".join(self.ctx.segment(a) for a in call.args + call.keywords)

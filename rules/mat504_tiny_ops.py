@@ -116,8 +116,10 @@ class TinyOps(Rule):
       another file whose name says it does (`muon_update`, `newtonschulz`, `orthogonalize`,
       `precondition`, `svd`): their cost is not launch overhead. A helper of element-wise ops
       (`adam_update`) is still reported.
-    - Loops that are not known to run every step: only an optimizer's `step`, a function
-      whose name says it updates (a whole word of it: `update`, `step`, `ema`, `average`,
+    - Loops that are not known to run every step: only an optimizer's `step`, a training
+      step (a function that calls `.backward()` and an optimizer's `.step()` once per call, and
+      the helpers it calls: a soft target update `tp.data.copy_(tau * p.data + (1 - tau) *
+      tp.data)` after each update), a function whose name says it updates (a whole word of it: `update`, `step`, `ema`, `average`,
       `swa`, `sgd`, an optimizer's name; not `remap` or `swap`), the `__call__` of a class so
       named (`class EMA`), or a loop nested in a training loop counts; a one-off gradient
       rescale after training does not.
@@ -135,6 +137,32 @@ class TinyOps(Rule):
     and may round in a different order. Update loops have no fix.
     """
     examples = [
+        bad("""
+            import copy
+            import torch
+            import torch.nn.functional as F
+            class TD3:
+                def __init__(self, critic, tau=0.005):
+                    self.critic, self.critic_target, self.tau = critic, copy.deepcopy(critic), tau
+                    self.critic_optimizer = torch.optim.Adam(critic.parameters())
+                def train(self, state, target_q):
+                    critic_loss = F.mse_loss(self.critic(state.cuda()), target_q.cuda())
+                    self.critic_optimizer.zero_grad()
+                    critic_loss.backward()
+                    self.critic_optimizer.step()
+                    for param, target_param in zip(self.critic.parameters(), self.critic_target.parameters()):
+                        target_param.data.copy_(self.tau * param.data + (1 - self.tau) * target_param.data)
+            """, (14, 13)),
+        good("""
+            import copy
+            import torch
+            class Agent:
+                def __init__(self, critic):
+                    self.critic, self.critic_target = critic, copy.deepcopy(critic)
+                def sync_target(self):
+                    for param, target_param in zip(self.critic.parameters(), self.critic_target.parameters()):
+                        target_param.data.copy_(param.data * 1.0)
+            """),
         bad("""
             import torch
             from torch.optim import AdamW

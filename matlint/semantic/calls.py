@@ -13,6 +13,7 @@ from .tree import child_nodes
 
 _FUNCTIONS = (ast.FunctionDef, ast.AsyncFunctionDef)
 _LOOPS = (ast.For, ast.AsyncFor, ast.While)
+_BRANCHES = (ast.If, ast.IfExp, ast.ExceptHandler)
 
 
 class CallSite(NamedTuple):
@@ -21,6 +22,7 @@ class CallSite(NamedTuple):
     cls: Optional[ast.ClassDef]  # the class whose method holds the call
     bound: bool               # `self.m(...)`: the first parameter is bound, not passed
     loops: tuple              # the loops around the call in its function, outermost first
+    conditional: bool         # under an `if` or in a `try` handler of its function: not every call runs it
 
 
 class FileCalls:
@@ -44,32 +46,35 @@ class FileCalls:
         for name in rebound:
             del self.module_functions[name]
         self.functions: list = []          # every function of the file
-        self._walk(tree, (), None, ())
+        self._walk(tree, (), None, (), False)
 
-    def _walk(self, node: ast.AST, functions: tuple, cls: Optional[ast.ClassDef], loops: tuple) -> None:
+    def _walk(self, node: ast.AST, functions: tuple, cls: Optional[ast.ClassDef], loops: tuple,
+              conditional: bool) -> None:
         for child in child_nodes(node):
             if isinstance(child, _FUNCTIONS):
                 self.functions.append(child)
-                self._walk(child, functions + (child,), cls, ())
+                self._walk(child, functions + (child,), cls, (), False)
                 continue
             if isinstance(child, ast.ClassDef):
-                self._walk(child, functions, child, ())
+                self._walk(child, functions, child, (), False)
                 continue
             if isinstance(child, ast.Call):
-                self._record(child, functions, cls, loops)
-            self._walk(child, functions, cls, loops + (child,) if isinstance(child, _LOOPS) else loops)
+                self._record(child, functions, cls, loops, conditional)
+            self._walk(child, functions, cls, loops + (child,) if isinstance(child, _LOOPS) else loops,
+                       conditional or isinstance(child, _BRANCHES))
 
-    def _record(self, call: ast.Call, functions: tuple, cls: Optional[ast.ClassDef], loops: tuple) -> None:
+    def _record(self, call: ast.Call, functions: tuple, cls: Optional[ast.ClassDef], loops: tuple,
+                conditional: bool) -> None:
         func = call.func
         if isinstance(func, ast.Name):
             target = self.module_functions.get(func.id)
             if target is not None:
-                self.sites.setdefault(id(target), []).append(CallSite(call, functions, cls, False, loops))
+                self.sites.setdefault(id(target), []).append(CallSite(call, functions, cls, False, loops, conditional))
         elif (isinstance(func, ast.Attribute) and isinstance(func.value, ast.Name) and cls is not None
               and functions and _first_parameter(functions[-1]) == func.value.id):
             target = self.methods.get(id(cls), {}).get(func.attr)
             if target is not None:
-                self.sites.setdefault(id(target), []).append(CallSite(call, functions, cls, True, loops))
+                self.sites.setdefault(id(target), []).append(CallSite(call, functions, cls, True, loops, conditional))
 
     def call_sites(self, function: ast.AST) -> list:
         return self.sites.get(id(function), [])

@@ -5,6 +5,7 @@ Unknown (None) is an answer: rules that need a kind stay quiet on it."""
 from __future__ import annotations
 
 import ast
+import re
 import unicodedata
 from typing import Optional
 
@@ -402,6 +403,19 @@ def _sets_default_device(ctx) -> bool:
     found = ctx.shared.get("sets_default_device")
     if found is None:
         found = ctx.shared["sets_default_device"] = "set_default_device" in ctx.source
+    return found
+
+
+_CUDA_WORK = re.compile(r"\bcuda\b|\.to\(\s*(?:self\.|args\.|cfg\.|config\.|opt\.)?device\b|\bdevice\s*=")
+
+
+def moves_work_to_cuda(ctx) -> bool:
+    """The file moves work to a CUDA device: names CUDA (`.cuda()`, `"cuda"`, `torch.cuda`), or
+    moves tensors or models to a device it holds (`.to(device)`, `device=device`). A file that
+    does none of these runs its tensors where they were made, on the CPU."""
+    found = ctx.shared.get("moves_work_to_cuda")
+    if found is None:
+        found = ctx.shared["moves_work_to_cuda"] = _CUDA_WORK.search(ctx.source) is not None
     return found
 
 

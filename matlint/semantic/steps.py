@@ -2,7 +2,8 @@
 they do counts per step although no loop is written around it in the function itself.
 
 A function runs every step when it is a training step (it calls both `.backward()` and an
-optimizer's `.step()`: TD3's `train(replay_buffer)`, an agent's `learn()`), a framework's step
+optimizer's `.step()` once per call, outside any loop of its own: TD3's `train(replay_buffer)`,
+an agent's `learn()`), a framework's step
 hook (`training_step`, `validation_step`, `test_step`), or when the file calls it from such a
 function or from inside a loop that trains (its body calls `.backward()` or an optimizer's
 `.step()`) or goes over a data loader. Built once per file, on first use.
@@ -14,7 +15,10 @@ from typing import NamedTuple, Optional
 
 from .calls import file_calls
 from .loops import is_backward, is_optimizer_step, walk_no_scopes
-from .tree import dotted
+from .tree import child_nodes, dotted
+
+_LOOPS = (ast.For, ast.AsyncFor, ast.While, ast.ListComp, ast.SetComp, ast.DictComp, ast.GeneratorExp)
+_SCOPES = (ast.FunctionDef, ast.AsyncFunctionDef, ast.Lambda, ast.ClassDef)
 
 _STEP_HOOKS = frozenset({"training_step", "validation_step", "test_step", "predict_step"})
 
@@ -31,6 +35,18 @@ def _trains(nodes) -> tuple:
         backward = backward or is_backward(node)
         step = step or is_optimizer_step(node)
     return backward, step
+
+
+def _outside_loops(body):
+    """The nodes of a function's body that run once per call: not in its loops or nested scopes
+    (a function that holds a whole training loop is not itself one step)."""
+    stack = list(body)
+    while stack:
+        node = stack.pop()
+        yield node
+        if isinstance(node, _LOOPS + _SCOPES):
+            continue
+        stack.extend(child_nodes(node))
 
 
 def _iterates_loader(loop: ast.AST) -> bool:
@@ -58,7 +74,7 @@ def step_functions(ctx) -> dict:
     calls = file_calls(ctx)
     found = {}
     for function in calls.functions:
-        backward, step = _trains(n for stmt in function.body for n in walk_no_scopes(stmt))
+        backward, step = _trains(_outside_loops(function.body))
         if backward and step:
             found[id(function)] = Step("is a training step", True)
         elif function.name in _STEP_HOOKS:
@@ -70,6 +86,8 @@ def step_functions(ctx) -> dict:
             if id(function) in found:
                 continue
             for site in calls.call_sites(function):
+                if site.conditional:
+                    continue  # `if self.debug: self.log_grads()`: not every step
                 caller = found.get(id(site.functions[-1])) if site.functions else None
                 if caller is not None:
                     name = site.functions[-1].name
