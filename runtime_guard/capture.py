@@ -13,6 +13,7 @@ softmax inputs) so that chains such as hand-written attention can be recognised.
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import itertools
 import os
 from sys import _getframe
@@ -48,13 +49,13 @@ PASS_THROUGH_OPS = frozenset({
 })
 # Pass-through ops that only make a view: no kernel, nothing to aggregate, tags follow them.
 VIEW_OPS = PASS_THROUGH_OPS - {"clone", "contiguous", "_to_copy", "type_as", "to"}
-SCALE_OPS = frozenset({"mul", "div"})
-MASK_OPS = frozenset({"add", "sub", "masked_fill", "where"})
+SCALE_OPS = frozenset({"mul", "div", "mul_", "div_"})
+MASK_OPS = frozenset({"add", "sub", "masked_fill", "where", "add_", "sub_", "masked_fill_"})
 SOFTMAX_OPS = frozenset({"_softmax", "softmax", "_safe_softmax"})
 DROPOUT_OPS = frozenset({"native_dropout", "dropout"})
 COPY_OPS = frozenset({"_to_copy", "copy_"})
 _SCALE_OR_MASK_OPS = SCALE_OPS | MASK_OPS
-DROPOUT_MASK = ("D",)  # attention-chain state of a tensor drawn by bernoulli_
+MASK_FILL_MIN = -1e4       # a fill at or below this zeroes its softmax weight, as -inf does
 
 MAX_KEYS = 50_000          # distinct aggregated op keys kept; more are counted as dropped
 MAX_TAGS = 200_000         # dataflow tags kept within one step
@@ -179,12 +180,63 @@ class OpStat:
     kernel_us: float = 0.0
 
 
+class MaskFact(NamedTuple):
+    """One mask applied to attention scores, and how SDPA takes it."""
+    kind: str        # "masked_fill" (attn_mask=~mask), "where" (attn_mask=cond), "where_inv" (~cond),
+                     # "additive" (attn_mask=mask), "subtractive" (attn_mask=-mask),
+                     # "fill" (masked_fill/where with a value that is not a mask: SDPA has none)
+    causal: bool     # exactly lower-triangular (top-left) over the observed scores
+    fill: float = float("-inf")
+
+
+@dataclass(eq=False)
+class AttentionChain:
+    """Hand-written attention followed on one call, QK^T → scale → mask → softmax → dropout → @V.
+    A transformation makes a new chain (a scores tensor may be used twice); the probabilities and
+    their views share one, so that a later use of the weights is seen."""
+    phase: str                 # "S": scores (before softmax), "P": probabilities
+    qk_site: Site
+    qk_sig: tuple
+    k_repeat: tuple = None     # (n, interleaved) when K's heads were repeated (GQA), else None
+    scale: float = 1.0         # product of the scalar factors applied to the scores
+    scale_tensor: bool = False  # (also) scaled by a tensor: its value is not read
+    masks: tuple = ()          # MaskFact per mask applied
+    softmax_dtype: object = None
+    in_sdpa: bool = False      # the softmax was SDPA's own (_safe_softmax): its math backend ran
+    dropout_p: float = 0.0
+    weights_used: bool = False  # the probabilities were read by something other than @V (or returned)
+    stat: "AttentionStat" = None  # where the call was counted, once it was
+
+
+class AttentionKey(NamedTuple):
+    qk_site: Site
+    pv_site: Site
+    module: str
+    module_type: str
+    qk_sig: tuple
+    v_sig: tuple
+    scale: float | None        # None: scaled by a tensor
+    masks: tuple
+    dropout_p: float
+    k_repeat: tuple | None
+    v_repeat: tuple | None
+    grad: bool
+    softmax_dtype: object
+    in_sdpa: bool
+
+
+@dataclass
+class AttentionStat:
+    count: int = 0
+    weights_used: bool = False
+
+
 @dataclass
 class Recording:
     """Everything one guard saw, aggregated. Bounded in size however long it runs."""
 
     ops: dict = field(default_factory=dict)          # OpKey -> OpStat
-    attention: dict = field(default_factory=dict)    # tuple -> count (see _on_attention)
+    attention: dict = field(default_factory=dict)    # AttentionKey -> AttentionStat
     layout_copies: dict = field(default_factory=dict)  # (site, module, shape, stride, dtype) -> count
     chained_gemm_sites: set = field(default_factory=set)
     steps: int = 0
@@ -209,9 +261,12 @@ class Recording:
                 mine.compiled += stat.compiled
                 mine.launches += stat.launches
                 mine.kernel_us += stat.kernel_us
-        for mine, theirs in ((self.attention, other.attention), (self.layout_copies, other.layout_copies)):
-            for key, n in theirs.items():
-                mine[key] = mine.get(key, 0) + n
+        for key, n in other.layout_copies.items():
+            self.layout_copies[key] = self.layout_copies.get(key, 0) + n
+        for key, stat in other.attention.items():
+            mine = self.attention.setdefault(key, AttentionStat())
+            mine.count += stat.count
+            mine.weights_used |= stat.weights_used
         self.chained_gemm_sites |= other.chained_gemm_sites
         self.device_types |= other.device_types
         self.steps += other.steps
@@ -249,6 +304,7 @@ class ModulePaths:
         self._child_names: dict = {}
         self._handles = []
         self.on_error = on_error  # called with (exception, where) when a hook fails
+        self.on_output = None     # called with each module's output, when set
 
     def install(self):
         from torch.nn.modules import module as nn_module
@@ -273,6 +329,10 @@ class ModulePaths:
         stack = getattr(self._local, "stack", None)
         return stack[-1][1] if stack else ""
 
+    def current_type(self) -> str:
+        stack = getattr(self._local, "stack", None)
+        return type(stack[-1][0]).__name__ if stack else ""
+
     def _enter(self, module, args):
         if torch.compiler.is_compiling():  # dynamo traces global hooks: give it nothing to trace
             return
@@ -295,6 +355,8 @@ class ModulePaths:
             stack = self._stack()
             if stack and stack[-1][0] is module:
                 stack.pop()
+            if self.on_output is not None:
+                self.on_output(output)
         except Exception as exc:
             if self.on_error is not None:
                 self.on_error(exc, "module paths")
@@ -330,6 +392,8 @@ class Recorder:
         self._deps = _Tags()              # tensor -> frozenset of GEMM sites it depends on
         self._attn = _Tags()              # tensor -> attention chain state
         self._copies = _Tags()            # tensor -> (site, module, shape, stride, dtype) of a layout copy
+        self._mask_facts = _Tags()        # mask tensor -> (version, (how, L, S), causal)
+        self.modules.on_output = self._module_output
         self._fast: dict = {}             # cheap key -> (OpStat, OpKey), for the Recording in _fast_rec
         self._fast_rec = None
         self._modules_local = self.modules._local
@@ -354,6 +418,7 @@ class Recorder:
         self._deps.clear()
         self._attn.clear()
         self._copies.clear()
+        self._mask_facts.clear()
         # Backward ops find their forward's site here; a backward runs in its forward's step or
         # the next one, so the sites of the steps before that are dropped (insertion order is
         # chronological). Without this the dict grows with every observed step.
@@ -398,15 +463,44 @@ class Recorder:
             if d:
                 e = d.get(i)
                 if e is not None and e[0]() is src:
-                    tags.set(out, e[1])
+                    value = e[1]
+                    if tags is self._attn and type(value) is tuple and value[0] == "R":
+                        value = _merged_repeat(value, out.shape)
+                        if value is None:
+                            continue
+                    tags.set(out, value)
+
+    def _view(self, name, src, out) -> None:
+        """A view op: dataflow tags follow it; an expand of a new size-1 dim of a 5-d tensor may be
+        the start of a head repeat (K/V for grouped-query attention)."""
+        if _current_autograd_node() is not None:
+            return
+        if self._deps.d or self._attn.d or self._copies.d:
+            self._follow_view(src, out)
+        if name == "expand" and out.dim() == 5:
+            grown = [i for i, (a, b) in enumerate(zip(src.shape, out.shape)) if a == 1 and b > 1]
+            if len(grown) == 1:
+                self._attn.set(out, ("R", grown[0], out.shape[grown[0]], tuple(out.shape)))
+
+    def _module_output(self, output) -> None:
+        """The attention weights returned from a module are weights used."""
+        attn = self._attn
+        if not attn.d:
+            return
+        items = output if isinstance(output, (tuple, list)) else (output,)
+        for t in items:
+            if isinstance(t, Tensor):
+                state = attn.get(t)
+                if type(state) is AttentionChain and state.phase == "P":
+                    _weights_used(state)
 
     def record(self, func, args, kwargs, out, frame, info=None, node=_UNSET,
                Tensor=Tensor, isinstance=isinstance, id=id, tuple=tuple) -> None:  # locals: faster
         if info is None:
             info = _OP_INFO.get(id(func)) or _op_info(func)
         if info[2]:  # a view: the cheap path; views launch nothing, only dataflow tags follow them
-            if args and _current_autograd_node() is None and isinstance(out, Tensor):
-                self._follow_view(args[0], out)
+            if args and isinstance(args[0], Tensor) and isinstance(out, Tensor):
+                self._view(info[0], args[0], out)
             return
         name, qualname, _, full_sig, is_copy, is_gemm, is_bgemm, _, _, unread_in_backward = info
         if node is _UNSET:
@@ -587,43 +681,164 @@ class Recorder:
                         c = copies.get(a)
                         if c is not None and c[0] == site:
                             rec.layout_copies[c] = rec.layout_copies.get(c, 0) + 1
-        if is_bgemm or self._attn.d:
-            self._attention_step(name, args, arg0, out_t, site, module)
+        if is_bgemm or self._attn.d or name == "repeat":
+            self._attention_step(name, args, arg0, out_t, site, module, direct)
 
-    def _attention_step(self, name, args, arg0, out, site, module) -> None:
-        """Follow bmm -> scale -> (mask) -> softmax -> (dropout) -> bmm on the same tensors."""
+    def _attention_step(self, name, args, arg0, out, site, module, direct) -> None:
+        """Follow bmm -> scale -> (mask) -> softmax -> (dropout) -> bmm on the same tensors, with
+        what SDPA needs to compute the same: scale, masks, dropout, repeated K/V heads, and whether
+        the weights are used elsewhere."""
         attn = self._attn
         if name in BATCHED_GEMM_OPS:
-            a, b = (args[1], args[2]) if name == "baddbmm" else (args[0], args[1])
+            bias, (a, b) = (args[0], args[1:3]) if name == "baddbmm" else (None, args[:2])
             state = attn.get(a)
-            if state is not None and state[0] == "P":
-                _, qk_site, qk_sig, scaled, masked, softmax_dtype = state
-                key = (qk_site, site, module, qk_sig, tensor_sig(b), scaled, masked, a.requires_grad, softmax_dtype)
-                self.rec.attention[key] = self.rec.attention.get(key, 0) + 1
-            attn.set(out, ("S", site, (tensor_sig(a), tensor_sig(b)), False, False, None))
+            if type(state) is AttentionChain and state.phase == "P":
+                v_repeat = attn.get(b)
+                key = AttentionKey(
+                    state.qk_site, site, module, self.modules.current_type(), state.qk_sig, tensor_sig(b),
+                    None if state.scale_tensor else state.scale, state.masks, state.dropout_p, state.k_repeat,
+                    v_repeat[1:] if type(v_repeat) is tuple and v_repeat[0] == "K" else None,
+                    a.requires_grad, state.softmax_dtype, state.in_sdpa)
+                stat = self.rec.attention.get(key)
+                if stat is None:
+                    stat = self.rec.attention[key] = AttentionStat()
+                stat.count += 1
+                stat.weights_used |= state.weights_used
+                state.stat = stat
+            k_repeat = attn.get(b)
+            if type(k_repeat) is AttentionChain and k_repeat.phase == "P":
+                _weights_used(k_repeat)
+            masks = ()
+            if bias is not None:  # baddbmm(mask, q, k^T): an additive mask
+                masks = (MaskFact("additive", self._causal(bias, "additive", out.shape)),)
+            attn.set(out, AttentionChain("S", site, (tensor_sig(a), tensor_sig(b)), masks=masks,
+                                         k_repeat=k_repeat[1:] if type(k_repeat) is tuple and k_repeat[0] == "K" else None))
+            return
+        if name == "repeat" and arg0 is not None and len(args) > 1:
+            grown = [n for n in args[1] if n > 1]
+            if len(grown) == 1:  # tiled: head h reads K/V head h % n_kv (not what enable_gqa does)
+                attn.set(out, ("K", grown[0], False))
             return
         if arg0 is None:
             return
         if name == "bernoulli_":  # a dropout mask on CPU (mul by it then div_; native_dropout elsewhere)
-            attn.set(out, DROPOUT_MASK)
+            p_keep = args[1] if len(args) > 1 and isinstance(args[1], (int, float)) else None
+            if p_keep is not None:
+                attn.set(out, ("D", 1.0 - p_keep))
             return
         state = attn.get(arg0)
-        if state is None and len(args) > 1 and isinstance(args[1], torch.Tensor) and name in _SCALE_OR_MASK_OPS:
-            state = attn.get(args[1])
-        if state is None:
+        which = 0
+        if state is None and len(args) > 1 and isinstance(args[1], Tensor) and name in _SCALE_OR_MASK_OPS:
+            state, which = attn.get(args[1]), 1
+        if state is None and name == "where" and len(args) > 2 and isinstance(args[2], Tensor):
+            state, which = attn.get(args[2]), 2
+        if type(state) is not AttentionChain:
+            if type(state) is tuple and name in PASS_THROUGH_OPS:
+                attn.set(out, state)  # a dropout mask or repeated heads
             return
-        kind = state[0]
         if name in PASS_THROUGH_OPS:
             attn.set(out, state)
-        elif kind == "S" and name in SCALE_OPS:
-            attn.set(out, state[:3] + (True,) + state[4:])
-        elif kind == "S" and name in MASK_OPS:
-            attn.set(out, state[:4] + (True,) + state[5:])
-        elif kind == "S" and name in SOFTMAX_OPS:
-            attn.set(out, ("P",) + state[1:5] + (out.dtype,))  # fp32 here under autocast
-        elif kind == "P" and (name in DROPOUT_OPS
-                              or (name == "mul" and len(args) > 1 and attn.get(args[1]) == DROPOUT_MASK)):
-            attn.set(out, state)
+        elif state.phase == "S":
+            new = self._scores_step(name, args, which, state, out)
+            if new is not None:
+                attn.set(out, new)
+        elif name in DROPOUT_OPS and which == 0:
+            train = args[2] if len(args) > 2 else True
+            p = args[1] if len(args) > 1 and isinstance(args[1], (int, float)) and train is not False else 0.0
+            attn.set(out, dataclasses.replace(state, dropout_p=p))
+        elif name == "mul" and len(args) > 1 and isinstance(args[1 - which], Tensor) \
+                and type(attn.get(args[1 - which])) is tuple and attn.get(args[1 - which])[0] == "D":
+            attn.set(out, dataclasses.replace(state, dropout_p=attn.get(args[1 - which])[1]))
+        else:
+            _weights_used(state)  # the weights feed something SDPA does not return them for
+
+    def _scores_step(self, name, args, which, state, out):
+        """The chain after one op on the scores, or None where the op is not one SDPA has."""
+        base = name.rstrip("_")
+        other = args[1 - which] if which < 2 and len(args) > 1 else None
+        if name in SOFTMAX_OPS:
+            return dataclasses.replace(state, phase="P", softmax_dtype=out.dtype, in_sdpa=name == "_safe_softmax")
+        if base in ("mul", "div"):
+            if isinstance(other, Tensor) and other.dim() and other.shape[-1] != 1:
+                return None  # varies along the keys: not a scale (a multiplicative mask SDPA lacks)
+            if isinstance(other, Tensor):  # a learned temperature, or a value read only on the device
+                return dataclasses.replace(state, scale_tensor=True)
+            value = _number(other)
+            if value is None:
+                return None
+            if value == 0:
+                return None
+            return dataclasses.replace(state, scale=state.scale * (value if base == "mul" else 1.0 / value))
+        if base == "masked_fill" and which == 0 and len(args) > 2:
+            fill = _number(args[2])
+            if fill is None or fill > MASK_FILL_MIN:
+                mask = MaskFact("fill", False, fill if fill is not None else float("nan"))
+            else:
+                mask = MaskFact("masked_fill", self._causal(args[1], "masked_fill", out.shape))
+            return dataclasses.replace(state, masks=state.masks + (mask,))
+        if base == "where" and which in (1, 2):
+            fill = _number(args[3 - which])
+            kind = "where" if which == 1 else "where_inv"
+            if fill is None or fill > MASK_FILL_MIN:
+                mask = MaskFact("fill", False, fill if fill is not None else float("nan"))
+            else:
+                mask = MaskFact(kind, self._causal(args[0], kind, out.shape))
+            return dataclasses.replace(state, masks=state.masks + (mask,))
+        if base in ("add", "sub") and isinstance(other, Tensor):
+            if base == "sub" and which != 0:
+                return None  # mask - scores: not a mask
+            kind = "additive" if base == "add" else "subtractive"
+            causal = kind == "additive" and self._causal(other, kind, out.shape)
+            return dataclasses.replace(state, masks=state.masks + (MaskFact(kind, causal),))
+        return None
+
+    def _causal(self, mask, how, scores_shape) -> bool:
+        """Whether the mask lets exactly the causal (top-left lower-triangular) positions through,
+        in every batch and head. Computed once per mask tensor and version within a step."""
+        seq = tuple(scores_shape[-2:])
+        fact = self._mask_facts.get(mask)
+        if fact is not None and fact[0] == mask._version and fact[1] == (how, seq):
+            return fact[2]
+        causal = False
+        if mask.dim() >= 2 and tuple(mask.shape[-2:]) == seq:
+            tril = torch.ones(seq, dtype=torch.bool, device=mask.device).tril()
+            if how == "additive":
+                if mask.is_floating_point():
+                    causal = bool((mask == torch.zeros(seq, dtype=mask.dtype, device=mask.device)
+                                   .masked_fill(~tril, float("-inf"))).all())
+            elif mask.dtype == torch.bool:
+                allowed = mask if how == "where" else ~mask
+                causal = bool((allowed == tril).all())
+        self._mask_facts.set(mask, (mask._version, (how, seq), causal))
+        return causal
+
+
+def _number(value):
+    """A Python number, or a one-element CPU tensor's value; else None."""
+    if isinstance(value, (int, float)) and not isinstance(value, bool):
+        return float(value)
+    if isinstance(value, Tensor) and value.numel() == 1 and value.device.type == "cpu":
+        return float(value.item())
+    return None
+
+
+def _weights_used(chain: AttentionChain) -> None:
+    chain.weights_used = True
+    if chain.stat is not None:
+        chain.stat.weights_used = True
+
+
+def _merged_repeat(tag, shape):
+    """An expanded 5-d tensor ("R", dim, n, shape) viewed as 4-d: the expanded dim merged with the
+    dim before it is repeat_interleave order (head h reads K/V head h // n), with the one after,
+    tiled order. Anything else is not a head repeat."""
+    _, i, n, src = tag
+    shape = tuple(shape)
+    if i > 0 and shape == src[:i - 1] + (src[i - 1] * n,) + src[i + 1:]:
+        return ("K", n, True)
+    if i + 1 < len(src) and shape == src[:i] + (n * src[i + 1],) + src[i + 2:]:
+        return ("K", n, False)
+    return None
 
 
 def _contiguous_strides(shape) -> tuple:
@@ -723,9 +938,9 @@ def _torch_dispatch(self, func, types, args=(), kwargs=None):
     if recorder.enabled:
         try:
             if info[2]:  # a view: no site, no key; only forward dataflow tags follow it
-                if (args and (recorder._deps.d or recorder._attn.d or recorder._copies.d)
-                        and isinstance(out, Tensor) and _current_autograd_node() is None):
-                    recorder._follow_view(args[0], out)
+                if args and isinstance(out, Tensor) and (
+                        recorder._deps.d or recorder._attn.d or recorder._copies.d or info[0] == "expand"):
+                    recorder._view(info[0], args[0], out)
                 return out
             node = _current_autograd_node()
             if node is not None and info[9] and not recorder.profile_cuda:

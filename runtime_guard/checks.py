@@ -15,6 +15,7 @@ import torch
 from matlint.diagnostics import Finding
 
 from .capture import GEMM_OPS, LOSS_OPS, VIEW_OPS, Site
+from .savings import SdpaEstimate
 
 LOOP_MIN_PER_STEP = 4        # same-shape GEMMs per step from one line
 TINY_MIN_PER_STEP = 32       # launches per step from one line
@@ -353,22 +354,140 @@ def check_tiny_ops(rec, steps, ctx):
 
 
 # -- MAT601 ----------------------------------------------------------------------------------------
+_ATTN_MASK_ARG = {"masked_fill": "~mask", "where": "mask", "where_inv": "~mask", "additive": "mask",
+                  "subtractive": "-mask"}
+_MASK_SAYS = {
+    "masked_fill": "attn_mask=~mask: SDPA's boolean mask marks the positions that take part, masked_fill's "
+                   "the ones filled",
+    "where": "attn_mask=mask: the where() condition, True where positions take part",
+    "where_inv": "attn_mask=~mask: the where() condition inverted (it marked the positions filled)",
+    "additive": "attn_mask=mask: the float mask added to the scores, as is",
+    "subtractive": "attn_mask=-mask: the tensor subtracted from the scores, negated",
+}
+
+
+@dataclass(frozen=True)
+class SdpaAdvice:
+    """The SDPA call that computes what the hand-written attention computed, and what the guard
+    could not establish (said as what to check)."""
+    kwargs: dict          # SDPA keyword arguments; attn_mask as an expression of the user's `mask`
+    checks: tuple         # what the user must check before switching
+    exact: bool           # the call computes the same (up to rounding) when the checks hold
+    gqa_rep: int = 1      # K/V heads repeated this many times (enable_gqa=True)
+
+    def call(self) -> str:
+        args = ["q", "k", "v"]
+        for name, value in self.kwargs.items():
+            if name == "attn_mask":
+                args.append(f"attn_mask={value}")
+            elif name == "dropout_p":
+                args.append(f"dropout_p={value:g} if self.training else 0.0")
+            elif name == "scale":
+                args.append(f"scale={float(f'{value:.8g}')!r}")
+            else:
+                args.append(f"{name}={value}")
+        return "F.scaled_dot_product_attention(" + ", ".join(args) + ")"
+
+
+def sdpa_advice(keys, weights_used: bool) -> SdpaAdvice:
+    """What to pass SDPA so that it computes what every observed call of one attention site did."""
+    kwargs, checks, exact = {}, [], True
+    mask_kinds = {tuple(m.kind for m in k.masks) for k in keys}
+    kinds = sorted(mask_kinds, key=len)[-1]
+    causal = len(mask_kinds) == 1 and len(kinds) == 1 and all(k.masks[0].causal for k in keys)
+    if len(mask_kinds) > 1:
+        checks.append(f"the scores were masked differently between calls ({', '.join('+'.join(m) or 'no mask' for m in sorted(mask_kinds))}): "
+                      f"pass each call's mask as attn_mask")
+    if "fill" in kinds:
+        fills = sorted({m.fill for k in keys for m in k.masks if m.kind == "fill"})
+        checks.append(f"check the masking: the scores were filled with {', '.join(f'{v:g}' for v in fills)} (not -inf "
+                      f"or a large negative value), which SDPA has no equivalent for")
+        exact = False
+    elif causal:
+        kwargs["is_causal"] = True
+        checks.append("is_causal=True: the mask was exactly causal (lower-triangular) in every observed call; if it "
+                      "can also hide padding, pass it as attn_mask= instead")
+    elif len(kinds) == 1:
+        kwargs["attn_mask"] = _ATTN_MASK_ARG[kinds[0]]
+        checks.append(_MASK_SAYS[kinds[0]])
+    elif kinds:
+        kwargs["attn_mask"] = "mask"
+        checks.append(f"combine the {len(kinds)} masks ({', '.join(kinds)}) into one attn_mask (boolean: True where "
+                      f"positions take part; or one additive float mask); is_causal cannot be combined with attn_mask")
+    dropout = max(k.dropout_p for k in keys)
+    if dropout:
+        kwargs["dropout_p"] = dropout
+    scales = {k.scale for k in keys}
+    d = keys[0].qk_sig[0][0][-1]
+    if None in scales:
+        kwargs["scale"] = 1.0
+        checks.append("the scores were scaled by a tensor: multiply q by it first (shaped to broadcast over q) "
+                      "and pass scale=1.0")
+    elif len(scales) > 1:
+        checks.append(f"the scale differed between calls ({', '.join(f'{v:.6g}' for v in sorted(scales))}): pass "
+                      f"each call's as scale=")
+        exact = False
+    else:
+        [scale] = scales
+        if abs(scale - 1.0 / math.sqrt(d)) > 1e-6 / math.sqrt(d):
+            kwargs["scale"] = scale  # SDPA's default is 1/sqrt(head dim); this is not it
+    reps = {(k.k_repeat, k.v_repeat) for k in keys}
+    gqa_rep = 1
+    if len(reps) == 1:
+        [(k_rep, v_rep)] = reps
+        if k_rep is not None and k_rep == v_rep and k_rep[1]:
+            kwargs["enable_gqa"] = True
+            gqa_rep = k_rep[0]
+            checks.append(f"enable_gqa=True with k and v from before the head repeat ({gqa_rep}x fewer K/V heads "
+                          f"than query heads): no repeated copy")
+        elif k_rep is not None and k_rep == v_rep:
+            checks.append(f"K/V heads were tiled with repeat (query head h reads K/V head h mod n_kv); enable_gqa "
+                          f"pairs head h with K/V head h // {k_rep[0]}: keep passing the repeated k and v (or "
+                          f"repeat_interleave them, then enable_gqa=True)")
+    if weights_used:
+        checks.append("SDPA does not return the attention weights, which this code returns or uses: switch only "
+                      "where they are not needed")
+    return SdpaAdvice(kwargs, tuple(checks), exact, gqa_rep)
+
+
 def check_attention(rec, steps, ctx):
-    for (qk_site, pv_site, module, qk_sig, v_sig, scaled, masked, grad, softmax_dtype), count in rec.attention.items():
-        q, k = qk_sig
+    groups = defaultdict(list)
+    for key, stat in rec.attention.items():
+        if key.in_sdpa:  # a real scaled_dot_product_attention call running its math backend
+            continue
+        groups[(key.qk_site, key.pv_site, key.module)].append((key, stat))
+    for (qk_site, pv_site, module), entries in groups.items():
+        keys = [k for k, _ in entries]
+        key = max(entries, key=lambda e: e[1].count)[0]
+        count = sum(st.count for _, st in entries)
+        weights_used = any(st.weights_used for _, st in entries)
+        advice = sdpa_advice(keys, weights_used)
+        q, k = key.qk_sig
         bh, s_q, d = q[0]
         s_k = k[0][-1]
         per_step = count / steps
-        parts = ["matmul"] + (["scale"] if scaled else []) + (["mask"] if masked else []) + ["softmax", "matmul"]
-        msg = (f"hand-written attention ({' → '.join(parts)}) on {bh} heads × {s_q}×{s_k}, head dim {d}, "
-               f"{_dtype(q[2])}: use torch.nn.functional.scaled_dot_product_attention(q, k, v"
-               f"{', is_causal=True' if masked else ''}) (fused flash/memory-efficient kernels)")
-        ev = {"per_step": round(per_step, 2), "module": module, "phase": "forward+backward" if grad else "forward",
-              "shapes": [_shape(q[0]), _shape(k[0]), _shape(v_sig[0])], "dtypes": [_dtype(q[2])],
-              "second_matmul": str(pv_site), "scaled": scaled, "masked": masked, "device": ctx.device_type}
+        parts = (["matmul"] + (["scale"] if key.scale != 1.0 else []) + [m.kind.split("_")[0] for m in key.masks]
+                 + ["softmax"] + (["dropout"] if key.dropout_p else []) + ["matmul"])
+        head = (f"hand-written attention ({' → '.join(parts)}) on {bh} heads × {s_q}×{s_k}, head dim {d}, "
+                f"{_dtype(q[2])}")
+        if key.module_type == "MultiheadAttention":
+            msg = (f"{head}: nn.MultiheadAttention computes attention by hand when it is asked for the weights "
+                   f"(need_weights=True, the default): pass need_weights=False where they are not used, and it "
+                   f"runs scaled_dot_product_attention")
+        else:
+            msg = f"{head}: use {advice.call()} (torch.nn.functional; fused kernels)"
+            if advice.checks:
+                msg += "; " + "; ".join(advice.checks)
+        ev = {"per_step": round(per_step, 2), "module": module, "phase": "forward+backward" if key.grad else "forward",
+              "shapes": [_shape(q[0]), _shape(k[0]), _shape(key.v_sig[0])], "dtypes": [_dtype(q[2])],
+              "second_matmul": str(pv_site), "scaled": key.scale != 1.0, "masks": [m.kind for m in key.masks],
+              "masked": bool(key.masks), "device": ctx.device_type, "sdpa_kwargs": dict(advice.kwargs),
+              "checks": list(advice.checks), "exact": advice.exact, "weights_used": weights_used}
+        mask = "causal" if advice.kwargs.get("is_causal") else ("mask" if key.masks else None)
         yield _finding("MAT601", qk_site, msg, ev,
-                       ("sdpa", bh, s_q, s_k, d, v_sig[0][-1], _dtype(q[2]), ctx.device_type, masked, grad, per_step,
-                        _dtype(softmax_dtype)))
+                       SdpaEstimate("sdpa", bh, s_q, s_k, d, key.v_sig[0][-1], _dtype(q[2]), ctx.device_type, mask,
+                                    advice.kwargs.get("dropout_p", 0.0), key.grad, per_step,
+                                    _dtype(key.softmax_dtype), advice.gqa_rep))
 
 
 CHECKS = {

@@ -9,6 +9,7 @@ from __future__ import annotations
 import contextlib
 import math
 import time
+from typing import NamedTuple
 
 import torch
 import torch.nn.functional as F
@@ -162,41 +163,64 @@ def estimate_loop(spec, budget):
     return (t_loop - t_bmm) * loops_per_step, method
 
 
-def estimate_sdpa(spec, budget):
-    _, bh, s_q, s_k, d, d_v, dtype, device, masked, grad, per_step, softmax_dtype = spec
-    dt = _DTYPES.get(dtype, torch.float32)
-    upcast = softmax_dtype == "float32" and dt != torch.float32  # autocast runs softmax in fp32
-    inputs = _Inputs(device)
-    key = ("sdpa", bh, s_q, s_k, d, d_v, dt, device, masked, grad, upcast)
+class SdpaEstimate(NamedTuple):
+    kind: str            # "sdpa"
+    bh: int              # batch × query heads
+    s_q: int
+    s_k: int
+    d: int
+    d_v: int
+    dtype: str
+    device: str
+    mask: str | None     # "causal", "mask" (an explicit attn_mask) or None
+    dropout_p: float
+    grad: bool
+    per_step: float
+    softmax_dtype: str
+    gqa_rep: int = 1     # K/V heads repeated this many times (enable_gqa=True)
+
+
+def estimate_sdpa(spec: SdpaEstimate, budget):
+    dt = _DTYPES.get(spec.dtype, torch.float32)
+    upcast = spec.softmax_dtype == "float32" and dt != torch.float32  # autocast runs softmax in fp32
+    inputs = _Inputs(spec.device)
+    key = (spec._replace(per_step=0.0), upcast)
+    device, grad, rep = spec.device, spec.grad, spec.gqa_rep
 
     def compute():
-        q = inputs.tensor((1, bh, s_q, d), dt, requires_grad=grad)
-        k = inputs.tensor((1, bh, s_k, d), dt, requires_grad=grad)
-        v = inputs.tensor((1, bh, s_k, d_v), dt, requires_grad=grad)
-        causal = torch.ones(s_q, s_k, dtype=torch.bool, device=device).tril(s_k - s_q)
-        scale = 1.0 / math.sqrt(d)
+        q = inputs.tensor((1, spec.bh, spec.s_q, spec.d), dt, requires_grad=grad)
+        k = inputs.tensor((1, spec.bh // rep, spec.s_k, spec.d), dt, requires_grad=grad)
+        v = inputs.tensor((1, spec.bh // rep, spec.s_k, spec.d_v), dt, requires_grad=grad)
+        allowed = torch.ones(spec.s_q, spec.s_k, dtype=torch.bool, device=device).tril()
+        scale = 1.0 / math.sqrt(spec.d)
 
         def manual():
-            w = (q @ k.transpose(-2, -1)) * scale
-            if masked:
-                w = w.masked_fill(~causal, float("-inf"))
+            kk, vv = (k.repeat_interleave(rep, 1), v.repeat_interleave(rep, 1)) if rep > 1 else (k, v)
+            w = (q @ kk.transpose(-2, -1)) * scale
+            if spec.mask:
+                w = w.masked_fill(~allowed, float("-inf"))
             p = torch.softmax(w.float(), dim=-1).to(dt) if upcast else torch.softmax(w, dim=-1)
-            out = p @ v
+            if spec.dropout_p:
+                p = F.dropout(p, spec.dropout_p)
+            out = p @ vv
             if grad:
                 out.sum().backward()
 
         def fused():
-            out = F.scaled_dot_product_attention(q, k, v, is_causal=masked and s_q == s_k)
+            out = F.scaled_dot_product_attention(
+                q, k, v, is_causal=spec.mask == "causal", attn_mask=allowed if spec.mask == "mask" else None,
+                dropout_p=spec.dropout_p, enable_gqa=rep > 1)
             if grad:
                 out.sum().backward()
 
         return tuple(time_ms_each((manual, fused), device))
 
     t_manual, t_fused = _cached(key, compute)
-    method = (f"timed matmul-scale-{'mask-' if masked else ''}softmax-matmul ({t_manual:.3f} ms) against "
+    mask = {"causal": "; causal mask as is_causal=True", "mask": "; the mask as an explicit attn_mask"}.get(spec.mask, "")
+    method = (f"timed matmul-scale-{'mask-' if spec.mask else ''}softmax-matmul ({t_manual:.3f} ms) against "
               f"scaled_dot_product_attention ({t_fused:.3f} ms){' fwd+bwd' if grad else ''} at the observed "
-              f"shapes on {device}{'; mask taken as causal' if masked else ''}")
-    return (t_manual - t_fused) * per_step, method
+              f"shapes on {device}{mask}")
+    return (t_manual - t_fused) * spec.per_step, method
 
 
 def estimate_copy(spec, budget):
