@@ -232,6 +232,20 @@ class AttentionStat:
 
 
 @dataclass
+class OperandUse:
+    """How one GEMM line's operands varied within a step (the most distinct tensors any observed
+    step passed as each operand): 1 means every call of the step used the same tensor."""
+    first: int = 0
+    second: int = 0
+
+    def merge(self, first: int, second: int) -> None:
+        self.first, self.second = max(self.first, first), max(self.second, second)
+
+
+MAX_OPERANDS = 64  # distinct operand tensors told apart per GEMM line and step
+
+
+@dataclass
 class Recording:
     """Everything one guard saw, aggregated. Bounded in size however long it runs."""
 
@@ -239,6 +253,7 @@ class Recording:
     attention: dict = field(default_factory=dict)    # AttentionKey -> AttentionStat
     layout_copies: dict = field(default_factory=dict)  # (site, module, shape, stride, dtype) -> count
     chained_gemm_sites: set = field(default_factory=set)
+    gemm_operands: dict = field(default_factory=dict)  # (op, site, sig) -> OperandUse
     steps: int = 0
     dropped_keys: int = 0
     errors: list = field(default_factory=list)
@@ -268,6 +283,8 @@ class Recording:
             mine.count += stat.count
             mine.weights_used |= stat.weights_used
         self.chained_gemm_sites |= other.chained_gemm_sites
+        for key, use in other.gemm_operands.items():
+            self.gemm_operands.setdefault(key, OperandUse()).merge(use.first, use.second)
         self.device_types |= other.device_types
         self.steps += other.steps
         self.dropped_keys += other.dropped_keys
@@ -305,6 +322,7 @@ class ModulePaths:
         self._handles = []
         self.on_error = on_error  # called with (exception, where) when a hook fails
         self.on_output = None     # called with each module's output, when set
+        self.on_top_call = None   # called before a top-level module call that follows one run without grad
 
     def install(self):
         from torch.nn.modules import module as nn_module
@@ -333,11 +351,20 @@ class ModulePaths:
         stack = getattr(self._local, "stack", None)
         return type(stack[-1][0]).__name__ if stack else ""
 
+    def clear_pending(self) -> None:
+        self._local.ended_without_grad = False
+
     def _enter(self, module, args):
         if torch.compiler.is_compiling():  # dynamo traces global hooks: give it nothing to trace
             return
         try:
             stack = self._stack()
+            if not stack and getattr(self._local, "ended_without_grad", False):
+                self._local.ended_without_grad = False
+                if self.on_top_call is not None:
+                    self.on_top_call()
+                if not self._handles:  # that ended the guard's window
+                    return
             if not stack:
                 path = type(module).__name__
             else:
@@ -355,6 +382,8 @@ class ModulePaths:
             stack = self._stack()
             if stack and stack[-1][0] is module:
                 stack.pop()
+                if not stack:
+                    self._local.ended_without_grad = not _may_backward(output)
             if self.on_output is not None:
                 self.on_output(output)
         except Exception as exc:
@@ -365,11 +394,12 @@ class ModulePaths:
         key = (id(parent), id(child))
         name = self._child_names.get(key)
         if name is None:
-            name = type(child).__name__
-            for attr, sub in parent._modules.items():
-                if sub is child:
-                    name = attr
-                    break
+            # the attribute path: `self.layers[i](x)` calls a module held in a container that is
+            # never called itself (ModuleList, ModuleDict): its direct children first, then below
+            name = next((attr for attr, sub in parent._modules.items() if sub is child), None)
+            if name is None:
+                name = next((attr for attr, sub in parent.named_modules(remove_duplicate=False)
+                             if sub is child and attr), type(child).__name__)
             if len(self._child_names) > 100_000:
                 self._child_names.clear()
             self._child_names[key] = name
@@ -393,6 +423,7 @@ class Recorder:
         self._attn = _Tags()              # tensor -> attention chain state
         self._copies = _Tags()            # tensor -> (site, module, shape, stride, dtype) of a layout copy
         self._mask_facts = _Tags()        # mask tensor -> (version, (how, L, S), causal)
+        self._operands: dict = {}         # (op, site, sig) -> ({id: weakref} first, {id: weakref} second), this step
         self.modules.on_output = self._module_output
         self._fast: dict = {}             # cheap key -> (OpStat, OpKey), for the Recording in _fast_rec
         self._fast_rec = None
@@ -414,7 +445,15 @@ class Recorder:
         if rec.error_count >= MAX_ERRORS:
             self.enabled = False
 
+    def end_step_operands(self) -> None:
+        """Fold this step's operand identities into the recording."""
+        uses = self.rec.gemm_operands
+        for key, (first, second) in self._operands.items():
+            uses.setdefault(key, OperandUse()).merge(len(first), len(second))
+        self._operands = {}
+
     def new_step(self) -> None:
+        self.end_step_operands()
         self._deps.clear()
         self._attn.clear()
         self._copies.clear()
@@ -626,6 +665,8 @@ class Recorder:
         if compiled:
             stat.compiled += 1
             self.saw_compiled = True
+        if is_gemm and not backward:
+            self._note_operands(key, args, name)
         if is_gemm and not backward and self.derive_backward and _is_grad_enabled():
             a, b = (args[1], args[2]) if name in _BIAS_FIRST_GEMMS else (args[0], args[1])
             grads = (a.requires_grad, b.requires_grad)
@@ -683,6 +724,26 @@ class Recorder:
                             rec.layout_copies[c] = rec.layout_copies.get(c, 0) + 1
         if is_bgemm or self._attn.d or name == "repeat":
             self._attention_step(name, args, arg0, out_t, site, module, direct)
+
+    def _note_operands(self, key, args, name) -> None:
+        """Which tensors this GEMM line was given in this step: a view is its base and offset (a
+        weight's transposed view is the weight; x[i] is a part of x); weak references tell a freed
+        tensor from a new one at its address."""
+        okey = (key.op, key.site, key.sig)
+        seen = self._operands.get(okey)
+        if seen is None:
+            seen = self._operands[okey] = ({}, {})
+        pair = (args[1], args[2]) if name in _BIAS_FIRST_GEMMS else (args[0], args[1])
+        for t, ids in zip(pair, seen):
+            if len(ids) >= MAX_OPERANDS or not isinstance(t, Tensor):
+                continue
+            base = t._base if t._base is not None else t
+            ident = (id(base), t.storage_offset())
+            e = ids.get(ident)
+            if e is None:
+                ids[ident] = _weakref(base)
+            elif e() is not base:
+                ids[ident + (len(ids),)] = _weakref(base)
 
     def _attention_step(self, name, args, arg0, out, site, module, direct) -> None:
         """Follow bmm -> scale -> (mask) -> softmax -> (dropout) -> bmm on the same tensors, with
@@ -820,6 +881,15 @@ def _number(value):
     if isinstance(value, Tensor) and value.numel() == 1 and value.device.type == "cpu":
         return float(value.item())
     return None
+
+
+def _may_backward(output) -> bool:
+    """Whether a backward pass may follow from this module output."""
+    if not torch.is_grad_enabled():
+        return False
+    items = output if isinstance(output, (tuple, list)) else (output,)
+    tensors = [t for t in items if isinstance(t, Tensor)]
+    return not tensors or any(t.requires_grad for t in tensors)
 
 
 def _weights_used(chain: AttentionChain) -> None:

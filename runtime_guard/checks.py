@@ -15,7 +15,7 @@ import torch
 from matlint.diagnostics import Finding
 
 from .capture import GEMM_OPS, LOSS_OPS, VIEW_OPS, Site
-from .savings import SdpaEstimate
+from .savings import LoopEstimate, SdpaEstimate
 
 LOOP_MIN_PER_STEP = 4        # same-shape GEMMs per step from one line
 TINY_MIN_PER_STEP = 32       # launches per step from one line
@@ -142,23 +142,49 @@ def _common_evidence(key, per_step, stats, rec) -> dict:
 
 # -- MAT101 ------------------------------------------------------------------------------------
 def check_loop_matmul(rec, steps, ctx):
+    """Same-shape GEMMs from one line, many per step, that do not feed each other (a recurrence,
+    a stack of layers or a decode loop feeds each call from the one before: left alone). What to
+    batch them into depends on what they share: one weight → one call on the stacked inputs; one
+    input → one GEMM on the concatenated weights; neither → bmm."""
+    groups = defaultdict(list)
     for key, stat in rec.ops.items():
-        if key.op not in GEMM_OPS or key.backward or key.site in rec.chained_gemm_sites:
+        if key.op not in GEMM_OPS or key.backward or key.site in rec.chained_gemm_sites or stat.compiled:
             continue
-        per_step = stat.count / steps
-        if per_step < LOOP_MIN_PER_STEP or stat.compiled:
+        groups[(key.op, key.site, key.sig)].append((key, stat))
+    for (op, site, sig), items in groups.items():
+        per_step = sum(s.count for _, s in items) / steps
+        if per_step < LOOP_MIN_PER_STEP:
             continue
+        key = max(items, key=lambda e: e[1].count)[0]
         a, b = _gemm_operands(key)
         n = round(per_step)
-        batched = f"({n}, {a[0][-2]}, {a[0][-1]}) @ ({n}, {b[0][-2]}, {b[0][-1]})"
-        msg = (f"{per_step:g} same-shape GEMMs per step from this line ({key.qualname} "
-               f"{_shape(a[0])} @ {_shape(b[0])}): issue one batched call instead, "
-               f"torch.bmm/torch.einsum on {batched}")
-        grad = any(k.backward and k.site == key.site and k.op in GEMM_OPS for k in rec.ops)
-        ev = _common_evidence(key, per_step, [stat], rec)
-        ev["batched_shapes"] = batched
-        yield _finding("MAT101", key.site, msg, ev,
-                       ("loop", key.op, a[0], b[0], _dtype(a[2]), key.device, n, per_step / n, grad))
+        use = rec.gemm_operands.get((op, site, sig))
+        shared = ("both" if use.first == 1 and use.second == 1 else "second" if use.second == 1
+                  else "first" if use.first == 1 else None) if use is not None else None
+        modules = sorted({k.module for k, _ in items})
+        head = f"{per_step:g} same-shape GEMMs per step from this line ({key.qualname} {_shape(a[0])} @ {_shape(b[0])})"
+        if shared == "both":
+            fix = "the same GEMM on the same operands each time: compute it once and reuse the result"
+        elif shared == "second":
+            fix = (f"one weight {_shape(b[0])} on {n} independent inputs: stack the inputs (torch.cat along the "
+                   f"batch dim) and make one call of the layer, then split its output")
+        elif shared == "first":
+            fix = (f"one input on {n} different weights: concatenate the weights along the output dim "
+                   f"(torch.cat(weights, dim=-1)) and make one GEMM, then split its output")
+        else:
+            batched = f"({n}, {a[0][-2]}, {a[0][-1]}) @ ({n}, {b[0][-2]}, {b[0][-1]})"
+            fix = (f"independent inputs and weights: issue one batched call instead, torch.bmm/torch.einsum on "
+                   f"{batched}" + (" (per-module weights: torch.func.stack_module_state + torch.vmap, or a "
+                                   "grouped GEMM)" if len(modules) > 1 else ""))
+        grad = any(k.backward and k.site == site and k.op in GEMM_OPS for k in rec.ops)
+        ev = _common_evidence(key, per_step, [s for _, s in items], rec)
+        ev["module"] = modules[0] if len(modules) == 1 else modules
+        ev["shared_operand"] = shared
+        ev["independent"] = True
+        if shared is None:
+            ev["batched_shapes"] = f"({n}, {a[0][-2]}, {a[0][-1]}) @ ({n}, {b[0][-2]}, {b[0][-1]})"
+        yield _finding("MAT101", site, f"{head}: {fix}", ev,
+                       LoopEstimate("loop", key.op, a[0], b[0], _dtype(a[2]), key.device, n, per_step / n, grad, shared))
 
 
 # -- MAT201 / MAT202 ----------------------------------------------------------------------------

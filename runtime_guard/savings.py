@@ -131,36 +131,57 @@ def _flops(op, sig):
     return 2.0 * math.prod(a[0]) * b[0][-1]
 
 
-def estimate_loop(spec, budget):
-    _, op, a_shape, b_shape, dtype, device, n, loops_per_step, grad = spec
-    dt = _DTYPES.get(dtype, torch.float32)
-    inputs = _Inputs(device)
-    key = ("loop", a_shape, b_shape, dt, device, n, grad)
+class LoopEstimate(NamedTuple):
+    kind: str            # "loop"
+    op: str
+    a_shape: tuple
+    b_shape: tuple
+    dtype: str
+    device: str
+    n: int               # GEMMs per loop
+    loops_per_step: float
+    grad: bool
+    shared: str | None   # "second" (one weight), "first" (one input), "both", None (neither)
+
+
+def estimate_loop(spec: LoopEstimate, budget):
+    dt = _DTYPES.get(spec.dtype, torch.float32)
+    inputs = _Inputs(spec.device)
+    n, grad, device, shared = spec.n, spec.grad, spec.device, spec.shared
+    m, k, cols = spec.a_shape[-2], spec.a_shape[-1], spec.b_shape[-1]
+    key = spec._replace(loops_per_step=0.0)
 
     def compute():
-        # as in `x[i] @ w[i]`: gradients flow to the second operand (the weights)
-        a = inputs.tensor((n,) + tuple(a_shape[-2:]), dt)
-        b = inputs.tensor((n,) + tuple(b_shape[-2:]), dt, requires_grad=grad)
-
-        # a dense incoming gradient, as a loss other than a bare sum gives
-        grad_out = torch.ones((n, a_shape[-2], b_shape[-1]), dtype=dt, device=device) if grad else None
+        # gradients flow to the second operand (the weights), as in `x[i] @ w[i]` or a Linear
+        a = inputs.tensor((1 if shared in ("first", "both") else n, m, k), dt)
+        b = inputs.tensor((1 if shared in ("second", "both") else n, k, cols), dt, requires_grad=grad)
+        grad_out = torch.ones((n, m, cols), dtype=dt, device=device) if grad else None  # a dense incoming gradient
 
         def looped():
-            out = torch.stack([a[i] @ b[i] for i in range(n)])
+            out = torch.stack([a[i % len(a)] @ b[i % len(b)] for i in range(n)])
             if grad:
                 out.backward(grad_out)
 
         def batched():
-            out = torch.bmm(a, b)
+            if shared == "second":    # one call on the stacked inputs
+                out = (a.reshape(n * m, k) @ b[0]).view(n, m, cols)
+            elif shared == "first":   # one GEMM on the concatenated weights
+                out = (a[0] @ b.permute(1, 0, 2).reshape(k, n * cols)).view(m, n, cols).transpose(0, 1)
+            elif shared == "both":    # computed once
+                out = (a[0] @ b[0]).expand(n, m, cols)
+            else:
+                out = torch.bmm(a, b)
             if grad:
                 out.backward(grad_out)
 
         return tuple(time_ms_each((looped, batched), device))
 
-    t_loop, t_bmm = _cached(key, compute)
-    method = (f"timed {n} separate {'fwd+bwd ' if grad else ''}GEMMs ({t_loop:.3f} ms) against one bmm "
-              f"({t_bmm:.3f} ms) at the observed shapes on {device}")
-    return (t_loop - t_bmm) * loops_per_step, method
+    t_loop, t_one = _cached(key, compute)
+    one = {"second": "one GEMM on the stacked inputs", "first": "one GEMM on the concatenated weights",
+           "both": "one GEMM reused"}.get(shared, "one bmm")
+    method = (f"timed {n} separate {'fwd+bwd ' if grad else ''}GEMMs ({t_loop:.3f} ms) against {one} "
+              f"({t_one:.3f} ms) at the observed shapes on {device}")
+    return (t_loop - t_one) * spec.loops_per_step, method
 
 
 class SdpaEstimate(NamedTuple):

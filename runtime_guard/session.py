@@ -2,6 +2,10 @@
 
 Steps: a step ends at every `optimizer.step()` (a global optimizer hook), at `guard.step()`,
 and, for the decorator form, at the end of each call when the call held no optimizer step.
+Without an optimizer step or `guard.step()` so far, a top-level module call that ran without grad
+(an inference loop) is a step of its own: the next top-level module call begins a new one. (A
+training loop whose first step calls a module under no_grad before its first optimizer step has
+that first step split; it is the warm-up step, thrown away by default.)
 The first `warmup` steps are observed provisionally and thrown away as soon as a later step
 begins (one-off work such as lazy init stays out of the per-step counts); after `window`
 kept steps the dispatch mode, module hooks and profiler are removed and the guarded code runs
@@ -93,6 +97,9 @@ class Guard:
         self._atexit = False
         self._warmup_rec = None
         self._noted_compiled = False
+        self._optimizer_seen = False   # steps end at optimizer.step() ...
+        self._user_steps = False       # ... or at guard.step(); else at each top-level module call without grad
+        self.recorder.modules.on_top_call = self._on_module_call
 
     # -- selection ---------------------------------------------------------------------------
     def selects(self, code: str) -> bool:
@@ -140,6 +147,7 @@ class Guard:
     def step(self) -> None:
         """Mark the end of a step by hand (loops without an optimizer)."""
         with self._lock:
+            self._user_steps = True
             self._safely(self._boundary)
 
     # -- internals ---------------------------------------------------------------------------
@@ -217,13 +225,22 @@ class Guard:
                 self._window_len = self._step + 1 - self.warmup
         self._step_counts, self._counts_so_far = step_counts, counts
 
+    def _on_module_call(self) -> None:
+        """A top-level module call begins after one that ran without grad (inference): without an
+        optimizer or guard.step(), each such call is a step."""
+        with self._lock:
+            if self._depth > 0 and not self._finished and not self._optimizer_seen and not self._user_steps:
+                self._safely(self._boundary)
+
     def _on_optimizer_step(self, optimizer, args, kwargs) -> None:
         with self._lock:
+            self._optimizer_seen = True
             if self._depth > 0 and not self._finished:
                 self._boundary_in_entry = True
                 self._safely(self._boundary)
 
     def _boundary(self) -> None:
+        self.recorder.end_step_operands()  # into the step's own recording, before it is set aside
         rec = self.recorder.rec
         if self.recording:
             if self._step < self.warmup:
@@ -236,6 +253,7 @@ class Guard:
                 self._close_early_if_steady(rec)
         self._step += 1
         self.recorder.new_step()
+        self.recorder.modules.clear_pending()
         if not self._in_window():
             self._detach()
             if self._opt_hook is not None:
@@ -329,6 +347,8 @@ class Guard:
             self.recorder.rec = self._warmup_rec
         from .checks import run_checks
         from .report import print_report, write_json
+
+        self._safely(self.recorder.end_step_operands)
 
         findings = self._safely(run_checks, self.recorder.rec, self, where="checks") or []
         self.findings = [f for f in findings if self.selects(f.code)]
