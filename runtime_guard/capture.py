@@ -170,6 +170,7 @@ class OpKey(NamedTuple):
     device: str             # "cuda", "cpu", ...
     sig: tuple              # per tensor argument (shape, stride, dtype)
     out: tuple              # (shape, dtype, "d2h" for device-to-host copies) of the first output, or ()
+    amp: str = ""           # GEMMs: "region" when run inside an autocast region (on or off), "" outside any
 
 
 @dataclass
@@ -479,7 +480,7 @@ class Recorder:
         ops = self.rec.ops
         for (key, grads), n in pending.items():
             for op, qualname, sig, out in derive_backward_gemms(key.op, key.sig, grads):
-                bkey = OpKey(op, qualname, key.site, False, key.module, True, key.device, sig, out)
+                bkey = OpKey(op, qualname, key.site, False, key.module, True, key.device, sig, out, key.amp)
                 stat = ops.get(bkey)
                 if stat is None:
                     if len(ops) >= MAX_KEYS:
@@ -552,7 +553,7 @@ class Recorder:
         if backward:
             hit = self._seq_sites.get(node._sequence_nr())
             if hit is not None:
-                site, module = hit
+                site, module, _ = hit
         # The call site: the first frame outside torch and matlint (inlined: this runs per op).
         direct = False
         if frame is not None:
@@ -597,14 +598,6 @@ class Recorder:
         if not backward or hit is None:
             stack = getattr(self._modules_local, "stack", None)
             module = stack[-1][1] if stack else ""
-            if not backward and (is_gemm or self.profile_cuda):  # the backward ops recorded
-                seq = _get_sequence_nr() - 1
-                sites = self._seq_sites
-                if seq not in sites:
-                    if len(sites) >= MAX_SEQ_SITES:
-                        for k in list(itertools.islice(sites, MAX_SEQ_SITES // 2)):
-                            del sites[k]
-                    sites[seq] = (site, module)
 
         # A cheap signature for the fast key: shapes (and strides, dtypes for full-signature
         # ops); it determines args_sig(args, full_sig), which is built only for a new key.
@@ -630,6 +623,20 @@ class Recorder:
             device = "cuda"
         else:
             device = "cpu" if t.is_cpu else t.device.type
+        amp = ""
+        if is_gemm:
+            if not backward:
+                amp = autocast_state()
+            elif hit is not None:
+                amp = hit[2]
+        if not backward and (is_gemm or self.profile_cuda):  # the backward ops recorded
+            seq = _get_sequence_nr() - 1
+            sites = self._seq_sites
+            if seq not in sites:
+                if len(sites) >= MAX_SEQ_SITES:
+                    for k in list(itertools.islice(sites, MAX_SEQ_SITES // 2)):
+                        del sites[k]
+                sites[seq] = (site, module, amp)
         transfer = ""
         if is_copy:
             src = args[1] if name == "copy_" else first
@@ -642,15 +649,16 @@ class Recorder:
             fast.clear()
             self._fast_rec = rec
         if out_t is not None:
-            fkey = (id(func), id(site), direct, module, backward, device, tuple(sig), out_t.shape, out_t.dtype, transfer)
+            fkey = (id(func), id(site), direct, module, backward, device, tuple(sig), out_t.shape, out_t.dtype, transfer,
+                    amp)
         else:
-            fkey = (id(func), id(site), direct, module, backward, device, tuple(sig))
+            fkey = (id(func), id(site), direct, module, backward, device, tuple(sig), amp)
         hit = fast.get(fkey)
         if hit is not None:
             stat, key = hit
         else:
             key = OpKey(name, qualname, site, direct, module, backward, device, args_sig(args, full_sig),
-                        (out_t.shape, out_t.dtype, transfer) if out_t is not None else ())
+                        (out_t.shape, out_t.dtype, transfer) if out_t is not None else (), amp)
             ops = rec.ops
             stat = ops.get(key)
             if stat is None:
@@ -881,6 +889,17 @@ def _number(value):
     if isinstance(value, Tensor) and value.numel() == 1 and value.device.type == "cpu":
         return float(value.item())
     return None
+
+
+def autocast_state() -> str:
+    """Whether an op runs inside an autocast region: "region" or "". Inside the dispatch mode
+    `torch.is_autocast_enabled` reads False (autocast has already run and excludes itself), so the
+    region's own count is read; an fp32 GEMM inside a region is one autocast was told to leave
+    alone (`torch.autocast(..., enabled=False)`): autocast itself would have run it in low precision.
+    (The count is one for all devices: a region for another device counts too.)"""
+    depth = torch.autocast_increment_nesting()  # the regions entered, plus this one
+    torch.autocast_decrement_nesting()
+    return "region" if depth > 1 else ""
 
 
 def _may_backward(output) -> bool:

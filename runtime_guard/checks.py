@@ -22,6 +22,10 @@ TINY_MIN_PER_STEP = 32       # launches per step from one line
 TINY_KERNEL_US = 10.0
 TINY_NUMEL = 1 << 16
 SYNC_MIN_PER_STEP = 2
+PRECISION_MIN_SHARE = 0.05   # MAT401: fp32 GEMMs outside autocast below this part of the step's GEMM work: quiet
+PAD_MIN_SHARE = 0.01         # MAT403: a GEMM below this part of the step's GEMM work: quiet
+NEGLIGIBLE_MS = 0.01         # MAT403: a measured saving below this per step, or below
+NEGLIGIBLE_STEP_SHARE = 0.01  # this part of the step: not reported
 ELEMENTWISE_BINARY = frozenset({"add", "sub", "mul", "div", "rsub", "pow", "maximum", "minimum", "eq", "ne", "lt", "gt", "le", "ge"})
 SYNC_OPS = frozenset({"_local_scalar_dense", "nonzero", "masked_select", "unique", "_unique2", "item"})
 
@@ -267,36 +271,63 @@ def check_strided_gemm(rec, steps, ctx):
 
 
 # -- MAT401 / MAT403 -----------------------------------------------------------------------------
+def _gemm_weight(key, stat, steps, rec) -> float:
+    """A GEMM key's part of the step: its kernel time when profiled, else its FLOPs."""
+    return stat.kernel_us if rec.profiled and rec.kernel_us_total > 0 else _gemm_flops(key) * stat.count / steps
+
+
+def _gemm_total(rec, steps) -> float:
+    return sum(_gemm_weight(k, s, steps, rec) for k, s in rec.ops.items() if k.op in GEMM_OPS and k.device == "cuda")
+
+
 def check_precision(rec, steps, ctx):
+    """fp32 GEMMs run outside any autocast region, on a tensor-core GPU with TF32 off, when they are a
+    real part of the step's GEMM work. fp32 GEMMs inside an autocast region (one turned off with
+    enabled=False: kept in fp32 on purpose) are left alone."""
     if not ctx.tensor_cores or ctx.tf32:
         return
     fp32 = [(k, s) for k, s in rec.ops.items()
             if k.op in GEMM_OPS and k.device == "cuda" and _gemm_operands(k)[0][2] == torch.float32]
-    if not fp32:
+    plain = [(k, s) for k, s in fp32 if k.amp == ""]
+    if not plain:
+        return
+    total = _gemm_total(rec, steps)
+    share = sum(_gemm_weight(k, s, steps, rec) for k, s in plain) / total if total else 1.0
+    if share < PRECISION_MIN_SHARE:
         return
     by_site = defaultdict(float)
-    for k, s in fp32:
+    for k, s in plain:
         by_site[k.site] += _gemm_flops(k) * s.count / steps
     top_site = max(by_site, key=by_site.get)
     total_flops = sum(by_site.values())
-    count = sum(s.count for _, s in fp32) / steps
-    msg = (f"{count:g} fp32 GEMMs per step ({total_flops / 1e9:.1f} GFLOP) on a tensor-core GPU "
-           f"(sm_{ctx.capability[0]}{ctx.capability[1]}) with TF32 off and no autocast: run the step under "
-           f"torch.autocast('cuda', dtype=torch.bfloat16) or torch.set_float32_matmul_precision('high')")
-    ev = {"per_step": round(count, 2), "gflop_per_step": round(total_flops / 1e9, 2), "device": "cuda",
-          "top_sites": [{"site": str(s), "gflop": round(f / 1e9, 2)}
+    count = sum(s.count for _, s in plain) / steps
+    autocast_elsewhere = any(k.amp and _gemm_operands(k)[0][2] in (torch.bfloat16, torch.float16)
+                             for k in rec.ops if k.op in GEMM_OPS)
+    where = "outside the step's autocast region" if autocast_elsewhere else "with no autocast"
+    measure = "kernel time" if rec.profiled and rec.kernel_us_total > 0 else "FLOPs"
+    msg = (f"{count:g} fp32 GEMMs per step ({total_flops / 1e9:.3g} GFLOP, {share:.0%} of the step's GEMM "
+           f"{measure}) {where} on a tensor-core GPU (sm_{ctx.capability[0]}{ctx.capability[1]}) with TF32 off: "
+           f"run them under torch.autocast('cuda', dtype=torch.bfloat16) or "
+           f"torch.set_float32_matmul_precision('high')")
+    ev = {"per_step": round(count, 2), "gflop_per_step": round(total_flops / 1e9, 3), "device": "cuda",
+          "share_of_gemm_" + ("time" if measure == "kernel time" else "flops"): round(share, 4),
+          "top_sites": [{"site": str(s), "gflop": round(f / 1e9, 3)}
                         for s, f in sorted(by_site.items(), key=lambda kv: -kv[1])[:5]],
-          "phase": "forward+backward" if any(k.backward for k, _ in fp32) else "forward"}
-    share = _share([s for _, s in fp32], rec)
-    if share is not None:
-        ev["share_of_kernel_time"] = round(share, 4)
-    gemms = [(k.op, k.sig, s.count / steps) for k, s in fp32]
+          "phase": "forward+backward" if any(k.backward for k, _ in plain) else "forward"}
+    kept = sum(s.count for k, s in fp32 if k.amp) / steps
+    if kept:
+        ev["fp32_on_purpose_per_step"] = round(kept, 2)  # in autocast(enabled=False) regions: not counted
+    kshare = _share([s for _, s in plain], rec)
+    if kshare is not None:
+        ev["share_of_kernel_time"] = round(kshare, 4)
+    gemms = [(k.op, k.sig, s.count / steps) for k, s in plain]
     yield _finding("MAT401", top_site, msg, ev, ("bf16", gemms))
 
 
 def check_dims_multiple_of_8(rec, steps, ctx):
     if not ctx.tensor_cores:
         return
+    total = _gemm_total(rec, steps)
     for key, stat in rec.ops.items():
         if key.op not in GEMM_OPS or key.device != "cuda":
             continue
@@ -307,12 +338,23 @@ def check_dims_multiple_of_8(rec, steps, ctx):
         bad = {name: d for name, d in (("M", m), ("N", n), ("K", k)) if d % 8}
         if not bad or max(m, n, k) < 64:
             continue
+        if total and _gemm_weight(key, stat, steps, rec) / total < PAD_MIN_SHARE:
+            continue  # too small a part of the step's GEMM work for padding to matter
         dims = ", ".join(f"{name}={d}" for name, d in bad.items())
         msg = (f"{_dtype(a[2])} GEMM with {dims} (not multiples of 8): tensor cores run it slowly; pad "
                f"the dimension to a multiple of 8 (vocab, hidden or head size)")
         per_step = stat.count / steps
         yield _finding("MAT403", key.site, msg, _common_evidence(key, per_step, [stat], rec),
                        ("pad", key.op, key.sig, per_step))
+
+
+def negligible(finding, step_ms: float | None) -> bool:
+    """A MAT403 finding whose measured saving is too small to act on: under 0.01 ms per step, or
+    under 1% of the step."""
+    ms = finding.estimated_savings_ms
+    if finding.code != "MAT403" or ms is None:
+        return False
+    return ms < NEGLIGIBLE_MS or (step_ms is not None and ms < NEGLIGIBLE_STEP_SHARE * step_ms)
 
 
 # -- MAT502 / MAT504 -----------------------------------------------------------------------------

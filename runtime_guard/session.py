@@ -99,6 +99,7 @@ class Guard:
         self._noted_compiled = False
         self._optimizer_seen = False   # steps end at optimizer.step() ...
         self._user_steps = False       # ... or at guard.step(); else at each top-level module call without grad
+        self._thread = None            # the thread observed (module hooks are global: other threads call them too)
         self.recorder.modules.on_top_call = self._on_module_call
 
     # -- selection ---------------------------------------------------------------------------
@@ -163,6 +164,7 @@ class Guard:
             self._depth += 1
             if self._depth > 1 or self._finished:
                 return
+            self._thread = threading.get_ident()
             self._boundary_in_entry = False
             self._safely(self._start)
 
@@ -229,11 +231,14 @@ class Guard:
         """A top-level module call begins after one that ran without grad (inference): without an
         optimizer or guard.step(), each such call is a step."""
         with self._lock:
-            if self._depth > 0 and not self._finished and not self._optimizer_seen and not self._user_steps:
+            if (self._depth > 0 and not self._finished and not self._optimizer_seen and not self._user_steps
+                    and threading.get_ident() == self._thread):
                 self._safely(self._boundary)
 
     def _on_optimizer_step(self, optimizer, args, kwargs) -> None:
         with self._lock:
+            if threading.get_ident() != self._thread:  # another thread's optimizer
+                return
             self._optimizer_seen = True
             if self._depth > 0 and not self._finished:
                 self._boundary_in_entry = True
