@@ -21,9 +21,11 @@ when the window is complete (or at interpreter exit, if it never completes).
 from __future__ import annotations
 
 import atexit
+import collections
 import functools
 import os
 import threading
+import time
 from typing import Iterable, Optional
 
 import torch
@@ -32,6 +34,7 @@ from .capture import CaptureMode, Recorder, attribute_kernels, hold_backward_eng
 
 DEFAULT_JSON_PATH = os.path.join(".matlint", "runtime.json")
 MIN_DEFAULT_WINDOW, MAX_DEFAULT_WINDOW = 2, 3
+PLAIN_STEPS = 5  # steps timed after the window closes (the guard off): the step time savings are capped by
 
 
 class GuardFindingsError(AssertionError):
@@ -100,6 +103,9 @@ class Guard:
         self._optimizer_seen = False   # steps end at optimizer.step() ...
         self._user_steps = False       # ... or at guard.step(); else at each top-level module call without grad
         self._thread = None            # the thread observed (module hooks are global: other threads call them too)
+        self._last_boundary = None     # perf_counter() at the start of the step now running
+        self.observed_step_ms = collections.deque(maxlen=64)  # the last steps observed (with the guard on)
+        self.plain_step_ms: list = []     # steps after the window (the guard off)
         self.recorder.modules.on_top_call = self._on_module_call
 
     # -- selection ---------------------------------------------------------------------------
@@ -172,6 +178,7 @@ class Guard:
         from torch.optim.optimizer import register_optimizer_step_post_hook
 
         self._opt_hook = register_optimizer_step_post_hook(self._on_optimizer_step)
+        self._last_boundary = None if self._step else _now()
         if self._in_window():
             self._attach()
 
@@ -244,7 +251,32 @@ class Guard:
                 self._boundary_in_entry = True
                 self._safely(self._boundary)
 
+    def _time_step(self) -> None:
+        """The step that ends now: its time, observed or plain; once enough plain steps are timed
+        the optimizer hook goes too (it stayed only to time them)."""
+        now = _now()
+        if self._last_boundary is not None:
+            ms = (now - self._last_boundary) * 1e3
+            if self.recording:
+                self.observed_step_ms.append(ms)
+            elif self._step >= self.warmup + self._window_len and len(self.plain_step_ms) < PLAIN_STEPS:
+                self.plain_step_ms.append(ms)
+        self._last_boundary = now
+        if len(self.plain_step_ms) >= PLAIN_STEPS and self._opt_hook is not None and not self.recording:
+            self._opt_hook.remove()
+            self._opt_hook = None
+
+    @property
+    def step_ms(self):
+        """(median step time in ms, "plain" or "observed"), or (None, "") when no step was timed. An
+        observed step ran with the guard on: longer than plain, a looser bound."""
+        for times, source in ((self.plain_step_ms, "plain"), (self.observed_step_ms, "observed")):
+            if times:
+                return sorted(times)[len(times) // 2], source
+        return None, ""
+
     def _boundary(self) -> None:
+        self._time_step()
         self.recorder.end_step_operands()  # into the step's own recording, before it is set aside
         rec = self.recorder.rec
         if self.recording:
@@ -260,10 +292,7 @@ class Guard:
         self.recorder.new_step()
         self.recorder.modules.clear_pending()
         if not self._in_window():
-            self._detach()
-            if self._opt_hook is not None:
-                self._opt_hook.remove()
-                self._opt_hook = None
+            self._detach()  # the optimizer hook stays until PLAIN_STEPS plain steps are timed
         self._ops_at_boundary = self._recorded_ops()
 
     def _recorded_ops(self) -> int:
@@ -358,9 +387,15 @@ class Guard:
         findings = self._safely(run_checks, self.recorder.rec, self, where="checks") or []
         self.findings = [f for f in findings if self.selects(f.code)]
         if self.estimate_savings and self.findings:
+            from .checks import negligible
             from .savings import estimate
 
-            self._safely(estimate, self.findings, self.savings_budget_s, self.recorder.fail, where="savings")
+            step_ms, source = self.step_ms
+            if step_ms is not None:
+                self.notes.append(f"savings capped by the step time: {step_ms:.3f} ms ({source}, median of "
+                                  f"{len(self.plain_step_ms if source == 'plain' else self.observed_step_ms)} steps)")
+            self._safely(estimate, self.findings, self.savings_budget_s, self.recorder.fail, step_ms, where="savings")
+            self.findings = [f for f in self.findings if not negligible(f, step_ms)]
         if self.json_path:
             self._safely(write_json, self, self.json_path, where=f"writing {self.json_path}")
         if self.print_report:
@@ -398,6 +433,13 @@ def _compiled_frames() -> int:
     from torch._dynamo.utils import counters
 
     return counters["frames"]["ok"]
+
+
+def _now() -> float:
+    """perf_counter() once the device has finished the work queued so far."""
+    if torch.cuda.is_available() and torch.cuda.is_initialized():
+        torch.cuda.synchronize()
+    return time.perf_counter()
 
 
 def guard(func=None, **options):
