@@ -337,6 +337,7 @@ class ModulePaths:
         for h in self._handles:
             h.remove()
         self._handles = []
+        self._local.stack = []  # (this thread's) calls now running will not be seen to return
 
     def _stack(self):
         stack = getattr(self._local, "stack", None)

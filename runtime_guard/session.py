@@ -102,6 +102,7 @@ class Guard:
         self._noted_compiled = False
         self._optimizer_seen = False   # steps end at optimizer.step() ...
         self._user_steps = False       # ... or at guard.step(); else at each top-level module call without grad
+        self._compile_watch = None     # dynamo's callback handler while this guard watches for compiles
         self._thread = None            # the thread observed (module hooks are global: other threads call them too)
         self._last_boundary = None     # perf_counter() at the start of the step now running
         self.observed_step_ms = collections.deque(maxlen=64)  # the last steps observed (with the guard on)
@@ -315,12 +316,11 @@ class Guard:
     def _attach(self) -> None:
         if self.recording:
             return
-        if _compiled_frames() == 0:
+        if _compiled_frames() == 0 and not self._noted_compiled:
             self.recorder.modules.install()
-        elif not self._noted_compiled:
-            # global module hooks would make dynamo recompile every compiled module
-            self.notes.append("module paths not recorded: torch.compile'd code was present")
-            self._noted_compiled = True
+            self._watch_compiles()
+        else:
+            self._note_compiled()
         if self.kernels and torch.cuda.is_available() and torch.cuda.is_initialized():
             self._start_profiler()
         mode = CaptureMode(self.recorder)
@@ -337,7 +337,39 @@ class Guard:
             hold_backward_engine()
             self._holds_engine = True
 
+    def _note_compiled(self) -> None:
+        if not self._noted_compiled:
+            self.notes.append("module paths not recorded: torch.compile'd code was present")
+            self._noted_compiled = True
+
+    def _watch_compiles(self) -> None:
+        """Global module hooks seen by dynamo while it traces become part of the compiled code's
+        guards: taking them off when the window closes would recompile it. So they go before
+        anything is compiled while this guard observes (for the rest of the guard's life)."""
+        try:
+            from torch._dynamo.callback import callback_handler
+        except ImportError:
+            return
+        callback_handler.register_start_callback(self._on_compile_start)
+        self._compile_watch = callback_handler
+
+    def _unwatch_compiles(self) -> None:
+        handler, self._compile_watch = self._compile_watch, None
+        if handler is not None:
+            try:
+                handler.remove_start_callback(self._on_compile_start)
+            except ValueError:
+                pass
+
+    def _on_compile_start(self, *args) -> None:
+        try:
+            self.recorder.modules.remove()
+            self._note_compiled()
+        except Exception as exc:  # never raised into the user's compile
+            self.recorder.fail(exc, "compile start")
+
     def _detach(self) -> None:
+        self._unwatch_compiles()
         mode, self._mode = self._mode, None
         if mode is None:
             return
