@@ -789,6 +789,9 @@ class Recorder:
             if len(grown) == 1:  # tiled: head h reads K/V head h % n_kv (not what enable_gqa does)
                 attn.set(out, ("K", grown[0], False))
             return
+        if name == "scalar_tensor" and args and isinstance(args[0], (int, float)):
+            attn.set(out, ("V", float(args[0])))  # where(mask, scores, -inf)'s -inf, on the device: read it here
+            return
         if arg0 is None:
             return
         if name == "bernoulli_":  # a dropout mask on CPU (mul by it then div_; native_dropout elsewhere)
@@ -798,10 +801,12 @@ class Recorder:
             return
         state = attn.get(arg0)
         which = 0
-        if state is None and len(args) > 1 and isinstance(args[1], Tensor) and name in _SCALE_OR_MASK_OPS:
-            state, which = attn.get(args[1]), 1
-        if state is None and name == "where" and len(args) > 2 and isinstance(args[2], Tensor):
-            state, which = attn.get(args[2]), 2
+        if type(state) is not AttentionChain and name in _SCALE_OR_MASK_OPS:
+            for i in (1, 2) if name == "where" else (1,):
+                other = attn.get(args[i]) if len(args) > i and isinstance(args[i], Tensor) else None
+                if type(other) is AttentionChain:
+                    state, which = other, i
+                    break
         if type(state) is not AttentionChain:
             if type(state) is tuple and name in PASS_THROUGH_OPS:
                 attn.set(out, state)  # a dropout mask or repeated heads
@@ -840,14 +845,14 @@ class Recorder:
                 return None
             return dataclasses.replace(state, scale=state.scale * (value if base == "mul" else 1.0 / value))
         if base == "masked_fill" and which == 0 and len(args) > 2:
-            fill = _number(args[2])
+            fill = self._fill_value(args[2])
             if fill is None or fill > MASK_FILL_MIN:
                 mask = MaskFact("fill", False, fill if fill is not None else float("nan"))
             else:
                 mask = MaskFact("masked_fill", self._causal(args[1], "masked_fill", out.shape))
             return dataclasses.replace(state, masks=state.masks + (mask,))
         if base == "where" and which in (1, 2):
-            fill = _number(args[3 - which])
+            fill = self._fill_value(args[3 - which])
             kind = "where" if which == 1 else "where_inv"
             if fill is None or fill > MASK_FILL_MIN:
                 mask = MaskFact("fill", False, fill if fill is not None else float("nan"))
@@ -861,6 +866,16 @@ class Recorder:
             causal = kind == "additive" and self._causal(other, kind, out.shape)
             return dataclasses.replace(state, masks=state.masks + (MaskFact(kind, causal),))
         return None
+
+    def _fill_value(self, value):
+        """The number a mask fills with: a Python number, a CPU scalar, or a scalar tensor made on
+        the device by scalar_tensor (its value read when it was made, without a sync)."""
+        number = _number(value)
+        if number is None and isinstance(value, Tensor):
+            tag = self._attn.get(value)
+            if type(tag) is tuple and tag[0] == "V":
+                return tag[1]
+        return number
 
     def _causal(self, mask, how, scores_shape) -> bool:
         """Whether the mask lets exactly the causal (top-left lower-triangular) positions through,
