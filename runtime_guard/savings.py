@@ -196,23 +196,24 @@ def estimate_loop(spec: LoopEstimate, budget):
     key = spec._replace(loops_per_step=0.0)
 
     def compute():
-        # gradients flow to the second operand (the weights), as in `x[i] @ w[i]` or a Linear
-        a = inputs.tensor((1 if shared in ("first", "both") else n, m, k), dt)
-        b = inputs.tensor((1 if shared in ("second", "both") else n, k, cols), dt, requires_grad=grad)
+        # gradients flow to the second operand (the weights), as in `x[i] @ w[i]` or a Linear; a
+        # shared operand is one 2-d tensor used by every call, as the user's weight is
+        a = inputs.tensor((m, k) if shared in ("first", "both") else (n, m, k), dt)
+        b = inputs.tensor((k, cols) if shared in ("second", "both") else (n, k, cols), dt, requires_grad=grad)
         grad_out = torch.ones((n, m, cols), dtype=dt, device=device) if grad else None  # a dense incoming gradient
 
         def looped():
-            out = torch.stack([a[i % len(a)] @ b[i % len(b)] for i in range(n)])
+            out = torch.stack([(a if a.dim() == 2 else a[i]) @ (b if b.dim() == 2 else b[i]) for i in range(n)])
             if grad:
                 out.backward(grad_out)
 
         def batched():
             if shared == "second":    # one call on the stacked inputs
-                out = (a.reshape(n * m, k) @ b[0]).view(n, m, cols)
+                out = (a.reshape(n * m, k) @ b).view(n, m, cols)
             elif shared == "first":   # one GEMM on the concatenated weights
-                out = (a[0] @ b.permute(1, 0, 2).reshape(k, n * cols)).view(m, n, cols).transpose(0, 1)
+                out = (a @ b.permute(1, 0, 2).reshape(k, n * cols)).view(m, n, cols).transpose(0, 1)
             elif shared == "both":    # computed once
-                out = (a[0] @ b[0]).expand(n, m, cols)
+                out = (a @ b).expand(n, m, cols)
             else:
                 out = torch.bmm(a, b)
             if grad:
