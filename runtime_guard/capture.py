@@ -13,6 +13,7 @@ softmax inputs) so that chains such as hand-written attention can be recognised.
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import itertools
 import os
 from sys import _getframe
@@ -48,13 +49,13 @@ PASS_THROUGH_OPS = frozenset({
 })
 # Pass-through ops that only make a view: no kernel, nothing to aggregate, tags follow them.
 VIEW_OPS = PASS_THROUGH_OPS - {"clone", "contiguous", "_to_copy", "type_as", "to"}
-SCALE_OPS = frozenset({"mul", "div"})
-MASK_OPS = frozenset({"add", "sub", "masked_fill", "where"})
+SCALE_OPS = frozenset({"mul", "div", "mul_", "div_"})
+MASK_OPS = frozenset({"add", "sub", "masked_fill", "where", "add_", "sub_", "masked_fill_"})
 SOFTMAX_OPS = frozenset({"_softmax", "softmax", "_safe_softmax"})
 DROPOUT_OPS = frozenset({"native_dropout", "dropout"})
 COPY_OPS = frozenset({"_to_copy", "copy_"})
 _SCALE_OR_MASK_OPS = SCALE_OPS | MASK_OPS
-DROPOUT_MASK = ("D",)  # attention-chain state of a tensor drawn by bernoulli_
+MASK_FILL_MIN = -1e4       # a fill at or below this zeroes its softmax weight, as -inf does
 
 MAX_KEYS = 50_000          # distinct aggregated op keys kept; more are counted as dropped
 MAX_TAGS = 200_000         # dataflow tags kept within one step
@@ -169,6 +170,7 @@ class OpKey(NamedTuple):
     device: str             # "cuda", "cpu", ...
     sig: tuple              # per tensor argument (shape, stride, dtype)
     out: tuple              # (shape, dtype, "d2h" for device-to-host copies) of the first output, or ()
+    amp: str = ""           # GEMMs: "region" when run inside an autocast region (on or off), "" outside any
 
 
 @dataclass
@@ -179,14 +181,80 @@ class OpStat:
     kernel_us: float = 0.0
 
 
+class MaskFact(NamedTuple):
+    """One mask applied to attention scores, and how SDPA takes it."""
+    kind: str        # "masked_fill" (attn_mask=~mask), "where" (attn_mask=cond), "where_inv" (~cond),
+                     # "additive" (attn_mask=mask), "subtractive" (attn_mask=-mask),
+                     # "fill" (masked_fill/where with a value that is not a mask: SDPA has none)
+    causal: bool     # exactly lower-triangular (top-left) over the observed scores
+    fill: float = float("-inf")
+
+
+@dataclass(eq=False)
+class AttentionChain:
+    """Hand-written attention followed on one call, QK^T → scale → mask → softmax → dropout → @V.
+    A transformation makes a new chain (a scores tensor may be used twice); the probabilities and
+    their views share one, so that a later use of the weights is seen."""
+    phase: str                 # "S": scores (before softmax), "P": probabilities
+    qk_site: Site
+    qk_sig: tuple
+    k_repeat: tuple = None     # (n, interleaved) when K's heads were repeated (GQA), else None
+    scale: float = 1.0         # product of the scalar factors applied to the scores
+    scale_tensor: bool = False  # (also) scaled by a tensor: its value is not read
+    masks: tuple = ()          # MaskFact per mask applied
+    softmax_dtype: object = None
+    in_sdpa: bool = False      # the softmax was SDPA's own (_safe_softmax): its math backend ran
+    dropout_p: float = 0.0
+    weights_used: bool = False  # the probabilities were read by something other than @V (or returned)
+    stat: "AttentionStat" = None  # where the call was counted, once it was
+
+
+class AttentionKey(NamedTuple):
+    qk_site: Site
+    pv_site: Site
+    module: str
+    module_type: str
+    qk_sig: tuple
+    v_sig: tuple
+    scale: float | None        # None: scaled by a tensor
+    masks: tuple
+    dropout_p: float
+    k_repeat: tuple | None
+    v_repeat: tuple | None
+    grad: bool
+    softmax_dtype: object
+    in_sdpa: bool
+
+
+@dataclass
+class AttentionStat:
+    count: int = 0
+    weights_used: bool = False
+
+
+@dataclass
+class OperandUse:
+    """How one GEMM line's operands varied within a step (the most distinct tensors any observed
+    step passed as each operand): 1 means every call of the step used the same tensor."""
+    first: int = 0
+    second: int = 0
+
+    def merge(self, first: int, second: int) -> None:
+        self.first, self.second = max(self.first, first), max(self.second, second)
+
+
+MAX_OPERANDS = 64  # distinct operand tensors told apart per GEMM line and step
+
+
 @dataclass
 class Recording:
     """Everything one guard saw, aggregated. Bounded in size however long it runs."""
 
     ops: dict = field(default_factory=dict)          # OpKey -> OpStat
-    attention: dict = field(default_factory=dict)    # tuple -> count (see _on_attention)
+    attention: dict = field(default_factory=dict)    # AttentionKey -> AttentionStat
     layout_copies: dict = field(default_factory=dict)  # (site, module, shape, stride, dtype) -> count
     chained_gemm_sites: set = field(default_factory=set)
+    gemm_operands: dict = field(default_factory=dict)  # (op, site, sig) -> OperandUse
     steps: int = 0
     dropped_keys: int = 0
     errors: list = field(default_factory=list)
@@ -209,10 +277,15 @@ class Recording:
                 mine.compiled += stat.compiled
                 mine.launches += stat.launches
                 mine.kernel_us += stat.kernel_us
-        for mine, theirs in ((self.attention, other.attention), (self.layout_copies, other.layout_copies)):
-            for key, n in theirs.items():
-                mine[key] = mine.get(key, 0) + n
+        for key, n in other.layout_copies.items():
+            self.layout_copies[key] = self.layout_copies.get(key, 0) + n
+        for key, stat in other.attention.items():
+            mine = self.attention.setdefault(key, AttentionStat())
+            mine.count += stat.count
+            mine.weights_used |= stat.weights_used
         self.chained_gemm_sites |= other.chained_gemm_sites
+        for key, use in other.gemm_operands.items():
+            self.gemm_operands.setdefault(key, OperandUse()).merge(use.first, use.second)
         self.device_types |= other.device_types
         self.steps += other.steps
         self.dropped_keys += other.dropped_keys
@@ -249,6 +322,8 @@ class ModulePaths:
         self._child_names: dict = {}
         self._handles = []
         self.on_error = on_error  # called with (exception, where) when a hook fails
+        self.on_output = None     # called with each module's output, when set
+        self.on_top_call = None   # called before a top-level module call that follows one run without grad
 
     def install(self):
         from torch.nn.modules import module as nn_module
@@ -262,6 +337,7 @@ class ModulePaths:
         for h in self._handles:
             h.remove()
         self._handles = []
+        self._local.stack = []  # (this thread's) calls now running will not be seen to return
 
     def _stack(self):
         stack = getattr(self._local, "stack", None)
@@ -273,11 +349,24 @@ class ModulePaths:
         stack = getattr(self._local, "stack", None)
         return stack[-1][1] if stack else ""
 
+    def current_type(self) -> str:
+        stack = getattr(self._local, "stack", None)
+        return type(stack[-1][0]).__name__ if stack else ""
+
+    def clear_pending(self) -> None:
+        self._local.ended_without_grad = False
+
     def _enter(self, module, args):
         if torch.compiler.is_compiling():  # dynamo traces global hooks: give it nothing to trace
             return
         try:
             stack = self._stack()
+            if not stack and getattr(self._local, "ended_without_grad", False):
+                self._local.ended_without_grad = False
+                if self.on_top_call is not None:
+                    self.on_top_call()
+                if not self._handles:  # that ended the guard's window
+                    return
             if not stack:
                 path = type(module).__name__
             else:
@@ -295,6 +384,10 @@ class ModulePaths:
             stack = self._stack()
             if stack and stack[-1][0] is module:
                 stack.pop()
+                if not stack:
+                    self._local.ended_without_grad = not _may_backward(output)
+            if self.on_output is not None:
+                self.on_output(output)
         except Exception as exc:
             if self.on_error is not None:
                 self.on_error(exc, "module paths")
@@ -303,11 +396,12 @@ class ModulePaths:
         key = (id(parent), id(child))
         name = self._child_names.get(key)
         if name is None:
-            name = type(child).__name__
-            for attr, sub in parent._modules.items():
-                if sub is child:
-                    name = attr
-                    break
+            # the attribute path: `self.layers[i](x)` calls a module held in a container that is
+            # never called itself (ModuleList, ModuleDict): its direct children first, then below
+            name = next((attr for attr, sub in parent._modules.items() if sub is child), None)
+            if name is None:
+                name = next((attr for attr, sub in parent.named_modules(remove_duplicate=False)
+                             if sub is child and attr), type(child).__name__)
             if len(self._child_names) > 100_000:
                 self._child_names.clear()
             self._child_names[key] = name
@@ -330,6 +424,9 @@ class Recorder:
         self._deps = _Tags()              # tensor -> frozenset of GEMM sites it depends on
         self._attn = _Tags()              # tensor -> attention chain state
         self._copies = _Tags()            # tensor -> (site, module, shape, stride, dtype) of a layout copy
+        self._mask_facts = _Tags()        # mask tensor -> (version, (how, L, S), causal)
+        self._operands: dict = {}         # (op, site, sig) -> ({id: weakref} first, {id: weakref} second), this step
+        self.modules.on_output = self._module_output
         self._fast: dict = {}             # cheap key -> (OpStat, OpKey), for the Recording in _fast_rec
         self._fast_rec = None
         self._modules_local = self.modules._local
@@ -350,10 +447,19 @@ class Recorder:
         if rec.error_count >= MAX_ERRORS:
             self.enabled = False
 
+    def end_step_operands(self) -> None:
+        """Fold this step's operand identities into the recording."""
+        uses = self.rec.gemm_operands
+        for key, (first, second) in self._operands.items():
+            uses.setdefault(key, OperandUse()).merge(len(first), len(second))
+        self._operands = {}
+
     def new_step(self) -> None:
+        self.end_step_operands()
         self._deps.clear()
         self._attn.clear()
         self._copies.clear()
+        self._mask_facts.clear()
         # Backward ops find their forward's site here; a backward runs in its forward's step or
         # the next one, so the sites of the steps before that are dropped (insertion order is
         # chronological). Without this the dict grows with every observed step.
@@ -375,7 +481,7 @@ class Recorder:
         ops = self.rec.ops
         for (key, grads), n in pending.items():
             for op, qualname, sig, out in derive_backward_gemms(key.op, key.sig, grads):
-                bkey = OpKey(op, qualname, key.site, False, key.module, True, key.device, sig, out)
+                bkey = OpKey(op, qualname, key.site, False, key.module, True, key.device, sig, out, key.amp)
                 stat = ops.get(bkey)
                 if stat is None:
                     if len(ops) >= MAX_KEYS:
@@ -398,15 +504,44 @@ class Recorder:
             if d:
                 e = d.get(i)
                 if e is not None and e[0]() is src:
-                    tags.set(out, e[1])
+                    value = e[1]
+                    if tags is self._attn and type(value) is tuple and value[0] == "R":
+                        value = _merged_repeat(value, out.shape)
+                        if value is None:
+                            continue
+                    tags.set(out, value)
+
+    def _view(self, name, src, out) -> None:
+        """A view op: dataflow tags follow it; an expand of a new size-1 dim of a 5-d tensor may be
+        the start of a head repeat (K/V for grouped-query attention)."""
+        if _current_autograd_node() is not None:
+            return
+        if self._deps.d or self._attn.d or self._copies.d:
+            self._follow_view(src, out)
+        if name == "expand" and out.dim() == 5:
+            grown = [i for i, (a, b) in enumerate(zip(src.shape, out.shape)) if a == 1 and b > 1]
+            if len(grown) == 1:
+                self._attn.set(out, ("R", grown[0], out.shape[grown[0]], tuple(out.shape)))
+
+    def _module_output(self, output) -> None:
+        """The attention weights returned from a module are weights used."""
+        attn = self._attn
+        if not attn.d:
+            return
+        items = output if isinstance(output, (tuple, list)) else (output,)
+        for t in items:
+            if isinstance(t, Tensor):
+                state = attn.get(t)
+                if type(state) is AttentionChain and state.phase == "P":
+                    _weights_used(state)
 
     def record(self, func, args, kwargs, out, frame, info=None, node=_UNSET,
                Tensor=Tensor, isinstance=isinstance, id=id, tuple=tuple) -> None:  # locals: faster
         if info is None:
             info = _OP_INFO.get(id(func)) or _op_info(func)
         if info[2]:  # a view: the cheap path; views launch nothing, only dataflow tags follow them
-            if args and _current_autograd_node() is None and isinstance(out, Tensor):
-                self._follow_view(args[0], out)
+            if args and isinstance(args[0], Tensor) and isinstance(out, Tensor):
+                self._view(info[0], args[0], out)
             return
         name, qualname, _, full_sig, is_copy, is_gemm, is_bgemm, _, _, unread_in_backward = info
         if node is _UNSET:
@@ -419,7 +554,7 @@ class Recorder:
         if backward:
             hit = self._seq_sites.get(node._sequence_nr())
             if hit is not None:
-                site, module = hit
+                site, module, _ = hit
         # The call site: the first frame outside torch and matlint (inlined: this runs per op).
         direct = False
         if frame is not None:
@@ -464,14 +599,6 @@ class Recorder:
         if not backward or hit is None:
             stack = getattr(self._modules_local, "stack", None)
             module = stack[-1][1] if stack else ""
-            if not backward and (is_gemm or self.profile_cuda):  # the backward ops recorded
-                seq = _get_sequence_nr() - 1
-                sites = self._seq_sites
-                if seq not in sites:
-                    if len(sites) >= MAX_SEQ_SITES:
-                        for k in list(itertools.islice(sites, MAX_SEQ_SITES // 2)):
-                            del sites[k]
-                    sites[seq] = (site, module)
 
         # A cheap signature for the fast key: shapes (and strides, dtypes for full-signature
         # ops); it determines args_sig(args, full_sig), which is built only for a new key.
@@ -497,6 +624,20 @@ class Recorder:
             device = "cuda"
         else:
             device = "cpu" if t.is_cpu else t.device.type
+        amp = ""
+        if is_gemm:
+            if not backward:
+                amp = autocast_state()
+            elif hit is not None:
+                amp = hit[2]
+        if not backward and (is_gemm or self.profile_cuda):  # the backward ops recorded
+            seq = _get_sequence_nr() - 1
+            sites = self._seq_sites
+            if seq not in sites:
+                if len(sites) >= MAX_SEQ_SITES:
+                    for k in list(itertools.islice(sites, MAX_SEQ_SITES // 2)):
+                        del sites[k]
+                sites[seq] = (site, module, amp)
         transfer = ""
         if is_copy:
             src = args[1] if name == "copy_" else first
@@ -509,15 +650,16 @@ class Recorder:
             fast.clear()
             self._fast_rec = rec
         if out_t is not None:
-            fkey = (id(func), id(site), direct, module, backward, device, tuple(sig), out_t.shape, out_t.dtype, transfer)
+            fkey = (id(func), id(site), direct, module, backward, device, tuple(sig), out_t.shape, out_t.dtype, transfer,
+                    amp)
         else:
-            fkey = (id(func), id(site), direct, module, backward, device, tuple(sig))
+            fkey = (id(func), id(site), direct, module, backward, device, tuple(sig), amp)
         hit = fast.get(fkey)
         if hit is not None:
             stat, key = hit
         else:
             key = OpKey(name, qualname, site, direct, module, backward, device, args_sig(args, full_sig),
-                        (out_t.shape, out_t.dtype, transfer) if out_t is not None else ())
+                        (out_t.shape, out_t.dtype, transfer) if out_t is not None else (), amp)
             ops = rec.ops
             stat = ops.get(key)
             if stat is None:
@@ -532,6 +674,8 @@ class Recorder:
         if compiled:
             stat.compiled += 1
             self.saw_compiled = True
+        if is_gemm and not backward:
+            self._note_operands(key, args, name)
         if is_gemm and not backward and self.derive_backward and _is_grad_enabled():
             a, b = (args[1], args[2]) if name in _BIAS_FIRST_GEMMS else (args[0], args[1])
             grads = (a.requires_grad, b.requires_grad)
@@ -587,43 +731,219 @@ class Recorder:
                         c = copies.get(a)
                         if c is not None and c[0] == site:
                             rec.layout_copies[c] = rec.layout_copies.get(c, 0) + 1
-        if is_bgemm or self._attn.d:
-            self._attention_step(name, args, arg0, out_t, site, module)
+        if is_bgemm or self._attn.d or name == "repeat":
+            self._attention_step(name, args, arg0, out_t, site, module, direct)
 
-    def _attention_step(self, name, args, arg0, out, site, module) -> None:
-        """Follow bmm -> scale -> (mask) -> softmax -> (dropout) -> bmm on the same tensors."""
+    def _note_operands(self, key, args, name) -> None:
+        """Which tensors this GEMM line was given in this step: a view is its base and offset (a
+        weight's transposed view is the weight; x[i] is a part of x); weak references tell a freed
+        tensor from a new one at its address."""
+        okey = (key.op, key.site, key.sig)
+        seen = self._operands.get(okey)
+        if seen is None:
+            seen = self._operands[okey] = ({}, {})
+        pair = (args[1], args[2]) if name in _BIAS_FIRST_GEMMS else (args[0], args[1])
+        for t, ids in zip(pair, seen):
+            if len(ids) >= MAX_OPERANDS or not isinstance(t, Tensor):
+                continue
+            base = t._base if t._base is not None else t
+            ident = (id(base), t.storage_offset())
+            e = ids.get(ident)
+            if e is None:
+                ids[ident] = _weakref(base)
+            elif e() is not base:
+                ids[ident + (len(ids),)] = _weakref(base)
+
+    def _attention_step(self, name, args, arg0, out, site, module, direct) -> None:
+        """Follow bmm -> scale -> (mask) -> softmax -> (dropout) -> bmm on the same tensors, with
+        what SDPA needs to compute the same: scale, masks, dropout, repeated K/V heads, and whether
+        the weights are used elsewhere."""
         attn = self._attn
         if name in BATCHED_GEMM_OPS:
-            a, b = (args[1], args[2]) if name == "baddbmm" else (args[0], args[1])
+            bias, (a, b) = (args[0], args[1:3]) if name == "baddbmm" else (None, args[:2])
             state = attn.get(a)
-            if state is not None and state[0] == "P":
-                _, qk_site, qk_sig, scaled, masked, softmax_dtype = state
-                key = (qk_site, site, module, qk_sig, tensor_sig(b), scaled, masked, a.requires_grad, softmax_dtype)
-                self.rec.attention[key] = self.rec.attention.get(key, 0) + 1
-            attn.set(out, ("S", site, (tensor_sig(a), tensor_sig(b)), False, False, None))
+            if type(state) is AttentionChain and state.phase == "P":
+                v_repeat = attn.get(b)
+                key = AttentionKey(
+                    state.qk_site, site, module, self.modules.current_type(), state.qk_sig, tensor_sig(b),
+                    None if state.scale_tensor else state.scale, state.masks, state.dropout_p, state.k_repeat,
+                    v_repeat[1:] if type(v_repeat) is tuple and v_repeat[0] == "K" else None,
+                    a.requires_grad, state.softmax_dtype, state.in_sdpa)
+                stat = self.rec.attention.get(key)
+                if stat is None:
+                    stat = self.rec.attention[key] = AttentionStat()
+                stat.count += 1
+                stat.weights_used |= state.weights_used
+                state.stat = stat
+            k_repeat = attn.get(b)
+            if type(k_repeat) is AttentionChain and k_repeat.phase == "P":
+                _weights_used(k_repeat)
+            masks = ()
+            if bias is not None:  # baddbmm(mask, q, k^T): an additive mask
+                masks = (MaskFact("additive", self._causal(bias, "additive", out.shape)),)
+            attn.set(out, AttentionChain("S", site, (tensor_sig(a), tensor_sig(b)), masks=masks,
+                                         k_repeat=k_repeat[1:] if type(k_repeat) is tuple and k_repeat[0] == "K" else None))
+            return
+        if name == "repeat" and arg0 is not None and len(args) > 1:
+            grown = [n for n in args[1] if n > 1]
+            if len(grown) == 1:  # tiled: head h reads K/V head h % n_kv (not what enable_gqa does)
+                attn.set(out, ("K", grown[0], False))
+            return
+        if name == "scalar_tensor" and args and isinstance(args[0], (int, float)):
+            attn.set(out, ("V", float(args[0])))  # where(mask, scores, -inf)'s -inf, on the device: read it here
             return
         if arg0 is None:
             return
         if name == "bernoulli_":  # a dropout mask on CPU (mul by it then div_; native_dropout elsewhere)
-            attn.set(out, DROPOUT_MASK)
+            p_keep = args[1] if len(args) > 1 and isinstance(args[1], (int, float)) else None
+            if p_keep is not None:
+                attn.set(out, ("D", 1.0 - p_keep))
             return
         state = attn.get(arg0)
-        if state is None and len(args) > 1 and isinstance(args[1], torch.Tensor) and name in _SCALE_OR_MASK_OPS:
-            state = attn.get(args[1])
-        if state is None:
+        which = 0
+        if type(state) is not AttentionChain and name in _SCALE_OR_MASK_OPS:
+            for i in (1, 2) if name == "where" else (1,):
+                other = attn.get(args[i]) if len(args) > i and isinstance(args[i], Tensor) else None
+                if type(other) is AttentionChain:
+                    state, which = other, i
+                    break
+        if type(state) is not AttentionChain:
+            if type(state) is tuple and name in PASS_THROUGH_OPS:
+                attn.set(out, state)  # a dropout mask or repeated heads
             return
-        kind = state[0]
         if name in PASS_THROUGH_OPS:
             attn.set(out, state)
-        elif kind == "S" and name in SCALE_OPS:
-            attn.set(out, state[:3] + (True,) + state[4:])
-        elif kind == "S" and name in MASK_OPS:
-            attn.set(out, state[:4] + (True,) + state[5:])
-        elif kind == "S" and name in SOFTMAX_OPS:
-            attn.set(out, ("P",) + state[1:5] + (out.dtype,))  # fp32 here under autocast
-        elif kind == "P" and (name in DROPOUT_OPS
-                              or (name == "mul" and len(args) > 1 and attn.get(args[1]) == DROPOUT_MASK)):
-            attn.set(out, state)
+        elif state.phase == "S":
+            new = self._scores_step(name, args, which, state, out)
+            if new is not None:
+                attn.set(out, new)
+        elif name in DROPOUT_OPS and which == 0:
+            train = args[2] if len(args) > 2 else True
+            p = args[1] if len(args) > 1 and isinstance(args[1], (int, float)) and train is not False else 0.0
+            attn.set(out, dataclasses.replace(state, dropout_p=p))
+        elif name == "mul" and len(args) > 1 and isinstance(args[1 - which], Tensor) \
+                and type(attn.get(args[1 - which])) is tuple and attn.get(args[1 - which])[0] == "D":
+            attn.set(out, dataclasses.replace(state, dropout_p=attn.get(args[1 - which])[1]))
+        else:
+            _weights_used(state)  # the weights feed something SDPA does not return them for
+
+    def _scores_step(self, name, args, which, state, out):
+        """The chain after one op on the scores, or None where the op is not one SDPA has."""
+        base = name.rstrip("_")
+        other = args[1 - which] if which < 2 and len(args) > 1 else None
+        if name in SOFTMAX_OPS:
+            return dataclasses.replace(state, phase="P", softmax_dtype=out.dtype, in_sdpa=name == "_safe_softmax")
+        if base in ("mul", "div"):
+            if isinstance(other, Tensor) and other.dim() and other.shape[-1] != 1:
+                return None  # varies along the keys: not a scale (a multiplicative mask SDPA lacks)
+            if isinstance(other, Tensor):  # a learned temperature, or a value read only on the device
+                return dataclasses.replace(state, scale_tensor=True)
+            value = _number(other)
+            if value is None:
+                return None
+            if value == 0:
+                return None
+            return dataclasses.replace(state, scale=state.scale * (value if base == "mul" else 1.0 / value))
+        if base == "masked_fill" and which == 0 and len(args) > 2:
+            fill = self._fill_value(args[2])
+            if fill is None or fill > MASK_FILL_MIN:
+                mask = MaskFact("fill", False, fill if fill is not None else float("nan"))
+            else:
+                mask = MaskFact("masked_fill", self._causal(args[1], "masked_fill", out.shape))
+            return dataclasses.replace(state, masks=state.masks + (mask,))
+        if base == "where" and which in (1, 2):
+            fill = self._fill_value(args[3 - which])
+            kind = "where" if which == 1 else "where_inv"
+            if fill is None or fill > MASK_FILL_MIN:
+                mask = MaskFact("fill", False, fill if fill is not None else float("nan"))
+            else:
+                mask = MaskFact(kind, self._causal(args[0], kind, out.shape))
+            return dataclasses.replace(state, masks=state.masks + (mask,))
+        if base in ("add", "sub") and isinstance(other, Tensor):
+            if base == "sub" and which != 0:
+                return None  # mask - scores: not a mask
+            kind = "additive" if base == "add" else "subtractive"
+            causal = kind == "additive" and self._causal(other, kind, out.shape)
+            return dataclasses.replace(state, masks=state.masks + (MaskFact(kind, causal),))
+        return None
+
+    def _fill_value(self, value):
+        """The number a mask fills with: a Python number, a CPU scalar, or a scalar tensor made on
+        the device by scalar_tensor (its value read when it was made, without a sync)."""
+        number = _number(value)
+        if number is None and isinstance(value, Tensor):
+            tag = self._attn.get(value)
+            if type(tag) is tuple and tag[0] == "V":
+                return tag[1]
+        return number
+
+    def _causal(self, mask, how, scores_shape) -> bool:
+        """Whether the mask lets exactly the causal (top-left lower-triangular) positions through,
+        in every batch and head. Computed once per mask tensor and version within a step."""
+        seq = tuple(scores_shape[-2:])
+        fact = self._mask_facts.get(mask)
+        if fact is not None and fact[0] == mask._version and fact[1] == (how, seq):
+            return fact[2]
+        causal = False
+        if mask.dim() >= 2 and tuple(mask.shape[-2:]) == seq:
+            tril = torch.ones(seq, dtype=torch.bool, device=mask.device).tril()
+            if how == "additive":
+                if mask.is_floating_point():
+                    causal = bool((mask == torch.zeros(seq, dtype=mask.dtype, device=mask.device)
+                                   .masked_fill(~tril, float("-inf"))).all())
+            elif mask.dtype == torch.bool:
+                allowed = mask if how == "where" else ~mask
+                causal = bool((allowed == tril).all())
+        self._mask_facts.set(mask, (mask._version, (how, seq), causal))
+        return causal
+
+
+def _number(value):
+    """A Python number, or a one-element CPU tensor's value; else None."""
+    if isinstance(value, (int, float)) and not isinstance(value, bool):
+        return float(value)
+    if isinstance(value, Tensor) and value.numel() == 1 and value.device.type == "cpu":
+        return float(value.item())
+    return None
+
+
+def autocast_state() -> str:
+    """Whether an op runs inside an autocast region: "region" or "". Inside the dispatch mode
+    `torch.is_autocast_enabled` reads False (autocast has already run and excludes itself), so the
+    region's own count is read; an fp32 GEMM inside a region is one autocast was told to leave
+    alone (`torch.autocast(..., enabled=False)`): autocast itself would have run it in low precision.
+    (The count is one for all devices: a region for another device counts too.)"""
+    depth = torch.autocast_increment_nesting()  # the regions entered, plus this one
+    torch.autocast_decrement_nesting()
+    return "region" if depth > 1 else ""
+
+
+def _may_backward(output) -> bool:
+    """Whether a backward pass may follow from this module output."""
+    if not torch.is_grad_enabled():
+        return False
+    items = output if isinstance(output, (tuple, list)) else (output,)
+    tensors = [t for t in items if isinstance(t, Tensor)]
+    return not tensors or any(t.requires_grad for t in tensors)
+
+
+def _weights_used(chain: AttentionChain) -> None:
+    chain.weights_used = True
+    if chain.stat is not None:
+        chain.stat.weights_used = True
+
+
+def _merged_repeat(tag, shape):
+    """An expanded 5-d tensor ("R", dim, n, shape) viewed as 4-d: the expanded dim merged with the
+    dim before it is repeat_interleave order (head h reads K/V head h // n), with the one after,
+    tiled order. Anything else is not a head repeat."""
+    _, i, n, src = tag
+    shape = tuple(shape)
+    if i > 0 and shape == src[:i - 1] + (src[i - 1] * n,) + src[i + 1:]:
+        return ("K", n, True)
+    if i + 1 < len(src) and shape == src[:i] + (n * src[i + 1],) + src[i + 2:]:
+        return ("K", n, False)
+    return None
 
 
 def _contiguous_strides(shape) -> tuple:
@@ -723,9 +1043,9 @@ def _torch_dispatch(self, func, types, args=(), kwargs=None):
     if recorder.enabled:
         try:
             if info[2]:  # a view: no site, no key; only forward dataflow tags follow it
-                if (args and (recorder._deps.d or recorder._attn.d or recorder._copies.d)
-                        and isinstance(out, Tensor) and _current_autograd_node() is None):
-                    recorder._follow_view(args[0], out)
+                if args and isinstance(out, Tensor) and (
+                        recorder._deps.d or recorder._attn.d or recorder._copies.d or info[0] == "expand"):
+                    recorder._view(info[0], args[0], out)
                 return out
             node = _current_autograd_node()
             if node is not None and info[9] and not recorder.profile_cuda:

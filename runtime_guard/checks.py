@@ -15,12 +15,17 @@ import torch
 from matlint.diagnostics import Finding
 
 from .capture import GEMM_OPS, LOSS_OPS, VIEW_OPS, Site
+from .savings import LoopEstimate, SdpaEstimate
 
 LOOP_MIN_PER_STEP = 4        # same-shape GEMMs per step from one line
 TINY_MIN_PER_STEP = 32       # launches per step from one line
 TINY_KERNEL_US = 10.0
 TINY_NUMEL = 1 << 16
 SYNC_MIN_PER_STEP = 2
+PRECISION_MIN_SHARE = 0.05   # MAT401: fp32 GEMMs outside autocast below this part of the step's GEMM work: quiet
+PAD_MIN_SHARE = 0.01         # MAT403: a GEMM below this part of the step's GEMM work: quiet
+NEGLIGIBLE_MS = 0.01         # MAT403: a measured saving below this per step, or below
+NEGLIGIBLE_STEP_SHARE = 0.01  # this part of the step: not reported
 ELEMENTWISE_BINARY = frozenset({"add", "sub", "mul", "div", "rsub", "pow", "maximum", "minimum", "eq", "ne", "lt", "gt", "le", "ge"})
 SYNC_OPS = frozenset({"_local_scalar_dense", "nonzero", "masked_select", "unique", "_unique2", "item"})
 
@@ -141,23 +146,49 @@ def _common_evidence(key, per_step, stats, rec) -> dict:
 
 # -- MAT101 ------------------------------------------------------------------------------------
 def check_loop_matmul(rec, steps, ctx):
+    """Same-shape GEMMs from one line, many per step, that do not feed each other (a recurrence,
+    a stack of layers or a decode loop feeds each call from the one before: left alone). What to
+    batch them into depends on what they share: one weight → one call on the stacked inputs; one
+    input → one GEMM on the concatenated weights; neither → bmm."""
+    groups = defaultdict(list)
     for key, stat in rec.ops.items():
-        if key.op not in GEMM_OPS or key.backward or key.site in rec.chained_gemm_sites:
+        if key.op not in GEMM_OPS or key.backward or key.site in rec.chained_gemm_sites or stat.compiled:
             continue
-        per_step = stat.count / steps
-        if per_step < LOOP_MIN_PER_STEP or stat.compiled:
+        groups[(key.op, key.site, key.sig)].append((key, stat))
+    for (op, site, sig), items in groups.items():
+        per_step = sum(s.count for _, s in items) / steps
+        if per_step < LOOP_MIN_PER_STEP:
             continue
+        key = max(items, key=lambda e: e[1].count)[0]
         a, b = _gemm_operands(key)
         n = round(per_step)
-        batched = f"({n}, {a[0][-2]}, {a[0][-1]}) @ ({n}, {b[0][-2]}, {b[0][-1]})"
-        msg = (f"{per_step:g} same-shape GEMMs per step from this line ({key.qualname} "
-               f"{_shape(a[0])} @ {_shape(b[0])}): issue one batched call instead, "
-               f"torch.bmm/torch.einsum on {batched}")
-        grad = any(k.backward and k.site == key.site and k.op in GEMM_OPS for k in rec.ops)
-        ev = _common_evidence(key, per_step, [stat], rec)
-        ev["batched_shapes"] = batched
-        yield _finding("MAT101", key.site, msg, ev,
-                       ("loop", key.op, a[0], b[0], _dtype(a[2]), key.device, n, per_step / n, grad))
+        use = rec.gemm_operands.get((op, site, sig))
+        shared = ("both" if use.first == 1 and use.second == 1 else "second" if use.second == 1
+                  else "first" if use.first == 1 else None) if use is not None else None
+        modules = sorted({k.module for k, _ in items})
+        head = f"{per_step:g} same-shape GEMMs per step from this line ({key.qualname} {_shape(a[0])} @ {_shape(b[0])})"
+        if shared == "both":
+            fix = "the same GEMM on the same operands each time: compute it once and reuse the result"
+        elif shared == "second":
+            fix = (f"one weight {_shape(b[0])} on {n} independent inputs: stack the inputs (torch.cat along the "
+                   f"batch dim) and make one call of the layer, then split its output")
+        elif shared == "first":
+            fix = (f"one input on {n} different weights: concatenate the weights along the output dim "
+                   f"(torch.cat(weights, dim=-1)) and make one GEMM, then split its output")
+        else:
+            batched = f"({n}, {a[0][-2]}, {a[0][-1]}) @ ({n}, {b[0][-2]}, {b[0][-1]})"
+            fix = (f"independent inputs and weights: issue one batched call instead, torch.bmm/torch.einsum on "
+                   f"{batched}" + (" (per-module weights: torch.func.stack_module_state + torch.vmap, or a "
+                                   "grouped GEMM)" if len(modules) > 1 else ""))
+        grad = any(k.backward and k.site == site and k.op in GEMM_OPS for k in rec.ops)
+        ev = _common_evidence(key, per_step, [s for _, s in items], rec)
+        ev["module"] = modules[0] if len(modules) == 1 else modules
+        ev["shared_operand"] = shared
+        ev["independent"] = True
+        if shared is None:
+            ev["batched_shapes"] = f"({n}, {a[0][-2]}, {a[0][-1]}) @ ({n}, {b[0][-2]}, {b[0][-1]})"
+        yield _finding("MAT101", site, f"{head}: {fix}", ev,
+                       LoopEstimate("loop", key.op, a[0], b[0], _dtype(a[2]), key.device, n, per_step / n, grad, shared))
 
 
 # -- MAT201 / MAT202 ----------------------------------------------------------------------------
@@ -240,36 +271,63 @@ def check_strided_gemm(rec, steps, ctx):
 
 
 # -- MAT401 / MAT403 -----------------------------------------------------------------------------
+def _gemm_weight(key, stat, steps, rec) -> float:
+    """A GEMM key's part of the step: its kernel time when profiled, else its FLOPs."""
+    return stat.kernel_us if rec.profiled and rec.kernel_us_total > 0 else _gemm_flops(key) * stat.count / steps
+
+
+def _gemm_total(rec, steps) -> float:
+    return sum(_gemm_weight(k, s, steps, rec) for k, s in rec.ops.items() if k.op in GEMM_OPS and k.device == "cuda")
+
+
 def check_precision(rec, steps, ctx):
+    """fp32 GEMMs run outside any autocast region, on a tensor-core GPU with TF32 off, when they are a
+    real part of the step's GEMM work. fp32 GEMMs inside an autocast region (one turned off with
+    enabled=False: kept in fp32 on purpose) are left alone."""
     if not ctx.tensor_cores or ctx.tf32:
         return
     fp32 = [(k, s) for k, s in rec.ops.items()
             if k.op in GEMM_OPS and k.device == "cuda" and _gemm_operands(k)[0][2] == torch.float32]
-    if not fp32:
+    plain = [(k, s) for k, s in fp32 if k.amp == ""]
+    if not plain:
+        return
+    total = _gemm_total(rec, steps)
+    share = sum(_gemm_weight(k, s, steps, rec) for k, s in plain) / total if total else 1.0
+    if share < PRECISION_MIN_SHARE:
         return
     by_site = defaultdict(float)
-    for k, s in fp32:
+    for k, s in plain:
         by_site[k.site] += _gemm_flops(k) * s.count / steps
     top_site = max(by_site, key=by_site.get)
     total_flops = sum(by_site.values())
-    count = sum(s.count for _, s in fp32) / steps
-    msg = (f"{count:g} fp32 GEMMs per step ({total_flops / 1e9:.1f} GFLOP) on a tensor-core GPU "
-           f"(sm_{ctx.capability[0]}{ctx.capability[1]}) with TF32 off and no autocast: run the step under "
-           f"torch.autocast('cuda', dtype=torch.bfloat16) or torch.set_float32_matmul_precision('high')")
-    ev = {"per_step": round(count, 2), "gflop_per_step": round(total_flops / 1e9, 2), "device": "cuda",
-          "top_sites": [{"site": str(s), "gflop": round(f / 1e9, 2)}
+    count = sum(s.count for _, s in plain) / steps
+    autocast_elsewhere = any(k.amp and _gemm_operands(k)[0][2] in (torch.bfloat16, torch.float16)
+                             for k in rec.ops if k.op in GEMM_OPS)
+    where = "outside the step's autocast region" if autocast_elsewhere else "with no autocast"
+    measure = "kernel time" if rec.profiled and rec.kernel_us_total > 0 else "FLOPs"
+    msg = (f"{count:g} fp32 GEMMs per step ({total_flops / 1e9:.3g} GFLOP, {share:.0%} of the step's GEMM "
+           f"{measure}) {where} on a tensor-core GPU (sm_{ctx.capability[0]}{ctx.capability[1]}) with TF32 off: "
+           f"run them under torch.autocast('cuda', dtype=torch.bfloat16) or "
+           f"torch.set_float32_matmul_precision('high')")
+    ev = {"per_step": round(count, 2), "gflop_per_step": round(total_flops / 1e9, 3), "device": "cuda",
+          "share_of_gemm_" + ("time" if measure == "kernel time" else "flops"): round(share, 4),
+          "top_sites": [{"site": str(s), "gflop": round(f / 1e9, 3)}
                         for s, f in sorted(by_site.items(), key=lambda kv: -kv[1])[:5]],
-          "phase": "forward+backward" if any(k.backward for k, _ in fp32) else "forward"}
-    share = _share([s for _, s in fp32], rec)
-    if share is not None:
-        ev["share_of_kernel_time"] = round(share, 4)
-    gemms = [(k.op, k.sig, s.count / steps) for k, s in fp32]
+          "phase": "forward+backward" if any(k.backward for k, _ in plain) else "forward"}
+    kept = sum(s.count for k, s in fp32 if k.amp) / steps
+    if kept:
+        ev["fp32_on_purpose_per_step"] = round(kept, 2)  # in autocast(enabled=False) regions: not counted
+    kshare = _share([s for _, s in plain], rec)
+    if kshare is not None:
+        ev["share_of_kernel_time"] = round(kshare, 4)
+    gemms = [(k.op, k.sig, s.count / steps) for k, s in plain]
     yield _finding("MAT401", top_site, msg, ev, ("bf16", gemms))
 
 
 def check_dims_multiple_of_8(rec, steps, ctx):
     if not ctx.tensor_cores:
         return
+    total = _gemm_total(rec, steps)
     for key, stat in rec.ops.items():
         if key.op not in GEMM_OPS or key.device != "cuda":
             continue
@@ -280,12 +338,23 @@ def check_dims_multiple_of_8(rec, steps, ctx):
         bad = {name: d for name, d in (("M", m), ("N", n), ("K", k)) if d % 8}
         if not bad or max(m, n, k) < 64:
             continue
+        if total and _gemm_weight(key, stat, steps, rec) / total < PAD_MIN_SHARE:
+            continue  # too small a part of the step's GEMM work for padding to matter
         dims = ", ".join(f"{name}={d}" for name, d in bad.items())
         msg = (f"{_dtype(a[2])} GEMM with {dims} (not multiples of 8): tensor cores run it slowly; pad "
                f"the dimension to a multiple of 8 (vocab, hidden or head size)")
         per_step = stat.count / steps
         yield _finding("MAT403", key.site, msg, _common_evidence(key, per_step, [stat], rec),
                        ("pad", key.op, key.sig, per_step))
+
+
+def negligible(finding, step_ms: float | None) -> bool:
+    """A MAT403 finding whose measured saving is too small to act on: under 0.01 ms per step, or
+    under 1% of the step."""
+    ms = finding.estimated_savings_ms
+    if finding.code != "MAT403" or ms is None:
+        return False
+    return ms < NEGLIGIBLE_MS or (step_ms is not None and ms < NEGLIGIBLE_STEP_SHARE * step_ms)
 
 
 # -- MAT502 / MAT504 -----------------------------------------------------------------------------
@@ -353,22 +422,140 @@ def check_tiny_ops(rec, steps, ctx):
 
 
 # -- MAT601 ----------------------------------------------------------------------------------------
+_ATTN_MASK_ARG = {"masked_fill": "~mask", "where": "mask", "where_inv": "~mask", "additive": "mask",
+                  "subtractive": "-mask"}
+_MASK_SAYS = {
+    "masked_fill": "attn_mask=~mask: SDPA's boolean mask marks the positions that take part, masked_fill's "
+                   "the ones filled",
+    "where": "attn_mask=mask: the where() condition, True where positions take part",
+    "where_inv": "attn_mask=~mask: the where() condition inverted (it marked the positions filled)",
+    "additive": "attn_mask=mask: the float mask added to the scores, as is",
+    "subtractive": "attn_mask=-mask: the tensor subtracted from the scores, negated",
+}
+
+
+@dataclass(frozen=True)
+class SdpaAdvice:
+    """The SDPA call that computes what the hand-written attention computed, and what the guard
+    could not establish (said as what to check)."""
+    kwargs: dict          # SDPA keyword arguments; attn_mask as an expression of the user's `mask`
+    checks: tuple         # what the user must check before switching
+    exact: bool           # the call computes the same (up to rounding) when the checks hold
+    gqa_rep: int = 1      # K/V heads repeated this many times (enable_gqa=True)
+
+    def call(self) -> str:
+        args = ["q", "k", "v"]
+        for name, value in self.kwargs.items():
+            if name == "attn_mask":
+                args.append(f"attn_mask={value}")
+            elif name == "dropout_p":
+                args.append(f"dropout_p={value:g} if self.training else 0.0")
+            elif name == "scale":
+                args.append(f"scale={float(f'{value:.8g}')!r}")
+            else:
+                args.append(f"{name}={value}")
+        return "F.scaled_dot_product_attention(" + ", ".join(args) + ")"
+
+
+def sdpa_advice(keys, weights_used: bool) -> SdpaAdvice:
+    """What to pass SDPA so that it computes what every observed call of one attention site did."""
+    kwargs, checks, exact = {}, [], True
+    mask_kinds = {tuple(m.kind for m in k.masks) for k in keys}
+    kinds = sorted(mask_kinds, key=len)[-1]
+    causal = len(mask_kinds) == 1 and len(kinds) == 1 and all(k.masks[0].causal for k in keys)
+    if len(mask_kinds) > 1:
+        checks.append(f"the scores were masked differently between calls ({', '.join('+'.join(m) or 'no mask' for m in sorted(mask_kinds))}): "
+                      f"pass each call's mask as attn_mask")
+    if "fill" in kinds:
+        fills = sorted({m.fill for k in keys for m in k.masks if m.kind == "fill"})
+        checks.append(f"check the masking: the scores were filled with {', '.join(f'{v:g}' for v in fills)} (not -inf "
+                      f"or a large negative value), which SDPA has no equivalent for")
+        exact = False
+    elif causal:
+        kwargs["is_causal"] = True
+        checks.append("is_causal=True: the mask was exactly causal (lower-triangular) in every observed call; if it "
+                      "can also hide padding, pass it as attn_mask= instead")
+    elif len(kinds) == 1:
+        kwargs["attn_mask"] = _ATTN_MASK_ARG[kinds[0]]
+        checks.append(_MASK_SAYS[kinds[0]])
+    elif kinds:
+        kwargs["attn_mask"] = "mask"
+        checks.append(f"combine the {len(kinds)} masks ({', '.join(kinds)}) into one attn_mask (boolean: True where "
+                      f"positions take part; or one additive float mask); is_causal cannot be combined with attn_mask")
+    dropout = max(k.dropout_p for k in keys)
+    if dropout:
+        kwargs["dropout_p"] = dropout
+    scales = {k.scale for k in keys}
+    d = keys[0].qk_sig[0][0][-1]
+    if None in scales:
+        kwargs["scale"] = 1.0
+        checks.append("the scores were scaled by a tensor: multiply q by it first (shaped to broadcast over q) "
+                      "and pass scale=1.0")
+    elif len(scales) > 1:
+        checks.append(f"the scale differed between calls ({', '.join(f'{v:.6g}' for v in sorted(scales))}): pass "
+                      f"each call's as scale=")
+        exact = False
+    else:
+        [scale] = scales
+        if abs(scale - 1.0 / math.sqrt(d)) > 1e-6 / math.sqrt(d):
+            kwargs["scale"] = scale  # SDPA's default is 1/sqrt(head dim); this is not it
+    reps = {(k.k_repeat, k.v_repeat) for k in keys}
+    gqa_rep = 1
+    if len(reps) == 1:
+        [(k_rep, v_rep)] = reps
+        if k_rep is not None and k_rep == v_rep and k_rep[1]:
+            kwargs["enable_gqa"] = True
+            gqa_rep = k_rep[0]
+            checks.append(f"enable_gqa=True with k and v from before the head repeat ({gqa_rep}x fewer K/V heads "
+                          f"than query heads): no repeated copy")
+        elif k_rep is not None and k_rep == v_rep:
+            checks.append(f"K/V heads were tiled with repeat (query head h reads K/V head h mod n_kv); enable_gqa "
+                          f"pairs head h with K/V head h // {k_rep[0]}: keep passing the repeated k and v (or "
+                          f"repeat_interleave them, then enable_gqa=True)")
+    if weights_used:
+        checks.append("SDPA does not return the attention weights, which this code returns or uses: switch only "
+                      "where they are not needed")
+    return SdpaAdvice(kwargs, tuple(checks), exact, gqa_rep)
+
+
 def check_attention(rec, steps, ctx):
-    for (qk_site, pv_site, module, qk_sig, v_sig, scaled, masked, grad, softmax_dtype), count in rec.attention.items():
-        q, k = qk_sig
+    groups = defaultdict(list)
+    for key, stat in rec.attention.items():
+        if key.in_sdpa:  # a real scaled_dot_product_attention call running its math backend
+            continue
+        groups[(key.qk_site, key.pv_site, key.module)].append((key, stat))
+    for (qk_site, pv_site, module), entries in groups.items():
+        keys = [k for k, _ in entries]
+        key = max(entries, key=lambda e: e[1].count)[0]
+        count = sum(st.count for _, st in entries)
+        weights_used = any(st.weights_used for _, st in entries)
+        advice = sdpa_advice(keys, weights_used)
+        q, k = key.qk_sig
         bh, s_q, d = q[0]
         s_k = k[0][-1]
         per_step = count / steps
-        parts = ["matmul"] + (["scale"] if scaled else []) + (["mask"] if masked else []) + ["softmax", "matmul"]
-        msg = (f"hand-written attention ({' → '.join(parts)}) on {bh} heads × {s_q}×{s_k}, head dim {d}, "
-               f"{_dtype(q[2])}: use torch.nn.functional.scaled_dot_product_attention(q, k, v"
-               f"{', is_causal=True' if masked else ''}) (fused flash/memory-efficient kernels)")
-        ev = {"per_step": round(per_step, 2), "module": module, "phase": "forward+backward" if grad else "forward",
-              "shapes": [_shape(q[0]), _shape(k[0]), _shape(v_sig[0])], "dtypes": [_dtype(q[2])],
-              "second_matmul": str(pv_site), "scaled": scaled, "masked": masked, "device": ctx.device_type}
+        parts = (["matmul"] + (["scale"] if key.scale != 1.0 else []) + [m.kind.split("_")[0] for m in key.masks]
+                 + ["softmax"] + (["dropout"] if key.dropout_p else []) + ["matmul"])
+        head = (f"hand-written attention ({' → '.join(parts)}) on {bh} heads × {s_q}×{s_k}, head dim {d}, "
+                f"{_dtype(q[2])}")
+        if key.module_type == "MultiheadAttention":
+            msg = (f"{head}: nn.MultiheadAttention computes attention by hand when it is asked for the weights "
+                   f"(need_weights=True, the default): pass need_weights=False where they are not used, and it "
+                   f"runs scaled_dot_product_attention")
+        else:
+            msg = f"{head}: use {advice.call()} (torch.nn.functional; fused kernels)"
+            if advice.checks:
+                msg += "; " + "; ".join(advice.checks)
+        ev = {"per_step": round(per_step, 2), "module": module, "phase": "forward+backward" if key.grad else "forward",
+              "shapes": [_shape(q[0]), _shape(k[0]), _shape(key.v_sig[0])], "dtypes": [_dtype(q[2])],
+              "second_matmul": str(pv_site), "scaled": key.scale != 1.0, "masks": [m.kind for m in key.masks],
+              "masked": bool(key.masks), "device": ctx.device_type, "sdpa_kwargs": dict(advice.kwargs),
+              "checks": list(advice.checks), "exact": advice.exact, "weights_used": weights_used}
+        mask = "causal" if advice.kwargs.get("is_causal") else ("mask" if key.masks else None)
         yield _finding("MAT601", qk_site, msg, ev,
-                       ("sdpa", bh, s_q, s_k, d, v_sig[0][-1], _dtype(q[2]), ctx.device_type, masked, grad, per_step,
-                        _dtype(softmax_dtype)))
+                       SdpaEstimate("sdpa", bh, s_q, s_k, d, key.v_sig[0][-1], _dtype(q[2]), ctx.device_type, mask,
+                                    advice.kwargs.get("dropout_p", 0.0), key.grad, per_step,
+                                    _dtype(key.softmax_dtype), advice.gqa_rep))
 
 
 CHECKS = {

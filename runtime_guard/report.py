@@ -26,6 +26,16 @@ def _fix_line(message: str) -> str:
     return message.split(": ", 1)[1] if ": " in message else message
 
 
+def _saving(f) -> str:
+    """The table's saving: the number, or "unsure" where the estimate was not reliable (its
+    interval too wide or reaching 0; the JSON report keeps it, labelled)."""
+    if f.estimated_savings_ms is None:
+        return "-"
+    if (f.evidence or {}).get("estimate_reliable") is False:
+        return "unsure"
+    return f"{f.estimated_savings_ms:.3f}"
+
+
 def print_report(guard, console=None) -> None:
     from rich.console import Console
     from rich.table import Table
@@ -56,7 +66,7 @@ def print_report(guard, console=None) -> None:
                 ev.get("module", "") or "",
                 f"{ev.get('per_step', '')}",
                 f"{share:.1%}" if share is not None else "-",
-                f"{f.estimated_savings_ms:.3f}" if f.estimated_savings_ms is not None else "-",
+                _saving(f),
                 _fix_line(f.message),
             )
         console.print(table)

@@ -9,6 +9,8 @@ from __future__ import annotations
 import contextlib
 import math
 import time
+from dataclasses import dataclass
+from typing import NamedTuple
 
 import torch
 import torch.nn.functional as F
@@ -32,36 +34,79 @@ def _sync(device: str) -> None:
         torch.cuda.synchronize()
 
 
-def time_ms(fn, device: str, reps: int = 15, max_s: float = 0.5) -> float:
-    """Median milliseconds of fn() after warm-up; CUDA timed with events."""
-    return time_ms_each((fn,), device, reps, max_s)[0]
+RELIABLE_HALF_WIDTH = 0.25   # an estimate is reliable when its interval is within ±25% and above 0
+MIN_PAIRS, MAX_PAIRS = 10, 400
 
 
-def time_ms_each(fns, device: str, reps: int = 15, max_s: float = 0.5) -> list:
-    """Median milliseconds of each function after warm-up, timed in turns (a, b, a, b, ...) so
-    that a drift of the machine's speed falls on all of them alike; CUDA timed with events."""
-    for fn in fns:
+@dataclass(frozen=True)
+class Timed:
+    """The original and the fix timed in alternating pairs: medians, the median of the paired
+    differences (what the fix saves per call) and a distribution-free ~95% interval of it."""
+    slow_ms: float
+    fast_ms: float
+    saved_ms: float
+    lo_ms: float
+    hi_ms: float
+    pairs: int
+
+    @property
+    def reliable(self) -> bool:
+        return self.lo_ms > 0 and (self.hi_ms - self.lo_ms) / 2 <= RELIABLE_HALF_WIDTH * self.saved_ms
+
+    def scaled(self, k: float) -> tuple:
+        """(saved, lo, hi) times k (calls per step)."""
+        return self.saved_ms * k, self.lo_ms * k, self.hi_ms * k
+
+
+def _median_interval(values) -> tuple:
+    """(median, lo, hi): the order statistics that bound the median with ~95% confidence."""
+    d = sorted(values)
+    n = len(d)
+    k = max(0, int((n - 1.96 * math.sqrt(n)) / 2))
+    return d[n // 2] if n % 2 else (d[n // 2 - 1] + d[n // 2]) / 2, d[k], d[n - 1 - k]
+
+
+def _clock(fn, device: str) -> float:
+    if device == "cuda":
+        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        start.record()
+        fn()
+        end.record()
+        end.synchronize()
+        return start.elapsed_time(end)
+    t0 = time.perf_counter()
+    fn()
+    return (time.perf_counter() - t0) * 1e3
+
+
+def time_pair(slow, fast, device: str, max_s: float = 0.5) -> Timed:
+    """Time `slow` and `fast` in alternating pairs (slow first, then fast first, ...: a drift of
+    the machine's speed or an order effect falls on both alike) until the interval of the median
+    saving is within ±10% of it, or MAX_PAIRS pairs, or max_s seconds."""
+    for fn in (slow, fast):
         for _ in range(3):
             fn()
     _sync(device)
-    times = [[] for _ in fns]
-    start_all = time.perf_counter()
-    for _ in range(reps):
-        for fn, fn_times in zip(fns, times):
-            if device == "cuda":
-                start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-                start.record()
-                fn()
-                end.record()
-                end.synchronize()
-                fn_times.append(start.elapsed_time(end))
-            else:
-                t0 = time.perf_counter()
-                fn()
-                fn_times.append((time.perf_counter() - t0) * 1e3)
-        if time.perf_counter() - start_all > max_s * len(fns) and len(times[0]) >= 5:
-            break
-    return [sorted(t)[len(t) // 2] for t in times]
+    slow_t, fast_t, saved = [], [], []
+    start = time.perf_counter()
+    while len(saved) < MAX_PAIRS:
+        if len(saved) % 2:
+            b, a = _clock(fast, device), _clock(slow, device)
+        else:
+            a, b = _clock(slow, device), _clock(fast, device)
+        slow_t.append(a)
+        fast_t.append(b)
+        saved.append(a - b)
+        if len(saved) >= MIN_PAIRS:
+            mid, lo, hi = _median_interval(saved)
+            if (hi - lo) / 2 <= 0.1 * abs(mid) or time.perf_counter() - start > max_s:
+                break
+    mid, lo, hi = _median_interval(saved)
+    return Timed(_median_interval(slow_t)[0], _median_interval(fast_t)[0], mid, lo, hi, len(saved))
+
+
+def _noop() -> None:
+    return None
 
 
 class _Inputs:
@@ -100,7 +145,7 @@ def estimate_bf16(spec, budget):
     _, gemms = spec
     device = "cuda"
     inputs = _Inputs(device)
-    saved = 0.0
+    saved = [0.0, 0.0, 0.0]
     timed = 0
     total = sum(per_step for _, _, per_step in gemms)
     covered = 0.0
@@ -112,17 +157,17 @@ def estimate_bf16(spec, budget):
         key = ("bf16", op, sig)
 
         def compute():
-            return tuple(time_ms_each((_replay_gemm(op, sig, torch.float32, inputs),
-                                       _replay_gemm(op, sig, torch.bfloat16, inputs)), device))
+            return time_pair(_replay_gemm(op, sig, torch.float32, inputs),
+                             _replay_gemm(op, sig, torch.bfloat16, inputs), device)
 
-        t32, t16 = _cached(key, compute)
-        saved += (t32 - t16) * per_step
+        t = _cached(key, compute)
+        saved = [total_ms + part for total_ms, part in zip(saved, t.scaled(per_step))]
         covered += per_step
         timed += 1
     scale = total / covered if covered else 0.0
     method = (f"timed {timed} distinct fp32 GEMM shapes against bf16 on this GPU "
               f"({covered:g} of {total:g} GEMMs per step; the rest scaled alike); GEMMs only")
-    return saved * scale, method
+    return tuple(v * scale for v in saved), method
 
 
 def _flops(op, sig):
@@ -130,73 +175,120 @@ def _flops(op, sig):
     return 2.0 * math.prod(a[0]) * b[0][-1]
 
 
-def estimate_loop(spec, budget):
-    _, op, a_shape, b_shape, dtype, device, n, loops_per_step, grad = spec
-    dt = _DTYPES.get(dtype, torch.float32)
-    inputs = _Inputs(device)
-    key = ("loop", a_shape, b_shape, dt, device, n, grad)
+class LoopEstimate(NamedTuple):
+    kind: str            # "loop"
+    op: str
+    a_shape: tuple
+    b_shape: tuple
+    dtype: str
+    device: str
+    n: int               # GEMMs per loop
+    loops_per_step: float
+    grad: bool
+    shared: str | None   # "second" (one weight), "first" (one input), "both", None (neither)
+
+
+def estimate_loop(spec: LoopEstimate, budget):
+    dt = _DTYPES.get(spec.dtype, torch.float32)
+    inputs = _Inputs(spec.device)
+    n, grad, device, shared = spec.n, spec.grad, spec.device, spec.shared
+    m, k, cols = spec.a_shape[-2], spec.a_shape[-1], spec.b_shape[-1]
+    key = spec._replace(loops_per_step=0.0)
 
     def compute():
-        # as in `x[i] @ w[i]`: gradients flow to the second operand (the weights)
-        a = inputs.tensor((n,) + tuple(a_shape[-2:]), dt)
-        b = inputs.tensor((n,) + tuple(b_shape[-2:]), dt, requires_grad=grad)
-
-        # a dense incoming gradient, as a loss other than a bare sum gives
-        grad_out = torch.ones((n, a_shape[-2], b_shape[-1]), dtype=dt, device=device) if grad else None
+        # gradients flow to the second operand (the weights), as in `x[i] @ w[i]` or a Linear; a
+        # shared operand is one 2-d tensor used by every call, as the user's weight is
+        a = inputs.tensor((m, k) if shared in ("first", "both") else (n, m, k), dt)
+        b = inputs.tensor((k, cols) if shared in ("second", "both") else (n, k, cols), dt, requires_grad=grad)
+        grad_out = torch.ones((n, m, cols), dtype=dt, device=device) if grad else None  # a dense incoming gradient
 
         def looped():
-            out = torch.stack([a[i] @ b[i] for i in range(n)])
+            out = torch.stack([(a if a.dim() == 2 else a[i]) @ (b if b.dim() == 2 else b[i]) for i in range(n)])
             if grad:
                 out.backward(grad_out)
 
         def batched():
-            out = torch.bmm(a, b)
+            if shared == "second":    # one call on the stacked inputs
+                out = (a.reshape(n * m, k) @ b).view(n, m, cols)
+            elif shared == "first":   # one GEMM on the concatenated weights
+                out = (a @ b.permute(1, 0, 2).reshape(k, n * cols)).view(m, n, cols).transpose(0, 1)
+            elif shared == "both":    # computed once
+                out = (a @ b).expand(n, m, cols)
+            else:
+                out = torch.bmm(a, b)
             if grad:
                 out.backward(grad_out)
 
-        return tuple(time_ms_each((looped, batched), device))
+        return time_pair(looped, batched, device)
 
-    t_loop, t_bmm = _cached(key, compute)
-    method = (f"timed {n} separate {'fwd+bwd ' if grad else ''}GEMMs ({t_loop:.3f} ms) against one bmm "
-              f"({t_bmm:.3f} ms) at the observed shapes on {device}")
-    return (t_loop - t_bmm) * loops_per_step, method
+    t = _cached(key, compute)
+    t_loop, t_one = t.slow_ms, t.fast_ms
+    one = {"second": "one GEMM on the stacked inputs", "first": "one GEMM on the concatenated weights",
+           "both": "one GEMM reused"}.get(shared, "one bmm")
+    method = (f"timed {n} separate {'fwd+bwd ' if grad else ''}GEMMs ({t_loop:.3f} ms) against {one} "
+              f"({t_one:.3f} ms) at the observed shapes on {device}")
+    return t.scaled(spec.loops_per_step), method
 
 
-def estimate_sdpa(spec, budget):
-    _, bh, s_q, s_k, d, d_v, dtype, device, masked, grad, per_step, softmax_dtype = spec
-    dt = _DTYPES.get(dtype, torch.float32)
-    upcast = softmax_dtype == "float32" and dt != torch.float32  # autocast runs softmax in fp32
-    inputs = _Inputs(device)
-    key = ("sdpa", bh, s_q, s_k, d, d_v, dt, device, masked, grad, upcast)
+class SdpaEstimate(NamedTuple):
+    kind: str            # "sdpa"
+    bh: int              # batch × query heads
+    s_q: int
+    s_k: int
+    d: int
+    d_v: int
+    dtype: str
+    device: str
+    mask: str | None     # "causal", "mask" (an explicit attn_mask) or None
+    dropout_p: float
+    grad: bool
+    per_step: float
+    softmax_dtype: str
+    gqa_rep: int = 1     # K/V heads repeated this many times (enable_gqa=True)
+
+
+def estimate_sdpa(spec: SdpaEstimate, budget):
+    dt = _DTYPES.get(spec.dtype, torch.float32)
+    upcast = spec.softmax_dtype == "float32" and dt != torch.float32  # autocast runs softmax in fp32
+    inputs = _Inputs(spec.device)
+    key = (spec._replace(per_step=0.0), upcast)
+    device, grad, rep = spec.device, spec.grad, spec.gqa_rep
 
     def compute():
-        q = inputs.tensor((1, bh, s_q, d), dt, requires_grad=grad)
-        k = inputs.tensor((1, bh, s_k, d), dt, requires_grad=grad)
-        v = inputs.tensor((1, bh, s_k, d_v), dt, requires_grad=grad)
-        causal = torch.ones(s_q, s_k, dtype=torch.bool, device=device).tril(s_k - s_q)
-        scale = 1.0 / math.sqrt(d)
+        q = inputs.tensor((1, spec.bh, spec.s_q, spec.d), dt, requires_grad=grad)
+        k = inputs.tensor((1, spec.bh // rep, spec.s_k, spec.d), dt, requires_grad=grad)
+        v = inputs.tensor((1, spec.bh // rep, spec.s_k, spec.d_v), dt, requires_grad=grad)
+        allowed = torch.ones(spec.s_q, spec.s_k, dtype=torch.bool, device=device).tril()
+        scale = 1.0 / math.sqrt(spec.d)
 
         def manual():
-            w = (q @ k.transpose(-2, -1)) * scale
-            if masked:
-                w = w.masked_fill(~causal, float("-inf"))
+            kk, vv = (k.repeat_interleave(rep, 1), v.repeat_interleave(rep, 1)) if rep > 1 else (k, v)
+            w = (q @ kk.transpose(-2, -1)) * scale
+            if spec.mask:
+                w = w.masked_fill(~allowed, float("-inf"))
             p = torch.softmax(w.float(), dim=-1).to(dt) if upcast else torch.softmax(w, dim=-1)
-            out = p @ v
+            if spec.dropout_p:
+                p = F.dropout(p, spec.dropout_p)
+            out = p @ vv
             if grad:
                 out.sum().backward()
 
         def fused():
-            out = F.scaled_dot_product_attention(q, k, v, is_causal=masked and s_q == s_k)
+            out = F.scaled_dot_product_attention(
+                q, k, v, is_causal=spec.mask == "causal", attn_mask=allowed if spec.mask == "mask" else None,
+                dropout_p=spec.dropout_p, enable_gqa=rep > 1)
             if grad:
                 out.sum().backward()
 
-        return tuple(time_ms_each((manual, fused), device))
+        return time_pair(manual, fused, device)
 
-    t_manual, t_fused = _cached(key, compute)
-    method = (f"timed matmul-scale-{'mask-' if masked else ''}softmax-matmul ({t_manual:.3f} ms) against "
+    t = _cached(key, compute)
+    t_manual, t_fused = t.slow_ms, t.fast_ms
+    mask = {"causal": "; causal mask as is_causal=True", "mask": "; the mask as an explicit attn_mask"}.get(spec.mask, "")
+    method = (f"timed matmul-scale-{'mask-' if spec.mask else ''}softmax-matmul ({t_manual:.3f} ms) against "
               f"scaled_dot_product_attention ({t_fused:.3f} ms){' fwd+bwd' if grad else ''} at the observed "
-              f"shapes on {device}{'; mask taken as causal' if masked else ''}")
-    return (t_manual - t_fused) * per_step, method
+              f"shapes on {device}{mask}")
+    return t.scaled(spec.per_step), method
 
 
 def estimate_copy(spec, budget):
@@ -211,10 +303,10 @@ def estimate_copy(spec, budget):
             source = torch.as_strided(inputs.tensor((storage,), dt), shape, stride)
         else:
             source = inputs.tensor(shape, dt).t() if len(shape) == 2 else inputs.tensor(shape, dt)
-        return time_ms(lambda: source.clone(memory_format=torch.contiguous_format), device)
+        return time_pair(lambda: source.clone(memory_format=torch.contiguous_format), _noop, device)
 
-    t_copy = _cached(key, compute)
-    return t_copy * per_step, f"timed the forced copy ({t_copy:.4f} ms) on {device}"
+    t = _cached(key, compute)
+    return t.scaled(per_step), f"timed the forced copy ({t.saved_ms:.4f} ms) on {device}"
 
 
 def estimate_pad(spec, budget):
@@ -230,10 +322,11 @@ def estimate_pad(spec, budget):
 
     def compute():
         plain = [(s[0], None, s[2]) for s in sig]
-        return tuple(time_ms_each((_replay_dense(op, plain, inputs), _replay_dense(op, padded, inputs)), device))
+        return time_pair(_replay_dense(op, plain, inputs), _replay_dense(op, padded, inputs), device)
 
-    t_obs, t_pad = _cached(key, compute)
-    return (t_obs - t_pad) * per_step, f"timed the GEMM at the observed ({t_obs:.3f} ms) and padded ({t_pad:.3f} ms) dims"
+    t = _cached(key, compute)
+    t_obs, t_pad = t.slow_ms, t.fast_ms
+    return t.scaled(per_step), f"timed the GEMM at the observed ({t_obs:.3f} ms) and padded ({t_pad:.3f} ms) dims"
 
 
 def _replay_dense(op, sig, inputs):
@@ -256,11 +349,11 @@ def estimate_tiny(spec, budget):
             for x in xs:
                 x.mul_(1.0)
 
-        return tuple(time_ms_each((eager, lambda: torch._foreach_mul_(xs, 1.0)), device))
+        return time_pair(eager, lambda: torch._foreach_mul_(xs, 1.0), device)
 
-    t_eager, t_fused = _cached(key, compute)
-    per_launch = (t_eager - t_fused) / n
-    return per_launch * launches, (f"timed {n} eager launches of {numel} elements ({t_eager:.3f} ms) against one "
+    t = _cached(key, compute)
+    t_eager, t_fused = t.slow_ms, t.fast_ms
+    return t.scaled(launches / n), (f"timed {n} eager launches of {numel} elements ({t_eager:.3f} ms) against one "
                                    f"fused foreach launch ({t_fused:.3f} ms) on this GPU")
 
 
@@ -280,8 +373,10 @@ def _free_cached_memory() -> None:
         torch.cuda.empty_cache()
 
 
-def estimate(findings, budget_s: float = 3.0, on_error=None) -> None:
-    """Fill `estimated_savings_ms` and evidence["estimate_method"] where an estimator applies.
+def estimate(findings, budget_s: float = 3.0, on_error=None, step_ms: float | None = None) -> None:
+    """Fill `estimated_savings_ms` and evidence["estimate_method"] where an estimator applies, with
+    evidence["estimate_interval_ms"] (~95%, per step) and evidence["estimate_reliable"]. Every
+    estimate is capped by the measured step time `step_ms` (a fix cannot save more than the step).
 
     An estimate that runs out of memory is skipped (its finding says so) and the others are
     still made; any other failure of an estimator is also passed to `on_error`, as the guard's
@@ -315,7 +410,13 @@ def estimate(findings, budget_s: float = 3.0, on_error=None) -> None:
                     if on_error is not None:
                         on_error(exc, f"savings estimate for {f.code}")
             else:
-                f.estimated_savings_ms = round(max(ms, 0.0), 4)
+                saved, lo, hi = ms
+                if step_ms is not None and saved > step_ms:
+                    f.evidence["estimate_capped_at_step_ms"] = round(step_ms, 4)
+                    saved, hi = step_ms, min(hi, step_ms)
+                f.estimated_savings_ms = round(max(saved, 0.0), 4)
                 f.evidence["estimate_method"] = method
+                f.evidence["estimate_interval_ms"] = [round(lo, 4), round(hi, 4)]
+                f.evidence["estimate_reliable"] = lo > 0 and (hi - lo) / 2 <= RELIABLE_HALF_WIDTH * saved
             if out_of_memory:  # after the except block: the traceback no longer holds the tensors
                 _free_cached_memory()

@@ -2,6 +2,10 @@
 
 Steps: a step ends at every `optimizer.step()` (a global optimizer hook), at `guard.step()`,
 and, for the decorator form, at the end of each call when the call held no optimizer step.
+Without an optimizer step or `guard.step()` so far, a top-level module call that ran without grad
+(an inference loop) is a step of its own: the next top-level module call begins a new one. (A
+training loop whose first step calls a module under no_grad before its first optimizer step has
+that first step split; it is the warm-up step, thrown away by default.)
 The first `warmup` steps are observed provisionally and thrown away as soon as a later step
 begins (one-off work such as lazy init stays out of the per-step counts); after `window`
 kept steps the dispatch mode, module hooks and profiler are removed and the guarded code runs
@@ -17,9 +21,11 @@ when the window is complete (or at interpreter exit, if it never completes).
 from __future__ import annotations
 
 import atexit
+import collections
 import functools
 import os
 import threading
+import time
 from typing import Iterable, Optional
 
 import torch
@@ -28,6 +34,7 @@ from .capture import CaptureMode, Recorder, attribute_kernels, hold_backward_eng
 
 DEFAULT_JSON_PATH = os.path.join(".matlint", "runtime.json")
 MIN_DEFAULT_WINDOW, MAX_DEFAULT_WINDOW = 2, 3
+PLAIN_STEPS = 5  # steps timed after the window closes (the guard off): the step time savings are capped by
 
 
 class GuardFindingsError(AssertionError):
@@ -93,6 +100,14 @@ class Guard:
         self._atexit = False
         self._warmup_rec = None
         self._noted_compiled = False
+        self._optimizer_seen = False   # steps end at optimizer.step() ...
+        self._user_steps = False       # ... or at guard.step(); else at each top-level module call without grad
+        self._compile_watch = None     # dynamo's callback handler while this guard watches for compiles
+        self._thread = None            # the thread observed (module hooks are global: other threads call them too)
+        self._last_boundary = None     # perf_counter() at the start of the step now running
+        self.observed_step_ms = collections.deque(maxlen=64)  # the last steps observed (with the guard on)
+        self.plain_step_ms: list = []     # steps after the window (the guard off)
+        self.recorder.modules.on_top_call = self._on_module_call
 
     # -- selection ---------------------------------------------------------------------------
     def selects(self, code: str) -> bool:
@@ -140,6 +155,7 @@ class Guard:
     def step(self) -> None:
         """Mark the end of a step by hand (loops without an optimizer)."""
         with self._lock:
+            self._user_steps = True
             self._safely(self._boundary)
 
     # -- internals ---------------------------------------------------------------------------
@@ -155,6 +171,7 @@ class Guard:
             self._depth += 1
             if self._depth > 1 or self._finished:
                 return
+            self._thread = threading.get_ident()
             self._boundary_in_entry = False
             self._safely(self._start)
 
@@ -162,6 +179,7 @@ class Guard:
         from torch.optim.optimizer import register_optimizer_step_post_hook
 
         self._opt_hook = register_optimizer_step_post_hook(self._on_optimizer_step)
+        self._last_boundary = None if self._step else _now()
         if self._in_window():
             self._attach()
 
@@ -217,13 +235,50 @@ class Guard:
                 self._window_len = self._step + 1 - self.warmup
         self._step_counts, self._counts_so_far = step_counts, counts
 
+    def _on_module_call(self) -> None:
+        """A top-level module call begins after one that ran without grad (inference): without an
+        optimizer or guard.step(), each such call is a step."""
+        with self._lock:
+            if (self._depth > 0 and not self._finished and not self._optimizer_seen and not self._user_steps
+                    and threading.get_ident() == self._thread):
+                self._safely(self._boundary)
+
     def _on_optimizer_step(self, optimizer, args, kwargs) -> None:
         with self._lock:
+            if threading.get_ident() != self._thread:  # another thread's optimizer
+                return
+            self._optimizer_seen = True
             if self._depth > 0 and not self._finished:
                 self._boundary_in_entry = True
                 self._safely(self._boundary)
 
+    def _time_step(self) -> None:
+        """The step that ends now: its time, observed or plain; once enough plain steps are timed
+        the optimizer hook goes too (it stayed only to time them)."""
+        now = _now()
+        if self._last_boundary is not None:
+            ms = (now - self._last_boundary) * 1e3
+            if self.recording:
+                self.observed_step_ms.append(ms)
+            elif self._step >= self.warmup + self._window_len and len(self.plain_step_ms) < PLAIN_STEPS:
+                self.plain_step_ms.append(ms)
+        self._last_boundary = now
+        if len(self.plain_step_ms) >= PLAIN_STEPS and self._opt_hook is not None and not self.recording:
+            self._opt_hook.remove()
+            self._opt_hook = None
+
+    @property
+    def step_ms(self):
+        """(median step time in ms, "plain" or "observed"), or (None, "") when no step was timed. An
+        observed step ran with the guard on: longer than plain, a looser bound."""
+        for times, source in ((self.plain_step_ms, "plain"), (self.observed_step_ms, "observed")):
+            if times:
+                return sorted(times)[len(times) // 2], source
+        return None, ""
+
     def _boundary(self) -> None:
+        self._time_step()
+        self.recorder.end_step_operands()  # into the step's own recording, before it is set aside
         rec = self.recorder.rec
         if self.recording:
             if self._step < self.warmup:
@@ -236,11 +291,9 @@ class Guard:
                 self._close_early_if_steady(rec)
         self._step += 1
         self.recorder.new_step()
+        self.recorder.modules.clear_pending()
         if not self._in_window():
-            self._detach()
-            if self._opt_hook is not None:
-                self._opt_hook.remove()
-                self._opt_hook = None
+            self._detach()  # the optimizer hook stays until PLAIN_STEPS plain steps are timed
         self._ops_at_boundary = self._recorded_ops()
 
     def _recorded_ops(self) -> int:
@@ -263,12 +316,11 @@ class Guard:
     def _attach(self) -> None:
         if self.recording:
             return
-        if _compiled_frames() == 0:
+        if _compiled_frames() == 0 and not self._noted_compiled:
             self.recorder.modules.install()
-        elif not self._noted_compiled:
-            # global module hooks would make dynamo recompile every compiled module
-            self.notes.append("module paths not recorded: torch.compile'd code was present")
-            self._noted_compiled = True
+            self._watch_compiles()
+        else:
+            self._note_compiled()
         if self.kernels and torch.cuda.is_available() and torch.cuda.is_initialized():
             self._start_profiler()
         mode = CaptureMode(self.recorder)
@@ -285,7 +337,39 @@ class Guard:
             hold_backward_engine()
             self._holds_engine = True
 
+    def _note_compiled(self) -> None:
+        if not self._noted_compiled:
+            self.notes.append("module paths not recorded: torch.compile'd code was present")
+            self._noted_compiled = True
+
+    def _watch_compiles(self) -> None:
+        """Global module hooks seen by dynamo while it traces become part of the compiled code's
+        guards: taking them off when the window closes would recompile it. So they go before
+        anything is compiled while this guard observes (for the rest of the guard's life)."""
+        try:
+            from torch._dynamo.callback import callback_handler
+        except ImportError:
+            return
+        callback_handler.register_start_callback(self._on_compile_start)
+        self._compile_watch = callback_handler
+
+    def _unwatch_compiles(self) -> None:
+        handler, self._compile_watch = self._compile_watch, None
+        if handler is not None:
+            try:
+                handler.remove_start_callback(self._on_compile_start)
+            except ValueError:
+                pass
+
+    def _on_compile_start(self, *args) -> None:
+        try:
+            self.recorder.modules.remove()
+            self._note_compiled()
+        except Exception as exc:  # never raised into the user's compile
+            self.recorder.fail(exc, "compile start")
+
     def _detach(self) -> None:
+        self._unwatch_compiles()
         mode, self._mode = self._mode, None
         if mode is None:
             return
@@ -330,12 +414,20 @@ class Guard:
         from .checks import run_checks
         from .report import print_report, write_json
 
+        self._safely(self.recorder.end_step_operands)
+
         findings = self._safely(run_checks, self.recorder.rec, self, where="checks") or []
         self.findings = [f for f in findings if self.selects(f.code)]
         if self.estimate_savings and self.findings:
+            from .checks import negligible
             from .savings import estimate
 
-            self._safely(estimate, self.findings, self.savings_budget_s, self.recorder.fail, where="savings")
+            step_ms, source = self.step_ms
+            if step_ms is not None:
+                self.notes.append(f"savings capped by the step time: {step_ms:.3f} ms ({source}, median of "
+                                  f"{len(self.plain_step_ms if source == 'plain' else self.observed_step_ms)} steps)")
+            self._safely(estimate, self.findings, self.savings_budget_s, self.recorder.fail, step_ms, where="savings")
+            self.findings = [f for f in self.findings if not negligible(f, step_ms)]
         if self.json_path:
             self._safely(write_json, self, self.json_path, where=f"writing {self.json_path}")
         if self.print_report:
@@ -373,6 +465,13 @@ def _compiled_frames() -> int:
     from torch._dynamo.utils import counters
 
     return counters["frames"]["ok"]
+
+
+def _now() -> float:
+    """perf_counter() once the device has finished the work queued so far."""
+    if torch.cuda.is_available() and torch.cuda.is_initialized():
+        torch.cuda.synchronize()
+    return time.perf_counter()
 
 
 def guard(func=None, **options):

@@ -270,16 +270,16 @@ def test_fault_in_an_estimator_is_reported_and_the_other_estimates_made(monkeypa
 def test_out_of_memory_during_an_estimate_skips_that_estimate(oom, monkeypatch):
     import matlint.runtime_guard.savings as savings
 
-    real_time_ms_each, calls = savings.time_ms_each, []
+    real_time_pair, calls = savings.time_pair, []
 
-    def time_ms_each(fns, device, *args, **kwargs):
+    def time_pair(slow, fast, device, *args, **kwargs):
         calls.append(device)
         if len(calls) == 1:  # the first timed call: MAT101's (findings are estimated in code order)
             raise oom
-        return real_time_ms_each(fns, device, *args, **kwargs)
+        return real_time_pair(slow, fast, device, *args, **kwargs)
 
     monkeypatch.setattr(savings, "_cache", {})
-    monkeypatch.setattr(savings, "time_ms_each", time_ms_each)
+    monkeypatch.setattr(savings, "time_pair", time_pair)
     g, found = run_two_findings(report=False)
     assert found["MAT101"].estimated_savings_ms is None
     assert found["MAT101"].evidence["estimate_method"].startswith("not estimated: out of memory")
@@ -550,7 +550,7 @@ def test_threads_each_with_its_own_guard_and_unguarded_threads_untouched():
 
     def work(i, guarded):
         try:
-            g = quiet(warmup=0)
+            g = quiet(warmup=0, window=20)  # each call under no_grad is a step: observe all 20
             with torch.no_grad(), (g if guarded else contextlib.nullcontext()):
                 for _ in range(20):
                     results[i] = model(xs[i])

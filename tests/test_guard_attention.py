@@ -1,0 +1,338 @@
+"""MAT601 at run time: the SDPA call the guard suggests computes what the hand-written attention
+computed. Per suggestion form, the module is run under the guard, the finding's SDPA arguments
+are applied to a rewrite that shares the module's weights, and outputs and gradients are compared;
+a real scaled_dot_product_attention call (whatever backend it runs) is never reported."""
+from __future__ import annotations
+
+import math
+import os
+
+import pytest
+
+torch = pytest.importorskip("torch")
+import torch.nn as nn  # noqa: E402
+import torch.nn.functional as F  # noqa: E402
+
+from matlint.runtime_guard import guard  # noqa: E402
+
+# MATLINT_TEST_DEVICE=cuda runs the same tests on a GPU (fp32; its SDPA kernels differ from the
+# math of the original by more rounding, and its dropout draws from another stream than F.dropout)
+DEVICE = os.environ.get("MATLINT_TEST_DEVICE", "cpu")
+TOL = dict(atol=1e-5, rtol=1e-4) if DEVICE == "cpu" else dict(atol=1e-4, rtol=1e-3)
+B, S, HEADS, HEAD_DIM = 2, 12, 4, 8
+PAD = torch.zeros(B, S, dtype=torch.bool, device=DEVICE)
+PAD[0, -3:] = True   # the first sequence has 3 padding positions
+PAD[1, -1:] = True
+
+
+def padding_fill_mask(s):
+    return PAD[:, None, None, :s]                       # True = filled (masked out)
+
+
+def causal_fill_mask(s):
+    return torch.ones(s, s, dtype=torch.bool, device=DEVICE).triu(1)   # True = filled
+
+
+MASKS = {
+    # name: (how the scores are masked, the `mask` tensor the user has)
+    "none": (None, lambda s: None),
+    "causal_fill": ("fill", causal_fill_mask),
+    "padding_fill": ("fill", padding_fill_mask),
+    "padding_fill_min": ("fill_min", padding_fill_mask),
+    "causal_where": ("where", lambda s: ~causal_fill_mask(s)),         # True = takes part
+    "padding_where": ("where", lambda s: ~padding_fill_mask(s)),
+    "padding_where_inv": ("where_inv", padding_fill_mask),                   # True = filled
+    "causal_additive": ("add", lambda s: torch.zeros(s, s, device=DEVICE).masked_fill(causal_fill_mask(s),
+                                                                                     float("-inf"))),
+    "padding_additive": ("add", lambda s: torch.zeros(B, 1, 1, s, device=DEVICE).masked_fill(padding_fill_mask(s),
+                                                                                             -1e9)),
+    "bias_additive": ("add", lambda s: torch.randn(HEADS, s, s, generator=torch.Generator().manual_seed(3)).to(DEVICE)),
+}
+
+
+class HandAttention(nn.Module):
+    """Attention written out by hand, in the variants users write."""
+
+    def __init__(self, mask="none", scale="sqrt", dropout=0.0, kv_heads=HEADS, repeat="interleave",
+                 return_weights=False):
+        super().__init__()
+        torch.manual_seed(0)
+        d = HEADS * HEAD_DIM
+        self.q = nn.Linear(d, d)
+        self.k = nn.Linear(d, kv_heads * HEAD_DIM)
+        self.v = nn.Linear(d, kv_heads * HEAD_DIM)
+        self.out = nn.Linear(d, d)
+        self.mask_how, self.mask_of = MASKS[mask]
+        self.scale, self.dropout, self.kv_heads, self.repeat = scale, dropout, kv_heads, repeat
+        self.return_weights = return_weights
+        self.temperature = nn.Parameter(torch.tensor(0.3))
+        self.to(DEVICE)
+
+    def heads(self, x):
+        b, s, _ = x.shape
+        q = self.q(x).view(b, s, HEADS, HEAD_DIM).transpose(1, 2)
+        k = self.k(x).view(b, s, self.kv_heads, HEAD_DIM).transpose(1, 2)
+        v = self.v(x).view(b, s, self.kv_heads, HEAD_DIM).transpose(1, 2)
+        return q, k, v
+
+    def repeat_kv(self, t):
+        n = HEADS // self.kv_heads
+        if n == 1:
+            return t
+        if self.repeat == "interleave":
+            return t.repeat_interleave(n, dim=1)
+        if self.repeat == "expand":  # Llama's repeat_kv
+            b, h, s, d = t.shape
+            return t[:, :, None, :, :].expand(b, h, n, s, d).reshape(b, h * n, s, d)
+        return t.repeat(1, n, 1, 1)  # tiled: head h reads K/V head h % kv_heads
+
+    def attend(self, q, k, v):
+        k, v = self.repeat_kv(k), self.repeat_kv(v)
+        scores = q @ k.transpose(-2, -1)  # <- here
+        if self.scale == "sqrt":
+            scores = scores / math.sqrt(HEAD_DIM)
+        elif self.scale == "custom":
+            scores = scores * 0.05
+        elif self.scale == "tensor":
+            scores = scores * self.temperature
+        mask = self.mask_of(q.shape[-2])
+        if self.mask_how == "fill":
+            scores = scores.masked_fill(mask, float("-inf"))
+        elif self.mask_how == "fill_min":
+            scores = scores.masked_fill(mask, torch.finfo(scores.dtype).min)
+        elif self.mask_how == "fill_zero":
+            scores = scores.masked_fill(mask, 0.0)
+        elif self.mask_how == "where":
+            scores = torch.where(mask, scores, float("-inf"))
+        elif self.mask_how == "where_inv":
+            scores = torch.where(mask, float("-inf"), scores)
+        elif self.mask_how == "add":
+            scores = scores + mask
+        weights = torch.softmax(scores, dim=-1)
+        weights = F.dropout(weights, self.dropout, training=self.training)
+        return weights @ v, weights
+
+    def forward(self, x):
+        b, s, _ = x.shape
+        out, weights = self.attend(*self.heads(x))
+        out = self.out(out.transpose(1, 2).reshape(b, s, -1))
+        return (out, weights) if self.return_weights else out
+
+
+def rewrite(model, x, sdpa_kwargs):
+    """The module with its attention replaced by the suggested SDPA call (same weights)."""
+    b, s, _ = x.shape
+    q, k, v = model.heads(x)
+    kwargs = dict(sdpa_kwargs)
+    if not kwargs.pop("enable_gqa", False):
+        k, v = model.repeat_kv(k), model.repeat_kv(v)
+    else:
+        kwargs["enable_gqa"] = True
+    if "attn_mask" in kwargs:  # an expression of the user's mask, as the message writes it
+        kwargs["attn_mask"] = eval(kwargs["attn_mask"], {"mask": model.mask_of(s)})
+    if "dropout_p" in kwargs and not model.training:
+        kwargs["dropout_p"] = 0.0
+    if model.scale == "tensor":
+        q = q * model.temperature  # what the check says to do with a tensor scale
+    out = F.scaled_dot_product_attention(q, k, v, **kwargs)
+    return model.out(out.transpose(1, 2).reshape(b, s, -1))
+
+
+def observe(model, x, steps=3):
+    g = guard(json_path=None, report=False, estimate_savings=False, warmup=1, window=steps - 1)
+    with g:
+        for _ in range(steps):
+            out = model(x)
+            (out[0] if isinstance(out, tuple) else out).square().mean().backward()
+            g.step()
+    model.zero_grad()
+    return g
+
+
+def mat601(g):
+    found = [f for f in g.findings if f.code == "MAT601"]
+    assert len(found) <= 1, [f.message for f in found]
+    return found[0] if found else None
+
+
+def outputs_and_grads(fn, model, x, seed=7):
+    x = x.clone().requires_grad_(True)
+    torch.manual_seed(seed)
+    out = fn(x)
+    out = out[0] if isinstance(out, tuple) else out
+    params = [p for p in model.parameters() if p.requires_grad]
+    grads = torch.autograd.grad(out.square().mean(), [x] + params, allow_unused=True)
+    return out, grads
+
+
+def assert_equivalent(model, x, kwargs):
+    out0, grads0 = outputs_and_grads(model, model, x)
+    out1, grads1 = outputs_and_grads(lambda t: rewrite(model, t, kwargs), model, x)
+    # padded query rows are fine too: no row here is masked entirely
+    torch.testing.assert_close(out1, out0, **TOL)
+    for g0, g1 in zip(grads0, grads1):
+        if g0 is None:  # only the unused temperature parameter
+            continue
+        torch.testing.assert_close(g1, g0, **TOL)
+
+
+X = torch.randn(B, S, HEADS * HEAD_DIM, generator=torch.Generator().manual_seed(1)).to(DEVICE)
+
+# (module options, the SDPA keyword arguments the guard must suggest)
+FORMS = {
+    "unmasked": (dict(), {}),
+    "causal masked_fill": (dict(mask="causal_fill"), {"is_causal": True}),
+    "padding masked_fill": (dict(mask="padding_fill"), {"attn_mask": "~mask"}),
+    "padding masked_fill finfo.min": (dict(mask="padding_fill_min"), {"attn_mask": "~mask"}),
+    "causal where": (dict(mask="causal_where"), {"is_causal": True}),
+    "padding where": (dict(mask="padding_where"), {"attn_mask": "mask"}),
+    "padding where, filled first": (dict(mask="padding_where_inv"), {"attn_mask": "~mask"}),
+    "causal additive": (dict(mask="causal_additive"), {"is_causal": True}),
+    "padding additive": (dict(mask="padding_additive"), {"attn_mask": "mask"}),
+    "relative-position bias": (dict(mask="bias_additive"), {"attn_mask": "mask"}),
+    "no scale": (dict(scale="none"), {"scale": 1.0}),
+    "custom scale": (dict(scale="custom"), {"scale": 0.05}),
+    "tensor scale": (dict(scale="tensor"), {"scale": 1.0}),
+    "dropout": (dict(dropout=0.2), {"dropout_p": 0.2}),
+    "GQA repeat_interleave": (dict(kv_heads=2, mask="causal_fill"), {"is_causal": True, "enable_gqa": True}),
+    "GQA expand+reshape": (dict(kv_heads=1, repeat="expand"), {"enable_gqa": True}),
+    "tiled repeat": (dict(kv_heads=2, repeat="tile"), {}),
+}
+
+
+@pytest.mark.parametrize("form", list(FORMS))
+def test_suggested_sdpa_call_computes_the_same(form):
+    options, expected = FORMS[form]
+    model = HandAttention(**options)
+    f = mat601(observe(model, X))
+    assert f is not None
+    assert f.evidence["sdpa_kwargs"] == pytest.approx(expected)
+    assert f.evidence["exact"]
+    # the written call says the same as the structured arguments
+    assert "F.scaled_dot_product_attention(q, k, v" in f.message
+    for name, value in expected.items():
+        assert f"{name}=" in f.message
+    for mode in ("train", "eval") if DEVICE == "cpu" or not options.get("dropout") else ("eval",):
+        getattr(model, mode)()
+        assert_equivalent(model, X, f.evidence["sdpa_kwargs"])
+
+
+@pytest.mark.skipif(DEVICE != "cpu", reason="on a GPU SDPA draws its dropout mask from another stream")
+def test_dropout_rewrite_draws_the_same_mask_on_cpu():
+    """In training, SDPA's math backend on CPU draws its dropout mask as F.dropout does: with the
+    same seed the rewrite matches exactly, so the suggested dropout_p is the module's."""
+    model = HandAttention(dropout=0.2).train()
+    f = mat601(observe(model, X))
+    assert "dropout_p=0.2 if self.training else 0.0" in f.message
+    out0, _ = outputs_and_grads(model, model, X)
+    out1, _ = outputs_and_grads(lambda t: rewrite(model, t, f.evidence["sdpa_kwargs"]), model, X)
+    out2, _ = outputs_and_grads(lambda t: rewrite(model, t, {}), model, X)
+    torch.testing.assert_close(out1, out0, **TOL)
+    assert not torch.allclose(out2, out0, atol=1e-3)  # without dropout_p it differs
+
+
+def test_is_causal_only_for_an_exactly_causal_mask():
+    # lower-triangular but shifted by one: not SDPA's causal mask
+    model = HandAttention(mask="causal_fill")
+    model.mask_of = lambda s: torch.ones(s, s, dtype=torch.bool, device=DEVICE).triu(2)
+    f = mat601(observe(model, X))
+    assert f.evidence["sdpa_kwargs"] == {"attn_mask": "~mask"}
+    assert "is_causal" not in f.message
+    assert_equivalent(model, X, f.evidence["sdpa_kwargs"])
+
+
+def test_causal_advice_says_to_check_for_padding():
+    f = mat601(observe(HandAttention(mask="causal_fill"), X))
+    assert "is_causal=True" in f.message and "if it can also hide padding, pass it as attn_mask=" in f.message
+
+
+def test_a_fill_that_is_not_a_mask_says_what_to_check():
+    model = HandAttention(mask="padding_fill")
+    model.mask_how = "fill_zero"  # filled with 0: not removed from the softmax
+    f = mat601(observe(model, X))
+    assert not f.evidence["exact"]
+    assert "attn_mask" not in f.evidence["sdpa_kwargs"] and "is_causal" not in f.evidence["sdpa_kwargs"]
+    assert "check the masking: the scores were filled with 0" in f.message
+
+
+def test_tiled_heads_are_not_given_enable_gqa():
+    f = mat601(observe(HandAttention(kv_heads=2, repeat="tile"), X))
+    assert "enable_gqa" not in f.evidence["sdpa_kwargs"]
+    assert "tiled with repeat" in f.message
+
+
+def test_returned_weights_are_said_to_be_lost():
+    model = HandAttention(mask="causal_fill", return_weights=True)
+    f = mat601(observe(model, X))
+    assert f.evidence["weights_used"]
+    assert "SDPA does not return the attention weights" in f.message
+    plain = mat601(observe(HandAttention(mask="causal_fill"), X))
+    assert not plain.evidence["weights_used"] and "does not return" not in plain.message
+
+
+def test_weights_read_after_the_product_are_used():
+    class ReadsWeights(HandAttention):
+        def forward(self, x):
+            out, weights = self.attend(*self.heads(x))
+            self.entropy = -(weights * weights.clamp_min(1e-9).log()).sum(-1).mean()  # read after @V
+            return out.sum(1)
+
+    f = mat601(observe(ReadsWeights(), X))
+    assert f.evidence["weights_used"]
+
+
+class RealSdpa(nn.Module):
+    def __init__(self, dropout=0.0, gqa=False, mask=None):
+        super().__init__()
+        torch.manual_seed(0)
+        self.inner = HandAttention(kv_heads=2 if gqa else HEADS)
+        self.dropout, self.gqa, self.mask = dropout, gqa, mask
+        self.to(DEVICE)
+
+    def forward(self, x):
+        b, s, _ = x.shape
+        q, k, v = self.inner.heads(x)
+        out = F.scaled_dot_product_attention(q, k, v, attn_mask=self.mask, dropout_p=self.dropout,
+                                             enable_gqa=self.gqa)
+        return self.inner.out(out.transpose(1, 2).reshape(b, s, -1))
+
+
+@pytest.mark.parametrize("options", [dict(), dict(dropout=0.2), dict(gqa=True), dict(mask=~padding_fill_mask(S)),
+                                     dict(dropout=0.1, gqa=True, mask=~padding_fill_mask(S))])
+def test_a_real_sdpa_call_is_never_told_to_use_sdpa(options):
+    """With dropout on CPU (and in other cases on a GPU: fp32 with GQA, ...) SDPA runs its math
+    backend, whose matmul → softmax → matmul the guard sees; it is SDPA all the same."""
+    g = observe(RealSdpa(**options).train(), X)
+    assert mat601(g) is None
+    if DEVICE == "cpu":  # on CPU only dropout makes SDPA take its math backend
+        assert any(k.in_sdpa for k in g.recorder.rec.attention) == bool(options.get("dropout"))
+
+
+class SelfAttention(nn.Module):
+    def __init__(self, **call):
+        super().__init__()
+        self.mha = nn.MultiheadAttention(HEADS * HEAD_DIM, HEADS, batch_first=True)
+        self.call = call
+        self.to(DEVICE)
+
+    def forward(self, x):
+        return self.mha(x, x, x, **self.call)[0]
+
+
+def test_multihead_attention_asked_for_weights_is_told_need_weights_false():
+    f = mat601(observe(SelfAttention(), X))
+    assert f is not None and "need_weights=False" in f.message
+    assert "F.scaled_dot_product_attention(" not in f.message
+    assert mat601(observe(SelfAttention(need_weights=False), X)) is None
+
+
+def test_estimate_times_the_suggested_call():
+    model = HandAttention(mask="padding_fill", kv_heads=2)
+    g = guard(json_path=None, report=False, warmup=1, window=2)
+    with g:
+        for _ in range(3):
+            model(X).sum().backward()
+            g.step()
+    f = mat601(g)
+    assert f.estimated_savings_ms is not None
+    assert "explicit attn_mask" in f.evidence["estimate_method"]

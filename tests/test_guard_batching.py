@@ -1,0 +1,242 @@
+"""MAT101 at run time from dataflow, not counts: many same-shape GEMMs from one line are a loop
+to batch only when the calls do not feed each other (a layer stack, a recurrence or a decode loop
+does), and the advice follows what the calls share. A step without an optimizer is one top-level
+module call run without grad (or what guard.step() marks)."""
+from __future__ import annotations
+
+import inspect
+
+import pytest
+
+torch = pytest.importorskip("torch")
+import torch.nn as nn  # noqa: E402
+import torch.nn.functional as F  # noqa: E402
+
+from matlint.runtime_guard import guard  # noqa: E402
+
+
+def observe(fn, steps=3, explicit_steps=True, **options):
+    g = guard(**{"json_path": None, "report": False, "estimate_savings": False, "warmup": 1,
+                 "window": steps - 1, **options})
+    with g:
+        for _ in range(steps):
+            fn()
+            if explicit_steps:
+                g.step()
+    return g
+
+
+def mat101(g):
+    return [f for f in g.findings if f.code == "MAT101"]
+
+
+def marked_line(fn):
+    src, start = inspect.getsourcelines(fn)
+    [line] = [start + i for i, text in enumerate(src) if "# <- here" in text]
+    return line
+
+
+# -- independent calls: reported, with the fix that fits what they share ---------------------------
+def test_one_shared_linear_on_independent_inputs_is_one_call_on_the_stacked_inputs():
+    lin = nn.Linear(16, 24)
+    xs = [torch.randn(4, 16) for _ in range(25)]
+
+    def step():
+        outs = [lin(x) for x in xs]  # <- here
+        torch.stack(outs).sum().backward()
+
+    g = observe(step, estimate_savings=True)
+    [f] = mat101(g)
+    assert f.row == marked_line(step)
+    assert f.evidence["shared_operand"] == "second" and f.evidence["per_step"] == 25
+    assert "stack the inputs" in f.message and "bmm" not in f.message
+    assert "stacked inputs" in f.evidence["estimate_method"]
+    # the fix it describes computes the same
+    with torch.no_grad():
+        torch.testing.assert_close(lin(torch.cat(xs)).split(4), tuple(lin(x) for x in xs))
+
+
+def test_different_weights_on_different_inputs_are_one_bmm():
+    w = torch.randn(8, 16, 16, requires_grad=True)
+    x = torch.randn(8, 4, 16)
+
+    def step():
+        torch.stack([x[h] @ w[h] for h in range(8)]).sum().backward()  # <- here
+
+    [f] = mat101(observe(step, estimate_savings=True))
+    assert f.evidence["shared_operand"] is None
+    assert "(8, 4, 16) @ (8, 16, 16)" in f.message and "one bmm" in f.evidence["estimate_method"]
+
+
+class Heads(nn.Module):
+    """Independent heads, one nn.Linear each, applied to one input or to one input each."""
+
+    def __init__(self, n=6, shared_input=True):
+        super().__init__()
+        self.heads = nn.ModuleList(nn.Linear(32, 32) for _ in range(n))
+        self.shared_input = shared_input
+
+    def forward(self, x):
+        xs = [x] * len(self.heads) if self.shared_input else x.unbind(0)
+        return torch.stack([head(xi) for head, xi in zip(self.heads, xs)])  # <- here
+
+
+def test_independent_heads_on_one_input_are_one_gemm_on_the_concatenated_weights():
+    model = Heads(shared_input=True)
+    x = torch.randn(5, 32)
+    [f] = mat101(observe(lambda: model(x).sum().backward()))
+    assert f.row == marked_line(Heads.forward)
+    assert f.evidence["shared_operand"] == "first" and "concatenate the weights" in f.message
+    assert len(f.evidence["module"]) == 6
+    with torch.no_grad():  # the described fix computes the same
+        w = torch.cat([h.weight for h in model.heads]).t()
+        b = torch.cat([h.bias for h in model.heads])
+        torch.testing.assert_close(torch.addmm(b, x, w).view(5, 6, 32).transpose(0, 1), model(x))
+
+
+def test_independent_heads_on_their_own_inputs_are_a_batched_call():
+    model = Heads(shared_input=False)
+    x = torch.randn(6, 5, 32)
+    [f] = mat101(observe(lambda: model(x).sum().backward()))
+    assert f.evidence["shared_operand"] is None and "stack_module_state" in f.message
+
+
+# -- calls that feed each other: never a loop to batch ----------------------------------------------
+class Block(nn.Module):
+    def __init__(self, d=32, heads=4):
+        super().__init__()
+        self.q, self.k, self.v, self.o = (nn.Linear(d, d) for _ in range(4))
+        self.mlp = nn.Sequential(nn.Linear(d, 4 * d), nn.GELU(), nn.Linear(4 * d, d))
+        self.heads = heads
+
+    def forward(self, x):
+        b, s, d = x.shape
+        q, k, v = (t.view(b, s, self.heads, -1).transpose(1, 2) for t in (self.q(x), self.k(x), self.v(x)))
+        a = F.scaled_dot_product_attention(q, k, v, is_causal=True).transpose(1, 2).reshape(b, s, d)
+        x = x + self.o(a)
+        return x + self.mlp(x)
+
+
+class Decoder(nn.Module):
+    def __init__(self, layers=8, vocab=50, d=32):
+        super().__init__()
+        self.emb = nn.Embedding(vocab, d)
+        self.layers = nn.ModuleList(Block(d) for _ in range(layers))
+        self.head = nn.Linear(d, vocab)
+
+    def forward(self, tokens):
+        x = self.emb(tokens)
+        for layer in self.layers:
+            x = layer(x)
+        return self.head(x)
+
+
+def test_per_layer_projections_of_a_stack_are_not_a_loop():
+    model = Decoder()
+    tokens = torch.randint(0, 50, (2, 16))
+    opt = torch.optim.AdamW(model.parameters())
+
+    def step():
+        F.cross_entropy(model(tokens).flatten(0, 1), tokens.flatten()).backward()
+        opt.step()
+        opt.zero_grad()
+
+    g = observe(step, explicit_steps=False)
+    assert g.recorder.rec.steps == 2
+    k_proj = [k for k in g.recorder.rec.ops if k.op == "addmm" and k.module.endswith(".k")]
+    assert len({k.module for k in k_proj}) == 8  # 8 layers' k projections, one line
+    assert mat101(g) == []
+
+
+def test_autoregressive_decode_loop_is_not_a_loop_to_batch():
+    model = Decoder(layers=2).eval()
+    prompt = torch.randint(0, 50, (1, 4))
+
+    def generate():
+        tokens = prompt
+        with torch.no_grad():
+            for _ in range(12):  # each new token feeds the next call
+                nxt = model(tokens)[:, -1].argmax(-1, keepdim=True)
+                tokens = torch.cat([tokens, nxt], 1)
+        return tokens
+
+    assert mat101(observe(generate)) == []
+
+
+@pytest.mark.parametrize("kind", ["RNN", "LSTM", "GRU"])
+@pytest.mark.parametrize("grad", [True, False])
+def test_recurrent_layers_are_not_a_loop(kind, grad):
+    rnn = getattr(nn, kind)(16, 32, batch_first=True)
+    x = torch.randn(4, 20, 16)
+
+    def step():
+        with torch.set_grad_enabled(grad):
+            out = rnn(x)[0].sum()
+        if grad:
+            out.backward()
+
+    assert mat101(observe(step)) == []
+
+
+def test_rnn_cell_loop_is_not_a_loop():
+    cell = nn.RNNCell(16, 32)
+    x = torch.randn(20, 4, 16)
+
+    def step():
+        h = torch.zeros(4, 32)
+        for t in range(20):
+            h = cell(x[t], h)
+        h.sum().backward()
+
+    assert mat101(observe(step)) == []
+
+
+# -- what a step is without an optimizer --------------------------------------------------------------
+class Scores(nn.Module):
+    def forward(self, q, k):
+        return q @ k.transpose(-2, -1)  # already batched: one bmm per call
+
+
+def test_an_inference_loop_without_optimizer_is_one_step_per_call():
+    model = Scores()
+    q, k = torch.randn(8, 64, 32), torch.randn(8, 64, 32)
+    g = guard(json_path=None, report=False, estimate_savings=False)
+    with g, torch.no_grad():
+        for _ in range(20):
+            model(q, k)
+    rec = g.recorder.rec
+    assert rec.steps == 2  # steady after two calls: the window closed
+    assert sum(s.count for key, s in rec.ops.items() if key.op == "bmm") == 2
+    assert mat101(g) == []
+
+
+def test_a_loop_inside_one_inference_call_is_still_reported():
+    class PerItem(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.w = nn.Parameter(torch.randn(8, 16, 16))
+
+        def forward(self, x):
+            return torch.stack([x[i] @ self.w[i] for i in range(8)])
+
+    model = PerItem()
+    x = torch.randn(8, 4, 16)
+    g = guard(json_path=None, report=False, estimate_savings=False)
+    with g, torch.no_grad():
+        for _ in range(5):
+            model(x)
+    [f] = mat101(g)
+    assert f.evidence["per_step"] == 8 and g.recorder.rec.steps == 2
+
+
+def test_guard_step_marks_steps_in_a_loop_without_modules():
+    w = torch.randn(16, 16)
+    x = torch.randn(8, 4, 16)
+    g = guard(json_path=None, report=False, estimate_savings=False, warmup=0, window=3)
+    with g:
+        for _ in range(3):
+            for i in range(8):
+                x[i] @ w[:, :8] if i % 2 else x[i] @ w  # noqa: B018
+            g.step()
+    assert g.recorder.rec.steps == 3
+    assert {f.evidence["per_step"] for f in mat101(g)} == {4}

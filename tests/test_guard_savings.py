@@ -1,0 +1,117 @@
+"""Honest savings: estimates come from alternating paired timings with an interval, are labelled
+unreliable (and kept out of the table) when the interval is wide or reaches 0, and never exceed
+the measured step time."""
+from __future__ import annotations
+
+import io
+import json
+import random
+import time
+
+import pytest
+
+torch = pytest.importorskip("torch")
+import torch.nn as nn  # noqa: E402
+
+from matlint.runtime_guard import guard  # noqa: E402
+from matlint.runtime_guard import savings  # noqa: E402
+from matlint.runtime_guard.report import print_report  # noqa: E402
+from matlint.runtime_guard.session import PLAIN_STEPS  # noqa: E402
+
+
+def busy(ms):
+    end = time.perf_counter() + ms / 1e3
+    while time.perf_counter() < end:
+        pass
+
+
+def test_a_clear_saving_is_measured_with_a_tight_interval():
+    t = savings.time_pair(lambda: busy(2.0), lambda: busy(0.5), "cpu")
+    assert t.saved_ms == pytest.approx(1.5, abs=0.2)
+    assert t.lo_ms <= t.saved_ms <= t.hi_ms
+    assert t.reliable
+
+
+def test_a_saving_lost_in_noise_is_unreliable():
+    rng = random.Random(0)
+    t = savings.time_pair(lambda: busy(0.5 + rng.uniform(0, 2)), lambda: busy(0.5 + rng.uniform(0, 2)), "cpu",
+                          max_s=0.3)
+    assert abs(t.saved_ms) < 0.5  # equal on average, ±1 ms of noise per call
+    assert not t.reliable
+
+
+def test_alternating_order_cancels_an_order_effect():
+    """Whichever function runs first in a pair pays 1 ms more (a cold cache, a clock ramp): timed
+    in alternating order, two equal functions save nothing."""
+    state = {"calls": 0}
+
+    def equal():
+        state["calls"] += 1
+        busy(1.5 if state["calls"] % 2 else 0.5)  # the first of each pair is slower
+
+    t = savings.time_pair(equal, equal, "cpu", max_s=0.3)
+    assert abs(t.saved_ms) < 0.3
+    assert not t.reliable
+
+
+class SharedLinear(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.lin = nn.Linear(64, 64)
+
+    def forward(self, xs):
+        return torch.stack([self.lin(x) for x in xs])
+
+
+def train(g, steps=3 + PLAIN_STEPS + 2):
+    model = SharedLinear()
+    opt = torch.optim.SGD(model.parameters(), lr=0.01)
+    xs = [torch.randn(16, 64) for _ in range(12)]
+    with g:
+        for _ in range(steps):
+            model(xs).square().mean().backward()
+            opt.step()
+            opt.zero_grad()
+    return g
+
+
+def quiet(**options):
+    return guard(**{"json_path": None, "report": False, **options})
+
+
+def test_estimates_carry_an_interval_and_are_capped_by_the_plain_step_time():
+    from torch.optim.optimizer import _global_optimizer_post_hooks
+
+    g = train(quiet())
+    step_ms, source = g.step_ms
+    assert source == "plain" and len(g.plain_step_ms) == PLAIN_STEPS
+    assert not _global_optimizer_post_hooks  # the hook left after timing the plain steps
+    assert step_ms < max(g.observed_step_ms)  # the guard's observed steps are slower
+    [f] = [f for f in g.findings if f.code == "MAT101"]
+    lo, hi = f.evidence["estimate_interval_ms"]
+    assert lo <= hi and isinstance(f.evidence["estimate_reliable"], bool)
+    assert f.estimated_savings_ms <= step_ms
+
+
+def test_an_estimate_above_the_step_is_capped(monkeypatch):
+    monkeypatch.setitem(savings.ESTIMATORS, "loop", lambda spec, budget: ((1e6, 0.9e6, 1.1e6), "injected"))
+    g = train(quiet())
+    step_ms, _ = g.step_ms
+    [f] = [f for f in g.findings if f.code == "MAT101"]
+    assert f.estimated_savings_ms == round(step_ms, 4)
+    assert f.evidence["estimate_capped_at_step_ms"] == round(step_ms, 4)
+    assert any("savings capped by the step time" in note for note in g.notes)
+
+
+def test_an_unreliable_estimate_is_labelled_in_json_and_kept_out_of_the_table(monkeypatch, tmp_path):
+    monkeypatch.setitem(savings.ESTIMATORS, "loop", lambda spec, budget: ((0.0123, -0.02, 0.05), "injected"))
+    path = tmp_path / "runtime.json"
+    g = train(quiet(json_path=str(path)))
+    [entry] = [e for e in json.loads(path.read_text()) if e["code"] == "MAT101"]
+    assert entry["estimated_savings_ms"] == 0.0123 and entry["evidence"]["estimate_reliable"] is False
+    from rich.console import Console
+
+    out = io.StringIO()
+    print_report(g, Console(file=out, width=200))
+    text = out.getvalue()
+    assert "unsure" in text and "0.012" not in text
