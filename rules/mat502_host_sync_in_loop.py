@@ -73,6 +73,20 @@ def _non_blocking(call: ast.Call) -> bool:
     return flag is not None and not (isinstance(flag, ast.Constant) and flag.value is False)
 
 
+_COPIES = "waits for the GPU and copies to the host"
+# Ops whose output size depends on the values: the host waits to learn it.
+_DATA_SIZED = frozenset({"nonzero", "masked_select", "unique", "argwhere"})
+_BOOLEAN_FUNCTIONS = frozenset({"torch.isnan", "torch.isinf", "torch.isfinite", "torch.logical_not",
+                                "torch.logical_and", "torch.logical_or", "torch.eq", "torch.ne", "torch.gt",
+                                "torch.lt", "torch.ge", "torch.le"})
+
+
+def _may_be_mask(index: ast.AST) -> bool:
+    """The index's form allows a boolean tensor (not a slice, a tuple of them, or a number)."""
+    return isinstance(index, (ast.Name, ast.Compare, ast.UnaryOp, ast.Call)) and not (
+        isinstance(index, ast.UnaryOp) and not isinstance(index.op, ast.Invert))
+
+
 def _is_torch_predicate(ctx, expr: ast.AST) -> bool:
     """`torch.is_autocast_enabled()`, `torch.are_deterministic_algorithms_enabled()`: Python bools."""
     if not isinstance(expr, ast.Call):
@@ -90,7 +104,11 @@ class HostSyncInLoop(Rule):
     ## What it does
     Flags, inside a training or evaluation loop, the calls that copy a tensor's value to the
     host: `.item()`, `.cpu()` / `.to("cpu")`, `.tolist()`, `float(t)`, `int(t)`, `bool(t)`,
-    `if t:` / `while t:` on a tensor, and `print(t)` of a tensor. A training loop is a loop
+    `if t:` / `while t:` on a tensor, `print(t)` of a tensor, and the syncs that do not look
+    like copies: boolean-mask indexing (`x[y > 0]`, `x[~mask]`), `nonzero`, `masked_select` and
+    `unique` (their output's size depends on the values), `assert` on a tensor, and
+    `torch.cuda.synchronize()` (quiet where the step made non-blocking copies that it must wait
+    for). A training loop is a loop
     whose body calls `.backward()` or an optimizer's `.step()`; an evaluation loop iterates
     over a data loader. A function that runs every step counts like a loop's body: a training
     step called once per step (it calls `.backward()` and an optimizer's `.step()` outside any
@@ -243,6 +261,35 @@ class HostSyncInLoop(Rule):
                         self.log(loss)
                 def log(self, loss):
                     print("loss", loss.item())
+            """),
+        bad("""
+            import torch
+            def train(model, loader, optimizer):
+                for x, y in loader:
+                    x, y = x.cuda(), y.cuda()
+                    out = model(x)
+                    keep = out[y > 0]
+                    idx = torch.nonzero(y)
+                    assert (out == out).all()
+                    loss = keep.mean() + out[idx].sum()
+                    loss.backward()
+                    optimizer.step()
+                    torch.cuda.synchronize()
+            """, (6, 16), (7, 15), (8, 16), (12, 9), message_contains="size depends on the values"),
+        good("""
+            import torch
+            def train(model, loader, optimizer):
+                for x, y in loader:
+                    x, y = x.cuda(), y.cuda()
+                    out = model(x)
+                    first = out[:, 0]
+                    picked = out[y.long()]
+                    loss = first.mean() + picked.mean()
+                    loss.backward()
+                    optimizer.step()
+                    last = loss.detach().to("cpu", non_blocking=True)
+                    torch.cuda.synchronize()
+                    history.append(last)
             """),
         good("""
             import torch
@@ -965,7 +1012,7 @@ class HostSyncInLoop(Rule):
             """, unsafe=True),
     ]
 
-    only = {"visit_Call": Only(attrs=frozenset(_SYNC_METHODS | _CONVERSIONS | {"print"})),
+    only = {"visit_Call": Only(attrs=frozenset(_SYNC_METHODS | _CONVERSIONS | _DATA_SIZED | {"print", "synchronize"})),
             "visit_While": Only(in_loops=True), "visit_IfExp": Only(in_loops=True)}
 
     def visit_Call(self, node: ast.Call) -> None:
@@ -974,6 +1021,15 @@ class HostSyncInLoop(Rule):
         func = node.func
         if isinstance(func, ast.Attribute) and func.attr in _SYNC_METHODS:
             self._method(node, func)
+        elif isinstance(func, ast.Attribute) and func.attr == "synchronize":
+            if (self.ctx.qualname(func) == "torch.cuda.synchronize" and self._step_context() is not None
+                    and not self._waits_for_own_copies()):
+                self._report(node, "`torch.cuda.synchronize()`",
+                             "drop it, or time the step with CUDA events (`torch.cuda.Event(enable_timing=True)`) "
+                             "read every N steps", waits="waits for all queued GPU work")
+        elif self._data_sized_call(node):
+            self._report(node, f"`{self._callee_text(node)}()` (its result's size depends on the values)",
+                         "keep shapes fixed: `torch.where(mask, x, 0)` or `x * mask`, and reduce with the mask")
         elif isinstance(func, ast.Name) and self.ctx.qualname(func) is None and node.args:
             if self._step_context() is None:
                 return
@@ -987,6 +1043,69 @@ class HostSyncInLoop(Rule):
                     if any(self._is_device_tensor(v) for v in values):
                         self._report(node, "`print()` of a tensor", "print every N steps, or accumulate and print after the loop")
                         return
+
+    def visit_Subscript(self, node: ast.Subscript) -> None:
+        """`x[mask]` with a boolean tensor mask: the host must learn how many elements are kept."""
+        if not isinstance(node.ctx, ast.Load) or not _may_be_mask(node.slice):
+            return
+        if self._step_context() is None or not self._is_device_tensor(node.value) or not self._is_mask(node.slice):
+            return
+        self._report(node, "boolean-mask indexing (its result's size depends on the values)",
+                     "keep shapes fixed: `torch.where(mask, x, 0)` or `x * mask`, and reduce with the mask "
+                     "(`(x * mask).sum() / mask.sum()`)")
+
+    def visit_Assert(self, node: ast.Assert) -> None:
+        test = node.test.operand if isinstance(node.test, ast.UnaryOp) and isinstance(node.test.op, ast.Not) else node.test
+        if self._step_context() is None or not self._is_device_tensor(test) or self._contains_sync_call(test):
+            return
+        self._report(test, "`assert` on a tensor", "check it every N steps, or use `torch._assert_async`")
+
+    def _waits_for_own_copies(self) -> bool:
+        """The step makes non-blocking copies (`.to("cpu", non_blocking=True)`): a synchronize is
+        what makes reading them safe."""
+        loop = self._step_loop()
+        owner = loop.node if loop is not None else self.ctx.function
+        return "non_blocking" in self.ctx.segment(owner)
+
+    def _data_sized_call(self, node: ast.Call) -> bool:
+        """`x.nonzero()`, `torch.nonzero(x)`, `x.masked_select(m)`, `torch.unique(x)` on a device tensor."""
+        func = node.func
+        if not isinstance(func, ast.Attribute) or func.attr not in _DATA_SIZED:
+            return False
+        qual = self.ctx.qualname(func)
+        if qual is not None:
+            operand = node.args[0] if qual == f"torch.{func.attr}" and node.args else None
+        else:
+            operand = func.value
+        if operand is None or self._step_context() is None or not self._is_device_tensor(operand):
+            return False
+        return not any(k.arg == "size" for k in node.keywords)  # `nonzero_static`/`unique(size=)` know their size
+
+    def _callee_text(self, node: ast.Call) -> str:
+        return self.ctx.segment(node.func) if self.ctx.qualname(node.func) else "." + node.func.attr
+
+    def _is_mask(self, index: ast.AST) -> bool:
+        """A boolean device tensor: a comparison of tensors, `~t`, `t.bool()`, `torch.isnan(t)`..., or
+        a name bound only to one."""
+        if isinstance(index, ast.Name):
+            entries = _kinds.bindings(self.ctx, index.id)
+            values = [e[1] for e in entries or () if e[0] == "value"]
+            return bool(values) and len(values) == len(entries) and all(
+                _may_be_mask(v) and self._is_mask(v) for v in values)
+        if isinstance(index, ast.Compare):
+            return len(index.ops) == 1 and not isinstance(index.ops[0], (ast.In, ast.NotIn, ast.Is, ast.IsNot)) \
+                and self._is_device_tensor(index)
+        if isinstance(index, ast.UnaryOp) and isinstance(index.op, ast.Invert):
+            return self._is_device_tensor(index.operand)
+        if isinstance(index, ast.Call):
+            qual = self.ctx.qualname(index.func) or ""
+            if qual in _BOOLEAN_FUNCTIONS:
+                return True
+            return isinstance(index.func, ast.Attribute) and index.func.attr in ("bool", "isnan", "isinf", "isfinite",
+                                                                                 "logical_not", "logical_and",
+                                                                                 "logical_or") \
+                and self._is_device_tensor(index.func.value)
+        return False
 
     def visit_If(self, node: ast.If) -> None:
         self._condition(node)
@@ -1058,12 +1177,12 @@ class HostSyncInLoop(Rule):
                 return
 
     def _report(self, node: ast.AST, what: str, instead: str, fix: Optional[Callable[[], Optional[Fix]]] = None,
-                owner: Optional[ast.AST] = None) -> None:
+                owner: Optional[ast.AST] = None, waits: str = _COPIES) -> None:
         """`fix`: makes the fix, once the finding stands. `owner`: the `if`/`while` whose test
-        `node` is, for a tensor used as a `bool`."""
+        `node` is, for a tensor used as a `bool`. `waits`: what the sync does."""
         loop = self._step_loop()
         if loop is None:
-            self._report_in_step_function(node, what, instead, owner)
+            self._report_in_step_function(node, what, instead, owner, waits)
             return
         if self._gated(node, loop, owner):
             return
@@ -1073,7 +1192,7 @@ class HostSyncInLoop(Rule):
         if in_test_code(self.ctx) or in_reference_code(self.ctx):
             return
         kind = "training" if training else "evaluation"
-        self.report(node, f"{what} waits for the GPU and copies to the host on every step of the {kind} "
+        self.report(node, f"{what} {waits} on every step of the {kind} "
                           f"loop on line {loop.node.lineno}; {instead}", fix=fix() if fix is not None else None)
 
     def _step_context(self):
@@ -1086,7 +1205,8 @@ class HostSyncInLoop(Rule):
             return None
         return step_of(self.ctx, self.ctx.functions)
 
-    def _report_in_step_function(self, node: ast.AST, what: str, instead: str, owner: Optional[ast.AST]) -> None:
+    def _report_in_step_function(self, node: ast.AST, what: str, instead: str, owner: Optional[ast.AST],
+                                 waits: str = _COPIES) -> None:
         """A sync in a function that runs every step, outside any loop of its own: quiet where it
         runs only on some calls (under an `if`, in an error path)."""
         step = step_of(self.ctx, self.ctx.functions)
@@ -1097,7 +1217,7 @@ class HostSyncInLoop(Rule):
             return
         if self._explained(node) or in_reference_code(self.ctx):
             return
-        self.report(node, f"{what} waits for the GPU and copies to the host on every step: `{function.name}` "
+        self.report(node, f"{what} {waits} on every step: `{function.name}` "
                           f"{step.why}; {instead}")
 
     def _arguments(self, call: ast.Call) -> str:

@@ -103,7 +103,8 @@ _MOVED_TO_CPU = _Held(CPU_TENSOR)
 _STAYS = object()            # `.to(...)` of a dtype only: the value stays where it is
 # Methods whose result is the receiver's kind, on the same device (dtype and mode changes).
 _KIND_KEEPING_METHODS = {"float", "half", "bfloat16", "double", "train", "eval", "requires_grad_", "clone", "detach",
-                         "contiguous"}
+                         "contiguous", "view", "reshape", "flatten", "permute", "transpose", "squeeze", "unsqueeze",
+                         "expand", "t", "narrow", "unflatten", "view_as", "expand_as", "repeat"}
 _MOVABLE = frozenset({LINEAR, MODULE, USER_MODULE})  # modules, which `.to(device)` / `.cuda()` return
 _DTYPE_NAMES = frozenset({"float32", "float16", "bfloat16", "float64", "int64", "long", "int32", "bool", "float",
                           "half", "double"})
@@ -525,6 +526,14 @@ class _Inference:
             return MODULE_CLASS if any(sub._module_base(base) for base in entry[1].bases) else OTHER
         return None
 
+    def _is_parameter(self, ident: str) -> bool:
+        """`ident` is bound only as a parameter of the innermost function that binds it."""
+        for scope in self.chain:
+            entries = scope.assigned.get(ident)
+            if entries is not None:
+                return all(entry[0] == "param" for entry in entries)
+        return False
+
     def _passed(self, function: ast.AST, name: str) -> Optional[str]:
         """The kind every call of `function` in the file passes for its parameter `name`; None
         where the file never calls it, or its calls disagree or cannot be told."""
@@ -606,7 +615,10 @@ class _Inference:
         if isinstance(node, ast.Attribute):
             return self._attribute(node)
         if isinstance(node, ast.Subscript):
-            base = self.expr(node.value)
+            held = self._expr(node.value)
+            if held.__class__ is _Held and int_const(node.slice) is None:
+                return held  # `x = x[mask]`: a tensor (or array) indexed stays what it was, where it was
+            base = None if held.__class__ is _Held else held
             if base in TENSORS or base == NUMPY:
                 return base
             if base == TENSOR_SEQ:
@@ -695,6 +707,13 @@ class _Inference:
             callee = self.name(func.id)
             if callee == MODULE_CLASS:
                 return USER_MODULE
+            if callee is None and node.args and self._is_parameter(func.id):
+                # `model(x)` of a model passed in: a callable taking tensors only, a module, which
+                # gives a tensor on the device it was given one on (given host tensors, the model
+                # may move them itself: unknown)
+                arg_kinds = {self.expr(a) for a in node.args}
+                if arg_kinds <= set(TENSORS) and TENSOR in arg_kinds:
+                    return TENSOR
         elif isinstance(func, ast.Attribute):
             receiver = self._expr(func.value)
             if receiver.__class__ is _Held:
