@@ -1203,13 +1203,16 @@ class HostSyncInLoop(Rule):
             return loop
         if self.ctx.function is None or in_test_code(self.ctx) or not _kinds.moves_work_to_cuda(self.ctx):
             return None
-        return step_of(self.ctx, self.ctx.functions)
+        step = step_of(self.ctx, self.ctx.functions)
+        # A module's `forward` branches on its data on purpose (routing, variable lengths): only
+        # what a step's own code does counts
+        return None if step is None or step.forward else step
 
     def _report_in_step_function(self, node: ast.AST, what: str, instead: str, owner: Optional[ast.AST],
                                  waits: str = _COPIES) -> None:
         """A sync in a function that runs every step, outside any loop of its own: quiet where it
         runs only on some calls (under an `if`, in an error path)."""
-        step = step_of(self.ctx, self.ctx.functions)
+        step = self._step_context()
         function = next(f for f in reversed(self.ctx.functions) if not isinstance(f, ast.Lambda))
         start = next((i for i, p in enumerate(self.ctx.parents) if p is function), None)
         chain = self.ctx.parents[start + 1:] if start is not None else []

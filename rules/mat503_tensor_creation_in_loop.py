@@ -9,6 +9,7 @@ from typing import Optional
 from matlint.rule import Only, Rule, bad, good
 
 from matlint.semantic import kinds as _kinds
+from matlint.semantic.steps import step_of
 from matlint.semantic.loops import identifier, is_training_loop
 from matlint.semantic.names import in_test_code
 
@@ -124,7 +125,9 @@ class TensorCreationInLoop(Rule):
     summary = "A tensor created on the host and copied to the device on every loop iteration or forward call."
     docs = """
     ## What it does
-    Inside a loop, or in an `nn.Module`'s `forward`, flags:
+    Inside a loop, in an `nn.Module`'s `forward`, or in a function that runs every step (a
+    training step, or a helper that `forward`, a step or a training/batch loop calls on every
+    pass, not under an `if`), flags:
     - a tensor created on the host and then moved (`torch.zeros(n).to(device)`,
       `torch.arange(n).cuda()`, `torch.randn(b, d).to(x.device)`): it can be created on the
       device directly; a sample drawn on the host from a host-made input
@@ -200,7 +203,7 @@ class TensorCreationInLoop(Rule):
       (`load_and_train`) or the loop calls `.backward()` or an optimizer's `.step()`; loops that
       make one tensor per listed shape (`torch.randn(1, *shape).to(device) for shape in
       input_shapes`: dummy inputs; the loop item is a size, not the fill value of
-      `torch.full((b,), t)` for `t in timesteps`), code outside loops and `forward`, the
+      `torch.full((b,), t)` for `t in timesteps`), code outside loops, `forward` and the functions that run every step, the
       `forward` of a class known not to be an `nn.Module` (no base, `object`, `ABC`), and tests.
     - Caches filled on the first call: `self._mask = ...` under an `if` that tests `self._mask`
       (`if self._mask is None or self._mask.size(0) < T:`, `if not hasattr(self, "_mask"):`).
@@ -608,6 +611,36 @@ class TensorCreationInLoop(Rule):
                     return torch.mul(1 - mask, x), mask
             """, (5, 16), message_contains="takes no `device=` (it samples where its input is): create "
                                            "`torch.ones(x.shape)` there with `device=x.device`"),
+        bad("""
+            import torch
+            import torch.nn as nn
+            def timestep_embedding(t, dim):
+                freqs = torch.arange(dim // 2).float().to(t.device)
+                return torch.cat([torch.cos(t[:, None] * freqs), torch.sin(t[:, None] * freqs)], dim=-1)
+            def table(n, device):
+                return torch.arange(n).to(device)
+            class Embedder(nn.Module):
+                def __init__(self, n):
+                    super().__init__()
+                    self.register_buffer("positions", table(n, "cuda"))
+                def forward(self, t):
+                    return timestep_embedding(t, 256) + self.positions
+            """, (4, 13), message_contains="every call of `timestep_embedding`, which is called from `forward`",
+            fixed="""
+            import torch
+            import torch.nn as nn
+            def timestep_embedding(t, dim):
+                freqs = torch.arange(dim // 2, device=t.device).float()
+                return torch.cat([torch.cos(t[:, None] * freqs), torch.sin(t[:, None] * freqs)], dim=-1)
+            def table(n, device):
+                return torch.arange(n).to(device)
+            class Embedder(nn.Module):
+                def __init__(self, n):
+                    super().__init__()
+                    self.register_buffer("positions", table(n, "cuda"))
+                def forward(self, t):
+                    return timestep_embedding(t, 256) + self.positions
+            """),
         good("""
             import torch
             from torch import nn
@@ -677,7 +710,7 @@ class TensorCreationInLoop(Rule):
             return bool(loops) or (self.ctx.class_ is not None and len(self.ctx.functions) == 1
                                    and not self._plain_class(self.ctx.class_))
         if not loops:
-            return False
+            return step_of(self.ctx, self.ctx.functions) is not None
         if not _ONE_TIME_FUNCTION.match(name) or _TRAINING_WORD.search(name):
             return True
         return any(is_training_loop(self.ctx, loop) for loop in loops)  # `.backward()`: not run once
@@ -777,7 +810,12 @@ class TensorCreationInLoop(Rule):
         return any(loop.depends_on_iteration(expr) for loop in self.ctx.loops)
 
     def _where(self) -> str:
-        return "iteration" if self._loops else "forward call"
+        if self._loops:
+            return "iteration"
+        function = self.ctx.function
+        if getattr(function, "name", "") == "forward":
+            return "forward call"
+        return f"call of `{function.name}`, which {step_of(self.ctx, self.ctx.functions).why}"
 
     def _host_made(self, expr: ast.AST) -> Optional[tuple]:
         """The factory call that makes `expr`, directly or through ops that keep its device

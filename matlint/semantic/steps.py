@@ -4,7 +4,7 @@ they do counts per step although no loop is written around it in the function it
 A function runs every step when it is a training step (it calls both `.backward()` and an
 optimizer's `.step()` once per call, outside any loop of its own: TD3's `train(replay_buffer)`,
 an agent's `learn()`), a framework's step
-hook (`training_step`, `validation_step`, `test_step`), or when the file calls it from such a
+hook (`training_step`, `validation_step`, `test_step`), a module's `forward`, or when the file calls it from such a
 function or from inside a loop that trains (its body calls `.backward()` or an optimizer's
 `.step()`) or goes over a data loader. Built once per file, on first use.
 """
@@ -26,6 +26,7 @@ _STEP_HOOKS = frozenset({"training_step", "validation_step", "test_step", "predi
 class Step(NamedTuple):
     why: str      # "is a training step", "is called from the training loop on line 12", ...
     training: bool
+    forward: bool = False  # runs every step as (part of) a module's `forward`
 
 
 def _trains(nodes) -> tuple:
@@ -47,6 +48,13 @@ def _outside_loops(body):
         if isinstance(node, _LOOPS + _SCOPES):
             continue
         stack.extend(child_nodes(node))
+
+
+def _module_method(calls, function: ast.AST) -> bool:
+    """A method of a class with a base other than `object`/`ABC` (an `nn.Module`, or a class of
+    one): its `forward` runs on every step of whoever calls the module."""
+    cls = calls.class_of.get(id(function))
+    return cls is not None and any(dotted(base) not in (None, "object", "ABC", "abc.ABC") for base in cls.bases)
 
 
 def _iterates_loader(loop: ast.AST) -> bool:
@@ -79,6 +87,8 @@ def step_functions(ctx) -> dict:
             found[id(function)] = Step("is a training step", True)
         elif function.name in _STEP_HOOKS:
             found[id(function)] = Step(f"is the `{function.name}` hook", function.name == "training_step")
+        elif function.name == "forward" and _module_method(calls, function):
+            found[id(function)] = Step("is a module's `forward`, run on every step", False, True)
     changed = True
     while changed:  # what a step function calls runs every step too, followed to a fixed point
         changed = False
@@ -91,7 +101,8 @@ def step_functions(ctx) -> dict:
                 caller = found.get(id(site.functions[-1])) if site.functions else None
                 if caller is not None:
                     name = site.functions[-1].name
-                    found[id(function)] = Step(f"is called from `{name}`, which {caller.why}", caller.training)
+                    found[id(function)] = Step(f"is called from `{name}`, which {caller.why}", caller.training,
+                                               caller.forward)
                     break
                 loop_step = next((s for s in map(_loop_step, reversed(site.loops)) if s is not None), None)
                 if loop_step is not None:
