@@ -170,3 +170,77 @@ def test_an_item_of_a_module_container_is_unknown_where_its_construction_does_no
                 reveal(self.mixed[i])
                 reveal(self.grown[5])
         """) == ["None"] * 8
+
+
+def test_a_device_held_in_a_name_moves_a_tensor_and_a_dtype_held_in_a_name_does_not():
+    assert kinds("""
+        import torch
+        device = "cuda" if torch.cuda.is_available() else "cpu"
+        cpu = "cpu"
+        half = torch.float16
+        def f(loader):
+            for x, y in loader:
+                reveal(x.to(device))
+                reveal(x.to(cpu))
+                reveal(x.to(half))
+                reveal(x.to(f"cuda:{0}"))
+        """) == ["tensor", "cpu_tensor", "cpu_tensor", "tensor"]
+
+
+def test_a_parameter_takes_the_kind_every_call_of_the_file_passes():
+    assert kinds("""
+        import torch
+        import torch.nn as nn
+        class Net(nn.Module):
+            def forward(self, x):
+                return x
+        def train(model, loader, scale, other):
+            reveal(model)
+            reveal(loader)
+            reveal(scale)
+            reveal(other)
+        train(Net(), torch.utils.data.DataLoader([]), 2.0, [1])
+        train(Net(), torch.utils.data.DataLoader([]), 3.0, torch.zeros(2))
+        """) == ["user_module", "loader", "scalar", "None"]
+
+
+def test_a_name_takes_the_kind_its_uses_give_evidence_of():
+    assert kinds("""
+        import numpy as np
+        import torch
+        def f(a, b, c, d, e, g, model):
+            a.backward()
+            torch.matmul(b, b)
+            c.astype(np.float32)
+            d.permute(0, 2, 1)
+            d.astype(np.float32)
+            e.append(1)
+            g.size()
+            model.parameters()
+            reveal(a)
+            reveal(b)
+            reveal(c)
+            reveal(d)
+            reveal(e)
+            reveal(g)
+            reveal(model(a))
+        """) == ["tensor", "tensor", "numpy", "None", "list", "tensor", "tensor"]
+
+
+def test_a_method_calling_its_submodules_gives_no_evidence_about_self():
+    assert kinds("""
+        import torch.nn as nn
+        class Block(nn.Module):
+            def forward(self, x):
+                y = self.norm(x)
+                reveal(self)
+                return y
+        """) == ["None"]
+
+
+def test_a_names_uses_in_one_comprehension_say_nothing_of_another():
+    assert kinds("""
+        def f(pairs, attentions):
+            firsts = [t.permute(1, 0) for t in pairs]
+            return [reveal(t) for t in attentions]
+        """) == ["None"]

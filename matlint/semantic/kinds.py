@@ -369,9 +369,13 @@ def _collect_evidence(ctx, owner: ast.AST) -> dict:
                     add(operand, TENSOR)
             elif module in ("numpy", "np") and node.args:
                 add(node.args[0], NUMPY)
+    # `self.norm(x)` calls a submodule: what a method does with its own object is no evidence
+    args = getattr(owner, "args", None)
+    params = (args.posonlyargs + args.args) if args is not None else []
+    own_object = params[0].arg if params and params[0].arg in ("self", "cls") else None
     evidence = {}
     for name, kinds in seen.items():
-        if len(kinds) == 1 and name not in comprehended:
+        if len(kinds) == 1 and name not in comprehended and name != own_object:
             evidence[name] = kinds.pop()
     return evidence
 
