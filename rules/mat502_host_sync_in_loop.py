@@ -116,7 +116,8 @@ class HostSyncInLoop(Rule):
     helpers such a step or loop calls on every pass (not under an `if`): a sync inside a metric
     or logging helper is a sync per step. In a file that never moves work to a CUDA device
     (`.cuda()`, a device string or `torch.device`, `.to(device)`), a step function's tensors
-    stay on the CPU and it stays quiet. `.numpy()` is reported through the `.cpu()` that must precede it (on a
+    stay on the CPU and it stays quiet; so does a program (a `__main__` block or a loop at
+    module level) that never does, whatever its loops. `.numpy()` is reported through the `.cpu()` that must precede it (on a
     GPU tensor `.numpy()` alone raises instead of syncing).
 
     ## Why is this bad?
@@ -299,6 +300,19 @@ class HostSyncInLoop(Rule):
                     loss.backward()
                     optimizer.step()
                     print(loss.item())
+            """),
+        good("""
+            import torch
+            x_data = torch.tensor([[1.0], [2.0], [3.0]])
+            y_data = torch.tensor([[2.0], [4.0], [6.0]])
+            model = torch.nn.Linear(1, 1)
+            optimizer = torch.optim.SGD(model.parameters(), lr=0.01)
+            for epoch in range(500):
+                loss = torch.nn.functional.mse_loss(model(x_data), y_data)
+                optimizer.zero_grad()
+                loss.backward()
+                optimizer.step()
+                print(epoch, loss.item())
             """),
         bad("""
             import torch
@@ -1180,6 +1194,8 @@ class HostSyncInLoop(Rule):
                 owner: Optional[ast.AST] = None, waits: str = _COPIES) -> None:
         """`fix`: makes the fix, once the finding stands. `owner`: the `if`/`while` whose test
         `node` is, for a tensor used as a `bool`. `waits`: what the sync does."""
+        if _kinds.cpu_only_script(self.ctx):
+            return  # the program never leaves the CPU: there is no device to wait for
         loop = self._step_loop()
         if loop is None:
             self._report_in_step_function(node, what, instead, owner, waits)
@@ -1202,7 +1218,7 @@ class HostSyncInLoop(Rule):
         if loop is not None:
             return loop
         if self.ctx.function is None or in_test_code(self.ctx) or not _kinds.moves_work_to_cuda(self.ctx):
-            return None
+            return None  # a helper module that never names a device: its callers' tensors may be anywhere
         step = step_of(self.ctx, self.ctx.functions)
         # A module's `forward` branches on its data on purpose (routing, variable lengths): only
         # what a step's own code does counts

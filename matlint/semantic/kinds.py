@@ -411,16 +411,29 @@ def _sets_default_device(ctx) -> bool:
     return found
 
 
-_CUDA_WORK = re.compile(r"\bcuda\b|\.to\(\s*(?:self\.|args\.|cfg\.|config\.|opt\.)?device\b|\bdevice\s*=")
+_CUDA_WORK = re.compile(r"\bcuda\b|\.to\(\s*(?:self\.|args\.|cfg\.|config\.|opt\.)?device\b|\bdevice\s*=|\.device\b"
+                        r"|[Aa]ccelerator|DataParallel")
 
 
 def moves_work_to_cuda(ctx) -> bool:
-    """The file moves work to a CUDA device: names CUDA (`.cuda()`, `"cuda"`, `torch.cuda`), or
-    moves tensors or models to a device it holds (`.to(device)`, `device=device`). A file that
-    does none of these runs its tensors where they were made, on the CPU."""
+    """The file moves work to a CUDA device: names CUDA (`.cuda()`, `"cuda"`, `torch.cuda`),
+    moves tensors or models to a device it holds (`.to(device)`, `device=device`, `x.device`),
+    or hands them to a framework that places them (`accelerator.prepare`, `DataParallel`). A
+    file that does none of these runs its tensors where they were made, on the CPU."""
     found = ctx.shared.get("moves_work_to_cuda")
     if found is None:
         found = ctx.shared["moves_work_to_cuda"] = _CUDA_WORK.search(ctx.source) is not None
+    return found
+
+
+def cpu_only_script(ctx) -> bool:
+    """The file is a program (an `if __name__ == "__main__":` block, or a loop at module level)
+    that never moves work to CUDA: everything it runs, it made, on the CPU."""
+    found = ctx.shared.get("cpu_only_script")
+    if found is None:
+        found = ctx.shared["cpu_only_script"] = not moves_work_to_cuda(ctx) and any(
+            isinstance(stmt, (ast.For, ast.While)) or (isinstance(stmt, ast.If) and "__main__" in ast.dump(stmt.test))
+            for stmt in ctx.tree.body)
     return found
 
 
