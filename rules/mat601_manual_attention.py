@@ -11,6 +11,7 @@ from matlint.diagnostics import Edit, Fix
 from matlint.rule import Only, Rule, bad, good
 
 from matlint.semantic import kinds as _kinds
+from matlint.semantic.calls import argument_for, file_calls
 from matlint.semantic.flow import FunctionFlow, flow_of
 from matlint.semantic.kinds import int_const
 from matlint.semantic.layout import rank_of, reorder
@@ -53,6 +54,14 @@ class _Scores:
     conditional: bool = False      # a step under a conditional expression (`s if m is None else s.masked_fill(...)`)
 
 
+def _returned_as_is(flow: FunctionFlow, use: ast.AST) -> bool:
+    """`use` (a read of a name) is returned unchanged: `return p` or an item of `return out, p`."""
+    parent = flow.parent.get(use)
+    if isinstance(parent, ast.Tuple):
+        parent = flow.parent.get(parent)
+    return isinstance(parent, ast.Return)
+
+
 @dataclass
 class _Probs:
     pv: object                  # the probabilities @ v GEMM
@@ -60,6 +69,7 @@ class _Probs:
     steps: list = field(default_factory=list)       # ("dropout", p, training) / ("cast",)
     statements: list = field(default_factory=list)
     terms: Optional[tuple] = None  # an einsum's v term and the one SDPA takes
+    returned: bool = False      # the function also returns the probabilities
 
 
 @dataclass
@@ -246,9 +256,13 @@ class ManualAttention(Rule):
       `fused_attn` / `use_sdpa` switch, `hasattr(F, "scaled_dot_product_attention")`), and manual
       paths inside an `if` in a file that calls SDPA somewhere (the switch may be a module-level
       flag): the manual path there is a guarded fallback or a reference implementation.
-    - Attention whose probabilities (or scores) are used for anything else: returned
-      (`output_attentions`), stored on `self` or in a `global` / `nonlocal` name, fed to a loss
-      or a hook. SDPA does not hand them back. (A hook registered from another file cannot be seen.)
+    - Attention whose probabilities (or scores) are used for anything else: stored on `self` or
+      in a `global` / `nonlocal` name, fed to a loss or a hook. SDPA does not hand them back. (A
+      hook registered from another file cannot be seen.) Probabilities that are only returned
+      (`return out, p_attn`) are reported, without a fix, with a note that SDPA does not return
+      them (call it where the callers drop them), except in a file that has an SDPA path (it
+      calls `scaled_dot_product_attention` or dispatches to an `sdpa` implementation): there the
+      manual path is the one kept for callers that ask for the weights.
     - Scores changed in ways SDPA cannot express: anything other than scaling, adding a
       bias or mask, `masked_fill`, the row-maximum shift and dtype casts (e.g. talking-heads
       mixing across heads, an unknown function applied to the scores).
@@ -300,7 +314,6 @@ class ManualAttention(Rule):
     or when torch.nn.functional has no name in the file.
     """
     examples = [
-        # nanoGPT: causal tril buffer, explicit scale, across statements.
         bad("""
             import math
             import torch
@@ -586,8 +599,9 @@ class ManualAttention(Rule):
                     att = torch.softmax(att, dim=-1)
                     return att @ v
             """),
-        # Probabilities are returned (output_attentions): SDPA cannot give them back.
-        good("""
+        # Probabilities are returned (output_attentions): reported, without a fix, saying that
+        # SDPA does not give them back.
+        bad("""
             import torch
             from torch import nn
             def eager_attention_forward(module, query, key, value, attention_mask, scaling):
@@ -597,9 +611,9 @@ class ManualAttention(Rule):
                 attn_weights = nn.functional.softmax(attn_weights, dim=-1)
                 attn_output = torch.matmul(attn_weights, value)
                 return attn_output, attn_weights
-            """),
+            """, (4, 20), message_contains="SDPA does not return the attention weights"),
         # The probabilities reach the return past a conditional reset (transformers' DETR family).
-        good("""
+        bad("""
             import torch
             from torch import nn
             def forward(self, q, k, v, output_attentions=False):
@@ -609,7 +623,7 @@ class ManualAttention(Rule):
                 if not output_attentions:
                     attn_weights = None
                 return attn_output, attn_weights
-            """),
+            """, (4, 20), message_contains="SDPA does not return the attention weights"),
         # Probabilities stored and fed to a loss.
         good("""
             import torch
@@ -1048,6 +1062,54 @@ class ManualAttention(Rule):
                 attn = sim.softmax(dim=-1)
                 return einsum('b h i j, b h j d -> b h i d', attn, v)
             """, (11, 11)),
+        bad("""
+            import math
+            import torch
+            import torch.nn.functional as F
+            def attention(q, k, v, d_k, mask=None, dropout=None):
+                scores = torch.matmul(q, k.transpose(-2, -1)) / math.sqrt(d_k)
+                if mask is not None:
+                    scores = scores.masked_fill(mask == 0, -1e9)
+                scores = F.softmax(scores, dim=-1)
+                if dropout is not None:
+                    scores = dropout(scores)
+                return torch.matmul(scores, v)
+            class MultiHeadAttention(torch.nn.Module):
+                def __init__(self, d):
+                    super().__init__()
+                    self.dropout = torch.nn.Dropout(0.1)
+                    self.d = d
+                def forward(self, q, k, v, mask):
+                    return attention(q, k, v, self.d, mask, self.dropout)
+            """, (5, 14), message_contains="mask → softmax → dropout → @ v"),
+        good("""
+            import math
+            import torch
+            import torch.nn.functional as F
+            def attention(q, k, v, d_k, post=None):
+                scores = torch.matmul(q, k.transpose(-2, -1)) / math.sqrt(d_k)
+                scores = F.softmax(scores, dim=-1)
+                if post is not None:
+                    scores = post(scores)
+                return torch.matmul(scores, v)
+            class Sparse(torch.nn.Module):
+                def forward(self, q, k, v):
+                    return attention(q, k, v, 64, post=lambda p: p * (p > 0.1))
+            """),
+        # nanoGPT: causal tril buffer, explicit scale, across statements.
+        # ... but not in a file that has an SDPA path: this is the eager path kept for the weights.
+        good("""
+            import torch
+            from torch import nn
+            def eager_attention_forward(module, query, key, value, attention_mask, scaling):
+                attn_weights = torch.matmul(query, key.transpose(2, 3)) * scaling
+                if attention_mask is not None:
+                    attn_weights = attn_weights + attention_mask
+                attn_weights = nn.functional.softmax(attn_weights, dim=-1)
+                attn_output = torch.matmul(attn_weights, value)
+                return attn_output, attn_weights
+            ATTENTION_FUNCTIONS = {"eager": eager_attention_forward, "sdpa": sdpa_attention_forward}
+            """),
     ]
 
     # A softmax is a call of `softmax` (an attribute, or a name bound to it), or of `self.<module>`
@@ -1088,13 +1150,15 @@ class ManualAttention(Rule):
             return
         if self._kept_outside(function, scores.statements + probs.statements, flow.statement(probs.pv.node)):
             return
+        if probs.returned and self._has_sdpa_path():
+            return  # the eager path kept for callers that ask for the weights (`output_attentions`)
         if in_test_code(self.ctx) or in_reference_code(self.ctx):
             return
         if upcast:
             scores.steps.append(("cast",))
         operands = self._operands(flow, scores, probs)
         self.report(scores.gemm.node, self._message(scores, probs, operands),
-                    fix=self._fix(flow, scores, probs, operands))
+                    fix=None if probs.returned else self._fix(flow, scores, probs, operands))
 
     # -- the pattern ---------------------------------------------------------------
     def _softmax(self, call: ast.Call):
@@ -1462,6 +1526,13 @@ class ManualAttention(Rule):
             return False
         return not self._written_in_place(flow, attr)
 
+    def _has_sdpa_path(self) -> bool:
+        """The file calls SDPA or dispatches to it (`sdpa_attention_forward`,
+        `config._attn_implementation`): a manual path that returns the weights is the one kept
+        for when they are asked for."""
+        return (_SDPA in self.ctx.source or _kinds.may_mention(self.ctx, "sdpa", ignore_case=True)
+                or _kinds.may_mention(self.ctx, "attn_implementation"))
+
     @staticmethod
     def _kept_outside(function: ast.AST, statements: list, final: ast.stmt) -> bool:
         """A step before the final GEMM stores the scores or probabilities in a name declared
@@ -1501,6 +1572,14 @@ class ManualAttention(Rule):
         return False
 
     def _probs(self, flow: FunctionFlow, softmax: ast.Call) -> Optional[_Probs]:
+        returned: list = []
+        probs = self._probs_chain(flow, softmax, returned)
+        if probs is not None:
+            probs.returned = bool(returned)
+        return probs
+
+    def _probs_chain(self, flow: FunctionFlow, softmax: ast.Call, returned: list) -> Optional[_Probs]:
+        """`_probs`' walk; reads of the probabilities that are returned as they are go to `returned`."""
         node, steps, statements = softmax, [], []
         for _ in range(_MAX_DEPTH):
             parent = flow.parent.get(node)
@@ -1508,6 +1587,11 @@ class ManualAttention(Rule):
                 if not (len(parent.targets) == 1 and isinstance(parent.targets[0], ast.Name) and parent.value is node):
                     return None
                 uses = flow.uses(parent)
+                # `return out, p_attn`: the weights go back to the caller too, which SDPA cannot do
+                in_return = [u for u in uses if _returned_as_is(flow, u)]
+                if in_return and len(uses) - len(in_return) == 1:
+                    returned.extend(in_return)
+                    uses = [u for u in uses if u not in in_return]
                 if len(uses) == 2:
                     # `if self.training: attn = self.drop(attn)`: go on through the update.
                     for last in uses:
@@ -1573,7 +1657,37 @@ class ManualAttention(Rule):
             module = self._self_module(func.attr)
             if module is not None and self.ctx.qualname(module.func) == "torch.nn.Dropout":
                 return ("dropout_module", func)
+        if (qual is None and len(call.args) == 1 and not call.keywords and isinstance(func, ast.Name)
+                and self._passed_dropout(func.id)):
+            return ("dropout_parameter", func)
         return None
+
+    def _passed_dropout(self, name: str) -> bool:
+        """`name` is a parameter of the function that every call of the file passes an
+        `nn.Dropout` module held by the caller (`dropout=self.dropout`) or None
+        (`attention(q, k, v, mask, dropout=None)`): The Annotated Transformer's `attention()`."""
+        function = self.ctx.function
+        if function is None or isinstance(function, ast.Lambda):
+            return False
+        params = function.args.posonlyargs + function.args.args + function.args.kwonlyargs
+        if name not in {p.arg for p in params}:
+            return False
+        sites = file_calls(self.ctx).call_sites(function)
+        if not sites:
+            return False
+        dropouts = 0
+        for site in sites:
+            value = argument_for(site, function, name)
+            if isinstance(value, ast.Constant) and value.value is None:
+                continue
+            if not (isinstance(value, ast.Attribute) and isinstance(value.value, ast.Name) and site.cls is not None):
+                return False
+            built = _kinds.class_attribute_values(self.ctx, site.cls, value.attr)
+            if not built or not all(isinstance(v, ast.Call) and self.ctx.qualname(v.func) == "torch.nn.Dropout"
+                                    for _, v in built):
+                return False
+            dropouts += 1
+        return dropouts > 0
 
     def _is_cosine(self, flow: FunctionFlow, scores: _Scores) -> bool:
         """q and k both L2-normalized: cosine or cross-covariance attention (XCiT), whose learned
@@ -1778,6 +1892,13 @@ class ManualAttention(Rule):
 
     # -- message and fix -------------------------------------------------------------
     def _message(self, scores: _Scores, probs: _Probs, operands: _Operands) -> str:
+        message = self._pattern_message(scores, probs, operands)
+        if probs.returned:
+            message += ("; SDPA does not return the attention weights, which this function also returns: "
+                        "call it where the callers drop them, and keep this path for those that use them")
+        return message
+
+    def _pattern_message(self, scores: _Scores, probs: _Probs, operands: _Operands) -> str:
         parts = ["q @ kᵀ"]
         kinds = {s[0] for s in scores.steps}
         if "scale" in kinds:
@@ -1861,7 +1982,8 @@ class ManualAttention(Rule):
                     return None
         # The call is written from these; the statements around them go.
         emitted = [scores.q, scores.k, probs.v] + [part for step in scores.steps + probs.steps
-                                                   if step[0] in ("scale", "mask", "fill", "dropout", "dropout_module")
+                                                   if step[0] in ("scale", "mask", "fill", "dropout", "dropout_module",
+                                                                  "dropout_parameter")
                                                    for part in step[1:3] if isinstance(part, ast.expr)
                                                    and not (step[0] == "fill" and part is step[2])]
         for read in scores.metadata_reads:  # `scores.shape`: it must go with the statements that read it
@@ -1915,6 +2037,10 @@ class ManualAttention(Rule):
             elif step[0] == "dropout_module":
                 safe = False
                 kwargs.append(f"dropout_p=({ctx.segment(step[1])}.p if self.training else 0.0)")
+            elif step[0] == "dropout_parameter":
+                safe = False
+                name = ctx.segment(step[1])
+                kwargs.append(f"dropout_p=({name}.p if {name} is not None and {name}.training else 0.0)")
         if mask is not None:
             kwargs.insert(0, f"attn_mask={mask}")
         if len(scale) > 1:
