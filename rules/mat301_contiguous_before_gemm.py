@@ -8,7 +8,8 @@ from typing import Optional
 
 from matlint.rule import Only, Rule, bad, good
 
-from matlint.semantic.flow import nearby_comments
+from matlint.semantic.flow import flow_of, nearby_comments
+from matlint.semantic.kinds import int_const
 from matlint.semantic.layout import Reorder, gemm_of_operand, may_be_laid_out_otherwise, may_have_stepped_dims, rank_of, reorder
 from matlint.semantic.torch_api import as_gemm
 
@@ -23,6 +24,17 @@ _REASON = re.compile(r"\b(?:because|since|need|needs|needed|requires?|required|m
                      r"work(?:s|ed)? around|bug|avoid\w*|break\w*|hooks?|compile\w*|jit|torchscript|onnx|export\w*|"
                      r"trac(?:e|ed|ing)|fail\w*|errors?|crash\w*|so that|in order to|alias\w*|in-place|inplace|"
                      r"deliberate\w*|on purpose|intentional\w*)\b", re.IGNORECASE)
+
+
+def _loops_around(flow, node: ast.AST) -> list:
+    return [n for n in flow.enclosing(node) if isinstance(n, (ast.For, ast.AsyncFor, ast.While, ast.ListComp, ast.SetComp,
+                                                           ast.DictComp, ast.GeneratorExp))]
+
+
+def _swaps_first_two(view: ast.AST) -> bool:
+    """`x.transpose(0, 1)` / `x.transpose(1, 0)` / `torch.transpose(x, 0, 1)`."""
+    args = view.args[-2:] if isinstance(view, ast.Call) else []
+    return len(args) == 2 and {int_const(a) for a in args} == {0, 1}
 
 
 class ContiguousBeforeGemm(Rule):
@@ -56,8 +68,11 @@ class ContiguousBeforeGemm(Rule):
     ```
 
     ## Stays quiet on
-    - The copy assigned to a name (`wt = w.t().contiguous()`): caching a transposed weight, or
-      using the copy elsewhere, is the author's choice.
+    - The copy assigned to a name that is read more than once or inside a loop the copy is
+      not in (`wt = w.t().contiguous()` before a loop that multiplies by `wt`): caching a
+      transposed weight, or using the copy elsewhere, is the author's choice. A name read once,
+      by a GEMM at the same loop depth (`kt = k.permute(0, 2, 1).contiguous()` then
+      `torch.bmm(q, kt)`), only carries the copy to it and is reported.
     - Transposes of other dims (`transpose(1, 2)` of a 4-D tensor, `permute(0, 2, 1, 3)`): those
       are not free for a batched GEMM; MAT302 looks at them.
     - The left operand of `@`/`matmul` when its rank is not known to be 2, or the right one's not
@@ -196,11 +211,30 @@ class ContiguousBeforeGemm(Rule):
                 k = x.transpose(1, 2)
                 return q @ k.mT.contiguous()
             """),
+        bad("""
+            import torch
+            def scores(q, k):
+                kt = k.permute(0, 2, 1).contiguous()
+                return torch.bmm(q, kt)
+            """, (3, 10), message_contains="the GEMM on line 4",
+            fixed="""
+            import torch
+            def scores(q, k):
+                kt = k.permute(0, 2, 1)
+                return torch.bmm(q, kt)
+            """, unsafe=True),
+        bad("""
+            import torch
+            def similarity(a, b):
+                return torch.matmul(a, b.transpose(0, 1).contiguous())
+            """, (3, 28)),
         good("""
             import torch
-            def f(x, w, q, k):
+            def f(x, w, q, k, xs):
                 wt = w.t().contiguous()
-                y = x @ wt
+                y = [xi @ wt for xi in xs]
+                wt2 = w.t().contiguous()
+                y2 = (x @ wt2, wt2.sum())
                 s = q @ k.transpose(1, 2).contiguous()
                 h = x.transpose(-2, -1).contiguous() @ w
                 z = x.permute(0, 2, 1, 3).contiguous() @ w
@@ -275,6 +309,43 @@ class ContiguousBeforeGemm(Rule):
             gemm_node = gemm_of_operand(self.ctx, node, self._is_copy)
             if gemm_node is not None:
                 self.check_gemm(gemm_node)
+            else:
+                self._check_named_copy(node)
+
+    def _check_named_copy(self, copy: ast.Call) -> None:
+        """`kt = k.permute(0, 2, 1).contiguous()` read once, by a GEMM at the same loop depth
+        (`torch.bmm(q, kt)` on the next line): the name only carries the copy to the GEMM. A copy
+        made before a loop and read in it is a cached transpose: the author's choice."""
+        statement = self.ctx.statement()
+        function = self.ctx.function
+        if (function is None or not isinstance(statement, ast.Assign) or statement.value is not copy
+                or len(statement.targets) != 1 or not isinstance(statement.targets[0], ast.Name)):
+            return
+        flow = flow_of(self.ctx, function)
+        uses = flow.uses(statement)
+        if len(uses) != 1:
+            return
+        use = uses[0]
+        owner = flow.parent.get(use)
+        if isinstance(owner, ast.Attribute) and owner.value is use:
+            owner = flow.parent.get(owner)  # `kt.mm(w)`
+        gemm = as_gemm(self.ctx, owner) if isinstance(owner, (ast.BinOp, ast.Call)) else None
+        if gemm is None or gemm.op not in ("@", "matmul", "mm", "bmm", "linear") or len(gemm.operands) != 2:
+            return
+        if _loops_around(flow, use) != _loops_around(flow, statement):
+            return
+        position = next((i for i, op in enumerate(gemm.operands) if op is use), None)
+        if position is None or (isinstance(owner, ast.Call) and any(k.arg == "out" for k in owner.keywords)):
+            return
+        view = self._needless_copy(gemm, position, copy)
+        if view is not None:
+            copy_name = copy.func.attr
+            fix = None
+            if "#" not in self.ctx.segment(copy):
+                fix = self.replace(copy, self.ctx.segment(view.node), f"drop `.{copy_name}()`", safe=False)
+            self.report(copy, f"`.{copy_name}()` copies a transposed view only to feed it to the GEMM on line "
+                              f"{use.lineno}; cuBLAS takes the transpose for free: assign "
+                              f"`{self.ctx.segment(view.node)}` instead", fix=fix)
 
     def check_gemm(self, node: ast.AST) -> None:
         gemm = as_gemm(self.ctx, node)
@@ -286,17 +357,8 @@ class ContiguousBeforeGemm(Rule):
         if len(operands) != 2:
             return
         for position, operand in enumerate(operands):
-            if position not in _DIRECT.get(gemm.op, (0, 1)):
-                continue
-            view = self._copied_transpose(operand, _OPERAND_RANK.get(gemm.op))
-            if view is None or not view.last_two_only or may_have_stepped_dims(self.ctx, view.base):
-                continue
-            if gemm.op in ("@", "matmul"):
-                if position == 0 and not self._left_goes_direct(view, operands[1]):
-                    continue
-                if self._batch_dims_may_not_fold(view):
-                    continue
-            if self._explained(operand):
+            view = self._needless_copy(gemm, position, operand)
+            if view is None:
                 continue
             copy = operand.func.attr
             fix = None
@@ -306,6 +368,21 @@ class ContiguousBeforeGemm(Rule):
                 fix = self.replace(operand, self.ctx.segment(view.node), f"drop `.{copy}()`", safe=False)
             self.report(operand, f"`.{copy}()` copies a transposed view only to feed it to a GEMM; cuBLAS takes the "
                                  f"transpose for free: pass `{self.ctx.segment(view.node)}` directly", fix=fix)
+
+    def _needless_copy(self, gemm, position: int, copy: ast.AST) -> Optional[Reorder]:
+        """The transposed view that `copy` (operand `position` of `gemm`, or the value of a name
+        that is) copies, when cuBLAS would take the view as it is."""
+        if position not in _DIRECT.get(gemm.op, (0, 1)):
+            return None
+        view = self._copied_transpose(copy, _OPERAND_RANK.get(gemm.op))
+        if view is None or not view.last_two_only or may_have_stepped_dims(self.ctx, view.base):
+            return None
+        if gemm.op in ("@", "matmul"):
+            if position == 0 and not self._left_goes_direct(view, gemm.operands[1]):
+                return None
+            if self._batch_dims_may_not_fold(view):
+                return None
+        return None if self._explained(copy) else view
 
     def _explained(self, operand: ast.AST) -> bool:
         """A comment on a line of the operand or just above its statement, or the docstring of a
@@ -329,7 +406,13 @@ class ContiguousBeforeGemm(Rule):
                 and expr.func.attr in _COPIES and not expr.args and not expr.keywords)
 
     def _copied_transpose(self, operand: ast.AST, known_rank: Optional[int]) -> Optional[Reorder]:
-        return reorder(self.ctx, operand.func.value, known_rank) if self._is_copy(operand) else None
+        if not self._is_copy(operand):
+            return None
+        view = reorder(self.ctx, operand.func.value, known_rank)
+        if view is not None and view.perm is None and not view.last_two_only and _swaps_first_two(view.node):
+            # `b.transpose(0, 1)` of a tensor of unknown rank fed to a GEMM: the matrix transpose
+            view = reorder(self.ctx, operand.func.value, 2)
+        return view
 
     def _left_goes_direct(self, view: Reorder, right: ast.AST) -> bool:
         """matmul hands a transposed left operand to cuBLAS as is: it is a matrix, or both sides are batched."""

@@ -367,6 +367,8 @@ def _collect_evidence(ctx, owner: ast.AST) -> dict:
                     operands = node.args[:1]
                 for operand in operands:
                     add(operand, TENSOR)
+                    if attr in _ALL_TENSOR_OPERANDS and operand.__class__ is ast.Subscript:
+                        add(operand.value, TENSOR)  # `torch.matmul(xs[i], ws[i])`: items of stacked tensors
             elif module in ("numpy", "np") and node.args:
                 add(node.args[0], NUMPY)
     # `self.norm(x)` calls a submodule: what a method does with its own object is no evidence
