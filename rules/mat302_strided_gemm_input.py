@@ -75,7 +75,10 @@ class StridedGemmInput(Rule):
       nn.Parameter(torch.randn(d, k))`) included; otherwise it runs `bmm` on the view without a
       copy), and `torch.matmul(a.permute(0, 2, 1, 3), b.permute(0, 2, 3, 1))` (two batched
       operands: always folded);
-    - a permute that leaves no unit-stride dim among the last two (`torch.bmm(x.permute(2, 0, 1), y)`).
+    - a permute that leaves no unit-stride dim among the last two (`torch.bmm(x.permute(2, 0, 1), y)`);
+- the input of a trainable `nn.Linear` with its last two dims swapped (`self.fc(x.permute(0, 2,
+  1))` of a 3-D `x`): the layer folds the leading dims, which now hold the old last dim, into
+  rows; `self.fc.weight @ x` (plus the bias as a column) is the output already swapped back.
 
     The message says when the GEMM runs inside a loop, where the copy repeats per iteration, and
     what avoids the copy: multiplying in the stored layout and permuting the product where the
@@ -281,6 +284,25 @@ class StridedGemmInput(Rule):
                     w = nn.Parameter(torch.empty((D, 4)))
                     return h.permute(1, 0, 2) @ self.W, h.transpose(0, 1) @ w
             """, (10, 16), (10, 45), message_contains="when `self.W` requires grad"),
+        bad("""
+            import torch.nn as nn
+            class Model(nn.Module):
+                def __init__(self, seq_len, pred_len):
+                    super().__init__()
+                    self.Linear = nn.Linear(seq_len, pred_len)
+                def forward(self, x):
+                    return self.Linear(x.permute(0, 2, 1)).permute(0, 2, 1)
+            """, (7, 28), message_contains="`self.Linear.weight @ x` (plus `self.Linear.bias[:, None]`"),
+        good("""
+            import torch.nn as nn
+            class Model(nn.Module):
+                def __init__(self, seq_len, pred_len):
+                    super().__init__()
+                    self.Linear = nn.Linear(seq_len, pred_len)
+                    self.Linear.requires_grad_(False)
+                def forward(self, x, y):
+                    return self.Linear(x.permute(0, 2, 1)), self.Linear(y.t())
+            """),
     ]
 
     # The operand is visited: a step slice, or a call of `permute`/`transpose`/... (a method or a bare name).
@@ -327,6 +349,10 @@ class StridedGemmInput(Rule):
         if _strided_last_dim(self.ctx, operand):
             return _Copy("steps through its last dim, leaving no dim with stride 1", "the GEMM", _PRODUCE)
         view = reorder(self.ctx, operand, 3 if gemm.op == "bmm" else None)  # bmm takes 3-D batches only
+        if (view is not None and view.last_two_only and view.perm and len(view.perm) >= 3
+                and gemm.op == "nn.Linear" and isinstance(view.node, ast.Call)):
+            # `self.fc(x.permute(0, 2, 1))`: the layer folds (B, C) into rows, which cannot merge
+            return None if self._may_be_frozen(gemm.node.func) else self._fold_transposed(gemm, view)
         if view is None or view.perm is None or view.last_two_only or not isinstance(view.node, ast.Call):
             return None
         perm, rank = view.perm, len(view.perm)
@@ -480,6 +506,19 @@ class StridedGemmInput(Rule):
             if product is not None:
                 advice = f"multiply in the stored layout and permute the product instead: `{product}`"
         return _Copy(why, "matmul", advice)
+
+    def _fold_transposed(self, gemm, view: Reorder) -> _Copy:
+        """A layer applied to its input with the last two dims swapped: the leading dims it folds
+        into rows hold the old last dim, so they cannot merge; the weight times the stored tensor
+        is the output with its last two dims swapped, with no copy."""
+        layer = self.ctx.segment(gemm.node.func)
+        base = self.ctx.segment(view.base)
+        if not isinstance(view.base, (ast.Name, ast.Attribute, ast.Call, ast.Subscript)):
+            base = f"({base})"
+        why = "swaps the last dim into the rows that the layer folds with `reshape`, which cannot merge them"
+        advice = (f"multiply in the stored layout instead: `{layer}.weight @ {base}` (plus `{layer}.bias[:, None]` "
+                  f"where the layer has a bias) is the layer's output with its last two dims swapped")
+        return _Copy(why, "the layer", advice)
 
     def _product_in_stored_layout(self, gemm, view: Reorder) -> Optional[str]:
         seg = self.ctx.segment
