@@ -686,6 +686,31 @@ class PythonLoopMatmul(GemmVisitor, Rule):
                 shifted = [x[i, i - 1] @ w for i in range(1, x.shape[0])]
                 return pairs, strided, shifted
             """),
+        bad("""
+            import torch
+            import torch.nn as nn
+            class Model(nn.Module):
+                def __init__(self, seq_len, pred_len, channels):
+                    super().__init__()
+                    self.channels, self.pred_len = channels, pred_len
+                    self.Linear = nn.ModuleList([nn.Linear(seq_len, pred_len) for _ in range(channels)])
+                def forward(self, x):
+                    output = torch.zeros([x.size(0), self.pred_len, x.size(2)], device=x.device)
+                    for i in range(self.channels):
+                        output[:, :, i] = self.Linear[i](x[:, :, i])
+                    return output
+            """, (11, 31), message_contains="applies a different layer of one shape on every iteration"),
+        good("""
+            import torch.nn as nn
+            class Stack(nn.Module):
+                def __init__(self, d, n):
+                    super().__init__()
+                    self.layers = nn.ModuleList([nn.Linear(d, d) for _ in range(n)])
+                def forward(self, x):
+                    for i in range(len(self.layers)):
+                        x = self.layers[i](x)
+                    return x
+            """),
     ]
 
     gemms_in_loops_only = True
@@ -1035,6 +1060,13 @@ class PythonLoopMatmul(GemmVisitor, Rule):
             where = f"the `while` loop on line {node.lineno}"
         else:
             where = f"the `for {seg(node.target)}` loop on line {node.lineno}"
+        if gemm.op == "nn.Linear" and isinstance(gemm.node.func, ast.Subscript) and loop.depends_on_iteration(
+                gemm.node.func):
+            layers = seg(gemm.node.func.value)
+            return (f"{what} applies a different layer of one shape on every iteration of {where}: many small "
+                    f"GEMMs instead of one; stack the layers' weights once (`W = torch.stack([m.weight for m in "
+                    f"{layers}])`, the biases likewise) and apply them all in one `torch.einsum` (or `bmm`) with "
+                    f"the layer index as a batch dim")
         suggestion = self._suggestion(gemm, batched)
         return (f"{what} runs once per iteration of {where}: many small GEMMs instead of one; "
                 f"{suggestion}")

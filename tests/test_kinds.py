@@ -244,3 +244,36 @@ def test_a_names_uses_in_one_comprehension_say_nothing_of_another():
             firsts = [t.permute(1, 0) for t in pairs]
             return [reveal(t) for t in attentions]
         """) == ["None"]
+
+
+def test_calling_a_module_class_of_the_file_gives_a_tensor_only_where_its_forward_returns_one():
+    assert kinds("""
+        import torch.nn as nn
+        class Head(nn.Module):
+            def forward(self, x):
+                return self.fc(x)
+        class Backbone(nn.Module):
+            def forward(self, x):
+                return x, [x]
+        class Model(nn.Module):
+            def __init__(self):
+                super().__init__()
+                self.head = Head()
+                self.backbone = Backbone().cuda()
+            def forward(self, x):
+                reveal(self.head(x))
+                reveal(self.backbone(x))
+                return x
+        """) == ["tensor", "None"]
+
+
+def test_a_parameter_takes_what_the_name_holds_at_the_call_not_all_it_ever_holds():
+    assert kinds("""
+        import torch
+        def pack(features):
+            return reveal(features)
+        def run(model, x, sizes):
+            features = model.proj(x)
+            features = torch.split(features, sizes)
+            return pack(features)
+        """) == ["list"]

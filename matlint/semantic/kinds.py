@@ -566,6 +566,11 @@ class _Inference:
             if value is None:
                 return None
             chain = [scope_kinds(self.ctx, f) for f in reversed(site.functions)] + [scope_kinds(self.ctx, self.ctx.tree)]
+            if isinstance(value, ast.Name) and site.functions:
+                from .flow import flow_of  # flow reads identifiers through this module
+                assign = flow_of(self.ctx, site.functions[-1]).reaching(value)
+                if assign is not None and assign.value is not None:
+                    value = assign.value  # what the name holds at the call, not all it ever holds
             kind = _Inference(self.ctx, chain, site.cls).expr(value)
             if kind is None:
                 return None
@@ -759,9 +764,35 @@ class _Inference:
             callee = self._attribute(func, receiver)
         else:
             callee = None
-        if callee in (LINEAR, MODULE, USER_MODULE):
+        if callee in (LINEAR, MODULE):
             return TENSOR
+        if callee == USER_MODULE:
+            cls = self._module_class(func)
+            return TENSOR if cls is not None and _forward_returns_one_tensor(cls) else None
         return None
+
+    def _module_class(self, func: ast.AST) -> Optional[ast.ClassDef]:
+        """The module class of the file whose instance `func` holds (`model = Net(...)`,
+        `self.net = Net(...)`), when every value it is bound to makes one."""
+        if isinstance(func, ast.Name):
+            values = [e[1] for e in bindings(self.ctx, func.id) or () if e[0] == "value"]
+        elif (isinstance(func, ast.Attribute) and isinstance(func.value, ast.Name) and self.cls is not None
+              and self.chain and func.value.id == self.chain[0].self_name):
+            values = [value for _, value in class_attribute_values(self.ctx, self.cls, func.attr)]
+        else:
+            return None
+        classes = set()
+        for value in values:
+            while isinstance(value, ast.Call) and isinstance(value.func, ast.Attribute) and value.func.attr in (
+                    "to", "cuda", "cpu", "float", "half", "bfloat16", "double", "train", "eval"):
+                value = value.func.value  # `Net().to(device)`
+            if not (isinstance(value, ast.Call) and isinstance(value.func, ast.Name)):
+                return None
+            classes.add(value.func.id)
+        if len(classes) != 1:
+            return None
+        name = classes.pop()
+        return next((s for s in self.ctx.tree.body if isinstance(s, ast.ClassDef) and s.name == name), None)
 
     def _destination(self, method: str, node: ast.Call):
         """Where `.cpu()` / `.cuda()` / `.to(...)` puts its receiver: CPU_TENSOR (the CPU), TENSOR
@@ -832,8 +863,10 @@ class _Inference:
         expressions that build that item (all of a comprehension's items are built by one)."""
         container = node.value
         key = fixed_key(node.slice)
+        if key is None:
+            key = _ANY_KEY  # `self.heads[i]`: the item every item is, where one expression builds them all
         cls = self.cls
-        if (key is None or cls is None or not isinstance(container, ast.Attribute) or not self.chain
+        if (cls is None or not isinstance(container, ast.Attribute) or not self.chain
                 or not isinstance(container.value, ast.Name) or container.value.id != self.chain[0].self_name
                 or container.attr in mutated_attributes(self.ctx, cls)):
             return None
@@ -895,6 +928,24 @@ class _Inference:
         if device is None:
             return TENSOR if self.default_device_set else CPU_TENSOR
         return CPU_TENSOR if is_cpu_literal(device) else TENSOR
+
+
+def _forward_returns_one_tensor(cls: ast.ClassDef) -> bool:
+    """The class's own `forward` returns one value in every `return`: not a tuple, list or dict,
+    and not an output record (`ModelOutput(...)`, any call of a capitalized name)."""
+    forward = next((s for s in cls.body if isinstance(s, (ast.FunctionDef, ast.AsyncFunctionDef))
+                    and s.name == "forward"), None)
+    if forward is None:
+        return False
+    returns = [n.value for n in walk_no_scopes(forward) if isinstance(n, ast.Return)]
+    for value in returns:
+        if value is None or isinstance(value, (ast.Tuple, ast.List, ast.Dict, ast.Set)):
+            return False
+        if isinstance(value, ast.Call):
+            name = value.func.attr if isinstance(value.func, ast.Attribute) else getattr(value.func, "id", "")
+            if name[:1].isupper():
+                return False
+    return bool(returns)
 
 
 def class_attribute_kind(ctx, cls: ast.ClassDef, attr: str) -> Optional[str]:
@@ -1013,6 +1064,9 @@ def fixed_key(index: ast.AST):
     return int_const(index)
 
 
+_ANY_KEY = object()  # an index known only at run time (`self.heads[i]`)
+
+
 class ModuleContainer:
     """What an `nn.ModuleList` / `nn.ModuleDict` / `nn.Sequential` call holds, read off its
     arguments: `by_key` maps each fixed key (positions counted from both ends, or names) to the
@@ -1029,7 +1083,10 @@ class ModuleContainer:
         self.every_varies = every_varies
 
     def item(self, key):
-        """(expression, the same for every item's shape too) for the item at `key`, else None."""
+        """(expression, the same for every item's shape too) for the item at `key` (`_ANY_KEY`:
+        whichever item), else None."""
+        if key is _ANY_KEY:
+            return (self.every, not self.every_varies) if self.every is not None else None
         if key in self.by_key:
             return self.by_key[key], True
         if self.every is not None:
@@ -1100,6 +1157,22 @@ def mutated_attributes(ctx, cls: ast.ClassDef) -> frozenset:
 def kind_of(ctx, expr: ast.AST) -> Optional[str]:
     """Kind of `expr` as seen at the engine's current position."""
     return _Inference(ctx, _chain(ctx)).expr(expr)
+
+
+def callee_kind(ctx, func: ast.AST) -> Optional[str]:
+    """Kind of the module `func` names where it is called: its kind, or, for `self.<attr>`
+    assigned an `nn.ModuleList` on one path and a module on another (`if individual: ... else:
+    self.Linear = nn.Linear(...)`), the module: a ModuleList cannot be called."""
+    kind = kind_of(ctx, func)
+    if kind is not None or ctx.class_ is None or not isinstance(func, ast.Attribute):
+        return kind
+    if not (isinstance(func.value, ast.Name) and ctx.functions and func.value.id == scope_kinds(ctx, ctx.functions[0]).self_name):
+        return None
+    kinds = set()
+    for method, value in class_attribute_values(ctx, ctx.class_, func.attr):
+        kinds.add(_Inference(ctx, [scope_kinds(ctx, method), scope_kinds(ctx, ctx.tree)]).expr(value))
+    kinds.discard(MODULE_LIST)
+    return kinds.pop() if len(kinds) == 1 else None
 
 
 def is_tensor(ctx, expr: ast.AST) -> bool:

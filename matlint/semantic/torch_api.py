@@ -105,6 +105,8 @@ def _as_gemm(ctx, node: ast.AST) -> Optional[Gemm]:
             operands = args[1:]
             if len(operands) == 1 and isinstance(operands[0], (ast.List, ast.Tuple)):
                 operands = list(operands[0].elts)
+            if len(operands) < 2 and not any(isinstance(o, ast.Starred) for o in operands):
+                return None  # `einsum("bhwc->bchw", x)`: a permute or a reduction, no product
             return Gemm(node, op, operands, spelling, subscripts)
         if op in _ADD_FORMS:
             return Gemm(node, op, args[1:3], spelling) if len(args) >= 3 else None
@@ -135,6 +137,6 @@ def _as_gemm(ctx, node: ast.AST) -> Optional[Gemm]:
             return Gemm(node, name, [receiver, args[0]], "." + name, method=True) if len(args) == 1 else None
     # A Linear module applied to a tensor: self.proj(x), proj(x)
     if (len(args) == 1 and not node.keywords and _kinds.may_mention(ctx, "Linear")
-            and _kinds.kind_of(ctx, func) == _kinds.LINEAR):
+            and _kinds.callee_kind(ctx, func) == _kinds.LINEAR):
         return Gemm(node, "nn.Linear", [args[0]], ctx.segment(func))
     return None
