@@ -298,7 +298,7 @@ CASES = {
         import torch
         total = 0.0
         for x, y in batches:
-            loss = criterion(model(x), y)
+            loss = criterion(model(x.cuda()), y.cuda())
             loss.backward()
             total += loss.item()
         """, [(6, 14)]),
