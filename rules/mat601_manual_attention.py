@@ -1110,6 +1110,17 @@ class ManualAttention(Rule):
                 return attn_output, attn_weights
             ATTENTION_FUNCTIONS = {"eager": eager_attention_forward, "sdpa": sdpa_attention_forward}
             """),
+        bad("""
+            import torch
+            def attend(q, k, v, scale):
+                x = torch.matmul(q, k.transpose(2, 3)) * scale
+                x = torch.softmax(x, dim=3)
+                return x.matmul(v)
+            """, (3, 9), fixed="""
+            import torch
+            def attend(q, k, v, scale):
+                return torch.nn.functional.scaled_dot_product_attention(q, k, v, scale=scale)
+            """, unsafe=True),
     ]
 
     # A softmax is a call of `softmax` (an attribute, or a name bound to it), or of `self.<module>`
@@ -1141,8 +1152,8 @@ class ManualAttention(Rule):
         if scores is None or not scores.key_axis_last:
             return
         if int_const(dim) != -1 and not (scores.gemm.op == "bmm" and int_const(dim) == 2) and not (
-                int_const(dim) > 0 and rank_of(self.ctx, scores_expr) == int_const(dim) + 1):  # softmax(dim=3) of 4-D scores
-            return
+                int_const(dim) > 0 and int_const(dim) + 1 in (rank_of(self.ctx, scores_expr), scores.k_rank)):
+            return  # softmax(dim=3) of 4-D scores (known, or as `k.transpose(2, 3)` says when it is the key transpose)
         if self._is_cosine(flow, scores):
             return
         probs = self._probs(flow, node)

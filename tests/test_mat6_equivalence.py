@@ -145,6 +145,8 @@ CHECKS = {
     # swapaxes, torch.transpose, einsum with a list, the stabilizer, `input=`, positive axes
     33: _check_functions({name: ((2, 4, 9, 16), []) for name in
                           ("swapped", "transposed", "listed", "stabilized", "keyword", "positive_axes")}),
+    # `k.transpose(2, 3)` and `softmax(dim=3)`: positive axes of 4-D operands
+    48: _check_functions({"attend": ((2, 4, 9, 16), [0.37])}),
 }
 
 
