@@ -110,7 +110,9 @@ class HostSyncInLoop(Rule):
     `torch.cuda.synchronize()` (quiet where the step made non-blocking copies that it must wait
     for). A training loop is a loop
     whose body calls `.backward()` or an optimizer's `.step()`; an evaluation loop iterates
-    over a data loader. A function that runs every step counts like a loop's body: a training
+    over a data loader (also through a wrapper that takes it, `metric_logger.log_every(loader,
+    10)`), or, in a file that trains, moves what it iterates over to a device itself (`for batch
+    in val_iter: text = batch.text.cuda()`). A function that runs every step counts like a loop's body: a training
     step called once per step (it calls `.backward()` and an optimizer's `.step()` outside any
     loop of its own: an agent's `learn()`), a `training_step`/`validation_step` hook, and the
     helpers such a step or loop calls on every pass (not under an `if`): a sync inside a metric
@@ -1024,6 +1026,47 @@ class HostSyncInLoop(Rule):
                         print(f"{running / (i + 1):.3f}")
                 return running
             """, unsafe=True),
+        bad("""
+            import torch
+            def evaluate(model, val_iter, loss_fn):
+                total = 0.0
+                with torch.no_grad():
+                    for idx, batch in enumerate(val_iter):
+                        text = batch.text[0].cuda()
+                        loss = loss_fn(model(text), batch.label.cuda())
+                        total += loss.item()
+                return total
+            def train_step(model, batch, loss_fn, optimizer):
+                loss_fn(model(batch.text[0].cuda()), batch.label.cuda()).backward()
+                optimizer.step()
+            """, (8, 22), message_contains="evaluation loop on line 5"),
+        # The same loop in a file that never trains: an inference pipeline's loop over prompts.
+        good("""
+            import torch
+            def encode(prompts, tokenizers, text_encoders, device):
+                embeds = []
+                for prompt, tokenizer, text_encoder in zip(prompts, tokenizers, text_encoders):
+                    ids = tokenizer(prompt, return_tensors="pt").input_ids
+                    if not torch.equal(ids, ids):
+                        continue
+                    embeds.append(text_encoder(ids.to(device)))
+                return embeds
+            """),
+        bad("""
+            import torch
+            def evaluate(model, data_loader, criterion, metric_logger, device):
+                for images, target in metric_logger.log_every(data_loader, 10, "Test:"):
+                    images, target = images.to(device), target.to(device)
+                    loss = criterion(model(images), target)
+                    metric_logger.update(loss=loss.item())
+            """, (6, 35), message_contains="evaluation loop on line 3"),
+        good("""
+            import torch
+            def to_device(model, device):
+                for name, p in model.named_parameters():
+                    p.data = p.data.to(device)
+                    print(name, p.norm().item())
+            """),
     ]
 
     only = {"visit_Call": Only(attrs=frozenset(_SYNC_METHODS | _CONVERSIONS | _DATA_SIZED | {"print", "synchronize"})),

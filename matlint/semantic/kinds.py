@@ -1175,6 +1175,15 @@ def callee_kind(ctx, func: ast.AST) -> Optional[str]:
     return kinds.pop() if len(kinds) == 1 else None
 
 
+def moves_to_device(ctx, call: ast.Call) -> bool:
+    """`x.cuda()`, `x.to(device)`, `x.to("cuda:0")`: a move to a device not known to be the CPU
+    (not a dtype change like `x.to(torch.float16)`)."""
+    func = call.func
+    if not isinstance(func, ast.Attribute) or func.attr not in ("cuda", "to"):
+        return False
+    return _Inference(ctx, _chain(ctx))._destination(func.attr, call) == TENSOR
+
+
 def is_tensor(ctx, expr: ast.AST) -> bool:
     return kind_of(ctx, expr) in TENSORS
 
