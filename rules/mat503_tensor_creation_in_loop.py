@@ -9,6 +9,7 @@ from typing import Optional
 from matlint.rule import Only, Rule, bad, good
 
 from matlint.semantic import kinds as _kinds
+from matlint.semantic.flow import flow_of
 from matlint.semantic.steps import step_of
 from matlint.semantic.loops import identifier, is_training_loop
 from matlint.semantic.names import in_test_code
@@ -44,7 +45,7 @@ _REDUCTIONS = {"sum", "count_nonzero", "max", "min", "amax", "amin", "mean", "pr
 # Bases that make a class a plain Python class, not an nn.Module.
 _PLAIN_BASES = {"abc.ABC", "typing.Generic", "typing.Protocol", "typing.NamedTuple", "enum.Enum"}
 # Ops whose result lives where their input does (`torch.tril(torch.ones(T, T)).to(device)`).
-_SAME_DEVICE_FUNCTIONS = {"torch.tril", "torch.triu"}
+_SAME_DEVICE_FUNCTIONS = {"torch.tril", "torch.triu", "torch.autograd.Variable", "torch.autograd.variable.Variable"}
 _SAME_DEVICE_METHODS = {"tril", "triu", "bool", "float", "half", "bfloat16", "long", "int"}
 # A function run once, by its first name token: `__init__`, `init_weights`, `initialize`, `build_model`,
 # `setUp`, `load`, `load_model`, `loadModel`, `reset_parameters`; not `loader_step` or `builder`.
@@ -650,6 +651,32 @@ class TensorCreationInLoop(Rule):
                     noise = torch.normal(mean, 0.1).to(x.device)
                     return x * keep + noise
             """),
+        bad("""
+            import torch
+            from torch.autograd import Variable
+            def train(G, D, loader, opt, loss):
+                for images, _ in loader:
+                    images = images.cuda()
+                    z = torch.randn((images.size(0), 100))
+                    real = torch.ones(images.size(0))
+                    z, real = z.cuda(), real.cuda()
+                    noise = Variable(torch.randn(images.size(0), 100)).cuda()
+                    steps = (torch.ones(images.size(0)) * 3).long().to("cuda")
+                    loss(D(G(z + noise), steps), real).backward()
+                    opt.step()
+            """, (6, 13), (7, 16), (9, 17), (10, 17), message_contains="created on the host"),
+        good("""
+            import torch
+            def train(G, loader, opt, loss, log):
+                fixed = torch.randn(16, 100)
+                fixed = fixed.cuda()
+                for images, _ in loader:
+                    z = torch.randn(images.size(0), 100)
+                    log(z.mean())
+                    z = z.cuda()
+                    loss(G(z + fixed), images.cuda()).backward()
+                    opt.step()
+            """),
     ]
 
     # A move (`.to(...)`, `.cuda()`), or a tensor made from data (`torch.tensor(...)`, `tensor(...)`).
@@ -660,6 +687,11 @@ class TensorCreationInLoop(Rule):
         moves = isinstance(func, ast.Attribute) and func.attr in ("to", "cuda")
         # The call's own shape first: it rules out almost every call, and costs less than the place.
         factory = self._host_made(func.value) if moves else self._factory(node)
+        made_at = node  # where the finding goes: the move, or the creation a name carries to it
+        if factory is None and moves and isinstance(func.value, ast.Name):
+            carried = self._carried_to_move(func.value)
+            if carried is not None:
+                factory, made_at = carried
         if factory is None:
             return
         self._loops = self._repeating_loops()
@@ -685,7 +717,13 @@ class TensorCreationInLoop(Rule):
             if self._sized_by_loop_item(name, call) or self._in_value_checked_branch():
                 return
             if not _takes_device(name, call):
-                self._report_sampler(node, call, device)
+                if made_at is node:
+                    self._report_sampler(node, call, device)
+                return
+            if made_at is not node:
+                self.report(made_at, f"`{self.ctx.segment(call.func)}(...)` is created on the host and copied to the "
+                                     f"device on line {node.lineno}, on every {self._where()}; create it there with "
+                                     f"`device={device}` and drop the copy")
                 return
             self.report(node, f"`{self.ctx.segment(call.func)}(...)` is created on the host and copied to the device "
                               f"on every {self._where()}; create it there with `device=`",
@@ -817,10 +855,45 @@ class TensorCreationInLoop(Rule):
             return "forward call"
         return f"call of `{function.name}`, which {step_of(self.ctx, self.ctx.functions).why}"
 
+    def _is_number(self, expr: ast.AST) -> bool:
+        return (isinstance(expr, ast.Constant) and isinstance(expr.value, (int, float))) or (
+            isinstance(expr, ast.Name) and _kinds.kind_of(self.ctx, expr) == _kinds.SCALAR)
+
+    def _carried_to_move(self, name: ast.Name) -> Optional[tuple]:
+        """(factory, its call) when `name` holds a tensor made on the host by the one assignment
+        that reaches this move, at the same loop depth, and every read of it is a move to the
+        device (`z = torch.randn(b, 100)` ... `z = z.cuda()`): the name only carries the tensor
+        to the copy."""
+        function = self.ctx.function
+        if function is None:
+            return None
+        flow = flow_of(self.ctx, function)
+        assign = flow.reaching(name)
+        if assign is None or len(assign.targets) != 1 or not isinstance(assign.targets[0], ast.Name):
+            return None
+        factory = self._host_made(assign.value)
+        if factory is None:
+            return None
+        loops = lambda n: [p for p in flow.enclosing(n) if isinstance(p, (ast.For, ast.AsyncFor, ast.While))]  # noqa: E731
+        if loops(assign) != loops(name):
+            return None
+        for use in flow.uses(assign):
+            move = flow.parent.get(use)
+            call = flow.parent.get(move)
+            if not (isinstance(move, ast.Attribute) and move.value is use and move.attr in ("to", "cuda")
+                    and isinstance(call, ast.Call) and call.func is move):
+                return None
+        return factory, factory[1]
+
     def _host_made(self, expr: ast.AST) -> Optional[tuple]:
         """The factory call that makes `expr`, directly or through ops that keep its device
         (`torch.ones(T, T).tril().bool()`), as `_factory` gives it."""
-        while isinstance(expr, ast.Call):
+        while isinstance(expr, (ast.Call, ast.BinOp)):
+            if isinstance(expr, ast.BinOp):  # `torch.ones(n) * i`: arithmetic with a number stays where it is
+                if isinstance(expr.op, (ast.Add, ast.Sub, ast.Mult, ast.Div)) and self._is_number(expr.right):
+                    expr = expr.left
+                    continue
+                return None
             func = expr.func
             if isinstance(func, ast.Attribute) and func.attr in _SAME_DEVICE_METHODS and not expr.keywords and (
                     not expr.args or func.attr in ("tril", "triu")) and self.ctx.qualname(func) is None:
