@@ -688,8 +688,9 @@ class TensorCreationInLoop(Rule):
         # The call's own shape first: it rules out almost every call, and costs less than the place.
         factory = self._host_made(func.value) if moves else self._factory(node)
         made_at = node  # where the finding goes: the move, or the creation a name carries to it
-        if factory is None and moves and isinstance(func.value, ast.Name):
-            carried = self._carried_to_move(func.value)
+        carrier = self._unwrapped(func.value) if moves and factory is None else None
+        if isinstance(carrier, ast.Name):
+            carried = self._carried_to_move(carrier)
             if carried is not None:
                 factory, made_at = carried
         if factory is None:
@@ -877,13 +878,32 @@ class TensorCreationInLoop(Rule):
         loops = lambda n: [p for p in flow.enclosing(n) if isinstance(p, (ast.For, ast.AsyncFor, ast.While))]  # noqa: E731
         if loops(assign) != loops(name):
             return None
+        moved = False
         for use in flow.uses(assign):
+            while isinstance(flow.parent.get(use), ast.Call) and self._unwrapped(flow.parent.get(use)) is use:
+                use = flow.parent.get(use)  # `Variable(z)`: the same tensor
             move = flow.parent.get(use)
             call = flow.parent.get(move)
-            if not (isinstance(move, ast.Attribute) and move.value is use and move.attr in ("to", "cuda")
-                    and isinstance(call, ast.Call) and call.func is move):
-                return None
-        return factory, factory[1]
+            if isinstance(move, ast.Attribute) and move.value is use and move.attr in ("to", "cuda") \
+                    and isinstance(call, ast.Call) and call.func is move:
+                moved = True
+            elif not isinstance(use, ast.Call):
+                return None  # read as it is, on the host (a wrapped copy left on the CPU path reads nothing)
+        return (factory, factory[1]) if moved else None
+
+    def _unwrapped(self, expr: ast.AST) -> ast.AST:
+        """`expr` without the calls that keep its device (`Variable(z)`, `z.float()`)."""
+        while isinstance(expr, ast.Call):
+            func = expr.func
+            if isinstance(func, ast.Attribute) and func.attr in _SAME_DEVICE_METHODS and not expr.keywords \
+                    and not expr.args and self.ctx.qualname(func) is None:
+                expr = func.value
+            elif self.ctx.qualname(func) in _SAME_DEVICE_FUNCTIONS and expr.args and not isinstance(
+                    expr.args[0], ast.Starred):
+                expr = expr.args[0]
+            else:
+                break
+        return expr
 
     def _host_made(self, expr: ast.AST) -> Optional[tuple]:
         """The factory call that makes `expr`, directly or through ops that keep its device
