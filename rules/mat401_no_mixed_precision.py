@@ -6,8 +6,8 @@ import ast
 import re
 from typing import Optional
 
-from matlint.semantic.kinds import moves_work_to_cuda
-from matlint.rule import Rule, bad, good
+from matlint.semantic.kinds import may_mention, moves_work_to_cuda
+from matlint.rule import Only, Rule, bad, good
 
 from matlint.semantic.loops import identifier, is_backward, is_optimizer_step, walk_no_scopes
 from matlint.semantic.names import in_test_code
@@ -297,6 +297,11 @@ class NoMixedPrecision(Rule):
                 optimizer.step()
             """),
     ]
+
+    # No handler can report in a file that never calls `.backward()`: nothing to route there.
+    only = {name: Only(if_file=lambda ctx: may_mention(ctx, "backward"))
+            for name in ("visit_Call", "visit_Assign", "visit_Import", "visit_ImportFrom", "visit_Name",
+                         "visit_Attribute", "visit_keyword", "visit_Constant", "leave_Module")}
 
     def __init__(self, ctx, options=None):
         super().__init__(ctx, options)

@@ -12,7 +12,7 @@ from matlint.rule import Only, Rule, bad, good
 
 from matlint.semantic import kinds as _kinds
 from matlint.semantic.flow import function_text, nearby_comments
-from matlint.semantic.steps import step_of
+from matlint.semantic.steps import STEP_HOOKS, step_of
 from matlint.semantic.loops import (LoopInfo, identifier as _identifier, is_optimizer_step, is_training_loop, iterates_loader,
                      loaded_names, name_tokens, walk_no_scopes)
 from matlint.semantic.names import in_reference_code, in_test_code
@@ -1260,7 +1260,10 @@ class HostSyncInLoop(Rule):
         loop = self._step_loop()
         if loop is not None:
             return loop
-        if self.ctx.function is None or in_test_code(self.ctx) or not _kinds.moves_work_to_cuda(self.ctx):
+        if self.ctx.function is None or not _kinds.may_mention(self.ctx, "backward") and not any(
+                _kinds.may_mention(self.ctx, hook) for hook in STEP_HOOKS):
+            return None  # no training step and no step hook: only a `forward` could run every step
+        if in_test_code(self.ctx) or not _kinds.moves_work_to_cuda(self.ctx):
             return None  # a helper module that never names a device: its callers' tensors may be anywhere
         step = step_of(self.ctx, self.ctx.functions)
         # A module's `forward` branches on its data on purpose (routing, variable lengths): only

@@ -7,13 +7,21 @@ of class `C` as `self.m(...)` from C's other methods. Built once per file, on fi
 from __future__ import annotations
 
 import ast
+import re
 from typing import NamedTuple, Optional
 
-from .tree import child_nodes
+from .tree import block_fields, child_nodes
+
+
+def identifier_text(ctx) -> str:
+    from .kinds import identifier_text as text  # kinds reads call sites through this module
+
+    return text(ctx)
 
 _FUNCTIONS = (ast.FunctionDef, ast.AsyncFunctionDef)
 _LOOPS = (ast.For, ast.AsyncFor, ast.While)
 _BRANCHES = (ast.If, ast.IfExp, ast.ExceptHandler)
+_NO_CALLS = (ast.Name, ast.Constant, ast.expr_context)
 
 
 class CallSite(NamedTuple):
@@ -26,7 +34,7 @@ class CallSite(NamedTuple):
 
 
 class FileCalls:
-    def __init__(self, tree: ast.Module):
+    def __init__(self, tree: ast.Module, text: str = ""):
         self.module_functions: dict = {}   # name -> FunctionDef, for names bound once at module level
         self.methods: dict = {}            # id(ClassDef) -> {name: FunctionDef}
         self.class_of: dict = {}           # id(FunctionDef) -> its ClassDef, for methods
@@ -46,22 +54,52 @@ class FileCalls:
         for name in rebound:
             del self.module_functions[name]
         self.functions: list = []          # every function of the file
+        # Names the text calls somewhere besides their `def`: only statements that spell one of
+        # them can call a function of the file (most statements are not read further).
+        names = set(self.module_functions).union(*(table.keys() for table in self.methods.values()))
+        called = [name for name in names if text.count(name + "(") >= 2] if text else sorted(names)
+        self._call_lines = (_lines_calling(text, called) if called else set()) if text else None
         self._walk(tree, (), None, (), False)
+
+    def _may_call(self, stmt: ast.AST) -> bool:
+        if self._call_lines is None:
+            return True
+        body = getattr(stmt, "body", None)
+        last = body[0].lineno - 1 if isinstance(body, list) and body and hasattr(body[0], "lineno") else stmt.end_lineno
+        return any(line in self._call_lines for line in range(stmt.lineno, max(last, stmt.lineno) + 1))
 
     def _walk(self, node: ast.AST, functions: tuple, cls: Optional[ast.ClassDef], loops: tuple,
               conditional: bool) -> None:
-        for child in child_nodes(node):
-            if isinstance(child, _FUNCTIONS):
-                self.functions.append(child)
-                self._walk(child, functions + (child,), cls, (), False)
+        """Statement by statement (cheap: most nodes are expressions), the calls of each one."""
+        for field in block_fields(node.__class__):
+            for child in getattr(node, field):
+                if isinstance(child, _FUNCTIONS):
+                    self.functions.append(child)
+                    self._calls_in(child, functions, cls, loops, conditional, skip=("body",))
+                    self._walk(child, functions + (child,), cls, (), False)
+                elif isinstance(child, ast.ClassDef):
+                    self._calls_in(child, functions, cls, loops, conditional, skip=("body",))
+                    self._walk(child, functions, child, (), False)
+                else:
+                    self._calls_in(child, functions, cls, loops, conditional, skip=block_fields(child.__class__))
+                    inner = loops + (child,) if isinstance(child, _LOOPS) else loops
+                    self._walk(child, functions, cls, inner, conditional or isinstance(child, _BRANCHES))
+
+    def _calls_in(self, stmt: ast.AST, functions: tuple, cls, loops: tuple, conditional: bool, skip) -> None:
+        """Record the calls in `stmt`'s own expressions (not in its blocks, which `_walk` visits)."""
+        if not self._may_call(stmt):
+            return
+        stack = [getattr(stmt, f) for f in stmt._fields if f not in skip]
+        while stack:
+            value = stack.pop()
+            if isinstance(value, list):
+                stack.extend(value)
                 continue
-            if isinstance(child, ast.ClassDef):
-                self._walk(child, functions, child, (), False)
+            if not isinstance(value, ast.AST) or isinstance(value, _NO_CALLS):
                 continue
-            if isinstance(child, ast.Call):
-                self._record(child, functions, cls, loops, conditional)
-            self._walk(child, functions, cls, loops + (child,) if isinstance(child, _LOOPS) else loops,
-                       conditional or isinstance(child, _BRANCHES))
+            if value.__class__ is ast.Call:
+                self._record(value, functions, cls, loops, conditional or isinstance(stmt, ast.If))
+            stack.extend(child_nodes(value))
 
     def _record(self, call: ast.Call, functions: tuple, cls: Optional[ast.ClassDef], loops: tuple,
                 conditional: bool) -> None:
@@ -86,10 +124,24 @@ def _first_parameter(function: ast.AST) -> Optional[str]:
     return params[0].arg if params else None
 
 
+def _lines_calling(text: str, names: list) -> set:
+    """The 1-based lines of `text` that spell a call of one of `names` (`name(`)."""
+    pattern = re.compile(r"\b(?:" + "|".join(map(re.escape, names)) + r")\(")
+    starts = [m.start() for m in pattern.finditer(text)]
+    if not starts:
+        return set()
+    lines, line, offset = set(), 1, 0
+    for start in starts:
+        line += text.count("\n", offset, start)
+        offset = start
+        lines.add(line)
+    return lines
+
+
 def file_calls(ctx) -> FileCalls:
     found = ctx.shared.get("file_calls")
     if found is None:
-        found = ctx.shared["file_calls"] = FileCalls(ctx.tree)
+        found = ctx.shared["file_calls"] = FileCalls(ctx.tree, identifier_text(ctx))
     return found
 
 

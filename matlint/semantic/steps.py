@@ -14,13 +14,14 @@ import ast
 from typing import NamedTuple, Optional
 
 from .calls import file_calls
+from .kinds import may_mention
 from .loops import is_backward, is_optimizer_step, walk_no_scopes
 from .tree import child_nodes, dotted
 
 _LOOPS = (ast.For, ast.AsyncFor, ast.While, ast.ListComp, ast.SetComp, ast.DictComp, ast.GeneratorExp)
 _SCOPES = (ast.FunctionDef, ast.AsyncFunctionDef, ast.Lambda, ast.ClassDef)
 
-_STEP_HOOKS = frozenset({"training_step", "validation_step", "test_step", "predict_step"})
+STEP_HOOKS = frozenset({"training_step", "validation_step", "test_step", "predict_step"})
 
 
 class Step(NamedTuple):
@@ -81,11 +82,12 @@ def step_functions(ctx) -> dict:
         return found
     calls = file_calls(ctx)
     found = {}
+    trains = may_mention(ctx, "backward") and may_mention(ctx, "step")
     for function in calls.functions:
-        backward, step = _trains(_outside_loops(function.body))
+        backward, step = _trains(_outside_loops(function.body)) if trains else (False, False)
         if backward and step:
             found[id(function)] = Step("is a training step", True)
-        elif function.name in _STEP_HOOKS:
+        elif function.name in STEP_HOOKS:
             found[id(function)] = Step(f"is the `{function.name}` hook", function.name == "training_step")
         elif function.name == "forward" and _module_method(calls, function):
             found[id(function)] = Step("is a module's `forward`, run on every step", False, True)
