@@ -1166,12 +1166,16 @@ def callee_kind(ctx, func: ast.AST) -> Optional[str]:
     assigned an `nn.ModuleList` on one path and a module on another (`if individual: ... else:
     self.Linear = nn.Linear(...)`), the module: a ModuleList cannot be called."""
     kind = kind_of(ctx, func)
-    if kind is not None or ctx.class_ is None or not isinstance(func, ast.Attribute):
+    if kind is not None or ctx.class_ is None or not isinstance(func, ast.Attribute) or not may_mention(
+            ctx, "ModuleList"):
         return kind
     if not (isinstance(func.value, ast.Name) and ctx.functions and func.value.id == scope_kinds(ctx, ctx.functions[0]).self_name):
         return None
+    values = class_attribute_values(ctx, ctx.class_, func.attr)
+    if len(values) < 2:
+        return None  # one value: `kind_of` has said what it is
     kinds = set()
-    for method, value in class_attribute_values(ctx, ctx.class_, func.attr):
+    for method, value in values:
         kinds.add(_Inference(ctx, [scope_kinds(ctx, method), scope_kinds(ctx, ctx.tree)]).expr(value))
     kinds.discard(MODULE_LIST)
     return kinds.pop() if len(kinds) == 1 else None
