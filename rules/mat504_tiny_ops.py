@@ -9,6 +9,7 @@ from typing import Optional
 from matlint.diagnostics import Edit, Fix
 from matlint.rule import Only, Rule, bad, good
 
+from matlint.semantic import kinds as _kinds
 from matlint.semantic.kinds import identifier_text
 from matlint.semantic.steps import step_of
 from matlint.semantic.loops import LoopInfo, identifier, is_training_loop, loaded_names, name_tokens
@@ -399,6 +400,25 @@ class TinyOps(Rule):
                 for p, q in zip(model_params, avg_params):
                     p.mul_(0).add_(q)
             """),
+        bad("""
+            from collections import OrderedDict
+            def update_ema(ema_model, model, decay=0.9999):
+                ema_params = OrderedDict(ema_model.named_parameters())
+                model_params = OrderedDict(model.named_parameters())
+                for name, param in model_params.items():
+                    ema_params[name].mul_(decay).add_(param.data, alpha=1 - decay)
+            """, (6, 9)),
+        bad("""
+            class EMA:
+                def __init__(self, beta):
+                    self.beta = beta
+                def update_model_average(self, ma_model, current_model):
+                    for current_params, ma_params in zip(current_model.parameters(), ma_model.parameters()):
+                        old_weight, up_weight = ma_params.data, current_params.data
+                        ma_params.data = self.update_average(old_weight, up_weight)
+                def update_average(self, old, new):
+                    return old * self.beta + (1 - self.beta) * new
+            """, (7, 13)),
     ]
 
     def __init__(self, ctx, options=None):
@@ -424,11 +444,34 @@ class TinyOps(Rule):
             self._update(node, target=node.target)
 
     def visit_Assign(self, node: ast.Assign) -> None:
-        if len(node.targets) == 1 and isinstance(node.value, ast.BinOp):
-            target = node.targets[0]
-            if isinstance(target, ast.Attribute) and target.attr == "data" and \
-                    ast.unparse(target) in {ast.unparse(n) for n in ast.walk(node.value) if isinstance(n, ast.Attribute)}:
-                self._update(node, target=target)
+        if len(node.targets) != 1:
+            return
+        target = node.targets[0]
+        if not (isinstance(target, ast.Attribute) and target.attr == "data"):
+            return
+        if isinstance(node.value, ast.BinOp) and ast.unparse(target) in {
+                ast.unparse(n) for n in ast.walk(node.value) if isinstance(n, ast.Attribute)}:
+            self._update(node, target=target)
+        elif self._arithmetic_helper(node.value):
+            self._update(node, target=target)  # `ma.data = self.update_average(old, new)`
+
+    def _arithmetic_helper(self, value: ast.AST) -> bool:
+        """A call of a function of the file (or a method of the class) that returns element-wise
+        arithmetic of its arguments (`return old * self.beta + (1 - self.beta) * new`)."""
+        if not isinstance(value, ast.Call) or not value.args:
+            return False
+        func = value.func
+        helper = None
+        if isinstance(func, ast.Name):
+            helper = self._functions().get(func.id)
+        elif (isinstance(func, ast.Attribute) and isinstance(func.value, ast.Name) and func.value.id == "self"
+              and self.ctx.class_ is not None):
+            helper = next((s for s in self.ctx.class_.body if isinstance(s, (ast.FunctionDef, ast.AsyncFunctionDef))
+                           and s.name == func.attr), None)
+        if helper is None:
+            return False
+        returns = [n.value for n in ast.walk(helper) if isinstance(n, ast.Return) and n.value is not None]
+        return any(isinstance(r, ast.BinOp) for r in returns) and not any(self._heavy(n) for n in ast.walk(helper))
 
     # -- checks -------------------------------------------------------------------------
     def _optimizer(self, node: ast.Call) -> None:
@@ -545,11 +588,26 @@ class TinyOps(Rule):
         if isinstance(it, ast.Call) and getattr(it.func, "id", None) in ("zip", "enumerate", "list", "reversed"):
             calls = it.args
         for expr in calls:
+            if (isinstance(expr, ast.Call) and isinstance(expr.func, ast.Attribute) and expr.func.attr in (
+                    "items", "values") and not expr.args and isinstance(expr.func.value, ast.Name)):
+                expr = self._held_parameters(expr.func.value)  # `OrderedDict(model.named_parameters()).items()`
             if isinstance(expr, ast.Call) and isinstance(expr.func, ast.Attribute) and expr.func.attr in _PARAMETER_SOURCES:
                 return True
             if isinstance(expr, ast.Subscript) and isinstance(expr.slice, ast.Constant) and expr.slice.value == "params":
                 return True
         return False
+
+    def _held_parameters(self, name: ast.Name) -> ast.AST:
+        """What `name` is assigned, seen through a dict or list made of it (`OrderedDict(x.named_parameters())`)."""
+        entries = _kinds.bindings(self.ctx, name.id) or []
+        values = [e[1] for e in entries if e[0] == "value"]
+        if len(values) != 1 or len(entries) != 1:
+            return name
+        value = values[0]
+        if isinstance(value, ast.Call) and getattr(value.func, "id", getattr(value.func, "attr", None)) in (
+                "OrderedDict", "dict", "list") and len(value.args) == 1:
+            return value.args[0]
+        return value
 
     @staticmethod
     def _is_parameter(expr: ast.AST, loop: LoopInfo) -> bool:

@@ -14,9 +14,11 @@ bare git mirrors (`--mirrors DIR`, holding `owner+name/repo`, bare or not), else
 from __future__ import annotations
 
 import argparse
+import ast
 import collections
 import csv
 import os
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -25,6 +27,7 @@ HERE = Path(__file__).resolve().parent
 FAMILIES = {"1": "loops", "2": "broadcasting", "3": "layout", "4": "precision", "5": "launches", "6": "fused"}
 LINE_SLACK = 2
 FILE_LEVEL = {"MAT401"}  # reported once per file: a label anywhere in the file matches
+LOOP_LEVEL = {"MAT504"}  # reported once per loop, naming its line: a label anywhere in that loop matches
 
 
 def read_csv(name: str) -> list:
@@ -67,8 +70,21 @@ def bring(repos: list, mirrors) -> Path:
     return root
 
 
+def loop_span(source: bytes, message: str):
+    """(first, last) line of the loop a finding's message names (`loop over parameters (line 28)`)."""
+    match = re.search(r"\(line (\d+)\)", message)
+    if not match:
+        return None
+    line = int(match.group(1))
+    for node in ast.walk(ast.parse(source)):
+        if isinstance(node, (ast.For, ast.AsyncFor, ast.While)) and node.lineno == line:
+            return node.lineno, node.end_lineno
+    return None
+
+
 def lint(root: Path, repos: list) -> list:
-    """(repo, path, row, code, message) for every finding in the labelled files."""
+    """(repo, path, row, code, message, span) for every finding in the labelled files; `span`:
+    the lines a label may sit on to match it (None: the finding's row, give or take LINE_SLACK)."""
     from matlint.config import Settings
     from matlint.engine import lint_bytes
 
@@ -77,8 +93,10 @@ def lint(root: Path, repos: list) -> list:
     for repo in repos:
         base = root / repo["repo"].replace("/", "+")
         for path in (p for p in repo["files"].split(";") if p):
-            for f in lint_bytes((base / path).read_bytes(), path, rules):
-                found.append((repo["repo"], path, f.row, f.code, f.message))
+            source = (base / path).read_bytes()
+            for f in lint_bytes(source, path, rules):
+                span = loop_span(source, f.message) if f.code in LOOP_LEVEL else None
+                found.append((repo["repo"], path, f.row, f.code, f.message, span))
     return found
 
 
@@ -94,13 +112,14 @@ def match(findings: list, labels: list, judged: list) -> tuple:
     judged_at = {(j["repo"], j["path"], int(j["line"]), j["code"]): j["verdict"] for j in judged}
     used = set()
     verdicts = []
-    for repo, path, row, code, _ in sorted(findings, key=lambda f: (f[0], f[1], f[2])):
+    for repo, path, row, code, _, span in sorted(findings, key=lambda f: (f[0], f[1], f[2])):
         verdict = None
         candidates = sorted(by_file[(repo, path)], key=lambda l: abs(int(l["line"]) - row))
         for label in candidates:
             if id(label) in used or code not in label["codes"].split("|"):
                 continue
-            if code in FILE_LEVEL or abs(int(label["line"]) - row) <= LINE_SLACK:
+            line = int(label["line"])
+            if code in FILE_LEVEL or abs(line - row) <= LINE_SLACK or (span and span[0] <= line <= span[1]):
                 used.add(id(label))
                 verdict = label["label"]
                 break
@@ -161,7 +180,7 @@ def main(argv=None) -> int:
             if verdict in ("neg", "false"):
                 print(f"  {repo} {path}:{row} {code}")
     if args.unjudged:
-        messages = {(r, p, row, c): m for r, p, row, c, m in findings}
+        messages = {(r, p, row, c): m for r, p, row, c, m, _ in findings}
         with open(args.unjudged, "w", newline="") as f:
             writer = csv.writer(f)
             writer.writerow(["repo", "path", "line", "code", "message"])
