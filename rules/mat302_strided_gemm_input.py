@@ -378,7 +378,9 @@ class StridedGemmInput(Rule):
                 return None if self._layer_output(view.base) else self._no_unit_stride()
             return self._fold_batch(view, other_view)
         if gemm.op == "nn.Linear":
-            return None if self._may_be_frozen(gemm.node.func) else self._fold_rows(gemm, view, "the layer's weight")
+            if self._may_be_frozen(gemm.node.func) or self._layer_output(view.base):
+                return None  # frozen, or a GEMM's output permuted for the next layer: its layout was fixed there
+            return self._fold_rows(gemm, view, "the layer's weight")
         weight = gemm.operands[1]
         if gemm.op == "linear" and not self._never_requires_grad(weight) and not self._may_be_frozen(weight):
             return self._fold_rows(gemm, view, f"`{self.ctx.segment(weight)}`")
@@ -477,8 +479,8 @@ class StridedGemmInput(Rule):
                 expr = expr.func.value
             else:
                 break
-        if isinstance(expr, ast.Call):
-            return as_gemm(self.ctx, expr) is not None
+        if isinstance(expr, (ast.Call, ast.BinOp)):
+            return as_gemm(self.ctx, expr) is not None  # `self.qk(x)`, `q @ k.transpose(-2, -1)`
         if not isinstance(expr, ast.Name):
             return False
         reaching = flow_of(self.ctx, self.ctx.function).reaching_all(expr)
