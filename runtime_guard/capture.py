@@ -54,6 +54,7 @@ MASK_OPS = frozenset({"add", "sub", "masked_fill", "where", "add_", "sub_", "mas
 SOFTMAX_OPS = frozenset({"_softmax", "softmax", "_safe_softmax"})
 DROPOUT_OPS = frozenset({"native_dropout", "dropout"})
 COPY_OPS = frozenset({"_to_copy", "copy_"})
+ZERO_OPS = frozenset({"zeros", "zeros_like", "new_zeros", "zero_"})  # make a tensor of zeros (not a mask)
 _SCALE_OR_MASK_OPS = SCALE_OPS | MASK_OPS
 MASK_FILL_MIN = -1e4       # a fill at or below this zeroes its softmax weight, as -inf does
 
@@ -188,6 +189,7 @@ class MaskFact(NamedTuple):
                      # "fill" (masked_fill/where with a value that is not a mask: SDPA has none)
     causal: bool     # exactly lower-triangular (top-left) over the observed scores
     fill: float = float("-inf")
+    factor: float = 1.0  # additive masks: SDPA's attn_mask is the user's tensor times this (baddbmm's beta)
 
 
 @dataclass(eq=False)
@@ -731,8 +733,8 @@ class Recorder:
                         c = copies.get(a)
                         if c is not None and c[0] == site:
                             rec.layout_copies[c] = rec.layout_copies.get(c, 0) + 1
-        if is_bgemm or self._attn.d or name == "repeat":
-            self._attention_step(name, args, arg0, out_t, site, module, direct)
+        if is_bgemm or self._attn.d or name == "repeat" or name in ZERO_OPS:
+            self._attention_step(name, args, kwargs, arg0, out_t, site, module, direct)
 
     def _note_operands(self, key, args, name) -> None:
         """Which tensors this GEMM line was given in this step: a view is its base and offset (a
@@ -754,7 +756,7 @@ class Recorder:
             elif e() is not base:
                 ids[ident + (len(ids),)] = _weakref(base)
 
-    def _attention_step(self, name, args, arg0, out, site, module, direct) -> None:
+    def _attention_step(self, name, args, kwargs, arg0, out, site, module, direct) -> None:
         """Follow bmm -> scale -> (mask) -> softmax -> (dropout) -> bmm on the same tensors, with
         what SDPA needs to compute the same: scale, masks, dropout, repeated K/V heads, and whether
         the weights are used elsewhere."""
@@ -778,11 +780,21 @@ class Recorder:
             k_repeat = attn.get(b)
             if type(k_repeat) is AttentionChain and k_repeat.phase == "P":
                 _weights_used(k_repeat)
-            masks = ()
-            if bias is not None:  # baddbmm(mask, q, k^T): an additive mask
-                masks = (MaskFact("additive", self._causal(bias, "additive", out.shape)),)
-            attn.set(out, AttentionChain("S", site, (tensor_sig(a), tensor_sig(b)), masks=masks,
+            masks, scale = (), 1.0
+            if bias is not None:  # baddbmm(input, q, k^T, beta=, alpha=): beta * input + alpha * (q @ k^T)
+                kwargs = kwargs or {}
+                beta, scale = _number(kwargs.get("beta", 1)), _number(kwargs.get("alpha", 1))
+                if beta is None or scale is None:
+                    return  # read only on the device: not followed
+                zero = attn.get(bias)
+                if beta != 0 and not (type(zero) is tuple and zero[0] == "Z" and zero[1] == bias._version):
+                    causal = beta > 0 and self._causal(bias, "additive", out.shape)
+                    masks = (MaskFact("additive", causal, factor=beta),)
+            attn.set(out, AttentionChain("S", site, (tensor_sig(a), tensor_sig(b)), masks=masks, scale=scale,
                                          k_repeat=k_repeat[1:] if type(k_repeat) is tuple and k_repeat[0] == "K" else None))
+            return
+        if name in ZERO_OPS:  # zeros made here: a baddbmm input that is not a mask (GPT-NeoX)
+            attn.set(out, ("Z", out._version))
             return
         if name == "repeat" and arg0 is not None and len(args) > 1:
             grown = [n for n in args[1] if n > 1]
@@ -864,7 +876,8 @@ class Recorder:
                 return None  # mask - scores: not a mask
             kind = "additive" if base == "add" else "subtractive"
             causal = kind == "additive" and self._causal(other, kind, out.shape)
-            return dataclasses.replace(state, masks=state.masks + (MaskFact(kind, causal),))
+            mask = MaskFact(kind, causal, factor=1.0 if kind == "additive" else -1.0)
+            return dataclasses.replace(state, masks=state.masks + (mask,))
         return None
 
     def _fill_value(self, value):

@@ -422,8 +422,8 @@ def check_tiny_ops(rec, steps, ctx):
 
 
 # -- MAT601 ----------------------------------------------------------------------------------------
-_ATTN_MASK_ARG = {"masked_fill": "~mask", "where": "mask", "where_inv": "~mask", "additive": "mask",
-                  "subtractive": "-mask"}
+_ATTN_MASK_ARG = {"masked_fill": "~mask", "where": "mask", "where_inv": "~mask"}
+_ADDED = ("additive", "subtractive")  # a float mask added to the scores: attn_mask is it times MaskFact.factor
 _MASK_SAYS = {
     "masked_fill": "attn_mask=~mask: SDPA's boolean mask marks the positions that take part, masked_fill's "
                    "the ones filled",
@@ -432,6 +432,19 @@ _MASK_SAYS = {
     "additive": "attn_mask=mask: the float mask added to the scores, as is",
     "subtractive": "attn_mask=-mask: the tensor subtracted from the scores, negated",
 }
+
+
+def _mask_times(factor: float) -> str:
+    """attn_mask for an added mask: the user's `mask` times the factor it reached the scores with."""
+    if factor == 1:
+        return "mask"
+    if factor == -1:
+        return "-mask"
+    return f"mask * {float(f'{factor:.8g}')!r}"
+
+
+def _mask_arg(mask) -> str:
+    return _mask_times(mask.factor) if mask.kind in _ADDED else _ATTN_MASK_ARG[mask.kind]
 
 
 @dataclass(frozen=True)
@@ -463,6 +476,11 @@ def sdpa_advice(keys, weights_used: bool) -> SdpaAdvice:
     mask_kinds = {tuple(m.kind for m in k.masks) for k in keys}
     kinds = sorted(mask_kinds, key=len)[-1]
     causal = len(mask_kinds) == 1 and len(kinds) == 1 and all(k.masks[0].causal for k in keys)
+    factors = {m.factor for k in keys for m in k.masks if m.kind in _ADDED}
+    if len(factors) > 1:
+        checks.append(f"the float mask reached the scores with a different factor between calls "
+                      f"({', '.join(f'{v:.6g}' for v in sorted(factors))}): pass each call's mask times its factor")
+        exact = False
     if len(mask_kinds) > 1:
         checks.append(f"the scores were masked differently between calls ({', '.join('+'.join(m) or 'no mask' for m in sorted(mask_kinds))}): "
                       f"pass each call's mask as attn_mask")
@@ -476,8 +494,14 @@ def sdpa_advice(keys, weights_used: bool) -> SdpaAdvice:
         checks.append("is_causal=True: the mask was exactly causal (lower-triangular) in every observed call; if it "
                       "can also hide padding, pass it as attn_mask= instead")
     elif len(kinds) == 1:
-        kwargs["attn_mask"] = _ATTN_MASK_ARG[kinds[0]]
-        checks.append(_MASK_SAYS[kinds[0]])
+        mask = keys[0].masks[0]
+        kwargs["attn_mask"] = _mask_arg(mask)
+        if mask.kind in _ADDED and mask.factor not in (1, -1):
+            checks.append(f"attn_mask={kwargs['attn_mask']}: the float mask reached the scores times "
+                          f"{mask.factor:.6g} (baddbmm's beta, or a scale applied after it), and SDPA adds "
+                          f"attn_mask as it is")
+        else:
+            checks.append(_MASK_SAYS[kinds[0]])
     elif kinds:
         kwargs["attn_mask"] = "mask"
         checks.append(f"combine the {len(kinds)} masks ({', '.join(kinds)}) into one attn_mask (boolean: True where "

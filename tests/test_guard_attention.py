@@ -336,3 +336,88 @@ def test_estimate_times_the_suggested_call():
     f = mat601(g)
     assert f.estimated_savings_ms is not None
     assert "explicit attn_mask" in f.evidence["estimate_method"]
+
+
+# -- attention written as a function of q, k, v: the suggestion applied as the finding says ---------
+QKV = [torch.randn(B, HEADS, S, HEAD_DIM, generator=torch.Generator().manual_seed(10 + i)).to(DEVICE)
+       for i in range(3)]
+TEMP = torch.tensor(0.3, device=DEVICE)
+BIAS = torch.randn(HEADS, S, S, generator=torch.Generator().manual_seed(4)).to(DEVICE)
+CAUSAL_ADD = torch.zeros(S, S, device=DEVICE).masked_fill(causal_fill_mask(S), float("-inf"))
+
+
+def leaves():
+    return [t.clone().requires_grad_(True) for t in QKV + [TEMP]]
+
+
+def observe_fn(fn, steps=3):
+    g = guard(json_path=None, report=False, estimate_savings=False, warmup=1, window=steps - 1)
+    with g:
+        for _ in range(steps):
+            fn(*leaves()).square().mean().backward()
+            g.step()
+    return g
+
+
+def follow(f, q, k, v, t, mask):
+    """The suggested call, applied as the finding says: q multiplied or divided by the tensor factors
+    in evidence["scale_tensors"], attn_mask the written expression of the user's mask."""
+    kwargs = dict(f.evidence["sdpa_kwargs"])
+    if "attn_mask" in kwargs:
+        kwargs["attn_mask"] = eval(kwargs["attn_mask"], {"mask": mask})
+    for how in f.evidence.get("scale_tensors", ()):
+        q = q * t if how == "mul" else q / t
+    return F.scaled_dot_product_attention(q, k, v, **kwargs)
+
+
+def assert_fn_equivalent(fn, f, mask=None):
+    x0, x1 = leaves(), leaves()
+    out0, out1 = fn(*x0), follow(f, *x1, mask)
+    torch.testing.assert_close(out1, out0, **TOL)
+    grads0 = torch.autograd.grad(out0.square().mean(), x0, allow_unused=True)
+    grads1 = torch.autograd.grad(out1.square().mean(), x1, allow_unused=True)
+    for g0, g1 in zip(grads0, grads1):
+        if g0 is None:  # the temperature, where fn does not use it
+            assert g1 is None or not g1.abs().any()
+            continue
+        torch.testing.assert_close(g1, g0, **TOL)
+
+
+def flat(t):
+    return t.reshape(B * HEADS, S, HEAD_DIM)
+
+
+def baddbmm_attention(make_input, beta, alpha):
+    def fn(q, k, v, t):
+        scores = torch.baddbmm(make_input(), flat(q), flat(k).transpose(1, 2), beta=beta, alpha=alpha)
+        return (scores.softmax(-1) @ flat(v)).view(B, HEADS, S, HEAD_DIM)
+    return fn
+
+
+SQRT_D = math.sqrt(HEAD_DIM)
+# name: (fn(q, k, v, t), the user's mask tensor, the SDPA keyword arguments the guard must suggest)
+FUNCTION_FORMS = {
+    # GPT-NeoX: baddbmm on zeros with beta=1, the scale as alpha
+    "baddbmm zeros, alpha=1/sqrt(d)": (
+        baddbmm_attention(lambda: torch.zeros(B * HEADS, S, S, device=DEVICE), 1.0, 1 / SQRT_D), None, {}),
+    # GPT-2's _upcast_and_reordered_attn: beta=0 on an uninitialised tensor (not a mask)
+    "baddbmm empty, beta=0": (
+        baddbmm_attention(lambda: torch.empty(B * HEADS, S, S, device=DEVICE), 0, 1 / SQRT_D), None, {}),
+    "baddbmm empty, beta=0, alpha=0.05": (
+        baddbmm_attention(lambda: torch.empty(B * HEADS, S, S, device=DEVICE), 0, 0.05), None, {"scale": 0.05}),
+    "baddbmm causal mask, beta=1": (
+        baddbmm_attention(lambda: CAUSAL_ADD, 1, 1 / SQRT_D), CAUSAL_ADD, {"is_causal": True}),
+    "baddbmm bias, beta=0.5, alpha=0.05": (
+        baddbmm_attention(lambda: BIAS.repeat(B, 1, 1), 0.5, 0.05), BIAS, {"attn_mask": "mask * 0.5", "scale": 0.05}),
+}
+
+
+@pytest.mark.parametrize("form", list(FUNCTION_FORMS))
+def test_suggested_call_for_attention_functions_computes_the_same(form):
+    fn, mask, expected = FUNCTION_FORMS[form]
+    f = mat601(observe_fn(fn))
+    assert f is not None
+    assert f.evidence["sdpa_kwargs"] == pytest.approx(expected)
+    assert f.evidence["exact"]
+    assert_fn_equivalent(fn, f, mask)
+
