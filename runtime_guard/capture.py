@@ -189,7 +189,8 @@ class MaskFact(NamedTuple):
                      # "fill" (masked_fill/where with a value that is not a mask: SDPA has none)
     causal: bool     # exactly lower-triangular (top-left) over the observed scores
     fill: float = float("-inf")
-    factor: float = 1.0  # additive masks: SDPA's attn_mask is the user's tensor times this (baddbmm's beta)
+    factor: float | None = 1.0  # added masks: SDPA's attn_mask is the user's tensor times this (baddbmm's beta,
+                                # scales applied after it); None: scaled by a tensor after it was added
 
 
 @dataclass(eq=False)
@@ -849,13 +850,14 @@ class Recorder:
             if isinstance(other, Tensor) and other.dim() and other.shape[-1] != 1:
                 return None  # varies along the keys: not a scale (a multiplicative mask SDPA lacks)
             if isinstance(other, Tensor):  # a learned temperature, or a value read only on the device
-                return dataclasses.replace(state, scale_tensor=True)
+                return dataclasses.replace(state, scale_tensor=True, masks=_masks_scaled(state.masks, None))
             value = _number(other)
             if value is None:
                 return None
             if value == 0:
                 return None
-            return dataclasses.replace(state, scale=state.scale * (value if base == "mul" else 1.0 / value))
+            factor = value if base == "mul" else 1.0 / value
+            return dataclasses.replace(state, scale=state.scale * factor, masks=_masks_scaled(state.masks, factor))
         if base == "masked_fill" and which == 0 and len(args) > 2:
             fill = self._fill_value(args[2])
             if fill is None or fill > MASK_FILL_MIN:
@@ -918,6 +920,18 @@ def _number(value):
     if isinstance(value, Tensor) and value.numel() == 1 and value.device.type == "cpu":
         return float(value.item())
     return None
+
+
+def _masks_scaled(masks: tuple, factor) -> tuple:
+    """The masks after the scores were scaled by `factor` (None: by a tensor): SDPA adds attn_mask after
+    scaling, so a float mask added before is attn_mask times the factor; a filled mask stays one."""
+    out = []
+    for m in masks:
+        if m.kind in ("additive", "subtractive"):
+            new = None if factor is None or m.factor is None else m.factor * factor
+            m = m._replace(factor=new, causal=m.causal and new is not None and new > 0)
+        out.append(m)
+    return tuple(out)
 
 
 def autocast_state() -> str:

@@ -477,7 +477,11 @@ def sdpa_advice(keys, weights_used: bool) -> SdpaAdvice:
     kinds = sorted(mask_kinds, key=len)[-1]
     causal = len(mask_kinds) == 1 and len(kinds) == 1 and all(k.masks[0].causal for k in keys)
     factors = {m.factor for k in keys for m in k.masks if m.kind in _ADDED}
-    if len(factors) > 1:
+    if None in factors:
+        checks.append("the float mask was added before the scores were scaled by a tensor, and SDPA adds attn_mask "
+                      "after scaling: pass attn_mask=mask scaled by that tensor as the scores were")
+        exact = False
+    elif len(factors) > 1:
         checks.append(f"the float mask reached the scores with a different factor between calls "
                       f"({', '.join(f'{v:.6g}' for v in sorted(factors))}): pass each call's mask times its factor")
         exact = False
@@ -493,6 +497,8 @@ def sdpa_advice(keys, weights_used: bool) -> SdpaAdvice:
         kwargs["is_causal"] = True
         checks.append("is_causal=True: the mask was exactly causal (lower-triangular) in every observed call; if it "
                       "can also hide padding, pass it as attn_mask= instead")
+    elif None in factors:
+        pass  # said above: the mask's factor is a tensor's value
     elif len(kinds) == 1:
         mask = keys[0].masks[0]
         kwargs["attn_mask"] = _mask_arg(mask)

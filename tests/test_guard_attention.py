@@ -409,6 +409,19 @@ FUNCTION_FORMS = {
         baddbmm_attention(lambda: CAUSAL_ADD, 1, 1 / SQRT_D), CAUSAL_ADD, {"is_causal": True}),
     "baddbmm bias, beta=0.5, alpha=0.05": (
         baddbmm_attention(lambda: BIAS.repeat(B, 1, 1), 0.5, 0.05), BIAS, {"attn_mask": "mask * 0.5", "scale": 0.05}),
+    # an additive mask added before the scale: SDPA adds attn_mask after scaling
+    "(qk + bias) / sqrt(d)": (
+        lambda q, k, v, t: ((q @ k.transpose(-2, -1) + BIAS) / SQRT_D).softmax(-1) @ v, BIAS,
+        {"attn_mask": f"mask * {float(f'{1 / SQRT_D:.8g}')!r}"}),
+    "(qk - bias) * 0.05": (
+        lambda q, k, v, t: ((q @ k.transpose(-2, -1) - BIAS) * 0.05).softmax(-1) @ v, BIAS,
+        {"attn_mask": "mask * -0.05", "scale": 0.05}),
+    "(qk + causal) / sqrt(d)": (
+        lambda q, k, v, t: ((q @ k.transpose(-2, -1) + CAUSAL_ADD) / SQRT_D).softmax(-1) @ v, CAUSAL_ADD,
+        {"is_causal": True}),
+    "masked_fill then / sqrt(d)": (
+        lambda q, k, v, t: (q @ k.transpose(-2, -1)).masked_fill(causal_fill_mask(S), float("-inf")).div(SQRT_D)
+        .softmax(-1) @ v, None, {"is_causal": True}),
 }
 
 
@@ -420,4 +433,10 @@ def test_suggested_call_for_attention_functions_computes_the_same(form):
     assert f.evidence["sdpa_kwargs"] == pytest.approx(expected)
     assert f.evidence["exact"]
     assert_fn_equivalent(fn, f, mask)
+
+
+def test_an_additive_mask_scaled_by_a_tensor_says_what_to_check():
+    f = mat601(observe_fn(lambda q, k, v, t: ((q @ k.transpose(-2, -1) + BIAS) * t).softmax(-1) @ v))
+    assert not f.evidence["exact"]
+    assert "added before the scores were scaled by a tensor" in f.message
 
