@@ -202,8 +202,8 @@ class AttentionChain:
     qk_site: Site
     qk_sig: tuple
     k_repeat: tuple = None     # (n, interleaved) when K's heads were repeated (GQA), else None
-    scale: float = 1.0         # product of the scalar factors applied to the scores
-    scale_tensor: bool = False  # (also) scaled by a tensor: its value is not read
+    scale: float = 1.0         # product of the numbers the scores were multiplied by (divisions inverted)
+    scale_tensors: tuple = ()  # "mul" / "div" per tensor factor, in order (its value is not read)
     masks: tuple = ()          # MaskFact per mask applied
     softmax_dtype: object = None
     in_sdpa: bool = False      # the softmax was SDPA's own (_safe_softmax): its math backend ran
@@ -219,7 +219,8 @@ class AttentionKey(NamedTuple):
     module_type: str
     qk_sig: tuple
     v_sig: tuple
-    scale: float | None        # None: scaled by a tensor
+    scale: float               # the numeric factor
+    scale_tensors: tuple       # and the tensor factors, "mul" / "div" each
     masks: tuple
     dropout_p: float
     k_repeat: tuple | None
@@ -769,7 +770,7 @@ class Recorder:
                 v_repeat = attn.get(b)
                 key = AttentionKey(
                     state.qk_site, site, module, self.modules.current_type(), state.qk_sig, tensor_sig(b),
-                    None if state.scale_tensor else state.scale, state.masks, state.dropout_p, state.k_repeat,
+                    state.scale, state.scale_tensors, state.masks, state.dropout_p, state.k_repeat,
                     v_repeat[1:] if type(v_repeat) is tuple and v_repeat[0] == "K" else None,
                     a.requires_grad, state.softmax_dtype, state.in_sdpa)
                 stat = self.rec.attention.get(key)
@@ -847,10 +848,13 @@ class Recorder:
         if name in SOFTMAX_OPS:
             return dataclasses.replace(state, phase="P", softmax_dtype=out.dtype, in_sdpa=name == "_safe_softmax")
         if base in ("mul", "div"):
+            if base == "div" and which != 0:
+                return None  # x / scores: not a scale
             if isinstance(other, Tensor) and other.dim() and other.shape[-1] != 1:
                 return None  # varies along the keys: not a scale (a multiplicative mask SDPA lacks)
             if isinstance(other, Tensor):  # a learned temperature, or a value read only on the device
-                return dataclasses.replace(state, scale_tensor=True, masks=_masks_scaled(state.masks, None))
+                return dataclasses.replace(state, scale_tensors=state.scale_tensors + (base,),
+                                           masks=_masks_scaled(state.masks, None))
             value = _number(other)
             if value is None:
                 return None

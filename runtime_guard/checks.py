@@ -516,12 +516,19 @@ def sdpa_advice(keys, weights_used: bool) -> SdpaAdvice:
     if dropout:
         kwargs["dropout_p"] = dropout
     scales = {k.scale for k in keys}
+    tensors = {k.scale_tensors for k in keys}
     d = keys[0].qk_sig[0][0][-1]
-    if None in scales:
-        kwargs["scale"] = 1.0
-        checks.append("the scores were scaled by a tensor: multiply q by it first (shaped to broadcast over q) "
-                      "and pass scale=1.0")
-    elif len(scales) > 1:
+    if len(tensors) > 1:
+        checks.append("the scores were scaled by tensors differently between calls: scale q by each call's tensor "
+                      "factors first")
+        exact = False
+    elif tensors != {()}:
+        [ops] = tensors
+        how = " then ".join("multiply q by" if op == "mul" else "divide q by" for op in ops)
+        checks.append(f"the scores were {' then '.join({'mul': 'multiplied', 'div': 'divided'}[op] for op in ops)} by "
+                      f"{'a tensor' if len(ops) == 1 else 'tensors'}: {how} {'it' if len(ops) == 1 else 'them'} first "
+                      f"(shaped to broadcast over q); scale= is the numeric factor alone")
+    if len(scales) > 1:
         checks.append(f"the scale differed between calls ({', '.join(f'{v:.6g}' for v in sorted(scales))}): pass "
                       f"each call's as scale=")
         exact = False
@@ -564,7 +571,8 @@ def check_attention(rec, steps, ctx):
         bh, s_q, d = q[0]
         s_k = k[0][-1]
         per_step = count / steps
-        parts = (["matmul"] + (["scale"] if key.scale != 1.0 else []) + [m.kind.split("_")[0] for m in key.masks]
+        scaled = key.scale != 1.0 or bool(key.scale_tensors)
+        parts = (["matmul"] + (["scale"] if scaled else []) + [m.kind.split("_")[0] for m in key.masks]
                  + ["softmax"] + (["dropout"] if key.dropout_p else []) + ["matmul"])
         head = (f"hand-written attention ({' → '.join(parts)}) on {bh} heads × {s_q}×{s_k}, head dim {d}, "
                 f"{_dtype(q[2])}")
@@ -578,7 +586,7 @@ def check_attention(rec, steps, ctx):
                 msg += "; " + "; ".join(advice.checks)
         ev = {"per_step": round(per_step, 2), "module": module, "phase": "forward+backward" if key.grad else "forward",
               "shapes": [_shape(q[0]), _shape(k[0]), _shape(key.v_sig[0])], "dtypes": [_dtype(q[2])],
-              "second_matmul": str(pv_site), "scaled": key.scale != 1.0, "masks": [m.kind for m in key.masks],
+              "second_matmul": str(pv_site), "scaled": scaled, "scale_tensors": list(key.scale_tensors), "masks": [m.kind for m in key.masks],
               "masked": bool(key.masks), "device": ctx.device_type, "sdpa_kwargs": dict(advice.kwargs),
               "checks": list(advice.checks), "exact": advice.exact, "weights_used": weights_used}
         mask = "causal" if advice.kwargs.get("is_causal") else ("mask" if key.masks else None)

@@ -422,6 +422,13 @@ FUNCTION_FORMS = {
     "masked_fill then / sqrt(d)": (
         lambda q, k, v, t: (q @ k.transpose(-2, -1)).masked_fill(causal_fill_mask(S), float("-inf")).div(SQRT_D)
         .softmax(-1) @ v, None, {"is_causal": True}),
+    # tensor factors: divided or multiplied, next to a number
+    "scores * t": (lambda q, k, v, t: ((q @ k.transpose(-2, -1)) * t).softmax(-1) @ v, None, {"scale": 1.0}),
+    "scores / t": (lambda q, k, v, t: ((q @ k.transpose(-2, -1)) / t).softmax(-1) @ v, None, {"scale": 1.0}),
+    "scores / sqrt(d) * t": (
+        lambda q, k, v, t: ((q @ k.transpose(-2, -1)) / SQRT_D * t).softmax(-1) @ v, None, {}),
+    "scores * 0.05 / t": (
+        lambda q, k, v, t: ((q @ k.transpose(-2, -1)) * 0.05 / t).softmax(-1) @ v, None, {"scale": 0.05}),
 }
 
 
