@@ -209,6 +209,7 @@ class AttentionChain:
     in_sdpa: bool = False      # the softmax was SDPA's own (_safe_softmax): its math backend ran
     dropout_p: float = 0.0
     weights_used: bool = False  # the probabilities were read by something other than @V (or returned)
+    key_dim: int = -1          # where the keys' dim is now (negative), as the QK GEMM laid it out last
     stat: "AttentionStat" = None  # where the call was counted, once it was
 
 
@@ -501,7 +502,7 @@ class Recorder:
     def _info(self, func):
         return _OP_INFO.get(id(func)) or _op_info(func)
 
-    def _follow_view(self, src, out) -> None:
+    def _follow_view(self, name, args, src, out) -> None:
         i = id(src)
         for tags in (self._deps, self._attn, self._copies):
             d = tags.d
@@ -513,15 +514,22 @@ class Recorder:
                         value = _merged_repeat(value, out.shape)
                         if value is None:
                             continue
+                    elif tags is self._attn and type(value) is AttentionChain:
+                        key_dim = _dim_after(name, args, src, out, value.key_dim)
+                        if key_dim is None:
+                            continue  # the keys' dim merged, split or dropped: not attention any more
+                        if key_dim != value.key_dim:
+                            value = dataclasses.replace(value, key_dim=key_dim)
                     tags.set(out, value)
 
-    def _view(self, name, src, out) -> None:
+    def _view(self, name, args, out) -> None:
         """A view op: dataflow tags follow it; an expand of a new size-1 dim of a 5-d tensor may be
         the start of a head repeat (K/V for grouped-query attention)."""
         if _current_autograd_node() is not None:
             return
+        src = args[0]
         if self._deps.d or self._attn.d or self._copies.d:
-            self._follow_view(src, out)
+            self._follow_view(name, args, src, out)
         if name == "expand" and out.dim() == 5:
             grown = [i for i, (a, b) in enumerate(zip(src.shape, out.shape)) if a == 1 and b > 1]
             if len(grown) == 1:
@@ -545,7 +553,7 @@ class Recorder:
             info = _OP_INFO.get(id(func)) or _op_info(func)
         if info[2]:  # a view: the cheap path; views launch nothing, only dataflow tags follow them
             if args and isinstance(args[0], Tensor) and isinstance(out, Tensor):
-                self._view(info[0], args[0], out)
+                self._view(info[0], args, out)
             return
         name, qualname, _, full_sig, is_copy, is_gemm, is_bgemm, _, _, unread_in_backward = info
         if node is _UNSET:
@@ -766,7 +774,7 @@ class Recorder:
         if name in BATCHED_GEMM_OPS:
             bias, (a, b) = (args[0], args[1:3]) if name == "baddbmm" else (None, args[:2])
             state = attn.get(a)
-            if type(state) is AttentionChain and state.phase == "P":
+            if type(state) is AttentionChain and state.phase == "P" and state.key_dim == -1:
                 v_repeat = attn.get(b)
                 key = AttentionKey(
                     state.qk_site, site, module, self.modules.current_type(), state.qk_sig, tensor_sig(b),
@@ -846,6 +854,9 @@ class Recorder:
         base = name.rstrip("_")
         other = args[1 - which] if which < 2 and len(args) > 1 else None
         if name in SOFTMAX_OPS:
+            dim = args[1] if len(args) > 1 and isinstance(args[1], int) else None
+            if dim is None or dim % out.dim() - out.dim() != state.key_dim:
+                return None  # not over the keys: not attention's softmax
             return dataclasses.replace(state, phase="P", softmax_dtype=out.dtype, in_sdpa=name == "_safe_softmax")
         if base in ("mul", "div"):
             if base == "div" and which != 0:
@@ -964,6 +975,23 @@ def _weights_used(chain: AttentionChain) -> None:
         chain.stat.weights_used = True
 
 
+def _dim_after(name, args, src, out, dim):
+    """Where `dim` (negative) of a view op's input is in its output, or None when the view merged,
+    split or dropped it."""
+    n = src.dim()
+    if n < 2:
+        return None
+    if name == "transpose":
+        a, b = args[1] % n - n, args[2] % n - n
+        return b if dim == a else a if dim == b else dim
+    if name == "t":
+        return -1 - (dim + 2) if dim >= -2 else dim
+    if name == "permute":
+        perm = [p % n for p in args[1]]
+        return perm.index(dim % n) - n
+    return dim if tuple(src.shape[dim:]) == tuple(out.shape[dim:]) else None
+
+
 def _merged_repeat(tag, shape):
     """An expanded 5-d tensor ("R", dim, n, shape) viewed as 4-d: the expanded dim merged with the
     dim before it is repeat_interleave order (head h reads K/V head h // n), with the one after,
@@ -1076,7 +1104,7 @@ def _torch_dispatch(self, func, types, args=(), kwargs=None):
             if info[2]:  # a view: no site, no key; only forward dataflow tags follow it
                 if args and isinstance(out, Tensor) and (
                         recorder._deps.d or recorder._attn.d or recorder._copies.d or info[0] == "expand"):
-                    recorder._view(info[0], args[0], out)
+                    recorder._view(info[0], args, out)
                 return out
             node = _current_autograd_node()
             if node is not None and info[9] and not recorder.profile_cuda:

@@ -429,6 +429,9 @@ FUNCTION_FORMS = {
         lambda q, k, v, t: ((q @ k.transpose(-2, -1)) / SQRT_D * t).softmax(-1) @ v, None, {}),
     "scores * 0.05 / t": (
         lambda q, k, v, t: ((q @ k.transpose(-2, -1)) * 0.05 / t).softmax(-1) @ v, None, {"scale": 0.05}),
+    # transposed twice: softmax over the keys all the same
+    "scores.mT.softmax(-2).mT": (
+        lambda q, k, v, t: ((q @ k.transpose(-2, -1)) / SQRT_D).mT.softmax(-2).mT @ v, None, {}),
 }
 
 
@@ -447,3 +450,11 @@ def test_an_additive_mask_scaled_by_a_tensor_says_what_to_check():
     assert not f.evidence["exact"]
     assert "added before the scores were scaled by a tensor" in f.message
 
+
+@pytest.mark.parametrize("fn", [
+    lambda q, k, v, t: ((q @ k.transpose(-2, -1)) / SQRT_D).softmax(-2) @ v,        # over the queries
+    lambda q, k, v, t: ((q @ k.transpose(-2, -1)) / SQRT_D).softmax(-1).mT @ v,     # P transposed before @v
+    lambda q, k, v, t: ((q @ k.transpose(-2, -1)) / SQRT_D).mT.softmax(-1) @ v,     # S transposed
+], ids=["softmax(-2)", "softmax(-1).mT @ v", "S.mT.softmax(-1)"])
+def test_softmax_not_over_the_keys_is_not_attention(fn):
+    assert mat601(observe_fn(fn)) is None
