@@ -55,6 +55,9 @@ SOFTMAX_OPS = frozenset({"_softmax", "softmax", "_safe_softmax"})
 DROPOUT_OPS = frozenset({"native_dropout", "dropout"})
 COPY_OPS = frozenset({"_to_copy", "copy_"})
 ZERO_OPS = frozenset({"zeros", "zeros_like", "new_zeros", "zero_"})  # make a tensor of zeros (not a mask)
+# Ops that read only their input's shape (F.dropout's mask on CPU is empty_like(P)): not a use of it
+SHAPE_ONLY_OPS = frozenset({"empty_like", "ones_like", "full_like", "rand_like", "randn_like", "new_empty",
+                            "new_ones", "new_full"})
 _SCALE_OR_MASK_OPS = SCALE_OPS | MASK_OPS
 MASK_FILL_MIN = -1e4       # a fill at or below this zeroes its softmax weight, as -inf does
 
@@ -201,6 +204,7 @@ class AttentionChain:
     phase: str                 # "S": scores (before softmax), "P": probabilities
     qk_site: Site
     qk_sig: tuple
+    qk_module: str = ""        # the module path that computed QK^T
     k_repeat: tuple = None     # (n, interleaved) when K's heads were repeated (GQA), else None
     scale: float = 1.0         # product of the numbers the scores were multiplied by (divisions inverted)
     scale_tensors: tuple = ()  # "mul" / "div" per tensor factor, in order (its value is not read)
@@ -327,7 +331,7 @@ class ModulePaths:
         self._child_names: dict = {}
         self._handles = []
         self.on_error = on_error  # called with (exception, where) when a hook fails
-        self.on_output = None     # called with each module's output, when set
+        self.on_output = None     # called with each module's output and path, when set
         self.on_top_call = None   # called before a top-level module call that follows one run without grad
 
     def install(self):
@@ -388,11 +392,11 @@ class ModulePaths:
         try:
             stack = self._stack()
             if stack and stack[-1][0] is module:
-                stack.pop()
+                path = stack.pop()[1]
                 if not stack:
                     self._local.ended_without_grad = not _may_backward(output)
-            if self.on_output is not None:
-                self.on_output(output)
+                if self.on_output is not None:
+                    self.on_output(output, path)
         except Exception as exc:
             if self.on_error is not None:
                 self.on_error(exc, "module paths")
@@ -535,8 +539,9 @@ class Recorder:
             if len(grown) == 1:
                 self._attn.set(out, ("R", grown[0], out.shape[grown[0]], tuple(out.shape)))
 
-    def _module_output(self, output) -> None:
-        """The attention weights returned from a module are weights used."""
+    def _module_output(self, output, path) -> None:
+        """The attention weights returned from the module that computed QK^T, or from one above it, are
+        weights used (a submodule of it that returns them, nn.Dropout or nn.Identity, hands them back)."""
         attn = self._attn
         if not attn.d:
             return
@@ -544,7 +549,8 @@ class Recorder:
         for t in items:
             if isinstance(t, Tensor):
                 state = attn.get(t)
-                if type(state) is AttentionChain and state.phase == "P":
+                if type(state) is AttentionChain and state.phase == "P" and (
+                        state.qk_module == path or state.qk_module.startswith(path + ".")):
                     _weights_used(state)
 
     def record(self, func, args, kwargs, out, frame, info=None, node=_UNSET,
@@ -800,7 +806,7 @@ class Recorder:
                 if beta != 0 and not (type(zero) is tuple and zero[0] == "Z" and zero[1] == bias._version):
                     causal = beta > 0 and self._causal(bias, "additive", out.shape)
                     masks = (MaskFact("additive", causal, factor=beta),)
-            attn.set(out, AttentionChain("S", site, (tensor_sig(a), tensor_sig(b)), masks=masks, scale=scale,
+            attn.set(out, AttentionChain("S", site, (tensor_sig(a), tensor_sig(b)), module, masks=masks, scale=scale,
                                          k_repeat=k_repeat[1:] if type(k_repeat) is tuple and k_repeat[0] == "K" else None))
             return
         if name in ZERO_OPS:  # zeros made here: a baddbmm input that is not a mask (GPT-NeoX)
@@ -814,7 +820,7 @@ class Recorder:
         if name == "scalar_tensor" and args and isinstance(args[0], (int, float)):
             attn.set(out, ("V", float(args[0])))  # where(mask, scores, -inf)'s -inf, on the device: read it here
             return
-        if arg0 is None:
+        if arg0 is None or name in SHAPE_ONLY_OPS:
             return
         if name == "bernoulli_":  # a dropout mask on CPU (mul by it then div_; native_dropout elsewhere)
             p_keep = args[1] if len(args) > 1 and isinstance(args[1], (int, float)) else None
@@ -842,10 +848,12 @@ class Recorder:
         elif name in DROPOUT_OPS and which == 0:
             train = args[2] if len(args) > 2 else True
             p = args[1] if len(args) > 1 and isinstance(args[1], (int, float)) and train is not False else 0.0
-            attn.set(out, dataclasses.replace(state, dropout_p=p))
+            state.dropout_p = p  # the same weights, dropped out: one chain, so that a use of either is seen
+            attn.set(out, state)
         elif name == "mul" and len(args) > 1 and isinstance(args[1 - which], Tensor) \
                 and type(attn.get(args[1 - which])) is tuple and attn.get(args[1 - which])[0] == "D":
-            attn.set(out, dataclasses.replace(state, dropout_p=attn.get(args[1 - which])[1]))
+            state.dropout_p = attn.get(args[1 - which])[1]
+            attn.set(out, state)
         else:
             _weights_used(state)  # the weights feed something SDPA does not return them for
 

@@ -54,7 +54,7 @@ class HandAttention(nn.Module):
     """Attention written out by hand, in the variants users write."""
 
     def __init__(self, mask="none", scale="sqrt", dropout=0.0, kv_heads=HEADS, repeat="interleave",
-                 return_weights=False):
+                 return_weights=False, dropout_module=False):
         super().__init__()
         torch.manual_seed(0)
         d = HEADS * HEAD_DIM
@@ -65,6 +65,7 @@ class HandAttention(nn.Module):
         self.mask_how, self.mask_of = MASKS[mask]
         self.scale, self.dropout, self.kv_heads, self.repeat = scale, dropout, kv_heads, repeat
         self.return_weights = return_weights
+        self.drop = nn.Dropout(dropout) if dropout_module else None  # a submodule that returns the weights
         self.temperature = nn.Parameter(torch.tensor(0.3))
         self.to(DEVICE)
 
@@ -109,7 +110,10 @@ class HandAttention(nn.Module):
         elif self.mask_how == "add":
             scores = scores + mask
         weights = torch.softmax(scores, dim=-1)
-        weights = F.dropout(weights, self.dropout, training=self.training)
+        if self.drop is not None:
+            weights = self.drop(weights)
+        else:
+            weights = F.dropout(weights, self.dropout, training=self.training)
         return weights @ v, weights
 
     def forward(self, x):
@@ -194,6 +198,7 @@ FORMS = {
     "custom scale": (dict(scale="custom"), {"scale": 0.05}),
     "tensor scale": (dict(scale="tensor"), {"scale": 1.0}),
     "dropout": (dict(dropout=0.2), {"dropout_p": 0.2}),
+    "nn.Dropout": (dict(dropout=0.2, dropout_module=True), {"dropout_p": 0.2}),
     "GQA repeat_interleave": (dict(kv_heads=2, mask="causal_fill"), {"is_causal": True, "enable_gqa": True}),
     "GQA expand+reshape": (dict(kv_heads=1, repeat="expand"), {"enable_gqa": True}),
     "tiled repeat": (dict(kv_heads=2, repeat="tile"), {}),
@@ -208,6 +213,7 @@ def test_suggested_sdpa_call_computes_the_same(form):
     assert f is not None
     assert f.evidence["sdpa_kwargs"] == pytest.approx(expected)
     assert f.evidence["exact"]
+    assert not f.evidence["weights_used"]  # none of these returns or reads its weights
     # the written call says the same as the structured arguments
     assert "F.scaled_dot_product_attention(q, k, v" in f.message
     for name, value in expected.items():
@@ -268,6 +274,27 @@ def test_returned_weights_are_said_to_be_lost():
     assert "SDPA does not return the attention weights" in f.message
     plain = mat601(observe(HandAttention(mask="causal_fill"), X))
     assert not plain.evidence["weights_used"] and "does not return" not in plain.message
+
+
+@pytest.mark.parametrize("mode", ["train", "eval"])
+def test_weights_returned_by_a_dropout_submodule_are_not_weights_used(mode):
+    """nn.Dropout (an nn.Identity, ...) inside the attention module returns the weights to it: that is
+    not the module returning them."""
+    model = getattr(HandAttention(dropout=0.2, dropout_module=True), mode)()
+    f = mat601(observe(model, X))
+    assert not f.evidence["weights_used"] and "does not return" not in f.message
+    returned = getattr(HandAttention(dropout=0.2, dropout_module=True, return_weights=True), mode)()
+    assert mat601(observe(returned, X)).evidence["weights_used"]
+
+
+def test_weights_returned_from_before_their_dropout_are_used():
+    class ReturnsUndropped(HandAttention):
+        def attend(self, q, k, v):
+            weights = torch.softmax((q @ k.transpose(-2, -1)) / math.sqrt(HEAD_DIM), dim=-1)
+            return self.drop(weights) @ v, weights  # the weights before dropout returned
+
+    f = mat601(observe(ReturnsUndropped(dropout=0.2, dropout_module=True, return_weights=True).train(), X))
+    assert f.evidence["weights_used"] and f.evidence["sdpa_kwargs"] == pytest.approx({"dropout_p": 0.2})
 
 
 def test_weights_read_after_the_product_are_used():
