@@ -205,6 +205,7 @@ class AttentionChain:
     qk_site: Site
     qk_sig: tuple
     qk_module: str = ""        # the module path that computed QK^T
+    training: bool | None = None  # that module's .training (None: outside any module)
     k_repeat: tuple = None     # (n, interleaved) when K's heads were repeated (GQA), else None
     scale: float = 1.0         # product of the numbers the scores were multiplied by (divisions inverted)
     scale_tensors: tuple = ()  # "mul" / "div" per tensor factor, in order (its value is not read)
@@ -233,6 +234,7 @@ class AttentionKey(NamedTuple):
     grad: bool
     softmax_dtype: object
     in_sdpa: bool
+    training: bool | None      # the module's .training when QK^T was computed (None: no module)
 
 
 @dataclass
@@ -357,6 +359,11 @@ class ModulePaths:
     def current(self) -> str:
         stack = getattr(self._local, "stack", None)
         return stack[-1][1] if stack else ""
+
+    def current_training(self):
+        """The running module's .training, or None outside modules."""
+        stack = getattr(self._local, "stack", None)
+        return stack[-1][0].training if stack else None
 
     def current_type(self) -> str:
         stack = getattr(self._local, "stack", None)
@@ -786,7 +793,7 @@ class Recorder:
                     state.qk_site, site, module, self.modules.current_type(), state.qk_sig, tensor_sig(b),
                     state.scale, state.scale_tensors, state.masks, state.dropout_p, state.k_repeat,
                     v_repeat[1:] if type(v_repeat) is tuple and v_repeat[0] == "K" else None,
-                    a.requires_grad, state.softmax_dtype, state.in_sdpa)
+                    a.requires_grad, state.softmax_dtype, state.in_sdpa, state.training)
                 stat = self.rec.attention.get(key)
                 if stat is None:
                     stat = self.rec.attention[key] = AttentionStat()
@@ -806,7 +813,8 @@ class Recorder:
                 if beta != 0 and not (type(zero) is tuple and zero[0] == "Z" and zero[1] == bias._version):
                     causal = beta > 0 and self._causal(bias, "additive", out.shape)
                     masks = (MaskFact("additive", causal, factor=beta),)
-            attn.set(out, AttentionChain("S", site, (tensor_sig(a), tensor_sig(b)), module, masks=masks, scale=scale,
+            attn.set(out, AttentionChain("S", site, (tensor_sig(a), tensor_sig(b)), module,
+                                         self.modules.current_training(), masks=masks, scale=scale,
                                          k_repeat=k_repeat[1:] if type(k_repeat) is tuple and k_repeat[0] == "K" else None))
             return
         if name in ZERO_OPS:  # zeros made here: a baddbmm input that is not a mask (GPT-NeoX)

@@ -515,6 +515,9 @@ def sdpa_advice(keys, weights_used: bool) -> SdpaAdvice:
     dropout = max(k.dropout_p for k in keys)
     if dropout:
         kwargs["dropout_p"] = dropout
+    elif any(k.training is False or not k.grad for k in keys):  # a dropout would not have run: unseen
+        checks.append("observed in eval mode or without grad: if this code applies dropout to the weights in "
+                      "training, pass dropout_p=p if self.training else 0.0")
     scales = {k.scale for k in keys}
     tensors = {k.scale_tensors for k in keys}
     d = keys[0].qk_sig[0][0][-1]

@@ -297,6 +297,32 @@ def test_weights_returned_from_before_their_dropout_are_used():
     assert f.evidence["weights_used"] and f.evidence["sdpa_kwargs"] == pytest.approx({"dropout_p": 0.2})
 
 
+DROPOUT_CHECK = "if this code applies dropout to the weights in training, pass dropout_p=p if self.training else 0.0"
+
+
+def observe_no_grad(model, x, steps=3):
+    g = guard(json_path=None, report=False, estimate_savings=False, warmup=1, window=steps - 1)
+    with g, torch.no_grad():
+        for _ in range(steps):
+            model(x)
+            g.step()
+    return g
+
+
+def test_attention_observed_in_eval_or_without_grad_says_to_check_for_dropout():
+    model = HandAttention(dropout=0.2, dropout_module=True).eval()  # its dropout does nothing in eval
+    for g in (observe(model, X), observe_no_grad(model, X)):
+        f = mat601(g)
+        assert f.evidence["sdpa_kwargs"] == {} and DROPOUT_CHECK in f.message
+        assert any(DROPOUT_CHECK in check for check in f.evidence["checks"])
+    assert_equivalent(model, X, {})  # what was observed: eval
+    # observed under no_grad in train mode without dropout: it may still be there in training
+    assert DROPOUT_CHECK in mat601(observe_no_grad(HandAttention().train(), X)).message
+    # observed training with grad: no dropout is no dropout; with it, it is passed
+    assert DROPOUT_CHECK not in mat601(observe(HandAttention().train(), X)).message
+    assert DROPOUT_CHECK not in mat601(observe_no_grad(HandAttention(dropout=0.2).train(), X)).message
+
+
 def test_weights_read_after_the_product_are_used():
     class ReadsWeights(HandAttention):
         def forward(self, x):
