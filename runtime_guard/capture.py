@@ -720,11 +720,12 @@ class Recorder:
         deps = None
         if dd:
             for a in args:
-                if isinstance(a, Tensor):
-                    e = dd.get(id(a))
-                    if e is not None and e[0]() is a:
-                        d = e[1]
-                        deps = d if deps is None else deps | d
+                for t in a if isinstance(a, (list, tuple)) else (a,):  # torch.cat([tokens, next_token])
+                    if isinstance(t, Tensor):
+                        e = dd.get(id(t))
+                        if e is not None and e[0]() is t:
+                            d = e[1]
+                            deps = d if deps is None else deps | d
         if is_gemm:
             # A site once chained stays chained: it is no longer tracked, and in a model whose
             # GEMM lines all feed each other (a transformer) the tags soon stop being made.

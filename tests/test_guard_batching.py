@@ -155,12 +155,18 @@ def test_autoregressive_decode_loop_is_not_a_loop_to_batch():
     def generate():
         tokens = prompt
         with torch.no_grad():
-            for _ in range(12):  # each new token feeds the next call
-                nxt = model(tokens)[:, -1].argmax(-1, keepdim=True)
+            for _ in range(12):  # each new token feeds the next call, on a context of the last 4
+                nxt = model(tokens[:, -4:])[:, -1].argmax(-1, keepdim=True)
                 tokens = torch.cat([tokens, nxt], 1)
         return tokens
 
-    assert mat101(observe(generate)) == []
+    g = observe(generate)
+    rec = g.recorder.rec
+    # the whole decode loop was observed: 12 same-shape calls of each projection line per layer and step
+    q_proj = [(k, s) for k, s in rec.ops.items() if k.op == "addmm" and k.module.endswith(".q")]
+    assert rec.steps == 2 and sum(s.count for _, s in q_proj) == 2 * 2 * 12
+    assert {k.site for k, _ in q_proj} <= rec.chained_gemm_sites  # each call fed by the one before
+    assert mat101(g) == []
 
 
 @pytest.mark.parametrize("kind", ["RNN", "LSTM", "GRU"])
@@ -192,6 +198,82 @@ def test_rnn_cell_loop_is_not_a_loop():
 
 
 # -- what a step is without an optimizer --------------------------------------------------------------
+class Loopy(nn.Module):
+    """A real loop finding: 8 independent calls of one Linear per forward."""
+
+    def __init__(self):
+        super().__init__()
+        self.lin = nn.Linear(32, 32)
+
+    def forward(self, xs):
+        return torch.stack([self.lin(x) for x in xs])
+
+
+def test_validation_before_training_does_not_use_up_the_window():
+    model, val = Loopy(), nn.Linear(32, 32)  # the model and, say, a metric head
+    opt = torch.optim.SGD(model.parameters(), lr=0.01)
+    xs = [torch.randn(16, 32) for _ in range(8)]
+    g = guard(json_path=None, report=False, estimate_savings=False)
+    with g:
+        with torch.no_grad():  # sanity validation batches before training (Lightning runs 2)
+            for _ in range(2):
+                model(xs)
+                val(xs[0])
+        observed = []
+        for _ in range(5):
+            observed.append(g.recording)
+            model(xs).square().mean().backward()
+            opt.step()
+            opt.zero_grad()
+    rec = g.recorder.rec
+    assert rec.steps == 2 and observed[1:] == [True, True, False, False]  # training steps 2 and 3
+    assert not any(k.module == "Linear" for k in rec.ops)  # nothing of the validation is left
+    [f] = mat101(g)
+    assert f.evidence["per_step"] == 8 and f.evidence["phase"] == "forward"
+
+
+def test_a_training_step_that_calls_a_network_without_grad_first_is_one_step():
+    policy, target = nn.Linear(16, 4), nn.Linear(16, 4)  # DQN: the target network under no_grad
+    opt = torch.optim.SGD(policy.parameters(), lr=0.01)
+    x = torch.randn(8, 16)
+    g = guard(json_path=None, report=False, estimate_savings=False)
+    with g:
+        for _ in range(6):
+            with torch.no_grad():
+                y = target(x).max(-1).values
+            F.mse_loss(policy(x).max(-1).values, y).backward()
+            opt.step()
+            opt.zero_grad()
+    rec = g.recorder.rec
+    forward = sum(s.count for k, s in rec.ops.items() if k.op == "addmm" and not k.backward)
+    assert rec.steps == 2 and forward == 2 * rec.steps  # both networks' GEMMs in each step
+
+
+def test_the_decorator_form_is_one_step_per_call_whatever_it_calls_without_grad():
+    model = nn.Linear(16, 16)
+    x = torch.randn(4, 16)
+
+    @guard(json_path=None, report=False, estimate_savings=False)
+    def infer():
+        with torch.no_grad():
+            return model(model(x).relu())  # <- two top-level module calls
+
+    for _ in range(4):
+        infer()
+    g = infer.matlint_guard
+    assert g.recorder.rec.steps == 2
+    assert sum(s.count for k, s in g.recorder.rec.ops.items() if k.op == "addmm") == 2 * 2
+
+
+def test_an_explicit_window_counts_steps_only_at_optimizer_steps_or_guard_step():
+    model = nn.Linear(16, 16)
+    x = torch.randn(4, 16)
+    g = guard(json_path=None, report=False, estimate_savings=False, warmup=0, window=5)
+    with g, torch.no_grad():
+        for _ in range(20):
+            model(x)
+    assert g.recorder.rec.steps == 1  # the whole block, as no step was marked
+    assert sum(s.count for k, s in g.recorder.rec.ops.items() if k.op == "addmm") == 20
 class Scores(nn.Module):
     def forward(self, q, k):
         return q @ k.transpose(-2, -1)  # already batched: one bmm per call

@@ -550,7 +550,7 @@ def test_threads_each_with_its_own_guard_and_unguarded_threads_untouched():
 
     def work(i, guarded):
         try:
-            g = quiet(warmup=0, window=20)  # each call under no_grad is a step: observe all 20
+            g = quiet(warmup=0, window=20)  # an explicit window: no step is marked, all 20 calls are one
             with torch.no_grad(), (g if guarded else contextlib.nullcontext()):
                 for _ in range(20):
                     results[i] = model(xs[i])
