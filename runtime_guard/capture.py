@@ -762,8 +762,9 @@ class Recorder:
 
     def _note_operands(self, key, args, name) -> None:
         """Which tensors this GEMM line was given in this step: a view is its base and offset (a
-        weight's transposed view is the weight; x[i] is a part of x); weak references tell a freed
-        tensor from a new one at its address."""
+        weight's transposed view is the weight; x[i] is a part of x) and the version (a tensor
+        updated in place holds a new value); weak references tell a freed tensor from a new one at
+        its address."""
         okey = (key.op, key.site, key.sig)
         seen = self._operands.get(okey)
         if seen is None:
@@ -773,7 +774,7 @@ class Recorder:
             if len(ids) >= MAX_OPERANDS or not isinstance(t, Tensor):
                 continue
             base = t._base if t._base is not None else t
-            ident = (id(base), t.storage_offset())
+            ident = (id(base), t.storage_offset(), t._version)  # a view shares its base's version counter
             e = ids.get(ident)
             if e is None:
                 ids[ident] = _weakref(base)

@@ -101,6 +101,27 @@ def test_independent_heads_on_their_own_inputs_are_a_batched_call():
     assert f.evidence["shared_operand"] is None and "stack_module_state" in f.message
 
 
+def test_an_input_updated_in_place_between_calls_is_a_new_operand_each_time():
+    lin = nn.Linear(32, 32)
+    x = torch.randn(10, 8, 32)
+
+    def step():
+        h = torch.zeros(8, 32)
+        outs = []
+        with torch.no_grad():
+            for t in range(10):
+                h.add_(x[t])  # a running sum updated in place: one tensor, a new value for each call
+                outs.append(lin(h))  # <- here
+        return torch.stack(outs)
+
+    [f] = mat101(observe(step))
+    assert f.row == marked_line(step)
+    assert f.evidence["shared_operand"] == "second" and "stack the inputs" in f.message
+    assert "compute it once" not in f.message
+    with torch.no_grad():  # the described fix (one call on the stacked inputs) computes the same
+        torch.testing.assert_close(lin(x.cumsum(0).reshape(80, 32)).view(10, 8, 32), step())
+
+
 # -- calls that feed each other: never a loop to batch ----------------------------------------------
 class Block(nn.Module):
     def __init__(self, d=32, heads=4):
@@ -166,6 +187,22 @@ def test_autoregressive_decode_loop_is_not_a_loop_to_batch():
     q_proj = [(k, s) for k, s in rec.ops.items() if k.op == "addmm" and k.module.endswith(".q")]
     assert rec.steps == 2 and sum(s.count for _, s in q_proj) == 2 * 2 * 12
     assert {k.site for k, _ in q_proj} <= rec.chained_gemm_sites  # each call fed by the one before
+    assert mat101(g) == []
+
+
+def test_a_state_updated_in_place_from_the_gemm_is_a_recurrence():
+    lin = nn.Linear(32, 32)
+    x = torch.randn(10, 8, 32)
+
+    def step():
+        h = torch.zeros(8, 32)
+        with torch.no_grad():
+            for t in range(10):
+                h[:] = torch.tanh(lin(h) + x[t])  # the recurrent state, updated in place
+        return h
+
+    g = observe(step)
+    assert sum(s.count for k, s in g.recorder.rec.ops.items() if k.op == "addmm") == 20  # 10 per kept step
     assert mat101(g) == []
 
 
