@@ -256,9 +256,17 @@ class Guard:
                 return
             first = not (self._optimizer_seen or self._user_steps)
             self._optimizer_seen = True
+            if self._done_timing() and not (first and self._inference_steps):
+                # a no-op from now on: removing a global hook from inside one would break the loop
+                # optimizer.step() runs them in (it goes when the guard exits)
+                return
             if self._depth > 0 and not self._finished:
                 self._boundary_in_entry = True
                 self._safely(self._restart if first and self._inference_steps else self._boundary)
+
+    def _done_timing(self) -> bool:
+        """The window is closed and the plain steps the savings are capped by are timed."""
+        return not self.recording and len(self.plain_step_ms) >= PLAIN_STEPS
 
     def _restart(self) -> None:
         """The first optimizer step or guard.step() after top-level inference calls were taken for
@@ -278,8 +286,7 @@ class Guard:
         self._attach()
 
     def _time_step(self) -> None:
-        """The step that ends now: its time, observed or plain; once enough plain steps are timed
-        the optimizer hook goes too (it stayed only to time them)."""
+        """The step that ends now: its time, observed or plain."""
         now = _now()
         if self._last_boundary is not None:
             ms = (now - self._last_boundary) * 1e3
@@ -288,9 +295,6 @@ class Guard:
             elif self._step >= self.warmup + self._window_len and len(self.plain_step_ms) < PLAIN_STEPS:
                 self.plain_step_ms.append(ms)
         self._last_boundary = now
-        if len(self.plain_step_ms) >= PLAIN_STEPS and self._opt_hook is not None and not self.recording:
-            self._opt_hook.remove()
-            self._opt_hook = None
 
     @property
     def step_ms(self):
@@ -318,7 +322,7 @@ class Guard:
         self.recorder.new_step()
         self.recorder.modules.clear_pending()
         if not self._in_window():
-            self._detach()  # the optimizer hook stays until PLAIN_STEPS plain steps are timed
+            self._detach()  # the optimizer hook stays, to time PLAIN_STEPS plain steps
         self._ops_at_boundary = self._recorded_ops()
 
     def _recorded_ops(self) -> int:
