@@ -40,17 +40,24 @@ def test_a_saving_lost_in_noise_is_unreliable():
     assert not t.reliable
 
 
-def test_alternating_order_cancels_an_order_effect():
-    """Whichever function runs first in a pair pays 1 ms more (a cold cache, a clock ramp): timed
-    in alternating order, two equal functions save nothing."""
-    state = {"calls": 0}
+@pytest.mark.parametrize("max_s", [0.021, 0.023, 0.5])  # stops after 11 or 12 pairs, or when tight
+def test_alternating_order_cancels_an_order_effect(monkeypatch, max_s):
+    """Whichever function runs first in a pair pays 1 ms more (a cold cache, a clock ramp): timed in
+    alternating order, two equal functions save nothing, wherever the timing stops. The clock is
+    simulated (time passes only in the timed calls), so the test is deterministic."""
+    now, calls = [0.0], []
 
-    def equal():
-        state["calls"] += 1
-        busy(1.5 if state["calls"] % 2 else 0.5)  # the first of each pair is slower
+    def clock(fn, device):
+        fn()
+        calls.append(1)
+        ms = 1.5 if len(calls) % 2 else 0.5  # the first of each pair is slower
+        now[0] += ms / 1e3
+        return ms
 
-    t = savings.time_pair(equal, equal, "cpu", max_s=0.3)
-    assert abs(t.saved_ms) < 0.3
+    monkeypatch.setattr(savings, "_clock", clock)
+    monkeypatch.setattr(savings, "perf_counter", lambda: now[0])
+    t = savings.time_pair(savings._noop, savings._noop, "cpu", max_s=max_s)
+    assert t.saved_ms == 0.0 and t.pairs % 2 == 0
     assert not t.reliable
 
 
