@@ -28,6 +28,10 @@ class _Budget:
     def left(self) -> bool:
         return perf_counter() < self.deadline
 
+    @property
+    def seconds(self) -> float:
+        return max(0.0, self.deadline - perf_counter())
+
 
 def _sync(device: str) -> None:
     if device == "cuda":
@@ -80,16 +84,22 @@ def _clock(fn, device: str) -> float:
     return (perf_counter() - t0) * 1e3
 
 
-def time_pair(slow, fast, device: str, max_s: float = 0.5) -> Timed:
+def time_pair(slow, fast, device: str, max_s: float = 0.5, budget: _Budget | None = None) -> Timed:
     """Time `slow` and `fast` in rounds of two pairs, slow first and then fast first: an order effect
     (whichever runs first pays more) or a drift of the machine's speed falls on both alike and
     cancels in the round's mean difference. The saving is the median of those means, with its
     interval; rounds are added until the interval is within ±10% of it, or MAX_PAIRS pairs, or
-    max_s seconds."""
-    for fn in (slow, fast):
-        for _ in range(3):
-            fn()
-    _sync(device)
+    max_s seconds (at most what is left of `budget`): fewer than MIN_PAIRS when one call is slow,
+    at least one round."""
+    if budget is not None:
+        max_s = min(max_s, budget.seconds)
+    start = perf_counter()
+    for _ in range(3):  # warm-up: three calls each, fewer when they are slow
+        slow()
+        fast()
+        _sync(device)
+        if perf_counter() - start > max_s / 4:
+            break
     slow_t, fast_t, saved = [], [], []
     start = perf_counter()
     while 2 * len(saved) < MAX_PAIRS:
@@ -98,9 +108,11 @@ def time_pair(slow, fast, device: str, max_s: float = 0.5) -> Timed:
         slow_t += (a1, a2)
         fast_t += (b1, b2)
         saved.append((a1 - b1 + a2 - b2) / 2)
+        if perf_counter() - start > max_s:
+            break
         if 2 * len(saved) >= MIN_PAIRS:
             mid, lo, hi = _median_interval(saved)
-            if (hi - lo) / 2 <= 0.1 * abs(mid) or perf_counter() - start > max_s:
+            if (hi - lo) / 2 <= 0.1 * abs(mid):
                 break
     mid, lo, hi = _median_interval(saved)
     return Timed(_median_interval(slow_t)[0], _median_interval(fast_t)[0], mid, lo, hi, 2 * len(saved))
@@ -159,7 +171,7 @@ def estimate_bf16(spec, budget):
 
         def compute():
             return time_pair(_replay_gemm(op, sig, torch.float32, inputs),
-                             _replay_gemm(op, sig, torch.bfloat16, inputs), device)
+                             _replay_gemm(op, sig, torch.bfloat16, inputs), device, budget=budget)
 
         t = _cached(key, compute)
         saved = [total_ms + part for total_ms, part in zip(saved, t.scaled(per_step))]
@@ -220,7 +232,7 @@ def estimate_loop(spec: LoopEstimate, budget):
             if grad:
                 out.backward(grad_out)
 
-        return time_pair(looped, batched, device)
+        return time_pair(looped, batched, device, budget=budget)
 
     t = _cached(key, compute)
     t_loop, t_one = t.slow_ms, t.fast_ms
@@ -281,7 +293,7 @@ def estimate_sdpa(spec: SdpaEstimate, budget):
             if grad:
                 out.sum().backward()
 
-        return time_pair(manual, fused, device)
+        return time_pair(manual, fused, device, budget=budget)
 
     t = _cached(key, compute)
     t_manual, t_fused = t.slow_ms, t.fast_ms
@@ -304,7 +316,7 @@ def estimate_copy(spec, budget):
             source = torch.as_strided(inputs.tensor((storage,), dt), shape, stride)
         else:
             source = inputs.tensor(shape, dt).t() if len(shape) == 2 else inputs.tensor(shape, dt)
-        return time_pair(lambda: source.clone(memory_format=torch.contiguous_format), _noop, device)
+        return time_pair(lambda: source.clone(memory_format=torch.contiguous_format), _noop, device, budget=budget)
 
     t = _cached(key, compute)
     return t.scaled(per_step), f"timed the forced copy ({t.saved_ms:.4f} ms) on {device}"
@@ -323,7 +335,7 @@ def estimate_pad(spec, budget):
 
     def compute():
         plain = [(s[0], None, s[2]) for s in sig]
-        return time_pair(_replay_dense(op, plain, inputs), _replay_dense(op, padded, inputs), device)
+        return time_pair(_replay_dense(op, plain, inputs), _replay_dense(op, padded, inputs), device, budget=budget)
 
     t = _cached(key, compute)
     t_obs, t_pad = t.slow_ms, t.fast_ms
@@ -350,7 +362,7 @@ def estimate_tiny(spec, budget):
             for x in xs:
                 x.mul_(1.0)
 
-        return time_pair(eager, lambda: torch._foreach_mul_(xs, 1.0), device)
+        return time_pair(eager, lambda: torch._foreach_mul_(xs, 1.0), device, budget=budget)
 
     t = _cached(key, compute)
     t_eager, t_fused = t.slow_ms, t.fast_ms

@@ -61,6 +61,18 @@ def test_alternating_order_cancels_an_order_effect(monkeypatch, max_s):
     assert not t.reliable
 
 
+@pytest.mark.parametrize("limit", ["max_s", "budget"])
+def test_slow_calls_are_timed_within_the_time_allowed(limit):
+    """Calls of 40 and 20 ms, 0.1 s allowed (by max_s or by what is left of the budget): fewer
+    pairs than usual and fewer warm-up calls, not 3 warm-up calls each and MIN_PAIRS pairs (0.8 s)."""
+    options = {"max_s": 0.1} if limit == "max_s" else {"budget": savings._Budget(0.1)}
+    start = time.perf_counter()
+    t = savings.time_pair(lambda: busy(40), lambda: busy(20), "cpu", **options)
+    assert time.perf_counter() - start < 0.45
+    assert 2 <= t.pairs < savings.MIN_PAIRS
+    assert t.saved_ms == pytest.approx(20, abs=5)
+
+
 class SharedLinear(nn.Module):
     def __init__(self):
         super().__init__()
