@@ -39,7 +39,12 @@ def _sync(device: str) -> None:
 
 
 RELIABLE_HALF_WIDTH = 0.25   # an estimate is reliable when its interval is within ±25% and above 0
-MIN_PAIRS, MAX_PAIRS = 10, 400
+MIN_PAIRS, MAX_PAIRS = 12, 400  # 6 rounds of two pairs: the fewest whose [min, max] bounds the median at 95%
+
+
+def reliable(saved: float, lo: float, hi: float, pairs: int) -> bool:
+    """An estimate from enough pairs for its ~95% interval, above 0 and within ±25% of it."""
+    return pairs >= MIN_PAIRS and lo > 0 and (hi - lo) / 2 <= RELIABLE_HALF_WIDTH * saved
 
 
 @dataclass(frozen=True)
@@ -56,11 +61,11 @@ class Timed:
 
     @property
     def reliable(self) -> bool:
-        return self.lo_ms > 0 and (self.hi_ms - self.lo_ms) / 2 <= RELIABLE_HALF_WIDTH * self.saved_ms
+        return reliable(self.saved_ms, self.lo_ms, self.hi_ms, self.pairs)
 
     def scaled(self, k: float) -> tuple:
-        """(saved, lo, hi) times k (calls per step)."""
-        return self.saved_ms * k, self.lo_ms * k, self.hi_ms * k
+        """(saved, lo, hi) times k (calls per step), and the pairs they come from."""
+        return self.saved_ms * k, self.lo_ms * k, self.hi_ms * k, self.pairs
 
 
 def _median_interval(values) -> tuple:
@@ -159,6 +164,7 @@ def estimate_bf16(spec, budget):
     device = "cuda"
     inputs = _Inputs(device)
     saved = [0.0, 0.0, 0.0]
+    pairs = MAX_PAIRS
     timed = 0
     total = sum(per_step for _, _, per_step in gemms)
     covered = 0.0
@@ -175,12 +181,13 @@ def estimate_bf16(spec, budget):
 
         t = _cached(key, compute)
         saved = [total_ms + part for total_ms, part in zip(saved, t.scaled(per_step))]
+        pairs = min(pairs, t.pairs)
         covered += per_step
         timed += 1
     scale = total / covered if covered else 0.0
     method = (f"timed {timed} distinct fp32 GEMM shapes against bf16 on this GPU "
               f"({covered:g} of {total:g} GEMMs per step; the rest scaled alike); GEMMs only")
-    return tuple(v * scale for v in saved), method
+    return tuple(v * scale for v in saved) + (pairs,), method
 
 
 def _flops(op, sig):
@@ -389,7 +396,8 @@ def _free_cached_memory() -> None:
 def estimate(findings, budget_s: float = 3.0, on_error=None, step_ms: float | None = None) -> None:
     """Fill `estimated_savings_ms` and evidence["estimate_method"] where an estimator applies, with
     evidence["estimate_interval_ms"] (~95%, per step) and evidence["estimate_reliable"]. Every
-    estimate is capped by the measured step time `step_ms` (a fix cannot save more than the step).
+    estimate and its interval are capped by the measured step time `step_ms` (a fix cannot save
+    more than the step); a capped estimate is not reliable.
 
     An estimate that runs out of memory is skipped (its finding says so) and the others are
     still made; any other failure of an estimator is also passed to `on_error`, as the guard's
@@ -423,13 +431,14 @@ def estimate(findings, budget_s: float = 3.0, on_error=None, step_ms: float | No
                     if on_error is not None:
                         on_error(exc, f"savings estimate for {f.code}")
             else:
-                saved, lo, hi = ms
-                if step_ms is not None and saved > step_ms:
+                saved, lo, hi, pairs = ms
+                capped = step_ms is not None and saved > step_ms
+                if capped:
                     f.evidence["estimate_capped_at_step_ms"] = round(step_ms, 4)
-                    saved, hi = step_ms, min(hi, step_ms)
+                    saved, lo, hi = step_ms, min(lo, step_ms), min(hi, step_ms)
                 f.estimated_savings_ms = round(max(saved, 0.0), 4)
                 f.evidence["estimate_method"] = method
                 f.evidence["estimate_interval_ms"] = [round(lo, 4), round(hi, 4)]
-                f.evidence["estimate_reliable"] = lo > 0 and (hi - lo) / 2 <= RELIABLE_HALF_WIDTH * saved
+                f.evidence["estimate_reliable"] = not capped and reliable(saved, lo, hi, pairs)
             if out_of_memory:  # after the except block: the traceback no longer holds the tensors
                 _free_cached_memory()

@@ -71,6 +71,7 @@ def test_slow_calls_are_timed_within_the_time_allowed(limit):
     assert time.perf_counter() - start < 0.45
     assert 2 <= t.pairs < savings.MIN_PAIRS
     assert t.saved_ms == pytest.approx(20, abs=5)
+    assert not t.reliable  # too few pairs for its interval to be one at ~95%
 
 
 class SharedLinear(nn.Module):
@@ -113,17 +114,19 @@ def test_estimates_carry_an_interval_and_are_capped_by_the_plain_step_time():
 
 
 def test_an_estimate_above_the_step_is_capped(monkeypatch):
-    monkeypatch.setitem(savings.ESTIMATORS, "loop", lambda spec, budget: ((1e6, 0.9e6, 1.1e6), "injected"))
+    monkeypatch.setitem(savings.ESTIMATORS, "loop", lambda spec, budget: ((1e6, 0.9e6, 1.1e6, 100), "injected"))
     g = train(quiet())
     step_ms, _ = g.step_ms
     [f] = [f for f in g.findings if f.code == "MAT101"]
     assert f.estimated_savings_ms == round(step_ms, 4)
     assert f.evidence["estimate_capped_at_step_ms"] == round(step_ms, 4)
+    assert f.evidence["estimate_interval_ms"] == [round(step_ms, 4)] * 2  # both ends capped too
+    assert f.evidence["estimate_reliable"] is False  # a tight interval, but about a number it was not
     assert any("savings capped by the step time" in note for note in g.notes)
 
 
 def test_an_unreliable_estimate_is_labelled_in_json_and_kept_out_of_the_table(monkeypatch, tmp_path):
-    monkeypatch.setitem(savings.ESTIMATORS, "loop", lambda spec, budget: ((0.0123, -0.02, 0.05), "injected"))
+    monkeypatch.setitem(savings.ESTIMATORS, "loop", lambda spec, budget: ((0.0123, -0.02, 0.05, 100), "injected"))
     path = tmp_path / "runtime.json"
     g = train(quiet(json_path=str(path)))
     [entry] = [e for e in json.loads(path.read_text()) if e["code"] == "MAT101"]
