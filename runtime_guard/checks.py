@@ -14,7 +14,7 @@ import torch
 
 from matlint.diagnostics import Finding
 
-from .capture import GEMM_OPS, LOSS_OPS, VIEW_OPS, Site
+from .capture import GEMM_OPS, LOSS_OPS, VIEW_OPS, Site, _column_major
 from .savings import LoopEstimate, SdpaEstimate
 
 LOOP_MIN_PER_STEP = 4        # same-shape GEMMs per step from one line
@@ -172,6 +172,10 @@ def check_loop_matmul(rec, steps, ctx):
         elif shared == "second":
             fix = (f"one weight {_shape(b[0])} on {n} independent inputs: stack the inputs (torch.cat along the "
                    f"batch dim) and make one call of the layer, then split its output")
+        elif shared == "first" and len(b[0]) == 2 and _column_major(b):  # W.t() of (out, in) weights: nn.Linear
+            fix = (f"one input on {n} different weights: concatenate the weights along their output dim "
+                   f"(nn.Linear weights are (out, in): torch.cat(weights, dim=0), the biases likewise) and make "
+                   f"one call (F.linear), then split its output")
         elif shared == "first":
             fix = (f"one input on {n} different weights: concatenate the weights along the output dim "
                    f"(torch.cat(weights, dim=-1)) and make one GEMM, then split its output")

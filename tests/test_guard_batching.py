@@ -87,11 +87,24 @@ def test_independent_heads_on_one_input_are_one_gemm_on_the_concatenated_weights
     [f] = mat101(observe(lambda: model(x).sum().backward()))
     assert f.row == marked_line(Heads.forward)
     assert f.evidence["shared_operand"] == "first" and "concatenate the weights" in f.message
+    assert "torch.cat(weights, dim=0)" in f.message  # nn.Linear weights are (out, in)
     assert len(f.evidence["module"]) == 6
     with torch.no_grad():  # the described fix computes the same
-        w = torch.cat([h.weight for h in model.heads]).t()
-        b = torch.cat([h.bias for h in model.heads])
-        torch.testing.assert_close(torch.addmm(b, x, w).view(5, 6, 32).transpose(0, 1), model(x))
+        w = torch.cat([h.weight for h in model.heads], dim=0)
+        b = torch.cat([h.bias for h in model.heads], dim=0)
+        torch.testing.assert_close(F.linear(x, w, b).view(5, 6, 32).transpose(0, 1), model(x))
+
+
+def test_one_input_on_different_matrices_concatenates_their_columns():
+    w = torch.randn(6, 32, 24)  # (in, out) matrices used as x @ w[h]
+    x = torch.randn(5, 32)
+
+    def step():
+        return torch.stack([x @ w[h] for h in range(6)])  # <- here
+
+    [f] = mat101(observe(step))
+    assert f.evidence["shared_operand"] == "first" and "torch.cat(weights, dim=-1)" in f.message
+    torch.testing.assert_close((x @ torch.cat(list(w), dim=-1)).view(5, 6, 24).transpose(0, 1), step())
 
 
 def test_independent_heads_on_their_own_inputs_are_a_batched_call():
