@@ -1011,14 +1011,15 @@ def _dim_after(name, args, src, out, dim):
 
 
 def _merged_repeat(tag, shape):
-    """An expanded 5-d tensor ("R", dim, n, shape) viewed as 4-d: the expanded dim merged with the
-    dim before it is repeat_interleave order (head h reads K/V head h // n), with the one after,
-    tiled order. Anything else is not a head repeat."""
+    """An expanded 5-d tensor ("R", dim, n, shape) viewed as 4-d (batch, heads, seq, head dim) with
+    the expanded dim merged into the heads dim: merged with the dim before it is repeat_interleave
+    order (head h reads K/V head h // n), with the one after, tiled order. Anything else (a repeat
+    along the sequence, ...) is not a head repeat."""
     _, i, n, src = tag
     shape = tuple(shape)
-    if i > 0 and shape == src[:i - 1] + (src[i - 1] * n,) + src[i + 1:]:
+    if i == 2 and shape == src[:1] + (src[1] * n,) + src[3:]:
         return ("K", n, True)
-    if i + 1 < len(src) and shape == src[:i] + (n * src[i + 1],) + src[i + 2:]:
+    if i == 1 and shape == src[:1] + (n * src[2],) + src[3:]:
         return ("K", n, False)
     return None
 

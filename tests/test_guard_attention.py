@@ -511,3 +511,22 @@ def test_an_additive_mask_scaled_by_a_tensor_says_what_to_check():
 ], ids=["softmax(-2)", "softmax(-1).mT @ v", "S.mT.softmax(-1)"])
 def test_softmax_not_over_the_keys_is_not_attention(fn):
     assert mat601(observe_fn(fn)) is None
+
+
+def repeat_along_keys(t):
+    """Each key (value) position twice in a row: a repeat along the sequence, not of heads."""
+    b, h, s, d = t.shape
+    return t[:, :, :, None, :].expand(b, h, s, 2, d).reshape(b, h, 2 * s, d)
+
+
+def test_keys_repeated_along_the_sequence_are_not_grouped_heads():
+    def fn(q, k, v, t):
+        k, v = repeat_along_keys(k), repeat_along_keys(v)
+        return ((q @ k.transpose(-2, -1)) / SQRT_D).softmax(-1) @ v
+
+    f = mat601(observe_fn(fn))
+    assert f.evidence["sdpa_kwargs"] == {} and "enable_gqa" not in f.message
+    q, k, v, t = leaves()
+    expected = fn(q, k, v, t)
+    torch.testing.assert_close(F.scaled_dot_product_attention(q, repeat_along_keys(k), repeat_along_keys(v)),
+                               expected, **TOL)
