@@ -54,6 +54,10 @@ MASK_OPS = frozenset({"add", "sub", "masked_fill", "where", "add_", "sub_", "mas
 SOFTMAX_OPS = frozenset({"_softmax", "softmax", "_safe_softmax"})
 DROPOUT_OPS = frozenset({"native_dropout", "dropout"})
 COPY_OPS = frozenset({"_to_copy", "copy_"})
+ZERO_OPS = frozenset({"zeros", "zeros_like", "new_zeros", "zero_"})  # make a tensor of zeros (not a mask)
+# Ops that read only their input's shape (F.dropout's mask on CPU is empty_like(P)): not a use of it
+SHAPE_ONLY_OPS = frozenset({"empty_like", "ones_like", "full_like", "rand_like", "randn_like", "new_empty",
+                            "new_ones", "new_full"})
 _SCALE_OR_MASK_OPS = SCALE_OPS | MASK_OPS
 MASK_FILL_MIN = -1e4       # a fill at or below this zeroes its softmax weight, as -inf does
 
@@ -188,6 +192,8 @@ class MaskFact(NamedTuple):
                      # "fill" (masked_fill/where with a value that is not a mask: SDPA has none)
     causal: bool     # exactly lower-triangular (top-left) over the observed scores
     fill: float = float("-inf")
+    factor: float | None = 1.0  # added masks: SDPA's attn_mask is the user's tensor times this (baddbmm's beta,
+                                # scales applied after it); None: scaled by a tensor after it was added
 
 
 @dataclass(eq=False)
@@ -198,14 +204,17 @@ class AttentionChain:
     phase: str                 # "S": scores (before softmax), "P": probabilities
     qk_site: Site
     qk_sig: tuple
+    qk_module: str = ""        # the module path that computed QK^T
+    training: bool | None = None  # that module's .training (None: outside any module)
     k_repeat: tuple = None     # (n, interleaved) when K's heads were repeated (GQA), else None
-    scale: float = 1.0         # product of the scalar factors applied to the scores
-    scale_tensor: bool = False  # (also) scaled by a tensor: its value is not read
+    scale: float = 1.0         # product of the numbers the scores were multiplied by (divisions inverted)
+    scale_tensors: tuple = ()  # "mul" / "div" per tensor factor, in order (its value is not read)
     masks: tuple = ()          # MaskFact per mask applied
     softmax_dtype: object = None
     in_sdpa: bool = False      # the softmax was SDPA's own (_safe_softmax): its math backend ran
     dropout_p: float = 0.0
     weights_used: bool = False  # the probabilities were read by something other than @V (or returned)
+    key_dim: int = -1          # where the keys' dim is now (negative), as the QK GEMM laid it out last
     stat: "AttentionStat" = None  # where the call was counted, once it was
 
 
@@ -216,7 +225,8 @@ class AttentionKey(NamedTuple):
     module_type: str
     qk_sig: tuple
     v_sig: tuple
-    scale: float | None        # None: scaled by a tensor
+    scale: float               # the numeric factor
+    scale_tensors: tuple       # and the tensor factors, "mul" / "div" each
     masks: tuple
     dropout_p: float
     k_repeat: tuple | None
@@ -224,6 +234,7 @@ class AttentionKey(NamedTuple):
     grad: bool
     softmax_dtype: object
     in_sdpa: bool
+    training: bool | None      # the module's .training when QK^T was computed (None: no module)
 
 
 @dataclass
@@ -322,7 +333,7 @@ class ModulePaths:
         self._child_names: dict = {}
         self._handles = []
         self.on_error = on_error  # called with (exception, where) when a hook fails
-        self.on_output = None     # called with each module's output, when set
+        self.on_output = None     # called with each module's output and path, when set
         self.on_top_call = None   # called before a top-level module call that follows one run without grad
 
     def install(self):
@@ -348,6 +359,11 @@ class ModulePaths:
     def current(self) -> str:
         stack = getattr(self._local, "stack", None)
         return stack[-1][1] if stack else ""
+
+    def current_training(self):
+        """The running module's .training, or None outside modules."""
+        stack = getattr(self._local, "stack", None)
+        return stack[-1][0].training if stack else None
 
     def current_type(self) -> str:
         stack = getattr(self._local, "stack", None)
@@ -383,11 +399,11 @@ class ModulePaths:
         try:
             stack = self._stack()
             if stack and stack[-1][0] is module:
-                stack.pop()
+                path = stack.pop()[1]
                 if not stack:
                     self._local.ended_without_grad = not _may_backward(output)
-            if self.on_output is not None:
-                self.on_output(output)
+                if self.on_output is not None:
+                    self.on_output(output, path)
         except Exception as exc:
             if self.on_error is not None:
                 self.on_error(exc, "module paths")
@@ -497,7 +513,7 @@ class Recorder:
     def _info(self, func):
         return _OP_INFO.get(id(func)) or _op_info(func)
 
-    def _follow_view(self, src, out) -> None:
+    def _follow_view(self, name, args, src, out) -> None:
         i = id(src)
         for tags in (self._deps, self._attn, self._copies):
             d = tags.d
@@ -509,22 +525,30 @@ class Recorder:
                         value = _merged_repeat(value, out.shape)
                         if value is None:
                             continue
+                    elif tags is self._attn and type(value) is AttentionChain:
+                        key_dim = _dim_after(name, args, src, out, value.key_dim)
+                        if key_dim is None:
+                            continue  # the keys' dim merged, split or dropped: not attention any more
+                        if key_dim != value.key_dim:
+                            value = dataclasses.replace(value, key_dim=key_dim)
                     tags.set(out, value)
 
-    def _view(self, name, src, out) -> None:
+    def _view(self, name, args, out) -> None:
         """A view op: dataflow tags follow it; an expand of a new size-1 dim of a 5-d tensor may be
         the start of a head repeat (K/V for grouped-query attention)."""
         if _current_autograd_node() is not None:
             return
+        src = args[0]
         if self._deps.d or self._attn.d or self._copies.d:
-            self._follow_view(src, out)
+            self._follow_view(name, args, src, out)
         if name == "expand" and out.dim() == 5:
             grown = [i for i, (a, b) in enumerate(zip(src.shape, out.shape)) if a == 1 and b > 1]
             if len(grown) == 1:
                 self._attn.set(out, ("R", grown[0], out.shape[grown[0]], tuple(out.shape)))
 
-    def _module_output(self, output) -> None:
-        """The attention weights returned from a module are weights used."""
+    def _module_output(self, output, path) -> None:
+        """The attention weights returned from the module that computed QK^T, or from one above it, are
+        weights used (a submodule of it that returns them, nn.Dropout or nn.Identity, hands them back)."""
         attn = self._attn
         if not attn.d:
             return
@@ -532,7 +556,8 @@ class Recorder:
         for t in items:
             if isinstance(t, Tensor):
                 state = attn.get(t)
-                if type(state) is AttentionChain and state.phase == "P":
+                if type(state) is AttentionChain and state.phase == "P" and (
+                        state.qk_module == path or state.qk_module.startswith(path + ".")):
                     _weights_used(state)
 
     def record(self, func, args, kwargs, out, frame, info=None, node=_UNSET,
@@ -541,7 +566,7 @@ class Recorder:
             info = _OP_INFO.get(id(func)) or _op_info(func)
         if info[2]:  # a view: the cheap path; views launch nothing, only dataflow tags follow them
             if args and isinstance(args[0], Tensor) and isinstance(out, Tensor):
-                self._view(info[0], args[0], out)
+                self._view(info[0], args, out)
             return
         name, qualname, _, full_sig, is_copy, is_gemm, is_bgemm, _, _, unread_in_backward = info
         if node is _UNSET:
@@ -695,11 +720,12 @@ class Recorder:
         deps = None
         if dd:
             for a in args:
-                if isinstance(a, Tensor):
-                    e = dd.get(id(a))
-                    if e is not None and e[0]() is a:
-                        d = e[1]
-                        deps = d if deps is None else deps | d
+                for t in a if isinstance(a, (list, tuple)) else (a,):  # torch.cat([tokens, next_token])
+                    if isinstance(t, Tensor):
+                        e = dd.get(id(t))
+                        if e is not None and e[0]() is t:
+                            d = e[1]
+                            deps = d if deps is None else deps | d
         if is_gemm:
             # A site once chained stays chained: it is no longer tracked, and in a model whose
             # GEMM lines all feed each other (a transformer) the tags soon stop being made.
@@ -731,13 +757,14 @@ class Recorder:
                         c = copies.get(a)
                         if c is not None and c[0] == site:
                             rec.layout_copies[c] = rec.layout_copies.get(c, 0) + 1
-        if is_bgemm or self._attn.d or name == "repeat":
-            self._attention_step(name, args, arg0, out_t, site, module, direct)
+        if is_bgemm or self._attn.d or name == "repeat" or name in ZERO_OPS:
+            self._attention_step(name, args, kwargs, arg0, out_t, site, module, direct)
 
     def _note_operands(self, key, args, name) -> None:
         """Which tensors this GEMM line was given in this step: a view is its base and offset (a
-        weight's transposed view is the weight; x[i] is a part of x); weak references tell a freed
-        tensor from a new one at its address."""
+        weight's transposed view is the weight; x[i] is a part of x) and the version (a tensor
+        updated in place holds a new value); weak references tell a freed tensor from a new one at
+        its address."""
         okey = (key.op, key.site, key.sig)
         seen = self._operands.get(okey)
         if seen is None:
@@ -747,14 +774,14 @@ class Recorder:
             if len(ids) >= MAX_OPERANDS or not isinstance(t, Tensor):
                 continue
             base = t._base if t._base is not None else t
-            ident = (id(base), t.storage_offset())
+            ident = (id(base), t.storage_offset(), t._version)  # a view shares its base's version counter
             e = ids.get(ident)
             if e is None:
                 ids[ident] = _weakref(base)
             elif e() is not base:
                 ids[ident + (len(ids),)] = _weakref(base)
 
-    def _attention_step(self, name, args, arg0, out, site, module, direct) -> None:
+    def _attention_step(self, name, args, kwargs, arg0, out, site, module, direct) -> None:
         """Follow bmm -> scale -> (mask) -> softmax -> (dropout) -> bmm on the same tensors, with
         what SDPA needs to compute the same: scale, masks, dropout, repeated K/V heads, and whether
         the weights are used elsewhere."""
@@ -762,13 +789,13 @@ class Recorder:
         if name in BATCHED_GEMM_OPS:
             bias, (a, b) = (args[0], args[1:3]) if name == "baddbmm" else (None, args[:2])
             state = attn.get(a)
-            if type(state) is AttentionChain and state.phase == "P":
+            if type(state) is AttentionChain and state.phase == "P" and state.key_dim == -1:
                 v_repeat = attn.get(b)
                 key = AttentionKey(
                     state.qk_site, site, module, self.modules.current_type(), state.qk_sig, tensor_sig(b),
-                    None if state.scale_tensor else state.scale, state.masks, state.dropout_p, state.k_repeat,
+                    state.scale, state.scale_tensors, state.masks, state.dropout_p, state.k_repeat,
                     v_repeat[1:] if type(v_repeat) is tuple and v_repeat[0] == "K" else None,
-                    a.requires_grad, state.softmax_dtype, state.in_sdpa)
+                    a.requires_grad, state.softmax_dtype, state.in_sdpa, state.training)
                 stat = self.rec.attention.get(key)
                 if stat is None:
                     stat = self.rec.attention[key] = AttentionStat()
@@ -778,11 +805,22 @@ class Recorder:
             k_repeat = attn.get(b)
             if type(k_repeat) is AttentionChain and k_repeat.phase == "P":
                 _weights_used(k_repeat)
-            masks = ()
-            if bias is not None:  # baddbmm(mask, q, k^T): an additive mask
-                masks = (MaskFact("additive", self._causal(bias, "additive", out.shape)),)
-            attn.set(out, AttentionChain("S", site, (tensor_sig(a), tensor_sig(b)), masks=masks,
+            masks, scale = (), 1.0
+            if bias is not None:  # baddbmm(input, q, k^T, beta=, alpha=): beta * input + alpha * (q @ k^T)
+                kwargs = kwargs or {}
+                beta, scale = _number(kwargs.get("beta", 1)), _number(kwargs.get("alpha", 1))
+                if beta is None or scale is None:
+                    return  # read only on the device: not followed
+                zero = attn.get(bias)
+                if beta != 0 and not (type(zero) is tuple and zero[0] == "Z" and zero[1] == bias._version):
+                    causal = beta > 0 and self._causal(bias, "additive", out.shape)
+                    masks = (MaskFact("additive", causal, factor=beta),)
+            attn.set(out, AttentionChain("S", site, (tensor_sig(a), tensor_sig(b)), module,
+                                         self.modules.current_training(), masks=masks, scale=scale,
                                          k_repeat=k_repeat[1:] if type(k_repeat) is tuple and k_repeat[0] == "K" else None))
+            return
+        if name in ZERO_OPS:  # zeros made here: a baddbmm input that is not a mask (GPT-NeoX)
+            attn.set(out, ("Z", out._version))
             return
         if name == "repeat" and arg0 is not None and len(args) > 1:
             grown = [n for n in args[1] if n > 1]
@@ -792,7 +830,7 @@ class Recorder:
         if name == "scalar_tensor" and args and isinstance(args[0], (int, float)):
             attn.set(out, ("V", float(args[0])))  # where(mask, scores, -inf)'s -inf, on the device: read it here
             return
-        if arg0 is None:
+        if arg0 is None or name in SHAPE_ONLY_OPS:
             return
         if name == "bernoulli_":  # a dropout mask on CPU (mul by it then div_; native_dropout elsewhere)
             p_keep = args[1] if len(args) > 1 and isinstance(args[1], (int, float)) else None
@@ -820,10 +858,12 @@ class Recorder:
         elif name in DROPOUT_OPS and which == 0:
             train = args[2] if len(args) > 2 else True
             p = args[1] if len(args) > 1 and isinstance(args[1], (int, float)) and train is not False else 0.0
-            attn.set(out, dataclasses.replace(state, dropout_p=p))
+            state.dropout_p = p  # the same weights, dropped out: one chain, so that a use of either is seen
+            attn.set(out, state)
         elif name == "mul" and len(args) > 1 and isinstance(args[1 - which], Tensor) \
                 and type(attn.get(args[1 - which])) is tuple and attn.get(args[1 - which])[0] == "D":
-            attn.set(out, dataclasses.replace(state, dropout_p=attn.get(args[1 - which])[1]))
+            state.dropout_p = attn.get(args[1 - which])[1]
+            attn.set(out, state)
         else:
             _weights_used(state)  # the weights feed something SDPA does not return them for
 
@@ -832,18 +872,25 @@ class Recorder:
         base = name.rstrip("_")
         other = args[1 - which] if which < 2 and len(args) > 1 else None
         if name in SOFTMAX_OPS:
+            dim = args[1] if len(args) > 1 and isinstance(args[1], int) else None
+            if dim is None or dim % out.dim() - out.dim() != state.key_dim:
+                return None  # not over the keys: not attention's softmax
             return dataclasses.replace(state, phase="P", softmax_dtype=out.dtype, in_sdpa=name == "_safe_softmax")
         if base in ("mul", "div"):
+            if base == "div" and which != 0:
+                return None  # x / scores: not a scale
             if isinstance(other, Tensor) and other.dim() and other.shape[-1] != 1:
                 return None  # varies along the keys: not a scale (a multiplicative mask SDPA lacks)
             if isinstance(other, Tensor):  # a learned temperature, or a value read only on the device
-                return dataclasses.replace(state, scale_tensor=True)
+                return dataclasses.replace(state, scale_tensors=state.scale_tensors + (base,),
+                                           masks=_masks_scaled(state.masks, None))
             value = _number(other)
             if value is None:
                 return None
             if value == 0:
                 return None
-            return dataclasses.replace(state, scale=state.scale * (value if base == "mul" else 1.0 / value))
+            factor = value if base == "mul" else 1.0 / value
+            return dataclasses.replace(state, scale=state.scale * factor, masks=_masks_scaled(state.masks, factor))
         if base == "masked_fill" and which == 0 and len(args) > 2:
             fill = self._fill_value(args[2])
             if fill is None or fill > MASK_FILL_MIN:
@@ -864,7 +911,8 @@ class Recorder:
                 return None  # mask - scores: not a mask
             kind = "additive" if base == "add" else "subtractive"
             causal = kind == "additive" and self._causal(other, kind, out.shape)
-            return dataclasses.replace(state, masks=state.masks + (MaskFact(kind, causal),))
+            mask = MaskFact(kind, causal, factor=1.0 if kind == "additive" else -1.0)
+            return dataclasses.replace(state, masks=state.masks + (mask,))
         return None
 
     def _fill_value(self, value):
@@ -907,6 +955,18 @@ def _number(value):
     return None
 
 
+def _masks_scaled(masks: tuple, factor) -> tuple:
+    """The masks after the scores were scaled by `factor` (None: by a tensor): SDPA adds attn_mask after
+    scaling, so a float mask added before is attn_mask times the factor; a filled mask stays one."""
+    out = []
+    for m in masks:
+        if m.kind in ("additive", "subtractive"):
+            new = None if factor is None or m.factor is None else m.factor * factor
+            m = m._replace(factor=new, causal=m.causal and new is not None and new > 0)
+        out.append(m)
+    return tuple(out)
+
+
 def autocast_state() -> str:
     """Whether an op runs inside an autocast region: "region" or "". Inside the dispatch mode
     `torch.is_autocast_enabled` reads False (autocast has already run and excludes itself), so the
@@ -933,15 +993,33 @@ def _weights_used(chain: AttentionChain) -> None:
         chain.stat.weights_used = True
 
 
+def _dim_after(name, args, src, out, dim):
+    """Where `dim` (negative) of a view op's input is in its output, or None when the view merged,
+    split or dropped it."""
+    n = src.dim()
+    if n < 2:
+        return None
+    if name == "transpose":
+        a, b = args[1] % n - n, args[2] % n - n
+        return b if dim == a else a if dim == b else dim
+    if name == "t":
+        return -1 - (dim + 2) if dim >= -2 else dim
+    if name == "permute":
+        perm = [p % n for p in args[1]]
+        return perm.index(dim % n) - n
+    return dim if tuple(src.shape[dim:]) == tuple(out.shape[dim:]) else None
+
+
 def _merged_repeat(tag, shape):
-    """An expanded 5-d tensor ("R", dim, n, shape) viewed as 4-d: the expanded dim merged with the
-    dim before it is repeat_interleave order (head h reads K/V head h // n), with the one after,
-    tiled order. Anything else is not a head repeat."""
+    """An expanded 5-d tensor ("R", dim, n, shape) viewed as 4-d (batch, heads, seq, head dim) with
+    the expanded dim merged into the heads dim: merged with the dim before it is repeat_interleave
+    order (head h reads K/V head h // n), with the one after, tiled order. Anything else (a repeat
+    along the sequence, ...) is not a head repeat."""
     _, i, n, src = tag
     shape = tuple(shape)
-    if i > 0 and shape == src[:i - 1] + (src[i - 1] * n,) + src[i + 1:]:
+    if i == 2 and shape == src[:1] + (src[1] * n,) + src[3:]:
         return ("K", n, True)
-    if i + 1 < len(src) and shape == src[:i] + (n * src[i + 1],) + src[i + 2:]:
+    if i == 1 and shape == src[:1] + (n * src[2],) + src[3:]:
         return ("K", n, False)
     return None
 
@@ -1045,7 +1123,7 @@ def _torch_dispatch(self, func, types, args=(), kwargs=None):
             if info[2]:  # a view: no site, no key; only forward dataflow tags follow it
                 if args and isinstance(out, Tensor) and (
                         recorder._deps.d or recorder._attn.d or recorder._copies.d or info[0] == "expand"):
-                    recorder._view(info[0], args[0], out)
+                    recorder._view(info[0], args, out)
                 return out
             node = _current_autograd_node()
             if node is not None and info[9] and not recorder.profile_cuda:

@@ -14,7 +14,7 @@ import torch
 
 from matlint.diagnostics import Finding
 
-from .capture import GEMM_OPS, LOSS_OPS, VIEW_OPS, Site
+from .capture import GEMM_OPS, LOSS_OPS, VIEW_OPS, Site, _column_major
 from .savings import LoopEstimate, SdpaEstimate
 
 LOOP_MIN_PER_STEP = 4        # same-shape GEMMs per step from one line
@@ -172,6 +172,10 @@ def check_loop_matmul(rec, steps, ctx):
         elif shared == "second":
             fix = (f"one weight {_shape(b[0])} on {n} independent inputs: stack the inputs (torch.cat along the "
                    f"batch dim) and make one call of the layer, then split its output")
+        elif shared == "first" and len(b[0]) == 2 and _column_major(b):  # W.t() of (out, in) weights: nn.Linear
+            fix = (f"one input on {n} different weights: concatenate the weights along their output dim "
+                   f"(nn.Linear weights are (out, in): torch.cat(weights, dim=0), the biases likewise) and make "
+                   f"one call (F.linear), then split its output")
         elif shared == "first":
             fix = (f"one input on {n} different weights: concatenate the weights along the output dim "
                    f"(torch.cat(weights, dim=-1)) and make one GEMM, then split its output")
@@ -422,8 +426,8 @@ def check_tiny_ops(rec, steps, ctx):
 
 
 # -- MAT601 ----------------------------------------------------------------------------------------
-_ATTN_MASK_ARG = {"masked_fill": "~mask", "where": "mask", "where_inv": "~mask", "additive": "mask",
-                  "subtractive": "-mask"}
+_ATTN_MASK_ARG = {"masked_fill": "~mask", "where": "mask", "where_inv": "~mask"}
+_ADDED = ("additive", "subtractive")  # a float mask added to the scores: attn_mask is it times MaskFact.factor
 _MASK_SAYS = {
     "masked_fill": "attn_mask=~mask: SDPA's boolean mask marks the positions that take part, masked_fill's "
                    "the ones filled",
@@ -432,6 +436,19 @@ _MASK_SAYS = {
     "additive": "attn_mask=mask: the float mask added to the scores, as is",
     "subtractive": "attn_mask=-mask: the tensor subtracted from the scores, negated",
 }
+
+
+def _mask_times(factor: float) -> str:
+    """attn_mask for an added mask: the user's `mask` times the factor it reached the scores with."""
+    if factor == 1:
+        return "mask"
+    if factor == -1:
+        return "-mask"
+    return f"mask * {float(f'{factor:.8g}')!r}"
+
+
+def _mask_arg(mask) -> str:
+    return _mask_times(mask.factor) if mask.kind in _ADDED else _ATTN_MASK_ARG[mask.kind]
 
 
 @dataclass(frozen=True)
@@ -463,6 +480,15 @@ def sdpa_advice(keys, weights_used: bool) -> SdpaAdvice:
     mask_kinds = {tuple(m.kind for m in k.masks) for k in keys}
     kinds = sorted(mask_kinds, key=len)[-1]
     causal = len(mask_kinds) == 1 and len(kinds) == 1 and all(k.masks[0].causal for k in keys)
+    factors = {m.factor for k in keys for m in k.masks if m.kind in _ADDED}
+    if None in factors:
+        checks.append("the float mask was added before the scores were scaled by a tensor, and SDPA adds attn_mask "
+                      "after scaling: pass attn_mask=mask scaled by that tensor as the scores were")
+        exact = False
+    elif len(factors) > 1:
+        checks.append(f"the float mask reached the scores with a different factor between calls "
+                      f"({', '.join(f'{v:.6g}' for v in sorted(factors))}): pass each call's mask times its factor")
+        exact = False
     if len(mask_kinds) > 1:
         checks.append(f"the scores were masked differently between calls ({', '.join('+'.join(m) or 'no mask' for m in sorted(mask_kinds))}): "
                       f"pass each call's mask as attn_mask")
@@ -475,9 +501,17 @@ def sdpa_advice(keys, weights_used: bool) -> SdpaAdvice:
         kwargs["is_causal"] = True
         checks.append("is_causal=True: the mask was exactly causal (lower-triangular) in every observed call; if it "
                       "can also hide padding, pass it as attn_mask= instead")
+    elif None in factors:
+        pass  # said above: the mask's factor is a tensor's value
     elif len(kinds) == 1:
-        kwargs["attn_mask"] = _ATTN_MASK_ARG[kinds[0]]
-        checks.append(_MASK_SAYS[kinds[0]])
+        mask = keys[0].masks[0]
+        kwargs["attn_mask"] = _mask_arg(mask)
+        if mask.kind in _ADDED and mask.factor not in (1, -1):
+            checks.append(f"attn_mask={kwargs['attn_mask']}: the float mask reached the scores times "
+                          f"{mask.factor:.6g} (baddbmm's beta, or a scale applied after it), and SDPA adds "
+                          f"attn_mask as it is")
+        else:
+            checks.append(_MASK_SAYS[kinds[0]])
     elif kinds:
         kwargs["attn_mask"] = "mask"
         checks.append(f"combine the {len(kinds)} masks ({', '.join(kinds)}) into one attn_mask (boolean: True where "
@@ -485,13 +519,23 @@ def sdpa_advice(keys, weights_used: bool) -> SdpaAdvice:
     dropout = max(k.dropout_p for k in keys)
     if dropout:
         kwargs["dropout_p"] = dropout
+    elif any(k.training is False or not k.grad for k in keys):  # a dropout would not have run: unseen
+        checks.append("observed in eval mode or without grad: if this code applies dropout to the weights in "
+                      "training, pass dropout_p=p if self.training else 0.0")
     scales = {k.scale for k in keys}
+    tensors = {k.scale_tensors for k in keys}
     d = keys[0].qk_sig[0][0][-1]
-    if None in scales:
-        kwargs["scale"] = 1.0
-        checks.append("the scores were scaled by a tensor: multiply q by it first (shaped to broadcast over q) "
-                      "and pass scale=1.0")
-    elif len(scales) > 1:
+    if len(tensors) > 1:
+        checks.append("the scores were scaled by tensors differently between calls: scale q by each call's tensor "
+                      "factors first")
+        exact = False
+    elif tensors != {()}:
+        [ops] = tensors
+        how = " then ".join("multiply q by" if op == "mul" else "divide q by" for op in ops)
+        checks.append(f"the scores were {' then '.join({'mul': 'multiplied', 'div': 'divided'}[op] for op in ops)} by "
+                      f"{'a tensor' if len(ops) == 1 else 'tensors'}: {how} {'it' if len(ops) == 1 else 'them'} first "
+                      f"(shaped to broadcast over q); scale= is the numeric factor alone")
+    if len(scales) > 1:
         checks.append(f"the scale differed between calls ({', '.join(f'{v:.6g}' for v in sorted(scales))}): pass "
                       f"each call's as scale=")
         exact = False
@@ -534,7 +578,8 @@ def check_attention(rec, steps, ctx):
         bh, s_q, d = q[0]
         s_k = k[0][-1]
         per_step = count / steps
-        parts = (["matmul"] + (["scale"] if key.scale != 1.0 else []) + [m.kind.split("_")[0] for m in key.masks]
+        scaled = key.scale != 1.0 or bool(key.scale_tensors)
+        parts = (["matmul"] + (["scale"] if scaled else []) + [m.kind.split("_")[0] for m in key.masks]
                  + ["softmax"] + (["dropout"] if key.dropout_p else []) + ["matmul"])
         head = (f"hand-written attention ({' → '.join(parts)}) on {bh} heads × {s_q}×{s_k}, head dim {d}, "
                 f"{_dtype(q[2])}")
@@ -548,7 +593,7 @@ def check_attention(rec, steps, ctx):
                 msg += "; " + "; ".join(advice.checks)
         ev = {"per_step": round(per_step, 2), "module": module, "phase": "forward+backward" if key.grad else "forward",
               "shapes": [_shape(q[0]), _shape(k[0]), _shape(key.v_sig[0])], "dtypes": [_dtype(q[2])],
-              "second_matmul": str(pv_site), "scaled": key.scale != 1.0, "masks": [m.kind for m in key.masks],
+              "second_matmul": str(pv_site), "scaled": scaled, "scale_tensors": list(key.scale_tensors), "masks": [m.kind for m in key.masks],
               "masked": bool(key.masks), "device": ctx.device_type, "sdpa_kwargs": dict(advice.kwargs),
               "checks": list(advice.checks), "exact": advice.exact, "weights_used": weights_used}
         mask = "causal" if advice.kwargs.get("is_causal") else ("mask" if key.masks else None)

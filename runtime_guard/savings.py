@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import contextlib
 import math
-import time
+from time import perf_counter
 from dataclasses import dataclass
 from typing import NamedTuple
 
@@ -22,11 +22,15 @@ _DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torc
 
 class _Budget:
     def __init__(self, seconds: float):
-        self.deadline = time.perf_counter() + seconds
+        self.deadline = perf_counter() + seconds
 
     @property
     def left(self) -> bool:
-        return time.perf_counter() < self.deadline
+        return perf_counter() < self.deadline
+
+    @property
+    def seconds(self) -> float:
+        return max(0.0, self.deadline - perf_counter())
 
 
 def _sync(device: str) -> None:
@@ -35,13 +39,19 @@ def _sync(device: str) -> None:
 
 
 RELIABLE_HALF_WIDTH = 0.25   # an estimate is reliable when its interval is within ±25% and above 0
-MIN_PAIRS, MAX_PAIRS = 10, 400
+MIN_PAIRS, MAX_PAIRS = 12, 400  # 6 rounds of two pairs: the fewest whose [min, max] bounds the median at 95%
+
+
+def reliable(saved: float, lo: float, hi: float, pairs: int) -> bool:
+    """An estimate from enough pairs for its ~95% interval, above 0 and within ±25% of it."""
+    return pairs >= MIN_PAIRS and lo > 0 and (hi - lo) / 2 <= RELIABLE_HALF_WIDTH * saved
 
 
 @dataclass(frozen=True)
 class Timed:
-    """The original and the fix timed in alternating pairs: medians, the median of the paired
-    differences (what the fix saves per call) and a distribution-free ~95% interval of it."""
+    """The original and the fix timed in alternating pairs: medians, the median over rounds of two
+    pairs of their mean difference (what the fix saves per call) and a distribution-free ~95%
+    interval of it; `pairs` is even."""
     slow_ms: float
     fast_ms: float
     saved_ms: float
@@ -51,11 +61,11 @@ class Timed:
 
     @property
     def reliable(self) -> bool:
-        return self.lo_ms > 0 and (self.hi_ms - self.lo_ms) / 2 <= RELIABLE_HALF_WIDTH * self.saved_ms
+        return reliable(self.saved_ms, self.lo_ms, self.hi_ms, self.pairs)
 
     def scaled(self, k: float) -> tuple:
-        """(saved, lo, hi) times k (calls per step)."""
-        return self.saved_ms * k, self.lo_ms * k, self.hi_ms * k
+        """(saved, lo, hi) times k (calls per step), and the pairs they come from."""
+        return self.saved_ms * k, self.lo_ms * k, self.hi_ms * k, self.pairs
 
 
 def _median_interval(values) -> tuple:
@@ -74,35 +84,43 @@ def _clock(fn, device: str) -> float:
         end.record()
         end.synchronize()
         return start.elapsed_time(end)
-    t0 = time.perf_counter()
+    t0 = perf_counter()
     fn()
-    return (time.perf_counter() - t0) * 1e3
+    return (perf_counter() - t0) * 1e3
 
 
-def time_pair(slow, fast, device: str, max_s: float = 0.5) -> Timed:
-    """Time `slow` and `fast` in alternating pairs (slow first, then fast first, ...: a drift of
-    the machine's speed or an order effect falls on both alike) until the interval of the median
-    saving is within ±10% of it, or MAX_PAIRS pairs, or max_s seconds."""
-    for fn in (slow, fast):
-        for _ in range(3):
-            fn()
-    _sync(device)
+def time_pair(slow, fast, device: str, max_s: float = 0.5, budget: _Budget | None = None) -> Timed:
+    """Time `slow` and `fast` in rounds of two pairs, slow first and then fast first: an order effect
+    (whichever runs first pays more) or a drift of the machine's speed falls on both alike and
+    cancels in the round's mean difference. The saving is the median of those means, with its
+    interval; rounds are added until the interval is within ±10% of it, or MAX_PAIRS pairs, or
+    max_s seconds (at most what is left of `budget`): fewer than MIN_PAIRS when one call is slow,
+    at least one round."""
+    if budget is not None:
+        max_s = min(max_s, budget.seconds)
+    start = perf_counter()
+    for _ in range(3):  # warm-up: three calls each, fewer when they are slow
+        slow()
+        fast()
+        _sync(device)
+        if perf_counter() - start > max_s / 4:
+            break
     slow_t, fast_t, saved = [], [], []
-    start = time.perf_counter()
-    while len(saved) < MAX_PAIRS:
-        if len(saved) % 2:
-            b, a = _clock(fast, device), _clock(slow, device)
-        else:
-            a, b = _clock(slow, device), _clock(fast, device)
-        slow_t.append(a)
-        fast_t.append(b)
-        saved.append(a - b)
-        if len(saved) >= MIN_PAIRS:
+    start = perf_counter()
+    while 2 * len(saved) < MAX_PAIRS:
+        a1, b1 = _clock(slow, device), _clock(fast, device)
+        b2, a2 = _clock(fast, device), _clock(slow, device)
+        slow_t += (a1, a2)
+        fast_t += (b1, b2)
+        saved.append((a1 - b1 + a2 - b2) / 2)
+        if perf_counter() - start > max_s:
+            break
+        if 2 * len(saved) >= MIN_PAIRS:
             mid, lo, hi = _median_interval(saved)
-            if (hi - lo) / 2 <= 0.1 * abs(mid) or time.perf_counter() - start > max_s:
+            if (hi - lo) / 2 <= 0.1 * abs(mid):
                 break
     mid, lo, hi = _median_interval(saved)
-    return Timed(_median_interval(slow_t)[0], _median_interval(fast_t)[0], mid, lo, hi, len(saved))
+    return Timed(_median_interval(slow_t)[0], _median_interval(fast_t)[0], mid, lo, hi, 2 * len(saved))
 
 
 def _noop() -> None:
@@ -146,6 +164,7 @@ def estimate_bf16(spec, budget):
     device = "cuda"
     inputs = _Inputs(device)
     saved = [0.0, 0.0, 0.0]
+    pairs = MAX_PAIRS
     timed = 0
     total = sum(per_step for _, _, per_step in gemms)
     covered = 0.0
@@ -158,16 +177,17 @@ def estimate_bf16(spec, budget):
 
         def compute():
             return time_pair(_replay_gemm(op, sig, torch.float32, inputs),
-                             _replay_gemm(op, sig, torch.bfloat16, inputs), device)
+                             _replay_gemm(op, sig, torch.bfloat16, inputs), device, budget=budget)
 
         t = _cached(key, compute)
         saved = [total_ms + part for total_ms, part in zip(saved, t.scaled(per_step))]
+        pairs = min(pairs, t.pairs)
         covered += per_step
         timed += 1
     scale = total / covered if covered else 0.0
     method = (f"timed {timed} distinct fp32 GEMM shapes against bf16 on this GPU "
               f"({covered:g} of {total:g} GEMMs per step; the rest scaled alike); GEMMs only")
-    return tuple(v * scale for v in saved), method
+    return tuple(v * scale for v in saved) + (pairs,), method
 
 
 def _flops(op, sig):
@@ -219,7 +239,7 @@ def estimate_loop(spec: LoopEstimate, budget):
             if grad:
                 out.backward(grad_out)
 
-        return time_pair(looped, batched, device)
+        return time_pair(looped, batched, device, budget=budget)
 
     t = _cached(key, compute)
     t_loop, t_one = t.slow_ms, t.fast_ms
@@ -280,7 +300,7 @@ def estimate_sdpa(spec: SdpaEstimate, budget):
             if grad:
                 out.sum().backward()
 
-        return time_pair(manual, fused, device)
+        return time_pair(manual, fused, device, budget=budget)
 
     t = _cached(key, compute)
     t_manual, t_fused = t.slow_ms, t.fast_ms
@@ -303,7 +323,7 @@ def estimate_copy(spec, budget):
             source = torch.as_strided(inputs.tensor((storage,), dt), shape, stride)
         else:
             source = inputs.tensor(shape, dt).t() if len(shape) == 2 else inputs.tensor(shape, dt)
-        return time_pair(lambda: source.clone(memory_format=torch.contiguous_format), _noop, device)
+        return time_pair(lambda: source.clone(memory_format=torch.contiguous_format), _noop, device, budget=budget)
 
     t = _cached(key, compute)
     return t.scaled(per_step), f"timed the forced copy ({t.saved_ms:.4f} ms) on {device}"
@@ -322,7 +342,7 @@ def estimate_pad(spec, budget):
 
     def compute():
         plain = [(s[0], None, s[2]) for s in sig]
-        return time_pair(_replay_dense(op, plain, inputs), _replay_dense(op, padded, inputs), device)
+        return time_pair(_replay_dense(op, plain, inputs), _replay_dense(op, padded, inputs), device, budget=budget)
 
     t = _cached(key, compute)
     t_obs, t_pad = t.slow_ms, t.fast_ms
@@ -349,7 +369,7 @@ def estimate_tiny(spec, budget):
             for x in xs:
                 x.mul_(1.0)
 
-        return time_pair(eager, lambda: torch._foreach_mul_(xs, 1.0), device)
+        return time_pair(eager, lambda: torch._foreach_mul_(xs, 1.0), device, budget=budget)
 
     t = _cached(key, compute)
     t_eager, t_fused = t.slow_ms, t.fast_ms
@@ -376,7 +396,8 @@ def _free_cached_memory() -> None:
 def estimate(findings, budget_s: float = 3.0, on_error=None, step_ms: float | None = None) -> None:
     """Fill `estimated_savings_ms` and evidence["estimate_method"] where an estimator applies, with
     evidence["estimate_interval_ms"] (~95%, per step) and evidence["estimate_reliable"]. Every
-    estimate is capped by the measured step time `step_ms` (a fix cannot save more than the step).
+    estimate and its interval are capped by the measured step time `step_ms` (a fix cannot save
+    more than the step); a capped estimate is not reliable.
 
     An estimate that runs out of memory is skipped (its finding says so) and the others are
     still made; any other failure of an estimator is also passed to `on_error`, as the guard's
@@ -410,13 +431,14 @@ def estimate(findings, budget_s: float = 3.0, on_error=None, step_ms: float | No
                     if on_error is not None:
                         on_error(exc, f"savings estimate for {f.code}")
             else:
-                saved, lo, hi = ms
-                if step_ms is not None and saved > step_ms:
+                saved, lo, hi, pairs = ms
+                capped = step_ms is not None and saved > step_ms
+                if capped:
                     f.evidence["estimate_capped_at_step_ms"] = round(step_ms, 4)
-                    saved, hi = step_ms, min(hi, step_ms)
+                    saved, lo, hi = step_ms, min(lo, step_ms), min(hi, step_ms)
                 f.estimated_savings_ms = round(max(saved, 0.0), 4)
                 f.evidence["estimate_method"] = method
                 f.evidence["estimate_interval_ms"] = [round(lo, 4), round(hi, 4)]
-                f.evidence["estimate_reliable"] = lo > 0 and (hi - lo) / 2 <= RELIABLE_HALF_WIDTH * saved
+                f.evidence["estimate_reliable"] = not capped and reliable(saved, lo, hi, pairs)
             if out_of_memory:  # after the except block: the traceback no longer holds the tensors
                 _free_cached_memory()

@@ -2,10 +2,11 @@
 
 Steps: a step ends at every `optimizer.step()` (a global optimizer hook), at `guard.step()`,
 and, for the decorator form, at the end of each call when the call held no optimizer step.
-Without an optimizer step or `guard.step()` so far, a top-level module call that ran without grad
-(an inference loop) is a step of its own: the next top-level module call begins a new one. (A
-training loop whose first step calls a module under no_grad before its first optimizer step has
-that first step split; it is the warm-up step, thrown away by default.)
+In the context-manager form with the default window, until an optimizer step or `guard.step()` is
+seen, a top-level module call that ran without grad (an inference loop) is a step of its own: the
+next top-level module call begins a new one. When an optimizer step or `guard.step()` then comes
+(a sanity validation before training, a target network called under no_grad in a training step),
+what those steps observed is thrown away and the window starts again at that boundary.
 The first `warmup` steps are observed provisionally and thrown away as soon as a later step
 begins (one-off work such as lazy init stays out of the per-step counts); after `window`
 kept steps the dispatch mode, module hooks and profiler are removed and the guarded code runs
@@ -102,6 +103,8 @@ class Guard:
         self._noted_compiled = False
         self._optimizer_seen = False   # steps end at optimizer.step() ...
         self._user_steps = False       # ... or at guard.step(); else at each top-level module call without grad
+        self._inference_steps = 0      # boundaries made so far by that last rule
+        self._decorated = False        # the decorator form: each call is a step
         self._compile_watch = None     # dynamo's callback handler while this guard watches for compiles
         self._thread = None            # the thread observed (module hooks are global: other threads call them too)
         self._last_boundary = None     # perf_counter() at the start of the step now running
@@ -136,6 +139,8 @@ class Guard:
 
     # -- decorator ---------------------------------------------------------------------------
     def __call__(self, fn):
+        self._decorated = True
+
         @functools.wraps(fn)
         def wrapper(*args, **kwargs):
             self._enter()
@@ -155,8 +160,9 @@ class Guard:
     def step(self) -> None:
         """Mark the end of a step by hand (loops without an optimizer)."""
         with self._lock:
+            first = not (self._user_steps or self._optimizer_seen)
             self._user_steps = True
-            self._safely(self._boundary)
+            self._safely(self._restart if first and self._inference_steps else self._boundary)
 
     # -- internals ---------------------------------------------------------------------------
     def _safely(self, fn, *args, where: str = "guard"):
@@ -239,22 +245,48 @@ class Guard:
         """A top-level module call begins after one that ran without grad (inference): without an
         optimizer or guard.step(), each such call is a step."""
         with self._lock:
-            if (self._depth > 0 and not self._finished and not self._optimizer_seen and not self._user_steps
-                    and threading.get_ident() == self._thread):
+            if (self._depth > 0 and not self._finished and self.window is None and not self._decorated
+                    and not self._optimizer_seen and not self._user_steps and threading.get_ident() == self._thread):
+                self._inference_steps += 1
                 self._safely(self._boundary)
 
     def _on_optimizer_step(self, optimizer, args, kwargs) -> None:
         with self._lock:
             if threading.get_ident() != self._thread:  # another thread's optimizer
                 return
+            first = not (self._optimizer_seen or self._user_steps)
             self._optimizer_seen = True
+            if self._done_timing() and not (first and self._inference_steps):
+                # a no-op from now on: removing a global hook from inside one would break the loop
+                # optimizer.step() runs them in (it goes when the guard exits)
+                return
             if self._depth > 0 and not self._finished:
                 self._boundary_in_entry = True
-                self._safely(self._boundary)
+                self._safely(self._restart if first and self._inference_steps else self._boundary)
+
+    def _done_timing(self) -> bool:
+        """The window is closed and the plain steps the savings are capped by are timed."""
+        return not self.recording and len(self.plain_step_ms) >= PLAIN_STEPS
+
+    def _restart(self) -> None:
+        """The first optimizer step or guard.step() after top-level inference calls were taken for
+        steps: what they observed is thrown away and the window starts again at this boundary."""
+        self._detach()
+        self.recorder.new_step()
+        self.recorder.modules.clear_pending()
+        self.recorder.rec = self._fresh_recording(self.recorder.rec)
+        self._inference_steps = 0
+        self._warmup_rec = None
+        self._step = 0
+        self._window_len = self.window or MAX_DEFAULT_WINDOW
+        self._step_counts, self._counts_so_far = {}, {}
+        self.observed_step_ms.clear()
+        self.plain_step_ms.clear()
+        self._last_boundary = _now()
+        self._attach()
 
     def _time_step(self) -> None:
-        """The step that ends now: its time, observed or plain; once enough plain steps are timed
-        the optimizer hook goes too (it stayed only to time them)."""
+        """The step that ends now: its time, observed or plain."""
         now = _now()
         if self._last_boundary is not None:
             ms = (now - self._last_boundary) * 1e3
@@ -263,9 +295,6 @@ class Guard:
             elif self._step >= self.warmup + self._window_len and len(self.plain_step_ms) < PLAIN_STEPS:
                 self.plain_step_ms.append(ms)
         self._last_boundary = now
-        if len(self.plain_step_ms) >= PLAIN_STEPS and self._opt_hook is not None and not self.recording:
-            self._opt_hook.remove()
-            self._opt_hook = None
 
     @property
     def step_ms(self):
@@ -293,7 +322,7 @@ class Guard:
         self.recorder.new_step()
         self.recorder.modules.clear_pending()
         if not self._in_window():
-            self._detach()  # the optimizer hook stays until PLAIN_STEPS plain steps are timed
+            self._detach()  # the optimizer hook stays, to time PLAIN_STEPS plain steps
         self._ops_at_boundary = self._recorded_ops()
 
     def _recorded_ops(self) -> int:

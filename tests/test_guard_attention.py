@@ -54,7 +54,7 @@ class HandAttention(nn.Module):
     """Attention written out by hand, in the variants users write."""
 
     def __init__(self, mask="none", scale="sqrt", dropout=0.0, kv_heads=HEADS, repeat="interleave",
-                 return_weights=False):
+                 return_weights=False, dropout_module=False):
         super().__init__()
         torch.manual_seed(0)
         d = HEADS * HEAD_DIM
@@ -65,6 +65,7 @@ class HandAttention(nn.Module):
         self.mask_how, self.mask_of = MASKS[mask]
         self.scale, self.dropout, self.kv_heads, self.repeat = scale, dropout, kv_heads, repeat
         self.return_weights = return_weights
+        self.drop = nn.Dropout(dropout) if dropout_module else None  # a submodule that returns the weights
         self.temperature = nn.Parameter(torch.tensor(0.3))
         self.to(DEVICE)
 
@@ -109,7 +110,10 @@ class HandAttention(nn.Module):
         elif self.mask_how == "add":
             scores = scores + mask
         weights = torch.softmax(scores, dim=-1)
-        weights = F.dropout(weights, self.dropout, training=self.training)
+        if self.drop is not None:
+            weights = self.drop(weights)
+        else:
+            weights = F.dropout(weights, self.dropout, training=self.training)
         return weights @ v, weights
 
     def forward(self, x):
@@ -194,6 +198,7 @@ FORMS = {
     "custom scale": (dict(scale="custom"), {"scale": 0.05}),
     "tensor scale": (dict(scale="tensor"), {"scale": 1.0}),
     "dropout": (dict(dropout=0.2), {"dropout_p": 0.2}),
+    "nn.Dropout": (dict(dropout=0.2, dropout_module=True), {"dropout_p": 0.2}),
     "GQA repeat_interleave": (dict(kv_heads=2, mask="causal_fill"), {"is_causal": True, "enable_gqa": True}),
     "GQA expand+reshape": (dict(kv_heads=1, repeat="expand"), {"enable_gqa": True}),
     "tiled repeat": (dict(kv_heads=2, repeat="tile"), {}),
@@ -208,6 +213,7 @@ def test_suggested_sdpa_call_computes_the_same(form):
     assert f is not None
     assert f.evidence["sdpa_kwargs"] == pytest.approx(expected)
     assert f.evidence["exact"]
+    assert not f.evidence["weights_used"]  # none of these returns or reads its weights
     # the written call says the same as the structured arguments
     assert "F.scaled_dot_product_attention(q, k, v" in f.message
     for name, value in expected.items():
@@ -268,6 +274,53 @@ def test_returned_weights_are_said_to_be_lost():
     assert "SDPA does not return the attention weights" in f.message
     plain = mat601(observe(HandAttention(mask="causal_fill"), X))
     assert not plain.evidence["weights_used"] and "does not return" not in plain.message
+
+
+@pytest.mark.parametrize("mode", ["train", "eval"])
+def test_weights_returned_by_a_dropout_submodule_are_not_weights_used(mode):
+    """nn.Dropout (an nn.Identity, ...) inside the attention module returns the weights to it: that is
+    not the module returning them."""
+    model = getattr(HandAttention(dropout=0.2, dropout_module=True), mode)()
+    f = mat601(observe(model, X))
+    assert not f.evidence["weights_used"] and "does not return" not in f.message
+    returned = getattr(HandAttention(dropout=0.2, dropout_module=True, return_weights=True), mode)()
+    assert mat601(observe(returned, X)).evidence["weights_used"]
+
+
+def test_weights_returned_from_before_their_dropout_are_used():
+    class ReturnsUndropped(HandAttention):
+        def attend(self, q, k, v):
+            weights = torch.softmax((q @ k.transpose(-2, -1)) / math.sqrt(HEAD_DIM), dim=-1)
+            return self.drop(weights) @ v, weights  # the weights before dropout returned
+
+    f = mat601(observe(ReturnsUndropped(dropout=0.2, dropout_module=True, return_weights=True).train(), X))
+    assert f.evidence["weights_used"] and f.evidence["sdpa_kwargs"] == pytest.approx({"dropout_p": 0.2})
+
+
+DROPOUT_CHECK = "if this code applies dropout to the weights in training, pass dropout_p=p if self.training else 0.0"
+
+
+def observe_no_grad(model, x, steps=3):
+    g = guard(json_path=None, report=False, estimate_savings=False, warmup=1, window=steps - 1)
+    with g, torch.no_grad():
+        for _ in range(steps):
+            model(x)
+            g.step()
+    return g
+
+
+def test_attention_observed_in_eval_or_without_grad_says_to_check_for_dropout():
+    model = HandAttention(dropout=0.2, dropout_module=True).eval()  # its dropout does nothing in eval
+    for g in (observe(model, X), observe_no_grad(model, X)):
+        f = mat601(g)
+        assert f.evidence["sdpa_kwargs"] == {} and DROPOUT_CHECK in f.message
+        assert any(DROPOUT_CHECK in check for check in f.evidence["checks"])
+    assert_equivalent(model, X, {})  # what was observed: eval
+    # observed under no_grad in train mode without dropout: it may still be there in training
+    assert DROPOUT_CHECK in mat601(observe_no_grad(HandAttention().train(), X)).message
+    # observed training with grad: no dropout is no dropout; with it, it is passed
+    assert DROPOUT_CHECK not in mat601(observe(HandAttention().train(), X)).message
+    assert DROPOUT_CHECK not in mat601(observe_no_grad(HandAttention(dropout=0.2).train(), X)).message
 
 
 def test_weights_read_after_the_product_are_used():
@@ -336,3 +389,144 @@ def test_estimate_times_the_suggested_call():
     f = mat601(g)
     assert f.estimated_savings_ms is not None
     assert "explicit attn_mask" in f.evidence["estimate_method"]
+
+
+# -- attention written as a function of q, k, v: the suggestion applied as the finding says ---------
+QKV = [torch.randn(B, HEADS, S, HEAD_DIM, generator=torch.Generator().manual_seed(10 + i)).to(DEVICE)
+       for i in range(3)]
+TEMP = torch.tensor(0.3, device=DEVICE)
+BIAS = torch.randn(HEADS, S, S, generator=torch.Generator().manual_seed(4)).to(DEVICE)
+CAUSAL_ADD = torch.zeros(S, S, device=DEVICE).masked_fill(causal_fill_mask(S), float("-inf"))
+
+
+def leaves():
+    return [t.clone().requires_grad_(True) for t in QKV + [TEMP]]
+
+
+def observe_fn(fn, steps=3):
+    g = guard(json_path=None, report=False, estimate_savings=False, warmup=1, window=steps - 1)
+    with g:
+        for _ in range(steps):
+            fn(*leaves()).square().mean().backward()
+            g.step()
+    return g
+
+
+def follow(f, q, k, v, t, mask):
+    """The suggested call, applied as the finding says: q multiplied or divided by the tensor factors
+    in evidence["scale_tensors"], attn_mask the written expression of the user's mask."""
+    kwargs = dict(f.evidence["sdpa_kwargs"])
+    if "attn_mask" in kwargs:
+        kwargs["attn_mask"] = eval(kwargs["attn_mask"], {"mask": mask})
+    for how in f.evidence.get("scale_tensors", ()):
+        q = q * t if how == "mul" else q / t
+    return F.scaled_dot_product_attention(q, k, v, **kwargs)
+
+
+def assert_fn_equivalent(fn, f, mask=None):
+    x0, x1 = leaves(), leaves()
+    out0, out1 = fn(*x0), follow(f, *x1, mask)
+    torch.testing.assert_close(out1, out0, **TOL)
+    grads0 = torch.autograd.grad(out0.square().mean(), x0, allow_unused=True)
+    grads1 = torch.autograd.grad(out1.square().mean(), x1, allow_unused=True)
+    for g0, g1 in zip(grads0, grads1):
+        if g0 is None:  # the temperature, where fn does not use it
+            assert g1 is None or not g1.abs().any()
+            continue
+        torch.testing.assert_close(g1, g0, **TOL)
+
+
+def flat(t):
+    return t.reshape(B * HEADS, S, HEAD_DIM)
+
+
+def baddbmm_attention(make_input, beta, alpha):
+    def fn(q, k, v, t):
+        scores = torch.baddbmm(make_input(), flat(q), flat(k).transpose(1, 2), beta=beta, alpha=alpha)
+        return (scores.softmax(-1) @ flat(v)).view(B, HEADS, S, HEAD_DIM)
+    return fn
+
+
+SQRT_D = math.sqrt(HEAD_DIM)
+# name: (fn(q, k, v, t), the user's mask tensor, the SDPA keyword arguments the guard must suggest)
+FUNCTION_FORMS = {
+    # GPT-NeoX: baddbmm on zeros with beta=1, the scale as alpha
+    "baddbmm zeros, alpha=1/sqrt(d)": (
+        baddbmm_attention(lambda: torch.zeros(B * HEADS, S, S, device=DEVICE), 1.0, 1 / SQRT_D), None, {}),
+    # GPT-2's _upcast_and_reordered_attn: beta=0 on an uninitialised tensor (not a mask)
+    "baddbmm empty, beta=0": (
+        baddbmm_attention(lambda: torch.empty(B * HEADS, S, S, device=DEVICE), 0, 1 / SQRT_D), None, {}),
+    "baddbmm empty, beta=0, alpha=0.05": (
+        baddbmm_attention(lambda: torch.empty(B * HEADS, S, S, device=DEVICE), 0, 0.05), None, {"scale": 0.05}),
+    "baddbmm causal mask, beta=1": (
+        baddbmm_attention(lambda: CAUSAL_ADD, 1, 1 / SQRT_D), CAUSAL_ADD, {"is_causal": True}),
+    "baddbmm bias, beta=0.5, alpha=0.05": (
+        baddbmm_attention(lambda: BIAS.repeat(B, 1, 1), 0.5, 0.05), BIAS, {"attn_mask": "mask * 0.5", "scale": 0.05}),
+    # an additive mask added before the scale: SDPA adds attn_mask after scaling
+    "(qk + bias) / sqrt(d)": (
+        lambda q, k, v, t: ((q @ k.transpose(-2, -1) + BIAS) / SQRT_D).softmax(-1) @ v, BIAS,
+        {"attn_mask": f"mask * {float(f'{1 / SQRT_D:.8g}')!r}"}),
+    "(qk - bias) * 0.05": (
+        lambda q, k, v, t: ((q @ k.transpose(-2, -1) - BIAS) * 0.05).softmax(-1) @ v, BIAS,
+        {"attn_mask": "mask * -0.05", "scale": 0.05}),
+    "(qk + causal) / sqrt(d)": (
+        lambda q, k, v, t: ((q @ k.transpose(-2, -1) + CAUSAL_ADD) / SQRT_D).softmax(-1) @ v, CAUSAL_ADD,
+        {"is_causal": True}),
+    "masked_fill then / sqrt(d)": (
+        lambda q, k, v, t: (q @ k.transpose(-2, -1)).masked_fill(causal_fill_mask(S), float("-inf")).div(SQRT_D)
+        .softmax(-1) @ v, None, {"is_causal": True}),
+    # tensor factors: divided or multiplied, next to a number
+    "scores * t": (lambda q, k, v, t: ((q @ k.transpose(-2, -1)) * t).softmax(-1) @ v, None, {"scale": 1.0}),
+    "scores / t": (lambda q, k, v, t: ((q @ k.transpose(-2, -1)) / t).softmax(-1) @ v, None, {"scale": 1.0}),
+    "scores / sqrt(d) * t": (
+        lambda q, k, v, t: ((q @ k.transpose(-2, -1)) / SQRT_D * t).softmax(-1) @ v, None, {}),
+    "scores * 0.05 / t": (
+        lambda q, k, v, t: ((q @ k.transpose(-2, -1)) * 0.05 / t).softmax(-1) @ v, None, {"scale": 0.05}),
+    # transposed twice: softmax over the keys all the same
+    "scores.mT.softmax(-2).mT": (
+        lambda q, k, v, t: ((q @ k.transpose(-2, -1)) / SQRT_D).mT.softmax(-2).mT @ v, None, {}),
+}
+
+
+@pytest.mark.parametrize("form", list(FUNCTION_FORMS))
+def test_suggested_call_for_attention_functions_computes_the_same(form):
+    fn, mask, expected = FUNCTION_FORMS[form]
+    f = mat601(observe_fn(fn))
+    assert f is not None
+    assert f.evidence["sdpa_kwargs"] == pytest.approx(expected)
+    assert f.evidence["exact"]
+    assert_fn_equivalent(fn, f, mask)
+
+
+def test_an_additive_mask_scaled_by_a_tensor_says_what_to_check():
+    f = mat601(observe_fn(lambda q, k, v, t: ((q @ k.transpose(-2, -1) + BIAS) * t).softmax(-1) @ v))
+    assert not f.evidence["exact"]
+    assert "added before the scores were scaled by a tensor" in f.message
+
+
+@pytest.mark.parametrize("fn", [
+    lambda q, k, v, t: ((q @ k.transpose(-2, -1)) / SQRT_D).softmax(-2) @ v,        # over the queries
+    lambda q, k, v, t: ((q @ k.transpose(-2, -1)) / SQRT_D).softmax(-1).mT @ v,     # P transposed before @v
+    lambda q, k, v, t: ((q @ k.transpose(-2, -1)) / SQRT_D).mT.softmax(-1) @ v,     # S transposed
+], ids=["softmax(-2)", "softmax(-1).mT @ v", "S.mT.softmax(-1)"])
+def test_softmax_not_over_the_keys_is_not_attention(fn):
+    assert mat601(observe_fn(fn)) is None
+
+
+def repeat_along_keys(t):
+    """Each key (value) position twice in a row: a repeat along the sequence, not of heads."""
+    b, h, s, d = t.shape
+    return t[:, :, :, None, :].expand(b, h, s, 2, d).reshape(b, h, 2 * s, d)
+
+
+def test_keys_repeated_along_the_sequence_are_not_grouped_heads():
+    def fn(q, k, v, t):
+        k, v = repeat_along_keys(k), repeat_along_keys(v)
+        return ((q @ k.transpose(-2, -1)) / SQRT_D).softmax(-1) @ v
+
+    f = mat601(observe_fn(fn))
+    assert f.evidence["sdpa_kwargs"] == {} and "enable_gqa" not in f.message
+    q, k, v, t = leaves()
+    expected = fn(q, k, v, t)
+    torch.testing.assert_close(F.scaled_dot_product_attention(q, repeat_along_keys(k), repeat_along_keys(v)),
+                               expected, **TOL)

@@ -87,11 +87,24 @@ def test_independent_heads_on_one_input_are_one_gemm_on_the_concatenated_weights
     [f] = mat101(observe(lambda: model(x).sum().backward()))
     assert f.row == marked_line(Heads.forward)
     assert f.evidence["shared_operand"] == "first" and "concatenate the weights" in f.message
+    assert "torch.cat(weights, dim=0)" in f.message  # nn.Linear weights are (out, in)
     assert len(f.evidence["module"]) == 6
     with torch.no_grad():  # the described fix computes the same
-        w = torch.cat([h.weight for h in model.heads]).t()
-        b = torch.cat([h.bias for h in model.heads])
-        torch.testing.assert_close(torch.addmm(b, x, w).view(5, 6, 32).transpose(0, 1), model(x))
+        w = torch.cat([h.weight for h in model.heads], dim=0)
+        b = torch.cat([h.bias for h in model.heads], dim=0)
+        torch.testing.assert_close(F.linear(x, w, b).view(5, 6, 32).transpose(0, 1), model(x))
+
+
+def test_one_input_on_different_matrices_concatenates_their_columns():
+    w = torch.randn(6, 32, 24)  # (in, out) matrices used as x @ w[h]
+    x = torch.randn(5, 32)
+
+    def step():
+        return torch.stack([x @ w[h] for h in range(6)])  # <- here
+
+    [f] = mat101(observe(step))
+    assert f.evidence["shared_operand"] == "first" and "torch.cat(weights, dim=-1)" in f.message
+    torch.testing.assert_close((x @ torch.cat(list(w), dim=-1)).view(5, 6, 24).transpose(0, 1), step())
 
 
 def test_independent_heads_on_their_own_inputs_are_a_batched_call():
@@ -99,6 +112,27 @@ def test_independent_heads_on_their_own_inputs_are_a_batched_call():
     x = torch.randn(6, 5, 32)
     [f] = mat101(observe(lambda: model(x).sum().backward()))
     assert f.evidence["shared_operand"] is None and "stack_module_state" in f.message
+
+
+def test_an_input_updated_in_place_between_calls_is_a_new_operand_each_time():
+    lin = nn.Linear(32, 32)
+    x = torch.randn(10, 8, 32)
+
+    def step():
+        h = torch.zeros(8, 32)
+        outs = []
+        with torch.no_grad():
+            for t in range(10):
+                h.add_(x[t])  # a running sum updated in place: one tensor, a new value for each call
+                outs.append(lin(h))  # <- here
+        return torch.stack(outs)
+
+    [f] = mat101(observe(step))
+    assert f.row == marked_line(step)
+    assert f.evidence["shared_operand"] == "second" and "stack the inputs" in f.message
+    assert "compute it once" not in f.message
+    with torch.no_grad():  # the described fix (one call on the stacked inputs) computes the same
+        torch.testing.assert_close(lin(x.cumsum(0).reshape(80, 32)).view(10, 8, 32), step())
 
 
 # -- calls that feed each other: never a loop to batch ----------------------------------------------
@@ -155,12 +189,34 @@ def test_autoregressive_decode_loop_is_not_a_loop_to_batch():
     def generate():
         tokens = prompt
         with torch.no_grad():
-            for _ in range(12):  # each new token feeds the next call
-                nxt = model(tokens)[:, -1].argmax(-1, keepdim=True)
+            for _ in range(12):  # each new token feeds the next call, on a context of the last 4
+                nxt = model(tokens[:, -4:])[:, -1].argmax(-1, keepdim=True)
                 tokens = torch.cat([tokens, nxt], 1)
         return tokens
 
-    assert mat101(observe(generate)) == []
+    g = observe(generate)
+    rec = g.recorder.rec
+    # the whole decode loop was observed: 12 same-shape calls of each projection line per layer and step
+    q_proj = [(k, s) for k, s in rec.ops.items() if k.op == "addmm" and k.module.endswith(".q")]
+    assert rec.steps == 2 and sum(s.count for _, s in q_proj) == 2 * 2 * 12
+    assert {k.site for k, _ in q_proj} <= rec.chained_gemm_sites  # each call fed by the one before
+    assert mat101(g) == []
+
+
+def test_a_state_updated_in_place_from_the_gemm_is_a_recurrence():
+    lin = nn.Linear(32, 32)
+    x = torch.randn(10, 8, 32)
+
+    def step():
+        h = torch.zeros(8, 32)
+        with torch.no_grad():
+            for t in range(10):
+                h[:] = torch.tanh(lin(h) + x[t])  # the recurrent state, updated in place
+        return h
+
+    g = observe(step)
+    assert sum(s.count for k, s in g.recorder.rec.ops.items() if k.op == "addmm") == 20  # 10 per kept step
+    assert mat101(g) == []
 
 
 @pytest.mark.parametrize("kind", ["RNN", "LSTM", "GRU"])
@@ -192,6 +248,82 @@ def test_rnn_cell_loop_is_not_a_loop():
 
 
 # -- what a step is without an optimizer --------------------------------------------------------------
+class Loopy(nn.Module):
+    """A real loop finding: 8 independent calls of one Linear per forward."""
+
+    def __init__(self):
+        super().__init__()
+        self.lin = nn.Linear(32, 32)
+
+    def forward(self, xs):
+        return torch.stack([self.lin(x) for x in xs])
+
+
+def test_validation_before_training_does_not_use_up_the_window():
+    model, val = Loopy(), nn.Linear(32, 32)  # the model and, say, a metric head
+    opt = torch.optim.SGD(model.parameters(), lr=0.01)
+    xs = [torch.randn(16, 32) for _ in range(8)]
+    g = guard(json_path=None, report=False, estimate_savings=False)
+    with g:
+        with torch.no_grad():  # sanity validation batches before training (Lightning runs 2)
+            for _ in range(2):
+                model(xs)
+                val(xs[0])
+        observed = []
+        for _ in range(5):
+            observed.append(g.recording)
+            model(xs).square().mean().backward()
+            opt.step()
+            opt.zero_grad()
+    rec = g.recorder.rec
+    assert rec.steps == 2 and observed[1:] == [True, True, False, False]  # training steps 2 and 3
+    assert not any(k.module == "Linear" for k in rec.ops)  # nothing of the validation is left
+    [f] = mat101(g)
+    assert f.evidence["per_step"] == 8 and f.evidence["phase"] == "forward"
+
+
+def test_a_training_step_that_calls_a_network_without_grad_first_is_one_step():
+    policy, target = nn.Linear(16, 4), nn.Linear(16, 4)  # DQN: the target network under no_grad
+    opt = torch.optim.SGD(policy.parameters(), lr=0.01)
+    x = torch.randn(8, 16)
+    g = guard(json_path=None, report=False, estimate_savings=False)
+    with g:
+        for _ in range(6):
+            with torch.no_grad():
+                y = target(x).max(-1).values
+            F.mse_loss(policy(x).max(-1).values, y).backward()
+            opt.step()
+            opt.zero_grad()
+    rec = g.recorder.rec
+    forward = sum(s.count for k, s in rec.ops.items() if k.op == "addmm" and not k.backward)
+    assert rec.steps == 2 and forward == 2 * rec.steps  # both networks' GEMMs in each step
+
+
+def test_the_decorator_form_is_one_step_per_call_whatever_it_calls_without_grad():
+    model = nn.Linear(16, 16)
+    x = torch.randn(4, 16)
+
+    @guard(json_path=None, report=False, estimate_savings=False)
+    def infer():
+        with torch.no_grad():
+            return model(model(x).relu())  # <- two top-level module calls
+
+    for _ in range(4):
+        infer()
+    g = infer.matlint_guard
+    assert g.recorder.rec.steps == 2
+    assert sum(s.count for k, s in g.recorder.rec.ops.items() if k.op == "addmm") == 2 * 2
+
+
+def test_an_explicit_window_counts_steps_only_at_optimizer_steps_or_guard_step():
+    model = nn.Linear(16, 16)
+    x = torch.randn(4, 16)
+    g = guard(json_path=None, report=False, estimate_savings=False, warmup=0, window=5)
+    with g, torch.no_grad():
+        for _ in range(20):
+            model(x)
+    assert g.recorder.rec.steps == 1  # the whole block, as no step was marked
+    assert sum(s.count for k, s in g.recorder.rec.ops.items() if k.op == "addmm") == 20
 class Scores(nn.Module):
     def forward(self, q, k):
         return q @ k.transpose(-2, -1)  # already batched: one bmm per call

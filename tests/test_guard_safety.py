@@ -14,6 +14,7 @@ import torch.nn as nn  # noqa: E402
 import torch.nn.functional as F  # noqa: E402
 
 import matlint.runtime_guard.capture as capture  # noqa: E402
+from matlint.runtime_guard.session import PLAIN_STEPS  # noqa: E402
 from matlint.runtime_guard import GuardFindingsError, guard  # noqa: E402
 
 
@@ -460,6 +461,29 @@ def test_window_then_free():
     assert addmm == [2]  # the warm-up step's call was thrown away
 
 
+def test_a_global_optimizer_hook_registered_after_the_guards_keeps_working():
+    """optimizer.step() runs the global post-hooks from a dict while the guard's hook runs: the guard
+    must not remove its hook from inside it (once the plain steps are timed) but at the end."""
+    from torch.optim.optimizer import _global_optimizer_post_hooks, register_optimizer_step_post_hook
+
+    model = nn.Linear(8, 8)
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    calls = []
+    g = quiet()
+    with g:
+        handle = register_optimizer_step_post_hook(lambda *args: calls.append(1))  # a logger, an EMA library
+        try:
+            for _ in range(12):
+                model(torch.randn(4, 8)).sum().backward()
+                opt.step()
+                opt.zero_grad()
+        finally:
+            handle.remove()
+    assert len(calls) == 12 and g.errors == []
+    assert len(g.plain_step_ms) == PLAIN_STEPS
+    assert not _global_optimizer_post_hooks  # the guard's hook went when the block exited
+
+
 def test_decorator_form_reports_when_window_completes(tmp_path, monkeypatch):
     monkeypatch.chdir(tmp_path)
     w = torch.randn(8, 16, 16)
@@ -550,7 +574,7 @@ def test_threads_each_with_its_own_guard_and_unguarded_threads_untouched():
 
     def work(i, guarded):
         try:
-            g = quiet(warmup=0, window=20)  # each call under no_grad is a step: observe all 20
+            g = quiet(warmup=0, window=20)  # an explicit window: no step is marked, all 20 calls are one
             with torch.no_grad(), (g if guarded else contextlib.nullcontext()):
                 for _ in range(20):
                     results[i] = model(xs[i])

@@ -40,18 +40,38 @@ def test_a_saving_lost_in_noise_is_unreliable():
     assert not t.reliable
 
 
-def test_alternating_order_cancels_an_order_effect():
-    """Whichever function runs first in a pair pays 1 ms more (a cold cache, a clock ramp): timed
-    in alternating order, two equal functions save nothing."""
-    state = {"calls": 0}
+@pytest.mark.parametrize("max_s", [0.021, 0.023, 0.5])  # stops after 11 or 12 pairs, or when tight
+def test_alternating_order_cancels_an_order_effect(monkeypatch, max_s):
+    """Whichever function runs first in a pair pays 1 ms more (a cold cache, a clock ramp): timed in
+    alternating order, two equal functions save nothing, wherever the timing stops. The clock is
+    simulated (time passes only in the timed calls), so the test is deterministic."""
+    now, calls = [0.0], []
 
-    def equal():
-        state["calls"] += 1
-        busy(1.5 if state["calls"] % 2 else 0.5)  # the first of each pair is slower
+    def clock(fn, device):
+        fn()
+        calls.append(1)
+        ms = 1.5 if len(calls) % 2 else 0.5  # the first of each pair is slower
+        now[0] += ms / 1e3
+        return ms
 
-    t = savings.time_pair(equal, equal, "cpu", max_s=0.3)
-    assert abs(t.saved_ms) < 0.3
+    monkeypatch.setattr(savings, "_clock", clock)
+    monkeypatch.setattr(savings, "perf_counter", lambda: now[0])
+    t = savings.time_pair(savings._noop, savings._noop, "cpu", max_s=max_s)
+    assert t.saved_ms == 0.0 and t.pairs % 2 == 0
     assert not t.reliable
+
+
+@pytest.mark.parametrize("limit", ["max_s", "budget"])
+def test_slow_calls_are_timed_within_the_time_allowed(limit):
+    """Calls of 40 and 20 ms, 0.1 s allowed (by max_s or by what is left of the budget): fewer
+    pairs than usual and fewer warm-up calls, not 3 warm-up calls each and MIN_PAIRS pairs (0.8 s)."""
+    options = {"max_s": 0.1} if limit == "max_s" else {"budget": savings._Budget(0.1)}
+    start = time.perf_counter()
+    t = savings.time_pair(lambda: busy(40), lambda: busy(20), "cpu", **options)
+    assert time.perf_counter() - start < 0.45
+    assert 2 <= t.pairs < savings.MIN_PAIRS
+    assert t.saved_ms == pytest.approx(20, abs=5)
+    assert not t.reliable  # too few pairs for its interval to be one at ~95%
 
 
 class SharedLinear(nn.Module):
@@ -94,17 +114,19 @@ def test_estimates_carry_an_interval_and_are_capped_by_the_plain_step_time():
 
 
 def test_an_estimate_above_the_step_is_capped(monkeypatch):
-    monkeypatch.setitem(savings.ESTIMATORS, "loop", lambda spec, budget: ((1e6, 0.9e6, 1.1e6), "injected"))
+    monkeypatch.setitem(savings.ESTIMATORS, "loop", lambda spec, budget: ((1e6, 0.9e6, 1.1e6, 100), "injected"))
     g = train(quiet())
     step_ms, _ = g.step_ms
     [f] = [f for f in g.findings if f.code == "MAT101"]
     assert f.estimated_savings_ms == round(step_ms, 4)
     assert f.evidence["estimate_capped_at_step_ms"] == round(step_ms, 4)
+    assert f.evidence["estimate_interval_ms"] == [round(step_ms, 4)] * 2  # both ends capped too
+    assert f.evidence["estimate_reliable"] is False  # a tight interval, but about a number it was not
     assert any("savings capped by the step time" in note for note in g.notes)
 
 
 def test_an_unreliable_estimate_is_labelled_in_json_and_kept_out_of_the_table(monkeypatch, tmp_path):
-    monkeypatch.setitem(savings.ESTIMATORS, "loop", lambda spec, budget: ((0.0123, -0.02, 0.05), "injected"))
+    monkeypatch.setitem(savings.ESTIMATORS, "loop", lambda spec, budget: ((0.0123, -0.02, 0.05, 100), "injected"))
     path = tmp_path / "runtime.json"
     g = train(quiet(json_path=str(path)))
     [entry] = [e for e in json.loads(path.read_text()) if e["code"] == "MAT101"]
