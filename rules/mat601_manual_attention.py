@@ -314,6 +314,7 @@ class ManualAttention(Rule):
     or when torch.nn.functional has no name in the file.
     """
     examples = [
+        # nanoGPT: causal tril buffer, explicit scale, across statements.
         bad("""
             import math
             import torch
@@ -1096,7 +1097,6 @@ class ManualAttention(Rule):
                 def forward(self, q, k, v):
                     return attention(q, k, v, 64, post=lambda p: p * (p > 0.1))
             """),
-        # nanoGPT: causal tril buffer, explicit scale, across statements.
         # ... but not in a file that has an SDPA path: this is the eager path kept for the weights.
         good("""
             import torch
