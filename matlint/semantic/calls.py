@@ -12,12 +12,6 @@ from typing import NamedTuple, Optional
 
 from .tree import block_fields, child_nodes
 
-
-def identifier_text(ctx) -> str:
-    from .kinds import identifier_text as text  # kinds reads call sites through this module
-
-    return text(ctx)
-
 _FUNCTIONS = (ast.FunctionDef, ast.AsyncFunctionDef)
 _LOOPS = (ast.For, ast.AsyncFor, ast.While)
 _BRANCHES = (ast.If, ast.IfExp, ast.ExceptHandler)
@@ -141,6 +135,8 @@ def _lines_calling(text: str, names: list) -> set:
 def file_calls(ctx) -> FileCalls:
     found = ctx.shared.get("file_calls")
     if found is None:
+        from .kinds import identifier_text  # kinds imports this module: a late import breaks the cycle
+
         found = ctx.shared["file_calls"] = FileCalls(ctx.tree, identifier_text(ctx))
     return found
 

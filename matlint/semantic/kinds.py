@@ -292,12 +292,12 @@ TENSOR_EVIDENCE_METHODS = frozenset({
     "masked_scatter", "index_add_", "index_fill_", "index_put_", "baddbmm", "addmm", "lerp_", "addcmul_",
     "clamp_min", "clamp_max", "bernoulli", "bernoulli_", "uniform_", "normal_", "float_power", "logsumexp",
 })
-_NUMPY_EVIDENCE_METHODS = frozenset({"astype", "tobytes", "tofile", "ravel_multi_index", "argwhere", "nonzero_"})
+_NUMPY_EVIDENCE_METHODS = frozenset({"astype", "tobytes", "tofile"})
 _MODULE_EVIDENCE_METHODS = frozenset({"parameters", "named_parameters", "state_dict", "load_state_dict", "train",
                                       "eval", "modules", "children", "named_modules", "apply", "forward",
                                       "register_forward_hook", "zero_grad", "buffers"})
 _LIST_EVIDENCE_METHODS = frozenset({"append", "extend", "insert", "pop", "remove", "keys", "values", "items",
-                                    "get", "update", "split_", "join", "startswith", "endswith", "format"})
+                                    "get", "update", "join", "startswith", "endswith", "format"})
 # torch ops whose every positional operand is a tensor (not a number): `torch.matmul(a, b)`.
 _ALL_TENSOR_OPERANDS = frozenset({"matmul", "mm", "bmm", "mv", "einsum", "cdist", "baddbmm", "addmm",
                                   "masked_select", "index_select", "gather"})
