@@ -1,0 +1,120 @@
+"""Which functions of a file run every step (`matlint/semantic/steps.py`), and the call sites that
+say so (`matlint/semantic/calls.py`), read at the engine's position of each `reveal()` call."""
+import textwrap
+
+from matlint.engine import lint_source
+from matlint.registry import _handlers
+from matlint.rule import Rule
+from matlint.semantic.calls import file_calls
+from matlint.semantic.steps import step_of
+
+
+class _RevealStep(Rule):
+    """Reports, at every `reveal()` call, why the function around it runs every step (or None)."""
+    code = "MAT998"
+    name = "reveal-step"
+    summary = docs = ""
+
+    def visit_Call(self, node):
+        if getattr(node.func, "id", None) == "reveal":
+            step = step_of(self.ctx, self.ctx.functions)
+            self.report(node, "None" if step is None else step.why)
+
+
+_RevealStep._handlers = _handlers(_RevealStep)
+
+
+def steps(source: str) -> list:
+    findings = lint_source(textwrap.dedent(source), "example.py", [_RevealStep], prefilter=False)
+    assert not [f for f in findings if f.code == "MAT000"], findings
+    return [f.message for f in findings]
+
+
+def test_a_training_step_and_the_helpers_it_calls_every_time_run_every_step():
+    assert steps("""
+        class Agent:
+            def learn(self, batch):
+                loss = self.loss(batch)
+                self.opt.zero_grad()
+                loss.backward()
+                self.opt.step()
+                self.soft_update()
+                if self.debug:
+                    self.log_grads()
+                reveal()
+            def soft_update(self):
+                reveal()
+            def log_grads(self):
+                reveal()
+        """) == ["is a training step", "is called from `learn`, which is a training step", "None"]
+
+
+def test_a_function_that_holds_a_whole_training_loop_is_not_one_step():
+    assert steps("""
+        def fit(model, loader, opt):
+            for x, y in loader:
+                model(x, y).backward()
+                opt.step()
+            reveal()
+        """) == ["None"]
+
+
+def test_what_a_training_or_batch_loop_calls_runs_every_step():
+    assert steps("""
+        def accuracy(out, y):
+            reveal()
+        def evaluate(model, val_loader):
+            for x, y in val_loader:
+                accuracy(model(x), y)
+        def train(model, batches, opt):
+            for x, y in batches:
+                loss = model(x, y)
+                loss.backward()
+                opt.step()
+                helper()
+        def helper():
+            reveal()
+        """) == ["is called from the loop over batches on line 5",
+                 "is called from the training loop on line 8"]
+
+
+def test_hooks_and_a_modules_forward_run_every_step():
+    assert steps("""
+        import torch.nn as nn
+        class Net(nn.Module):
+            def forward(self, x):
+                reveal()
+                return self.embed(x)
+            def embed(self, x):
+                reveal()
+                return x
+            def training_step(self, batch, i):
+                reveal()
+        class Plain:
+            def forward(self, x):
+                reveal()
+        """) == ["is a module's `forward`, run on every step",
+                 "is called from `forward`, which is a module's `forward`, run on every step",
+                 "is the `training_step` hook", "None"]
+
+
+def test_call_sites_record_the_loops_around_them_and_whether_every_pass_runs_them():
+    source = textwrap.dedent("""
+        def f(x):
+            return x
+        def g(xs, flag):
+            for x in xs:
+                f(x)
+                if flag:
+                    f(x)
+            f(xs)
+        """)
+    import ast
+
+    from matlint.engine import FileContext
+
+    tree = ast.parse(source)
+    calls = file_calls(FileContext(source, "example.py", tree))
+    f = tree.body[0]
+    sites = calls.call_sites(f)
+    assert [(s.call.lineno, len(s.loops), s.conditional) for s in sites] == [(6, 1, False), (8, 1, True), (9, 0, False)]
