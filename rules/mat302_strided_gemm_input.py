@@ -78,7 +78,8 @@ class StridedGemmInput(Rule):
     - a permute that leaves no unit-stride dim among the last two (`torch.bmm(x.permute(2, 0, 1), y)`);
 - the input of a trainable `nn.Linear` with its last two dims swapped (`self.fc(x.permute(0, 2,
   1))` of a 3-D `x`): the layer folds the leading dims, which now hold the old last dim, into
-  rows; `self.fc.weight @ x` (plus the bias as a column) is the output already swapped back.
+  rows; `torch.matmul(self.fc.weight.expand(*x.shape[:-2], -1, -1), x)` (plus the bias as a
+  column) is the output already swapped back, read in place.
 
     The message says when the GEMM runs inside a loop, where the copy repeats per iteration, and
     what avoids the copy: multiplying in the stored layout and permuting the product where the
@@ -292,7 +293,7 @@ class StridedGemmInput(Rule):
                     self.Linear = nn.Linear(seq_len, pred_len)
                 def forward(self, x):
                     return self.Linear(x.permute(0, 2, 1)).permute(0, 2, 1)
-            """, (7, 28), message_contains="`self.Linear.weight @ x` (plus `self.Linear.bias[:, None]`"),
+            """, (7, 28), message_contains="`torch.matmul(self.Linear.weight.expand(*x.shape[:-2], -1, -1), x)`"),
         good("""
             import torch.nn as nn
             class Model(nn.Module):
@@ -518,8 +519,9 @@ class StridedGemmInput(Rule):
         if not isinstance(view.base, (ast.Name, ast.Attribute, ast.Call, ast.Subscript)):
             base = f"({base})"
         why = "swaps the last dim into the rows that the layer folds with `reshape`, which cannot merge them"
-        advice = (f"multiply in the stored layout instead: `{layer}.weight @ {base}` (plus `{layer}.bias[:, None]` "
-                  f"where the layer has a bias) is the layer's output with its last two dims swapped")
+        advice = (f"multiply in the stored layout instead: `torch.matmul({layer}.weight.expand(*{base}.shape[:-2], -1, "
+                  f"-1), {base})` (plus `{layer}.bias[:, None]` where the layer has a bias) is the layer's output with "
+                  f"its last two dims swapped, read in place (`{layer}.weight @ {base}` would fold and copy again)")
         return _Copy(why, "the layer", advice)
 
     def _product_in_stored_layout(self, gemm, view: Reorder) -> Optional[str]:

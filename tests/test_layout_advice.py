@@ -30,14 +30,18 @@ class _Ops(TorchDispatchMode):
         return func(*args, **(kwargs or {}))
 
 
-def test_a_layer_on_its_input_with_the_last_two_dims_swapped_equals_its_weight_from_the_left():
+def test_a_layer_on_its_input_with_the_last_two_dims_swapped_equals_its_weight_batched_from_the_left():
     [finding] = [f for f in lint_source(SOURCE, "model.py", [get_rule("MAT302")], prefilter=False)]
-    assert "`self.Linear.weight @ x` (plus `self.Linear.bias[:, None]`" in finding.message
+    assert "`torch.matmul(self.Linear.weight.expand(*x.shape[:-2], -1, -1), x)` (plus `self.Linear.bias[:, None]`" \
+        in finding.message
     torch.manual_seed(0)
     layer, x = torch.nn.Linear(7, 5), torch.randn(3, 7, 4)
     with _Ops() as original:
         expected = layer(x.permute(0, 2, 1)).permute(0, 2, 1)
     with _Ops() as advised:
-        got = layer.weight @ x + layer.bias[:, None]
+        got = torch.matmul(layer.weight.expand(*x.shape[:-2], -1, -1), x) + layer.bias[:, None]
+    with _Ops() as plain:
+        layer.weight @ x
     assert torch.allclose(expected, got, atol=1e-6)
     assert "clone" in original.names and "clone" not in advised.names
+    assert "clone" in plain.names  # why the advice expands the weight: `weight @ x` folds and copies
