@@ -2,7 +2,9 @@
 
 An entry holds the key it was computed under (sha256 of the file's bytes, its path, the matlint
 version, the rules' fingerprint and the settings' fingerprint), the file's stat when it was read
-(size, mtime, ctime, inode) and the findings. A file whose stat is unchanged is a hit without
+(size, mtime, ctime, inode) and the findings. Findings may read the project modules a file imports
+(`matlint.semantic.project`): their paths and stats join the key and the stored stat, so a change
+to one of them is a miss for the files that import it. A file whose stat is unchanged is a hit without
 being read (under the same version, rules and settings); otherwise its bytes are hashed and a
 different key is a miss. ctime moves on every write and cannot be set back, so a content change
 that keeps size and mtime still misses. Entries are written atomically, and a corrupt or
@@ -71,9 +73,23 @@ class Cache:
 
     def unchanged(self, entry: Optional[dict], path: str, stat: Optional[list]) -> Optional[list]:
         """The entry's findings if the file's stat and the salt are the ones it was made under."""
-        if entry is None or stat is None or entry.get("stat") != stat or entry.get("salt") != self.salt_id:
+        if entry is None or not self.fresh(entry.get("stat"), stat) or entry.get("salt") != self.salt_id:
             return None
         return self._findings(entry, path)
+
+    def fresh(self, recorded, stat: Optional[list]) -> bool:
+        """`recorded` (a file's stat, then the stats of the project modules it imports, as
+        `with_imports` made it) still holds: the file's stat is `stat` and no import changed."""
+        if stat is None or not isinstance(recorded, list) or recorded[:4] != stat:
+            return False
+        imports = recorded[4] if len(recorded) > 4 else []
+        return all(isinstance(item, list) and len(item) == 2 and self.stat(item[0]) == item[1] for item in imports)
+
+    def with_imports(self, stat: Optional[list], imports: list) -> Optional[list]:
+        """`stat` and the stats of the project modules the file imports: findings can depend on them."""
+        if stat is None or not imports:
+            return stat
+        return stat + [[path, self.stat(path)] for path in imports]
 
     def same_key(self, entry: Optional[dict], path: str, key: str) -> Optional[list]:
         """The entry's findings if it was made under `key` (the same bytes, salt and path)."""
@@ -91,10 +107,15 @@ class Cache:
             finding.filename = path
         return findings
 
-    def key(self, data: bytes, path: str) -> str:
+    def key(self, data: bytes, path: str, imports: tuple = ()) -> str:
+        """The file's bytes and path, and the stats of the project modules it imports (reading
+        them would cost more than linting: a package's files import its largest modules)."""
         digest = hashlib.sha256(self.salt)
         digest.update(os.path.abspath(path).encode("utf-8", "surrogateescape") + b"\0")
         digest.update(data)
+        for imported in imports:
+            digest.update(b"\0" + os.path.abspath(imported).encode("utf-8", "surrogateescape")
+                          + repr(self.stat(imported)).encode())
         return digest.hexdigest()
 
     def _entry(self, path: str) -> str:
@@ -139,7 +160,7 @@ class Cache:
 
     def snapshot_findings(self, record: list, path: str, stat: Optional[list]) -> Optional[list]:
         """The findings a snapshot record holds, if `stat` is the one they were made under."""
-        if stat is None or record[0] != stat:
+        if not self.fresh(record[0], stat):
             return None
         return self._findings({"findings": record[1]}, path)
 

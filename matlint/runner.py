@@ -17,6 +17,7 @@ from typing import Callable, Optional
 
 from . import engine
 from .cache import Cache
+from .semantic.project import imported_paths
 from .diagnostics import Finding
 from .files import unreadable
 from .registry import rules_fingerprint
@@ -59,13 +60,16 @@ def lint_path(path: str, settings, cache: Optional[Cache]) -> tuple:
         # undecodable file is worth a word.
         return engine.lint_bytes(data, path, ()), stat
     if cache:
-        key = cache.key(data, path)
+        # Findings may read the project modules the file imports: they are part of the key
+        imports = imported_paths(data.decode("utf-8", "replace"), path)
+        key = cache.key(data, path, imports)
+        recorded = cache.with_imports(stat, imports)
         cached = cache.same_key(entry, path, key)
         if cached is None:
             with collector_paused_per_file():
                 cached = engine.lint_bytes(data, path, settings.enabled_rules(), settings.rule_options)
-        cache.put(key, path, cached, stat)  # a hit by content is stored again under the new stat
-        return cached, stat
+        cache.put(key, path, cached, recorded)  # a hit by content is stored again under the new stat
+        return cached, recorded
     with collector_paused_per_file():
         return engine.lint_bytes(data, path, settings.enabled_rules(), settings.rule_options), None
 

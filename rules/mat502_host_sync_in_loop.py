@@ -12,6 +12,7 @@ from matlint.rule import Only, Rule, bad, good
 
 from matlint.semantic import kinds as _kinds
 from matlint.semantic.flow import function_text, nearby_comments
+from matlint.semantic.project import imported_function, imported_paths
 from matlint.semantic.steps import STEP_HOOKS, step_of
 from matlint.semantic.loops import (LoopInfo, identifier as _identifier, is_optimizer_step, is_training_loop, iterates_loader,
                      loaded_names, name_tokens, walk_no_scopes)
@@ -87,6 +88,34 @@ def _may_be_mask(index: ast.AST) -> bool:
         isinstance(index, ast.UnaryOp) and not isinstance(index.op, ast.Invert))
 
 
+def _trains_with_project_helpers(ctx) -> bool:
+    """The file has a training step and imports modules of the project: calls of their functions
+    are routed too (a step may call a helper that syncs)."""
+    found = ctx.shared.get("mat502_project_helpers")
+    if found is None:
+        found = ctx.shared["mat502_project_helpers"] = bool(
+            _kinds.may_mention(ctx, "backward") and imported_paths(ctx.source, ctx.filename))
+    return found
+
+
+def _unconditional_sync(function: ast.AST) -> Optional[ast.Call]:
+    """The first `.item()` / `.cpu()` / `.tolist()` that every call of `function` runs (not under
+    an `if`, a loop or a `try`)."""
+    stack = list(reversed(function.body))
+    while stack:
+        stmt = stack.pop()
+        if isinstance(stmt, (ast.If, ast.For, ast.AsyncFor, ast.While, ast.Try, ast.With, ast.FunctionDef,
+                             ast.AsyncFunctionDef, ast.ClassDef)) or getattr(ast, "TryStar", ast.Try) is type(stmt):
+            if isinstance(stmt, ast.With):
+                stack.extend(reversed(stmt.body))
+            continue
+        for node in ast.walk(stmt):
+            if (isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute)
+                    and node.func.attr in ("item", "cpu", "tolist") and not node.args):
+                return node
+    return None
+
+
 def _is_torch_predicate(ctx, expr: ast.AST) -> bool:
     """`torch.is_autocast_enabled()`, `torch.are_deterministic_algorithms_enabled()`: Python bools."""
     if not isinstance(expr, ast.Call):
@@ -116,7 +145,9 @@ class HostSyncInLoop(Rule):
     step called once per step (it calls `.backward()` and an optimizer's `.step()` outside any
     loop of its own: an agent's `learn()`), a `training_step`/`validation_step` hook, and the
     helpers such a step or loop calls on every pass (not under an `if`): a sync inside a metric
-    or logging helper is a sync per step. In a file that never moves work to a CUDA device
+    or logging helper is a sync per step. A helper from another module of the project (`from
+    utils import accuracy`, read, never run) whose body syncs on every call is reported where
+    the step calls it on values that may be on the device (not host tensors, not only numbers). In a file that never moves work to a CUDA device
     (`.cuda()`, a device string or `torch.device`, `.to(device)`), a step function's tensors
     stay on the CPU and it stays quiet; so does a program (a `__main__` block or a loop at
     module level) that never does, whatever its loops. `.numpy()` is reported through the `.cpu()` that must precede it (on a
@@ -1069,7 +1100,8 @@ class HostSyncInLoop(Rule):
             """),
     ]
 
-    only = {"visit_Call": Only(attrs=frozenset(_SYNC_METHODS | _CONVERSIONS | _DATA_SIZED | {"print", "synchronize"})),
+    only = {"visit_Call": Only(attrs=frozenset(_SYNC_METHODS | _CONVERSIONS | _DATA_SIZED | {"print", "synchronize"}),
+                               every_call_if=_trains_with_project_helpers),
             "visit_While": Only(in_loops=True), "visit_IfExp": Only(in_loops=True)}
 
     def visit_Call(self, node: ast.Call) -> None:
@@ -1087,6 +1119,8 @@ class HostSyncInLoop(Rule):
         elif self._data_sized_call(node):
             self._report(node, f"`{self._callee_text(node)}()` (its result's size depends on the values)",
                          "keep shapes fixed: `torch.where(mask, x, 0)` or `x * mask`, and reduce with the mask")
+        elif _trains_with_project_helpers(self.ctx):
+            self._project_helper(node)
         elif isinstance(func, ast.Name) and self.ctx.qualname(func) is None and node.args:
             if self._step_context() is None:
                 return
@@ -1116,6 +1150,27 @@ class HostSyncInLoop(Rule):
         if self._step_context() is None or not self._is_device_tensor(test) or self._contains_sync_call(test):
             return
         self._report(test, "`assert` on a tensor", "check it every N steps, or use `torch._assert_async`")
+
+    def _project_helper(self, call: ast.Call) -> None:
+        """`accuracy(out, y)` in a step, where `accuracy` comes from a module of the project
+        (`from utils import accuracy`) whose body syncs on every call (`return correct.item()`):
+        the sync is per step, and the call is where the step can avoid it."""
+        if not call.args or self._step_context() is None:
+            return
+        imported = imported_function(self.ctx, call.func)
+        if imported is None:
+            return
+        kinds = [_kinds.kind_of(self.ctx, a) for a in call.args]
+        if _kinds.CPU_TENSOR in kinds or all(k in _kinds.NON_TENSORS for k in kinds):
+            return  # host tensors, or no tensor at all (a name, a count): nothing to wait for
+        definition, path = imported
+        sync = _unconditional_sync(definition)
+        if sync is None:
+            return
+        where = os.path.relpath(path, os.path.dirname(os.path.abspath(self.ctx.filename)))
+        self._report(call, f"`{self.ctx.segment(call.func)}()`, whose `.{sync.func.attr}()` on line {sync.lineno} of "
+                           f"{where} runs on every call,",
+                     f"have it return the tensor and convert once after the loop, or call it every N steps")
 
     def _waits_for_own_copies(self) -> bool:
         """The step makes non-blocking copies (`.to("cpu", non_blocking=True)`): a synchronize is

@@ -151,6 +151,40 @@ def test_second_run_reads_the_cache_and_a_change_invalidates_it(cached_project):
     assert {f["message"] for f in _report(cached_project, "--extend-ignore", "MAT5")} != {"from the cache"}
 
 
+TRAIN = """
+import torch
+from utils import accuracy
+
+def train(model, loader, opt, crit):
+    for x, y in loader:
+        x, y = x.cuda(), y.cuda()
+        out = model(x)
+        crit(out, y).backward()
+        opt.step()
+        acc = accuracy(out, y)
+"""
+SYNCING_HELPER = "def accuracy(out, y):\n    return (out.argmax(1) == y).sum().item()\n"
+DEVICE_HELPER = "def accuracy(out, y):\n    return (out.argmax(1) == y).sum()\n"
+
+
+@pytest.mark.parametrize("many", [False, True])
+def test_a_change_to_an_imported_project_module_invalidates_the_importing_file(tmp_path, many):
+    """train.py's MAT502 finding reads utils.py: a change there is a miss for train.py, through
+    the per-file entry and through the snapshot of a run over many files."""
+    write(tmp_path / "pyproject.toml", "[tool.matlint]\n")
+    write(tmp_path / "train.py", TRAIN)
+    write(tmp_path / "utils.py", SYNCING_HELPER)
+    for i in range(60 if many else 0):  # past the runner's MIN_FILES_FOR_SNAPSHOT
+        write(tmp_path / f"other{i}.py", "import torch\n")
+    codes = lambda: sorted(f["code"] for f in _report(tmp_path) if f["filename"].endswith("train.py"))  # noqa: E731
+    assert codes() == ["MAT401", "MAT502"]
+    assert codes() == ["MAT401", "MAT502"]  # from the cache
+    write(tmp_path / "utils.py", DEVICE_HELPER)
+    assert codes() == ["MAT401"]
+    write(tmp_path / "utils.py", SYNCING_HELPER)
+    assert codes() == ["MAT401", "MAT502"]
+
+
 def test_no_cache_writes_nothing(cached_project):
     _report(cached_project, "--no-cache")
     assert not (cached_project / ".matlint_cache").exists()

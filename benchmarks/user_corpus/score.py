@@ -94,7 +94,7 @@ def lint(root: Path, repos: list) -> list:
         base = root / repo["repo"].replace("/", "+")
         for path in (p for p in repo["files"].split(";") if p):
             source = (base / path).read_bytes()
-            for f in lint_bytes(source, path, rules):
+            for f in lint_bytes(source, str(base / path), rules):  # its real path: it may read the modules it imports
                 span = loop_span(source, f.message) if f.code in LOOP_LEVEL else None
                 found.append((repo["repo"], path, f.row, f.code, f.message, span))
     return found

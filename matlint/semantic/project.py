@@ -1,0 +1,114 @@
+"""The project's own modules that a file imports, read (parsed, never run) to see what the
+functions it calls from them do: `from utils import accuracy` in train.py, accuracy's body in
+utils.py next to it. A module is the project's when its file lies beside the importing file or in
+a folder above it (up to `_LEVELS_UP`), as a script's sibling modules do.
+
+What a file's findings depend on is the set of these files: the cache keys a file's findings by
+their contents too (`imported_paths`).
+"""
+from __future__ import annotations
+
+import ast
+import os
+import re
+from typing import Optional
+
+_LEVELS_UP = 2  # `src/train.py` importing `utils` from `src/`, `src/..` or `src/../..`
+_IMPORT_LINE = re.compile(r"^[ \t]*(?:from[ \t]+(\.*)([\w.]*)[ \t]+import\b|import[ \t]+([\w., \t]+))", re.M)
+_PARSED: dict = {}  # path -> (size, mtime_ns, tree or None)
+
+
+def resolve(filename: str, module: str, level: int) -> Optional[str]:
+    """The project file `module` names from `filename` (`level`: the leading dots of a relative
+    import), or None (an installed package, the standard library, not found)."""
+    if not filename or not os.path.isfile(filename):
+        return None
+    here = os.path.dirname(os.path.abspath(filename))
+    parts = [p for p in module.split(".") if p]
+    if level:
+        bases = [here]
+        for _ in range(level - 1):
+            bases = [os.path.dirname(bases[0])]
+    else:
+        bases = [here]
+        for _ in range(_LEVELS_UP):
+            bases.append(os.path.dirname(bases[-1]))
+    for base in bases:
+        stem = os.path.join(base, *parts) if parts else base
+        for candidate in (stem + ".py", os.path.join(stem, "__init__.py")):
+            if os.path.isfile(candidate) and os.path.abspath(candidate) != os.path.abspath(filename):
+                return candidate
+    return None
+
+
+def imported_paths(source: str, filename: str) -> list:
+    """The project files `source` imports, from its import lines (no parse: the cache asks before
+    linting). Sorted, each once."""
+    found = set()
+    for match in _IMPORT_LINE.finditer(source):
+        dots, module, plain = match.groups()
+        names = [(module, len(dots))] if plain is None else [(m.strip().split(" ")[0], 0) for m in plain.split(",")]
+        for name, level in names:
+            if name or level:
+                path = resolve(filename, name, level)
+                if path is not None:
+                    found.add(path)
+    return sorted(found)
+
+
+def parsed(path: str) -> Optional[ast.Module]:
+    """The module at `path`, parsed once per process while its file is unchanged."""
+    try:
+        st = os.stat(path)
+    except OSError:
+        return None
+    cached = _PARSED.get(path)
+    if cached is not None and cached[:2] == (st.st_size, st.st_mtime_ns):
+        return cached[2]
+    try:
+        with open(path, "rb") as handle:
+            tree = ast.parse(handle.read())
+    except (OSError, SyntaxError, ValueError):
+        tree = None
+    _PARSED[path] = (st.st_size, st.st_mtime_ns, tree)
+    return tree
+
+
+def imported_function(ctx, func: ast.AST) -> Optional[tuple]:
+    """(the function definition, its file) that `func` names through an import of a project
+    module at the file's top level (`accuracy` after `from utils import accuracy`, `utils.accuracy`
+    after `import utils`), else None."""
+    table = ctx.shared.get("project_imports")
+    if table is None:
+        table = ctx.shared["project_imports"] = _import_table(ctx.tree)
+    if isinstance(func, ast.Name) and func.id in table:
+        module, level, attr = table[func.id]
+    elif isinstance(func, ast.Attribute) and isinstance(func.value, ast.Name) and func.value.id in table:
+        module, level, attr = table[func.value.id]
+        if attr is not None:
+            return None  # `from pkg import utils; utils.f(...)`: a module of a package, not followed
+        attr = func.attr
+    else:
+        return None
+    path = resolve(ctx.filename, module, level)
+    tree = parsed(path) if path is not None else None
+    if tree is None:
+        return None
+    definition = next((s for s in tree.body if isinstance(s, (ast.FunctionDef, ast.AsyncFunctionDef))
+                       and s.name == attr), None)
+    return (definition, path) if definition is not None else None
+
+
+def _import_table(tree: ast.Module) -> dict:
+    """local name -> (module, level, imported attribute or None for a whole module)."""
+    table = {}
+    for stmt in tree.body:
+        if isinstance(stmt, ast.ImportFrom):
+            for alias in stmt.names:
+                if alias.name != "*":
+                    table[alias.asname or alias.name] = (stmt.module or "", stmt.level, alias.name)
+        elif isinstance(stmt, ast.Import):
+            for alias in stmt.names:
+                if alias.asname or "." not in alias.name:
+                    table[alias.asname or alias.name] = (alias.name, 0, None)
+    return table
