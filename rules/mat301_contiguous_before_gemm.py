@@ -26,11 +26,6 @@ _REASON = re.compile(r"\b(?:because|since|need|needs|needed|requires?|required|m
                      r"deliberate\w*|on purpose|intentional\w*)\b", re.IGNORECASE)
 
 
-def _loops_around(flow, node: ast.AST) -> list:
-    return [n for n in flow.enclosing(node) if isinstance(n, (ast.For, ast.AsyncFor, ast.While, ast.ListComp, ast.SetComp,
-                                                           ast.DictComp, ast.GeneratorExp))]
-
-
 def _swaps_first_two(view: ast.AST) -> bool:
     """`x.transpose(0, 1)` / `x.transpose(1, 0)` / `torch.transpose(x, 0, 1)`."""
     args = view.args[-2:] if isinstance(view, ast.Call) else []
@@ -332,7 +327,7 @@ class ContiguousBeforeGemm(Rule):
         gemm = as_gemm(self.ctx, owner) if isinstance(owner, (ast.BinOp, ast.Call)) else None
         if gemm is None or gemm.op not in ("@", "matmul", "mm", "bmm", "linear") or len(gemm.operands) != 2:
             return
-        if _loops_around(flow, use) != _loops_around(flow, statement):
+        if flow.loops_around(use) != flow.loops_around(statement):
             return
         position = next((i for i, op in enumerate(gemm.operands) if op is use), None)
         if position is None or (isinstance(owner, ast.Call) and any(k.arg == "out" for k in owner.keywords)):

@@ -875,8 +875,7 @@ class TensorCreationInLoop(Rule):
         factory = self._host_made(assign.value)
         if factory is None:
             return None
-        loops = lambda n: [p for p in flow.enclosing(n) if isinstance(p, (ast.For, ast.AsyncFor, ast.While))]  # noqa: E731
-        if loops(assign) != loops(name):
+        if flow.loops_around(assign) != flow.loops_around(name):
             return None
         moved = False
         for use in flow.uses(assign):
@@ -891,38 +890,33 @@ class TensorCreationInLoop(Rule):
                 return None  # read as it is, on the host (a wrapped copy left on the CPU path reads nothing)
         return (factory, factory[1]) if moved else None
 
-    def _unwrapped(self, expr: ast.AST) -> ast.AST:
-        """`expr` without the calls that keep its device (`Variable(z)`, `z.float()`)."""
-        while isinstance(expr, ast.Call):
+    def _unwrapped(self, expr: ast.AST, making: bool = False) -> ast.AST:
+        """`expr` without the calls that keep its device (`Variable(z)`, `z.float()`); `making`:
+        also through what may follow a factory in the expression that makes a tensor
+        (`torch.ones(T, T).tril(1)`, arithmetic with a number: `torch.ones(n) * i`)."""
+        while True:
+            if isinstance(expr, ast.BinOp):
+                if not (making and isinstance(expr.op, (ast.Add, ast.Sub, ast.Mult, ast.Div))
+                        and self._is_number(expr.right)):
+                    return expr
+                expr = expr.left
+                continue
+            if not isinstance(expr, ast.Call):
+                return expr
             func = expr.func
-            if isinstance(func, ast.Attribute) and func.attr in _SAME_DEVICE_METHODS and not expr.keywords \
-                    and not expr.args and self.ctx.qualname(func) is None:
+            if isinstance(func, ast.Attribute) and func.attr in _SAME_DEVICE_METHODS and not expr.keywords and (
+                    not expr.args or making and func.attr in ("tril", "triu")) and self.ctx.qualname(func) is None:
                 expr = func.value
             elif self.ctx.qualname(func) in _SAME_DEVICE_FUNCTIONS and expr.args and not isinstance(
                     expr.args[0], ast.Starred):
                 expr = expr.args[0]
             else:
-                break
-        return expr
+                return expr
 
     def _host_made(self, expr: ast.AST) -> Optional[tuple]:
         """The factory call that makes `expr`, directly or through ops that keep its device
         (`torch.ones(T, T).tril().bool()`), as `_factory` gives it."""
-        while isinstance(expr, (ast.Call, ast.BinOp)):
-            if isinstance(expr, ast.BinOp):  # `torch.ones(n) * i`: arithmetic with a number stays where it is
-                if isinstance(expr.op, (ast.Add, ast.Sub, ast.Mult, ast.Div)) and self._is_number(expr.right):
-                    expr = expr.left
-                    continue
-                return None
-            func = expr.func
-            if isinstance(func, ast.Attribute) and func.attr in _SAME_DEVICE_METHODS and not expr.keywords and (
-                    not expr.args or func.attr in ("tril", "triu")) and self.ctx.qualname(func) is None:
-                expr = func.value
-            elif self.ctx.qualname(func) in _SAME_DEVICE_FUNCTIONS and expr.args and not isinstance(expr.args[0], ast.Starred):
-                expr = expr.args[0]
-            else:
-                return self._factory(expr)
-        return None
+        return self._factory(self._unwrapped(expr, making=True))
 
     def _factory(self, expr: ast.AST) -> Optional[tuple]:
         if not isinstance(expr, ast.Call):

@@ -460,14 +460,7 @@ class TinyOps(Rule):
         arithmetic of its arguments (`return old * self.beta + (1 - self.beta) * new`)."""
         if not isinstance(value, ast.Call) or not value.args:
             return False
-        func = value.func
-        helper = None
-        if isinstance(func, ast.Name):
-            helper = self._functions().get(func.id)
-        elif (isinstance(func, ast.Attribute) and isinstance(func.value, ast.Name) and func.value.id == "self"
-              and self.ctx.class_ is not None):
-            helper = next((s for s in self.ctx.class_.body if isinstance(s, (ast.FunctionDef, ast.AsyncFunctionDef))
-                           and s.name == func.attr), None)
+        helper = self._helper(value.func)
         if helper is None:
             return False
         returns = [n.value for n in ast.walk(helper) if isinstance(n, ast.Return) and n.value is not None]
@@ -651,14 +644,8 @@ class TinyOps(Rule):
         if not isinstance(node, ast.Call):
             return False
         func = node.func
-        helper = None
-        if isinstance(func, ast.Name):
-            helper = self._functions().get(func.id)
-        elif isinstance(func, ast.Attribute) and isinstance(func.value, ast.Name) and func.value.id == "self" \
-                and self.ctx.class_ is not None:
-            helper = next((s for s in self.ctx.class_.body if isinstance(s, (ast.FunctionDef, ast.AsyncFunctionDef))
-                           and s.name == func.attr), None)
-        elif not isinstance(func, ast.Attribute):
+        helper = self._helper(func)
+        if helper is None and not isinstance(func, (ast.Name, ast.Attribute)):
             return False
         if helper is None:
             if (self.ctx.qualname(func) or "").startswith("torch."):
@@ -672,6 +659,16 @@ class TinyOps(Rule):
             self.ctx.shared[key] = any(self._heavy(sub) or self._calls_heavy_helper(sub, depth + 1)
                                        for stmt in helper.body for sub in ast.walk(stmt))
         return self.ctx.shared[key]
+
+    def _helper(self, func: ast.AST) -> Optional[ast.AST]:
+        """The function of this file (`f`) or method of the class (`self.f`) that `func` calls."""
+        if isinstance(func, ast.Name):
+            return self._functions().get(func.id)
+        if (isinstance(func, ast.Attribute) and isinstance(func.value, ast.Name) and func.value.id == "self"
+                and self.ctx.class_ is not None):
+            return next((s for s in self.ctx.class_.body if isinstance(s, (ast.FunctionDef, ast.AsyncFunctionDef))
+                         and s.name == func.attr), None)
+        return None
 
     def _functions(self) -> dict:
         """The module-level functions of the file, by name."""

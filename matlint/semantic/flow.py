@@ -15,6 +15,9 @@ from .lazy import BuiltOnFirstUse
 from .loops import _SCOPE_TYPES, walk_no_scopes
 from .tree import block_fields, child_nodes
 
+_LOOPS_AND_COMPREHENSIONS = (ast.For, ast.AsyncFor, ast.While, ast.ListComp, ast.SetComp, ast.DictComp,
+                             ast.GeneratorExp)
+
 
 def _pos(node: ast.AST) -> tuple:
     return (node.lineno, node.col_offset)
@@ -99,6 +102,10 @@ class FunctionFlow(BuiltOnFirstUse):
         while node is not None:
             yield node
             node = self.parent.get(node)
+
+    def loops_around(self, node: ast.AST) -> list:
+        """The loops and comprehensions `node` is in, innermost first."""
+        return [n for n in self.enclosing(node) if isinstance(n, _LOOPS_AND_COMPREHENSIONS)]
 
     def _dominates(self, stmt: ast.stmt, load: ast.Name) -> bool:
         """`stmt` runs on every path to `load` (it sits earlier in a block that holds the load)."""

@@ -8,7 +8,7 @@ import re
 from functools import cached_property
 from typing import Optional
 
-from .tree import block_fields, child_nodes, dotted
+from .tree import block_fields, child_nodes, dotted, walk
 
 _SCOPES = (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef, ast.Lambda)
 _SCOPE_TYPES = frozenset(_SCOPES)
@@ -721,19 +721,10 @@ def file_trains(ctx) -> bool:
 
         found = False
         if _kinds.may_mention(ctx, "backward") and _kinds.may_mention(ctx, "step"):
-            nodes = list(_all_calls(ctx.tree))
+            nodes = [n for n in walk(ctx.tree) if n.__class__ is ast.Call]
             found = any(is_backward(n) for n in nodes) and any(is_optimizer_step(n) for n in nodes)
         ctx.shared["file_trains"] = found
     return found
-
-
-def _all_calls(tree: ast.AST):
-    stack = [tree]
-    while stack:
-        node = stack.pop()
-        if node.__class__ is ast.Call:
-            yield node
-        stack.extend(child_nodes(node))
 
 
 def iterates_loader(ctx, loop: LoopInfo) -> bool:
