@@ -229,7 +229,7 @@ def run_check(args) -> int:
             findings, fixed = _fix(findings, settings, args, out)
             if args.diff:
                 if not args.quiet:
-                    sys.stderr.write(f"Would fix {plural(fixed)}.\n" if fixed else "No errors would be fixed.\n")
+                    sys.stderr.write(f"Would fix {plural(fixed)}.\n" if fixed else "No findings would be fixed.\n")
                 return EXIT_FINDINGS if fixed and not args.exit_zero else EXIT_OK
         _report(findings, args, out)
         lines = list(summary_lines(findings, args.unsafe_fixes))
@@ -242,13 +242,6 @@ def run_check(args) -> int:
 
 
 # -- rule -----------------------------------------------------------------------------
-
-def _fix_kind(cls) -> str:
-    fixed = [e for e in cls.examples if getattr(e, "fixed", None) is not None]
-    if any(not e.unsafe for e in fixed):
-        return "safe"
-    return "unsafe" if fixed else ""
-
 
 def run_rule(args) -> int:
     from rich.console import Console
@@ -271,11 +264,11 @@ def run_rule(args) -> int:
     from rich.table import Table
 
     table = Table(title="matlint rules")
-    for column in ("code", "name", "family", "default", "fix", "summary"):
+    for column in ("code", "name", "family", "severity", "default", "fix", "summary"):
         table.add_column(column, no_wrap=column != "summary")
     for cls in all_rules():
-        table.add_row(cls.code, cls.name, cls.family(), "on" if cls.default_enabled else "off",
-                      _fix_kind(cls), cls.summary)
+        table.add_row(cls.code, cls.name, cls.family(), cls.level(), "on" if cls.default_enabled else "off",
+                      cls.fix_kind(), cls.summary)
     console.print(table)
     return EXIT_OK
 

@@ -17,20 +17,14 @@ END = "<!-- rules-table:end -->"
 
 
 def rules_table() -> str:
-    rows = ["| code | name | family | default | fix | what it finds |", "|---|---|---|---|---|---|"]
+    rows = ["| code | name | family | severity | default | fix | what it finds |",
+            "|---|---|---|---|---|---|---|"]
     for rule in all_rules():
-        fix = _fix_kind(rule)
         default = "on" if rule.default_enabled else "off"
         summary = rule.summary.replace("|", "\\|")
-        rows.append(f"| [{rule.code}](docs/rules/{rule.code}.md) | `{rule.name}` | {rule.family()} | {default} | {fix} | {summary} |")
+        rows.append(f"| [{rule.code}](docs/rules/{rule.code}.md) | `{rule.name}` | {rule.family()} | "
+                    f"{rule.level()} | {default} | {rule.fix_kind()} | {summary} |")
     return "\n".join(rows)
-
-
-def _fix_kind(rule) -> str:
-    kinds = {("unsafe" if e.unsafe else "safe") for e in rule.examples if e.fixed is not None}
-    if not kinds:
-        return ""
-    return "safe" if kinds == {"safe"} else ("unsafe" if kinds == {"unsafe"} else "safe / unsafe")
 
 
 def rule_pages() -> dict:

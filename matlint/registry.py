@@ -12,7 +12,7 @@ from functools import lru_cache
 from pathlib import Path
 
 from .engine_codes import ENGINE_RULES
-from .rule import CODE_RE, DOC_SECTIONS, NAME_RE, Rule
+from .rule import CODE_RE, DOC_SECTIONS, NAME_RE, SEVERITIES, Rule
 
 
 class RuleDefinitionError(Exception):
@@ -37,6 +37,8 @@ def _validate(cls) -> None:
         raise RuleDefinitionError(f"{where}: code {cls.code!r} is not MAT + 3 digits")
     if not NAME_RE.match(cls.name):
         raise RuleDefinitionError(f"{where}: name {cls.name!r} is not kebab-case")
+    if cls.severity and cls.severity not in SEVERITIES:
+        raise RuleDefinitionError(f"{where}: severity {cls.severity!r} is not one of {SEVERITIES}")
     missing = [s for s in DOC_SECTIONS if f"## {s}" not in cls.docs]
     if missing:
         raise RuleDefinitionError(f"{where}: docs lack sections {missing}")
@@ -71,6 +73,12 @@ def all_rules() -> tuple:
 @lru_cache(maxsize=None)
 def rules_by_code() -> dict:
     return {cls.code: cls for cls in all_rules()}
+
+
+def severity_of(code: str) -> str:
+    """"error" or "warning" (see `Rule.level`); a code no rule has is a warning."""
+    cls = rules_by_code().get(code)
+    return cls.level() if cls is not None else "warning"
 
 
 def get_rule(code_or_name: str):

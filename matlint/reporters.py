@@ -18,13 +18,26 @@ MAX_RANGE_LINES = 8
 TAB_WIDTH = 4
 
 
-def plural(count: int, word: str = "error") -> str:
+def plural(count: int, word: str = "finding") -> str:
     return f"{count} {word}{'' if count == 1 else 's'}"
 
 
 def _level(finding: Finding) -> str:
-    # MAT0xx: the file could not be checked at all, which is worse than a finding.
-    return "error" if finding.code.startswith("MAT0") else "warning"
+    from .registry import severity_of
+
+    return severity_of(finding.code)
+
+
+def found_line(findings: list) -> str:
+    """`Found 2 warnings.` or `Found 3 findings: 1 error, 2 warnings.`: errors are wrong results
+    or files not checked, warnings slow code (`Rule.level`)."""
+    from .registry import severity_of
+
+    levels = Counter(severity_of(f.code) for f in findings)
+    parts = [plural(levels[level], level) for level in ("error", "warning") if levels[level]]
+    if len(parts) == 1:
+        return f"Found {parts[0]}."
+    return f"Found {plural(len(findings))}: {', '.join(parts)}."
 
 
 def _fix_marker(finding: Finding, unsafe_fixes: bool) -> str:
@@ -114,7 +127,7 @@ def summary_lines(findings: list, unsafe_fixes: bool = False):
     if not findings:
         yield [("All checks passed!", "bold green")]
         return
-    yield [(f"Found {plural(len(findings))}.", "")]
+    yield [(found_line(findings), "")]
     fixable = sum(1 for f in findings if f.fix and (f.fix.safe or unsafe_fixes))
     hidden = sum(1 for f in findings if f.fix and not f.fix.safe and not unsafe_fixes)
     if fixable:
@@ -194,7 +207,7 @@ def _sarif_rule(cls) -> dict:
         "fullDescription": {"text": docs},
         "help": {"text": docs, "markdown": docs},
         "helpUri": rule_url(cls.code),
-        "defaultConfiguration": {"level": "error" if cls.code.startswith("MAT0") else "warning",
+        "defaultConfiguration": {"level": cls.level(),
                                  "enabled": bool(cls.default_enabled)},
         "properties": {"tags": [cls.family()]},
     }

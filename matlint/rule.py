@@ -25,6 +25,12 @@ FAMILIES = {
     "6": "fused",
 }
 
+# What a finding is called everywhere (text summary, SARIF, GitHub annotations, the editor):
+# an "error" where the program computes something other than it means, raises, or could not be
+# checked; a "warning" where it is correct but slow. A rule may declare its own `severity`.
+ERROR_FAMILIES = frozenset({"engine", "broadcasting"})
+SEVERITIES = ("error", "warning")
+
 DOC_SECTIONS = (
     "What it does",
     "Why is this bad?",
@@ -105,6 +111,8 @@ class Rule:
     summary: ClassVar[str]
     docs: ClassVar[str]
     default_enabled: ClassVar[bool] = True
+    # "" means the family's: "error" for ERROR_FAMILIES, else "warning".
+    severity: ClassVar[str] = ""
     examples: ClassVar[list] = []
     options: ClassVar[dict] = {}
     # Set by the registry: {"Call": ("visit_Call",), ...}
@@ -123,6 +131,17 @@ class Rule:
         return FAMILIES[cls.code[3]]
 
     @classmethod
+    def level(cls) -> str:
+        return cls.severity or ("error" if cls.family() in ERROR_FAMILIES else "warning")
+
+    @classmethod
+    def fix_kind(cls) -> str:
+        """The fixes its examples show: "safe", "unsafe", "safe / unsafe" (which, depends on the
+        case) or "" (no fix)."""
+        kinds = {"unsafe" if e.unsafe else "safe" for e in cls.examples if e.fixed is not None}
+        return " / ".join(sorted(kinds))
+
+    @classmethod
     def has_static_check(cls) -> bool:
         return any(n.startswith(("visit_", "leave_")) for n in dir(cls))
 
@@ -133,7 +152,7 @@ class Rule:
     @classmethod
     def rendered_docs(cls) -> str:
         state = "on" if cls.default_enabled else "off (enable with `select`)"
-        return f"# {cls.name} ({cls.code})\n\n{cls.summary}\n\nFamily: {cls.family()}. Default: {state}.\n\n{textwrap.dedent(cls.docs).strip()}\n"
+        return f"# {cls.name} ({cls.code})\n\n{cls.summary}\n\nFamily: {cls.family()}. Severity: {cls.level()}. Default: {state}.\n\n{textwrap.dedent(cls.docs).strip()}\n"
 
     def report(self, node: ast.AST, message: str, fix: Optional[Fix] = None,
                end_node: Optional[ast.AST] = None) -> None:

@@ -29,7 +29,7 @@ from . import config as matlint_config
 from .diagnostics import Finding, rule_url
 from .engine import NOQA_RE, apply_noqa, parse_quietly, split_lines
 from .fixes import apply_fixes, fix_until_stable
-from .registry import get_rule
+from .registry import get_rule, severity_of
 
 SOURCE = "matlint"
 RUNTIME_SOURCE = "matlint (runtime)"
@@ -217,7 +217,7 @@ class ClientSettings:
         if matches:
             name = self.severity[max(matches, key=len)]
         else:
-            name = "error" if code.startswith("MAT0") else "warning"
+            name = severity_of(code)
         return getattr(lsp.DiagnosticSeverity, name.capitalize())
 
 

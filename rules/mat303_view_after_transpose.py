@@ -14,6 +14,8 @@ from matlint.semantic.shapes import as_dim, dim_eq, shape_of, value_of
 
 class ViewAfterTranspose(Rule):
     code = "MAT303"
+    # The code raises at run time: an error, though its family is about speed.
+    severity = "error"
     name = "view-after-transpose"
     summary = "`.view()` merging dims of a transposed/permuted tensor: it raises at run time; use `reshape` or `.contiguous()` first."
     docs = """

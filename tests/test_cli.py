@@ -42,7 +42,7 @@ def test_check_reports_findings_and_exits_1(project):
     expected = sorted(_expected("pkg/loops.py", "MAT101") + _expected("pkg/train.py", "MAT502"))
     got = sorted(tuple(line.split(": ")[0].split(":")) for line in result.stdout.splitlines() if ": MAT" in line)
     assert got == [(p, str(r), str(c)) for p, r, c, _ in expected]
-    assert f"Found {len(expected)} error" in result.stdout
+    assert f"Found {len(expected)} warnings." in result.stdout
     assert result.stderr == ""
 
 
@@ -122,7 +122,7 @@ def test_fix_applies_fixes_and_reports_remaining(tmp_path):
         assert "--unsafe-fixes" in result.stdout
     result = run_matlint("check", "--fix", *flags, "fixme.py", "--select", rule.code, cwd=tmp_path)
     assert target.read_text() == example.fixed_code
-    assert "Fixed 1 error." in result.stdout
+    assert "Fixed 1 finding." in result.stdout
     remaining = run_matlint("check", "fixme.py", "--select", rule.code, "--format", "json", cwd=tmp_path)
     assert result.returncode == (1 if _json_findings(remaining) else 0)
 
@@ -138,7 +138,7 @@ def test_diff_shows_fix_and_writes_nothing(tmp_path):
     added = [l[1:] for l in result.stdout.splitlines() if l.startswith("+") and not l.startswith("+++")]
     assert removed and all(line in example.code.splitlines() for line in removed)
     assert added and all(line in example.fixed_code.splitlines() for line in added)
-    assert "Would fix 1 error." in result.stderr
+    assert "Would fix 1 finding." in result.stderr
     # Nothing left to fix: exit 0, no diff.
     target.write_text(example.fixed_code)
     again = run_matlint("check", "--diff", *flags, "--select", rule.code, "fixme.py", cwd=tmp_path)

@@ -16,6 +16,15 @@ from matlint.reporters import to_github
 
 from matlint_helpers import bad_example, fix_example, run_matlint, write
 
+# One vocabulary for every surface: an "error" where the program computes the wrong thing, raises
+# or could not be checked; a "warning" where it is slow.
+ERROR_CODES = ("MAT0", "MAT2", "MAT303")
+
+
+def expected_level(code: str) -> str:
+    return "error" if code.startswith(ERROR_CODES) else "warning"
+
+
 RUFF_FIELDS = {"code", "message", "filename", "location", "end_location", "fix", "url", "noqa_row", "cell"}
 
 
@@ -25,7 +34,16 @@ def project(tmp_path):
     _, example = fix_example()
     write(tmp_path / "pkg" / "fixable.py", example.code)
     write(tmp_path / "broken.py", "import torch\ndef f(:\n")
+    write(tmp_path / "pkg" / "loss.py", bad_example("MAT202").code)
     return tmp_path
+
+
+def _found_line(findings: list) -> str:
+    errors = sum(expected_level(f["code"]) == "error" for f in findings)
+    warnings = len(findings) - errors
+    assert errors and warnings, "the project has findings of both severities"
+    return (f"Found {len(findings)} findings: {errors} error{'s' * (errors != 1)}, "
+            f"{warnings} warning{'s' * (warnings != 1)}.")
 
 
 def _json(project, *args) -> list:
@@ -62,7 +80,7 @@ def test_concise_is_one_line_per_finding(project):
     expected = [f"{f['filename']}:{f['location']['row']}:{f['location']['column']}: {f['code']} "
                 f"{'[*] ' if f['fix'] and f['fix']['applicability'] == 'safe' else ''}{f['message']}" for f in findings]
     assert lines == expected
-    assert f"\nFound {len(findings)} errors.\n" in result.stdout
+    assert f"\n{_found_line(findings)}\n" in result.stdout
 
 
 def test_full_shows_source_marker_and_help(project):
@@ -88,7 +106,7 @@ def test_full_shows_source_marker_and_help(project):
         assert carets.rstrip().endswith(f["code"]) or f["end_location"]["row"] != row
         if f["fix"]:
             assert f"= help: {f['fix']['message']}" in "\n".join(block)
-    assert f"Found {len(findings)} errors." in lines
+    assert _found_line(findings) in lines
 
 
 def _sarif_schema() -> dict:
@@ -121,11 +139,12 @@ def test_sarif_structure_matches_json(project):
         assert entry["shortDescription"]["text"] == cls.summary
         assert entry["fullDescription"]["text"] and entry["help"]["markdown"] == cls.rendered_docs()
         assert entry["helpUri"].endswith(f"{cls.code}.md")
+        assert entry["defaultConfiguration"]["level"] == expected_level(cls.code)
     assert len(run["results"]) == len(findings)
     for result, f in zip(run["results"], findings):
         assert result["ruleId"] == f["code"]
         assert driver["rules"][result["ruleIndex"]]["id"] == f["code"]
-        assert result["level"] == ("error" if f["code"].startswith("MAT0") else "warning")
+        assert result["level"] == expected_level(f["code"])
         assert result["message"]["text"] == f["message"]
         location = result["locations"][0]["physicalLocation"]
         assert location["artifactLocation"]["uri"] == f["filename"]
@@ -139,7 +158,7 @@ def test_github_annotations(project):
     lines = run_matlint("check", "--format", "github", cwd=project).stdout.splitlines()
     assert len(lines) == len(findings)
     for line, f in zip(lines, findings):
-        level = "error" if f["code"].startswith("MAT0") else "warning"
+        level = expected_level(f["code"])
         assert line == (f"::{level} title=matlint ({f['code']}),file={f['filename']},"
                         f"line={f['location']['row']},col={f['location']['column']},"
                         f"endLine={f['end_location']['row']},endColumn={f['end_location']['column']}"
@@ -194,3 +213,18 @@ def test_full_marks_multi_line_ranges_and_elides_long_ones(tmp_path):
     assert shown_rows[0] == 1 and shown_rows[-1] == end + 2
     assert len(shown_rows) < end + 2
     assert long[long.index(next(l for l in long if l.startswith(f"{end} |"))) + 1].endswith("^^ MAT101")
+
+
+def test_one_severity_per_rule_on_every_surface():
+    """Each rule's page, the README and the editor name the same severity."""
+    lsp = pytest.importorskip("lsprotocol.types", reason="the editor's severities come with the server extra")
+    from matlint import server
+
+    server._load_pygls()
+
+    readme = (Path(__file__).resolve().parents[1] / "README.md").read_text()
+    for cls in all_rules():
+        level = expected_level(cls.code)
+        assert f"Severity: {level}." in cls.rendered_docs()
+        assert f"| {cls.family()} | {level} |" in readme
+        assert server.ClientSettings().severity_of(cls.code) == getattr(lsp.DiagnosticSeverity, level.capitalize())

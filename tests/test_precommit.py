@@ -4,7 +4,9 @@ from the package index), so this is slow."""
 from __future__ import annotations
 
 import os
+import re
 import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -74,3 +76,46 @@ def test_hook_passes_on_clean_python(tmp_path, pre_commit_home):
     output = result.stdout + result.stderr
     assert result.returncode == 0, output
     assert "Passed" in output
+
+
+def _readme_config(marker: str) -> str:
+    readme = (REPO / "README.md").read_text(encoding="utf-8")
+    return re.search(r"```yaml\n(.+?)\n```", readme.split(marker, 1)[1], re.S).group(1) + "\n"
+
+
+def _run_config(project: Path, config: str, home: Path) -> subprocess.CompletedProcess:
+    """`pre-commit run --all-files` with the given .pre-commit-config.yaml, as a user runs it from
+    the virtualenv that has matlint (its bin directory first on PATH)."""
+    (project / ".pre-commit-config.yaml").write_text(config)
+    env = {**os.environ, "PRE_COMMIT_HOME": str(home), "PRE_COMMIT_COLOR": "never",
+           "PATH": f"{Path(sys.executable).parent}{os.pathsep}{os.environ.get('PATH', '')}"}
+    return subprocess.run([PRE_COMMIT, "run", "--all-files", "--verbose"], cwd=project, env=env,
+                          capture_output=True, text=True, timeout=900)
+
+
+def _bad_and_clean_runs(tmp_path, config: str, home: Path):
+    example = bad_example("MAT101")
+    bad = _git_repo(tmp_path / "bad", {"model.py": example.code})
+    result = _run_config(bad, config, home)
+    output = result.stdout + result.stderr
+    assert result.returncode == 1, output
+    row, col = example.expect[0]
+    assert f"model.py:{row}:{col}: MAT101" in output and "Failed" in output
+    clean = _git_repo(tmp_path / "clean", {"model.py": "import torch\n\ny = torch.ones(2)\n"})
+    result = _run_config(clean, config, home)
+    assert result.returncode == 0 and "Passed" in result.stdout, result.stdout + result.stderr
+
+
+def test_readme_local_hook_works_as_written(tmp_path, pre_commit_home):
+    _bad_and_clean_runs(tmp_path, _readme_config("<!-- pre-commit-local -->"), pre_commit_home)
+
+
+def test_readme_repo_form_works_with_a_clone_and_a_real_commit(tmp_path, pre_commit_home):
+    clone = tmp_path / "matlint-clone"
+    subprocess.run(["git", "clone", "-q", str(REPO), str(clone)], check=True)
+    commit = subprocess.run(["git", "rev-parse", "HEAD"], cwd=clone, capture_output=True, text=True,
+                            check=True).stdout.strip()
+    config = _readme_config("<!-- pre-commit-repo -->")
+    config = re.sub(r"repo: \S+.*", f"repo: {clone}", config)
+    config = re.sub(r"rev: \S+.*", f"rev: {commit}", config)
+    _bad_and_clean_runs(tmp_path, config, pre_commit_home)

@@ -1,18 +1,56 @@
 """The repository keeps its promises: README commands, generated docs, example twins."""
 import re
+import shutil
 import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 ROOT = Path(__file__).resolve().parent.parent
 
 
-def _readme_test_command() -> str:
+def _readme_block(marker: str, language: str = "sh") -> str:
     readme = (ROOT / "README.md").read_text(encoding="utf-8")
-    block = readme.split("<!-- test-command -->", 1)[1]
-    match = re.search(r"```sh\n(.+?)\n```", block, re.S)
-    assert match, "README lacks the test command block"
+    block = readme.split(marker, 1)[1]
+    match = re.search(rf"```{language}\n(.+?)\n```", block, re.S)
+    assert match, f"README lacks the block after {marker}"
     return match.group(1).strip()
+
+
+def _readme_test_command() -> str:
+    return _readme_block("<!-- test-command -->")
+
+
+def _checkout_copy(dest: Path) -> Path:
+    """The files a clone of this checkout has (tracked, and new files git does not ignore)."""
+    listed = subprocess.run(["git", "ls-files", "-z", "--cached", "--others", "--exclude-standard"],
+                            cwd=ROOT, capture_output=True, text=True, check=True).stdout
+    for name in filter(None, listed.split("\0")):
+        source = ROOT / name
+        if source.is_file():
+            (dest / name).parent.mkdir(parents=True, exist_ok=True)
+            shutil.copy2(source, dest / name)
+    return dest
+
+
+@pytest.mark.slow
+def test_quickstart_runs_as_written(tmp_path):
+    """The README's first command, in a fresh copy of the checkout with no virtualenv: it installs
+    matlint without torch, lints the examples, prints a finding per example site and a summary
+    naming the count, and exits 1 because there are findings."""
+    readme = (ROOT / "README.md").read_text(encoding="utf-8")
+    command = re.search(r"## Quickstart.*?```sh\n(.+?)\n```", readme, re.S).group(1).strip()
+    assert command.endswith("matlint check examples/")
+    copy = _checkout_copy(tmp_path / "matlint")
+    result = subprocess.run(["bash", "-c", command], cwd=copy, capture_output=True, text=True, timeout=900)
+    assert result.returncode == 1, result.stdout + result.stderr
+    headers = re.findall(r"^examples/\S+:\d+:\d+: (MAT\d{3}) ", result.stdout, re.M)
+    assert headers, result.stdout
+    assert f"Found {len(headers)} warning{'s' * (len(headers) != 1)}." in result.stdout
+    installed = subprocess.run([str(copy / ".venv" / "bin" / "python"), "-m", "pip", "list", "--format", "freeze"],
+                               capture_output=True, text=True, check=True).stdout.lower()
+    assert "torch==" not in installed
 
 
 def test_ci_runs_the_readme_test_command():
