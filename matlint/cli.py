@@ -146,6 +146,7 @@ def _fix(findings: list, settings, args, out: Output):
     """Apply fixes file by file (with --diff, print them instead). Returns (remaining findings, number fixed)."""
     from .api import lint_text
     from .fixes import fix_until_stable, unified_diff
+    from .notebook import NOTEBOOK_SUFFIX
 
     unsafe = args.unsafe_fixes
     fixable_files = sorted({f.filename for f in findings if f.fix and (f.fix.safe or unsafe)})
@@ -158,12 +159,16 @@ def _fix(findings: list, settings, args, out: Output):
         if read is None:
             continue
         source, encoding = read
-        new_source, fixed, remaining = fix_until_stable(source, lambda text: lint_text(text, path, settings), unsafe)
+        if path.endswith(NOTEBOOK_SUFFIX):
+            new_source, fixed, remaining, diff = _fix_notebook(source, path, settings, unsafe)
+        else:
+            new_source, fixed, remaining = fix_until_stable(source, lambda text: lint_text(text, path, settings), unsafe)
+            diff = unified_diff(source, new_source, path)
         if not fixed or new_source == source:
             continue
         fixed_total += fixed
         if args.diff:
-            out.write(unified_diff(source, new_source, path))
+            out.write(diff)
             continue
         try:
             with open(path, "wb") as handle:
@@ -173,6 +178,27 @@ def _fix(findings: list, settings, args, out: Output):
         by_file[path] = remaining
     remaining = [f for path in by_file for f in by_file[path]]
     return remaining, fixed_total
+
+
+def _fix_notebook(text: str, path: str, settings, unsafe: bool):
+    """(new text, fixes applied, findings left, diff of the changed cells) for a notebook: only
+    the `source` of the cells that changed is rewritten."""
+    from . import engine, notebook
+    from .fixes import unified_diff
+    from .runner import finalize
+
+    book, error = engine.read_notebook(text, path)
+    if error:
+        return text, 0, [error], ""
+
+    def lint(program):
+        return finalize(engine.lint_program(program, path, settings.enabled_rules(), settings.rule_options),
+                        path, settings)
+
+    changed, fixed, remaining = notebook.fix(book, path, lint, unsafe)
+    diff = "".join(unified_diff(book.cell(number).source, source, f"{path}:cell {number}")
+                   for number, source in sorted(changed.items()))
+    return book.with_sources(changed), fixed, remaining, diff
 
 
 def _report(findings: list, args, out: Output) -> None:

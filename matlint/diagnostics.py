@@ -82,13 +82,21 @@ class Finding:
     evidence: Optional[dict] = None
     estimated_savings_ms: Optional[float] = None
     extra: dict = field(default_factory=dict)
+    # The notebook cell (1-based, counting every cell) that row and column are in; None in a .py file.
+    cell: Optional[int] = None
 
     @property
     def url(self) -> str:
         return rule_url(self.code)
 
     def sort_key(self):
-        return (self.filename, self.row, self.column, self.code)
+        return (self.filename, self.cell or 0, self.row, self.column, self.code)
+
+    @property
+    def location(self) -> str:
+        """`path:row:col`, or `path:cell N:row:col` in a notebook (as ruff writes them)."""
+        cell = f"cell {self.cell}:" if self.cell is not None else ""
+        return f"{self.filename}:{cell}{self.row}:{self.column}"
 
     def to_json(self) -> dict:
         data: dict[str, Any] = {
@@ -100,7 +108,7 @@ class Finding:
             "fix": self.fix.to_json() if self.fix else None,
             "url": self.url,
             "noqa_row": self.noqa_row,
-            "cell": None,
+            "cell": self.cell,
         }
         if self.evidence is not None:
             data["evidence"] = self.evidence
@@ -122,4 +130,5 @@ class Finding:
             noqa_row=data.get("noqa_row"),
             evidence=data.get("evidence"),
             estimated_savings_ms=data.get("estimated_savings_ms"),
+            cell=data.get("cell"),
         )

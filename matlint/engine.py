@@ -11,6 +11,7 @@ import warnings
 from functools import cached_property
 from typing import Iterable, Optional
 
+from . import notebook
 from .diagnostics import Edit, Finding
 from .rule import Only
 from matlint.semantic.loops import LoopInfo
@@ -470,7 +471,7 @@ def decode(data: bytes, filename: str):
     return source, None
 
 
-def _syntax_finding(exc: SyntaxError, source: str, filename: str) -> Finding:
+def syntax_finding(exc: SyntaxError, source: str, filename: str) -> Finding:
     row = exc.lineno or 1
     lines = split_lines(source)
     line = lines[row - 1] if 0 < row <= len(lines) else ""
@@ -504,7 +505,7 @@ def parse(source: str, filename: str):
     try:
         return parse_quietly(source, filename), None
     except SyntaxError as exc:
-        return None, _syntax_finding(exc, source, filename)
+        return None, syntax_finding(exc, source, filename)
     except (RecursionError, MemoryError):
         return None, Finding("MAT001", "file does not parse: nesting is too deep for the parser",
                              filename, 1, 1, 1, 1)
@@ -630,4 +631,42 @@ def lint_bytes(data: bytes, filename: str, rule_classes, rule_options=None) -> l
     source, error = decode(data, filename)
     if error:
         return [error]
+    if filename.endswith(notebook.NOTEBOOK_SUFFIX):
+        return lint_notebook(source, filename, rule_classes, rule_options)
     return lint_source(source, filename, rule_classes, rule_options)
+
+
+def read_notebook(text: str, filename: str):
+    """(Notebook, None), or (None, the MAT001 finding for a file that is not a notebook)."""
+    try:
+        return notebook.read(text), None
+    except notebook.NotebookError as exc:
+        return None, Finding("MAT001", f"cannot read this notebook: {exc}", filename,
+                             exc.row, exc.column, exc.row, exc.column)
+
+
+def lint_notebook(text: str, filename: str, rule_classes, rule_options=None) -> list:
+    """Findings for a notebook's code cells, located in their cells; a cell that does not parse
+    gets MAT001 and the others are linted without it."""
+    if "torch" not in text:
+        return []
+    book, error = read_notebook(text, filename)
+    if error:
+        return [error]
+    program, problems = notebook.program(book, filename)
+    return sorted(problems + lint_program(program, filename, rule_classes, rule_options), key=Finding.sort_key)
+
+
+def lint_program(program, filename: str, rule_classes, rule_options=None) -> list:
+    """Findings for a notebook's `Program`, located in its cells (`# noqa` as in a file)."""
+    if "torch" not in program.source:
+        return []
+    try:
+        tree = notebook.parse(program.source, filename)
+    except (SyntaxError, ValueError, RecursionError, MemoryError) as exc:
+        # Every cell parses alone; together they may not (a cell that ends inside a bracket).
+        row = getattr(exc, "lineno", None) or 1
+        return [program.to_cell(Finding("MAT001", f"the cells do not parse as one program: {exc}",
+                                         filename, row, 1, row, 1))]
+    findings = apply_noqa(lint_tree(tree, program.source, filename, rule_classes, rule_options), program.source)
+    return sorted((program.to_cell(f) for f in findings), key=Finding.sort_key)

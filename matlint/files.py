@@ -1,5 +1,5 @@
-"""Which files a run lints: explicit paths always; under directories, every *.py / *.pyi that is
-not excluded, not in a virtualenv and not ignored by a .gitignore. Directory symlinks are not
+"""Which files a run lints: explicit paths always; under directories, every *.py / *.pyi / *.ipynb
+that is not excluded, not in a virtualenv and not ignored by a .gitignore. Directory symlinks are not
 followed; a broken link or an unreadable entry becomes one MAT003 finding and the walk goes on."""
 from __future__ import annotations
 
@@ -15,11 +15,7 @@ import pathspec
 from .config import matched_path
 from .diagnostics import Finding
 
-PYTHON_SUFFIXES = (".py", ".pyi")
-# Notebooks are not linted (under a directory they are not even looked at); named explicitly, they get this note.
-NOTEBOOK_SUFFIX = ".ipynb"
-NOTEBOOK_NOTE = ("not linted: matlint does not read Jupyter notebooks; export the code cells with "
-                 "`jupyter nbconvert --to script` and lint the .py file")
+PYTHON_SUFFIXES = (".py", ".pyi", ".ipynb")
 
 
 class UsageError(Exception):
@@ -137,10 +133,7 @@ class FileFinder:
                 ignores = _Ignores() if os.path.islink(path) else self._ignores_above(Path(path))
                 self._walk(Path(path), ignores, found, self.settings.path_from_root(os.path.abspath(path)))
             elif stat.S_ISREG(mode):
-                if path.endswith(NOTEBOOK_SUFFIX):
-                    found.problems.append(Finding("MAT003", NOTEBOOK_NOTE, path, 1, 1, 1, 1))
-                else:
-                    found.files.append(path)
+                found.files.append(path)
             else:
                 found.problems.append(unreadable(path, _link_problem(path)))
         unique = []

@@ -49,25 +49,50 @@ def _fix_marker(finding: Finding, unsafe_fixes: bool) -> str:
 # -- full --------------------------------------------------------------------------
 
 class SourceLines:
-    """Reads each file's lines once, for the source excerpts of the full format."""
+    """Reads each file's lines once, for the source excerpts of the full format; a notebook's
+    lines are those of a cell."""
 
     def __init__(self, sources=None):
         self.sources = dict(sources or {})
         self.lines: dict = {}
+        self.notebooks: dict = {}
 
-    def get(self, filename: str) -> list:
-        if filename not in self.lines:
-            from .engine import decode, split_lines
+    def _text(self, filename: str):
+        from .engine import decode
 
-            text = self.sources.get(filename)
-            if text is None:
-                try:
-                    with open(filename, "rb") as handle:
-                        text, _ = decode(handle.read(), filename)
-                except OSError:
-                    text = None
-            self.lines[filename] = split_lines(text) if text is not None else []
-        return self.lines[filename]
+        text = self.sources.get(filename)
+        if text is None:
+            try:
+                with open(filename, "rb") as handle:
+                    text, _ = decode(handle.read(), filename)
+            except OSError:
+                text = None
+        return text
+
+    def notebook(self, filename: str):
+        """The notebook in `filename`, or None where it cannot be read back."""
+        from . import notebook
+
+        if filename not in self.notebooks:
+            text = self._text(filename)
+            try:
+                self.notebooks[filename] = notebook.read(text) if text is not None else None
+            except notebook.NotebookError:
+                self.notebooks[filename] = None
+        return self.notebooks[filename]
+
+    def get(self, filename: str, cell=None) -> list:
+        from .engine import split_lines
+
+        if (filename, cell) not in self.lines:
+            if cell is None:
+                text = self._text(filename)
+            else:
+                book = self.notebook(filename)
+                found = book.cell(cell) if book is not None else None
+                text = found.source if found is not None else None
+            self.lines[filename, cell] = split_lines(text) if text is not None else []
+        return self.lines[filename, cell]
 
 
 def _cells(text: str) -> int:
@@ -78,8 +103,7 @@ def _cells(text: str) -> int:
 
 def _full_lines(finding: Finding, source_lines: list, unsafe_fixes: bool):
     """Lines of (text, style) segments for one finding."""
-    yield [(finding.filename, "bold"), (f":{finding.row}:{finding.column}: ", ""),
-           (finding.code, "bold red"), (" ", ""), (_fix_marker(finding, unsafe_fixes), "cyan"),
+    yield [(finding.location, "bold"), (": ", ""), (finding.code, "bold red"), (" ", ""), (_fix_marker(finding, unsafe_fixes), "cyan"),
            (finding.message, "")]
     if 0 < finding.row <= len(source_lines):
         last = min(finding.end_row, len(source_lines))
@@ -114,12 +138,12 @@ def _full_lines(finding: Finding, source_lines: list, unsafe_fixes: bool):
 def full_lines(findings: list, unsafe_fixes: bool = False, sources=None):
     reader = SourceLines(sources)
     for finding in findings:
-        yield from _full_lines(finding, reader.get(finding.filename), unsafe_fixes)
+        yield from _full_lines(finding, reader.get(finding.filename, finding.cell), unsafe_fixes)
 
 
 def concise_lines(findings: list, unsafe_fixes: bool = False):
     for f in findings:
-        yield [(f.filename, "bold"), (f":{f.row}:{f.column}: ", ""), (f.code, "bold red"), (" ", ""),
+        yield [(f.location, "bold"), (": ", ""), (f.code, "bold red"), (" ", ""),
                (_fix_marker(f, unsafe_fixes), "cyan"), (f.message, "")]
 
 
@@ -177,15 +201,32 @@ def _github_property(text: str) -> str:
     return _github_data(text).replace(":", "%3A").replace(",", "%2C")
 
 
+def _in_cell(finding: Finding) -> str:
+    return f"cell {finding.cell}, line {finding.row}: " if finding.cell is not None else ""
+
+
+def _file_rows(finding: Finding, reader: SourceLines):
+    """The rows of the file a finding spans: in a notebook, the JSON lines of its cell's source."""
+    if finding.cell is None:
+        return finding.row, finding.end_row
+    book = reader.notebook(finding.filename)
+    if book is None:
+        return 1, 1
+    return book.file_row(finding.cell, finding.row), book.file_row(finding.cell, finding.end_row)
+
+
 def to_github(findings: list) -> str:
     out = []
+    reader = SourceLines()
     for f in findings:
+        row, end_row = _file_rows(f, reader)
+        place = [f"line={row}", f"endLine={end_row}"] if f.cell is not None else [
+            f"line={f.row}", f"col={f.column}", f"endLine={f.end_row}", f"endColumn={f.end_column}"]
         properties = ",".join([
             f"title={_github_property(f'matlint ({f.code})')}",
-            f"file={_github_property(f.filename)}",
-            f"line={f.row}", f"col={f.column}", f"endLine={f.end_row}", f"endColumn={f.end_column}",
+            f"file={_github_property(f.filename)}", *place,
         ])
-        out.append(f"::{_level(f)} {properties}::{_github_data(f'{f.code} {f.message}')}\n")
+        out.append(f"::{_level(f)} {properties}::{_github_data(f'{f.code} {_in_cell(f)}{f.message}')}\n")
     return "".join(out)
 
 
@@ -237,19 +278,29 @@ def to_sarif(findings: list) -> str:
     rules = list(all_rules())
     index = {cls.code: i for i, cls in enumerate(rules)}
     results = []
+    reader = SourceLines()
     for f in findings:
+        if f.cell is None:
+            region = _sarif_region(f.row, f.column, f.end_row, f.end_column)
+        else:
+            # A notebook: the lines of the file that hold the cell's lines; the cell and its
+            # row and column go in the message and the properties.
+            row, end_row = _file_rows(f, reader)
+            region = {"startLine": row, "endLine": end_row}
         result = {
             "ruleId": f.code,
             "level": _level(f),
-            "message": {"text": f.message},
+            "message": {"text": f"{_in_cell(f)}{f.message}"},
             "locations": [{"physicalLocation": {
                 "artifactLocation": _artifact_location(f.filename),
-                "region": _sarif_region(f.row, f.column, f.end_row, f.end_column),
+                "region": region,
             }}],
         }
+        if f.cell is not None:
+            result["properties"] = {"cell": f.cell, "cellRow": f.row, "cellColumn": f.column}
         if f.code in index:
             result["ruleIndex"] = index[f.code]
-        if f.fix:
+        if f.fix and f.cell is None:
             result["fixes"] = [_sarif_fix(f)]
         results.append(result)
     log = {

@@ -15,7 +15,7 @@ from concurrent.futures.process import BrokenProcessPool
 from contextlib import contextmanager
 from typing import Callable, Optional
 
-from . import engine
+from . import engine, notebook
 from .cache import Cache
 from .semantic.project import imported_paths
 from .diagnostics import Finding
@@ -61,7 +61,8 @@ def lint_path(path: str, settings, cache: Optional[Cache]) -> tuple:
         return engine.lint_bytes(data, path, ()), stat
     if cache:
         # Findings may read the project modules the file imports: they are part of the key
-        imports = imported_paths(data.decode("utf-8", "replace"), path)
+        text = notebook.code_text(data) if path.endswith(notebook.NOTEBOOK_SUFFIX) else data.decode("utf-8", "replace")
+        imports = imported_paths(text, path)
         key = cache.key(data, path, imports)
         recorded = cache.with_imports(stat, imports)
         cached = cache.same_key(entry, path, key)

@@ -857,7 +857,10 @@ class MatlintServer:
                 self.problem(str(exc))
                 continue
             for finding in found:
-                by_file.setdefault(finding.filename, []).append(finding)
+                # A notebook's findings are located in its cells, which are not this file's
+                # rows: they are not published on the .ipynb file.
+                if finding.cell is None:
+                    by_file.setdefault(finding.filename, []).append(finding)
         for path, found in by_file.items():
             if _path_key(path) in open_paths:
                 continue

@@ -315,21 +315,7 @@ def test_deep_nesting_through_the_api_and_flake8(deep_tree):
     assert "MAT000" not in result.stdout
 
 
-# -- notebooks, config ----------------------------------------------------------------
-
-def test_notebooks_are_skipped_with_a_note(tmp_path):
-    notebook = {"cells": [{"cell_type": "code", "source": ["import torch\n", "x = torch.ones(2)\n"],
-                           "metadata": {}, "outputs": [], "execution_count": None}],
-                "metadata": {}, "nbformat": 4, "nbformat_minor": 5}
-    write(tmp_path / "nb.ipynb", json.dumps(notebook))
-    write(tmp_path / "good.py", bad_example("MAT101").code)
-    _, findings = _check(tmp_path, "--no-cache")
-    assert {f["filename"] for f in findings} == {"good.py"}  # walking a directory: not looked at
-    result, findings = _check(tmp_path, "--no-cache", "nb.ipynb", "good.py")
-    (note,) = [f for f in findings if f["filename"] == "nb.ipynb"]
-    assert note["code"] == "MAT003" and "Jupyter notebooks" in note["message"] and "nbconvert" in note["message"]
-    assert _positions(findings, "good.py") == list(bad_example("MAT101").expect)
-
+# -- config ----------------------------------------------------------------
 
 def test_invalid_toml_is_a_usage_error_naming_file_and_line(tmp_path):
     write(tmp_path / "pyproject.toml", "[tool.matlint]\nselect = ['MAT1'\nignore = []\n")

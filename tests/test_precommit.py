@@ -3,6 +3,7 @@ Building the hook's environment installs matlint from this checkout (and its dep
 from the package index), so this is slow."""
 from __future__ import annotations
 
+import json
 import os
 import re
 import subprocess
@@ -24,7 +25,7 @@ def test_hook_definition():
     (hook,) = yaml.safe_load((REPO / ".pre-commit-hooks.yaml").read_text())
     assert hook["id"] == "matlint" and hook["language"] == "python"
     assert hook["entry"] == "matlint check"
-    assert hook["types_or"] == ["python", "pyi"]
+    assert hook["types_or"] == ["python", "pyi", "jupyter"]
 
 
 @pytest.fixture(scope="module")
@@ -93,14 +94,24 @@ def _run_config(project: Path, config: str, home: Path) -> subprocess.CompletedP
                           capture_output=True, text=True, timeout=900)
 
 
+def _notebook(code: str) -> str:
+    return json.dumps({"cells": [{"cell_type": "markdown", "metadata": {}, "source": ["# Notes\n"]},
+                                 {"cell_type": "code", "execution_count": None, "metadata": {}, "outputs": [],
+                                  "source": code.splitlines(keepends=True)}],
+                       "metadata": {}, "nbformat": 4, "nbformat_minor": 5}, indent=1)
+
+
 def _bad_and_clean_runs(tmp_path, config: str, home: Path):
+    """A repository with a finding in a .py file and one in a notebook fails the hook with both;
+    a clean one passes."""
     example = bad_example("MAT101")
-    bad = _git_repo(tmp_path / "bad", {"model.py": example.code})
+    bad = _git_repo(tmp_path / "bad", {"model.py": example.code, "explore.ipynb": _notebook(example.code)})
     result = _run_config(bad, config, home)
     output = result.stdout + result.stderr
     assert result.returncode == 1, output
     row, col = example.expect[0]
     assert f"model.py:{row}:{col}: MAT101" in output and "Failed" in output
+    assert f"explore.ipynb:cell 2:{row}:{col}: MAT101" in output
     clean = _git_repo(tmp_path / "clean", {"model.py": "import torch\n\ny = torch.ones(2)\n"})
     result = _run_config(clean, config, home)
     assert result.returncode == 0 and "Passed" in result.stdout, result.stdout + result.stderr
