@@ -46,10 +46,12 @@ class InternalError(Rule):
 class SyntaxErrorRule(Rule):
     code = "MAT001"
     name = "syntax-error"
-    summary = "The file does not parse with the grammar of the Python that runs matlint."
+    summary = "The file, or a notebook's cell, does not parse with the grammar of the Python that runs matlint."
     docs = """
     ## What it does
-    Reports a file that cannot be parsed, with the parser's message and position.
+    Reports a file that cannot be parsed, with the parser's message and position. In a Jupyter
+    notebook: a file that is not valid JSON or not a notebook (one finding for the file), or a
+    code cell that does not parse (a finding in that cell; the other cells are linted).
 
     ## Why is this bad?
     A file that does not parse cannot be checked, and will not import either.

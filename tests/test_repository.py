@@ -45,8 +45,8 @@ def test_quickstart_runs_as_written(tmp_path):
     copy = _checkout_copy(tmp_path / "matlint")
     result = subprocess.run(["bash", "-c", command], cwd=copy, capture_output=True, text=True, timeout=900)
     assert result.returncode == 1, result.stdout + result.stderr
-    headers = re.findall(r"^examples/\S+:\d+:\d+: (MAT\d{3}) ", result.stdout, re.M)
-    assert headers, result.stdout
+    headers = re.findall(r"^examples/\S+:(?:cell \d+:)?\d+:\d+: (MAT\d{3}) ", result.stdout, re.M)
+    assert headers and "train_notebook.ipynb:cell " in result.stdout, result.stdout
     assert f"Found {len(headers)} warning{'s' * (len(headers) != 1)}." in result.stdout
     installed = subprocess.run([str(copy / ".venv" / "bin" / "python"), "-m", "pip", "list", "--format", "freeze"],
                                capture_output=True, text=True, check=True).stdout.lower()
@@ -71,11 +71,11 @@ def _check(paths):
 
 
 def test_examples_have_findings_and_their_fixed_twins_have_none():
-    examples = sorted((ROOT / "examples").glob("*.py"))
+    examples = sorted((ROOT / "examples").glob("*.py")) + sorted((ROOT / "examples").glob("*.ipynb"))
     fixed = [p for p in examples if p.stem.endswith("_fixed")]
-    assert fixed, "no fixed twins in examples/"
+    assert fixed and any(p.suffix == ".ipynb" for p in fixed), "no fixed twins (of a .py and a notebook) in examples/"
     for twin in fixed:
-        original = twin.with_name(twin.stem[: -len("_fixed")] + ".py")
+        original = twin.with_name(twin.stem[: -len("_fixed")] + twin.suffix)
         assert original.exists(), f"{twin.name} has no original"
         bad = _check([str(original.relative_to(ROOT))])
         assert bad.returncode == 1 and bad.stdout.strip(), f"{original.name} should have findings:\n{bad.stdout}{bad.stderr}"
