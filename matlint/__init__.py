@@ -36,5 +36,12 @@ def __getattr__(name: str):
     return value
 
 
+def load_ipython_extension(ipython) -> None:
+    """`%load_ext matlint`: the `%%matlint` cell magic (and `%matlint` line magic) guards a cell."""
+    from .runtime_guard.jupyter import load
+
+    load(ipython)
+
+
 def __dir__():
     return sorted(set(globals()) | set(_LAZY))

@@ -29,6 +29,7 @@ from torch import Tensor
 from torch._C import _current_autograd_node, is_grad_enabled as _is_grad_enabled
 from torch._C import _get_dispatch_stack_at, _len_torch_dispatch_stack
 from torch.utils._python_dispatch import TorchDispatchMode, _pop_mode, _push_mode
+from .cells import short_path
 
 _TORCH_DIR = os.path.dirname(torch.__file__) + os.sep
 _OWN_DIR = os.path.dirname(os.path.abspath(__file__)) + os.sep
@@ -75,18 +76,10 @@ class Site:
     function: str
 
     def __str__(self) -> str:
-        return f"{_short_path(self.filename)}:{self.lineno}"
+        return f"{short_path(self.filename)}:{self.lineno}"
 
 
 UNKNOWN_SITE = Site("<unknown>", 0, "")
-
-
-def _short_path(filename: str) -> str:
-    try:
-        rel = os.path.relpath(filename)
-    except ValueError:
-        return filename
-    return filename if rel.startswith("..") else rel
 
 
 _internal_code: dict = {}  # code -> 0 (user code), 1 (internal), 2 (internal, torchinductor)

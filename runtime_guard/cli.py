@@ -10,8 +10,8 @@ import traceback
 from .session import DEFAULT_JSON_PATH
 
 
-def _parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog="matlint run", description=__doc__)
+def add_guard_options(p: argparse.ArgumentParser) -> argparse.ArgumentParser:
+    """The options of `guard()` as flags: `matlint run`'s and the `%%matlint` magic's."""
     p.add_argument("--json", default=DEFAULT_JSON_PATH, help=f"JSON report path (default {DEFAULT_JSON_PATH})")
     p.add_argument("--window", type=int, default=None,
                    help="steps to observe after the warm-up (default: 2 when they ran the same ops, else 3)")
@@ -19,6 +19,18 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--select", default=None, help="comma-separated codes or prefixes")
     p.add_argument("--ignore", default=None, help="comma-separated codes or prefixes")
     p.add_argument("--no-estimate", action="store_true", help="do not time the suggested fixes")
+    p.add_argument("--kernels", action="store_true", help="count CUDA kernel launches with the profiler")
+    return p
+
+
+def guard_options(opts) -> dict:
+    """`guard()`'s keyword arguments from the parsed flags."""
+    return dict(select=opts.select, ignore=opts.ignore, window=opts.window, warmup=opts.warmup,
+                json_path=opts.json, estimate_savings=not opts.no_estimate, kernels=opts.kernels)
+
+
+def _parser() -> argparse.ArgumentParser:
+    p = add_guard_options(argparse.ArgumentParser(prog="matlint run", description=__doc__))
     p.add_argument("--exit-nonzero-on-findings", action="store_true",
                    help="exit 1 when the script succeeded but findings were made")
     p.add_argument("script")
@@ -34,8 +46,7 @@ def main(argv=None) -> int:
     if not os.path.exists(script):
         print(f"matlint run: can't open file {script!r}", file=sys.stderr)
         return 2
-    g = Guard(select=opts.select, ignore=opts.ignore, window=opts.window, warmup=opts.warmup,
-              json_path=opts.json, estimate_savings=not opts.no_estimate)
+    g = Guard(**guard_options(opts))
     saved_argv, saved_path0 = sys.argv, sys.path[0] if sys.path else None
     sys.argv = [script] + list(opts.args)
     sys.path.insert(0, os.path.dirname(os.path.abspath(script)))

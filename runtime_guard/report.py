@@ -4,7 +4,7 @@ from __future__ import annotations
 import json
 import os
 
-from .capture import _short_path
+from .cells import where
 from .checks import rule_title
 
 
@@ -62,7 +62,7 @@ def print_report(guard, console=None) -> None:
             share = ev.get("share_of_kernel_time")
             table.add_row(
                 f"{f.code}\n{rule_title(f.code)[0]}",
-                f"{_short_path(f.filename)}:{f.row}",
+                where(f),
                 ev.get("module", "") or "",
                 f"{ev.get('per_step', '')}",
                 f"{share:.1%}" if share is not None else "-",

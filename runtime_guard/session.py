@@ -457,6 +457,9 @@ class Guard:
                                   f"{len(self.plain_step_ms if source == 'plain' else self.observed_step_ms)} steps)")
             self._safely(estimate, self.findings, self.savings_budget_s, self.recorder.fail, step_ms, where="savings")
             self.findings = [f for f in self.findings if not negligible(f, step_ms)]
+        from .cells import locate
+
+        self._safely(locate, self.findings, where="locating cells")
         if self.json_path:
             self._safely(write_json, self, self.json_path, where=f"writing {self.json_path}")
         if self.print_report:
