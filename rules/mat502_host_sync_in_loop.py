@@ -203,6 +203,17 @@ class HostSyncInLoop(Rule):
     module level) that never does, whatever its loops. `.numpy()` is reported through the `.cpu()` that must precede it (on a
     GPU tensor `.numpy()` alone raises instead of syncing).
 
+    A statement gets one finding per kind of sync and remedy, at its first sync, naming every
+    value it syncs (`` `.item()` of `loss`, `acc` and `lr` ``); a `# noqa: MAT502` on that
+    line or on the statement's first line silences it. The remedy follows what the host does
+    with the value: a branch that decides on it (`if t.item() > 0:`, `a if t.item() else b`,
+    `while t:`, or a name bound to it that a later test reads) can keep the decision on the
+    device (`torch.where`, masked arithmetic: `x * mask`, `torch.clamp`, `F.relu`) or check it
+    every N steps; a Python number for `range()`, an index or a size can come from data already
+    on the host (lengths, shapes) or give way to fixed shapes (pad, then mask); a value logged,
+    printed or collected stays on the device, converted once after the loop, or logged every N
+    steps.
+
     ## Why is this bad?
     Each of these waits until the GPU has finished all queued work, then copies the value.
     Once per step, that drains the launch queue: the CPU can no longer run ahead of the GPU,
@@ -286,8 +297,11 @@ class HostSyncInLoop(Rule):
     A running total gets the running-total remedy (keep it on the device, `.item()` once after
     the loop), other values `torch.stack(values).tolist()` after the loop. Where host code in
     the loop reads the running total, or a name computed from it, on every step (a progress
-    bar's `set_postfix(loss=avg)`, a `print`, a comparison; not under a gate), keeping it on the
-    device would not help: the message says to show or log it every N steps, with no fix.
+    bar's `set_postfix(loss=avg)` or `set_postfix({"loss": avg})`, a `print`, a comparison; not
+    under a gate), also in a step loop around it (the optimizer's loop around a loop over
+    micro-batches), keeping it on the device would not help: the message says to show or log it
+    every N steps, with no fix, as the fix would leave the sync in place. A statement's finding
+    has a fix only where each of its syncs has one.
     `total += loss.item()` (also scaled: `total += loss.item() * len(batch)`) has an unsafe fix
     to `total += loss.detach()` (a receiver that is not atomic is parenthesized:
     `(a + b).detach()`), offered only where the accumulator is a Python
@@ -1193,6 +1207,62 @@ class HostSyncInLoop(Rule):
                     p.data = p.data.to(device)
                     print(name, p.norm().item())
             """),
+        # One finding per statement and kind of sync, at its first sync, naming every value.
+        bad("""
+            import torch
+            def train(model, loader, opt):
+                for x, y in loader:
+                    loss, acc = model(x.cuda(), y.cuda())
+                    loss.backward()
+                    opt.step()
+                    print(f"loss {loss.item():.3f} acc {acc.item():.3f} ppl {loss.exp().item():.2f}")
+            """, (7, 23), message_contains="`.item()` of `loss`, `acc` and `loss.exp()` waits for the GPU"),
+        # A `# noqa` on the first line of a multi-line statement silences its finding, as one on
+        # the line of the finding does.
+        good("""
+            import torch
+            import wandb
+            def train(model, loader, opt):
+                for step, (x, y) in enumerate(loader):
+                    loss, acc = model(x.cuda(), y.cuda())
+                    loss.backward()
+                    opt.step()
+                    wandb.log({  # noqa: MAT502
+                        "loss": loss.item(),
+                        "acc": acc.item(),
+                    }, step=step)
+                    print(loss.item(), acc.item())  # noqa: MAT502
+            """),
+        # A value that decides a branch: the decision can stay on the device.
+        bad("""
+            import torch
+            import torch.nn.functional as F
+            def train(model, loader, opt, best, clip):
+                for x, y in loader:
+                    loss = F.cross_entropy(model(x.cuda()), y.cuda())
+                    loss.backward()
+                    if loss.item() > clip:
+                        opt.zero_grad()
+                    scale = 0.5 if loss.item() > 1.0 else 1.0
+                    loss_val = loss.item()
+                    if loss_val < best:
+                        best = loss_val
+                    opt.step()
+            """, (7, 12), (9, 24), (10, 20), message_contains="keep the decision on the device (`torch.where(cond, a, b)`"),
+        # A value that the host needs as a Python number: a loop's count, an index, a size (one
+        # finding per kind of sync: `.item()`, `int()`).
+        bad("""
+            import torch
+            def decode(model, loader, device):
+                outs = []
+                for x, lengths in loader:
+                    x, lengths = x.to(device), lengths.to(device)
+                    out = model(x)
+                    for i in range(lengths.max().item()):
+                        outs.append(out[:, i])
+                    outs.append(out[:lengths[0].item()].view(-1, int(lengths[1])))
+                return outs
+            """, (7, 24), (9, 26), (9, 54), message_contains="the host needs it as a Python number"),
     ]
 
     only = {"visit_Call": Only(attrs=frozenset(_SYNC_METHODS | _CONVERSIONS | _DATA_SIZED | {"print", "synchronize"}),
