@@ -78,6 +78,8 @@ class Finding:
     end_row: int
     end_column: int
     fix: Optional[Fix] = None
+    # The line a `# noqa` for this finding goes on (where the editor's action writes it): the
+    # first line of the statement it stands for, or `row`; one on `row` silences it as well.
     noqa_row: Optional[int] = None
     evidence: Optional[dict] = None
     estimated_savings_ms: Optional[float] = None

@@ -145,9 +145,12 @@ class FileContext:
                 return node
         return None
 
-    def report(self, code: str, node: ast.AST, message: str, fix=None, end_node=None) -> None:
+    def report(self, code: str, node: ast.AST, message: str, fix=None, end_node=None,
+               noqa_row: Optional[int] = None) -> None:
+        """`noqa_row`: a second line whose `# noqa` silences the finding (the first line of the
+        statement that the finding stands for), besides the finding's own first line."""
         row, col, end_row, end_col = self.span(node, end_node)
-        self.findings.append(Finding(code, message, self.filename, row, col, end_row, end_col, fix, row))
+        self.findings.append(Finding(code, message, self.filename, row, col, end_row, end_col, fix, noqa_row or row))
 
 
 _AST = ast.AST
@@ -559,11 +562,9 @@ def apply_noqa(findings: list, source: str) -> list:
     for f in findings:
         if file_noqa and (file_codes is None or f.code in file_codes):
             continue
-        row = f.noqa_row or f.row
-        if row in per_line:
-            codes = per_line[row]
-            if codes is None or f.code in codes:
-                continue
+        if any(row in per_line and (per_line[row] is None or f.code in per_line[row])
+               for row in {f.row, f.noqa_row or f.row}):
+            continue
         kept.append(f)
     return kept
 

@@ -155,8 +155,8 @@ class Rule:
         return f"# {cls.name} ({cls.code})\n\n{cls.summary}\n\nFamily: {cls.family()}. Severity: {cls.level()}. Default: {state}.\n\n{textwrap.dedent(cls.docs).strip()}\n"
 
     def report(self, node: ast.AST, message: str, fix: Optional[Fix] = None,
-               end_node: Optional[ast.AST] = None) -> None:
-        self.ctx.report(self.code, node, message, fix=fix, end_node=end_node)
+               end_node: Optional[ast.AST] = None, noqa_row: Optional[int] = None) -> None:
+        self.ctx.report(self.code, node, message, fix=fix, end_node=end_node, noqa_row=noqa_row)
 
     # Helpers for building fixes from ast positions.
     def replace(self, node: ast.AST, content: str, message: str, safe: bool = True,

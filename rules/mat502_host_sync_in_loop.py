@@ -5,6 +5,7 @@ from __future__ import annotations
 import ast
 import os
 import re
+from dataclasses import dataclass, field
 from typing import Callable, Optional
 
 from matlint.diagnostics import Fix
@@ -75,6 +76,17 @@ def _non_blocking(call: ast.Call) -> bool:
 
 
 _COPIES = "waits for the GPU and copies to the host"
+# The remedy by what the host does with the value: decides a branch, or needs a Python number.
+_BRANCH = ("keep the decision on the device (`torch.where(cond, a, b)`, or masked arithmetic: `x * mask`, "
+           "`torch.clamp`, `F.relu`) or check it every N steps")
+_ASSERT = "check it every N steps, or use `torch._assert_async`"
+_NUMBER = ("the host needs it as a Python number (a `range`, an index, a size): take the number from data "
+           "already on the host (lengths, shapes), or keep the shapes fixed (pad, then mask)")
+_SIZE_METHODS = frozenset({"view", "reshape", "expand", "repeat", "narrow", "split", "topk", "new_zeros",
+                           "new_ones", "new_empty", "new_full"})
+_SIZE_FUNCTIONS = frozenset(f"torch.{name}" for name in ("zeros", "ones", "empty", "full", "arange", "rand", "randn",
+                                                         "randint", "randperm", "eye"))
+_LONGEST_VALUE = 40  # characters of a value's text a message names
 # Ops whose output size depends on the values: the host waits to learn it.
 _DATA_SIZED = frozenset({"nonzero", "masked_select", "unique", "argwhere"})
 _BOOLEAN_FUNCTIONS = frozenset({"torch.isnan", "torch.isinf", "torch.isfinite", "torch.logical_not",
@@ -125,6 +137,44 @@ def _is_torch_predicate(ctx, expr: ast.AST) -> bool:
     return module.split(".")[0] == "torch" and attr.startswith(("is_", "are_"))
 
 
+@dataclass
+class _Statement:
+    """The syncs of one kind, with one remedy, in one statement: one finding, at the first."""
+
+    statement: ast.AST
+    what: str       # `.item()`
+    detail: str     # after the values: `(its result's size depends on the values)`
+    waits: str      # what the sync does
+    where: str      # `on every step of the training loop on line 5`
+    instead: str    # the remedy
+    syncs: list = field(default_factory=list)  # (node, the value's text or None, its fix or None)
+
+    def message(self) -> str:
+        values = list(dict.fromkeys(text for _, text, _ in sorted(self.syncs, key=_position) if text))
+        named = f" of {_names(values)}" if values else ""
+        detail = f" {self.detail}" if self.detail else ""
+        return f"{self.what}{named}{detail} {self.waits} {self.where}; {self.instead}"
+
+    def fix(self) -> Optional[Fix]:
+        """Every sync's fix together; none where one of them has none (it would stay a sync)."""
+        fixes = [fix for _, _, fix in self.syncs]
+        if any(fix is None for fix in fixes):
+            return None
+        return Fix(fixes[0].message, tuple(edit for fix in fixes for edit in fix.edits), all(fix.safe for fix in fixes))
+
+
+def _position(sync: tuple) -> tuple:
+    return (sync[0].lineno, sync[0].col_offset)
+
+
+def _names(values: list) -> str:
+    """`a`, `a` and `b`, `a`, `b` and `c`; past four, `a`, `b`, `c` and 2 more."""
+    quoted = [f"`{v}`" for v in values]
+    if len(quoted) > 4:
+        return f"{', '.join(quoted[:3])} and {len(quoted) - 3} more"
+    return quoted[0] if len(quoted) == 1 else f"{', '.join(quoted[:-1])} and {quoted[-1]}"
+
+
 class HostSyncInLoop(Rule):
     code = "MAT502"
     name = "host-sync-in-loop"
@@ -152,6 +202,17 @@ class HostSyncInLoop(Rule):
     stay on the CPU and it stays quiet; so does a program (a `__main__` block or a loop at
     module level) that never does, whatever its loops. `.numpy()` is reported through the `.cpu()` that must precede it (on a
     GPU tensor `.numpy()` alone raises instead of syncing).
+
+    A statement gets one finding per kind of sync and remedy, at its first sync, naming every
+    value it syncs (`` `.item()` of `loss`, `acc` and `lr` ``); a `# noqa: MAT502` on that
+    line or on the statement's first line silences it. The remedy follows what the host does
+    with the value: a branch that decides on it (`if t.item() > 0:`, `a if t.item() else b`,
+    `while t:`, or a name bound to it that a later test reads) can keep the decision on the
+    device (`torch.where`, masked arithmetic: `x * mask`, `torch.clamp`, `F.relu`) or check it
+    every N steps; a Python number for `range()`, an index or a size can come from data already
+    on the host (lengths, shapes) or give way to fixed shapes (pad, then mask); a value logged,
+    printed or collected stays on the device, converted once after the loop, or logged every N
+    steps.
 
     ## Why is this bad?
     Each of these waits until the GPU has finished all queued work, then copies the value.
@@ -236,8 +297,11 @@ class HostSyncInLoop(Rule):
     A running total gets the running-total remedy (keep it on the device, `.item()` once after
     the loop), other values `torch.stack(values).tolist()` after the loop. Where host code in
     the loop reads the running total, or a name computed from it, on every step (a progress
-    bar's `set_postfix(loss=avg)`, a `print`, a comparison; not under a gate), keeping it on the
-    device would not help: the message says to show or log it every N steps, with no fix.
+    bar's `set_postfix(loss=avg)` or `set_postfix({"loss": avg})`, a `print`, a comparison; not
+    under a gate), also in a step loop around it (the optimizer's loop around a loop over
+    micro-batches), keeping it on the device would not help: the message says to show or log it
+    every N steps, with no fix, as the fix would leave the sync in place. A statement's finding
+    has a fix only where each of its syncs has one.
     `total += loss.item()` (also scaled: `total += loss.item() * len(batch)`) has an unsafe fix
     to `total += loss.detach()` (a receiver that is not atomic is parenthesized:
     `(a + b).detach()`), offered only where the accumulator is a Python
@@ -975,8 +1039,12 @@ class HostSyncInLoop(Rule):
                     losses.append(total / len(batches))
                 return losses
             """, (10, 22), message_contains="keep the running value on the device (`total += loss.detach()`)"),
+        # A running total that the host reads on every step gets no fix: `.detach()` would leave
+        # the sync there. The optimizer's loop around the micro-batches prints it (`train`), a
+        # progress bar shows it through a dict (`finetune`); read every N steps, it is fixed.
         bad("""
             import torch
+            from tqdm import tqdm
             def train(model, dl, opt, n_micro: int = 4):
                 for step in range(1000):
                     total_loss = 0.
@@ -986,10 +1054,50 @@ class HostSyncInLoop(Rule):
                         (loss / n_micro).backward()
                     opt.step()
                     print(f"loss: {total_loss:.3f}")
-            """, (7, 28),
+            def finetune(model, loader, opt, device):
+                running = 0.0
+                pbar = tqdm(loader)
+                for i, (x, y) in enumerate(pbar):
+                    loss = model(x.to(device), y.to(device))
+                    loss.backward()
+                    opt.step()
+                    running += loss.item()
+                    pbar.set_postfix({"loss": running / (i + 1)})
+                return running
+            def train_logged(model, dl, opt, n_micro: int = 4):
+                for step in range(1000):
+                    total_loss = 0.
+                    for _ in range(n_micro):
+                        loss = model(next(dl))
+                        total_loss += -loss.item() / n_micro
+                        (loss / n_micro).backward()
+                    opt.step()
+                    if step % 100 == 0:
+                        print(f"loss: {total_loss:.3f}")
+            """, (8, 28), (19, 20), (27, 28), message_contains="the host reads the running value on every step (line 20)",
             fixed="""
             import torch
+            from tqdm import tqdm
             def train(model, dl, opt, n_micro: int = 4):
+                for step in range(1000):
+                    total_loss = 0.
+                    for _ in range(n_micro):
+                        loss = model(next(dl))
+                        total_loss += -loss.item() / n_micro
+                        (loss / n_micro).backward()
+                    opt.step()
+                    print(f"loss: {total_loss:.3f}")
+            def finetune(model, loader, opt, device):
+                running = 0.0
+                pbar = tqdm(loader)
+                for i, (x, y) in enumerate(pbar):
+                    loss = model(x.to(device), y.to(device))
+                    loss.backward()
+                    opt.step()
+                    running += loss.item()
+                    pbar.set_postfix({"loss": running / (i + 1)})
+                return running
+            def train_logged(model, dl, opt, n_micro: int = 4):
                 for step in range(1000):
                     total_loss = 0.
                     for _ in range(n_micro):
@@ -997,7 +1105,8 @@ class HostSyncInLoop(Rule):
                         total_loss += -loss.detach() / n_micro
                         (loss / n_micro).backward()
                     opt.step()
-                    print(f"loss: {total_loss:.3f}")
+                    if step % 100 == 0:
+                        print(f"loss: {total_loss:.3f}")
             """, unsafe=True),
         bad("""
             import torch
@@ -1098,11 +1207,71 @@ class HostSyncInLoop(Rule):
                     p.data = p.data.to(device)
                     print(name, p.norm().item())
             """),
+        # One finding per statement and kind of sync, at its first sync, naming every value.
+        bad("""
+            import torch
+            def train(model, loader, opt):
+                for x, y in loader:
+                    loss, acc = model(x.cuda(), y.cuda())
+                    loss.backward()
+                    opt.step()
+                    print(f"loss {loss.item():.3f} acc {acc.item():.3f} ppl {loss.exp().item():.2f}")
+            """, (7, 23), message_contains="`.item()` of `loss`, `acc` and `loss.exp()` waits for the GPU"),
+        # A `# noqa` on the first line of a multi-line statement silences its finding, as one on
+        # the line of the finding does.
+        good("""
+            import torch
+            import wandb
+            def train(model, loader, opt):
+                for step, (x, y) in enumerate(loader):
+                    loss, acc = model(x.cuda(), y.cuda())
+                    loss.backward()
+                    opt.step()
+                    wandb.log({  # noqa: MAT502
+                        "loss": loss.item(),
+                        "acc": acc.item(),
+                    }, step=step)
+                    print(loss.item(), acc.item())  # noqa: MAT502
+            """),
+        # A value that decides a branch: the decision can stay on the device.
+        bad("""
+            import torch
+            import torch.nn.functional as F
+            def train(model, loader, opt, best, clip):
+                for x, y in loader:
+                    loss = F.cross_entropy(model(x.cuda()), y.cuda())
+                    loss.backward()
+                    if loss.item() > clip:
+                        opt.zero_grad()
+                    scale = 0.5 if loss.item() > 1.0 else 1.0
+                    loss_val = loss.item()
+                    if loss_val < best:
+                        best = loss_val
+                    opt.step()
+            """, (7, 12), (9, 24), (10, 20), message_contains="keep the decision on the device (`torch.where(cond, a, b)`"),
+        # A value that the host needs as a Python number: a loop's count, an index, a size (one
+        # finding per kind of sync: `.item()`, `int()`).
+        bad("""
+            import torch
+            def decode(model, loader, device):
+                outs = []
+                for x, lengths in loader:
+                    x, lengths = x.to(device), lengths.to(device)
+                    out = model(x)
+                    for i in range(lengths.max().item()):
+                        outs.append(out[:, i])
+                    outs.append(out[:lengths[0].item()].view(-1, int(lengths[1])))
+                return outs
+            """, (7, 24), (9, 26), (9, 54), message_contains="the host needs it as a Python number"),
     ]
 
     only = {"visit_Call": Only(attrs=frozenset(_SYNC_METHODS | _CONVERSIONS | _DATA_SIZED | {"print", "synchronize"}),
                                every_call_if=_trains_with_project_helpers),
             "visit_While": Only(in_loops=True), "visit_IfExp": Only(in_loops=True)}
+
+    def __init__(self, ctx, options: Optional[dict] = None):
+        super().__init__(ctx, options)
+        self._statements: dict = {}  # (statement, what, remedy) -> _Statement
 
     def visit_Call(self, node: ast.Call) -> None:
         if not self.ctx.loops and self.ctx.function is None:
@@ -1117,8 +1286,9 @@ class HostSyncInLoop(Rule):
                              "drop it, or time the step with CUDA events (`torch.cuda.Event(enable_timing=True)`) "
                              "read every N steps", waits="waits for all queued GPU work")
         elif self._data_sized_call(node):
-            self._report(node, f"`{self._callee_text(node)}()` (its result's size depends on the values)",
-                         "keep shapes fixed: `torch.where(mask, x, 0)` or `x * mask`, and reduce with the mask")
+            self._report(node, f"`{self._callee_text(node)}()`",
+                         "keep shapes fixed: `torch.where(mask, x, 0)` or `x * mask`, and reduce with the mask",
+                         value=self._data_sized_operand(node), detail="(its result's size depends on the values)")
         elif _trains_with_project_helpers(self.ctx):
             self._project_helper(node)
         elif isinstance(func, ast.Name) and self.ctx.qualname(func) is None and node.args:
@@ -1126,14 +1296,16 @@ class HostSyncInLoop(Rule):
                 return
             if func.id in _CONVERSIONS and len(node.args) == 1 and not node.keywords:
                 if self._is_device_tensor(node.args[0]):
-                    self._report(node, f"`{func.id}(tensor)`", "convert after the loop, or keep the value on the device")
+                    self._report(node, f"`{func.id}()`", self._remedy(node, "convert after the loop, or keep the "
+                                                                            "value on the device"), value=node.args[0])
             elif func.id == "print":
                 for arg in node.args:
                     values = [v.value for v in arg.values if isinstance(v, ast.FormattedValue)] \
                         if isinstance(arg, ast.JoinedStr) else [arg]
-                    if any(self._is_device_tensor(v) for v in values):
-                        self._report(node, "`print()` of a tensor", "print every N steps, or accumulate and print after the loop")
-                        return
+                    for value in values:
+                        if self._is_device_tensor(value):
+                            self._report(node, "`print()`", "print every N steps, or accumulate and print after "
+                                                            "the loop", value=value)
 
     def visit_Subscript(self, node: ast.Subscript) -> None:
         """`x[mask]` with a boolean tensor mask: the host must learn how many elements are kept."""
@@ -1141,15 +1313,21 @@ class HostSyncInLoop(Rule):
             return
         if self._step_context() is None or not self._is_device_tensor(node.value) or not self._is_mask(node.slice):
             return
-        self._report(node, "boolean-mask indexing (its result's size depends on the values)",
+        self._report(node, "boolean-mask indexing",
                      "keep shapes fixed: `torch.where(mask, x, 0)` or `x * mask`, and reduce with the mask "
-                     "(`(x * mask).sum() / mask.sum()`)")
+                     "(`(x * mask).sum() / mask.sum()`)", value=node.value,
+                     detail="(its result's size depends on the values)")
 
     def visit_Assert(self, node: ast.Assert) -> None:
         test = node.test.operand if isinstance(node.test, ast.UnaryOp) and isinstance(node.test.op, ast.Not) else node.test
         if self._step_context() is None or not self._is_device_tensor(test) or self._contains_sync_call(test):
             return
-        self._report(test, "`assert` on a tensor", "check it every N steps, or use `torch._assert_async`")
+        self._report(test, "`assert` on a tensor", _ASSERT, owner=node)
+
+    def leave_Module(self, node: ast.Module) -> None:
+        for found in self._statements.values():
+            first = min(found.syncs, key=_position)[0]
+            self.report(first, found.message(), fix=found.fix(), noqa_row=found.statement.lineno)
 
     def _project_helper(self, call: ast.Call) -> None:
         """`accuracy(out, y)` in a step, where `accuracy` comes from a module of the project
@@ -1184,14 +1362,17 @@ class HostSyncInLoop(Rule):
         func = node.func
         if not isinstance(func, ast.Attribute) or func.attr not in _DATA_SIZED:
             return False
-        qual = self.ctx.qualname(func)
-        if qual is not None:
-            operand = node.args[0] if qual == f"torch.{func.attr}" and node.args else None
-        else:
-            operand = func.value
+        operand = self._data_sized_operand(node)
         if operand is None or self._step_context() is None or not self._is_device_tensor(operand):
             return False
         return not any(k.arg == "size" for k in node.keywords)  # `nonzero_static`/`unique(size=)` know their size
+
+    def _data_sized_operand(self, node: ast.Call) -> Optional[ast.AST]:
+        """`x` of `x.nonzero()` or `torch.nonzero(x)`."""
+        qual = self.ctx.qualname(node.func)
+        if qual is None:
+            return node.func.value
+        return node.args[0] if qual == f"torch.{node.func.attr}" and node.args else None
 
     def _callee_text(self, node: ast.Call) -> str:
         return self.ctx.segment(node.func) if self.ctx.qualname(node.func) else "." + node.func.attr
@@ -1250,7 +1431,10 @@ class HostSyncInLoop(Rule):
             return
         if method == "tolist" and kind not in _kinds.TENSORS:
             return
-        if method == "item":
+        remedy = self._remedy(node, None)
+        if remedy is not None:
+            self._report(node, self._method_text(node, method), remedy, value=receiver)
+        elif method == "item":
             accumulation = self._accumulation(node)
             read = self._read_on_every_step(accumulation.target) if accumulation is not None else None
             onto_number = accumulation is not None and read is None and self._python_number(accumulation.target)
@@ -1266,12 +1450,56 @@ class HostSyncInLoop(Rule):
             else:
                 instead = ("keep the values on the device and convert them once after the loop "
                            "(`torch.stack(values).tolist()`), or log every N steps")
-            self._report(node, "`.item()`", instead, fix=fix)
+            self._report(node, "`.item()`", instead, value=receiver, fix=fix)
         elif method in ("cpu", "to"):
-            self._report(node, f"`.{method}({self._arguments(node)})`",
-                         "collect results on the device (`torch.cat`/`torch.stack` after the loop) and copy once")
+            self._report(node, self._method_text(node, method),
+                         "collect results on the device (`torch.cat`/`torch.stack` after the loop) and copy once",
+                         value=receiver)
         else:
-            self._report(node, "`.tolist()`", "collect results on the device and convert once after the loop")
+            self._report(node, "`.tolist()`", "collect results on the device and convert once after the loop",
+                         value=receiver)
+
+    def _method_text(self, node: ast.Call, method: str) -> str:
+        return f"`.{method}({self._arguments(node)})`"
+
+    def _remedy(self, sync: ast.AST, default: Optional[str]) -> Optional[str]:
+        """What to do instead, by what the host does with the synced value: a branch decides on it
+        (`if t.item() > 0:`, `a if t.item() else b`, or a name bound to it that a later test
+        reads), or it is a Python number for `range()`, an index or a size; else `default`."""
+        child = sync
+        for parent in reversed(self.ctx.parents):
+            if isinstance(parent, ast.Assert) and child is parent.test:
+                return _ASSERT
+            if isinstance(parent, (ast.If, ast.While, ast.IfExp)) and child is parent.test or \
+                    isinstance(parent, ast.comprehension) and any(child is test for test in parent.ifs):
+                return _BRANCH
+            if isinstance(parent, ast.Subscript) and child is parent.slice:
+                return _NUMBER
+            if isinstance(parent, ast.Call) and any(child is arg for arg in parent.args) and self._takes_number(parent):
+                return _NUMBER
+            if isinstance(parent, (ast.stmt, ast.Lambda)):
+                break
+            child = parent
+        return _BRANCH if self._tested_later(sync) else default
+
+    def _takes_number(self, call: ast.Call) -> bool:
+        """`range(n)`, `x.view(-1, n)`, `torch.zeros(n)`: its arguments are counts or sizes."""
+        func = call.func
+        if isinstance(func, ast.Name) and func.id == "range":
+            return self.ctx.qualname(func) is None
+        if self.ctx.qualname(func) in _SIZE_FUNCTIONS:
+            return True
+        return isinstance(func, ast.Attribute) and func.attr in _SIZE_METHODS and self.ctx.qualname(func) is None
+
+    def _tested_later(self, sync: ast.AST) -> bool:
+        """The value is bound to a name that the test of a later `if`, `while` or `... if ... else`
+        in the step loop reads (`loss_val = loss.item()`, then `if loss_val < best:`)."""
+        bound, loop = self._bound_name(sync), self._step_loop()
+        if bound is None or loop is None:
+            return False
+        name, statement = bound
+        return any(isinstance(other, (ast.If, ast.While, ast.IfExp)) and other.lineno > statement.end_lineno
+                   and name in loaded_names(other.test) for other in loop.direct_nodes())
 
     def _condition(self, owner: ast.AST) -> None:
         if self._step_context() is None:
@@ -1283,31 +1511,44 @@ class HostSyncInLoop(Rule):
             if _is_torch_predicate(self.ctx, inner):
                 continue
             if self._is_device_tensor(inner) and not self._contains_sync_call(inner):
-                self._report(inner, "a tensor used as a Python `bool`",
-                             "keep the decision on the device (`torch.where`, masking) or check it every N steps",
+                self._report(inner, "`bool()`", _BRANCH, value=inner, detail="(a tensor used as a Python `bool`)",
                              owner=owner)
-                return
 
-    def _report(self, node: ast.AST, what: str, instead: str, fix: Optional[Callable[[], Optional[Fix]]] = None,
-                owner: Optional[ast.AST] = None, waits: str = _COPIES) -> None:
-        """`fix`: makes the fix, once the finding stands. `owner`: the `if`/`while` whose test
-        `node` is, for a tensor used as a `bool`. `waits`: what the sync does."""
+    def _report(self, node: ast.AST, what: str, instead: str, value: Optional[ast.AST] = None, detail: str = "",
+                fix: Optional[Callable[[], Optional[Fix]]] = None, owner: Optional[ast.AST] = None,
+                waits: str = _COPIES) -> None:
+        """Adds the sync `node` to the finding of its statement for `what` and `instead` (reported
+        at the end of the file). `value`: the tensor it syncs, named in the message. `fix`: makes
+        the fix, once the finding stands. `owner`: the `if`/`while`/`assert` whose test `node`
+        is. `waits`: what the sync does."""
         if _kinds.cpu_only_script(self.ctx):
             return  # the program never leaves the CPU: there is no device to wait for
         loop = self._step_loop()
         if loop is None:
-            self._report_in_step_function(node, what, instead, owner, waits)
-            return
-        if self._gated(node, loop, owner):
-            return
-        training = self._is_training(loop)
-        if (owner is None and self._used_now(node, loop)) or self._explained(node) or (not training and self._host_only(loop)):
-            return
-        if in_test_code(self.ctx) or in_reference_code(self.ctx):
-            return
-        kind = "training" if training else "evaluation"
-        self.report(node, f"{what} {waits} on every step of the {kind} "
-                          f"loop on line {loop.node.lineno}; {instead}", fix=fix() if fix is not None else None)
+            where = self._in_step_function(node)
+            fix = None
+            if where is None:
+                return
+        else:
+            if self._gated(node, loop, owner):
+                return
+            training = self._is_training(loop)
+            if (owner is None and self._used_now(node, loop)) or self._explained(node) or (not training and self._host_only(loop)):
+                return
+            if in_test_code(self.ctx) or in_reference_code(self.ctx):
+                return
+            where = f"on every step of the {'training' if training else 'evaluation'} loop on line {loop.node.lineno}"
+        statement = owner if isinstance(owner, ast.stmt) else self.ctx.statement()
+        key = (id(statement), what, instead)
+        found = self._statements.get(key)
+        if found is None:
+            found = self._statements[key] = _Statement(statement, what, detail, waits, where, instead)
+        found.syncs.append((node, self._value_text(value) if value is not None else None,
+                            fix() if fix is not None else None))
+
+    def _value_text(self, value: ast.AST) -> str:
+        text = " ".join(self.ctx.segment(value).split())
+        return text if len(text) <= _LONGEST_VALUE else text[:_LONGEST_VALUE - 3].rstrip() + "..."
 
     def _step_context(self):
         """The step loop around the node, else the step that the function around it runs in (a
@@ -1325,20 +1566,18 @@ class HostSyncInLoop(Rule):
         # what a step's own code does counts
         return None if step is None or step.forward else step
 
-    def _report_in_step_function(self, node: ast.AST, what: str, instead: str, owner: Optional[ast.AST],
-                                 waits: str = _COPIES) -> None:
-        """A sync in a function that runs every step, outside any loop of its own: quiet where it
-        runs only on some calls (under an `if`, in an error path)."""
+    def _in_step_function(self, node: ast.AST) -> Optional[str]:
+        """For a sync in a function that runs every step, outside any loop of its own: why it runs
+        every step; None where it runs only on some calls (under an `if`, in an error path)."""
         step = self._step_context()
         function = next(f for f in reversed(self.ctx.functions) if not isinstance(f, ast.Lambda))
         start = next((i for i, p in enumerate(self.ctx.parents) if p is function), None)
         chain = self.ctx.parents[start + 1:] if start is not None else []
         if any(isinstance(p, (ast.If, ast.ExceptHandler, ast.Raise, ast.IfExp, ast.Try)) for p in chain):
-            return
+            return None
         if self._explained(node) or in_reference_code(self.ctx):
-            return
-        self.report(node, f"{what} {waits} on every step: `{function.name}` "
-                          f"{step.why}; {instead}")
+            return None
+        return f"on every step: `{function.name}` {step.why}"
 
     def _arguments(self, call: ast.Call) -> str:
         return ", ".join(self.ctx.segment(a) for a in call.args + call.keywords)
@@ -1396,11 +1635,16 @@ class HostSyncInLoop(Rule):
         return None
 
     def _read_on_every_step(self, target: ast.AST) -> Optional[int]:
-        """The line where host code in the step loop reads the running total, or a name it flows
-        into (`avg = total / (i + 1)`), on every step, outside a gate: `bar.set_postfix(loss=avg)`."""
+        """The line where host code reads the running total, or a name it flows into (`avg =
+        total / (i + 1)`), on every step, outside a gate: in the step loop (`bar.set_postfix(loss=avg)`,
+        `pbar.set_postfix({"loss": avg})`) or in a step loop around it (the optimizer's loop around
+        a loop over micro-batches)."""
         loop = self._step_loop()
         if loop is None or not isinstance(target, ast.Name):
             return None
+        around = self.ctx.loops[:self.ctx.loops.index(loop)]
+        while around and self._is_step_loop(around[-1]):
+            loop = around.pop()
         parents = self._parents()
         pending, seen, lines = [target.id], set(), []
         while pending:
@@ -1413,7 +1657,7 @@ class HostSyncInLoop(Rule):
                     if not (isinstance(read, ast.Name) and read.id == name and isinstance(read.ctx, ast.Load)):
                         continue
                     child, parent = read, parents.get(read)
-                    while isinstance(parent, (ast.BinOp, ast.UnaryOp)):
+                    while isinstance(parent, (ast.BinOp, ast.UnaryOp, ast.Dict, ast.List, ast.Tuple)):
                         child, parent = parent, parents.get(parent)
                     if isinstance(parent, ast.AugAssign) and parent.value is child and isinstance(parent.target, ast.Name):
                         pending.append(parent.target.id)

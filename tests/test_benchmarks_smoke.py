@@ -86,3 +86,32 @@ def test_fuzz_saves_a_failing_program_minimized(tmp_path, monkeypatch, capsys):
     header, *program = saved[0].read_text().splitlines()
     assert header == "# planted: flags any `import torch`"
     assert len(program) == 1 and "import torch" in program[0]  # minimized to the one line that fails
+
+
+SCORE = Path(__file__).resolve().parent.parent / "benchmarks" / "user_corpus" / "score.py"
+score_spec = importlib.util.spec_from_file_location("matlint_bench_score", SCORE)
+score = importlib.util.module_from_spec(score_spec)
+score_spec.loader.exec_module(score)
+
+
+def test_a_statement_finding_matches_every_labelled_site_of_its_statement():
+    """MAT502 reports a statement once, at its first sync: the labels of its other syncs, on the
+    statement's other lines, are found by it too; a second finding of the statement (another
+    kind of sync) takes their verdict without counting them again."""
+    source = (b"for x in loader:\n"
+              b"    log({\n"
+              b"        'a': a.item(),\n"
+              b"        'b': b.item(),\n"
+              b"        'c': c.cpu(),\n"
+              b"    })\n"
+              b"    if d.item() > 0:\n"
+              b"        e.item()\n")
+    assert score.statement_span(source, 3) == (2, 6)
+    assert score.statement_span(source, 7) == (7, 7)  # the `if`'s header, not its body
+    label = lambda line, kind: {"repo": "r", "path": "p", "line": str(line), "codes": "MAT502", "label": kind}
+    labels = [label(3, "pos"), label(4, "pos"), label(5, "pos"), label(7, "neg"), label(8, "pos")]
+    findings = [("r", "p", 3, "MAT502", "", (2, 6)), ("r", "p", 5, "MAT502", "", (2, 6)),
+                ("r", "p", 7, "MAT502", "", (7, 7))]
+    matched, verdicts = score.match(findings, labels, [])
+    assert [int(l["line"]) for l in matched] == [3, 4, 5]
+    assert [v for _, v in verdicts] == ["pos", "pos", "neg"]

@@ -62,6 +62,34 @@ def test_line_noqa(comment, suppressed):
     assert (findings == []) is suppressed
 
 
+# A multi-line statement whose first sync is on its second line (one MAT502 finding, there).
+LOGGED = ("import torch\n"
+          "def train(model, loader, opt, log):\n"
+          "    for x, y in loader:\n"
+          "        loss, acc = model(x.cuda(), y.cuda())\n"
+          "        loss.backward()\n"
+          "        opt.step()\n"
+          "        log({{{first}\n"
+          "            'loss': loss.item(),{sync}\n"
+          "            'acc': acc.item(),{last}\n"
+          "        }})\n")
+
+
+@pytest.mark.parametrize("where, suppressed", [
+    ("first", True),   # the statement's first line: its noqa_row
+    ("sync", True),    # the line of the finding
+    ("last", False),   # another line of the statement
+])
+def test_noqa_on_the_first_line_of_a_statement(where, suppressed):
+    comments = {"first": "", "sync": "", "last": ""}
+    comments[where] = "  # noqa: MAT502"
+    findings = lint_source(LOGGED.format(**comments), "t.py", [get_rule("MAT502")])
+    assert (findings == []) is suppressed
+    if not suppressed:
+        (finding,) = findings
+        assert (finding.row, finding.noqa_row) == (8, 7) and "of `loss` and `acc`" in finding.message
+
+
 def test_noqa_inside_a_string_is_not_a_comment():
     source = LOOP + "\nmsg = '# noqa'\n"
     assert len(lint_source(source, "t.py", [MAT101])) == 1

@@ -28,6 +28,9 @@ FAMILIES = {"1": "loops", "2": "broadcasting", "3": "layout", "4": "precision", 
 LINE_SLACK = 2
 FILE_LEVEL = {"MAT401"}  # reported once per file: a label anywhere in the file matches
 LOOP_LEVEL = {"MAT504"}  # reported once per loop, naming its line: a label anywhere in that loop matches
+# Reported once per statement (and kind of sync), at its first sync: it matches the labels on every
+# line of that statement, one per site.
+STATEMENT_LEVEL = {"MAT502"}
 
 
 def read_csv(name: str) -> list:
@@ -82,6 +85,19 @@ def loop_span(source: bytes, message: str):
     return None
 
 
+def statement_span(source: bytes, row: int):
+    """(first, last) line of the innermost statement on line `row`; of a compound statement
+    (`if`, `for`, `with`...) whose header holds the row, the header's lines."""
+    around = [n for n in ast.walk(ast.parse(source)) if isinstance(n, ast.stmt) and n.lineno <= row <= n.end_lineno]
+    if not around:
+        return None
+    stmt = max(around, key=lambda n: (n.lineno, -n.end_lineno))
+    body = getattr(stmt, "body", None)
+    if isinstance(body, list) and body and body[0].lineno > row:
+        return stmt.lineno, body[0].lineno - 1
+    return stmt.lineno, stmt.end_lineno
+
+
 def lint(root: Path, repos: list) -> list:
     """(repo, path, row, code, message, span) for every finding in the labelled files; `span`:
     the lines a label may sit on to match it (None: the finding's row, give or take LINE_SLACK)."""
@@ -95,7 +111,8 @@ def lint(root: Path, repos: list) -> list:
         for path in (p for p in repo["files"].split(";") if p):
             source = (base / path).read_bytes()
             for f in lint_bytes(source, str(base / path), rules):  # its real path: it may read the modules it imports
-                span = loop_span(source, f.message) if f.code in LOOP_LEVEL else None
+                span = loop_span(source, f.message) if f.code in LOOP_LEVEL else \
+                    statement_span(source, f.row) if f.code in STATEMENT_LEVEL else None
                 found.append((repo["repo"], path, f.row, f.code, f.message, span))
     return found
 
@@ -105,7 +122,10 @@ def family(code: str) -> str:
 
 
 def match(findings: list, labels: list, judged: list) -> tuple:
-    """(matched positive labels, per-finding verdicts: 'pos' / 'neg' / 'true' / 'false' / None)."""
+    """(matched positive labels, per-finding verdicts: 'pos' / 'neg' / 'true' / 'false' / None).
+    A finding of STATEMENT_LEVEL takes every label of its statement still free ('pos' if one is);
+    where another finding of the statement took them all, it gets their verdict without taking
+    them; only a statement with no label matches one within LINE_SLACK lines."""
     by_file = collections.defaultdict(list)
     for label in labels:
         by_file[(label["repo"], label["path"])].append(label)
@@ -113,16 +133,17 @@ def match(findings: list, labels: list, judged: list) -> tuple:
     used = set()
     verdicts = []
     for repo, path, row, code, _, span in sorted(findings, key=lambda f: (f[0], f[1], f[2])):
-        verdict = None
-        candidates = sorted(by_file[(repo, path)], key=lambda l: abs(int(l["line"]) - row))
-        for label in candidates:
-            if id(label) in used or code not in label["codes"].split("|"):
-                continue
-            line = int(label["line"])
-            if code in FILE_LEVEL or abs(line - row) <= LINE_SLACK or (span and span[0] <= line <= span[1]):
-                used.add(id(label))
-                verdict = label["label"]
-                break
+        candidates = [l for l in sorted(by_file[(repo, path)], key=lambda l: abs(int(l["line"]) - row))
+                      if code in l["codes"].split("|")]
+        in_span = lambda l: span is not None and span[0] <= int(l["line"]) <= span[1]
+        statement = [l for l in candidates if in_span(l)] if code in STATEMENT_LEVEL else []
+        taken = [l for l in statement if id(l) not in used]
+        if not statement:
+            taken = next(([l] for l in candidates if id(l) not in used and (
+                code in FILE_LEVEL or abs(int(l["line"]) - row) <= LINE_SLACK or in_span(l))), [])
+        seen = taken or statement
+        used.update(id(l) for l in taken)
+        verdict = "pos" if any(l["label"] == "pos" for l in seen) else seen[0]["label"] if seen else None
         if verdict is None:
             verdict = judged_at.get((repo, path, row, code))
         verdicts.append(((repo, path, row, code), verdict))
