@@ -389,11 +389,16 @@ class Program:
 
 def program(notebook: Notebook, filename: str):
     """(Program of the cells that parse, MAT001 findings for the cells that do not)."""
+    return program_of([(cell.number, cell.source) for cell in notebook.cells], filename)
+
+
+def program_of(cells: list, filename: str):
+    """`program` for [(cell number, text)], the code cells in notebook order."""
     from .engine import syntax_finding
 
     codes, problems = [], []
-    for cell in notebook.cells:
-        code = cell_code(cell.number, cell.source)
+    for number, source in cells:
+        code = cell_code(number, source)
         if code is None or not code.text.strip():
             continue
         try:
@@ -401,11 +406,10 @@ def program(notebook: Notebook, filename: str):
         except SyntaxError as exc:
             finding = syntax_finding(exc, code.text, filename)
             problems.append(replace(finding, message=finding.message.replace("file does not", "cell does not", 1),
-                                    cell=cell.number))
+                                    cell=number))
             continue
         except (ValueError, RecursionError, MemoryError) as exc:
-            problems.append(Finding("MAT001", f"cell does not parse: {exc}", filename, 1, 1, 1, 1,
-                                    cell=cell.number))
+            problems.append(Finding("MAT001", f"cell does not parse: {exc}", filename, 1, 1, 1, 1, cell=number))
             continue
         codes.append(code)
     return Program(codes), problems

@@ -23,6 +23,7 @@ from concurrent.futures.process import BrokenProcessPool
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Optional
+from urllib.parse import unquote
 
 from . import __version__
 from . import config as matlint_config
@@ -421,6 +422,17 @@ def full_lint(source: str, path: str, settings) -> tuple:
     return findings, definition_cache(source, findings)
 
 
+def notebook_lint(cells: list, path: str, settings) -> list:
+    """Findings of a notebook's code cells, [(cell number, text)] in notebook order, located in
+    their cells: what the worker process computes for an open notebook."""
+    from . import engine, notebook
+    from .runner import finalize
+
+    program, problems = notebook.program_of(cells, path)
+    findings = engine.lint_program(program, path, settings.enabled_rules(), settings.rule_options)
+    return finalize(problems + findings, path, settings)
+
+
 def _warm_up():
     """Initializes the worker process: its stdout is the editor's LSP stream, never write there."""
     os.dup2(2, 1)
@@ -441,13 +453,18 @@ class DocResult:
     runtime: list
     complete: bool = True  # False: a quick lint, a full one follows
     notice: Optional[str] = None  # shown as one information diagnostic on the first line
+    python: Optional[str] = None  # a notebook cell's text as Python (its magics as placeholders)
 
 
 class MatlintServer:
     def __init__(self):
         Server, Protocol = _load_pygls()
         self.ls = Server("matlint", __version__, protocol_cls=Protocol,
-                         text_document_sync_kind=lsp.TextDocumentSyncKind.Full)
+                         text_document_sync_kind=lsp.TextDocumentSyncKind.Full,
+                         notebook_document_sync=lsp.NotebookDocumentSyncOptions(notebook_selector=[
+                             lsp.NotebookDocumentFilterWithCells(
+                                 notebook="jupyter-notebook", cells=[lsp.NotebookCellLanguage(language="python")])],
+                             save=True))
         self.init_options: dict = {}
         self.folder_settings: dict = {}   # folder uri -> ClientSettings
         self.config_cache: dict = {}      # directory -> (Settings, config mtime)
@@ -458,6 +475,7 @@ class MatlintServer:
         self.running: set = set()
         self.pool = None              # full lints run in a worker process: the quick path and
         self.definitions: dict = {}   # the requests never wait for the GIL; uri -> definition_cache
+        self.cells: dict = {}         # cell document uri -> (notebook uri, cell number)
         self._register()
 
     # -- plumbing -------------------------------------------------------------------------
@@ -470,6 +488,10 @@ class MatlintServer:
         ls.feature(t.TEXT_DOCUMENT_DID_CHANGE)(_plain(self.on_change))
         ls.feature(t.TEXT_DOCUMENT_DID_SAVE)(_plain(self.on_save))
         ls.feature(t.TEXT_DOCUMENT_DID_CLOSE)(_plain(self.on_close))
+        ls.feature(t.NOTEBOOK_DOCUMENT_DID_OPEN)(_plain(self.on_notebook_change))
+        ls.feature(t.NOTEBOOK_DOCUMENT_DID_CHANGE)(_plain(self.on_notebook_change))
+        ls.feature(t.NOTEBOOK_DOCUMENT_DID_SAVE)(_plain(self.on_notebook_change))
+        ls.feature(t.NOTEBOOK_DOCUMENT_DID_CLOSE)(_plain(self.on_notebook_close))
         ls.feature(t.WORKSPACE_DID_CHANGE_CONFIGURATION)(_plain(self.on_configuration))
         ls.feature(t.WORKSPACE_DID_CHANGE_WATCHED_FILES)(_plain(self.on_watched_files))
         ls.feature(t.WORKSPACE_DID_CHANGE_WORKSPACE_FOLDERS)(_plain(self.on_folders))
@@ -560,7 +582,7 @@ class MatlintServer:
 
     # -- linting --------------------------------------------------------------------------------
     async def analyse(self, uri: str, quick: bool = False) -> Optional[DocResult]:
-        doc = self.ls.workspace.text_documents.get(uri)
+        doc = self.document(uri)
         if doc is None or not doc.uri.startswith("file:"):
             return None
         path = doc.path
@@ -593,16 +615,20 @@ class MatlintServer:
         return DocResult(version, source, split_lines(source), static, runtime, complete)
 
     async def full_lint(self, source: str, path: str, settings) -> list:
+        return await self.in_worker(full_lint, source, path, settings)
+
+    async def in_worker(self, function, *args):
+        """`function(*args)` in the worker process (here, if the worker died)."""
         loop = asyncio.get_running_loop()
         if self.pool is None:
             self.pool = ProcessPoolExecutor(max_workers=1, mp_context=multiprocessing.get_context("spawn"),
                                             initializer=_warm_up)
         try:
-            return await loop.run_in_executor(self.pool, full_lint, source, path, settings)
+            return await loop.run_in_executor(self.pool, function, *args)
         except BrokenProcessPool:
             self.log("the lint worker process died; starting another", lsp.MessageType.Warning)
             self.pool = None
-            return full_lint(source, path, settings)
+            return function(*args)
 
     def diagnostics(self, result: DocResult, client: ClientSettings) -> list:
         codec = self.ls.workspace.position_codec
@@ -626,7 +652,7 @@ class MatlintServer:
         return out
 
     async def lint_and_publish(self, uri: str, quick: bool = False):
-        doc = self.ls.workspace.text_documents.get(uri)
+        doc = self.document(uri)
         known = self.results.get(uri)
         if doc is None or (known is not None and known.complete and known.version == doc.version
                            and known.source == doc.source):
@@ -637,7 +663,7 @@ class MatlintServer:
             log.exception("linting %s failed", uri)
             self.log(f"linting {uri} failed: {type(exc).__name__}: {exc}", lsp.MessageType.Error)
             return
-        doc = self.ls.workspace.text_documents.get(uri)
+        doc = self.document(uri)
         if result is None or doc is None or doc.version != result.version:
             return  # closed, or edited meanwhile: the next round publishes
         self.results[uri] = result
@@ -645,9 +671,11 @@ class MatlintServer:
         self.ls.text_document_publish_diagnostics(lsp.PublishDiagnosticsParams(
             uri=uri, version=result.version, diagnostics=self.diagnostics(result, client)))
 
-    async def schedule(self, uri: str):
-        """Lint `uri` now; edits arriving meanwhile are coalesced into one more round, so a burst
-        of keystrokes costs at most two lints and the last version is always published."""
+    async def schedule(self, uri: str, lint=None):
+        """Lint `uri` now (a text document, or with `lint` a notebook); edits arriving meanwhile
+        are coalesced into one more round, so a burst of keystrokes costs at most two lints and
+        the last version is always published."""
+        lint = lint or self.lint_and_publish
         self.dirty.add(uri)
         if uri in self.running:
             return
@@ -655,24 +683,89 @@ class MatlintServer:
         try:
             while uri in self.dirty:
                 self.dirty.discard(uri)
-                await self.lint_and_publish(uri)
+                await lint(uri)
         finally:
             self.running.discard(uri)
+
+    # -- notebooks ------------------------------------------------------------------------------
+    async def lint_notebook(self, notebook_uri: str):
+        """Lints an open notebook's code cells as one program and publishes each cell's findings
+        on that cell's document."""
+        from . import notebook
+
+        book = self.ls.workspace.get_notebook_document(notebook_uri=notebook_uri)
+        if book is None or not notebook_uri.startswith("file:"):
+            return
+        path = _uri_to_path(notebook_uri)
+        folder = self.folder_of(path)
+        client = await self.client_settings(folder)
+        cells = []
+        for number, cell in enumerate(book.cells, 1):
+            doc = self.document(cell.document)
+            if cell.kind == lsp.NotebookCellKind.Code and doc is not None:
+                cells.append((number, doc, cell.document))
+                self.cells[doc.uri] = (notebook_uri, number)
+        versions = [(doc.uri, doc.version, doc.source) for _, doc, _ in cells]
+        static: list = []
+        if client.enable:
+            root = self.folder_root(folder, path)
+            settings = self.project_settings(path, root)
+            try:
+                static = await self.in_worker(notebook_lint, [(n, doc.source) for n, doc, _ in cells], path, settings)
+            except Exception as exc:  # never let one notebook take the server down
+                log.exception("linting %s failed", notebook_uri)
+                self.log(f"linting {notebook_uri} failed: {type(exc).__name__}: {exc}", lsp.MessageType.Error)
+                return
+            runtime = self.runtime_findings(path, root, client, "")
+        else:
+            runtime = []
+        if versions != [(doc.uri, doc.version, doc.source) for _, doc, _ in cells]:
+            return  # edited meanwhile: the next round publishes
+        for number, doc, client_uri in cells:
+            code = notebook.cell_code(number, doc.source)
+            result = DocResult(doc.version, doc.source, split_lines(doc.source),
+                               [f for f in static if f.cell == number],
+                               apply_noqa([f for f in runtime if f.cell == number], doc.source),
+                               python=code.text if code is not None else None)
+            self.results[doc.uri] = result
+            self.ls.text_document_publish_diagnostics(lsp.PublishDiagnosticsParams(
+                uri=client_uri, version=doc.version, diagnostics=self.diagnostics(result, client)))
+
+    async def on_notebook_change(self, params):
+        await self.schedule(params.notebook_document.uri, self.lint_notebook)
+
+    def on_notebook_close(self, params):
+        closed = {unquote(cell.uri) for cell in params.cell_text_documents}
+        for uri in [uri for uri in self.cells if unquote(uri) in closed]:
+            self.cells.pop(uri, None)
+            self.results.pop(uri, None)
+        for cell in params.cell_text_documents:
+            self.ls.text_document_publish_diagnostics(lsp.PublishDiagnosticsParams(uri=cell.uri, diagnostics=[]))
 
     async def relint_all(self):
         self.results.clear()
         self.definitions.clear()
-        await asyncio.gather(*(self.schedule(uri) for uri in list(self.ls.workspace.text_documents)))
+        notebooks = {notebook for notebook, _ in self.cells.values()}
+        cells = {unquote(uri) for uri in self.cells}
+        await asyncio.gather(*(self.schedule(uri) for uri in list(self.ls.workspace.text_documents) if uri not in cells),
+                             *(self.schedule(uri, self.lint_notebook) for uri in notebooks))
 
     async def current(self, uri: str) -> Optional[DocResult]:
         """Findings for the document as it is now (lints again if an edit is not linted yet)."""
-        doc = self.ls.workspace.text_documents.get(uri)
+        doc = self.document(uri)
         if doc is None:
             return None
-        result = self.results.get(uri)
+        result = self.results.get(doc.uri)
         if result is None or result.version != doc.version or result.source != doc.source:
+            if doc.uri in self.cells:
+                await self.lint_notebook(self.cells[doc.uri][0])
+                return self.results.get(doc.uri)
             result = await self.analyse(uri, quick=True) or await self.analyse(uri)
         return result
+
+    def document(self, uri: str):
+        """The open document at `uri` (the workspace keys documents by their unquoted URI)."""
+        return self.ls.workspace.text_documents.get(unquote(uri))
 
     # -- lifecycle and sync ---------------------------------------------------------------------
     def on_initialize(self, params):
@@ -704,7 +797,7 @@ class MatlintServer:
     async def on_change(self, params):
         uri = params.text_document.uri
         await asyncio.sleep(0.002)  # edits sent together are applied before any of them is linted
-        doc = self.ls.workspace.text_documents.get(uri)
+        doc = self.document(uri)
         if doc is None or doc.version != params.text_document.version:
             return  # a later edit came in: its own notification lints the text
         await self.lint_and_publish(uri, quick=True)
@@ -778,7 +871,7 @@ class MatlintServer:
         result = await self.current(uri)
         if result is None or not result.lines:
             return None
-        doc = self.ls.workspace.text_documents[uri]
+        doc = self.document(uri)
         codec = self.ls.workspace.position_codec
         only = params.context.only
 
@@ -787,7 +880,8 @@ class MatlintServer:
 
         start = from_position(result.lines, codec, params.range.start)
         end = from_position(result.lines, codec, params.range.end)
-        client = await self.client_settings(self.folder_of(doc.path))
+        path = _uri_to_path(self.cells[doc.uri][0]) if doc.uri in self.cells else doc.path
+        client = await self.client_settings(self.folder_of(path))
         actions = []
         if wanted(lsp.CodeActionKind.QuickFix):
             for finding in result.static + result.runtime:
@@ -795,7 +889,7 @@ class MatlintServer:
                     continue
                 diagnostic = self._diagnostic_for(result, finding, client)
                 if finding.fix is not None and finding in result.static:
-                    _, applied = apply_fixes(result.source, [finding], unsafe=True)
+                    _, applied = apply_fixes(result.python or result.source, [finding], unsafe=True)
                     if applied:  # the fix leaves code that parses
                         fix = finding.fix
                         title = f"{fix.message} ({finding.code})" if fix.safe else \
@@ -815,7 +909,8 @@ class MatlintServer:
                             range=to_range(result.lines, codec, row, column, row, end_column), new_text=text)])))
         # Fix-all lints the file several times: only when asked for by kind (Source Action
         # menu, editor.codeActionsOnSave), not on every cursor move.
-        if only and wanted(FIX_ALL_KIND) and any(f.fix is not None and f.fix.safe for f in result.static):
+        if only and wanted(FIX_ALL_KIND) and doc.uri not in self.cells and any(
+                f.fix is not None and f.fix.safe for f in result.static):
             settings = self.project_settings(doc.path, self.folder_root(self.folder_of(doc.path), doc.path))
             fixed, count, _ = fix_until_stable(result.source, lambda s: _lint_text(s, doc.path, settings))
             if count and fixed != result.source:

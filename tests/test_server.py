@@ -646,3 +646,101 @@ def test_missing_pygls_gives_the_install_command(tmp_path):
     proc = subprocess.run(SERVER, capture_output=True, text=True, timeout=60, env=env, stdin=subprocess.DEVNULL)
     assert proc.returncode == 2
     assert 'pip install "matlint[server]"' in proc.stderr
+
+
+# -- notebooks --------------------------------------------------------------------------------
+
+TRAIN_CELL = textwrap.dedent("""\
+    def train(model, loader, optimizer):
+        for x, y in loader:
+            x, y = x.to(device), y.to(device)
+            loss = (model(x) - y).pow(2).mean()
+            loss.backward(); optimizer.step(); optimizer.zero_grad()
+            print(loss.item())
+    """)
+
+
+class NotebookEditor:
+    """Sends the notebook notifications VS Code sends for an open .ipynb (LSP notebook sync)."""
+
+    def __init__(self, client: LanguageClient, path: Path, cells: list):
+        self.client, self.uri, self.version = client, path.as_uri(), 1
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text("{}", encoding="utf-8")
+        self.cells = [(f"vscode-notebook-cell:{path}#W{i}sZmlsZQ%3D%3D", kind, text) for i, (kind, text) in enumerate(cells)]
+        self.texts = {uri: text for uri, _, text in self.cells}
+        self.versions = {uri: 1 for uri, _, _ in self.cells}
+        client.notebook_document_did_open(t.DidOpenNotebookDocumentParams(
+            notebook_document=t.NotebookDocument(
+                uri=self.uri, notebook_type="jupyter-notebook", version=1,
+                cells=[t.NotebookCell(kind=kind, document=uri) for uri, kind, _ in self.cells]),
+            cell_text_documents=[t.TextDocumentItem(uri=uri, language_id="python" if kind == t.NotebookCellKind.Code
+                                                    else "markdown", version=1, text=text)
+                                 for uri, kind, text in self.cells]))
+
+    def cell(self, index: int) -> str:
+        return self.cells[index][0]
+
+    def change(self, uri: str, text: str) -> None:
+        self.version += 1
+        self.versions[uri] += 1
+        self.texts[uri] = text
+        self.client.notebook_document_did_change(t.DidChangeNotebookDocumentParams(
+            notebook_document=t.VersionedNotebookDocumentIdentifier(version=self.version, uri=self.uri),
+            change=t.NotebookDocumentChangeEvent(cells=t.NotebookDocumentCellChanges(text_content=[
+                t.NotebookDocumentCellContentChanges(
+                    document=t.VersionedTextDocumentIdentifier(uri=uri, version=self.versions[uri]),
+                    changes=[t.TextDocumentContentChangeWholeDocument(text=text)])]))))
+
+    def apply(self, edit: t.WorkspaceEdit) -> str:
+        (change,) = edit.document_changes
+        uri = change.text_document.uri
+        assert change.text_document.version == self.versions[uri]
+        text = apply_text_edits(self.texts[uri], change.edits)
+        self.change(uri, text)
+        return text
+
+
+async def _published(client, uri, version, timeout=15.0):
+    async def wait():
+        while client.versions.get(uri) != version:
+            await client.wait_for_notification(t.TEXT_DOCUMENT_PUBLISH_DIAGNOSTICS)
+        return list(client.diagnostics[uri])
+    return await asyncio.wait_for(wait(), timeout)
+
+
+@pytest.mark.asyncio
+async def test_a_notebook_is_one_program_and_diagnostics_follow_edits_across_cells(client, workspace):
+    book = NotebookEditor(client, workspace / "a" / "train.ipynb", [
+        (t.NotebookCellKind.Markup, "# Training"),
+        (t.NotebookCellKind.Code, 'import torch\ndevice = "cuda"\n'),
+        (t.NotebookCellKind.Code, TRAIN_CELL)])
+    diagnostics = await _published(client, book.cell(2), 1)
+    (sync,) = by_code(diagnostics, "MAT502")
+    assert sync.range.start.line == 5 and sync.source == "matlint"
+    assert await _published(client, book.cell(1), 1) == []
+    # The model's device is set in another cell: a CPU program has no host sync to report.
+    book.change(book.cell(1), 'import torch\ndevice = "cpu"\n')
+    diagnostics = await _published(client, book.cell(1), 2)
+    await asyncio.sleep(0.5)
+    assert by_code(client.diagnostics[book.cell(2)], "MAT502") == []
+
+
+@pytest.mark.asyncio
+async def test_hover_quick_fix_and_noqa_in_a_notebook_cell(client, workspace):
+    rule, example = next((r, e) for r in all_rules() for e in r.examples
+                         if e.fixed_code is not None and not e.unsafe and e.expect and r.code == "MAT601")
+    source = "%matplotlib inline\n" + example.code
+    book = NotebookEditor(client, workspace / "a" / "attn.ipynb", [(t.NotebookCellKind.Code, source)])
+    uri = book.cell(0)
+    (d,) = by_code(await _published(client, uri, 1), rule.code)
+    assert d.range.start.line == example.expect[0][0]  # one line below its place in the example
+    result = await hover(client, uri, d.range.start.line, d.range.start.character + 1)
+    assert rule.summary in result.contents.value
+    actions = await code_actions(client, uri, d)
+    (noqa,) = [a for a in actions if "noqa" in a.title]
+    assert noqa.edit.document_changes[0].text_document.uri == uri
+    (fix,) = [a for a in actions if a.is_preferred]
+    text = book.apply(fix.edit)
+    assert text == "%matplotlib inline\n" + example.fixed_code
+    assert by_code(await _published(client, uri, 2), rule.code) == []

@@ -103,7 +103,8 @@ async function start(): Promise<void> {
   const cwd = vscode.workspace.workspaceFolders?.[0]?.uri.fsPath;
   const serverOptions: ServerOptions = { command: interpreter.command, args, options: { cwd } };
   const clientOptions: LanguageClientOptions = {
-    documentSelector: [{ scheme: "file", language: "python" }],
+    // Notebook cells too: the server syncs whole notebooks (LSP notebook sync) and answers for their cells.
+    documentSelector: [{ scheme: "file", language: "python" }, { scheme: "vscode-notebook-cell", language: "python" }],
     outputChannel: output,
     revealOutputChannelOn: RevealOutputChannelOn.Never,
     initializationOptions: {
