@@ -9,7 +9,7 @@ from typing import Optional
 from matlint.rule import Only, Rule, bad, good
 
 from matlint.semantic import kinds as _kinds
-from matlint.semantic.flow import flow_of
+from matlint.semantic.flow import code_scope, flow_of
 from matlint.semantic.steps import step_of
 from matlint.semantic.loops import identifier, is_training_loop
 from matlint.semantic.names import in_test_code
@@ -82,6 +82,20 @@ def _scalar_value(expr: ast.AST):
     return expr.value
 
 
+def _one_value(expr: ast.AST) -> Optional[tuple]:
+    """(the number, the shape) of constant data that repeats one number (`[0.0, 0.0]`, `[[1, 1],
+    [1, 1]]`): a fill, not data. None for ragged or mixed data."""
+    if _is_scalar_data(expr):
+        return _scalar_value(expr), ()
+    if not isinstance(expr, (ast.List, ast.Tuple)) or not expr.elts:
+        return None
+    items = [_one_value(e) for e in expr.elts]
+    first = items[0]
+    if first is None or any(i is None or i != first or type(i[0]) is not type(first[0]) for i in items):
+        return None
+    return first[0], (len(items),) + first[1]
+
+
 def _takes_device(name: str, call: ast.Call) -> bool:
     """`torch.bernoulli(p)` and `torch.normal(mean_tensor, std)` sample from a tensor, with no
     `device=`; `torch.normal(mean, std, size)` and the other factories take one."""
@@ -102,7 +116,8 @@ def _walk_this_loop(node: ast.AST):
 
 
 def _changes_in_place(name: str, stmt: ast.AST) -> bool:
-    """`stmt` changes the tensor held by `name` in place: `name += ...`, `name[i] = ...`, `name.add_(...)`."""
+    """`stmt` changes the tensor held by `name` in place: `name += ...`, `name[i] = ...`, `name.add_(...)`,
+    `out=name`."""
     for node in ast.walk(stmt):
         if isinstance(node, ast.AugAssign):
             target = node.target
@@ -111,6 +126,8 @@ def _changes_in_place(name: str, stmt: ast.AST) -> bool:
         elif (isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute) and node.func.attr.endswith("_")
               and not node.func.attr.startswith("_")):
             target = node.func.value
+        elif isinstance(node, ast.keyword) and node.arg == "out":
+            target = node.value  # `torch.add(a, b, out=name)`
         else:
             continue
         while isinstance(target, (ast.Subscript, ast.Attribute)):
@@ -136,9 +153,12 @@ class TensorCreationInLoop(Rule):
       std)` take no `device=` and sample where their input is, so that input is what to make on
       the device;
     - a constant copied from the host (`torch.tensor([0.5, 2.0], device=x.device)`,
-      `torch.tensor(1.0).cuda()`): the same values are uploaded again each time. A scalar
-      (`torch.tensor(0.0, device=d)`, often an accumulator updated in place) gets the fill that
-      makes it on the device (`torch.zeros((), device=d)`, same dtype), not a buffer;
+      `torch.tensor(1.0).cuda()`): the same values are uploaded again each time. A constant of
+      one repeated value (a scalar `torch.tensor(0.0, device=d)`, often an accumulator updated in
+      place, or `torch.tensor([0, 0], device=d)`) gets the fill that makes it on the device
+      (`torch.zeros((), device=d)`, `torch.zeros(2, dtype=torch.long, device=d)`: same dtype),
+      not a buffer: a fill is a new tensor each time, so it also fits a tensor that is kept,
+      returned or changed in place;
     - an uninitialised tensor allocated on the host and moved (`torch.Tensor(2, 4).to(d)`: the
       arguments are sizes): `torch.empty(2, 4, device=d)`.
 
@@ -181,9 +201,15 @@ class TensorCreationInLoop(Rule):
       factories with `requires_grad=True` (the moved copy is a non-leaf, so `device=` would
       change which tensor gets the gradient; a constant leaf must be a new one each call) or
       `pin_memory=True` (`requires_grad=False` and `pin_memory=False` are the defaults: reported).
-    - Constant tensors that a tensor made once could not replace: returned or stored in another
-      object (`data.edge_index = torch.tensor(...)`: every result would share it), or changed
-      in place later (`counts = torch.tensor([0, 0], device=d)`, then `counts[k] += 1`).
+    - Constant tensors of several values that each pass needs a tensor of its own for, where
+      "create it once" would be wrong: returned or yielded, added to a collection
+      (`history.append(stats)`), items of a comprehension (`[torch.tensor([1.0, 2.0], device=d)
+      for _ in range(world)]`, an `all_gather` receive list), stored in another object
+      (`data.edge_index = torch.tensor(...)`: every result would share it), or changed in place
+      later (`offsets[1] += n`, `buf.copy_(x)`, `out=buf`), directly or through the name they
+      are assigned to. A constant of one repeated value is still reported, with its fill (see
+      above), and so is a factory moved to the device whatever becomes of it: with `device=` it
+      is a new tensor each time too.
     - A device that changes with the loop variable (`torch.tensor(0, device=torch.device("cuda",
       i))` to initialize each GPU), and branches that run on one iteration only (`if i ==
       len(steps) - 1:`, `if state is None:`, `if len(state) == 0:`; their `else:` is reported).
@@ -416,10 +442,52 @@ class TensorCreationInLoop(Rule):
                     if data.pos.size(0) == 2:
                         data.edge_index = torch.tensor([[0, 1], [1, 0]], device=device)
                         return data
-                    counts = torch.tensor([0, 0], device=device)
-                    counts[0] += data.pos.size(0)
-                    return data, counts, torch.tensor([1, 2], device=device)
+                    offsets = torch.tensor([0, 3], device=device)
+                    offsets[1] += data.pos.size(0)
+                    return data, offsets, torch.tensor([1, 2], device=device)
             """),
+        # Constants each pass needs a tensor of its own for: kept in a list, yielded, an item of
+        # a comprehension (an `all_gather` receive list), written in place (`out=`, `.copy_`).
+        good("""
+            import torch
+            import torch.distributed as dist
+            def train(model, loader, opt, device, world, history):
+                for x, y in loader:
+                    loss = model(x.to(device), y.to(device))
+                    loss.backward()
+                    opt.step()
+                    stats = torch.tensor([1.0, 2.0], device=device)
+                    history.append(stats)
+                    recv = [torch.tensor([1.0, 2.0], device=device) for _ in range(world)]
+                    dist.all_gather(recv, stats)
+                    both = torch.tensor([1.0, 2.0], device=device)
+                    torch.add(stats, 1.0, out=both)
+                    last = torch.tensor([1.0, 2.0], device=device)
+                    last.copy_(stats)
+            def scales(loader, device):
+                for x in loader:
+                    yield torch.tensor([0.5, 2.0], device=device)
+            """),
+        # ... but a constant of one repeated value is a fill: made on the device, still a new
+        # tensor each time.
+        bad("""
+            import torch
+            import torch.distributed as dist
+            from torch import nn
+            def train(model, loader, opt, device, world):
+                for x, y in loader:
+                    loss = model(x.to(device), y.to(device))
+                    loss.backward()
+                    opt.step()
+                    recv = [torch.tensor([0.0], device=device) for _ in range(world)]
+                    dist.all_gather(recv, loss.detach().reshape(1))
+            class Count(nn.Module):
+                def forward(self, x):
+                    counts = torch.tensor([[0, 0], [0, 0]], device=x.device)
+                    counts[0] += x.size(0)
+                    return x, counts, torch.tensor([0.5, 0.5], device=x.device)
+            """, (9, 17), (13, 18), (15, 27),
+            message_contains="copied from the host to the device on every"),
         good("""
             import torch
             class OnnxBackend:
@@ -991,28 +1059,39 @@ class TensorCreationInLoop(Rule):
         if self._in_value_checked_branch():
             return
         value = factory.args[0]
-        if _is_scalar_data(value):
-            self._report_scalar(node, factory, value, device)
+        filled = _one_value(value)
+        if filled is not None:
+            self._report_fill(node, factory, value, *filled, device)
             return
-        if self._escapes(node) or self._changed_in_place_later(node):
+        if self._kept_apart(node):
             return  # one tensor made once would be shared by every result, or changed by every call
         self.report(node, f"this constant tensor is copied from the host to the device on every {self._where()}; "
                           "create it once (`self.register_buffer(..., persistent=False)` or outside the loop)")
 
-    def _report_scalar(self, node: ast.Call, factory: ast.Call, value: ast.AST, device: str) -> None:
-        number = _scalar_value(value)
+    def _report_fill(self, node: ast.Call, factory: ast.Call, value: ast.AST, number, shape: tuple,
+                     device: str) -> None:
+        """A constant of one repeated number (`torch.tensor(0.0, device=d)`, `torch.tensor([0, 0],
+        device=d)`): a fill on the device makes a new tensor each time, without a copy, so it
+        also fits a tensor that is changed in place, returned or kept."""
         keywords = [f"{k.arg}={self.ctx.segment(k.value)}" for k in factory.keywords if k.arg != "device"]
         if not any(k.arg == "dtype" for k in factory.keywords) and type(number) in (bool, int):
             # `torch.tensor(0)` is int64 and `torch.tensor(True)` bool; `torch.zeros(())` would be float
             keywords.append("dtype=torch.bool" if type(number) is bool else "dtype=torch.long")
         keywords.append(f"device={device}")
         if number in (0, 1):
-            instead = f"torch.{'zeros' if number == 0 else 'ones'}((), {', '.join(keywords)})"
+            size = ", ".join(map(str, shape)) or "()"
+            instead = f"torch.{'zeros' if number == 0 else 'ones'}({size}, {', '.join(keywords)})"
         else:
-            instead = f"torch.full((), {self.ctx.segment(value)}, {', '.join(keywords)})"
-        self.report(node, f"this scalar is copied from the host to the device on every {self._where()}; "
-                          f"`{instead}` fills it on the device without a copy (or pass the Python number where "
-                          "the op takes one)")
+            size = f"({shape[0]},)" if len(shape) == 1 else f"({', '.join(map(str, shape))})"
+            text = self.ctx.segment(value) if not shape else repr(number)
+            instead = f"torch.full({size}, {text}, {', '.join(keywords)})"
+        if not shape:
+            self.report(node, f"this scalar is copied from the host to the device on every {self._where()}; "
+                              f"`{instead}` fills it on the device without a copy (or pass the Python number "
+                              "where the op takes one)")
+            return
+        self.report(node, f"this constant tensor of one repeated value is copied from the host to the device on "
+                          f"every {self._where()}; `{instead}` fills it on the device without a copy")
 
     def _report_sampler(self, node: ast.Call, call: ast.Call, device: str) -> None:
         """`torch.bernoulli(p * torch.ones(shape)).to(d)`: the sampler has no `device=`; it draws
@@ -1078,33 +1157,51 @@ class TensorCreationInLoop(Rule):
             return qualname.rpartition(".")[0] == "torch"
         return _kinds.kind_of(self.ctx, expr.func.value) not in _kinds.NON_TENSORS
 
-    def _escapes(self, node: ast.Call) -> bool:
-        """The new tensor is returned, or stored in another object (`data.edge_index = ...`,
-        `out["mask"] = ...`): a tensor made once would be shared by every result."""
-        parent = self.ctx.parent
-        if isinstance(parent, ast.Tuple):
-            parent = self.ctx.parents[-2] if len(self.ctx.parents) > 1 else None
-        if isinstance(parent, ast.Return):
-            return True
-        if not isinstance(parent, ast.Assign) or parent.value is not node and not isinstance(parent.value, ast.Tuple):
+    def _kept_apart(self, node: ast.Call) -> bool:
+        """Each pass needs a tensor of its own: the new one is returned, yielded, added to a
+        collection (`.append(...)`), an item of a comprehension (`[torch.tensor(...) for _ in
+        range(world)]`, an `all_gather` receive list), stored in another object (`data.edge_index
+        = ...`, `out["mask"] = ...`), or changed in place later (`buf.copy_(x)`, `buf[i] = ...`,
+        `out=buf`), directly or through the name it is assigned to: a tensor made once would be
+        shared by every result, or changed by every pass."""
+        scope = code_scope(self.ctx)
+        if scope is None:
             return False
-        for target in parent.targets:
+        flow = flow_of(self.ctx, scope)
+        if self._kept(node, flow.parent):
+            return True
+        statement = flow.statement(node)
+        if not (isinstance(statement, ast.Assign) and statement.value is node and len(statement.targets) == 1
+                and isinstance(statement.targets[0], ast.Name)):
+            return False
+        name = statement.targets[0].id
+        return (any(_changes_in_place(name, stmt) for stmt in scope.body)
+                or any(self._kept(use, flow.parent) for use in flow.uses(statement)))
+
+    def _kept(self, expr: ast.AST, parent: dict) -> bool:
+        """The tensor `expr` holds outlives this pass where it stands (see `_kept_apart`)."""
+        up = parent.get(expr)
+        if isinstance(up, ast.Tuple):
+            expr, up = up, parent.get(up)
+        if isinstance(up, (ast.Return, ast.Yield, ast.YieldFrom)):
+            return True
+        if isinstance(up, (ast.ListComp, ast.SetComp, ast.GeneratorExp)):
+            return up.elt is expr
+        if isinstance(up, ast.DictComp):
+            return up.value is expr
+        if isinstance(up, ast.keyword):
+            return up.arg == "out"
+        if isinstance(up, ast.Call):
+            return (isinstance(up.func, ast.Attribute) and up.func.attr in ("append", "extend", "insert", "add")
+                    and any(a is expr for a in up.args))
+        if not isinstance(up, ast.Assign) or up.value is not expr:
+            return False
+        for target in up.targets:
             if isinstance(target, ast.Attribute) and not (isinstance(target.value, ast.Name) and target.value.id == "self"):
                 return True
             if isinstance(target, ast.Subscript) and _kinds.kind_of(self.ctx, target.value) not in _kinds.TENSORS:
                 return True
         return False
-
-    def _changed_in_place_later(self, node: ast.Call) -> bool:
-        """`counts = torch.tensor([0, 0], device=d)` then `counts[k] += 1`: a tensor made once would
-        carry the changes of every call."""
-        statement = self.ctx.statement()
-        if not (isinstance(statement, ast.Assign) and statement.value is node and len(statement.targets) == 1
-                and isinstance(statement.targets[0], ast.Name)):
-            return False
-        name = statement.targets[0].id
-        scope = self.ctx.function if self.ctx.function is not None else self.ctx.tree
-        return any(_changes_in_place(name, stmt) for stmt in scope.body)
 
     def _sized_by_loop_item(self, name: str, call: ast.Call) -> bool:
         """`torch.randn(1, *shape).to(device) for shape in input_shapes`: one tensor per listed
