@@ -13,6 +13,7 @@ from matlint.semantic.flow import code_scope, flow_of
 from matlint.semantic.steps import step_of
 from matlint.semantic.loops import identifier, is_training_loop
 from matlint.semantic.names import in_test_code
+from matlint.semantic.torch_api import TYPED_TENSORS, cuda_tensor_type
 
 # Factories built from sizes alone (their values, to the last bit, in `_same_values_on_device`).
 _FILLS = {"zeros", "ones", "full", "empty", "arange", "eye", "linspace", "logspace", "tril_indices", "triu_indices"}
@@ -35,6 +36,8 @@ _SIZED_FACTORIES = {"zeros", "ones", "empty", "full", "rand", "randn", "randint"
 # Factories whose values come from the generator of the device they are created on.
 _RANDOM = {"rand", "randn", "randint", "randperm", "normal", "bernoulli"}
 _FROM_DATA = {"tensor", "as_tensor", "asarray", "Tensor", "FloatTensor", "LongTensor"}
+# numpy factories that fill an array from sizes alone (torch has each, with `device=`).
+_NUMPY_FILLS = {"zeros", "ones", "full", "empty", "eye", "arange"}
 # Legacy constructors: `torch.Tensor(2, 4)` takes sizes (uninitialised memory), `torch.Tensor([2, 4])` data.
 _LEGACY_CONSTRUCTORS = {"Tensor": "", "FloatTensor": "dtype=torch.float32, ", "LongTensor": "dtype=torch.long, "}
 # Tests that read a tensor's values on the host: the branch under them handles what the data says
@@ -160,7 +163,16 @@ class TensorCreationInLoop(Rule):
       not a buffer: a fill is a new tensor each time, so it also fits a tensor that is kept,
       returned or changed in place;
     - an uninitialised tensor allocated on the host and moved (`torch.Tensor(2, 4).to(d)`: the
-      arguments are sizes): `torch.empty(2, 4, device=d)`.
+      arguments are sizes): `torch.empty(2, 4, device=d)`;
+    - an array that numpy draws or fills on the host on every pass and that is copied to the
+      device: `torch.from_numpy(np.random.randn(b, d)).cuda()`, `torch.tensor(np.zeros(n),
+      device=d)`, or a legacy CUDA tensor type called on it (`torch.cuda.FloatTensor(...)`, or a
+      module-level name bound to one, also under a condition: `Tensor = torch.cuda.FloatTensor
+      if cuda else torch.FloatTensor`, then `Tensor(np.random.normal(0, 1, (b, d)))`, as GAN
+      scripts write it), directly or through a name assigned in the same loop. The message gives
+      the torch call that makes it on the device (`torch.randn((b, d), device=device)`,
+      `torch.empty(size, device=d).uniform_(low, high)`, `torch.randint(low, high, size,
+      device=d)`, `torch.zeros(...)`).
 
     ## Why is this bad?
     Creating on the host and copying costs a host allocation, a fill on the CPU and a
@@ -192,8 +204,11 @@ class TensorCreationInLoop(Rule):
     ## Stays quiet on
     - Tensors created directly on the device from shapes (`torch.zeros(b, d, device=x.device)`):
       a fill kernel, no copy.
-    - Data that changes per iteration (`torch.tensor(batch_ids).to(device)`): it has to be
-      copied anyway.
+    - Data that changes per iteration (`torch.tensor(batch_ids).to(device)`,
+      `torch.from_numpy(states).cuda()` of a loader's batch or an environment's state): it has
+      to be copied anyway. numpy draws that stay on the host (`torch.tensor(np.random.normal(0,
+      0.2))` added as a scalar), or are made once outside the loop, and legacy types called
+      with sizes (`Tensor(b, 1).fill_(1.0)` allocates on the device).
     - `.to(x)` / `.to(dtype)` and other `.to` calls whose argument may not be a device, and
       `.to("cpu")`; random tensors drawn from an explicit `generator=` (it lives on the host),
       or sampled from an input whose place is unknown (`torch.bernoulli(probs).to(d)`: `probs`
@@ -246,7 +261,8 @@ class TensorCreationInLoop(Rule):
     right after the last argument when a comment ends the argument list; there is no fix when a
     comment sits between the factory and the end of the move (it would be dropped). Constants
     and `torch.Tensor(sizes)` have no fix: hoisting them (a buffer, a module-level tensor) is
-    the author's call. Neither do samplers without `device=` (`torch.bernoulli`, `torch.normal`
+    the author's call. Nor do numpy arrays made per pass: torch's sampler draws other numbers,
+    and in float32 where numpy draws float64. Neither do samplers without `device=` (`torch.bernoulli`, `torch.normal`
     of tensors): the message names the factory in their input to create on the device.
     """
     examples = [
@@ -467,6 +483,46 @@ class TensorCreationInLoop(Rule):
             def scales(loader, device):
                 for x in loader:
                     yield torch.tensor([0.5, 2.0], device=device)
+            """),
+        # numpy data made on every pass and copied: through a legacy CUDA tensor type (directly, or
+        # a name bound to one under a condition), `torch.from_numpy(...)`, or `torch.tensor(...)`.
+        bad("""
+            import numpy as np
+            import torch
+            from torch.autograd import Variable
+            cuda = torch.cuda.is_available()
+            Tensor = torch.cuda.FloatTensor if cuda else torch.FloatTensor
+            LongTensor = torch.cuda.LongTensor if cuda else torch.LongTensor
+            def train(generator, discriminator, dataloader, optimizer_G, opt, device):
+                for imgs, _ in dataloader:
+                    z = Variable(Tensor(np.random.normal(0, 1, (imgs.shape[0], opt.latent_dim))))
+                    labels = LongTensor(np.random.randint(0, opt.n_classes, imgs.shape[0]))
+                    u = torch.cuda.FloatTensor(np.random.uniform(-1, 1, (8, 2)))
+                    noise = np.random.randn(4, 3)
+                    n = torch.from_numpy(noise).cuda()
+                    pad = torch.from_numpy(np.zeros((4, 4))).float().to(device)
+                    r = torch.tensor(np.random.rand(3), device=device)
+                    loss = discriminator(generator(z, labels, u, n, pad, r)).mean()
+                    loss.backward()
+                    optimizer_G.step()
+            """, (9, 22), (10, 18), (11, 13), (13, 13), (14, 15), (15, 13),
+            message_contains="draws an array on the host that is copied to the device on every iteration; make "
+                             "it there: `torch.randn((imgs.shape[0], opt.latent_dim), device=device)`"),
+        # Data from the loader has to be copied; a host tensor never moved costs no copy; an
+        # array drawn once before the loop is another matter; sizes allocate on the device.
+        good("""
+            import numpy as np
+            import torch
+            Tensor = torch.cuda.FloatTensor if torch.cuda.is_available() else torch.FloatTensor
+            def train(model, loader, opt, device):
+                fixed = Tensor(np.random.normal(0, 1, (16, 100)))
+                for imgs, states in loader:
+                    batch = torch.from_numpy(states).cuda()
+                    valid = Tensor(imgs.shape[0], 1).fill_(1.0)
+                    x = imgs.type(Tensor)
+                    jitter = torch.tensor(np.random.normal(0, 0.2))
+                    model(batch, valid, x + jitter, fixed).sum().backward()
+                    opt.step()
             """),
         # ... but a constant of one repeated value is a fill: made on the device, still a new
         # tensor each time.
@@ -748,7 +804,7 @@ class TensorCreationInLoop(Rule):
     ]
 
     # A move (`.to(...)`, `.cuda()`), or a tensor made from data (`torch.tensor(...)`, `tensor(...)`).
-    only = {"visit_Call": Only(attrs=frozenset({"to", "cuda"} | _FROM_DATA))}
+    only = {"visit_Call": Only(attrs=frozenset({"to", "cuda"} | _FROM_DATA | TYPED_TENSORS.keys()))}
 
     def visit_Call(self, node: ast.Call) -> None:
         func = node.func
@@ -761,10 +817,14 @@ class TensorCreationInLoop(Rule):
             carried = self._carried_to_move(carrier)
             if carried is not None:
                 factory, made_at = carried
-        if factory is None:
+        cuda_type = None if moves or factory is not None or not node.args else cuda_tensor_type(self.ctx, func)
+        if factory is None and cuda_type is None:
             return
         self._loops = self._repeating_loops()
         if not self._hot() or in_test_code(self.ctx) or self._runs_once_per_loop() or self._fills_a_cache():
+            return
+        if cuda_type is not None:  # `Tensor(np.random.normal(...))` with `Tensor = torch.cuda.FloatTensor`
+            self._check_numpy_data(node, node.args[0], '"cuda"' if self.ctx.qualname(func) else "device")
             return
         if moves:
             target = self._device_target(node, func.attr)
@@ -772,6 +832,8 @@ class TensorCreationInLoop(Rule):
                 return
             device = target if isinstance(target, str) else self.ctx.segment(target)
             name, call = factory
+            if name in _FROM_DATA | {"from_numpy"} and call.args and self._check_numpy_data(node, call.args[0], device):
+                return
             if name in _FROM_DATA:
                 if self._legacy_sizes(name, call):
                     self._report_sizes(node, name, call, device)
@@ -798,12 +860,14 @@ class TensorCreationInLoop(Rule):
                               f"on every {self._where()}; create it there with `device=`",
                         fix=self._device_fix(node, call, device, safe=_same_values_on_device(name, call)))
             return
-        if factory[0] not in _FROM_DATA or not node.args or not _is_constant_data(node.args[0]):
+        if factory[0] not in _FROM_DATA or not node.args:
             return
-        if self._legacy_sizes(factory[0], node):
-            return  # `torch.FloatTensor(2, 4, device=...)`: sizes, allocated where it is used
         device = next((k.value for k in node.keywords if k.arg == "device"), None)
-        if device is not None and self._is_device(device) and not self._varies_per_iteration(device):
+        if device is None or not self._is_device(device) or self._varies_per_iteration(device):
+            return
+        if not _is_constant_data(node.args[0]):
+            self._check_numpy_data(node, node.args[0], self.ctx.segment(device))
+        elif not self._legacy_sizes(factory[0], node):  # `torch.FloatTensor(2, 4, device=...)`: sizes
             self._constant(node, node, self.ctx.segment(device))
 
     # -- helpers --------------------------------------------------------------------
@@ -1051,6 +1115,68 @@ class TensorCreationInLoop(Rule):
         if "#" in self.ctx.segment(move).replace(text, ""):
             return None  # a comment between the factory and the end of the move would be dropped
         return self.replace(move, created, "Create the tensor on the device with `device=`", safe=safe)
+
+    def _check_numpy_data(self, node: ast.Call, data: ast.AST, device: str) -> bool:
+        """Reports `node`, which copies `data` to the device, when numpy makes that data on this
+        pass (a draw of `np.random`, a fill such as `np.zeros`): torch makes the same on the
+        device. Data from elsewhere (a loader's batch, an environment's state) has to be copied."""
+        made = self._numpy_made(data, 0)
+        if made is None:
+            return False
+        module, _, name = self.ctx.qualname(made.func).rpartition(".")
+        drawn = module == "numpy.random"
+        instead = self._torch_for_numpy(name, made, device) if drawn else (
+            f"torch.{name}({', '.join(self.ctx.segment(a) for a in made.args)}, device={device})")
+        self.report(node, f"`{self.ctx.segment(made.func)}(...)` {'draws' if drawn else 'fills'} an array on the host "
+                          f"that is copied to the device on every {self._where()}; "
+                          + (f"make it there: `{instead}`" if instead else
+                             f"draw it there with torch's sampler and `device={device}`"))
+        return True
+
+    def _numpy_made(self, expr: ast.AST, depth: int) -> Optional[ast.Call]:
+        """The numpy call that makes `expr` on this pass, directly, through `.astype(...)` or
+        through a name assigned it in the same loop (`noise = np.random.normal(...)`)."""
+        while (isinstance(expr, ast.Call) and isinstance(expr.func, ast.Attribute)
+               and expr.func.attr in ("astype", "copy") and self.ctx.qualname(expr.func) is None):
+            expr = expr.func.value
+        if isinstance(expr, ast.Name) and depth < 3 and self.ctx.function is not None:
+            flow = flow_of(self.ctx, self.ctx.function)
+            assign = flow.reaching(expr)
+            if assign is None or len(assign.targets) != 1 or flow.loops_around(assign) != flow.loops_around(expr):
+                return None
+            return self._numpy_made(assign.value, depth + 1)
+        if not isinstance(expr, ast.Call):
+            return None
+        module, _, name = (self.ctx.qualname(expr.func) or "").rpartition(".")
+        return expr if module == "numpy.random" or module == "numpy" and name in _NUMPY_FILLS else None
+
+    def _torch_for_numpy(self, name: str, call: ast.Call, device: str) -> Optional[str]:
+        """The torch call that draws what `np.random.<name>(...)` draws, on the device."""
+        seg = self.ctx.segment
+        if any(isinstance(a, ast.Starred) for a in call.args):
+            return None
+        if name in ("randn", "rand"):
+            return f"torch.{name}({', '.join([seg(a) for a in call.args] + [f'device={device}'])})"
+        parameters = {"normal": ("loc", "scale", "size"), "uniform": ("low", "high", "size"),
+                      "random": ("size",), "random_sample": ("size",), "randint": ("low", "high", "size")}.get(name)
+        if parameters is None:
+            return None
+        given = dict(zip(parameters, call.args))
+        given.update((k.arg, k.value) for k in call.keywords)
+        if set(given) - set(parameters) or "size" not in given:
+            return None
+        size = seg(given["size"])
+        if name == "randint":  # torch's takes the size as a tuple
+            size = size if isinstance(given["size"], (ast.Tuple, ast.List)) else f"({size},)"
+            bounds = ", ".join(seg(given[p]) for p in ("low", "high") if p in given)
+            return f"torch.randint({bounds}, {size}, device={device})"
+        low, high = (("loc", "scale") if name == "normal" else ("low", "high"))
+        default = {"loc": 0, "scale": 1, "low": 0, "high": 1}
+        if all(low_high not in given or isinstance(given[low_high], ast.Constant)
+               and given[low_high].value == default[low_high] for low_high in (low, high)):
+            return f"torch.{'randn' if name == 'normal' else 'rand'}({size}, device={device})"
+        bounds = ", ".join(seg(given[p]) if p in given else str(default[p]) for p in (low, high))
+        return f"torch.empty({size}, device={device}).{'normal_' if name == 'normal' else 'uniform_'}({bounds})"
 
     def _constant(self, node: ast.Call, factory: ast.Call, device: str) -> None:
         """`node` uploads the constant `factory` builds (`node` is the factory itself or its move)."""
