@@ -313,7 +313,8 @@ class ManualAttention(Rule):
     There is no fix when the layout differs (`"bqhd,bkhd->bhqk"`, channels-first), the operands
     are known to be neither 4-D nor 3-D or have a strided last axis, when the steps sit in different blocks or
     a conditional expression, when a read of the scores' `.shape` / `.dtype` stays in the code,
-    or when torch.nn.functional has no name in the file. Nor is there one when the attention
+    or when torch.nn.functional has no name in the file. A call that would pass 120 columns is
+    written with its arguments on lines of their own. Nor is there a fix when the attention
     takes one item of a loop at a time (`q[:, h]` in `for h in range(n_heads)`, the loop MAT101
     reports): a call per head would be faster but would hide the loop, which one call on the
     whole tensors replaces (the message says so, and both findings stay).
@@ -421,7 +422,9 @@ class ManualAttention(Rule):
                     self.scale = (dim // heads) ** -0.5
                     self.attn_drop = nn.Dropout(attn_drop)
                 def forward(self, q, k, v):
-                    return F.scaled_dot_product_attention(q, k, v, dropout_p=(self.attn_drop.p if self.training else 0.0), scale=self.scale)
+                    return F.scaled_dot_product_attention(
+                        q, k, v, dropout_p=(self.attn_drop.p if self.training else 0.0), scale=self.scale,
+                    )
             """),
         # Additive mask and a softmax upcast: unsafe (a bool mask would mean the opposite).
         bad("""
@@ -481,7 +484,9 @@ class ManualAttention(Rule):
                     self.softmax = nn.Softmax(dim=-1)
                     self.temperature = d ** 0.5
                 def forward(self, q, k, v):
-                    output = nn.functional.scaled_dot_product_attention(q.unsqueeze(0), k.unsqueeze(0), v.unsqueeze(0), scale=1 / self.temperature).squeeze(0)
+                    output = nn.functional.scaled_dot_product_attention(
+                        q.unsqueeze(0), k.unsqueeze(0), v.unsqueeze(0), scale=1 / self.temperature,
+                    ).squeeze(0)
                     return output
             """, message_contains="are 3-D here"),
         # Heads in dim 2 (einsum "bqhd,bkhd"): reported, no fix (SDPA wants heads before the sequence).
@@ -764,7 +769,9 @@ class ManualAttention(Rule):
             import torch
             import torch.nn.functional as F
             def clip(q, k, v, attn_mask):
-                return F.scaled_dot_product_attention(q.unsqueeze(0), k.unsqueeze(0), v.unsqueeze(0), attn_mask=attn_mask, scale=1.0).squeeze(0)
+                return F.scaled_dot_product_attention(
+                    q.unsqueeze(0), k.unsqueeze(0), v.unsqueeze(0), attn_mask=attn_mask, scale=1.0,
+                ).squeeze(0)
             def divided(q, k, v):
                 return F.scaled_dot_product_attention(q, k, v)
             def multiplied(q, k, v, scale: float):
@@ -1125,6 +1132,39 @@ class ManualAttention(Rule):
             import torch
             def attend(q, k, v, scale):
                 return torch.nn.functional.scaled_dot_product_attention(q, k, v, scale=scale)
+            """, unsafe=True),
+        # A call that would pass 120 columns gets its arguments on lines of their own.
+        bad("""
+            import math
+            import torch
+            from torch import nn
+            class BertSelfAttention(nn.Module):
+                def __init__(self, config):
+                    super().__init__()
+                    self.attention_head_size = config.hidden_size // config.num_attention_heads
+                    self.dropout = nn.Dropout(config.attention_probs_dropout_prob)
+                def forward(self, query_layer, key_layer, value_layer):
+                    attention_scores = torch.matmul(query_layer, key_layer.transpose(-1, -2))
+                    attention_scores = attention_scores / math.sqrt(self.attention_head_size)
+                    attention_probs = nn.functional.softmax(attention_scores, dim=-1)
+                    attention_probs = self.dropout(attention_probs)
+                    context_layer = torch.matmul(attention_probs, value_layer)
+                    return context_layer
+            """, (10, 28), fixed="""
+            import math
+            import torch
+            from torch import nn
+            class BertSelfAttention(nn.Module):
+                def __init__(self, config):
+                    super().__init__()
+                    self.attention_head_size = config.hidden_size // config.num_attention_heads
+                    self.dropout = nn.Dropout(config.attention_probs_dropout_prob)
+                def forward(self, query_layer, key_layer, value_layer):
+                    context_layer = nn.functional.scaled_dot_product_attention(
+                        query_layer, key_layer, value_layer, dropout_p=(self.dropout.p if self.training else 0.0),
+                        scale=1 / math.sqrt(self.attention_head_size),
+                    )
+                    return context_layer
             """, unsafe=True),
         # One head (or item) per iteration, as MAT101 reports: no fix into one SDPA call per head,
         # which would hide the loop; the message asks for one call over all heads.
@@ -2136,14 +2176,30 @@ class ManualAttention(Rule):
         if operands.rank == 3:  # (B·H, L, E) as (1, B·H, L, E): 4-D for the fused kernels
             tensors = [(text if isinstance(x, _ATOMIC) else f"({text})") + ".unsqueeze(0)"
                        for text, x in zip(tensors, (scores.q, scores.k, probs.v))]
-        args = ", ".join(tensors + kwargs)
-        if "\n" in args:
+        if any("\n" in arg for arg in tensors + kwargs):
             return None
-        call = f"{prefix}.{_SDPA}({args})" + (".squeeze(0)" if operands.rank == 3 else "")
+        call = self._call_text(probs.pv.node, f"{prefix}.{_SDPA}", tensors + kwargs,
+                               ".squeeze(0)" if operands.rank == 3 else "")
         edits = [ctx.edit(probs.pv.node, call)]
         deleted = {row for stmt in statements if stmt is not final for row in range(stmt.lineno, stmt.end_lineno + 1)}
         edits += [Edit("", first, 1, last + 1, 1) for first, last in self._line_runs(deleted)]
         return Fix("replace with F.scaled_dot_product_attention", tuple(edits), safe)
+
+    def _call_text(self, node: ast.AST, func: str, args: list, after: str) -> str:
+        """`func(args)after` to replace `node` with: on one line, or, where that line would pass
+        120 columns, with the arguments on lines of their own, as black and ruff format a call."""
+        one = f"{func}({', '.join(args)}){after}"
+        line = self.ctx.lines[node.lineno - 1]
+        if node.lineno != node.end_lineno or len(line) - (node.end_col_offset - node.col_offset) + len(one) <= 120:
+            return one
+        indent = line[:len(line) - len(line.lstrip())]
+        rows = [""]
+        for arg in args:
+            if rows[-1] and len(indent) + 4 + len(rows[-1]) + len(arg) + 2 > 120:
+                rows.append("")
+            rows[-1] += f"{' ' if rows[-1] else ''}{arg},"
+        inner = "\n".join(f"{indent}    {row}" for row in rows)
+        return f"{func}(\n{inner}\n{indent}){after}"
 
     def _line_runs(self, deleted: set) -> list:
         """Runs of rows to delete: the statements' rows, plus a blank row that would otherwise
