@@ -207,7 +207,8 @@ class TensorCreationInLoop(Rule):
     - Data that changes per iteration (`torch.tensor(batch_ids).to(device)`,
       `torch.from_numpy(states).cuda()` of a loader's batch or an environment's state): it has
       to be copied anyway. numpy draws that stay on the host (`torch.tensor(np.random.normal(0,
-      0.2))` added as a scalar), or are made once outside the loop, and legacy types called
+      0.2))` added as a scalar), are made once outside the loop, or are filled in afterwards
+      (`adv = np.zeros(n)`, then `adv[t] = ...`: computed data), and legacy types called
       with sizes (`Tensor(b, 1).fill_(1.0)` allocates on the device).
     - `.to(x)` / `.to(dtype)` and other `.to` calls whose argument may not be a device, and
       `.to("cpu")`; random tensors drawn from an explicit `generator=` (it lives on the host),
@@ -520,8 +521,12 @@ class TensorCreationInLoop(Rule):
                     batch = torch.from_numpy(states).cuda()
                     valid = Tensor(imgs.shape[0], 1).fill_(1.0)
                     x = imgs.type(Tensor)
+                    adv = np.zeros(len(states))
+                    for t in range(len(states)):
+                        adv[t] = states[t].sum()
+                    adv = torch.tensor(adv).to(device)
                     jitter = torch.tensor(np.random.normal(0, 0.2))
-                    model(batch, valid, x + jitter, fixed).sum().backward()
+                    model(batch, valid, x + jitter, fixed, adv).sum().backward()
                     opt.step()
             """),
         # ... but a constant of one repeated value is a fill: made on the device, still a new
@@ -1135,15 +1140,17 @@ class TensorCreationInLoop(Rule):
 
     def _numpy_made(self, expr: ast.AST, depth: int) -> Optional[ast.Call]:
         """The numpy call that makes `expr` on this pass, directly, through `.astype(...)` or
-        through a name assigned it in the same loop (`noise = np.random.normal(...)`)."""
+        through a name assigned it in the same loop and not changed in place
+        (`noise = np.random.normal(...)`)."""
         while (isinstance(expr, ast.Call) and isinstance(expr.func, ast.Attribute)
                and expr.func.attr in ("astype", "copy") and self.ctx.qualname(expr.func) is None):
             expr = expr.func.value
         if isinstance(expr, ast.Name) and depth < 3 and self.ctx.function is not None:
             flow = flow_of(self.ctx, self.ctx.function)
             assign = flow.reaching(expr)
-            if assign is None or len(assign.targets) != 1 or flow.loops_around(assign) != flow.loops_around(expr):
-                return None
+            if (assign is None or len(assign.targets) != 1 or flow.loops_around(assign) != flow.loops_around(expr)
+                    or flow.mutations.get(expr.id)):
+                return None  # made elsewhere, or filled in afterwards (`adv[t] = a_t`): data, not a fill
             return self._numpy_made(assign.value, depth + 1)
         if not isinstance(expr, ast.Call):
             return None
