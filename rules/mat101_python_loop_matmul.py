@@ -716,17 +716,24 @@ class PythonLoopMatmul(GemmVisitor, Rule):
     gemms_in_loops_only = True
 
     def check_gemm(self, node: ast.AST) -> None:
+        found = self.per_item(node, self.ctx.loops)
+        if found is not None:
+            self.report(node, self._message(*found))
+
+    def per_item(self, node: ast.AST, loops: list) -> Optional[tuple]:
+        """(gemm, loop, batched) when the GEMM `node` runs once per item of one of `loops` (the
+        loops around it, outermost first): what this rule reports. MAT601 asks it too."""
         gemm = as_gemm(self.ctx, node)
         if gemm is None or not gemm.operands:
-            return
-        for loop in reversed(self.ctx.loops):
+            return None
+        for loop in reversed(loops):
             depends = [loop.depends_on_iteration(op) for op in gemm.operands]
             if not any(depends):
                 continue
             batched = [self._batched(loop, op, 0, transforms=True) if dep else None
                        for op, dep in zip(gemm.operands, depends)]
             if any(dep and b is None for dep, b in zip(depends, batched)):
-                return
+                return None
             # What is not the item must hold still: `W = next(ws)`, `self.W = ...`, `self.W.data.mul_()`
             # or `self.proj.weight.data -= ...` in the loop give each step other weights.
             fixed = [op for op, dep in zip(gemm.operands, depends) if not dep] + [
@@ -736,11 +743,11 @@ class PythonLoopMatmul(GemmVisitor, Rule):
             elif gemm.op == "linear":
                 fixed.extend(node.args[2:] + [k.value for k in node.keywords])
             if any(loop.changes(expr) for expr in fixed):
-                return
+                return None
             if self._is_recurrence(loop) or updates_weights(self.ctx, loop):
-                return  # each step reads the last one's result, or the weights change between steps
-            self.report(node, self._message(gemm, loop, batched))
-            return
+                return None  # each step reads the last one's result, or the weights change between steps
+            return gemm, loop, batched
+        return None
 
     # -- analysis ---------------------------------------------------------------
     def _is_recurrence(self, loop: LoopInfo) -> bool:

@@ -9,7 +9,7 @@ from typing import Optional
 from matlint.semantic.kinds import may_mention, moves_work_to_cuda
 from matlint.rule import Only, Rule, bad, good
 
-from matlint.semantic.loops import identifier, is_backward, is_optimizer_step, walk_no_scopes
+from matlint.semantic.loops import identifier, is_backward, is_optimizer_step, name_tokens, walk_no_scopes
 from matlint.semantic.names import in_test_code
 
 _AUTOCAST = {"torch.autocast", "torch.cuda.amp.autocast", "torch.cpu.amp.autocast", "torch.amp.autocast"}
@@ -19,9 +19,15 @@ _NO_GRAD = {"torch.no_grad", "torch.inference_mode"}
 # Frameworks that own the precision setting (a config file, a Trainer argument, a CLI flag).
 _FRAMEWORKS = ("lightning", "pytorch_lightning", "lightning_fabric", "accelerate", "deepspeed", "colossalai",
                "composer", "apex")
-# Identifier and string tokens that show the file routes precision through a setting.
-_PRECISION_TOKENS = {"amp", "autocast", "fp16", "bf16", "bfloat16", "float16", "half", "precision", "tf32",
-                     "mixed"}
+# Identifier and string tokens that name a reduced-precision mode: a setting so named routes precision
+# through configuration. Not "half" (`half_res`, `use_half`: a word, and a half model shows as `.half()`)
+# nor "precision" alone (a metric); "precision" with "mixed" or "half" (`mixed_precision`).
+_PRECISION_TOKENS = {"amp", "autocast", "fp16", "bf16", "bfloat16", "float16", "tf32"}
+_PRECISION_PAIRS = {"mixed", "half"}
+# Values that leave a precision setting off: `fp16=False`, `use_amp = None`, `mixed_precision="no"`.
+_OFF = (False, None, "no", "fp32", "32", "32-true", "float32")
+# Objects whose `.backward(loss)` runs the backward pass their own precision setting configures.
+_FRAMEWORK_BACKWARD = {"accelerator", "fabric"}
 _TOKEN_SPLIT = re.compile(r"[^a-z0-9]+")
 _EVAL_FUNCTION = re.compile(r"eval|valid|test|predict|infer|generate|sample|decode", re.IGNORECASE)
 
@@ -41,6 +47,16 @@ def _is_main_guard(test: ast.AST) -> bool:
 
 def _tokens(text: str) -> set:
     return set(_TOKEN_SPLIT.split(text.lower()))
+
+
+def _names_precision(text: str) -> bool:
+    tokens = _tokens(text)
+    return bool(tokens & _PRECISION_TOKENS) or "precision" in tokens and bool(tokens & _PRECISION_PAIRS)
+
+
+def _is_off(value: Optional[ast.AST]) -> bool:
+    return isinstance(value, ast.Constant) and any(value.value is off or type(value.value) is type(off)
+                                                   and value.value == off for off in _OFF)
 
 
 class NoMixedPrecision(Rule):
@@ -69,9 +85,14 @@ class NoMixedPrecision(Rule):
       do not count);
     - a framework that owns precision: Lightning `precision=`, accelerate
       `Accelerator(mixed_precision=...)` (or any `Accelerator`: its config file decides),
-      DeepSpeed, an import of lightning, accelerate, deepspeed or apex;
-    - a setting that routes precision through configuration: any name, attribute, keyword or
-      string such as `args.amp`, `use_amp`, `fp16`, `bf16`, `mixed_precision`, `precision`.
+      DeepSpeed, an import of lightning, accelerate, deepspeed or apex, a step driven by
+      `accelerator.backward(loss)` or `fabric.backward(loss)`;
+    - a setting that routes precision through configuration: a name, attribute, keyword or
+      string that names a reduced-precision mode (`args.amp`, `use_amp`, `fp16`, `bf16`,
+      `mixed_precision`, `"--fp16"`), unless it is set off there (`use_amp = False`,
+      `fp16=None`, `mixed_precision="no"`). Evidence, not words: a name with "half" in it
+      (`half_res`, `use_half`, `args.half`) or "precision" alone (a metric) is no sign; a half
+      model is, where the code makes one (`model.half()`, also under `if args.half:`);
     - float64 chosen on purpose (`.double()`, `torch.float64`): a Gaussian process or a physics
       model that needs it must not be told to use bf16.
     A `GradScaler` alone does not count (it scales fp16 gradients but casts nothing).
@@ -107,8 +128,8 @@ class NoMixedPrecision(Rule):
     - Files that never mention CUDA or a device (CPU-only code, where bf16 autocast rarely
       pays), and a step at module level inside an `if __name__ == "__main__":` block that never
       mentions them (a smoke test of the file's model on the CPU).
-    - Training steps driven by a framework (`self.manual_backward`, `accelerator.backward`):
-      no plain `.backward()` plus optimizer `.step()` pair.
+    - Training steps driven by a framework: `self.manual_backward` (no plain `.backward()` plus
+      optimizer `.step()` pair), `accelerator.backward(loss)` (its config sets the precision).
 
     - Library modules: a file with no training step of its own (the step lives in the user's
       script), and steps that never reach a CUDA device (`.cuda()`, `device="cuda"`, a
@@ -289,6 +310,41 @@ class NoMixedPrecision(Rule):
                 loss.backward()
                 optimizer.step()
             """),
+        # Names with "half" or "precision" that choose no precision: a half-resolution flag, a
+        # setting left off, a metric; `args.half` read where nothing casts to half.
+        bad("""
+            import torch
+            half_res = True
+            use_half = False
+            def train(model, loader, opt, args, evaluate):
+                model.cuda()
+                for x, y in loader:
+                    loss = model(x.cuda(), y.cuda(), downsample=half_res or args.half)
+                    loss.backward()
+                    opt.step()
+                precision, recall = evaluate(model, half_precision=False, use_amp=None)
+                print("precision", precision.mean())
+            """, (8, 9)),
+        # ... but a half model under that flag is half precision.
+        good("""
+            import torch
+            def train(model, loader, opt, args):
+                model.cuda()
+                if args.half:
+                    model.half()
+                for x, y in loader:
+                    model(x.cuda(), y.cuda()).backward()
+                    opt.step()
+            """),
+        # accelerate's `accelerator.backward(loss)`: its config sets the precision.
+        good("""
+            import torch
+            def train(model, loader, optimizer, accelerator):
+                for x, y in loader:
+                    loss = model(x.to(accelerator.device), y.cuda())
+                    accelerator.backward(loss)
+                    optimizer.step()
+            """),
         good("""
             import torch
             from lightning import Fabric
@@ -346,6 +402,9 @@ class NoMixedPrecision(Rule):
             return self._autocast_counts(node)
         if name in ("half", "bfloat16", "double") and not node.args:
             return True  # half precision, or float64 chosen on purpose (Gaussian processes, physics)
+        if name == "backward" and isinstance(node.func, ast.Attribute) and set(
+                name_tokens(identifier(node.func.value))) & _FRAMEWORK_BACKWARD:
+            return True  # `accelerator.backward(loss)`: accelerate's config sets the precision
         if qualname == "torch.set_float32_matmul_precision":
             arg = node.args[0] if node.args else None
             return not (isinstance(arg, ast.Constant) and arg.value == "highest")
@@ -411,23 +470,28 @@ class NoMixedPrecision(Rule):
             self.mixed_precision = True
 
     def visit_Name(self, node: ast.Name) -> None:
-        if self.ctx.qualname(node) is None:
+        if self.ctx.qualname(node) is None and not self._set_off(node):
             self._precision_setting(node.id)
 
     def visit_Attribute(self, node: ast.Attribute) -> None:
-        if not (self.ctx.qualname(node) or "").startswith("torch"):
+        if not (self.ctx.qualname(node) or "").startswith("torch") and not self._set_off(node):
             self._precision_setting(node.attr)
 
     def visit_keyword(self, node: ast.keyword) -> None:
-        if node.arg:
+        if node.arg and not _is_off(node.value):
             self._precision_setting(node.arg)
 
     def visit_Constant(self, node: ast.Constant) -> None:
         if isinstance(node.value, str) and len(node.value) < 40 and node is not self.not_a_sign:
             self._precision_setting(node.value)
 
+    def _set_off(self, target: ast.AST) -> bool:
+        """`use_amp = False`, `self.fp16 = None`: a setting that names a precision and leaves it off."""
+        parent = self.ctx.parent
+        return isinstance(target.ctx, ast.Store) and isinstance(parent, ast.Assign) and _is_off(parent.value)
+
     def _precision_setting(self, text: str) -> None:
-        if text != "autocast" and _tokens(text) & _PRECISION_TOKENS:
+        if text != "autocast" and _names_precision(text):
             self.mixed_precision = True
 
     def leave_Module(self, node: ast.Module) -> None:

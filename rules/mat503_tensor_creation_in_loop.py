@@ -9,10 +9,11 @@ from typing import Optional
 from matlint.rule import Only, Rule, bad, good
 
 from matlint.semantic import kinds as _kinds
-from matlint.semantic.flow import flow_of
+from matlint.semantic.flow import code_scope, flow_of
 from matlint.semantic.steps import step_of
 from matlint.semantic.loops import identifier, is_training_loop
 from matlint.semantic.names import in_test_code
+from matlint.semantic.torch_api import TYPED_TENSORS, cuda_tensor_type
 
 # Factories built from sizes alone (their values, to the last bit, in `_same_values_on_device`).
 _FILLS = {"zeros", "ones", "full", "empty", "arange", "eye", "linspace", "logspace", "tril_indices", "triu_indices"}
@@ -35,6 +36,8 @@ _SIZED_FACTORIES = {"zeros", "ones", "empty", "full", "rand", "randn", "randint"
 # Factories whose values come from the generator of the device they are created on.
 _RANDOM = {"rand", "randn", "randint", "randperm", "normal", "bernoulli"}
 _FROM_DATA = {"tensor", "as_tensor", "asarray", "Tensor", "FloatTensor", "LongTensor"}
+# numpy factories that fill an array from sizes alone (torch has each, with `device=`).
+_NUMPY_FILLS = {"zeros", "ones", "full", "empty", "eye", "arange"}
 # Legacy constructors: `torch.Tensor(2, 4)` takes sizes (uninitialised memory), `torch.Tensor([2, 4])` data.
 _LEGACY_CONSTRUCTORS = {"Tensor": "", "FloatTensor": "dtype=torch.float32, ", "LongTensor": "dtype=torch.long, "}
 # Tests that read a tensor's values on the host: the branch under them handles what the data says
@@ -82,6 +85,20 @@ def _scalar_value(expr: ast.AST):
     return expr.value
 
 
+def _one_value(expr: ast.AST) -> Optional[tuple]:
+    """(the number, the shape) of constant data that repeats one number (`[0.0, 0.0]`, `[[1, 1],
+    [1, 1]]`): a fill, not data. None for ragged or mixed data."""
+    if _is_scalar_data(expr):
+        return _scalar_value(expr), ()
+    if not isinstance(expr, (ast.List, ast.Tuple)) or not expr.elts:
+        return None
+    items = [_one_value(e) for e in expr.elts]
+    first = items[0]
+    if first is None or any(i is None or i != first or type(i[0]) is not type(first[0]) for i in items):
+        return None
+    return first[0], (len(items),) + first[1]
+
+
 def _takes_device(name: str, call: ast.Call) -> bool:
     """`torch.bernoulli(p)` and `torch.normal(mean_tensor, std)` sample from a tensor, with no
     `device=`; `torch.normal(mean, std, size)` and the other factories take one."""
@@ -102,7 +119,8 @@ def _walk_this_loop(node: ast.AST):
 
 
 def _changes_in_place(name: str, stmt: ast.AST) -> bool:
-    """`stmt` changes the tensor held by `name` in place: `name += ...`, `name[i] = ...`, `name.add_(...)`."""
+    """`stmt` changes the tensor held by `name` in place: `name += ...`, `name[i] = ...`, `name.add_(...)`,
+    `out=name`."""
     for node in ast.walk(stmt):
         if isinstance(node, ast.AugAssign):
             target = node.target
@@ -111,6 +129,8 @@ def _changes_in_place(name: str, stmt: ast.AST) -> bool:
         elif (isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute) and node.func.attr.endswith("_")
               and not node.func.attr.startswith("_")):
             target = node.func.value
+        elif isinstance(node, ast.keyword) and node.arg == "out":
+            target = node.value  # `torch.add(a, b, out=name)`
         else:
             continue
         while isinstance(target, (ast.Subscript, ast.Attribute)):
@@ -136,11 +156,23 @@ class TensorCreationInLoop(Rule):
       std)` take no `device=` and sample where their input is, so that input is what to make on
       the device;
     - a constant copied from the host (`torch.tensor([0.5, 2.0], device=x.device)`,
-      `torch.tensor(1.0).cuda()`): the same values are uploaded again each time. A scalar
-      (`torch.tensor(0.0, device=d)`, often an accumulator updated in place) gets the fill that
-      makes it on the device (`torch.zeros((), device=d)`, same dtype), not a buffer;
+      `torch.tensor(1.0).cuda()`): the same values are uploaded again each time. A constant of
+      one repeated value (a scalar `torch.tensor(0.0, device=d)`, often an accumulator updated in
+      place, or `torch.tensor([0, 0], device=d)`) gets the fill that makes it on the device
+      (`torch.zeros((), device=d)`, `torch.zeros(2, dtype=torch.long, device=d)`: same dtype),
+      not a buffer: a fill is a new tensor each time, so it also fits a tensor that is kept,
+      returned or changed in place;
     - an uninitialised tensor allocated on the host and moved (`torch.Tensor(2, 4).to(d)`: the
-      arguments are sizes): `torch.empty(2, 4, device=d)`.
+      arguments are sizes): `torch.empty(2, 4, device=d)`;
+    - an array that numpy draws or fills on the host on every pass and that is copied to the
+      device: `torch.from_numpy(np.random.randn(b, d)).cuda()`, `torch.tensor(np.zeros(n),
+      device=d)`, or a legacy CUDA tensor type called on it (`torch.cuda.FloatTensor(...)`, or a
+      module-level name bound to one, also under a condition: `Tensor = torch.cuda.FloatTensor
+      if cuda else torch.FloatTensor`, then `Tensor(np.random.normal(0, 1, (b, d)))`, as GAN
+      scripts write it), directly or through a name assigned in the same loop. The message gives
+      the torch call that makes it on the device (`torch.randn((b, d), device=device)`,
+      `torch.empty(size, device=d).uniform_(low, high)`, `torch.randint(low, high, size,
+      device=d)`, `torch.zeros(...)`).
 
     ## Why is this bad?
     Creating on the host and copying costs a host allocation, a fill on the CPU and a
@@ -172,8 +204,12 @@ class TensorCreationInLoop(Rule):
     ## Stays quiet on
     - Tensors created directly on the device from shapes (`torch.zeros(b, d, device=x.device)`):
       a fill kernel, no copy.
-    - Data that changes per iteration (`torch.tensor(batch_ids).to(device)`): it has to be
-      copied anyway.
+    - Data that changes per iteration (`torch.tensor(batch_ids).to(device)`,
+      `torch.from_numpy(states).cuda()` of a loader's batch or an environment's state): it has
+      to be copied anyway. numpy draws that stay on the host (`torch.tensor(np.random.normal(0,
+      0.2))` added as a scalar), are made once outside the loop, or are filled in afterwards
+      (`adv = np.zeros(n)`, then `adv[t] = ...`: computed data), and legacy types called
+      with sizes (`Tensor(b, 1).fill_(1.0)` allocates on the device).
     - `.to(x)` / `.to(dtype)` and other `.to` calls whose argument may not be a device, and
       `.to("cpu")`; random tensors drawn from an explicit `generator=` (it lives on the host),
       or sampled from an input whose place is unknown (`torch.bernoulli(probs).to(d)`: `probs`
@@ -181,9 +217,15 @@ class TensorCreationInLoop(Rule):
       factories with `requires_grad=True` (the moved copy is a non-leaf, so `device=` would
       change which tensor gets the gradient; a constant leaf must be a new one each call) or
       `pin_memory=True` (`requires_grad=False` and `pin_memory=False` are the defaults: reported).
-    - Constant tensors that a tensor made once could not replace: returned or stored in another
-      object (`data.edge_index = torch.tensor(...)`: every result would share it), or changed
-      in place later (`counts = torch.tensor([0, 0], device=d)`, then `counts[k] += 1`).
+    - Constant tensors of several values that each pass needs a tensor of its own for, where
+      "create it once" would be wrong: returned or yielded, added to a collection
+      (`history.append(stats)`), items of a comprehension (`[torch.tensor([1.0, 2.0], device=d)
+      for _ in range(world)]`, an `all_gather` receive list), stored in another object
+      (`data.edge_index = torch.tensor(...)`: every result would share it), or changed in place
+      later (`offsets[1] += n`, `buf.copy_(x)`, `out=buf`), directly or through the name they
+      are assigned to. A constant of one repeated value is still reported, with its fill (see
+      above), and so is a factory moved to the device whatever becomes of it: with `device=` it
+      is a new tensor each time too.
     - A device that changes with the loop variable (`torch.tensor(0, device=torch.device("cuda",
       i))` to initialize each GPU), and branches that run on one iteration only (`if i ==
       len(steps) - 1:`, `if state is None:`, `if len(state) == 0:`; their `else:` is reported).
@@ -220,7 +262,8 @@ class TensorCreationInLoop(Rule):
     right after the last argument when a comment ends the argument list; there is no fix when a
     comment sits between the factory and the end of the move (it would be dropped). Constants
     and `torch.Tensor(sizes)` have no fix: hoisting them (a buffer, a module-level tensor) is
-    the author's call. Neither do samplers without `device=` (`torch.bernoulli`, `torch.normal`
+    the author's call. Nor do numpy arrays made per pass: torch's sampler draws other numbers,
+    and in float32 where numpy draws float64. Neither do samplers without `device=` (`torch.bernoulli`, `torch.normal`
     of tensors): the message names the factory in their input to create on the device.
     """
     examples = [
@@ -416,10 +459,96 @@ class TensorCreationInLoop(Rule):
                     if data.pos.size(0) == 2:
                         data.edge_index = torch.tensor([[0, 1], [1, 0]], device=device)
                         return data
-                    counts = torch.tensor([0, 0], device=device)
-                    counts[0] += data.pos.size(0)
-                    return data, counts, torch.tensor([1, 2], device=device)
+                    offsets = torch.tensor([0, 3], device=device)
+                    offsets[1] += data.pos.size(0)
+                    return data, offsets, torch.tensor([1, 2], device=device)
             """),
+        # Constants each pass needs a tensor of its own for: kept in a list, yielded, an item of
+        # a comprehension (an `all_gather` receive list), written in place (`out=`, `.copy_`).
+        good("""
+            import torch
+            import torch.distributed as dist
+            def train(model, loader, opt, device, world, history):
+                for x, y in loader:
+                    loss = model(x.to(device), y.to(device))
+                    loss.backward()
+                    opt.step()
+                    stats = torch.tensor([1.0, 2.0], device=device)
+                    history.append(stats)
+                    recv = [torch.tensor([1.0, 2.0], device=device) for _ in range(world)]
+                    dist.all_gather(recv, stats)
+                    both = torch.tensor([1.0, 2.0], device=device)
+                    torch.add(stats, 1.0, out=both)
+                    last = torch.tensor([1.0, 2.0], device=device)
+                    last.copy_(stats)
+            def scales(loader, device):
+                for x in loader:
+                    yield torch.tensor([0.5, 2.0], device=device)
+            """),
+        # numpy data made on every pass and copied: through a legacy CUDA tensor type (directly, or
+        # a name bound to one under a condition), `torch.from_numpy(...)`, or `torch.tensor(...)`.
+        bad("""
+            import numpy as np
+            import torch
+            from torch.autograd import Variable
+            cuda = torch.cuda.is_available()
+            Tensor = torch.cuda.FloatTensor if cuda else torch.FloatTensor
+            LongTensor = torch.cuda.LongTensor if cuda else torch.LongTensor
+            def train(generator, discriminator, dataloader, optimizer_G, opt, device):
+                for imgs, _ in dataloader:
+                    z = Variable(Tensor(np.random.normal(0, 1, (imgs.shape[0], opt.latent_dim))))
+                    labels = LongTensor(np.random.randint(0, opt.n_classes, imgs.shape[0]))
+                    u = torch.cuda.FloatTensor(np.random.uniform(-1, 1, (8, 2)))
+                    noise = np.random.randn(4, 3)
+                    n = torch.from_numpy(noise).cuda()
+                    pad = torch.from_numpy(np.zeros((4, 4))).float().to(device)
+                    r = torch.tensor(np.random.rand(3), device=device)
+                    loss = discriminator(generator(z, labels, u, n, pad, r)).mean()
+                    loss.backward()
+                    optimizer_G.step()
+            """, (9, 22), (10, 18), (11, 13), (13, 13), (14, 15), (15, 13),
+            message_contains="draws an array on the host that is copied to the device on every iteration; make "
+                             "it there: `torch.randn((imgs.shape[0], opt.latent_dim), device=device)`"),
+        # Data from the loader has to be copied; a host tensor never moved costs no copy; an
+        # array drawn once before the loop is another matter; sizes allocate on the device.
+        good("""
+            import numpy as np
+            import torch
+            Tensor = torch.cuda.FloatTensor if torch.cuda.is_available() else torch.FloatTensor
+            def train(model, loader, opt, device):
+                fixed = Tensor(np.random.normal(0, 1, (16, 100)))
+                for imgs, states in loader:
+                    batch = torch.from_numpy(states).cuda()
+                    valid = Tensor(imgs.shape[0], 1).fill_(1.0)
+                    x = imgs.type(Tensor)
+                    adv = np.zeros(len(states))
+                    for t in range(len(states)):
+                        adv[t] = states[t].sum()
+                    adv = torch.tensor(adv).to(device)
+                    jitter = torch.tensor(np.random.normal(0, 0.2))
+                    model(batch, valid, x + jitter, fixed, adv).sum().backward()
+                    opt.step()
+            """),
+        # ... but a constant of one repeated value is a fill: made on the device, still a new
+        # tensor each time.
+        bad("""
+            import torch
+            import torch.distributed as dist
+            from torch import nn
+            def train(model, loader, opt, device, world):
+                for x, y in loader:
+                    loss = model(x.to(device), y.to(device))
+                    loss.backward()
+                    opt.step()
+                    recv = [torch.tensor([0.0], device=device) for _ in range(world)]
+                    dist.all_gather(recv, loss.detach().reshape(1))
+            class Count(nn.Module):
+                def forward(self, x):
+                    counts = torch.tensor([[0, 0], [0, 0]], device=x.device)
+                    counts[0] += x.size(0)
+                    return x, counts, torch.tensor([0.5, 0.5], device=x.device)
+            """, (9, 17), (13, 18), (15, 27),
+            message_contains="copied from the host to the device on every"),
         good("""
             import torch
             class OnnxBackend:
@@ -680,7 +809,7 @@ class TensorCreationInLoop(Rule):
     ]
 
     # A move (`.to(...)`, `.cuda()`), or a tensor made from data (`torch.tensor(...)`, `tensor(...)`).
-    only = {"visit_Call": Only(attrs=frozenset({"to", "cuda"} | _FROM_DATA))}
+    only = {"visit_Call": Only(attrs=frozenset({"to", "cuda"} | _FROM_DATA | TYPED_TENSORS.keys()))}
 
     def visit_Call(self, node: ast.Call) -> None:
         func = node.func
@@ -693,10 +822,14 @@ class TensorCreationInLoop(Rule):
             carried = self._carried_to_move(carrier)
             if carried is not None:
                 factory, made_at = carried
-        if factory is None:
+        cuda_type = None if moves or factory is not None or not node.args else cuda_tensor_type(self.ctx, func)
+        if factory is None and cuda_type is None:
             return
         self._loops = self._repeating_loops()
         if not self._hot() or in_test_code(self.ctx) or self._runs_once_per_loop() or self._fills_a_cache():
+            return
+        if cuda_type is not None:  # `Tensor(np.random.normal(...))` with `Tensor = torch.cuda.FloatTensor`
+            self._check_numpy_data(node, node.args[0], '"cuda"' if self.ctx.qualname(func) else "device")
             return
         if moves:
             target = self._device_target(node, func.attr)
@@ -704,6 +837,8 @@ class TensorCreationInLoop(Rule):
                 return
             device = target if isinstance(target, str) else self.ctx.segment(target)
             name, call = factory
+            if name in _FROM_DATA | {"from_numpy"} and call.args and self._check_numpy_data(node, call.args[0], device):
+                return
             if name in _FROM_DATA:
                 if self._legacy_sizes(name, call):
                     self._report_sizes(node, name, call, device)
@@ -730,12 +865,14 @@ class TensorCreationInLoop(Rule):
                               f"on every {self._where()}; create it there with `device=`",
                         fix=self._device_fix(node, call, device, safe=_same_values_on_device(name, call)))
             return
-        if factory[0] not in _FROM_DATA or not node.args or not _is_constant_data(node.args[0]):
+        if factory[0] not in _FROM_DATA or not node.args:
             return
-        if self._legacy_sizes(factory[0], node):
-            return  # `torch.FloatTensor(2, 4, device=...)`: sizes, allocated where it is used
         device = next((k.value for k in node.keywords if k.arg == "device"), None)
-        if device is not None and self._is_device(device) and not self._varies_per_iteration(device):
+        if device is None or not self._is_device(device) or self._varies_per_iteration(device):
+            return
+        if not _is_constant_data(node.args[0]):
+            self._check_numpy_data(node, node.args[0], self.ctx.segment(device))
+        elif not self._legacy_sizes(factory[0], node):  # `torch.FloatTensor(2, 4, device=...)`: sizes
             self._constant(node, node, self.ctx.segment(device))
 
     # -- helpers --------------------------------------------------------------------
@@ -984,6 +1121,70 @@ class TensorCreationInLoop(Rule):
             return None  # a comment between the factory and the end of the move would be dropped
         return self.replace(move, created, "Create the tensor on the device with `device=`", safe=safe)
 
+    def _check_numpy_data(self, node: ast.Call, data: ast.AST, device: str) -> bool:
+        """Reports `node`, which copies `data` to the device, when numpy makes that data on this
+        pass (a draw of `np.random`, a fill such as `np.zeros`): torch makes the same on the
+        device. Data from elsewhere (a loader's batch, an environment's state) has to be copied."""
+        made = self._numpy_made(data, 0)
+        if made is None:
+            return False
+        module, _, name = self.ctx.qualname(made.func).rpartition(".")
+        drawn = module == "numpy.random"
+        instead = self._torch_for_numpy(name, made, device) if drawn else (
+            f"torch.{name}({', '.join(self.ctx.segment(a) for a in made.args)}, device={device})")
+        self.report(node, f"`{self.ctx.segment(made.func)}(...)` {'draws' if drawn else 'fills'} an array on the host "
+                          f"that is copied to the device on every {self._where()}; "
+                          + (f"make it there: `{instead}`" if instead else
+                             f"draw it there with torch's sampler and `device={device}`"))
+        return True
+
+    def _numpy_made(self, expr: ast.AST, depth: int) -> Optional[ast.Call]:
+        """The numpy call that makes `expr` on this pass, directly, through `.astype(...)` or
+        through a name assigned it in the same loop and not changed in place
+        (`noise = np.random.normal(...)`)."""
+        while (isinstance(expr, ast.Call) and isinstance(expr.func, ast.Attribute)
+               and expr.func.attr in ("astype", "copy") and self.ctx.qualname(expr.func) is None):
+            expr = expr.func.value
+        if isinstance(expr, ast.Name) and depth < 3 and self.ctx.function is not None:
+            flow = flow_of(self.ctx, self.ctx.function)
+            assign = flow.reaching(expr)
+            if (assign is None or len(assign.targets) != 1 or flow.loops_around(assign) != flow.loops_around(expr)
+                    or flow.mutations.get(expr.id)):
+                return None  # made elsewhere, or filled in afterwards (`adv[t] = a_t`): data, not a fill
+            return self._numpy_made(assign.value, depth + 1)
+        if not isinstance(expr, ast.Call):
+            return None
+        module, _, name = (self.ctx.qualname(expr.func) or "").rpartition(".")
+        return expr if module == "numpy.random" or module == "numpy" and name in _NUMPY_FILLS else None
+
+    def _torch_for_numpy(self, name: str, call: ast.Call, device: str) -> Optional[str]:
+        """The torch call that draws what `np.random.<name>(...)` draws, on the device."""
+        seg = self.ctx.segment
+        if any(isinstance(a, ast.Starred) for a in call.args):
+            return None
+        if name in ("randn", "rand"):
+            return f"torch.{name}({', '.join([seg(a) for a in call.args] + [f'device={device}'])})"
+        parameters = {"normal": ("loc", "scale", "size"), "uniform": ("low", "high", "size"),
+                      "random": ("size",), "random_sample": ("size",), "randint": ("low", "high", "size")}.get(name)
+        if parameters is None:
+            return None
+        given = dict(zip(parameters, call.args))
+        given.update((k.arg, k.value) for k in call.keywords)
+        if set(given) - set(parameters) or "size" not in given:
+            return None
+        size = seg(given["size"])
+        if name == "randint":  # torch's takes the size as a tuple
+            size = size if isinstance(given["size"], (ast.Tuple, ast.List)) else f"({size},)"
+            bounds = ", ".join(seg(given[p]) for p in ("low", "high") if p in given)
+            return f"torch.randint({bounds}, {size}, device={device})"
+        low, high = (("loc", "scale") if name == "normal" else ("low", "high"))
+        default = {"loc": 0, "scale": 1, "low": 0, "high": 1}
+        if all(low_high not in given or isinstance(given[low_high], ast.Constant)
+               and given[low_high].value == default[low_high] for low_high in (low, high)):
+            return f"torch.{'randn' if name == 'normal' else 'rand'}({size}, device={device})"
+        bounds = ", ".join(seg(given[p]) if p in given else str(default[p]) for p in (low, high))
+        return f"torch.empty({size}, device={device}).{'normal_' if name == 'normal' else 'uniform_'}({bounds})"
+
     def _constant(self, node: ast.Call, factory: ast.Call, device: str) -> None:
         """`node` uploads the constant `factory` builds (`node` is the factory itself or its move)."""
         if any(k.arg is None or k.arg == "requires_grad" and not _is_false(k.value) for k in factory.keywords):
@@ -991,28 +1192,39 @@ class TensorCreationInLoop(Rule):
         if self._in_value_checked_branch():
             return
         value = factory.args[0]
-        if _is_scalar_data(value):
-            self._report_scalar(node, factory, value, device)
+        filled = _one_value(value)
+        if filled is not None:
+            self._report_fill(node, factory, value, *filled, device)
             return
-        if self._escapes(node) or self._changed_in_place_later(node):
+        if self._kept_apart(node):
             return  # one tensor made once would be shared by every result, or changed by every call
         self.report(node, f"this constant tensor is copied from the host to the device on every {self._where()}; "
                           "create it once (`self.register_buffer(..., persistent=False)` or outside the loop)")
 
-    def _report_scalar(self, node: ast.Call, factory: ast.Call, value: ast.AST, device: str) -> None:
-        number = _scalar_value(value)
+    def _report_fill(self, node: ast.Call, factory: ast.Call, value: ast.AST, number, shape: tuple,
+                     device: str) -> None:
+        """A constant of one repeated number (`torch.tensor(0.0, device=d)`, `torch.tensor([0, 0],
+        device=d)`): a fill on the device makes a new tensor each time, without a copy, so it
+        also fits a tensor that is changed in place, returned or kept."""
         keywords = [f"{k.arg}={self.ctx.segment(k.value)}" for k in factory.keywords if k.arg != "device"]
         if not any(k.arg == "dtype" for k in factory.keywords) and type(number) in (bool, int):
             # `torch.tensor(0)` is int64 and `torch.tensor(True)` bool; `torch.zeros(())` would be float
             keywords.append("dtype=torch.bool" if type(number) is bool else "dtype=torch.long")
         keywords.append(f"device={device}")
         if number in (0, 1):
-            instead = f"torch.{'zeros' if number == 0 else 'ones'}((), {', '.join(keywords)})"
+            size = ", ".join(map(str, shape)) or "()"
+            instead = f"torch.{'zeros' if number == 0 else 'ones'}({size}, {', '.join(keywords)})"
         else:
-            instead = f"torch.full((), {self.ctx.segment(value)}, {', '.join(keywords)})"
-        self.report(node, f"this scalar is copied from the host to the device on every {self._where()}; "
-                          f"`{instead}` fills it on the device without a copy (or pass the Python number where "
-                          "the op takes one)")
+            size = f"({shape[0]},)" if len(shape) == 1 else f"({', '.join(map(str, shape))})"
+            text = self.ctx.segment(value) if not shape else repr(number)
+            instead = f"torch.full({size}, {text}, {', '.join(keywords)})"
+        if not shape:
+            self.report(node, f"this scalar is copied from the host to the device on every {self._where()}; "
+                              f"`{instead}` fills it on the device without a copy (or pass the Python number "
+                              "where the op takes one)")
+            return
+        self.report(node, f"this constant tensor of one repeated value is copied from the host to the device on "
+                          f"every {self._where()}; `{instead}` fills it on the device without a copy")
 
     def _report_sampler(self, node: ast.Call, call: ast.Call, device: str) -> None:
         """`torch.bernoulli(p * torch.ones(shape)).to(d)`: the sampler has no `device=`; it draws
@@ -1078,33 +1290,51 @@ class TensorCreationInLoop(Rule):
             return qualname.rpartition(".")[0] == "torch"
         return _kinds.kind_of(self.ctx, expr.func.value) not in _kinds.NON_TENSORS
 
-    def _escapes(self, node: ast.Call) -> bool:
-        """The new tensor is returned, or stored in another object (`data.edge_index = ...`,
-        `out["mask"] = ...`): a tensor made once would be shared by every result."""
-        parent = self.ctx.parent
-        if isinstance(parent, ast.Tuple):
-            parent = self.ctx.parents[-2] if len(self.ctx.parents) > 1 else None
-        if isinstance(parent, ast.Return):
-            return True
-        if not isinstance(parent, ast.Assign) or parent.value is not node and not isinstance(parent.value, ast.Tuple):
+    def _kept_apart(self, node: ast.Call) -> bool:
+        """Each pass needs a tensor of its own: the new one is returned, yielded, added to a
+        collection (`.append(...)`), an item of a comprehension (`[torch.tensor(...) for _ in
+        range(world)]`, an `all_gather` receive list), stored in another object (`data.edge_index
+        = ...`, `out["mask"] = ...`), or changed in place later (`buf.copy_(x)`, `buf[i] = ...`,
+        `out=buf`), directly or through the name it is assigned to: a tensor made once would be
+        shared by every result, or changed by every pass."""
+        scope = code_scope(self.ctx)
+        if scope is None:
             return False
-        for target in parent.targets:
+        flow = flow_of(self.ctx, scope)
+        if self._kept(node, flow.parent):
+            return True
+        statement = flow.statement(node)
+        if not (isinstance(statement, ast.Assign) and statement.value is node and len(statement.targets) == 1
+                and isinstance(statement.targets[0], ast.Name)):
+            return False
+        name = statement.targets[0].id
+        return (any(_changes_in_place(name, stmt) for stmt in scope.body)
+                or any(self._kept(use, flow.parent) for use in flow.uses(statement)))
+
+    def _kept(self, expr: ast.AST, parent: dict) -> bool:
+        """The tensor `expr` holds outlives this pass where it stands (see `_kept_apart`)."""
+        up = parent.get(expr)
+        if isinstance(up, ast.Tuple):
+            expr, up = up, parent.get(up)
+        if isinstance(up, (ast.Return, ast.Yield, ast.YieldFrom)):
+            return True
+        if isinstance(up, (ast.ListComp, ast.SetComp, ast.GeneratorExp)):
+            return up.elt is expr
+        if isinstance(up, ast.DictComp):
+            return up.value is expr
+        if isinstance(up, ast.keyword):
+            return up.arg == "out"
+        if isinstance(up, ast.Call):
+            return (isinstance(up.func, ast.Attribute) and up.func.attr in ("append", "extend", "insert", "add")
+                    and any(a is expr for a in up.args))
+        if not isinstance(up, ast.Assign) or up.value is not expr:
+            return False
+        for target in up.targets:
             if isinstance(target, ast.Attribute) and not (isinstance(target.value, ast.Name) and target.value.id == "self"):
                 return True
             if isinstance(target, ast.Subscript) and _kinds.kind_of(self.ctx, target.value) not in _kinds.TENSORS:
                 return True
         return False
-
-    def _changed_in_place_later(self, node: ast.Call) -> bool:
-        """`counts = torch.tensor([0, 0], device=d)` then `counts[k] += 1`: a tensor made once would
-        carry the changes of every call."""
-        statement = self.ctx.statement()
-        if not (isinstance(statement, ast.Assign) and statement.value is node and len(statement.targets) == 1
-                and isinstance(statement.targets[0], ast.Name)):
-            return False
-        name = statement.targets[0].id
-        scope = self.ctx.function if self.ctx.function is not None else self.ctx.tree
-        return any(_changes_in_place(name, stmt) for stmt in scope.body)
 
     def _sized_by_loop_item(self, name: str, call: ast.Call) -> bool:
         """`torch.randn(1, *shape).to(device) for shape in input_shapes`: one tensor per listed

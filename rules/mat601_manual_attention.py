@@ -20,6 +20,8 @@ from matlint.semantic.names import in_reference_code, in_test_code, mentions, ou
 from matlint.semantic.pointwise import is_true, product, reads_metadata, torch_op
 from matlint.semantic.torch_api import as_gemm
 
+from .mat101_python_loop_matmul import PythonLoopMatmul
+
 _SOFTMAX_FUNCTIONS = {"torch.softmax", "torch.nn.functional.softmax", "torch.special.softmax"}
 _DROPOUT_FUNCTIONS = {"torch.nn.functional.dropout", "torch.dropout"}
 _CAST_METHODS = {"to", "type_as", "type", "float", "half", "bfloat16", "double"}
@@ -311,7 +313,11 @@ class ManualAttention(Rule):
     There is no fix when the layout differs (`"bqhd,bkhd->bhqk"`, channels-first), the operands
     are known to be neither 4-D nor 3-D or have a strided last axis, when the steps sit in different blocks or
     a conditional expression, when a read of the scores' `.shape` / `.dtype` stays in the code,
-    or when torch.nn.functional has no name in the file.
+    or when torch.nn.functional has no name in the file. A call that would pass 120 columns is
+    written with its arguments on lines of their own. Nor is there a fix when the attention
+    takes one item of a loop at a time (`q[:, h]` in `for h in range(n_heads)`, the loop MAT101
+    reports): a call per head would be faster but would hide the loop, which one call on the
+    whole tensors replaces (the message says so, and both findings stay).
     """
     examples = [
         # nanoGPT: causal tril buffer, explicit scale, across statements.
@@ -416,7 +422,9 @@ class ManualAttention(Rule):
                     self.scale = (dim // heads) ** -0.5
                     self.attn_drop = nn.Dropout(attn_drop)
                 def forward(self, q, k, v):
-                    return F.scaled_dot_product_attention(q, k, v, dropout_p=(self.attn_drop.p if self.training else 0.0), scale=self.scale)
+                    return F.scaled_dot_product_attention(
+                        q, k, v, dropout_p=(self.attn_drop.p if self.training else 0.0), scale=self.scale,
+                    )
             """),
         # Additive mask and a softmax upcast: unsafe (a bool mask would mean the opposite).
         bad("""
@@ -476,7 +484,9 @@ class ManualAttention(Rule):
                     self.softmax = nn.Softmax(dim=-1)
                     self.temperature = d ** 0.5
                 def forward(self, q, k, v):
-                    output = nn.functional.scaled_dot_product_attention(q.unsqueeze(0), k.unsqueeze(0), v.unsqueeze(0), scale=1 / self.temperature).squeeze(0)
+                    output = nn.functional.scaled_dot_product_attention(
+                        q.unsqueeze(0), k.unsqueeze(0), v.unsqueeze(0), scale=1 / self.temperature,
+                    ).squeeze(0)
                     return output
             """, message_contains="are 3-D here"),
         # Heads in dim 2 (einsum "bqhd,bkhd"): reported, no fix (SDPA wants heads before the sequence).
@@ -759,7 +769,9 @@ class ManualAttention(Rule):
             import torch
             import torch.nn.functional as F
             def clip(q, k, v, attn_mask):
-                return F.scaled_dot_product_attention(q.unsqueeze(0), k.unsqueeze(0), v.unsqueeze(0), attn_mask=attn_mask, scale=1.0).squeeze(0)
+                return F.scaled_dot_product_attention(
+                    q.unsqueeze(0), k.unsqueeze(0), v.unsqueeze(0), attn_mask=attn_mask, scale=1.0,
+                ).squeeze(0)
             def divided(q, k, v):
                 return F.scaled_dot_product_attention(q, k, v)
             def multiplied(q, k, v, scale: float):
@@ -1121,6 +1133,65 @@ class ManualAttention(Rule):
             def attend(q, k, v, scale):
                 return torch.nn.functional.scaled_dot_product_attention(q, k, v, scale=scale)
             """, unsafe=True),
+        # A call that would pass 120 columns gets its arguments on lines of their own.
+        bad("""
+            import math
+            import torch
+            from torch import nn
+            class BertSelfAttention(nn.Module):
+                def __init__(self, config):
+                    super().__init__()
+                    self.attention_head_size = config.hidden_size // config.num_attention_heads
+                    self.dropout = nn.Dropout(config.attention_probs_dropout_prob)
+                def forward(self, query_layer, key_layer, value_layer):
+                    attention_scores = torch.matmul(query_layer, key_layer.transpose(-1, -2))
+                    attention_scores = attention_scores / math.sqrt(self.attention_head_size)
+                    attention_probs = nn.functional.softmax(attention_scores, dim=-1)
+                    attention_probs = self.dropout(attention_probs)
+                    context_layer = torch.matmul(attention_probs, value_layer)
+                    return context_layer
+            """, (10, 28), fixed="""
+            import math
+            import torch
+            from torch import nn
+            class BertSelfAttention(nn.Module):
+                def __init__(self, config):
+                    super().__init__()
+                    self.attention_head_size = config.hidden_size // config.num_attention_heads
+                    self.dropout = nn.Dropout(config.attention_probs_dropout_prob)
+                def forward(self, query_layer, key_layer, value_layer):
+                    context_layer = nn.functional.scaled_dot_product_attention(
+                        query_layer, key_layer, value_layer, dropout_p=(self.dropout.p if self.training else 0.0),
+                        scale=1 / math.sqrt(self.attention_head_size),
+                    )
+                    return context_layer
+            """, unsafe=True),
+        # One head (or item) per iteration, as MAT101 reports: no fix into one SDPA call per head,
+        # which would hide the loop; the message asks for one call over all heads.
+        bad("""
+            import torch
+            def per_head(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, n_heads: int):
+                outs = [torch.softmax(q[:, h] @ k[:, h].transpose(-2, -1), dim=-1) @ v[:, h] for h in range(n_heads)]
+                return torch.stack(outs, dim=1)
+            """, (3, 27), message_contains="once per iteration of the comprehension on line 3, on slices of `q` "
+                                           "and `k`: call SDPA once on the whole tensors"),
+        # A loop over layers is no loop over items: the fix stands.
+        bad("""
+            import torch
+            def encode(x, layers):
+                for wq, wk, wv in layers:
+                    q, k, v = x @ wq, x @ wk, x @ wv
+                    att = torch.softmax(q @ k.transpose(-2, -1) * 0.125, dim=-1)
+                    x = att @ v
+                return x
+            """, (5, 29), fixed="""
+            import torch
+            def encode(x, layers):
+                for wq, wk, wv in layers:
+                    q, k, v = x @ wq, x @ wk, x @ wv
+                    x = torch.nn.functional.scaled_dot_product_attention(q, k, v, scale=0.125)
+                return x
+            """),
     ]
 
     # A softmax is a call of `softmax` (an attribute, or a name bound to it), or of `self.<module>`
@@ -1128,6 +1199,8 @@ class ManualAttention(Rule):
     only = {"visit_Call": Only(attrs=frozenset({"softmax", None}),
                                every_call_if=_builds_softmax_module,
                                if_file=lambda ctx: _kinds.may_mention(ctx, "softmax", ignore_case=True))}
+
+    _loop_gemms: Optional[PythonLoopMatmul] = None  # made on first use: few files get that far
 
     def visit_Call(self, node: ast.Call) -> None:
         func = node.func
@@ -1168,10 +1241,28 @@ class ManualAttention(Rule):
         if upcast:
             scores.steps.append(("cast",))
         operands = self._operands(flow, scores, probs)
+        per_item = self._per_item(scores.gemm.node)
+        if per_item is not None:
+            self.report(scores.gemm.node, self._loop_message(scores, probs, *per_item))
+            return
         self.report(scores.gemm.node, self._message(scores, probs, operands),
                     fix=None if probs.returned else self._fix(flow, scores, probs, operands))
 
-    # -- the pattern ---------------------------------------------------------------
+    def _per_item(self, gemm: ast.AST) -> Optional[tuple]:
+        """(loop, the tensors it slices) when the q·kᵀ GEMM takes one item of a loop at a time
+        (`q[:, h]` in `for h in range(n_heads)`), as MAT101 reports it: one SDPA call on the whole
+        tensors replaces the loop, and a fix into one call per item would hide the loop."""
+        loops = [loop for loop in self.ctx.loops if _within(gemm, loop.node)]
+        if not loops:
+            return None
+        if self._loop_gemms is None:
+            self._loop_gemms = PythonLoopMatmul(self.ctx)  # MAT101's analysis of per-item GEMMs
+        found = self._loop_gemms.per_item(gemm, loops)
+        if found is None:
+            return None
+        _, loop, batched = found
+        return loop, [self.ctx.segment(item.base) for item in batched if item is not None]
+
     def _softmax(self, call: ast.Call):
         """(scores, dim, upcast) for a softmax call, else None."""
         ctx = self.ctx
@@ -1909,7 +2000,17 @@ class ManualAttention(Rule):
                         "call it where the callers drop them, and keep this path for those that use them")
         return message
 
-    def _pattern_message(self, scores: _Scores, probs: _Probs, operands: _Operands) -> str:
+    def _loop_message(self, scores: _Scores, probs: _Probs, loop, sliced: list) -> str:
+        node = loop.node
+        where = (f"the comprehension on line {node.lineno}" if loop.is_comprehension else
+                 f"the `while` loop on line {node.lineno}" if isinstance(node, ast.While) else
+                 f"the `for {self.ctx.segment(node.target)}` loop on line {node.lineno}")
+        names = " and ".join(f"`{name}`" for name in dict.fromkeys(sliced))
+        return (self._pattern_message(scores, probs, None) + f"; here it runs once per iteration of {where}, on "
+                f"slices of {names}: call SDPA once on the whole tensors, the loop's axis as their head (or "
+                "batch) axis in (B, H, L, E), instead of once per slice (no fix: the loop goes too)")
+
+    def _pattern_message(self, scores: _Scores, probs: _Probs, operands: Optional[_Operands]) -> str:
         parts = ["q @ kᵀ"]
         kinds = {s[0] for s in scores.steps}
         if "scale" in kinds:
@@ -1923,7 +2024,7 @@ class ManualAttention(Rule):
         message = (f"hand-written attention ({' → '.join(parts)}, result at line {probs.pv.node.lineno}): use "
                    "`F.scaled_dot_product_attention(q, k, v, ...)`, one fused flash/memory-efficient kernel "
                    "(15× faster fwd+bwd in bf16 on an H100 at S=2048)")
-        notes = self._layout_notes(scores, probs, operands)
+        notes = self._layout_notes(scores, probs, operands) if operands is not None else []
         if notes:
             message += ("; its fused kernels take (B, H, L, E) operands, 4-D with the head dim last and "
                         "stride(-1) == 1 (else a slower math path runs): " + "; ".join(notes))
@@ -2075,14 +2176,30 @@ class ManualAttention(Rule):
         if operands.rank == 3:  # (B·H, L, E) as (1, B·H, L, E): 4-D for the fused kernels
             tensors = [(text if isinstance(x, _ATOMIC) else f"({text})") + ".unsqueeze(0)"
                        for text, x in zip(tensors, (scores.q, scores.k, probs.v))]
-        args = ", ".join(tensors + kwargs)
-        if "\n" in args:
+        if any("\n" in arg for arg in tensors + kwargs):
             return None
-        call = f"{prefix}.{_SDPA}({args})" + (".squeeze(0)" if operands.rank == 3 else "")
+        call = self._call_text(probs.pv.node, f"{prefix}.{_SDPA}", tensors + kwargs,
+                               ".squeeze(0)" if operands.rank == 3 else "")
         edits = [ctx.edit(probs.pv.node, call)]
         deleted = {row for stmt in statements if stmt is not final for row in range(stmt.lineno, stmt.end_lineno + 1)}
         edits += [Edit("", first, 1, last + 1, 1) for first, last in self._line_runs(deleted)]
         return Fix("replace with F.scaled_dot_product_attention", tuple(edits), safe)
+
+    def _call_text(self, node: ast.AST, func: str, args: list, after: str) -> str:
+        """`func(args)after` to replace `node` with: on one line, or, where that line would pass
+        120 columns, with the arguments on lines of their own, as black and ruff format a call."""
+        one = f"{func}({', '.join(args)}){after}"
+        line = self.ctx.lines[node.lineno - 1]
+        if node.lineno != node.end_lineno or len(line) - (node.end_col_offset - node.col_offset) + len(one) <= 120:
+            return one
+        indent = line[:len(line) - len(line.lstrip())]
+        rows = [""]
+        for arg in args:
+            if rows[-1] and len(indent) + 4 + len(rows[-1]) + len(arg) + 2 > 120:
+                rows.append("")
+            rows[-1] += f"{' ' if rows[-1] else ''}{arg},"
+        inner = "\n".join(f"{indent}    {row}" for row in rows)
+        return f"{func}(\n{inner}\n{indent}){after}"
 
     def _line_runs(self, deleted: set) -> list:
         """Runs of rows to delete: the statements' rows, plus a blank row that would otherwise

@@ -7,6 +7,7 @@ import pty
 import select
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 
@@ -289,3 +290,17 @@ def test_no_python_files_is_a_warning_not_an_error(tmp_path):
     assert result.returncode == 0
     assert "no Python files found" in result.stderr
     assert run_matlint("check", "--quiet", cwd=tmp_path).stderr == ""
+
+
+def test_fix_inside_a_per_head_loop_keeps_the_loop_reported(tmp_path):
+    """examples/multihead_loop.py writes attention one head at a time. `--fix` must not turn it
+    into one SDPA call per head, which would hide the loop (MAT101): both findings stay, and the
+    MAT601 message asks for one call over all heads, as examples/multihead_loop_fixed.py has it."""
+    source = (Path(__file__).parent.parent / "examples" / "multihead_loop.py").read_text()
+    target = write(tmp_path / "multihead_loop.py", source)
+    result = run_matlint("check", "--fix", "--unsafe-fixes", "--format", "json", "multihead_loop.py", cwd=tmp_path)
+    assert target.read_text() == source
+    found = {(f["code"], f["location"]["row"]) for f in _json_findings(result)}
+    assert {("MAT101", 24), ("MAT601", 24), ("MAT101", 34)} <= found
+    message = next(f["message"] for f in _json_findings(result) if f["code"] == "MAT601")
+    assert "once per iteration of the `for h` loop on line 23" in message and "call SDPA once" in message

@@ -126,6 +126,22 @@ def _float_bias(*shape):
     return torch.randn(*shape, dtype=torch.float64)
 
 
+def _check_wrapped_call(source, fixed):
+    config = types.SimpleNamespace(hidden_size=64, num_attention_heads=4, attention_probs_dropout_prob=0.5)
+    before, after = _modules(source, fixed, "BertSelfAttention", (config,))
+    before.eval(), after.eval()
+    q, k, v = _qkv(2, 4, 9, 16, s=11)
+    return before(q, k, v), after(q, k, v)
+
+
+def _check_loop_over_layers(source, fixed):
+    before, after = _functions(source, fixed, "encode")
+    torch.manual_seed(0)
+    x = torch.randn(2, 5, 8, dtype=torch.float64)
+    layers = [tuple(torch.randn(8, 8, dtype=torch.float64) for _ in range(3)) for _ in range(3)]
+    return before(x, layers), after(x, layers)
+
+
 CHECKS = {
     0: _check_nanogpt,
     1: _check_one_expression,
@@ -147,6 +163,8 @@ CHECKS = {
                           ("swapped", "transposed", "listed", "stabilized", "keyword", "positive_axes")}),
     # `k.transpose(2, 3)` and `softmax(dim=3)`: positive axes of 4-D operands
     48: _check_functions({"attend": ((2, 4, 9, 16), [0.37])}),
+    49: _check_wrapped_call,
+    51: _check_loop_over_layers,
 }
 
 

@@ -118,3 +118,34 @@ def test_call_sites_record_the_loops_around_them_and_whether_every_pass_runs_the
     f = tree.body[0]
     sites = calls.call_sites(f)
     assert [(s.call.lineno, len(s.loops), s.conditional) for s in sites] == [(6, 1, False), (8, 1, True), (9, 0, False)]
+
+
+def test_steps_driven_by_a_framework_or_a_loss_scaler_are_training_steps():
+    """`accelerator.backward(loss)`, a GradScaler (`scaler.scale(loss).backward()`,
+    `scaler.step(opt)`) and apex (`with amp.scale_loss(...) as scaled: scaled.backward()`) drive
+    a training step as `loss.backward()` and `opt.step()` do; a loop over
+    `metric_logger.log_every(loader, ...)` or `log_every(loader)` goes over batches."""
+    assert steps("""
+        def accelerated(model, batch, optimizer, accelerator):
+            accelerator.backward(model(batch))
+            optimizer.step()
+            reveal()
+        def scaled(model, batch, opt, scaler):
+            scaler.scale(model(batch)).backward()
+            scaler.step(opt)
+            scaler.update()
+            reveal()
+        def apex(model, batch, optimizer, amp):
+            with amp.scale_loss(model(batch), optimizer) as scaled_loss:
+                scaled_loss.backward()
+            optimizer.step()
+            reveal()
+        def helper():
+            reveal()
+        def epoch(model, data_loader, optimizer, metric_logger, scaler):
+            for batch in metric_logger.log_every(data_loader, 10, "Epoch"):
+                helper()
+        def evaluate(model, data_loader):
+            for batch in log_every(data_loader):
+                helper()
+        """) == ["is a training step"] * 3 + ["is called from the loop over batches on line 19"]

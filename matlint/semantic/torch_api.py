@@ -140,3 +140,38 @@ def _as_gemm(ctx, node: ast.AST) -> Optional[Gemm]:
             and _kinds.callee_kind(ctx, func) == _kinds.LINEAR):
         return Gemm(node, "nn.Linear", [args[0]], ctx.segment(func))
     return None
+
+
+# Legacy typed tensor constructors and the dtype of each.
+TYPED_TENSORS = {"FloatTensor": "torch.float32", "DoubleTensor": "torch.float64", "HalfTensor": "torch.float16",
+                 "BFloat16Tensor": "torch.bfloat16", "ByteTensor": "torch.uint8", "CharTensor": "torch.int8",
+                 "ShortTensor": "torch.int16", "IntTensor": "torch.int32", "LongTensor": "torch.long",
+                 "BoolTensor": "torch.bool"}
+
+
+def _cuda_type(ctx, expr: ast.AST) -> Optional[str]:
+    qualname = ctx.qualname(expr) or ""
+    module, _, name = qualname.rpartition(".")
+    return TYPED_TENSORS.get(name) if module == "torch.cuda" else None
+
+
+def cuda_tensor_type(ctx, func: ast.AST) -> Optional[str]:
+    """The dtype of the legacy CUDA tensor type that `func` names: `torch.cuda.FloatTensor`, or a
+    module-level name bound to one, also under a condition (`Tensor = torch.cuda.FloatTensor if
+    cuda else torch.FloatTensor`, as GAN and RL scripts write it). Called on data, such a type
+    copies the data to the GPU."""
+    found = _cuda_type(ctx, func)
+    if found is not None or not isinstance(func, ast.Name) or ctx.names.binds_locally(func.id):
+        return found
+    aliases = ctx.shared.get("cuda_tensor_aliases")
+    if aliases is None:
+        aliases = ctx.shared["cuda_tensor_aliases"] = {}
+        for stmt in ctx.tree.body:
+            if not (isinstance(stmt, ast.Assign) and len(stmt.targets) == 1 and isinstance(stmt.targets[0], ast.Name)):
+                continue
+            value = stmt.value
+            branches = [value.body, value.orelse] if isinstance(value, ast.IfExp) else [value]
+            dtype = next((d for d in map(lambda b: _cuda_type(ctx, b), branches) if d is not None), None)
+            if dtype is not None:
+                aliases[stmt.targets[0].id] = dtype
+    return aliases.get(func.id)
