@@ -28,7 +28,9 @@ PYTHON_CELL_MAGICS = frozenset({"time", "timeit", "capture", "prun", "debug", "m
 _MARK = "#\ue000"
 _MARKED = re.compile(r".*#\ue000(\d+)$")
 _ESCAPE_START = re.compile(r"^(\s*)(%%?|!!?|\?\??)")
-_HELP = re.compile(r"^(\s*)(\?\??[\w.]+|[\w.]+(\(\))?\?\??)\s*$")
+# `obj?`, `??obj`, `obj.method()?` and IPython's wildcard search (`torch.*Tensor?`, `%time?`)
+_HELP = re.compile(r"^(\s*)(\?\??%{0,2}[\w.*]+|%{0,2}[\w*]+(\.[\w*]+|\[-?\d+\])*(\(\))?\?\??)\s*$")
+_MARGIN = re.compile(r"[ \t]*")
 # `x = !ls`, `out = %timeit -o f()`
 _ESCAPE_ASSIGNMENT = re.compile(r"^(\s*[\w.\[\], ()*]+?\s*=\s*)(%%?|!!?)")
 _WHITESPACE = re.compile(r"[ \t\n\r]*")
@@ -274,10 +276,13 @@ class CellCode:
     number: int
     text: str                       # Python text to lint
     originals: list = field(default_factory=list)   # the lines the placeholders stand for
+    margin: int = 0                 # the indentation IPython removes from every line of the cell
 
     def restored(self, text: str) -> Optional[str]:
         """`text` (this cell's Python after fixes) with its placeholders back as the IPython lines
-        they stand for; None when a fix touched a placeholder."""
+        they stand for; None when a fix touched a placeholder or the cell was dedented."""
+        if self.margin:
+            return None
         lines = text.splitlines(keepends=True)
         seen = set()
         for i, line in enumerate(lines):
@@ -295,17 +300,34 @@ class CellCode:
 def cell_code(number: int, source: str) -> Optional[CellCode]:
     """The cell as Python, or None for a cell that is not Python (a `%%bash` cell, say)."""
     code = CellCode(number, source)
-    if not any(ch in source for ch in "%!?") or _parses(source):
+    indented = source[:len(source) - len(source.lstrip())].endswith((" ", "\t"))
+    if not indented and (not any(ch in source for ch in "%!?") or _parses(source)):
         return code
     lines = source.splitlines(keepends=True)
+    margin = _margin(lines) if indented else ""
+    if margin:
+        # IPython removes the indentation common to every line of a cell before it runs it
+        lines = [line[len(margin):] if line.strip() else line for line in lines]
+        code.margin = len(margin)
+        code.text = "".join(lines)
+        if not any(ch in source for ch in "%!?") or _parses(code.text):
+            return code
+    elif _parses(source):
+        return code
     first = lines[0].strip() if lines else ""
     if first.startswith("%%"):
         magic = first[2:].split(None, 1)[0] if first[2:].strip() else ""
         if magic not in PYTHON_CELL_MAGICS:
             return None
+    scan = _Continuation()
     for i, line in enumerate(lines):
         body = line.rstrip("\r\n")
         ending = line[len(body):]
+        if scan.continuing:
+            # inside brackets, a string or after a backslash: `%` starts no magic here (IPython
+            # finds escapes at the start of a logical line only), `% (a, b)` is Python's modulo
+            scan.feed(body)
+            continue
         assignment = _ESCAPE_ASSIGNMENT.match(body)
         escape = _ESCAPE_START.match(body)
         if assignment:
@@ -313,11 +335,68 @@ def cell_code(number: int, source: str) -> Optional[CellCode]:
         elif escape or _HELP.match(body):
             replacement = f"{(escape or _HELP.match(body)).group(1)}pass  "
         else:
+            scan.feed(body)
             continue
         lines[i] = f"{replacement}{_MARK}{len(code.originals)}{ending}"
         code.originals.append(body)
     code.text = "".join(lines)
     return code
+
+
+class _Continuation:
+    """Whether the next line continues a logical line (open brackets, a triple-quoted string, a
+    trailing backslash), from the Python lines fed so far; a light scanner, as the cell as a whole
+    does not tokenize before its IPython lines are replaced."""
+
+    def __init__(self):
+        self.depth, self.quote, self.backslash = 0, None, False
+
+    @property
+    def continuing(self) -> bool:
+        return bool(self.depth or self.quote or self.backslash)
+
+    def feed(self, line: str) -> None:
+        i, n = 0, len(line)
+        self.backslash = False
+        while i < n:
+            ch = line[i]
+            if self.quote:
+                if ch == "\\":
+                    i += 2
+                    continue
+                if line.startswith(self.quote, i):
+                    i += len(self.quote)
+                    self.quote = None
+                    continue
+                i += 1
+                continue
+            if ch == "#":
+                break
+            if ch in "([{":
+                self.depth += 1
+            elif ch in ")]}":
+                self.depth = max(0, self.depth - 1)
+            elif ch in "\"'":
+                self.quote = ch * 3 if line.startswith(ch * 3, i) else ch
+                i += len(self.quote)
+                continue
+            elif ch == "\\" and i == n - 1:
+                self.backslash = True
+            i += 1
+        if self.quote and len(self.quote) == 1 and not line.endswith("\\"):
+            self.quote = None  # an unclosed one-line string ends with its line (a syntax error)
+
+
+def _margin(lines: list) -> str:
+    """The indentation common to every non-blank line ("" when the first one is not indented)."""
+    margins = [_MARGIN.match(line).group(0) for line in lines if line.strip()]
+    if not margins or not margins[0]:
+        return ""
+    common = margins[0]
+    for margin in margins[1:]:
+        while not margin.startswith(common):
+            common = common[:-1]
+    return common
 
 
 def _parses(source: str) -> bool:
@@ -365,6 +444,11 @@ class Program:
         end_row = min(finding.end_row, last) - start + 1
         end_column = finding.end_column if finding.end_row <= last else finding.column
         fix = finding.fix
+        column = finding.column
+        if code.margin:
+            # the cell was linted dedented: its columns are the margin further right, and its
+            # fixes, made for the dedented text, are not offered
+            column, end_column, fix = column + code.margin, end_column + code.margin, None
         if fix is not None:
             if all(start <= e.row and e.end_row <= last for e in fix.edits):
                 fix = replace(fix, edits=tuple(Edit(e.content, e.row - start + 1, e.column, e.end_row - start + 1,
@@ -374,7 +458,7 @@ class Program:
             if fix is not None:
                 fix = replace(fix, message=self.cell_lines(fix.message, code.number))
         noqa_row = finding.noqa_row - start + 1 if finding.noqa_row and start <= finding.noqa_row <= last else None
-        return replace(finding, message=self.cell_lines(finding.message, code.number), row=row,
+        return replace(finding, message=self.cell_lines(finding.message, code.number), row=row, column=column,
                        end_row=max(end_row, row), end_column=end_column, fix=fix, noqa_row=noqa_row,
                        cell=code.number)
 

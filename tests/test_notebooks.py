@@ -108,12 +108,34 @@ LOOP = ["outs = []\n", "for i in range(8):\n", "    outs.append(torch.matmul(xs[
     (["display(xs.shape)\n"], 1),
     (["await asyncio.sleep(0)\n"], 1),
     (["if True:\n", "    %time xs.sum()\n"], 2),
+    # found in public notebooks: IPython's wildcard search, and a `%` that starts a continuation
+    # line inside brackets (Python's modulo, not a magic) in a cell that also holds a magic
+    (["torch.*Tensor?\n", "xs[0]?\n"], 2),
+    (["%matplotlib inline\n", "print('%d/%d'\n", "      %(1, 2))\n", 's = """\n', "%not a magic\n",
+      '"""\n', "t = 10 \\\n", "  % 3\n"], 8),
 ])
 def test_ipython_syntax_parses_and_positions_stay_those_of_the_cell(before, loop_offset):
     cells = [code_cell(["import asyncio\n", "import torch\n", "xs = torch.randn(8, 4, 4)\n", "ws = torch.randn(8, 4, 4)\n"]),
              code_cell(before + LOOP)]
     found = _lint(notebook_json(cells), [get_rule("MAT101")])
     assert [(f.code, f.cell, f.row, f.column) for f in found] == [("MAT101", 2, loop_offset + 3, 17)]
+
+
+def test_an_indented_cell_is_dedented_as_ipython_does():
+    """IPython removes the indentation common to a cell's lines (found in public notebooks: a
+    cell whose every line starts with a space). Columns stay those of the cell; the cell's fixes,
+    made for the dedented text, are not offered."""
+    rule, example = fix_example()
+    cells = [code_cell(["import torch\n", "xs = torch.randn(8, 4, 4)\n", "ws = torch.randn(8, 4, 4)\n"]),
+             code_cell(["  " + line if line.strip() else line for line in ["%matplotlib inline\n", "\n", *LOOP]]),
+             code_cell(["  " + line if line.strip() else line for line in lines(example.code)])]
+    found = _lint(notebook_json(cells), [get_rule("MAT101"), rule])
+    assert [(f.code, f.cell, f.row, f.column) for f in found if f.cell == 2] == [("MAT101", 2, 5, 19)]
+    assert not [f for f in found if f.code == "MAT001"]
+    in_third = [f for f in found if f.cell == 3]
+    assert in_third and all(f.fix is None for f in in_third)
+    as_file = engine.lint_source(example.code, "example.py", [rule])
+    assert sorted((f.row, f.column + 2) for f in as_file) == sorted((f.row, f.column) for f in in_third)
 
 
 @pytest.mark.parametrize("magic", ["%%bash", "%%writefile train.py", "%%html", "%%javascript", "%%sql"])
