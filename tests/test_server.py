@@ -744,3 +744,18 @@ async def test_hover_quick_fix_and_noqa_in_a_notebook_cell(client, workspace):
     text = book.apply(fix.edit)
     assert text == "%matplotlib inline\n" + example.fixed_code
     assert by_code(await _published(client, uri, 2), rule.code) == []
+
+
+@pytest.mark.asyncio
+async def test_runtime_findings_of_a_notebook_show_in_their_cell(client, workspace):
+    """The guard's JSON names the notebook and the cell (`%%matlint` in a kernel that knows it)."""
+    report = workspace / "a" / ".matlint" / "runtime.json"
+    report.parent.mkdir(parents=True)
+    report.write_text(json.dumps([{**runtime_finding("run.ipynb", 2), "cell": 3}]), encoding="utf-8")
+    book = NotebookEditor(client, workspace / "a" / "run.ipynb", [
+        (t.NotebookCellKind.Markup, "# Run"),
+        (t.NotebookCellKind.Code, "import torch\nx = 1\n"),
+        (t.NotebookCellKind.Code, "for step in range(10):\n    out = step * 2\n")])
+    (d,) = await _published(client, book.cell(2), 1)
+    assert d.source == "matlint (runtime)" and d.range.start == t.Position(line=1, character=4)
+    assert await _published(client, book.cell(1), 1) == []
