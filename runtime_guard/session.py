@@ -47,12 +47,34 @@ class GuardFindingsError(AssertionError):
         super().__init__(f"matlint guard: {len(findings)} finding(s)\n" + "\n".join(lines))
 
 
-def _codes(value) -> tuple:
+def _codes(value) -> Optional[tuple]:
     if value is None:
-        return ()
+        return None
     if isinstance(value, str):
         value = value.split(",")
-    return tuple(v.strip().upper() for v in value if v.strip())
+    return tuple(v.strip() for v in value if v.strip()) or None
+
+
+def _selection(select, ignore, notes: list) -> frozenset:
+    """The codes the guard reports, chosen as `matlint check --select ... --ignore ...` chooses
+    them: `[tool.matlint]` of the working directory's project, with `select` starting afresh and
+    `ignore` added. A selector that names no rule raises ValueError; a broken config is noted
+    and left out."""
+    from matlint.config import ConfigError, Settings, load_settings, normalize_selector
+
+    overrides = {"select": _codes(select), "ignore": _codes(ignore)}
+    for key, given in overrides.items():
+        for selector in given or ():
+            try:
+                normalize_selector(selector, key, "matlint.guard()")
+            except ConfigError as exc:
+                raise ValueError(str(exc)) from None
+    try:
+        return load_settings(os.getcwd(), cli_overrides=overrides).enabled_codes()
+    except ConfigError as exc:
+        notes.append(f"[tool.matlint] not read: {exc}")
+        explicit = {k: tuple(s.upper() for s in v) for k, v in overrides.items() if v}
+        return Settings(**explicit).enabled_codes()
 
 
 class Guard:
@@ -71,8 +93,8 @@ class Guard:
     ):
         if (window is not None and window < 1) or warmup < 0:
             raise ValueError("window must be >= 1 (or None: 2 steady steps, else 3) and warmup >= 0")
-        self.select = _codes(select)
-        self.ignore = _codes(ignore)
+        self.notes: list = []
+        self.enabled_codes = _selection(select, ignore, self.notes)
         self.window = window
         self._window_len = window or MAX_DEFAULT_WINDOW  # shortened when the steps are steady
         self._step_counts: dict = {}   # per op key, calls in the last kept step
@@ -87,7 +109,6 @@ class Guard:
 
         self.recorder = Recorder(profile_cuda=kernels)
         self.findings: list = []
-        self.notes: list = []
         self._lock = threading.RLock()
         self._depth = 0
         self._step = 0                 # steps completed since the first entry
@@ -114,9 +135,7 @@ class Guard:
 
     # -- selection ---------------------------------------------------------------------------
     def selects(self, code: str) -> bool:
-        if self.select and not any(code.startswith(s) for s in self.select):
-            return False
-        return not any(code.startswith(s) for s in self.ignore)
+        return code in self.enabled_codes
 
     @property
     def recording(self) -> bool:
