@@ -1,7 +1,7 @@
 """matlint's speed and memory against its peers (ruff, flake8, torchfix, fixit), in one run,
 with every target of the speed issue checked against the numbers of that same run.
 
-    python benchmarks/speed.py --output benchmarks/results/static_speed.md   # the issue's corpus
+    python benchmarks/speed.py --output benchmarks/results/static_speed_main_corpus.md   # the default corpus
     python benchmarks/speed.py --corpus timm,torchvision --repeat 5          # a smaller one
 
 The corpus is the sources of transformers, timm, torchvision, diffusers and lightning, as
