@@ -198,8 +198,10 @@ class NameResolver:
 
 def in_test_code(ctx) -> bool:
     """The engine is inside a test: a `test_*.py` / `*_test.py` / `conftest.py` file, a
-    `tests/`, `test/` or `testing/` folder, a `test*` function, a pytest fixture, or a
-    `Test*` class."""
+    `tests/`, `test/` or `testing/` folder, a pytest fixture, a module-level `test_*` function,
+    or a test class (`Test*`, or a `unittest.TestCase`). A function named just `test`, or a
+    `test*` method of any other class (`Solver.test_multi`), is a training script's evaluation
+    loop, which no test runner collects: it is not a test."""
     shared = ctx.shared
     in_test_file = shared.get("in_test_file")
     if in_test_file is None:
@@ -214,11 +216,12 @@ def in_test_code(ctx) -> bool:
         key = ("test_function", id(function))
         is_test = shared.get(key)
         if is_test is None:
-            is_test = shared[key] = (getattr(function, "name", "").startswith("test") or any(
-                "fixture" in ast.unparse(d) for d in getattr(function, "decorator_list", ())))
+            is_test = shared[key] = any("fixture" in ast.unparse(d) for d in getattr(function, "decorator_list", ())) or (
+                getattr(function, "name", "").startswith("test_") and function is ctx.functions[0] and not ctx.classes)
         if is_test:
             return True
-    return any(c.name.startswith("Test") for c in ctx.classes)
+    return any(c.name.startswith("Test") or any(ast.unparse(b).endswith("TestCase") for b in c.bases)
+               for c in ctx.classes)
 
 
 def in_reference_code(ctx) -> bool:
