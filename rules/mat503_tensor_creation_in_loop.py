@@ -794,6 +794,25 @@ class TensorCreationInLoop(Rule):
                     loss(D(G(z + noise), steps), real).backward()
                     opt.step()
             """, (6, 13), (7, 16), (9, 17), (10, 17), message_contains="created on the host"),
+        bad("""
+            import torch
+            from torch.autograd import Variable
+            class GAN:
+                def train(self, loader):
+                    for images, _ in loader:
+                        z = Variable(torch.randn(images.size(0), 100)).cuda(self.cuda_index)
+                        self.loss(self.D(self.G(z))).backward()
+                        self.d_optimizer.step()
+            """, (6, 17), fixed="""
+            import torch
+            from torch.autograd import Variable
+            class GAN:
+                def train(self, loader):
+                    for images, _ in loader:
+                        z = Variable(torch.randn(images.size(0), 100, device=self.cuda_index))
+                        self.loss(self.D(self.G(z))).backward()
+                        self.d_optimizer.step()
+            """, unsafe=True),
         good("""
             import torch
             def train(G, loader, opt, loss, log):
@@ -1069,9 +1088,10 @@ class TensorCreationInLoop(Rule):
         if extra:
             return None
         if method == "cuda":
-            if not call.args:
-                return '"cuda"'
-            target = call.args[0]
+            # `.cuda(i)`, `.cuda(self.gpu_id)`: whatever `.cuda()` is given is a CUDA device
+            # (an index `device=` takes as one too).
+            given = list(call.args) + [k.value for k in call.keywords if k.arg == "device"]
+            return '"cuda"' if not given else given[0]
         else:
             given = list(call.args) + [k.value for k in call.keywords if k.arg == "device"]
             if len(given) != 1:
