@@ -256,7 +256,7 @@ def run_rule(args) -> int:
     from .registry import all_rules, get_rule
 
     terminal = _is_terminal(sys.stdout)
-    console = Console(highlight=False, soft_wrap=not terminal, width=None if terminal else 200)
+    console = Console(highlight=False)
     if args.code:
         cls = get_rule(args.code)
         if cls is None:
@@ -268,15 +268,21 @@ def run_rule(args) -> int:
         else:
             sys.stdout.write(cls.rendered_docs())
         return EXIT_OK
-    from rich.table import Table
+    from rich.text import Text
 
-    table = Table(title="matlint rules")
-    for column in ("code", "name", "family", "default", "fix", "summary"):
-        table.add_column(column, no_wrap=column != "summary")
+    from .listing import Entry, print_listing
+
+    rows, entries = [], []
     for cls in all_rules():
-        table.add_row(cls.code, cls.name, cls.family(), "on" if cls.default_enabled else "off",
-                      _fix_kind(cls), cls.summary)
-    console.print(table)
+        default, fix = "on" if cls.default_enabled else "off", _fix_kind(cls)
+        if rows and rows[-1][2] != cls.family():
+            entries.append(None)  # a blank line between families
+        rows.append((cls.code, cls.name, cls.family(), default, fix, cls.summary))
+        facts = [cls.family(), f"{fix} fix" if fix else "", "" if cls.default_enabled else "off by default"]
+        entries.append(Entry(cls.code, Text.assemble((cls.name, "bold"), "  ", (", ".join(filter(None, facts)), "dim")),
+                             (cls.summary,)))
+    print_listing(console, ("code", "name", "family", "default", "fix", "summary"), rows, entries,
+                  title="matlint rules")
     return EXIT_OK
 
 
