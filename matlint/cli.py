@@ -278,9 +278,8 @@ def run_rule(args) -> int:
         if rows and rows[-1][2] != cls.family():
             entries.append(None)  # a blank line between families
         rows.append((cls.code, cls.name, cls.family(), default, fix, cls.summary))
-        facts = [cls.family(), f"{fix} fix" if fix else "", "" if cls.default_enabled else "off by default"]
-        entries.append(Entry(cls.code, Text.assemble((cls.name, "bold"), "  ", (", ".join(filter(None, facts)), "dim")),
-                             (cls.summary,)))
+        facts = ", ".join(filter(None, [cls.family(), fix and f"{fix} fix", default == "off" and "off by default"]))
+        entries.append(Entry(cls.code, Text.assemble((cls.name, "bold"), "  ", (facts, "dim")), (cls.summary,)))
     print_listing(console, ("code", "name", "family", "default", "fix", "summary"), rows, entries,
                   title="matlint rules")
     return EXIT_OK

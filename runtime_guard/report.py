@@ -61,15 +61,21 @@ def print_report(guard, console=None) -> None:
         rows, entries = [], []
         for f in guard.findings:
             ev = f.evidence or {}
-            name, where, module = rule_title(f.code)[0], f"{_short_path(f.filename)}:{f.row}", ev.get("module") or ""
-            per_step, share, saving = _per_step(ev.get("per_step")), ev.get("share_of_kernel_time"), _saving(f)
-            share = f"{share:.1%}" if share is not None else "-"
+            name, where = rule_title(f.code)[0], f"{_short_path(f.filename)}:{f.row}"
+            module, per_step, share, saving = ev.get("module") or "", _per_step(ev.get("per_step")), "-", _saving(f)
+            if ev.get("share_of_kernel_time") is not None:
+                share = f"{ev['share_of_kernel_time']:.1%}"
             rows.append((f"{f.code}\n{name}", where, module, per_step, share, saving, _fix_line(f.message)))
-            facts = [module, f"{per_step} per step" if per_step else "",
-                     f"{share} of kernel time" if share != "-" else "",
-                     {"-": "", "unsure": "saving unsure"}.get(saving, f"saves {saving} ms/step")]
+            # The list has room for the whole message, and says the numbers in words.
+            facts = [module] if module else []
+            if per_step:
+                facts.append(f"{per_step} per step")
+            if share != "-":
+                facts.append(f"{share} of kernel time")
+            if saving != "-":
+                facts.append("saving unsure" if saving == "unsure" else f"saves {saving} ms/step")
             entries.append(Entry(f.code, Text.assemble((name, "bold"), "  ", where),
-                                 (Text(", ".join(filter(None, facts)), "dim"), f.message)))
+                                 (Text(", ".join(facts), "dim"), f.message)))
         print_listing(console, ("code", "where", "module", "per step", "share", "saves ms/step", "fix"),
                       rows, entries)
     else:
