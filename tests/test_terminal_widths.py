@@ -37,11 +37,11 @@ def user_env() -> dict:
 
 def in_terminal(command: str, width: int, cwd: Path, name: str, timeout: float = 300) -> list:
     """The screen (scroll-back included) after `command` ran in a `width`-column terminal, as lines."""
-    socket = f"matlint-{os.getpid()}-{name}"
+    socket = cwd / f"{name}.tmux"  # a server of its own, gone with the test's folder
     conf = cwd / f"{name}.tmux.conf"
     conf.write_text("set -g history-limit 20000\nset -g status off\n")
-    tmux = [TMUX, "-L", socket, "-f", str(conf)]
-    shell = f"cd {shlex.quote(str(cwd))} && {command}; {shlex.quote(TMUX)} -L {socket} wait-for -S {name}; sleep 600"
+    tmux = [TMUX, "-S", str(socket), "-f", str(conf)]
+    shell = f"cd {shlex.quote(str(cwd))} && {command}; {shlex.join(tmux)} wait-for -S {name}; sleep 600"
     subprocess.run([*tmux, "new-session", "-d", "-x", str(width), "-y", "50", "sh", "-c", shell],
                    check=True, env=user_env())
     try:
