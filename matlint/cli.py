@@ -275,7 +275,7 @@ def run_rule(args) -> int:
     from .registry import all_rules, get_rule
 
     terminal = _is_terminal(sys.stdout)
-    console = Console(highlight=False, soft_wrap=not terminal, width=None if terminal else 200)
+    console = Console(highlight=False)
     if args.code:
         cls = get_rule(args.code)
         if cls is None:
@@ -287,15 +287,21 @@ def run_rule(args) -> int:
         else:
             sys.stdout.write(cls.rendered_docs())
         return EXIT_OK
-    from rich.table import Table
+    from rich.text import Text
 
-    table = Table(title="matlint rules")
-    for column in ("code", "name", "family", "severity", "default", "fix", "summary"):
-        table.add_column(column, no_wrap=column != "summary")
+    from .listing import Entry, print_listing
+
+    rows, entries = [], []
     for cls in all_rules():
-        table.add_row(cls.code, cls.name, cls.family(), cls.level(), "on" if cls.default_enabled else "off",
-                      cls.fix_kind(), cls.summary)
-    console.print(table)
+        default, fix = "on" if cls.default_enabled else "off", cls.fix_kind()
+        if rows and rows[-1][2] != cls.family():
+            entries.append(None)  # a blank line between families
+        rows.append((cls.code, cls.name, cls.family(), cls.level(), default, fix, cls.summary))
+        facts = ", ".join(filter(None, [cls.family(), cls.level(), fix and f"{fix} fix",
+                                        default == "off" and "off by default"]))
+        entries.append(Entry(cls.code, Text.assemble((cls.name, "bold"), "  ", (facts, "dim")), (cls.summary,)))
+    print_listing(console, ("code", "name", "family", "severity", "default", "fix", "summary"), rows, entries,
+                  title="matlint rules")
     return EXIT_OK
 
 

@@ -36,14 +36,18 @@ def _saving(f) -> str:
     return f"{f.estimated_savings_ms:.3f}"
 
 
+def _per_step(value) -> str:
+    return f"{value:g}" if isinstance(value, (int, float)) else str(value or "")
+
+
 def print_report(guard, console=None) -> None:
     from rich.console import Console
-    from rich.table import Table
+    from rich.text import Text
+
+    from matlint.listing import Entry, print_hanging, print_listing
 
     if console is None:
         console = Console(stderr=True)
-        if not console.is_terminal:
-            console = Console(stderr=True, width=160)
     rec = guard.recorder.rec
     ops = sum(s.count for s in rec.ops.values())
     summary = f"matlint guard: {rec.steps} step(s) observed, {ops} ops"
@@ -52,33 +56,39 @@ def print_report(guard, console=None) -> None:
     compiled = sum(s.compiled for s in rec.ops.values())
     if compiled:
         summary += f", {compiled} ops from compiled regions"
-    console.print(summary)
+    print_hanging(console, "", summary, 0)
     if guard.findings:
-        table = Table(show_lines=False)
-        for col in ("code", "where", "module", "per step", "share", "saves ms/step", "fix"):
-            table.add_column(col, overflow="fold")
+        rows, entries = [], []
         for f in guard.findings:
             ev = f.evidence or {}
-            share = ev.get("share_of_kernel_time")
-            table.add_row(
-                f"{f.code}\n{rule_title(f.code)[0]}",
-                where(f),
-                ev.get("module", "") or "",
-                f"{ev.get('per_step', '')}",
-                f"{share:.1%}" if share is not None else "-",
-                _saving(f),
-                _fix_line(f.message),
-            )
-        console.print(table)
+            name, place = rule_title(f.code)[0], where(f)
+            module, per_step, share, saving = ev.get("module") or "", _per_step(ev.get("per_step")), "-", _saving(f)
+            if ev.get("share_of_kernel_time") is not None:
+                share = f"{ev['share_of_kernel_time']:.1%}"
+            rows.append((f"{f.code}\n{name}", place, module, per_step, share, saving, _fix_line(f.message)))
+            # The list has room for the whole message, and says the numbers in words.
+            facts = [module] if module else []
+            if per_step:
+                facts.append(f"{per_step} per step")
+            if share != "-":
+                facts.append(f"{share} of kernel time")
+            if saving != "-":
+                facts.append("saving unsure" if saving == "unsure" else f"saves {saving} ms/step")
+            entries.append(Entry(f.code, Text.assemble((name, "bold"), "  ", place),
+                                 (Text(", ".join(facts), "dim"), f.message)))
+        print_listing(console, ("code", "where", "module", "per step", "share", "saves ms/step", "fix"),
+                      rows, entries)
     else:
         console.print("no findings")
-    for note in guard.notes:
-        console.print(f"note: {note}")
+    notes = list(guard.notes)
     if rec.dropped_keys:
-        console.print(f"note: {rec.dropped_keys} ops not aggregated (distinct-key limit reached)")
+        notes.append(f"{rec.dropped_keys} ops not aggregated (distinct-key limit reached)")
+    for note in notes:
+        print_hanging(console, "note:", note, 6)
     if rec.error_count:
-        console.print(f"[red]matlint guard: {rec.error_count} internal error(s); the guarded code was not affected[/red]")
+        error = f"matlint guard: {rec.error_count} internal error(s); the guarded code was not affected"
+        print_hanging(console, "", Text(error, "red"), 0)
         for err in rec.errors:
-            console.print(f"  {err}")
+            print_hanging(console, "", err, 2)
     if guard.json_path:
-        console.print(f"JSON report: {guard.json_path}")
+        print_hanging(console, "JSON report:", guard.json_path, 13)

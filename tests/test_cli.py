@@ -181,9 +181,9 @@ def test_rule_lists_every_rule(tmp_path):
     result = run_matlint("rule", cwd=tmp_path)
     assert result.returncode == 0
     for cls in all_rules():
-        line = next(l for l in result.stdout.splitlines() if cls.code in l)
+        line = next(l for l in result.stdout.splitlines() if l.startswith(cls.code))
         assert cls.name in line and cls.family() in line
-        assert ("on" if cls.default_enabled else "off") in line
+        assert ("off by default" in line) == (not cls.default_enabled)
 
 
 @pytest.mark.parametrize("key", ["MAT101", "mat101", "python-loop-matmul"])

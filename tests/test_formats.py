@@ -216,14 +216,17 @@ def test_full_marks_multi_line_ranges_and_elides_long_ones(tmp_path):
 
 
 def test_one_severity_per_rule_on_every_surface():
-    """Each rule's page, the README and the editor name the same severity."""
+    """The rule list, each rule's page, the README and the editor name the same severity."""
     lsp = pytest.importorskip("lsprotocol.types", reason="the editor's severities come with the server extra")
     from matlint import server
 
     server._load_pygls()
 
     readme = (Path(__file__).resolve().parents[1] / "README.md").read_text()
+    listing = run_matlint("rule", cwd=Path.cwd()).stdout.splitlines()
     for cls in all_rules():
+        (line,) = [l for l in listing if l.startswith(f"{cls.code}  ")]
+        assert f", {expected_level(cls.code)}" in line
         level = expected_level(cls.code)
         assert f"Severity: {level}." in cls.rendered_docs()
         assert f"| {cls.family()} | {level} |" in readme

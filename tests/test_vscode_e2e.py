@@ -216,8 +216,8 @@ def test_extension_host(vsix, tmp_path):
         payload = json.dumps([["extensionDevelopmentPath", server.remote(dev / "extension")],
                               ["extensionTestsPath", server.remote(EXT / "out" / "test" / "e2e" / "index.js")]])
         proc = subprocess.run([str(NODE), str(EXT / "test-e2e" / "host.mjs"), server.url(payload=payload),
-                               str(results), str(ARTIFACTS / "extension-host.png"), "240000"],
-                              capture_output=True, text=True, env=env, timeout=300)
+                               str(results), str(ARTIFACTS / "extension-host.png"), "540000"],
+                              capture_output=True, text=True, env=env, timeout=600)
     finally:
         server.stop()
         shutil.copy(server.log, ARTIFACTS / "extension-host-code-server.log")
@@ -249,31 +249,39 @@ def test_ui(vsix, tmp_path):
         "workbench.secondarySideBar.defaultVisibility": "hidden"}))
     shots = ARTIFACTS / "ui"
     shots.mkdir(parents=True, exist_ok=True)
+    expected_codes = {f.code for f in lint_text(source, str(ws / "model.py"), load_settings(ws))}
+    fixed_line = fixed.splitlines()[fix.row - 1].strip()
     server = CodeServer(root, ws, env)
     try:
-        spec = {"url": server.url(), "file": "model.py", "fix_line": fix.row, "fix_column": fix.column,
-                "fix_code": rule.code, "shots": str(shots)}
+        # What the driver waits to see: it reads each step once its content is there.
+        spec = {"url": server.url(), "file": "model.py", "codes": sorted(expected_codes),
+                "docs": [[f"{get_rule(code).name} ({code})", hover_summary(code)] for code in expected_codes],
+                "fix_line": fix.row, "fix_column": fix.column, "fix_code": rule.code, "fixed_line": fixed_line,
+                "shots": str(shots)}
         (tmp_path / "spec.json").write_text(json.dumps(spec))
         proc = subprocess.run([str(NODE), str(EXT / "test-e2e" / "ui.mjs"), str(tmp_path / "spec.json")],
-                              capture_output=True, text=True, env=env, timeout=300)
+                              capture_output=True, text=True, env=env, timeout=600)
     finally:
         server.stop()
         shutil.copy(server.log, ARTIFACTS / "ui-code-server.log")
     assert proc.returncode == 0, proc.stderr[-3000:]
     seen = json.loads(proc.stdout.strip().splitlines()[-1])
     assert "error" not in seen, seen["error"]
-    expected_codes = {f.code for f in lint_text(source, str(ws / "model.py"), load_settings(ws))}
     assert seen["squiggles"] >= 1
     problems = "\n".join(seen["problems"])
     for code in expected_codes:
         assert code in problems, (code, seen["problems"])
-    assert get_rule(seen_code(seen["hover"])).summary.split("`")[0] in seen["hover"]
+    assert hover_summary(seen_code(seen["hover"])) in seen["hover"]
     assert any(rule.code in a and "unsafe" in a for a in seen["actions"]), seen["actions"]
-    fixed_line = fixed.splitlines()[fix.row - 1].strip()
     assert fixed_line in seen["text_after_fix"], seen["text_after_fix"]
     assert source.splitlines()[fix.row - 1].strip() not in seen["text_after_fix"]
     assert len(seen["problems_after_fix"]) < len(seen["problems"])
     assert len(list(shots.glob("*.png"))) == len(seen["steps"]) == 6
+
+
+def hover_summary(code: str) -> str:
+    """The longest part of a rule's summary outside `code` spans: the words a hover shows as written."""
+    return max(get_rule(code).summary.split("`")[::2], key=len).strip()
 
 
 def seen_code(hover_text: str) -> str:

@@ -1,7 +1,9 @@
 #!/usr/bin/env bash
 # Installs everything the editor tests need on a fresh Debian machine (root; network to
 # PyPI/npm/Debian only): Node 24 (from npm), Debian chromium + libkrb5-dev, code-server,
-# playwright-core, and the extension's npm dependencies. Idempotent: a second run only checks.
+# playwright-core, and the extension's npm dependencies; and tmux, the terminal that
+# tests/test_terminal_widths.py reads the command line's output from. Idempotent: a second run
+# only checks.
 #
 # Everything lands in git-ignored folders:
 #   build/vscode-tools/node24        Node 24 (code-server's postinstall refuses Node 20)
@@ -20,9 +22,10 @@ source "$HERE/env.sh"
 log() { printf '[ci-setup %s] %s\n' "$(date -u +%H:%M:%S)" "$*"; }
 start=$(date +%s)
 
-# 1. Debian packages: chromium drives the UI; libkrb5-dev builds one native module of code-server.
+# 1. Debian packages: chromium drives the UI; libkrb5-dev builds one native module of code-server;
+#    tmux is the terminal of the terminal-width tests.
 missing=()
-for pkg in chromium libkrb5-dev; do
+for pkg in chromium libkrb5-dev tmux; do
     dpkg-query -W -f='${Status}' "$pkg" 2>/dev/null | grep -q "install ok installed" || missing+=("$pkg")
 done
 if ((${#missing[@]})); then

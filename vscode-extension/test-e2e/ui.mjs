@@ -1,6 +1,11 @@
 // The UI test: drives code-server (with the packaged extension installed) from headless
 // Chromium like a user would, and prints what it saw as JSON; tests/test_vscode_e2e.py asserts.
-// Usage: node ui.mjs <spec.json>  (url, file, fix_line, fix_column, fix_code, shots)
+// Usage: node ui.mjs <spec.json>  (url, file, codes, docs: [title, summary] of each rule found,
+// fix_line, fix_column, fix_code, fixed_line, shots)
+//
+// Each step waits for the content it reads (every expected code in the Problems panel, the
+// rule's docs in the hover, the fix in the menu, the fixed line and fewer problems after it),
+// never for a time: on a loaded machine the language server answers late.
 import { readFileSync } from "node:fs";
 import { createRequire } from "node:module";
 
@@ -8,6 +13,8 @@ const require = createRequire(`${process.env.MATLINT_EDITOR_PREFIX}/`);
 const { chromium } = require("playwright-core");
 const spec = JSON.parse(readFileSync(process.argv[2], "utf-8"));
 const seen = { steps: [] };
+const TIMEOUT = 90000; // generous: what a step waits for comes in seconds, later on a busy machine
+const RETRY = 5000; // a hover or menu not shown this long after asking is asked for again
 
 const browser = await chromium.launch({
   executablePath: process.env.MATLINT_CHROMIUM ?? "/usr/bin/chromium",
@@ -24,11 +31,27 @@ async function snap(name) {
 }
 const editorText = async () =>
   (await page.locator(".monaco-editor .view-lines").first().innerText()).replace(/\u00a0/g, " ");
+page.setDefaultTimeout(TIMEOUT);
+
+// Reads with `read` until `done` holds of what it read; after `timeout` ms, fails with the last read.
+async function until(what, read, done, timeout = TIMEOUT) {
+  const deadline = Date.now() + timeout;
+  for (;;) {
+    const value = await read();
+    if (done(value)) {
+      return value;
+    }
+    if (Date.now() > deadline) {
+      throw new Error(`no ${what} after ${timeout} ms; last seen: ${JSON.stringify(value)?.slice(0, 2000)}`);
+    }
+    await page.waitForTimeout(250);
+  }
+}
 
 try {
   await page.goto(spec.url);
-  await page.locator(".monaco-workbench").waitFor({ timeout: 60000 });
-  await page.locator(".explorer-folders-view, .explorer-viewlet").first().waitFor({ timeout: 60000 });
+  await page.locator(".monaco-workbench").waitFor();
+  await page.locator(".explorer-folders-view, .explorer-viewlet").first().waitFor();
   await snap("workbench");
 
   // Open the model file from the Explorer.
@@ -36,25 +59,34 @@ try {
   await page.locator(".monaco-editor .view-lines", { hasText: "import" }).first().waitFor();
 
   // Squiggles.
-  await page.locator(".squiggly-warning").first().waitFor({ timeout: 60000 });
+  await page.locator(".squiggly-warning").first().waitFor();
   seen.squiggles = await page.locator(".squiggly-warning").count();
   await snap("squiggles");
 
-  // Problems panel.
+  // Problems panel: every code the linter finds in the file.
   await page.keyboard.press("Control+Shift+M");
   const rows = page.locator(".markers-panel .monaco-list-row");
-  await rows.first().waitFor();
-  await page.waitForTimeout(500);
-  seen.problems = await rows.allInnerTexts();
+  seen.problems = await until("problem for each expected code", () => rows.allInnerTexts(),
+    (texts) => spec.codes.every((code) => texts.some((text) => text.includes(code))));
   await snap("problems");
 
-  // Hover over the first squiggle.
-  const box = await page.locator(".squiggly-warning").first().boundingBox();
-  await page.mouse.move(box.x + box.width / 2, box.y + box.height / 2);
+  // Hover over the first squiggle until the server's rule docs are in it (the problem's own
+  // message shows first); a hover that has not shown for a while is asked for again.
+  const squiggle = page.locator(".squiggly-warning").first();
   const hover = page.locator(".monaco-hover:visible").first();
-  await hover.waitFor({ timeout: 20000 });
-  await page.waitForTimeout(300);
-  seen.hover = await hover.innerText();
+  let hovered = 0;
+  seen.hover = await until("rule docs in the hover", async () => {
+    if (await hover.count()) {
+      return hover.innerText();
+    }
+    if (Date.now() - hovered > RETRY) {
+      const box = await squiggle.boundingBox();
+      await page.mouse.move(5, 5);
+      await page.mouse.move(box.x + box.width / 2, box.y + box.height / 2);
+      hovered = Date.now();
+    }
+    return "";
+  }, (text) => spec.docs.some((doc) => doc.every((part) => text.includes(part)))); // a rule's title and summary
   await snap("hover");
   await page.mouse.move(5, 5);
   await page.keyboard.press("Escape");
@@ -65,17 +97,31 @@ try {
   await page.locator(".quick-input-widget input").waitFor();
   await page.keyboard.type(`${spec.fix_line}:${spec.fix_column}`);
   await page.keyboard.press("Enter");
-  await page.waitForTimeout(300);
-  await page.keyboard.press("Control+.");
+  await page.locator(".statusbar-item", { hasText: `Ln ${spec.fix_line}, Col ${spec.fix_column}` }).first().waitFor();
   const menu = page.locator(".action-widget:not(.action-list-submenu-panel)").first();
-  await menu.waitFor({ timeout: 20000 });
-  await page.waitForTimeout(300);
-  seen.actions = await menu.locator(".monaco-list-row").allInnerTexts();
+  const fixRow = (texts) => texts.some((text) => text.includes(spec.fix_code) && !text.includes("noqa"));
+  let asked = 0;
+  seen.actions = await until("fix in the quick fix menu", async () => {
+    if (await menu.isVisible()) {
+      const texts = await menu.locator(".monaco-list-row").allInnerTexts();
+      if (!fixRow(texts)) {
+        await page.keyboard.press("Escape"); // opened before the server's actions came: ask again
+      }
+      return texts;
+    }
+    if (Date.now() - asked > RETRY) {
+      await page.keyboard.press("Control+.");
+      asked = Date.now();
+    }
+    return [];
+  }, fixRow);
   await snap("quick-fix-menu");
   await menu.locator(".monaco-list-row", { hasText: spec.fix_code }).filter({ hasNotText: "noqa" }).first().click();
-  await page.waitForTimeout(1500);
-  seen.text_after_fix = await editorText();
-  seen.problems_after_fix = await rows.allInnerTexts();
+  const after = await until("fixed line and fewer problems",
+    async () => ({ text: await editorText(), problems: await rows.allInnerTexts() }),
+    ({ text, problems }) => text.includes(spec.fixed_line) && problems.length < seen.problems.length);
+  seen.text_after_fix = after.text;
+  seen.problems_after_fix = after.problems;
   await snap("fixed");
 } catch (error) {
   seen.error = String(error?.stack ?? error);

@@ -19,15 +19,20 @@ interface Expect {
 
 const expect: Expect = JSON.parse(fs.readFileSync(process.env.MATLINT_E2E_EXPECT!, "utf-8"));
 
-async function waitFor<T>(what: string, probe: () => T | undefined | false, timeout = 30000): Promise<T> {
+// Polls `probe` until it gives a value: a test waits for what it asserts, not for a time. On
+// timeout the error names what it waited for, and what `seen` says was there instead.
+async function waitFor<T>(
+  what: string, probe: () => T | undefined | false | Promise<T | undefined | false>,
+  seen: () => string = () => "", timeout = 60000,
+): Promise<T> {
   const deadline = Date.now() + timeout;
   for (;;) {
-    const value = probe();
+    const value = await probe();
     if (value) {
       return value;
     }
     if (Date.now() > deadline) {
-      throw new Error(`timed out waiting for ${what}`);
+      throw new Error(`timed out waiting for ${what} ${seen()}`);
     }
     await new Promise((r) => setTimeout(r, 100));
   }
@@ -43,6 +48,11 @@ function matlintDiagnostics(uri: vscode.Uri, source = "matlint"): vscode.Diagnos
 
 function codeOf(d: vscode.Diagnostic): string | undefined {
   return typeof d.code === "object" ? String(d.code.value) : d.code === undefined ? undefined : String(d.code);
+}
+
+function quickFixes(uri: vscode.Uri, range: vscode.Range): Thenable<vscode.CodeAction[]> {
+  return vscode.commands.executeCommand<vscode.CodeAction[]>(
+    "vscode.executeCodeActionProvider", uri, range, vscode.CodeActionKind.QuickFix.value);
 }
 
 async function open(name: string): Promise<vscode.TextEditor> {
@@ -94,12 +104,15 @@ describe("matlint extension", () => {
   it("shows the rule's docs on hover", async () => {
     const uri = fileUri(expect.loop.file);
     const position = new vscode.Position(expect.loop.line, expect.loop.start + 1);
-    const hovers = await vscode.commands.executeCommand<vscode.Hover[]>("vscode.executeHoverProvider", uri, position);
-    const text = hovers
-      .flatMap((h) => h.contents)
-      .map((c) => (typeof c === "string" ? c : "value" in c ? c.value : ""))
-      .join("\n");
-    assert.ok(text.includes(expect.loop.summary), text);
+    let text = "";
+    await waitFor("the rule's summary in the hover", async () => {
+      const hovers = await vscode.commands.executeCommand<vscode.Hover[]>("vscode.executeHoverProvider", uri, position);
+      text = hovers
+        .flatMap((h) => h.contents)
+        .map((c) => (typeof c === "string" ? c : "value" in c ? c.value : ""))
+        .join("\n");
+      return text.includes(expect.loop.summary);
+    }, () => `(the hover: ${text})`);
   });
 
   it("applies a rule's fix from the quick fix menu and re-lints", async () => {
@@ -109,11 +122,13 @@ describe("matlint extension", () => {
       const found = matlintDiagnostics(uri).filter((x) => codeOf(x) === expect.fix.code);
       return found.length ? found : undefined;
     });
-    const actions = await vscode.commands.executeCommand<vscode.CodeAction[]>(
-      "vscode.executeCodeActionProvider", uri, d.range, vscode.CodeActionKind.QuickFix.value);
-    const fix = actions.find((a) => a.title.includes(expect.fix.code) && !a.title.includes("noqa"));
-    assert.ok(fix?.edit, `a fix among ${actions.map((a) => a.title)}`);
-    assert.ok(await vscode.workspace.applyEdit(fix.edit));
+    let titles: string[] = [];
+    const fix = await waitFor("the rule's fix among the quick fixes", async () => {
+      const actions = await quickFixes(uri, d.range);
+      titles = actions.map((a) => a.title);
+      return actions.find((a) => a.title.includes(expect.fix.code) && !a.title.includes("noqa") && a.edit);
+    }, () => `(the quick fixes: ${titles})`);
+    assert.ok(await vscode.workspace.applyEdit(fix.edit!));
     assert.strictEqual(editor.document.getText(), expect.fix.fixed);
     await waitFor("the fixed finding to go", () =>
       !matlintDiagnostics(uri).some((x) => codeOf(x) === expect.fix.code && x.range.isEqual(d.range)));
@@ -126,11 +141,13 @@ describe("matlint extension", () => {
       const found = matlintDiagnostics(uri).filter((x) => codeOf(x) === "MAT101");
       return found.length ? found : undefined;
     });
-    const actions = await vscode.commands.executeCommand<vscode.CodeAction[]>(
-      "vscode.executeCodeActionProvider", uri, d.range, vscode.CodeActionKind.QuickFix.value);
-    const noqa = actions.find((a) => a.title.includes("noqa"));
-    assert.ok(noqa?.edit);
-    assert.ok(await vscode.workspace.applyEdit(noqa.edit));
+    let titles: string[] = [];
+    const noqa = await waitFor("`# noqa` among the quick fixes", async () => {
+      const actions = await quickFixes(uri, d.range);
+      titles = actions.map((a) => a.title);
+      return actions.find((a) => a.title.includes("noqa") && a.edit);
+    }, () => `(the quick fixes: ${titles})`);
+    assert.ok(await vscode.workspace.applyEdit(noqa.edit!));
     assert.ok(editor.document.lineAt(expect.loop.line).text.endsWith("# noqa: MAT101"));
     await waitFor("MAT101 to be silenced", () => !matlintDiagnostics(uri).some((x) => codeOf(x) === "MAT101"));
     await vscode.commands.executeCommand("undo");
@@ -166,7 +183,7 @@ describe("matlint extension", () => {
 
   it("restarts on command and lints again", async () => {
     await vscode.commands.executeCommand("matlint.restart");
-    assert.strictEqual(api.state, "running");
+    await waitFor("the server to run after the restart", () => api.state === "running", () => `(state: ${api.state})`);
     const document = (await open(expect.loop.file)).document;
     await waitFor("findings after the restart", () => matlintDiagnostics(document.uri).length > 0);
   });

@@ -11,7 +11,7 @@ interface Outcome {
 }
 
 export function run(): Promise<void> {
-  const mocha = new Mocha({ ui: "bdd", timeout: 60000, color: false });
+  const mocha = new Mocha({ ui: "bdd", timeout: 180000, color: false }); // a test waits up to 60 s a step
   mocha.addFile(path.join(__dirname, "extension.test.js"));
   const outcomes: Outcome[] = [];
   const resultsFile = process.env.MATLINT_E2E_RESULTS;
