@@ -68,6 +68,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 import real_code  # noqa: E402  (its fetch() downloads and unpacks the corpus)
 
 DEFAULT_CORPUS = real_code.CORPORA["main"]
+# The notebooks of benchmarks/notebook_corpus, where its run.py caches them.
+NOTEBOOKS = Path(os.environ.get("MATLINT_NOTEBOOK_CORPUS", Path.home() / ".cache" / "matlint-notebook-corpus")) / "notebooks"
 PEERS = ["ruff", "flake8", "torchfix", "fixit"]
 # torchfix has depended on torch in some releases; an unpinned torch would pull gigabytes.
 CONSTRAINTS = "torch==2.13.0\n"
@@ -325,6 +327,14 @@ def count_lines(files: list) -> int:
     return sum(Path(f).read_bytes().count(b"\n") for f in files)
 
 
+def notebook_code_lines(notebooks: list) -> int:
+    """Lines of the notebooks' code cells (what both linters read)."""
+    sys.path.insert(0, str(REPO))
+    from matlint.notebook import code_text
+
+    return sum(code_text(Path(f).read_bytes()).count("\n") for f in notebooks)
+
+
 def corpus_versions(names: list) -> str:
     root = real_code.corpus_root() / "sources"
     found = [d.name.removesuffix(".dist-info") for n in names for d in (root / n).glob("*.dist-info")]
@@ -439,6 +449,10 @@ def main(argv=None) -> int:
     parser.add_argument("--callgrind-files", type=int, default=20,
                         help="files of the corpus on which flake8's instructions are counted under callgrind, "
                              "with and without matlint (default: %(default)s; 0 skips it)")
+    parser.add_argument("--notebooks", type=Path, default=NOTEBOOKS,
+                        help="a folder of .ipynb files timed with matlint against ruff, one core "
+                             "(default: the notebook corpus, `benchmarks/notebook_corpus/run.py` fills it; "
+                             "skipped when absent)")
     parser.add_argument("--venv", type=Path, default=Path.home() / ".cache" / "matlint-bench" / "venv")
     parser.add_argument("--output", type=Path, help="also write the markdown report to this file")
     args = parser.parse_args(argv)
@@ -511,6 +525,22 @@ def main(argv=None) -> int:
                 if b.prime and not b.runs:
                     shutil.rmtree(scratch / ".matlint_cache", ignore_errors=True)
                 measure_once(b, sample if b.sample else files, scratch, args.budget, args.timeout)
+    notebooks = sorted(str(p) for p in args.notebooks.rglob("*.ipynb")) if args.notebooks.is_dir() else []
+    notebook_benches = [
+        Bench(ref_name, [*matlint, "--jobs", "1", "--no-cache"], {"matlint"}, reference=True),
+        *([Bench("ruff check --no-cache, one core", [*one_core, *ruff], {"matlint"}, ("ruff",)),
+           Bench(ruff_all_one, [*one_core, *ruff, "--select", "ALL"], {"matlint"}, ("ruff",))] if one_core else
+          [Bench("ruff check --no-cache", ruff, {"matlint"}, ("ruff",)),
+           Bench(ruff_all_one, [*ruff, "--select", "ALL"], {"matlint"}, ("ruff",))]),
+    ] if notebooks else []
+    if notebook_benches:
+        print("  notebooks ...", file=sys.stderr)
+        set_plugins(args.venv, {"matlint"}, sources)
+        for b in notebook_benches:
+            b.error = next((errors[p] for p in b.needs if p in errors), None)
+        for _ in range(args.repeat):
+            for b in notebook_benches:
+                measure_once(b, notebooks, scratch, args.budget, args.timeout)
     instructions = {}
     few = files[::max(1, len(files) // max(args.callgrind_files, 1))][:args.callgrind_files]
     if few:
@@ -586,6 +616,9 @@ def main(argv=None) -> int:
         "",
         *table(slow, sample_lines),
         "",
+        *([f"## Notebooks ({len(notebooks)} notebooks of {args.notebooks}, {notebook_code_lines(notebooks):,} lines "
+           "of cell code)", "", *table(notebook_benches, notebook_code_lines(notebooks)), ""]
+          if notebook_benches else []),
         "## One changed file",
         "",
         *changed_lines,

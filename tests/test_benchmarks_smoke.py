@@ -115,3 +115,15 @@ def test_a_statement_finding_matches_every_labelled_site_of_its_statement():
     matched, verdicts = score.match(findings, labels, [])
     assert [int(l["line"]) for l in matched] == [3, 4, 5]
     assert [v for _, v in verdicts] == ["pos", "pos", "neg"]
+
+
+def test_notebook_rows_count_the_lines_of_code_cells(tmp_path):
+    import json
+
+    cells = [{"cell_type": "markdown", "metadata": {}, "source": ["# a\n", "b\n"]},
+             {"cell_type": "code", "metadata": {}, "outputs": [{"output_type": "stream", "name": "stdout",
+                                                                "text": ["x\n"] * 50}],
+              "execution_count": 1, "source": ["import torch\n", "x = 1"]}]
+    path = tmp_path / "n.ipynb"
+    path.write_text(json.dumps({"cells": cells, "metadata": {}, "nbformat": 4, "nbformat_minor": 5}))
+    assert speed.notebook_code_lines([str(path)]) == 2
