@@ -700,6 +700,43 @@ class PythonLoopMatmul(GemmVisitor, Rule):
                         output[:, :, i] = self.Linear[i](x[:, :, i])
                     return output
             """, (11, 31), message_contains="applies a different layer of one shape on every iteration"),
+        bad("""
+            import torch
+            import torch.nn as nn
+            class Model(nn.Module):
+                def __init__(self, configs):
+                    super().__init__()
+                    self.individual, self.channels = configs.individual, configs.enc_in
+                    if self.individual:
+                        self.Linear = nn.ModuleList()
+                        for i in range(self.channels):
+                            self.Linear.append(nn.Linear(configs.seq_len, configs.pred_len))
+                    else:
+                        self.Linear = nn.Linear(configs.seq_len, configs.pred_len)
+                def forward(self, x):
+                    if not self.individual:
+                        return self.Linear(x)
+                    output = torch.zeros([x.size(0), x.size(1), 96], dtype=x.dtype, device=x.device)
+                    for i in range(self.channels):
+                        output[:, i, :] = self.Linear[i](x[:, i, :])
+                    return output
+            """, (18, 31), message_contains="applies a different layer of one shape on every iteration"),
+        good("""
+            import torch.nn as nn
+            class Tower(nn.Module):
+                def __init__(self, sizes):
+                    super().__init__()
+                    self.heads = nn.ModuleList()
+                    for i in range(len(sizes)):
+                        self.heads.append(nn.Linear(64, sizes[i]))  # a different shape each: no one batch
+                    self.blocks = nn.ModuleList()
+                    for _ in range(4):
+                        self.blocks.append(nn.Linear(64, 64))
+                def forward(self, x):
+                    for i in range(len(self.blocks)):
+                        x = self.blocks[i](x)  # a stack: each layer reads the last one's output
+                    return [self.heads[i](x) for i in range(len(self.heads))]
+            """),
         good("""
             import torch.nn as nn
             class Stack(nn.Module):

@@ -651,7 +651,9 @@ class _Inference:
                 return TENSOR
             if base == SCALAR:
                 return SCALAR
-            if base in (MODULE_LIST, MODULE, OTHER):
+            # `self.layers[i]` where `self.layers` is a container on one path and a layer on
+            # another: only the container can be indexed.
+            if base in (MODULE_LIST, MODULE, OTHER) or base is None and isinstance(node.value, ast.Attribute):
                 return self._container_item(node)
             return None
         if isinstance(node, (ast.BinOp,)):
@@ -869,18 +871,29 @@ class _Inference:
             key = _ANY_KEY  # `self.heads[i]`: the item every item is, where one expression builds them all
         cls = self.cls
         if (cls is None or not isinstance(container, ast.Attribute) or not self.chain
-                or not isinstance(container.value, ast.Name) or container.value.id != self.chain[0].self_name
-                or container.attr in mutated_attributes(self.ctx, cls)):
+                or not isinstance(container.value, ast.Name) or container.value.id != self.chain[0].self_name):
             return None
-        entries = class_attribute_values(self.ctx, cls, container.attr)
-        kinds = []
-        for method, value in entries:
-            built = module_container(self.ctx, value)
-            item = built.item(key) if built is not None else None
-            if item is None:
+        # A layer on another path (`if individual: ModuleList ... else: nn.Linear`) cannot be
+        # indexed: the item comes from the containers.
+        entries = [(method, value) for method, value in class_attribute_values(self.ctx, cls, container.attr)
+                   if not (isinstance(value, ast.Call) and self.ctx.qualname(value.func) in _LINEAR_MODULES)]
+        built = [(method, module_container(self.ctx, value)) for method, value in entries]
+        if container.attr in mutated_attributes(self.ctx, cls):
+            # `self.layers = nn.ModuleList()`, then `self.layers.append(nn.Linear(d, d))` in a
+            # loop: every item is what the one append makes.
+            appended = appended_items(self.ctx, cls, container.attr)
+            if appended is None or any(b is None or b.by_key or b.every is not None for _, b in built):
                 return None
-            inference = _Inference(self.ctx, [scope_kinds(self.ctx, method), scope_kinds(self.ctx, self.ctx.tree)])
-            kinds.append(inference.expr(item[0]))
+            items = appended
+        else:
+            items = []
+            for method, container_built in built:
+                item = container_built.item(key) if container_built is not None else None
+                if item is None:
+                    return None
+                items.append((method, item[0]))
+        kinds = [_Inference(self.ctx, [scope_kinds(self.ctx, method), scope_kinds(self.ctx, self.ctx.tree)]).expr(item)
+                 for method, item in items]
         return self._combine(kinds) if kinds else None
 
     def _qualified_call(self, qual: str, node: ast.Call) -> Optional[str]:
@@ -1130,6 +1143,45 @@ def module_container(ctx, value: ast.AST) -> Optional[ModuleContainer]:
     by_key = {i: item for i, item in enumerate(items)}
     by_key.update({i - len(items): item for i, item in enumerate(items)})
     return ModuleContainer(by_key)
+
+
+def appended_items(ctx, cls: ast.ClassDef, attr: str) -> Optional[list]:
+    """[(method, expression)] of the one `self.<attr>.append(expression)` of the class, when that
+    append, run in a loop or not, is the only way the class changes the container and the
+    expression reads no name the loops around it bind (`nn.Linear(d, d)`, not
+    `nn.Linear(d, sizes[i])`): every item is built alike. None otherwise."""
+    key = ("appended_items", id(cls), attr)
+    if key in ctx.shared:
+        return ctx.shared[key]
+    found = None
+    appends, other = [], False
+    for method in cls.body:
+        if not isinstance(method, (ast.FunctionDef, ast.AsyncFunctionDef)):
+            continue
+        for node in ast.walk(method):
+            target = None
+            if isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute) and node.func.attr in _CONTAINER_MUTATORS:
+                target = node.func.value
+            elif isinstance(node, ast.Subscript) and not isinstance(node.ctx, ast.Load):
+                target = node.value
+            elif isinstance(node, ast.AugAssign):
+                target = node.target
+            if not (isinstance(target, ast.Attribute) and target.attr == attr):
+                continue
+            if (isinstance(node, ast.Call) and node.func.attr == "append" and len(node.args) == 1
+                    and not node.keywords):
+                appends.append((method, node))
+            else:
+                other = True
+    if len(appends) == 1 and not other:
+        method, call = appends[0]
+        loops = [n for n in ast.walk(method) if isinstance(n, (ast.For, ast.AsyncFor))
+                 and any(inner is call for inner in ast.walk(n))]
+        bound = {n.id for loop in loops for n in ast.walk(loop.target) if isinstance(n, ast.Name)}
+        if not any(isinstance(n, ast.Name) and n.id in bound for n in ast.walk(call.args[0])):
+            found = [(method, call.args[0])]
+    ctx.shared[key] = found
+    return found
 
 
 def mutated_attributes(ctx, cls: ast.ClassDef) -> frozenset:
