@@ -3,6 +3,7 @@ evaluation loop."""
 from __future__ import annotations
 
 import ast
+import builtins
 import os
 import re
 from dataclasses import dataclass, field
@@ -15,7 +16,7 @@ from matlint.semantic import kinds as _kinds
 from matlint.semantic.flow import function_text, nearby_comments
 from matlint.semantic.project import imported_function, imported_paths
 from matlint.semantic.steps import STEP_HOOKS, step_of
-from matlint.semantic.loops import (LoopInfo, identifier as _identifier, is_optimizer_step, is_training_loop, iterates_loader,
+from matlint.semantic.loops import (LoopInfo, bound_names, identifier as _identifier, is_optimizer_step, is_training_loop, iterates_loader,
                      loaded_names, name_tokens, walk_no_scopes)
 from matlint.semantic.names import in_reference_code, in_test_code
 
@@ -244,6 +245,10 @@ class HostSyncInLoop(Rule):
       which spell each step out on purpose to check a fused path against.
     - Values on the CPU by construction (`torch.tensor(...)` without a device, after `.cpu()`,
       batches straight from a `DataLoader` before they are moved), numpy arrays, Python numbers.
+      For a name bound to host tensors in one place and device tensors in another (a notebook,
+      one program, reuses `X` across its cells), the copy `X.cpu()` / `X.to("cpu")` / `X.item()`
+      is judged by the assignments that reach it: `for X, y in loader: X = X.to("cpu")` copies
+      nothing, whatever other cells store in `X`.
     - Evaluation loops whose function never names a device (no `.to(`, `cuda`, `device`...) and
       calls only imported functions, builtins and tensor or container methods: the batches stay
       on the host (a call of a model, `model(x)` or `self.net(x)`, may move them itself).
@@ -263,10 +268,20 @@ class HostSyncInLoop(Rule):
     - A value the host needs in the same iteration: bound to a name that a later test compares to
       stop the loop in its normal course (`if abs(cur - prev) < tol: break`, PPO's `if approx_kl
       > 1.5 * target_kl: break`), or that Python code then iterates or indexes (`toks =
-      out.cpu().tolist()`, then `for i ...: f(toks[i])`); and a sync in such a test itself (`if
-      loss.item() < tol: break`, `while loss.item() > tol:`). A guard that only trips on failure
-      is still reported, as it can be checked every N steps: `if torch.isnan(loss): break`, or
-      the value past a large literal bound (`if loss_val > 1e4: break`, |bound| >= 100).
+      out.cpu().tolist()`, then `for i ...: f(toks[i])`; also through numpy functions and
+      conditional expressions: `correct = np.squeeze(t.cpu().numpy())`, then `correct[i]`); a sync
+      in such a test itself (`if loss.item() < tol: break`, `while loss.item() > tol:`); and an
+      input of host code (a call of neither torch nor a Python builtin) whose result the loop
+      moves back to the device, in this iteration or the next: an environment step,
+      `next_state, reward, done, _ = envs.step(action.cpu().numpy())` (or `action =
+      dist.sample().item()`, then `env.step(action)`), with `state = next_state` and
+      `torch.FloatTensor(state).to(device)` (or `torch.as_tensor(state, device=device)`): the
+      device's next work waits for the host's result anyway. Host code whose result is only
+      logged, printed, collected or summed (`total += scorer.score(out.cpu().numpy())`), and
+      builtins (`n = int(t.item())`, then `torch.arange(n, device=device)`), are still reported.
+      So is a guard that only trips on failure, as it can be checked every N steps: `if
+      torch.isnan(loss): break`, or the value past a large literal bound (`if loss_val > 1e4:
+      break`, |bound| >= 100).
     - Syncs outside loops, in loops that are not training/evaluation steps (an epoch loop, which
       runs a whole pass over a loader in each iteration whatever else it steps, a loop over
       parameters outside any step loop; a pass under an `if`, such as validation every N steps
@@ -731,6 +746,111 @@ class HostSyncInLoop(Rule):
                     labels = batch["target"].tolist()
                     counts = [label for label in labels if label > 0]
             """),
+        # A notebook (one module-level program) reuses names across cells: what `X` holds at the
+        # copy comes from the assignments that reach it, here the loader's batch, a host tensor.
+        good("""
+            import torch
+            from torch.utils.data import DataLoader
+            device = "cuda"
+            loader = DataLoader(data, batch_size=32)
+            X = torch.randn(8, 4, device=device)
+            for X, y in loader:
+                X, y = X.to("cpu"), y.to("cpu")
+                loss = loss_fn(model_cpu(X), y)
+            for X, y in loader:
+                X, y = X.to(device), y.to(device)
+                loss = loss_fn(model_gpu(X), y)
+            """),
+        bad("""
+            import torch
+            from torch.utils.data import DataLoader
+            device = "cuda"
+            loader = DataLoader(data, batch_size=32)
+            for X, y in loader:
+                X, y = X.to("cpu"), y.to("cpu")
+                loss = loss_fn(model_cpu(X), y)
+            for X, y in loader:
+                X, y = X.to(device), y.to(device)
+                preds.append(model_gpu(X).argmax(1))
+                X = X.to("cpu")
+            """, (11, 9)),
+        # Per-item Python through numpy and a conditional expression: `correct[i]` in a loop.
+        good("""
+            import numpy as np
+            import torch
+            def evaluate(model, loader, n, on_gpu, class_correct):
+                for data, target in loader:
+                    data, target = data.cuda(), target.cuda()
+                    pred = model(data).argmax(1)
+                    hits = pred.eq(target)
+                    correct = np.squeeze(hits.numpy()) if not on_gpu else np.squeeze(hits.cpu().numpy())
+                    for i in range(n):
+                        class_correct[target[i]] += correct[i]
+            """),
+        bad("""
+            import numpy as np
+            import torch
+            def evaluate(model, loader, on_gpu):
+                num_correct = 0
+                for data, target in loader:
+                    data, target = data.cuda(), target.cuda()
+                    hits = model(data).argmax(1).eq(target)
+                    correct = np.squeeze(hits.numpy()) if not on_gpu else np.squeeze(hits.cpu().numpy())
+                    num_correct += np.sum(correct)
+                return num_correct
+            """, (8, 74)),
+        # RL-Adventure-2's actor-critic: the environment steps on the host with the sampled
+        # action, and the state it returns goes back to the device on the next step.
+        good("""
+            import torch
+            def train(model, envs, optimizer, device, num_steps, max_frames):
+                state = envs.reset()
+                frame_idx = 0
+                while frame_idx < max_frames:
+                    log_probs, rewards = [], []
+                    for _ in range(num_steps):
+                        state = torch.FloatTensor(state).to(device)
+                        dist, value = model(state)
+                        action = dist.sample()
+                        next_state, reward, done, _ = envs.step(action.cpu().numpy())
+                        log_probs.append(dist.log_prob(action))
+                        rewards.append(torch.FloatTensor(reward).unsqueeze(1).to(device))
+                        state = next_state
+                        frame_idx += 1
+                    loss = -(torch.cat(log_probs) * torch.cat(rewards)).mean()
+                    optimizer.zero_grad()
+                    loss.backward()
+                    optimizer.step()
+            def run(policy, env, optimizer, device, episodes):
+                for episode in range(episodes):
+                    state, done = env.reset(), False
+                    while not done:
+                        dist = policy(torch.as_tensor(state, device=device))
+                        action = dist.sample().item()
+                        state, reward, done, _ = env.step(action)
+                        loss = -dist.log_prob(torch.tensor(action, device=device)) * reward
+                        optimizer.zero_grad()
+                        loss.backward()
+                        optimizer.step()
+            """),
+        # Host code whose result is only logged or summed, and Python's builtins (a size for the
+        # device, which has its own remedy): the loop does not wait on them.
+        bad("""
+            import torch
+            def train(model, loader, optimizer, scorer, device, log):
+                total = 0.0
+                for x, y in loader:
+                    x, y = x.to(device), y.to(device)
+                    out = model(x)
+                    loss = (out - y).pow(2).mean()
+                    loss.backward()
+                    optimizer.step()
+                    score = scorer.score(out.detach().cpu().numpy(), y.cpu().numpy())
+                    total += score
+                    rewards, _ = log.summarize(out.argmax(-1).tolist())
+                    n = int(y.sum().item())
+                    mask = torch.arange(n, device=device)
+            """, (10, 30), (12, 36), (13, 17)),
         # fairseq's online back-translation: a loop over the data sets of one training step.
         good("""
             import torch
@@ -1416,6 +1536,8 @@ class HostSyncInLoop(Rule):
         if self._step_context() is None or self._chain_already_synced(receiver):
             return
         kind = _kinds.kind_of(self.ctx, receiver)
+        if kind == _kinds.TENSOR and isinstance(receiver, ast.Name):
+            kind = _kinds.reaching_kind(self.ctx, receiver)  # a name bound to host and device tensors
         if kind in _NOT_SYNCED:
             return
         method = func.attr
@@ -1777,7 +1899,10 @@ class HostSyncInLoop(Rule):
     # -- when the host needs the value now -------------------------------------------------
     def _used_now(self, node: ast.AST, loop: LoopInfo) -> bool:
         """The value, bound to a name, decides whether the loop stops in this same iteration (a
-        convergence test), or Python code goes over it item by item (iterates or indexes it)."""
+        convergence test), or Python code goes over it item by item (iterates or indexes it); or
+        it is an input of host code whose result the loop moves back to the device."""
+        if self._back_to_device(node, loop):
+            return True
         bound = self._bound_name(node)
         if bound is None:
             return False
@@ -1791,13 +1916,77 @@ class HostSyncInLoop(Rule):
                 return True
         return False
 
+    def _back_to_device(self, node: ast.AST, loop: LoopInfo) -> bool:
+        """The copy is an input of host code whose result the loop moves back to the device, in
+        this iteration or the next (`next_state, reward, done, _ = envs.step(action.cpu().numpy())`,
+        then `state = next_state` and `torch.FloatTensor(state).to(device)`): the device work of
+        the loop waits for the host's result, so the host needs the value now."""
+        results = self._host_results(node, loop)
+        if not results:
+            return False
+        names = loop.assigned_from(results)
+        for stmt in loop.body:
+            for call in walk_no_scopes(stmt):
+                if isinstance(call, ast.Call) and self._moves_to_device(call, names):
+                    return True
+        return False
+
+    def _host_results(self, node: ast.AST, loop: LoopInfo) -> set:
+        """The names bound to the result of a host call that takes the copied value: given the
+        copy itself (`envs.step(action.cpu().numpy())`) or a name bound to it (`action =
+        dist.sample().item()`, then `env.step(action)`)."""
+        parents, current = self.ctx.parents, node
+        for i in range(len(parents) - 1, 0, -1):
+            parent = parents[i]
+            if _extends(parent, current):
+                current = parent
+                continue
+            assign = parents[i - 1]
+            if isinstance(parent, ast.Call) and current in _call_inputs(parent) and self._host_call(parent) \
+                    and isinstance(assign, ast.Assign) and assign.value is parent:
+                return set().union(*(bound_names(t) for t in assign.targets))
+            break
+        bound = self._bound_name(node)
+        if bound is None:
+            return set()
+        results = set()
+        for stmt in loop.body:
+            for assign in walk_no_scopes(stmt):
+                if isinstance(assign, ast.Assign) and isinstance(assign.value, ast.Call) and self._host_call(assign.value) \
+                        and any(bound[0] in loaded_names(arg) for arg in _call_inputs(assign.value)):
+                    results |= set().union(*(bound_names(t) for t in assign.targets))
+        return results
+
+    def _host_call(self, call: ast.Call) -> bool:
+        """A call of code that runs on the host: neither torch's (nor a tensor's method) nor
+        Python's builtins (`int(n.item())` is a number the rule reports for its own remedy)."""
+        func, qual = call.func, self.ctx.qualname(call.func)
+        if qual is not None:
+            return not qual.startswith("torch")
+        if isinstance(func, ast.Name):
+            return not hasattr(builtins, func.id)
+        return not (isinstance(func, ast.Attribute) and _kinds.is_tensor(self.ctx, func.value))
+
+    def _moves_to_device(self, call: ast.Call, names: set) -> bool:
+        """`call` puts a value read from `names` on the device: `.to(device)` or `.cuda()` of it, or a
+        tensor made from it with a `device=` (`torch.as_tensor(state, device=device)`)."""
+        func = call.func
+        if isinstance(func, ast.Attribute) and loaded_names(func.value) & names:
+            return _kinds.moves_to_device(self.ctx, call)
+        return any(k.arg == "device" for k in call.keywords) and any(
+            loaded_names(arg) & names for arg in call.args) and _kinds.kind_of(self.ctx, call) == _kinds.TENSOR
+
     def _bound_name(self, node: ast.AST):
         """(name, statement) where the sync's value is bound (`v = x.cpu().tolist()`, `a, b =
-        (x.tolist(), y.tolist())`), else None."""
+        (x.tolist(), y.tolist())`), also through numpy functions of it (`np.squeeze(x.cpu().numpy())`)
+        and a branch of a conditional expression, else None."""
         current, index = node, None
         for parent in reversed(self.ctx.parents):
             if (isinstance(parent, ast.Attribute) and parent.value is current) or \
-                    (isinstance(parent, ast.Call) and parent.func is current):
+                    (isinstance(parent, ast.Call) and parent.func is current) or \
+                    (isinstance(parent, ast.IfExp) and parent.test is not current) or \
+                    (isinstance(parent, ast.Call) and any(arg is current for arg in parent.args)
+                     and (self.ctx.qualname(parent.func) or "").startswith("numpy.")):
                 current = parent
             elif isinstance(parent, ast.Tuple) and index is None:
                 index = next(i for i, elt in enumerate(parent.elts) if elt is current)
@@ -1993,6 +2182,10 @@ def _extends(parent: ast.AST, child: ast.AST) -> bool:
     """`child.attr`, `child(...)`, `child[...]`: the expression goes on from `child`."""
     return (isinstance(parent, (ast.Attribute, ast.Subscript)) and parent.value is child) or \
         (isinstance(parent, ast.Call) and parent.func is child)
+
+
+def _call_inputs(call: ast.Call) -> list:
+    return call.args + [k.value for k in call.keywords]
 
 
 def _reads_values(ctx, parent: ast.AST, child: ast.AST) -> bool:

@@ -24,6 +24,18 @@ class _Reveal(Rule):
 _Reveal._handlers = _handlers(_Reveal)
 
 
+class _RevealReaching(_Reveal):
+    """Reports the kind that the assignments reaching the argument of every `reveal(name)` give."""
+    code = "MAT998"
+
+    def visit_Call(self, node):
+        if getattr(node.func, "id", None) == "reveal":
+            self.report(node, str(_kinds.reaching_kind(self.ctx, node.args[0])))
+
+
+_RevealReaching._handlers = _handlers(_RevealReaching)
+
+
 def kinds(source: str) -> list:
     findings = lint_source(textwrap.dedent(source), "example.py", [_Reveal], prefilter=False)
     assert not [f for f in findings if f.code == "MAT000"], findings
@@ -277,3 +289,21 @@ def test_a_parameter_takes_what_the_name_holds_at_the_call_not_all_it_ever_holds
             features = torch.split(features, sizes)
             return pack(features)
         """) == ["list"]
+
+
+def test_a_name_reused_for_host_and_device_tensors_has_the_kind_of_the_assignments_reaching_it():
+    findings = lint_source(textwrap.dedent("""
+        import torch
+        from torch.utils.data import DataLoader
+        loader = DataLoader(data)
+        x = torch.randn(3, device="cuda")
+        reveal(x)
+        for x, y in loader:
+            reveal(x)
+            x = x.cuda()
+            reveal(x)
+        reveal(x)
+        z = [reveal(x) for x in loader]
+        """), "example.py", [_RevealReaching], prefilter=False)
+    # after the loop, `x` is its target or the moved batch; in the comprehension, the whole name's kind
+    assert [f.message for f in findings] == ["tensor", "cpu_tensor", "tensor", "tensor", "tensor"]

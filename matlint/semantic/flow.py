@@ -126,7 +126,7 @@ class FunctionFlow(BuiltOnFirstUse):
                 if store is None or _end(store) <= _pos(other):
                     return False  # `for x in xs:` binds x before every pass reads it
                 continue
-            later = store is None or _end(other) > _end(store)
+            later = store is None or _stored_at(other) > _stored_at(store)
             if later and _end(other) <= _pos(load) and self._dominates(other, load):
                 return False
         return True
@@ -203,6 +203,19 @@ class FunctionFlow(BuiltOnFirstUse):
 
 _LOOPS = (ast.For, ast.AsyncFor, ast.While)
 _HEADER_STORES = (ast.For, ast.AsyncFor, ast.While, ast.If, ast.With, ast.AsyncWith)
+
+
+def _stored_at(stmt: ast.stmt) -> tuple:
+    """Where `stmt` has stored its names: a statement that stores in its header (a `for` target,
+    `with ... as`, a `:=` in a test) has stored them before its body runs, so a store in the body
+    comes after."""
+    if isinstance(stmt, (ast.For, ast.AsyncFor)):
+        return _end(stmt.iter)
+    if isinstance(stmt, (ast.While, ast.If)):
+        return _end(stmt.test)
+    if isinstance(stmt, (ast.With, ast.AsyncWith)):
+        return _end(stmt.items[-1].optional_vars or stmt.items[-1].context_expr)
+    return _end(stmt)
 
 
 def _in_loop_body(node: ast.AST, loop: ast.AST) -> bool:

@@ -11,7 +11,7 @@ from typing import Optional
 
 from .calls import argument_for, file_calls
 from .lazy import BuiltOnFirstUse
-from .loops import walk_no_scopes
+from .loops import _COMPREHENSIONS, walk_no_scopes
 from .tree import block_fields, child_nodes
 
 TENSOR = "tensor"            # a tensor whose device is not known to be the CPU
@@ -163,6 +163,7 @@ _COLLECTED_NODES = {
     ast.Attribute: "attribute", ast.FunctionDef: "scope", ast.AsyncFunctionDef: "scope", ast.ClassDef: "scope",
     ast.Lambda: "lambda",
 }
+_STATEMENT_BINDINGS = frozenset({"assign", "annassign", "augassign", "for"})
 # Most nodes of a function, and none of them binds a name or has a child that does.
 _BINDS_NOTHING = frozenset({ast.Name, ast.Constant}.union(
     *(base.__subclasses__() for base in (ast.expr_context, ast.operator, ast.cmpop, ast.unaryop, ast.boolop))))
@@ -223,6 +224,23 @@ class ScopeKinds(BuiltOnFirstUse):
                 else:
                     self._bind(elt, ("kind", None))
 
+    def _bind_statement(self, node: ast.stmt, what: str) -> None:
+        """The names an assignment or a `for` stores in its targets (a `for`'s body aside)."""
+        if what == "assign":
+            for target in node.targets:
+                self._bind(target, ("value", node.value))
+        elif what == "annassign":
+            ann = _annotation_kind(node.annotation)
+            if node.value is not None:
+                # An annotated value keeps the value too, for `constant_int` (`WIDTH: int = 1001`).
+                self._bind(node.target, ("value", node.value) if ann is None else ("kind", ann, node.value))
+            elif ann is not None:
+                self._bind(node.target, ("kind", ann))
+        elif what == "augassign":
+            self._bind(node.target, ("aug", node))
+        elif what == "for":
+            self._bind(node.target, ("elem", node.iter, ()))
+
     def _collect(self, root: ast.AST) -> None:
         stack = [root]
         binds = _BINDS_NOTHING
@@ -235,20 +253,8 @@ class ScopeKinds(BuiltOnFirstUse):
             if what is None:  # binds nothing itself (Call, BinOp, Subscript...): look inside
                 stack.extend(child_nodes(node))
                 continue
-            if what == "assign":
-                for target in node.targets:
-                    self._bind(target, ("value", node.value))
-            elif what == "annassign":
-                ann = _annotation_kind(node.annotation)
-                if node.value is not None:
-                    # An annotated value keeps the value too, for `constant_int` (`WIDTH: int = 1001`).
-                    self._bind(node.target, ("value", node.value) if ann is None else ("kind", ann, node.value))
-                elif ann is not None:
-                    self._bind(node.target, ("kind", ann))
-            elif what == "augassign":
-                self._bind(node.target, ("aug", node))
-            elif what == "for":
-                self._bind(node.target, ("elem", node.iter, ()))
+            if what in _STATEMENT_BINDINGS:
+                self._bind_statement(node, what)
             elif what == "comprehension":
                 self._bind(node.target, ("elem", node.iter, ()))
             elif what == "with":
@@ -1211,6 +1217,38 @@ def mutated_attributes(ctx, cls: ast.ClassDef) -> frozenset:
 def kind_of(ctx, expr: ast.AST) -> Optional[str]:
     """Kind of `expr` as seen at the engine's current position."""
     return _Inference(ctx, _chain(ctx)).expr(expr)
+
+
+def reaching_kind(ctx, name: ast.Name) -> Optional[str]:
+    """Kind of the value `name` reads where it stands, from the assignments of its scope that
+    reach it (`FunctionFlow.reaching_all`) rather than from all of them: in a notebook, `for X, y
+    in loader:` binds host batches, whatever device tensors other cells store in `X`. A name bound
+    once, a reaching store that is not an assignment or a `for` target (a parameter, `with ... as`),
+    and a read in a comprehension get `kind_of`'s answer."""
+    whole = kind_of(ctx, name)
+    from .flow import code_scope, flow_of  # flow reads identifiers through this module
+    scope = code_scope(ctx)
+    if scope is None or len(scope_kinds(ctx, scope).assigned.get(name.id, ())) < 2:
+        return whole
+    flow = flow_of(ctx, scope)
+    if name not in flow.parent or any(isinstance(n, _COMPREHENSIONS) for n in flow.enclosing(name)):
+        return whole
+    binder = ScopeKinds(scope)
+    binder.assigned = {}  # set here, so the scope's own collection never runs
+    for stmt, _ in flow.reaching_all(name):
+        what = _COLLECTED_NODES.get(type(stmt)) if stmt is not None else None
+        if what not in _STATEMENT_BINDINGS:
+            return whole
+        before = len(binder.assigned.get(name.id, ()))
+        binder._bind_statement(stmt, what)
+        if len(binder.assigned.get(name.id, ())) == before:
+            return whole  # the store is elsewhere in the statement (`:=`)
+    entries = binder.assigned.get(name.id)
+    if not entries:
+        return whole
+    inference = _Inference(ctx, _chain(ctx))
+    kind = inference._combine([inference.entry(entry, inference.chain) for entry in entries])
+    return whole if kind is None else kind
 
 
 def callee_kind(ctx, func: ast.AST) -> Optional[str]:
