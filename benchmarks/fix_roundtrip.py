@@ -20,7 +20,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from real_code import corpus_root  # noqa: E402
 
-FIXED_RE = re.compile(r"Fixed (\d+) errors?")
+FIXED_RE = re.compile(r"Fixed (\d+) findings?")
 
 
 def snapshot(root: Path) -> dict:
