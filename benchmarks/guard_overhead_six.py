@@ -438,6 +438,8 @@ def main():
                 row["wall_s"] = time.perf_counter() - t0
                 results["rows"][name] = row
                 print(name, json.dumps({k: v for k, v in row.items() if k != "runs"}, default=str), flush=True)
+                with open(os.path.join(args.out, "guard_overhead_six.json"), "w") as fh:  # kept if the run is cut off
+                    json.dump(results, fh, indent=1, default=str)
                 del model, step, loss_fn
                 gc.collect()
                 if DEVICE == "cuda":
