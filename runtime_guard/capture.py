@@ -75,6 +75,14 @@ class Site:
     lineno: int
     function: str
 
+    # Hashed on every OpKey lookup: the generated __hash__ builds and hashes a tuple each time; the
+    # value is computed once (sites are interned by _site_of, so each is made once per line).
+    def __post_init__(self):
+        object.__setattr__(self, "_hash", hash((self.filename, self.lineno, self.function)))
+
+    def __hash__(self):
+        return self._hash
+
     def __str__(self) -> str:
         return f"{short_path(self.filename)}:{self.lineno}"
 
@@ -324,6 +332,7 @@ class ModulePaths:
     def __init__(self, on_error=None):
         self._local = threading.local()
         self._child_names: dict = {}
+        self._paths: dict = {}  # (parent path, id(parent), id(child)) -> the child's path: one string per module
         self._handles = []
         self.on_error = on_error  # called with (exception, where) when a hook fails
         self.on_output = None     # called with each module's output and path, when set
@@ -380,7 +389,13 @@ class ModulePaths:
                 path = type(module).__name__
             else:
                 parent, parent_path = stack[-1]
-                path = f"{parent_path}.{self._child_name(parent, module)}"
+                pkey = (parent_path, id(parent), id(module))
+                path = self._paths.get(pkey)
+                if path is None:
+                    path = f"{parent_path}.{self._child_name(parent, module)}"
+                    if len(self._paths) > 100_000:
+                        self._paths.clear()
+                    self._paths[pkey] = path
             stack.append((module, path))
         except Exception as exc:  # a hook must never break the user's forward
             if self.on_error is not None:
@@ -438,6 +453,9 @@ class Recorder:
         self.modules.on_output = self._module_output
         self._fast: dict = {}             # cheap key -> (OpStat, OpKey), for the Recording in _fast_rec
         self._fast_rec = None
+        # cheap key -> OpKey, for every recording of this recorder: the steps after the warm-up step
+        # are recorded into a fresh Recording, and building each OpKey again cost that step ~5 µs an op
+        self._keys: dict = {}
         self._modules_local = self.modules._local
         self.enabled = True
         # Backward GEMMs derived instead of observed (see the module docstring); not when kernels
@@ -676,8 +694,13 @@ class Recorder:
         if hit is not None:
             stat, key = hit
         else:
-            key = OpKey(name, qualname, site, direct, module, backward, device, args_sig(args, full_sig),
-                        (out_t.shape, out_t.dtype, transfer) if out_t is not None else (), amp)
+            keys = self._keys
+            key = keys.get(fkey)
+            if key is None:
+                key = OpKey(name, qualname, site, direct, module, backward, device, args_sig(args, full_sig),
+                            (out_t.shape, out_t.dtype, transfer) if out_t is not None else (), amp)
+                if len(keys) < 2 * MAX_KEYS:
+                    keys[fkey] = key
             ops = rec.ops
             stat = ops.get(key)
             if stat is None:

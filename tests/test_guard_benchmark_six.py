@@ -1,0 +1,24 @@
+"""Smoke test of benchmarks/guard_overhead_six.py on CPU: one command, one table."""
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+
+pytest.importorskip("torch")
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+
+def test_six_model_benchmark_prints_one_table(tmp_path):
+    cmd = [sys.executable, os.path.join(ROOT, "benchmarks", "guard_overhead_six.py"), "--quick", "--models", "mlp",
+           "--runs", "2", "--steps", "4", "--no-mechanisms", "--out", str(tmp_path)]
+    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=300, cwd=ROOT)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    table = (tmp_path / "guard_overhead_six_table.md").read_text()
+    assert "| small MLP 256-256-10 (B64), bf16 |" in table and "| small MLP 256-256-10 (B64), fp32 |" in table
+    res = json.loads((tmp_path / "guard_overhead_six.json").read_text())
+    for row in res["rows"].values():
+        assert len(row["runs"]) == 2 and row["errors"] == []
+        assert row["bitwise"]["plain_vs_guard"]  # the guard never changes what the model computes
+        assert row["observed_steps"] == [2, 2]   # default window: the warm-up step and one more
