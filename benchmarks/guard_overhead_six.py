@@ -88,7 +88,9 @@ def profiler_ctx(stacks):
 
 # -- models --------------------------------------------------------------------------------------
 def autocast(bf16):
-    return torch.autocast(DEVICE, dtype=torch.bfloat16, enabled=bf16)
+    """bf16 autocast, or no autocast region at all for fp32 (an `autocast(enabled=False)` region
+    tells the guard the fp32 is on purpose, and MAT401 stays quiet there)."""
+    return torch.autocast(DEVICE, dtype=torch.bfloat16) if bf16 else contextlib.nullcontext()
 
 
 def _hf(model_cls, cfg, attn="sdpa"):
