@@ -353,10 +353,10 @@ def check_dims_multiple_of_8(rec, steps, ctx):
 
 
 def negligible(finding, step_ms: float | None) -> bool:
-    """A MAT403 finding whose measured saving is too small to act on: under 0.01 ms per step, or
-    under 1% of the step."""
+    """A MAT403 or MAT401 finding whose measured saving is too small to act on: under 0.01 ms per
+    step, or under 1% of the step (MAT401's where the host, not the GPU, bounds the step)."""
     ms = finding.estimated_savings_ms
-    if finding.code != "MAT403" or ms is None:
+    if finding.code not in ("MAT403", "MAT401") or ms is None:
         return False
     return ms < NEGLIGIBLE_MS or (step_ms is not None and ms < NEGLIGIBLE_STEP_SHARE * step_ms)
 

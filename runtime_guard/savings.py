@@ -393,11 +393,18 @@ def _free_cached_memory() -> None:
         torch.cuda.empty_cache()
 
 
-def estimate(findings, budget_s: float = 3.0, on_error=None, step_ms: float | None = None) -> None:
+# Fixes that only make kernels shorter (no fewer launches, no less host work).
+KERNEL_TIME_ONLY = frozenset({"bf16", "pad"})
+
+
+def estimate(findings, budget_s: float = 3.0, on_error=None, step_ms: float | None = None,
+             gpu_wait_ms: float | None = None) -> None:
     """Fill `estimated_savings_ms` and evidence["estimate_method"] where an estimator applies, with
     evidence["estimate_interval_ms"] (~95%, per step) and evidence["estimate_reliable"]. Every
     estimate and its interval are capped by the measured step time `step_ms` (a fix cannot save
-    more than the step); a capped estimate is not reliable.
+    more than the step), and a fix that only shortens kernels (`KERNEL_TIME_ONLY`) by
+    `gpu_wait_ms`, how long the host waited for the GPU once it had issued a step: the host's own
+    time stays. A capped estimate is not reliable, but it is the better estimate.
 
     An estimate that runs out of memory is skipped (its finding says so) and the others are
     still made; any other failure of an estimator is also passed to `on_error`, as the guard's
@@ -436,6 +443,10 @@ def estimate(findings, budget_s: float = 3.0, on_error=None, step_ms: float | No
                 if capped:
                     f.evidence["estimate_capped_at_step_ms"] = round(step_ms, 4)
                     saved, lo, hi = step_ms, min(lo, step_ms), min(hi, step_ms)
+                if spec[0] in KERNEL_TIME_ONLY and gpu_wait_ms is not None and saved > gpu_wait_ms:
+                    f.evidence["estimate_capped_at_gpu_wait_ms"] = round(gpu_wait_ms, 4)
+                    saved, lo, hi = gpu_wait_ms, min(lo, gpu_wait_ms), min(hi, gpu_wait_ms)
+                    capped = True
                 f.estimated_savings_ms = round(max(saved, 0.0), 4)
                 f.evidence["estimate_method"] = method
                 f.evidence["estimate_interval_ms"] = [round(lo, 4), round(hi, 4)]

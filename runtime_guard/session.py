@@ -131,6 +131,7 @@ class Guard:
         self._last_boundary = None     # perf_counter() at the start of the step now running
         self.observed_step_ms = collections.deque(maxlen=64)  # the last steps observed (with the guard on)
         self.plain_step_ms: list = []     # steps after the window (the guard off)
+        self.plain_wait_ms: list = []     # ... the part of each that the host waited for the GPU
         self.recorder.modules.on_top_call = self._on_module_call
 
     # -- selection ---------------------------------------------------------------------------
@@ -301,11 +302,14 @@ class Guard:
         self._step_counts, self._counts_so_far = {}, {}
         self.observed_step_ms.clear()
         self.plain_step_ms.clear()
+        self.plain_wait_ms.clear()
         self._last_boundary = _now()
         self._attach()
 
     def _time_step(self) -> None:
-        """The step that ends now: its time, observed or plain."""
+        """The step that ends now: its time, observed or plain; of a plain step also how long the
+        host, its work issued, waited for the GPU to finish it."""
+        issued = time.perf_counter()
         now = _now()
         if self._last_boundary is not None:
             ms = (now - self._last_boundary) * 1e3
@@ -313,6 +317,7 @@ class Guard:
                 self.observed_step_ms.append(ms)
             elif self._step >= self.warmup + self._window_len and len(self.plain_step_ms) < PLAIN_STEPS:
                 self.plain_step_ms.append(ms)
+                self.plain_wait_ms.append((now - issued) * 1e3)
         self._last_boundary = now
 
     @property
@@ -323,6 +328,14 @@ class Guard:
             if times:
                 return sorted(times)[len(times) // 2], source
         return None, ""
+
+    @property
+    def gpu_wait_ms(self):
+        """Median time a plain step's host waited for the GPU once it had issued the step's work,
+        or None when no plain step was timed: what shortening the GPU's kernels can save at most
+        (the host's own time stays)."""
+        times = self.plain_wait_ms
+        return sorted(times)[len(times) // 2] if times else None
 
     def _boundary(self) -> None:
         self._time_step()
@@ -474,8 +487,19 @@ class Guard:
             if step_ms is not None:
                 self.notes.append(f"savings capped by the step time: {step_ms:.3f} ms ({source}, median of "
                                   f"{len(self.plain_step_ms if source == 'plain' else self.observed_step_ms)} steps)")
-            self._safely(estimate, self.findings, self.savings_budget_s, self.recorder.fail, step_ms, where="savings")
-            self.findings = [f for f in self.findings if not negligible(f, step_ms)]
+            self._safely(estimate, self.findings, self.savings_budget_s, self.recorder.fail, step_ms,
+                         self.gpu_wait_ms, where="savings")
+            kept = [f for f in self.findings if not negligible(f, step_ms)]
+            wait = self.gpu_wait_ms
+            for f in self.findings:
+                if f not in kept and f.code == "MAT401":
+                    why = (f"a step's host waited only {wait:.3f} ms of {step_ms:.3f} ms for the GPU"
+                           if wait is not None and step_ms is not None else "the measured saving is negligible")
+                    self.notes.append(
+                        f"MAT401 not reported: fp32 GEMMs ran, but {why}, so bf16 GEMMs would not shorten the "
+                        f"step (autocast's casts can lengthen it); the host's own work bounds it: larger "
+                        f"batches, CUDA graphs or torch.compile come first")
+            self.findings = kept
         from .cells import locate
 
         self._safely(locate, self.findings, where="locating cells")

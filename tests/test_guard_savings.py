@@ -137,3 +137,42 @@ def test_an_unreliable_estimate_is_labelled_in_json_and_kept_out_of_the_table(mo
     print_report(g, Console(file=out, width=200))
     text = out.getvalue()
     assert "unsure" in text and "0.012" not in text
+
+
+def _finding_with_spec(code: str, kind: str):
+    from matlint.diagnostics import Finding
+
+    f = Finding(code, "m", "t.py", 1, 1, 1, 2, evidence={})
+    f.extra["estimate"] = (kind,)
+    return f
+
+
+def test_a_kernel_time_only_saving_is_capped_by_how_long_the_host_waited_for_the_gpu(monkeypatch):
+    """bf16 GEMMs shorten kernels, not the host's work: a step whose host waited 2 ms for the GPU
+    saves at most 2 ms, whatever the GEMMs alone would; a fix that also saves launches is not
+    capped so."""
+    monkeypatch.setitem(savings.ESTIMATORS, "bf16", lambda spec, budget: ((27.0, 25.0, 29.0, 100), "injected"))
+    monkeypatch.setitem(savings.ESTIMATORS, "loop", lambda spec, budget: ((6.0, 5.5, 6.5, 100), "injected"))
+    bf16, loop = _finding_with_spec("MAT401", "bf16"), _finding_with_spec("MAT101", "loop")
+    savings.estimate([bf16, loop], step_ms=60.0, gpu_wait_ms=2.0)
+    assert bf16.estimated_savings_ms == 2.0 and bf16.evidence["estimate_capped_at_gpu_wait_ms"] == 2.0
+    assert bf16.evidence["estimate_reliable"] is False
+    assert loop.estimated_savings_ms == 6.0 and "estimate_capped_at_gpu_wait_ms" not in loop.evidence
+
+
+def test_mat401_is_negligible_where_the_host_bounds_the_step():
+    from matlint.runtime_guard.checks import negligible
+
+    host_bound = _finding_with_spec("MAT401", "bf16")
+    host_bound.estimated_savings_ms = 0.2
+    assert negligible(host_bound, step_ms=50.0)  # under 1% of the step
+    gpu_bound = _finding_with_spec("MAT401", "bf16")
+    gpu_bound.estimated_savings_ms = 9.0
+    assert not negligible(gpu_bound, step_ms=60.0)
+
+
+def test_plain_steps_record_how_long_the_host_waited():
+    g = train(quiet())
+    assert len(g.plain_wait_ms) == len(g.plain_step_ms) == PLAIN_STEPS
+    assert all(0 <= wait <= step for wait, step in zip(g.plain_wait_ms, g.plain_step_ms))
+    assert g.gpu_wait_ms is not None
