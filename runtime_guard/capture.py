@@ -21,7 +21,7 @@ import threading
 import weakref
 from weakref import ref as _weakref
 from dataclasses import dataclass, field
-from typing import NamedTuple
+from typing import NamedTuple, Optional
 
 import torch
 from torch._C._autograd import _get_sequence_nr
@@ -131,6 +131,19 @@ def _site_of(code, lineno: int) -> Site:
     if site is None:
         site = _site_cache[key] = Site(code.co_filename, lineno, code.co_name)
     return site
+
+
+def user_site(frame) -> Optional[Site]:
+    """The first frame of the user's code at or above `frame`; None where matlint's own code is
+    on the way (a sync the guard makes, not the user)."""
+    while frame is not None:
+        code = frame.f_code
+        if code.co_filename.startswith(_OWN_DIR):
+            return None
+        if _code_kind(code) == 0:
+            return _site_of(code, frame.f_lineno)
+        frame = frame.f_back
+    return UNKNOWN_SITE
 
 
 _DISPATCH_WRAPPERS = (os.path.join(_TORCH_DIR, "_compile.py"), os.path.join(_TORCH_DIR, "_dynamo", "eval_frame.py"))
@@ -272,6 +285,7 @@ class Recording:
     errors: list = field(default_factory=list)
     error_count: int = 0
     device_types: set = field(default_factory=set)
+    syncs: dict = field(default_factory=dict)        # Site -> host syncs torch's sync detector saw there
     kernels_total: int = 0
     kernels_unattributed: int = 0
     triton_kernels: int = 0
@@ -299,6 +313,8 @@ class Recording:
         for key, use in other.gemm_operands.items():
             self.gemm_operands.setdefault(key, OperandUse()).merge(use.first, use.second)
         self.device_types |= other.device_types
+        for site, n in other.syncs.items():
+            self.syncs[site] = self.syncs.get(site, 0) + n
         self.steps += other.steps
         self.dropped_keys += other.dropped_keys
 

@@ -377,6 +377,7 @@ def check_host_syncs(rec, steps, ctx):
         entry = per_site[(key.site, key.module)]
         entry[0] += stat.count
         entry[1].append(key)
+    reported = set()
     for (site, module), (count, keys) in per_site.items():
         per_step = count / steps
         if per_step < SYNC_MIN_PER_STEP:
@@ -387,7 +388,19 @@ def check_host_syncs(rec, steps, ctx):
                f"on the device and read them once per step (or every N steps)")
         ev = {"per_step": round(per_step, 2), "module": module, "ops": ops, "device": ctx.device_type,
               "phase": "forward"}
+        reported.add(site)
         yield _finding("MAT502", site, msg, ev)
+    # The rest that torch's own sync detector saw (syncs.py): ops that wait inside C++, such as
+    # boolean-mask indexing or a shape read off the data.
+    for site, count in rec.syncs.items():
+        per_step = count / steps
+        if site in reported or per_step < SYNC_MIN_PER_STEP:
+            continue
+        msg = (f"{per_step:g} host syncs per step from this line, found by torch's sync detector (an op that "
+               f"waits for the GPU inside: boolean-mask indexing, `nonzero`, a shape read off the data, a copy to "
+               f"the host): keep the work on the device (`torch.where`, masks of fixed shape) or do it every N steps")
+        yield _finding("MAT502", site, msg, {"per_step": round(per_step, 2), "device": "cuda", "phase": "forward",
+                                             "found_by": "torch.cuda.set_sync_debug_mode"})
 
 
 def check_tiny_ops(rec, steps, ctx):

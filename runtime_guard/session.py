@@ -31,6 +31,7 @@ from typing import Iterable, Optional
 
 import torch
 
+from .syncs import SyncWatch
 from .capture import CaptureMode, Recorder, attribute_kernels, hold_backward_engine, release_backward_engine
 
 DEFAULT_JSON_PATH = os.path.join(".matlint", "runtime.json")
@@ -133,6 +134,7 @@ class Guard:
         self.plain_step_ms: list = []     # steps after the window (the guard off)
         self.plain_wait_ms: list = []     # ... the part of each that the host waited for the GPU
         self.recorder.modules.on_top_call = self._on_module_call
+        self._syncs = SyncWatch(self.recorder)
 
     # -- selection ---------------------------------------------------------------------------
     def selects(self, code: str) -> bool:
@@ -393,6 +395,7 @@ class Guard:
             self._stop_profiler()
             raise
         self._mode = mode
+        self._safely(self._syncs.start, where="sync detector")
         self._ops_at_boundary = self._recorded_ops()
         if self.recorder.derive_backward and _compiled_frames() == 0:
             hold_backward_engine()
@@ -435,6 +438,7 @@ class Guard:
         if mode is None:
             return
         try:
+            self._safely(self._syncs.stop, where="sync detector")
             mode.__exit__(None, None, None)
         finally:
             if self._holds_engine:
