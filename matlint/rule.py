@@ -1,16 +1,34 @@
 """The anatomy of a rule. A rule is one module under `rules/` holding one `Rule` subclass.
 
 Top to bottom a rule module holds: metadata (`code`, `name`, `summary`, `default_enabled`),
-`docs` (markdown with the sections in DOC_SECTIONS), `examples` (its tests), the static check
-(`visit_<AstNode>` / `leave_<AstNode>` methods, called by the engine's single traversal), and
-optionally a runtime check (`runtime_check(events)`, used by the guard).
+`docs` (markdown with the sections in DOC_SECTIONS), the static check (`visit_<AstNode>` /
+`leave_<AstNode>` methods, called by the engine's single traversal), and optionally a runtime
+check (`runtime_check(events)`, used by the guard).
+
+Its examples, which are its tests, live in its fixture file `rules/fixtures/<code>.py`: one case
+after another, each opened by a header line that starts with `# %%` (the cell marker editors
+know):
+
+    # %% bad 5:33 6:39, message contains: pad to 50304
+    <code with a finding at row 5, column 33 and one at 6:39 (1-based, in the case's own lines,
+    columns in characters); ", message contains: <text>" is optional>
+    # %% fixed
+    <the bad case above after `--fix`; `# %% fixed, unsafe` with unsafe fixes>
+    # %% OK: what this negative tests
+    <code that must stay clean>
+
+Further `# %%` lines right after a header continue its description. A case's code runs to the
+next header; blank lines around it are not part of it. Text before the first header is free.
+`Rule.examples` reads the file on first use: only the tests and the docs need it, never a lint.
 """
 from __future__ import annotations
 
 import ast
 import re
 import textwrap
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
+from functools import lru_cache
+from importlib import resources
 from typing import Any, Callable, ClassVar, Optional
 
 from .diagnostics import Fix
@@ -70,13 +88,57 @@ class Example:
         return textwrap.dedent(self.fixed).lstrip("\n")
 
 
-def bad(source: str, *expect, fixed: Optional[str] = None, unsafe: bool = False,
-        message_contains: str = "") -> Example:
-    return Example(source, tuple(expect), fixed, unsafe, message_contains)
+_BAD = re.compile(r"bad((?: \d+:\d+)+)(?:, message contains: (.+))?")
+_FIXED = re.compile(r"fixed(, unsafe)?")
+_OK = re.compile(r"OK: \S.*")
 
 
-def good(source: str) -> Example:
-    return Example(source, ())
+def parse_fixture(text: str, name: str) -> tuple:
+    """The examples in a fixture file's text (format: this module's docstring)."""
+    cases = []  # [header, row, code lines]
+    for row, line in enumerate(text.splitlines(), 1):
+        if line.startswith("# %%"):
+            if not cases or cases[-1][2]:
+                cases.append([line[4:].strip(), row, []])
+            # else a header's continuation line: its description
+        elif cases:
+            cases[-1][2].append(line)
+    examples = []
+    for header, row, lines in cases:
+        source = "\n".join(lines).strip("\n") + "\n"
+        if not source.strip():
+            raise ValueError(f"{name}:{row}: a case without code")
+        bad_case, fixed_case = _BAD.fullmatch(header), _FIXED.fullmatch(header)
+        if bad_case:
+            expect = tuple(tuple(int(n) for n in at.split(":")) for at in bad_case[1].split())
+            examples.append(Example(source, expect, message_contains=bad_case[2] or ""))
+        elif fixed_case:
+            if not examples or not examples[-1].expect or examples[-1].fixed is not None:
+                raise ValueError(f"{name}:{row}: `fixed` must follow a `bad` case")
+            examples[-1] = replace(examples[-1], fixed=source, unsafe=fixed_case[1] is not None)
+        elif _OK.fullmatch(header):
+            examples.append(Example(source))
+        else:
+            raise ValueError(f"{name}:{row}: a case header is `# %% bad ROW:COL ...`, `# %% fixed` or "
+                             f"`# %% OK: <what it tests>`, not {header!r}")
+    return tuple(examples)
+
+
+@lru_cache(maxsize=None)
+def load_examples(code: str) -> tuple:
+    """The examples in `rules/fixtures/<code>.py` (installed as package data of `matlint.rules`);
+    none for a code without a fixture file (the engine's own MAT0xx)."""
+    path = resources.files("matlint.rules") / "fixtures" / f"{code}.py"
+    if not CODE_RE.match(code) or not path.is_file():
+        return ()
+    return parse_fixture(path.read_text(encoding="utf-8"), f"{code}.py")
+
+
+class _Examples:
+    """`Rule.examples`: read from the rule's fixture file when first asked for."""
+
+    def __get__(self, instance, owner) -> tuple:
+        return load_examples(getattr(owner, "code", ""))
 
 
 @dataclass(frozen=True)
@@ -113,7 +175,8 @@ class Rule:
     default_enabled: ClassVar[bool] = True
     # "" means the family's: "error" for ERROR_FAMILIES, else "warning".
     severity: ClassVar[str] = ""
-    examples: ClassVar[list] = []
+    # The rule's tests, from `rules/fixtures/<code>.py` (see the module's docstring).
+    examples = _Examples()
     options: ClassVar[dict] = {}
     # Set by the registry: {"Call": ("visit_Call",), ...}
     _handlers: ClassVar[dict] = {}

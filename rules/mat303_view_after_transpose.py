@@ -5,7 +5,7 @@ from __future__ import annotations
 import ast
 from typing import Optional
 
-from matlint.rule import Only, Rule, bad, good
+from matlint.rule import Only, Rule
 
 from matlint.semantic.kinds import int_const
 from matlint.semantic.layout import STRIDE_KEEPING, Reorder, may_be_laid_out_otherwise, mergeable, reorder
@@ -67,133 +67,6 @@ class ViewAfterTranspose(Rule):
     Safe: `.view` → `.reshape`. Where `view` succeeds (dims of size 1), `reshape` returns the very
     same view; where it raises, `reshape` makes the copy the code needs.
     """
-    examples = [
-        bad("""
-            import torch
-            def merge_heads(y: torch.Tensor, B, T, C, nh):
-                y = y.view(B, nh, T, C // nh)
-                return y.transpose(1, 2).view(B, T, C)
-            """, (4, 12),
-            fixed="""
-            import torch
-            def merge_heads(y: torch.Tensor, B, T, C, nh):
-                y = y.view(B, nh, T, C // nh)
-                return y.transpose(1, 2).reshape(B, T, C)
-            """),
-        bad("""
-            import torch as T
-            def f(x):
-                a = x.permute(0, 2, 1).view(-1)
-                b = T.permute(x, (2, 1, 0)).float().view(x.size(2), -1)
-                c = T.randn(4, 5).t().view(20)
-                return a, b, c
-            """, (3, 9), (4, 9), (5, 9),
-            fixed="""
-            import torch as T
-            def f(x):
-                a = x.permute(0, 2, 1).reshape(-1)
-                b = T.permute(x, (2, 1, 0)).float().reshape(x.size(2), -1)
-                c = T.randn(4, 5).t().reshape(20)
-                return a, b, c
-            """),
-        bad("""
-            import torch
-            from torch import transpose
-            y = torch.randn(2, 4, 16, 8)
-            a = transpose(y, 1, 2).view(2, 16, 32)
-            b = y.swapaxes(1, 2).to(torch.float16).view(2, 16, -1)
-            """, (4, 5), (5, 5),
-            fixed="""
-            import torch
-            from torch import transpose
-            y = torch.randn(2, 4, 16, 8)
-            a = transpose(y, 1, 2).reshape(2, 16, 32)
-            b = y.swapaxes(1, 2).to(torch.float16).reshape(2, 16, -1)
-            """),
-        good("""
-            import torch
-            def forward(x):
-                B, T, C = x.shape
-                h = x.transpose(1, 2)  # (B, C, T), for pooling
-                pooled = h.mean(-1)
-                flat = h.transpose(1, 2).view(B, T * C)  # back in memory order
-                twice = x.transpose(1, 2).transpose(1, 2).view(B, T * C)
-                return pooled, flat, twice
-            def channels_last(x):
-                B, C, H, W = x.shape
-                x = x.contiguous(memory_format=torch.channels_last)
-                return x.permute(0, 2, 3, 1).view(B, H * W * C)
-            """),
-        good("""
-            import torch
-            def f(x, y, B, T, C, H, W, pos, dim):
-                a = y.transpose(1, 2).contiguous().view(B, T, C)
-                b = y.transpose(1, 2).reshape(B, T, C)
-                c = x.transpose(1, 2).view(B, C, H, W)
-                d = pos.permute(0, 2, 3, 1).view(1, -1, dim)
-                e = x.permute(0, 2, 1).view(torch.float16)
-                f = x.permute(0, 2, 1).view(*x.shape)
-                g = y.transpose(1, 2).view(B, T, C)
-                return a, b, c, d, e, f, g
-            """),
-        bad("""
-            import torch
-            def f(x, B: int):
-                assert x.ndim == 4
-                y = torch.randn(2, 3, 4)
-                return x.movedim(1, 2).view(B, -1), torch.moveaxis(y, 0, 1).view(-1), y.movedim((0, 2), (2, 0)).view(4, 6)
-            """, (5, 12), (5, 41), (5, 75),
-            fixed="""
-            import torch
-            def f(x, B: int):
-                assert x.ndim == 4
-                y = torch.randn(2, 3, 4)
-                return x.movedim(1, 2).reshape(B, -1), torch.moveaxis(y, 0, 1).reshape(-1), y.movedim((0, 2), (2, 0)).reshape(4, 6)
-            """),
-        good("""
-            import torch
-            def merge_heads(x):
-                B, T, H, D = x.shape
-                y = x.movedim(2, 1)
-                assert y.ndim == 4
-                return y.transpose(1, 2).view(B, T, H * D)
-            def vectors():
-                v = torch.randn(5)
-                return v.t().view(-1), torch.t(v).view(5)
-            """),
-        good("""
-            import torch
-            def f():
-                x = torch.randn(1, 8, 16)
-                a = x.transpose(0, 1).view(8, 16)
-                z = torch.randn(2, 3, 4, 5)
-                b = z.permute(0, 1, 3, 2).view(6, 5, 4)
-                return a, b
-            """),
-        # Leading and trailing sizes equal to the permuted tensor's pin its dims: the one size
-        # left (`-1`) merges all the others, C among them, out of memory order.
-        bad("""
-            import torch
-            def flatten_nhwc(x: torch.Tensor):
-                N, C, H, W = x.shape
-                return x.permute(0, 2, 3, 1).view(N, -1), x.permute(0, 2, 3, 1).view(-1, C)
-            """, (4, 12), (4, 47),
-            fixed="""
-            import torch
-            def flatten_nhwc(x: torch.Tensor):
-                N, C, H, W = x.shape
-                return x.permute(0, 2, 3, 1).reshape(N, -1), x.permute(0, 2, 3, 1).reshape(-1, C)
-            """),
-        good("""
-            import torch
-            def flatten_nhwc(x: torch.Tensor, n: int):
-                N, C, H, W = x.shape
-                a = x.permute(0, 2, 3, 1).view(N, H * W, C)
-                b = x.permute(0, 2, 3, 1).view(N, -1, C)
-                c = x.permute(0, 2, 3, 1).view(n, -1)
-                return a, b, c
-            """),
-    ]
 
     only = {"visit_Call": Only(attrs=frozenset({"view"}))}
 

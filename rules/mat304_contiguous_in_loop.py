@@ -4,7 +4,7 @@ from __future__ import annotations
 import ast
 from typing import Optional
 
-from matlint.rule import Only, Rule, bad, good
+from matlint.rule import Only, Rule
 
 from matlint.semantic import kinds as _kinds
 from matlint.semantic.kinds import int_const
@@ -97,137 +97,6 @@ class ContiguousInLoop(Rule):
     No automatic fix: hoisting adds a tensor that lives for the whole loop and changes the
     indexing in the body.
     """
-    examples = [
-        bad("""
-            import torch
-            def run(cell, x, h):
-                for t in range(x.size(1)):
-                    x_t = x[:, t].contiguous()
-                    h = cell(x_t, h)
-                return h
-            """, (4, 15), message_contains="x.movedim(1, 0).contiguous()"),
-        bad("""
-            import torch as T
-            def f(weight, chunks, kernel):
-                out = []
-                for c in chunks:
-                    w = weight.t().contiguous()
-                    out.append(kernel(c, w))
-                return [kernel(q, weight.expand(4, -1, -1).contiguous()) for q in chunks], out
-            """, (5, 13), (7, 23), message_contains="hoist"),
-        bad("""
-            import torch
-            x = torch.randn(4, 8, 16)
-            ys = [x[i].transpose(0, 1).contiguous() for i in range(4)]
-            """, (3, 7), message_contains="x.transpose(1, 2).contiguous()"),
-        good("""
-            import torch
-            def f(blocks, x, w, loss_fn, opt):
-                for blk in blocks:
-                    x = blk(x).transpose(1, 2).contiguous()
-                for t in range(4):
-                    y = x[t].contiguous()
-                    z = x.contiguous()
-                attn = tuple(tuple(a.permute(0, 2, 1).contiguous() for a in t) for t in x)
-                last = tuple(t.permute(1, 0).contiguous() for t in attn)
-                for step in range(10):
-                    wt = w.t().contiguous()
-                    loss_fn(wt).backward()
-                    opt.step()
-                return y, z
-            """),
-        good("""
-            import torch
-            def f(self, x, w, n):
-                for i in range(n):
-                    y = x @ w.transpose(-2, -1).contiguous()
-                    w.mul_(0.9)
-                    v = w.t().contiguous()
-                for i in range(n):
-                    u = self.weight.t().contiguous()
-                    self.weight = self.weight * 0.5
-                return y, v, u
-            """),
-        good("""
-            import torch
-            def run(data_iter, model, env, steps):
-                for _ in range(steps):
-                    imgs = next(data_iter).permute(0, 3, 1, 2).contiguous()
-                    noise = torch.randn(64, 32).t().contiguous()
-                    frame = env.render().transpose(1, 0).contiguous()
-                    model(imgs, noise, frame)
-            def refreshed(self, x, n):
-                for _ in range(n):
-                    self.refresh_weights()
-                    wt = self.weight.t().contiguous()
-                    x = x @ wt
-                return x
-            """),
-        good("""
-            import torch
-            from torch.nn.init import orthogonal_
-            def probe(w, src, v, n: int):
-                outs = []
-                for _ in range(n):
-                    orthogonal_(w)
-                    wt = w.t().contiguous()
-                    outs.append(torch.mv(wt, v))
-                for _ in range(n):
-                    torch.lerp(w, src, 0.1, out=w)
-                    wt = w.t().contiguous()
-                    outs.append(torch.mv(wt, v))
-                return outs
-            def fit(model, loader, opt, epochs: int, train_one_epoch, evaluate):
-                for epoch in range(epochs):
-                    train_one_epoch(model, loader, opt)
-                    evaluate(model.embed.weight.t().contiguous())
-                for epoch in range(epochs):
-                    refresh(weights=model.embed)
-                    evaluate(model.embed.weight.t().contiguous())
-            """),
-        bad("""
-            import torch
-            import torch.nn.functional as F
-            def probe(model, xs, v, log):
-                outs = []
-                for x in xs:
-                    log(x.mean())
-                    wt = model.embed.weight.t().contiguous()
-                    outs.append(F.linear(x, model.embed.weight))
-                    print(len(model.embed.weight), wt.shape)
-                return outs
-            """, (7, 14), message_contains="hoist"),
-        # The step's slice spelled `x[..., t]`, `x.select(2, t)` or as an item of `x.unbind(1)`.
-        bad("""
-            import torch
-            def scan(x: torch.Tensor, cell, h):
-                B, D, T = x.shape
-                for t in range(T):
-                    h = cell(x[..., t].contiguous(), h)
-                for t in range(T):
-                    h = cell(x.select(2, t).contiguous(), h)
-                for x_t in x.unbind(1):
-                    h = cell(x_t.contiguous(), h)
-                for i, x_t in enumerate(torch.unbind(x, dim=1)):
-                    h = cell(x_t.contiguous(), h)
-                return h
-            """, (5, 18), (7, 18), (9, 18), (11, 18), message_contains="x.movedim(2, 0).contiguous()"),
-        # Dims of size 1 before the index: `video[:, t]` of a (1, T, C, H, W) tensor is contiguous
-        # already; and `x[..., t]` of a tensor of unknown rank (a vector's items are scalars).
-        good("""
-            import torch
-            def frames(video, net, x, cell, h):
-                assert video.size(0) == 1
-                outs = []
-                for t in range(video.size(1)):
-                    outs.append(net(video[:, t].contiguous()))
-                for t in range(8):
-                    h = cell(x[..., t].contiguous(), h)
-                for x_t in x.unbind(0):
-                    h = cell(x_t.contiguous(), h)
-                return outs, h
-            """),
-    ]
 
     def __init__(self, ctx, options=None):
         super().__init__(ctx, options)

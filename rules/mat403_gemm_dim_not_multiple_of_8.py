@@ -5,7 +5,7 @@ from __future__ import annotations
 import ast
 import re
 
-from matlint.rule import Only, Option, Rule, bad, good
+from matlint.rule import Only, Option, Rule
 
 from matlint.semantic import kinds as _kinds
 from matlint.semantic.names import in_test_code
@@ -99,84 +99,6 @@ class GemmDimNotMultipleOf8(Rule):
     `in_features` needs inputs padded to match. Either way checkpoints saved with the old
     size no longer load.
     """
-    examples = [
-        bad("""
-            import torch.nn as nn
-            class GPT(nn.Module):
-                def __init__(self):
-                    super().__init__()
-                    self.wte = nn.Embedding(50257, 768)
-                    self.lm_head = nn.Linear(768, 50257, bias=False)
-                    self.wte.weight = self.lm_head.weight
-            """, (5, 33), (6, 39), message_contains="pad to 50304"),
-        bad("""
-            import torch.nn as nn
-            import torch.nn.functional as F
-            class LM(nn.Module):
-                def __init__(self):
-                    super().__init__()
-                    self.embed = nn.Embedding(32001, 512)
-                    self.head = nn.Linear(512, 32001, bias=False)
-                    self.head.weight = self.embed.weight
-                    self.tok = nn.Embedding(30522, 768)
-                def forward(self, ids, h):
-                    return self.head(self.embed(ids)).view(-1, 32001), F.linear(h, self.tok.weight)
-            """, (6, 35), (7, 36), (9, 33)),
-        bad("""
-            import torch
-            from torch.nn import Linear, Embedding as Emb
-            vocab_size = 30522
-            head = Linear(in_features=300, out_features=1000)
-            emb = Emb(num_embeddings=vocab_size, embedding_dim=1024)
-            bil = torch.nn.Bilinear(1000, 1000, 999)
-            lazy = torch.nn.LazyLinear(1001)
-            def logits(h):
-                return h @ emb.weight.T
-            """, (4, 27), (5, 26), (6, 37), (7, 28)),
-        bad("""
-            from torch import nn
-            WIDTH: int = 1001
-            D_IN, D_OUT = 512, 1003
-            class Net(nn.Module):
-                def __init__(self):
-                    super().__init__()
-                    self.a = nn.Linear(WIDTH, 512)
-                    self.b = nn.Linear(D_IN, D_OUT)
-            """, (7, 28), (8, 34)),
-        good("""
-            from torch import nn
-            D_IN, D_OUT = 1001, 1024
-            WIDTH: int
-            WIDTH = 1001 if D_IN else 1024
-            *REST, LAST = 1001, 1003, 1024
-            class Net(nn.Module):
-                def __init__(self):
-                    super().__init__()
-                    self.a = nn.Linear(512, D_OUT)
-                    self.b = nn.Linear(WIDTH, 512)
-                    self.c = nn.Linear(512, LAST)
-            """),
-        good("""
-            import torch.nn as nn
-            class Net(nn.Module):
-                def __init__(self, vocab_size, d):
-                    super().__init__()
-                    self.emb = nn.Embedding(vocab_size, d)
-                    self.head = nn.Linear(768, 1)
-                    self.cls = nn.Linear(2048, 1000)
-                    self.out = nn.Linear(512, 10)
-                    self.xyz = nn.Linear(3, 256)
-                    self.conv = nn.Conv2d(3, 100, 3)
-                    self.category = nn.Embedding(1473, 300)
-                    self.glove = nn.Embedding(400001, 300)
-                def forward(self, ids):
-                    return self.category(ids) + self.glove(ids)
-            """),
-        good("""
-            from mylib import Linear
-            layer = Linear(768, 50257)
-            """),
-    ]
 
     # A layer is `nn.Linear(...)`, `torch.nn.Embedding(...)`, or a bare name bound to one (`Linear(...)`).
     only = {"visit_Call": Only(attrs=frozenset(name.rsplit(".", 1)[1] for name in _LAYERS))}

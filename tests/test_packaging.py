@@ -1,10 +1,12 @@
 """The built wheel: layout (rules/ and runtime_guard/ only inside matlint/), metadata (torch only
-under the `guard` extra), and a static lint from the wheel that never imports torch."""
+under the `guard` extra), a static lint from the wheel that never imports torch nor reads the
+rules' examples, and the examples (package data) read from the wheel."""
 from __future__ import annotations
 
 import email
 import importlib.util
 import json
+import os
 import shutil
 import subprocess
 import sys
@@ -62,6 +64,8 @@ def test_wheel_layout(wheel):
     for path in (REPO / "rules").glob("*.py"):
         assert f"matlint/rules/{path.name}" in names
     assert any(n.startswith("matlint/runtime_guard/") for n in names)
+    for path in (REPO / "rules" / "fixtures").glob("*.py"):
+        assert f"matlint/rules/fixtures/{path.name}" in names
     for path in (REPO / "runtime_guard").glob("*.py"):
         assert f"matlint/runtime_guard/{path.name}" in names
     top_level = {n.split("/")[0] for n in names}
@@ -99,9 +103,37 @@ assert matlint.__file__.startswith({str(unpacked)!r}), matlint.__file__
 findings = matlint.check({str(target)!r}, select="MAT101")
 from matlint.cli import main
 code = main(["check", "--no-cache", "--select", "MAT101", "--format", "json", {str(target)!r}])
-print(json.dumps({{"codes": [f.code for f in findings], "exit": code, "torch": "torch" in sys.modules}}))
+from matlint.rule import load_examples
+print(json.dumps({{"codes": [f.code for f in findings], "exit": code, "torch": "torch" in sys.modules,
+                  "examples_read": load_examples.cache_info().currsize}}))
 """
     result = subprocess.run([sys.executable, "-c", script], cwd=tmp_path, capture_output=True, text=True)
     assert result.returncode == 0, result.stderr
     report = json.loads(result.stdout.strip().splitlines()[-1])
-    assert report == {"codes": ["MAT101"] * len(bad_example("MAT101").expect), "exit": 1, "torch": False}
+    assert report == {"codes": ["MAT101"] * len(bad_example("MAT101").expect), "exit": 1, "torch": False,
+                      "examples_read": 0}
+
+
+def test_rule_examples_and_listing_from_the_wheel(wheel, tmp_path):
+    """The examples are package data: `Rule.examples` and `matlint rule` (its fix column comes
+    from them) read them from the installed package."""
+    unpacked = tmp_path / "site"
+    with zipfile.ZipFile(wheel) as archive:
+        archive.extractall(unpacked)
+    script = f"""
+import sys, json
+sys.path[:0] = [{str(unpacked)!r}]
+import matlint
+from matlint.registry import all_rules
+from matlint.cli import main
+assert matlint.__file__.startswith({str(unpacked)!r}), matlint.__file__
+print(json.dumps({{r.code: len(r.examples) for r in all_rules()}}))
+main(["rule"])
+"""
+    result = subprocess.run([sys.executable, "-c", script], cwd=tmp_path, capture_output=True, text=True,
+                            env={**os.environ, "NO_COLOR": "1", "COLUMNS": "200"})
+    assert result.returncode == 0, result.stderr
+    counts, listing = result.stdout.split("\n", 1)
+    from matlint.registry import all_rules
+    assert json.loads(counts) == {r.code: len(r.examples) for r in all_rules()}
+    assert "MAT601" in listing and "unsafe" in listing
