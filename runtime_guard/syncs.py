@@ -34,19 +34,24 @@ class SyncWatch:
             return False
         if torch.cuda.get_sync_debug_mode() != 0:
             return False  # the user's own setting ("warn" or "error") stays in charge
+        self.listen()
+        torch.cuda.set_sync_debug_mode("warn")
+        return True
+
+    def listen(self) -> None:
+        """Counts the sync warnings from now on, and only those (the detector's switch aside)."""
         self._show = warnings.showwarning
         warnings.showwarning = self._showwarning
         warnings.filterwarnings("always", message=SYNC_WARNING)
         self._filter = warnings.filters[0]
-        torch.cuda.set_sync_debug_mode("warn")
         self.active = True
-        return True
 
     def stop(self) -> None:
         if not self.active:
             return
         self.active = False
-        torch.cuda.set_sync_debug_mode(0)
+        if torch.cuda.is_available() and torch.cuda.is_initialized():
+            torch.cuda.set_sync_debug_mode(0)
         if warnings.showwarning == self._showwarning:
             warnings.showwarning = self._show
         try:
