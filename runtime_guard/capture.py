@@ -134,13 +134,15 @@ def _site_of(code, lineno: int) -> Site:
 
 
 def user_site(frame) -> Optional[Site]:
-    """The first frame of the user's code at or above `frame`; None where matlint's own code is
-    on the way (a sync the guard makes, not the user)."""
+    """The first frame of the user's code at or above `frame`, through torch's code and the
+    guard's dispatch mode (which runs the user's ops); None where other code of the guard's own is
+    on the way (a sync the guard makes itself, timing a step)."""
     while frame is not None:
         code = frame.f_code
         if code.co_filename.startswith(_OWN_DIR):
-            return None
-        if _code_kind(code) == 0:
+            if code.co_name != "__torch_dispatch__":
+                return None
+        elif _code_kind(code) == 0:
             return _site_of(code, frame.f_lineno)
         frame = frame.f_back
     return UNKNOWN_SITE

@@ -35,7 +35,9 @@ class SyncWatch:
         if torch.cuda.get_sync_debug_mode() != 0:
             return False  # the user's own setting ("warn" or "error") stays in charge
         self.listen()
-        torch.cuda.set_sync_debug_mode("warn")
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")  # "a prototype feature": said once per switch, not the user's concern
+            torch.cuda.set_sync_debug_mode("warn")
         return True
 
     def listen(self) -> None:
@@ -51,7 +53,9 @@ class SyncWatch:
             return
         self.active = False
         if torch.cuda.is_available() and torch.cuda.is_initialized():
-            torch.cuda.set_sync_debug_mode(0)
+            with warnings.catch_warnings():
+                warnings.simplefilter("ignore")
+                torch.cuda.set_sync_debug_mode(0)
         if warnings.showwarning == self._showwarning:
             warnings.showwarning = self._show
         try:
