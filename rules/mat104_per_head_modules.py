@@ -10,6 +10,7 @@ from matlint.rule import Only, Rule
 from matlint.semantic.flow import flow_of
 from matlint.semantic.kinds import class_attribute_values, may_mention
 from matlint.semantic.loops import bound_names, loaded_names
+from matlint.semantic.project import imported_class
 from matlint.semantic.tree import walk
 
 _JOINS = {"torch.cat", "torch.concat", "torch.concatenate", "torch.stack"}
@@ -149,10 +150,12 @@ class PerHeadModules(Rule):
     No automatic fix: the weights must be re-laid out into one module (checkpoints change).
     """
 
-    # The heads must be nn.Linear or a class of this file that holds one (`_holds_projections`).
-    # The join is `torch.cat(...)`-like, or a bare name bound to one.
+    # The heads must be nn.Linear or a class (of this file or a project module it imports) that
+    # holds one (`_holds_projections`), in a module container. The join is `torch.cat(...)`-like,
+    # or a bare name bound to one.
     only = {"visit_Call": Only(attrs=frozenset(name.rsplit(".", 1)[1] for name in _JOINS),
-                               if_file=lambda ctx: may_mention(ctx, "Linear"))}
+                               if_file=lambda ctx: any(may_mention(ctx, word) for word in (
+                                   "Linear", "ModuleList", "ModuleDict")))}
 
     def visit_Call(self, node: ast.Call) -> None:
         fn, cls = self.ctx.function, self.ctx.class_
@@ -397,18 +400,24 @@ class PerHeadModules(Rule):
         return assigns[0].value
 
     def _is_attention(self, func: ast.AST) -> bool:
-        """The class of the file that `func` names computes a softmax (an attention head), rather
-        than being a whole model of its own (an ensemble member, `QNet`)."""
-        cls = self._file_class(func)
+        """The class that `func` names (of this file or a project module it imports) computes a
+        softmax (an attention head), rather than being a whole model of its own (an ensemble
+        member, `QNet`)."""
+        cls, _ = self._head_class(func)
         return cls is not None and any(
             (isinstance(n, ast.Attribute) and n.attr in _ATTENTION_CALLS)
             or (isinstance(n, ast.Name) and n.id in _ATTENTION_CALLS) for n in ast.walk(cls))
 
-    def _file_class(self, func: ast.AST) -> Optional[ast.ClassDef]:
-        if not isinstance(func, ast.Name):
-            return None
-        return next((stmt for stmt in self.ctx.tree.body if isinstance(stmt, ast.ClassDef) and stmt.name == func.id),
-                    None)
+    def _head_class(self, func: ast.AST) -> tuple:
+        """(the class `func` names, a `qualname` for the names its module binds): a class of this
+        file, or one imported from a project module (`from .head import Head`); (None, None)."""
+        if isinstance(func, ast.Name):
+            cls = next((stmt for stmt in self.ctx.tree.body if isinstance(stmt, ast.ClassDef)
+                        and stmt.name == func.id), None)
+            if cls is not None:
+                return cls, self.ctx.qualname
+        found = imported_class(self.ctx, func)
+        return (found[0], found[1].qualname) if found is not None else (None, None)
 
     def _holds_projections(self, module_call: ast.Call) -> bool:
         func = module_call.func
@@ -420,6 +429,6 @@ class PerHeadModules(Rule):
                     and all(isinstance(a, ast.Call) and (self.ctx.qualname(a.func) or "").startswith("torch.nn.")
                             for a in module_call.args)
                     and any(self.ctx.qualname(a.func) in _LINEAR for a in module_call.args))
-        cls = self._file_class(func)
-        return cls is not None and any(isinstance(n, ast.Call) and self.ctx.qualname(n.func) in _LINEAR
+        cls, qualname = self._head_class(func)
+        return cls is not None and any(isinstance(n, ast.Call) and qualname(n.func) in _LINEAR
                                        for n in ast.walk(cls))

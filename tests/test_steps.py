@@ -149,3 +149,39 @@ def test_steps_driven_by_a_framework_or_a_loss_scaler_are_training_steps():
             for batch in log_every(data_loader):
                 helper()
         """) == ["is a training step"] * 3 + ["is called from the loop over batches on line 19"]
+
+
+def test_per_head_modules_of_a_class_in_another_project_module(tmp_path):
+    """MAT104 reads the head class where the project defines it (`from .head import Head`): the
+    heads are identical attention modules with their own projections, applied one by one."""
+    from matlint.engine import lint_source
+    from matlint.registry import get_rule
+
+    package = tmp_path / "transformer"
+    package.mkdir()
+    (package / "__init__.py").write_text("")
+    (package / "head.py").write_text(
+        "import torch\nimport torch.nn as nn\nfrom torch.nn import functional as F\n\n"
+        "class Head(nn.Module):\n"
+        "    def __init__(self, n_embed, head_size):\n"
+        "        super().__init__()\n"
+        "        self.key = nn.Linear(n_embed, head_size, bias=False)\n"
+        "        self.query = nn.Linear(n_embed, head_size, bias=False)\n"
+        "        self.value = nn.Linear(n_embed, head_size, bias=False)\n\n"
+        "    def forward(self, x):\n"
+        "        w = F.softmax(self.query(x) @ self.key(x).transpose(-2, -1), dim=-1)\n"
+        "        return w @ self.value(x)\n")
+    block = package / "block.py"
+    source = ("import torch\nimport torch.nn as nn\nfrom .head import Head\n\n"
+              "class MultiHeadAttention(nn.Module):\n"
+              "    def __init__(self, n_heads, n_embed, head_size):\n"
+              "        super().__init__()\n"
+              "        self.heads = nn.ModuleList([Head(n_embed, head_size) for _ in range(n_heads)])\n\n"
+              "    def forward(self, x):\n"
+              "        return torch.cat([h(x) for h in self.heads], dim=-1)\n")
+    block.write_text(source)
+    found = lint_source(source, str(block), [get_rule("MAT104")])
+    assert [(f.code, f.row) for f in found] == [("MAT104", 11)]
+    # A class of that name that is no attention head (no softmax): not per-head attention.
+    (package / "head.py").write_text("import torch.nn as nn\n\nclass Head(nn.Module):\n    pass\n")
+    assert lint_source(source, str(block), [get_rule("MAT104")]) == []

@@ -78,6 +78,30 @@ def imported_function(ctx, func: ast.AST) -> Optional[tuple]:
     """(the function definition, its file) that `func` names through an import of a project
     module at the file's top level (`accuracy` after `from utils import accuracy`, `utils.accuracy`
     after `import utils`), else None."""
+    return imported_definition(ctx, func, (ast.FunctionDef, ast.AsyncFunctionDef))
+
+
+def imported_class(ctx, func: ast.AST) -> Optional[tuple]:
+    """(the class definition, the NameResolver of its module) that `func` names through an import
+    of a project module (`Head` after `from .head import Head`), else None."""
+    found = imported_definition(ctx, func, (ast.ClassDef,))
+    if found is None:
+        return None
+    definition, path = found
+    resolver = _RESOLVERS.get(path)
+    if resolver is None or resolver[0] is not parsed(path):
+        from .names import NameResolver
+
+        resolver = _RESOLVERS[path] = (parsed(path), NameResolver(parsed(path)))
+    return definition, resolver[1]
+
+
+_RESOLVERS: dict = {}  # path -> (its parsed tree, a NameResolver of it)
+
+
+def imported_definition(ctx, func: ast.AST, kinds: tuple) -> Optional[tuple]:
+    """(the top-level definition of one of `kinds`, its file) that `func` names through an import
+    of a project module, else None."""
     table = ctx.shared.get("project_imports")
     if table is None:
         table = ctx.shared["project_imports"] = _import_table(ctx.tree)
@@ -94,8 +118,7 @@ def imported_function(ctx, func: ast.AST) -> Optional[tuple]:
     tree = parsed(path) if path is not None else None
     if tree is None:
         return None
-    definition = next((s for s in tree.body if isinstance(s, (ast.FunctionDef, ast.AsyncFunctionDef))
-                       and s.name == attr), None)
+    definition = next((s for s in tree.body if isinstance(s, kinds) and s.name == attr), None)
     return (definition, path) if definition is not None else None
 
 
