@@ -47,7 +47,9 @@ def test_quickstart_runs_as_written(tmp_path):
     assert result.returncode == 1, result.stdout + result.stderr
     headers = re.findall(r"^examples/\S+:(?:cell \d+:)?\d+:\d+: (MAT\d{3}) ", result.stdout, re.M)
     assert headers and "train_notebook.ipynb:cell " in result.stdout, result.stdout
-    assert f"Found {len(headers)} warning{'s' * (len(headers) != 1)}." in result.stdout
+    summary = f"Found {len(headers)} warning{'s' * (len(headers) != 1)}."
+    assert summary in result.stdout
+    assert f"(`{summary}`" in " ".join(readme.split()), "the README quotes the quickstart's summary as it is"
     installed = subprocess.run([str(copy / ".venv" / "bin" / "python"), "-m", "pip", "list", "--format", "freeze"],
                                capture_output=True, text=True, check=True).stdout.lower()
     assert "torch==" not in installed
