@@ -10,7 +10,7 @@ import ast
 import re
 from typing import NamedTuple, Optional
 
-from .tree import block_fields, child_nodes
+from .tree import block_fields, child_nodes, identifier_text
 
 _FUNCTIONS = (ast.FunctionDef, ast.AsyncFunctionDef)
 _LOOPS = (ast.For, ast.AsyncFor, ast.While)
@@ -135,8 +135,6 @@ def _lines_calling(text: str, names: list) -> set:
 def file_calls(ctx) -> FileCalls:
     found = ctx.shared.get("file_calls")
     if found is None:
-        from .kinds import identifier_text  # kinds imports this module: a late import breaks the cycle
-
         found = ctx.shared["file_calls"] = FileCalls(ctx.tree, identifier_text(ctx))
     return found
 

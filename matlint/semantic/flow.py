@@ -7,13 +7,11 @@ target, `with ... as`, a `:=` in a test) comes before it. A name stored any othe
 from __future__ import annotations
 
 import ast
-import unicodedata
 from typing import Optional
 
-from .kinds import identifier_text
 from .lazy import BuiltOnFirstUse
-from .loops import _SCOPE_TYPES, walk_no_scopes
-from .tree import block_fields, child_nodes
+# code_scope and function_text live in tree (a leaf, which loops reads too); the rules read them from here
+from .tree import _SCOPE_TYPES, block_fields, child_nodes, code_scope, function_text, identifier_text, walk_no_scopes  # noqa: F401
 
 _LOOPS_AND_COMPREHENSIONS = (ast.For, ast.AsyncFor, ast.While, ast.ListComp, ast.SetComp, ast.DictComp,
                              ast.GeneratorExp)
@@ -228,36 +226,12 @@ def _stored_names_of(target: ast.AST) -> set:
     return {n.id for n in walk_no_scopes(target) if isinstance(n, ast.Name)}
 
 
-def code_scope(ctx) -> Optional[ast.AST]:
-    """The function the walker is in, or the module at module level: the scope whose flow the
-    rules read. None inside a lambda or a class body."""
-    function = ctx.function
-    if function is None:
-        return ctx.tree if ctx.class_ is None else None
-    return None if isinstance(function, ast.Lambda) else function
-
-
 def flow_of(ctx, function: ast.AST) -> FunctionFlow:
     key = ("flow", id(function))
     flow = ctx.shared.get(key)
     if flow is None:
         flow = ctx.shared[key] = FunctionFlow(function)
     return flow
-
-
-def function_text(ctx, function: ast.AST) -> str:
-    """The source lines of `function`, identifiers spelled as the tree holds them (NFKC, as in
-    `_kinds.identifier_text`): a cheap filter before building its flow."""
-    key = ("function_text", id(function))
-    text = ctx.shared.get(key)
-    if text is None:
-        if not hasattr(function, "lineno"):  # the module
-            return identifier_text(ctx)
-        text = "\n".join(ctx.lines[function.lineno - 1:function.end_lineno])
-        if not text.isascii():
-            text = unicodedata.normalize("NFKC", text)
-        ctx.shared[key] = text
-    return text
 
 
 def nearby_comments(ctx, node: ast.AST, statement: ast.stmt, continues=None) -> list:

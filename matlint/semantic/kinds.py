@@ -6,13 +6,12 @@ from __future__ import annotations
 
 import ast
 import re
-import unicodedata
 from typing import Optional
 
 from .calls import argument_for, file_calls
 from .lazy import BuiltOnFirstUse
-from .loops import _COMPREHENSIONS, walk_no_scopes
-from .tree import block_fields, child_nodes
+# identifier_text lives in tree (a leaf, which calls and flow read too); the rules read it from here
+from .tree import _COMPREHENSIONS, block_fields, child_nodes, identifier_text, walk_no_scopes
 
 TENSOR = "tensor"            # a tensor whose device is not known to be the CPU
 CPU_TENSOR = "cpu_tensor"    # a tensor on the CPU by construction
@@ -443,17 +442,6 @@ def cpu_only_script(ctx) -> bool:
             isinstance(stmt, (ast.For, ast.While)) or (isinstance(stmt, ast.If) and "__main__" in ast.dump(stmt.test))
             for stmt in ctx.tree.body)
     return found
-
-
-def identifier_text(ctx) -> str:
-    """The source with every identifier spelled as the tree holds it: the source itself, or for a
-    file that is not ASCII its NFKC normal form (the parser normalizes identifiers so: `ｓｏｆｔｍａｘ`
-    is `softmax`). An identifier of the tree is a substring of this text."""
-    text = ctx.shared.get("identifier_text")
-    if text is None:
-        source = ctx.source
-        text = ctx.shared["identifier_text"] = source if source.isascii() else unicodedata.normalize("NFKC", source)
-    return text
 
 
 def may_mention(ctx, word: str, ignore_case: bool = False) -> bool:

@@ -8,12 +8,9 @@ import re
 from functools import cached_property
 from typing import Optional
 
-from .tree import block_fields, child_nodes, dotted, walk
-
-_SCOPES = (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef, ast.Lambda)
-_SCOPE_TYPES = frozenset(_SCOPES)
-_COMPREHENSIONS = (ast.ListComp, ast.SetComp, ast.GeneratorExp, ast.DictComp)
-
+# walk_no_scopes and the scope tuples live in tree (a leaf); imported here for the modules that read them from loops
+from .tree import (_COMPREHENSIONS, _SCOPE_TYPES, _SCOPES, block_fields, child_nodes, code_scope, dotted,
+                   function_text, identifier_text, walk, walk_no_scopes)
 
 def bound_names(target: ast.AST) -> set:
     names = set()
@@ -30,16 +27,6 @@ def loaded_names(expr: ast.AST) -> set:
 def _attribute_paths(expr: ast.AST) -> set:
     """`self.h` and `self.h.T` for `self.h.T @ W`: the dotted paths of the attributes `expr` reads."""
     return {dotted(n) for n in walk_no_scopes(expr) if n.__class__ is ast.Attribute} - {None}
-
-
-def walk_no_scopes(node: ast.AST):
-    """ast.walk that does not enter nested functions, lambdas or classes."""
-    stack = [node]
-    scopes = _SCOPE_TYPES
-    while stack:
-        current = stack.pop()
-        yield current
-        stack.extend([child for child in child_nodes(current) if child.__class__ not in scopes])
 
 
 def scope_statements(body):
@@ -446,8 +433,6 @@ class LoopInfo:
 
     @cached_property
     def _alias_roots(self) -> dict:
-        from .flow import code_scope
-
         scope = code_scope(self.ctx)
         return view_alias_roots(self.ctx, scope) if scope is not None else {}
 
@@ -705,9 +690,6 @@ def _may_run_training_step(call: ast.Call, discarded: bool) -> bool:
 def may_train(ctx) -> bool:
     """False only when the function the walker is in (or the module, outside functions) cannot
     call `.backward()` or `.step()`: attribute names, so its text (NFKC) would spell them."""
-    from .flow import function_text
-    from .kinds import identifier_text
-
     text = function_text(ctx, ctx.function) if ctx.function is not None else identifier_text(ctx)
     return "backward" in text or "step" in text
 

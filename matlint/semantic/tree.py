@@ -9,6 +9,7 @@ engine's walker reads its children from the same table.
 from __future__ import annotations
 
 import ast
+import unicodedata
 from typing import Optional
 
 _AST = ast.AST
@@ -98,3 +99,55 @@ def product_factors(expr: ast.AST) -> list:
     if isinstance(expr, ast.BinOp) and isinstance(expr.op, ast.Mult):
         return product_factors(expr.left) + product_factors(expr.right)
     return [expr]
+
+
+# The structure and text helpers below are leaves: every analysis reads them (loops, flow, kinds,
+# calls), so they import no other module of the semantic model.
+_SCOPES = (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef, ast.Lambda)
+_SCOPE_TYPES = frozenset(_SCOPES)
+_COMPREHENSIONS = (ast.ListComp, ast.SetComp, ast.GeneratorExp, ast.DictComp)
+
+
+def walk_no_scopes(node: ast.AST):
+    """ast.walk that does not enter nested functions, lambdas or classes."""
+    stack = [node]
+    scopes = _SCOPE_TYPES
+    while stack:
+        current = stack.pop()
+        yield current
+        stack.extend([child for child in child_nodes(current) if child.__class__ not in scopes])
+
+
+def identifier_text(ctx) -> str:
+    """The source with every identifier spelled as the tree holds it: the source itself, or for a
+    file that is not ASCII its NFKC normal form (the parser normalizes identifiers so: `ｓｏｆｔｍａｘ`
+    is `softmax`). An identifier of the tree is a substring of this text."""
+    text = ctx.shared.get("identifier_text")
+    if text is None:
+        source = ctx.source
+        text = ctx.shared["identifier_text"] = source if source.isascii() else unicodedata.normalize("NFKC", source)
+    return text
+
+
+def code_scope(ctx) -> Optional[ast.AST]:
+    """The function the walker is in, or the module at module level: the scope whose flow the
+    rules read. None inside a lambda or a class body."""
+    function = ctx.function
+    if function is None:
+        return ctx.tree if ctx.class_ is None else None
+    return None if isinstance(function, ast.Lambda) else function
+
+
+def function_text(ctx, function: ast.AST) -> str:
+    """The source lines of `function`, identifiers spelled as the tree holds them (NFKC, as in
+    `identifier_text`): a cheap filter before building its flow."""
+    key = ("function_text", id(function))
+    text = ctx.shared.get(key)
+    if text is None:
+        if not hasattr(function, "lineno"):  # the module
+            return identifier_text(ctx)
+        text = "\n".join(ctx.lines[function.lineno - 1:function.end_lineno])
+        if not text.isascii():
+            text = unicodedata.normalize("NFKC", text)
+        ctx.shared[key] = text
+    return text

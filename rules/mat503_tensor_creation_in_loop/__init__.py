@@ -1,0 +1,263 @@
+"""MAT503 tensor-creation-in-loop: tensors built on the host and copied to the device on every
+iteration or every forward call.
+
+The rule's metadata, docs and visitor are here; what it reads is in its modules: `factories`
+(the tensor a call makes and the device it goes to), `host_data` (arrays numpy makes per pass),
+`stays_quiet` (where a tensor per pass is needed or runs once) and `advice` (what to write
+instead, and the `device=` fix). Whether the call runs on every step is the semantic model's
+`per_step`."""
+from __future__ import annotations
+
+import ast
+
+from matlint.rule import Only, Rule
+
+from matlint.semantic.names import in_test_code
+from matlint.semantic.steps import per_step
+from matlint.semantic.torch_api import TYPED_TENSORS, cuda_tensor_type
+
+from .advice import (created_on_device, fill_message, numpy_message, sampler_input, sampler_message,
+                     sizes_message)
+from .factories import (FILLS, FROM_DATA, RANDOM, carried_to_move, device_target, host_made, is_constant_data,
+                        is_device, is_false, legacy_sizes, one_value, same_values_on_device, takes_device,
+                        torch_factory, unwrapped)
+from .host_data import numpy_made
+from .stays_quiet import (fills_a_cache, in_value_checked_branch, kept_apart, runs_once_per_loop,
+                          sized_by_loop_item, varies_per_iteration)
+
+
+class TensorCreationInLoop(Rule):
+    code = "MAT503"
+    name = "tensor-creation-in-loop"
+    summary = "A tensor created on the host and copied to the device on every loop iteration or forward call."
+    docs = """
+    ## What it does
+    Inside a loop, in an `nn.Module`'s `forward`, or in a function that runs every step (a
+    training step, or a helper that `forward`, a step or a training/batch loop calls on every
+    pass, not under an `if`), flags:
+    - a tensor created on the host and then moved (`torch.zeros(n).to(device)`,
+      `torch.arange(n).cuda()`, `torch.randn(b, d).to(x.device)`): it can be created on the
+      device directly; a sample drawn on the host from a host-made input
+      (`torch.bernoulli(p * torch.ones(shape)).to(d)`): `torch.bernoulli` and `torch.normal(mean,
+      std)` take no `device=` and sample where their input is, so that input is what to make on
+      the device;
+    - a constant copied from the host (`torch.tensor([0.5, 2.0], device=x.device)`,
+      `torch.tensor(1.0).cuda()`): the same values are uploaded again each time. A constant of
+      one repeated value (a scalar `torch.tensor(0.0, device=d)`, often an accumulator updated in
+      place, or `torch.tensor([0, 0], device=d)`) gets the fill that makes it on the device
+      (`torch.zeros((), device=d)`, `torch.zeros(2, dtype=torch.long, device=d)`: same dtype),
+      not a buffer: a fill is a new tensor each time, so it also fits a tensor that is kept,
+      returned or changed in place;
+    - an uninitialised tensor allocated on the host and moved (`torch.Tensor(2, 4).to(d)`: the
+      arguments are sizes): `torch.empty(2, 4, device=d)`;
+    - an array that numpy draws or fills on the host on every pass and that is copied to the
+      device: `torch.from_numpy(np.random.randn(b, d)).cuda()`, `torch.tensor(np.zeros(n),
+      device=d)`, or a legacy CUDA tensor type called on it (`torch.cuda.FloatTensor(...)`, or a
+      module-level name bound to one, also under a condition: `Tensor = torch.cuda.FloatTensor
+      if cuda else torch.FloatTensor`, then `Tensor(np.random.normal(0, 1, (b, d)))`, as GAN
+      scripts write it), directly or through a name assigned in the same loop. The message gives
+      the torch call that makes it on the device (`torch.randn((b, d), device=device)`,
+      `torch.empty(size, device=d).uniform_(low, high)`, `torch.randint(low, high, size,
+      device=d)`, `torch.zeros(...)`).
+
+    ## Why is this bad?
+    Creating on the host and copying costs a host allocation, a fill on the CPU and a
+    host-to-device copy from pageable memory, which blocks the CPU until the copy is done,
+    every iteration. `device=` makes it one fill kernel on the GPU. A constant uploaded per
+    step is a copy that never had to happen: create it once, or fill a scalar on the device.
+
+    ## Example
+    ```python
+    def forward(self, x):
+        mask = torch.ones(x.shape[1], x.shape[1]).to(x.device).tril()
+        scale = torch.tensor([0.5, 2.0], device=x.device)
+        total = torch.tensor(0.0, device=x.device)
+        ...
+    ```
+
+    ## Use instead
+    ```python
+    def __init__(self):
+        ...
+        self.register_buffer("scale", torch.tensor([0.5, 2.0]), persistent=False)
+
+    def forward(self, x):
+        mask = torch.ones(x.shape[1], x.shape[1], device=x.device).tril()
+        total = torch.zeros((), device=x.device)
+        ...
+    ```
+
+    ## Stays quiet on
+    - Tensors created directly on the device from shapes (`torch.zeros(b, d, device=x.device)`):
+      a fill kernel, no copy.
+    - Data that changes per iteration (`torch.tensor(batch_ids).to(device)`,
+      `torch.from_numpy(states).cuda()` of a loader's batch or an environment's state): it has
+      to be copied anyway. numpy draws that stay on the host (`torch.tensor(np.random.normal(0,
+      0.2))` added as a scalar), are made once outside the loop, or are filled in afterwards
+      (`adv = np.zeros(n)`, then `adv[t] = ...`: computed data), and legacy types called
+      with sizes (`Tensor(b, 1).fill_(1.0)` allocates on the device).
+    - `.to(x)` / `.to(dtype)` and other `.to` calls whose argument may not be a device, and
+      `.to("cpu")`; random tensors drawn from an explicit `generator=` (it lives on the host),
+      or sampled from an input whose place is unknown (`torch.bernoulli(probs).to(d)`: `probs`
+      may be on the device already);
+      factories with `requires_grad=True` (the moved copy is a non-leaf, so `device=` would
+      change which tensor gets the gradient; a constant leaf must be a new one each call) or
+      `pin_memory=True` (`requires_grad=False` and `pin_memory=False` are the defaults: reported).
+    - Constant tensors of several values that each pass needs a tensor of its own for, where
+      "create it once" would be wrong: returned or yielded, added to a collection
+      (`history.append(stats)`), items of a comprehension (`[torch.tensor([1.0, 2.0], device=d)
+      for _ in range(world)]`, an `all_gather` receive list), stored in another object
+      (`data.edge_index = torch.tensor(...)`: every result would share it), or changed in place
+      later (`offsets[1] += n`, `buf.copy_(x)`, `out=buf`), directly or through the name they
+      are assigned to. A constant of one repeated value is still reported, with its fill (see
+      above), and so is a factory moved to the device whatever becomes of it: with `device=` it
+      is a new tensor each time too.
+    - A device that changes with the loop variable (`torch.tensor(0, device=torch.device("cuda",
+      i))` to initialize each GPU), and branches that run on one iteration only (`if i ==
+      len(steps) - 1:`, `if state is None:`, `if len(state) == 0:`; their `else:` is reported).
+    - Blocks that leave the loop right after the creation: a branch ending in `return` or
+      `raise` runs at most once per call (`if too_close: return torch.tensor(True, device=d)`),
+      one ending in `break` once per run of its loop (still reported when an outer loop runs
+      it again, and in a module's `forward`, once per forward call). A `continue` in the rest
+      of the block, or a `raise` that a `try` in the loop may catch, keeps it reported.
+    - Branches that the data chooses, under a test that reads tensor values on the host (`if
+      not torch.any(mask): return torch.tensor(0.0, device=d)`, `if loss.item() > 1.0:`, `if
+      total == 0:` for a tensor `total`, a reduction compared: `if mask.sum() > 0:`, `if (z <
+      -1).sum() == 0:`): an empty batch or an out-of-range value, not the work of every call.
+      `if position_ids is None:` reads no values (the argument was not passed, which is the
+      usual call): the default built under it is reported.
+    - Loops in functions whose name starts with the word `init` (`__init__`, `init_weights`,
+      `initialize`), `build`, `setup`, `load` (`load`, `load_model`; not `loader_step`) or is
+      `reset_parameters` (run once), unless the name also says `train` or `fit`
+      (`load_and_train`) or the loop calls `.backward()` or an optimizer's `.step()`; loops that
+      make one tensor per listed shape (`torch.randn(1, *shape).to(device) for shape in
+      input_shapes`: dummy inputs; the loop item is a size, not the fill value of
+      `torch.full((b,), t)` for `t in timesteps`), code outside loops, `forward` and the functions that run every step, the
+      `forward` of a class known not to be an `nn.Module` (no base, `object`, `ABC`), and tests.
+    - Caches filled on the first call: `self._mask = ...` under an `if` that tests `self._mask`
+      (`if self._mask is None or self._mask.size(0) < T:`, `if not hasattr(self, "_mask"):`).
+
+    ## Fix safety
+    Host-created-then-moved fills (`zeros`, `ones`, `full`, `empty`, `eye`, and `arange` with
+    a whole-number step) have a safe fix: pass `device=` to the factory and drop the move; the
+    values are identical. `linspace`, `logspace` and `arange` with a fractional step compute
+    their values with rounding that differs between CPU and GPU kernels (the last bit of a
+    float, or a whole step after a cast to an integer dtype), so their fix is unsafe; so is the
+    fix for random factories (`randn`, `rand`, `randint`, `randperm`): the device's generator
+    draws different numbers from the CPU's. `device=` goes before the closing parenthesis, or
+    right after the last argument when a comment ends the argument list; there is no fix when a
+    comment sits between the factory and the end of the move (it would be dropped). Constants
+    and `torch.Tensor(sizes)` have no fix: hoisting them (a buffer, a module-level tensor) is
+    the author's call. Nor do numpy arrays made per pass: torch's sampler draws other numbers,
+    and in float32 where numpy draws float64. Neither do samplers without `device=` (`torch.bernoulli`, `torch.normal`
+    of tensors): the message names the factory in their input to create on the device.
+    """
+
+    # A move (`.to(...)`, `.cuda()`), or a tensor made from data (`torch.tensor(...)`, `tensor(...)`).
+    only = {"visit_Call": Only(attrs=frozenset({"to", "cuda"} | FROM_DATA | TYPED_TENSORS.keys()))}
+
+    def visit_Call(self, node: ast.Call) -> None:
+        ctx = self.ctx
+        func = node.func
+        moves = isinstance(func, ast.Attribute) and func.attr in ("to", "cuda")
+        # The call's own shape first: it rules out almost every call, and costs less than the place.
+        factory = host_made(ctx, func.value) if moves else torch_factory(ctx, node)
+        made_at = node  # where the finding goes: the move, or the creation a name carries to it
+        carrier = unwrapped(ctx, func.value) if moves and factory is None else None
+        if isinstance(carrier, ast.Name):
+            carried = carried_to_move(ctx, carrier)
+            if carried is not None:
+                factory, made_at = carried
+        cuda_type = None if moves or factory is not None or not node.args else cuda_tensor_type(ctx, func)
+        if factory is None and cuda_type is None:
+            return
+        self._step = per_step(ctx)
+        if self._step is None or in_test_code(ctx) or runs_once_per_loop(ctx) or fills_a_cache(ctx):
+            return
+        if cuda_type is not None:  # `Tensor(np.random.normal(...))` with `Tensor = torch.cuda.FloatTensor`
+            self._check_numpy_data(node, node.args[0], '"cuda"' if ctx.qualname(func) else "device")
+            return
+        if moves:
+            target = device_target(ctx, node, func.attr)
+            if target is None or (isinstance(target, ast.AST) and varies_per_iteration(ctx, target)):
+                return
+            device = target if isinstance(target, str) else ctx.segment(target)
+            name, call = factory
+            if name in FROM_DATA | {"from_numpy"} and call.args and self._check_numpy_data(node, call.args[0], device):
+                return
+            if name in FROM_DATA:
+                if legacy_sizes(name, call):
+                    self.report(node, sizes_message(ctx, name, call, device, self._step.where))
+                elif call.args and is_constant_data(call.args[0]):
+                    self._constant(node, call, device)
+                return
+            if name not in FILLS and name not in RANDOM:
+                return
+            if any(k.arg in ("device", None, "out", "generator") or k.arg in ("requires_grad", "pin_memory")
+                   and not is_false(k.value) for k in call.keywords):
+                return  # already placed, unknown keywords, host-only options, or a leaf whose copy is what is used
+            if sized_by_loop_item(ctx, name, call) or in_value_checked_branch(ctx):
+                return
+            if not takes_device(name, call):
+                if made_at is node:
+                    self._report_sampler(node, call, device)
+                return
+            if made_at is not node:
+                self.report(made_at, f"`{ctx.segment(call.func)}(...)` is created on the host and copied to the "
+                                     f"device on line {node.lineno}, on every {self._step.where}; create it there "
+                                     f"with `device={device}` and drop the copy")
+                return
+            self.report(node, f"`{ctx.segment(call.func)}(...)` is created on the host and copied to the device "
+                              f"on every {self._step.where}; create it there with `device=`",
+                        fix=self._device_fix(node, call, device, safe=same_values_on_device(name, call)))
+            return
+        if factory[0] not in FROM_DATA or not node.args:
+            return
+        device = next((k.value for k in node.keywords if k.arg == "device"), None)
+        if device is None or not is_device(ctx, device) or varies_per_iteration(ctx, device):
+            return
+        if not is_constant_data(node.args[0]):
+            self._check_numpy_data(node, node.args[0], ctx.segment(device))
+        elif not legacy_sizes(factory[0], node):  # `torch.FloatTensor(2, 4, device=...)`: sizes
+            self._constant(node, node, ctx.segment(device))
+
+    # -- reports --------------------------------------------------------------------
+    def _check_numpy_data(self, node: ast.Call, data: ast.AST, device: str) -> bool:
+        """Reports `node`, which copies `data` to the device, when numpy makes that data on this
+        pass (a draw of `np.random`, a fill such as `np.zeros`): torch makes the same on the
+        device. Data from elsewhere (a loader's batch, an environment's state) has to be copied."""
+        made = numpy_made(self.ctx, data)
+        if made is None:
+            return False
+        self.report(node, numpy_message(self.ctx, made, device, self._step.where))
+        return True
+
+    def _constant(self, node: ast.Call, factory: ast.Call, device: str) -> None:
+        """`node` uploads the constant `factory` builds (`node` is the factory itself or its move)."""
+        if any(k.arg is None or k.arg == "requires_grad" and not is_false(k.value) for k in factory.keywords):
+            return  # a fresh leaf for autograd each time: one shared tensor would not do
+        if in_value_checked_branch(self.ctx):
+            return
+        value = factory.args[0]
+        filled = one_value(value)
+        if filled is not None:
+            self.report(node, fill_message(self.ctx, factory, value, *filled, device, self._step.where))
+            return
+        if kept_apart(self.ctx, node):
+            return  # one tensor made once would be shared by every result, or changed by every call
+        self.report(node, f"this constant tensor is copied from the host to the device on every {self._step.where}; "
+                          "create it once (`self.register_buffer(..., persistent=False)` or outside the loop)")
+
+    def _report_sampler(self, node: ast.Call, call: ast.Call, device: str) -> None:
+        """`torch.bernoulli(p * torch.ones(shape)).to(d)`: the sampler has no `device=`; it draws
+        where its input is, so the factory in its input is the one to make on the device. An
+        input of unknown place (`torch.bernoulli(probs)`) may be on the device already: quiet."""
+        made = sampler_input(self.ctx, call)
+        if made is not None:
+            self.report(node, sampler_message(self.ctx, call, made, device, self._step.where))
+
+    def _device_fix(self, move: ast.Call, factory: ast.Call, device: str, safe: bool):
+        created = created_on_device(self.ctx, move, factory, device)
+        if created is None:
+            return None
+        return self.replace(move, created, "Create the tensor on the device with `device=`", safe=safe)

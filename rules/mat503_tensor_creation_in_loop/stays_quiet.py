@@ -1,0 +1,208 @@
+"""MAT503: where a tensor made on every pass is not the waste the rule reports (the docs' "Stays
+quiet on"): a branch the data chooses, a branch of one iteration, a cache filled on the first
+call, a tensor each pass needs of its own, one tensor per listed shape, a device that changes
+with the loop."""
+from __future__ import annotations
+
+import ast
+
+from matlint.semantic import kinds as _kinds
+from matlint.semantic.flow import code_scope, flow_of
+
+from .factories import SIZED_FACTORIES
+
+# Tests that read a tensor's values on the host: the branch under them handles what the data says
+# (an empty mask, a NaN, an out-of-range loss), not the work of every call.
+_VALUE_CHECKS = {"item", "any", "all", "isnan", "isinf", "isfinite", "equal", "allclose", "is_nonzero"}
+# Reductions whose result, compared on the host (`if mask.sum() > 0:`), reads the tensor's values.
+_REDUCTIONS = {"sum", "count_nonzero", "max", "min", "amax", "amin", "mean", "prod", "norm", "nansum"}
+
+
+def in_value_checked_branch(ctx) -> bool:
+    """Under `if not torch.any(mask):`, `if loss.item() > 1.0:`, `if total == 0:` (a tensor): a
+    branch the data chooses (an empty batch, an out-of-range value), not work of every call."""
+    parents = ctx.parents
+    for k in range(len(parents) - 2, -1, -1):
+        parent = parents[k]
+        if parent is ctx.function:
+            break
+        if isinstance(parent, ast.If) and any(s is parents[k + 1] for s in parent.body) \
+                and _reads_tensor_values(ctx, parent.test):
+            return True
+    return False
+
+
+def _reads_tensor_values(ctx, test: ast.AST) -> bool:
+    """The test reads a tensor's values on the host: `.item()`, `.any()`, `torch.isnan(...)`, a
+    reduction compared (`mask.sum() > 0`, `(z < -1).sum() == 0`), a tensor compared (`total ==
+    0`) or tested for truth. `x is None` reads no values: it is the optional argument's default."""
+    operands = [test.operand if isinstance(test, ast.UnaryOp) else test]
+    for sub in ast.walk(test):
+        if isinstance(sub, ast.Call) and isinstance(sub.func, ast.Attribute) and sub.func.attr in _VALUE_CHECKS:
+            return True
+        if isinstance(sub, ast.Compare) and not any(isinstance(op, (ast.Is, ast.IsNot)) for op in sub.ops):
+            compared = [sub.left, *sub.comparators]
+            if any(_is_reduction(ctx, o) for o in compared):
+                return True
+            operands.extend(compared)
+    return any(isinstance(o, (ast.Name, ast.Attribute, ast.Call, ast.Subscript)) and _kinds.kind_of(ctx, o) in _kinds.TENSORS
+               for o in operands)
+
+
+def _is_reduction(ctx, expr: ast.AST) -> bool:
+    """`mask.sum()`, `(z < -1).sum()`, `torch.count_nonzero(m)`: a tensor method or a torch
+    function that reduces values (not `len(x)`, `sum(lengths)` or `x.size(0)`)."""
+    if not (isinstance(expr, ast.Call) and isinstance(expr.func, ast.Attribute) and expr.func.attr in _REDUCTIONS):
+        return False
+    qualname = ctx.qualname(expr.func)
+    if qualname is not None:
+        return qualname.rpartition(".")[0] == "torch"
+    return _kinds.kind_of(ctx, expr.func.value) not in _kinds.NON_TENSORS
+
+
+def _changes_in_place(name: str, stmt: ast.AST) -> bool:
+    """`stmt` changes the tensor held by `name` in place: `name += ...`, `name[i] = ...`, `name.add_(...)`,
+    `out=name`."""
+    for node in ast.walk(stmt):
+        if isinstance(node, ast.AugAssign):
+            target = node.target
+        elif isinstance(node, ast.Subscript) and isinstance(node.ctx, ast.Store):
+            target = node
+        elif (isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute) and node.func.attr.endswith("_")
+              and not node.func.attr.startswith("_")):
+            target = node.func.value
+        elif isinstance(node, ast.keyword) and node.arg == "out":
+            target = node.value  # `torch.add(a, b, out=name)`
+        else:
+            continue
+        while isinstance(target, (ast.Subscript, ast.Attribute)):
+            target = target.value
+        if isinstance(target, ast.Name) and target.id == name:
+            return True
+    return False
+
+
+def kept_apart(ctx, node: ast.Call) -> bool:
+    """Each pass needs a tensor of its own: the new one is returned, yielded, added to a
+    collection (`.append(...)`), an item of a comprehension (`[torch.tensor(...) for _ in
+    range(world)]`, an `all_gather` receive list), stored in another object (`data.edge_index
+    = ...`, `out["mask"] = ...`), or changed in place later (`buf.copy_(x)`, `buf[i] = ...`,
+    `out=buf`), directly or through the name it is assigned to: a tensor made once would be
+    shared by every result, or changed by every pass."""
+    scope = code_scope(ctx)
+    if scope is None:
+        return False
+    flow = flow_of(ctx, scope)
+    if _kept(ctx, node, flow.parent):
+        return True
+    statement = flow.statement(node)
+    if not (isinstance(statement, ast.Assign) and statement.value is node and len(statement.targets) == 1
+            and isinstance(statement.targets[0], ast.Name)):
+        return False
+    name = statement.targets[0].id
+    return (any(_changes_in_place(name, stmt) for stmt in scope.body)
+            or any(_kept(ctx, use, flow.parent) for use in flow.uses(statement)))
+
+
+def _kept(ctx, expr: ast.AST, parent: dict) -> bool:
+    """The tensor `expr` holds outlives this pass where it stands (see `kept_apart`)."""
+    up = parent.get(expr)
+    if isinstance(up, ast.Tuple):
+        expr, up = up, parent.get(up)
+    if isinstance(up, (ast.Return, ast.Yield, ast.YieldFrom)):
+        return True
+    if isinstance(up, (ast.ListComp, ast.SetComp, ast.GeneratorExp)):
+        return up.elt is expr
+    if isinstance(up, ast.DictComp):
+        return up.value is expr
+    if isinstance(up, ast.keyword):
+        return up.arg == "out"
+    if isinstance(up, ast.Call):
+        return (isinstance(up.func, ast.Attribute) and up.func.attr in ("append", "extend", "insert", "add")
+                and any(a is expr for a in up.args))
+    if not isinstance(up, ast.Assign) or up.value is not expr:
+        return False
+    for target in up.targets:
+        if isinstance(target, ast.Attribute) and not (isinstance(target.value, ast.Name) and target.value.id == "self"):
+            return True
+        if isinstance(target, ast.Subscript) and _kinds.kind_of(ctx, target.value) not in _kinds.TENSORS:
+            return True
+    return False
+
+
+def sized_by_loop_item(ctx, name: str, call: ast.Call) -> bool:
+    """`torch.randn(1, *shape).to(device) for shape in input_shapes`: one tensor per listed
+    shape (dummy inputs built once), not the same work on every iteration. Only the size
+    arguments count: in `torch.full((b,), t)` for `t in timesteps`, `t` is the fill value."""
+    if not ctx.loops or name not in SIZED_FACTORIES:
+        return False
+    loop = ctx.loops[-1]
+    it = loop.iter
+    if isinstance(it, ast.Call) and getattr(it.func, "id", None) in ("range", "enumerate"):
+        return False
+    if name == "full":
+        sizes = call.args[:1]
+    elif name == "randint":  # randint(high, size), randint(low, high, size)
+        sizes = call.args[-1:] if len(call.args) >= 2 else []
+    else:
+        sizes = call.args
+    sizes = [*sizes, *(k.value for k in call.keywords if k.arg == "size")]
+    for size in sizes:
+        for arg in size.elts if isinstance(size, (ast.Tuple, ast.List)) else [size]:
+            if isinstance(arg, ast.Starred):
+                arg = arg.value
+            if isinstance(arg, ast.Name) and arg.id in loop.targets:
+                return True
+    return False
+
+
+def runs_once_per_loop(ctx) -> bool:
+    """Under `if i == last:`, `if x is None:`, `if len(state) == 0:` inside the loop: a
+    first- or last-iteration branch, not per-iteration work."""
+    if not ctx.loops:
+        return False
+    loop_node = ctx.loops[-1].node
+    parents = ctx.parents
+    inside = False
+    for k, parent in enumerate(parents[:-1]):
+        if parent is loop_node:
+            inside = True
+        elif inside and isinstance(parent, ast.If) and any(s is parents[k + 1] for s in parent.body):
+            test = parent.test  # its `else:` runs on the other iterations
+            if isinstance(test, ast.Compare) and all(isinstance(op, (ast.Eq, ast.Is)) for op in test.ops):
+                return True
+    return False
+
+
+def fills_a_cache(ctx) -> bool:
+    """`self._mask = ...` under `if self._mask is None or ...:` or `if not hasattr(self,
+    "_mask"):`: a cache filled on the first call (or when it grows), not per-call work."""
+    statement = ctx.statement()
+    if isinstance(statement, ast.Assign):
+        targets = statement.targets
+    elif isinstance(statement, ast.AnnAssign):
+        targets = [statement.target]
+    else:
+        return False
+    stored = set()
+    for target in targets:
+        while isinstance(target, ast.Subscript):  # self._cache[key] = ...
+            target = target.value
+        if isinstance(target, ast.Attribute):
+            stored.add(target.attr)
+    if not stored:
+        return False
+    for parent in reversed(ctx.parents):
+        if parent is ctx.function:
+            break
+        if isinstance(parent, ast.If) and any(
+                (isinstance(sub, ast.Attribute) and sub.attr in stored)
+                or (isinstance(sub, ast.Constant) and sub.value in stored) for sub in ast.walk(parent.test)):
+            return True
+    return False
+
+
+def varies_per_iteration(ctx, expr: ast.AST) -> bool:
+    """The device (or the whole expression) changes with the loop variable: one tensor per
+    device, e.g. initializing every GPU."""
+    return any(loop.depends_on_iteration(expr) for loop in ctx.loops)
