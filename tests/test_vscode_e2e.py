@@ -2,12 +2,14 @@
 Chromium, offline, on loopback, with throw-away profiles.
 
 1. Extension-host tests: the packaged extension (the unpacked .vsix) is loaded as the
-   development extension and vscode-extension/src/test/e2e runs inside the real extension host.
+   development extension and vscode-extension/src/test/e2e runs inside the real extension host
+   (with a notebook whose findings follow an edit in another cell).
 2. UI test: the .vsix is installed; Chromium opens a model file, sees the squiggles and the
    Problems panel, hovers, applies a quick fix; screenshots go to build/vscode-e2e/.
 3. Notebook UI test: the same with a .ipynb in the built-in notebook editor (no kernel): the
    squiggles in the cells that hold the findings, the Problems panel, the hover, a fix in a
-   cell that uses an earlier cell's imports, `# noqa`; screenshots in build/vscode-e2e/notebook/.
+   cell that uses an earlier cell's imports, `# noqa` and its undo; screenshots in
+   build/vscode-e2e/notebook/.
 
 Skips only when the tools are not installed (vscode-extension/scripts/ci-setup.sh installs them).
 """
@@ -196,9 +198,22 @@ def the_finding(source: str, path: Path, code: str):
     return finding
 
 
+# A model defined in one cell and applied per item in another (MAT101); as an activation it is no GEMM.
+NOTEBOOK_MODEL, NOTEBOOK_OTHER = "nn.Linear(64, 64)", "nn.ReLU()"
+MODEL_NOTEBOOK = [
+    ("markdown", "# A model applied per item"),
+    ("code", f"import torch\nfrom torch import nn\n\nxs = torch.randn(8, 16, 64)\nmodel = {NOTEBOOK_MODEL}\n"),
+    ("code", "outs = []\nfor i in range(8):\n    outs.append(model(xs[i]))\n"),
+]
+
+
 def test_extension_host(vsix, tmp_path):
     rule, example = unsafe_fix_example()
     ws = make_workspace(tmp_path / "ws", {"model.py": LOOP, "train.py": example.code, "other.py": LOOP})
+    cells = write_notebook(ws / "model.ipynb", MODEL_NOTEBOOK)
+    (use,) = notebook_findings(ws / "model.ipynb", cells)
+    other_cells = [(n, text.replace(NOTEBOOK_MODEL, NOTEBOOK_OTHER)) for n, text in cells]
+    assert use.code == "MAT101" and use.cell == 3 and notebook_findings(ws / "model.ipynb", other_cells) == []
     loop = the_finding(LOOP, ws / "model.py", "MAT101")
     fix = the_finding(example.code, ws / "train.py", rule.code)
     fixed, applied = apply_fixes(example.code, [fix], unsafe=True)
@@ -220,6 +235,8 @@ def test_extension_host(vsix, tmp_path):
         "fix": {"file": "train.py", "code": rule.code, "fixed": fixed},
         "runtime": {"report": str(report), "file": "model.py", "line": 1},
         "closed_file": "other.py",
+        "notebook": {"file": "model.ipynb", "define": 1, "use": use.cell - 1, "code": use.code, "line": use.row - 1,
+                     "model": NOTEBOOK_MODEL, "other": NOTEBOOK_OTHER},
         "bare_python": python_without_matlint(tmp_path / "bare-venv"),
     }
     (tmp_path / "expect.json").write_text(json.dumps(expect))
@@ -245,7 +262,7 @@ def test_extension_host(vsix, tmp_path):
     failed = [o for o in outcome["outcomes"] if o["state"] == "failed"]
     assert not failed, "\n\n".join(f"{o['title']}\n{o['error']}" for o in failed)
     assert [o for o in outcome["outcomes"] if o["state"] != "passed"] == []
-    assert len(outcome["outcomes"]) == 10, [o["title"] for o in outcome["outcomes"]]
+    assert len(outcome["outcomes"]) == 11, [o["title"] for o in outcome["outcomes"]]
 
 
 def test_ui(vsix, tmp_path):
@@ -375,7 +392,10 @@ def test_notebook_ui(vsix, tmp_path):
     assert any("noqa" in a and loop.code in a for a in seen["noqa_actions"]), seen["noqa_actions"]
     assert f"outs.append(torch.matmul(xs[i], ws[i]))  # noqa: {loop.code}" in seen["text_after_noqa"]
     assert not any(code in row for row in seen["problems_after_noqa"] for code in (loop.code, fix.code))
-    assert len(list(shots.glob("*.png"))) == len(seen["steps"]) == 8, seen["steps"]
+    # Undo: the comment goes, the finding is back at its place.
+    assert "outs.append(torch.matmul(xs[i], ws[i]))" in seen["text_after_undo"] and "noqa" not in seen["text_after_undo"]
+    assert any(loop.code in row and f"[Ln {loop.row}, Col {loop.column}]" in row for row in seen["problems_after_undo"])
+    assert len(list(shots.glob("*.png"))) == len(seen["steps"]) == 9, seen["steps"]
 
 
 def install_extension(vsix: Path, root: Path, env: dict):

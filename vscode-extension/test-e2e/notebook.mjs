@@ -149,6 +149,16 @@ try {
   seen.text_after_noqa = silenced.text;
   seen.problems_after_noqa = silenced.problems;
   await snap("noqa");
+
+  // Undo in the cell: the comment goes and the finding comes back (the server applies the
+  // cell's edits, which the client sends as ranges, to the cell's whole text).
+  await page.keyboard.press("Control+z");
+  const undone = await until("the loop's finding back after undo", async () => ({
+    text: await cellText(spec.loop.index), problems: await rows.allInnerTexts(), squiggles: await squiggles(spec.loop.index).count(),
+  }), ({ text, problems, squiggles: n }) => !text.includes("# noqa") && n > 0 && problems.some((t) => t.includes(spec.loop.code)));
+  seen.text_after_undo = undone.text;
+  seen.problems_after_undo = undone.problems;
+  await snap("undo");
 } catch (error) {
   seen.error = String(error?.stack ?? error);
   await snap("error").catch(() => {});
