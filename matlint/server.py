@@ -460,7 +460,10 @@ class MatlintServer:
     def __init__(self):
         Server, Protocol = _load_pygls()
         self.ls = Server("matlint", __version__, protocol_cls=Protocol,
-                         text_document_sync_kind=lsp.TextDocumentSyncKind.Full,
+                         # Incremental: VS Code's client sends a notebook cell's edits as
+                         # ranges whatever kind is asked for, and pygls applies a range
+                         # as the whole text unless the kind is Incremental.
+                         text_document_sync_kind=lsp.TextDocumentSyncKind.Incremental,
                          notebook_document_sync=lsp.NotebookDocumentSyncOptions(notebook_selector=[
                              lsp.NotebookDocumentFilterWithCells(
                                  notebook="jupyter-notebook", cells=[lsp.NotebookCellLanguage(language="python")])],

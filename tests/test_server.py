@@ -120,6 +120,19 @@ class Editor:
             content_changes=[t.TextDocumentContentChangeWholeDocument(text=text)]))
         return self.versions[uri]
 
+    def edit(self, uri: str, range_: t.Range, text: str) -> None:
+        """An edit as VS Code's client sends a cell's edits: a range and its new text, whatever
+        text sync kind the server asked for."""
+        self.version += 1
+        self.versions[uri] += 1
+        self.texts[uri] = apply_text_edits(self.texts[uri], [t.TextEdit(range=range_, new_text=text)])
+        self.client.notebook_document_did_change(t.DidChangeNotebookDocumentParams(
+            notebook_document=t.VersionedNotebookDocumentIdentifier(version=self.version, uri=self.uri),
+            change=t.NotebookDocumentChangeEvent(cells=t.NotebookDocumentCellChanges(text_content=[
+                t.NotebookDocumentCellContentChanges(
+                    document=t.VersionedTextDocumentIdentifier(uri=uri, version=self.versions[uri]),
+                    changes=[t.TextDocumentContentChangePartial(range=range_, text=text)])]))))
+
     def apply(self, edit: t.WorkspaceEdit) -> str:
         """Applies a workspace edit as VS Code does (checking the document version) and sends it."""
         (change,) = edit.document_changes
@@ -692,6 +705,19 @@ class NotebookEditor:
                     document=t.VersionedTextDocumentIdentifier(uri=uri, version=self.versions[uri]),
                     changes=[t.TextDocumentContentChangeWholeDocument(text=text)])]))))
 
+    def edit(self, uri: str, range_: t.Range, text: str) -> None:
+        """An edit as VS Code's client sends a cell's edits: a range and its new text, whatever
+        text sync kind the server asked for."""
+        self.version += 1
+        self.versions[uri] += 1
+        self.texts[uri] = apply_text_edits(self.texts[uri], [t.TextEdit(range=range_, new_text=text)])
+        self.client.notebook_document_did_change(t.DidChangeNotebookDocumentParams(
+            notebook_document=t.VersionedNotebookDocumentIdentifier(version=self.version, uri=self.uri),
+            change=t.NotebookDocumentChangeEvent(cells=t.NotebookDocumentCellChanges(text_content=[
+                t.NotebookDocumentCellContentChanges(
+                    document=t.VersionedTextDocumentIdentifier(uri=uri, version=self.versions[uri]),
+                    changes=[t.TextDocumentContentChangePartial(range=range_, text=text)])]))))
+
     def apply(self, edit: t.WorkspaceEdit) -> str:
         (change,) = edit.document_changes
         uri = change.text_document.uri
@@ -724,6 +750,31 @@ async def test_a_notebook_is_one_program_and_diagnostics_follow_edits_across_cel
     diagnostics = await _published(client, book.cell(1), 2)
     await asyncio.sleep(0.5)
     assert by_code(client.diagnostics[book.cell(2)], "MAT502") == []
+
+
+@pytest.mark.asyncio
+async def test_a_notebook_cell_takes_the_ranged_edits_vscode_sends(client, workspace):
+    """VS Code's language client sends the edits of a notebook cell as ranges even to a server
+    that syncs text documents in full; the server applies them to the cell's text (it took the
+    inserted text for the whole cell: a typed line emptied the cell of its findings)."""
+    book = NotebookEditor(client, workspace / "a" / "typed.ipynb", [
+        (t.NotebookCellKind.Code, 'import torch\ndevice = "cuda"\n'),
+        (t.NotebookCellKind.Code, TRAIN_CELL)])
+    (sync,) = by_code(await _published(client, book.cell(1), 1), "MAT502")
+    start = t.Position(line=0, character=0)
+    book.edit(book.cell(1), t.Range(start=start, end=start), "# one step per batch\n")
+    (moved,) = by_code(await _published(client, book.cell(1), 2), "MAT502")
+    assert moved.range.start.line == sync.range.start.line + 1
+    # An edit of the other cell leaves the rest of that cell: `device` is still "cuda".
+    client.versions.pop(book.cell(1))  # wait for the publication that follows this edit
+    book.edit(book.cell(0), t.Range(start=start, end=start), "# setup\n")
+    await _published(client, book.cell(0), 2)
+    (still,) = by_code(await _published(client, book.cell(1), 2), "MAT502")
+    assert still.range == moved.range
+    # Undoing the typed line brings the finding back to where it was.
+    book.edit(book.cell(1), t.Range(start=start, end=t.Position(line=1, character=0)), "")
+    (back,) = by_code(await _published(client, book.cell(1), 3), "MAT502")
+    assert back.range == sync.range
 
 
 @pytest.mark.asyncio

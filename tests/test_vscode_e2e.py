@@ -2,9 +2,14 @@
 Chromium, offline, on loopback, with throw-away profiles.
 
 1. Extension-host tests: the packaged extension (the unpacked .vsix) is loaded as the
-   development extension and vscode-extension/src/test/e2e runs inside the real extension host.
+   development extension and vscode-extension/src/test/e2e runs inside the real extension host
+   (with a notebook whose findings follow an edit in another cell).
 2. UI test: the .vsix is installed; Chromium opens a model file, sees the squiggles and the
    Problems panel, hovers, applies a quick fix; screenshots go to build/vscode-e2e/.
+3. Notebook UI test: the same with a .ipynb in the built-in notebook editor (no kernel): the
+   squiggles in the cells that hold the findings, the Problems panel, the hover, a fix in a
+   cell that uses an earlier cell's imports, `# noqa` and its undo; screenshots in
+   build/vscode-e2e/notebook/.
 
 Skips only when the tools are not installed (vscode-extension/scripts/ci-setup.sh installs them).
 """
@@ -31,6 +36,7 @@ from matlint.config import load_settings
 from matlint.diagnostics import rule_url
 from matlint.fixes import apply_fixes
 from matlint.registry import all_rules, get_rule
+from matlint.server import notebook_lint
 
 REPO = Path(__file__).resolve().parents[1]
 EXT = REPO / "vscode-extension"
@@ -172,14 +178,42 @@ def make_workspace(folder: Path, files: dict) -> Path:
     return folder
 
 
+def write_notebook(path: Path, cells: list) -> list:
+    """Writes an nbformat 4 notebook of [(kind, text)]; returns its code cells as [(cell number, text)]."""
+    path.write_text(json.dumps({
+        "cells": [{"cell_type": kind, "metadata": {}, "source": text.splitlines(True),
+                   **({"outputs": [], "execution_count": None} if kind == "code" else {})} for kind, text in cells],
+        "metadata": {"language_info": {"name": "python"}}, "nbformat": 4, "nbformat_minor": 5}, indent=1),
+        encoding="utf-8")
+    return [(number, text) for number, (kind, text) in enumerate(cells, 1) if kind == "code"]
+
+
+def notebook_findings(path: Path, code_cells: list) -> list:
+    """What the language server finds in an open notebook (cells as one program, located in their cells)."""
+    return notebook_lint(code_cells, str(path), load_settings(path.parent))
+
+
 def the_finding(source: str, path: Path, code: str):
     (finding,) = [f for f in lint_text(source, str(path), load_settings(path.parent)) if f.code == code]
     return finding
 
 
+# A model defined in one cell and applied per item in another (MAT101); as an activation it is no GEMM.
+NOTEBOOK_MODEL, NOTEBOOK_OTHER = "nn.Linear(64, 64)", "nn.ReLU()"
+MODEL_NOTEBOOK = [
+    ("markdown", "# A model applied per item"),
+    ("code", f"import torch\nfrom torch import nn\n\nxs = torch.randn(8, 16, 64)\nmodel = {NOTEBOOK_MODEL}\n"),
+    ("code", "outs = []\nfor i in range(8):\n    outs.append(model(xs[i]))\n"),
+]
+
+
 def test_extension_host(vsix, tmp_path):
     rule, example = unsafe_fix_example()
     ws = make_workspace(tmp_path / "ws", {"model.py": LOOP, "train.py": example.code, "other.py": LOOP})
+    cells = write_notebook(ws / "model.ipynb", MODEL_NOTEBOOK)
+    (use,) = notebook_findings(ws / "model.ipynb", cells)
+    other_cells = [(n, text.replace(NOTEBOOK_MODEL, NOTEBOOK_OTHER)) for n, text in cells]
+    assert use.code == "MAT101" and use.cell == 3 and notebook_findings(ws / "model.ipynb", other_cells) == []
     loop = the_finding(LOOP, ws / "model.py", "MAT101")
     fix = the_finding(example.code, ws / "train.py", rule.code)
     fixed, applied = apply_fixes(example.code, [fix], unsafe=True)
@@ -201,6 +235,8 @@ def test_extension_host(vsix, tmp_path):
         "fix": {"file": "train.py", "code": rule.code, "fixed": fixed},
         "runtime": {"report": str(report), "file": "model.py", "line": 1},
         "closed_file": "other.py",
+        "notebook": {"file": "model.ipynb", "define": 1, "use": use.cell - 1, "code": use.code, "line": use.row - 1,
+                     "model": NOTEBOOK_MODEL, "other": NOTEBOOK_OTHER},
         "bare_python": python_without_matlint(tmp_path / "bare-venv"),
     }
     (tmp_path / "expect.json").write_text(json.dumps(expect))
@@ -226,7 +262,7 @@ def test_extension_host(vsix, tmp_path):
     failed = [o for o in outcome["outcomes"] if o["state"] == "failed"]
     assert not failed, "\n\n".join(f"{o['title']}\n{o['error']}" for o in failed)
     assert [o for o in outcome["outcomes"] if o["state"] != "passed"] == []
-    assert len(outcome["outcomes"]) == 10, [o["title"] for o in outcome["outcomes"]]
+    assert len(outcome["outcomes"]) == 11, [o["title"] for o in outcome["outcomes"]]
 
 
 def test_ui(vsix, tmp_path):
@@ -238,15 +274,7 @@ def test_ui(vsix, tmp_path):
     root = tmp_path / "cs"
     root.mkdir()
     env = tool_env(tmp_path / "home")
-    install = subprocess.run([str(NODE), str(CODE_SERVER), "--user-data-dir", str(root / "user-data"),
-                              "--extensions-dir", str(root / "extensions"), "--install-extension", str(vsix)],
-                             capture_output=True, text=True, env=env, timeout=120)
-    assert install.returncode == 0 and "matlint" in install.stdout, install.stdout + install.stderr
-    user_settings = root / "user-data" / "User" / "settings.json"
-    user_settings.parent.mkdir(parents=True, exist_ok=True)
-    user_settings.write_text(json.dumps({  # a plain editor: no welcome page, no chat panel
-        "workbench.startupEditor": "none", "chat.disableAIFeatures": True,
-        "workbench.secondarySideBar.defaultVisibility": "hidden"}))
+    install_extension(vsix, root, env)
     shots = ARTIFACTS / "ui"
     shots.mkdir(parents=True, exist_ok=True)
     expected_codes = {f.code for f in lint_text(source, str(ws / "model.py"), load_settings(ws))}
@@ -277,6 +305,110 @@ def test_ui(vsix, tmp_path):
     assert source.splitlines()[fix.row - 1].strip() not in seen["text_after_fix"]
     assert len(seen["problems_after_fix"]) < len(seen["problems"])
     assert len(list(shots.glob("*.png"))) == len(seen["steps"]) == 6
+
+
+NOTEBOOK = [
+    ("markdown", "# Per-item products\nEach product runs on its own."),
+    ("code", textwrap.dedent("""\
+        import math
+        import torch
+        import torch.nn.functional as F
+
+        xs = torch.randn(8, 64, 64)
+        ws = torch.randn(8, 64, 64)
+        q, k, v = torch.randn(3, 2, 4, 16, 32).unbind(0)
+        """)),
+    ("code", textwrap.dedent("""\
+        outs = []
+        for i in range(8):
+            outs.append(torch.matmul(xs[i], ws[i]))
+        """)),
+    ("code", textwrap.dedent("""\
+        def attend(q, k, v):
+            return torch.softmax(q @ k.mT / math.sqrt(q.size(-1)), dim=-1) @ v
+
+        y = attend(q, k, v)
+        """)),
+]
+
+
+def test_notebook_ui(vsix, tmp_path):
+    """A notebook in code-server's notebook editor: MAT101 on a loop over tensors made in an
+    earlier cell (no fix: `# noqa`), MAT601 with a safe fix that uses the earlier cell's `F`."""
+    ws = make_workspace(tmp_path / "ws", {})
+    path = ws / "demo.ipynb"
+    code_cells = write_notebook(path, NOTEBOOK)
+    findings = notebook_findings(path, code_cells)
+    assert sorted((f.code, f.cell) for f in findings) == [("MAT101", 3), ("MAT601", 4)], findings
+    loop, fix = sorted(findings, key=lambda f: f.cell)
+    assert loop.fix is None and fix.fix is not None and fix.fix.safe
+    fixed, applied = apply_fixes(dict(code_cells)[fix.cell], [fix])
+    assert applied and "F.scaled_dot_product_attention(q, k, v)" in fixed
+    fixed_line = fixed.splitlines()[fix.row - 1].strip()
+    root = tmp_path / "cs"
+    root.mkdir()
+    env = tool_env(tmp_path / "home")
+    install_extension(vsix, root, env)
+    shots = ARTIFACTS / "notebook"
+    shots.mkdir(parents=True, exist_ok=True)
+    server = CodeServer(root, ws, env)
+
+    def where(f):  # the cell's index in the notebook (from 0) and the place in the cell (from 1)
+        return {"index": f.cell - 1, "code": f.code, "line": f.row, "column": f.column}
+
+    try:
+        spec = {"url": server.url(), "file": path.name, "cells": len(NOTEBOOK), "clean": 1,
+                "loop": where(loop), "fix": where(fix), "fixed_line": fixed_line,
+                "docs": [f"{get_rule(loop.code).name} ({loop.code})", hover_summary(loop.code)], "shots": str(shots)}
+        (tmp_path / "spec.json").write_text(json.dumps(spec))
+        started = time.monotonic()
+        proc = subprocess.run([str(NODE), str(EXT / "test-e2e" / "notebook.mjs"), str(tmp_path / "spec.json")],
+                              capture_output=True, text=True, env=env, timeout=600)
+    finally:
+        server.stop()
+        shutil.copy(server.log, ARTIFACTS / "notebook-code-server.log")
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    seen = json.loads(proc.stdout.strip().splitlines()[-1])
+    (ARTIFACTS / "notebook-seen.json").write_text(json.dumps(seen, indent=1))
+    assert "error" not in seen, seen["error"]
+    print(f"notebook UI steps took {time.monotonic() - started:.0f} s; opened after {seen['open_attempts']} click(s),"
+          f" {seen.get('opened_as_text', 0)} time(s) as JSON text first")
+    # The squiggles are in the cells that hold the findings, none in the cell they depend on.
+    assert seen["squiggles"]["1"] == 0 and seen["squiggles"]["2"] >= 1 and seen["squiggles"]["3"] >= 1, seen["squiggles"]
+    assert "outs.append(torch.matmul(xs[i], ws[i]))" in seen["cell_texts"]["2"]
+    assert "torch.softmax(q @ k.mT" in seen["cell_texts"]["3"]
+    # The Problems panel lists both under the notebook, at their lines in their cells.
+    assert any(row.startswith(path.name) for row in seen["problems"]), seen["problems"]
+    for f in (loop, fix):
+        assert any(f.code in row and f"[Ln {f.row}, Col {f.column}]" in row for row in seen["problems"]), (f, seen["problems"])
+    assert seen["loop_cell"] == f"Cell {loop.cell} of {len(NOTEBOOK)}"
+    assert hover_summary(loop.code) in seen["hover"] and f"({loop.code})" in seen["hover"]
+    # The fix: the cell's line replaced, its finding gone, the other one still there.
+    assert any(fix.code in a and "noqa" not in a for a in seen["fix_actions"]), seen["fix_actions"]
+    assert fixed_line in seen["text_after_fix"] and "torch.softmax" not in seen["text_after_fix"]
+    assert any(loop.code in row for row in seen["problems_after_fix"])
+    assert not any(fix.code in row for row in seen["problems_after_fix"])
+    # `# noqa`: the loop's line gets the comment and nothing is left.
+    assert any("noqa" in a and loop.code in a for a in seen["noqa_actions"]), seen["noqa_actions"]
+    assert f"outs.append(torch.matmul(xs[i], ws[i]))  # noqa: {loop.code}" in seen["text_after_noqa"]
+    assert not any(code in row for row in seen["problems_after_noqa"] for code in (loop.code, fix.code))
+    # Undo: the comment goes, the finding is back at its place.
+    assert "outs.append(torch.matmul(xs[i], ws[i]))" in seen["text_after_undo"] and "noqa" not in seen["text_after_undo"]
+    assert any(loop.code in row and f"[Ln {loop.row}, Col {loop.column}]" in row for row in seen["problems_after_undo"])
+    assert len(list(shots.glob("*.png"))) == len(seen["steps"]) == 9, seen["steps"]
+
+
+def install_extension(vsix: Path, root: Path, env: dict):
+    """Installs the .vsix into code-server's profile under `root`, with a plain editor's settings."""
+    install = subprocess.run([str(NODE), str(CODE_SERVER), "--user-data-dir", str(root / "user-data"),
+                              "--extensions-dir", str(root / "extensions"), "--install-extension", str(vsix)],
+                             capture_output=True, text=True, env=env, timeout=120)
+    assert install.returncode == 0 and "matlint" in install.stdout, install.stdout + install.stderr
+    user_settings = root / "user-data" / "User" / "settings.json"
+    user_settings.parent.mkdir(parents=True, exist_ok=True)
+    user_settings.write_text(json.dumps({  # a plain editor: no welcome page, no chat panel
+        "workbench.startupEditor": "none", "chat.disableAIFeatures": True,
+        "workbench.secondarySideBar.defaultVisibility": "hidden"}))
 
 
 def hover_summary(code: str) -> str:

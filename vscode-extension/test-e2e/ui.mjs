@@ -7,46 +7,15 @@
 // rule's docs in the hover, the fix in the menu, the fixed line and fewer problems after it),
 // never for a time: on a loaded machine the language server answers late.
 import { readFileSync } from "node:fs";
-import { createRequire } from "node:module";
+import { RETRY, TIMEOUT, launch, snapper, until as poll } from "./driver.mjs";
 
-const require = createRequire(`${process.env.MATLINT_EDITOR_PREFIX}/`);
-const { chromium } = require("playwright-core");
 const spec = JSON.parse(readFileSync(process.argv[2], "utf-8"));
 const seen = { steps: [] };
-const TIMEOUT = 90000; // generous: what a step waits for comes in seconds, later on a busy machine
-const RETRY = 5000; // a hover or menu not shown this long after asking is asked for again
-
-const browser = await chromium.launch({
-  executablePath: process.env.MATLINT_CHROMIUM ?? "/usr/bin/chromium",
-  args: ["--no-sandbox", "--headless", "--disable-gpu", "--disable-quic", "--no-first-run",
-    "--disable-background-networking", "--disable-component-update", "--disable-sync"],
-});
-const page = await browser.newPage({ viewport: { width: 1400, height: 900 } });
-let shot = 0;
-async function snap(name) {
-  shot += 1;
-  const path = `${spec.shots}/${String(shot).padStart(2, "0")}-${name}.png`;
-  await page.screenshot({ path });
-  seen.steps.push(name);
-}
+const { browser, page } = await launch();
+const snap = snapper(page, spec.shots, seen);
 const editorText = async () =>
   (await page.locator(".monaco-editor .view-lines").first().innerText()).replace(/\u00a0/g, " ");
-page.setDefaultTimeout(TIMEOUT);
-
-// Reads with `read` until `done` holds of what it read; after `timeout` ms, fails with the last read.
-async function until(what, read, done, timeout = TIMEOUT) {
-  const deadline = Date.now() + timeout;
-  for (;;) {
-    const value = await read();
-    if (done(value)) {
-      return value;
-    }
-    if (Date.now() > deadline) {
-      throw new Error(`no ${what} after ${timeout} ms; last seen: ${JSON.stringify(value)?.slice(0, 2000)}`);
-    }
-    await page.waitForTimeout(250);
-  }
-}
+const until = (what, read, done, timeout = TIMEOUT) => poll(page, what, read, done, timeout);
 
 try {
   await page.goto(spec.url);

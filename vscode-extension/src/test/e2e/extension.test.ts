@@ -13,6 +13,7 @@ interface Expect {
   fix: { file: string; code: string; fixed: string };
   runtime: { report: string; file: string; line: number };
   closed_file: string;
+  notebook: { file: string; define: number; use: number; code: string; line: number; model: string; other: string };
   bare_python: string;
   python: string;
 }
@@ -152,6 +153,32 @@ describe("matlint extension", () => {
     await waitFor("MAT101 to be silenced", () => !matlintDiagnostics(uri).some((x) => codeOf(x) === "MAT101"));
     await vscode.commands.executeCommand("undo");
     await waitFor("MAT101 back after undo", () => matlintDiagnostics(uri).some((x) => codeOf(x) === "MAT101"));
+  });
+
+  it("follows edits across notebook cells", async () => {
+    // A model defined in one cell and called per item in another: the finding is in the cell
+    // that calls it, and goes when the model's own cell makes it something that is not a GEMM.
+    const nb = expect.notebook;
+    const notebook = await vscode.workspace.openNotebookDocument(fileUri(nb.file));
+    await vscode.window.showNotebookDocument(notebook);
+    const defining = notebook.cellAt(nb.define).document;
+    const using = notebook.cellAt(nb.use).document;
+    assert.strictEqual(using.uri.scheme, "vscode-notebook-cell");
+    const finding = () => matlintDiagnostics(using.uri).find((x) => codeOf(x) === nb.code && x.range.start.line === nb.line);
+    const seen = () => `(the using cell: ${JSON.stringify(matlintDiagnostics(using.uri).map((x) => [codeOf(x), x.range.start.line]))})`;
+    await waitFor(`${nb.code} in the cell that uses the model`, finding, seen);
+    assert.deepStrictEqual(matlintDiagnostics(defining.uri), []);
+    const swap = async (from: string, to: string) => {
+      const start = defining.getText().indexOf(from);
+      assert.ok(start >= 0, `${from} in ${defining.getText()}`);
+      const edit = new vscode.WorkspaceEdit();
+      edit.replace(defining.uri, new vscode.Range(defining.positionAt(start), defining.positionAt(start + from.length)), to);
+      assert.ok(await vscode.workspace.applyEdit(edit));
+    };
+    await swap(nb.model, nb.other);
+    await waitFor(`${nb.code} to go after the model's cell changed`, () => !finding(), seen);
+    await swap(nb.other, nb.model);
+    await waitFor(`${nb.code} back when the model is a linear layer again`, finding, seen);
   });
 
   it("shows the runtime guard's findings and follows the report file", async () => {
