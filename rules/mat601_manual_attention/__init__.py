@@ -20,7 +20,7 @@ from matlint.semantic.names import in_reference_code, in_test_code, mentions, ou
 from matlint.semantic.pointwise import is_true, product, reads_metadata, torch_op
 from matlint.semantic.torch_api import as_gemm
 
-from .mat101_python_loop_matmul import PythonLoopMatmul
+from matlint.rules.mat101_python_loop_matmul import PythonLoopMatmul
 
 _SOFTMAX_FUNCTIONS = {"torch.softmax", "torch.nn.functional.softmax", "torch.special.softmax"}
 _DROPOUT_FUNCTIONS = {"torch.nn.functional.dropout", "torch.dropout"}
