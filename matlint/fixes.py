@@ -1,7 +1,9 @@
 """Applies fixes as text edits located by ast positions (format-preserving by construction),
-and checks that the result still parses."""
+and checks that the result still parses; and the text-edit helpers that rules build fixes with
+(`call_text`, `line_runs`, `own_lines`: functions of the file's lines, as `ctx.lines` holds them)."""
 from __future__ import annotations
 
+import ast
 import difflib
 from typing import Iterable
 
@@ -84,3 +86,58 @@ def fix_until_stable(source: str, lint, unsafe: bool = False, max_rounds: int = 
         source = new
         findings = lint(source)
     return source, total, findings
+
+
+# -- building fixes -------------------------------------------------------------------------------
+def call_text(lines: list, node: ast.AST, func: str, args: list, after: str = "") -> str:
+    """`func(args)after` to replace `node` with: on one line, or, where that line would pass
+    120 columns, with the arguments on lines of their own, as black and ruff format a call."""
+    one = f"{func}({', '.join(args)}){after}"
+    line = lines[node.lineno - 1]
+    if node.lineno != node.end_lineno or len(line) - (node.end_col_offset - node.col_offset) + len(one) <= 120:
+        return one
+    indent = line[:len(line) - len(line.lstrip())]
+    rows = [""]
+    for arg in args:
+        if rows[-1] and len(indent) + 4 + len(rows[-1]) + len(arg) + 2 > 120:
+            rows.append("")
+        rows[-1] += f"{' ' if rows[-1] else ''}{arg},"
+    inner = "\n".join(f"{indent}    {row}" for row in rows)
+    return f"{func}(\n{inner}\n{indent}){after}"
+
+
+def line_runs(lines: list, deleted: set) -> list:
+    """Runs (first, last) of rows to delete: the `deleted` rows, plus a blank row that would
+    otherwise follow another blank row once they are gone."""
+    blank = lambda row: not lines[row - 1].strip()  # noqa: E731
+    rows = set(deleted)
+    for row in sorted(deleted):
+        before, after = row - 1, row + 1
+        while before in rows:
+            before -= 1
+        while after in rows:
+            after += 1
+        if before >= 1 and after <= len(lines) and blank(before) and blank(after):
+            rows.add(after)
+    runs, start = [], None
+    for row in sorted(rows):
+        if start is None:
+            start = prev = row
+        elif row == prev + 1:
+            prev = row
+        else:
+            runs.append((start, prev))
+            start = prev = row
+    if start is not None:
+        runs.append((start, prev))
+    return runs
+
+
+def own_lines(lines: list, stmt: ast.stmt) -> bool:
+    """The statement has its lines to itself (nothing before it on its first line, at most a
+    comment after it on its last) and is not the file's last line: deleting its rows deletes it
+    alone."""
+    before = lines[stmt.lineno - 1][:stmt.col_offset]
+    after = lines[stmt.end_lineno - 1].encode()[stmt.end_col_offset:].decode(errors="replace")
+    alone = not before.strip() and (not after.strip() or after.strip().startswith("#"))
+    return alone and stmt.end_lineno < len(lines)

@@ -1,6 +1,7 @@
-"""Discovers rules: every module under `matlint.rules` whose name does not start with `_`.
+"""Discovers rules: every module or package under `matlint.rules` whose name does not start
+with `_` (a package's rule class is in its `__init__.py`).
 
-Adding a rule is adding a file there.
+Adding a rule is adding a file (or a package) there.
 """
 from __future__ import annotations
 
@@ -100,7 +101,8 @@ def rules_fingerprint() -> str:
 
     roots = [Path(__file__).parent] + [Path(p) for p in pkg.__path__]
     for root in roots:
-        for path in sorted(root.glob("*.py")):
-            digest.update(path.name.encode())
+        # every module below, so the rules that are packages and matlint.semantic count too
+        for path in sorted(root.rglob("*.py")):
+            digest.update(path.relative_to(root).as_posix().encode())
             digest.update(path.read_bytes())
     return digest.hexdigest()[:16]

@@ -1,9 +1,12 @@
-"""The anatomy of a rule. A rule is one module under `rules/` holding one `Rule` subclass.
+"""The anatomy of a rule. A rule is one module under `rules/` holding one `Rule` subclass, or a
+package there whose `__init__.py` holds it.
 
 Top to bottom a rule module holds: metadata (`code`, `name`, `summary`, `default_enabled`),
-`docs` (markdown with the sections in DOC_SECTIONS), the static check (`visit_<AstNode>` /
-`leave_<AstNode>` methods, called by the engine's single traversal), and optionally a runtime
-check (`runtime_check(events)`, used by the guard).
+`docs` (markdown with the sections in DOC_SECTIONS) and the static check (`visit_<AstNode>` /
+`leave_<AstNode>` methods, called by the engine's single traversal). A rule with a runtime check
+is a package: its `runtime` submodule registers the check and the estimators of its fixes with
+the guard (`matlint.runtime_guard.registry`); it needs torch, and only the guard imports it.
+A package may also split a big static check by concern into further submodules.
 
 Its examples, which are its tests, live in its fixture file `rules/fixtures/<code>.py`: one case
 after another, each opened by a header line that starts with `# %%` (the cell marker editors
@@ -203,14 +206,6 @@ class Rule:
         case) or "" (no fix)."""
         kinds = {"unsafe" if e.unsafe else "safe" for e in cls.examples if e.fixed is not None}
         return " / ".join(sorted(kinds))
-
-    @classmethod
-    def has_static_check(cls) -> bool:
-        return any(n.startswith(("visit_", "leave_")) for n in dir(cls))
-
-    @classmethod
-    def has_runtime_check(cls) -> bool:
-        return callable(getattr(cls, "runtime_check", None))
 
     @classmethod
     def rendered_docs(cls) -> str:

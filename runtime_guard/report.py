@@ -5,7 +5,7 @@ import json
 import os
 
 from .cells import where
-from .checks import rule_title
+from .checks import rule_name
 
 
 def findings_json(findings) -> list:
@@ -61,7 +61,7 @@ def print_report(guard, console=None) -> None:
         rows, entries = [], []
         for f in guard.findings:
             ev = f.evidence or {}
-            name, place = rule_title(f.code)[0], where(f)
+            name, place = rule_name(f.code), where(f)
             module, per_step, share, saving = ev.get("module") or "", _per_step(ev.get("per_step")), "-", _saving(f)
             if ev.get("share_of_kernel_time") is not None:
                 share = f"{ev['share_of_kernel_time']:.1%}"

@@ -484,6 +484,7 @@ class Guard:
         findings = self._safely(run_checks, self.recorder.rec, self, where="checks") or []
         self.findings = [f for f in findings if self.selects(f.code)]
         if self.estimate_savings and self.findings:
+            from . import registry
             from .checks import negligible
             from .savings import estimate
 
@@ -494,15 +495,11 @@ class Guard:
             self._safely(estimate, self.findings, self.savings_budget_s, self.recorder.fail, step_ms,
                          self.gpu_wait_ms, where="savings")
             kept = [f for f in self.findings if not negligible(f, step_ms)]
-            wait = self.gpu_wait_ms
+            checks = registry.checks()
             for f in self.findings:
-                if f not in kept and f.code == "MAT401":
-                    why = (f"a step's host waited only {wait:.3f} ms of {step_ms:.3f} ms for the GPU"
-                           if wait is not None and step_ms is not None else "the measured saving is negligible")
-                    self.notes.append(
-                        f"MAT401 not reported: fp32 GEMMs ran, but {why}, so bf16 GEMMs would not shorten the "
-                        f"step (autocast's casts can lengthen it); the host's own work bounds it: larger "
-                        f"batches, CUDA graphs or torch.compile come first")
+                note = checks[f.code].dropped_note if f not in kept and f.code in checks else None
+                if note is not None:
+                    self.notes.append(note(self.gpu_wait_ms, step_ms))
             self.findings = kept
         from .cells import locate
 

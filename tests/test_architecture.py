@@ -210,9 +210,19 @@ def test_cycle_finder_finds_a_lazy_cycle():
     assert _cycles(graph) == [("a", "b", "c")]
 
 
+def _runtime_half(name: str) -> bool:
+    """A rule's runtime half (`matlint.rules.<rule>.runtime`): only the guard imports it."""
+    return name.startswith("matlint.rules.") and name.rsplit(".", 1)[-1] == "runtime"
+
+
 def test_only_the_guard_imports_torch_at_module_level():
     wrong = [f"{i.importer} (line {i.line})" for name, imports in sorted(IMPORTS.items())
-             if not name.startswith("matlint.runtime_guard") for i in imports
+             if not name.startswith("matlint.runtime_guard") and not _runtime_half(name) for i in imports
              if not i.lazy and (i.imported == "torch" or i.imported.startswith("torch."))]
-    assert not wrong, f"only the runtime guard may import torch at module level: {wrong}"
+    assert not wrong, f"only the runtime guard and the rules' runtime halves may import torch at module level: {wrong}"
+    # Nothing but the guard (its registry loads them by name) imports a rule's runtime half.
+    importers = [f"{i.importer} (line {i.line})" for name, imports in sorted(IMPORTS.items())
+                 if not name.startswith("matlint.runtime_guard") and not _runtime_half(name) for i in imports
+                 if _runtime_half(i.imported)]
+    assert not importers, f"a rule's runtime half imported outside the guard: {importers}"
     assert any(not i.lazy and i.imported == "torch" for i in IMPORTS["matlint.runtime_guard.session"])

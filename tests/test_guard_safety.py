@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import json
 import math
 import os
@@ -230,9 +231,10 @@ def run_two_findings(**options):
 
 
 def test_fault_in_one_check_is_reported_and_the_other_checks_still_run(monkeypatch, capsys):
-    import matlint.runtime_guard.checks as checks
+    from matlint.runtime_guard import registry
 
-    monkeypatch.setitem(checks.CHECKS, "MAT101", boom)
+    checks = registry.checks()
+    monkeypatch.setitem(checks, "MAT101", dataclasses.replace(checks["MAT101"], fn=boom))
     g, found = run_two_findings(estimate_savings=False)
     assert set(found) == {"MAT601"}
     assert g.errors == ["check MAT101: Injected: injected fault"]
@@ -252,8 +254,11 @@ def test_fault_in_the_analysis_is_reported(monkeypatch, capsys):
 def test_fault_in_an_estimator_is_reported_and_the_other_estimates_made(monkeypatch, capsys):
     import matlint.runtime_guard.savings as savings
 
+    from matlint.runtime_guard import registry
+
     monkeypatch.setattr(savings, "_cache", {})
-    monkeypatch.setitem(savings.ESTIMATORS, "loop", boom)
+    estimators = registry.estimators()
+    monkeypatch.setitem(estimators, "loop", dataclasses.replace(estimators["loop"], fn=boom))
     g, found = run_two_findings()
     assert found["MAT101"].estimated_savings_ms is None
     assert found["MAT101"].evidence["estimate_method"] == "not estimated: Injected: injected fault"

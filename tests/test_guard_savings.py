@@ -7,6 +7,8 @@ import io
 import json
 import random
 import time
+from dataclasses import replace
+from types import SimpleNamespace
 
 import pytest
 
@@ -14,9 +16,15 @@ torch = pytest.importorskip("torch")
 import torch.nn as nn  # noqa: E402
 
 from matlint.runtime_guard import guard  # noqa: E402
-from matlint.runtime_guard import savings  # noqa: E402
+from matlint.runtime_guard import registry, savings  # noqa: E402
 from matlint.runtime_guard.report import print_report  # noqa: E402
 from matlint.runtime_guard.session import PLAIN_STEPS  # noqa: E402
+
+
+def _inject(monkeypatch, kind, fn):
+    """The estimator of `kind` replaced by `fn` (its registration's other declarations kept)."""
+    estimators = registry.estimators()
+    monkeypatch.setitem(estimators, kind, replace(estimators[kind], fn=fn))
 
 
 def busy(ms):
@@ -56,7 +64,7 @@ def test_alternating_order_cancels_an_order_effect(monkeypatch, max_s):
 
     monkeypatch.setattr(savings, "_clock", clock)
     monkeypatch.setattr(savings, "perf_counter", lambda: now[0])
-    t = savings.time_pair(savings._noop, savings._noop, "cpu", max_s=max_s)
+    t = savings.time_pair(savings.noop, savings.noop, "cpu", max_s=max_s)
     assert t.saved_ms == 0.0 and t.pairs % 2 == 0
     assert not t.reliable
 
@@ -114,7 +122,7 @@ def test_estimates_carry_an_interval_and_are_capped_by_the_plain_step_time():
 
 
 def test_an_estimate_above_the_step_is_capped(monkeypatch):
-    monkeypatch.setitem(savings.ESTIMATORS, "loop", lambda spec, budget: ((1e6, 0.9e6, 1.1e6, 100), "injected"))
+    _inject(monkeypatch, "loop", lambda spec, budget: ((1e6, 0.9e6, 1.1e6, 100), "injected"))
     g = train(quiet())
     step_ms, _ = g.step_ms
     [f] = [f for f in g.findings if f.code == "MAT101"]
@@ -126,7 +134,7 @@ def test_an_estimate_above_the_step_is_capped(monkeypatch):
 
 
 def test_an_unreliable_estimate_is_labelled_in_json_and_kept_out_of_the_table(monkeypatch, tmp_path):
-    monkeypatch.setitem(savings.ESTIMATORS, "loop", lambda spec, budget: ((0.0123, -0.02, 0.05, 100), "injected"))
+    _inject(monkeypatch, "loop", lambda spec, budget: ((0.0123, -0.02, 0.05, 100), "injected"))
     path = tmp_path / "runtime.json"
     g = train(quiet(json_path=str(path)))
     [entry] = [e for e in json.loads(path.read_text()) if e["code"] == "MAT101"]
@@ -143,7 +151,7 @@ def _finding_with_spec(code: str, kind: str):
     from matlint.diagnostics import Finding
 
     f = Finding(code, "m", "t.py", 1, 1, 1, 2, evidence={})
-    f.extra["estimate"] = (kind,)
+    f.extra["estimate"] = SimpleNamespace(kind=kind)
     return f
 
 
@@ -151,8 +159,8 @@ def test_a_kernel_time_only_saving_is_capped_by_how_long_the_host_waited_for_the
     """bf16 GEMMs shorten kernels, not the host's work: a step whose host waited 2 ms for the GPU
     saves at most 2 ms, whatever the GEMMs alone would; a fix that also saves launches is not
     capped so."""
-    monkeypatch.setitem(savings.ESTIMATORS, "bf16", lambda spec, budget: ((27.0, 25.0, 29.0, 100), "injected"))
-    monkeypatch.setitem(savings.ESTIMATORS, "loop", lambda spec, budget: ((6.0, 5.5, 6.5, 100), "injected"))
+    _inject(monkeypatch, "bf16", lambda spec, budget: ((27.0, 25.0, 29.0, 100), "injected"))
+    _inject(monkeypatch, "loop", lambda spec, budget: ((6.0, 5.5, 6.5, 100), "injected"))
     bf16, loop = _finding_with_spec("MAT401", "bf16"), _finding_with_spec("MAT101", "loop")
     savings.estimate([bf16, loop], step_ms=60.0, gpu_wait_ms=2.0)
     assert bf16.estimated_savings_ms == 2.0 and bf16.evidence["estimate_capped_at_gpu_wait_ms"] == 2.0

@@ -11,7 +11,8 @@ import pytest
 torch = pytest.importorskip("torch")
 
 from matlint.runtime_guard.capture import Recorder, Recording  # noqa: E402
-from matlint.runtime_guard.checks import DeviceContext, check_host_syncs  # noqa: E402
+from matlint.rules.mat502_host_sync_in_loop.runtime import check_host_syncs  # noqa: E402
+from matlint.runtime_guard.checks import DeviceContext  # noqa: E402
 from matlint.runtime_guard.syncs import SYNC_WARNING, SyncWatch  # noqa: E402
 
 

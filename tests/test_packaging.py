@@ -61,10 +61,10 @@ def test_wheel_layout(wheel):
     names = _names(wheel)
     assert "matlint/__init__.py" in names and "matlint/cli.py" in names
     assert "matlint/rules/__init__.py" in names
-    # every module of rules/, those of a rule split into a package (rules/<rule>/*.py) and the
-    # fixtures included: a package missing from pyproject.toml's list is left out of the wheel
+    # every module of rules/: the rules that are packages (their runtime halves too) and the fixtures
     for path in (REPO / "rules").rglob("*.py"):
         assert f"matlint/rules/{path.relative_to(REPO / 'rules').as_posix()}" in names
+    assert any(n.startswith("matlint/rules/mat601_manual_attention/") for n in names)
     assert any(n.startswith("matlint/runtime_guard/") for n in names)
     for path in (REPO / "runtime_guard").glob("*.py"):
         assert f"matlint/runtime_guard/{path.name}" in names

@@ -1,26 +1,23 @@
-"""MAT101 python-loop-matmul: a GEMM issued once per item from a Python loop."""
+"""MAT101's per-item analysis: which operand of a GEMM in a loop is one item of a tensor or sequence
+the loop runs over (`x[i]`, `xs` iterated, a slice or a split), through elementwise transforms,
+and what the one batched operand would be."""
 from __future__ import annotations
 
 import ast
 from typing import Optional
 
-from matlint.rule import Rule
-
 from matlint.semantic import kinds as _kinds
 from matlint.semantic.flow import flow_of
-from matlint.semantic.loops import LoopInfo, updates_weights, walk_no_scopes
-from matlint.semantic.shapes import shape_of
-from matlint.rule import GemmVisitor
+from matlint.semantic.loops import LoopInfo, walk_no_scopes
 from matlint.semantic.torch_api import as_gemm
+
 
 # Methods that keep a per-item operand batchable (the batched tensor gets the same call).
 _SHAPE_KEEPING_METHODS = {"float", "half", "bfloat16", "double", "to", "contiguous", "detach", "clone",
                           "t", "transpose", "unsqueeze", "squeeze", "view", "reshape", "permute", "flatten"}
 _SHAPE_KEEPING_ATTRS = {"T", "mT", "H", "mH"}
-_BATCH_LETTERS = "bnzyxwvutsrqpomlkhgfedca"
 _ATOMS = (ast.Name, ast.Attribute, ast.Call, ast.Subscript, ast.Constant)
-_RECURRENT_MODULES = frozenset({"torch.nn.RNNCell", "torch.nn.LSTMCell", "torch.nn.GRUCell",
-                                "torch.nn.RNN", "torch.nn.LSTM", "torch.nn.GRU"})
+
 # Transforms of an item that act on each element, or on each row along its last dims, alike for
 # every item: the batched tensor gets the same transform (`relu(x[i]) @ W` -> `relu(x) @ W`).
 _ELEMENTWISE_METHODS = {"relu", "sigmoid", "tanh", "exp", "log", "abs", "sqrt", "rsqrt", "square", "neg",
@@ -32,12 +29,14 @@ _ELEMENTWISE_FUNCTIONS = frozenset(
         "relu", "relu6", "gelu", "silu", "elu", "selu", "celu", "leaky_relu", "mish", "hardswish", "sigmoid",
         "tanh", "softplus", "softsign", "dropout", "softmax", "log_softmax", "layer_norm", "rms_norm",
         "normalize", "embedding")])
+
 # Modules that transform each element or each row along the last dims (not BatchNorm, whose
 # statistics span the batch, nor GroupNorm/InstanceNorm, which read a channel dim).
 _ELEMENTWISE_MODULE_CLASSES = frozenset(f"torch.nn.{name}" for name in (
     "LayerNorm", "RMSNorm", "Embedding", "Dropout", "Identity", "ReLU", "ReLU6", "GELU", "SiLU", "ELU", "SELU",
     "CELU", "LeakyReLU", "Mish", "Hardswish", "Sigmoid", "Tanh", "Softplus", "Softsign"))
 _ARITHMETIC = (ast.Add, ast.Sub, ast.Mult, ast.Div, ast.Pow)
+
 # Calls whose items are the tensor's slices along a dim: `x.unbind(1)`, `torch.unbind(x, dim=1)`;
 # `x.split(1, 1)` keeps the dim (size 1).
 _SLICING_CALLS = {"unbind": ("dim",), "split": ("split_size_or_sections", "dim")}
@@ -61,166 +60,8 @@ class _Batched:
         return _Batched(self.base, self.dim, False, self.index, self.keeps_dim, sources)
 
 
-class PythonLoopMatmul(GemmVisitor, Rule):
-    code = "MAT101"
-    name = "python-loop-matmul"
-    summary = "A matrix multiply issued once per item from a Python loop; one batched call does them all."
-    docs = """
-    ## What it does
-    Flags a GEMM (`@`, `torch.matmul`, `mm`, `bmm`, `einsum`, `dot`, `mv`, `tensordot`,
-    `F.linear`, the `.matmul()`/`.mm()` methods, or an `nn.Linear` module) inside a `for`/`while`
-    loop or comprehension when one of its operands is the loop's item: indexed by the loop
-    variable (`x[i]`, `x[:, i]`, `x[i, ...]`, `x.select(0, i)`, `x[i:i + 1]` in a step-1 loop,
-    `q[b, h]` in the loop over `h`, `hidden[b, 0]`), iterated over (`for xi in x`,
-    `x.unbind(1)`, `torch.unbind(x, 0)`, `x.split(1)`), or assigned from such an item in
-    the loop body, also through steps that treat every item alike: arithmetic with values fixed
-    in the loop (`(x[i] - mean) @ W`), elementwise torch functions (`torch.relu(x[b])`), row-wise
-    modules (`self.fc(self.norm(x[:, t]))` with a LayerNorm, Embedding, Dropout or activation),
-    and earlier GEMMs of the item (`att @ v[i]` with `att = softmax(q[i] @ k[i].T)`). The
-    message says which single call replaces the loop, with `einsum`
-    subscripts written out when they can be derived. `matmul` treats a 1-D operand as a vector,
-    so the call depends on the items' rank: `A @ x[i]` over vectors is `x @ A.T`, `x[i] @ y[i]`
-    over vectors is `(x * y).sum(-1)`; where the rank is not known the message names the call
-    for matrices and for vectors.
-
-    A loop of GEMMs whose results are collected and stacked is reported here, once per GEMM;
-    MAT103 (stacked-loop-products) stays quiet on it and reports only per-item products written
-    as an elementwise multiply and a sum, which this rule does not see as GEMMs.
-
-    ## Why is this bad?
-    Each iteration launches a separate small GEMM (and its Python and dispatch overhead), which
-    keeps the GPU's matrix units mostly idle. One batched call runs them all in a single kernel:
-    on an H100, 64 looped 256×256 matmuls ran 46× slower than one `bmm`.
-
-    ## Example
-    ```python
-    out = torch.empty(B, M, N)
-    for b in range(B):
-        out[b] = torch.mm(x[b], w[b])
-    ```
-
-    ## Use instead
-    ```python
-    out = torch.bmm(x, w)          # or x @ w, or torch.einsum("bij,bjk->bik", x, w)
-    ```
-
-    ## Stays quiet on
-    - Loops over layers or modules (`for block in self.blocks: x = block(x)`), and over weights
-      of a list (`for w in weights: x = x @ w`).
-    - Recurrences: a loop where a GEMM consumes a value from the previous iteration (RNN state
-      `h @ W_hh`, a state kept on `self`, Newton–Schulz, power iteration, a buffer filled step
-      by step through `buf[t + 1] = ...`, `buf[t + 1].copy_(...)` or `out=buf[t + 1]`, also
-      through another name for it: `out = x` then `out[t + 1] = x[t] @ W`, or views
-      `prev, nxt = xs[:-1], xs[1:]` then `nxt[t] = prev[t] @ A`), or an
-      RNN cell (`nn.LSTMCell`, `nn.GRUCell`, `nn.RNNCell`, `nn.LSTM`...) or a module class of
-      the file consumes such a value. Input projections inside such loops are MAT105's.
-    - Weights that change between steps: an optimizer step or `.backward()` in the loop, a
-      call that may run a training step (handed an optimizer, `train_step(loss, opt)`; a loss
-      and a model, `backprop(loss, model)`; or named so, `self.training_step(batch)`,
-      `self.optimize_model()`, `sgd_step(...)`, `update(loss=...)`, `trainer.step(batch)`;
-      not builtins, logging, bookkeeping or steps of something else: `print(loss)`,
-      `losses.append(float(loss))`, `self.log_metric(..., loss)`, `meter.update(loss)`,
-      `self.step(x, h)`, `model = fit(sample)`, `self._update_model_kwargs_for_generation(...)`), an
-      operand or module the loop rebinds (`W = next(ws)`, `self.W = ...`), or an in-place
-      update of one (`self.w += ...`, `self.W.data.add_(...)`, `self.proj.weight.data -= ...`,
-      `self.fc.reset_parameters()`, `self.fc.load_state_dict(sd)`, `p.mul_(0.99)` for `p` in
-      `self.fc.parameters()`).
-    - Chunked loops (`range(0, n, step)`, `x.split(chunk)`, `x[i:i + chunk]`): chunking bounds
-      memory on purpose.
-    - Items transformed in ways that differ between items or read other items: BatchNorm (its
-      statistics span each step's batch), a boolean mask per item (`x[i][mask[i]]`), fresh
-      random values (`x[i] + torch.randn(d)`), `x[i] - x[i - 1]`.
-    - Items whose shapes may differ: iterating a list, `range(len(xs))` over something not known
-      to be a tensor, data loaders.
-    - numpy arrays and anything not known to be a tensor.
-
-    ## Fix safety
-    No automatic fix: the batched call changes how results are stored (a stacked tensor instead
-    of a loop of writes), which needs a human to restructure the loop.
-    """
-
-    gemms_in_loops_only = True
-
-    def check_gemm(self, node: ast.AST) -> None:
-        found = self.per_item(node, self.ctx.loops)
-        if found is not None:
-            self.report(node, self._message(*found))
-
-    def per_item(self, node: ast.AST, loops: list) -> Optional[tuple]:
-        """(gemm, loop, batched) when the GEMM `node` runs once per item of one of `loops` (the
-        loops around it, outermost first): what this rule reports. MAT601 asks it too."""
-        gemm = as_gemm(self.ctx, node)
-        if gemm is None or not gemm.operands:
-            return None
-        for loop in reversed(loops):
-            depends = [loop.depends_on_iteration(op) for op in gemm.operands]
-            if not any(depends):
-                continue
-            batched = [self._batched(loop, op, 0, transforms=True) if dep else None
-                       for op, dep in zip(gemm.operands, depends)]
-            if any(dep and b is None for dep, b in zip(depends, batched)):
-                return None
-            # What is not the item must hold still: `W = next(ws)`, `self.W = ...`, `self.W.data.mul_()`
-            # or `self.proj.weight.data -= ...` in the loop give each step other weights.
-            fixed = [op for op, dep in zip(gemm.operands, depends) if not dep] + [
-                source for b in batched if b for source in b.sources]
-            if gemm.op == "nn.Linear":
-                fixed.append(node.func)
-            elif gemm.op == "linear":
-                fixed.extend(node.args[2:] + [k.value for k in node.keywords])
-            if any(loop.changes(expr) for expr in fixed):
-                return None
-            if self._is_recurrence(loop) or updates_weights(self.ctx, loop):
-                return None  # each step reads the last one's result, or the weights change between steps
-            return gemm, loop, batched
-        return None
-
-    # -- analysis ---------------------------------------------------------------
-    def _is_recurrence(self, loop: LoopInfo) -> bool:
-        key = ("mat101_recurrence", id(loop.node))
-        cached = self.ctx.shared.get(key)
-        if cached is None:
-            cached = False
-            if loop.carried:
-                for stmt in loop.body:
-                    for sub in walk_no_scopes(stmt):
-                        gemm = as_gemm(self.ctx, sub) if isinstance(sub, (ast.BinOp, ast.Call)) else None
-                        if gemm and any(loop.reads_carried(op) for op in gemm.operands):
-                            cached = True
-                        elif (gemm is None and isinstance(sub, ast.Call) and sub.args
-                              and any(loop.reads_carried(a) for a in sub.args) and self._recurrent_module(sub.func)):
-                            cached = True  # `h, c = self.cell(x_t, (h, c))`
-                        if cached:
-                            break
-                    if cached:
-                        break
-            self.ctx.shared[key] = cached
-        return cached
-
-    def _recurrent_module(self, func: ast.AST) -> bool:
-        """`func` is an RNN cell or layer of torch.nn (`self.cell` after `self.cell =
-        nn.LSTMCell(...)`, `cell` after `cell = nn.GRUCell(...)`), or a module class of this file:
-        called on the state, it multiplies the state by its weights."""
-        kind = _kinds.kind_of(self.ctx, func)
-        if kind == _kinds.USER_MODULE:
-            return True
-        return kind == _kinds.OTHER and self._constructed_by(func, _RECURRENT_MODULES)
-
-    def _constructed_by(self, func: ast.AST, classes) -> bool:
-        """Every value bound to `func` (`self.norm`, or a local `norm`) is a call of one of `classes`."""
-        ctx = self.ctx
-        if isinstance(func, ast.Attribute) and isinstance(func.value, ast.Name) and ctx.class_ is not None:
-            method = ctx.functions[0] if ctx.functions else None
-            params = method.args.posonlyargs + method.args.args if method is not None else []
-            if not params or func.value.id != params[0].arg:
-                return False
-            values = [value for _, value in _kinds.class_attribute_values(ctx, ctx.class_, func.attr)]
-        elif isinstance(func, ast.Name) and ctx.function is not None:
-            assign = flow_of(ctx, ctx.function).reaching(func)
-            values = [assign.value] if assign is not None else []
-        else:
-            return False
-        return bool(values) and all(isinstance(v, ast.Call) and ctx.qualname(v.func) in classes for v in values)
+class _PerItemOperands:
+    """PythonLoopMatmul's analysis of per-item operands."""
 
     def _index_var(self, loop: LoopInfo, name: str) -> bool:
         """`name` walks 0..n-1 one step at a time: a plain range/enumerate counter or a while counter."""
@@ -476,134 +317,3 @@ class PythonLoopMatmul(GemmVisitor, Rule):
                         if isinstance(n, ast.Name) and isinstance(n.ctx, ast.Store)):
                     return None
         return values[0] if len(values) == 1 else None
-
-    # -- message ----------------------------------------------------------------
-    def _message(self, gemm, loop: LoopInfo, batched) -> str:
-        seg = self.ctx.segment
-        if gemm.op == "@":
-            what = "`@`"
-        elif gemm.method:
-            what = f"`{gemm.spelling}()`"
-        else:
-            what = f"`{gemm.spelling}`"
-        node = loop.node
-        if loop.is_comprehension:
-            where = f"the comprehension on line {node.lineno}"
-        elif isinstance(node, ast.While):
-            where = f"the `while` loop on line {node.lineno}"
-        else:
-            where = f"the `for {seg(node.target)}` loop on line {node.lineno}"
-        if gemm.op == "nn.Linear" and isinstance(gemm.node.func, ast.Subscript) and loop.depends_on_iteration(
-                gemm.node.func):
-            layers = seg(gemm.node.func.value)
-            return (f"{what} applies a different layer of one shape on every iteration of {where}: many small "
-                    f"GEMMs instead of one; stack the layers' weights once (`W = torch.stack([m.weight for m in "
-                    f"{layers}])`, the biases likewise) and apply them all in one `torch.einsum` (or `bmm`) with "
-                    f"the layer index as a batch dim")
-        suggestion = self._suggestion(gemm, batched)
-        return (f"{what} runs once per iteration of {where}: many small GEMMs instead of one; "
-                f"{suggestion}")
-
-    def _suggestion(self, gemm, batched) -> str:
-        seg = self.ctx.segment
-        ops = gemm.operands
-        items = [seg(b.base) if b else seg(op) for b, op in zip(batched, ops)]
-        present = [b for b in batched if b is not None]
-        # `x[i] @ x[j]` over two loop variables: all pairs, not one batch
-        plain = all(b.plain for b in present) and len({b.index for b in present}) == 1
-        dim0 = plain and all(b.dim == 0 for b in present)
-        generic = ("do all iterations in one call: `torch.matmul`/`bmm` with the loop's items as a batch "
-                   "dimension, or `torch.einsum` with a batch index")
-        if any(b.keeps_dim for b in present) and not (
-                gemm.op in ("nn.Linear", "linear")
-                or gemm.op in ("@", "matmul", "mm") and batched[0] is not None and len(present) == 1):
-            return generic  # `x[i:i + 1]` keeps its dim: only a left operand or a layer's input batches as is
-        if gemm.op == "einsum":
-            eq = self._batched_einsum(gemm.subscripts, batched) if plain else None
-            return f'use one call: `torch.einsum("{eq}", {", ".join(items)})`' if eq else generic
-        if gemm.op in ("nn.Linear", "linear") and plain and batched[0] is not None and len(present) == 1:
-            call = gemm.spelling if gemm.op == "nn.Linear" else seg(gemm.node.func)
-            args = [items[0]] + [seg(a) for a in gemm.node.args[1:]] + [
-                f"{k.arg}={seg(k.value)}" if k.arg else f"**{seg(k.value)}" for k in gemm.node.keywords]
-            then = "" if batched[0].dim == 0 else f" and index dim {batched[0].dim} of the result"
-            return (f"apply it once to the whole tensor: `{call}({', '.join(args)})`{then} "
-                    f"(a linear layer maps the last dim over any leading dims)")
-        if gemm.op in ("nn.Linear", "linear") and batched[0] is not None and len(present) == 1:
-            return (f"apply it once to the whole `{items[0]}`, after the same steps that make its item here, "
-                    f"and index dim {batched[0].dim} of the result (a linear layer maps the last dim over any "
-                    f"leading dims)" if batched[0].dim is not None and batched[0].sources == (batched[0].base,)
-                    else generic)
-        if len(ops) != 2 or not dim0:
-            return generic
-        a, b = [text if isinstance(op, _ATOMS) else f"({text})"
-                for text, op in zip(items, [bt.base if bt else op for bt, op in zip(batched, ops)])]
-        if gemm.op in ("@", "matmul", "mm", "bmm"):
-            return self._matmul_suggestion(gemm.op, batched, ops, a, b) or generic
-        if gemm.op in ("dot", "inner") and len(present) == 2:
-            return f"use one call: `({a} * {b}).sum(-1)`"
-        if gemm.op == "mv":
-            if len(present) == 2:
-                return f'use one call: `torch.einsum("bij,bj->bi", {a}, {b})`'
-            if batched[0] is not None:
-                return f'use one call: `torch.einsum("bij,j->bi", {a}, {b})`'
-            return f"use one call: `{b} @ {a}.T`"
-        return generic
-
-    def _matmul_suggestion(self, op: str, batched, ops, a: str, b: str) -> Optional[str]:
-        """The batched call for `a[i] @ b[i]`, `a[i] @ b` or `a @ b[i]`. `matmul` treats a 1-D
-        operand as a vector, not as a batch of scalars: `A @ x[i]` over vectors `x[i]` is
-        `x @ A.T`, not `A @ x`. `mm` and `bmm` take matrices only."""
-        left, right = batched
-        if left is not None and right is not None:
-            if op in ("mm", "bmm"):
-                return f"use one batched call: `{'torch.bmm' if op == 'mm' else 'torch.matmul'}({a}, {b})`"
-            ranks = (self._item_rank(left), self._item_rank(right))
-            if ranks == (1, 1):
-                return f"use one call: `({a} * {b}).sum(-1)`"
-            if ranks == (2, 1):
-                return f'use one call: `torch.einsum("bij,bj->bi", {a}, {b})`'
-            if ranks == (1, 2):
-                return f'use one call: `torch.einsum("bj,bjk->bk", {a}, {b})`'
-            if None in ranks:
-                return (f"use one batched call: `torch.matmul({a}, {b})` if each item is a matrix "
-                        f"(with vector items, `torch.einsum` with a batch index)")
-            return f"use one batched call: `torch.matmul({a}, {b})`" if min(ranks) >= 2 else None
-        broadcast = f"use one batched call: `{a} @ {b}` (matmul broadcasts over the batch dim)"
-        fixed = shape_of(self.ctx, ops[1] if left is not None else ops[0])
-        if fixed is not None and fixed.rank is not None and fixed.rank > 2:
-            return None  # its own batch dims would meet the loop's
-        if left is not None or op in ("mm", "bmm"):
-            return broadcast
-        rank = self._item_rank(right)
-        if rank is not None and rank >= 2:
-            return broadcast
-        if fixed is not None and fixed.rank == 1:
-            vector_form = f"`{b} @ {a}`"
-        elif fixed is not None and fixed.rank == 2:
-            vector_form = f"`{b} @ {a}.T`"
-        else:
-            vector_form = f"`{b} @ {a}.T` for a 2-D `{a}`"
-        if rank == 1:
-            return f"use one call: {vector_form}"
-        return (f"use one batched call: `{a} @ {b}` if each item of `{b}` is a matrix "
-                f"(with vector items, {vector_form})")
-
-    def _item_rank(self, item: _Batched) -> Optional[int]:
-        shape = shape_of(self.ctx, item.base)
-        return shape.rank - 1 if shape is not None and shape.rank else None
-
-    @staticmethod
-    def _batched_einsum(subscripts: Optional[str], batched) -> Optional[str]:
-        if not subscripts or "->" not in subscripts or "." in subscripts:
-            return None
-        lhs, rhs = subscripts.replace(" ", "").split("->")
-        terms = lhs.split(",")
-        if len(terms) != len(batched):
-            return None
-        letter = next((c for c in _BATCH_LETTERS if c not in subscripts), None)
-        if letter is None:
-            return None
-        if any(b is not None and b.dim > len(t) for t, b in zip(terms, batched)):
-            return None
-        terms = [t[:b.dim] + letter + t[b.dim:] if b is not None else t for t, b in zip(terms, batched)]
-        return ",".join(terms) + "->" + letter + rhs

@@ -1,0 +1,181 @@
+"""MAT101 python-loop-matmul: a GEMM issued once per item from a Python loop."""
+from __future__ import annotations
+
+import ast
+from typing import Optional
+
+from matlint.rule import Rule
+
+from matlint.semantic import kinds as _kinds
+from matlint.semantic.flow import flow_of
+from matlint.semantic.loops import LoopInfo, updates_weights, walk_no_scopes
+from matlint.rule import GemmVisitor
+from matlint.semantic.torch_api import as_gemm
+
+from .advice import _BatchedAdvice
+from .items import _PerItemOperands
+
+_RECURRENT_MODULES = frozenset({"torch.nn.RNNCell", "torch.nn.LSTMCell", "torch.nn.GRUCell",
+                                "torch.nn.RNN", "torch.nn.LSTM", "torch.nn.GRU"})
+
+
+class PythonLoopMatmul(_PerItemOperands, _BatchedAdvice, GemmVisitor, Rule):
+    code = "MAT101"
+    name = "python-loop-matmul"
+    summary = "A matrix multiply issued once per item from a Python loop; one batched call does them all."
+    docs = """
+    ## What it does
+    Flags a GEMM (`@`, `torch.matmul`, `mm`, `bmm`, `einsum`, `dot`, `mv`, `tensordot`,
+    `F.linear`, the `.matmul()`/`.mm()` methods, or an `nn.Linear` module) inside a `for`/`while`
+    loop or comprehension when one of its operands is the loop's item: indexed by the loop
+    variable (`x[i]`, `x[:, i]`, `x[i, ...]`, `x.select(0, i)`, `x[i:i + 1]` in a step-1 loop,
+    `q[b, h]` in the loop over `h`, `hidden[b, 0]`), iterated over (`for xi in x`,
+    `x.unbind(1)`, `torch.unbind(x, 0)`, `x.split(1)`), or assigned from such an item in
+    the loop body, also through steps that treat every item alike: arithmetic with values fixed
+    in the loop (`(x[i] - mean) @ W`), elementwise torch functions (`torch.relu(x[b])`), row-wise
+    modules (`self.fc(self.norm(x[:, t]))` with a LayerNorm, Embedding, Dropout or activation),
+    and earlier GEMMs of the item (`att @ v[i]` with `att = softmax(q[i] @ k[i].T)`). The
+    message says which single call replaces the loop, with `einsum`
+    subscripts written out when they can be derived. `matmul` treats a 1-D operand as a vector,
+    so the call depends on the items' rank: `A @ x[i]` over vectors is `x @ A.T`, `x[i] @ y[i]`
+    over vectors is `(x * y).sum(-1)`; where the rank is not known the message names the call
+    for matrices and for vectors.
+
+    A loop of GEMMs whose results are collected and stacked is reported here, once per GEMM;
+    MAT103 (stacked-loop-products) stays quiet on it and reports only per-item products written
+    as an elementwise multiply and a sum, which this rule does not see as GEMMs.
+
+    ## Why is this bad?
+    Each iteration launches a separate small GEMM (and its Python and dispatch overhead), which
+    keeps the GPU's matrix units mostly idle. One batched call runs them all in a single kernel:
+    on an H100, 64 looped 256×256 matmuls ran 46× slower than one `bmm`.
+
+    ## Example
+    ```python
+    out = torch.empty(B, M, N)
+    for b in range(B):
+        out[b] = torch.mm(x[b], w[b])
+    ```
+
+    ## Use instead
+    ```python
+    out = torch.bmm(x, w)          # or x @ w, or torch.einsum("bij,bjk->bik", x, w)
+    ```
+
+    ## Stays quiet on
+    - Loops over layers or modules (`for block in self.blocks: x = block(x)`), and over weights
+      of a list (`for w in weights: x = x @ w`).
+    - Recurrences: a loop where a GEMM consumes a value from the previous iteration (RNN state
+      `h @ W_hh`, a state kept on `self`, Newton–Schulz, power iteration, a buffer filled step
+      by step through `buf[t + 1] = ...`, `buf[t + 1].copy_(...)` or `out=buf[t + 1]`, also
+      through another name for it: `out = x` then `out[t + 1] = x[t] @ W`, or views
+      `prev, nxt = xs[:-1], xs[1:]` then `nxt[t] = prev[t] @ A`), or an
+      RNN cell (`nn.LSTMCell`, `nn.GRUCell`, `nn.RNNCell`, `nn.LSTM`...) or a module class of
+      the file consumes such a value. Input projections inside such loops are MAT105's.
+    - Weights that change between steps: an optimizer step or `.backward()` in the loop, a
+      call that may run a training step (handed an optimizer, `train_step(loss, opt)`; a loss
+      and a model, `backprop(loss, model)`; or named so, `self.training_step(batch)`,
+      `self.optimize_model()`, `sgd_step(...)`, `update(loss=...)`, `trainer.step(batch)`;
+      not builtins, logging, bookkeeping or steps of something else: `print(loss)`,
+      `losses.append(float(loss))`, `self.log_metric(..., loss)`, `meter.update(loss)`,
+      `self.step(x, h)`, `model = fit(sample)`, `self._update_model_kwargs_for_generation(...)`), an
+      operand or module the loop rebinds (`W = next(ws)`, `self.W = ...`), or an in-place
+      update of one (`self.w += ...`, `self.W.data.add_(...)`, `self.proj.weight.data -= ...`,
+      `self.fc.reset_parameters()`, `self.fc.load_state_dict(sd)`, `p.mul_(0.99)` for `p` in
+      `self.fc.parameters()`).
+    - Chunked loops (`range(0, n, step)`, `x.split(chunk)`, `x[i:i + chunk]`): chunking bounds
+      memory on purpose.
+    - Items transformed in ways that differ between items or read other items: BatchNorm (its
+      statistics span each step's batch), a boolean mask per item (`x[i][mask[i]]`), fresh
+      random values (`x[i] + torch.randn(d)`), `x[i] - x[i - 1]`.
+    - Items whose shapes may differ: iterating a list, `range(len(xs))` over something not known
+      to be a tensor, data loaders.
+    - numpy arrays and anything not known to be a tensor.
+
+    ## Fix safety
+    No automatic fix: the batched call changes how results are stored (a stacked tensor instead
+    of a loop of writes), which needs a human to restructure the loop.
+    """
+
+    gemms_in_loops_only = True
+
+    def check_gemm(self, node: ast.AST) -> None:
+        found = self.per_item(node, self.ctx.loops)
+        if found is not None:
+            self.report(node, self._message(*found))
+
+    def per_item(self, node: ast.AST, loops: list) -> Optional[tuple]:
+        """(gemm, loop, batched) when the GEMM `node` runs once per item of one of `loops` (the
+        loops around it, outermost first): what this rule reports. MAT601 asks it too."""
+        gemm = as_gemm(self.ctx, node)
+        if gemm is None or not gemm.operands:
+            return None
+        for loop in reversed(loops):
+            depends = [loop.depends_on_iteration(op) for op in gemm.operands]
+            if not any(depends):
+                continue
+            batched = [self._batched(loop, op, 0, transforms=True) if dep else None
+                       for op, dep in zip(gemm.operands, depends)]
+            if any(dep and b is None for dep, b in zip(depends, batched)):
+                return None
+            # What is not the item must hold still: `W = next(ws)`, `self.W = ...`, `self.W.data.mul_()`
+            # or `self.proj.weight.data -= ...` in the loop give each step other weights.
+            fixed = [op for op, dep in zip(gemm.operands, depends) if not dep] + [
+                source for b in batched if b for source in b.sources]
+            if gemm.op == "nn.Linear":
+                fixed.append(node.func)
+            elif gemm.op == "linear":
+                fixed.extend(node.args[2:] + [k.value for k in node.keywords])
+            if any(loop.changes(expr) for expr in fixed):
+                return None
+            if self._is_recurrence(loop) or updates_weights(self.ctx, loop):
+                return None  # each step reads the last one's result, or the weights change between steps
+            return gemm, loop, batched
+        return None
+
+    # -- analysis ---------------------------------------------------------------
+    def _is_recurrence(self, loop: LoopInfo) -> bool:
+        key = ("mat101_recurrence", id(loop.node))
+        cached = self.ctx.shared.get(key)
+        if cached is None:
+            cached = False
+            if loop.carried:
+                for stmt in loop.body:
+                    for sub in walk_no_scopes(stmt):
+                        gemm = as_gemm(self.ctx, sub) if isinstance(sub, (ast.BinOp, ast.Call)) else None
+                        if gemm and any(loop.reads_carried(op) for op in gemm.operands):
+                            cached = True
+                        elif (gemm is None and isinstance(sub, ast.Call) and sub.args
+                              and any(loop.reads_carried(a) for a in sub.args) and self._recurrent_module(sub.func)):
+                            cached = True  # `h, c = self.cell(x_t, (h, c))`
+                        if cached:
+                            break
+                    if cached:
+                        break
+            self.ctx.shared[key] = cached
+        return cached
+
+    def _recurrent_module(self, func: ast.AST) -> bool:
+        """`func` is an RNN cell or layer of torch.nn (`self.cell` after `self.cell =
+        nn.LSTMCell(...)`, `cell` after `cell = nn.GRUCell(...)`), or a module class of this file:
+        called on the state, it multiplies the state by its weights."""
+        kind = _kinds.kind_of(self.ctx, func)
+        if kind == _kinds.USER_MODULE:
+            return True
+        return kind == _kinds.OTHER and self._constructed_by(func, _RECURRENT_MODULES)
+
+    def _constructed_by(self, func: ast.AST, classes) -> bool:
+        """Every value bound to `func` (`self.norm`, or a local `norm`) is a call of one of `classes`."""
+        ctx = self.ctx
+        if isinstance(func, ast.Attribute) and isinstance(func.value, ast.Name) and ctx.class_ is not None:
+            method = ctx.functions[0] if ctx.functions else None
+            params = method.args.posonlyargs + method.args.args if method is not None else []
+            if not params or func.value.id != params[0].arg:
+                return False
+            values = [value for _, value in _kinds.class_attribute_values(ctx, ctx.class_, func.attr)]
+        elif isinstance(func, ast.Name) and ctx.function is not None:
+            assign = flow_of(ctx, ctx.function).reaching(func)
+            values = [assign.value] if assign is not None else []
+        else:
+            return False
+        return bool(values) and all(isinstance(v, ast.Call) and ctx.qualname(v.func) in classes for v in values)

@@ -1,0 +1,571 @@
+"""MAT502 host-sync-in-loop: a device-to-host synchronization on every step of a training or
+evaluation loop."""
+from __future__ import annotations
+
+import ast
+import os
+from dataclasses import dataclass, field
+from typing import Callable, Optional
+
+from matlint.diagnostics import Fix
+from matlint.rule import Only, Rule
+
+from matlint.semantic import kinds as _kinds
+from matlint.semantic.project import imported_function
+from matlint.semantic.loops import loaded_names
+from matlint.semantic.names import in_reference_code, in_test_code
+
+from .reads import _HostReads
+from .steps import _StepLoops, _trains_with_project_helpers
+
+_NOT_SYNCED = (_kinds.CPU_TENSOR,) + _kinds.NON_TENSORS
+_SYNC_METHODS = {"item", "cpu", "tolist", "to"}
+_CONVERSIONS = {"float", "int", "bool"}
+
+
+def _is_cpu_target(call: ast.Call) -> bool:
+    target = call.args[0] if call.args else next((k.value for k in call.keywords if k.arg == "device"), None)
+    return target is not None and _kinds.is_cpu_literal(target)
+
+
+def _non_blocking(call: ast.Call) -> bool:
+    """`.to("cpu", non_blocking=True)` (or `.to("cpu", dtype, True)`): queued on the stream, the
+    host goes on. Anything but a literal False counts: the rule cannot tell it is False."""
+    flag = next((k.value for k in call.keywords if k.arg == "non_blocking"), None)
+    if flag is None and len(call.args) >= 3:
+        flag = call.args[2]
+    return flag is not None and not (isinstance(flag, ast.Constant) and flag.value is False)
+
+
+_COPIES = "waits for the GPU and copies to the host"
+# The remedy by what the host does with the value: decides a branch, or needs a Python number.
+_BRANCH = ("keep the decision on the device (`torch.where(cond, a, b)`, or masked arithmetic: `x * mask`, "
+           "`torch.clamp`, `F.relu`) or check it every N steps")
+_ASSERT = "check it every N steps, or use `torch._assert_async`"
+_NUMBER = ("the host needs it as a Python number (a `range`, an index, a size): take the number from data "
+           "already on the host (lengths, shapes), or keep the shapes fixed (pad, then mask)")
+_SIZE_METHODS = frozenset({"view", "reshape", "expand", "repeat", "narrow", "split", "topk", "new_zeros",
+                           "new_ones", "new_empty", "new_full"})
+_SIZE_FUNCTIONS = frozenset(f"torch.{name}" for name in ("zeros", "ones", "empty", "full", "arange", "rand", "randn",
+                                                         "randint", "randperm", "eye"))
+_LONGEST_VALUE = 40  # characters of a value's text a message names
+# Ops whose output size depends on the values: the host waits to learn it.
+_DATA_SIZED = frozenset({"nonzero", "masked_select", "unique", "argwhere"})
+_BOOLEAN_FUNCTIONS = frozenset({"torch.isnan", "torch.isinf", "torch.isfinite", "torch.logical_not",
+                                "torch.logical_and", "torch.logical_or", "torch.eq", "torch.ne", "torch.gt",
+                                "torch.lt", "torch.ge", "torch.le"})
+
+
+def _may_be_mask(index: ast.AST) -> bool:
+    """The index's form allows a boolean tensor (not a slice, a tuple of them, or a number)."""
+    return isinstance(index, (ast.Name, ast.Compare, ast.UnaryOp, ast.Call)) and not (
+        isinstance(index, ast.UnaryOp) and not isinstance(index.op, ast.Invert))
+
+
+def _unconditional_sync(function: ast.AST) -> Optional[ast.Call]:
+    """The first `.item()` / `.cpu()` / `.tolist()` that every call of `function` runs (not under
+    an `if`, a loop or a `try`)."""
+    stack = list(reversed(function.body))
+    while stack:
+        stmt = stack.pop()
+        if isinstance(stmt, (ast.If, ast.For, ast.AsyncFor, ast.While, ast.Try, ast.With, ast.FunctionDef,
+                             ast.AsyncFunctionDef, ast.ClassDef)) or getattr(ast, "TryStar", ast.Try) is type(stmt):
+            if isinstance(stmt, ast.With):
+                stack.extend(reversed(stmt.body))
+            continue
+        for node in ast.walk(stmt):
+            if (isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute)
+                    and node.func.attr in ("item", "cpu", "tolist") and not node.args):
+                return node
+    return None
+
+
+def _is_torch_predicate(ctx, expr: ast.AST) -> bool:
+    """`torch.is_autocast_enabled()`, `torch.are_deterministic_algorithms_enabled()`: Python bools."""
+    if not isinstance(expr, ast.Call):
+        return False
+    qual = ctx.qualname(expr.func) or ""
+    module, _, attr = qual.rpartition(".")
+    return module.split(".")[0] == "torch" and attr.startswith(("is_", "are_"))
+
+
+@dataclass
+class _Statement:
+    """The syncs of one kind, with one remedy, in one statement: one finding, at the first."""
+
+    statement: ast.AST
+    what: str       # `.item()`
+    detail: str     # after the values: `(its result's size depends on the values)`
+    waits: str      # what the sync does
+    where: str      # `on every step of the training loop on line 5`
+    instead: str    # the remedy
+    syncs: list = field(default_factory=list)  # (node, the value's text or None, its fix or None)
+
+    def message(self) -> str:
+        values = list(dict.fromkeys(text for _, text, _ in sorted(self.syncs, key=_position) if text))
+        named = f" of {_names(values)}" if values else ""
+        detail = f" {self.detail}" if self.detail else ""
+        return f"{self.what}{named}{detail} {self.waits} {self.where}; {self.instead}"
+
+    def fix(self) -> Optional[Fix]:
+        """Every sync's fix together; none where one of them has none (it would stay a sync)."""
+        fixes = [fix for _, _, fix in self.syncs]
+        if any(fix is None for fix in fixes):
+            return None
+        return Fix(fixes[0].message, tuple(edit for fix in fixes for edit in fix.edits), all(fix.safe for fix in fixes))
+
+
+def _position(sync: tuple) -> tuple:
+    return (sync[0].lineno, sync[0].col_offset)
+
+
+def _names(values: list) -> str:
+    """`a`, `a` and `b`, `a`, `b` and `c`; past four, `a`, `b`, `c` and 2 more."""
+    quoted = [f"`{v}`" for v in values]
+    if len(quoted) > 4:
+        return f"{', '.join(quoted[:3])} and {len(quoted) - 3} more"
+    return quoted[0] if len(quoted) == 1 else f"{', '.join(quoted[:-1])} and {quoted[-1]}"
+
+
+class HostSyncInLoop(_StepLoops, _HostReads, Rule):
+    code = "MAT502"
+    name = "host-sync-in-loop"
+    summary = "A device-to-host sync (`.item()`, `.cpu()`, `float(t)`, `if t:` ...) on every step of a training or evaluation loop."
+    docs = """
+    ## What it does
+    Flags, inside a training or evaluation loop, the calls that copy a tensor's value to the
+    host: `.item()`, `.cpu()` / `.to("cpu")`, `.tolist()`, `float(t)`, `int(t)`, `bool(t)`,
+    `if t:` / `while t:` on a tensor, `print(t)` of a tensor, and the syncs that do not look
+    like copies: boolean-mask indexing (`x[y > 0]`, `x[~mask]`), `nonzero`, `masked_select` and
+    `unique` (their output's size depends on the values), `assert` on a tensor, and
+    `torch.cuda.synchronize()` (quiet where the step made non-blocking copies that it must wait
+    for). A training loop is a loop
+    whose body calls `.backward()` or an optimizer's `.step()`; an evaluation loop iterates
+    over a data loader (also through a wrapper that takes it, `metric_logger.log_every(loader,
+    10)`), or, in a file that trains, moves what it iterates over to a device itself (`for batch
+    in val_iter: text = batch.text.cuda()`). A function that runs every step counts like a loop's body: a training
+    step called once per step (it calls `.backward()` and an optimizer's `.step()` outside any
+    loop of its own: an agent's `learn()`), a `training_step`/`validation_step` hook, and the
+    helpers such a step or loop calls on every pass (not under an `if`): a sync inside a metric
+    or logging helper is a sync per step. A helper from another module of the project (`from
+    utils import accuracy`, read, never run) whose body syncs on every call is reported where
+    the step calls it on values that may be on the device (not host tensors, not only numbers). In a file that never moves work to a CUDA device
+    (`.cuda()`, a device string or `torch.device`, `.to(device)`), a step function's tensors
+    stay on the CPU and it stays quiet; so does a program (a `__main__` block or a loop at
+    module level) that never does, whatever its loops. `.numpy()` is reported through the `.cpu()` that must precede it (on a
+    GPU tensor `.numpy()` alone raises instead of syncing).
+
+    A statement gets one finding per kind of sync and remedy, at its first sync, naming every
+    value it syncs (`` `.item()` of `loss`, `acc` and `lr` ``); a `# noqa: MAT502` on that
+    line or on the statement's first line silences it. The remedy follows what the host does
+    with the value: a branch that decides on it (`if t.item() > 0:`, `a if t.item() else b`,
+    `while t:`, or a name bound to it that a later test reads) can keep the decision on the
+    device (`torch.where`, masked arithmetic: `x * mask`, `torch.clamp`, `F.relu`) or check it
+    every N steps; a Python number for `range()`, an index or a size can come from data already
+    on the host (lengths, shapes) or give way to fixed shapes (pad, then mask); a value logged,
+    printed or collected stays on the device, converted once after the loop, or logged every N
+    steps.
+
+    ## Why is this bad?
+    Each of these waits until the GPU has finished all queued work, then copies the value.
+    Once per step, that drains the launch queue: the CPU can no longer run ahead of the GPU,
+    and every step pays the full kernel-launch latency again.
+
+    ## Example
+    ```python
+    for x, y in loader:
+        loss = criterion(model(x.cuda()), y.cuda())
+        loss.backward()
+        opt.step()
+        total += loss.item()
+    ```
+
+    ## Use instead
+    ```python
+    total = torch.zeros((), device="cuda")
+    for x, y in loader:
+        ...
+        total += loss.detach()
+    print(total.item())          # one sync, after the loop
+    ```
+
+    ## Stays quiet on
+    - Tests (`test_*.py`, `*_test.py`, `conftest.py`, files under `tests/`, `test/` or `testing/`,
+      `test*` functions, `Test*` classes, fixtures) and reference implementations (a function
+      or class named with the word `ref` or `reference`: `attention_ref`, `_ReferenceAdam`),
+      which spell each step out on purpose to check a fused path against.
+    - Values on the CPU by construction (`torch.tensor(...)` without a device, after `.cpu()`,
+      batches straight from a `DataLoader` before they are moved), numpy arrays, Python numbers.
+      For a name bound to host tensors in one place and device tensors in another (a notebook,
+      one program, reuses `X` across its cells), the copy `X.cpu()` / `X.to("cpu")` / `X.item()`
+      is judged by the assignments that reach it: `for X, y in loader: X = X.to("cpu")` copies
+      nothing, whatever other cells store in `X`.
+    - Evaluation loops whose function never names a device (no `.to(`, `cuda`, `device`...) and
+      calls only imported functions, builtins and tensor or container methods: the batches stay
+      on the host (a call of a model, `model(x)` or `self.net(x)`, may move them itself).
+    - `.to("cpu", non_blocking=True)`: the copy is queued on the stream and the host goes on
+      (any `non_blocking` but a literal `False` counts), as long as the host does not read the
+      result in the same iteration. Where it does (`.tolist()`, `.numpy()`, `.item()`,
+      `float()`, `print()`, `np.asarray()` of the copy, or of the name bound to it, with no
+      `synchronize()` in between), the finding says so: that is a data race, the host can read
+      values the copy has not written yet.
+    - A copy whose own line carries, or whose statement (or run of copies) is headed by, a
+      comment saying why it is deliberate: the host needs the values now (`# wait for the
+      indices: the host slices with them`, `# needed on the host`), or keeping them on the GPU
+      would exhaust its memory (`# kept in CPU tensors, else GPU memory runs out`, `OOM`,
+      `to save GPU memory`). A comment that says what the line does (`# move predictions to
+      cpu`), a reason `.detach()` meets as well (`# so the graph is not kept alive (memory
+      leak)`), or a comment on another line of a multi-line statement does not count.
+    - A value the host needs in the same iteration: bound to a name that a later test compares to
+      stop the loop in its normal course (`if abs(cur - prev) < tol: break`, PPO's `if approx_kl
+      > 1.5 * target_kl: break`), or that Python code then iterates or indexes (`toks =
+      out.cpu().tolist()`, then `for i ...: f(toks[i])`; also through numpy functions and
+      conditional expressions: `correct = np.squeeze(t.cpu().numpy())`, then `correct[i]`); a sync
+      in such a test itself (`if loss.item() < tol: break`, `while loss.item() > tol:`); and an
+      input of host code (a call of neither torch nor a Python builtin) whose result the loop
+      moves back to the device, in this iteration or the next: an environment step,
+      `next_state, reward, done, _ = envs.step(action.cpu().numpy())` (or `action =
+      dist.sample().item()`, then `env.step(action)`), with `state = next_state` and
+      `torch.FloatTensor(state).to(device)` (or `torch.as_tensor(state, device=device)`): the
+      device's next work waits for the host's result anyway. Host code whose result is only
+      logged, printed, collected or summed (`total += scorer.score(out.cpu().numpy())`), and
+      builtins (`n = int(t.item())`, then `torch.arange(n, device=device)`), are still reported.
+      So is a guard that only trips on failure, as it can be checked every N steps: `if
+      torch.isnan(loss): break`, or the value past a large literal bound (`if loss_val > 1e4:
+      break`, |bound| >= 100).
+    - Syncs outside loops, in loops that are not training/evaluation steps (an epoch loop, which
+      runs a whole pass over a loader in each iteration whatever else it steps, a loop over
+      parameters outside any step loop; a pass under an `if`, such as validation every N steps
+      inside a training loop, does not run in each iteration and makes no epoch loop), and
+      syncs gated to run every N steps (`if step % log_every == 0:`, `if verbose:`, an `==` on a
+      value that changes as the loop runs: `if step == 0:`) or once (in a branch that ends in `return`, `break` or `raise`, in the
+      `return` itself, in an `except`). The `else` of a gate runs on the other steps: a sync
+      there is reported. `if rank == 0:` is not a gate: it holds on every step of one process
+      (an `==` on names the loop does not assign, constants, or attributes and calls that name
+      the process: `args.local_rank`, `dist.get_rank()`).
+    - Loops over a list of loaders or of their names (`for loader in val_loaders:`): one step
+      per dataset, not per batch. A loader is a `DataLoader` or a name ending in `loader`. So
+      are loops over keys or names (`for key in dataset_keys:`, `for name, fn in losses.items():`,
+      a loop variable or iterable whose last `_`-word is `key(s)` or `name(s)`: not `fname`;
+      named pairs, `for name, discr_loss in discr_losses:`, unless they come from a loader),
+      even with a `.backward()` inside: one per task, and the loop around it is the training
+      step. A loop that steps an optimizer is a training step whatever it goes over (a round
+      robin over `loaders.items()`).
+    - One-off passes over a data set that do not train: in a method `process(self)`
+      (torch_geometric's `Dataset.process()`; not a `process(rank, ...)` worker), or in a function
+      whose name or file name has the word `preprocess`, `precompute`, `calibrate`, `calibration`
+      or `calib`. A loop that calls `.backward()` or an optimizer's `.step()` is never one-off.
+    - Torch's predicates (`torch.is_autocast_enabled()`, `torch.are_deterministic_algorithms_enabled()`):
+      Python bools. Values whose kind it cannot tell, for `float()`, `int()`, `bool()`, `if`,
+      `print()` and `.tolist()` (those need a value known to be a tensor).
+
+    ## Fix safety
+    A running total gets the running-total remedy (keep it on the device, `.item()` once after
+    the loop), other values `torch.stack(values).tolist()` after the loop. Where host code in
+    the loop reads the running total, or a name computed from it, on every step (a progress
+    bar's `set_postfix(loss=avg)` or `set_postfix({"loss": avg})`, a `print`, a comparison; not
+    under a gate), also in a step loop around it (the optimizer's loop around a loop over
+    micro-batches), keeping it on the device would not help: the message says to show or log it
+    every N steps, with no fix, as the fix would leave the sync in place. A statement's finding
+    has a fix only where each of its syncs has one.
+    `total += loss.item()` (also scaled: `total += loss.item() * len(batch)`) has an unsafe fix
+    to `total += loss.detach()` (a receiver that is not atomic is parenthesized:
+    `(a + b).detach()`), offered only where the accumulator is a Python
+    number (every binding of the name in its scope is a number or adds one) whose every later
+    use works the same on a 0-d tensor: arithmetic, formatting as a number (`f"{total:.3f}"`,
+    `"%.3f" % total`, `"{:.2f}".format(total)`), `float()`, `int()`, `round()`, returning it; the
+    same for the names it flows into (`avg = total / n`, `epoch_total += total`). Any other use (a
+    call such as `np.mean([total])` or `log(total)`, a comparison, `%s`, a closure) may need a
+    Python number: no fix. The accumulator becomes a tensor, which changes its precision (float32)
+    and what type later code sees; a receiver of more than one element (shape `(1,)`) would not
+    format as a number. Onto a tensor accumulator there is no fix (`acc = torch.zeros(1)` is on
+    the CPU: `acc += loss.detach()` would raise, the operands being on two devices), nor where the
+    call's text holds a comment; the message says to accumulate in a device tensor instead.
+    """
+
+    only = {"visit_Call": Only(attrs=frozenset(_SYNC_METHODS | _CONVERSIONS | _DATA_SIZED | {"print", "synchronize"}),
+                               every_call_if=_trains_with_project_helpers),
+            "visit_While": Only(in_loops=True), "visit_IfExp": Only(in_loops=True)}
+
+    def __init__(self, ctx, options: Optional[dict] = None):
+        super().__init__(ctx, options)
+        self._statements: dict = {}  # (statement, what, remedy) -> _Statement
+
+    def visit_Call(self, node: ast.Call) -> None:
+        if not self.ctx.loops and self.ctx.function is None:
+            return
+        func = node.func
+        if isinstance(func, ast.Attribute) and func.attr in _SYNC_METHODS:
+            self._method(node, func)
+        elif isinstance(func, ast.Attribute) and func.attr == "synchronize":
+            if (self.ctx.qualname(func) == "torch.cuda.synchronize" and self._step_context() is not None
+                    and not self._waits_for_own_copies()):
+                self._report(node, "`torch.cuda.synchronize()`",
+                             "drop it, or time the step with CUDA events (`torch.cuda.Event(enable_timing=True)`) "
+                             "read every N steps", waits="waits for all queued GPU work")
+        elif self._data_sized_call(node):
+            self._report(node, f"`{self._callee_text(node)}()`",
+                         "keep shapes fixed: `torch.where(mask, x, 0)` or `x * mask`, and reduce with the mask",
+                         value=self._data_sized_operand(node), detail="(its result's size depends on the values)")
+        elif _trains_with_project_helpers(self.ctx):
+            self._project_helper(node)
+        elif isinstance(func, ast.Name) and self.ctx.qualname(func) is None and node.args:
+            if self._step_context() is None:
+                return
+            if func.id in _CONVERSIONS and len(node.args) == 1 and not node.keywords:
+                if self._is_device_tensor(node.args[0]):
+                    self._report(node, f"`{func.id}()`", self._remedy(node, "convert after the loop, or keep the "
+                                                                            "value on the device"), value=node.args[0])
+            elif func.id == "print":
+                for arg in node.args:
+                    values = [v.value for v in arg.values if isinstance(v, ast.FormattedValue)] \
+                        if isinstance(arg, ast.JoinedStr) else [arg]
+                    for value in values:
+                        if self._is_device_tensor(value):
+                            self._report(node, "`print()`", "print every N steps, or accumulate and print after "
+                                                            "the loop", value=value)
+
+    def visit_Subscript(self, node: ast.Subscript) -> None:
+        """`x[mask]` with a boolean tensor mask: the host must learn how many elements are kept."""
+        if not isinstance(node.ctx, ast.Load) or not _may_be_mask(node.slice):
+            return
+        if self._step_context() is None or not self._is_device_tensor(node.value) or not self._is_mask(node.slice):
+            return
+        self._report(node, "boolean-mask indexing",
+                     "keep shapes fixed: `torch.where(mask, x, 0)` or `x * mask`, and reduce with the mask "
+                     "(`(x * mask).sum() / mask.sum()`)", value=node.value,
+                     detail="(its result's size depends on the values)")
+
+    def visit_Assert(self, node: ast.Assert) -> None:
+        test = node.test.operand if isinstance(node.test, ast.UnaryOp) and isinstance(node.test.op, ast.Not) else node.test
+        if self._step_context() is None or not self._is_device_tensor(test) or self._contains_sync_call(test):
+            return
+        self._report(test, "`assert` on a tensor", _ASSERT, owner=node)
+
+    def leave_Module(self, node: ast.Module) -> None:
+        for found in self._statements.values():
+            first = min(found.syncs, key=_position)[0]
+            self.report(first, found.message(), fix=found.fix(), noqa_row=found.statement.lineno)
+
+    def _project_helper(self, call: ast.Call) -> None:
+        """`accuracy(out, y)` in a step, where `accuracy` comes from a module of the project
+        (`from utils import accuracy`) whose body syncs on every call (`return correct.item()`):
+        the sync is per step, and the call is where the step can avoid it."""
+        if not call.args or self._step_context() is None:
+            return
+        imported = imported_function(self.ctx, call.func)
+        if imported is None:
+            return
+        kinds = [_kinds.kind_of(self.ctx, a) for a in call.args]
+        if _kinds.CPU_TENSOR in kinds or all(k in _kinds.NON_TENSORS for k in kinds):
+            return  # host tensors, or no tensor at all (a name, a count): nothing to wait for
+        definition, path = imported
+        sync = _unconditional_sync(definition)
+        if sync is None:
+            return
+        where = os.path.relpath(path, os.path.dirname(os.path.abspath(self.ctx.filename)))
+        self._report(call, f"`{self.ctx.segment(call.func)}()`, whose `.{sync.func.attr}()` on line {sync.lineno} of "
+                           f"{where} runs on every call,",
+                     f"have it return the tensor and convert once after the loop, or call it every N steps")
+
+    def _waits_for_own_copies(self) -> bool:
+        """The step makes non-blocking copies (`.to("cpu", non_blocking=True)`): a synchronize is
+        what makes reading them safe."""
+        loop = self._step_loop()
+        owner = loop.node if loop is not None else self.ctx.function
+        return "non_blocking" in self.ctx.segment(owner)
+
+    def _data_sized_call(self, node: ast.Call) -> bool:
+        """`x.nonzero()`, `torch.nonzero(x)`, `x.masked_select(m)`, `torch.unique(x)` on a device tensor."""
+        func = node.func
+        if not isinstance(func, ast.Attribute) or func.attr not in _DATA_SIZED:
+            return False
+        operand = self._data_sized_operand(node)
+        if operand is None or self._step_context() is None or not self._is_device_tensor(operand):
+            return False
+        return not any(k.arg == "size" for k in node.keywords)  # `nonzero_static`/`unique(size=)` know their size
+
+    def _data_sized_operand(self, node: ast.Call) -> Optional[ast.AST]:
+        """`x` of `x.nonzero()` or `torch.nonzero(x)`."""
+        qual = self.ctx.qualname(node.func)
+        if qual is None:
+            return node.func.value
+        return node.args[0] if qual == f"torch.{node.func.attr}" and node.args else None
+
+    def _callee_text(self, node: ast.Call) -> str:
+        return self.ctx.segment(node.func) if self.ctx.qualname(node.func) else "." + node.func.attr
+
+    def _is_mask(self, index: ast.AST) -> bool:
+        """A boolean device tensor: a comparison of tensors, `~t`, `t.bool()`, `torch.isnan(t)`..., or
+        a name bound only to one."""
+        if isinstance(index, ast.Name):
+            entries = _kinds.bindings(self.ctx, index.id)
+            values = [e[1] for e in entries or () if e[0] == "value"]
+            return bool(values) and len(values) == len(entries) and all(
+                _may_be_mask(v) and self._is_mask(v) for v in values)
+        if isinstance(index, ast.Compare):
+            return len(index.ops) == 1 and not isinstance(index.ops[0], (ast.In, ast.NotIn, ast.Is, ast.IsNot)) \
+                and self._is_device_tensor(index)
+        if isinstance(index, ast.UnaryOp) and isinstance(index.op, ast.Invert):
+            return self._is_device_tensor(index.operand)
+        if isinstance(index, ast.Call):
+            qual = self.ctx.qualname(index.func) or ""
+            if qual in _BOOLEAN_FUNCTIONS:
+                return True
+            return isinstance(index.func, ast.Attribute) and index.func.attr in ("bool", "isnan", "isinf", "isfinite",
+                                                                                 "logical_not", "logical_and",
+                                                                                 "logical_or") \
+                and self._is_device_tensor(index.func.value)
+        return False
+
+    def visit_If(self, node: ast.If) -> None:
+        self._condition(node)
+
+    def visit_While(self, node: ast.While) -> None:
+        if self.ctx.loops:
+            self._condition(node)
+
+    def visit_IfExp(self, node: ast.IfExp) -> None:
+        self._condition(node)
+
+    # -- checks ---------------------------------------------------------------------
+    def _method(self, node: ast.Call, func: ast.Attribute) -> None:
+        receiver = func.value
+        if self._step_context() is None or self._chain_already_synced(receiver):
+            return
+        kind = _kinds.kind_of(self.ctx, receiver)
+        if kind == _kinds.TENSOR and isinstance(receiver, ast.Name):
+            kind = _kinds.reaching_kind(self.ctx, receiver)  # a name bound to host and device tensors
+        if kind in _NOT_SYNCED:
+            return
+        method = func.attr
+        if method == "to" and not _is_cpu_target(node):
+            return
+        if method == "to" and _non_blocking(node):
+            read = self._read_before_copied(node)
+            if read is not None:  # the copy does not block: not a sync, a race
+                self.report(node, f"`.to({self._arguments(node)})` may return before the copy is done, yet the host "
+                                  f"reads the result on line {read} in the same iteration: a data race, it can see "
+                                  f"values not copied yet; copy with a blocking `.cpu()` where the host needs the "
+                                  f"values now, or collect results on the device and copy once after the loop")
+            return
+        if method == "tolist" and kind not in _kinds.TENSORS:
+            return
+        remedy = self._remedy(node, None)
+        if remedy is not None:
+            self._report(node, self._method_text(node, method), remedy, value=receiver)
+        elif method == "item":
+            accumulation = self._accumulation(node)
+            read = self._read_on_every_step(accumulation.target) if accumulation is not None else None
+            onto_number = accumulation is not None and read is None and self._python_number(accumulation.target)
+            fix = (lambda: self._detach_fix(node, receiver, accumulation.target.id)) if onto_number else None
+            if read is not None:
+                instead = (f"the host reads the running value on every step (line {read}), so keeping it on the "
+                           f"device would not help: show or log it every N steps")
+            elif onto_number:
+                instead = "keep the running value on the device (`total += loss.detach()`) and call `.item()` once after the loop"
+            elif accumulation is not None:
+                instead = ("accumulate on the device (`total = torch.zeros((), device=loss.device)`, then "
+                           "`total += loss.detach()`) and call `.item()` once after the loop")
+            else:
+                instead = ("keep the values on the device and convert them once after the loop "
+                           "(`torch.stack(values).tolist()`), or log every N steps")
+            self._report(node, "`.item()`", instead, value=receiver, fix=fix)
+        elif method in ("cpu", "to"):
+            self._report(node, self._method_text(node, method),
+                         "collect results on the device (`torch.cat`/`torch.stack` after the loop) and copy once",
+                         value=receiver)
+        else:
+            self._report(node, "`.tolist()`", "collect results on the device and convert once after the loop",
+                         value=receiver)
+
+    def _method_text(self, node: ast.Call, method: str) -> str:
+        return f"`.{method}({self._arguments(node)})`"
+
+    def _remedy(self, sync: ast.AST, default: Optional[str]) -> Optional[str]:
+        """What to do instead, by what the host does with the synced value: a branch decides on it
+        (`if t.item() > 0:`, `a if t.item() else b`, or a name bound to it that a later test
+        reads), or it is a Python number for `range()`, an index or a size; else `default`."""
+        child = sync
+        for parent in reversed(self.ctx.parents):
+            if isinstance(parent, ast.Assert) and child is parent.test:
+                return _ASSERT
+            if isinstance(parent, (ast.If, ast.While, ast.IfExp)) and child is parent.test or \
+                    isinstance(parent, ast.comprehension) and any(child is test for test in parent.ifs):
+                return _BRANCH
+            if isinstance(parent, ast.Subscript) and child is parent.slice:
+                return _NUMBER
+            if isinstance(parent, ast.Call) and any(child is arg for arg in parent.args) and self._takes_number(parent):
+                return _NUMBER
+            if isinstance(parent, (ast.stmt, ast.Lambda)):
+                break
+            child = parent
+        return _BRANCH if self._tested_later(sync) else default
+
+    def _takes_number(self, call: ast.Call) -> bool:
+        """`range(n)`, `x.view(-1, n)`, `torch.zeros(n)`: its arguments are counts or sizes."""
+        func = call.func
+        if isinstance(func, ast.Name) and func.id == "range":
+            return self.ctx.qualname(func) is None
+        if self.ctx.qualname(func) in _SIZE_FUNCTIONS:
+            return True
+        return isinstance(func, ast.Attribute) and func.attr in _SIZE_METHODS and self.ctx.qualname(func) is None
+
+    def _tested_later(self, sync: ast.AST) -> bool:
+        """The value is bound to a name that the test of a later `if`, `while` or `... if ... else`
+        in the step loop reads (`loss_val = loss.item()`, then `if loss_val < best:`)."""
+        bound, loop = self._bound_name(sync), self._step_loop()
+        if bound is None or loop is None:
+            return False
+        name, statement = bound
+        return any(isinstance(other, (ast.If, ast.While, ast.IfExp)) and other.lineno > statement.end_lineno
+                   and name in loaded_names(other.test) for other in loop.direct_nodes())
+
+    def _condition(self, owner: ast.AST) -> None:
+        if self._step_context() is None:
+            return
+        test = owner.test
+        values = test.values if isinstance(test, ast.BoolOp) else [test]
+        for value in values:
+            inner = value.operand if isinstance(value, ast.UnaryOp) and isinstance(value.op, ast.Not) else value
+            if _is_torch_predicate(self.ctx, inner):
+                continue
+            if self._is_device_tensor(inner) and not self._contains_sync_call(inner):
+                self._report(inner, "`bool()`", _BRANCH, value=inner, detail="(a tensor used as a Python `bool`)",
+                             owner=owner)
+
+    def _report(self, node: ast.AST, what: str, instead: str, value: Optional[ast.AST] = None, detail: str = "",
+                fix: Optional[Callable[[], Optional[Fix]]] = None, owner: Optional[ast.AST] = None,
+                waits: str = _COPIES) -> None:
+        """Adds the sync `node` to the finding of its statement for `what` and `instead` (reported
+        at the end of the file). `value`: the tensor it syncs, named in the message. `fix`: makes
+        the fix, once the finding stands. `owner`: the `if`/`while`/`assert` whose test `node`
+        is. `waits`: what the sync does."""
+        if _kinds.cpu_only_script(self.ctx):
+            return  # the program never leaves the CPU: there is no device to wait for
+        loop = self._step_loop()
+        if loop is None:
+            where = self._in_step_function(node)
+            fix = None
+            if where is None:
+                return
+        else:
+            if self._gated(node, loop, owner):
+                return
+            training = self._is_training(loop)
+            if (owner is None and self._used_now(node, loop)) or self._explained(node) or (not training and self._host_only(loop)):
+                return
+            if in_test_code(self.ctx) or in_reference_code(self.ctx):
+                return
+            where = f"on every step of the {'training' if training else 'evaluation'} loop on line {loop.node.lineno}"
+        statement = owner if isinstance(owner, ast.stmt) else self.ctx.statement()
+        key = (id(statement), what, instead)
+        found = self._statements.get(key)
+        if found is None:
+            found = self._statements[key] = _Statement(statement, what, detail, waits, where, instead)
+        found.syncs.append((node, self._value_text(value) if value is not None else None,
+                            fix() if fix is not None else None))
+
+    def _value_text(self, value: ast.AST) -> str:
+        text = " ".join(self.ctx.segment(value).split())
+        return text if len(text) <= _LONGEST_VALUE else text[:_LONGEST_VALUE - 3].rstrip() + "..."

@@ -1,0 +1,53 @@
+"""MAT502 at runtime: host syncs issued per step, from the ops the guard saw and from torch's own
+sync detector (runtime_guard/syncs.py). Imported only by the guard (needs torch)."""
+from __future__ import annotations
+
+from collections import defaultdict
+
+from matlint.runtime_guard.checks import finding
+from matlint.runtime_guard.registry import runtime_check
+
+SYNC_MIN_PER_STEP = 2
+SYNC_OPS = frozenset({"_local_scalar_dense", "nonzero", "masked_select", "unique", "_unique2", "item"})
+
+
+def _is_sync(key) -> bool:
+    if key.op in SYNC_OPS:
+        # On CPU nothing syncs; count what would on a GPU, issued by the user's own code.
+        return key.device == "cuda" or key.direct
+    return bool(key.out) and key.out[2] == "d2h"
+
+
+@runtime_check("MAT502")
+def check_host_syncs(rec, steps, ctx):
+    per_site = defaultdict(lambda: [0, []])
+    for key, stat in rec.ops.items():
+        if key.backward or not _is_sync(key):
+            continue
+        entry = per_site[(key.site, key.module)]
+        entry[0] += stat.count
+        entry[1].append(key)
+    reported = set()
+    for (site, module), (count, keys) in per_site.items():
+        per_step = count / steps
+        if per_step < SYNC_MIN_PER_STEP:
+            continue
+        ops = sorted({k.qualname for k in keys})
+        where = "each one waits for the GPU" if ctx.device_type == "cuda" else "on a GPU each one would wait for the device"
+        msg = (f"{per_step:g} host syncs per step from this line ({', '.join(ops)}): {where}; keep the values "
+               f"on the device and read them once per step (or every N steps)")
+        ev = {"per_step": round(per_step, 2), "module": module, "ops": ops, "device": ctx.device_type,
+              "phase": "forward"}
+        reported.add(site)
+        yield finding("MAT502", site, msg, ev)
+    # The rest that torch's own sync detector saw (syncs.py): ops that wait inside C++, such as
+    # boolean-mask indexing or a shape read off the data.
+    for site, count in rec.syncs.items():
+        per_step = count / steps
+        if site in reported or per_step < SYNC_MIN_PER_STEP:
+            continue
+        msg = (f"{per_step:g} host syncs per step from this line, found by torch's sync detector (an op that "
+               f"waits for the GPU inside: boolean-mask indexing, `nonzero`, a shape read off the data, a copy to "
+               f"the host): keep the work on the device (`torch.where`, masks of fixed shape) or do it every N steps")
+        yield finding("MAT502", site, msg, {"per_step": round(per_step, 2), "device": "cuda", "phase": "forward",
+                                            "found_by": "torch.cuda.set_sync_debug_mode"})

@@ -1,0 +1,370 @@
+"""MAT502's per-step question: which loop runs once per training step (not an epoch loop, a one-off
+pass or a host-only evaluation), which function runs every step, and which code in them runs on
+every iteration (not gated by a logging interval, not explained by a comment)."""
+from __future__ import annotations
+
+import ast
+import os
+import re
+from typing import Optional
+
+from matlint.semantic import kinds as _kinds
+from matlint.semantic.flow import function_text, nearby_comments
+from matlint.semantic.loops import (LoopInfo, identifier as _identifier, is_optimizer_step, is_training_loop,
+                                    iterates_loader, loaded_names, name_tokens, walk_no_scopes)
+from matlint.semantic.names import in_reference_code, in_test_code
+from matlint.semantic.project import imported_paths
+from matlint.semantic.steps import STEP_HOOKS, step_of
+
+
+_GATE_NAME = re.compile(r"log|print|verbose|debug|interval|every|freq|display|report|eval|save|val",
+                        re.IGNORECASE)
+
+# Words of the attributes an `==` can read and still hold on every step: which process this is.
+_PROCESS_WORDS = {"rank", "main", "master", "world", "process", "gpu", "device"}
+
+# A comment on the copy that says why it is deliberate, not what it does (`# move to cpu`): the
+# values kept on the GPU would exhaust its memory, or the host needs them now.
+_MEMORY_REASON = re.compile(
+    r"\b(?:oom|out[ -]of[ -]memory|vram)\b|\b(?:gpu|cuda|device|accelerator)(?:'s)?\s+mem"
+    r"|\bmem\w*\s+(?:\w+\s+){0,3}?(?:exhaust|runs?\s+out|ran\s+out|explod|blows?\s+up|overflow|pressure|limit)"
+    r"|\b(?:sav|free|reduc|spar)\w*\s+(?:\w+\s+){0,2}?mem", re.IGNORECASE)
+_HOST_REASON = re.compile(
+    r"\bwait(?:s|ing)?\s+(?:for|until)\b|\bready\s+to\s+(?:use|be\s+used)\b"
+    r"|\bneed(?:s|ed)?\s+(?:\w+\s+){0,4}?(?:on|by|in)\s+(?:the\s+)?(?:host|cpu|python|numpy)\b"
+    r"|\b(?:host|cpu|python|numpy)\s+needs\b", re.IGNORECASE)
+
+# Memory the sync saves by dropping the autograd graph: `.detach()` saves it as well.
+_GRAPH_MEMORY = re.compile(r"\bleak|\bgraph\b|autograd", re.IGNORECASE)
+_NEGATED = re.compile(r"(?:n't|\bnot|\bno|\bnever|\bwithout|\bavoid\w*)\s+(?:\w+\s+){0,2}?(?:wait|need)",
+                      re.IGNORECASE)
+_SYNC_TEXT = (".cpu(", ".to(", ".item(", ".tolist(", ".numpy(")
+
+# Functions that run once over a data set (torch_geometric's `Dataset.process()`, calibration):
+# whole names, or `_`-separated words of the function's or the file's name.
+_ONE_OFF_NAMES = {"process", "_process"}
+_ONE_OFF_WORDS = {"preprocess", "precompute", "calibrate", "calibration", "calib"}
+
+# What makes a function move data to an accelerator (or hand it to code that does).
+_DEVICE_WORDS = re.compile(r"cuda|device|gpu|\.to\(|accelerat|fabric|parallel|\b(?:xla|mps|npu|xpu|tpu)\b", re.IGNORECASE)
+_HOST_BUILTINS = {"len", "max", "min", "sum", "abs", "int", "float", "bool", "round", "list", "tuple", "zip",
+                  "range", "enumerate", "isinstance", "print", "sorted", "dict", "set", "str", "any", "all"}
+_HOST_METHODS = _kinds.TENSOR_ONLY_METHODS | {
+    "max", "min", "sum", "mean", "std", "var", "abs", "item", "tolist", "numpy", "long", "int", "bool",
+    "double", "reshape", "squeeze", "nonzero", "square", "sqrt", "append", "extend", "update", "keys",
+    "values", "items", "get", "pop", "format"}
+_LEAVES_LOOP = (ast.Break, ast.Return)
+_ORDERING = (ast.Lt, ast.LtE, ast.Gt, ast.GtE)
+_COMPREHENSIONS = (ast.ListComp, ast.SetComp, ast.GeneratorExp, ast.DictComp)
+_NESTED_LOOPS = (ast.For, ast.AsyncFor, ast.While) + _COMPREHENSIONS
+_TRY = (ast.Try, getattr(ast, "TryStar", ast.Try))  # `try: ... except* E:` from Python 3.11
+
+
+def _trains_with_project_helpers(ctx) -> bool:
+    """The file has a training step and imports modules of the project: calls of their functions
+    are routed too (a step may call a helper that syncs)."""
+    found = ctx.shared.get("mat502_project_helpers")
+    if found is None:
+        found = ctx.shared["mat502_project_helpers"] = bool(
+            _kinds.may_mention(ctx, "backward") and imported_paths(ctx.source, ctx.filename))
+    return found
+
+
+def _overlap(a: ast.AST, b: ast.AST) -> bool:
+    """One of the two nodes holds the other (`if torch.all(step <= tol):` reports the call around the comparison)."""
+    return any(n is b for n in ast.walk(a)) or any(n is a for n in ast.walk(b))
+
+
+def _every_iteration(body: list):
+    """The statements of a loop body that run whenever the body runs: into `with` blocks and the
+    body, `else` and `finally` of a `try`, not into `if`, `match`, `except` or nested loops."""
+    stack = list(body)
+    while stack:
+        stmt = stack.pop()
+        yield stmt
+        if isinstance(stmt, (ast.With, ast.AsyncWith)):
+            stack.extend(stmt.body)
+        elif isinstance(stmt, _TRY):
+            stack.extend(stmt.body + stmt.orelse + stmt.finalbody)
+
+
+def _last_word(identifier: Optional[str]) -> str:
+    return (identifier or "").lower().rsplit("_", 1)[-1]
+
+
+def _dataset_process(function: ast.AST) -> bool:
+    """`def process(self):`, a method (torch_geometric's `Dataset.process`); not `def process(rank, ...)`."""
+    params = function.args.posonlyargs + function.args.args
+    return function.name in _ONE_OFF_NAMES and bool(params) and params[0].arg == "self"
+
+
+def _says_why(comment: str) -> bool:
+    if _HOST_REASON.search(comment) and not _NEGATED.search(comment):
+        return True
+    return bool(_MEMORY_REASON.search(comment)) and not _GRAPH_MEMORY.search(comment)
+
+
+def _goes_over(loop: ast.AST, name: str) -> bool:
+    """The loop iterates over `name` (`for t in tokens`) or indexes it (`tokens[i]`)."""
+    if isinstance(loop, (ast.For, ast.AsyncFor)) and name in loaded_names(loop.iter):
+        return True
+    if isinstance(loop, _COMPREHENSIONS) and any(name in loaded_names(g.iter) for g in loop.generators):
+        return True
+    return any(isinstance(node, ast.Subscript) and isinstance(node.value, ast.Name) and node.value.id == name
+               for node in walk_no_scopes(loop))
+
+
+def _has_ordering(test: ast.AST) -> bool:
+    return any(isinstance(node, ast.Compare) and any(isinstance(op, _ORDERING) for op in node.ops)
+               for node in ast.walk(test))
+
+
+def _stops_on_comparison(node: ast.If, involves) -> bool:
+    """`if abs(loss - prev) < tol: break`, `if approx_kl > 1.5 * target_kl: break`: an ordering on
+    the value (`involves(compare)`) that stops the loop in its normal course. A guard that only
+    failure trips (`if loss > 1e4: break`, `if isnan: break`) can be checked every N steps."""
+    if not (node.body and isinstance(node.body[-1], _LEAVES_LOOP)):
+        return False
+    return any(isinstance(compare, ast.Compare) and any(isinstance(op, _ORDERING) for op in compare.ops)
+               and involves(compare) and not _divergence_guard(compare)
+               for compare in ast.walk(node.test))
+
+
+def _divergence_guard(compare: ast.Compare) -> bool:
+    """`loss_val > 1e4`, `1e3 < abs(loss)`, `ll < -1e6`: the value past a large literal bound
+    (|bound| >= 100), where only a diverging run goes."""
+    if len(compare.ops) != 1:
+        return False
+    left, right = compare.left, compare.comparators[0]
+    if isinstance(compare.ops[0], (ast.Lt, ast.LtE)):
+        left, right = right, left  # read every comparison as `left > right`
+    low, high = _literal_number(right), _literal_number(left)
+    if low is not None and high is None:
+        return low >= 100   # `value > 1e4`
+    if high is not None and low is None:
+        return high <= -100  # `-1e6 > value`
+    return False
+
+
+def _literal_number(expr: ast.AST) -> Optional[float]:
+    """`1e4`, `-1e4`; None for anything else."""
+    sign = 1
+    if isinstance(expr, ast.UnaryOp) and isinstance(expr.op, (ast.USub, ast.UAdd)):
+        sign = -1 if isinstance(expr.op, ast.USub) else 1
+        expr = expr.operand
+    if isinstance(expr, ast.Constant) and isinstance(expr.value, (int, float)) and not isinstance(expr.value, bool):
+        return sign * expr.value
+    return None
+
+
+def _is_gate(test: ast.AST, loop: LoopInfo) -> bool:
+    for node in ast.walk(test):
+        if isinstance(node, ast.BinOp) and isinstance(node.op, ast.Mod):
+            return True
+        if isinstance(node, (ast.Name, ast.Attribute)) and _GATE_NAME.search(_identifier(node) or ""):
+            return True
+        if isinstance(node, ast.Compare) and any(isinstance(op, ast.Eq) for op in node.ops) \
+                and not all(_same_every_step(operand, loop) for operand in [node.left] + node.comparators):
+            return True
+    return False
+
+
+def _same_every_step(operand: ast.AST, loop: LoopInfo) -> bool:
+    """`rank`, `0`, `args.local_rank`, `dist.get_rank()`: an `==` on these is true on every step
+    or on none, not a gate; `step`, `self.global_step` change as the loop runs."""
+    if isinstance(operand, ast.Constant):
+        return True
+    if isinstance(operand, ast.Name):
+        return operand.id not in loop.targets and operand.id not in loop.assigned
+    if isinstance(operand, ast.Call) and not operand.args and not operand.keywords:
+        operand = operand.func
+    if isinstance(operand, ast.Attribute) and _PROCESS_WORDS.intersection(name_tokens(operand.attr)):
+        root = operand.value
+        while isinstance(root, ast.Attribute):
+            root = root.value
+        return isinstance(root, ast.Name) and root.id not in loop.targets and root.id not in loop.assigned
+    return False
+
+
+class _StepLoops:
+    """HostSyncInLoop's analysis of steps and the code that runs on each."""
+
+    def _step_context(self):
+        """The step loop around the node, else the step that the function around it runs in (a
+        training step, a step hook, a helper the step calls), else None."""
+        loop = self._step_loop()
+        if loop is not None:
+            return loop
+        if self.ctx.function is None or not _kinds.may_mention(self.ctx, "backward") and not any(
+                _kinds.may_mention(self.ctx, hook) for hook in STEP_HOOKS):
+            return None  # no training step and no step hook: only a `forward` could run every step
+        if in_test_code(self.ctx) or not _kinds.moves_work_to_cuda(self.ctx):
+            return None  # a helper module that never names a device: its callers' tensors may be anywhere
+        step = step_of(self.ctx, self.ctx.functions)
+        # A module's `forward` branches on its data on purpose (routing, variable lengths): only
+        # what a step's own code does counts
+        return None if step is None or step.forward else step
+
+    def _in_step_function(self, node: ast.AST) -> Optional[str]:
+        """For a sync in a function that runs every step, outside any loop of its own: why it runs
+        every step; None where it runs only on some calls (under an `if`, in an error path)."""
+        step = self._step_context()
+        function = next(f for f in reversed(self.ctx.functions) if not isinstance(f, ast.Lambda))
+        start = next((i for i, p in enumerate(self.ctx.parents) if p is function), None)
+        chain = self.ctx.parents[start + 1:] if start is not None else []
+        if any(isinstance(p, (ast.If, ast.ExceptHandler, ast.Raise, ast.IfExp, ast.Try)) for p in chain):
+            return None
+        if self._explained(node) or in_reference_code(self.ctx):
+            return None
+        return f"on every step: `{function.name}` {step.why}"
+
+    def _explained(self, node: ast.AST) -> bool:
+        """A comment on the sync's own lines, or above its statement (heading the run of copies it
+        is in), says why the copy is deliberate (`# wait for the indices: the host slices with
+        them`, `# kept on the CPU, else GPU memory runs out`). A comment on another line of a
+        multi-line statement belongs to that line; one that says what the line does (`# move to
+        cpu`) or why not to keep the graph (`.detach()` does that too) explains nothing."""
+        statement = self.ctx.statement()
+        if statement is None:
+            return False
+        comments = nearby_comments(self.ctx, node, statement, lambda text: any(sync in text for sync in _SYNC_TEXT))
+        return any(_says_why(comment) for comment in comments)
+
+    def _host_only(self, loop: LoopInfo) -> bool:
+        """An evaluation loop in a function that never names a device (no `.to(`, `cuda`,
+        `device`...) and calls nothing that may run a model (only imported functions, builtins and
+        tensor or container methods): its batches stay where the loader made them, on the host."""
+        key = ("mat502_host_only", id(loop.node))
+        found = self.ctx.shared.get(key)
+        if found is None:
+            found = self.ctx.shared[key] = self._calls_only_host_code(loop)
+        return found
+
+    def _calls_only_host_code(self, loop: LoopInfo) -> bool:
+        function = self.ctx.function
+        if _DEVICE_WORDS.search(function_text(self.ctx, function) if function is not None else self.ctx.source):
+            return False
+        for stmt in loop.body:
+            for node in walk_no_scopes(stmt):
+                if not isinstance(node, ast.Call):
+                    continue
+                func = node.func
+                if self.ctx.qualname(func) is not None:
+                    continue  # an imported function (or torch's, numpy's): it runs where its inputs are
+                if isinstance(func, ast.Name) and func.id in _HOST_BUILTINS:
+                    continue
+                if isinstance(func, ast.Attribute) and func.attr in _HOST_METHODS and not self._on_self(func):
+                    continue
+                return False  # `model(x)`, `self.net(x)`: may move the batch itself (DataParallel)
+        return True
+
+    @staticmethod
+    def _on_self(func: ast.Attribute) -> bool:
+        return isinstance(func.value, ast.Name) and func.value.id == "self"
+
+    def _step_loop(self) -> Optional[LoopInfo]:
+        for loop in reversed(self.ctx.loops):
+            if self._is_step_loop(loop):
+                return loop
+        return None
+
+    def _is_step_loop(self, loop: LoopInfo) -> bool:
+        key = ("mat502_step", id(loop.node))
+        if key not in self.ctx.shared:
+            training = self._is_training(loop)
+            # A loop that steps an optimizer is a training step whatever it goes over; one that
+            # only runs backward passes may go over the tasks of one step.
+            steps = training and any(is_optimizer_step(n) for n in loop.direct_nodes())
+            self.ctx.shared[key] = ((training or self._iterates_loader(loop))
+                                    and not (not training and self._one_off())
+                                    and not (not steps and self._iterates_names(loop))
+                                    and not self._epoch_loop(loop))
+        return self.ctx.shared[key]
+
+    def _is_training(self, loop: LoopInfo) -> bool:
+        """The body calls `.backward()` or an optimizer's `.step()`, itself or in a loop over names
+        nested in it (`for name, discr_loss in discr_losses: discr_loss.backward()`): that loop
+        goes over the parts of this loop's step."""
+        key = ("mat502_training", id(loop.node))
+        found = self.ctx.shared.get(key)
+        if found is None:
+            found = self.ctx.shared[key] = is_training_loop(self.ctx, loop) or any(
+                isinstance(node, (ast.For, ast.AsyncFor)) and self._iterates_names(inner := LoopInfo(node, self.ctx))
+                and is_training_loop(self.ctx, inner) for node in loop.direct_nodes())
+        return found
+
+    def _iterates_loader(self, loop: LoopInfo) -> bool:
+        return iterates_loader(self.ctx, loop)
+
+    def _epoch_loop(self, loop: LoopInfo) -> bool:
+        """The loop runs a whole pass over a loader in each iteration: an epoch loop, whatever
+        else it steps (`sched.step()`). A pass under an `if` (validation every N steps) or in an
+        `except` does not run in each iteration."""
+        return any(isinstance(stmt, (ast.For, ast.AsyncFor)) and self._iterates_loader(LoopInfo(stmt, self.ctx))
+                   for stmt in _every_iteration(loop.node.body if isinstance(loop.node, (ast.For, ast.AsyncFor, ast.While))
+                                                else []))
+
+    def _iterates_names(self, loop: LoopInfo) -> bool:
+        """`for key in dataset_keys:`, `for task_name in tasks:`, `for k, v in losses.items():`,
+        `for name, discr_loss in discr_losses:`: one iteration per data set or task, not per batch.
+        Whole words: `fname` names a file, which may hold a batch; and named pairs from a loader
+        (`for img_name, img in loader:`) are its batches."""
+        it = loop.iter
+        while isinstance(it, ast.Call) and isinstance(it.func, ast.Name) and it.func.id in ("enumerate", "sorted", "list") \
+                and it.args:
+            it = it.args[0]
+        if it is None:
+            return False
+        if isinstance(it, ast.Call) and isinstance(it.func, ast.Attribute) and it.func.attr in ("keys", "items") \
+                and not it.args:
+            return True
+        if _last_word(_identifier(it)) in ("keys", "names"):
+            return True
+        target = loop.node.target if isinstance(loop.node, (ast.For, ast.AsyncFor)) else loop.node.generators[0].target
+        if isinstance(target, ast.Tuple) and target.elts and isinstance(target.elts[0], ast.Name) \
+                and _last_word(target.elts[0].id) in ("key", "name"):
+            return not self._iterates_loader(loop)
+        return isinstance(target, ast.Name) and _last_word(target.id) in ("key", "name")
+
+    def _one_off(self) -> bool:
+        """In a function that runs once over a data set: a `process()` method (torch_geometric's
+        `Dataset.process(self)`), `precompute_*`, calibration."""
+        function = self.ctx.function
+        key = ("mat502_one_off", id(function))
+        found = self.ctx.shared.get(key)
+        if found is None:
+            functions = [f for f in self.ctx.functions if not isinstance(f, ast.Lambda)]
+            stem = os.path.splitext(os.path.basename(self.ctx.filename or ""))[0]
+            words = {w for n in [f.name for f in functions] + [stem] for w in name_tokens(n)}
+            found = self.ctx.shared[key] = bool(any(_dataset_process(f) for f in functions) or words & _ONE_OFF_WORDS)
+        return found
+
+    def _gated(self, node: ast.AST, loop: LoopInfo, owner: Optional[ast.AST]) -> bool:
+        """The call (`node`) sits under an `if` that lets it run only some steps (every N, verbose...), in
+        a branch that leaves the loop (`return`, `break`, `raise`), in an error path, or in a test
+        that stops a loop on a comparison (a convergence test)."""
+        parents = self.ctx.parents
+        start = next((i for i, p in enumerate(parents) if p is loop.node), None)
+        if start is None:
+            return False
+        chain = parents[start + 1:] + ([owner] if owner is not None else [])
+        if isinstance(owner, ast.While) and _has_ordering(owner.test):
+            return True  # `while (x - prev).norm() > tol:` inside a step: it must know when to stop
+        if isinstance(loop.node, ast.While) and chain and chain[0] is loop.node.test and _has_ordering(loop.node.test):
+            return True  # `while loss.item() > tol:`: the loop's own stopping test
+        for i, parent in enumerate(chain):
+            if isinstance(parent, (ast.ExceptHandler, ast.Return, ast.Raise)):
+                return True  # an error path, or the statement that leaves the loop: once at most
+            if isinstance(parent, ast.If):
+                child = chain[i + 1] if i + 1 < len(chain) else None
+                if child is None or child is parent.test:  # what is reported is in this `if`'s test
+                    if _stops_on_comparison(parent, lambda compare: _overlap(compare, node)):
+                        return True  # `if abs(loss.item() - prev) < tol: break`: needed now, to stop
+                    continue
+                in_body = any(stmt is child for stmt in parent.body)
+                branch = parent.body if in_body else parent.orelse
+                if branch and isinstance(branch[-1], (ast.Return, ast.Break, ast.Raise)):
+                    return True  # the branch leaves the loop: it runs on one step, not every step
+                if in_body and _is_gate(parent.test, loop):
+                    return True  # (its `else` runs on the other steps)
+        return False
