@@ -13,6 +13,7 @@ from matlint.semantic.flow import FunctionFlow, flow_of
 from matlint.semantic.kinds import int_const
 from matlint.semantic.layout import rank_of
 from matlint.semantic.loops import walk_no_scopes
+from matlint.semantic.tree import code_scope
 from matlint.semantic.names import in_reference_code, in_test_code, mentions, outermost_scope
 
 from matlint.rules.mat101_python_loop_matmul import PythonLoopMatmul
@@ -160,8 +161,8 @@ class ManualAttention(_ScoresPattern, _WeightsPattern, _OperandLayout, _SdpaFix,
         if func.__class__ is ast.Attribute and func.attr != "softmax" and not (
                 func.value.__class__ is ast.Name and func.value.id == "self"):
             return  # neither `softmax` nor `self.<module>`: `_softmax` would say None
-        function = self.ctx.function
-        if function is None or isinstance(function, ast.Lambda):
+        function = code_scope(self.ctx)  # a function, or the module: a script's or notebook's top level
+        if function is None:
             return
         if not _kinds.may_mention(self.ctx, "softmax", ignore_case=True):
             return  # every softmax spelling `_softmax` knows names it
