@@ -14,6 +14,9 @@ import shlex
 from . import cells
 
 
+REPORT_WIDTH = 100  # columns of the report in a cell: its list layout (the table needs more)
+
+
 class MagicUsageError(Exception):
     pass
 
@@ -35,7 +38,6 @@ def _parser(line_form: bool) -> argparse.ArgumentParser:
 def run_guarded(shell, line: str, cell=None):
     """The magic: runs the cell (or the line's statement) under the guard, then shows the report."""
     from .cli import guard_options
-    from .report import print_report
     from .session import Guard
 
     try:
@@ -52,10 +54,24 @@ def run_guarded(shell, line: str, cell=None):
     guard = Guard(**guard_options(opts), report=False)
     with guard:
         exec(compile(code, name, "exec"), shell.user_ns)
+    show_report(guard)
+    return None
+
+
+def show_report(guard, width: int = REPORT_WIDTH) -> None:
+    """The report as the cell's output: HTML for a notebook, plain text (no terminal escapes) for
+    a frontend that shows text, as one display."""
+    import io
+
+    from IPython.display import display
     from rich.console import Console
 
-    print_report(guard, console=Console())
-    return None
+    from .report import print_report
+
+    console = Console(record=True, file=io.StringIO(), width=width, force_terminal=True, force_jupyter=False)
+    print_report(guard, console=console)
+    display({"text/plain": console.export_text(clear=False), "text/html": console.export_html(inline_styles=True)},
+            raw=True)
 
 
 def load(shell) -> None:

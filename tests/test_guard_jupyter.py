@@ -92,3 +92,38 @@ def test_loading_the_extension_does_not_import_torch():
             "print('torch' in sys.modules)\n")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
     assert out.stdout.strip().splitlines()[-1] == "False", out.stdout + out.stderr
+
+
+def test_in_a_real_kernel_the_report_renders_as_the_cells_output(tmp_path):
+    """A Jupyter kernel (ipykernel, driven by jupyter_client as a notebook frontend drives it): the
+    cell's output is rich's HTML rendering of the report, with no ANSI escapes in any output."""
+    pytest.importorskip("ipykernel")
+    from jupyter_client.manager import start_new_kernel
+
+    manager, client = start_new_kernel(kernel_name="python3", cwd=str(tmp_path))
+    try:
+        def run(code: str) -> list:
+            msg_id = client.execute(code)
+            outputs = []
+            while True:
+                msg = client.get_iopub_msg(timeout=120)
+                if msg["parent_header"].get("msg_id") != msg_id:
+                    continue
+                kind, content = msg["msg_type"], msg["content"]
+                if kind == "status" and content["execution_state"] == "idle":
+                    return outputs
+                if kind in ("stream", "display_data", "execute_result", "error"):
+                    outputs.append((kind, content))
+
+        assert not [o for o in run("%load_ext matlint") if o[0] == "error"]
+        assert not [o for o in run(SETUP) if o[0] == "error"]
+        outputs = run("%%matlint --no-estimate\n" + TRAIN)
+        assert not [o for o in outputs if o[0] == "error"], outputs
+        html = [c["data"]["text/html"] for kind, c in outputs if kind == "display_data" and "text/html" in c["data"]]
+        assert any("MAT101" in h for h in html), outputs
+        texts = [c.get("text", "") for kind, c in outputs if kind == "stream"]
+        texts += [c["data"].get("text/plain", "") for kind, c in outputs if kind == "display_data"]
+        assert not any("\x1b[" in t for t in texts), [t[:200] for t in texts if "\x1b[" in t]
+    finally:
+        client.stop_channels()
+        manager.shutdown_kernel(now=True)
