@@ -663,7 +663,7 @@ def lint_program(program, filename: str, rule_classes, rule_options=None) -> lis
     if "torch" not in program.source:
         return []
     try:
-        tree = notebook.parse(program.source, filename)
+        tree = program.tree if program.tree is not None else notebook.parse(program.source, filename)
     except (SyntaxError, ValueError, RecursionError, MemoryError) as exc:
         # Every cell parses alone; together they may not (a cell that ends inside a bracket).
         row = getattr(exc, "lineno", None) or 1

@@ -421,6 +421,7 @@ class Program:
     cells: list                # CellCode, in notebook order
     source: str = ""
     starts: list = field(default_factory=list)   # row of the program where each cell begins
+    tree: Optional[ast.Module] = None             # the source parsed, where it already was
 
     def __post_init__(self):
         parts, row = [], 1
@@ -480,11 +481,21 @@ def program_of(cells: list, filename: str):
     """`program` for [(cell number, text)], the code cells in notebook order."""
     from .engine import syntax_finding
 
+    codes = [code for code in (cell_code(number, source) for number, source in cells)
+             if code is not None and code.text.strip()]
+    whole = Program(codes)
+    try:
+        # Most notebooks parse as a whole with no statement running on from one cell into the
+        # next: then each cell parses alone too, and the tree is the lint's.
+        tree = parse(whole.source, filename)
+        if all(whole.locate(stmt.lineno)[0] is whole.locate(stmt.end_lineno)[0] for stmt in tree.body):
+            whole.tree = tree
+            return whole, []
+    except (SyntaxError, ValueError, RecursionError, MemoryError):
+        pass
     codes, problems = [], []
-    for number, source in cells:
-        code = cell_code(number, source)
-        if code is None or not code.text.strip():
-            continue
+    for code in whole.cells:
+        number = code.number
         try:
             parse(code.text, filename)
         except SyntaxError as exc:

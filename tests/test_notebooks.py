@@ -362,3 +362,11 @@ def test_nbqa_flake8_reports_what_matlint_check_reports(tmp_path):
             for f in found}
     assert {code for *_, code in ours} == {"MAT101", "MAT102", "MAT601"}
     assert via_nbqa == ours, result.stdout + result.stderr
+
+
+def test_a_statement_cannot_run_on_from_one_cell_into_the_next():
+    """Each cell runs alone: a bracket left open in one cell is that cell's syntax error, even
+    though the cells joined would parse."""
+    cells = [code_cell(["import torch\n", "x = torch.ones(\n"]), code_cell(["    2)\n"]), code_cell(LOOP)]
+    found = _lint(notebook_json(cells), [get_rule("MAT101")])
+    assert [(f.code, f.cell) for f in found][:2] == [("MAT001", 1), ("MAT001", 2)]
