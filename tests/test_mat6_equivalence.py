@@ -142,6 +142,17 @@ def _check_loop_over_layers(source, fixed):
     return before(x, layers), after(x, layers)
 
 
+def _check_top_level(source, fixed):
+    """A script's top level: both programs run, with the same random inputs, and give the same `y`."""
+    results = []
+    for text in (source, fixed):
+        torch.manual_seed(0)
+        namespace = {}
+        exec(compile(text, "program.py", "exec"), namespace)
+        results.append(namespace["y"])
+    return results
+
+
 CHECKS = {
     0: _check_nanogpt,
     1: _check_one_expression,
@@ -165,6 +176,7 @@ CHECKS = {
     48: _check_functions({"attend": ((2, 4, 9, 16), [0.37])}),
     49: _check_wrapped_call,
     51: _check_loop_over_layers,
+    52: _check_top_level,
 }
 
 
