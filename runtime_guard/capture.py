@@ -593,9 +593,9 @@ class Recorder:
                Tensor=Tensor, isinstance=isinstance, id=id, tuple=tuple) -> None:  # locals: faster
         if info is None:
             info = _OP_INFO.get(id(func)) or _op_info(func)
-        if info[2]:  # a view: the cheap path; views launch nothing, only dataflow tags follow them
+        if info.unrecorded:  # a view: the cheap path; views launch nothing, only dataflow tags follow them
             if args and isinstance(args[0], Tensor) and isinstance(out, Tensor):
-                self._view(info[0], args, out)
+                self._view(info.name, args, out)
             return
         name, qualname, _, full_sig, is_copy, is_gemm, is_bgemm, _, _, unread_in_backward = info
         if node is _UNSET:
@@ -1121,7 +1121,21 @@ def _mark_handler_skipped() -> bool:
 _OP_INFO: dict = {}
 
 
-def _op_info(func) -> tuple:
+class OpInfo(NamedTuple):
+    """What the guard needs to know of an aten op, worked out once per op overload."""
+    name: str                  # the overload packet's name: "mm", "clone"
+    qualname: str              # "aten::mm"
+    unrecorded: bool           # a view or a profiler marker: no key, no count
+    full_sig: bool             # its key keeps strides and dtypes too
+    is_copy: bool
+    is_gemm: bool
+    is_bgemm: bool             # a batched GEMM (bmm, baddbmm)
+    func: object               # the OpOverload
+    op: object                 # what to call: the overload's C++ op, one Python frame less
+    unread_in_backward: bool   # in backward, no check reads it: not recorded there
+
+
+def _op_info(func) -> OpInfo:
     info = _OP_INFO.get(id(func))
     if info is None:
         name = func.overloadpacket.__name__
@@ -1135,8 +1149,8 @@ def _op_info(func) -> tuple:
         # Not recorded: views (only dataflow tags follow them) and profiler markers (the exit of
         # optimizer.step()'s record_function falls after its step hook, in the next step).
         unrecorded = name in VIEW_OPS or namespace == "profiler"
-        info = (name, func.name(), unrecorded, name in FULL_SIG_OPS, name in COPY_OPS,
-                name in GEMM_OPS, name in BATCHED_GEMM_OPS, func, op, unread_in_backward)
+        info = OpInfo(name, func.name(), unrecorded, name in FULL_SIG_OPS, name in COPY_OPS,
+                      name in GEMM_OPS, name in BATCHED_GEMM_OPS, func, op, unread_in_backward)
         _OP_INFO[id(func)] = info
     return info
 
@@ -1149,18 +1163,18 @@ def _torch_dispatch(self, func, types, args=(), kwargs=None):
         except Exception as exc:  # never raised into the user's step: the op runs unrecorded
             self.recorder.fail(exc)
             return func(*args, **(kwargs or {}))
-    op = info[8]
+    op = info.op
     out = op(*args, **kwargs) if kwargs else op(*args)
     recorder = self.recorder
     if recorder.enabled:
         try:
-            if info[2]:  # a view: no site, no key; only forward dataflow tags follow it
+            if info.unrecorded:  # a view: no site, no key; only forward dataflow tags follow it
                 if args and isinstance(out, Tensor) and (
-                        recorder._deps.d or recorder._attn.d or recorder._copies.d or info[0] == "expand"):
-                    recorder._view(info[0], args, out)
+                        recorder._deps.d or recorder._attn.d or recorder._copies.d or info.name == "expand"):
+                    recorder._view(info.name, args, out)
                 return out
             node = _current_autograd_node()
-            if node is not None and info[9] and not recorder.profile_cuda:
+            if node is not None and info.unread_in_backward and not recorder.profile_cuda:
                 return out  # a backward op no check reads (see _op_info)
             # f_back, not _getframe(1): on autograd's device threads no Python frame called us
             frame = _getframe(0).f_back
