@@ -49,13 +49,14 @@ def lint_everything(path: str):
     """(path, lines, seconds, [(code, row, message)]) with every rule and no pre-filter."""
     from matlint import engine
     from matlint.registry import all_rules
+    from matlint.source import decode
 
     start = time.perf_counter()
     try:
         data = Path(path).read_bytes()
     except OSError as exc:
         return path, 0, 0.0, [("MAT003", 1, str(exc))]
-    source, problem = engine.decode(data, path)
+    source, problem = decode(data, path)
     try:
         findings = [problem] if problem else engine.lint_source(source, path, all_rules(), prefilter=False)
     except Exception as exc:  # the engine itself must never raise: count it as an internal error

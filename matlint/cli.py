@@ -130,7 +130,7 @@ def _lint(found, settings, args):
 
 def _read_for_fix(path: str):
     """(source, encoding) of a file that fixes may rewrite, or None when it cannot be read back exactly."""
-    from .engine import decode
+    from .source import decode
 
     try:
         with open(path, "rb") as handle:

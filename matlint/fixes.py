@@ -7,7 +7,7 @@ import ast
 import difflib
 from typing import Iterable
 
-from .engine import parse_quietly, split_lines
+from .source import parse_quietly, split_lines
 
 
 def _offsets(source: str):

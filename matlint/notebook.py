@@ -479,7 +479,7 @@ def program(notebook: Notebook, filename: str):
 
 def program_of(cells: list, filename: str):
     """`program` for [(cell number, text)], the code cells in notebook order."""
-    from .engine import syntax_finding
+    from .source import syntax_finding
 
     codes = [code for code in (cell_code(number, source) for number, source in cells)
              if code is not None and code.text.strip()]

@@ -82,7 +82,7 @@ class SourceLines:
         return self.notebooks[filename]
 
     def get(self, filename: str, cell=None) -> list:
-        from .engine import split_lines
+        from .source import split_lines
 
         if (filename, cell) not in self.lines:
             if cell is None:

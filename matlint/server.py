@@ -28,7 +28,8 @@ from urllib.parse import unquote
 from . import __version__
 from . import config as matlint_config
 from .diagnostics import Finding, rule_url
-from .engine import NOQA_RE, apply_noqa, parse_quietly, split_lines
+from .engine import NOQA_RE, apply_noqa
+from .source import parse_quietly, split_lines
 from .fixes import apply_fixes, fix_until_stable
 from .registry import get_rule, severity_of
 

@@ -5,10 +5,10 @@ runtime_guard/ is parsed (never imported) and its imports resolved to matlint's 
   neither the engine nor the rules (it sits below both, see matlint/semantic/__init__.py).
 - matlint's own modules import one another without cycles, counting the imports inside
   functions as well as those at module level (a lazy import still ties the two modules
-  together; it only hides the cycle until the function runs). `ALLOWED_CYCLES` lists the ones
-  kept, each with why. (The semantic model's loops/flow/kinds/calls cycle, held together by
-  lazy imports, was broken by moving the leaf helpers they share, `walk_no_scopes`,
-  `identifier_text`, `code_scope` and `function_text`, to `semantic/tree.py`.)
+  together; it only hides the cycle until the function runs). `ALLOWED_CYCLES` would list a
+  cycle kept on purpose, with why; there is none. Leaf modules hold what several layers share:
+  `matlint/source.py` (decoding, line splitting, parsing) below the engine, notebooks and fixes;
+  `semantic/tree.py` below the semantic model's loops, flow, kinds and calls.
 - Only the runtime guard imports torch at module level: `import matlint`, the linter and every
   rule load without it (the guard is the `guard` extra).
 
@@ -33,18 +33,7 @@ _NOT_CODE = (REPO / "rules" / "fixtures",)
 
 # Cycles kept, as the sorted tuple of their modules, with why. A new cycle is a layering mistake
 # to fix, or an entry here with its reason; an entry whose cycle is gone fails the test too.
-ALLOWED_CYCLES: dict = {
-    ("matlint.engine", "matlint.fixes", "matlint.notebook"):
-        # The engine lints notebooks (module-level `from . import notebook`); notebook's
-        # `program_of` reports a cell that does not parse with the engine's `syntax_finding`, and
-        # its `fix` applies fixes with `fixes.apply_fixes`, both imported inside the function; and
-        # fixes takes `parse_quietly`/`split_lines` from the engine. Lazy on notebook's side, so
-        # any import order works. To remove it: move `split_lines`, `parse_quietly` and
-        # `syntax_finding` (with NEWER_SYNTAX, PYTHON2_*) to a leaf module that engine, notebook
-        # and fixes import; kept for now because fixes.py is being reworked by issue 23's runtime
-        # move.
-        "notebook <-> engine/fixes: lazy imports in notebook.program_of and notebook.fix",
-}
+ALLOWED_CYCLES: dict = {}
 
 
 class Import(NamedTuple):

@@ -7,7 +7,8 @@ import sys
 
 import pytest
 
-from matlint.engine import FileContext, lint_source, noqa_map, parse
+from matlint.engine import FileContext, lint_source, noqa_map
+from matlint.source import parse
 from matlint.registry import get_rule
 
 MAT101 = get_rule("MAT101")

@@ -393,7 +393,8 @@ def test_gate_loses_no_finding(case, monkeypatch):
 
 def test_gates_answer_no_on_files_without_the_word():
     """The gates do skip work: a file that spells none of the words is settled by them."""
-    from matlint.engine import FileContext, parse_quietly
+    from matlint.engine import FileContext
+    from matlint.source import parse_quietly
 
     source = "import torch\nx = torch.ones(2)\n"
     ctx = FileContext(source, "f.py", parse_quietly(source))
