@@ -280,6 +280,9 @@ class Recording:
     ops: dict = field(default_factory=dict)          # OpKey -> OpStat
     attention: dict = field(default_factory=dict)    # AttentionKey -> AttentionStat
     layout_copies: dict = field(default_factory=dict)  # (site, module, shape, stride, dtype) -> count
+    # (copy's site, module, shape, stride, dtype, GEMM's site) -> count: a copy the user made of a
+    # non-contiguous tensor (`.contiguous()`, `.clone()`) on one line, read by a GEMM on another
+    explicit_copies: dict = field(default_factory=dict)
     chained_gemm_sites: set = field(default_factory=set)
     gemm_operands: dict = field(default_factory=dict)  # (op, site, sig) -> OperandUse
     steps: int = 0
@@ -307,6 +310,8 @@ class Recording:
                 mine.kernel_us += stat.kernel_us
         for key, n in other.layout_copies.items():
             self.layout_copies[key] = self.layout_copies.get(key, 0) + n
+        for key, n in other.explicit_copies.items():
+            self.explicit_copies[key] = self.explicit_copies.get(key, 0) + n
         for key, stat in other.attention.items():
             mine = self.attention.setdefault(key, AttentionStat())
             mine.count += stat.count
@@ -785,12 +790,18 @@ class Recorder:
                 c = copies.get(arg0)
                 if c is not None:
                     copies.set(out_t, c)
-            if is_bgemm:
+            if is_gemm:
                 for a in args:
                     if isinstance(a, Tensor):
                         c = copies.get(a)
-                        if c is not None and c[0] == site:
-                            rec.layout_copies[c] = rec.layout_copies.get(c, 0) + 1
+                        if c is None:
+                            continue
+                        if c[0] == site:  # matmul's own clone before its bmm
+                            if is_bgemm:
+                                rec.layout_copies[c] = rec.layout_copies.get(c, 0) + 1
+                        else:
+                            e = c + (site,)
+                            rec.explicit_copies[e] = rec.explicit_copies.get(e, 0) + 1
         if is_bgemm or self._attn.d or name == "repeat" or name in ZERO_OPS:
             self._attention_step(name, args, kwargs, arg0, out_t, site, module, direct)
 

@@ -164,3 +164,16 @@ def run_checks(rec, guard=None, ctx: DeviceContext | None = None) -> list:
                 raise
     findings.sort(key=lambda f: (f.code, f.filename, f.row))
     return findings
+
+
+def cublas_copies(shape, stride) -> bool:
+    """Whether cuBLAS copies this operand first (aten's prepare_matrix_for_cublas rules)."""
+    if len(shape) < 2:
+        return False
+    rows, cols = shape[-2], shape[-1]
+    s0, s1 = stride[-2], stride[-1]
+    if rows <= 1 or cols <= 1:
+        return False
+    if len(shape) > 2 and (s0 == 0 or s1 == 0):
+        return True
+    return not ((s1 == 1 and s0 >= max(1, cols)) or (s0 == 1 and s1 >= max(1, rows)))

@@ -11,7 +11,7 @@ import torch.nn as nn  # noqa: E402
 import torch.nn.functional as F  # noqa: E402
 
 from matlint.runtime_guard import guard  # noqa: E402
-from matlint.rules.mat302_strided_gemm_input.runtime import cublas_copies  # noqa: E402
+from matlint.runtime_guard.checks import cublas_copies  # noqa: E402
 from matlint.runtime_guard.checks import DeviceContext, run_checks  # noqa: E402
 
 

@@ -8,7 +8,7 @@ import torch
 
 from matlint.runtime_guard import savings
 from matlint.runtime_guard.capture import GEMM_OPS
-from matlint.runtime_guard.checks import common_evidence, dtype_str, finding, gemm_operands, shape_str
+from matlint.runtime_guard.checks import common_evidence, cublas_copies, dtype_str, finding, gemm_operands, shape_str
 from matlint.runtime_guard.registry import estimator, runtime_check
 
 
@@ -19,19 +19,6 @@ class CopyEstimate(NamedTuple):
     dtype: str
     device: str
     per_step: float      # copies per step
-
-
-def cublas_copies(shape, stride) -> bool:
-    """Whether cuBLAS copies this operand first (aten's prepare_matrix_for_cublas rules)."""
-    if len(shape) < 2:
-        return False
-    rows, cols = shape[-2], shape[-1]
-    s0, s1 = stride[-2], stride[-1]
-    if rows <= 1 or cols <= 1:
-        return False
-    if len(shape) > 2 and (s0 == 0 or s1 == 0):
-        return True
-    return not ((s1 == 1 and s0 >= max(1, cols)) or (s0 == 1 and s1 >= max(1, rows)))
 
 
 @runtime_check("MAT302")
