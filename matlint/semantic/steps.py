@@ -10,17 +10,23 @@ function or from inside a loop that trains (its body calls `.backward()` or an o
 
 `per_step(ctx)` answers the question for the node being visited: does it run on every step (on
 every iteration of a loop around it, on every forward call of a module, or on every call of a
-function that runs every step), and why.
+function that runs every step), and why. `step_loop(ctx)` gives the loop around it that runs once
+per step (a training loop or a pass over a loader; not an epoch loop, a loop over task names or a
+one-off pass over a data set), and `updates_every_step(ctx, loop)` whether a loop over parameters
+runs on every optimizer step (in an optimizer's or an EMA's update, or in a training loop or
+step).
 """
 from __future__ import annotations
 
 import ast
+import os
 import re
 from typing import NamedTuple, Optional
 
 from .calls import file_calls
 from .kinds import may_mention
-from .loops import is_backward, is_optimizer_step, is_training_loop, walk_no_scopes
+from .loops import (LoopInfo, identifier, is_backward, is_optimizer_step, is_training_loop, iterates_loader,
+                    name_tokens, walk_no_scopes)
 from .tree import child_nodes, dotted
 
 _LOOPS = (ast.For, ast.AsyncFor, ast.While, ast.ListComp, ast.SetComp, ast.DictComp, ast.GeneratorExp)
@@ -244,3 +250,162 @@ def per_step(ctx) -> Optional[PerStep]:
     if not runs_once(name) or any(is_training_loop(ctx, loop) for loop in loops):  # `.backward()`: not run once
         return PerStep(loops, None, function)
     return None
+
+
+# -- the loop that runs once per step ---------------------------------------------------------
+
+# Functions that run once over a data set (torch_geometric's `Dataset.process()`, calibration):
+# whole names, or `_`-separated words of the function's or the file's name.
+_ONE_OFF_NAMES = {"process", "_process"}
+_ONE_OFF_WORDS = {"preprocess", "precompute", "calibrate", "calibration", "calib"}
+_TRY = (ast.Try, getattr(ast, "TryStar", ast.Try))  # `try: ... except* E:` from Python 3.11
+
+
+def every_iteration(body: list):
+    """The statements of a loop body that run whenever the body runs: into `with` blocks and the
+    body, `else` and `finally` of a `try`, not into `if`, `match`, `except` or nested loops."""
+    stack = list(body)
+    while stack:
+        stmt = stack.pop()
+        yield stmt
+        if isinstance(stmt, (ast.With, ast.AsyncWith)):
+            stack.extend(stmt.body)
+        elif isinstance(stmt, _TRY):
+            stack.extend(stmt.body + stmt.orelse + stmt.finalbody)
+
+
+def _last_word(name: Optional[str]) -> str:
+    return (name or "").lower().rsplit("_", 1)[-1]
+
+
+def _dataset_process(function: ast.AST) -> bool:
+    """`def process(self):`, a method (torch_geometric's `Dataset.process`); not `def process(rank, ...)`."""
+    params = function.args.posonlyargs + function.args.args
+    return function.name in _ONE_OFF_NAMES and bool(params) and params[0].arg == "self"
+
+
+def step_loop(ctx) -> Optional[LoopInfo]:
+    """The innermost loop around the node being visited that runs once per step (`is_step_loop`)."""
+    for loop in reversed(ctx.loops):
+        if is_step_loop(ctx, loop):
+            return loop
+    return None
+
+
+def is_step_loop(ctx, loop: LoopInfo) -> bool:
+    """A loop each iteration of which is one step: it trains (`loop_trains`) or goes over a data
+    loader; not a one-off pass over a data set (`one_off`) unless it trains, not a loop over task
+    or data-set names unless it steps an optimizer, not an epoch loop (`epoch_loop`)."""
+    key = ("step_loop", id(loop.node))
+    if key not in ctx.shared:
+        training = loop_trains(ctx, loop)
+        # A loop that steps an optimizer is a training step whatever it goes over; one that
+        # only runs backward passes may go over the tasks of one step.
+        steps = training and any(is_optimizer_step(n) for n in loop.direct_nodes())
+        ctx.shared[key] = ((training or iterates_loader(ctx, loop))
+                           and not (not training and one_off(ctx))
+                           and not (not steps and iterates_names(ctx, loop))
+                           and not epoch_loop(ctx, loop))
+    return ctx.shared[key]
+
+
+def loop_trains(ctx, loop: LoopInfo) -> bool:
+    """The body calls `.backward()` or an optimizer's `.step()`, itself or in a loop over names
+    nested in it (`for name, discr_loss in discr_losses: discr_loss.backward()`): that loop
+    goes over the parts of this loop's step."""
+    key = ("loop_trains", id(loop.node))
+    found = ctx.shared.get(key)
+    if found is None:
+        found = ctx.shared[key] = is_training_loop(ctx, loop) or any(
+            isinstance(node, (ast.For, ast.AsyncFor)) and iterates_names(ctx, inner := LoopInfo(node, ctx))
+            and is_training_loop(ctx, inner) for node in loop.direct_nodes())
+    return found
+
+
+def epoch_loop(ctx, loop: LoopInfo) -> bool:
+    """The loop runs a whole pass over a loader in each iteration: an epoch loop, whatever
+    else it steps (`sched.step()`). A pass under an `if` (validation every N steps) or in an
+    `except` does not run in each iteration."""
+    return any(isinstance(stmt, (ast.For, ast.AsyncFor)) and iterates_loader(ctx, LoopInfo(stmt, ctx))
+               for stmt in every_iteration(loop.node.body if isinstance(loop.node, (ast.For, ast.AsyncFor, ast.While))
+                                           else []))
+
+
+def iterates_names(ctx, loop: LoopInfo) -> bool:
+    """`for key in dataset_keys:`, `for task_name in tasks:`, `for k, v in losses.items():`,
+    `for name, discr_loss in discr_losses:`: one iteration per data set or task, not per batch.
+    Whole words: `fname` names a file, which may hold a batch; and named pairs from a loader
+    (`for img_name, img in loader:`) are its batches."""
+    it = loop.iter
+    while isinstance(it, ast.Call) and isinstance(it.func, ast.Name) and it.func.id in ("enumerate", "sorted", "list") \
+            and it.args:
+        it = it.args[0]
+    if it is None:
+        return False
+    if isinstance(it, ast.Call) and isinstance(it.func, ast.Attribute) and it.func.attr in ("keys", "items") \
+            and not it.args:
+        return True
+    if _last_word(identifier(it)) in ("keys", "names"):
+        return True
+    target = loop.node.target if isinstance(loop.node, (ast.For, ast.AsyncFor)) else loop.node.generators[0].target
+    if isinstance(target, ast.Tuple) and target.elts and isinstance(target.elts[0], ast.Name) \
+            and _last_word(target.elts[0].id) in ("key", "name"):
+        return not iterates_loader(ctx, loop)
+    return isinstance(target, ast.Name) and _last_word(target.id) in ("key", "name")
+
+
+def one_off(ctx) -> bool:
+    """In a function that runs once over a data set: a `process()` method (torch_geometric's
+    `Dataset.process(self)`), `precompute_*`, calibration."""
+    function = ctx.function
+    key = ("one_off", id(function))
+    found = ctx.shared.get(key)
+    if found is None:
+        functions = [f for f in ctx.functions if not isinstance(f, ast.Lambda)]
+        stem = os.path.splitext(os.path.basename(ctx.filename or ""))[0]
+        words = {w for n in [f.name for f in functions] + [stem] for w in name_tokens(n)}
+        found = ctx.shared[key] = bool(any(_dataset_process(f) for f in functions) or words & _ONE_OFF_WORDS)
+    return found
+
+
+# -- parameter updates on every optimizer step --------------------------------------------------
+
+OPTIMIZERS = frozenset({"SGD", "Adam", "AdamW", "Adamax", "NAdam", "RAdam", "Adagrad", "Adadelta", "RMSprop",
+                        "Rprop", "ASGD"})
+# Name tokens of a function that runs on every update (`sgd_step`, `update_ema`, `applyGradients`):
+# whole tokens, so `remap`, `swap` and `schema` do not count.
+_UPDATE_TOKENS = frozenset({"step", "steps", "update", "updates", "ema", "average", "averages", "avg", "swa", "sgd"}
+                           | {name.lower() for name in OPTIMIZERS})
+# A function that changes parameters once: set-up, loading, conversion, pruning, checkpoints.
+_PARAMETERS_ONCE = re.compile(r"init|reset|load|build|setup|copy|convert|prune|quantiz|checkpoint|ckpt",
+                              re.IGNORECASE)
+
+
+def updates_once(name: str) -> bool:
+    """By its name, a function whose loops over parameters change them once (initialization,
+    loading, conversion, pruning, quantization, checkpoints), not on every step."""
+    return bool(_PARAMETERS_ONCE.search(name))
+
+
+def _update_name(name: str) -> bool:
+    tokens = name_tokens(name)
+    return any(token in _UPDATE_TOKENS or (token == "apply" and following.startswith("grad"))
+               for token, following in zip(tokens, tokens[1:] + [""]))
+
+
+def updates_every_step(ctx, loop: LoopInfo) -> bool:
+    """A loop over parameters runs on every optimizer step: in an optimizer's `step`, an
+    EMA/`update` function (or the `__call__` of an `EMA` class), inside a training loop, or in a
+    function a training step runs."""
+    function = ctx.function
+    if function is not None:
+        name = getattr(function, "name", "")
+        if name == "__call__" and ctx.class_ is not None:
+            name = ctx.class_.name
+        if _update_name(name):
+            return True
+    if any(is_training_loop(ctx, outer) for outer in ctx.loops if outer is not loop):
+        return True
+    step = step_of(ctx, ctx.functions)
+    return step is not None and step.training
+

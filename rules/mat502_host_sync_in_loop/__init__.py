@@ -13,6 +13,7 @@ from matlint.rule import Only, Rule
 from matlint.semantic import kinds as _kinds
 from matlint.semantic.project import imported_function
 from matlint.semantic.loops import loaded_names
+from matlint.semantic.steps import loop_trains, step_loop
 from matlint.semantic.names import in_reference_code, in_test_code
 
 from .reads import _HostReads
@@ -371,7 +372,7 @@ class HostSyncInLoop(_StepLoops, _HostReads, Rule):
     def _waits_for_own_copies(self) -> bool:
         """The step makes non-blocking copies (`.to("cpu", non_blocking=True)`): a synchronize is
         what makes reading them safe."""
-        loop = self._step_loop()
+        loop = step_loop(self.ctx)
         owner = loop.node if loop is not None else self.ctx.function
         return "non_blocking" in self.ctx.segment(owner)
 
@@ -514,7 +515,7 @@ class HostSyncInLoop(_StepLoops, _HostReads, Rule):
     def _tested_later(self, sync: ast.AST) -> bool:
         """The value is bound to a name that the test of a later `if`, `while` or `... if ... else`
         in the step loop reads (`loss_val = loss.item()`, then `if loss_val < best:`)."""
-        bound, loop = self._bound_name(sync), self._step_loop()
+        bound, loop = self._bound_name(sync), step_loop(self.ctx)
         if bound is None or loop is None:
             return False
         name, statement = bound
@@ -543,7 +544,7 @@ class HostSyncInLoop(_StepLoops, _HostReads, Rule):
         is. `waits`: what the sync does."""
         if _kinds.cpu_only_script(self.ctx):
             return  # the program never leaves the CPU: there is no device to wait for
-        loop = self._step_loop()
+        loop = step_loop(self.ctx)
         if loop is None:
             where = self._in_step_function(node)
             fix = None
@@ -552,7 +553,7 @@ class HostSyncInLoop(_StepLoops, _HostReads, Rule):
         else:
             if self._gated(node, loop, owner):
                 return
-            training = self._is_training(loop)
+            training = loop_trains(self.ctx, loop)
             if (owner is None and self._used_now(node, loop)) or self._explained(node) or (not training and self._host_only(loop)):
                 return
             if in_test_code(self.ctx) or in_reference_code(self.ctx):

@@ -10,6 +10,7 @@ from typing import Optional
 from matlint.diagnostics import Fix
 from matlint.semantic import kinds as _kinds
 from matlint.semantic.loops import LoopInfo, bound_names, identifier as _identifier, loaded_names, walk_no_scopes
+from matlint.semantic.steps import is_step_loop, step_loop
 
 from .steps import _NESTED_LOOPS, _goes_over, _is_gate, _stops_on_comparison
 
@@ -173,11 +174,11 @@ class _HostReads:
         total / (i + 1)`), on every step, outside a gate: in the step loop (`bar.set_postfix(loss=avg)`,
         `pbar.set_postfix({"loss": avg})`) or in a step loop around it (the optimizer's loop around
         a loop over micro-batches)."""
-        loop = self._step_loop()
+        loop = step_loop(self.ctx)
         if loop is None or not isinstance(target, ast.Name):
             return None
         around = self.ctx.loops[:self.ctx.loops.index(loop)]
-        while around and self._is_step_loop(around[-1]):
+        while around and is_step_loop(self.ctx, around[-1]):
             loop = around.pop()
         parents = self._parents()
         pending, seen, lines = [target.id], set(), []

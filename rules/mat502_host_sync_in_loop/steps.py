@@ -4,17 +4,15 @@ every iteration (not gated by a logging interval, not explained by a comment).""
 from __future__ import annotations
 
 import ast
-import os
 import re
 from typing import Optional
 
 from matlint.semantic import kinds as _kinds
 from matlint.semantic.flow import function_text, nearby_comments
-from matlint.semantic.loops import (LoopInfo, identifier as _identifier, is_optimizer_step, is_training_loop,
-                                    iterates_loader, loaded_names, name_tokens, walk_no_scopes)
+from matlint.semantic.loops import LoopInfo, identifier as _identifier, loaded_names, name_tokens, walk_no_scopes
 from matlint.semantic.names import in_reference_code, in_test_code
 from matlint.semantic.project import imported_paths
-from matlint.semantic.steps import STEP_HOOKS, step_of
+from matlint.semantic.steps import STEP_HOOKS, step_loop, step_of
 
 
 _GATE_NAME = re.compile(r"log|print|verbose|debug|interval|every|freq|display|report|eval|save|val",
@@ -40,10 +38,6 @@ _NEGATED = re.compile(r"(?:n't|\bnot|\bno|\bnever|\bwithout|\bavoid\w*)\s+(?:\w+
                       re.IGNORECASE)
 _SYNC_TEXT = (".cpu(", ".to(", ".item(", ".tolist(", ".numpy(")
 
-# Functions that run once over a data set (torch_geometric's `Dataset.process()`, calibration):
-# whole names, or `_`-separated words of the function's or the file's name.
-_ONE_OFF_NAMES = {"process", "_process"}
-_ONE_OFF_WORDS = {"preprocess", "precompute", "calibrate", "calibration", "calib"}
 
 # What makes a function move data to an accelerator (or hand it to code that does).
 _DEVICE_WORDS = re.compile(r"cuda|device|gpu|\.to\(|accelerat|fabric|parallel|\b(?:xla|mps|npu|xpu|tpu)\b", re.IGNORECASE)
@@ -57,7 +51,6 @@ _LEAVES_LOOP = (ast.Break, ast.Return)
 _ORDERING = (ast.Lt, ast.LtE, ast.Gt, ast.GtE)
 _COMPREHENSIONS = (ast.ListComp, ast.SetComp, ast.GeneratorExp, ast.DictComp)
 _NESTED_LOOPS = (ast.For, ast.AsyncFor, ast.While) + _COMPREHENSIONS
-_TRY = (ast.Try, getattr(ast, "TryStar", ast.Try))  # `try: ... except* E:` from Python 3.11
 
 
 def _trains_with_project_helpers(ctx) -> bool:
@@ -73,29 +66,6 @@ def _trains_with_project_helpers(ctx) -> bool:
 def _overlap(a: ast.AST, b: ast.AST) -> bool:
     """One of the two nodes holds the other (`if torch.all(step <= tol):` reports the call around the comparison)."""
     return any(n is b for n in ast.walk(a)) or any(n is a for n in ast.walk(b))
-
-
-def _every_iteration(body: list):
-    """The statements of a loop body that run whenever the body runs: into `with` blocks and the
-    body, `else` and `finally` of a `try`, not into `if`, `match`, `except` or nested loops."""
-    stack = list(body)
-    while stack:
-        stmt = stack.pop()
-        yield stmt
-        if isinstance(stmt, (ast.With, ast.AsyncWith)):
-            stack.extend(stmt.body)
-        elif isinstance(stmt, _TRY):
-            stack.extend(stmt.body + stmt.orelse + stmt.finalbody)
-
-
-def _last_word(identifier: Optional[str]) -> str:
-    return (identifier or "").lower().rsplit("_", 1)[-1]
-
-
-def _dataset_process(function: ast.AST) -> bool:
-    """`def process(self):`, a method (torch_geometric's `Dataset.process`); not `def process(rank, ...)`."""
-    params = function.args.posonlyargs + function.args.args
-    return function.name in _ONE_OFF_NAMES and bool(params) and params[0].arg == "self"
 
 
 def _says_why(comment: str) -> bool:
@@ -192,7 +162,7 @@ class _StepLoops:
     def _step_context(self):
         """The step loop around the node, else the step that the function around it runs in (a
         training step, a step hook, a helper the step calls), else None."""
-        loop = self._step_loop()
+        loop = step_loop(self.ctx)
         if loop is not None:
             return loop
         if self.ctx.function is None or not _kinds.may_mention(self.ctx, "backward") and not any(
@@ -261,83 +231,6 @@ class _StepLoops:
     @staticmethod
     def _on_self(func: ast.Attribute) -> bool:
         return isinstance(func.value, ast.Name) and func.value.id == "self"
-
-    def _step_loop(self) -> Optional[LoopInfo]:
-        for loop in reversed(self.ctx.loops):
-            if self._is_step_loop(loop):
-                return loop
-        return None
-
-    def _is_step_loop(self, loop: LoopInfo) -> bool:
-        key = ("mat502_step", id(loop.node))
-        if key not in self.ctx.shared:
-            training = self._is_training(loop)
-            # A loop that steps an optimizer is a training step whatever it goes over; one that
-            # only runs backward passes may go over the tasks of one step.
-            steps = training and any(is_optimizer_step(n) for n in loop.direct_nodes())
-            self.ctx.shared[key] = ((training or self._iterates_loader(loop))
-                                    and not (not training and self._one_off())
-                                    and not (not steps and self._iterates_names(loop))
-                                    and not self._epoch_loop(loop))
-        return self.ctx.shared[key]
-
-    def _is_training(self, loop: LoopInfo) -> bool:
-        """The body calls `.backward()` or an optimizer's `.step()`, itself or in a loop over names
-        nested in it (`for name, discr_loss in discr_losses: discr_loss.backward()`): that loop
-        goes over the parts of this loop's step."""
-        key = ("mat502_training", id(loop.node))
-        found = self.ctx.shared.get(key)
-        if found is None:
-            found = self.ctx.shared[key] = is_training_loop(self.ctx, loop) or any(
-                isinstance(node, (ast.For, ast.AsyncFor)) and self._iterates_names(inner := LoopInfo(node, self.ctx))
-                and is_training_loop(self.ctx, inner) for node in loop.direct_nodes())
-        return found
-
-    def _iterates_loader(self, loop: LoopInfo) -> bool:
-        return iterates_loader(self.ctx, loop)
-
-    def _epoch_loop(self, loop: LoopInfo) -> bool:
-        """The loop runs a whole pass over a loader in each iteration: an epoch loop, whatever
-        else it steps (`sched.step()`). A pass under an `if` (validation every N steps) or in an
-        `except` does not run in each iteration."""
-        return any(isinstance(stmt, (ast.For, ast.AsyncFor)) and self._iterates_loader(LoopInfo(stmt, self.ctx))
-                   for stmt in _every_iteration(loop.node.body if isinstance(loop.node, (ast.For, ast.AsyncFor, ast.While))
-                                                else []))
-
-    def _iterates_names(self, loop: LoopInfo) -> bool:
-        """`for key in dataset_keys:`, `for task_name in tasks:`, `for k, v in losses.items():`,
-        `for name, discr_loss in discr_losses:`: one iteration per data set or task, not per batch.
-        Whole words: `fname` names a file, which may hold a batch; and named pairs from a loader
-        (`for img_name, img in loader:`) are its batches."""
-        it = loop.iter
-        while isinstance(it, ast.Call) and isinstance(it.func, ast.Name) and it.func.id in ("enumerate", "sorted", "list") \
-                and it.args:
-            it = it.args[0]
-        if it is None:
-            return False
-        if isinstance(it, ast.Call) and isinstance(it.func, ast.Attribute) and it.func.attr in ("keys", "items") \
-                and not it.args:
-            return True
-        if _last_word(_identifier(it)) in ("keys", "names"):
-            return True
-        target = loop.node.target if isinstance(loop.node, (ast.For, ast.AsyncFor)) else loop.node.generators[0].target
-        if isinstance(target, ast.Tuple) and target.elts and isinstance(target.elts[0], ast.Name) \
-                and _last_word(target.elts[0].id) in ("key", "name"):
-            return not self._iterates_loader(loop)
-        return isinstance(target, ast.Name) and _last_word(target.id) in ("key", "name")
-
-    def _one_off(self) -> bool:
-        """In a function that runs once over a data set: a `process()` method (torch_geometric's
-        `Dataset.process(self)`), `precompute_*`, calibration."""
-        function = self.ctx.function
-        key = ("mat502_one_off", id(function))
-        found = self.ctx.shared.get(key)
-        if found is None:
-            functions = [f for f in self.ctx.functions if not isinstance(f, ast.Lambda)]
-            stem = os.path.splitext(os.path.basename(self.ctx.filename or ""))[0]
-            words = {w for n in [f.name for f in functions] + [stem] for w in name_tokens(n)}
-            found = self.ctx.shared[key] = bool(any(_dataset_process(f) for f in functions) or words & _ONE_OFF_WORDS)
-        return found
 
     def _gated(self, node: ast.AST, loop: LoopInfo, owner: Optional[ast.AST]) -> bool:
         """The call (`node`) sits under an `if` that lets it run only some steps (every N, verbose...), in

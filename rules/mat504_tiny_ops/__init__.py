@@ -11,11 +11,10 @@ from matlint.rule import Only, Rule
 
 from matlint.semantic import kinds as _kinds
 from matlint.semantic.kinds import identifier_text
-from matlint.semantic.steps import step_of
-from matlint.semantic.loops import LoopInfo, identifier, is_training_loop, loaded_names, name_tokens
+from matlint.semantic.steps import OPTIMIZERS, updates_every_step, updates_once
+from matlint.semantic.loops import LoopInfo, identifier, loaded_names, name_tokens
 from matlint.semantic.names import in_reference_code, in_test_code
 
-_OPTIMIZERS = {"SGD", "Adam", "AdamW", "Adamax", "NAdam", "RAdam", "Adagrad", "Adadelta", "RMSprop", "Rprop", "ASGD"}
 _PARAMETER_SOURCES = {"parameters", "named_parameters"}
 # Name tokens of a list of parameters (`self.shadow_params`, `model_params`, `parameters`).
 _PARAMETER_WORDS = {"param", "params", "parameters"}
@@ -24,10 +23,6 @@ _INPLACE_MATH = {"add_", "sub_", "mul_", "div_", "addcmul_", "addcdiv_", "lerp_"
 # `p.data = ...` (also `(p.data) = ...`, or with a line continuation before the `=`): a file
 # without it has no `.data` update for visit_Assign to find.
 _ASSIGNS_DATA = re.compile(r"data[\s\\)]*=(?!=)")
-# Name tokens of a function that runs on every update (`sgd_step`, `update_ema`, `applyGradients`):
-# whole tokens, so `remap`, `swap` and `schema` do not count.
-_HOT_TOKENS = frozenset({"step", "steps", "update", "updates", "ema", "average", "averages", "avg", "swa", "sgd"}
-                        | {name.lower() for name in _OPTIMIZERS})
 # Calls whose work per parameter is matrix work, autograd or a model, not a few element-wise ops.
 _MATRIX_CALLS = {"backward", "forward", "grad", "einsum", "matmul", "mm", "bmm", "svd", "eigh", "qr", "cholesky",
                  "pinv", "inverse"}
@@ -36,20 +31,12 @@ _MATRIX_CALLS = {"backward", "forward", "grad", "einsum", "matmul", "mm", "bmm",
 _MATRIX_HELPER_TOKENS = {"muon", "newtonschulz", "schulz", "zeropower", "orthogonalize", "orthogonalise",
                          "orthogonalization", "orthogonalisation", "orthogonalized", "shampoo", "precondition",
                          "preconditioner", "svd", "eig", "eigh", "qr", "cholesky", "inverse", "matmul", "einsum"}
-_ONE_TIME_FUNCTION = re.compile(r"init|reset|load|build|setup|copy|convert|prune|quantiz|checkpoint|ckpt",
-                                re.IGNORECASE)
 
 
 def _zipped_lists(it: ast.AST) -> bool:
     """`zip(self.shadow_params, parameters)`: two or more lists held by names or attributes."""
     return isinstance(it, ast.Call) and getattr(it.func, "id", None) == "zip" and len(it.args) >= 2 \
         and all(isinstance(arg, (ast.Name, ast.Attribute)) for arg in it.args)
-
-
-def _updates_every_step(name: str) -> bool:
-    tokens = name_tokens(name)
-    return any(token in _HOT_TOKENS or (token == "apply" and following.startswith("grad"))
-               for token, following in zip(tokens, tokens[1:] + [""]))
 
 
 class TinyOps(Rule):
@@ -143,12 +130,12 @@ class TinyOps(Rule):
         self._reported_loops: set = set()
 
     # An optimizer built as `torch.optim.AdamW(...)` or by a bare name (`AdamW(...)`), or an in-place update.
-    only = {"visit_Call": Only(attrs=frozenset(_OPTIMIZERS | _INPLACE_MATH | {"copy_"})),
+    only = {"visit_Call": Only(attrs=frozenset(OPTIMIZERS | _INPLACE_MATH | {"copy_"})),
             "visit_Assign": Only(if_file=lambda ctx: _ASSIGNS_DATA.search(identifier_text(ctx)) is not None)}
 
     def visit_Call(self, node: ast.Call) -> None:
         qualname = self.ctx.qualname(node.func) or ""
-        if qualname.startswith("torch.optim.") and qualname.rsplit(".", 1)[-1] in _OPTIMIZERS:
+        if qualname.startswith("torch.optim.") and qualname.rsplit(".", 1)[-1] in OPTIMIZERS:
             self._optimizer(node)
             return
         func = node.func
@@ -242,9 +229,9 @@ class TinyOps(Rule):
                 loaded_names(node.value) & loop.targets):
             return  # `counts[name] += 1`: a tally keyed by the parameter, not an update from it
         function = self.ctx.function
-        if function is not None and (_ONE_TIME_FUNCTION.search(getattr(function, "name", "")) or self._uses_foreach(function)):
+        if function is not None and (updates_once(getattr(function, "name", "")) or self._uses_foreach(function)):
             return
-        if in_test_code(self.ctx) or in_reference_code(self.ctx) or self._does_other_work(loop) or not self._runs_every_step(loop):
+        if in_test_code(self.ctx) or in_reference_code(self.ctx) or self._does_other_work(loop) or not updates_every_step(self.ctx, loop):
             return
         self._reported_loops.add(id(loop.node))
         self.report(node, f"this loop over parameters (line {loop.node.lineno}) launches small kernels for every "
@@ -394,21 +381,6 @@ class TinyOps(Rule):
             self.ctx.shared[key] = {s.name: s for s in self.ctx.tree.body
                                     if isinstance(s, (ast.FunctionDef, ast.AsyncFunctionDef))}
         return self.ctx.shared[key]
-
-    def _runs_every_step(self, loop: LoopInfo) -> bool:
-        """An optimizer `step`, an EMA/`update` function (or the `__call__` of an `EMA` class), or
-        a loop inside a training loop."""
-        function = self.ctx.function
-        if function is not None:
-            name = getattr(function, "name", "")
-            if name == "__call__" and self.ctx.class_ is not None:
-                name = self.ctx.class_.name
-            if _updates_every_step(name):
-                return True
-        if any(is_training_loop(self.ctx, outer) for outer in self.ctx.loops if outer is not loop):
-            return True
-        step = step_of(self.ctx, self.ctx.functions)
-        return step is not None and step.training
 
     def _uses_foreach(self, function: ast.AST) -> bool:
         key = ("mat504_foreach", id(function))
