@@ -30,12 +30,9 @@ from __future__ import annotations
 
 import argparse
 import contextlib
-import copy
 import gc
-import importlib
 import json
 import os
-import statistics
 import sys
 import time
 
@@ -44,25 +41,11 @@ os.environ.setdefault("CUBLAS_WORKSPACE_CONFIG", ":4096:8")  # deterministic cuB
 import torch
 import torch.nn as nn
 import torch.nn.functional as F
-from torch.utils._python_dispatch import TorchDispatchMode
 
 import matlint.runtime_guard as rg
 
-DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
-
-
-def sync():
-    if DEVICE == "cuda":
-        torch.cuda.synchronize()
-
-
-class EmptyMode(TorchDispatchMode):
-    @classmethod
-    def ignore_compile_internals(cls):
-        return True
-
-    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
-        return func(*args, **(kwargs or {}))
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from guard_overhead import DEVICE, EmptyMode, med, sync  # noqa: E402  (the first benchmark's helpers)
 
 
 @contextlib.contextmanager
@@ -275,10 +258,6 @@ def timed(step, n, ctx=None, observed=None, guard=None):
             sync()
             times.append((time.perf_counter() - t0) * 1e3)
     return times
-
-
-def med(xs):
-    return statistics.median(xs)
 
 
 def plain_run(step, n):

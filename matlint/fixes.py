@@ -30,9 +30,11 @@ def _to_offset(starts, row: int, column: int) -> int:
     return starts[row - 1] + column - 1
 
 
-def parses(source: str) -> bool:
+def parses(source: str, parse=parse_quietly) -> bool:
+    """Whether `parse` (a file's parser by default; a notebook cell's takes top-level `await`)
+    reads `source` without an error."""
     try:
-        parse_quietly(source)
+        parse(source)
     except (SyntaxError, ValueError, RecursionError, MemoryError):
         return False
     return True

@@ -19,6 +19,7 @@ from dataclasses import dataclass, field, replace
 from typing import Optional
 
 from .diagnostics import Edit, Finding
+from .fixes import apply_fixes, parses
 
 NOTEBOOK_SUFFIX = ".ipynb"
 # Cell magics whose body is Python that runs in the kernel's namespace; any other cell magic
@@ -301,7 +302,7 @@ def cell_code(number: int, source: str) -> Optional[CellCode]:
     """The cell as Python, or None for a cell that is not Python (a `%%bash` cell, say)."""
     code = CellCode(number, source)
     indented = source[:len(source) - len(source.lstrip())].endswith((" ", "\t"))
-    if not indented and (not any(ch in source for ch in "%!?") or _parses(source)):
+    if not indented and (not any(ch in source for ch in "%!?") or parses(source, parse)):
         return code
     lines = source.splitlines(keepends=True)
     margin = _margin(lines) if indented else ""
@@ -310,9 +311,9 @@ def cell_code(number: int, source: str) -> Optional[CellCode]:
         lines = [line[len(margin):] if line.strip() else line for line in lines]
         code.margin = len(margin)
         code.text = "".join(lines)
-        if not any(ch in source for ch in "%!?") or _parses(code.text):
+        if not any(ch in source for ch in "%!?") or parses(code.text, parse):
             return code
-    elif _parses(source):
+    elif parses(source, parse):
         return code
     first = lines[0].strip() if lines else ""
     if first.startswith("%%"):
@@ -397,14 +398,6 @@ def _margin(lines: list) -> str:
         while not margin.startswith(common):
             common = common[:-1]
     return common
-
-
-def _parses(source: str) -> bool:
-    try:
-        parse(source)
-    except (SyntaxError, ValueError, RecursionError, MemoryError):
-        return False
-    return True
 
 
 def parse(source: str, filename: str = "<notebook>") -> ast.Module:
@@ -524,8 +517,6 @@ def fix(notebook: Notebook, filename: str, lint, unsafe: bool = False, max_round
     """Fixes the code cells until no fix applies; `lint(program) -> findings located in cells`.
     Returns ({cell number: new source} of the cells that changed, fixes applied, the findings
     left, those of cells that do not parse included)."""
-    from .fixes import apply_fixes
-
     prog, problems = program(notebook, filename)
     codes = {code.number: code for code in prog.cells}
     texts = {number: code.text for number, code in codes.items()}

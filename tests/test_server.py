@@ -94,7 +94,20 @@ async def client(lsp_client: LanguageClient, workspace):
 
 # -- a little editor ----------------------------------------------------------------------------
 
-class Editor:
+class _AppliesEdits:
+    """Applies a workspace edit as VS Code does (checking the document version) and sends it with
+    the editor's `change`."""
+
+    def apply(self, edit: t.WorkspaceEdit) -> str:
+        (change,) = edit.document_changes
+        uri = change.text_document.uri
+        assert change.text_document.version == self.versions[uri]
+        text = apply_text_edits(self.texts[uri], change.edits)
+        self.change(uri, text)
+        return text
+
+
+class Editor(_AppliesEdits):
     """Keeps the client-side text of documents and sends the notifications VS Code sends."""
 
     def __init__(self, client: LanguageClient):
@@ -119,28 +132,6 @@ class Editor:
             text_document=t.VersionedTextDocumentIdentifier(uri=uri, version=self.versions[uri]),
             content_changes=[t.TextDocumentContentChangeWholeDocument(text=text)]))
         return self.versions[uri]
-
-    def edit(self, uri: str, range_: t.Range, text: str) -> None:
-        """An edit as VS Code's client sends a cell's edits: a range and its new text, whatever
-        text sync kind the server asked for."""
-        self.version += 1
-        self.versions[uri] += 1
-        self.texts[uri] = apply_text_edits(self.texts[uri], [t.TextEdit(range=range_, new_text=text)])
-        self.client.notebook_document_did_change(t.DidChangeNotebookDocumentParams(
-            notebook_document=t.VersionedNotebookDocumentIdentifier(version=self.version, uri=self.uri),
-            change=t.NotebookDocumentChangeEvent(cells=t.NotebookDocumentCellChanges(text_content=[
-                t.NotebookDocumentCellContentChanges(
-                    document=t.VersionedTextDocumentIdentifier(uri=uri, version=self.versions[uri]),
-                    changes=[t.TextDocumentContentChangePartial(range=range_, text=text)])]))))
-
-    def apply(self, edit: t.WorkspaceEdit) -> str:
-        """Applies a workspace edit as VS Code does (checking the document version) and sends it."""
-        (change,) = edit.document_changes
-        uri = change.text_document.uri
-        assert change.text_document.version == self.versions[uri]
-        text = apply_text_edits(self.texts[uri], change.edits)
-        self.change(uri, text)
-        return text
 
     async def diagnostics(self, uri: str, version=None, timeout: float = 10.0) -> list:
         """The next diagnostics published for `uri` (for `version` when given) that this
@@ -673,7 +664,7 @@ TRAIN_CELL = textwrap.dedent("""\
     """)
 
 
-class NotebookEditor:
+class NotebookEditor(_AppliesEdits):
     """Sends the notebook notifications VS Code sends for an open .ipynb (LSP notebook sync)."""
 
     def __init__(self, client: LanguageClient, path: Path, cells: list):
@@ -717,14 +708,6 @@ class NotebookEditor:
                 t.NotebookDocumentCellContentChanges(
                     document=t.VersionedTextDocumentIdentifier(uri=uri, version=self.versions[uri]),
                     changes=[t.TextDocumentContentChangePartial(range=range_, text=text)])]))))
-
-    def apply(self, edit: t.WorkspaceEdit) -> str:
-        (change,) = edit.document_changes
-        uri = change.text_document.uri
-        assert change.text_document.version == self.versions[uri]
-        text = apply_text_edits(self.texts[uri], change.edits)
-        self.change(uri, text)
-        return text
 
 
 async def _published(client, uri, version, timeout=15.0):

@@ -44,3 +44,24 @@ export async function until(page, what, read, done, timeout = TIMEOUT) {
     await page.waitForTimeout(250);
   }
 }
+
+/** Opens the quick fix menu (Ctrl+.) until it lists a row that `wanted` accepts (a menu opened
+ * before the server's actions came is closed and asked for again); returns the rows' texts. */
+export async function quickFixMenu(page, menu, what, wanted, timeout = TIMEOUT) {
+  const fits = (texts) => texts.some(wanted);
+  let asked = 0;
+  return until(page, what, async () => {
+    if (await menu.isVisible()) {
+      const texts = await menu.locator(".monaco-list-row").allInnerTexts();
+      if (!fits(texts)) {
+        await page.keyboard.press("Escape");
+      }
+      return texts;
+    }
+    if (Date.now() - asked > RETRY) {
+      await page.keyboard.press("Control+.");
+      asked = Date.now();
+    }
+    return [];
+  }, fits, timeout);
+}

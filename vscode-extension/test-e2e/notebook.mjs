@@ -10,7 +10,7 @@
 // order on screen: the notebook list renders only the cells in view. Each step waits for the
 // content it reads, never for a time.
 import { readFileSync } from "node:fs";
-import { RETRY, TIMEOUT, launch, snapper, until as poll } from "./driver.mjs";
+import { RETRY, TIMEOUT, launch, quickFixMenu, snapper, until as poll } from "./driver.mjs";
 
 const spec = JSON.parse(readFileSync(process.argv[2], "utf-8"));
 const seen = { steps: [], open_attempts: 0 };
@@ -40,24 +40,9 @@ async function goTo(finding) {
   await page.mouse.click(box.x + 2, box.y + box.height / 2);
 }
 
-// Opens the quick fix menu (Ctrl+.) until it holds a row that `wanted` accepts, and clicks that row.
+// Opens the quick fix menu until it holds a row that `wanted` accepts, and clicks that row.
 async function quickFix(what, wanted) {
-  const fits = (texts) => texts.some(wanted);
-  let asked = 0;
-  const actions = await until(what, async () => {
-    if (await menu.isVisible()) {
-      const texts = await menu.locator(".monaco-list-row").allInnerTexts();
-      if (!fits(texts)) {
-        await page.keyboard.press("Escape"); // opened before the server's actions came: ask again
-      }
-      return texts;
-    }
-    if (Date.now() - asked > RETRY) {
-      await page.keyboard.press("Control+.");
-      asked = Date.now();
-    }
-    return [];
-  }, fits);
+  const actions = await quickFixMenu(page, menu, what, wanted);
   await snap(`menu-${what.split(" ")[0]}`);
   const texts = await menu.locator(".monaco-list-row").allInnerTexts();
   await menu.locator(".monaco-list-row").nth(texts.findIndex(wanted)).click();

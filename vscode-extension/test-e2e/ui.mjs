@@ -7,7 +7,7 @@
 // rule's docs in the hover, the fix in the menu, the fixed line and fewer problems after it),
 // never for a time: on a loaded machine the language server answers late.
 import { readFileSync } from "node:fs";
-import { RETRY, TIMEOUT, launch, snapper, until as poll } from "./driver.mjs";
+import { RETRY, TIMEOUT, launch, quickFixMenu, snapper, until as poll } from "./driver.mjs";
 
 const spec = JSON.parse(readFileSync(process.argv[2], "utf-8"));
 const seen = { steps: [] };
@@ -68,22 +68,7 @@ try {
   await page.keyboard.press("Enter");
   await page.locator(".statusbar-item", { hasText: `Ln ${spec.fix_line}, Col ${spec.fix_column}` }).first().waitFor();
   const menu = page.locator(".action-widget:not(.action-list-submenu-panel)").first();
-  const fixRow = (texts) => texts.some((text) => text.includes(spec.fix_code) && !text.includes("noqa"));
-  let asked = 0;
-  seen.actions = await until("fix in the quick fix menu", async () => {
-    if (await menu.isVisible()) {
-      const texts = await menu.locator(".monaco-list-row").allInnerTexts();
-      if (!fixRow(texts)) {
-        await page.keyboard.press("Escape"); // opened before the server's actions came: ask again
-      }
-      return texts;
-    }
-    if (Date.now() - asked > RETRY) {
-      await page.keyboard.press("Control+.");
-      asked = Date.now();
-    }
-    return [];
-  }, fixRow);
+  seen.actions = await quickFixMenu(page, menu, "fix in the quick fix menu", (text) => text.includes(spec.fix_code) && !text.includes("noqa"));
   await snap("quick-fix-menu");
   await menu.locator(".monaco-list-row", { hasText: spec.fix_code }).filter({ hasNotText: "noqa" }).first().click();
   const after = await until("fixed line and fewer problems",
