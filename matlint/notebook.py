@@ -54,7 +54,6 @@ class Cell:
     start: int             # where its source value starts and ends in the file's text
     end: int
     as_list: bool          # stored as a list of lines (nbformat's usual form) or as one string
-    file_rows: tuple       # the file's row holding each of the cell's lines (for SARIF, GitHub)
 
 
 @dataclass
@@ -62,6 +61,8 @@ class Notebook:
     text: str
     cells: list            # code cells only
     nbformat: int
+    # cell number -> the file's row of each of its lines: only SARIF and GitHub output ask
+    _file_rows: dict = field(default_factory=dict, repr=False)
 
     def cell(self, number: int) -> Optional[Cell]:
         return next((c for c in self.cells if c.number == number), None)
@@ -69,9 +70,12 @@ class Notebook:
     def file_row(self, number: int, row: int) -> int:
         """The row of the notebook file that holds row `row` of cell `number`."""
         cell = self.cell(number)
-        if cell is None or not cell.file_rows:
+        if cell is None:
             return 1
-        return cell.file_rows[min(max(row, 1), len(cell.file_rows)) - 1]
+        rows = self._file_rows.get(number)
+        if rows is None:
+            rows = self._file_rows[number] = _file_rows(self.text, cell)
+        return rows[min(max(row, 1), len(rows)) - 1]
 
     def with_sources(self, sources: dict) -> str:
         """The file's text with the given cells' sources replaced ({number: text}); every other
@@ -221,19 +225,20 @@ def read(text: str) -> Notebook:
             source, as_list = value, False
         else:
             raise reader.error(f"the source of cell {number} is not text", value_start)
-        code_cells.append(Cell(number, source, value_start, value_end, as_list,
-                               _file_rows(text, value_start, value_end, value, as_list)))
+        code_cells.append(Cell(number, source, value_start, value_end, as_list))
     return Notebook(text, code_cells, nbformat)
 
 
-def _file_rows(text: str, start: int, end: int, value, as_list: bool) -> tuple:
+def _file_rows(text: str, cell: Cell) -> tuple:
+    """The row of `text` that holds each line of `cell`'s source (a list: each item's row)."""
+    start = cell.start
     first = text.count("\n", 0, start) + 1
-    if not as_list:
-        return (first,) * max(1, value.count("\n") + 1)
-    rows, row, i = [], first, start
+    if not cell.as_list:
+        return (first,) * max(1, cell.source.count("\n") + 1)
     reader = _Reader(text)
-    i = reader.expect(i, "[", "'['")
-    for item in value:
+    rows, row = [], first
+    i = reader.expect(start, "[", "'['")
+    for item in reader.value(start)[0]:
         i = reader.skip_ws(i)
         row += text.count("\n", start, i)
         start = i
