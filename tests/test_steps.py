@@ -185,3 +185,30 @@ def test_per_head_modules_of_a_class_in_another_project_module(tmp_path):
     # A class of that name that is no attention head (no softmax): not per-head attention.
     (package / "head.py").write_text("import torch.nn as nn\n\nclass Head(nn.Module):\n    pass\n")
     assert lint_source(source, str(block), [get_rule("MAT104")]) == []
+
+
+def test_a_step_in_a_file_that_imports_project_helpers_still_reports_its_own_syncs(tmp_path):
+    """A file that imports a module of its project asks each call whether it is a syncing
+    helper; the step's own `print()` and `float()` of a device tensor are still reported."""
+    from matlint.engine import lint_source
+    from matlint.registry import get_rule
+
+    (tmp_path / "logger.py").write_text("class Logger:\n    def log(self, value):\n        pass\n")
+    train = tmp_path / "train.py"
+    source = textwrap.dedent("""\
+        import torch
+        from logger import Logger
+
+        def train(model, loader, opt):
+            log = Logger()
+            for x, y in loader:
+                x, y = x.cuda(), y.cuda()
+                loss = (model(x) - y).pow(2).mean()
+                loss.backward()
+                opt.step()
+                print(f"loss {loss.data}")
+                log.log(float(loss))
+        """)
+    train.write_text(source)
+    found = lint_source(source, str(train), [get_rule("MAT502")])
+    assert [(f.code, f.row) for f in found] == [("MAT502", 11), ("MAT502", 12)]

@@ -8,7 +8,7 @@ The corpus is public repositories at pinned commits (`repos.csv`), labelled by r
 before linting it (`labels.csv`, see LABELLING.md); findings that no label covers are judged
 after (`judged.csv`). Only the labelled files are linted, with the default rules, as a user
 who installs matlint gets them. The sources are brought once into a cache outside the
-repository (default ~/.cache/matlint-user-corpus, or $MATLINT_USER_CORPUS): from a folder of
+repository (default ~/.cache/matlint-user-corpus-trees, or $MATLINT_USER_CORPUS): from a folder of
 bare git mirrors (`--mirrors DIR`, holding `owner+name/repo`, bare or not), else by `git clone`.
 """
 from __future__ import annotations
@@ -42,16 +42,19 @@ def read_csv(name: str) -> list:
 
 
 def cache_root() -> Path:
-    return Path(os.environ.get("MATLINT_USER_CORPUS", Path.home() / ".cache" / "matlint-user-corpus"))
+    return Path(os.environ.get("MATLINT_USER_CORPUS", Path.home() / ".cache" / "matlint-user-corpus-trees"))
 
 
 def bring(repos: list, mirrors) -> Path:
-    """The labelled files of every repository at its commit, under the cache."""
+    """Every Python file of every repository at its commit, under the cache: the labelled files
+    are the ones scored, and the others are there for what they import (a helper module of the
+    project), as in a checkout a user lints."""
     root = cache_root()
     for repo in repos:
         dest = root / repo["repo"].replace("/", "+")
         files = [p for p in repo["files"].split(";") if p]
-        if all((dest / p).exists() for p in files):
+        complete = dest / f".complete-{repo['commit']}"
+        if complete.exists() and all((dest / p).exists() for p in files):
             continue
         git_dir = None
         if mirrors:
@@ -65,11 +68,11 @@ def bring(repos: list, mirrors) -> Path:
             if not git_dir.exists():
                 subprocess.run(["git", "clone", "--quiet", "--bare", "--filter=blob:none",
                                 f"https://github.com/{repo['repo']}.git", str(git_dir)], check=True)
-        for path in files:
-            blob = subprocess.run(["git", "--git-dir", str(git_dir), "show", f"{repo['commit']}:{path}"],
-                                  check=True, capture_output=True).stdout
-            (dest / path).parent.mkdir(parents=True, exist_ok=True)
-            (dest / path).write_bytes(blob)
+        dest.mkdir(parents=True, exist_ok=True)
+        archive = subprocess.run(["git", "--git-dir", str(git_dir), "archive", repo["commit"], "--",
+                                  ":(glob)**/*.py", *files], check=True, capture_output=True).stdout
+        subprocess.run(["tar", "-x", "-C", str(dest)], input=archive, check=True)
+        complete.touch()
     return root
 
 
