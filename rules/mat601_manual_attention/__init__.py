@@ -41,7 +41,10 @@ class ManualAttention(_ScoresPattern, _WeightsPattern, _OperandLayout, _SdpaFix,
     `.permute(0, 1, 3, 2)`, `.mT`, `torch.matmul`, `torch.bmm`, or an `einsum` such as
     `"bhqd,bhkd->bhqk"`), optionally scaled (`* scale`, `/ math.sqrt(d)`, `* d ** -0.5`, `/=`,
     `.div()`, `.mul()`, `torch.div`), masked (`+ mask`, `+=`, `.add()`,
-    `.masked_fill(mask == 0, float("-inf"))`, an in-place `masked_fill_`, also under an `if`),
+    `.masked_fill(mask == 0, float("-inf"))`, an in-place `masked_fill_`, also under an `if`, or a
+    function of the project that only writes values into the scores by index, such as
+    `mask_(dot, maskval=float("-inf"))`: reported with no fix, the mask's form being the reader's to
+    carry over),
     shifted by its row maximum and cast, then a softmax over the last (key) axis (`F.softmax`,
     `torch.softmax`, `.softmax(-1)`, an `nn.Softmax(dim=-1)` module, also built where it is
     called: `nn.Softmax(dim=-1)(scores)`), optionally dropout (also a `dropout` the callers pass
