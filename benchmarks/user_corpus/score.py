@@ -3,6 +3,8 @@
     python benchmarks/user_corpus/score.py                 # bring the sources, lint, score
     python benchmarks/user_corpus/score.py --misses        # also list the positives not reported
     python benchmarks/user_corpus/score.py --unjudged F    # write the findings no label covers to F
+    python benchmarks/user_corpus/score.py --repos F       # score only the repositories listed in F
+                                                           # (one owner/name a line: holdout.txt)
 
 The corpus is public repositories at pinned commits (`repos.csv`), labelled by reading the code
 before linting it (`labels.csv`, see LABELLING.md); findings that no label covers are judged
@@ -160,9 +162,18 @@ def main(argv=None) -> int:
                         help="folder of bare git mirrors named owner+name/repo")
     parser.add_argument("--misses", action="store_true", help="list the positives that were not reported")
     parser.add_argument("--unjudged", metavar="FILE", help="write the findings no label covers to FILE (CSV)")
+    parser.add_argument("--repos", metavar="FILE",
+                        help="score only the repositories listed in FILE, one owner/name a line (holdout.txt)")
     args = parser.parse_args(argv)
 
     repos, labels, judged = read_csv("repos.csv"), read_csv("labels.csv"), read_csv("judged.csv")
+    if args.repos:
+        with open(args.repos) as f:
+            wanted = {line.strip() for line in f if line.strip() and not line.startswith("#")}
+        unknown = wanted - {r["repo"] for r in repos}
+        if unknown:
+            parser.error(f"not in repos.csv: {', '.join(sorted(unknown))}")
+        repos, labels, judged = ([row for row in rows if row["repo"] in wanted] for rows in (repos, labels, judged))
     root = bring(repos, args.mirrors)
     findings = lint(root, repos)
     matched, verdicts = match(findings, labels, judged)
