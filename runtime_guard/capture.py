@@ -892,8 +892,9 @@ class Recorder:
                     state, which = other, i
                     break
         if type(state) is not AttentionChain:
-            if type(state) is tuple and name in PASS_THROUGH_OPS:
-                attn.set(out, state)  # a dropout mask or repeated heads
+            if type(state) is tuple and (name in PASS_THROUGH_OPS or state[0] == "K" and name in ("mul", "div")
+                                         and (len(args) < 2 or not isinstance(args[1], Tensor) or args[1].dim() == 0)):
+                attn.set(out, state)  # a dropout mask or repeated heads (also scaled, as SDPA's math backend scales k)
             return
         if name in PASS_THROUGH_OPS:
             attn.set(out, state)

@@ -22,6 +22,8 @@ from typing import Optional
 from .capture import Site
 
 _BREAK_LOGGERS = ("torch._dynamo.symbolic_convert.__graph_breaks", "torch._dynamo.convert_frame.__graph_breaks")
+# Hints that say nothing about what to write ("This graph break is fundamental", "report an issue").
+_GENERIC_HINT = re.compile(r"is fundamental|report an issue|Dynamo tracing rules", re.IGNORECASE)
 _AT = re.compile(r"Graph break.*? in user code at (?P<file>.+):(?P<line>\d+)\s*$")
 
 
@@ -58,8 +60,10 @@ def parse_break(message: str) -> Optional[tuple]:
                 title = next((n.strip() for n in lines[i + 1:] if n.strip()), title)  # the call's own reason
         elif text.startswith("Explanation:") and not explanation:
             explanation = text[len("Explanation:"):].strip()
-        elif text.startswith("Hint:") and not hint:
-            hint = text[len("Hint:"):].strip()
+        elif text.startswith("Hint:"):
+            said = text[len("Hint:"):].strip()
+            if not hint or _GENERIC_HINT.search(hint) and not _GENERIC_HINT.search(said):
+                hint = said  # the first hint that says what to write, where dynamo gives one
     site = Site(at.group("file"), int(at.group("line")), "")
     return site, GraphBreak(title or "graph break", explanation, hint)
 

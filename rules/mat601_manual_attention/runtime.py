@@ -11,6 +11,7 @@ from typing import NamedTuple
 
 import torch
 import torch.nn.functional as F
+from torch.utils._python_dispatch import TorchDispatchMode
 
 from matlint.runtime_guard import savings
 from matlint.runtime_guard.checks import dtype_str, finding, shape_str
@@ -305,6 +306,10 @@ def _math_backend_findings(rec, steps, ctx):
         bh, s_q, d = q[0]
         s_k = k[0][-1]
         rep = key.k_repeat[0] if cause == "gqa" else 1
+        spec = SdpaBackendEstimate("sdpa_backend", cause, bh, s_q, s_k, d, key.v_sig[0][-1], dtype_str(q[2]),
+                                   ctx.device_type, rep, bool(key.masks), key.dropout_p, key.grad, per_step)
+        if not _fused_once_changed(spec):
+            continue  # something else kept the fused kernels away (dropout on the CPU...): nothing to say
         head = (f"scaled_dot_product_attention ran its math backend here ({bh} heads × {s_q}×{s_k}, head dim {d}, "
                 f"{dtype_str(q[2])}), which writes the whole score matrix like hand-written attention")
         if cause == "strided":
@@ -321,10 +326,35 @@ def _math_backend_findings(rec, steps, ctx):
         ev = {"per_step": round(per_step, 2), "module": key.module, "backend": "math", "cause": cause,
               "shapes": [shape_str(q[0]), shape_str(k[0]), shape_str(key.v_sig[0])],
               "strides": [list(q[1]), list(key.v_sig[1])], "dtypes": [dtype_str(q[2])], "device": ctx.device_type}
-        yield finding("MAT601", site, msg, ev,
-                      SdpaBackendEstimate("sdpa_backend", cause, bh, s_q, s_k, d, key.v_sig[0][-1], dtype_str(q[2]),
-                                          ctx.device_type, rep, bool(key.masks), key.dropout_p, key.grad,
-                                          per_step))
+        yield finding("MAT601", site, msg, ev, spec)
+
+
+class _Softmaxes(TorchDispatchMode):
+    """Whether SDPA's math backend ran: its own softmax (`_safe_softmax`) is dispatched."""
+
+    def __init__(self):
+        super().__init__()
+        self.math = False
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        if func.overloadpacket.__name__ == "_safe_softmax":
+            self.math = True
+        return func(*args, **(kwargs or {}))
+
+
+def _fused_once_changed(spec: SdpaBackendEstimate) -> bool:
+    """Whether SDPA, called once with the change the finding suggests (contiguous operands, K/V heads
+    repeated) and everything else as observed (dtype, mask, dropout, grad), runs a fused backend on
+    this device: only then is the change worth saying."""
+    dt = savings.DTYPES.get(spec.dtype, torch.float32)
+    device = spec.device
+    q, k, v = (torch.randn(1, spec.bh, s, d, dtype=dt, device=device, requires_grad=spec.grad)
+               for s, d in ((spec.s_q, spec.d), (spec.s_k, spec.d), (spec.s_k, spec.d_v)))
+    mask = torch.ones(spec.s_q, spec.s_k, dtype=torch.bool, device=device).tril() if spec.masked else None
+    watch = _Softmaxes()
+    with watch:
+        F.scaled_dot_product_attention(q, k, v, attn_mask=mask, dropout_p=spec.dropout_p)
+    return not watch.math
 
 
 @estimator("sdpa_backend")
