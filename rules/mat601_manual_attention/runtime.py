@@ -273,6 +273,7 @@ class SdpaBackendEstimate(NamedTuple):
     device: str
     rep: int             # query heads per K/V head ("gqa")
     masked: bool
+    causal: bool         # the mask was exactly causal (is_causal=True)
     dropout_p: float
     grad: bool
     per_step: float
@@ -307,7 +308,8 @@ def _math_backend_findings(rec, steps, ctx):
         s_k = k[0][-1]
         rep = key.k_repeat[0] if cause == "gqa" else 1
         spec = SdpaBackendEstimate("sdpa_backend", cause, bh, s_q, s_k, d, key.v_sig[0][-1], dtype_str(q[2]),
-                                   ctx.device_type, rep, bool(key.masks), key.dropout_p, key.grad, per_step)
+                                   ctx.device_type, rep, bool(key.masks),
+                                   len(key.masks) == 1 and key.masks[0].causal, key.dropout_p, key.grad, per_step)
         if not _fused_once_changed(spec):
             continue  # something else kept the fused kernels away (dropout on the CPU...): nothing to say
         head = (f"scaled_dot_product_attention ran its math backend here ({bh} heads × {s_q}×{s_k}, head dim {d}, "
@@ -350,10 +352,11 @@ def _fused_once_changed(spec: SdpaBackendEstimate) -> bool:
     device = spec.device
     q, k, v = (torch.randn(1, spec.bh, s, d, dtype=dt, device=device, requires_grad=spec.grad)
                for s, d in ((spec.s_q, spec.d), (spec.s_k, spec.d), (spec.s_k, spec.d_v)))
-    mask = torch.ones(spec.s_q, spec.s_k, dtype=torch.bool, device=device).tril() if spec.masked else None
+    mask = torch.ones(spec.s_q, spec.s_k, dtype=torch.bool, device=device).tril() \
+        if spec.masked and not spec.causal else None
     watch = _Softmaxes()
     with watch:
-        F.scaled_dot_product_attention(q, k, v, attn_mask=mask, dropout_p=spec.dropout_p)
+        F.scaled_dot_product_attention(q, k, v, attn_mask=mask, dropout_p=spec.dropout_p, is_causal=spec.causal)
     return not watch.math
 
 
@@ -369,11 +372,12 @@ def estimate_sdpa_backend(spec: SdpaBackendEstimate, budget):
         q = inputs.tensor((1, spec.bh, spec.s_q, spec.d), dt, requires_grad=grad)
         k = inputs.tensor((1, spec.bh // rep, spec.s_k, spec.d), dt, requires_grad=grad)
         v = inputs.tensor((1, spec.bh // rep, spec.s_k, spec.d_v), dt, requires_grad=grad)
-        mask = torch.ones(spec.s_q, spec.s_k, dtype=torch.bool, device=device).tril() if spec.masked else None
+        mask = torch.ones(spec.s_q, spec.s_k, dtype=torch.bool, device=device).tril() \
+            if spec.masked and not spec.causal else None
 
         def call(qq, kk, vv, gqa):
             out = F.scaled_dot_product_attention(qq, kk, vv, attn_mask=mask, dropout_p=spec.dropout_p,
-                                                 enable_gqa=gqa)
+                                                 is_causal=spec.causal, enable_gqa=gqa)
             if grad:
                 out.sum().backward()
 
