@@ -159,12 +159,18 @@ def tensor_sig(t: torch.Tensor) -> tuple:
 
 
 def args_sig(args, full: bool = True) -> tuple:
-    """Per tensor argument (shape, stride, dtype), (shape, None, None) unless `full`; per tensor
+    """Per tensor argument (shape, stride, dtype), (shape, None, None) unless `full`, and for a
+    single element picked out of a larger tensor (`x[i]`), (shape, None, None, True); per tensor
     list, (its length,)."""
     sig = []
     for a in args:
         if isinstance(a, torch.Tensor):
-            sig.append((a.shape, a.stride(), a.dtype) if full else (a.shape, None, None))
+            if full:
+                sig.append((a.shape, a.stride(), a.dtype))
+            elif a.dim() <= 1 and a.numel() == 1 and a._base is not None and a._base.numel() > 1:
+                sig.append((a.shape, None, None, True))
+            else:
+                sig.append((a.shape, None, None))
         elif isinstance(a, (list, tuple)) and a and isinstance(a[0], torch.Tensor):
             sig.append((len(a),))  # a tensor list (foreach ops): its length; no check reads more
     return tuple(sig)

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import linecache
 import math
+from collections import defaultdict
 from dataclasses import dataclass
 
 import torch
@@ -17,7 +18,7 @@ import torch
 from matlint.diagnostics import Finding
 
 from . import registry
-from .capture import GEMM_OPS, Site
+from .capture import GEMM_OPS, VIEW_OPS, Site
 
 NEGLIGIBLE_MS = 0.01         # a finding registered with drop_negligible: a measured saving below this per
 NEGLIGIBLE_STEP_SHARE = 0.01  # step, or below this part of the step, is not reported
@@ -164,6 +165,28 @@ def run_checks(rec, guard=None, ctx: DeviceContext | None = None) -> list:
                 raise
     findings.sort(key=lambda f: (f.code, f.filename, f.row))
     return findings
+
+
+PER_ELEMENT_MIN_PER_STEP = 32  # ops on single elements per step from one line: a loop over elements
+
+
+def per_element_sites(rec, steps) -> dict:
+    """(site, module) -> [(OpKey, OpStat)] of the forward ops on single elements that one line issues
+    at least PER_ELEMENT_MIN_PER_STEP times a step, where some of them read elements picked out of a
+    larger tensor (`x[i]`, `x[i, j]`): a Python loop over a tensor's elements, not a sum of per-layer
+    losses or per-parameter norms (single elements of their own)."""
+    picked, ops = set(), defaultdict(list)
+    for key, stat in rec.ops.items():
+        if key.backward or stat.compiled or not key.out or math.prod(key.out[0]) > 1:
+            continue
+        if key.op in VIEW_OPS or not key.sig or not all(is_tensor(s) and math.prod(s[0]) <= 1 for s in key.sig):
+            continue
+        where = (key.site, key.module)
+        ops[where].append((key, stat))
+        if any(len(s) > 3 and s[3] for s in key.sig):
+            picked.add(where)
+    return {where: items for where, items in ops.items()
+            if where in picked and sum(s.count for _, s in items) / steps >= PER_ELEMENT_MIN_PER_STEP}
 
 
 def sdpa_math_sites(rec) -> set:

@@ -311,3 +311,38 @@ def test_gpu_only_checks_say_so_on_cpu():
     g = observe(lambda: model(torch.randn(2, 8)))
     assert any("MAT401" in note and "not evaluated on cpu" in note for note in g.notes)
     assert "MAT401" not in codes(g)
+
+
+# -- MAT501 ------------------------------------------------------------------------------------
+def test_a_loop_over_elements_is_reported_at_its_line():
+    h = torch.randn(64, 8)
+
+    def step():
+        out = torch.empty(64)
+        for i in range(64):
+            out[i] = h[i, 0] * 2 + 1  # <- here
+        return out
+
+    g = observe(step)
+    [f] = [f for f in g.findings if f.code == "MAT501"]
+    assert f.row == this_line(step)[0]
+    assert f.evidence["per_step"] == 192  # mul, add and the copy into out[i], 64 times
+    assert "loop over a tensor's elements" in f.message
+
+
+def test_single_elements_of_their_own_are_no_loop_over_elements():
+    """Per-layer losses summed one by one, and the same loop vectorized: no MAT501."""
+    layers = [torch.randn(8) for _ in range(48)]
+    h = torch.randn(64, 8)
+
+    def per_layer():
+        total = torch.zeros(())
+        for w in layers:
+            total = total + w.square().sum() * 0.5  # 0-d values, each its own tensor
+        return total
+
+    def vectorized():
+        return h[:, 0] * 2 + 1
+
+    assert [f for f in observe(per_layer).findings if f.code == "MAT501"] == []
+    assert [f for f in observe(vectorized).findings if f.code == "MAT501"] == []

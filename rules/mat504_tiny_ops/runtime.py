@@ -10,7 +10,7 @@ import torch
 
 from matlint.runtime_guard import savings
 from matlint.runtime_guard.capture import VIEW_OPS
-from matlint.runtime_guard.checks import finding, kernel_share
+from matlint.runtime_guard.checks import finding, kernel_share, per_element_sites
 from matlint.runtime_guard.registry import estimator, runtime_check
 
 TINY_MIN_PER_STEP = 32       # launches per step from one line
@@ -31,10 +31,12 @@ def check_tiny_ops(rec, steps, ctx):
     # per line and module, forward only: the same line in every layer, or a layer's backward
     # kernels, are not a loop that one fused call could replace
     per_site = defaultdict(list)
+    per_element = per_element_sites(rec, steps)  # a loop over elements: MAT501's
     for key, stat in rec.ops.items():
         if key.device != "cuda" or key.backward or key.op in VIEW_OPS or stat.compiled or not key.out:
             continue
-        per_site[(key.site, key.module)].append((key, stat))
+        if (key.site, key.module) not in per_element:
+            per_site[(key.site, key.module)].append((key, stat))
     for (site, module), items in per_site.items():
         if rec.profiled:
             tiny = [(k, s) for k, s in items if s.launches and s.kernel_us / s.launches < TINY_KERNEL_US]

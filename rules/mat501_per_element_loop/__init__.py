@@ -97,6 +97,11 @@ class PerElementLoop(Rule):
     The expression may use numbers, names, other tensors indexed by the loop variables, and
     element-wise functions (`torch.exp`, `math.sqrt`, `.abs()`, `.clamp()` ...).
 
+    At run time (`matlint.guard`), a line that issues at least 32 ops a step on single elements,
+    some of them picked out of a larger tensor (`x[i]`, `x[i, j]`), is reported with the ops it
+    issued; single values of their own (a sum of per-layer losses, per-parameter norms) are not
+    elements of a tensor and stay quiet. On a GPU such a line is reported here, not as MAT504.
+
     ## Why is this bad?
     Every indexing, arithmetic and assignment is a separate tensor op: on the GPU a kernel
     launch (~13 µs on an H100 for a few bytes of work), on the CPU microseconds of dispatch per
