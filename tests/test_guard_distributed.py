@@ -141,3 +141,18 @@ def test_merge_keeps_findings_with_other_counts_apart():
                                                                ("3 host syncs per step", [1])]
     assert merged[0].extra["savings_by_rank"] == {0: 0.5, 1: 0.7}
     assert merge_lines(reports, "notes") == ["a", "rank 0: b"]
+
+
+def test_an_op_from_a_thread_without_python_outside_backward_is_not_recorded():
+    """DDP's reducer copies the reduced buckets into each `.grad` at the end of a backward pass on
+    autograd's device thread: no Python frame, no autograd node, no line of the user's code."""
+    from matlint.runtime_guard.capture import Recorder
+
+    recorder = Recorder(profile_cuda=True)
+    x = torch.ones(3)
+    add = torch.ops.aten.add.Tensor
+    recorder.record(add, (x, x), {}, x + x, None, node=None)
+    assert not recorder.rec.ops
+    recorder.record(add, (x, x), {}, x + x, sys._getframe(), node=None)
+    assert [key.site.function for key in recorder.rec.ops] == [
+        "test_an_op_from_a_thread_without_python_outside_backward_is_not_recorded"]
