@@ -90,7 +90,17 @@ class Site:
 UNKNOWN_SITE = Site("<unknown>", 0, "")
 
 
-_internal_code: dict = {}  # code -> 0 (user code), 1 (internal), 2 (internal, torchinductor)
+# torch.distributed's wrappers and collectives (DDP, FSDP, comm hooks, c10d): an op they issue on
+# the model's behalf (a buffer broadcast, an all-gather of the parameters, a bucket copy) is not the
+# user's code, and is not recorded.
+_DISTRIBUTED_DIRS = tuple(os.path.join(_TORCH_DIR, *parts) + os.sep for parts in (("distributed",), ("nn", "parallel")))
+# How a module or an optimizer is called (its hooks too): below one of these frames runs the model's
+# or the optimizer's own code, also when a distributed wrapper called it.
+_CALL_MACHINERY = frozenset(os.path.join(_TORCH_DIR, *parts) for parts in (("nn", "modules", "module.py"),
+                                                                         ("optim", "optimizer.py")))
+
+USER, INTERNAL, COMPILED, DISTRIBUTED, CALL = 0, 1, 2, 3, 4
+_internal_code: dict = {}  # code -> USER, INTERNAL, COMPILED (torchinductor), DISTRIBUTED or CALL
 _site_cache: dict = {}
 
 
@@ -99,7 +109,11 @@ def _code_kind(code) -> int:
     if kind is None:
         fn = code.co_filename
         if "torchinductor" in fn:
-            kind = 2
+            kind = COMPILED
+        elif fn in _CALL_MACHINERY:
+            kind = CALL
+        elif fn.startswith(_DISTRIBUTED_DIRS):
+            kind = DISTRIBUTED
         elif (
             fn.startswith(_TORCH_DIR)
             or fn.startswith(_OWN_DIR)
@@ -107,21 +121,27 @@ def _code_kind(code) -> int:
             or fn.startswith("<eval_with_key")
             or fn.startswith("<frozen")
         ):
-            kind = 1
+            kind = INTERNAL
         else:
-            kind = 0
+            kind = USER
         _internal_code[code] = kind
-        if kind == 0:
+        if kind == USER:
             _user_codes.add(id(code))
-        elif kind == 1:
+        elif kind == INTERNAL:
             _internal_codes.add(id(code))
+        elif kind == DISTRIBUTED:
+            _distributed_codes.add(id(code))
+        elif kind == CALL:
+            _call_codes.add(id(code))
     return kind
 
 
 # For the inlined walk in Recorder.record, by id(code): hashing a code object rehashes its
 # bytecode and constants on every call. The code objects stay alive as keys of _internal_code.
-_user_codes: set = set()      # ids of code objects of kind 0
-_internal_codes: set = set()  # ids of code objects of kind 1
+_user_codes: set = set()         # ids of code objects of kind USER
+_internal_codes: set = set()     # ... INTERNAL
+_distributed_codes: set = set()  # ... DISTRIBUTED
+_call_codes: set = set()         # ... CALL
 _lasti_cache: dict = {}       # (id(code), f_lasti) -> Site: f_lineno costs more than a dict hit
 
 
@@ -136,14 +156,22 @@ def _site_of(code, lineno: int) -> Site:
 def user_site(frame) -> Optional[Site]:
     """The first frame of the user's code at or above `frame`, through torch's code and the
     guard's dispatch mode (which runs the user's ops); None where other code of the guard's own is
-    on the way (a sync the guard makes itself, timing a step)."""
+    on the way (a sync the guard makes itself, timing a step), or where torch.distributed's code
+    issued it on the model's behalf (see `Recorder.record`)."""
+    called = False
     while frame is not None:
         code = frame.f_code
         if code.co_filename.startswith(_OWN_DIR):
             if code.co_name != "__torch_dispatch__":
                 return None
-        elif _code_kind(code) == 0:
-            return _site_of(code, frame.f_lineno)
+        else:
+            kind = _code_kind(code)
+            if kind == USER:
+                return _site_of(code, frame.f_lineno)
+            if kind == CALL:
+                called = True
+            elif kind == DISTRIBUTED and not called:
+                return None
         frame = frame.f_back
     return UNKNOWN_SITE
 
@@ -615,6 +643,11 @@ class Recorder:
         backward = node is not None
         if backward and unread_in_backward and not self.profile_cuda:
             return  # kernel attribution needs every op; the checks do not
+        if frame is None and not backward:
+            # Issued by C++ on a thread that runs no Python, outside any backward node: no line of
+            # the user's code (DDP's reducer copying the reduced buckets into .grad at the end of
+            # a backward pass on autograd's device thread). Its kernels stay unattributed.
+            return
         site = None
         compiled = False
         if backward:
@@ -622,6 +655,10 @@ class Recorder:
             if hit is not None:
                 site, module, _ = hit
         # The call site: the first frame outside torch and matlint (inlined: this runs per op).
+        # An op that torch.distributed's code issued itself (a frame of it comes before any module
+        # or optimizer call on the way up: DDP's buffer broadcast, FSDP's all-gathers, a comm hook)
+        # is the wrapper's work, not the user's code: it is not recorded. The model's own ops, which
+        # a wrapper calls through the module's __call__, are.
         direct = False
         if frame is not None:
             code = frame.f_code
@@ -630,18 +667,28 @@ class Recorder:
                 f = frame
             elif site is None:
                 f = frame
+                called = False
                 while True:
                     i = id(code)
                     if i in _internal_codes:
                         pass
                     elif i in _user_codes:
                         break
+                    elif i in _call_codes:
+                        called = True
+                    elif i in _distributed_codes:
+                        if not called:
+                            return
                     else:
                         kind = _code_kind(code)
-                        if kind == 0:
+                        if kind == USER:
                             break
-                        if kind == 2:
+                        if kind == COMPILED:
                             compiled = True
+                        elif kind == CALL:
+                            called = True
+                        elif kind == DISTRIBUTED and not called:
+                            return
                     f = f.f_back
                     if f is None:
                         break

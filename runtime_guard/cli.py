@@ -51,9 +51,13 @@ def main(argv=None) -> int:
     sys.argv = [script] + list(opts.args)
     sys.path.insert(0, os.path.dirname(os.path.abspath(script)))
     code = 0
+    namespace = None
     try:
         with g:
-            runpy.run_path(script, run_name="__main__")
+            # The script's objects outlive the report: under torch.distributed every rank reports
+            # before freeing its model frees its process group (a gloo group's destructor joins its
+            # threads while holding the GIL: pytorch/pytorch#56297).
+            namespace = runpy.run_path(script, run_name="__main__")
     except SystemExit as exc:
         if exc.code is None:
             code = 0
@@ -69,6 +73,7 @@ def main(argv=None) -> int:
         traceback.print_exc()
         code = 1
     finally:
+        namespace = None
         sys.argv = saved_argv
         if sys.path and sys.path[0] != saved_path0:
             sys.path.pop(0)

@@ -17,7 +17,8 @@ and one that lazily initializes in its first step for three. The observed steps 
 of the guard's cost over a run.
 
 Reporting: the context-manager form reports when its block exits; the decorator form reports
-when the window is complete (or at interpreter exit, if it never completes).
+when the window is complete (or at interpreter exit, if it never completes). Under
+torch.distributed each rank observes its own steps and rank 0 reports for all of them (ranks.py).
 """
 from __future__ import annotations
 
@@ -32,6 +33,7 @@ from typing import Iterable, Optional
 import torch
 
 from .compiles import CompileEvents, CompileWatch
+from .ranks import MODES as RANK_MODES, Merged, RankReport, Ranks, creation_line, merge_findings, rank_json_path
 from .syncs import SyncWatch
 from .capture import CaptureMode, Recorder, attribute_kernels, hold_backward_engine, release_backward_engine
 
@@ -92,9 +94,13 @@ class Guard:
         report: bool = True,
         kernels: bool = False,
         savings_budget_s: float = 3.0,
+        ranks: str = "merged",
+        rank_timeout_s: float = 60.0,
     ):
         if (window is not None and window < 1) or warmup < 0:
             raise ValueError("window must be >= 1 (or None: 2 steady steps, else 3) and warmup >= 0")
+        if ranks not in RANK_MODES:
+            raise ValueError(f"ranks must be one of {', '.join(map(repr, RANK_MODES))}")
         self.notes: list = []
         self.enabled_codes = _selection(select, ignore, self.notes)
         self.window = window
@@ -108,6 +114,14 @@ class Guard:
         self.print_report = report
         self.kernels = kernels
         self.savings_budget_s = savings_budget_s
+        self.rank_mode = ranks
+        self.rank_timeout_s = rank_timeout_s
+        self.ranks: Optional[Ranks] = None   # the process group's ranks, once one is seen
+        self.merged: Optional[Merged] = None  # rank 0's view of every rank's report, after a merge
+        self._created_at = creation_line()    # which guard this is, the same on every rank
+        self._raised = False                  # the guarded code left with an exception
+        self._reports_here = True             # this rank prints and writes its report
+        self.report_path = json_path          # where the JSON report went (a rank's own, with ranks="each")
 
         self.recorder = Recorder(profile_cuda=kernels)
         self.findings: list = []
@@ -157,6 +171,7 @@ class Guard:
         return self
 
     def __exit__(self, exc_type, exc, tb):
+        self._raised = exc_type is not None
         done = self._exit(final=True)
         if done and self.raise_on_findings and exc_type is None and self.findings:
             raise GuardFindingsError(self.findings)
@@ -175,6 +190,7 @@ class Guard:
                 failed = False
                 return result
             finally:
+                self._raised = failed
                 done = self._exit(final=False)
                 if done and self.raise_on_findings and not failed and self.findings:
                     raise GuardFindingsError(self.findings)
@@ -204,7 +220,15 @@ class Guard:
                 return
             self._thread = threading.get_ident()
             self._boundary_in_entry = False
+            self._safely(self._see_ranks, where="torch.distributed")
             self._safely(self._start)
+
+    def _see_ranks(self) -> None:
+        """The process group's ranks, looked for until seen: at each entry, each observed step
+        and the report (a script run by `matlint run` makes its group inside the guard, and may
+        destroy it before the guard exits)."""
+        if self.ranks is None:
+            self.ranks = Ranks.detect()
 
     def _start(self) -> None:
         from torch.optim.optimizer import register_optimizer_step_post_hook
@@ -344,6 +368,8 @@ class Guard:
 
     def _boundary(self) -> None:
         self._time_step()
+        if self.ranks is None:
+            self._safely(self._see_ranks, where="torch.distributed")
         self.recorder.end_step_operands()  # into the step's own recording, before it is set aside
         rec = self.recorder.rec
         if self.recording:
@@ -517,8 +543,17 @@ class Guard:
         from .cells import locate
 
         self._safely(locate, self.findings, where="locating cells")
-        if self.json_path:
-            self._safely(write_json, self, self.json_path, where=f"writing {self.json_path}")
+        self._safely(self._see_ranks, where="torch.distributed")
+        if self.ranks is not None and self.rank_mode == "merged":
+            self._safely(self._merge_ranks, where="merging the ranks' reports")
+        json_path = self.json_path
+        if self.ranks is not None and self.rank_mode == "each" and json_path:
+            json_path = rank_json_path(json_path, self.ranks.rank)
+        if not self._reports_here:
+            return self.findings
+        self.report_path = json_path
+        if json_path:
+            self._safely(write_json, self, json_path, where=f"writing {json_path}")
         if self.print_report:
             try:
                 print_report(self)
@@ -526,6 +561,27 @@ class Guard:
                 self.recorder.fail(exc, "report")
                 self._print_plain_report()
         return self.findings
+
+    def _merge_ranks(self) -> None:
+        """Send this rank's report to rank 0; on rank 0, take every rank's and merge them (see
+        ranks.py). Where the store fails, each rank reports on its own, saying so."""
+        rec, ranks = self.recorder.rec, self.ranks
+        report = RankReport(ranks.rank, rec.steps, sum(s.count for s in rec.ops.values()), self.findings,
+                            list(self.notes), list(rec.errors), rec.error_count, self._raised)
+        try:
+            if ranks.store is None:
+                raise RuntimeError("the default process group has no store")
+            merged = ranks.exchange(report, self._created_at, self.rank_timeout_s)
+        except Exception as exc:
+            self.notes.append(f"rank {ranks.rank} of {ranks.world_size} reports alone: the ranks' reports "
+                              f"could not be merged ({type(exc).__name__}: {exc})")
+            self.rank_mode = "each"
+            return
+        if merged is None:
+            self._reports_here = False  # rank 0 reports for this rank
+            return
+        self.merged = merged
+        self.findings = merge_findings(merged.reports)
 
     def _print_plain_report(self) -> None:
         """The report without rich, for when the table itself failed."""
