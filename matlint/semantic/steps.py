@@ -50,6 +50,13 @@ def _trains(nodes) -> tuple:
     return backward, step
 
 
+def trains_in(body: list) -> bool:
+    """The statements call `.backward()` or an optimizer's `.step()` (not in nested functions):
+    a branch that holds them (`if (i + 1) % n_critic == 0: ... g_opt.step()`) is
+    a training step, not a logging gate."""
+    return any(is_backward(node) or is_optimizer_step(node) for stmt in body for node in walk_no_scopes(stmt))
+
+
 def _outside_loops(body):
     """The nodes of a function's body that run once per call: not in its loops or nested scopes
     (a function that holds a whole training loop is not itself one step)."""

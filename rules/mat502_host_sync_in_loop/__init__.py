@@ -13,7 +13,7 @@ from matlint.rule import Only, Rule
 from matlint.semantic import kinds as _kinds
 from matlint.semantic.project import imported_function
 from matlint.semantic.loops import loaded_names
-from matlint.semantic.steps import loop_trains, step_loop
+from matlint.semantic.steps import loop_trains, repeating_loops, step_loop
 from matlint.semantic.names import in_reference_code, in_test_code
 
 from .reads import _HostReads
@@ -36,6 +36,20 @@ def _non_blocking(call: ast.Call) -> bool:
     if flag is None and len(call.args) >= 3:
         flag = call.args[2]
     return flag is not None and not (isinstance(flag, ast.Constant) and flag.value is False)
+
+
+def _non_blocking_keyword(call: ast.Call) -> bool:
+    return any(k.arg == "non_blocking" and not (isinstance(k.value, ast.Constant) and k.value.value is False)
+               for k in call.keywords)
+
+
+def _copies_to_device(call: ast.Call) -> bool:
+    """`.cuda(...)`, or `.to(target, ...)` whose target is not the CPU."""
+    func = call.func
+    if not isinstance(func, ast.Attribute):
+        return False
+    return func.attr == "cuda" or func.attr == "to" and not _is_cpu_target(call) and bool(
+        call.args or any(k.arg == "device" for k in call.keywords))
 
 
 _COPIES = "waits for the GPU and copies to the host"
@@ -370,11 +384,16 @@ class HostSyncInLoop(_StepLoops, _HostReads, Rule):
                      f"have it return the tensor and convert once after the loop, or call it every N steps")
 
     def _waits_for_own_copies(self) -> bool:
-        """The step makes non-blocking copies (`.to("cpu", non_blocking=True)`): a synchronize is
-        what makes reading them safe."""
+        """The step makes non-blocking copies that may land on the host (`.to("cpu",
+        non_blocking=True)`, `buf.copy_(x, non_blocking=True)`): a synchronize is what makes reading
+        them safe. Copies to the device (`.cuda(non_blocking=True)`, `.to(device, non_blocking=True)`)
+        are ordered on the stream before the kernels that read them: nothing to wait for."""
         loop = step_loop(self.ctx)
         owner = loop.node if loop is not None else self.ctx.function
-        return "non_blocking" in self.ctx.segment(owner)
+        if "non_blocking" not in self.ctx.segment(owner):
+            return False
+        return any(isinstance(call, ast.Call) and _non_blocking_keyword(call) and not _copies_to_device(call)
+                   for call in ast.walk(owner))
 
     def _data_sized_call(self, node: ast.Call) -> bool:
         """`x.nonzero()`, `torch.nonzero(x)`, `x.masked_select(m)`, `torch.unique(x)` on a device tensor."""
@@ -551,8 +570,8 @@ class HostSyncInLoop(_StepLoops, _HostReads, Rule):
             if where is None:
                 return
         else:
-            if self._gated(node, loop, owner):
-                return
+            if self._gated(node, loop, owner) or not any(l.node is loop.node for l in repeating_loops(self.ctx)):
+                return  # gated, or the loop's body leaves it after this (`...; return`): once
             training = loop_trains(self.ctx, loop)
             if (owner is None and self._used_now(node, loop)) or self._explained(node) or (not training and self._host_only(loop)):
                 return

@@ -12,7 +12,7 @@ from matlint.semantic.flow import function_text, nearby_comments
 from matlint.semantic.loops import LoopInfo, identifier as _identifier, loaded_names, name_tokens, walk_no_scopes
 from matlint.semantic.names import in_reference_code, in_test_code
 from matlint.semantic.project import imported_paths
-from matlint.semantic.steps import STEP_HOOKS, step_loop, step_of
+from matlint.semantic.steps import STEP_HOOKS, step_loop, step_of, trains_in
 
 
 _GATE_NAME = re.compile(r"log|print|verbose|debug|interval|every|freq|display|report|eval|save|val",
@@ -182,8 +182,11 @@ class _StepLoops:
         function = next(f for f in reversed(self.ctx.functions) if not isinstance(f, ast.Lambda))
         start = next((i for i, p in enumerate(self.ctx.parents) if p is function), None)
         chain = self.ctx.parents[start + 1:] if start is not None else []
-        if any(isinstance(p, (ast.If, ast.ExceptHandler, ast.Raise, ast.IfExp, ast.Try)) for p in chain):
+        if any(isinstance(p, (ast.ExceptHandler, ast.Raise, ast.IfExp, ast.Try)) for p in chain):
             return None
+        for parent, child in zip(chain, chain[1:] + [node]):
+            if isinstance(parent, ast.If) and not (any(s is child for s in parent.body) and trains_in(parent.body)):
+                return None  # not every call runs it; a branch that trains (`if tune_alpha: ... step()`) is the step
         if self._explained(node) or in_reference_code(self.ctx):
             return None
         return f"on every step: `{function.name}` {step.why}"
@@ -258,6 +261,6 @@ class _StepLoops:
                 branch = parent.body if in_body else parent.orelse
                 if branch and isinstance(branch[-1], (ast.Return, ast.Break, ast.Raise)):
                     return True  # the branch leaves the loop: it runs on one step, not every step
-                if in_body and _is_gate(parent.test, loop):
-                    return True  # (its `else` runs on the other steps)
+                if in_body and _is_gate(parent.test, loop) and not trains_in(parent.body):
+                    return True  # (its `else` runs on the other steps; a branch that trains is the step itself)
         return False
