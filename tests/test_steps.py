@@ -185,3 +185,71 @@ def test_per_head_modules_of_a_class_in_another_project_module(tmp_path):
     # A class of that name that is no attention head (no softmax): not per-head attention.
     (package / "head.py").write_text("import torch.nn as nn\n\nclass Head(nn.Module):\n    pass\n")
     assert lint_source(source, str(block), [get_rule("MAT104")]) == []
+
+
+def _mat502_rows(tmp_path, files: dict, linted: str) -> list:
+    from matlint.engine import lint_source
+    from matlint.registry import get_rule
+
+    for name, text in files.items():
+        (tmp_path / name).write_text(textwrap.dedent(text))
+    source = (tmp_path / linted).read_text()
+    return [f.row for f in lint_source(source, str(tmp_path / linted), [get_rule("MAT502")])]
+
+
+_STAR_TRAIN = """
+    import torch
+    from utils import *
+
+    def train(model, loader, opt, crit):
+        for x, y in loader:
+            x, y = x.cuda(), y.cuda()
+            out = model(x)
+            crit(out, y).backward()
+            opt.step()
+            acc = accuracy(out, y)
+    """
+
+
+def test_a_helper_that_a_star_import_brings_is_read_where_the_project_defines_it(tmp_path):
+    """`from utils import *` brings `accuracy` from utils.py of the project: its `.item()` runs on
+    every step where the loop calls it."""
+    utils = {"utils.py": "def accuracy(out, y):\n    return (out.argmax(1) == y).sum().item()\n"}
+    assert _mat502_rows(tmp_path, {**utils, "train.py": _STAR_TRAIN}, "train.py") == [11]
+    # The file's own `accuracy` shadows the star import: its body is what runs (and returns a tensor).
+    own = textwrap.dedent(_STAR_TRAIN) + "\ndef accuracy(out, y):\n    return (out.argmax(1) == y).sum()\n"
+    assert _mat502_rows(tmp_path, {**utils, "train.py": own}, "train.py") == []
+
+
+def test_an_evaluation_loop_over_batches_a_project_module_samples_onto_the_device(tmp_path):
+    """nanoGPT's `estimate_loss`: `eval_iters` batches from `get_batch` of data.py, which samples
+    indices and moves the batch to the device; a `get_batch` that samples nothing (reads the
+    next batch of a stream the caller holds) does not make the loop a pass over batches."""
+    data = """
+        import torch
+        device = "cuda"
+        def get_batch(data, block_size, batch_size):
+            ix = torch.randint(len(data) - block_size, (batch_size,))
+            x = torch.stack([data[i:i + block_size] for i in ix])
+            x = x.to(device)
+            return x
+        """
+    train = """
+        import torch
+        from data import get_batch
+
+        @torch.no_grad()
+        def estimate_loss(model, data, eval_iters):
+            losses = torch.zeros(eval_iters)
+            for k in range(eval_iters):
+                X = get_batch(data, 8, 4)
+                losses[k] = model(X).item()
+            return losses.mean()
+
+        def train(model, data, opt):
+            model(get_batch(data, 8, 4)).backward()
+            opt.step()
+        """
+    assert _mat502_rows(tmp_path, {"data.py": data, "train.py": train}, "train.py") == [10]
+    unsampled = data.replace("torch.randint(len(data) - block_size, (batch_size,))", "range(batch_size)")
+    assert _mat502_rows(tmp_path, {"data.py": unsampled, "train.py": train}, "train.py") == []

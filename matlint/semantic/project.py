@@ -107,6 +107,8 @@ def imported_definition(ctx, func: ast.AST, kinds: tuple) -> Optional[tuple]:
         table = ctx.shared["project_imports"] = _import_table(ctx.tree)
     if isinstance(func, ast.Name) and func.id in table:
         module, level, attr = table[func.id]
+    elif isinstance(func, ast.Name) and table.get(_STARS):
+        return _star_imported(ctx, func.id, table[_STARS], kinds)
     elif isinstance(func, ast.Attribute) and isinstance(func.value, ast.Name) and func.value.id in table:
         module, level, attr = table[func.value.id]
         if attr is not None:
@@ -122,13 +124,43 @@ def imported_definition(ctx, func: ast.AST, kinds: tuple) -> Optional[tuple]:
     return (definition, path) if definition is not None else None
 
 
+def _star_imported(ctx, name: str, stars: list, kinds: tuple) -> Optional[tuple]:
+    """(definition, file) of `name` that a `from utils import *` of a project module brings, the
+    last such import that defines it winning, as in Python; None where the file binds the name
+    itself at its top level."""
+    bound = ctx.shared.get("project_top_level_names")
+    if bound is None:  # what the file's own top level binds (names in its nested scopes too: a safe excess)
+        bound = ctx.shared["project_top_level_names"] = {
+            node.name if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)) else node.id
+            for node in ast.walk(ctx.tree)
+            if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef))
+            or isinstance(node, ast.Name) and isinstance(node.ctx, ast.Store)}
+    if name in bound:
+        return None
+    for module, level in reversed(stars):
+        path = resolve(ctx.filename, module, level)
+        tree = parsed(path) if path is not None else None
+        if tree is None:
+            continue
+        definition = next((s for s in tree.body if isinstance(s, kinds) and s.name == name), None)
+        if definition is not None:
+            return definition, path
+    return None
+
+
+_STARS = None  # the import table's key for the modules imported with `*`
+
+
 def _import_table(tree: ast.Module) -> dict:
-    """local name -> (module, level, imported attribute or None for a whole module)."""
+    """local name -> (module, level, imported attribute or None for a whole module); under
+    `_STARS`, the (module, level) of each `from module import *`."""
     table = {}
     for stmt in tree.body:
         if isinstance(stmt, ast.ImportFrom):
             for alias in stmt.names:
-                if alias.name != "*":
+                if alias.name == "*":
+                    table.setdefault(_STARS, []).append((stmt.module or "", stmt.level))
+                else:
                     table[alias.asname or alias.name] = (stmt.module or "", stmt.level, alias.name)
         elif isinstance(stmt, ast.Import):
             for alias in stmt.names:

@@ -71,8 +71,19 @@ _BOOLEAN_FUNCTIONS = frozenset({"torch.isnan", "torch.isinf", "torch.isfinite", 
                                 "torch.lt", "torch.ge", "torch.le"})
 
 
+_MASK_OPERATORS = (ast.BitAnd, ast.BitOr, ast.BitXor, ast.Mult)  # of two boolean tensors: a boolean tensor
+# Methods whose result is a boolean tensor, and methods that keep a boolean tensor boolean.
+_MASK_METHODS = frozenset({"bool", "isnan", "isinf", "isfinite", "logical_not", "logical_and", "logical_or",
+                           "logical_xor", "gt", "lt", "ge", "le", "eq", "ne", "greater", "less", "greater_equal",
+                           "less_equal", "not_equal"})
+_SHAPE_METHODS = frozenset({"unsqueeze", "squeeze", "expand", "expand_as", "view", "view_as", "reshape", "flatten",
+                            "repeat", "t", "transpose", "permute", "contiguous", "detach", "clone"})
+
+
 def _may_be_mask(index: ast.AST) -> bool:
     """The index's form allows a boolean tensor (not a slice, a tuple of them, or a number)."""
+    if isinstance(index, ast.BinOp):
+        return isinstance(index.op, _MASK_OPERATORS)
     return isinstance(index, (ast.Name, ast.Compare, ast.UnaryOp, ast.Call)) and not (
         isinstance(index, ast.UnaryOp) and not isinstance(index.op, ast.Invert))
 
@@ -341,8 +352,13 @@ class HostSyncInLoop(_StepLoops, _HostReads, Rule):
                                                             "the loop", value=value)
 
     def visit_Subscript(self, node: ast.Subscript) -> None:
-        """`x[mask]` with a boolean tensor mask: the host must learn how many elements are kept."""
-        if not isinstance(node.ctx, ast.Load) or not _may_be_mask(node.slice):
+        """`x[mask]` with a boolean tensor mask: the host must learn how many elements are kept.
+        Also `x[mask] += 1`, which reads `x[mask]`, and `x[mask] = y` of a device tensor `y`
+        (`index_put_` turns the mask into indices); not `x[mask] = 0.0`, which PyTorch runs as
+        `masked_fill_` (a Python number or a CPU scalar, with a mask on `x`'s device)."""
+        if not _may_be_mask(node.slice) or isinstance(node.ctx, ast.Del):
+            return
+        if isinstance(node.ctx, ast.Store) and not self._stores_through_mask(node):
             return
         if self._step_context() is None or not self._is_device_tensor(node.value) or not self._is_mask(node.slice):
             return
@@ -351,9 +367,19 @@ class HostSyncInLoop(_StepLoops, _HostReads, Rule):
                      "(`(x * mask).sum() / mask.sum()`)", value=node.value,
                      detail="(its result's size depends on the values)")
 
+    def _stores_through_mask(self, target: ast.Subscript) -> bool:
+        """`x[m] op= v` (reads `x[m]` first), or `x[m] = v` of a device tensor `v`."""
+        statement = self.ctx.parents[-1] if self.ctx.parents else None
+        if isinstance(statement, ast.AugAssign):
+            return statement.target is target
+        if isinstance(statement, ast.Assign) and any(t is target for t in statement.targets):
+            return self._is_device_tensor(statement.value)
+        return False
+
     def visit_Assert(self, node: ast.Assert) -> None:
         test = node.test.operand if isinstance(node.test, ast.UnaryOp) and isinstance(node.test.op, ast.Not) else node.test
-        if self._step_context() is None or not self._is_device_tensor(test) or self._contains_sync_call(test):
+        if self._step_context(in_forward=True) is None or not self._is_device_tensor(test) \
+                or self._contains_sync_call(test):
             return
         self._report(test, "`assert` on a tensor", _ASSERT, owner=node)
 
@@ -428,14 +454,19 @@ class HostSyncInLoop(_StepLoops, _HostReads, Rule):
                 and self._is_device_tensor(index)
         if isinstance(index, ast.UnaryOp) and isinstance(index.op, ast.Invert):
             return self._is_device_tensor(index.operand)
+        if isinstance(index, ast.BinOp):  # `(u > 0) * (l == u)`, `a & b`
+            return _may_be_mask(index) and all(_may_be_mask(side) and self._is_mask(side)
+                                               for side in (index.left, index.right))
         if isinstance(index, ast.Call):
             qual = self.ctx.qualname(index.func) or ""
             if qual in _BOOLEAN_FUNCTIONS:
                 return True
-            return isinstance(index.func, ast.Attribute) and index.func.attr in ("bool", "isnan", "isinf", "isfinite",
-                                                                                 "logical_not", "logical_and",
-                                                                                 "logical_or") \
-                and self._is_device_tensor(index.func.value)
+            if not isinstance(index.func, ast.Attribute) or qual:
+                return False
+            receiver = index.func.value
+            if index.func.attr in _SHAPE_METHODS:  # `pos.unsqueeze(2).expand_as(conf)`
+                return _may_be_mask(receiver) and self._is_mask(receiver)
+            return index.func.attr in _MASK_METHODS and self._is_device_tensor(receiver)
         return False
 
     def visit_If(self, node: ast.If) -> None:

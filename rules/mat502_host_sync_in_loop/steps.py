@@ -159,16 +159,22 @@ def _same_every_step(operand: ast.AST, loop: LoopInfo) -> bool:
 class _StepLoops:
     """HostSyncInLoop's analysis of steps and the code that runs on each."""
 
-    def _step_context(self):
+    def _step_context(self, in_forward: bool = False):
         """The step loop around the node, else the step that the function around it runs in (a
-        training step, a step hook, a helper the step calls), else None."""
+        training step, a step hook, a helper the step calls), else None. `in_forward`: a module's
+        `forward` (and what it calls) counts too, wherever the file puts its tensors (for a check
+        that is no part of the computation: an `assert`)."""
         loop = step_loop(self.ctx)
         if loop is not None:
             return loop
-        if self.ctx.function is None or not _kinds.may_mention(self.ctx, "backward") and not any(
+        if self.ctx.function is None or in_test_code(self.ctx):
+            return None
+        if in_forward and _kinds.may_mention(self.ctx, "forward"):
+            return step_of(self.ctx, self.ctx.functions)
+        if not _kinds.may_mention(self.ctx, "backward") and not any(
                 _kinds.may_mention(self.ctx, hook) for hook in STEP_HOOKS):
             return None  # no training step and no step hook: only a `forward` could run every step
-        if in_test_code(self.ctx) or not _kinds.moves_work_to_cuda(self.ctx):
+        if not _kinds.moves_work_to_cuda(self.ctx):
             return None  # a helper module that never names a device: its callers' tensors may be anywhere
         step = step_of(self.ctx, self.ctx.functions)
         # A module's `forward` branches on its data on purpose (routing, variable lengths): only
@@ -178,7 +184,7 @@ class _StepLoops:
     def _in_step_function(self, node: ast.AST) -> Optional[str]:
         """For a sync in a function that runs every step, outside any loop of its own: why it runs
         every step; None where it runs only on some calls (under an `if`, in an error path)."""
-        step = self._step_context()
+        step = self._step_context(in_forward=True)  # the caller has asked its own question first
         function = next(f for f in reversed(self.ctx.functions) if not isinstance(f, ast.Lambda))
         start = next((i for i, p in enumerate(self.ctx.parents) if p is function), None)
         chain = self.ctx.parents[start + 1:] if start is not None else []
