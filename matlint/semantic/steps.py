@@ -290,6 +290,8 @@ def _iterates_a_loader(ctx, it, depth: int = 0) -> bool:
                 "tqdm.tqdm", "tqdm.auto.tqdm"):
             it = it.args[0]
             continue
+        if ctx.qualname(it.func) == "itertools.cycle":
+            return False  # an endless stream: the loop runs until the host decides it is done (a loop that trains is a step anyway)
         return any(_is_loader(ctx, arg) for arg in it.args)  # `log_every(data_loader, 10, header)`
     if isinstance(it, ast.Name) and depth < 2 and not _is_loader(ctx, it):
         # `epoch_iterator = tqdm(test_loader, desc=...)`, then `enumerate(epoch_iterator)`

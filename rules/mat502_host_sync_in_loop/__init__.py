@@ -302,7 +302,9 @@ class HostSyncInLoop(_StepLoops, _HostReads, Rule):
       parameters outside any step loop; a pass under an `if`, such as validation every N steps
       inside a training loop, does not run in each iteration and makes no epoch loop), and
       syncs gated to run every N steps (`if step % log_every == 0:`, `if verbose:`, an `==` on a
-      value that changes as the loop runs: `if step == 0:`) or once (in a branch that ends in `return`, `break` or `raise`, in the
+      value that changes as the loop runs: `if step == 0:`; `if ema is None:` around `ema = ...`,
+      the first step) or once (in a branch that ends in `return`, `break`, `raise` or
+      `sys.exit()`, in the
       `return` itself, in an `except`; in a loop whose body ends in `return` after it: a
       throughput benchmark that times one batch). The `else` of a gate runs on the other steps: a sync
       there is reported. `if rank == 0:` is not a gate: it holds on every step of one process

@@ -127,6 +127,32 @@ def _literal_number(expr: ast.AST) -> Optional[float]:
     return None
 
 
+_EXITS = frozenset({"sys.exit", "os._exit"})
+
+
+def _leaves(ctx, stmt: ast.stmt) -> bool:
+    """`return`, `break`, `raise`, or `sys.exit(1)`: the statement ends the loop (or the program)."""
+    if isinstance(stmt, (ast.Return, ast.Break, ast.Raise)):
+        return True
+    return isinstance(stmt, ast.Expr) and isinstance(stmt.value, ast.Call) and (
+        ctx.qualname(stmt.value.func) in _EXITS
+        or isinstance(stmt.value.func, ast.Name) and stmt.value.func.id in ("exit", "quit")
+        and ctx.qualname(stmt.value.func) is None)
+
+
+def _first_time(branch: ast.If) -> bool:
+    """`if ema is None: ema = ...`: the branch binds the name its test finds unset, so it runs
+    until the first time it does."""
+    test = branch.test
+    if not (isinstance(test, ast.Compare) and isinstance(test.left, ast.Name) and len(test.ops) == 1
+            and isinstance(test.ops[0], ast.Is) and isinstance(test.comparators[0], ast.Constant)
+            and test.comparators[0].value is None):
+        return False
+    name = test.left.id
+    return any(isinstance(stmt, ast.Assign) and any(isinstance(t, ast.Name) and t.id == name for t in stmt.targets)
+               and not (isinstance(stmt.value, ast.Constant) and stmt.value.value is None) for stmt in branch.body)
+
+
 def _is_gate(test: ast.AST, loop: LoopInfo) -> bool:
     for node in ast.walk(test):
         if isinstance(node, ast.BinOp) and isinstance(node.op, ast.Mod):
@@ -265,8 +291,10 @@ class _StepLoops:
                     continue
                 in_body = any(stmt is child for stmt in parent.body)
                 branch = parent.body if in_body else parent.orelse
-                if branch and isinstance(branch[-1], (ast.Return, ast.Break, ast.Raise)):
+                if branch and _leaves(self.ctx, branch[-1]):
                     return True  # the branch leaves the loop: it runs on one step, not every step
                 if in_body and _is_gate(parent.test, loop) and not trains_in(parent.body):
                     return True  # (its `else` runs on the other steps; a branch that trains is the step itself)
+                if in_body and _first_time(parent):
+                    return True  # `if loss_ema is None: loss_ema = loss.item()`: the first step only
         return False
