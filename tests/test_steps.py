@@ -253,3 +253,36 @@ def test_an_evaluation_loop_over_batches_a_project_module_samples_onto_the_devic
     assert _mat502_rows(tmp_path, {"data.py": data, "train.py": train}, "train.py") == [10]
     unsampled = data.replace("torch.randint(len(data) - block_size, (batch_size,))", "range(batch_size)")
     assert _mat502_rows(tmp_path, {"data.py": unsampled, "train.py": train}, "train.py") == []
+
+
+def test_a_loop_that_moves_its_batches_in_a_program_whose_training_step_lives_in_a_project_module(tmp_path):
+    """train.py never calls `.backward()` itself: the loss computer of loss.py does, and steps the
+    optimizer. Its evaluation loop, which moves each batch to the device, is a pass over batches;
+    with a loss.py that does not train, train.py is no training program (an inference script)."""
+    loss = """
+        class LossCompute:
+            def __init__(self, crit, opt):
+                self.crit, self.opt = crit, opt
+            def __call__(self, out, y):
+                loss = self.crit(out, y)
+                loss.backward()
+                self.opt.step()
+                return loss
+        """
+    train = """
+        import torch
+        from loss import LossCompute
+
+        def iter_apply(model, batches, device):
+            cost = 0.0
+            for xmb, ymb in batches:
+                x = torch.tensor(xmb).to(device)
+                cost += model(x).sum().item()
+            return cost
+
+        def main(model, crit, opt):
+            compute = LossCompute(crit, opt)
+        """
+    assert _mat502_rows(tmp_path, {"loss.py": loss, "train.py": train}, "train.py") == [9]
+    no_training = loss.replace("loss.backward()", "loss.detach()").replace("self.opt.step()", "pass")
+    assert _mat502_rows(tmp_path, {"loss.py": no_training, "train.py": train}, "train.py") == []

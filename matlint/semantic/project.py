@@ -124,6 +124,29 @@ def imported_definition(ctx, func: ast.AST, kinds: tuple) -> Optional[tuple]:
     return (definition, path) if definition is not None else None
 
 
+def imported_definitions(ctx) -> list:
+    """(local name, top-level function or class definition, its file) for each name the file
+    imports by name from a module of the project (`from loss import LossCompute`)."""
+    found = ctx.shared.get("project_definitions")
+    if found is None:
+        found = []
+        table = ctx.shared.get("project_imports")
+        if table is None:
+            table = ctx.shared["project_imports"] = _import_table(ctx.tree)
+        for name, entry in table.items():
+            if name is _STARS or entry[2] is None:
+                continue
+            module, level, attr = entry
+            path = resolve(ctx.filename, module, level)
+            tree = parsed(path) if path is not None else None
+            definition = next((s for s in tree.body if isinstance(s, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef))
+                               and s.name == attr), None) if tree is not None else None
+            if definition is not None:
+                found.append((name, definition, path))
+        ctx.shared["project_definitions"] = found
+    return found
+
+
 def _star_imported(ctx, name: str, stars: list, kinds: tuple) -> Optional[tuple]:
     """(definition, file) of `name` that a `from utils import *` of a project module brings, the
     last such import that defines it winning, as in Python; None where the file binds the name

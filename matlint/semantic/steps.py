@@ -32,7 +32,7 @@ from .calls import argument_for, file_calls
 from .kinds import may_mention
 from .loops import (LoopInfo, _attribute_paths, bound_names, file_trains, identifier, is_backward,
                     is_optimizer_step, is_training_loop, loaded_names, name_tokens, walk_no_scopes)
-from .project import imported_function
+from .project import imported_definitions, imported_function
 from .tree import child_nodes, dotted
 
 _LOOPS = (ast.For, ast.AsyncFor, ast.While, ast.ListComp, ast.SetComp, ast.DictComp, ast.GeneratorExp)
@@ -313,13 +313,32 @@ def _is_loader(ctx, expr: ast.AST) -> bool:
 _MOVES = ("cuda", "to")
 
 
+def trains_here_or_through_project(ctx) -> bool:
+    """The file trains (`file_trains`), or calls a function or class that a module of the project
+    defines and that calls `.backward()` and an optimizer's `.step()` (`compute_loss =
+    LossCompute(crit, opt)` whose `__call__` steps): a training program whose steps live in
+    another file."""
+    found = ctx.shared.get("trains_through_project")
+    if found is None:
+        found = file_trains(ctx)
+        if not found:
+            for _, definition, _ in imported_definitions(ctx):
+                functions = [definition] if not isinstance(definition, ast.ClassDef) else [
+                    s for s in definition.body if isinstance(s, (ast.FunctionDef, ast.AsyncFunctionDef))]
+                if any(all(_trains(walk_no_scopes(f))) for f in functions):
+                    found = True
+                    break
+        ctx.shared["trains_through_project"] = found
+    return found
+
+
 def _moves_its_items(ctx, loop: LoopInfo) -> bool:
-    """In a file that trains (`file_trains`), the loop body moves what the loop gives it (or values computed
+    """In a file that trains (`trains_here_or_through_project`), the loop body moves what the loop gives it (or values computed
     from that) to a device (`.cuda()`, `.to(device)`): each iteration brings a batch to the GPU.
     Loops over a model's parameters or buffers move weights, not batches; in code that never
     trains (an inference pipeline), a loop that moves its items goes over prompts or encoders."""
     node = loop.node
-    if not isinstance(node, (ast.For, ast.AsyncFor)) or not file_trains(ctx):
+    if not isinstance(node, (ast.For, ast.AsyncFor)) or not trains_here_or_through_project(ctx):
         return False
     it = node.iter
     if isinstance(it, ast.Call) and isinstance(it.func, ast.Attribute) and it.func.attr in (
@@ -430,12 +449,12 @@ def _iterates_device_batches(ctx, loop: LoopInfo) -> bool:
 
 
 def _fetches_device_batches(ctx, loop: LoopInfo) -> bool:
-    """In a file that trains, each iteration binds the batch a function of the file returns after
+    """In a file that trains (`trains_here_or_through_project`), each iteration binds the batch a function of the file returns after
     moving it to a device (`X, Y = get_batch("val")`, where `get_batch` ends `x, y = x.to(device),
     y.to(device); return x, y`): an evaluation loop over `eval_iters` batches. Not where the call
     takes what the loop itself stores (`obs_t = to_tensor(self.obs)`, then `self.obs = env.step(a)`):
     that loop steps an environment, its batches are its own state."""
-    if not file_trains(ctx):
+    if not trains_here_or_through_project(ctx):
         return False
     calls = file_calls(ctx)
     stored = None

@@ -186,7 +186,8 @@ class HostSyncInLoop(_StepLoops, _HostReads, Rule):
     `data_loader: Iterable` parameter is a loader), over an iterator made by a call given a
     device (torchtext's `BucketIterator(data, device=device)`, `prepare(dir, device, opt)` with
     `device = torch.device(...)`; followed into the parameter a function of the file receives it
-    as), or, in a file that trains, moves what it iterates over to a device itself (`for batch
+    as), or, in a file that trains (or calls a training step that a module of the project
+    defines: `LossCompute(crit, opt)` whose `__call__` steps), moves what it iterates over to a device itself (`for batch
     in val_iter: text = batch.text.cuda()`) or binds on each iteration the batch that a function
     of the project samples (`torch.randint`, `np.random.choice`...) and returns moved to the
     device (nanoGPT's `for k in range(eval_iters): X, Y = get_batch(split)`): a per-batch sync in
