@@ -320,21 +320,29 @@ def trains_here_or_through_project(ctx) -> bool:
     another file."""
     found = ctx.shared.get("trains_through_project")
     if found is None:
-        found = file_trains(ctx)
-        if not found:
-            for _, definition, _ in imported_definitions(ctx):
-                functions = [definition] if not isinstance(definition, ast.ClassDef) else [
-                    s for s in definition.body if isinstance(s, (ast.FunctionDef, ast.AsyncFunctionDef))]
-                if any(all(_trains(walk_no_scopes(f))) for f in functions):
-                    found = True
-                    break
-        ctx.shared["trains_through_project"] = found
+        found = ctx.shared["trains_through_project"] = file_trains(ctx) or any(
+            _definition_trains(definition) for _, definition, _ in imported_definitions(ctx, ("backward(", ".step(")))
     return found
 
 
+def _definition_trains(definition: ast.AST) -> bool:
+    """A function, or a method of a class, that calls `.backward()` and an optimizer's `.step()`
+    (asked once per definition: the parsed modules are shared by the files that import them)."""
+    found = _DEFINITION_TRAINS.get(id(definition))
+    if found is None or found[0] is not definition:
+        functions = [definition] if not isinstance(definition, ast.ClassDef) else [
+            s for s in definition.body if isinstance(s, (ast.FunctionDef, ast.AsyncFunctionDef))]
+        found = _DEFINITION_TRAINS[id(definition)] = (definition, any(all(_trains(walk_no_scopes(f)))
+                                                                      for f in functions))
+    return found[1]
+
+
+_DEFINITION_TRAINS: dict = {}  # id(definition) -> (definition, whether it trains)
+
+
 def _moves_its_items(ctx, loop: LoopInfo) -> bool:
-    """In a file that trains (`trains_here_or_through_project`), the loop body moves what the loop gives it (or values computed
-    from that) to a device (`.cuda()`, `.to(device)`): each iteration brings a batch to the GPU.
+    """In a file that trains (`trains_here_or_through_project`), the loop body moves what the loop
+    gives it (or values computed from that) to a device (`.cuda()`, `.to(device)`): each iteration brings a batch to the GPU.
     Loops over a model's parameters or buffers move weights, not batches; in code that never
     trains (an inference pipeline), a loop that moves its items goes over prompts or encoders."""
     node = loop.node
@@ -353,11 +361,9 @@ def _moves_its_items(ctx, loop: LoopInfo) -> bool:
             if loaded_names(sub.value) & carried:
                 for target in sub.targets:
                     carried |= bound_names(target)
-    for sub in loop.direct_nodes():
-        if (isinstance(sub, ast.Call) and isinstance(sub.func, ast.Attribute) and sub.func.attr in _MOVES
-                and loaded_names(sub.func.value) & carried and _kinds.moves_to_device(ctx, sub)):
-            return True
-    return False
+    return any(isinstance(sub, ast.Call) and isinstance(sub.func, ast.Attribute) and sub.func.attr in _MOVES
+               and loaded_names(sub.func.value) & carried and _kinds.moves_to_device(ctx, sub)
+               for sub in loop.direct_nodes())
 
 
 # -- batches on a device, from an iterator made for it or a function of the file ----------------
@@ -434,18 +440,20 @@ def _iterates_device_batches(ctx, loop: LoopInfo) -> bool:
     iteration is many steps."""
     if not isinstance(loop.node, (ast.For, ast.AsyncFor)):
         return False
-    if not _kinds.may_mention(ctx, "device") or _trains_in_nested_loop(loop.node):
+    if not _kinds.may_mention(ctx, "device"):
         return False
     it = loop.iter
     while isinstance(it, ast.Call) and it.args and isinstance(it.func, ast.Name) and it.func.id in _LOADER_WRAPPERS:
         it = it.args[0]
     scope = _enclosing_scope(ctx)
     if isinstance(it, ast.Call):
-        return _made_for_device(ctx, scope, it)
-    if not isinstance(it, ast.Name):
-        return False
-    values = _bound_values(ctx, scope, it.id)
-    return bool(values) and all(_made_for_device(ctx, where, v) for where, v in values)
+        made = _made_for_device(ctx, scope, it)
+    elif isinstance(it, ast.Name):
+        values = _bound_values(ctx, scope, it.id)
+        made = bool(values) and all(_made_for_device(ctx, where, v) for where, v in values)
+    else:
+        made = False
+    return made and not _trains_in_nested_loop(loop.node)
 
 
 def _fetches_device_batches(ctx, loop: LoopInfo) -> bool:

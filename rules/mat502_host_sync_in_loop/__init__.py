@@ -404,11 +404,11 @@ class HostSyncInLoop(_StepLoops, _HostReads, Rule):
         Also `x[mask] += 1`, which reads `x[mask]`, and `x[mask] = y` of a device tensor `y`
         (`index_put_` turns the mask into indices); not `x[mask] = 0.0`, which PyTorch runs as
         `masked_fill_` (a Python number or a CPU scalar, with a mask on `x`'s device)."""
-        if not _may_be_mask(node.slice) or isinstance(node.ctx, ast.Del):
+        if not _may_be_mask(node.slice) or isinstance(node.ctx, ast.Del) or self._step_context() is None:
             return
         if isinstance(node.ctx, ast.Store) and not self._stores_through_mask(node):
             return
-        if self._step_context() is None or not self._is_device_tensor(node.value) or not self._is_mask(node.slice):
+        if not self._is_device_tensor(node.value) or not self._is_mask(node.slice):
             return
         self._report(node, "boolean-mask indexing",
                      "keep shapes fixed: `torch.where(mask, x, 0)` or `x * mask`, and reduce with the mask "
