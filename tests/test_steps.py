@@ -248,3 +248,104 @@ def test_a_helper_re_exported_by_a_package_init_is_followed(tmp_path):
     # A helper that also reads the scores' values is no mask: quiet.
     (package / "util" / "util.py").write_text("def mask_(matrices, maskval=0.0):\n    print(matrices)\n")
     assert lint_source(source, str(modules), [get_rule("MAT601")]) == []
+
+
+def _mat502_rows(tmp_path, files: dict, linted: str) -> list:
+    from matlint.engine import lint_source
+    from matlint.registry import get_rule
+
+    for name, text in files.items():
+        (tmp_path / name).write_text(textwrap.dedent(text))
+    source = (tmp_path / linted).read_text()
+    return [f.row for f in lint_source(source, str(tmp_path / linted), [get_rule("MAT502")])]
+
+
+_STAR_TRAIN = """
+    import torch
+    from utils import *
+
+    def train(model, loader, opt, crit):
+        for x, y in loader:
+            x, y = x.cuda(), y.cuda()
+            out = model(x)
+            crit(out, y).backward()
+            opt.step()
+            acc = accuracy(out, y)
+    """
+
+
+def test_a_helper_that_a_star_import_brings_is_read_where_the_project_defines_it(tmp_path):
+    """`from utils import *` brings `accuracy` from utils.py of the project: its `.item()` runs on
+    every step where the loop calls it."""
+    utils = {"utils.py": "def accuracy(out, y):\n    return (out.argmax(1) == y).sum().item()\n"}
+    assert _mat502_rows(tmp_path, {**utils, "train.py": _STAR_TRAIN}, "train.py") == [11]
+    # The file's own `accuracy` shadows the star import: its body is what runs (and returns a tensor).
+    own = textwrap.dedent(_STAR_TRAIN) + "\ndef accuracy(out, y):\n    return (out.argmax(1) == y).sum()\n"
+    assert _mat502_rows(tmp_path, {**utils, "train.py": own}, "train.py") == []
+
+
+def test_an_evaluation_loop_over_batches_a_project_module_samples_onto_the_device(tmp_path):
+    """nanoGPT's `estimate_loss`: `eval_iters` batches from `get_batch` of data.py, which samples
+    indices and moves the batch to the device; a `get_batch` that samples nothing (reads the
+    next batch of a stream the caller holds) does not make the loop a pass over batches."""
+    data = """
+        import torch
+        device = "cuda"
+        def get_batch(data, block_size, batch_size):
+            ix = torch.randint(len(data) - block_size, (batch_size,))
+            x = torch.stack([data[i:i + block_size] for i in ix])
+            x = x.to(device)
+            return x
+        """
+    train = """
+        import torch
+        from data import get_batch
+
+        @torch.no_grad()
+        def estimate_loss(model, data, eval_iters):
+            losses = torch.zeros(eval_iters)
+            for k in range(eval_iters):
+                X = get_batch(data, 8, 4)
+                losses[k] = model(X).item()
+            return losses.mean()
+
+        def train(model, data, opt):
+            model(get_batch(data, 8, 4)).backward()
+            opt.step()
+        """
+    assert _mat502_rows(tmp_path, {"data.py": data, "train.py": train}, "train.py") == [10]
+    unsampled = data.replace("torch.randint(len(data) - block_size, (batch_size,))", "range(batch_size)")
+    assert _mat502_rows(tmp_path, {"data.py": unsampled, "train.py": train}, "train.py") == []
+
+
+def test_a_loop_that_moves_its_batches_in_a_program_whose_training_step_lives_in_a_project_module(tmp_path):
+    """train.py never calls `.backward()` itself: the loss computer of loss.py does, and steps the
+    optimizer. Its evaluation loop, which moves each batch to the device, is a pass over batches;
+    with a loss.py that does not train, train.py is no training program (an inference script)."""
+    loss = """
+        class LossCompute:
+            def __init__(self, crit, opt):
+                self.crit, self.opt = crit, opt
+            def __call__(self, out, y):
+                loss = self.crit(out, y)
+                loss.backward()
+                self.opt.step()
+                return loss
+        """
+    train = """
+        import torch
+        from loss import LossCompute
+
+        def iter_apply(model, batches, device):
+            cost = 0.0
+            for xmb, ymb in batches:
+                x = torch.tensor(xmb).to(device)
+                cost += model(x).sum().item()
+            return cost
+
+        def main(model, crit, opt):
+            compute = LossCompute(crit, opt)
+        """
+    assert _mat502_rows(tmp_path, {"loss.py": loss, "train.py": train}, "train.py") == [9]
+    no_training = loss.replace("loss.backward()", "loss.detach()").replace("self.opt.step()", "pass")
+    assert _mat502_rows(tmp_path, {"loss.py": no_training, "train.py": train}, "train.py") == []

@@ -100,10 +100,13 @@ _RECURSING = _Held(None)     # also marks a name (or attribute) whose kind is be
 _MOVED = _Held(TENSOR)
 _MOVED_TO_CPU = _Held(CPU_TENSOR)
 _STAYS = object()            # `.to(...)` of a dtype only: the value stays where it is
-# Methods whose result is the receiver's kind, on the same device (dtype and mode changes).
+# Methods whose result is the receiver's kind, on the same device (dtype and mode changes,
+# shape changes, element-wise ops: `Tz = Tz.clamp(min=lo, max=hi)` is what `Tz` was).
 _KIND_KEEPING_METHODS = {"float", "half", "bfloat16", "double", "train", "eval", "requires_grad_", "clone", "detach",
                          "contiguous", "view", "reshape", "flatten", "permute", "transpose", "squeeze", "unsqueeze",
-                         "expand", "t", "narrow", "unflatten", "view_as", "expand_as", "repeat"}
+                         "expand", "t", "narrow", "unflatten", "view_as", "expand_as", "repeat", "clamp", "clamp_",
+                         "masked_fill", "masked_fill_", "floor", "ceil", "sigmoid", "tanh", "relu", "softmax",
+                         "log_softmax", "long", "int", "bool", "type_as"}
 _MOVABLE = frozenset({LINEAR, MODULE, USER_MODULE})  # modules, which `.to(device)` / `.cuda()` return
 _DTYPE_NAMES = frozenset({"float32", "float16", "bfloat16", "float64", "int64", "long", "int32", "bool", "float",
                           "half", "double"})

@@ -510,9 +510,6 @@ class LoopInfo:
 
 # -- training and evaluation step loops ------------------------------------------------
 
-_LOADER_WRAPPERS = ("enumerate", "iter", "tqdm", "zip")
-
-
 def identifier(expr: ast.AST):
     """The last name in `a.b.c` (or `a`), else None."""
     if isinstance(expr, ast.Name):
@@ -707,71 +704,3 @@ def file_trains(ctx) -> bool:
             found = any(is_backward(n) for n in nodes) and any(is_optimizer_step(n) for n in nodes)
         ctx.shared["file_trains"] = found
     return found
-
-
-def iterates_loader(ctx, loop: LoopInfo) -> bool:
-    """The loop iterates over a data loader (through enumerate/iter/tqdm/zip, or any wrapper
-    that takes it: `metric_logger.log_every(data_loader, 10)`), or over batches it moves to a
-    device itself (`for batch in val_iter: text = batch.text.cuda()`)."""
-    key = ("iterates_loader", id(loop.node))
-    found = ctx.shared.get(key)
-    if found is None:
-        found = ctx.shared[key] = _iterates_a_loader(ctx, loop.iter) or _moves_its_items(ctx, loop)
-    return found
-
-
-def _iterates_a_loader(ctx, it) -> bool:
-    from . import kinds as _kinds
-
-    if it is None or not _kinds.may_mention(ctx, "loader", ignore_case=True):
-        return False  # a loader kind needs "loader" in a name or `DataLoader`
-    while isinstance(it, ast.Call) and it.args:
-        if isinstance(it.func, ast.Name) and it.func.id in _LOADER_WRAPPERS or ctx.qualname(it.func) in (
-                "tqdm.tqdm", "tqdm.auto.tqdm"):
-            it = it.args[0]
-            continue
-        return any(_is_loader(ctx, arg) for arg in it.args)  # `log_every(data_loader, 10, header)`
-    return _is_loader(ctx, it)
-
-
-def _is_loader(ctx, expr: ast.AST) -> bool:
-    from . import kinds as _kinds
-
-    kind = _kinds.kind_of(ctx, expr)
-    if kind == _kinds.LOADER:
-        return True
-    # `train_loader`, `dataloader`; not `loader_names` or `val_loaders` (an item is a whole loader)
-    return kind is None and (identifier(expr) or "").lower().endswith("loader")
-
-
-_MOVES = ("cuda", "to")
-
-
-def _moves_its_items(ctx, loop: LoopInfo) -> bool:
-    """In a file that trains (`file_trains`), the loop body moves what the loop gives it (or values computed
-    from that) to a device (`.cuda()`, `.to(device)`): each iteration brings a batch to the GPU.
-    Loops over a model's parameters or buffers move weights, not batches; in code that never
-    trains (an inference pipeline), a loop that moves its items goes over prompts or encoders."""
-    node = loop.node
-    from . import kinds as _kinds
-
-    if not isinstance(node, (ast.For, ast.AsyncFor)) or not file_trains(ctx):
-        return False
-    it = node.iter
-    if isinstance(it, ast.Call) and isinstance(it.func, ast.Attribute) and it.func.attr in (
-            "parameters", "named_parameters", "buffers", "named_buffers", "children", "modules", "items", "values"):
-        return False
-    if not (_kinds.may_mention(ctx, "cuda") or _kinds.may_mention(ctx, "to")):
-        return False
-    carried = set(bound_names(node.target))
-    assigns = [sub for sub in loop.direct_nodes() if isinstance(sub, ast.Assign)]
-    for _ in range(2):  # in whatever order the walk gives them, a chain of two is followed
-        for sub in assigns:
-            if loaded_names(sub.value) & carried:
-                for target in sub.targets:
-                    carried |= bound_names(target)
-    for sub in loop.direct_nodes():
-        if (isinstance(sub, ast.Call) and isinstance(sub.func, ast.Attribute) and sub.func.attr in _MOVES
-                and loaded_names(sub.func.value) & carried and _kinds.moves_to_device(ctx, sub)):
-            return True
-    return False

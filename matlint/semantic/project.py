@@ -118,6 +118,8 @@ def imported_definition(ctx, func: ast.AST, kinds: tuple) -> Optional[tuple]:
         table = ctx.shared["project_imports"] = _import_table(ctx.tree)
     if isinstance(func, ast.Name) and func.id in table:
         module, level, attr = table[func.id]
+    elif isinstance(func, ast.Name) and table.get(_STARS):
+        return _star_imported(ctx, func.id, table[_STARS], kinds)
     elif isinstance(func, ast.Attribute) and isinstance(func.value, ast.Name) and func.value.id in table:
         module, level, attr = table[func.value.id]
         if attr is not None:
@@ -145,13 +147,94 @@ def _definition_in(path: Optional[str], name: str, kinds: tuple, hops: int) -> O
     return None
 
 
+def _mentions(path: str, word: str) -> bool:
+    """The file's text holds `word` (read once per process while the file is unchanged)."""
+    try:
+        st = os.stat(path)
+    except OSError:
+        return False
+    key = (path, word)
+    cached = _MENTIONS.get(key)
+    if cached is not None and cached[:2] == (st.st_size, st.st_mtime_ns):
+        return cached[2]
+    try:
+        with open(path, "rb") as handle:
+            found = word.encode() in handle.read()
+    except OSError:
+        found = False
+    _MENTIONS[key] = (st.st_size, st.st_mtime_ns, found)
+    return found
+
+
+_MENTIONS: dict = {}  # (path, word) -> (size, mtime_ns, whether the text holds it)
+
+
+def imported_definitions(ctx, mentioning: tuple) -> list:
+    """(local name, top-level function or class definition, its file) for each name the file
+    imports by name from a module of the project (`from loss import LossCompute`) whose text
+    holds every word of `mentioning` (the others are not parsed)."""
+    key = ("project_definitions", mentioning)
+    found = ctx.shared.get(key)
+    if found is None:
+        found = []
+        table = ctx.shared.get("project_imports")
+        if table is None:
+            table = ctx.shared["project_imports"] = _import_table(ctx.tree)
+        trees: dict = {}  # (module, level) -> its parsed tree, or None
+        for name, entry in table.items():
+            if name is _STARS or entry[2] is None:
+                continue
+            module, level, attr = entry
+            if (module, level) not in trees:
+                path = resolve(ctx.filename, module, level)
+                trees[(module, level)] = (path, parsed(path) if path is not None and all(
+                    _mentions(path, w) for w in mentioning) else None)
+            path, tree = trees[(module, level)]
+            definition = next((s for s in tree.body if isinstance(s, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef))
+                               and s.name == attr), None) if tree is not None else None
+            if definition is not None:
+                found.append((name, definition, path))
+        ctx.shared[key] = found
+    return found
+
+
+def _star_imported(ctx, name: str, stars: list, kinds: tuple) -> Optional[tuple]:
+    """(definition, file) of `name` that a `from utils import *` of a project module brings, the
+    last such import that defines it winning, as in Python; None where the file binds the name
+    itself at its top level."""
+    table = ctx.shared.get("project_star_names")
+    if table is None:  # built once per file: name -> (definition, file)
+        table = {}
+        for module, level in stars:
+            path = resolve(ctx.filename, module, level)
+            tree = parsed(path) if path is not None else None
+            for stmt in tree.body if tree is not None else ():
+                if isinstance(stmt, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
+                    table[stmt.name] = (stmt, path)
+        # what the file's own top level binds (names in its nested scopes too: a safe excess)
+        for node in ast.walk(ctx.tree) if table else ():
+            if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
+                table.pop(node.name, None)
+            elif isinstance(node, ast.Name) and isinstance(node.ctx, ast.Store):
+                table.pop(node.id, None)
+        ctx.shared["project_star_names"] = table
+    found = table.get(name)
+    return found if found is not None and isinstance(found[0], kinds) else None
+
+
+_STARS = None  # the import table's key for the modules imported with `*`
+
+
 def _import_table(tree: ast.Module) -> dict:
-    """local name -> (module, level, imported attribute or None for a whole module)."""
+    """local name -> (module, level, imported attribute or None for a whole module); under
+    `_STARS`, the (module, level) of each `from module import *`."""
     table = {}
     for stmt in tree.body:
         if isinstance(stmt, ast.ImportFrom):
             for alias in stmt.names:
-                if alias.name != "*":
+                if alias.name == "*":
+                    table.setdefault(_STARS, []).append((stmt.module or "", stmt.level))
+                else:
                     table[alias.asname or alias.name] = (stmt.module or "", stmt.level, alias.name)
         elif isinstance(stmt, ast.Import):
             for alias in stmt.names:

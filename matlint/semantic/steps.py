@@ -8,6 +8,10 @@ hook (`training_step`, `validation_step`, `test_step`), a module's `forward`, or
 function or from inside a loop that trains (its body calls `.backward()` or an optimizer's
 `.step()`) or goes over a data loader. Built once per file, on first use.
 
+A loop goes over batches (`iterates_loader`) when it iterates a data loader (through wrappers
+and names bound to them), an iterator made for a device, or batches it moves to the device
+itself or that a function of the project samples and returns on the device.
+
 `per_step(ctx)` answers the question for the node being visited: does it run on every step (on
 every iteration of a loop around it, on every forward call of a module, or on every call of a
 function that runs every step), and why. `step_loop(ctx)` gives the loop around it that runs once
@@ -23,10 +27,12 @@ import os
 import re
 from typing import NamedTuple, Optional
 
-from .calls import file_calls
+from . import kinds as _kinds
+from .calls import argument_for, file_calls
 from .kinds import may_mention
-from .loops import (LoopInfo, identifier, is_backward, is_optimizer_step, is_training_loop, iterates_loader,
-                    name_tokens, walk_no_scopes)
+from .loops import (LoopInfo, _attribute_paths, bound_names, file_trains, identifier, is_backward,
+                    is_optimizer_step, is_training_loop, loaded_names, name_tokens, walk_no_scopes)
+from .project import imported_definitions, imported_function
 from .tree import child_nodes, dotted
 
 _LOOPS = (ast.For, ast.AsyncFor, ast.While, ast.ListComp, ast.SetComp, ast.DictComp, ast.GeneratorExp)
@@ -48,6 +54,13 @@ def _trains(nodes) -> tuple:
         backward = backward or is_backward(node)
         step = step or is_optimizer_step(node)
     return backward, step
+
+
+def trains_in(body: list) -> bool:
+    """The statements call `.backward()` or an optimizer's `.step()` (not in nested functions):
+    a branch that holds them (`if (i + 1) % n_critic == 0: ... g_opt.step()`) is
+    a training step, not a logging gate."""
+    return any(is_backward(node) or is_optimizer_step(node) for stmt in body for node in walk_no_scopes(stmt))
 
 
 def _outside_loops(body):
@@ -250,6 +263,270 @@ def per_step(ctx) -> Optional[PerStep]:
     if not runs_once(name) or any(is_training_loop(ctx, loop) for loop in loops):  # `.backward()`: not run once
         return PerStep(loops, None, function)
     return None
+
+
+# -- loops over batches -------------------------------------------------------------------------
+
+_LOADER_WRAPPERS = ("enumerate", "iter", "tqdm", "zip")
+
+
+def iterates_loader(ctx, loop: LoopInfo) -> bool:
+    """The loop iterates over a data loader (through enumerate/iter/tqdm/zip, or any wrapper
+    that takes it: `metric_logger.log_every(data_loader, 10)`), or over batches it moves to a
+    device itself (`for batch in val_iter: text = batch.text.cuda()`)."""
+    key = ("iterates_loader", id(loop.node))
+    found = ctx.shared.get(key)
+    if found is None:
+        found = ctx.shared[key] = _iterates_a_loader(ctx, loop.iter) or _moves_its_items(ctx, loop) or \
+            _iterates_device_batches(ctx, loop) or _fetches_device_batches(ctx, loop)
+    return found
+
+
+def _iterates_a_loader(ctx, it, depth: int = 0) -> bool:
+    if it is None or not _kinds.may_mention(ctx, "loader", ignore_case=True):
+        return False  # a loader kind needs "loader" in a name or `DataLoader`
+    while isinstance(it, ast.Call) and it.args:
+        if isinstance(it.func, ast.Name) and it.func.id in _LOADER_WRAPPERS or ctx.qualname(it.func) in (
+                "tqdm.tqdm", "tqdm.auto.tqdm"):
+            it = it.args[0]
+            continue
+        if ctx.qualname(it.func) == "itertools.cycle":
+            return False  # an endless stream: the loop runs until the host decides it is done (a loop that trains is a step anyway)
+        return any(_is_loader(ctx, arg) for arg in it.args)  # `log_every(data_loader, 10, header)`
+    if isinstance(it, ast.Name) and depth < 2 and not _is_loader(ctx, it):
+        # `epoch_iterator = tqdm(test_loader, desc=...)`, then `enumerate(epoch_iterator)`
+        values = _bound_values(ctx, _enclosing_scope(ctx), it.id)
+        return bool(values) and all(isinstance(v, ast.Call) and _iterates_a_loader(ctx, v, depth + 1)
+                                    for _, v in values)
+    return _is_loader(ctx, it)
+
+
+def _is_loader(ctx, expr: ast.AST) -> bool:
+    kind = _kinds.kind_of(ctx, expr)
+    if kind == _kinds.LOADER:
+        return True
+    # `train_loader`, `dataloader`; not `loader_names` or `val_loaders` (an item is a whole loader);
+    # also one annotated only as a sequence (`data_loader: Iterable`)
+    return kind in (None, _kinds.LIST) and (identifier(expr) or "").lower().endswith("loader")
+
+
+_MOVES = ("cuda", "to")
+
+
+def trains_here_or_through_project(ctx) -> bool:
+    """The file trains (`file_trains`), or calls a function or class that a module of the project
+    defines and that calls `.backward()` and an optimizer's `.step()` (`compute_loss =
+    LossCompute(crit, opt)` whose `__call__` steps): a training program whose steps live in
+    another file."""
+    found = ctx.shared.get("trains_through_project")
+    if found is None:
+        found = ctx.shared["trains_through_project"] = file_trains(ctx) or any(
+            _definition_trains(definition) for _, definition, _ in imported_definitions(ctx, ("backward(", ".step(")))
+    return found
+
+
+def _definition_trains(definition: ast.AST) -> bool:
+    """A function, or a method of a class, that calls `.backward()` and an optimizer's `.step()`
+    (asked once per definition: the parsed modules are shared by the files that import them)."""
+    found = _DEFINITION_TRAINS.get(id(definition))
+    if found is None or found[0] is not definition:
+        functions = [definition] if not isinstance(definition, ast.ClassDef) else [
+            s for s in definition.body if isinstance(s, (ast.FunctionDef, ast.AsyncFunctionDef))]
+        found = _DEFINITION_TRAINS[id(definition)] = (definition, any(all(_trains(walk_no_scopes(f)))
+                                                                      for f in functions))
+    return found[1]
+
+
+_DEFINITION_TRAINS: dict = {}  # id(definition) -> (definition, whether it trains)
+
+
+def _moves_its_items(ctx, loop: LoopInfo) -> bool:
+    """In a file that trains (`trains_here_or_through_project`), the loop body moves what the loop
+    gives it (or values computed from that) to a device (`.cuda()`, `.to(device)`): each iteration brings a batch to the GPU.
+    Loops over a model's parameters or buffers move weights, not batches; in code that never
+    trains (an inference pipeline), a loop that moves its items goes over prompts or encoders."""
+    node = loop.node
+    if not isinstance(node, (ast.For, ast.AsyncFor)) or not trains_here_or_through_project(ctx):
+        return False
+    it = node.iter
+    if isinstance(it, ast.Call) and isinstance(it.func, ast.Attribute) and it.func.attr in (
+            "parameters", "named_parameters", "buffers", "named_buffers", "children", "modules", "items", "values"):
+        return False
+    if not (_kinds.may_mention(ctx, "cuda") or _kinds.may_mention(ctx, "to")):
+        return False
+    carried = set(bound_names(node.target))
+    assigns = [sub for sub in loop.direct_nodes() if isinstance(sub, ast.Assign)]
+    for _ in range(2):  # in whatever order the walk gives them, a chain of two is followed
+        for sub in assigns:
+            if loaded_names(sub.value) & carried:
+                for target in sub.targets:
+                    carried |= bound_names(target)
+    return any(isinstance(sub, ast.Call) and isinstance(sub.func, ast.Attribute) and sub.func.attr in _MOVES
+               and loaded_names(sub.func.value) & carried and _kinds.moves_to_device(ctx, sub)
+               for sub in loop.direct_nodes())
+
+
+# -- batches on a device, from an iterator made for it or a function of the file ----------------
+
+def _enclosing_scope(ctx) -> ast.AST:
+    function = next((f for f in reversed(ctx.functions) if not isinstance(f, ast.Lambda)), None)
+    return function if function is not None else ctx.tree
+
+
+def _bound_values(ctx, scope: ast.AST, name: str, depth: int = 0) -> list:
+    """(scope, expression) for each value `name` is bound to in `scope` (or, where it binds
+    nothing, at module level): assigned values, the value a tuple target unpacks (`train_it,
+    val_it = splits(...)`), and for a parameter what the file's calls of the function pass for it,
+    in the caller's scope. Empty where some binding cannot be told (a loop target, `with ... as`)."""
+    entries = _kinds.scope_kinds(ctx, scope).assigned.get(name)
+    if entries is None and scope is not ctx.tree:
+        scope, entries = ctx.tree, _kinds.scope_kinds(ctx, ctx.tree).assigned.get(name)
+    if not entries or depth > 2:
+        return []
+    values = []
+    for entry in entries:
+        if entry[0] in ("value", "unpack"):
+            values.append((scope, entry[1]))
+        elif entry[0] == "param":
+            sites = file_calls(ctx).call_sites(entry[1])
+            if not sites:
+                return []
+            for site in sites:
+                argument = argument_for(site, entry[1], entry[2])
+                caller = site.functions[-1] if site.functions else ctx.tree
+                found = _bound_values(ctx, caller, argument.id, depth + 1) if isinstance(argument, ast.Name) else \
+                    [(caller, argument)] if argument is not None else []
+                if not found:
+                    return []
+                values.extend(found)
+        else:
+            return []
+    return values
+
+
+def _is_device(ctx, scope: ast.AST, expr: ast.AST) -> bool:
+    """`torch.device("cuda")`, or a name bound only to one (`device = torch.device(...)`)."""
+    if isinstance(expr, ast.Call):
+        return ctx.qualname(expr.func) == "torch.device"
+    if isinstance(expr, ast.Name):
+        values = _bound_values(ctx, scope, expr.id)
+        return bool(values) and all(isinstance(v, ast.Call) and ctx.qualname(v.func) == "torch.device"
+                                    for _, v in values)
+    return False
+
+
+def _made_for_device(ctx, scope: ast.AST, call: ast.AST) -> bool:
+    """A call, not torch's, that is given a device (`BucketIterator(data, device=device)`,
+    `corpus.get_iterator("valid", bsz, device=device)`, `prepare(data_dir, device, opt)`): what
+    it makes (an iterator of batches) puts them there."""
+    if not isinstance(call, ast.Call) or (ctx.qualname(call.func) or "").split(".")[0] == "torch":
+        return False
+    if isinstance(call.func, ast.Attribute) and call.func.attr in _MOVES:
+        return False
+    return any(k.arg == "device" for k in call.keywords) or any(_is_device(ctx, scope, a) for a in call.args)
+
+
+def _trains_in_nested_loop(node: ast.AST) -> bool:
+    return any(isinstance(inner, (ast.For, ast.AsyncFor, ast.While)) and inner is not node and any(
+        is_backward(n) or is_optimizer_step(n) for n in walk_no_scopes(inner)) for inner in walk_no_scopes(node))
+
+
+def _iterates_device_batches(ctx, loop: LoopInfo) -> bool:
+    """The loop goes over an iterator that a call given a device made (torchtext's
+    `BucketIterator(..., device=device)`): each iteration is a batch on that device. Followed
+    through `enumerate`/`tqdm`, names bound to the iterator, and the parameter a function of the
+    file receives it as (`def evaluate(eval_iter)`, called `evaluate(va_iter)`). Not a loop with
+    a training loop inside (an RL collector's batches, each trained on for several epochs): one
+    iteration is many steps."""
+    if not isinstance(loop.node, (ast.For, ast.AsyncFor)):
+        return False
+    if not _kinds.may_mention(ctx, "device"):
+        return False
+    it = loop.iter
+    while isinstance(it, ast.Call) and it.args and isinstance(it.func, ast.Name) and it.func.id in _LOADER_WRAPPERS:
+        it = it.args[0]
+    scope = _enclosing_scope(ctx)
+    if isinstance(it, ast.Call):
+        made = _made_for_device(ctx, scope, it)
+    elif isinstance(it, ast.Name):
+        values = _bound_values(ctx, scope, it.id)
+        made = bool(values) and all(_made_for_device(ctx, where, v) for where, v in values)
+    else:
+        made = False
+    return made and not _trains_in_nested_loop(loop.node)
+
+
+def _fetches_device_batches(ctx, loop: LoopInfo) -> bool:
+    """In a file that trains (`trains_here_or_through_project`), each iteration binds the batch a function of the file returns after
+    moving it to a device (`X, Y = get_batch("val")`, where `get_batch` ends `x, y = x.to(device),
+    y.to(device); return x, y`): an evaluation loop over `eval_iters` batches. Not where the call
+    takes what the loop itself stores (`obs_t = to_tensor(self.obs)`, then `self.obs = env.step(a)`):
+    that loop steps an environment, its batches are its own state."""
+    if not trains_here_or_through_project(ctx):
+        return False
+    calls = file_calls(ctx)
+    stored = None
+    for sub in loop.direct_nodes():
+        if isinstance(sub, ast.Assign) and isinstance(sub.value, ast.Call):
+            callee = _callee(calls, ctx, sub.value)
+            if callee is None or not _returns_moved_batch(ctx, callee):
+                continue
+            if stored is None:
+                stored = loop.assigned | {dotted(n) for n in loop.direct_nodes()
+                                          if isinstance(n, ast.Attribute) and isinstance(n.ctx, ast.Store)}
+            inputs = [a for a in sub.value.args + [k.value for k in sub.value.keywords]]
+            if not any((loaded_names(a) | _attribute_paths(a)) & stored for a in inputs):
+                return True  # it draws a new batch itself; not the state the loop feeds back (an env's observation)
+    return False
+
+
+def _callee(calls, ctx, call: ast.Call) -> Optional[ast.AST]:
+    """The function of the file, or of a module of the project it imports, that `call` calls
+    (`get_batch(...)`, `self._generate_batch(...)`)."""
+    func = call.func
+    if isinstance(func, ast.Name) and func.id in calls.module_functions:
+        return calls.module_functions[func.id]
+    if isinstance(func, ast.Attribute) and isinstance(func.value, ast.Name) and ctx.class_ is not None \
+            and func.attr in calls.methods.get(id(ctx.class_), {}):
+        return calls.methods[id(ctx.class_)][func.attr]
+    imported = imported_function(ctx, func)
+    return imported[0] if imported is not None else None
+
+
+# The last word of a call that draws random indices or items: `torch.randint`, `np.random.choice`.
+_SAMPLERS = frozenset({"randint", "randperm", "choice", "choices", "sample", "permutation", "integers", "shuffle"})
+
+
+def _returns_moved_batch(ctx, function: ast.AST) -> bool:
+    """The function samples a batch (calls `torch.randint`, `np.random.choice`, `random.sample`...)
+    and every `return` gives names (or a tuple of them) that its body bound to a move to a device
+    (`x, y = x.to(device), y.to(device)`, `x = x.cuda()`)."""
+    key = ("returns_moved_batch", id(function))
+    found = ctx.shared.get(key)
+    if found is not None:
+        return found
+    moved = set()
+    returns = []
+    samples = False
+    for node in walk_no_scopes(function):
+        if isinstance(node, ast.Call) and identifier(node.func) in _SAMPLERS:
+            samples = True
+        if isinstance(node, ast.Assign):
+            values = node.value.elts if isinstance(node.value, ast.Tuple) else [node.value]
+            targets = node.targets[0].elts if isinstance(node.targets[0], ast.Tuple) else [node.targets[0]]
+            if len(node.targets) == 1 and len(values) == len(targets):
+                for target, value in zip(targets, values):
+                    if isinstance(target, ast.Name) and isinstance(value, ast.Call) and \
+                            _kinds.moves_to_device(ctx, value):
+                        moved.add(target.id)
+        elif isinstance(node, ast.Return) and node is not function:
+            returns.append(node.value)
+    found = samples and bool(returns) and all(
+        value is not None and all(isinstance(e, ast.Name) and e.id in moved
+                                  for e in (value.elts if isinstance(value, ast.Tuple) else [value]))
+        for value in returns)
+    ctx.shared[key] = found
+    return found
 
 
 # -- the loop that runs once per step ---------------------------------------------------------

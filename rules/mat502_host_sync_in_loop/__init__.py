@@ -13,7 +13,7 @@ from matlint.rule import Only, Rule
 from matlint.semantic import kinds as _kinds
 from matlint.semantic.project import imported_function
 from matlint.semantic.loops import loaded_names
-from matlint.semantic.steps import loop_trains, step_loop
+from matlint.semantic.steps import loop_trains, repeating_loops, step_loop
 from matlint.semantic.names import in_reference_code, in_test_code
 
 from .reads import _HostReads
@@ -38,6 +38,20 @@ def _non_blocking(call: ast.Call) -> bool:
     return flag is not None and not (isinstance(flag, ast.Constant) and flag.value is False)
 
 
+def _non_blocking_keyword(call: ast.Call) -> bool:
+    return any(k.arg == "non_blocking" and not (isinstance(k.value, ast.Constant) and k.value.value is False)
+               for k in call.keywords)
+
+
+def _copies_to_device(call: ast.Call) -> bool:
+    """`.cuda(...)`, or `.to(target, ...)` whose target is not the CPU."""
+    func = call.func
+    if not isinstance(func, ast.Attribute):
+        return False
+    return func.attr == "cuda" or func.attr == "to" and not _is_cpu_target(call) and bool(
+        call.args or any(k.arg == "device" for k in call.keywords))
+
+
 _COPIES = "waits for the GPU and copies to the host"
 # The remedy by what the host does with the value: decides a branch, or needs a Python number.
 _BRANCH = ("keep the decision on the device (`torch.where(cond, a, b)`, or masked arithmetic: `x * mask`, "
@@ -49,6 +63,8 @@ _SIZE_METHODS = frozenset({"view", "reshape", "expand", "repeat", "narrow", "spl
                            "new_ones", "new_empty", "new_full"})
 _SIZE_FUNCTIONS = frozenset(f"torch.{name}" for name in ("zeros", "ones", "empty", "full", "arange", "rand", "randn",
                                                          "randint", "randperm", "eye"))
+# Tensors made from Python data: given device tensors, they read each one on the host.
+_FROM_DATA = frozenset({"torch.tensor", "torch.Tensor", "torch.FloatTensor", "torch.LongTensor", "torch.as_tensor"})
 _LONGEST_VALUE = 40  # characters of a value's text a message names
 # Ops whose output size depends on the values: the host waits to learn it.
 _DATA_SIZED = frozenset({"nonzero", "masked_select", "unique", "argwhere"})
@@ -57,8 +73,19 @@ _BOOLEAN_FUNCTIONS = frozenset({"torch.isnan", "torch.isinf", "torch.isfinite", 
                                 "torch.lt", "torch.ge", "torch.le"})
 
 
+_MASK_OPERATORS = (ast.BitAnd, ast.BitOr, ast.BitXor, ast.Mult)  # of two boolean tensors: a boolean tensor
+# Methods whose result is a boolean tensor, and methods that keep a boolean tensor boolean.
+_MASK_METHODS = frozenset({"bool", "isnan", "isinf", "isfinite", "logical_not", "logical_and", "logical_or",
+                           "logical_xor", "gt", "lt", "ge", "le", "eq", "ne", "greater", "less", "greater_equal",
+                           "less_equal", "not_equal"})
+_SHAPE_METHODS = frozenset({"unsqueeze", "squeeze", "expand", "expand_as", "view", "view_as", "reshape", "flatten",
+                            "repeat", "t", "transpose", "permute", "contiguous", "detach", "clone"})
+
+
 def _may_be_mask(index: ast.AST) -> bool:
     """The index's form allows a boolean tensor (not a slice, a tuple of them, or a number)."""
+    if isinstance(index, ast.BinOp):
+        return isinstance(index.op, _MASK_OPERATORS)
     return isinstance(index, (ast.Name, ast.Compare, ast.UnaryOp, ast.Call)) and not (
         isinstance(index, ast.UnaryOp) and not isinstance(index.op, ast.Invert))
 
@@ -116,6 +143,11 @@ class _Statement:
         return Fix(fixes[0].message, tuple(edit for fix in fixes for edit in fix.edits), all(fix.safe for fix in fixes))
 
 
+def _inside(node: ast.AST, statement: ast.AST) -> bool:
+    return (statement.lineno, statement.col_offset) <= (node.lineno, node.col_offset) and \
+        (node.end_lineno, node.end_col_offset) <= (statement.end_lineno, statement.end_col_offset)
+
+
 def _position(sync: tuple) -> tuple:
     return (sync[0].lineno, sync[0].col_offset)
 
@@ -136,21 +168,42 @@ class HostSyncInLoop(_StepLoops, _HostReads, Rule):
     ## What it does
     Flags, inside a training or evaluation loop, the calls that copy a tensor's value to the
     host: `.item()`, `.cpu()` / `.to("cpu")`, `.tolist()`, `float(t)`, `int(t)`, `bool(t)`,
-    `if t:` / `while t:` on a tensor, `print(t)` of a tensor, and the syncs that do not look
-    like copies: boolean-mask indexing (`x[y > 0]`, `x[~mask]`), `nonzero`, `masked_select` and
+    `if t:` / `while t:` on a tensor (also the `if` of a comprehension over a device tensor's
+    elements: `[i for i, d in enumerate(done) if d == 0]`), `print(t)` of a tensor,
+    `torch.tensor(values)` of a list of device tensors (a list display, or a list the step
+    fills with `.append`), and the syncs that do not look like copies: boolean-mask indexing
+    (`x[y > 0]`, `x[~mask]`, `x[(u > 0) * (l == u)]`, `x[m.unsqueeze(2).expand_as(x)]`, `x[t.gt(0)]`),
+    also in place (`l[mask] -= 1`, which reads `l[mask]`) and storing a device tensor through a
+    mask (`v[mask] = net(s)`: the mask becomes indices), `nonzero`, `masked_select` and
     `unique` (their output's size depends on the values), `assert` on a tensor, and
-    `torch.cuda.synchronize()` (quiet where the step made non-blocking copies that it must wait
-    for). A training loop is a loop
+    `torch.cuda.synchronize()` (quiet where the step made non-blocking copies that may land on
+    the host, `.to("cpu", non_blocking=True)` or `buf.copy_(x, non_blocking=True)`, which it must
+    wait for; non-blocking copies to the device are ordered on the stream and excuse nothing).
+    A training loop is a loop
     whose body calls `.backward()` or an optimizer's `.step()`; an evaluation loop iterates
     over a data loader (also through a wrapper that takes it, `metric_logger.log_every(loader,
-    10)`), or, in a file that trains, moves what it iterates over to a device itself (`for batch
-    in val_iter: text = batch.text.cuda()`). A function that runs every step counts like a loop's body: a training
+    10)`, or a name bound to one, `it = tqdm(test_loader)`, then `for b in enumerate(it)`; a
+    `data_loader: Iterable` parameter is a loader), over an iterator made by a call given a
+    device (torchtext's `BucketIterator(data, device=device)`, `prepare(dir, device, opt)` with
+    `device = torch.device(...)`; followed into the parameter a function of the file receives it
+    as), or, in a file that trains (or calls a training step that a module of the project
+    defines: `LossCompute(crit, opt)` whose `__call__` steps), moves what it iterates over to a device itself (`for batch
+    in val_iter: text = batch.text.cuda()`) or binds on each iteration the batch that a function
+    of the project samples (`torch.randint`, `np.random.choice`...) and returns moved to the
+    device (nanoGPT's `for k in range(eval_iters): X, Y = get_batch(split)`): a per-batch sync in
+    an evaluation pass is a sync per step. A function that runs every step counts like a loop's body: a training
     step called once per step (it calls `.backward()` and an optimizer's `.step()` outside any
     loop of its own: an agent's `learn()`), a `training_step`/`validation_step` hook, and the
     helpers such a step or loop calls on every pass (not under an `if`): a sync inside a metric
-    or logging helper is a sync per step. A helper from another module of the project (`from
-    utils import accuracy`, read, never run) whose body syncs on every call is reported where
-    the step calls it on values that may be on the device (not host tensors, not only numbers). In a file that never moves work to a CUDA device
+    or logging helper is a sync per step. A branch that trains (`if (i + 1) % n_critic == 0:`
+    around `g_loss.backward(); g_opt.step()`, `if self.tune_alpha:` around the alpha update) is
+    the step itself, not a gate: its syncs run on every step it takes. A helper from another
+    module of the project (`from utils import accuracy`, or `from utils import *` where the
+    file does not bind the name itself; read, never run) whose body syncs on every call is
+    reported where the step calls it on values that may be on the device (not host tensors,
+    not only numbers). In a module's `forward` (and the helpers it calls), an `assert` on a
+    tensor (`assert not torch.isnan(h).any()`) is reported, whatever device the file names:
+    it checks values on the host on every forward, and is no part of the computation. In a file that never moves work to a CUDA device
     (`.cuda()`, a device string or `torch.device`, `.to(device)`), a step function's tensors
     stay on the CPU and it stays quiet; so does a program (a `__main__` block or a loop at
     module level) that never does, whatever its loops. `.numpy()` is reported through the `.cpu()` that must precede it (on a
@@ -234,13 +287,27 @@ class HostSyncInLoop(_StepLoops, _HostReads, Rule):
       So is a guard that only trips on failure, as it can be checked every N steps: `if
       torch.isnan(loss): break`, or the value past a large literal bound (`if loss_val > 1e4:
       break`, |bound| >= 100).
+    - Syncs in a module's `forward` other than an `assert` (`.item()`, `.tolist()`, `nonzero`,
+      boolean masks, `if t.any():`): models branch on their data and size their outputs by it on
+      purpose (expert routing, variable lengths, box matching), and the rule cannot tell a
+      needed sync from a wasted one there.
+    - `x[mask] = 0.0`: a Python number (or a CPU scalar) stored through a boolean mask on `x`'s
+      device runs as `masked_fill_`, with no sync.
+    - A loop over an iterator made for a device whose body holds a training loop (an RL
+      collector's batches, each trained on for several epochs): one iteration is many steps.
+      A loop that hands the function that makes its batch what the loop itself stores (`obs_t
+      = to_tensor(self.obs)`, then `self.obs = env.step(a)`) steps an environment: it is no pass
+      over sampled batches.
     - Syncs outside loops, in loops that are not training/evaluation steps (an epoch loop, which
       runs a whole pass over a loader in each iteration whatever else it steps, a loop over
       parameters outside any step loop; a pass under an `if`, such as validation every N steps
       inside a training loop, does not run in each iteration and makes no epoch loop), and
       syncs gated to run every N steps (`if step % log_every == 0:`, `if verbose:`, an `==` on a
-      value that changes as the loop runs: `if step == 0:`) or once (in a branch that ends in `return`, `break` or `raise`, in the
-      `return` itself, in an `except`). The `else` of a gate runs on the other steps: a sync
+      value that changes as the loop runs: `if step == 0:`; `if ema is None:` around `ema = ...`,
+      the first step) or once (in a branch that ends in `return`, `break`, `raise` or
+      `sys.exit()`, in the
+      `return` itself, in an `except`; in a loop whose body ends in `return` after it: a
+      throughput benchmark that times one batch). The `else` of a gate runs on the other steps: a sync
       there is reported. `if rank == 0:` is not a gate: it holds on every step of one process
       (an `==` on names the loop does not assign, constants, or attributes and calls that name
       the process: `args.local_rank`, `dist.get_rank()`).
@@ -284,7 +351,8 @@ class HostSyncInLoop(_StepLoops, _HostReads, Rule):
     call's text holds a comment; the message says to accumulate in a device tensor instead.
     """
 
-    only = {"visit_Call": Only(attrs=frozenset(_SYNC_METHODS | _CONVERSIONS | _DATA_SIZED | {"print", "synchronize"}),
+    only = {"visit_Call": Only(attrs=frozenset(_SYNC_METHODS | _CONVERSIONS | _DATA_SIZED | {"print", "synchronize"}
+                                               | {qual.rpartition(".")[2] for qual in _FROM_DATA}),
                                every_call_if=_trains_with_project_helpers),
             "visit_While": Only(in_loops=True), "visit_IfExp": Only(in_loops=True)}
 
@@ -308,6 +376,11 @@ class HostSyncInLoop(_StepLoops, _HostReads, Rule):
             self._report(node, f"`{self._callee_text(node)}()`",
                          "keep shapes fixed: `torch.where(mask, x, 0)` or `x * mask`, and reduce with the mask",
                          value=self._data_sized_operand(node), detail="(its result's size depends on the values)")
+        elif self.ctx.qualname(func) in _FROM_DATA and node.args and self._device_items(node.args[0]):
+            if self._step_context() is not None:
+                self._report(node, f"`{self.ctx.segment(func)}()`",
+                             "`torch.stack` the tensors (or `torch.cat`) on the device instead",
+                             value=node.args[0], detail="(a list of device tensors: it reads each one on the host)")
         elif (isinstance(func, ast.Name) and self.ctx.qualname(func) is None and node.args
               and (func.id in _CONVERSIONS or func.id == "print")):
             if self._step_context() is None:
@@ -328,19 +401,34 @@ class HostSyncInLoop(_StepLoops, _HostReads, Rule):
             self._project_helper(node)
 
     def visit_Subscript(self, node: ast.Subscript) -> None:
-        """`x[mask]` with a boolean tensor mask: the host must learn how many elements are kept."""
-        if not isinstance(node.ctx, ast.Load) or not _may_be_mask(node.slice):
+        """`x[mask]` with a boolean tensor mask: the host must learn how many elements are kept.
+        Also `x[mask] += 1`, which reads `x[mask]`, and `x[mask] = y` of a device tensor `y`
+        (`index_put_` turns the mask into indices); not `x[mask] = 0.0`, which PyTorch runs as
+        `masked_fill_` (a Python number or a CPU scalar, with a mask on `x`'s device)."""
+        if not _may_be_mask(node.slice) or isinstance(node.ctx, ast.Del) or self._step_context() is None:
             return
-        if self._step_context() is None or not self._is_device_tensor(node.value) or not self._is_mask(node.slice):
+        if isinstance(node.ctx, ast.Store) and not self._stores_through_mask(node):
+            return
+        if not self._is_device_tensor(node.value) or not self._is_mask(node.slice):
             return
         self._report(node, "boolean-mask indexing",
                      "keep shapes fixed: `torch.where(mask, x, 0)` or `x * mask`, and reduce with the mask "
                      "(`(x * mask).sum() / mask.sum()`)", value=node.value,
                      detail="(its result's size depends on the values)")
 
+    def _stores_through_mask(self, target: ast.Subscript) -> bool:
+        """`x[m] op= v` (reads `x[m]` first), or `x[m] = v` of a device tensor `v`."""
+        statement = self.ctx.parents[-1] if self.ctx.parents else None
+        if isinstance(statement, ast.AugAssign):
+            return statement.target is target
+        if isinstance(statement, ast.Assign) and any(t is target for t in statement.targets):
+            return self._is_device_tensor(statement.value)
+        return False
+
     def visit_Assert(self, node: ast.Assert) -> None:
         test = node.test.operand if isinstance(node.test, ast.UnaryOp) and isinstance(node.test.op, ast.Not) else node.test
-        if self._step_context() is None or not self._is_device_tensor(test) or self._contains_sync_call(test):
+        if self._step_context(in_forward=True) is None or not self._is_device_tensor(test) \
+                or self._contains_sync_call(test):
             return
         self._report(test, "`assert` on a tensor", _ASSERT, owner=node)
 
@@ -370,12 +458,39 @@ class HostSyncInLoop(_StepLoops, _HostReads, Rule):
                            f"{where} runs on every call,",
                      f"have it return the tensor and convert once after the loop, or call it every N steps")
 
+    def _device_items(self, data: ast.AST) -> bool:
+        """A list of device tensors: a list display of them (`[a, b]`), or a name bound only to
+        list displays in its function, every item of which, and every `.append(x)` to which, is a
+        device tensor (`target = []`, then `target.append(r[j] + gamma * q[j])` in a loop)."""
+        if isinstance(data, (ast.List, ast.Tuple)):
+            return bool(data.elts) and all(self._is_device_tensor(e) for e in data.elts)
+        if not isinstance(data, ast.Name) or self.ctx.function is None:
+            return False
+        statement = self.ctx.statement()  # `target = T.tensor(target)` binds the name again after the read
+        entries = [e for e in _kinds.bindings(self.ctx, data.id) or []
+                   if not (statement is not None and e[0] == "value" and _inside(e[1], statement))]
+        if not entries or not all(e[0] == "value" and isinstance(e[1], ast.List) for e in entries):
+            return False
+        items = [e for entry in entries for e in entry[1].elts]
+        for node in ast.walk(self.ctx.function):
+            if isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute) \
+                    and isinstance(node.func.value, ast.Name) and node.func.value.id == data.id:
+                if node.func.attr != "append" or len(node.args) != 1:
+                    return False  # `extend`, `insert`...: items not looked at
+                items.append(node.args[0])
+        return bool(items) and all(self._is_device_tensor(item) for item in items)
+
     def _waits_for_own_copies(self) -> bool:
-        """The step makes non-blocking copies (`.to("cpu", non_blocking=True)`): a synchronize is
-        what makes reading them safe."""
+        """The step makes non-blocking copies that may land on the host (`.to("cpu",
+        non_blocking=True)`, `buf.copy_(x, non_blocking=True)`): a synchronize is what makes reading
+        them safe. Copies to the device (`.cuda(non_blocking=True)`, `.to(device, non_blocking=True)`)
+        are ordered on the stream before the kernels that read them: nothing to wait for."""
         loop = step_loop(self.ctx)
         owner = loop.node if loop is not None else self.ctx.function
-        return "non_blocking" in self.ctx.segment(owner)
+        if "non_blocking" not in self.ctx.segment(owner):
+            return False
+        return any(isinstance(call, ast.Call) and _non_blocking_keyword(call) and not _copies_to_device(call)
+                   for call in ast.walk(owner))
 
     def _data_sized_call(self, node: ast.Call) -> bool:
         """`x.nonzero()`, `torch.nonzero(x)`, `x.masked_select(m)`, `torch.unique(x)` on a device tensor."""
@@ -410,14 +525,19 @@ class HostSyncInLoop(_StepLoops, _HostReads, Rule):
                 and self._is_device_tensor(index)
         if isinstance(index, ast.UnaryOp) and isinstance(index.op, ast.Invert):
             return self._is_device_tensor(index.operand)
+        if isinstance(index, ast.BinOp):  # `(u > 0) * (l == u)`, `a & b`
+            return _may_be_mask(index) and all(_may_be_mask(side) and self._is_mask(side)
+                                               for side in (index.left, index.right))
         if isinstance(index, ast.Call):
             qual = self.ctx.qualname(index.func) or ""
             if qual in _BOOLEAN_FUNCTIONS:
                 return True
-            return isinstance(index.func, ast.Attribute) and index.func.attr in ("bool", "isnan", "isinf", "isfinite",
-                                                                                 "logical_not", "logical_and",
-                                                                                 "logical_or") \
-                and self._is_device_tensor(index.func.value)
+            if not isinstance(index.func, ast.Attribute) or qual:
+                return False
+            receiver = index.func.value
+            if index.func.attr in _SHAPE_METHODS:  # `pos.unsqueeze(2).expand_as(conf)`
+                return _may_be_mask(receiver) and self._is_mask(receiver)
+            return index.func.attr in _MASK_METHODS and self._is_device_tensor(receiver)
         return False
 
     def visit_If(self, node: ast.If) -> None:
@@ -429,6 +549,15 @@ class HostSyncInLoop(_StepLoops, _HostReads, Rule):
 
     def visit_IfExp(self, node: ast.IfExp) -> None:
         self._condition(node)
+
+    def visit_ListComp(self, node: ast.AST) -> None:
+        """`[i for i, done in enumerate(dones) if done == 0]` over a device tensor: each test reads
+        one element on the host."""
+        for generator in node.generators:
+            for test in generator.ifs:
+                self._condition(test, test)
+
+    visit_SetComp = visit_GeneratorExp = visit_DictComp = visit_ListComp
 
     # -- checks ---------------------------------------------------------------------
     def _method(self, node: ast.Call, func: ast.Attribute) -> None:
@@ -523,10 +652,10 @@ class HostSyncInLoop(_StepLoops, _HostReads, Rule):
         return any(isinstance(other, (ast.If, ast.While, ast.IfExp)) and other.lineno > statement.end_lineno
                    and name in loaded_names(other.test) for other in loop.direct_nodes())
 
-    def _condition(self, owner: ast.AST) -> None:
+    def _condition(self, owner: ast.AST, test: Optional[ast.AST] = None) -> None:
         if self._step_context() is None:
             return
-        test = owner.test
+        test = owner.test if test is None else test
         values = test.values if isinstance(test, ast.BoolOp) else [test]
         for value in values:
             inner = value.operand if isinstance(value, ast.UnaryOp) and isinstance(value.op, ast.Not) else value
@@ -552,8 +681,8 @@ class HostSyncInLoop(_StepLoops, _HostReads, Rule):
             if where is None:
                 return
         else:
-            if self._gated(node, loop, owner):
-                return
+            if self._gated(node, loop, owner) or not any(l.node is loop.node for l in repeating_loops(self.ctx)):
+                return  # gated, or the loop's body leaves it after this (`...; return`): once
             training = loop_trains(self.ctx, loop)
             if (owner is None and self._used_now(node, loop)) or self._explained(node) or (not training and self._host_only(loop)):
                 return

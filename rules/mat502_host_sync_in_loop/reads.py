@@ -12,7 +12,7 @@ from matlint.semantic import kinds as _kinds
 from matlint.semantic.loops import LoopInfo, bound_names, identifier as _identifier, loaded_names, walk_no_scopes
 from matlint.semantic.steps import is_step_loop, step_loop
 
-from .steps import _NESTED_LOOPS, _goes_over, _is_gate, _stops_on_comparison
+from .steps import _NESTED_LOOPS, _first_time, _goes_over, _is_gate, _leaves, _stops_on_comparison
 
 
 _ATOMIC = (ast.Name, ast.Attribute, ast.Call, ast.Subscript)
@@ -203,8 +203,7 @@ class _HostReads:
                         lines.append(read.lineno)
         return min(lines, default=None)
 
-    @staticmethod
-    def _gated_read(read: ast.AST, loop: LoopInfo, parents: dict) -> bool:
+    def _gated_read(self, read: ast.AST, loop: LoopInfo, parents: dict) -> bool:
         """`read` runs on some steps only: under a gate (`if i % 100 == 0:`), in a branch that
         leaves the loop, or in an `except`."""
         child, parent = read, parents.get(read)
@@ -214,7 +213,7 @@ class _HostReads:
             if isinstance(parent, ast.If) and child is not parent.test:
                 in_body = any(stmt is child for stmt in parent.body)
                 branch = parent.body if in_body else parent.orelse
-                if isinstance(branch[-1], (ast.Return, ast.Break, ast.Raise)) or in_body and _is_gate(parent.test, loop):
+                if _leaves(self.ctx, branch[-1]) or in_body and (_is_gate(parent.test, loop) or _first_time(parent)):
                     return True
             child, parent = parent, parents.get(parent)
         return False

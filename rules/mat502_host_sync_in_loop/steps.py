@@ -12,7 +12,7 @@ from matlint.semantic.flow import function_text, nearby_comments
 from matlint.semantic.loops import LoopInfo, identifier as _identifier, loaded_names, name_tokens, walk_no_scopes
 from matlint.semantic.names import in_reference_code, in_test_code
 from matlint.semantic.project import imported_paths
-from matlint.semantic.steps import STEP_HOOKS, step_loop, step_of
+from matlint.semantic.steps import STEP_HOOKS, step_loop, step_of, trains_in
 
 
 _GATE_NAME = re.compile(r"log|print|verbose|debug|interval|every|freq|display|report|eval|save|val",
@@ -127,6 +127,32 @@ def _literal_number(expr: ast.AST) -> Optional[float]:
     return None
 
 
+_EXITS = frozenset({"sys.exit", "os._exit"})
+
+
+def _leaves(ctx, stmt: ast.stmt) -> bool:
+    """`return`, `break`, `raise`, or `sys.exit(1)`: the statement ends the loop (or the program)."""
+    if isinstance(stmt, (ast.Return, ast.Break, ast.Raise)):
+        return True
+    return isinstance(stmt, ast.Expr) and isinstance(stmt.value, ast.Call) and (
+        ctx.qualname(stmt.value.func) in _EXITS
+        or isinstance(stmt.value.func, ast.Name) and stmt.value.func.id in ("exit", "quit")
+        and ctx.qualname(stmt.value.func) is None)
+
+
+def _first_time(branch: ast.If) -> bool:
+    """`if ema is None: ema = ...`: the branch binds the name its test finds unset, so it runs
+    until the first time it does."""
+    test = branch.test
+    if not (isinstance(test, ast.Compare) and isinstance(test.left, ast.Name) and len(test.ops) == 1
+            and isinstance(test.ops[0], ast.Is) and isinstance(test.comparators[0], ast.Constant)
+            and test.comparators[0].value is None):
+        return False
+    name = test.left.id
+    return any(isinstance(stmt, ast.Assign) and any(isinstance(t, ast.Name) and t.id == name for t in stmt.targets)
+               and not (isinstance(stmt.value, ast.Constant) and stmt.value.value is None) for stmt in branch.body)
+
+
 def _is_gate(test: ast.AST, loop: LoopInfo) -> bool:
     for node in ast.walk(test):
         if isinstance(node, ast.BinOp) and isinstance(node.op, ast.Mod):
@@ -159,16 +185,22 @@ def _same_every_step(operand: ast.AST, loop: LoopInfo) -> bool:
 class _StepLoops:
     """HostSyncInLoop's analysis of steps and the code that runs on each."""
 
-    def _step_context(self):
+    def _step_context(self, in_forward: bool = False):
         """The step loop around the node, else the step that the function around it runs in (a
-        training step, a step hook, a helper the step calls), else None."""
+        training step, a step hook, a helper the step calls), else None. `in_forward`: a module's
+        `forward` (and what it calls) counts too, wherever the file puts its tensors (for a check
+        that is no part of the computation: an `assert`)."""
         loop = step_loop(self.ctx)
         if loop is not None:
             return loop
-        if self.ctx.function is None or not _kinds.may_mention(self.ctx, "backward") and not any(
+        if self.ctx.function is None or in_test_code(self.ctx):
+            return None
+        if in_forward and _kinds.may_mention(self.ctx, "forward"):
+            return step_of(self.ctx, self.ctx.functions)
+        if not _kinds.may_mention(self.ctx, "backward") and not any(
                 _kinds.may_mention(self.ctx, hook) for hook in STEP_HOOKS):
             return None  # no training step and no step hook: only a `forward` could run every step
-        if in_test_code(self.ctx) or not _kinds.moves_work_to_cuda(self.ctx):
+        if not _kinds.moves_work_to_cuda(self.ctx):
             return None  # a helper module that never names a device: its callers' tensors may be anywhere
         step = step_of(self.ctx, self.ctx.functions)
         # A module's `forward` branches on its data on purpose (routing, variable lengths): only
@@ -178,12 +210,15 @@ class _StepLoops:
     def _in_step_function(self, node: ast.AST) -> Optional[str]:
         """For a sync in a function that runs every step, outside any loop of its own: why it runs
         every step; None where it runs only on some calls (under an `if`, in an error path)."""
-        step = self._step_context()
+        step = self._step_context(in_forward=True)  # the caller has asked its own question first
         function = next(f for f in reversed(self.ctx.functions) if not isinstance(f, ast.Lambda))
         start = next((i for i, p in enumerate(self.ctx.parents) if p is function), None)
         chain = self.ctx.parents[start + 1:] if start is not None else []
-        if any(isinstance(p, (ast.If, ast.ExceptHandler, ast.Raise, ast.IfExp, ast.Try)) for p in chain):
+        if any(isinstance(p, (ast.ExceptHandler, ast.Raise, ast.IfExp, ast.Try)) for p in chain):
             return None
+        for parent, child in zip(chain, chain[1:] + [node]):
+            if isinstance(parent, ast.If) and not (any(s is child for s in parent.body) and trains_in(parent.body)):
+                return None  # not every call runs it; a branch that trains (`if tune_alpha: ... step()`) is the step
         if self._explained(node) or in_reference_code(self.ctx):
             return None
         return f"on every step: `{function.name}` {step.why}"
@@ -256,8 +291,10 @@ class _StepLoops:
                     continue
                 in_body = any(stmt is child for stmt in parent.body)
                 branch = parent.body if in_body else parent.orelse
-                if branch and isinstance(branch[-1], (ast.Return, ast.Break, ast.Raise)):
+                if branch and _leaves(self.ctx, branch[-1]):
                     return True  # the branch leaves the loop: it runs on one step, not every step
-                if in_body and _is_gate(parent.test, loop):
-                    return True  # (its `else` runs on the other steps)
+                if in_body and _is_gate(parent.test, loop) and not trains_in(parent.body):
+                    return True  # (its `else` runs on the other steps; a branch that trains is the step itself)
+                if in_body and _first_time(parent):
+                    return True  # `if loss_ema is None: loss_ema = loss.item()`: the first step only
         return False
