@@ -124,9 +124,11 @@ class LoopInvariantProjection(GemmVisitor, Rule):
         whose `forward` applies a linear layer straight to the parameter that receives
         `encoder_out`, the same tensor (or leading rows of it) in every step."""
         loop = self.ctx.loops[-1]
-        if loop.is_comprehension or not node.args or any(isinstance(a, ast.Starred) for a in node.args):
+        func = node.func
+        if (loop.is_comprehension or not node.args or not isinstance(func, ast.Attribute)
+                or not isinstance(func.value, ast.Name) or any(isinstance(a, ast.Starred) for a in node.args)):
             return
-        held = module_class_of(self.ctx, node.func)
+        held = module_class_of(self.ctx, func)
         if held is None:
             return
         cls, qualname, where = held

@@ -187,6 +187,10 @@ class FunctionFlow(BuiltOnFirstUse):
         """Every load of `name` that may read the value `store` binds to it."""
         return [load for load in self.loads.get(name, ()) if self._reaches(store, load)]
 
+    def reaches(self, store: ast.stmt, load: ast.Name) -> bool:
+        """Whether `load` may read the value `store` binds to its name."""
+        return self._reaches(store, load)
+
     def stored_between(self, name: str, start: ast.AST, stop: ast.AST) -> bool:
         """Whether `name` is stored after `start` ends and before `stop` begins."""
         return any(stmt is not None and _end(start) < _end(stmt) <= _pos(stop)

@@ -11,7 +11,7 @@ from dataclasses import dataclass
 from typing import Callable, Optional
 
 from . import kinds as _kinds
-from .flow import flow_of
+from .flow import flow_of, function_text
 from .kinds import int_const
 from .shapes import shape_of
 
@@ -221,10 +221,11 @@ def assigned_value(ctx, load: ast.Name) -> Optional[ast.AST]:
     return stmt.value if simple else _unpacked_item(stmt, load.id)
 
 
-def reads_of_assigned(ctx, value: ast.AST) -> list:
+def reads_of_assigned(ctx, value: ast.AST, where: Callable, spelled: Callable) -> list:
     """The loads that read what `value`, the node being walked, is stored to (`h = value`, or
-    `a, h = x, value`), each of them only when it reads no other value: empty when `value` is not
-    so stored."""
+    `a, h = x, value`), among those `where(load, its parent)` accepts, each of them only when it
+    reads no other value: empty when `value` is not so stored, or when `spelled(name, the
+    function's text)` says no such load is written there."""
     parents = ctx.parents
     if ctx.function is None or not parents:
         return []
@@ -242,8 +243,11 @@ def reads_of_assigned(ctx, value: ast.AST) -> list:
         name = names[0]
     else:
         return []
+    if not spelled(name, function_text(ctx, ctx.function)):
+        return []
     flow = flow_of(ctx, ctx.function)
-    return [load for load in flow.reads(stmt, name) if len(flow.reaching_all(load)) == 1]
+    loads = [load for load in flow.loads.get(name, ()) if where(load, flow.parent.get(load))]
+    return [load for load in loads if flow.reaches(stmt, load) and len(flow.reaching_all(load)) == 1]
 
 
 def _inline_or_assigned(ctx, base: ast.AST) -> list:

@@ -978,13 +978,14 @@ class FunctionShapes:
         float_defaults = {a.arg for a, d in zip(positional[len(positional) - len(args.defaults):] + args.kwonlyargs,
                                                 args.defaults + args.kw_defaults)
                           if d is not None and _float_constant(d)}
+        passed = may_be_passed_instances(self.ctx, fn)
         for a in every:
             if a.arg in self.arguments:
                 env[a.arg] = self.arguments[a.arg]
                 continue
             shape = self.annotation_shape(a.annotation) if getattr(a, "annotation", None) else None
             single = self.counts.get(a.arg, 0) == 0
-            if shape is None and single and a.annotation is None and self._calls_through(a.arg):
+            if shape is None and single and a.annotation is None and passed and self._calls_through(a.arg):
                 passed = passed_instance(self.ctx, fn, a.arg)
                 if passed is not None:
                     env[a.arg] = passed  # `def train(model, ...)` called as `train(ActorCritic(), ...)`
@@ -1009,16 +1010,11 @@ class FunctionShapes:
     def _calls_through(self, name: str) -> bool:
         """The function's text calls `name` (`model(s)`) or a method of it that a class of the
         file defines and that can return a shape (`model.q(s)`)."""
-        methods = _shaping_methods(self.ctx)
-        if not methods:
-            return False
         text = _owner_text(self.ctx, self.owner)
-        if name not in text:
+        if f"{name}(" not in text and f"{name}." not in text:
             return False
-        for match in re.finditer(r"(?<![\w.])%s\s*(?:\.\s*(\w+)\s*)?\(" % re.escape(name), text):
-            if match.group(1) is None or match.group(1) in methods:
-                return True
-        return False
+        calls = _calls_in_text(self.ctx, self.owner)
+        return any(receiver == name and (method is None or _may_shape(self.ctx, method)) for receiver, method in calls)
 
     # -- annotations -------------------------------------------------------------------------------
     def annotation_shape(self, ann) -> Optional[Shape]:
@@ -1763,6 +1759,8 @@ class FunctionShapes:
         fn = method_of(cls, name)
         if fn is None or self.depth >= _CALL_DEPTH or any(a.__class__ is ast.Starred for a in node.args):
             return None
+        if not any(isinstance(a, Shape) for a in [*args, *kwargs.values()]) and not _method_may_shape(self.ctx, cls, fn):
+            return None  # nothing in the method, nor in what it is given, has a shape
         params = fn.args.posonlyargs + fn.args.args
         if not params or len(args) > len(params) - 1 or fn.args.vararg is not None:
             return None
@@ -2372,6 +2370,15 @@ def module_level_value(ctx, name: str):
     return Instance(made) if made is not None else None
 
 
+def may_be_passed_instances(ctx, fn) -> bool:
+    """Whether a call of `fn` in the file may pass it an instance of a class of the file: the
+    file has classes, and calls `fn` by name somewhere besides its `def` (a constructor's
+    callers are not calls of it)."""
+    name = getattr(fn, "name", "__init__")
+    return (name != "__init__" and bool(file_classes(ctx)) and identifier_text(ctx).count(name + "(") >= 2
+            and fn in ctx.tree.body)
+
+
 def passed_instance(ctx, fn, param: str) -> Optional[Instance]:
     """The instance every call of `fn` in the file passes for `param`, when all of them pass
     one of the same class of the file (`train(model, ...)` after `model = ActorCritic()`, or
@@ -2381,7 +2388,7 @@ def passed_instance(ctx, fn, param: str) -> Optional[Instance]:
         return ctx.shared[key]
     ctx.shared[key] = None
     found = None
-    if file_classes(ctx):
+    if may_be_passed_instances(ctx, fn):
         sites = file_calls(ctx).call_sites(fn)
         classes = set()
         for site in sites:
@@ -2570,28 +2577,57 @@ def _uses_shaping_attribute(ctx, cls: ast.ClassDef, text: str) -> bool:
     return bool(stored) and not set(_ATTRIBUTE_NAME.findall(text)).isdisjoint(stored)
 
 
+_RECEIVED_CALL = re.compile(r"(?<![\w.])([A-Za-z_]\w*)\s*(?:\.\s*(\w+)\s*)?\(")
+
+
+def _calls_in_text(ctx, owner) -> frozenset:
+    """(name, method) for each `name(` (method None) and `name.method(` in `owner`'s text."""
+    key = ("shapes.calls_in_text", id(owner))
+    found = ctx.shared.get(key)
+    if found is None:
+        found = ctx.shared[key] = frozenset((m.group(1), m.group(2) or None)
+                                            for m in _RECEIVED_CALL.finditer(_owner_text(ctx, owner)))
+    return found
+
+
 _SELF_CALL = re.compile(r"\bself\s*\.\s*\w+\s*\(")
 _CALLED_NAME = re.compile(r"\b([A-Za-z_]\w*)\s*\(")
 
 
-def _shaping_methods(ctx) -> frozenset:
-    """Names whose call may return a shape through the classes of this file: their methods that
-    can hold one themselves (`v` of `def v(self, x): return self.fc_v(x)`), and those classes."""
-    found = ctx.shared.get("shapes.shaping_methods")
+def _file_callables(ctx) -> dict:
+    """Names a call can spell to run code of the file's classes: each method name, with the
+    methods so named, and each class name, with its methods."""
+    found = ctx.shared.get("shapes.file_callables")
     if found is None:
-        names = set()
+        found = {}
         for cls in file_classes(ctx).values():
-            methods = [fn for fn in cls.body if isinstance(fn, ast.FunctionDef)]
-            # Layers `__init__` builds, called from a method (`self.fc_v(x)`), read off the text.
-            builds = any(fn.name == "__init__" and _names_a_shape_source(ctx, function_text(ctx, fn)) for fn in methods)
-            shaping = [fn.name for fn in methods if fn.name != "__init__"
-                       and (_names_a_shape_source(ctx, function_text(ctx, fn)) or _states_shapes(fn.body)
-                            or (builds and _SELF_CALL.search(function_text(ctx, fn)) is not None))]
-            if shaping:
-                names.update(shaping)
-                names.add(cls.name)
-        found = ctx.shared["shapes.shaping_methods"] = frozenset(names)
+            methods = [fn for fn in cls.body if isinstance(fn, ast.FunctionDef) and fn.name != "__init__"]
+            found.setdefault(cls.name, []).extend((cls, fn) for fn in methods)
+            for fn in methods:
+                found.setdefault(fn.name, []).append((cls, fn))
+        ctx.shared["shapes.file_callables"] = found
     return found
+
+
+def _method_may_shape(ctx, cls: ast.ClassDef, fn) -> bool:
+    """The method can hold a shape itself: it names a shape source, states one, or calls a
+    layer its class builds in `__init__` (`self.fc_v(x)`, read off the text)."""
+    key = ("shapes.method_may_shape", id(fn))
+    found = ctx.shared.get(key)
+    if found is None:
+        text = function_text(ctx, fn)
+        found = _names_a_shape_source(ctx, text) or _states_shapes(fn.body)
+        if not found and _SELF_CALL.search(text) is not None:
+            found = any(init.name == "__init__" and _names_a_shape_source(ctx, function_text(ctx, init))
+                        for init in cls.body if isinstance(init, ast.FunctionDef))
+        ctx.shared[key] = found
+    return found
+
+
+def _may_shape(ctx, name: str) -> bool:
+    """A call named `name` may return a shape through a class of the file: a method so named,
+    or a method of the class so named, can hold one."""
+    return any(_method_may_shape(ctx, cls, fn) for cls, fn in _file_callables(ctx).get(name, ()))
 
 
 def _calls_shaping_code(ctx, text: str, cls: Optional[ast.ClassDef]) -> bool:
@@ -2603,10 +2639,35 @@ def _calls_shaping_code(ctx, text: str, cls: Optional[ast.ClassDef]) -> bool:
     called = set(_CALLED_NAME.findall(text))
     if not called:
         return False
-    if not _shaping_methods(ctx).isdisjoint(called):
+    callables = _file_callables(ctx)
+    if any(_may_shape(ctx, name) for name in called if name in callables):
         return True
-    return cls is not None and any(isinstance(value, Instance) and attr in called and value.cls.name in _shaping_methods(ctx)
-                                   for attr, value in _class_attrs(ctx, cls).items())
+    if cls is None:
+        return False
+    held = _instance_attributes(ctx, cls)
+    return not held.isdisjoint(called) and any(
+        isinstance(value, Instance) and attr in called and _may_shape(ctx, value.cls.name)
+        for attr, value in _class_attrs(ctx, cls).items())
+
+
+def _instance_attributes(ctx, cls: ast.ClassDef) -> frozenset:
+    """Attributes `__init__` of `cls` assigns a call of a class of the file (`self.critic =
+    Critic(d)`), read off the syntax."""
+    key = ("shapes.instance_attributes", id(cls))
+    found = ctx.shared.get(key)
+    if found is None:
+        classes = file_classes(ctx)
+        found = set()
+        for fn in cls.body:
+            if (isinstance(fn, ast.FunctionDef) and fn.name == "__init__"
+                    and any(name in classes and _may_shape(ctx, name)
+                            for name in set(_CALLED_NAME.findall(function_text(ctx, fn))))):
+                for node in ast.walk(fn):
+                    if (node.__class__ is ast.Assign and node.value.__class__ is ast.Call
+                            and node.value.func.__class__ is ast.Name and node.value.func.id in classes):
+                        found.update(t.attr for t in node.targets if t.__class__ is ast.Attribute)
+        found = ctx.shared[key] = frozenset(found)
+    return found
 
 
 def may_hold_shapes(ctx, owner, cls: Optional[ast.ClassDef] = None) -> bool:

@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import ast
+import re
 from dataclasses import dataclass
 from typing import Optional
 
@@ -53,6 +54,13 @@ def _strided_last_dim(ctx, operand: ast.AST) -> bool:
     if any(isinstance(e, ast.Constant) and e.value in (None, Ellipsis) for e in elts):
         return False
     return rank_of(ctx, operand.value) == len(elts) and len(elts) >= 2
+
+
+def _spelled_as_operand(name: str, text: str) -> bool:
+    """`text` may pass `name` to a GEMM as it is: an argument standing alone (`self.fc(h)`,
+    `torch.matmul(h, w)`) or a side of `@`."""
+    word = re.escape(name)
+    return re.search(r"[(,]\s*%s\s*[,)]|@\s*%s\b|\b%s\s*@" % (word, word, word), text) is not None
 
 
 def _stored_where(gemm, view: Reorder, base: str) -> str:
@@ -172,12 +180,11 @@ class StridedGemmInput(Rule):
             return
         # `h = x.permute(1, 0, 2)` (or `a, h = ..., x.permute(1, 0, 2)`), then `self.fc(h)`: each
         # GEMM that reads the name directly, where the name holds this view and nothing else.
-        flow = None
-        for load in reads_of_assigned(self.ctx, node):
-            flow = flow or flow_of(self.ctx, self.ctx.function)
-            parent = flow.parent.get(load)
-            if parent is not None and load in gemm_candidates(parent):
-                self.check_gemm(parent, named=(load, node), in_loop=bool(flow.loops_around(parent)))
+        operand = lambda load, parent: parent is not None and load in gemm_candidates(parent)
+        for load in reads_of_assigned(self.ctx, node, operand, _spelled_as_operand):
+            flow = flow_of(self.ctx, self.ctx.function)
+            parent = flow.parent[load]
+            self.check_gemm(parent, named=(load, node), in_loop=bool(flow.loops_around(parent)))
 
     def check_gemm(self, node: ast.AST, named=None, in_loop=None) -> None:
         """Report the operands of GEMM `node` that it copies; with `named` (a name operand and the
