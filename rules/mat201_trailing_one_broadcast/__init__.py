@@ -41,8 +41,8 @@ class TrailingOneBroadcast(Rule):
     reductions, `gather` (the index's shape), jaxtyping annotations, `assert x.shape == ...`,
     `assert x.shape[0] == n`, and what the file's own classes return: another method of the class
     (`self.v(s)`), an instance held in an attribute (`self.critic(s)` after `self.critic =
-    Critic(d)`) or module-level name (`net = Net()`), or passed as the argument every call of the
-    function passes (`train(model, ...)` after `model = Net()`), read off that method for the
+    Critic(d)`) or module-level name (`net = Net()`), or passed as the argument every call of a
+    module-level function passes (`train(model, ...)` after `model = Net()`), read off that method for the
     argument shapes given; a module-level float (`GAMMA = 0.99`) is a number); the rule fires
     only when both shapes are known.
 
