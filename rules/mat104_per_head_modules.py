@@ -8,7 +8,7 @@ from typing import Optional
 from matlint.rule import Only, Rule
 
 from matlint.semantic.flow import flow_of
-from matlint.semantic.kinds import class_attribute_values, may_mention
+from matlint.semantic.kinds import class_attribute_values, sized_factory_rank
 from matlint.semantic.loops import bound_names, loaded_names
 from matlint.semantic.project import imported_class
 from matlint.semantic.tree import walk
@@ -87,6 +87,31 @@ def _stop_is_len_of(stop: ast.AST, attr: str, self_name: str) -> bool:
             and len(stop.args) == 1 and _self_attr(stop.args[0], self_name) == attr)
 
 
+_GEMM_FUNCTIONS = frozenset({"torch.mm", "torch.matmul", "torch.bmm", "torch.einsum", "torch.nn.functional.linear"})
+
+
+def _multiplies_parameter_matrix(cls: ast.ClassDef, qualname) -> bool:
+    """`cls` stores a matrix parameter (`self.W = nn.Parameter(torch.empty(size=(d, k)))`) and
+    multiplies by it (`torch.mm(h, self.W)`, `h @ self.W`, `F.linear(h, self.W)`): its own projection."""
+    matrices = set()
+    for node in ast.walk(cls):
+        if (isinstance(node, ast.Assign) and len(node.targets) == 1 and isinstance(node.targets[0], ast.Attribute)
+                and isinstance(node.value, ast.Call) and qualname(node.value.func) == "torch.nn.Parameter"
+                and node.value.args and sized_factory_rank(node.value.args[0], qualname) == 2):
+            matrices.add(node.targets[0].attr)
+    if not matrices:
+        return False
+
+    def is_matrix(expr):
+        return isinstance(expr, ast.Attribute) and expr.attr in matrices and isinstance(expr.value, ast.Name)
+    for node in ast.walk(cls):
+        if isinstance(node, ast.BinOp) and isinstance(node.op, ast.MatMult) and (is_matrix(node.left) or is_matrix(node.right)):
+            return True
+        if isinstance(node, ast.Call) and qualname(node.func) in _GEMM_FUNCTIONS and any(map(is_matrix, node.args)):
+            return True
+    return False
+
+
 _LIST_CHANGES = frozenset({"append", "extend", "insert", "pop", "remove", "clear", "reverse", "sort", "update",
                            "popitem", "setdefault"})
 
@@ -150,12 +175,9 @@ class PerHeadModules(Rule):
     No automatic fix: the weights must be re-laid out into one module (checkpoints change).
     """
 
-    # The heads must be nn.Linear or a class (of this file or a project module it imports) that
-    # holds one (`_holds_projections`), in a module container. The join is `torch.cat(...)`-like,
-    # or a bare name bound to one.
-    only = {"visit_Call": Only(attrs=frozenset(name.rsplit(".", 1)[1] for name in _JOINS),
-                               if_file=lambda ctx: any(may_mention(ctx, word) for word in (
-                                   "Linear", "ModuleList", "ModuleDict")))}
+    # The join is `torch.cat(...)`-like, or a bare name bound to one. The heads may be a class of
+    # a project module the file imports, in a plain list: no word of this file tells them apart.
+    only = {"visit_Call": Only(attrs=frozenset(name.rsplit(".", 1)[1] for name in _JOINS))}
 
     def visit_Call(self, node: ast.Call) -> None:
         fn, cls = self.ctx.function, self.ctx.class_
@@ -319,15 +341,17 @@ class PerHeadModules(Rule):
         """What `self.attr = value` fills the container with: `nn.ModuleList([Head() for _ in
         range(n)])`, `nn.ModuleDict({k: Head() for k in keys})`, or a helper of the file that
         returns copies of its argument (`clones(layer, n)`)."""
-        if not isinstance(value, ast.Call):
+        if container == _LIST and isinstance(value, (ast.ListComp, ast.GeneratorExp)):
+            value = ast.Call(func=None, args=[value], keywords=[])  # `[Head(d) for _ in range(n)]`: a plain list of them
+        elif not isinstance(value, ast.Call):
             return None
-        if container == _LIST and not value.keywords:
+        elif container == _LIST and not value.keywords:
             cloned = self._cloned(value)
             if cloned is not None:
                 module, count = cloned
                 call = self._built_once(module, init)
                 return None if call is None else (call, self._count_text(count))
-        if self.ctx.qualname(value.func) != container:
+        if value.func is not None and self.ctx.qualname(value.func) != container:
             return None
         if not value.args:
             return "empty"
@@ -430,5 +454,7 @@ class PerHeadModules(Rule):
                             for a in module_call.args)
                     and any(self.ctx.qualname(a.func) in _LINEAR for a in module_call.args))
         cls, qualname = self._head_class(func)
-        return cls is not None and any(isinstance(n, ast.Call) and qualname(n.func) in _LINEAR
-                                       for n in ast.walk(cls))
+        if cls is None:
+            return False
+        return (any(isinstance(n, ast.Call) and qualname(n.func) in _LINEAR for n in ast.walk(cls))
+                or _multiplies_parameter_matrix(cls, qualname))

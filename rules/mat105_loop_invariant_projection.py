@@ -6,10 +6,43 @@ import ast
 
 from matlint.rule import Rule
 
+from matlint.semantic.project import module_class_of
 from matlint.semantic.loops import updates_weights
+from matlint.semantic.shapes import method_of
 from matlint.rule import GemmVisitor
 from matlint.semantic.torch_api import as_gemm
 from .mat101_python_loop_matmul import PythonLoopMatmul
+
+
+_LINEAR = frozenset({"torch.nn.Linear", "torch.nn.LazyLinear"})
+
+
+def _leading_rows_of(arg: ast.AST) -> ast.AST:
+    """`x` for `x[:k]` (leading rows, whatever `k`): a row-wise projection of them is the rows of
+    the projection of `x`. Any other expression is itself."""
+    if (isinstance(arg, ast.Subscript) and isinstance(arg.slice, ast.Slice) and arg.slice.lower is None
+            and arg.slice.step is None):
+        return arg.value
+    return arg
+
+
+def _projection_of(cls: ast.ClassDef, forward, param: str, qualname):
+    """The call `self.layer(param)` in `forward` of a `torch.nn.Linear` that `cls` builds in
+    `__init__` (and stores nowhere else), with `param` never rebound in `forward`; else None."""
+    if any(isinstance(n, ast.Name) and n.id == param and not isinstance(n.ctx, ast.Load) for n in ast.walk(forward)):
+        return None
+    self_name = (forward.args.posonlyargs + forward.args.args)[0].arg
+    for sub in ast.walk(forward):
+        if (isinstance(sub, ast.Call) and len(sub.args) == 1 and not sub.keywords
+                and isinstance(sub.args[0], ast.Name) and sub.args[0].id == param
+                and isinstance(sub.func, ast.Attribute) and isinstance(sub.func.value, ast.Name)
+                and sub.func.value.id == self_name):
+            stores = [value for stmt in ast.walk(cls) if isinstance(stmt, ast.Assign) for target in stmt.targets
+                      if isinstance(target, ast.Attribute) and target.attr == sub.func.attr
+                      for value in [stmt.value]]
+            if stores and all(isinstance(v, ast.Call) and qualname(v.func) in _LINEAR for v in stores):
+                return sub
+    return None
 
 
 class LoopInvariantProjection(GemmVisitor, Rule):
@@ -30,6 +63,13 @@ class LoopInvariantProjection(GemmVisitor, Rule):
     message gives the hoisted call and how the loop reads it (`proj[t]`, with the loop's own
     counter, or iterating over `proj` in place of `x`).
     MAT101 stays quiet on recurrences; this rule covers the part of them that is not sequential.
+
+    It also flags a call, in such a loop, of a module the class holds (`self.attention(memory, h)`
+    after `self.attention = Attention(...)`, a class of the file or of a project module it
+    imports) whose `forward` applies one of its `nn.Linear` layers straight to the parameter
+    that receives a tensor fixed before the loop, or leading rows of one (`memory[:n]`): the
+    decoder attention's `self.W(features)`, recomputed at every decode step. The message names
+    the projection to compute once before the loop and pass in.
 
     ## Why is this bad?
     Only `h @ W_hh` has to wait for the previous step. The input projection of every step can
@@ -52,6 +92,9 @@ class LoopInvariantProjection(GemmVisitor, Rule):
     ## Stays quiet on
     - Loops that are not recurrences (MAT101 reports their GEMMs), and GEMMs that read the state
       (`h @ W_hh`) or anything derived from it in the step.
+    - Module calls whose argument changes per step (`x[:, t]`, the state), that the module
+      transforms before projecting (`features = features * h`), or that it does not project
+      with a layer of its own (a projection already hoisted and passed in).
     - Inputs that are not a per-step slice of one tensor (a list of steps, a value fed
       back from the previous prediction, `x[t:t + k]` or `x.split(k, 1)` chunks), tensors rebound or written in
       place inside the loop (`ys[:, t + 1].copy_(h)`, also through another name for the same
@@ -70,6 +113,49 @@ class LoopInvariantProjection(GemmVisitor, Rule):
         self._loop_gemms = PythonLoopMatmul(ctx)
 
     gemms_in_loops_only = True
+
+    def visit_Call(self, node: ast.Call) -> None:
+        super().visit_Call(node)  # a GEMM of the step
+        if self.ctx.loops:
+            self._check_module_call(node)
+
+    def _check_module_call(self, node: ast.Call) -> None:
+        """`self.attention(encoder_out, h)` in the recurrence, a module of a class of the project
+        whose `forward` applies a linear layer straight to the parameter that receives
+        `encoder_out`, the same tensor (or leading rows of it) in every step."""
+        loop = self.ctx.loops[-1]
+        func = node.func
+        if (loop.is_comprehension or not node.args or not isinstance(func, ast.Attribute)
+                or not isinstance(func.value, ast.Name) or any(isinstance(a, ast.Starred) for a in node.args)):
+            return
+        held = module_class_of(self.ctx, func)
+        if held is None:
+            return
+        cls, qualname, where = held
+        forward = method_of(cls, "forward")
+        if forward is None or not self._loop_gemms._is_recurrence(loop) or updates_weights(self.ctx, loop):
+            return
+        if loop.changes(node.func):
+            return
+        params = [a.arg for a in forward.args.posonlyargs + forward.args.args][1:]
+        passed = dict(zip(params, node.args))
+        passed.update((k.arg, k.value) for k in node.keywords if k.arg in params)
+        for param, arg in passed.items():
+            fixed = _leading_rows_of(arg)
+            if (loop.depends_on_iteration(fixed) or loop.changes(fixed) or loop.reads_carried(fixed)
+                    or loop.reads_carried(arg)):
+                continue
+            layer = _projection_of(cls, forward, param, qualname)
+            if layer is None:
+                continue
+            seg = self.ctx.segment
+            rows = "" if fixed is arg else f", and `{seg(arg)}` is leading rows of it, which are the rows of that projection"
+            line = f"line {layer.lineno}" if where is None else f"{where}:{layer.lineno}"
+            self.report(node, f"`{seg(node.func)}` applies `self.{layer.func.attr}` to `{param}` ({line}) at "
+                              f"every step, but `{seg(fixed)}` is the same tensor in every step{rows}: compute "
+                              f"`{seg(node.func)}.{layer.func.attr}({seg(fixed)})` once before the loop and pass the "
+                              f"projection in")
+            return
 
     def check_gemm(self, node: ast.AST) -> None:
         gemm = as_gemm(self.ctx, node)

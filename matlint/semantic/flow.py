@@ -183,8 +183,15 @@ class FunctionFlow(BuiltOnFirstUse):
 
     def uses(self, assign: ast.Assign) -> list:
         """Every load that may read the value `assign` stores."""
-        name = assign.targets[0].id
-        return [load for load in self.loads.get(name, ()) if self._reaches(assign, load)]
+        return self.reads(assign, assign.targets[0].id)
+
+    def reads(self, store: ast.stmt, name: str) -> list:
+        """Every load of `name` that may read the value `store` binds to it."""
+        return [load for load in self.loads.get(name, ()) if self._reaches(store, load)]
+
+    def reaches(self, store: ast.stmt, load: ast.Name) -> bool:
+        """Whether `load` may read the value `store` binds to its name."""
+        return self._reaches(store, load)
 
     def stored_between(self, name: str, start: ast.AST, stop: ast.AST) -> bool:
         """Whether `name` is stored after `start` ends and before `stop` begins."""

@@ -1334,3 +1334,24 @@ def constant_int(ctx, expr: ast.AST) -> Optional[int]:
         return None
     values = {_assigned_int(e) for e in entries}
     return values.pop() if len(values) == 1 else None
+
+
+# Factories whose sizes are their positional arguments or `size=` (`torch.randn(d, k)`,
+# `torch.empty((d, k))`, `torch.empty(size=(d, k))`).
+SIZED_FACTORIES = frozenset({"zeros", "ones", "empty", "rand", "randn"})
+
+
+def sized_factory_rank(call: ast.AST, qualname) -> Optional[int]:
+    """The rank of the tensor a sized torch factory call makes (`qualname` resolves names in the
+    call's module), or None when `call` is none or its rank is not written out (one argument may
+    be a size tuple held in a name)."""
+    qual = qualname(call.func) if isinstance(call, ast.Call) else None
+    if qual is None or qual.rpartition(".")[0] != "torch" or qual.rpartition(".")[2] not in SIZED_FACTORIES:
+        return None
+    sizes = list(call.args) or [k.value for k in call.keywords if k.arg == "size"]
+    if not sizes or any(isinstance(a, ast.Starred) for a in sizes):
+        return None
+    if len(sizes) == 1 and isinstance(sizes[0], (ast.Tuple, ast.List)):
+        elts = sizes[0].elts
+        return None if any(isinstance(e, ast.Starred) for e in elts) else len(elts)
+    return len(sizes) if len(sizes) > 1 else None

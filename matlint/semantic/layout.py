@@ -11,7 +11,7 @@ from dataclasses import dataclass
 from typing import Callable, Optional
 
 from . import kinds as _kinds
-from .flow import flow_of
+from .flow import flow_of, function_text
 from .kinds import int_const
 from .shapes import shape_of
 
@@ -35,6 +35,7 @@ class Reorder:
     base: ast.AST
     perm: Optional[tuple]     # None when the rank is not known
     last_two_only: bool       # swaps exactly the last two dims, whatever the rank
+    min_rank: int = 2         # the least rank the view can have (`x.transpose(1, 2)` needs 3)
 
 
 def _swap(rank: int, a: int, b: int) -> Optional[tuple]:
@@ -54,7 +55,7 @@ def _transpose(ctx, node, base, a_node, b_node, known_rank: Optional[int]) -> Op
     if {a, b} == {-1, -2}:
         return Reorder(node, base, _swap(rank, a, b) if rank else None, True)
     if rank is None:
-        return Reorder(node, base, None, False)
+        return Reorder(node, base, None, False, max(d + 1 if d >= 0 else -d for d in (a, b)))
     perm = _swap(rank, a, b)
     if perm is None:
         return None
@@ -195,6 +196,58 @@ def _permute(node, base, elts) -> Optional[Reorder]:
 def mergeable(perm: tuple, i: int) -> bool:
     """Dims i and i+1 of a permuted view of a contiguous tensor can be merged without a copy."""
     return perm[i + 1] == perm[i] + 1
+
+
+def _unpacked_item(stmt: ast.AST, name: str) -> Optional[ast.AST]:
+    """The value `a, name = x, value` binds to `name`, item by item; None for any other statement."""
+    if not (isinstance(stmt, ast.Assign) and len(stmt.targets) == 1 and isinstance(stmt.targets[0], (ast.Tuple, ast.List))
+            and isinstance(stmt.value, (ast.Tuple, ast.List)) and len(stmt.targets[0].elts) == len(stmt.value.elts)):
+        return None
+    hits = [value for target, value in zip(stmt.targets[0].elts, stmt.value.elts)
+            if isinstance(target, ast.Name) and target.id == name]
+    starred = any(isinstance(e, ast.Starred) for e in stmt.targets[0].elts + stmt.value.elts)
+    return hits[0] if len(hits) == 1 and not starred else None
+
+
+def assigned_value(ctx, load: ast.Name) -> Optional[ast.AST]:
+    """The one expression whose value `load` reads in the function being walked: the value of its
+    only reaching store, `name = value` or `a, name = x, value`; None for anything else."""
+    if ctx.function is None:
+        return None
+    reaching = flow_of(ctx, ctx.function).reaching_all(load)
+    if len(reaching) != 1 or reaching[0][0] is None:
+        return None
+    stmt, simple = reaching[0]
+    return stmt.value if simple else _unpacked_item(stmt, load.id)
+
+
+def reads_of_assigned(ctx, value: ast.AST, where: Callable, spelled: Callable) -> list:
+    """The loads that read what `value`, the node being walked, is stored to (`h = value`, or
+    `a, h = x, value`), among those `where(load, its parent)` accepts, each of them only when it
+    reads no other value: empty when `value` is not so stored, or when `spelled(name, the
+    function's text)` says no such load is written there."""
+    parents = ctx.parents
+    if ctx.function is None or not parents:
+        return []
+    stmt = parents[-1]
+    if isinstance(stmt, ast.Assign) and stmt.value is value:
+        if len(stmt.targets) != 1 or not isinstance(stmt.targets[0], ast.Name):
+            return []
+        name = stmt.targets[0].id
+    elif isinstance(stmt, (ast.Tuple, ast.List)) and len(parents) > 1 and getattr(parents[-2], "value", None) is stmt:
+        stmt = parents[-2]
+        target = stmt.targets[0] if isinstance(stmt, ast.Assign) and len(stmt.targets) == 1 else None
+        names = [t.id for t, v in zip(getattr(target, "elts", ()), stmt.value.elts) if v is value and isinstance(t, ast.Name)]
+        if len(names) != 1 or _unpacked_item(stmt, names[0]) is not value:
+            return []
+        name = names[0]
+    else:
+        return []
+    if not spelled(name, function_text(ctx, ctx.function)):
+        return []
+    flow = flow_of(ctx, ctx.function)
+    loads = [load for load in flow.loads.get(name, ()) if where(load, flow.parent.get(load))]
+    return [load for load in loads if flow.reaches(stmt, load) and len(flow.reaching_all(load)) == 1]
 
 
 def _inline_or_assigned(ctx, base: ast.AST) -> list:

@@ -184,15 +184,30 @@ def _bound_paths(target: ast.AST) -> list:
     return [path] if path is not None else []
 
 
-def view_alias_roots(ctx, scope: ast.AST) -> dict:
+def _holds(outer: ast.AST, inner: ast.AST) -> bool:
+    """The source span of `outer` contains that of `inner`."""
+    return ((outer.lineno, outer.col_offset) <= (inner.lineno, inner.col_offset)
+            and (inner.end_lineno, inner.end_col_offset) <= (outer.end_lineno, outer.end_col_offset))
+
+
+def view_alias_roots(ctx, scope: ast.AST, loop: Optional[ast.AST] = None) -> dict:
     """For the names and attribute paths of `scope` that are bound to a view or alias of another
     (`out = x`, `prev, nxt = xs[:-1], xs[1:]`, `for p in self.fc.parameters()`), a representative
     shared by all names that may hold the same memory. Flow-insensitive: a name bound once to an
-    alias is an alias everywhere, which errs on the side of "may share"."""
-    key = ("view_alias_roots", id(scope))
+    alias is an alias everywhere, which errs on the side of "may share". With `loop`, the
+    aliases `loop` may see: a binding after the loop that no loop around it repeats (`x = out`
+    once the loop has filled `out`) runs too late to make one."""
+    if loop is not None and getattr(loop, "end_lineno", None) is None:
+        loop = None
+    key = ("view_alias_roots", id(scope), id(loop) if loop is not None else None)
     roots = ctx.shared.get(key)
     if roots is None:
         roots = {}
+        body = scope.body if isinstance(scope.body, list) else [scope.body]
+        if loop is not None:
+            end = (loop.end_lineno, loop.end_col_offset)
+            repeating = [n for stmt in body for n in walk_no_scopes(stmt)
+                         if n.__class__ in (ast.For, ast.AsyncFor, ast.While) and n is not loop and _holds(n, loop)]
 
         def root(path):
             while roots.get(path, path) != path:
@@ -205,7 +220,6 @@ def view_alias_roots(ctx, scope: ast.AST) -> dict:
                 roots[ra] = rb
                 roots.setdefault(rb, rb)
 
-        body = scope.body if isinstance(scope.body, list) else [scope.body]
         for stmt in body:
             for sub in walk_no_scopes(stmt):
                 cls = sub.__class__
@@ -217,6 +231,10 @@ def view_alias_roots(ctx, scope: ast.AST) -> dict:
                     pairs = [(sub.target, sub.iter)]
                 else:
                     continue
+                if loop is not None:
+                    at = sub.target if cls is ast.comprehension else sub
+                    if (at.lineno, at.col_offset) >= end and not any(_holds(n, at) for n in repeating):
+                        continue
                 for target, value in pairs:
                     if (target.__class__ in (ast.Tuple, ast.List) and value.__class__ in (ast.Tuple, ast.List)
                             and len(target.elts) == len(value.elts)):
@@ -434,7 +452,7 @@ class LoopInfo:
     @cached_property
     def _alias_roots(self) -> dict:
         scope = code_scope(self.ctx)
-        return view_alias_roots(self.ctx, scope) if scope is not None else {}
+        return view_alias_roots(self.ctx, scope, self.node) if scope is not None else {}
 
     @cached_property
     def _changed_alias_roots(self) -> set:

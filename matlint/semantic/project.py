@@ -241,3 +241,32 @@ def _import_table(tree: ast.Module) -> dict:
                 if alias.asname or "." not in alias.name:
                     table[alias.asname or alias.name] = (alias.name, 0, None)
     return table
+
+
+def module_class_of(ctx, func: ast.AST) -> Optional[tuple]:
+    """(class, qualname of its module, where it is) for `self.<attr>`, read in a method of the
+    class being walked, when every value the class stores in that attribute is a call of one
+    class of this file or of a project module it imports (`self.attention = Attention(d)`, `from
+    attention import Attention`); `where` is None for this file, else that file's name."""
+    from .kinds import class_attribute_values
+
+    cls = ctx.class_
+    if (cls is None or not isinstance(func, ast.Attribute) or not isinstance(func.value, ast.Name)
+            or not ctx.functions or not ctx.functions[0].args.args
+            or func.value.id != ctx.functions[0].args.args[0].arg):
+        return None
+    values = [value for _, value in class_attribute_values(ctx, cls, func.attr)]
+    if not values or not all(isinstance(v, ast.Call) and isinstance(v.func, ast.Name) for v in values):
+        return None
+    if len({v.func.id for v in values}) != 1:
+        return None
+    name = values[0].func.id
+    if ctx.qualname(values[0].func) is None:
+        local = [s for s in ctx.tree.body if isinstance(s, ast.ClassDef) and s.name == name]
+        if len(local) == 1:
+            return local[0], ctx.qualname, None
+    found = imported_class(ctx, values[0].func)
+    if found is None:
+        return None
+    path = imported_definition(ctx, values[0].func, (ast.ClassDef,))[1]
+    return found[0], found[1].qualname, os.path.basename(path)

@@ -48,7 +48,8 @@ from dataclasses import dataclass, field, replace
 from types import MappingProxyType, SimpleNamespace
 from typing import Callable, Optional
 
-from .flow import function_text, has_word
+from .calls import argument_for, file_calls
+from .flow import flow_of, function_text, has_word
 from .kinds import fixed_key, identifier_text, int_const, may_mention, module_container, mutated_attributes
 from .loops import scope_statements
 from .tree import child_nodes, walk
@@ -332,6 +333,20 @@ class ModuleItems:
     them all (`[nn.Linear(d, 1) for _ in range(n)]`)."""
     items: dict
     every: Optional[Module] = None
+
+
+@dataclass(eq=False)
+class Instance:
+    """An instance of a class of this file (`self.critic = Critic(d)`, `memory = ReplayBuffer()`):
+    calling it, or one of its methods, gives what that method returns for these arguments.
+    Instances of one class are alike: what its methods return depends on the arguments only."""
+    cls: ast.ClassDef
+
+    def __eq__(self, other):
+        return isinstance(other, Instance) and other.cls is self.cls
+
+    def __hash__(self):
+        return id(self.cls)
 
 
 @_value_class
@@ -881,9 +896,13 @@ class FunctionShapes:
     """Values of the expressions of one function (or module body, or lambda)."""
 
     def __init__(self, ctx, owner, class_attrs: Optional[dict] = None, self_name: Optional[str] = None,
-                 scope: str = "", init_mode: bool = False, lazy: bool = False):
+                 scope: str = "", init_mode: bool = False, lazy: bool = False, cls: Optional[ast.ClassDef] = None,
+                 arguments: Optional[dict] = None, depth: int = 0):
         self.ctx = ctx
         self.owner = owner
+        self.cls = cls  # the class `owner` is a method of, whose other methods `self.m(...)` calls
+        self.arguments = arguments or {}  # parameter -> the value a caller passes (a call's return, read for it)
+        self.depth = depth  # how many calls deep this analysis runs, for a call's return
         self.values: dict = {}
         self.class_attrs = class_attrs or {}
         self.self_name = self_name
@@ -959,9 +978,18 @@ class FunctionShapes:
         float_defaults = {a.arg for a, d in zip(positional[len(positional) - len(args.defaults):] + args.kwonlyargs,
                                                 args.defaults + args.kw_defaults)
                           if d is not None and _float_constant(d)}
+        passed = may_be_passed_instances(self.ctx, fn)
         for a in every:
+            if a.arg in self.arguments:
+                env[a.arg] = self.arguments[a.arg]
+                continue
             shape = self.annotation_shape(a.annotation) if getattr(a, "annotation", None) else None
             single = self.counts.get(a.arg, 0) == 0
+            if shape is None and single and a.annotation is None and passed and self._calls_through(a.arg):
+                passed = passed_instance(self.ctx, fn, a.arg)
+                if passed is not None:
+                    env[a.arg] = passed  # `def train(model, ...)` called as `train(ActorCritic(), ...)`
+                    continue
             sym = self.sym(a.arg) if single else None
             if shape is not None:
                 env[a.arg] = shape
@@ -978,6 +1006,15 @@ class FunctionShapes:
         if self.self_name and every:
             env[self.self_name] = None
         return env
+
+    def _calls_through(self, name: str) -> bool:
+        """The function's text calls `name` (`model(s)`) or a method of it that a class of the
+        file defines and that can return a shape (`model.q(s)`)."""
+        text = _owner_text(self.ctx, self.owner)
+        if f"{name}(" not in text and f"{name}." not in text:
+            return False
+        calls = _calls_in_text(self.ctx, self.owner)
+        return any(receiver == name and (method is None or _may_shape(self.ctx, method)) for receiver, method in calls)
 
     # -- annotations -------------------------------------------------------------------------------
     def annotation_shape(self, ann) -> Optional[Shape]:
@@ -1328,6 +1365,8 @@ class FunctionShapes:
         qual = self.ctx.qualname(node)
         if self.counts.get(node.id, 0) == 0 and qual is None:
             layer = self._module_level_layer(node.id)
+            if layer is None and self.owner is not self.ctx.tree:
+                layer = module_level_value(self.ctx, node.id)
             return layer if layer is not None else Opaque(self.sym(node.id))
         return _loss_function(qual)
 
@@ -1661,6 +1700,18 @@ class FunctionShapes:
                 return None
         if named is not None:
             return self._torch_call(named, node, args, kwargs)
+        if isinstance(callee, Instance):  # `self.critic(x)`, `model(x)`: its forward
+            return self._returned(callee.cls, "forward", args, kwargs, node)
+        if func.__class__ is ast.Name and (callee is None or callee.__class__ is Opaque) and func.id not in self.env \
+                and qual is None:
+            made = file_class(self.ctx, func.id)
+            if made is not None:
+                return Instance(made)  # `Critic(d)`: an instance of a class of this file
+        if (func.__class__ is ast.Attribute and self.cls is not None and self._is_self_attr(func)
+                and not self.init_mode and func.attr not in self.class_attrs):
+            return self._returned(self.cls, func.attr, args, kwargs, node)  # `self.v(s)`: another method
+        if func.__class__ is ast.Attribute and isinstance(receiver, Instance):
+            return self._returned(receiver.cls, func.attr, args, kwargs, node)  # `self.critic.value(s)`
         if isinstance(callee, Module):
             return callee.apply(as_shape(args[0])) if len(args) == 1 and not kwargs else None
         if isinstance(callee, Loss):
@@ -1700,6 +1751,48 @@ class FunctionShapes:
             if isinstance(receiver, Module) and func.attr == "forward":
                 return receiver.apply(as_shape(args[0])) if len(args) == 1 else None
         return None
+
+    def _returned(self, cls: ast.ClassDef, name: str, args, kwargs, node):
+        """What method `name` of `cls` returns when called with these argument values (all its
+        `return`s agree), read off an analysis of the method with its parameters bound to them;
+        None past a few calls deep, for recursion, or where any argument is spread (`*a`)."""
+        fn = method_of(cls, name)
+        if fn is None or self.depth >= _CALL_DEPTH or any(a.__class__ is ast.Starred for a in node.args):
+            return None
+        if not any(isinstance(a, Shape) for a in [*args, *kwargs.values()]) and not _method_may_shape(self.ctx, cls, fn):
+            return None  # nothing in the method, nor in what it is given, has a shape
+        params = fn.args.posonlyargs + fn.args.args
+        if not params or len(args) > len(params) - 1 or fn.args.vararg is not None:
+            return None
+        bound = dict(zip((p.arg for p in params[1:]), args))
+        names = {p.arg for p in params[1:]} | {p.arg for p in fn.args.kwonlyargs}
+        if not set(kwargs) <= names:
+            return None
+        bound.update(kwargs)
+        try:
+            key = ("shapes.returned", id(fn), tuple(sorted(bound.items())))
+            hash(key)
+        except TypeError:
+            key = None
+        shared = self.ctx.shared
+        if key is not None and key in shared:
+            return shared[key]
+        active = shared.setdefault("shapes.returning", set())
+        if id(fn) in active:
+            return None  # a method reached again through its own calls
+        active.add(id(fn))
+        try:
+            analysis = FunctionShapes(self.ctx, fn, _class_attrs(self.ctx, cls), params[0].arg,
+                                      scope=f"{cls.name}.{fn.name}", cls=cls, arguments=bound, depth=self.depth + 1)
+            returns = [analysis.values.get(r.value) if r.value is not None else None for r in returns_of(fn)]
+        finally:
+            active.discard(id(fn))
+        value = returns[0] if returns else None
+        for other in returns[1:]:
+            value = _merge(value, other)
+        if key is not None:
+            shared[key] = value
+        return value
 
     # -- torch API --------------------------------------------------------------------------------
     def _torch_call(self, named, node, args, kwargs):
@@ -2237,6 +2330,109 @@ def _module_constructors(ctx) -> dict:
     return found
 
 
+_CALL_DEPTH = 3  # calls followed into the methods they run, one inside another
+
+
+def file_classes(ctx) -> dict:
+    """The classes the module defines once at its top level (and binds no other way), by name."""
+    classes = ctx.shared.get("shapes.file_classes")
+    if classes is None:
+        found: dict = {}
+        for stmt in ctx.tree.body:
+            if stmt.__class__ is ast.ClassDef:
+                found[stmt.name] = stmt if stmt.name not in found else None
+        bound = module_assignments(ctx)
+        classes = ctx.shared["shapes.file_classes"] = {k: v for k, v in found.items() if v is not None and k not in bound}
+    return classes
+
+
+def file_class(ctx, name: str) -> Optional[ast.ClassDef]:
+    """The class the module defines once under `name` at its top level, or None."""
+    return file_classes(ctx).get(name)
+
+
+def _instance_made(ctx, expr) -> Optional[ast.ClassDef]:
+    """The class of the file `expr` calls to make an instance (`Critic(d)`), or None."""
+    if expr.__class__ is ast.Call and expr.func.__class__ is ast.Name and ctx.qualname(expr.func) is None:
+        return file_class(ctx, expr.func.id)
+    return None
+
+
+def module_level_value(ctx, name: str):
+    """What a free name of a function holds when the module binds it once: an instance of a
+    class of the file (`model = PPO()`), or a number (`gamma = 0.98`); else None."""
+    value = module_assignments(ctx).get(name)
+    if value is None:
+        return None
+    if value.__class__ is ast.Constant and type(value.value) is float:
+        return SCALAR
+    made = _instance_made(ctx, value)
+    return Instance(made) if made is not None else None
+
+
+def may_be_passed_instances(ctx, fn) -> bool:
+    """Whether a call of `fn` in the file may pass it an instance of a class of the file: the
+    file has classes, and calls `fn` by name somewhere besides its `def` (a constructor's
+    callers are not calls of it)."""
+    name = getattr(fn, "name", "__init__")
+    return (name != "__init__" and bool(file_classes(ctx)) and identifier_text(ctx).count(name + "(") >= 2
+            and fn in ctx.tree.body)
+
+
+def passed_instance(ctx, fn, param: str) -> Optional[Instance]:
+    """The instance every call of `fn` in the file passes for `param`, when all of them pass
+    one of the same class of the file (`train(model, ...)` after `model = ActorCritic()`, or
+    `train(ActorCritic(), ...)`); None when any call passes something else or there is none."""
+    key = ("shapes.passed_instance", id(fn), param)
+    if key in ctx.shared:
+        return ctx.shared[key]
+    ctx.shared[key] = None
+    found = None
+    if may_be_passed_instances(ctx, fn):
+        sites = file_calls(ctx).call_sites(fn)
+        classes = set()
+        for site in sites:
+            expr = argument_for(site, fn, param)
+            made = _instance_made(ctx, expr) if expr is not None else None
+            if made is None and expr.__class__ is ast.Name and site.functions:
+                assign = flow_of(ctx, site.functions[-1]).reaching(expr)
+                made = _instance_made(ctx, assign.value) if assign is not None else None
+                if made is None and not flow_of(ctx, site.functions[-1]).stores.get(expr.id):
+                    global_value = module_level_value(ctx, expr.id)
+                    made = global_value.cls if isinstance(global_value, Instance) else None
+            classes.add(made)
+        if len(classes) == 1 and None not in classes:
+            found = Instance(classes.pop())
+    ctx.shared[key] = found
+    return found
+
+
+def method_of(cls: ast.ClassDef, name: str):
+    """The method `name` that `cls` itself defines once, taking `self`; None for static and
+    class methods, properties and anything defined twice."""
+    found = [stmt for stmt in cls.body if isinstance(stmt, (ast.FunctionDef, ast.AsyncFunctionDef)) and stmt.name == name]
+    if len(found) != 1 or found[0].decorator_list or isinstance(found[0], ast.AsyncFunctionDef):
+        return None
+    return found[0]
+
+
+def returns_of(fn) -> list:
+    """The `return` statements of `fn` itself (not of functions or classes nested in it); empty
+    when a `yield` makes it a generator."""
+    found = []
+    stack = list(fn.body)
+    while stack:
+        node = stack.pop()
+        if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef, ast.Lambda)):
+            continue
+        if isinstance(node, (ast.Yield, ast.YieldFrom)):
+            return []
+        if isinstance(node, ast.Return):
+            found.append(node)
+        stack.extend(child_nodes(node))
+    return found
+
+
 def _terminates(body) -> bool:
     return bool(body) and isinstance(body[-1], (ast.Return, ast.Raise, ast.Continue, ast.Break))
 
@@ -2272,7 +2468,8 @@ def _class_attrs(ctx, cls: ast.ClassDef) -> dict:
             attrs = {k: v for k, v in analysis.stored_attrs.items()
                      if isinstance(v, (Module, Loss, Scalar)) or (isinstance(v, IntVal) and v.dim is not None)
                      or (isinstance(v, Opaque) and v.sym is not None)
-                     or (isinstance(v, ModuleItems) and k not in mutated_attributes(ctx, cls))}
+                     or (isinstance(v, ModuleItems) and k not in mutated_attributes(ctx, cls))
+                     or isinstance(v, Instance)}
     if attrs:
         # Attributes (of anything) stored outside __init__, read off the source text: cheap,
         # and it errs on the side of forgetting an attribute.
@@ -2307,7 +2504,8 @@ def function_shapes(ctx, owner=None):
         if owner is current and not may_hold_shapes(ctx, owner, cls):
             cached = ctx.shared[key] = _NO_SHAPES
         elif cls is not None:
-            cached = ctx.shared[key] = FunctionShapes(ctx, owner, _class_attrs(ctx, cls), self_name_of(owner), lazy=True)
+            cached = ctx.shared[key] = FunctionShapes(ctx, owner, _class_attrs(ctx, cls), self_name_of(owner), lazy=True,
+                                                      cls=cls)
         else:
             cached = ctx.shared[key] = FunctionShapes(ctx, owner, lazy=True)
     return cached
@@ -2379,6 +2577,99 @@ def _uses_shaping_attribute(ctx, cls: ast.ClassDef, text: str) -> bool:
     return bool(stored) and not set(_ATTRIBUTE_NAME.findall(text)).isdisjoint(stored)
 
 
+_RECEIVED_CALL = re.compile(r"(?<![\w.])([A-Za-z_]\w*)\s*(?:\.\s*(\w+)\s*)?\(")
+
+
+def _calls_in_text(ctx, owner) -> frozenset:
+    """(name, method) for each `name(` (method None) and `name.method(` in `owner`'s text."""
+    key = ("shapes.calls_in_text", id(owner))
+    found = ctx.shared.get(key)
+    if found is None:
+        found = ctx.shared[key] = frozenset((m.group(1), m.group(2) or None)
+                                            for m in _RECEIVED_CALL.finditer(_owner_text(ctx, owner)))
+    return found
+
+
+_SELF_CALL = re.compile(r"\bself\s*\.\s*\w+\s*\(")
+_CALLED_NAME = re.compile(r"\b([A-Za-z_]\w*)\s*\(")
+
+
+def _file_callables(ctx) -> dict:
+    """Names a call can spell to run code of the file's classes: each method name, with the
+    methods so named, and each class name, with its methods."""
+    found = ctx.shared.get("shapes.file_callables")
+    if found is None:
+        found = {}
+        for cls in file_classes(ctx).values():
+            methods = [fn for fn in cls.body if isinstance(fn, ast.FunctionDef) and fn.name != "__init__"]
+            found.setdefault(cls.name, []).extend((cls, fn) for fn in methods)
+            for fn in methods:
+                found.setdefault(fn.name, []).append((cls, fn))
+        ctx.shared["shapes.file_callables"] = found
+    return found
+
+
+def _method_may_shape(ctx, cls: ast.ClassDef, fn) -> bool:
+    """The method can hold a shape itself: it names a shape source, states one, or calls a
+    layer its class builds in `__init__` (`self.fc_v(x)`, read off the text)."""
+    key = ("shapes.method_may_shape", id(fn))
+    found = ctx.shared.get(key)
+    if found is None:
+        text = function_text(ctx, fn)
+        found = _names_a_shape_source(ctx, text) or _states_shapes(fn.body)
+        if not found and _SELF_CALL.search(text) is not None:
+            found = any(init.name == "__init__" and _names_a_shape_source(ctx, function_text(ctx, init))
+                        for init in cls.body if isinstance(init, ast.FunctionDef))
+        ctx.shared[key] = found
+    return found
+
+
+def _may_shape(ctx, name: str) -> bool:
+    """A call named `name` may return a shape through a class of the file: a method so named,
+    or a method of the class so named, can hold one."""
+    return any(_method_may_shape(ctx, cls, fn) for cls, fn in _file_callables(ctx).get(name, ()))
+
+
+def _calls_shaping_code(ctx, text: str, cls: Optional[ast.ClassDef]) -> bool:
+    """`text` calls a method or makes an instance of a class of the file that can return a
+    shape (`self.v(s)`, `model.q(s)`, `Critic(d)`), or calls an attribute of `cls` holding one
+    (`self.critic(s)`)."""
+    if not file_classes(ctx):
+        return False
+    called = set(_CALLED_NAME.findall(text))
+    if not called:
+        return False
+    callables = _file_callables(ctx)
+    if any(_may_shape(ctx, name) for name in called if name in callables):
+        return True
+    if cls is None:
+        return False
+    held = _instance_attributes(ctx, cls)
+    return not held.isdisjoint(called) and any(
+        isinstance(value, Instance) and attr in called and _may_shape(ctx, value.cls.name)
+        for attr, value in _class_attrs(ctx, cls).items())
+
+
+def _instance_attributes(ctx, cls: ast.ClassDef) -> frozenset:
+    """Attributes `__init__` of `cls` assigns a call of a class of the file (`self.critic =
+    Critic(d)`), read off the syntax."""
+    key = ("shapes.instance_attributes", id(cls))
+    found = ctx.shared.get(key)
+    if found is None:
+        classes = file_classes(ctx)
+        found = set()
+        for fn in cls.body:
+            if (isinstance(fn, ast.FunctionDef) and fn.name == "__init__"
+                    and any(name in classes and _may_shape(ctx, name)
+                            for name in set(_CALLED_NAME.findall(function_text(ctx, fn))))):
+                for node in ast.walk(fn):
+                    if (node.__class__ is ast.Assign and node.value.__class__ is ast.Call
+                            and node.value.func.__class__ is ast.Name and node.value.func.id in classes):
+                        found.update(t.attr for t in node.targets if t.__class__ is ast.Attribute)
+        found = ctx.shared[key] = frozenset(found)
+    return found
+
+
 def may_hold_shapes(ctx, owner, cls: Optional[ast.ClassDef] = None) -> bool:
     """False only when the analysis of `owner`, the function (or module) the walker is in, can
     know no shape; `cls` is the class when `owner` is one of its methods."""
@@ -2389,7 +2680,9 @@ def may_hold_shapes(ctx, owner, cls: Optional[ast.ClassDef] = None) -> bool:
         return True
     if _states_shapes(owner.body if isinstance(owner.body, list) else []):
         return True
-    return cls is not None and _uses_shaping_attribute(ctx, cls, text)
+    if cls is not None and _uses_shaping_attribute(ctx, cls, text):
+        return True
+    return _calls_shaping_code(ctx, text, cls)
 
 
 # Attributes whose value can be a tensor of known shape (`x.T`, `x.data`, `x.max(-1).values`);

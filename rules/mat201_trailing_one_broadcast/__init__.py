@@ -39,14 +39,19 @@ class TrailingOneBroadcast(Rule):
     matlint's symbolic shape analysis (constructors, `nn.Linear` outputs (also of an item of an
     `nn.ModuleList`/`nn.ModuleDict` taken by a fixed key, `self.heads[0](x)`), `view`, indexing,
     reductions, `gather` (the index's shape), jaxtyping annotations, `assert x.shape == ...`,
-    `assert x.shape[0] == n`); the rule fires only when both shapes are known.
+    `assert x.shape[0] == n`, and what the file's own classes return: another method of the class
+    (`self.v(s)`), an instance held in an attribute (`self.critic(s)` after `self.critic =
+    Critic(d)`) or module-level name (`net = Net()`), or passed as the argument every call of a
+    module-level function passes (`train(model, ...)` after `model = Net()`), read off that method for the
+    argument shapes given; a module-level float (`GAMMA = 0.99`) is a number); the rule fires
+    only when both shapes are known.
 
     ## Why is this bad?
     Nothing fails: the result has N² elements instead of N, its mean trains happily toward the
     wrong answer, and the GPU spends N times the memory and work on numbers nobody wanted. The
     classic cases are a regression head `nn.Linear(d, 1)` giving `(N, 1)` predictions against an
-    `(N,)` target, and a DQN's `q_values.gather(1, actions.unsqueeze(1))`, `(N, 1)`, against an
-    `(N,)` TD target.
+    `(N,)` target (an actor-critic's `r + gamma * self.v(s_next).squeeze(-1) - self.v(s)`), and a
+    DQN's `q_values.gather(1, actions.unsqueeze(1))`, `(N, 1)`, against an `(N,)` TD target.
 
     ## Example
     ```python
@@ -67,7 +72,8 @@ class TrailingOneBroadcast(Rule):
     `keepdim=True`, a literal 1 in `view`/`reshape`), also after shape-keeping functions and
     layers (`torch.sigmoid`, `nn.Sigmoid()`) and `expand(n, 1)`, including pairwise
     constructions such as `a[:, None] - b[None, :]`; `torch.outer`; operands that are both
-    `(N, 1)`; any operand whose shape or rank is not known; sizes that are different symbols
+    `(N, 1)`; any operand whose shape or rank is not known (a batch built from a Python list
+    of items of unknown shape, a module of unknown class); sizes that are different symbols
     (`N` against `M` may differ), and in-place updates (`a -= b` cannot grow `a`).
 
     A literal 1 in a constructor (`torch.zeros(n, 1)`, `torch.rand(n, 1)`) is not taken as a

@@ -39,7 +39,8 @@ class LossShapeMismatch(Rule):
     modules `nn.MSELoss()`, `nn.L1Loss()`, `nn.SmoothL1Loss()`, `nn.HuberLoss()`, `nn.BCELoss()`,
     `nn.BCEWithLogitsLoss()`, `nn.SoftMarginLoss()`; called directly or through `.forward`, or
     held in a local or in an attribute created in `__init__`, module or function alike) whose
-    input and target have known shapes that differ and broadcast: `(N, 1)` against `(N,)` gives
+    input and target have known shapes (see MAT201 for where shapes come from, calls of the
+    file's own classes included: `self.critic(s)`, `model.q(s)`) that differ and broadcast: `(N, 1)` against `(N,)` gives
     an `(N, N)` loss matrix, `(B, 1, H, W)` against `(B, H, W)` a `(B, B, H, W)` one, `(N, 1)`
     against `(N, 4)` repeats the one prediction four times, and `(N, 4)` against `(N, 1)`
     repeats each target.
@@ -65,7 +66,9 @@ class LossShapeMismatch(Rule):
     ```
 
     ## Stays quiet on
-    Input or target of unknown shape or rank; sizes that are different symbols (`N` against
+    Input or target of unknown shape or rank (a module held in an attribute of unknown class, an
+    argument that another call passes as another class, a method whose `return`s disagree, a
+    batch whose rows come from a Python list of unknown items); sizes that are different symbols (`N` against
     `M`, or a symbolic size against 1: the symbol may be 1); a singleton axis the author made
     on purpose (`y[:, None]`, `unsqueeze`, `keepdim=True`, `view(-1, 1)`); a lower-rank operand
     that only repeats over the other's leading axes (`(H, W)` against `(B, H, W)`), and other

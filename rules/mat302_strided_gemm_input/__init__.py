@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import ast
+import re
 from dataclasses import dataclass
 from typing import Optional
 
@@ -10,7 +11,8 @@ from matlint.rule import Only, Rule
 from matlint.semantic import kinds as _kinds
 from matlint.semantic.flow import flow_of, function_text, has_word
 from matlint.semantic.kinds import FACTORIES, int_const
-from matlint.semantic.layout import STRIDE_KEEPING, Reorder, gemm_of_operand, mergeable, rank_of, reorder
+from matlint.semantic.layout import (STRIDE_KEEPING, Reorder, gemm_candidates, gemm_of_operand, mergeable, rank_of,
+                                     reads_of_assigned, reorder)
 from matlint.semantic.shapes import self_name_of
 from matlint.semantic.torch_api import as_gemm
 from matlint.semantic.tree import child_nodes
@@ -20,8 +22,6 @@ _FOLDING = ("nn.Linear", "linear")
 _NO_GRAD_FACTORIES = FACTORIES - {"as_tensor", "asarray"}
 _PRODUCE = "produce it in the layout the GEMM reads (weights: transpose or select once at init)"
 _PARAMETER = ("torch.nn.Parameter", "torch.nn.parameter.Parameter")
-# Factories whose positional arguments are the sizes (`torch.randn(d, k)`, `torch.empty((d, k))`).
-_SIZED_FACTORIES = {"zeros", "ones", "empty", "rand", "randn"}
 # Iterating these gives a module's parameters (or modules holding them): freezing the items freezes the receiver.
 _PARAMETER_ITERATORS = {"parameters", "named_parameters", "modules", "named_modules", "children", "named_children"}
 # Views of a tensor that keep the layout a layer gave it (chunks and slices of its features, split dims).
@@ -56,6 +56,23 @@ def _strided_last_dim(ctx, operand: ast.AST) -> bool:
     return rank_of(ctx, operand.value) == len(elts) and len(elts) >= 2
 
 
+def _spelled_as_operand(name: str, text: str) -> bool:
+    """`text` may pass `name` to a GEMM as it is: an argument standing alone (`self.fc(h)`,
+    `torch.matmul(h, w)`) or a side of `@`."""
+    word = re.escape(name)
+    return re.search(r"[(,]\s*%s\s*[,)]|@\s*%s\b|\b%s\s*@" % (word, word, word), text) is not None
+
+
+def _stored_where(gemm, view: Reorder, base: str) -> str:
+    """Where the advice's `base` is the tensor in its stored layout: said when the operand is a
+    name assigned the view elsewhere, for there the name may hold the view by then."""
+    node, inner = gemm.node, view.node
+    if (node.lineno, node.col_offset) <= (inner.lineno, inner.col_offset) and \
+            (inner.end_lineno, inner.end_col_offset) <= (node.end_lineno, node.end_col_offset):
+        return ""
+    return f"; here `{base}` is the tensor that line {inner.lineno} reorders, as it was before"
+
+
 class StridedGemmInput(Rule):
     code = "MAT302"
     name = "strided-gemm-input"
@@ -76,10 +93,17 @@ class StridedGemmInput(Rule):
       copy), and `torch.matmul(a.permute(0, 2, 1, 3), b.permute(0, 2, 3, 1))` (two batched
       operands: always folded);
     - a permute that leaves no unit-stride dim among the last two (`torch.bmm(x.permute(2, 0, 1), y)`);
-- the input of a trainable `nn.Linear` with its last two dims swapped (`self.fc(x.permute(0, 2,
-  1))` of a 3-D `x`): the layer folds the leading dims, which now hold the old last dim, into
-  rows; `torch.matmul(self.fc.weight.expand(*x.shape[:-2], -1, -1), x)` (plus the bias as a
-  column) is the output already swapped back, read in place.
+    - the input of a trainable `nn.Linear` with its last two dims swapped (`self.fc(x.permute(0, 2,
+      1))` of a 3-D `x`): the layer folds the leading dims, which now hold the old last dim, into
+      rows; `torch.matmul(self.fc.weight.expand(*x.shape[:-2], -1, -1), x)` (plus the bias as a
+      column) is the output already swapped back, read in place;
+    - the input of a trainable linear layer with two dims swapped where the dims named show a
+      rank of at least 3 (`self.fc(self.norm(x).transpose(1, 2))`), the rank itself unknown:
+      whichever two dims of such a tensor are swapped, the rows the layer folds cannot merge.
+
+    Each of these is found inline and through a name the function assigns it to (`h =
+    x.permute(1, 0, 2)`, or an item of `a, h = ..., x.permute(1, 0, 2)`) and the GEMM reads,
+    where that view is the only value the name can hold there.
 
     The message says when the GEMM runs inside a loop, where the copy repeats per iteration, and
     what avoids the copy: multiplying in the stored layout and permuting the product where the
@@ -116,9 +140,10 @@ class StridedGemmInput(Rule):
       `transpose(-2, -1)`), row-strided slices (`x[::2] @ w`, `x[:, ::2]` of a 3-D tensor, which
       steps the rows), and permutes of the batch dims of `bmm` or of a batched matmul whose batch
       dims still merge.
-    - Operands whose rank or layout it cannot see: names assigned from a permute elsewhere,
-      slices of tensors of unknown rank (`x[:, ::2]` could step a row dim), bases that are
-      themselves transposed.
+    - Operands whose rank or layout it cannot see: names that may hold another value (a permute
+      assigned on one path only) or that the GEMM reads through a slice, slices of tensors of
+      unknown rank (`x[:, ::2]` could step a row dim), bases that are themselves transposed, and
+      `self.fc(x.transpose(0, 1))` of unknown rank (a matrix is read transposed in place).
     - A permuted input times a matrix that never requires grad: a tensor factory such as
       `torch.randn(128, 8)`, inline or as the only value of a name, in a function that never
       mentions `requires_grad` (matmul does not fold then).
@@ -147,12 +172,23 @@ class StridedGemmInput(Rule):
         self._visit_operand(node)
 
     def _visit_operand(self, node) -> None:
-        if self._maybe_strided(node):
-            gemm_node = gemm_of_operand(self.ctx, node, self._maybe_strided)
-            if gemm_node is not None:
-                self.check_gemm(gemm_node)
+        if not self._maybe_strided(node):
+            return
+        gemm_node = gemm_of_operand(self.ctx, node, self._maybe_strided)
+        if gemm_node is not None:
+            self.check_gemm(gemm_node)
+            return
+        # `h = x.permute(1, 0, 2)` (or `a, h = ..., x.permute(1, 0, 2)`), then `self.fc(h)`: each
+        # GEMM that reads the name directly, where the name holds this view and nothing else.
+        operand = lambda load, parent: parent is not None and load in gemm_candidates(parent)
+        for load in reads_of_assigned(self.ctx, node, operand, _spelled_as_operand):
+            flow = flow_of(self.ctx, self.ctx.function)
+            parent = flow.parent[load]
+            self.check_gemm(parent, named=(load, node), in_loop=bool(flow.loops_around(parent)))
 
-    def check_gemm(self, node: ast.AST) -> None:
+    def check_gemm(self, node: ast.AST, named=None, in_loop=None) -> None:
+        """Report the operands of GEMM `node` that it copies; with `named` (a name operand and the
+        view it holds), that operand alone."""
         gemm = as_gemm(self.ctx, node)
         if gemm is None or gemm.op not in ("@", "matmul", "mm", "bmm") + _FOLDING:
             return
@@ -160,9 +196,12 @@ class StridedGemmInput(Rule):
         if len(gemm.operands) != (1 if gemm.op == "nn.Linear" else 2):
             return
         for position, operand in enumerate(operands):
-            copy = self._copy(gemm, position, operand)
+            if named is not None and operand is not named[0]:
+                continue
+            copy = self._copy(gemm, position, operand, named[1] if named is not None else operand)
             if copy is not None:
-                where = " on every iteration of the loop" if self.ctx.loops else " on every call"
+                looped = bool(self.ctx.loops) if in_loop is None else in_loop
+                where = " on every iteration of the loop" if looped else " on every call"
                 self.report(operand, f"`{self.ctx.segment(operand)}` {copy.why}, so {copy.who} copies it{where}; "
                                      f"{copy.advice}")
 
@@ -177,21 +216,30 @@ class StridedGemmInput(Rule):
         name = expr.func.attr if isinstance(expr.func, ast.Attribute) else getattr(expr.func, "id", None)
         return name in _REORDERS
 
-    def _copy(self, gemm, position: int, operand: ast.AST) -> Optional[_Copy]:
-        if _strided_last_dim(self.ctx, operand):
+    def _copy(self, gemm, position: int, operand: ast.AST, viewed: ast.AST) -> Optional[_Copy]:
+        """Why `gemm` copies `operand`, which holds the value of `viewed` (itself, or the view a
+        name operand was assigned), or None."""
+        if _strided_last_dim(self.ctx, viewed):
             return _Copy("steps through its last dim, leaving no dim with stride 1", "the GEMM", _PRODUCE)
-        view = reorder(self.ctx, operand, 3 if gemm.op == "bmm" else None)  # bmm takes 3-D batches only
+        view = reorder(self.ctx, viewed, 3 if gemm.op == "bmm" else None)  # bmm takes 3-D batches only
         if (view is not None and view.last_two_only and view.perm and len(view.perm) >= 3
                 and gemm.op == "nn.Linear" and isinstance(view.node, ast.Call)):
             # `self.fc(x.permute(0, 2, 1))`: the layer folds (B, C) into rows, which cannot merge
             return None if self._may_be_frozen(gemm.node.func) else self._fold_transposed(gemm, view)
+        if (view is not None and view.perm is None and view.min_rank >= 3 and gemm.op in _FOLDING
+                and isinstance(view.node, ast.Call) and self._trainable_weight(gemm)):
+            # `self.fc(x.transpose(1, 2))`: a tensor of rank 3 or more with two dims swapped, whatever the rank
+            return self._fold_swapped(gemm, view)
         if view is None or view.perm is None or view.last_two_only or not isinstance(view.node, ast.Call):
             return None
         perm, rank = view.perm, len(view.perm)
         if rank < 3:
             return None
+        # Two batched operands, one held in a name, are most often heads split off a layer's output
+        # (`q = q.view(b, t, h, d).transpose(1, 2)`), whose layout the layer fixed: only inline.
+        named = viewed is not operand
         if gemm.op == "bmm":
-            return None if rank - 1 in perm[-2:] or self._layer_output(view.base) else self._no_unit_stride()
+            return None if named or rank - 1 in perm[-2:] or self._layer_output(view.base) else self._no_unit_stride()
         if gemm.op in ("@", "matmul"):
             other = gemm.operands[1 - position]
             other_view = reorder(self.ctx, other)
@@ -204,7 +252,7 @@ class StridedGemmInput(Rule):
                 if self._never_requires_grad(other) or self._may_be_frozen(other):
                     return None
                 return self._fold_rows(gemm, view, f"`{self.ctx.segment(other)}`")
-            if other_rank != rank:
+            if other_rank != rank or named:
                 return None
             if rank - 1 not in perm[-2:]:
                 return None if self._layer_output(view.base) else self._no_unit_stride()
@@ -217,6 +265,31 @@ class StridedGemmInput(Rule):
         if gemm.op == "linear" and not self._never_requires_grad(weight) and not self._may_be_frozen(weight):
             return self._fold_rows(gemm, view, f"`{self.ctx.segment(weight)}`")
         return None
+
+    def _trainable_weight(self, gemm) -> bool:
+        """The weight of linear `gemm` requires grad: a layer or matrix the file never freezes."""
+        if gemm.op == "nn.Linear":
+            return not self._may_be_frozen(gemm.node.func)
+        weight = gemm.operands[1]
+        return not self._never_requires_grad(weight) and not self._may_be_frozen(weight)
+
+    def _fold_swapped(self, gemm, view: Reorder) -> _Copy:
+        """A linear layer's input with two dims swapped, of rank 3 or more though the rank is not
+        known: whichever dims the swap moves, the rows the layer folds cannot merge (a swap of the
+        last two dims of a 3-D tensor, or of two dims that are folded, or one that takes the
+        last dim away). Applying the layer in the stored layout and swapping the result avoids it."""
+        seg = self.ctx.segment
+        weight = f"{seg(gemm.node.func)}.weight" if gemm.op == "nn.Linear" else seg(gemm.operands[1])
+        base = seg(view.base)
+        if not isinstance(view.base, (ast.Name, ast.Attribute, ast.Call, ast.Subscript)):
+            base = f"({base})"
+        why = (f"swaps two dims of a tensor of at least {view.min_rank} dims, so the rows that the layer folds with "
+               "`reshape` (the dims before the last) cannot merge")
+        advice = (f"multiply in the stored layout instead: where the swap takes the last dim, "
+                  f"`torch.matmul({weight}.expand(*{base}.shape[:-2], -1, -1), {base})` (plus any bias as a "
+                  f"column) is the output with its last two dims swapped; where it leaves the last dim in place, "
+                  f"apply the layer to `{base}` and swap the result{_stored_where(gemm, view, base)}")
+        return _Copy(why, "the layer" if gemm.op == "nn.Linear" else "matmul", advice)
 
     def _never_requires_grad(self, matrix: ast.AST) -> bool:
         """`torch.randn(128, 8)`, inline or as the only value of a name, with no `requires_grad`
@@ -260,17 +333,7 @@ class StridedGemmInput(Rule):
         grad = [k.value for k in value.keywords if k.arg == "requires_grad"] + value.args[1:2]
         if any(not (isinstance(g, ast.Constant) and g.value is True) for g in grad):
             return None  # frozen, or maybe
-        data = value.args[0]
-        qual = self.ctx.qualname(data.func) if isinstance(data, ast.Call) else None
-        if qual is None or qual.rpartition(".")[0] != "torch" or qual.rpartition(".")[2] not in _SIZED_FACTORIES:
-            return None
-        sizes = data.args
-        if any(isinstance(a, ast.Starred) for a in sizes) or not sizes:
-            return None
-        if len(sizes) == 1 and isinstance(sizes[0], (ast.Tuple, ast.List)):
-            elts = sizes[0].elts
-            return None if any(isinstance(e, ast.Starred) for e in elts) else len(elts)
-        return len(sizes) if len(sizes) > 1 else None  # one argument may be a size tuple held in a name
+        return _kinds.sized_factory_rank(value.args[0], self.ctx.qualname)
 
     def _may_be_frozen(self, holder: ast.AST) -> bool:
         """Whether the file may turn off grad for the layer or matrix `holder` (`self.fc`,
@@ -352,7 +415,8 @@ class StridedGemmInput(Rule):
         why = "swaps the last dim into the rows that the layer folds with `reshape`, which cannot merge them"
         advice = (f"multiply in the stored layout instead: `torch.matmul({layer}.weight.expand(*{base}.shape[:-2], -1, "
                   f"-1), {base})` (plus `{layer}.bias[:, None]` where the layer has a bias) is the layer's output with "
-                  f"its last two dims swapped, read in place (`{layer}.weight @ {base}` would fold and copy again)")
+                  f"its last two dims swapped, read in place (`{layer}.weight @ {base}` would fold and copy again)"
+                  f"{_stored_where(gemm, view, base)}")
         return _Copy(why, "the layer", advice)
 
     def _product_in_stored_layout(self, gemm, view: Reorder) -> Optional[str]:
