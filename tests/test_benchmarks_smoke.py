@@ -142,3 +142,34 @@ def test_notebook_rows_count_the_lines_of_code_cells(tmp_path):
     path = tmp_path / "n.ipynb"
     path.write_text(json.dumps({"cells": cells, "metadata": {}, "nbformat": 4, "nbformat_minor": 5}))
     assert speed.notebook_code_lines([str(path)]) == 2
+
+
+GUARD_RECALL = Path(__file__).resolve().parent.parent / "benchmarks" / "guard_recall" / "score.py"
+recall_spec = importlib.util.spec_from_file_location("matlint_bench_guard_recall", GUARD_RECALL)
+recall = importlib.util.module_from_spec(recall_spec)
+sys.modules[recall_spec.name] = recall  # dataclasses look their module up there
+recall_spec.loader.exec_module(recall)
+
+
+def test_guard_recall_matching_takes_the_nearest_label_of_the_same_code_and_program():
+    """A finding matches labels of its program and code within 2 lines; its verdict is the nearest
+    one's (positive on a tie); a finding elsewhere is unlabelled, one outside the program outside."""
+    path = str(recall.PROGRAMS / "p.py")
+    lab = lambda line, code, kind: recall.Label("p.py", line, code, kind, "cpu", "")
+    labels = [lab(10, "MAT502", "pos"), lab(13, "MAT502", "neg"), lab(20, "MAT101", "pos"), lab(30, "MAT201", "pos")]
+    fnd = lambda line, code, file=path: recall.Finding("p.py", code, file, line, "")
+    findings = [fnd(11, "MAT502"), fnd(14, "MAT502"), fnd(20, "MAT201"), fnd(31, "MAT201"), fnd(5, "MAT101", "/x/torch.py")]
+    found = recall.match(findings, labels)
+    assert [f.verdict for f in findings] == ["pos", "neg", "unlabelled", "pos", "outside"]
+    assert found == {id(labels[0]), id(labels[3])}
+    rows = recall.table(labels, findings, found)
+    assert rows[-1] == "| overall | 3 | 2 | 0.67 | 5 | 5 | 2 | 0.40 | 0.40 | 1/1 |"
+
+
+def test_guard_recall_scores_one_program_under_the_guard(capsys):
+    """The scorer runs a program under the guard in a subprocess and reports its labels."""
+    assert recall.main(["--device", "cpu", "--programs", "sales_forecast_mlp"]) == 0
+    out = capsys.readouterr().out
+    assert "device: cpu; 1 programs; 6 labels observable here (0 positive), 0 only on cuda" in out
+    assert "FAILED" not in out and "guard error" not in out
+    assert "| overall | 0 | 0 |   -  |" in out
