@@ -78,7 +78,9 @@ def _iterates_loader(loop: ast.AST) -> bool:
 
 
 def _loop_step(loop: ast.AST) -> Optional[Step]:
-    backward, step = _trains(walk_no_scopes(loop))
+    # Its own statements, not those of loops in it: an epoch loop around the training loop runs
+    # what it calls directly (a validation pass) once per epoch.
+    backward, step = _trains(_outside_loops(loop.body))
     if backward or step:
         return Step(f"is called from the training loop on line {loop.lineno}", True)
     if _iterates_loader(loop):

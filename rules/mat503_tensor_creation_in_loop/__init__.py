@@ -18,7 +18,8 @@ from matlint.semantic.torch_api import TYPED_TENSORS, cuda_tensor_type
 
 from .advice import (created_on_device, fill_message, numpy_message, sampler_input, sampler_message,
                      sizes_message)
-from .factories import (FILLS, FROM_DATA, RANDOM, carried_to_move, device_target, host_made, is_constant_data,
+from .factories import (FILLS, FROM_DATA, RANDOM, carried_to_move, device_target, exact_on_device, host_made,
+                        is_constant_data,
                         is_device, is_false, legacy_sizes, one_value, same_values_on_device, takes_device,
                         torch_factory, unwrapped)
 from .host_data import numpy_made
@@ -209,7 +210,8 @@ class TensorCreationInLoop(Rule):
                 return
             self.report(node, f"`{ctx.segment(call.func)}(...)` is created on the host and copied to the device "
                               f"on every {self._step.where}; create it there with `device=`",
-                        fix=self._device_fix(node, call, device, safe=same_values_on_device(name, call)))
+                        fix=self._device_fix(node, call, device, safe=same_values_on_device(name, call)
+                                                                     and exact_on_device(ctx, func.value, call)))
             return
         if factory[0] not in FROM_DATA or not node.args:
             return

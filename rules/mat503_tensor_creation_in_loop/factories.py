@@ -23,6 +23,22 @@ LEGACY_CONSTRUCTORS = {"Tensor": "", "FloatTensor": "dtype=torch.float32, ", "Lo
 # Ops whose result lives where their input does (`torch.tril(torch.ones(T, T)).to(device)`).
 _SAME_DEVICE_FUNCTIONS = {"torch.tril", "torch.triu", "torch.autograd.Variable", "torch.autograd.variable.Variable"}
 _SAME_DEVICE_METHODS = {"tril", "triu", "bool", "float", "half", "bfloat16", "long", "int"}
+# ... and, in the expression that makes a tensor, the methods that reshape, retype, clamp or fill
+# it where it is, whatever their arguments (`torch.arange(n).unsqueeze(0).repeat(b, 1)`,
+# `torch.empty(1, 1).type_as(x).fill_(v)`, `torch.FloatTensor(b, 1).uniform_(0, 1)`; `type_as`
+# may move it, after it was made on the host all the same).
+_MAKING_METHODS = _SAME_DEVICE_METHODS | {
+    "unsqueeze", "squeeze", "view", "reshape", "expand", "expand_as", "repeat", "transpose", "permute", "t",
+    "flatten", "contiguous", "type", "type_as", "clamp", "fill_", "uniform_", "normal_", "random_"}
+# ... and the torch functions of one tensor that compute on it where it is (`torch.exp(-c *
+# torch.arange(half) / half)`): their values may round differently on the device.
+_MAKING_FUNCTIONS = {"torch.exp", "torch.log", "torch.sin", "torch.cos", "torch.sqrt", "torch.rsqrt",
+                     "torch.sigmoid", "torch.flip"}
+# Ops between a factory and its move after which the values on the device may differ from the
+# host's (a random fill, a transcendental function): the `device=` fix is not safe through them.
+_INEXACT_METHODS = {"uniform_", "normal_", "random_"}
+# torch functions that join tensors: the result is made on the host when every part is.
+_JOINS = {"torch.cat", "torch.stack"}
 
 
 def same_values_on_device(name: str, call: ast.Call) -> bool:
@@ -94,32 +110,80 @@ def legacy_sizes(name: str, call: ast.Call) -> bool:
 
 
 def _is_number(ctx, expr: ast.AST) -> bool:
-    return (isinstance(expr, ast.Constant) and isinstance(expr.value, (int, float))) or (
-        isinstance(expr, ast.Name) and _kinds.kind_of(ctx, expr) == _kinds.SCALAR)
+    """A Python number: a literal, a name or attribute of that kind, `math.log(p)`, and arithmetic
+    of them (`-math.log(max_period)`, `n - 1`)."""
+    if isinstance(expr, ast.Constant):
+        return isinstance(expr.value, (int, float)) and not isinstance(expr.value, bool)
+    if isinstance(expr, ast.UnaryOp):
+        return isinstance(expr.op, (ast.USub, ast.UAdd)) and _is_number(ctx, expr.operand)
+    if isinstance(expr, ast.BinOp):
+        return _is_number(ctx, expr.left) and _is_number(ctx, expr.right)
+    if isinstance(expr, ast.Call):
+        return (ctx.qualname(expr.func) or "").startswith("math.")
+    return isinstance(expr, (ast.Name, ast.Attribute)) and _kinds.kind_of(ctx, expr) == _kinds.SCALAR
 
 
 def unwrapped(ctx, expr: ast.AST, making: bool = False) -> ast.AST:
     """`expr` without the calls that keep its device (`Variable(z)`, `z.float()`); `making`:
     also through what may follow a factory in the expression that makes a tensor
-    (`torch.ones(T, T).tril(1)`, arithmetic with a number: `torch.ones(n) * i`)."""
+    (`torch.ones(T, T).tril(1)`, `torch.arange(n).unsqueeze(0).repeat(b, 1)`, arithmetic with a
+    number: `torch.ones(n) * i`, `-c * torch.arange(h) / h`, `torch.exp(...)`), and into the
+    first part of a join of tensors all made so (`torch.cat([torch.arange(b) for _ in views])`)."""
     while True:
         if isinstance(expr, ast.BinOp):
-            if not (making and isinstance(expr.op, (ast.Add, ast.Sub, ast.Mult, ast.Div))
-                    and _is_number(ctx, expr.right)):
+            if not (making and isinstance(expr.op, (ast.Add, ast.Sub, ast.Mult, ast.Div))):
                 return expr
-            expr = expr.left
+            if _is_number(ctx, expr.right):
+                expr = expr.left
+            elif _is_number(ctx, expr.left):
+                expr = expr.right
+            else:
+                return expr
+            continue
+        if making and isinstance(expr, ast.UnaryOp) and isinstance(expr.op, (ast.USub, ast.Invert)):
+            expr = expr.operand
             continue
         if not isinstance(expr, ast.Call):
             return expr
         func = expr.func
-        if isinstance(func, ast.Attribute) and func.attr in _SAME_DEVICE_METHODS and not expr.keywords and (
-                not expr.args or making and func.attr in ("tril", "triu")) and ctx.qualname(func) is None:
+        qualname = ctx.qualname(func)
+        if isinstance(func, ast.Attribute) and qualname is None and (
+                func.attr in _SAME_DEVICE_METHODS and not expr.keywords and (
+                    not expr.args or making and func.attr in ("tril", "triu"))
+                or making and func.attr in _MAKING_METHODS):
             expr = func.value
-        elif ctx.qualname(func) in _SAME_DEVICE_FUNCTIONS and expr.args and not isinstance(
-                expr.args[0], ast.Starred):
+        elif (qualname in _SAME_DEVICE_FUNCTIONS or making and qualname in _MAKING_FUNCTIONS) and expr.args \
+                and not isinstance(expr.args[0], ast.Starred):
             expr = expr.args[0]
+        elif making and qualname in _JOINS and expr.args:
+            parts = _joined(expr.args[0])
+            if not parts or not all(host_made(ctx, part) for part in parts):
+                return expr
+            expr = parts[0]
         else:
             return expr
+
+
+def _joined(tensors: ast.AST) -> list:
+    """The tensors a `torch.cat` / `torch.stack` joins, as written: the items of a list or tuple,
+    the item of a comprehension."""
+    if isinstance(tensors, (ast.List, ast.Tuple)):
+        return [] if any(isinstance(e, ast.Starred) for e in tensors.elts) else list(tensors.elts)
+    if isinstance(tensors, (ast.ListComp, ast.GeneratorExp)):
+        return [tensors.elt]
+    return []
+
+
+def exact_on_device(ctx, moved: ast.AST, factory: ast.Call) -> bool:
+    """Whether the ops between `factory` and its move (`moved` is the moved expression) give the
+    same values on the device: not through a random fill (`.uniform_(0, 1)`) or a function
+    whose rounding may differ (`torch.exp`)."""
+    made = {id(node) for node in ast.walk(factory)}
+    return not any(
+        isinstance(node, ast.Call) and id(node) not in made and (
+            isinstance(node.func, ast.Attribute) and node.func.attr in _INEXACT_METHODS
+            or ctx.qualname(node.func) in _MAKING_FUNCTIONS)
+        for node in ast.walk(moved))
 
 
 def torch_factory(ctx, expr: ast.AST) -> Optional[tuple]:
