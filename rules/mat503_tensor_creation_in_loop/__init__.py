@@ -18,8 +18,8 @@ from matlint.semantic.torch_api import TYPED_TENSORS, cuda_tensor_type
 
 from .advice import (created_on_device, fill_message, numpy_message, sampler_input, sampler_message,
                      sizes_message)
-from .factories import (FILLS, FROM_DATA, RANDOM, carried_to_move, device_target, exact_on_device, host_made,
-                        is_constant_data,
+from .factories import (FILLS, FROM_DATA, RANDOM, carried_to_move, device_target, exact_on_device,
+                        has_mover_helpers, host_made, is_constant_data, moved_expression,
                         is_device, is_false, legacy_sizes, one_value, same_values_on_device, takes_device,
                         torch_factory, unwrapped)
 from .host_data import numpy_made
@@ -155,16 +155,19 @@ class TensorCreationInLoop(Rule):
     """
 
     # A move (`.to(...)`, `.cuda()`), or a tensor made from data (`torch.tensor(...)`, `tensor(...)`).
-    only = {"visit_Call": Only(attrs=frozenset({"to", "cuda"} | FROM_DATA | TYPED_TENSORS.keys()))}
+    # In a file with a helper that moves its argument (`get_torch_variable(x)`), every call.
+    only = {"visit_Call": Only(attrs=frozenset({"to", "cuda", "type"} | FROM_DATA | TYPED_TENSORS.keys()),
+                               every_call_if=has_mover_helpers)}
 
     def visit_Call(self, node: ast.Call) -> None:
         ctx = self.ctx
         func = node.func
-        moves = isinstance(func, ast.Attribute) and func.attr in ("to", "cuda")
+        moved = moved_expression(ctx, node)
+        moves = moved is not None
         # The call's own shape first: it rules out almost every call, and costs less than the place.
-        factory = host_made(ctx, func.value) if moves else torch_factory(ctx, node)
+        factory = host_made(ctx, moved) if moves else torch_factory(ctx, node)
         made_at = node  # where the finding goes: the move, or the creation a name carries to it
-        carrier = unwrapped(ctx, func.value) if moves and factory is None else None
+        carrier = unwrapped(ctx, moved, making=True) if moves and factory is None else None
         if isinstance(carrier, ast.Name):
             carried = carried_to_move(ctx, carrier)
             if carried is not None:
@@ -179,7 +182,8 @@ class TensorCreationInLoop(Rule):
             self._check_numpy_data(node, node.args[0], '"cuda"' if ctx.qualname(func) else "device")
             return
         if moves:
-            target = device_target(ctx, node, func.attr)
+            target = device_target(ctx, node, func.attr) if func.attr in ("to", "cuda") and moved is func.value \
+                else '"cuda"'
             if target is None or (isinstance(target, ast.AST) and varies_per_iteration(ctx, target)):
                 return
             device = target if isinstance(target, str) else ctx.segment(target)
@@ -187,8 +191,9 @@ class TensorCreationInLoop(Rule):
             if name in FROM_DATA | {"from_numpy"} and call.args and self._check_numpy_data(node, call.args[0], device):
                 return
             if name in FROM_DATA:
-                if legacy_sizes(name, call):
-                    self.report(node, sizes_message(ctx, name, call, device, self._step.where))
+                if legacy_sizes(ctx, name, call):
+                    self.report(made_at, sizes_message(ctx, name, call, device, self._step.where,
+                                                       None if made_at is node else node.lineno))
                 elif call.args and is_constant_data(call.args[0]):
                     self._constant(node, call, device)
                 return
@@ -220,7 +225,7 @@ class TensorCreationInLoop(Rule):
             return
         if not is_constant_data(node.args[0]):
             self._check_numpy_data(node, node.args[0], ctx.segment(device))
-        elif not legacy_sizes(factory[0], node):  # `torch.FloatTensor(2, 4, device=...)`: sizes
+        elif not legacy_sizes(ctx, factory[0], node):  # `torch.FloatTensor(2, 4, device=...)`: sizes
             self._constant(node, node, ctx.segment(device))
 
     # -- reports --------------------------------------------------------------------
@@ -259,6 +264,8 @@ class TensorCreationInLoop(Rule):
             self.report(node, sampler_message(self.ctx, call, made, device, self._step.where))
 
     def _device_fix(self, move: ast.Call, factory: ast.Call, device: str, safe: bool):
+        if not (isinstance(move.func, ast.Attribute) and move.func.attr in ("to", "cuda")):
+            return None  # a move spelled `.type(...)` or a helper's call: the author's rewrite
         created = created_on_device(self.ctx, move, factory, device)
         if created is None:
             return None

@@ -92,10 +92,11 @@ def sampler_message(ctx, call: ast.Call, made: ast.Call, device: str, where: str
             f"`{ctx.segment(made)}` there with `device={device}`")
 
 
-def sizes_message(ctx, name: str, call: ast.Call, device: str, where: str) -> str:
+def sizes_message(ctx, name: str, call: ast.Call, device: str, where: str, moved_on=None) -> str:
     sizes = ", ".join(ctx.segment(a) for a in call.args)
-    return (f"`{ctx.segment(call)}` allocates an uninitialised tensor on the host and copies it to "
-            f"the device on every {where}; allocate it there: "
+    copied = f"copies it to the device on line {moved_on}" if moved_on else "copies it to the device"
+    return (f"`{ctx.segment(call)}` allocates an uninitialised tensor on the host and {copied} "
+            f"on every {where}; allocate it there: "
             f"`torch.empty({sizes}, {LEGACY_CONSTRUCTORS[name]}device={device})`")
 
 

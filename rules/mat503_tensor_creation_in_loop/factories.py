@@ -7,8 +7,12 @@ import ast
 from typing import Optional
 
 from matlint.semantic import kinds as _kinds
+from matlint.semantic.calls import file_calls
 from matlint.semantic.flow import flow_of
+from matlint.semantic.kinds import may_mention
 from matlint.semantic.loops import identifier
+from matlint.semantic.torch_api import cuda_tensor_type
+from matlint.semantic.tree import walk_no_scopes
 
 # Factories built from sizes alone (their values, to the last bit, in `same_values_on_device`).
 FILLS = {"zeros", "ones", "full", "empty", "arange", "eye", "linspace", "logspace", "tril_indices", "triu_indices"}
@@ -103,10 +107,15 @@ def takes_device(name: str, call: ast.Call) -> bool:
     return True
 
 
-def legacy_sizes(name: str, call: ast.Call) -> bool:
-    """`torch.Tensor(2, 4)`, `torch.FloatTensor(3)`: sizes, not data."""
-    return name in LEGACY_CONSTRUCTORS and bool(call.args) and all(
-        isinstance(a, ast.Constant) and type(a.value) is int for a in call.args)
+def legacy_sizes(ctx, name: str, call: ast.Call) -> bool:
+    """`torch.Tensor(2, 4)`, `torch.FloatTensor(3)`, `torch.LongTensor(num, num_priors)`: sizes,
+    not data (a legacy constructor takes data as its one argument; one size is a whole number)."""
+    if name not in LEGACY_CONSTRUCTORS or not call.args or any(isinstance(a, ast.Starred) for a in call.args):
+        return False
+    if len(call.args) > 1:
+        return True
+    size = call.args[0]
+    return isinstance(size, ast.Constant) and type(size.value) is int
 
 
 def _is_number(ctx, expr: ast.AST) -> bool:
@@ -137,8 +146,19 @@ def unwrapped(ctx, expr: ast.AST, making: bool = False) -> ast.AST:
                 expr = expr.left
             elif _is_number(ctx, expr.left):
                 expr = expr.right
-            else:
+            else:  # with a tensor made on the host, the other operand is on the host too (or it fails)
+                made = next((side for side in (expr.left, expr.right) if host_made(ctx, side)), None)
+                if made is None:
+                    return expr
+                expr = made
+            continue
+        if making and isinstance(expr, ast.Compare) and len(expr.comparators) == 1:
+            # `labels.unsqueeze(0) == labels.unsqueeze(1)`, `t > 0`: where its operands are
+            left, right = (unwrapped(ctx, side, making=True) for side in (expr.left, expr.comparators[0]))
+            if not (_is_number(ctx, right) or isinstance(left, ast.Name) and isinstance(right, ast.Name)
+                    and left.id == right.id):
                 return expr
+            expr = left
             continue
         if making and isinstance(expr, ast.UnaryOp) and isinstance(expr.op, (ast.USub, ast.Invert)):
             expr = expr.operand
@@ -204,32 +224,170 @@ def host_made(ctx, expr: ast.AST) -> Optional[tuple]:
 def carried_to_move(ctx, name: ast.Name) -> Optional[tuple]:
     """(factory, its call) when `name` holds a tensor made on the host by the one assignment
     that reaches this move, at the same loop depth, and every read of it is a move to the
-    device (`z = torch.randn(b, 100)` ... `z = z.cuda()`): the name only carries the tensor
-    to the copy."""
+    device (`z = torch.randn(b, 100)` ... `z = z.cuda()`), the CPU path's copy of it (`if
+    x.is_cuda: z = z.cuda()`, then `z` read on either path), or the next step of making it
+    (`alpha = torch.rand(n, 1)`, `alpha = alpha.expand_as(x)`, then the move): the names only
+    carry the tensor to the copy."""
     function = ctx.function
     if function is None:
         return None
     flow = flow_of(ctx, function)
-    assign = flow.reaching(name)
-    if assign is None or len(assign.targets) != 1 or not isinstance(assign.targets[0], ast.Name):
-        return None
-    made = host_made(ctx, assign.value)
-    if made is None:
-        return None
-    if flow.loops_around(assign) != flow.loops_around(name):
-        return None
+    within = None  # the value of the assignment the name is read in, on a later step
+    for _ in range(4):
+        assign = flow.reaching(name)
+        if assign is None or len(assign.targets) != 1 or not isinstance(assign.targets[0], ast.Name):
+            return None
+        if flow.loops_around(assign) != flow.loops_around(name) or not _only_carried(ctx, flow, assign, within):
+            return None
+        made = host_made(ctx, assign.value)
+        if made is not None:
+            return made, made[1]
+        inner = unwrapped(ctx, assign.value, making=True)
+        if not isinstance(inner, ast.Name):
+            return None
+        name, within = inner, assign.value
+    return None
+
+
+def _only_carried(ctx, flow, assign: ast.Assign, within: Optional[ast.AST]) -> bool:
+    """Every read of the value `assign` stores moves it to the device, leaves a wrapped copy on
+    the CPU path (`Variable(z)`), is a read on the CPU path of a conditional move (`if cuda: z =
+    z.cuda()`), or lies in `within` (the next step of making it); at the last step (`within`
+    None), one read is a move."""
     moved = False
+    inside = {id(node) for node in ast.walk(within)} if within is not None else set()
+    uninitialised = _uninitialised(ctx, assign.value)
     for use in flow.uses(assign):
+        if id(use) in inside:
+            continue
         while isinstance(flow.parent.get(use), ast.Call) and unwrapped(ctx, flow.parent.get(use)) is use:
             use = flow.parent.get(use)  # `Variable(z)`: the same tensor
-        move = flow.parent.get(use)
-        call = flow.parent.get(move)
-        if isinstance(move, ast.Attribute) and move.value is use and move.attr in ("to", "cuda") \
-                and isinstance(call, ast.Call) and call.func is move:
+        made = _made_further(ctx, flow.parent, use)  # `alpha.expand_as(x).to(d)`
+        if moved_by(ctx, flow.parent, use) is not None or moved_by(ctx, flow.parent, made) is not None:
             moved = True
-        elif not isinstance(use, ast.Call):
-            return None  # read as it is, on the host (a wrapped copy left on the CPU path reads nothing)
-    return (made, made[1]) if moved else None
+        elif isinstance(use, ast.Call):
+            continue  # a wrapped copy left on the CPU path reads nothing
+        elif uninitialised and _passed(flow.parent, use):
+            continue  # `match(..., conf_t, idx)`: filled where it was made
+        elif not _moved_on_other_path(ctx, flow, assign, use):
+            return False  # read as it is, on the host
+    return moved or within is not None
+
+
+def _uninitialised(ctx, value: ast.AST) -> bool:
+    """`value` allocates a tensor without values (`torch.empty(n)`, `torch.LongTensor(n, m)`):
+    a function it is passed to fills it."""
+    made = torch_factory(ctx, value)
+    return made is not None and (made[0] == "empty" or legacy_sizes(ctx, *made))
+
+
+def _passed(parent: dict, use: ast.Name) -> bool:
+    """`use` is an argument of a call (`fill(out)`), not its receiver."""
+    call = parent.get(use)
+    return isinstance(call, ast.Call) and any(a is use for a in call.args)
+
+
+def _made_further(ctx, parent: dict, use: ast.AST) -> ast.AST:
+    """The largest expression around `use` that `unwrapped(..., making=True)` goes back into
+    `use` from (`alpha.expand_as(x)` around `alpha`): what makes the tensor further."""
+    node = use
+    while True:
+        up = parent.get(node)
+        if isinstance(up, ast.Attribute) and up.value is node:
+            up = parent.get(up)
+            if not (isinstance(up, ast.Call) and isinstance(up.func, ast.Attribute) and up.func.value is node):
+                return node
+        if not isinstance(up, (ast.Call, ast.BinOp, ast.UnaryOp, ast.Compare)) or unwrapped(
+                ctx, up, making=True) is not use:
+            return node
+        node = up
+
+
+def _moved_on_other_path(ctx, flow, assign: ast.Assign, use: ast.Name) -> bool:
+    """`use` reads `assign`'s tensor or its copy on the device, stored by a conditional `z =
+    z.cuda()` that reads `assign` (`if x.is_cuda: z = z.cuda()`): without the device, the
+    tensor stays where it was made, and the copy is the device's cost."""
+    for store, simple in flow.reaching_all(use):
+        if store is assign or not simple:
+            continue
+        value = store.value
+        moved = moved_expression(ctx, value)
+        inner = unwrapped(ctx, moved) if moved is not None else None
+        if isinstance(inner, ast.Name) and inner.id == use.id and flow.reaching(inner) is assign:
+            return True
+    return False
+
+
+def moved_by(ctx, parent: dict, expr: ast.AST) -> Optional[ast.Call]:
+    """The call that copies `expr` to the device where it stands: `expr.cuda()`, `expr.to(d)`,
+    `expr.type(torch.cuda.FloatTensor)`, or a helper of this file that returns its argument
+    moved (`self.get_torch_variable(expr)`); None elsewhere."""
+    up = parent.get(expr)
+    call = parent.get(up)
+    if isinstance(up, ast.Attribute) and up.value is expr and isinstance(call, ast.Call) and call.func is up \
+            and moved_expression(ctx, call) is expr:
+        return call
+    if isinstance(up, ast.Call) and moved_expression(ctx, up) is expr:
+        return up
+    return None
+
+
+def moved_expression(ctx, call: ast.AST) -> Optional[ast.AST]:
+    """The expression `call` copies to the device: the receiver of `.cuda(...)`, `.to(...)` or
+    `.type(<a CUDA tensor type>)`, or the argument of a call of a helper of this file that
+    returns its argument moved (`mover_helper`); None for other calls."""
+    if not isinstance(call, ast.Call):
+        return None
+    func = call.func
+    if isinstance(func, ast.Attribute) and (func.attr in ("cuda", "to") or func.attr == "type" and len(
+            call.args) == 1 and not call.keywords and cuda_tensor_type(ctx, call.args[0]) is not None):
+        return func.value
+    if len(call.args) == 1 and not call.keywords and mover_helper(ctx, func) is not None:
+        return call.args[0]
+    return None
+
+
+def mover_helper(ctx, func: ast.AST) -> Optional[ast.AST]:
+    """The function of this file that `func` calls (`to_device(x)`, `self.get_torch_variable(x)`)
+    when it takes one argument and returns it moved to the device on some path and as it is (or
+    wrapped, `Variable(x)`) on the others: a copy to the device spelled as a call."""
+    calls = file_calls(ctx)
+    if isinstance(func, ast.Name):
+        target, bound = calls.module_functions.get(func.id), False
+    elif (isinstance(func, ast.Attribute) and isinstance(func.value, ast.Name) and ctx.class_ is not None
+          and func.value.id == "self"):
+        target, bound = calls.methods.get(id(ctx.class_), {}).get(func.attr), True
+    else:
+        return None
+    if target is None:
+        return None
+    key = ("mover_helper", id(target))
+    found = ctx.shared.get(key)
+    if found is None:
+        found = ctx.shared[key] = _returns_argument_moved(ctx, target, bound)
+    return target if found else None
+
+
+def _returns_argument_moved(ctx, function: ast.AST, bound: bool) -> bool:
+    args = function.args
+    params = (args.posonlyargs + args.args)[1 if bound else 0:]
+    if len(params) != 1 or args.vararg or args.kwarg or args.kwonlyargs:
+        return False
+    param = params[0].arg
+    returns = [n for n in walk_no_scopes(function) if isinstance(n, ast.Return)]
+    moved = False
+    for ret in returns:
+        value = ret.value
+        if value is None:
+            return False
+        func = value.func if isinstance(value, ast.Call) else None
+        if isinstance(func, ast.Attribute) and func.attr in ("cuda", "to") and not (
+                func.attr == "to" and not value.args and not value.keywords):
+            value, moved = func.value, True
+        inner = unwrapped(ctx, value)
+        if not (isinstance(inner, ast.Name) and inner.id == param):
+            return False
+    return moved
 
 
 def device_target(ctx, call: ast.Call, method: str):
@@ -262,3 +420,15 @@ def is_device(ctx, expr: ast.AST) -> bool:
         return not (isinstance(expr.args[0], ast.Constant) and expr.args[0].value == "cpu")
     name = (identifier(expr) or "").lower()
     return name == "dev" or "device" in name and "cpu" not in name
+
+
+def has_mover_helpers(ctx) -> bool:
+    """The file defines a helper that returns its argument moved to the device (`mover_helper`):
+    calls of it are moves."""
+    found = ctx.shared.get("has_mover_helpers")
+    if found is None:
+        calls = file_calls(ctx)
+        found = ctx.shared["has_mover_helpers"] = any(
+            _returns_argument_moved(ctx, function, id(function) in calls.class_of)
+            for function in calls.functions) if may_mention(ctx, "cuda") or may_mention(ctx, "to") else False
+    return found
