@@ -19,7 +19,7 @@ from matlint.semantic.torch_api import TYPED_TENSORS, cuda_tensor_type
 from .advice import (created_on_device, fill_message, numpy_message, sampler_input, sampler_message,
                      sizes_message)
 from .factories import (FILLS, FROM_DATA, RANDOM, carried_to_move, device_target, exact_on_device,
-                        has_mover_helpers, host_made, is_constant_data, moved_expression,
+                        has_mover_helpers, helper_made, host_made, is_constant_data, moved_expression,
                         is_device, is_false, legacy_sizes, one_value, same_values_on_device, takes_device,
                         torch_factory, unwrapped)
 from .host_data import numpy_made
@@ -168,10 +168,15 @@ class TensorCreationInLoop(Rule):
         factory = host_made(ctx, moved) if moves else torch_factory(ctx, node)
         made_at = node  # where the finding goes: the move, or the creation a name carries to it
         carrier = unwrapped(ctx, moved, making=True) if moves and factory is None else None
+        helper = None  # the function of the file that makes the tensor and returns it
         if isinstance(carrier, ast.Name):
             carried = carried_to_move(ctx, carrier)
             if carried is not None:
                 factory, made_at = carried
+        elif isinstance(carrier, ast.Call):
+            made = helper_made(ctx, carrier)
+            if made is not None:
+                helper, factory = made
         cuda_type = None if moves or factory is not None or not node.args else cuda_tensor_type(ctx, func)
         if factory is None and cuda_type is None:
             return
@@ -207,6 +212,12 @@ class TensorCreationInLoop(Rule):
             if not takes_device(name, call):
                 if made_at is node:
                     self._report_sampler(node, call, device)
+                return
+            if helper is not None:
+                self.report(node, f"`{helper.name}` makes its result on the host (`{ctx.segment(call.func)}(...)` "
+                                  f"on line {call.lineno}) and it is copied to the device here, on every "
+                                  f"{self._step.where}; pass the device to `{helper.name}` and create it there "
+                                  "with `device=`")
                 return
             if made_at is not node:
                 self.report(made_at, f"`{ctx.segment(call.func)}(...)` is created on the host and copied to the "

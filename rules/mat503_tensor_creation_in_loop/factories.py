@@ -12,7 +12,7 @@ from matlint.semantic.flow import flow_of
 from matlint.semantic.kinds import may_mention
 from matlint.semantic.loops import identifier
 from matlint.semantic.torch_api import cuda_tensor_type
-from matlint.semantic.tree import walk_no_scopes
+from matlint.semantic.tree import dotted, walk_no_scopes
 
 # Factories built from sizes alone (their values, to the last bit, in `same_values_on_device`).
 FILLS = {"zeros", "ones", "full", "empty", "arange", "eye", "linspace", "logspace", "tril_indices", "triu_indices"}
@@ -118,18 +118,31 @@ def legacy_sizes(ctx, name: str, call: ast.Call) -> bool:
     return isinstance(size, ast.Constant) and type(size.value) is int
 
 
-def _is_number(ctx, expr: ast.AST) -> bool:
-    """A Python number: a literal, a name or attribute of that kind, `math.log(p)`, and arithmetic
-    of them (`-math.log(max_period)`, `n - 1`)."""
+def _is_number(ctx, expr: ast.AST, depth: int = 0) -> bool:
+    """A Python number: a literal, a name or attribute of that kind, `math.log(p)`, `len(x)`,
+    arithmetic of them (`-math.log(max_period)`, `n - 1`), a whole division of a name that is
+    not a tensor (`dim // 2`), and a name assigned one of these (`half = dim // 2`)."""
     if isinstance(expr, ast.Constant):
         return isinstance(expr.value, (int, float)) and not isinstance(expr.value, bool)
     if isinstance(expr, ast.UnaryOp):
-        return isinstance(expr.op, (ast.USub, ast.UAdd)) and _is_number(ctx, expr.operand)
+        return isinstance(expr.op, (ast.USub, ast.UAdd)) and _is_number(ctx, expr.operand, depth)
     if isinstance(expr, ast.BinOp):
-        return _is_number(ctx, expr.left) and _is_number(ctx, expr.right)
+        if isinstance(expr.op, ast.FloorDiv) and isinstance(expr.left, ast.Name) and isinstance(
+                expr.right, ast.Constant) and type(expr.right.value) is int:
+            return _kinds.kind_of(ctx, expr.left) not in _kinds.TENSORS
+        return _is_number(ctx, expr.left, depth) and _is_number(ctx, expr.right, depth)
     if isinstance(expr, ast.Call):
-        return (ctx.qualname(expr.func) or "").startswith("math.")
-    return isinstance(expr, (ast.Name, ast.Attribute)) and _kinds.kind_of(ctx, expr) == _kinds.SCALAR
+        qualname = ctx.qualname(expr.func) or ""
+        return qualname.startswith("math.") or isinstance(expr.func, ast.Name) and expr.func.id in (
+            "len", "int", "float") and qualname in ("", "len", "int", "float", "builtins." + expr.func.id)
+    if not isinstance(expr, (ast.Name, ast.Attribute)):
+        return False
+    if _kinds.kind_of(ctx, expr) == _kinds.SCALAR:
+        return True
+    if isinstance(expr, ast.Name) and depth < 2 and ctx.function is not None:
+        assign = flow_of(ctx, ctx.function).reaching(expr) if expr in flow_of(ctx, ctx.function).parent else None
+        return assign is not None and _is_number(ctx, assign.value, depth + 1)
+    return False
 
 
 def unwrapped(ctx, expr: ast.AST, making: bool = False) -> ast.AST:
@@ -146,11 +159,10 @@ def unwrapped(ctx, expr: ast.AST, making: bool = False) -> ast.AST:
                 expr = expr.left
             elif _is_number(ctx, expr.left):
                 expr = expr.right
-            else:  # with a tensor made on the host, the other operand is on the host too (or it fails)
-                made = next((side for side in (expr.left, expr.right) if host_made(ctx, side)), None)
-                if made is None:
-                    return expr
-                expr = made
+            elif _fills(ctx, expr.left) and _fills(ctx, expr.right):  # `torch.ones(n) - torch.eye(n)`
+                expr = expr.left
+            else:
+                return expr
             continue
         if making and isinstance(expr, ast.Compare) and len(expr.comparators) == 1:
             # `labels.unsqueeze(0) == labels.unsqueeze(1)`, `t > 0`: where its operands are
@@ -177,11 +189,17 @@ def unwrapped(ctx, expr: ast.AST, making: bool = False) -> ast.AST:
             expr = expr.args[0]
         elif making and qualname in _JOINS and expr.args:
             parts = _joined(expr.args[0])
-            if not parts or not all(host_made(ctx, part) for part in parts):
+            if not parts or not all(_fills(ctx, part) for part in parts):
                 return expr
             expr = parts[0]
         else:
             return expr
+
+
+def _fills(ctx, expr: ast.AST) -> bool:
+    """`expr` is made on the host by a fill or a random factory from sizes (not from data)."""
+    made = host_made(ctx, expr)
+    return made is not None and (made[0] in FILLS or made[0] in RANDOM)
 
 
 def _joined(tensors: ast.AST) -> list:
@@ -351,21 +369,71 @@ def mover_helper(ctx, func: ast.AST) -> Optional[ast.AST]:
     """The function of this file that `func` calls (`to_device(x)`, `self.get_torch_variable(x)`)
     when it takes one argument and returns it moved to the device on some path and as it is (or
     wrapped, `Variable(x)`) on the others: a copy to the device spelled as a call."""
+    found = file_function(ctx, func)
+    if found is None:
+        return None
+    target, bound = found
+    key = ("mover_helper", id(target))
+    moves = ctx.shared.get(key)
+    if moves is None:
+        moves = ctx.shared[key] = _returns_argument_moved(ctx, target, bound)
+    return target if moves else None
+
+
+def file_function(ctx, func: ast.AST) -> Optional[tuple]:
+    """(the function of this file that `func` calls, whether its first parameter is bound): a
+    module-level `f(...)`, a method `self.m(...)` of the class around, or a method of a class of
+    the file through a name the function assigns an instance of it (`diffusion =
+    Diffusion(...)`, then `diffusion.sample_timesteps(n)`)."""
     calls = file_calls(ctx)
     if isinstance(func, ast.Name):
-        target, bound = calls.module_functions.get(func.id), False
-    elif (isinstance(func, ast.Attribute) and isinstance(func.value, ast.Name) and ctx.class_ is not None
-          and func.value.id == "self"):
-        target, bound = calls.methods.get(id(ctx.class_), {}).get(func.attr), True
-    else:
+        target = calls.module_functions.get(func.id)
+        return (target, False) if target is not None else None
+    if not (isinstance(func, ast.Attribute) and isinstance(func.value, ast.Name)):
         return None
+    cls = ctx.class_ if func.value.id == "self" else None
+    if cls is None and ctx.function is not None:
+        assign = flow_of(ctx, ctx.function).reaching(func.value)
+        made = assign.value if assign is not None else None
+        if isinstance(made, ast.Call) and isinstance(made.func, ast.Name):
+            cls = next((c for c in ctx.tree.body if isinstance(c, ast.ClassDef) and c.name == made.func.id), None)
+    target = calls.methods.get(id(cls), {}).get(func.attr) if cls is not None else None
     if target is None:
         return None
-    key = ("mover_helper", id(target))
-    found = ctx.shared.get(key)
+    return target, not any(dotted(d) == "staticmethod" for d in target.decorator_list)
+
+
+def helper_made(ctx, expr: ast.AST) -> Optional[tuple]:
+    """(the function, (name, factory call)) when `expr` calls a function of this file
+    (`file_function`) every `return` of which gives a tensor its factory makes on the host
+    (`return torch.randint(1, T, (n,))`, `out = torch.zeros(b, d); out[i, j] = 1; return out`)."""
+    if not isinstance(expr, ast.Call):
+        return None
+    found = file_function(ctx, expr.func)
     if found is None:
-        found = ctx.shared[key] = _returns_argument_moved(ctx, target, bound)
-    return target if found else None
+        return None
+    target = found[0]
+    key = ("host_made_return", id(target))
+    made = ctx.shared.get(key, False)
+    if made is False:
+        made = ctx.shared[key] = _returned_host_made(ctx, target)
+    return (target, made) if made is not None else None
+
+
+def _returned_host_made(ctx, function: ast.AST) -> Optional[tuple]:
+    flow = None
+    made = None
+    for ret in (n for n in walk_no_scopes(function) if isinstance(n, ast.Return)):
+        value = ret.value
+        if isinstance(value, ast.Name):
+            flow = flow or flow_of(ctx, function)
+            assign = flow.reaching(value)
+            value = assign.value if assign is not None else None
+        returned = host_made(ctx, value) if value is not None else None
+        if returned is None:
+            return None
+        made = made or returned
+    return made
 
 
 def _returns_argument_moved(ctx, function: ast.AST, bound: bool) -> bool:
