@@ -39,8 +39,9 @@ _MAKING_METHODS = _SAME_DEVICE_METHODS | {
 _MAKING_FUNCTIONS = {"torch.exp", "torch.log", "torch.sin", "torch.cos", "torch.sqrt", "torch.rsqrt",
                      "torch.sigmoid", "torch.flip"}
 # Ops between a factory and its move after which the values on the device may differ from the
-# host's (a random fill, a transcendental function): the `device=` fix is not safe through them.
-_INEXACT_METHODS = {"uniform_", "normal_", "random_"}
+# host's (a random fill; a transcendental function, below), or whose result may sit on another
+# device than the move's (`type_as(y)` goes to y's): the `device=` fix is not safe through them.
+_UNSAFE_METHODS = {"uniform_", "normal_", "random_", "type_as", "type"}
 # torch functions that join tensors: the result is made on the host when every part is.
 _JOINS = {"torch.cat", "torch.stack"}
 
@@ -214,12 +215,13 @@ def _joined(tensors: ast.AST) -> list:
 
 def exact_on_device(ctx, moved: ast.AST, factory: ast.Call) -> bool:
     """Whether the ops between `factory` and its move (`moved` is the moved expression) give the
-    same values on the device: not through a random fill (`.uniform_(0, 1)`) or a function
-    whose rounding may differ (`torch.exp`)."""
+    same values, on the move's device, when the factory makes it there: not through a random
+    fill (`.uniform_(0, 1)`), a function whose rounding may differ (`torch.exp`), or a retype
+    that may move it elsewhere (`.type_as(y)`)."""
     made = {id(node) for node in ast.walk(factory)}
     return not any(
         isinstance(node, ast.Call) and id(node) not in made and (
-            isinstance(node.func, ast.Attribute) and node.func.attr in _INEXACT_METHODS
+            isinstance(node.func, ast.Attribute) and node.func.attr in _UNSAFE_METHODS
             or ctx.qualname(node.func) in _MAKING_FUNCTIONS)
         for node in ast.walk(moved))
 
