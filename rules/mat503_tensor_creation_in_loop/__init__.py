@@ -16,11 +16,11 @@ from matlint.semantic.names import in_test_code
 from matlint.semantic.steps import per_step
 from matlint.semantic.torch_api import TYPED_TENSORS, cuda_tensor_type
 
-from .advice import (created_on_device, fill_message, numpy_message, sampler_input, sampler_message,
-                     sizes_message)
-from .factories import (FILLS, FROM_DATA, RANDOM, carried_to_move, device_target, exact_on_device,
+from .advice import (created_on_device, fill_message, numpy_message, range_message, sampler_input,
+                     sampler_message, sizes_message)
+from .factories import (FILLS, FROM_DATA, RANDOM, carried_to_move, computed_number, device_target, exact_on_device,
                         has_mover_helpers, helper_made, host_made, is_constant_data, moved_expression,
-                        is_device, is_false, legacy_sizes, one_value, same_values_on_device, takes_device,
+                        is_device, is_false, legacy_sizes, one_value, range_data, same_values_on_device, takes_device,
                         torch_factory, unwrapped)
 from .host_data import numpy_made
 from .stays_quiet import (fills_a_cache, in_value_checked_branch, kept_apart, runs_once_per_loop,
@@ -201,6 +201,11 @@ class TensorCreationInLoop(Rule):
                                                        None if made_at is node else node.lineno))
                 elif call.args and is_constant_data(call.args[0]):
                     self._constant(node, call, device)
+                elif len(call.args) == 1 and name in ("tensor", "as_tensor") and computed_number(ctx, call.args[0]):
+                    self._constant(node, call, device, number=True)
+                elif len(call.args) == 1 and range_data(ctx, call.args[0]) and not any(
+                        k.arg in ("requires_grad", None) for k in call.keywords):
+                    self.report(node, range_message(ctx, name, call, device, self._step.where))
                 return
             if name not in FILLS and name not in RANDOM:
                 return
@@ -234,7 +239,9 @@ class TensorCreationInLoop(Rule):
         device = next((k.value for k in node.keywords if k.arg == "device"), None)
         if device is None or not is_device(ctx, device) or varies_per_iteration(ctx, device):
             return
-        if not is_constant_data(node.args[0]):
+        if len(node.args) == 1 and factory[0] in ("tensor", "as_tensor") and computed_number(ctx, node.args[0]):
+            self._constant(node, node, ctx.segment(device), number=True)
+        elif not is_constant_data(node.args[0]):
             self._check_numpy_data(node, node.args[0], ctx.segment(device))
         elif not legacy_sizes(ctx, factory[0], node):  # `torch.FloatTensor(2, 4, device=...)`: sizes
             self._constant(node, node, ctx.segment(device))
@@ -250,14 +257,15 @@ class TensorCreationInLoop(Rule):
         self.report(node, numpy_message(self.ctx, made, device, self._step.where))
         return True
 
-    def _constant(self, node: ast.Call, factory: ast.Call, device: str) -> None:
-        """`node` uploads the constant `factory` builds (`node` is the factory itself or its move)."""
+    def _constant(self, node: ast.Call, factory: ast.Call, device: str, number: bool = False) -> None:
+        """`node` uploads the constant `factory` builds (`node` is the factory itself or its move);
+        `number`: a Python number computed on this pass (`torch.tensor(i / n_T)`), a fill too."""
         if any(k.arg is None or k.arg == "requires_grad" and not is_false(k.value) for k in factory.keywords):
             return  # a fresh leaf for autograd each time: one shared tensor would not do
         if in_value_checked_branch(self.ctx):
             return
         value = factory.args[0]
-        filled = one_value(value)
+        filled = (None, ()) if number else one_value(value)
         if filled is not None:
             self.report(node, fill_message(self.ctx, factory, value, *filled, device, self._step.where))
             return

@@ -132,3 +132,16 @@ def created_on_device(ctx, move: ast.Call, factory: ast.Call, device: str) -> Op
     if "#" in ctx.segment(move).replace(text, ""):
         return None  # a comment between the factory and the end of the move would be dropped
     return created
+
+
+def range_message(ctx, name: str, call: ast.Call, device: str, where: str) -> str:
+    """`torch.LongTensor(range(n))`, `torch.tensor(list(range(n)))`: `torch.arange` on the host."""
+    data = call.args[0]
+    if isinstance(data.func, ast.Name) and data.func.id == "list":
+        data = data.args[0]
+    bounds = ", ".join(ctx.segment(a) for a in data.args)
+    dtype = {"LongTensor": "dtype=torch.long, ", "FloatTensor": "dtype=torch.float32, ",
+             "Tensor": "dtype=torch.float32, "}.get(name, "")
+    dtype += "".join(f"{k.arg}={ctx.segment(k.value)}, " for k in call.keywords if k.arg == "dtype")
+    return (f"`{ctx.segment(call)}` builds a range on the host and copies it to the device on every {where}; "
+            f"`torch.arange({bounds}, {dtype}device={device})` makes it there")

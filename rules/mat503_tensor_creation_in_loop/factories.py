@@ -197,6 +197,24 @@ def unwrapped(ctx, expr: ast.AST, making: bool = False) -> ast.AST:
             return expr
 
 
+def computed_number(ctx, expr: ast.AST) -> bool:
+    """`i / self.n_T`, `-(t - 1)`: a Python number computed on this pass (arithmetic that only
+    numbers do: a tuple or a string cannot be divided or subtracted)."""
+    if isinstance(expr, ast.UnaryOp) and isinstance(expr.op, ast.USub):
+        return computed_number(ctx, expr.operand)
+    return isinstance(expr, ast.BinOp) and isinstance(expr.op, (ast.Div, ast.Sub, ast.FloorDiv, ast.Pow)) \
+        and _is_number(ctx, expr.left) and _is_number(ctx, expr.right)
+
+
+def range_data(ctx, expr: ast.AST) -> bool:
+    """`range(n)`, `list(range(n))`: the values `torch.arange` makes."""
+    if isinstance(expr, ast.Call) and isinstance(expr.func, ast.Name) and expr.func.id == "list" and len(
+            expr.args) == 1 and not ctx.names.binds_locally("list"):
+        expr = expr.args[0]
+    return (isinstance(expr, ast.Call) and isinstance(expr.func, ast.Name) and expr.func.id == "range"
+            and not expr.keywords and 1 <= len(expr.args) <= 3 and not ctx.names.binds_locally("range"))
+
+
 def _fills(ctx, expr: ast.AST) -> bool:
     """`expr` is made on the host by a fill or a random factory from sizes (not from data)."""
     made = host_made(ctx, expr)
