@@ -69,6 +69,22 @@ def _module_method(calls, function: ast.AST) -> bool:
     return cls is not None and any(dotted(base) not in (None, "object", "ABC", "abc.ABC") for base in cls.bases)
 
 
+def _runs_forward(function: ast.AST) -> bool:
+    """The method calls its module's forward once per call (`self.forward(state)`, `self(x)`),
+    outside its own loops: an RL policy's `get_action` or `evaluate`, a `predict`."""
+    params = function.args.posonlyargs + function.args.args
+    if not params:
+        return False
+    me = params[0].arg
+    for node in _outside_loops(function.body):
+        if isinstance(node, ast.Call):
+            func = node.func
+            if isinstance(func, ast.Name) and func.id == me or isinstance(func, ast.Attribute) and \
+                    func.attr == "forward" and isinstance(func.value, ast.Name) and func.value.id == me:
+                return True
+    return False
+
+
 def _iterates_loader(loop: ast.AST) -> bool:
     it = getattr(loop, "iter", None)
     while isinstance(it, ast.Call) and it.args:
@@ -104,6 +120,8 @@ def step_functions(ctx) -> dict:
             found[id(function)] = Step(f"is the `{function.name}` hook", function.name == "training_step")
         elif function.name == "forward" and _module_method(calls, function):
             found[id(function)] = Step("is a module's `forward`, run on every step", False, True)
+        elif _module_method(calls, function) and not runs_once(function.name) and _runs_forward(function):
+            found[id(function)] = Step("runs the module's `forward`", False, True)
     changed = True
     while changed:  # what a step function calls runs every step too, followed to a fixed point
         changed = False

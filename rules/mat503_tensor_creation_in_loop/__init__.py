@@ -34,11 +34,28 @@ class TensorCreationInLoop(Rule):
     docs = """
     ## What it does
     Inside a loop, in an `nn.Module`'s `forward`, or in a function that runs every step (a
-    training step, or a helper that `forward`, a step or a training/batch loop calls on every
-    pass, not under an `if`), flags:
+    training step, a method of a module that runs its `forward`, like an RL policy's
+    `get_action(state)`, or a helper that `forward`, a step or a training/batch loop calls on
+    every pass, not under an `if`; a function an epoch loop calls after its training loop runs
+    once per epoch), flags:
     - a tensor created on the host and then moved (`torch.zeros(n).to(device)`,
       `torch.arange(n).cuda()`, `torch.randn(b, d).to(x.device)`): it can be created on the
-      device directly; a sample drawn on the host from a host-made input
+      device directly. The evidence is the factory (no `device=`) and the move of what it
+      made: through ops that leave it where it is (`torch.arange(L).unsqueeze(0).repeat(b,
+      1).cuda()`, `torch.empty(1, 1).type_as(x).fill_(v)`, `.clamp(...)`, arithmetic with
+      numbers, `torch.exp(...)`, `torch.cat` of fills, a comparison of one with itself);
+      through the names that carry it to the copy, over several assignments (`alpha =
+      torch.rand(n, 1)`, `alpha = alpha.expand_as(x).to(d)`), past the CPU path of a
+      conditional move (`z = torch.zeros(n)`, `if x.is_cuda: z = z.cuda()`, then `z` read on
+      either path), and past calls that fill an uninitialised allocation (`conf_t =
+      torch.LongTensor(num, priors)`, `match(..., conf_t)`, `conf_t = conf_t.cuda()`); or
+      made and returned by a function of the file (`self.label2onehot(torch.zeros(n),
+      2).to(d)`, `diffusion.sample_timesteps(n).to(d)` on an instance of a class of the file).
+      A move is `.to(device)`, `.cuda()`, `.type(<a CUDA tensor type or a name bound to
+      one>)`, or a helper of the file that returns its one argument moved on some path and as
+      it is on the others (`get_torch_variable(x)`). A draw from a distribution given Python
+      numbers (`Normal(0, 1).sample(shape)`) is made on the host too; a sample drawn on the
+      host from a host-made input
       (`torch.bernoulli(p * torch.ones(shape)).to(d)`): `torch.bernoulli` and `torch.normal(mean,
       std)` take no `device=` and sample where their input is, so that input is what to make on
       the device;
@@ -48,7 +65,9 @@ class TensorCreationInLoop(Rule):
       place, or `torch.tensor([0, 0], device=d)`) gets the fill that makes it on the device
       (`torch.zeros((), device=d)`, `torch.zeros(2, dtype=torch.long, device=d)`: same dtype),
       not a buffer: a fill is a new tensor each time, so it also fits a tensor that is kept,
-      returned or changed in place;
+      returned or changed in place; so does a Python number computed on each pass
+      (`torch.tensor(i / n_T).to(d)`: `torch.full((), i / n_T, device=d)`), and a range
+      (`torch.LongTensor(range(n)).to(d)`: `torch.arange(n, dtype=torch.long, device=d)`);
     - an uninitialised tensor allocated on the host and moved (`torch.Tensor(2, 4).to(d)`: the
       arguments are sizes): `torch.empty(2, 4, device=d)`;
     - an array that numpy draws or fills on the host on every pass and that is copied to the
@@ -97,6 +116,9 @@ class TensorCreationInLoop(Rule):
       0.2))` added as a scalar), are made once outside the loop, or are filled in afterwards
       (`adv = np.zeros(n)`, then `adv[t] = ...`: computed data), and legacy types called
       with sizes (`Tensor(b, 1).fill_(1.0)` allocates on the device).
+    - Tensors computed from data on the host before the copy (`torch.arange(n) +
+      torch.repeat_interleave(ids, counts)`, a fill read on the host before its move, a helper
+      that may return its input): the values are data, which has to be copied.
     - `.to(x)` / `.to(dtype)` and other `.to` calls whose argument may not be a device, and
       `.to("cpu")`; random tensors drawn from an explicit `generator=` (it lives on the host),
       or sampled from an input whose place is unknown (`torch.bernoulli(probs).to(d)`: `probs`
@@ -152,6 +174,10 @@ class TensorCreationInLoop(Rule):
     the author's call. Nor do numpy arrays made per pass: torch's sampler draws other numbers,
     and in float32 where numpy draws float64. Neither do samplers without `device=` (`torch.bernoulli`, `torch.normal`
     of tensors): the message names the factory in their input to create on the device.
+    Through ops that may give other values on the device (a random fill such as
+    `.uniform_(0, 1)`, `torch.exp`) or put the result on another device than the move's
+    (`.type_as(y)` goes to y's), the fix is unsafe; moves spelled `.type(...)` or as a helper's
+    call, and tensors a helper makes, have no fix (the helper is where to pass the device).
     """
 
     # A move (`.to(...)`, `.cuda()`), or a tensor made from data (`torch.tensor(...)`, `tensor(...)`).
@@ -207,12 +233,20 @@ class TensorCreationInLoop(Rule):
                         k.arg in ("requires_grad", None) for k in call.keywords):
                     self.report(node, range_message(ctx, name, call, device, self._step.where))
                 return
-            if name not in FILLS and name not in RANDOM:
+            if name not in FILLS and name not in RANDOM and name != "sample":
                 return
             if any(k.arg in ("device", None, "out", "generator") or k.arg in ("requires_grad", "pin_memory")
                    and not is_false(k.value) for k in call.keywords):
                 return  # already placed, unknown keywords, host-only options, or a leaf whose copy is what is used
             if sized_by_loop_item(ctx, name, call) or in_value_checked_branch(ctx):
+                return
+            if name == "sample":
+                self.report(made_at, f"`{ctx.segment(call)}` draws on the host (its distribution holds Python "
+                                     f"numbers) and is copied to the device"
+                                     + (f" on line {node.lineno}" if made_at is not node else "")
+                                     + f", on every {self._step.where}; draw it there (`torch.randn(shape, "
+                                     f"device={device})` for a standard normal, or a distribution of tensors on "
+                                     "the device)")
                 return
             if not takes_device(name, call):
                 if made_at is node:

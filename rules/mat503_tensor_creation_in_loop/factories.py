@@ -38,6 +38,8 @@ _MAKING_METHODS = _SAME_DEVICE_METHODS | {
 # torch.arange(half) / half)`): their values may round differently on the device.
 _MAKING_FUNCTIONS = {"torch.exp", "torch.log", "torch.sin", "torch.cos", "torch.sqrt", "torch.rsqrt",
                      "torch.sigmoid", "torch.flip"}
+# ... and those that give the same values on any device (`torch.clamp(noise, -c, c)`).
+_EXACT_MAKING_FUNCTIONS = {"torch.clamp", "torch.clip"}
 # Ops between a factory and its move after which the values on the device may differ from the
 # host's (a random fill; a transcendental function, below), or whose result may sit on another
 # device than the move's (`type_as(y)` goes to y's): the `device=` fix is not safe through them.
@@ -185,7 +187,8 @@ def unwrapped(ctx, expr: ast.AST, making: bool = False) -> ast.AST:
                     not expr.args or making and func.attr in ("tril", "triu"))
                 or making and func.attr in _MAKING_METHODS):
             expr = func.value
-        elif (qualname in _SAME_DEVICE_FUNCTIONS or making and qualname in _MAKING_FUNCTIONS) and expr.args \
+        elif (qualname in _SAME_DEVICE_FUNCTIONS or making and (
+                qualname in _MAKING_FUNCTIONS or qualname in _EXACT_MAKING_FUNCTIONS)) and expr.args \
                 and not isinstance(expr.args[0], ast.Starred):
             expr = expr.args[0]
         elif making and qualname in _JOINS and expr.args:
@@ -255,8 +258,29 @@ def torch_factory(ctx, expr: ast.AST) -> Optional[tuple]:
 
 def host_made(ctx, expr: ast.AST) -> Optional[tuple]:
     """The factory call that makes `expr`, directly or through ops that keep its device
-    (`torch.ones(T, T).tril().bool()`), as `torch_factory` gives it."""
-    return torch_factory(ctx, unwrapped(ctx, expr, making=True))
+    (`torch.ones(T, T).tril().bool()`), as `torch_factory` gives it; or ("sample", the call) for
+    a draw from a distribution of Python numbers (`host_sample`)."""
+    inner = unwrapped(ctx, expr, making=True)
+    made = torch_factory(ctx, inner)
+    if made is None and host_sample(ctx, inner):
+        return "sample", inner
+    return made
+
+
+def host_sample(ctx, expr: ast.AST) -> bool:
+    """`Normal(0, 1).sample(shape)`, or `normal.sample()` after `normal = Normal(0, 1)`: a
+    distribution of `torch.distributions` given Python numbers holds CPU tensors, and draws there."""
+    if not (isinstance(expr, ast.Call) and isinstance(expr.func, ast.Attribute)
+            and expr.func.attr in ("sample", "rsample")):
+        return False
+    made = expr.func.value
+    if isinstance(made, ast.Name) and ctx.function is not None:
+        flow = flow_of(ctx, ctx.function)
+        assign = flow.reaching(made) if made in flow.parent else None
+        made = assign.value if assign is not None else None
+    return (isinstance(made, ast.Call) and (ctx.qualname(made.func) or "").startswith("torch.distributions.")
+            and bool(made.args) and all(_is_number(ctx, a) for a in made.args)
+            and all(_is_number(ctx, k.value) for k in made.keywords if k.arg != "validate_args"))
 
 
 def carried_to_move(ctx, name: ast.Name) -> Optional[tuple]:
