@@ -16,11 +16,11 @@ from matlint.semantic.names import in_test_code
 from matlint.semantic.steps import per_step
 from matlint.semantic.torch_api import TYPED_TENSORS, cuda_tensor_type
 
-from .advice import (created_on_device, fill_message, numpy_message, range_message, sampler_input,
+from .advice import (created_on_device, fill_message, numpy_message, range_message, sample_message, sampler_input,
                      sampler_message, sizes_message)
 from .factories import (FILLS, FROM_DATA, RANDOM, carried_to_move, computed_number, device_target, exact_on_device,
                         has_mover_helpers, helper_made, host_made, is_constant_data, moved_expression,
-                        is_device, is_false, legacy_sizes, one_value, range_data, same_values_on_device, takes_device,
+                        is_device, is_false, legacy_sizes, one_value, range_data, set_once_attribute, same_values_on_device, takes_device,
                         torch_factory, unwrapped)
 from .host_data import numpy_made
 from .stays_quiet import (fills_a_cache, in_value_checked_branch, kept_apart, runs_once_per_loop,
@@ -60,7 +60,9 @@ class TensorCreationInLoop(Rule):
       std)` take no `device=` and sample where their input is, so that input is what to make on
       the device;
     - a constant copied from the host (`torch.tensor([0.5, 2.0], device=x.device)`,
-      `torch.tensor(1.0).cuda()`): the same values are uploaded again each time. A constant of
+      `torch.tensor(1.0).cuda()`, or an attribute of the module that only its set-up
+      assigns and nothing changes in place: `torch.tensor(self.max_action).to(self.device)`):
+      the same values are uploaded again each time. A constant of
       one repeated value (a scalar `torch.tensor(0.0, device=d)`, often an accumulator updated in
       place, or `torch.tensor([0, 0], device=d)`) gets the fill that makes it on the device
       (`torch.zeros((), device=d)`, `torch.zeros(2, dtype=torch.long, device=d)`: same dtype),
@@ -116,6 +118,8 @@ class TensorCreationInLoop(Rule):
       0.2))` added as a scalar), are made once outside the loop, or are filled in afterwards
       (`adv = np.zeros(n)`, then `adv[t] = ...`: computed data), and legacy types called
       with sizes (`Tensor(b, 1).fill_(1.0)` allocates on the device).
+    - Attributes a method other than the set-up assigns or changes (`self.scale = scale` in
+      `set_scale`): data of the call, not a constant.
     - Tensors computed from data on the host before the copy (`torch.arange(n) +
       torch.repeat_interleave(ids, counts)`, a fill read on the host before its move, a helper
       that may return its input): the values are data, which has to be copied.
@@ -225,7 +229,7 @@ class TensorCreationInLoop(Rule):
                 if legacy_sizes(ctx, name, call):
                     self.report(made_at, sizes_message(ctx, name, call, device, self._step.where,
                                                        None if made_at is node else node.lineno))
-                elif call.args and is_constant_data(call.args[0]):
+                elif call.args and (is_constant_data(call.args[0]) or set_once_attribute(ctx, call.args[0])):
                     self._constant(node, call, device)
                 elif len(call.args) == 1 and name in ("tensor", "as_tensor") and computed_number(ctx, call.args[0]):
                     self._constant(node, call, device, number=True)
@@ -241,12 +245,8 @@ class TensorCreationInLoop(Rule):
             if sized_by_loop_item(ctx, name, call) or in_value_checked_branch(ctx):
                 return
             if name == "sample":
-                self.report(made_at, f"`{ctx.segment(call)}` draws on the host (its distribution holds Python "
-                                     f"numbers) and is copied to the device"
-                                     + (f" on line {node.lineno}" if made_at is not node else "")
-                                     + f", on every {self._step.where}; draw it there (`torch.randn(shape, "
-                                     f"device={device})` for a standard normal, or a distribution of tensors on "
-                                     "the device)")
+                self.report(made_at, sample_message(ctx, call, device, self._step.where,
+                                                    None if made_at is node else node.lineno))
                 return
             if not takes_device(name, call):
                 if made_at is node:
@@ -275,6 +275,8 @@ class TensorCreationInLoop(Rule):
             return
         if len(node.args) == 1 and factory[0] in ("tensor", "as_tensor") and computed_number(ctx, node.args[0]):
             self._constant(node, node, ctx.segment(device), number=True)
+        elif set_once_attribute(ctx, node.args[0]):
+            self._constant(node, node, ctx.segment(device))
         elif not is_constant_data(node.args[0]):
             self._check_numpy_data(node, node.args[0], ctx.segment(device))
         elif not legacy_sizes(ctx, factory[0], node):  # `torch.FloatTensor(2, 4, device=...)`: sizes

@@ -6,6 +6,8 @@ from __future__ import annotations
 import ast
 from typing import Optional
 
+from matlint.semantic.flow import flow_of
+
 from .factories import FILLS, LEGACY_CONSTRUCTORS, RANDOM, torch_factory
 
 
@@ -145,3 +147,23 @@ def range_message(ctx, name: str, call: ast.Call, device: str, where: str) -> st
     dtype += "".join(f"{k.arg}={ctx.segment(k.value)}, " for k in call.keywords if k.arg == "dtype")
     return (f"`{ctx.segment(call)}` builds a range on the host and copies it to the device on every {where}; "
             f"`torch.arange({bounds}, {dtype}device={device})` makes it there")
+
+
+def sample_message(ctx, call: ast.Call, device: str, where: str, moved_on=None) -> str:
+    """`Normal(0, 1).sample(shape)` copied to the device: torch's sampler draws the same
+    distribution there (`torch.randn` for a standard normal, `torch.rand` for a uniform on [0,
+    1)); other parameters: a distribution of tensors made on the device."""
+    made = call.func.value
+    if isinstance(made, ast.Name):  # `normal = Normal(0, 1)`
+        assign = flow_of(ctx, ctx.function).reaching(made) if ctx.function is not None else None
+        made = assign.value if assign is not None else None
+    qualname = (ctx.qualname(made.func) or "") if isinstance(made, ast.Call) else ""
+    numbers = [a.value for a in made.args if isinstance(a, ast.Constant)] if isinstance(made, ast.Call) else []
+    sampler = {("Normal", (0, 1)): "randn", ("Uniform", (0, 1)): "rand"}.get(
+        (qualname.rpartition(".")[2], tuple(numbers)))
+    shape = ctx.segment(call.args[0]) if len(call.args) == 1 and not call.keywords else None
+    instead = (f"`torch.{sampler}({shape}, device={device})`" if sampler and shape
+               else "torch's sampler with `device=`, or a distribution of tensors made on the device")
+    copied = f" on line {moved_on}" if moved_on else ""
+    return (f"`{ctx.segment(call)}` draws on the host (its distribution holds Python numbers) and is copied to "
+            f"the device{copied}, on every {where}; draw it there: {instead}")

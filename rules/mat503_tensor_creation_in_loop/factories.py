@@ -11,6 +11,7 @@ from matlint.semantic.calls import file_calls
 from matlint.semantic.flow import flow_of
 from matlint.semantic.kinds import may_mention
 from matlint.semantic.loops import identifier
+from matlint.semantic.steps import plain_class, runs_once
 from matlint.semantic.torch_api import cuda_tensor_type
 from matlint.semantic.tree import dotted, walk_no_scopes
 
@@ -207,6 +208,24 @@ def computed_number(ctx, expr: ast.AST) -> bool:
         return computed_number(ctx, expr.operand)
     return isinstance(expr, ast.BinOp) and isinstance(expr.op, (ast.Div, ast.Sub, ast.FloorDiv, ast.Pow)) \
         and _is_number(ctx, expr.left) and _is_number(ctx, expr.right)
+
+
+def set_once_attribute(ctx, expr: ast.AST) -> bool:
+    """`self.max_action` of a module whose methods assign it only where they run once
+    (`__init__`, `build`, `reset_parameters`...) and never change it in place: the same data on
+    every call, a constant of the module."""
+    cls = ctx.class_
+    if not (isinstance(expr, ast.Attribute) and isinstance(expr.value, ast.Name) and expr.value.id == "self"
+            and cls is not None and ctx.function is not None and len(ctx.functions) == 1):
+        return False
+    key = ("set_once_attribute", id(cls), expr.attr)
+    found = ctx.shared.get(key)
+    if found is None:
+        values = _kinds.class_attribute_values(ctx, cls, expr.attr)
+        found = ctx.shared[key] = bool(values) and not plain_class(ctx, cls) and all(
+            runs_once(getattr(method, "name", "")) for method, _ in values) and (
+            expr.attr not in _kinds.mutated_attributes(ctx, cls))
+    return found
 
 
 def range_data(ctx, expr: ast.AST) -> bool:
