@@ -69,6 +69,39 @@ def _module_method(calls, function: ast.AST) -> bool:
     return cls is not None and any(dotted(base) not in (None, "object", "ABC", "abc.ABC") for base in cls.bases)
 
 
+def _mode_branch(function: ast.AST, call: ast.Call) -> bool:
+    """Every `if` around `call` in `function` tests the module's mode (`if self.training:` /
+    `else:`): each branch runs on every step of its mode (training, or inference)."""
+    tests = _tests_around(function.body, call, ())
+    return bool(tests) and all(_reads_mode(test) for test in tests)
+
+
+def _tests_around(body: list, call: ast.Call, tests: tuple) -> Optional[tuple]:
+    """The tests of the `if` statements around `call` among `body`'s statements; None when it is
+    not there, or sits in an `except` handler or a nested function."""
+    for stmt in body:
+        if not (stmt.lineno <= call.lineno and call.end_lineno <= (stmt.end_lineno or stmt.lineno)):
+            continue
+        if isinstance(stmt, _SCOPES) or isinstance(stmt, _TRY) and any(
+                h.lineno <= call.lineno <= h.end_lineno for h in stmt.handlers):
+            return None
+        if isinstance(stmt, ast.If) and not (stmt.test.lineno <= call.lineno <= stmt.test.end_lineno):
+            return _tests_around(stmt.body + stmt.orelse, call, tests + (stmt.test,))
+        blocks = [s for f in ("body", "orelse", "finalbody") for s in getattr(stmt, f, None) or []
+                  if isinstance(s, ast.stmt)]
+        if any(s.lineno <= call.lineno <= (s.end_lineno or s.lineno) for s in blocks):
+            return _tests_around(blocks, call, tests)
+        return tests  # in the statement's own expressions
+    return None
+
+
+def _reads_mode(test: ast.AST) -> bool:
+    """`self.training`, `not self.training`."""
+    if isinstance(test, ast.UnaryOp) and isinstance(test.op, ast.Not):
+        test = test.operand
+    return isinstance(test, ast.Attribute) and test.attr == "training"
+
+
 def _runs_forward(function: ast.AST) -> bool:
     """The method calls its module's forward once per call (`self.forward(state)`, `self(x)`),
     outside its own loops: an RL policy's `get_action` or `evaluate`, a `predict`."""
@@ -129,7 +162,7 @@ def step_functions(ctx) -> dict:
             if id(function) in found:
                 continue
             for site in calls.call_sites(function):
-                if site.conditional:
+                if site.conditional and not (site.functions and _mode_branch(site.functions[-1], site.call)):
                     continue  # `if self.debug: self.log_grads()`: not every step
                 caller = found.get(id(site.functions[-1])) if site.functions else None
                 if caller is not None:

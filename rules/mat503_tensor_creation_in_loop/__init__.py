@@ -36,8 +36,8 @@ class TensorCreationInLoop(Rule):
     Inside a loop, in an `nn.Module`'s `forward`, or in a function that runs every step (a
     training step, a method of a module that runs its `forward`, like an RL policy's
     `get_action(state)`, or a helper that `forward`, a step or a training/batch loop calls on
-    every pass, not under an `if`; a function an epoch loop calls after its training loop runs
-    once per epoch), flags:
+    every pass, not under an `if` other than one on the module's mode, `if self.training:` /
+    `else:`; a function an epoch loop calls after its training loop runs once per epoch), flags:
     - a tensor created on the host and then moved (`torch.zeros(n).to(device)`,
       `torch.arange(n).cuda()`, `torch.randn(b, d).to(x.device)`): it can be created on the
       device directly. The evidence is the factory (no `device=`) and the move of what it
