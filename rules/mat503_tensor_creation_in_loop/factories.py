@@ -11,7 +11,7 @@ from matlint.semantic.calls import file_calls
 from matlint.semantic.flow import flow_of
 from matlint.semantic.kinds import may_mention
 from matlint.semantic.loops import identifier
-from matlint.semantic.steps import plain_class, runs_once
+from matlint.semantic.steps import runs_once
 from matlint.semantic.torch_api import cuda_tensor_type
 from matlint.semantic.tree import dotted, walk_no_scopes
 
@@ -211,7 +211,7 @@ def computed_number(ctx, expr: ast.AST) -> bool:
 
 
 def set_once_attribute(ctx, expr: ast.AST) -> bool:
-    """`self.max_action` of a module whose methods assign it only where they run once
+    """`self.max_action` of an `nn.Module` whose methods assign it only where they run once
     (`__init__`, `build`, `reset_parameters`...) and never change it in place: the same data on
     every call, a constant of the module."""
     cls = ctx.class_
@@ -222,7 +222,8 @@ def set_once_attribute(ctx, expr: ast.AST) -> bool:
     found = ctx.shared.get(key)
     if found is None:
         values = _kinds.class_attribute_values(ctx, cls, expr.attr)
-        found = ctx.shared[key] = bool(values) and not plain_class(ctx, cls) and all(
+        found = ctx.shared[key] = bool(values) and _kinds.kind_of(ctx, ast.Name(id=cls.name, ctx=ast.Load())) == \
+            _kinds.MODULE_CLASS and all(
             runs_once(getattr(method, "name", "")) for method, _ in values) and (
             expr.attr not in _kinds.mutated_attributes(ctx, cls))
     return found
