@@ -10,8 +10,10 @@ from __future__ import annotations
 
 import ast
 
+from matlint.diagnostics import Fix
 from matlint.rule import Only, Rule
 
+from matlint.semantic.kinds import moves_work_to_cuda
 from matlint.semantic.names import in_test_code
 from matlint.semantic.steps import per_step
 from matlint.semantic.torch_api import TYPED_TENSORS, cuda_tensor_type
@@ -19,7 +21,7 @@ from matlint.semantic.torch_api import TYPED_TENSORS, cuda_tensor_type
 from .advice import (created_on_device, fill_message, numpy_message, range_message, sample_message, sampler_input,
                      sampler_message, sizes_message)
 from .factories import (FILLS, FROM_DATA, RANDOM, carried_to_move, computed_number, device_target, exact_on_device,
-                        has_mover_helpers, helper_made, host_made, is_constant_data, moved_expression,
+                        has_mover_helpers, helper_made, host_made, INDEX_FACTORIES, indexed_tensor, is_constant_data, moved_expression,
                         is_device, is_false, legacy_sizes, one_value, range_data, set_once_attribute, same_values_on_device, takes_device,
                         torch_factory, unwrapped)
 from .host_data import numpy_made
@@ -70,6 +72,13 @@ class TensorCreationInLoop(Rule):
       returned or changed in place; so does a Python number computed on each pass
       (`torch.tensor(i / n_T).to(d)`: `torch.full((), i / n_T, device=d)`), and a range
       (`torch.LongTensor(range(n)).to(d)`: `torch.arange(n, dtype=torch.long, device=d)`);
+    - an index made on the host (`torch.arange`, `torch.randint`, `torch.randperm` without
+      `device=`, as it is or reshaped: `q[torch.arange(b)[:, None], idx]`) for a tensor the
+      code uses as one of the device, in a file that moves work to a device (names CUDA, moves
+      to a `device`, reads `x.device`): indexing copies it to the device on every call. One
+      finding per subscript; the fix gives each host index `device=<the indexed>.device`
+      (unsafe for random ones). A file that never leaves the CPU, and indexes into tensors made
+      on the host, stay quiet;
     - an uninitialised tensor allocated on the host and moved (`torch.Tensor(2, 4).to(d)`: the
       arguments are sizes): `torch.empty(2, 4, device=d)`;
     - an array that numpy draws or fills on the host on every pass and that is copied to the
@@ -186,7 +195,8 @@ class TensorCreationInLoop(Rule):
 
     # A move (`.to(...)`, `.cuda()`), or a tensor made from data (`torch.tensor(...)`, `tensor(...)`).
     # In a file with a helper that moves its argument (`get_torch_variable(x)`), every call.
-    only = {"visit_Call": Only(attrs=frozenset({"to", "cuda", "type"} | FROM_DATA | TYPED_TENSORS.keys()),
+    only = {"visit_Call": Only(attrs=frozenset({"to", "cuda", "type"} | FROM_DATA | TYPED_TENSORS.keys()
+                                               | INDEX_FACTORIES),
                                every_call_if=has_mover_helpers)}
 
     def visit_Call(self, node: ast.Call) -> None:
@@ -209,6 +219,9 @@ class TensorCreationInLoop(Rule):
                 helper, factory = made
         cuda_type = None if moves or factory is not None or not node.args else cuda_tensor_type(ctx, func)
         if factory is None and cuda_type is None:
+            return
+        if not moves and factory is not None and factory[0] in INDEX_FACTORIES:
+            self._check_index(node, factory[0])
             return
         self._step = per_step(ctx)
         if self._step is None or in_test_code(ctx) or runs_once_per_loop(ctx) or fills_a_cache(ctx):
@@ -281,6 +294,42 @@ class TensorCreationInLoop(Rule):
             self._check_numpy_data(node, node.args[0], ctx.segment(device))
         elif not legacy_sizes(ctx, factory[0], node):  # `torch.FloatTensor(2, 4, device=...)`: sizes
             self._constant(node, node, ctx.segment(device))
+
+    def _check_index(self, node: ast.Call, name: str) -> None:
+        """`q[torch.arange(b)[:, None], idx]` in a file that runs on the GPU: the index is made on
+        the host and copied to the device of what it indexes on every call; make it there."""
+        ctx = self.ctx
+        if any(k.arg in ("device", None, "out", "generator") for k in node.keywords):
+            return
+        found = indexed_tensor(ctx, node)
+        if found is None or not moves_work_to_cuda(ctx):
+            return
+        indexed, subscript = found
+        others = [sub for sub in ast.walk(subscript.slice) if isinstance(sub, ast.Call) and sub is not node
+                  and (torch_factory(ctx, sub) or ("",))[0] in INDEX_FACTORIES
+                  and not any(k.arg == "device" for k in sub.keywords)]
+        if any((o.lineno, o.col_offset) < (node.lineno, node.col_offset) for o in others):
+            return  # one finding for the subscript, at its first index made on the host
+        self._step = per_step(ctx)
+        if self._step is None or in_test_code(ctx) or runs_once_per_loop(ctx) or fills_a_cache(ctx) \
+                or in_value_checked_branch(ctx):
+            return
+        device = f"{ctx.segment(indexed)}.device"
+        fix = None
+        made = [node] + others
+        texts = [ctx.segment(call) for call in made]
+        if isinstance(indexed, (ast.Name, ast.Attribute)) and all(
+                "#" not in text and text.endswith(")") for text in texts):
+            edits = []
+            for call, text in zip(made, texts):
+                head = text[:-1].rstrip()
+                edits.append(ctx.edit(call, f"{head}{'' if head.endswith(('(', ',')) else ', '}device={device})"))
+            fix = Fix("Create the index on the device with `device=`", tuple(edits), all(
+                same_values_on_device(torch_factory(ctx, call)[0], call) for call in made))
+        also = f" (and {len(others)} more in this subscript)" if others else ""
+        self.report(node, f"`{ctx.segment(node.func)}(...)` makes an index on the host{also} for `{ctx.segment(indexed)}`, "
+                          f"a tensor of the device when the model runs there, so it is copied there on every "
+                          f"{self._step.where}; create it with `device={device}`", fix=fix)
 
     # -- reports --------------------------------------------------------------------
     def _check_numpy_data(self, node: ast.Call, data: ast.AST, device: str) -> bool:

@@ -564,3 +564,35 @@ def has_mover_helpers(ctx) -> bool:
             _returns_argument_moved(ctx, function, id(function) in calls.class_of)
             for function in calls.functions) if may_mention(ctx, "cuda") or may_mention(ctx, "to") else False
     return found
+
+
+# Factories that make index tensors (`x[torch.arange(b), idx]`).
+INDEX_FACTORIES = {"arange", "randint", "randperm"}
+_INDEX_RESHAPES = {"unsqueeze", "view", "reshape", "expand", "expand_as", "repeat", "long"}
+
+
+def indexed_tensor(ctx, node: ast.Call) -> Optional[tuple]:
+    """(the tensor, the subscript) that `node` (a factory, as it stands or reshaped: `torch.arange(b)[:, None]`,
+    `torch.arange(n).unsqueeze(1)`) indexes, as an item of the subscript (`q[torch.arange(b),
+    idx]`), when the code uses it as a tensor not known to be on the CPU; else None."""
+    child = node
+    for parent in reversed(ctx.parents):
+        if isinstance(parent, ast.Subscript):
+            if parent.value is child:
+                child = parent  # `torch.arange(b)[:, None, None]`: the index, reshaped
+                continue
+            if parent.slice is not child:
+                return None
+            value = parent.value
+            return (value, parent) if _kinds.kind_of(ctx, value) == _kinds.TENSOR else None
+        if isinstance(parent, ast.Attribute) and parent.value is child and parent.attr in _INDEX_RESHAPES:
+            continue
+        if isinstance(parent, ast.Call) and isinstance(parent.func, ast.Attribute) and parent.func.value is child \
+                and parent.func.attr in _INDEX_RESHAPES:
+            child = parent
+            continue
+        if isinstance(parent, ast.Tuple) and any(e is child for e in parent.elts):
+            child = parent
+            continue
+        return None
+    return None
