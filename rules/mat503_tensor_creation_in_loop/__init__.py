@@ -73,12 +73,13 @@ class TensorCreationInLoop(Rule):
       (`torch.tensor(i / n_T).to(d)`: `torch.full((), i / n_T, device=d)`), and a range
       (`torch.LongTensor(range(n)).to(d)`: `torch.arange(n, dtype=torch.long, device=d)`);
     - an index made on the host (`torch.arange`, `torch.randint`, `torch.randperm` without
-      `device=`, as it is or reshaped: `q[torch.arange(b)[:, None], idx]`) for a tensor the
-      code uses as one of the device, in a file that moves work to a device (names CUDA, moves
-      to a `device`, reads `x.device`): indexing copies it to the device on every call. One
-      finding per subscript; the fix gives each host index `device=<the indexed>.device`
-      (unsafe for random ones). A file that never leaves the CPU, and indexes into tensors made
-      on the host, stay quiet;
+      `device=`, as it is, reshaped: `q[torch.arange(b)[:, None], idx]`, or through a name
+      read only as an index) for an activation in a module's `forward` (or what it runs), in
+      a file that moves work to a device (names CUDA, moves to a `device`, reads `x.device`):
+      indexing copies it to the device on every call. One finding per subscript; the fix gives
+      each host index `device=<the indexed>.device` (unsafe for random ones). A file that never
+      leaves the CPU, tensors made on the host, and batches indexed in a training loop (they
+      may not be moved yet) stay quiet;
     - an uninitialised tensor allocated on the host and moved (`torch.Tensor(2, 4).to(d)`: the
       arguments are sizes): `torch.empty(2, 4, device=d)`;
     - an array that numpy draws or fills on the host on every pass and that is copied to the
@@ -305,13 +306,18 @@ class TensorCreationInLoop(Rule):
         if found is None or not moves_work_to_cuda(ctx):
             return
         indexed, subscript = found
-        others = [sub for sub in ast.walk(subscript.slice) if isinstance(sub, ast.Call) and sub is not node
-                  and (torch_factory(ctx, sub) or ("",))[0] in INDEX_FACTORIES
-                  and not any(k.arg == "device" for k in sub.keywords)]
+        named = isinstance(ctx.parent, ast.Assign)  # `index = torch.randint(...)`, read as an index
+        others = [] if named else [
+            sub for sub in ast.walk(subscript.slice) if isinstance(sub, ast.Call) and sub is not node
+            and (torch_factory(ctx, sub) or ("",))[0] in INDEX_FACTORIES and not any(k.arg == "device" for k in sub.keywords)]
         if any((o.lineno, o.col_offset) < (node.lineno, node.col_offset) for o in others):
             return  # one finding for the subscript, at its first index made on the host
         self._step = per_step(ctx)
-        if self._step is None or in_test_code(ctx) or runs_once_per_loop(ctx) or fills_a_cache(ctx) \
+        # In a module's forward (or what it runs) the tensors are activations, on the model's
+        # device; in a training loop a batch may still be on the host.
+        forward = self._step is not None and (self._step.step.forward if self._step.step is not None else (
+            getattr(self._step.function, "name", "") == "forward"))
+        if not forward or in_test_code(ctx) or runs_once_per_loop(ctx) or fills_a_cache(ctx) \
                 or in_value_checked_branch(ctx):
             return
         device = f"{ctx.segment(indexed)}.device"

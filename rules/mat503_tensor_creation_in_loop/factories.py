@@ -572,11 +572,25 @@ _INDEX_RESHAPES = {"unsqueeze", "view", "reshape", "expand", "expand_as", "repea
 
 
 def indexed_tensor(ctx, node: ast.Call) -> Optional[tuple]:
-    """(the tensor, the subscript) that `node` (a factory, as it stands or reshaped: `torch.arange(b)[:, None]`,
-    `torch.arange(n).unsqueeze(1)`) indexes, as an item of the subscript (`q[torch.arange(b),
-    idx]`), when the code uses it as a tensor not known to be on the CPU; else None."""
+    """(the tensor, the subscript) that `node` (a factory, as it stands or reshaped:
+    `torch.arange(b)[:, None]`, `torch.arange(n).unsqueeze(1)`) indexes, as an item of the
+    subscript (`q[torch.arange(b), idx]`), directly or through a name that is only read so
+    (`index = torch.randint(n, (m,))`, then `k[:, index]`), when the code uses it as a tensor
+    not known to be on the CPU; else None."""
+    parents = ctx.parents
+    statement = parents[-1] if parents else None
+    if not (isinstance(statement, ast.Assign) and statement.value is node and len(statement.targets) == 1
+            and isinstance(statement.targets[0], ast.Name) and ctx.function is not None):
+        return _indexed_from(ctx, node, reversed(parents))
+    flow = flow_of(ctx, ctx.function)
+    uses = flow.uses(statement) if statement in flow.parent else []
+    found = [_indexed_from(ctx, use, flow.enclosing(use)) for use in uses]
+    return found[0] if found and all(found) else None
+
+
+def _indexed_from(ctx, node: ast.AST, ancestors) -> Optional[tuple]:
     child = node
-    for parent in reversed(ctx.parents):
+    for parent in ancestors:
         if isinstance(parent, ast.Subscript):
             if parent.value is child:
                 child = parent  # `torch.arange(b)[:, None, None]`: the index, reshaped
