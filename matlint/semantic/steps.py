@@ -102,6 +102,24 @@ def _reads_mode(test: ast.AST) -> bool:
     return isinstance(test, ast.Attribute) and test.attr == "training"
 
 
+_FORWARD_CALL = re.compile(r"\bself(?:\.forward)?\(")
+
+
+def _spells_forward_call(ctx, function: ast.AST) -> bool:
+    """The text of `function` spells `self(` or `self.forward(` (the lines that do, found once
+    per file): only then can `_runs_forward` find a call of the module's forward."""
+    lines = ctx.shared.get("forward_call_lines")
+    if lines is None:
+        text, lines, line, offset = ctx.source, [], 1, 0
+        for match in _FORWARD_CALL.finditer(text):
+            line += text.count("\n", offset, match.start())
+            offset = match.start()
+            lines.append(line)
+        ctx.shared["forward_call_lines"] = lines
+    end = function.end_lineno or function.lineno
+    return any(function.lineno <= line <= end for line in lines)
+
+
 def _runs_forward(function: ast.AST) -> bool:
     """The method calls its module's forward once per call (`self.forward(state)`, `self(x)`),
     outside its own loops: an RL policy's `get_action` or `evaluate`, a `predict`."""
@@ -153,7 +171,8 @@ def step_functions(ctx) -> dict:
             found[id(function)] = Step(f"is the `{function.name}` hook", function.name == "training_step")
         elif function.name == "forward" and _module_method(calls, function):
             found[id(function)] = Step("is a module's `forward`, run on every step", False, True)
-        elif _module_method(calls, function) and not runs_once(function.name) and _runs_forward(function):
+        elif (_module_method(calls, function) and not runs_once(function.name)
+              and _spells_forward_call(ctx, function) and _runs_forward(function)):
             found[id(function)] = Step("runs the module's `forward`", False, True)
     changed = True
     while changed:  # what a step function calls runs every step too, followed to a fixed point

@@ -4,10 +4,10 @@ the name that carries a host-made tensor to its copy, and what is surely a devic
 from __future__ import annotations
 
 import ast
+import re
 from typing import Optional
 
 from matlint.semantic import kinds as _kinds
-from matlint.semantic.calls import file_calls
 from matlint.semantic.flow import flow_of
 from matlint.semantic.kinds import may_mention
 from matlint.semantic.loops import identifier
@@ -424,7 +424,7 @@ def moved_expression(ctx, call: ast.AST) -> Optional[ast.AST]:
     if isinstance(func, ast.Attribute) and (func.attr in ("cuda", "to") or func.attr == "type" and len(
             call.args) == 1 and not call.keywords and cuda_tensor_type(ctx, call.args[0]) is not None):
         return func.value
-    if len(call.args) == 1 and not call.keywords and mover_helper(ctx, func) is not None:
+    if len(call.args) == 1 and not call.keywords and has_mover_helpers(ctx) and mover_helper(ctx, func) is not None:
         return call.args[0]
     return None
 
@@ -449,22 +449,37 @@ def file_function(ctx, func: ast.AST) -> Optional[tuple]:
     module-level `f(...)`, a method `self.m(...)` of the class around, or a method of a class of
     the file through a name the function assigns an instance of it (`diffusion =
     Diffusion(...)`, then `diffusion.sample_timesteps(n)`)."""
-    calls = file_calls(ctx)
+    table = _definitions(ctx)
     if isinstance(func, ast.Name):
-        target = calls.module_functions.get(func.id)
-        return (target, False) if target is not None else None
+        target = table.get(func.id)
+        return (target, False) if isinstance(target, _FUNCTIONS) else None
     if not (isinstance(func, ast.Attribute) and isinstance(func.value, ast.Name)):
         return None
     cls = ctx.class_ if func.value.id == "self" else None
     if cls is None and ctx.function is not None:
-        assign = flow_of(ctx, ctx.function).reaching(func.value)
+        flow = flow_of(ctx, ctx.function)
+        assign = flow.reaching(func.value) if func.value in flow.parent else None
         made = assign.value if assign is not None else None
         if isinstance(made, ast.Call) and isinstance(made.func, ast.Name):
-            cls = next((c for c in ctx.tree.body if isinstance(c, ast.ClassDef) and c.name == made.func.id), None)
-    target = calls.methods.get(id(cls), {}).get(func.attr) if cls is not None else None
+            cls = table.get(made.func.id)
+    if not isinstance(cls, ast.ClassDef):
+        return None
+    target = next((s for s in cls.body if isinstance(s, _FUNCTIONS) and s.name == func.attr), None)
     if target is None:
         return None
     return target, not any(dotted(d) == "staticmethod" for d in target.decorator_list)
+
+
+_FUNCTIONS = (ast.FunctionDef, ast.AsyncFunctionDef)
+
+
+def _definitions(ctx) -> dict:
+    """name -> the module-level function or class of this file bound to it (once)."""
+    found = ctx.shared.get("mat503_definitions")
+    if found is None:
+        found = ctx.shared["mat503_definitions"] = {
+            s.name: s for s in ctx.tree.body if isinstance(s, _FUNCTIONS + (ast.ClassDef,))}
+    return found
 
 
 def helper_made(ctx, expr: ast.AST) -> Optional[tuple]:
@@ -554,15 +569,20 @@ def is_device(ctx, expr: ast.AST) -> bool:
     return name == "dev" or "device" in name and "cpu" not in name
 
 
+_RETURNS_MOVED = re.compile(r"\breturn\b[^\n]*\.(?:cuda|to)\(")
+
+
 def has_mover_helpers(ctx) -> bool:
     """The file defines a helper that returns its argument moved to the device (`mover_helper`):
-    calls of it are moves."""
+    calls of it are moves. Only a file with a `return ... .cuda(` or `.to(` line can."""
     found = ctx.shared.get("has_mover_helpers")
     if found is None:
-        calls = file_calls(ctx)
-        found = ctx.shared["has_mover_helpers"] = any(
-            _returns_argument_moved(ctx, function, id(function) in calls.class_of)
-            for function in calls.functions) if may_mention(ctx, "cuda") or may_mention(ctx, "to") else False
+        found = False
+        if _RETURNS_MOVED.search(ctx.source):
+            found = any(_returns_argument_moved(ctx, d, False) if isinstance(d, _FUNCTIONS) else any(
+                _returns_argument_moved(ctx, m, not any(dotted(x) == "staticmethod" for x in m.decorator_list))
+                for m in d.body if isinstance(m, _FUNCTIONS)) for d in _definitions(ctx).values())
+        ctx.shared["has_mover_helpers"] = found
     return found
 
 
