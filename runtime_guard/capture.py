@@ -291,6 +291,7 @@ class Recording:
     error_count: int = 0
     device_types: set = field(default_factory=set)
     syncs: dict = field(default_factory=dict)        # Site -> host syncs torch's sync detector saw there
+    compile_events: Optional[object] = None          # compiles.CompileEvents of the window, set at the report
     kernels_total: int = 0
     kernels_unattributed: int = 0
     triton_kernels: int = 0

@@ -166,6 +166,12 @@ def run_checks(rec, guard=None, ctx: DeviceContext | None = None) -> list:
     return findings
 
 
+def sdpa_math_sites(rec) -> set:
+    """The lines where a real `scaled_dot_product_attention` call ran its math backend: the GEMMs and
+    copies seen there are SDPA's own (MAT601 says what would let a fused kernel run instead)."""
+    return {key.qk_site for key in rec.attention if key.in_sdpa}
+
+
 def cublas_copies(shape, stride) -> bool:
     """Whether cuBLAS copies this operand first (aten's prepare_matrix_for_cublas rules)."""
     if len(shape) < 2:

@@ -31,6 +31,7 @@ from typing import Iterable, Optional
 
 import torch
 
+from .compiles import CompileEvents, CompileWatch
 from .syncs import SyncWatch
 from .capture import CaptureMode, Recorder, attribute_kernels, hold_backward_engine, release_backward_engine
 
@@ -135,6 +136,8 @@ class Guard:
         self.plain_wait_ms: list = []     # ... the part of each that the host waited for the GPU
         self.recorder.modules.on_top_call = self._on_module_call
         self._syncs = SyncWatch(self.recorder)
+        self._compiles = CompileWatch()
+        self.compile_events: Optional[CompileEvents] = None  # what torch.compile did in the window
 
     # -- selection ---------------------------------------------------------------------------
     def selects(self, code: str) -> bool:
@@ -396,6 +399,7 @@ class Guard:
             raise
         self._mode = mode
         self._safely(self._syncs.start, where="sync detector")
+        self._safely(self._compiles.start, where="compile watch")
         self._ops_at_boundary = self._recorded_ops()
         if self.recorder.derive_backward and _compiled_frames() == 0:
             hold_backward_engine()
@@ -439,6 +443,9 @@ class Guard:
             return
         try:
             self._safely(self._syncs.stop, where="sync detector")
+            events = self._safely(self._compiles.stop, where="compile watch")
+            if events is not None:
+                self.compile_events = events
             mode.__exit__(None, None, None)
         finally:
             if self._holds_engine:
@@ -480,6 +487,12 @@ class Guard:
         from .report import print_report, write_json
 
         self._safely(self.recorder.end_step_operands)
+        self.recorder.rec.compile_events = self.compile_events
+        events = self.compile_events
+        if events is not None and (events.breaks_before or events.recompiles_before):
+            self.notes.append(f"torch.compile broke graphs for {events.breaks_before} reason(s) and recompiled "
+                              f"{events.recompiles_before} time(s) before the guard watched (no lines seen): "
+                              f"attach the guard before the first compiled call to have them reported (MAT505)")
 
         findings = self._safely(run_checks, self.recorder.rec, self, where="checks") or []
         self.findings = [f for f in findings if self.selects(f.code)]

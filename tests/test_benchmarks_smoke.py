@@ -5,6 +5,8 @@ import importlib.util
 import sys
 from pathlib import Path
 
+import pytest
+
 SPEED = Path(__file__).resolve().parent.parent / "benchmarks" / "speed.py"
 spec = importlib.util.spec_from_file_location("matlint_bench_speed", SPEED)
 speed = importlib.util.module_from_spec(spec)
@@ -115,6 +117,19 @@ def test_a_statement_finding_matches_every_labelled_site_of_its_statement():
     matched, verdicts = score.match(findings, labels, [])
     assert [int(l["line"]) for l in matched] == [3, 4, 5]
     assert [v for _, v in verdicts] == ["pos", "pos", "neg"]
+
+
+def test_score_repos_option_restricts_the_corpus_to_the_listed_repositories(tmp_path, capsys):
+    """`--repos FILE` scores only the listed repositories (an empty list lints nothing), and a
+    name that is not in repos.csv is an error rather than a silently empty score."""
+    listed = tmp_path / "none.txt"
+    listed.write_text("# no repositories\n")
+    assert score.main(["--repos", str(listed)]) == 0
+    assert "0 repositories, 0 files, 0 positive and 0 negative labels" in capsys.readouterr().out
+    listed.write_text("nobody/no-such-repo\n")
+    with pytest.raises(SystemExit):
+        score.main(["--repos", str(listed)])
+    assert "not in repos.csv: nobody/no-such-repo" in capsys.readouterr().err
 
 
 def test_notebook_rows_count_the_lines_of_code_cells(tmp_path):

@@ -410,3 +410,17 @@ def test_the_exclude_prefilter_agrees_with_the_patterns(patterns):
     for path in paths:
         assert not spec.match_file(path) or regex.search(path), path  # the prefilter never hides a match
     assert not regex.search("plain/notes.txt")  # and it does settle paths on its own
+
+
+def test_a_change_to_the_module_a_package_re_exports_from_invalidates_the_importing_file(tmp_path):
+    """train.py imports `accuracy` from package `metrics`, whose `__init__.py` re-exports it from
+    `metrics/core.py`: a change there is a miss for train.py."""
+    write(tmp_path / "pyproject.toml", "[tool.matlint]\n")
+    write(tmp_path / "train.py", TRAIN.replace("from utils import accuracy", "from metrics import accuracy"))
+    (tmp_path / "metrics").mkdir()
+    write(tmp_path / "metrics" / "__init__.py", "from .core import accuracy\n")
+    write(tmp_path / "metrics" / "core.py", SYNCING_HELPER)
+    codes = lambda: sorted(f["code"] for f in _report(tmp_path) if f["filename"].endswith("train.py"))  # noqa: E731
+    assert codes() == ["MAT401", "MAT502"]
+    write(tmp_path / "metrics" / "core.py", DEVICE_HELPER)
+    assert codes() == ["MAT401"]

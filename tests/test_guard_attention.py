@@ -356,9 +356,44 @@ def test_a_real_sdpa_call_is_never_told_to_use_sdpa(options):
     """With dropout on CPU (and in other cases on a GPU: fp32 with GQA, ...) SDPA runs its math
     backend, whose matmul → softmax → matmul the guard sees; it is SDPA all the same."""
     g = observe(RealSdpa(**options).train(), X)
-    assert mat601(g) is None
-    if DEVICE == "cpu":  # on CPU only dropout makes SDPA take its math backend
+    f = mat601(g)
+    # At most what kept the fused kernels from the call (fp32 with GQA on a GPU): never "use SDPA"
+    assert f is None or (f.evidence["backend"] == "math" and "F.scaled_dot_product_attention(" not in f.message)
+    if DEVICE == "cpu":  # on CPU only dropout makes SDPA take its math backend, and nothing is said of it
+        assert f is None
         assert any(k.in_sdpa for k in g.recorder.rec.attention) == bool(options.get("dropout"))
+    elif options.get("gqa"):
+        assert f is not None and f.evidence["cause"] == "gqa" and "repeat_interleave" in f.message
+
+
+class StridedSdpa(nn.Module):
+    """SDPA called on a query whose last dim is not unit-stride: every backend but math refuses it."""
+
+    def __init__(self, strided=True):
+        super().__init__()
+        torch.manual_seed(0)
+        self.inner = HandAttention(kv_heads=HEADS)
+        self.strided = strided
+        self.to(DEVICE)
+
+    def forward(self, x):
+        b, s, _ = x.shape
+        q, k, v = self.inner.heads(x)
+        if self.strided:
+            q = q.transpose(-1, -2).contiguous().transpose(-1, -2)
+        out = F.scaled_dot_product_attention(q, k, v)
+        return self.inner.out(out.transpose(1, 2).reshape(b, s, -1))
+
+
+def test_sdpa_on_a_strided_query_is_told_what_lets_a_fused_kernel_run():
+    g = observe(StridedSdpa(), X)
+    f = mat601(g)
+    assert f is not None and f.evidence["backend"] == "math" and f.evidence["cause"] == "strided"
+    assert "`.contiguous()`" in f.message and "F.scaled_dot_product_attention(" not in f.message
+    assert f.row == StridedSdpa.forward.__code__.co_firstlineno + 5  # the SDPA call's line
+    # the math backend's own GEMM copies are SDPA's, not the user's: no MAT302 at that line
+    assert not [x for x in g.findings if x.code == "MAT302" and x.row == f.row]
+    assert mat601(observe(StridedSdpa(strided=False), X)) is None
 
 
 class SelfAttention(nn.Module):
@@ -530,3 +565,15 @@ def test_keys_repeated_along_the_sequence_are_not_grouped_heads():
     expected = fn(q, k, v, t)
     torch.testing.assert_close(F.scaled_dot_product_attention(q, repeat_along_keys(k), repeat_along_keys(v)),
                                expected, **TOL)
+
+
+def test_sdpa_math_backend_estimate_times_the_call_as_made_against_the_changed_one():
+    model = StridedSdpa()
+    g = guard(json_path=None, report=False, estimate_savings=True, savings_budget_s=3.0, warmup=1, window=2)
+    with g:
+        for _ in range(3):
+            model(X).square().mean().backward()
+            g.step()
+    f = mat601(g)
+    assert f is not None and f.evidence["estimate_method"].startswith("timed scaled_dot_product_attention as called")
+    assert "contiguous q, k, v" in f.evidence["estimate_method"]

@@ -101,3 +101,100 @@ def test_the_counters_see_a_recompile_from_global_hooks(dynamo):
     paths.remove()
     train_step(compiled, opt, x)
     assert compiled_frames(dynamo)[0] == 2
+
+
+class Breaking(nn.Module):
+    """A branch on a tensor's value in forward: dynamo breaks the graph at the `if`."""
+
+    def __init__(self):
+        super().__init__()
+        self.fc = nn.Linear(32, 8)
+
+    def forward(self, x):
+        h = self.fc(x)
+        if h.sum() > 0:  # the graph break
+            h = h * 2
+        return h
+
+
+def _lines(findings, code="MAT505"):
+    return sorted((f.row, f.message) for f in findings if code == f.code)
+
+
+def test_graph_breaks_in_the_window_are_reported_at_their_line(dynamo):
+    torch.manual_seed(0)
+    model = Breaking()
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    x = torch.randn(16, 32)
+    g = quiet(select=["MAT505"])
+    with g:
+        compiled = torch.compile(model, backend="eager")
+        for _ in range(4):
+            train_step(compiled, opt, x)
+    found = [f for f in g.findings if f.code == "MAT505"]
+    branch_line = Breaking.forward.__code__.co_firstlineno + 2
+    assert [(f.filename, f.row) for f in found] == [(__file__, branch_line)]
+    assert "Data-dependent branching" in found[0].message and "torch.where" in found[0].message
+    assert found[0].evidence["reason"] == "Data-dependent branching"
+
+
+def test_a_recompile_for_changing_shapes_is_reported_at_the_def_with_the_fix(dynamo):
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(32, 8))
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    g = quiet(select=["MAT505"], window=4)
+    with g:
+        compiled = torch.compile(model, backend="eager", dynamic=False)
+        for n in (4, 5, 6, 7, 8):
+            train_step(compiled, opt, torch.randn(n, 32))
+    found = [f for f in g.findings if f.code == "MAT505"]
+    assert found and all("recompiled" in f.message and "mark_dynamic" in f.message for f in found)
+    assert found[0].evidence["recompiles"] >= 1 and "size mismatch" in found[0].evidence["guard_failures"][0]
+
+
+def test_breaks_before_the_guard_are_a_note_and_the_loggers_are_left_as_they_were(dynamo):
+    import logging
+
+    torch.manual_seed(0)
+    model = Breaking()
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    x = torch.randn(16, 32)
+    compiled = torch.compile(model, backend="eager")
+    train_step(compiled, opt, x)  # compiled, with its break, before the guard
+    loggers = [logging.getLogger(n) for n in ("torch._dynamo.symbolic_convert.__graph_breaks",
+                                               "torch._dynamo.convert_frame.__graph_breaks")]
+    before = [(lg.level, lg.propagate, list(lg.handlers)) for lg in loggers]
+    g = quiet(select=["MAT505"])
+    with g:
+        for _ in range(4):
+            train_step(compiled, opt, x)
+    assert [f for f in g.findings if f.code == "MAT505"] == []
+    assert any("broke graphs for 1 reason(s)" in note and "before the guard watched" in note for note in g.notes), g.notes
+    assert [(lg.level, lg.propagate, list(lg.handlers)) for lg in loggers] == before
+
+
+def test_eager_code_has_no_compile_finding(dynamo):
+    model, opt, x = make()
+    g = quiet(select=["MAT505"])
+    with g:
+        for _ in range(4):
+            train_step(model, opt, x)
+    assert g.findings == [] and not any("torch.compile broke" in n for n in g.notes)
+
+
+def test_dynamo_graph_break_messages_are_read_in_both_forms():
+    from matlint.runtime_guard.compiles import parse_break
+
+    first = ("Graph break in user code at /src/model.py:13\n"
+             "Graph Break Reason: Encountered graph break when attempting to trace CALL: a function call:\n\n"
+             "Failed to trace builtin operator\n"
+             "  Explanation: Dynamo does not know how to trace builtin operator `print`.\n"
+             "  Hint: Avoid calling builtin `print`.\n  Hint: a second hint\n")
+    site, brk = parse_break(first)
+    assert (site.filename, site.lineno) == ("/src/model.py", 13)
+    assert (brk.title, brk.hint) == ("Failed to trace builtin operator", "Avoid calling builtin `print`.")
+    again = ("Graph break (user stack suppressed due to duplicate graph break) in user code at /src/model.py:13\n"
+             "Graph Break Reason: Data-dependent branching\n  Explanation: Detected data-dependent branching.\n")
+    site, brk = parse_break(again)
+    assert (site.lineno, brk.title, brk.explanation) == (13, "Data-dependent branching", "Detected data-dependent branching.")
+    assert parse_break("Recompiling function forward in /src/model.py:11") is None

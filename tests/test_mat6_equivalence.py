@@ -177,6 +177,8 @@ CHECKS = {
     49: _check_wrapped_call,
     51: _check_loop_over_layers,
     52: _check_top_level,
+    # `nn.Softmax(dim=-1)(scores)` built and called in one expression
+    54: _check_functions({"attend": ((2, 4, 9, 16), [])}),
 }
 
 

@@ -185,3 +185,66 @@ def test_per_head_modules_of_a_class_in_another_project_module(tmp_path):
     # A class of that name that is no attention head (no softmax): not per-head attention.
     (package / "head.py").write_text("import torch.nn as nn\n\nclass Head(nn.Module):\n    pass\n")
     assert lint_source(source, str(block), [get_rule("MAT104")]) == []
+
+
+def test_a_step_in_a_file_that_imports_project_helpers_still_reports_its_own_syncs(tmp_path):
+    """A file that imports a module of its project asks each call whether it is a syncing
+    helper; the step's own `print()` and `float()` of a device tensor are still reported."""
+    from matlint.engine import lint_source
+    from matlint.registry import get_rule
+
+    (tmp_path / "logger.py").write_text("class Logger:\n    def log(self, value):\n        pass\n")
+    train = tmp_path / "train.py"
+    source = textwrap.dedent("""\
+        import torch
+        from logger import Logger
+
+        def train(model, loader, opt):
+            log = Logger()
+            for x, y in loader:
+                x, y = x.cuda(), y.cuda()
+                loss = (model(x) - y).pow(2).mean()
+                loss.backward()
+                opt.step()
+                print(f"loss {loss.data}")
+                log.log(float(loss))
+        """)
+    train.write_text(source)
+    found = lint_source(source, str(train), [get_rule("MAT502")])
+    assert [(f.code, f.row) for f in found] == [("MAT502", 11), ("MAT502", 12)]
+
+
+def test_a_helper_re_exported_by_a_package_init_is_followed(tmp_path):
+    """`from .util import mask_` where `util/__init__.py` re-exports it from `util/util.py`: MAT601
+    reads the helper where it is defined, and finds that it only writes a mask into the scores."""
+    from matlint.engine import lint_source
+    from matlint.registry import get_rule
+
+    package = tmp_path / "former"
+    (package / "util").mkdir(parents=True)
+    (package / "__init__.py").write_text("")
+    (package / "util" / "__init__.py").write_text("from .util import mask_\n")
+    (package / "util" / "util.py").write_text(textwrap.dedent("""\
+        import torch
+
+        def mask_(matrices, maskval=0.0):
+            indices = torch.triu_indices(matrices.size(-2), matrices.size(-1), offset=1)
+            matrices[..., indices[0], indices[1]] = maskval
+        """))
+    modules = package / "modules.py"
+    source = textwrap.dedent("""\
+        import torch
+        import torch.nn.functional as F
+        from .util import mask_
+
+        def attend(q, k, v):
+            dot = torch.bmm(q, k.transpose(1, 2))
+            mask_(dot, maskval=float("-inf"))
+            return torch.bmm(F.softmax(dot, dim=2), v)
+        """)
+    modules.write_text(source)
+    found = lint_source(source, str(modules), [get_rule("MAT601")])
+    assert [(f.code, f.row) for f in found] == [("MAT601", 6)]
+    # A helper that also reads the scores' values is no mask: quiet.
+    (package / "util" / "util.py").write_text("def mask_(matrices, maskval=0.0):\n    print(matrices)\n")
+    assert lint_source(source, str(modules), [get_rule("MAT601")]) == []

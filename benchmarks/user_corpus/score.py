@@ -3,12 +3,14 @@
     python benchmarks/user_corpus/score.py                 # bring the sources, lint, score
     python benchmarks/user_corpus/score.py --misses        # also list the positives not reported
     python benchmarks/user_corpus/score.py --unjudged F    # write the findings no label covers to F
+    python benchmarks/user_corpus/score.py --repos F       # score only the repositories listed in F
+                                                           # (one owner/name a line: holdout.txt)
 
 The corpus is public repositories at pinned commits (`repos.csv`), labelled by reading the code
 before linting it (`labels.csv`, see LABELLING.md); findings that no label covers are judged
 after (`judged.csv`). Only the labelled files are linted, with the default rules, as a user
 who installs matlint gets them. The sources are brought once into a cache outside the
-repository (default ~/.cache/matlint-user-corpus, or $MATLINT_USER_CORPUS): from a folder of
+repository (default ~/.cache/matlint-user-corpus-trees, or $MATLINT_USER_CORPUS): from a folder of
 bare git mirrors (`--mirrors DIR`, holding `owner+name/repo`, bare or not), else by `git clone`.
 """
 from __future__ import annotations
@@ -42,16 +44,19 @@ def read_csv(name: str) -> list:
 
 
 def cache_root() -> Path:
-    return Path(os.environ.get("MATLINT_USER_CORPUS", Path.home() / ".cache" / "matlint-user-corpus"))
+    return Path(os.environ.get("MATLINT_USER_CORPUS", Path.home() / ".cache" / "matlint-user-corpus-trees"))
 
 
 def bring(repos: list, mirrors) -> Path:
-    """The labelled files of every repository at its commit, under the cache."""
+    """Every Python file of every repository at its commit, under the cache: the labelled files
+    are the ones scored, and the others are there for what they import (a helper module of the
+    project), as in a checkout a user lints."""
     root = cache_root()
     for repo in repos:
         dest = root / repo["repo"].replace("/", "+")
         files = [p for p in repo["files"].split(";") if p]
-        if all((dest / p).exists() for p in files):
+        complete = dest / f".complete-{repo['commit']}"
+        if complete.exists() and all((dest / p).exists() for p in files):
             continue
         git_dir = None
         if mirrors:
@@ -65,11 +70,11 @@ def bring(repos: list, mirrors) -> Path:
             if not git_dir.exists():
                 subprocess.run(["git", "clone", "--quiet", "--bare", "--filter=blob:none",
                                 f"https://github.com/{repo['repo']}.git", str(git_dir)], check=True)
-        for path in files:
-            blob = subprocess.run(["git", "--git-dir", str(git_dir), "show", f"{repo['commit']}:{path}"],
-                                  check=True, capture_output=True).stdout
-            (dest / path).parent.mkdir(parents=True, exist_ok=True)
-            (dest / path).write_bytes(blob)
+        dest.mkdir(parents=True, exist_ok=True)
+        archive = subprocess.run(["git", "--git-dir", str(git_dir), "archive", repo["commit"], "--",
+                                  ":(glob)**/*.py", *files], check=True, capture_output=True).stdout
+        subprocess.run(["tar", "-x", "-C", str(dest)], input=archive, check=True)
+        complete.touch()
     return root
 
 
@@ -157,9 +162,18 @@ def main(argv=None) -> int:
                         help="folder of bare git mirrors named owner+name/repo")
     parser.add_argument("--misses", action="store_true", help="list the positives that were not reported")
     parser.add_argument("--unjudged", metavar="FILE", help="write the findings no label covers to FILE (CSV)")
+    parser.add_argument("--repos", metavar="FILE",
+                        help="score only the repositories listed in FILE, one owner/name a line (holdout.txt)")
     args = parser.parse_args(argv)
 
     repos, labels, judged = read_csv("repos.csv"), read_csv("labels.csv"), read_csv("judged.csv")
+    if args.repos:
+        with open(args.repos) as f:
+            wanted = {line.strip() for line in f if line.strip() and not line.startswith("#")}
+        unknown = wanted - {r["repo"] for r in repos}
+        if unknown:
+            parser.error(f"not in repos.csv: {', '.join(sorted(unknown))}")
+        repos, labels, judged = ([row for row in rows if row["repo"] in wanted] for rows in (repos, labels, judged))
     root = bring(repos, args.mirrors)
     findings = lint(root, repos)
     matched, verdicts = match(findings, labels, judged)

@@ -2,7 +2,8 @@
 flow into a function's parameters and what a function does can count where it is called.
 
 A module-level `def f` is called as `f(...)` anywhere in the file; a method `def m(self, ...)`
-of class `C` as `self.m(...)` from C's other methods. Built once per file, on first use.
+of class `C` as `self.m(...)` from C's other methods, and a static method also as `C.m(...)`.
+Built once per file, on first use.
 """
 from __future__ import annotations
 
@@ -33,6 +34,7 @@ class FileCalls:
         self.methods: dict = {}            # id(ClassDef) -> {name: FunctionDef}
         self.class_of: dict = {}           # id(FunctionDef) -> its ClassDef, for methods
         self.sites: dict = {}              # id(FunctionDef) -> [CallSite]
+        self.classes: dict = {}            # name -> ClassDef, for classes defined once at module level
         rebound: set = set()
         for stmt in tree.body:
             if isinstance(stmt, _FUNCTIONS):
@@ -40,13 +42,17 @@ class FileCalls:
                     rebound.add(stmt.name)
                 self.module_functions[stmt.name] = stmt
             elif isinstance(stmt, ast.ClassDef):
+                if stmt.name in self.classes:
+                    rebound.add(stmt.name)
+                self.classes[stmt.name] = stmt
                 table = self.methods[id(stmt)] = {}
                 for item in stmt.body:
                     if isinstance(item, _FUNCTIONS):
                         table[item.name] = item
                         self.class_of[id(item)] = stmt
         for name in rebound:
-            del self.module_functions[name]
+            self.module_functions.pop(name, None)
+            self.classes.pop(name, None)
         self.functions: list = []          # every function of the file
         # Names the text calls somewhere besides their `def`: only statements that spell one of
         # them can call a function of the file (most statements are not read further).
@@ -106,10 +112,20 @@ class FileCalls:
               and functions and _first_parameter(functions[-1]) == func.value.id):
             target = self.methods.get(id(cls), {}).get(func.attr)
             if target is not None:
-                self.sites.setdefault(id(target), []).append(CallSite(call, functions, cls, True, loops, conditional))
+                self.sites.setdefault(id(target), []).append(
+                    CallSite(call, functions, cls, not _is_static(target), loops, conditional))
+        elif isinstance(func, ast.Attribute) and isinstance(func.value, ast.Name) and func.value.id in self.classes:
+            # `Block.attention(q, k, v)`: a static method called through its class
+            target = self.methods.get(id(self.classes[func.value.id]), {}).get(func.attr)
+            if target is not None and _is_static(target):
+                self.sites.setdefault(id(target), []).append(CallSite(call, functions, cls, False, loops, conditional))
 
     def call_sites(self, function: ast.AST) -> list:
         return self.sites.get(id(function), [])
+
+
+def _is_static(function: ast.AST) -> bool:
+    return any(isinstance(d, ast.Name) and d.id == "staticmethod" for d in function.decorator_list)
 
 
 def _first_parameter(function: ast.AST) -> Optional[str]:

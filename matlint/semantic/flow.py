@@ -185,16 +185,18 @@ class FunctionFlow(BuiltOnFirstUse):
             return reaching[0][0]
         return None
 
-    def optional_update(self, load: ast.Name):
+    def optional_update(self, load: ast.Name, besides: tuple = ()):
         """(update, before) when `load` reads either `before` or `update`, a conditional
-        `name = f(name)` that reads `before` (`if mask is not None: x = x + mask`); else None."""
+        `name = f(name)` that reads `before` (`if mask is not None: x = x + mask`); else None.
+        `besides`: other loads of the name that the caller accounts for (`return out, x`)."""
         reaching = self.reaching_all(load)
         if len(reaching) != 2 or not all(simple for _, simple in reaching):
             return None
         for (update, _), (before, _) in (reaching, reaching[::-1]):
             inner = [n for n in walk_no_scopes(update.value) if isinstance(n, ast.Name) and n.id == load.id]
-            if (len(inner) == 1 and self.reaching(inner[0]) is before and self.uses(update) == [load]
-                    and sorted(map(id, self.uses(before))) == sorted([id(inner[0]), id(load)])):
+            if (len(inner) == 1 and self.reaching(inner[0]) is before
+                    and [u for u in self.uses(update) if u not in besides] == [load]
+                    and sorted(id(u) for u in self.uses(before) if u not in besides) == sorted([id(inner[0]), id(load)])):
                 return update, before
         return None
 

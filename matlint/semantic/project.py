@@ -41,9 +41,13 @@ def resolve(filename: str, module: str, level: int) -> Optional[str]:
     return None
 
 
-def imported_paths(source: str, filename: str) -> list:
+_RE_EXPORT_HOPS = 2  # how many package `__init__.py` re-exports a definition is followed through
+
+
+def imported_paths(source: str, filename: str, hops: int = _RE_EXPORT_HOPS) -> list:
     """The project files `source` imports, from its import lines (no parse: the cache asks before
-    linting). Sorted, each once."""
+    linting), and those that an imported package's `__init__.py` imports in turn (the modules
+    its re-exports come from, as `imported_definition` follows them). Sorted, each once."""
     found = set()
     for match in _IMPORT_LINE.finditer(source):
         dots, module, plain = match.groups()
@@ -53,6 +57,13 @@ def imported_paths(source: str, filename: str) -> list:
                 path = resolve(filename, name, level)
                 if path is not None:
                     found.add(path)
+    if hops > 0:
+        for path in [p for p in found if os.path.basename(p) == "__init__.py"]:
+            try:
+                with open(path, encoding="utf-8", errors="replace") as handle:
+                    found.update(imported_paths(handle.read(), path, hops - 1))
+            except OSError:
+                pass
     return sorted(found)
 
 
@@ -114,12 +125,24 @@ def imported_definition(ctx, func: ast.AST, kinds: tuple) -> Optional[tuple]:
         attr = func.attr
     else:
         return None
-    path = resolve(ctx.filename, module, level)
+    return _definition_in(resolve(ctx.filename, module, level), attr, kinds, _RE_EXPORT_HOPS)
+
+
+def _definition_in(path: Optional[str], name: str, kinds: tuple, hops: int) -> Optional[tuple]:
+    """(the top-level definition of `name` in the module at `path`, its file), following a
+    re-export (`from .util import mask_` in a package's `__init__.py`) up to `hops` times."""
     tree = parsed(path) if path is not None else None
     if tree is None:
         return None
-    definition = next((s for s in tree.body if isinstance(s, kinds) and s.name == attr), None)
-    return (definition, path) if definition is not None else None
+    definition = next((s for s in tree.body if isinstance(s, kinds) and s.name == name), None)
+    if definition is not None:
+        return definition, path
+    if hops > 0 and os.path.basename(path) == "__init__.py":
+        imported = _import_table(tree).get(name)
+        if imported is not None and imported[2] is not None:
+            module, level, attr = imported
+            return _definition_in(resolve(path, module, level), attr, kinds, hops - 1)
+    return None
 
 
 def _import_table(tree: ast.Module) -> dict:

@@ -8,7 +8,8 @@ import torch
 
 from matlint.runtime_guard import savings
 from matlint.runtime_guard.capture import GEMM_OPS
-from matlint.runtime_guard.checks import common_evidence, cublas_copies, dtype_str, finding, gemm_operands, shape_str
+from matlint.runtime_guard.checks import (common_evidence, cublas_copies, dtype_str, finding, gemm_operands,
+                                          sdpa_math_sites, shape_str)
 from matlint.runtime_guard.registry import estimator, runtime_check
 
 
@@ -23,8 +24,9 @@ class CopyEstimate(NamedTuple):
 
 @runtime_check("MAT302")
 def check_strided_gemm(rec, steps, ctx):
+    inside_sdpa = sdpa_math_sites(rec)
     for key, stat in rec.ops.items():
-        if key.op not in GEMM_OPS or stat.compiled:
+        if key.op not in GEMM_OPS or stat.compiled or key.site in inside_sdpa:
             continue
         for which, operand in zip(("first", "second"), gemm_operands(key)):
             shape, stride, dtype = operand
@@ -39,6 +41,8 @@ def check_strided_gemm(rec, steps, ctx):
             yield finding("MAT302", key.site, msg, ev,
                           CopyEstimate("copy", shape, stride, dtype_str(dtype), key.device, per_step))
     for (site, module, shape, stride, dtype), count in rec.layout_copies.items():
+        if site in inside_sdpa:
+            continue
         per_step = count / steps
         msg = (f"matmul copied a {shape_str(shape)} operand with strides {list(stride)} (clone before bmm) "
                f"{per_step:g}x per step: produce it in the layout matmul wants, or permute the other operand")

@@ -6,7 +6,7 @@ import ast
 import re
 from typing import Optional
 
-from matlint.semantic.kinds import may_mention, moves_work_to_cuda
+from matlint.semantic.kinds import looks_like_tensor, may_mention, moves_work_to_cuda
 from matlint.rule import Only, Rule
 
 from matlint.semantic.loops import identifier, is_backward, is_optimizer_step, name_tokens, walk_no_scopes
@@ -76,7 +76,9 @@ class NoMixedPrecision(Rule):
     - a bf16/fp16 model or tensors (`model.half()`, `.bfloat16()`, `.to(torch.bfloat16)`,
       `dtype=torch.bfloat16`, `torch_dtype=torch.float16`), or a dtype taken from a variable
       or a model (`dtype=weight_dtype`, `.to(self.unet.dtype)`): the model's precision is then
-      chosen where it is loaded;
+      chosen where it is loaded. A numpy dtype (`np.zeros(n, dtype=np.float32)`, a replay
+      buffer) and the dtype of a tensor that a comparison is cast to for counting
+      (`(pred == y).to(logits.dtype)`) choose nothing;
     - TF32 for matmuls: `torch.backends.cuda.matmul.allow_tf32 = True`,
       `torch.set_float32_matmul_precision("high" | "medium" | a variable)`,
       `torch.backends.cuda.matmul.fp32_precision = "tf32"` or the global
@@ -194,19 +196,22 @@ class NoMixedPrecision(Rule):
         if qualname == "torch.set_float32_matmul_precision":
             arg = node.args[0] if node.args else None
             return not (isinstance(arg, ast.Constant) and arg.value == "highest")
+        if isinstance(node.func, ast.Attribute) and isinstance(node.func.value, ast.Compare):
+            return False  # `(pred == y).to(logits.dtype)`: a comparison cast to count it, no precision chosen
         if any(self.ctx.qualname(a) in _CHOSEN_DTYPES or self._routed_dtype(a) for a in node.args):
             return True
         for keyword in node.keywords:
             if self.ctx.qualname(keyword.value) in _CHOSEN_DTYPES:
                 return True
-            if keyword.arg in ("dtype", "torch_dtype") and not (self.ctx.qualname(keyword.value) or "").startswith("torch."):
+            if keyword.arg in ("dtype", "torch_dtype") and self.ctx.qualname(keyword.value) is None and (
+                    not isinstance(keyword.value, ast.Attribute) or self._routed_dtype(keyword.value)):
                 return True  # a dtype taken from a variable: the precision is chosen elsewhere
         return False
 
-    @staticmethod
-    def _routed_dtype(arg: ast.AST) -> bool:
-        """`x.to(self.unet.dtype)`: the dtype of a model set up elsewhere."""
-        return isinstance(arg, ast.Attribute) and arg.attr == "dtype"
+    def _routed_dtype(self, arg: ast.AST) -> bool:
+        """`x.to(self.unet.dtype)`: the dtype of a model set up elsewhere. The dtype of a tensor
+        (`(pred == y).to(dtype=logits.dtype)`, a cast to match it) chooses nothing."""
+        return isinstance(arg, ast.Attribute) and arg.attr == "dtype" and not looks_like_tensor(self.ctx, arg.value)
 
     def _autocast_counts(self, node: ast.Call) -> bool:
         for keyword in node.keywords:

@@ -308,9 +308,8 @@ class HostSyncInLoop(_StepLoops, _HostReads, Rule):
             self._report(node, f"`{self._callee_text(node)}()`",
                          "keep shapes fixed: `torch.where(mask, x, 0)` or `x * mask`, and reduce with the mask",
                          value=self._data_sized_operand(node), detail="(its result's size depends on the values)")
-        elif _trains_with_project_helpers(self.ctx):
-            self._project_helper(node)
-        elif isinstance(func, ast.Name) and self.ctx.qualname(func) is None and node.args:
+        elif (isinstance(func, ast.Name) and self.ctx.qualname(func) is None and node.args
+              and (func.id in _CONVERSIONS or func.id == "print")):
             if self._step_context() is None:
                 return
             if func.id in _CONVERSIONS and len(node.args) == 1 and not node.keywords:
@@ -325,6 +324,8 @@ class HostSyncInLoop(_StepLoops, _HostReads, Rule):
                         if self._is_device_tensor(value):
                             self._report(node, "`print()`", "print every N steps, or accumulate and print after "
                                                             "the loop", value=value)
+        elif _trains_with_project_helpers(self.ctx):
+            self._project_helper(node)
 
     def visit_Subscript(self, node: ast.Subscript) -> None:
         """`x[mask]` with a boolean tensor mask: the host must learn how many elements are kept."""

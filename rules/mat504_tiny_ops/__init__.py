@@ -52,7 +52,11 @@ class TinyOps(Rule):
       model.parameters()):`, `for p in group["params"]:`) whose body updates them, or the state
       kept for each in a dict keyed by the loop variable, in place with arithmetic
       (`p.data.add_(...)`, `p.mul_(...)`, `e.lerp_(p, w)`, `p -= lr * p.grad`, `p.data = p.data -
-      ...`, `self.shadow[name].mul_(d).add_(p, alpha=1 - d)`);
+      ...`, `self.shadow[name].mul_(d).add_(p, alpha=1 - d)`, `p.data = ema.update_average(p.data,
+      new.data)` through a method of the file that returns arithmetic of its arguments); also
+      a dict of named parameters blended entry by entry and loaded back (`state =
+      dict(critic.named_parameters())`, `for name in state: state[name] = tau * state[name] +
+      (1 - tau) * target[name]`, then `load_state_dict(state)`: a soft target update);
     - the same over a list of tensors (`for param in params:`) where the update reads the
       gradient of the tensor it updates (`param -= lr * param.grad / batch_size`): a parameter;
       or over zipped lists, one named as parameters, where the update of one item reads its
@@ -131,7 +135,8 @@ class TinyOps(Rule):
 
     # An optimizer built as `torch.optim.AdamW(...)` or by a bare name (`AdamW(...)`), or an in-place update.
     only = {"visit_Call": Only(attrs=frozenset(OPTIMIZERS | _INPLACE_MATH | {"copy_"})),
-            "visit_Assign": Only(if_file=lambda ctx: _ASSIGNS_DATA.search(identifier_text(ctx)) is not None)}
+            "visit_Assign": Only(if_file=lambda ctx: _ASSIGNS_DATA.search(identifier_text(ctx)) is not None
+                                 or _kinds.may_mention(ctx, "named_parameters"))}
 
     def visit_Call(self, node: ast.Call) -> None:
         qualname = self.ctx.qualname(node.func) or ""
@@ -151,6 +156,13 @@ class TinyOps(Rule):
         if len(node.targets) != 1:
             return
         target = node.targets[0]
+        if isinstance(target, ast.Subscript) and isinstance(target.slice, ast.Name):
+            # `sd[name] = tau * sd[name].clone() + (1 - tau) * target_sd[name].clone()` over a dict of
+            # named parameters, loaded back with `load_state_dict` after the loop
+            if isinstance(node.value, ast.BinOp) and ast.unparse(target) in {
+                    ast.unparse(n) for n in ast.walk(node.value) if isinstance(n, ast.Subscript)}:
+                self._update(node, target=target)
+            return
         if not (isinstance(target, ast.Attribute) and target.attr == "data"):
             return
         if isinstance(node.value, ast.BinOp) and ast.unparse(target) in {
@@ -286,8 +298,12 @@ class TinyOps(Rule):
             calls = it.args
         for expr in calls:
             if (isinstance(expr, ast.Call) and isinstance(expr.func, ast.Attribute) and expr.func.attr in (
-                    "items", "values") and not expr.args and isinstance(expr.func.value, ast.Name)):
-                expr = self._held_parameters(expr.func.value)  # `OrderedDict(model.named_parameters()).items()`
+                    "items", "values", "keys") and not expr.args and isinstance(expr.func.value, ast.Name)):
+                expr = expr.func.value  # `OrderedDict(model.named_parameters()).items()`
+            for _ in range(3):  # `for name in sd:` after `sd = dict(params)`, `params = model.named_parameters()`
+                if not isinstance(expr, ast.Name):
+                    break
+                expr = self._held_parameters(expr)
             if isinstance(expr, ast.Call) and isinstance(expr.func, ast.Attribute) and expr.func.attr in _PARAMETER_SOURCES:
                 return True
             if isinstance(expr, ast.Subscript) and isinstance(expr.slice, ast.Constant) and expr.slice.value == "params":
@@ -372,6 +388,11 @@ class TinyOps(Rule):
                 and self.ctx.class_ is not None):
             return next((s for s in self.ctx.class_.body if isinstance(s, (ast.FunctionDef, ast.AsyncFunctionDef))
                          and s.name == func.attr), None)
+        if isinstance(func, ast.Attribute) and isinstance(func.value, ast.Name):
+            # `ema_updater.update_average(old, new)`: the method of that name, where one class of the file has it
+            methods = [s for cls in self.ctx.tree.body if isinstance(cls, ast.ClassDef) for s in cls.body
+                       if isinstance(s, (ast.FunctionDef, ast.AsyncFunctionDef)) and s.name == func.attr]
+            return methods[0] if len(methods) == 1 else None
         return None
 
     def _functions(self) -> dict:

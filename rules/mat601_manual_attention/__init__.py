@@ -41,9 +41,14 @@ class ManualAttention(_ScoresPattern, _WeightsPattern, _OperandLayout, _SdpaFix,
     `.permute(0, 1, 3, 2)`, `.mT`, `torch.matmul`, `torch.bmm`, or an `einsum` such as
     `"bhqd,bhkd->bhqk"`), optionally scaled (`* scale`, `/ math.sqrt(d)`, `* d ** -0.5`, `/=`,
     `.div()`, `.mul()`, `torch.div`), masked (`+ mask`, `+=`, `.add()`,
-    `.masked_fill(mask == 0, float("-inf"))`, an in-place `masked_fill_`, also under an `if`),
+    `.masked_fill(mask == 0, float("-inf"))`, an in-place `masked_fill_`, also under an `if`, or a
+    function of the project that only writes values into the scores by index, such as
+    `mask_(dot, maskval=float("-inf"))`: reported with no fix, the mask's form being the reader's to
+    carry over),
     shifted by its row maximum and cast, then a softmax over the last (key) axis (`F.softmax`,
-    `torch.softmax`, `.softmax(-1)`, an `nn.Softmax(dim=-1)` module), optionally dropout, then a
+    `torch.softmax`, `.softmax(-1)`, an `nn.Softmax(dim=-1)` module, also built where it is
+    called: `nn.Softmax(dim=-1)(scores)`), optionally dropout (also a `dropout` the callers pass
+    in from another file, `if dropout is not None: p = dropout(p)`: reported, with no fix), then a
     GEMM with the values. The steps may be spread over several statements through intermediate
     variables; reading the scores' `.dtype`, `.shape` or `.size()` on the way (`torch.finfo(w.dtype)`,
     a size check) does not hide them. The finding is reported on the q·kᵀ product.
@@ -87,7 +92,8 @@ class ManualAttention(_ScoresPattern, _WeightsPattern, _OperandLayout, _SdpaFix,
       paths inside an `if` in a file that calls SDPA somewhere (the switch may be a module-level
       flag): the manual path there is a guarded fallback or a reference implementation.
     - Attention whose probabilities (or scores) are used for anything else: stored on `self` or
-      in a `global` / `nonlocal` name, fed to a loss or a hook. SDPA does not hand them back. (A
+      in a `global` / `nonlocal` name (also by a caller in the file: `x, self.attn_scores =
+      Block.attention(q, k, v, mask)`), fed to a loss or a hook. SDPA does not hand them back. (A
       hook registered from another file cannot be seen.) Probabilities that are only returned
       (`return out, p_attn`) are reported, without a fix, with a note that SDPA does not return
       them (call it where the callers drop them), except in a file that has an SDPA path (it
@@ -188,7 +194,7 @@ class ManualAttention(_ScoresPattern, _WeightsPattern, _OperandLayout, _SdpaFix,
             return
         if self._kept_outside(function, scores.statements + probs.statements, flow.statement(probs.pv.node)):
             return
-        if probs.returned and self._has_sdpa_path():
+        if probs.returned and (self._has_sdpa_path() or self._callers_keep_weights(flow, probs)):
             return  # the eager path kept for callers that ask for the weights (`output_attentions`)
         if in_test_code(self.ctx) or in_reference_code(self.ctx):
             return

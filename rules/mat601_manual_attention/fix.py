@@ -103,6 +103,8 @@ class _SdpaFix:
             elif step[0] == "dropout_module":
                 safe = False
                 kwargs.append(f"dropout_p=({ctx.segment(step[1])}.p if self.training else 0.0)")
+            elif step[0] == "dropout_unknown":
+                return None  # a callable passed in from another file: what it does is not known here
             elif step[0] == "dropout_parameter":
                 safe = False
                 name = ctx.segment(step[1])

@@ -176,6 +176,7 @@ def check_attention(rec, steps, ctx):
         if key.in_sdpa:  # a real scaled_dot_product_attention call running its math backend
             continue
         groups[(key.qk_site, key.pv_site, key.module)].append((key, stat))
+    yield from _math_backend_findings(rec, steps, ctx)
     for (qk_site, pv_site, module), entries in groups.items():
         keys = [k for k, _ in entries]
         key = max(entries, key=lambda e: e[1].count)[0]
@@ -255,3 +256,108 @@ def estimate_sdpa(spec: SdpaEstimate, budget):
               f"shapes on {device}{mask}")
     return t.scaled(spec.per_step), method
 
+
+
+# -- a real SDPA call that ran its math backend -------------------------------------------------
+
+class SdpaBackendEstimate(NamedTuple):
+    kind: str            # "sdpa_backend"
+    cause: str           # "strided" (an operand's last dim is not unit-stride) or "gqa" (enable_gqa)
+    bh: int              # batch × query heads
+    s_q: int
+    s_k: int
+    d: int
+    d_v: int
+    dtype: str
+    device: str
+    rep: int             # query heads per K/V head ("gqa")
+    masked: bool
+    dropout_p: float
+    grad: bool
+    per_step: float
+
+
+def _math_backend_cause(key) -> str | None:
+    """What kept SDPA's fused kernels from this call, where the recording shows it and a change that
+    keeps the call's meaning lets them run: a query or value whose last dim is not unit-stride
+    (`.contiguous()` them), or K/V heads that SDPA repeated itself for `enable_gqa=True` (repeat
+    them before the call). Other causes (dropout on the CPU, 3-D operands) are not told apart here."""
+    q, v = key.qk_sig[0], key.v_sig
+    if q[1][-1] != 1 or v[1][-1] != 1:
+        return "strided"
+    if key.k_repeat is not None and key.k_repeat == key.v_repeat and key.k_repeat[0] > 1:
+        return "gqa"
+    return None
+
+
+def _math_backend_findings(rec, steps, ctx):
+    sites = defaultdict(list)
+    for key, stat in rec.attention.items():
+        if key.in_sdpa:
+            sites[key.qk_site].append((key, stat))
+    for site, entries in sites.items():
+        key = max(entries, key=lambda e: e[1].count)[0]
+        cause = _math_backend_cause(key)
+        if cause is None:
+            continue
+        per_step = sum(st.count for _, st in entries) / steps
+        q, k = key.qk_sig
+        bh, s_q, d = q[0]
+        s_k = k[0][-1]
+        rep = key.k_repeat[0] if cause == "gqa" else 1
+        head = (f"scaled_dot_product_attention ran its math backend here ({bh} heads × {s_q}×{s_k}, head dim {d}, "
+                f"{dtype_str(q[2])}), which writes the whole score matrix like hand-written attention")
+        if cause == "strided":
+            which = "query" if q[1][-1] != 1 else "value"
+            operand = q if which == "query" else key.v_sig
+            msg = (f"{head}: its fused kernels need q, k and v with a unit-stride last dim, and the {which}'s has "
+                   f"stride {operand[1][-1]} (strides {list(operand[1])} with batch and heads folded): pass "
+                   f"`.contiguous()` operands, or produce them as (B, H, L, E) with E last")
+        else:
+            msg = (f"{head}: with enable_gqa=True ({rep} query heads per K/V head) no fused kernel took this "
+                   f"{dtype_str(q[2])} call on {ctx.device_type}; repeat the K/V heads yourself "
+                   f"(`k.repeat_interleave({rep}, dim=-3)`, v likewise) and drop enable_gqa, or run it in bf16 "
+                   f"under autocast")
+        ev = {"per_step": round(per_step, 2), "module": key.module, "backend": "math", "cause": cause,
+              "shapes": [shape_str(q[0]), shape_str(k[0]), shape_str(key.v_sig[0])],
+              "strides": [list(q[1]), list(key.v_sig[1])], "dtypes": [dtype_str(q[2])], "device": ctx.device_type}
+        yield finding("MAT601", site, msg, ev,
+                      SdpaBackendEstimate("sdpa_backend", cause, bh, s_q, s_k, d, key.v_sig[0][-1], dtype_str(q[2]),
+                                          ctx.device_type, rep, bool(key.masks), key.dropout_p, key.grad,
+                                          per_step))
+
+
+@estimator("sdpa_backend")
+def estimate_sdpa_backend(spec: SdpaBackendEstimate, budget):
+    """The SDPA call as it was (math backend) against the changed one (a fused backend), fwd(+bwd)."""
+    dt = savings.DTYPES.get(spec.dtype, torch.float32)
+    inputs = savings.Inputs(spec.device)
+    key = spec._replace(per_step=0.0)
+    device, grad, rep = spec.device, spec.grad, spec.rep
+
+    def compute():
+        q = inputs.tensor((1, spec.bh, spec.s_q, spec.d), dt, requires_grad=grad)
+        k = inputs.tensor((1, spec.bh // rep, spec.s_k, spec.d), dt, requires_grad=grad)
+        v = inputs.tensor((1, spec.bh // rep, spec.s_k, spec.d_v), dt, requires_grad=grad)
+        mask = torch.ones(spec.s_q, spec.s_k, dtype=torch.bool, device=device).tril() if spec.masked else None
+
+        def call(qq, kk, vv, gqa):
+            out = F.scaled_dot_product_attention(qq, kk, vv, attn_mask=mask, dropout_p=spec.dropout_p,
+                                                 enable_gqa=gqa)
+            if grad:
+                out.sum().backward()
+
+        if spec.cause == "strided":
+            strided = [t.detach().transpose(-1, -2).contiguous().transpose(-1, -2).requires_grad_(grad)
+                       for t in (q, k, v)]
+            return savings.time_pair(lambda: call(*strided, False), lambda: call(q, k, v, False), device,
+                                     budget=budget)
+        return savings.time_pair(lambda: call(q, k, v, True),
+                                 lambda: call(q, k.repeat_interleave(rep, 1), v.repeat_interleave(rep, 1), False),
+                                 device, budget=budget)
+
+    t = savings.cached(key, compute)
+    change = ("contiguous q, k, v" if spec.cause == "strided" else f"K/V heads repeated {rep}x, enable_gqa off")
+    method = (f"timed scaled_dot_product_attention as called ({t.slow_ms:.3f} ms) against the call with "
+              f"{change} ({t.fast_ms:.3f} ms){' fwd+bwd' if grad else ''} at the observed shapes on {device}")
+    return t.scaled(spec.per_step), method

@@ -8,10 +8,12 @@ from dataclasses import dataclass, field
 from typing import Optional
 
 from matlint.semantic import kinds as _kinds
+from matlint.semantic.calls import file_calls
 from matlint.semantic.flow import FunctionFlow
 from matlint.semantic.kinds import int_const
 from matlint.semantic.layout import reorder
 from matlint.semantic.loops import walk_no_scopes
+from matlint.semantic.project import imported_function
 from matlint.semantic.pointwise import is_true, product, reads_metadata, torch_op
 from matlint.semantic.torch_api import as_gemm
 
@@ -97,6 +99,24 @@ _PER_POSITION_OPS = frozenset({
     "where", "sigmoid", "softmax", "cumsum", "arange", "matmul", "bmm", "einsum", "outer", "stack", "cat"})
 
 
+def _only_fills_first_argument(function: ast.AST) -> bool:
+    """`function` writes values into its first parameter by index (`m[..., i, j] = value`) and
+    reads it otherwise only for its size, shape, dtype or device."""
+    params = function.args.posonlyargs + function.args.args
+    if not params:
+        return False
+    name, writes = params[0].arg, 0
+    for parent in ast.walk(function):
+        for node in ast.iter_child_nodes(parent):
+            if not (isinstance(node, ast.Name) and node.id == name):
+                continue
+            if isinstance(parent, ast.Subscript) and isinstance(parent.ctx, ast.Store) and parent.value is node:
+                writes += 1
+            elif not (isinstance(parent, ast.Attribute) and parent.attr in ("size", "shape", "dtype", "device", "dim")):
+                return False
+    return writes > 0
+
+
 class _ScoresPattern:
     """The scores half of ManualAttention's pattern."""
 
@@ -166,7 +186,7 @@ class _ScoresPattern:
             if reads_metadata(flow, use):
                 metadata.append(use)
                 continue
-            fill = self._in_place_fill(flow, use, store, node)
+            fill = self._in_place_fill(flow, use, store, node) or self._masking_call(flow, use, store, node)
             if fill is None:
                 return None
             fills.append(fill)
@@ -315,6 +335,29 @@ class _ScoresPattern:
             if not isinstance(branch, ast.If):
                 return None  # in a loop, a `with`, a nested function...
         return statement, ("fill", call.args[0], call.args[1])
+
+    def _masking_call(self, flow: FunctionFlow, use: ast.Name, assign: ast.stmt, later: ast.Name):
+        """(statement, step) for `mask_(scores, maskval=float("-inf"))`, a statement of its own before
+        `later` reads the scores, calling a function of the project that only writes values into
+        its first argument by index (`matrices[..., i, j] = maskval`): a mask applied in place,
+        whose exact form is left to the reader (no fix); else None."""
+        call = flow.parent.get(use)
+        statement = flow.parent.get(call)
+        if not (isinstance(call, ast.Call) and call.args and call.args[0] is use and isinstance(statement, ast.Expr)
+                and (statement.end_lineno, statement.end_col_offset) <= (later.lineno, later.col_offset)):
+            return None
+        definition = file_calls(self.ctx).module_functions.get(getattr(call.func, "id", None))
+        if definition is None:
+            imported = imported_function(self.ctx, call.func)
+            definition = imported[0] if imported else None
+        if definition is None or not _only_fills_first_argument(definition):
+            return None
+        branch = statement
+        while not flow.same_block(branch, assign):
+            branch = flow.parent.get(branch)
+            if not isinstance(branch, ast.If):
+                return None
+        return statement, ("mask", None)
 
     def _may_be_scale(self, flow: FunctionFlow, expr: ast.AST, depth: int) -> bool:
         """Whether `expr` can be one number that scales every score (`self.scale`, `math.sqrt(d)`,

@@ -9,6 +9,7 @@ from typing import Optional
 from matlint.semantic import kinds as _kinds
 from matlint.semantic.calls import argument_for, file_calls
 from matlint.semantic.flow import FunctionFlow
+from matlint.semantic.loops import name_tokens
 from matlint.semantic.torch_api import as_gemm
 
 from .scores import _CAST_METHODS, _MAX_DEPTH, _Scores, _arg, _einsum_terms
@@ -33,7 +34,15 @@ class _Probs:
     steps: list = field(default_factory=list)       # ("dropout", p, training) / ("cast",)
     statements: list = field(default_factory=list)
     terms: Optional[tuple] = None  # an einsum's v term and the one SDPA takes
-    returned: bool = False      # the function also returns the probabilities
+    returned: list = field(default_factory=list)  # the loads by which the function also returns the probabilities
+
+
+def _statement_of(call: ast.Call, function: ast.AST) -> Optional[ast.stmt]:
+    """The statement of `function`'s body (at any depth) whose value is `call`."""
+    for node in ast.walk(function):
+        if isinstance(node, (ast.Assign, ast.Expr, ast.Return)) and getattr(node, "value", None) is call:
+            return node
+    return None
 
 
 def _builds_softmax_module(ctx) -> bool:
@@ -56,6 +65,9 @@ class _WeightsPattern:
                 return None
             dtype_at = 3 if qual == "torch.nn.functional.softmax" else 2
             return scores, _arg(call, 1, "dim"), _arg(call, dtype_at, "dtype") is not None
+        if (isinstance(func, ast.Call) and ctx.qualname(func.func) == "torch.nn.Softmax" and len(call.args) == 1
+                and not call.keywords):
+            return call.args[0], _arg(func, 0, "dim"), False  # `nn.Softmax(dim=-1)(scores)`
         if qual is not None or not isinstance(func, ast.Attribute):
             return None
         if isinstance(func.value, ast.Name) and func.value.id == "self":
@@ -84,8 +96,26 @@ class _WeightsPattern:
         returned: list = []
         probs = self._probs_chain(flow, softmax, returned)
         if probs is not None:
-            probs.returned = bool(returned)
+            probs.returned = returned
         return probs
+
+    def _callers_keep_weights(self, flow: FunctionFlow, probs: _Probs) -> bool:
+        """A caller in this file stores the returned probabilities on `self` (`x, self.scores =
+        Block.attention(q, k, v, mask)`): they are kept for later, which SDPA cannot do."""
+        for load in probs.returned:
+            tuple_ = flow.parent.get(load)
+            if not isinstance(tuple_, ast.Tuple):
+                continue
+            index = next(i for i, elt in enumerate(tuple_.elts) if elt is load)
+            for site in file_calls(self.ctx).call_sites(flow.function):
+                stmt = site.functions and _statement_of(site.call, site.functions[-1])
+                if not (isinstance(stmt, ast.Assign) and stmt.value is site.call and len(stmt.targets) == 1
+                        and isinstance(stmt.targets[0], ast.Tuple) and len(stmt.targets[0].elts) == len(tuple_.elts)):
+                    continue
+                kept = stmt.targets[0].elts[index]
+                if isinstance(kept, ast.Attribute) and isinstance(kept.value, ast.Name) and kept.value.id == "self":
+                    return True
+        return False
 
     def _probs_chain(self, flow: FunctionFlow, softmax: ast.Call, returned: list) -> Optional[_Probs]:
         """`_probs`' walk; reads of the probabilities that are returned as they are go to `returned`."""
@@ -98,18 +128,17 @@ class _WeightsPattern:
                 uses = flow.uses(parent)
                 # `return out, p_attn`: the weights go back to the caller too, which SDPA cannot do
                 in_return = [u for u in uses if _returned_as_is(flow, u)]
-                if in_return and len(uses) - len(in_return) == 1:
-                    returned.extend(in_return)
-                    uses = [u for u in uses if u not in in_return]
+                uses = [u for u in uses if u not in in_return]
                 if len(uses) == 2:
                     # `if self.training: attn = self.drop(attn)`: go on through the update.
                     for last in uses:
-                        optional = flow.optional_update(last)
+                        optional = flow.optional_update(last, tuple(in_return))
                         if optional is not None and optional[1] is parent:
                             uses = [u for u in uses if flow.statement(u) is optional[0]]
                             break
                 if len(uses) != 1:
                     return None
+                returned.extend(in_return)
                 statements.append(parent)
                 node = uses[0]
                 continue
@@ -169,7 +198,21 @@ class _WeightsPattern:
         if (qual is None and len(call.args) == 1 and not call.keywords and isinstance(func, ast.Name)
                 and self._passed_dropout(func.id)):
             return ("dropout_parameter", func)
+        if (qual is None and len(call.args) == 1 and not call.keywords and isinstance(func, ast.Name)
+                and self._named_dropout_parameter(func.id)):
+            return ("dropout_unknown", func)
         return None
+
+    def _named_dropout_parameter(self, name: str) -> bool:
+        """`name` is a parameter of the function, named as a dropout (`dropout`, `attn_drop`), that no
+        call of this file passes (the callers live in other files): a dropout of unknown kind,
+        which keeps the attention reported but lets no fix be written."""
+        function = self.ctx.function
+        if function is None or isinstance(function, ast.Lambda):
+            return False
+        params = function.args.posonlyargs + function.args.args + function.args.kwonlyargs
+        return (name in {p.arg for p in params} and not file_calls(self.ctx).call_sites(function)
+                and bool({"dropout", "drop"} & set(name_tokens(name))))
 
     def _passed_dropout(self, name: str) -> bool:
         """`name` is a parameter of the function that every call of the file passes an
