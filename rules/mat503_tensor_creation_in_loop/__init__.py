@@ -9,6 +9,7 @@ instead, and the `device=` fix). Whether the call runs on every step is the sema
 from __future__ import annotations
 
 import ast
+import os
 
 from matlint.diagnostics import Fix
 from matlint.rule import Only, Rule
@@ -52,7 +53,9 @@ class TensorCreationInLoop(Rule):
       either path), and past calls that fill an uninitialised allocation (`conf_t =
       torch.LongTensor(num, priors)`, `match(..., conf_t)`, `conf_t = conf_t.cuda()`); or
       made and returned by a function of the file (`self.label2onehot(torch.zeros(n),
-      2).to(d)`, `diffusion.sample_timesteps(n).to(d)` on an instance of a class of the file).
+      2).to(d)`, `diffusion.sample_timesteps(n).to(d)` on an instance of a class of the file)
+      or of a project module it imports (`causal_mask(n).to(d)` after `from dataset import
+      causal_mask`).
       A move is `.to(device)`, `.cuda()`, `.type(<a CUDA tensor type or a name bound to
       one>)`, or a helper of the file that returns its one argument moved on some path and as
       it is on the others (`get_torch_variable(x)`). A draw from a distribution given Python
@@ -217,7 +220,7 @@ class TensorCreationInLoop(Rule):
         elif isinstance(carrier, ast.Call):
             made = helper_made(ctx, carrier)
             if made is not None:
-                helper, factory = made
+                helper, factory, helper_path = made
         cuda_type = None if moves or factory is not None or not node.args else cuda_tensor_type(ctx, func)
         if factory is None and cuda_type is None:
             return
@@ -237,6 +240,9 @@ class TensorCreationInLoop(Rule):
                 return
             device = target if isinstance(target, str) else ctx.segment(target)
             name, call = factory
+            if helper is not None:
+                self._report_helper(node, helper, helper_path, name, call)
+                return
             if name in FROM_DATA | {"from_numpy"} and call.args and self._check_numpy_data(node, call.args[0], device):
                 return
             if name in FROM_DATA:
@@ -266,12 +272,6 @@ class TensorCreationInLoop(Rule):
                 if made_at is node:
                     self._report_sampler(node, call, device)
                 return
-            if helper is not None:
-                self.report(node, f"`{helper.name}` makes its result on the host (`{ctx.segment(call.func)}(...)` "
-                                  f"on line {call.lineno}) and it is copied to the device here, on every "
-                                  f"{self._step.where}; pass the device to `{helper.name}` and create it there "
-                                  "with `device=`")
-                return
             if made_at is not node:
                 self.report(made_at, f"`{ctx.segment(call.func)}(...)` is created on the host and copied to the "
                                      f"device on line {node.lineno}, on every {self._step.where}; create it there "
@@ -295,6 +295,18 @@ class TensorCreationInLoop(Rule):
             self._check_numpy_data(node, node.args[0], ctx.segment(device))
         elif not legacy_sizes(ctx, factory[0], node):  # `torch.FloatTensor(2, 4, device=...)`: sizes
             self._constant(node, node, ctx.segment(device))
+
+    def _report_helper(self, node: ast.Call, helper: ast.AST, path, name: str, call: ast.Call) -> None:
+        """`self.label2onehot(...).to(d)`, `causal_mask(n).to(d)`: the helper (of this file, or of
+        the module at `path`) returns what a fill or a random factory made on the host."""
+        if name not in FILLS and name not in RANDOM or not takes_device(name, call) or any(
+                k.arg in ("device", None, "out", "generator") or k.arg in ("requires_grad", "pin_memory")
+                and not is_false(k.value) for k in call.keywords) or in_value_checked_branch(self.ctx):
+            return
+        where = f"line {call.lineno}" + (f" of {os.path.basename(path)}" if path else "")
+        self.report(node, f"`{helper.name}` makes its result on the host (`{ast.unparse(call.func)}(...)` on "
+                          f"{where}) and it is copied to the device here, on every {self._step.where}; pass the "
+                          f"device to `{helper.name}` and create it there with `device=`")
 
     def _check_index(self, node: ast.Call, name: str) -> None:
         """`q[torch.arange(b)[:, None], idx]` in a file that runs on the GPU: the index is made on

@@ -11,6 +11,7 @@ from matlint.semantic import kinds as _kinds
 from matlint.semantic.flow import flow_of
 from matlint.semantic.kinds import may_mention
 from matlint.semantic.loops import identifier
+from matlint.semantic.project import imported_function
 from matlint.semantic.steps import runs_once
 from matlint.semantic.torch_api import cuda_tensor_type
 from matlint.semantic.tree import dotted, walk_no_scopes
@@ -483,12 +484,16 @@ def _definitions(ctx) -> dict:
 
 
 def helper_made(ctx, expr: ast.AST) -> Optional[tuple]:
-    """(the function, (name, factory call)) when `expr` calls a function of this file
-    (`file_function`) every `return` of which gives a tensor its factory makes on the host
+    """(the function, (name, factory call), the path of its module if not this file's) when `expr` calls a function of this file
+    (`file_function`) or of a project module it imports (`from dataset import causal_mask`)
+    every `return` of which gives a tensor its factory makes on the host
     (`return torch.randint(1, T, (n,))`, `out = torch.zeros(b, d); out[i, j] = 1; return out`)."""
     if not isinstance(expr, ast.Call):
         return None
-    found = file_function(ctx, expr.func)
+    found, path = file_function(ctx, expr.func), None
+    if found is None:
+        found = imported_function(ctx, expr.func)
+        path = found[1] if found is not None else None
     if found is None:
         return None
     target = found[0]
@@ -496,7 +501,7 @@ def helper_made(ctx, expr: ast.AST) -> Optional[tuple]:
     made = ctx.shared.get(key, False)
     if made is False:
         made = ctx.shared[key] = _returned_host_made(ctx, target)
-    return (target, made) if made is not None else None
+    return (target, made, path) if made is not None else None
 
 
 def _returned_host_made(ctx, function: ast.AST) -> Optional[tuple]:
@@ -504,9 +509,10 @@ def _returned_host_made(ctx, function: ast.AST) -> Optional[tuple]:
     made = None
     for ret in (n for n in walk_no_scopes(function) if isinstance(n, ast.Return)):
         value = ret.value
-        if isinstance(value, ast.Name):
+        inner = unwrapped(ctx, value, making=True) if value is not None else None
+        if isinstance(inner, ast.Name):  # `return mask == 0` after `mask = torch.triu(...)`
             flow = flow or flow_of(ctx, function)
-            assign = flow.reaching(value)
+            assign = flow.reaching(inner)
             value = assign.value if assign is not None else None
         returned = host_made(ctx, value) if value is not None else None
         if returned is None:
