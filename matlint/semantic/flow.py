@@ -140,11 +140,15 @@ class FunctionFlow(BuiltOnFirstUse):
         found = self.branch_stores.get(name)
         if found is None:
             found = []
+            parent = self.parent
             for stmt, _ in self.stores.get(name, ()):
-                for ancestor in self.enclosing(stmt) if stmt is not None else ():
-                    if isinstance(ancestor, ast.If) and ancestor not in found and _stores_on_every_path(
+                # only `if` statements straight around the store can store on every path
+                ancestor = parent.get(stmt) if stmt is not None else None
+                while isinstance(ancestor, ast.If):
+                    if ancestor not in found and _stores_on_every_path(
                             ancestor.body, name) and _stores_on_every_path(ancestor.orelse, name):
                         found.append(ancestor)
+                    ancestor = parent.get(ancestor)
             self.branch_stores[name] = found
         return found
 

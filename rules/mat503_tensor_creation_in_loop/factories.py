@@ -320,14 +320,14 @@ def carried_to_move(ctx, name: ast.Name) -> Optional[tuple]:
         assign = flow.reaching(name)
         if assign is None or len(assign.targets) != 1 or not isinstance(assign.targets[0], ast.Name):
             return None
+        made = host_made(ctx, assign.value)
+        inner = unwrapped(ctx, assign.value, making=True) if made is None else None
+        if made is None and not isinstance(inner, ast.Name):
+            return None  # the cheap test first: most names hold what no factory made
         if flow.loops_around(assign) != flow.loops_around(name) or not _only_carried(ctx, flow, assign, within):
             return None
-        made = host_made(ctx, assign.value)
         if made is not None:
             return made, made[1]
-        inner = unwrapped(ctx, assign.value, making=True)
-        if not isinstance(inner, ast.Name):
-            return None
         name, within = inner, assign.value
     return None
 
@@ -457,7 +457,9 @@ def file_function(ctx, func: ast.AST) -> Optional[tuple]:
     if not (isinstance(func, ast.Attribute) and isinstance(func.value, ast.Name)):
         return None
     cls = ctx.class_ if func.value.id == "self" else None
-    if cls is None and ctx.function is not None:
+    if cls is None and ctx.function is not None and any(
+            isinstance(d, ast.ClassDef) and any(isinstance(m, _FUNCTIONS) and m.name == func.attr for m in d.body)
+            for d in table.values()):
         flow = flow_of(ctx, ctx.function)
         assign = flow.reaching(func.value) if func.value in flow.parent else None
         made = assign.value if assign is not None else None
