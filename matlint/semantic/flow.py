@@ -28,7 +28,7 @@ def _end(node: ast.AST) -> tuple:
 class FunctionFlow(BuiltOnFirstUse):
     """Parents, stores and loads of plain names in one function, collected once, on first use."""
 
-    _BUILT = frozenset({"parent", "block", "stores", "loads", "mutations"})
+    _BUILT = frozenset({"parent", "block", "stores", "loads", "mutations", "branch_stores"})
 
     def __init__(self, function: ast.AST):
         self.function = function
@@ -40,6 +40,7 @@ class FunctionFlow(BuiltOnFirstUse):
         self.stores: dict = {}   # name -> [(storing statement, it is a plain `name = value`)]
         self.loads: dict = {}    # name -> [Name node]
         self.mutations: dict = {}  # name -> [statement changing it in place: `x.add_(1)`, `x[i] = 0`]
+        self.branch_stores: dict = {}  # name -> [`if` storing it on both branches], filled on first ask
         body = function.body if isinstance(function.body, list) else [function.body]
         self._index_block(body)
         parent = self.parent
@@ -127,7 +128,29 @@ class FunctionFlow(BuiltOnFirstUse):
             later = store is None or _stored_at(other) > _stored_at(store)
             if later and _end(other) <= _pos(load) and self._dominates(other, load):
                 return False
+        for branches in self._storing_branches(load.id):
+            if (store is None or _pos(branches) > _end(store)) and _end(branches) <= _pos(load) \
+                    and self._dominates(branches, load):
+                return False
         return True
+
+    def _storing_branches(self, name: str) -> list:
+        """The `if` statements that store `name` on both branches (`if c: x = a` / `else: x =
+        b`): like one store, they hide the stores before them from the reads after them."""
+        found = self.branch_stores.get(name)
+        if found is None:
+            found = []
+            parent = self.parent
+            for stmt, _ in self.stores.get(name, ()):
+                # only `if` statements straight around the store can store on every path
+                ancestor = parent.get(stmt) if stmt is not None else None
+                while isinstance(ancestor, ast.If):
+                    if ancestor not in found and _stores_on_every_path(
+                            ancestor.body, name) and _stores_on_every_path(ancestor.orelse, name):
+                        found.append(ancestor)
+                    ancestor = parent.get(ancestor)
+            self.branch_stores[name] = found
+        return found
 
     def _encloses(self, stmt: ast.stmt, load: ast.Name) -> bool:
         """`stmt` holds `load` in its body and stores the name in its header (a `for` target,
@@ -223,6 +246,18 @@ def _stored_at(stmt: ast.stmt) -> tuple:
     if isinstance(stmt, (ast.With, ast.AsyncWith)):
         return _end(stmt.items[-1].optional_vars or stmt.items[-1].context_expr)
     return _end(stmt)
+
+
+def _stores_on_every_path(block: list, name: str) -> bool:
+    """Every run of `block` stores `name`: an assignment to it (alone or unpacked) among its
+    statements, or an `if` that does on both branches."""
+    for stmt in block:
+        if isinstance(stmt, ast.Assign) and any(name in _stored_names_of(t) for t in stmt.targets):
+            return True
+        if isinstance(stmt, ast.If) and _stores_on_every_path(stmt.body, name) and _stores_on_every_path(
+                stmt.orelse, name):
+            return True
+    return False
 
 
 def _in_loop_body(node: ast.AST, loop: ast.AST) -> bool:

@@ -82,6 +82,73 @@ def _module_method(calls, function: ast.AST) -> bool:
     return cls is not None and any(dotted(base) not in (None, "object", "ABC", "abc.ABC") for base in cls.bases)
 
 
+def _mode_branch(function: ast.AST, call: ast.Call) -> bool:
+    """Every `if` around `call` in `function` tests the module's mode (`if self.training:` /
+    `else:`): each branch runs on every step of its mode (training, or inference)."""
+    tests = _tests_around(function.body, call, ())
+    return bool(tests) and all(_reads_mode(test) for test in tests)
+
+
+def _tests_around(body: list, call: ast.Call, tests: tuple) -> Optional[tuple]:
+    """The tests of the `if` statements around `call` among `body`'s statements; None when it is
+    not there, or sits in an `except` handler or a nested function."""
+    for stmt in body:
+        if not (stmt.lineno <= call.lineno and call.end_lineno <= (stmt.end_lineno or stmt.lineno)):
+            continue
+        if isinstance(stmt, _SCOPES) or isinstance(stmt, _TRY) and any(
+                h.lineno <= call.lineno <= h.end_lineno for h in stmt.handlers):
+            return None
+        if isinstance(stmt, ast.If) and not (stmt.test.lineno <= call.lineno <= stmt.test.end_lineno):
+            return _tests_around(stmt.body + stmt.orelse, call, tests + (stmt.test,))
+        blocks = [s for f in ("body", "orelse", "finalbody") for s in getattr(stmt, f, None) or []
+                  if isinstance(s, ast.stmt)]
+        if any(s.lineno <= call.lineno <= (s.end_lineno or s.lineno) for s in blocks):
+            return _tests_around(blocks, call, tests)
+        return tests  # in the statement's own expressions
+    return None
+
+
+def _reads_mode(test: ast.AST) -> bool:
+    """`self.training`, `not self.training`."""
+    if isinstance(test, ast.UnaryOp) and isinstance(test.op, ast.Not):
+        test = test.operand
+    return isinstance(test, ast.Attribute) and test.attr == "training"
+
+
+_FORWARD_CALL = re.compile(r"\bself(?:\.forward)?\(")
+
+
+def _spells_forward_call(ctx, function: ast.AST) -> bool:
+    """The text of `function` spells `self(` or `self.forward(` (the lines that do, found once
+    per file): only then can `_runs_forward` find a call of the module's forward."""
+    lines = ctx.shared.get("forward_call_lines")
+    if lines is None:
+        text, lines, line, offset = ctx.source, [], 1, 0
+        for match in _FORWARD_CALL.finditer(text):
+            line += text.count("\n", offset, match.start())
+            offset = match.start()
+            lines.append(line)
+        ctx.shared["forward_call_lines"] = lines
+    end = function.end_lineno or function.lineno
+    return any(function.lineno <= line <= end for line in lines)
+
+
+def _runs_forward(function: ast.AST) -> bool:
+    """The method calls its module's forward once per call (`self.forward(state)`, `self(x)`),
+    outside its own loops: an RL policy's `get_action` or `evaluate`, a `predict`."""
+    params = function.args.posonlyargs + function.args.args
+    if not params:
+        return False
+    me = params[0].arg
+    for node in _outside_loops(function.body):
+        if isinstance(node, ast.Call):
+            func = node.func
+            if isinstance(func, ast.Name) and func.id == me or isinstance(func, ast.Attribute) and \
+                    func.attr == "forward" and isinstance(func.value, ast.Name) and func.value.id == me:
+                return True
+    return False
+
+
 def _iterates_loader(loop: ast.AST) -> bool:
     it = getattr(loop, "iter", None)
     while isinstance(it, ast.Call) and it.args:
@@ -91,7 +158,9 @@ def _iterates_loader(loop: ast.AST) -> bool:
 
 
 def _loop_step(loop: ast.AST) -> Optional[Step]:
-    backward, step = _trains(walk_no_scopes(loop))
+    # Its own statements, not those of loops in it: an epoch loop around the training loop runs
+    # what it calls directly (a validation pass) once per epoch.
+    backward, step = _trains(_outside_loops(loop.body))
     if backward or step:
         return Step(f"is called from the training loop on line {loop.lineno}", True)
     if _iterates_loader(loop):
@@ -115,6 +184,9 @@ def step_functions(ctx) -> dict:
             found[id(function)] = Step(f"is the `{function.name}` hook", function.name == "training_step")
         elif function.name == "forward" and _module_method(calls, function):
             found[id(function)] = Step("is a module's `forward`, run on every step", False, True)
+        elif (_module_method(calls, function) and not runs_once(function.name)
+              and _spells_forward_call(ctx, function) and _runs_forward(function)):
+            found[id(function)] = Step("runs the module's `forward`", False, True)
     changed = True
     while changed:  # what a step function calls runs every step too, followed to a fixed point
         changed = False
@@ -122,7 +194,7 @@ def step_functions(ctx) -> dict:
             if id(function) in found:
                 continue
             for site in calls.call_sites(function):
-                if site.conditional:
+                if site.conditional and not (site.functions and _mode_branch(site.functions[-1], site.call)):
                     continue  # `if self.debug: self.log_grads()`: not every step
                 caller = found.get(id(site.functions[-1])) if site.functions else None
                 if caller is not None:

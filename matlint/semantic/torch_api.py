@@ -158,7 +158,8 @@ def _cuda_type(ctx, expr: ast.AST) -> Optional[str]:
 def cuda_tensor_type(ctx, func: ast.AST) -> Optional[str]:
     """The dtype of the legacy CUDA tensor type that `func` names: `torch.cuda.FloatTensor`, or a
     module-level name bound to one, also under a condition (`Tensor = torch.cuda.FloatTensor if
-    cuda else torch.FloatTensor`, as GAN and RL scripts write it). Called on data, such a type
+    cuda else torch.FloatTensor`, as GAN and RL scripts write it) or through another such name
+    (`Tensor = FloatTensor`). Called on data, such a type
     copies the data to the GPU."""
     found = _cuda_type(ctx, func)
     if found is not None or not isinstance(func, ast.Name) or ctx.names.binds_locally(func.id):
@@ -170,6 +171,9 @@ def cuda_tensor_type(ctx, func: ast.AST) -> Optional[str]:
             if not (isinstance(stmt, ast.Assign) and len(stmt.targets) == 1 and isinstance(stmt.targets[0], ast.Name)):
                 continue
             value = stmt.value
+            if isinstance(value, ast.Name) and value.id in aliases:  # `Tensor = FloatTensor`
+                aliases[stmt.targets[0].id] = aliases[value.id]
+                continue
             branches = [value.body, value.orelse] if isinstance(value, ast.IfExp) else [value]
             dtype = next((d for d in map(lambda b: _cuda_type(ctx, b), branches) if d is not None), None)
             if dtype is not None:

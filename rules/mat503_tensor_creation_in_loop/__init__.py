@@ -9,17 +9,21 @@ instead, and the `device=` fix). Whether the call runs on every step is the sema
 from __future__ import annotations
 
 import ast
+import os
 
+from matlint.diagnostics import Fix
 from matlint.rule import Only, Rule
 
+from matlint.semantic.kinds import moves_work_to_cuda
 from matlint.semantic.names import in_test_code
 from matlint.semantic.steps import per_step
 from matlint.semantic.torch_api import TYPED_TENSORS, cuda_tensor_type
 
-from .advice import (created_on_device, fill_message, numpy_message, sampler_input, sampler_message,
-                     sizes_message)
-from .factories import (FILLS, FROM_DATA, RANDOM, carried_to_move, device_target, host_made, is_constant_data,
-                        is_device, is_false, legacy_sizes, one_value, same_values_on_device, takes_device,
+from .advice import (created_on_device, fill_message, numpy_message, range_message, sample_message, sampler_input,
+                     sampler_message, sizes_message)
+from .factories import (FILLS, FROM_DATA, RANDOM, carried_to_move, computed_number, device_target, exact_on_device,
+                        has_mover_helpers, helper_made, host_made, INDEX_FACTORIES, indexed_tensor, is_constant_data, moved_expression,
+                        is_device, is_false, legacy_sizes, one_value, range_data, set_once_attribute, same_values_on_device, takes_device,
                         torch_factory, unwrapped)
 from .host_data import numpy_made
 from .stays_quiet import (fills_a_cache, in_value_checked_branch, kept_apart, runs_once_per_loop,
@@ -33,21 +37,52 @@ class TensorCreationInLoop(Rule):
     docs = """
     ## What it does
     Inside a loop, in an `nn.Module`'s `forward`, or in a function that runs every step (a
-    training step, or a helper that `forward`, a step or a training/batch loop calls on every
-    pass, not under an `if`), flags:
+    training step, a method of a module that runs its `forward`, like an RL policy's
+    `get_action(state)`, or a helper that `forward`, a step or a training/batch loop calls on
+    every pass, not under an `if` other than one on the module's mode, `if self.training:` /
+    `else:`; a function an epoch loop calls after its training loop runs once per epoch), flags:
     - a tensor created on the host and then moved (`torch.zeros(n).to(device)`,
       `torch.arange(n).cuda()`, `torch.randn(b, d).to(x.device)`): it can be created on the
-      device directly; a sample drawn on the host from a host-made input
+      device directly. The evidence is the factory (no `device=`) and the move of what it
+      made: through ops that leave it where it is (`torch.arange(L).unsqueeze(0).repeat(b,
+      1).cuda()`, `torch.empty(1, 1).type_as(x).fill_(v)`, `.clamp(...)`, arithmetic with
+      numbers, `torch.exp(...)`, `torch.cat` of fills, a comparison of one with itself);
+      through the names that carry it to the copy, over several assignments (`alpha =
+      torch.rand(n, 1)`, `alpha = alpha.expand_as(x).to(d)`), past the CPU path of a
+      conditional move (`z = torch.zeros(n)`, `if x.is_cuda: z = z.cuda()`, then `z` read on
+      either path), and past calls that fill an uninitialised allocation (`conf_t =
+      torch.LongTensor(num, priors)`, `match(..., conf_t)`, `conf_t = conf_t.cuda()`); or
+      made and returned by a function of the file (`self.label2onehot(torch.zeros(n),
+      2).to(d)`, `diffusion.sample_timesteps(n).to(d)` on an instance of a class of the file)
+      or of a project module it imports (`causal_mask(n).to(d)` after `from dataset import
+      causal_mask`).
+      A move is `.to(device)`, `.cuda()`, `.type(<a CUDA tensor type or a name bound to
+      one>)`, or a helper of the file that returns its one argument moved on some path and as
+      it is on the others (`get_torch_variable(x)`). A draw from a distribution given Python
+      numbers (`Normal(0, 1).sample(shape)`) is made on the host too; a sample drawn on the
+      host from a host-made input
       (`torch.bernoulli(p * torch.ones(shape)).to(d)`): `torch.bernoulli` and `torch.normal(mean,
       std)` take no `device=` and sample where their input is, so that input is what to make on
       the device;
     - a constant copied from the host (`torch.tensor([0.5, 2.0], device=x.device)`,
-      `torch.tensor(1.0).cuda()`): the same values are uploaded again each time. A constant of
+      `torch.tensor(1.0).cuda()`, or an attribute of the module that only its set-up
+      assigns and nothing changes in place: `torch.tensor(self.max_action).to(self.device)`):
+      the same values are uploaded again each time. A constant of
       one repeated value (a scalar `torch.tensor(0.0, device=d)`, often an accumulator updated in
       place, or `torch.tensor([0, 0], device=d)`) gets the fill that makes it on the device
       (`torch.zeros((), device=d)`, `torch.zeros(2, dtype=torch.long, device=d)`: same dtype),
       not a buffer: a fill is a new tensor each time, so it also fits a tensor that is kept,
-      returned or changed in place;
+      returned or changed in place; so does a Python number computed on each pass
+      (`torch.tensor(i / n_T).to(d)`: `torch.full((), i / n_T, device=d)`), and a range
+      (`torch.LongTensor(range(n)).to(d)`: `torch.arange(n, dtype=torch.long, device=d)`);
+    - an index made on the host (`torch.arange`, `torch.randint`, `torch.randperm` without
+      `device=`, as it is, reshaped: `q[torch.arange(b)[:, None], idx]`, or through a name
+      read only as an index) for an activation in a module's `forward` (or what it runs), in
+      a file that moves work to a device (names CUDA, moves to a `device`, reads `x.device`):
+      indexing copies it to the device on every call. One finding per subscript; the fix gives
+      each host index `device=<the indexed>.device` (unsafe for random ones). A file that never
+      leaves the CPU, tensors made on the host, and batches indexed in a training loop (they
+      may not be moved yet) stay quiet;
     - an uninitialised tensor allocated on the host and moved (`torch.Tensor(2, 4).to(d)`: the
       arguments are sizes): `torch.empty(2, 4, device=d)`;
     - an array that numpy draws or fills on the host on every pass and that is copied to the
@@ -96,6 +131,11 @@ class TensorCreationInLoop(Rule):
       0.2))` added as a scalar), are made once outside the loop, or are filled in afterwards
       (`adv = np.zeros(n)`, then `adv[t] = ...`: computed data), and legacy types called
       with sizes (`Tensor(b, 1).fill_(1.0)` allocates on the device).
+    - Attributes a method other than the set-up assigns or changes (`self.scale = scale` in
+      `set_scale`): data of the call, not a constant.
+    - Tensors computed from data on the host before the copy (`torch.arange(n) +
+      torch.repeat_interleave(ids, counts)`, a fill read on the host before its move, a helper
+      that may return its input): the values are data, which has to be copied.
     - `.to(x)` / `.to(dtype)` and other `.to` calls whose argument may not be a device, and
       `.to("cpu")`; random tensors drawn from an explicit `generator=` (it lives on the host),
       or sampled from an input whose place is unknown (`torch.bernoulli(probs).to(d)`: `probs`
@@ -151,25 +191,41 @@ class TensorCreationInLoop(Rule):
     the author's call. Nor do numpy arrays made per pass: torch's sampler draws other numbers,
     and in float32 where numpy draws float64. Neither do samplers without `device=` (`torch.bernoulli`, `torch.normal`
     of tensors): the message names the factory in their input to create on the device.
+    Through ops that may give other values on the device (a random fill such as
+    `.uniform_(0, 1)`, `torch.exp`) or put the result on another device than the move's
+    (`.type_as(y)` goes to y's), the fix is unsafe; moves spelled `.type(...)` or as a helper's
+    call, and tensors a helper makes, have no fix (the helper is where to pass the device).
     """
 
     # A move (`.to(...)`, `.cuda()`), or a tensor made from data (`torch.tensor(...)`, `tensor(...)`).
-    only = {"visit_Call": Only(attrs=frozenset({"to", "cuda"} | FROM_DATA | TYPED_TENSORS.keys()))}
+    # In a file with a helper that moves its argument (`get_torch_variable(x)`), every call.
+    only = {"visit_Call": Only(attrs=frozenset({"to", "cuda", "type"} | FROM_DATA | TYPED_TENSORS.keys()
+                                               | INDEX_FACTORIES),
+                               every_call_if=has_mover_helpers)}
 
     def visit_Call(self, node: ast.Call) -> None:
         ctx = self.ctx
         func = node.func
-        moves = isinstance(func, ast.Attribute) and func.attr in ("to", "cuda")
+        moved = moved_expression(ctx, node)
+        moves = moved is not None
         # The call's own shape first: it rules out almost every call, and costs less than the place.
-        factory = host_made(ctx, func.value) if moves else torch_factory(ctx, node)
+        factory = host_made(ctx, moved) if moves else torch_factory(ctx, node)
         made_at = node  # where the finding goes: the move, or the creation a name carries to it
-        carrier = unwrapped(ctx, func.value) if moves and factory is None else None
+        carrier = unwrapped(ctx, moved, making=True) if moves and factory is None else None
+        helper = None  # the function of the file that makes the tensor and returns it
         if isinstance(carrier, ast.Name):
             carried = carried_to_move(ctx, carrier)
             if carried is not None:
                 factory, made_at = carried
+        elif isinstance(carrier, ast.Call):
+            made = helper_made(ctx, carrier)
+            if made is not None:
+                helper, factory, helper_path = made
         cuda_type = None if moves or factory is not None or not node.args else cuda_tensor_type(ctx, func)
         if factory is None and cuda_type is None:
+            return
+        if not moves and factory is not None and factory[0] in INDEX_FACTORIES:
+            self._check_index(node, factory[0])
             return
         self._step = per_step(ctx)
         if self._step is None or in_test_code(ctx) or runs_once_per_loop(ctx) or fills_a_cache(ctx):
@@ -178,25 +234,39 @@ class TensorCreationInLoop(Rule):
             self._check_numpy_data(node, node.args[0], '"cuda"' if ctx.qualname(func) else "device")
             return
         if moves:
-            target = device_target(ctx, node, func.attr)
+            target = device_target(ctx, node, func.attr) if func.attr in ("to", "cuda") and moved is func.value \
+                else '"cuda"'
             if target is None or (isinstance(target, ast.AST) and varies_per_iteration(ctx, target)):
                 return
             device = target if isinstance(target, str) else ctx.segment(target)
             name, call = factory
+            if helper is not None:
+                self._report_helper(node, helper, helper_path, name, call)
+                return
             if name in FROM_DATA | {"from_numpy"} and call.args and self._check_numpy_data(node, call.args[0], device):
                 return
             if name in FROM_DATA:
-                if legacy_sizes(name, call):
-                    self.report(node, sizes_message(ctx, name, call, device, self._step.where))
-                elif call.args and is_constant_data(call.args[0]):
+                if legacy_sizes(ctx, name, call):
+                    self.report(made_at, sizes_message(ctx, name, call, device, self._step.where,
+                                                       None if made_at is node else node.lineno))
+                elif call.args and (is_constant_data(call.args[0]) or set_once_attribute(ctx, call.args[0])):
                     self._constant(node, call, device)
+                elif len(call.args) == 1 and name in ("tensor", "as_tensor") and computed_number(ctx, call.args[0]):
+                    self._constant(node, call, device, number=True)
+                elif len(call.args) == 1 and range_data(ctx, call.args[0]) and not any(
+                        k.arg in ("requires_grad", None) for k in call.keywords):
+                    self.report(node, range_message(ctx, name, call, device, self._step.where))
                 return
-            if name not in FILLS and name not in RANDOM:
+            if name not in FILLS and name not in RANDOM and name != "sample":
                 return
             if any(k.arg in ("device", None, "out", "generator") or k.arg in ("requires_grad", "pin_memory")
                    and not is_false(k.value) for k in call.keywords):
                 return  # already placed, unknown keywords, host-only options, or a leaf whose copy is what is used
             if sized_by_loop_item(ctx, name, call) or in_value_checked_branch(ctx):
+                return
+            if name == "sample":
+                self.report(made_at, sample_message(ctx, call, device, self._step.where,
+                                                    None if made_at is node else node.lineno))
                 return
             if not takes_device(name, call):
                 if made_at is node:
@@ -209,17 +279,75 @@ class TensorCreationInLoop(Rule):
                 return
             self.report(node, f"`{ctx.segment(call.func)}(...)` is created on the host and copied to the device "
                               f"on every {self._step.where}; create it there with `device=`",
-                        fix=self._device_fix(node, call, device, safe=same_values_on_device(name, call)))
+                        fix=self._device_fix(node, call, device, safe=same_values_on_device(name, call)
+                                                                     and exact_on_device(ctx, func.value, call)))
             return
         if factory[0] not in FROM_DATA or not node.args:
             return
         device = next((k.value for k in node.keywords if k.arg == "device"), None)
         if device is None or not is_device(ctx, device) or varies_per_iteration(ctx, device):
             return
-        if not is_constant_data(node.args[0]):
-            self._check_numpy_data(node, node.args[0], ctx.segment(device))
-        elif not legacy_sizes(factory[0], node):  # `torch.FloatTensor(2, 4, device=...)`: sizes
+        if len(node.args) == 1 and factory[0] in ("tensor", "as_tensor") and computed_number(ctx, node.args[0]):
+            self._constant(node, node, ctx.segment(device), number=True)
+        elif set_once_attribute(ctx, node.args[0]):
             self._constant(node, node, ctx.segment(device))
+        elif not is_constant_data(node.args[0]):
+            self._check_numpy_data(node, node.args[0], ctx.segment(device))
+        elif not legacy_sizes(ctx, factory[0], node):  # `torch.FloatTensor(2, 4, device=...)`: sizes
+            self._constant(node, node, ctx.segment(device))
+
+    def _report_helper(self, node: ast.Call, helper: ast.AST, path, name: str, call: ast.Call) -> None:
+        """`self.label2onehot(...).to(d)`, `causal_mask(n).to(d)`: the helper (of this file, or of
+        the module at `path`) returns what a fill or a random factory made on the host."""
+        if name not in FILLS and name not in RANDOM or not takes_device(name, call) or any(
+                k.arg in ("device", None, "out", "generator") or k.arg in ("requires_grad", "pin_memory")
+                and not is_false(k.value) for k in call.keywords) or in_value_checked_branch(self.ctx):
+            return
+        where = f"line {call.lineno}" + (f" of {os.path.basename(path)}" if path else "")
+        self.report(node, f"`{helper.name}` makes its result on the host (`{ast.unparse(call.func)}(...)` on "
+                          f"{where}) and it is copied to the device here, on every {self._step.where}; pass the "
+                          f"device to `{helper.name}` and create it there with `device=`")
+
+    def _check_index(self, node: ast.Call, name: str) -> None:
+        """`q[torch.arange(b)[:, None], idx]` in a file that runs on the GPU: the index is made on
+        the host and copied to the device of what it indexes on every call; make it there."""
+        ctx = self.ctx
+        if any(k.arg in ("device", None, "out", "generator") for k in node.keywords):
+            return
+        found = indexed_tensor(ctx, node)
+        if found is None or not moves_work_to_cuda(ctx):
+            return
+        indexed, subscript = found
+        named = isinstance(ctx.parent, ast.Assign)  # `index = torch.randint(...)`, read as an index
+        others = [] if named else [
+            sub for sub in ast.walk(subscript.slice) if isinstance(sub, ast.Call) and sub is not node
+            and (torch_factory(ctx, sub) or ("",))[0] in INDEX_FACTORIES and not any(k.arg == "device" for k in sub.keywords)]
+        if any((o.lineno, o.col_offset) < (node.lineno, node.col_offset) for o in others):
+            return  # one finding for the subscript, at its first index made on the host
+        self._step = per_step(ctx)
+        # In a module's forward (or what it runs) the tensors are activations, on the model's
+        # device; in a training loop a batch may still be on the host.
+        forward = self._step is not None and (self._step.step.forward if self._step.step is not None else (
+            getattr(self._step.function, "name", "") == "forward"))
+        if not forward or in_test_code(ctx) or runs_once_per_loop(ctx) or fills_a_cache(ctx) \
+                or in_value_checked_branch(ctx):
+            return
+        device = f"{ctx.segment(indexed)}.device"
+        fix = None
+        made = [node] + others
+        texts = [ctx.segment(call) for call in made]
+        if isinstance(indexed, (ast.Name, ast.Attribute)) and all(
+                "#" not in text and text.endswith(")") for text in texts):
+            edits = []
+            for call, text in zip(made, texts):
+                head = text[:-1].rstrip()
+                edits.append(ctx.edit(call, f"{head}{'' if head.endswith(('(', ',')) else ', '}device={device})"))
+            fix = Fix("Create the index on the device with `device=`", tuple(edits), all(
+                same_values_on_device(torch_factory(ctx, call)[0], call) for call in made))
+        also = f" (and {len(others)} more in this subscript)" if others else ""
+        self.report(node, f"`{ctx.segment(node.func)}(...)` makes an index on the host{also} for `{ctx.segment(indexed)}`, "
+                          f"a tensor of the device when the model runs there, so it is copied there on every "
+                          f"{self._step.where}; create it with `device={device}`", fix=fix)
 
     # -- reports --------------------------------------------------------------------
     def _check_numpy_data(self, node: ast.Call, data: ast.AST, device: str) -> bool:
@@ -232,14 +360,15 @@ class TensorCreationInLoop(Rule):
         self.report(node, numpy_message(self.ctx, made, device, self._step.where))
         return True
 
-    def _constant(self, node: ast.Call, factory: ast.Call, device: str) -> None:
-        """`node` uploads the constant `factory` builds (`node` is the factory itself or its move)."""
+    def _constant(self, node: ast.Call, factory: ast.Call, device: str, number: bool = False) -> None:
+        """`node` uploads the constant `factory` builds (`node` is the factory itself or its move);
+        `number`: a Python number computed on this pass (`torch.tensor(i / n_T)`), a fill too."""
         if any(k.arg is None or k.arg == "requires_grad" and not is_false(k.value) for k in factory.keywords):
             return  # a fresh leaf for autograd each time: one shared tensor would not do
         if in_value_checked_branch(self.ctx):
             return
         value = factory.args[0]
-        filled = one_value(value)
+        filled = (None, ()) if number else one_value(value)
         if filled is not None:
             self.report(node, fill_message(self.ctx, factory, value, *filled, device, self._step.where))
             return
@@ -257,6 +386,8 @@ class TensorCreationInLoop(Rule):
             self.report(node, sampler_message(self.ctx, call, made, device, self._step.where))
 
     def _device_fix(self, move: ast.Call, factory: ast.Call, device: str, safe: bool):
+        if not (isinstance(move.func, ast.Attribute) and move.func.attr in ("to", "cuda")):
+            return None  # a move spelled `.type(...)` or a helper's call: the author's rewrite
         created = created_on_device(self.ctx, move, factory, device)
         if created is None:
             return None

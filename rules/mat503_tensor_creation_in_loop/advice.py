@@ -6,6 +6,8 @@ from __future__ import annotations
 import ast
 from typing import Optional
 
+from matlint.semantic.flow import flow_of
+
 from .factories import FILLS, LEGACY_CONSTRUCTORS, RANDOM, torch_factory
 
 
@@ -92,10 +94,11 @@ def sampler_message(ctx, call: ast.Call, made: ast.Call, device: str, where: str
             f"`{ctx.segment(made)}` there with `device={device}`")
 
 
-def sizes_message(ctx, name: str, call: ast.Call, device: str, where: str) -> str:
+def sizes_message(ctx, name: str, call: ast.Call, device: str, where: str, moved_on=None) -> str:
     sizes = ", ".join(ctx.segment(a) for a in call.args)
-    return (f"`{ctx.segment(call)}` allocates an uninitialised tensor on the host and copies it to "
-            f"the device on every {where}; allocate it there: "
+    copied = f"copies it to the device on line {moved_on}" if moved_on else "copies it to the device"
+    return (f"`{ctx.segment(call)}` allocates an uninitialised tensor on the host and {copied} "
+            f"on every {where}; allocate it there: "
             f"`torch.empty({sizes}, {LEGACY_CONSTRUCTORS[name]}device={device})`")
 
 
@@ -131,3 +134,36 @@ def created_on_device(ctx, move: ast.Call, factory: ast.Call, device: str) -> Op
     if "#" in ctx.segment(move).replace(text, ""):
         return None  # a comment between the factory and the end of the move would be dropped
     return created
+
+
+def range_message(ctx, name: str, call: ast.Call, device: str, where: str) -> str:
+    """`torch.LongTensor(range(n))`, `torch.tensor(list(range(n)))`: `torch.arange` on the host."""
+    data = call.args[0]
+    if isinstance(data.func, ast.Name) and data.func.id == "list":
+        data = data.args[0]
+    bounds = ", ".join(ctx.segment(a) for a in data.args)
+    dtype = {"LongTensor": "dtype=torch.long, ", "FloatTensor": "dtype=torch.float32, ",
+             "Tensor": "dtype=torch.float32, "}.get(name, "")
+    dtype += "".join(f"{k.arg}={ctx.segment(k.value)}, " for k in call.keywords if k.arg == "dtype")
+    return (f"`{ctx.segment(call)}` builds a range on the host and copies it to the device on every {where}; "
+            f"`torch.arange({bounds}, {dtype}device={device})` makes it there")
+
+
+def sample_message(ctx, call: ast.Call, device: str, where: str, moved_on=None) -> str:
+    """`Normal(0, 1).sample(shape)` copied to the device: torch's sampler draws the same
+    distribution there (`torch.randn` for a standard normal, `torch.rand` for a uniform on [0,
+    1)); other parameters: a distribution of tensors made on the device."""
+    made = call.func.value
+    if isinstance(made, ast.Name):  # `normal = Normal(0, 1)`
+        assign = flow_of(ctx, ctx.function).reaching(made) if ctx.function is not None else None
+        made = assign.value if assign is not None else None
+    qualname = (ctx.qualname(made.func) or "") if isinstance(made, ast.Call) else ""
+    numbers = [a.value for a in made.args if isinstance(a, ast.Constant)] if isinstance(made, ast.Call) else []
+    sampler = {("Normal", (0, 1)): "randn", ("Uniform", (0, 1)): "rand"}.get(
+        (qualname.rpartition(".")[2], tuple(numbers)))
+    shape = ctx.segment(call.args[0]) if len(call.args) == 1 and not call.keywords else None
+    instead = (f"`torch.{sampler}({shape}, device={device})`" if sampler and shape
+               else "torch's sampler with `device=`, or a distribution of tensors made on the device")
+    copied = f" on line {moved_on}" if moved_on else ""
+    return (f"`{ctx.segment(call)}` draws on the host (its distribution holds Python numbers) and is copied to "
+            f"the device{copied}, on every {where}; draw it there: {instead}")

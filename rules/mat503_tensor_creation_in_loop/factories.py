@@ -4,11 +4,17 @@ the name that carries a host-made tensor to its copy, and what is surely a devic
 from __future__ import annotations
 
 import ast
+import re
 from typing import Optional
 
 from matlint.semantic import kinds as _kinds
 from matlint.semantic.flow import flow_of
+from matlint.semantic.kinds import may_mention
 from matlint.semantic.loops import identifier
+from matlint.semantic.project import imported_function
+from matlint.semantic.steps import runs_once
+from matlint.semantic.torch_api import cuda_tensor_type
+from matlint.semantic.tree import dotted, walk_no_scopes
 
 # Factories built from sizes alone (their values, to the last bit, in `same_values_on_device`).
 FILLS = {"zeros", "ones", "full", "empty", "arange", "eye", "linspace", "logspace", "tril_indices", "triu_indices"}
@@ -23,6 +29,25 @@ LEGACY_CONSTRUCTORS = {"Tensor": "", "FloatTensor": "dtype=torch.float32, ", "Lo
 # Ops whose result lives where their input does (`torch.tril(torch.ones(T, T)).to(device)`).
 _SAME_DEVICE_FUNCTIONS = {"torch.tril", "torch.triu", "torch.autograd.Variable", "torch.autograd.variable.Variable"}
 _SAME_DEVICE_METHODS = {"tril", "triu", "bool", "float", "half", "bfloat16", "long", "int"}
+# ... and, in the expression that makes a tensor, the methods that reshape, retype, clamp or fill
+# it where it is, whatever their arguments (`torch.arange(n).unsqueeze(0).repeat(b, 1)`,
+# `torch.empty(1, 1).type_as(x).fill_(v)`, `torch.FloatTensor(b, 1).uniform_(0, 1)`; `type_as`
+# may move it, after it was made on the host all the same).
+_MAKING_METHODS = _SAME_DEVICE_METHODS | {
+    "unsqueeze", "squeeze", "view", "reshape", "expand", "expand_as", "repeat", "transpose", "permute", "t",
+    "flatten", "contiguous", "type", "type_as", "clamp", "fill_", "uniform_", "normal_", "random_"}
+# ... and the torch functions of one tensor that compute on it where it is (`torch.exp(-c *
+# torch.arange(half) / half)`): their values may round differently on the device.
+_MAKING_FUNCTIONS = {"torch.exp", "torch.log", "torch.sin", "torch.cos", "torch.sqrt", "torch.rsqrt",
+                     "torch.sigmoid", "torch.flip"}
+# ... and those that give the same values on any device (`torch.clamp(noise, -c, c)`).
+_EXACT_MAKING_FUNCTIONS = {"torch.clamp", "torch.clip"}
+# Ops between a factory and its move after which the values on the device may differ from the
+# host's (a random fill; a transcendental function, below), or whose result may sit on another
+# device than the move's (`type_as(y)` goes to y's): the `device=` fix is not safe through them.
+_UNSAFE_METHODS = {"uniform_", "normal_", "random_", "type_as", "type"}
+# torch functions that join tensors: the result is made on the host when every part is.
+_JOINS = {"torch.cat", "torch.stack"}
 
 
 def same_values_on_device(name: str, call: ast.Call) -> bool:
@@ -87,39 +112,160 @@ def takes_device(name: str, call: ast.Call) -> bool:
     return True
 
 
-def legacy_sizes(name: str, call: ast.Call) -> bool:
-    """`torch.Tensor(2, 4)`, `torch.FloatTensor(3)`: sizes, not data."""
-    return name in LEGACY_CONSTRUCTORS and bool(call.args) and all(
-        isinstance(a, ast.Constant) and type(a.value) is int for a in call.args)
+def legacy_sizes(ctx, name: str, call: ast.Call) -> bool:
+    """`torch.Tensor(2, 4)`, `torch.FloatTensor(3)`, `torch.LongTensor(num, num_priors)`: sizes,
+    not data (a legacy constructor takes data as its one argument; one size is a whole number)."""
+    if name not in LEGACY_CONSTRUCTORS or not call.args or any(isinstance(a, ast.Starred) for a in call.args):
+        return False
+    if len(call.args) > 1:
+        return True
+    size = call.args[0]
+    return isinstance(size, ast.Constant) and type(size.value) is int
 
 
-def _is_number(ctx, expr: ast.AST) -> bool:
-    return (isinstance(expr, ast.Constant) and isinstance(expr.value, (int, float))) or (
-        isinstance(expr, ast.Name) and _kinds.kind_of(ctx, expr) == _kinds.SCALAR)
+def _is_number(ctx, expr: ast.AST, depth: int = 0) -> bool:
+    """A Python number: a literal, a name or attribute of that kind, `math.log(p)`, `len(x)`,
+    arithmetic of them (`-math.log(max_period)`, `n - 1`), a whole division of a name that is
+    not a tensor (`dim // 2`), and a name assigned one of these (`half = dim // 2`)."""
+    if isinstance(expr, ast.Constant):
+        return isinstance(expr.value, (int, float)) and not isinstance(expr.value, bool)
+    if isinstance(expr, ast.UnaryOp):
+        return isinstance(expr.op, (ast.USub, ast.UAdd)) and _is_number(ctx, expr.operand, depth)
+    if isinstance(expr, ast.BinOp):
+        if isinstance(expr.op, ast.FloorDiv) and isinstance(expr.left, ast.Name) and isinstance(
+                expr.right, ast.Constant) and type(expr.right.value) is int:
+            return _kinds.kind_of(ctx, expr.left) not in _kinds.TENSORS
+        return _is_number(ctx, expr.left, depth) and _is_number(ctx, expr.right, depth)
+    if isinstance(expr, ast.Call):
+        qualname = ctx.qualname(expr.func) or ""
+        return qualname.startswith("math.") or isinstance(expr.func, ast.Name) and expr.func.id in (
+            "len", "int", "float") and qualname in ("", "len", "int", "float", "builtins." + expr.func.id)
+    if not isinstance(expr, (ast.Name, ast.Attribute)):
+        return False
+    if _kinds.kind_of(ctx, expr) == _kinds.SCALAR:
+        return True
+    if isinstance(expr, ast.Name) and depth < 2 and ctx.function is not None:
+        assign = flow_of(ctx, ctx.function).reaching(expr) if expr in flow_of(ctx, ctx.function).parent else None
+        return assign is not None and _is_number(ctx, assign.value, depth + 1)
+    return False
 
 
 def unwrapped(ctx, expr: ast.AST, making: bool = False) -> ast.AST:
     """`expr` without the calls that keep its device (`Variable(z)`, `z.float()`); `making`:
     also through what may follow a factory in the expression that makes a tensor
-    (`torch.ones(T, T).tril(1)`, arithmetic with a number: `torch.ones(n) * i`)."""
+    (`torch.ones(T, T).tril(1)`, `torch.arange(n).unsqueeze(0).repeat(b, 1)`, arithmetic with a
+    number: `torch.ones(n) * i`, `-c * torch.arange(h) / h`, `torch.exp(...)`), and into the
+    first part of a join of tensors all made so (`torch.cat([torch.arange(b) for _ in views])`)."""
     while True:
         if isinstance(expr, ast.BinOp):
-            if not (making and isinstance(expr.op, (ast.Add, ast.Sub, ast.Mult, ast.Div))
-                    and _is_number(ctx, expr.right)):
+            if not (making and isinstance(expr.op, (ast.Add, ast.Sub, ast.Mult, ast.Div))):
                 return expr
-            expr = expr.left
+            if _is_number(ctx, expr.right):
+                expr = expr.left
+            elif _is_number(ctx, expr.left):
+                expr = expr.right
+            elif _fills(ctx, expr.left) and _fills(ctx, expr.right):  # `torch.ones(n) - torch.eye(n)`
+                expr = expr.left
+            else:
+                return expr
+            continue
+        if making and isinstance(expr, ast.Compare) and len(expr.comparators) == 1:
+            # `labels.unsqueeze(0) == labels.unsqueeze(1)`, `t > 0`: where its operands are
+            left, right = (unwrapped(ctx, side, making=True) for side in (expr.left, expr.comparators[0]))
+            if not (_is_number(ctx, right) or isinstance(left, ast.Name) and isinstance(right, ast.Name)
+                    and left.id == right.id):
+                return expr
+            expr = left
+            continue
+        if making and isinstance(expr, ast.UnaryOp) and isinstance(expr.op, (ast.USub, ast.Invert)):
+            expr = expr.operand
             continue
         if not isinstance(expr, ast.Call):
             return expr
         func = expr.func
-        if isinstance(func, ast.Attribute) and func.attr in _SAME_DEVICE_METHODS and not expr.keywords and (
-                not expr.args or making and func.attr in ("tril", "triu")) and ctx.qualname(func) is None:
+        qualname = ctx.qualname(func)
+        if isinstance(func, ast.Attribute) and qualname is None and (
+                func.attr in _SAME_DEVICE_METHODS and not expr.keywords and (
+                    not expr.args or making and func.attr in ("tril", "triu"))
+                or making and func.attr in _MAKING_METHODS):
             expr = func.value
-        elif ctx.qualname(func) in _SAME_DEVICE_FUNCTIONS and expr.args and not isinstance(
-                expr.args[0], ast.Starred):
+        elif (qualname in _SAME_DEVICE_FUNCTIONS or making and (
+                qualname in _MAKING_FUNCTIONS or qualname in _EXACT_MAKING_FUNCTIONS)) and expr.args \
+                and not isinstance(expr.args[0], ast.Starred):
             expr = expr.args[0]
+        elif making and qualname in _JOINS and expr.args:
+            parts = _joined(expr.args[0])
+            if not parts or not all(_fills(ctx, part) for part in parts):
+                return expr
+            expr = parts[0]
         else:
             return expr
+
+
+def computed_number(ctx, expr: ast.AST) -> bool:
+    """`i / self.n_T`, `-(t - 1)`: a Python number computed on this pass (arithmetic that only
+    numbers do: a tuple or a string cannot be divided or subtracted)."""
+    if isinstance(expr, ast.UnaryOp) and isinstance(expr.op, ast.USub):
+        return computed_number(ctx, expr.operand)
+    return isinstance(expr, ast.BinOp) and isinstance(expr.op, (ast.Div, ast.Sub, ast.FloorDiv, ast.Pow)) \
+        and _is_number(ctx, expr.left) and _is_number(ctx, expr.right)
+
+
+def set_once_attribute(ctx, expr: ast.AST) -> bool:
+    """`self.max_action` of an `nn.Module` whose methods assign it only where they run once
+    (`__init__`, `build`, `reset_parameters`...) and never change it in place: the same data on
+    every call, a constant of the module."""
+    cls = ctx.class_
+    if not (isinstance(expr, ast.Attribute) and isinstance(expr.value, ast.Name) and expr.value.id == "self"
+            and cls is not None and ctx.function is not None and len(ctx.functions) == 1):
+        return False
+    key = ("set_once_attribute", id(cls), expr.attr)
+    found = ctx.shared.get(key)
+    if found is None:
+        values = _kinds.class_attribute_values(ctx, cls, expr.attr)
+        found = ctx.shared[key] = bool(values) and _kinds.kind_of(ctx, ast.Name(id=cls.name, ctx=ast.Load())) == \
+            _kinds.MODULE_CLASS and all(
+            runs_once(getattr(method, "name", "")) for method, _ in values) and (
+            expr.attr not in _kinds.mutated_attributes(ctx, cls))
+    return found
+
+
+def range_data(ctx, expr: ast.AST) -> bool:
+    """`range(n)`, `list(range(n))`: the values `torch.arange` makes."""
+    if isinstance(expr, ast.Call) and isinstance(expr.func, ast.Name) and expr.func.id == "list" and len(
+            expr.args) == 1 and not ctx.names.binds_locally("list"):
+        expr = expr.args[0]
+    return (isinstance(expr, ast.Call) and isinstance(expr.func, ast.Name) and expr.func.id == "range"
+            and not expr.keywords and 1 <= len(expr.args) <= 3 and not ctx.names.binds_locally("range"))
+
+
+def _fills(ctx, expr: ast.AST) -> bool:
+    """`expr` is made on the host by a fill or a random factory from sizes (not from data)."""
+    made = host_made(ctx, expr)
+    return made is not None and (made[0] in FILLS or made[0] in RANDOM)
+
+
+def _joined(tensors: ast.AST) -> list:
+    """The tensors a `torch.cat` / `torch.stack` joins, as written: the items of a list or tuple,
+    the item of a comprehension."""
+    if isinstance(tensors, (ast.List, ast.Tuple)):
+        return [] if any(isinstance(e, ast.Starred) for e in tensors.elts) else list(tensors.elts)
+    if isinstance(tensors, (ast.ListComp, ast.GeneratorExp)):
+        return [tensors.elt]
+    return []
+
+
+def exact_on_device(ctx, moved: ast.AST, factory: ast.Call) -> bool:
+    """Whether the ops between `factory` and its move (`moved` is the moved expression) give the
+    same values, on the move's device, when the factory makes it there: not through a random
+    fill (`.uniform_(0, 1)`), a function whose rounding may differ (`torch.exp`), or a retype
+    that may move it elsewhere (`.type_as(y)`)."""
+    made = {id(node) for node in ast.walk(factory)}
+    return not any(
+        isinstance(node, ast.Call) and id(node) not in made and (
+            isinstance(node.func, ast.Attribute) and node.func.attr in _UNSAFE_METHODS
+            or ctx.qualname(node.func) in _MAKING_FUNCTIONS)
+        for node in ast.walk(moved))
 
 
 def torch_factory(ctx, expr: ast.AST) -> Optional[tuple]:
@@ -133,39 +279,270 @@ def torch_factory(ctx, expr: ast.AST) -> Optional[tuple]:
 
 def host_made(ctx, expr: ast.AST) -> Optional[tuple]:
     """The factory call that makes `expr`, directly or through ops that keep its device
-    (`torch.ones(T, T).tril().bool()`), as `torch_factory` gives it."""
-    return torch_factory(ctx, unwrapped(ctx, expr, making=True))
+    (`torch.ones(T, T).tril().bool()`), as `torch_factory` gives it; or ("sample", the call) for
+    a draw from a distribution of Python numbers (`host_sample`)."""
+    inner = unwrapped(ctx, expr, making=True)
+    made = torch_factory(ctx, inner)
+    if made is None and host_sample(ctx, inner):
+        return "sample", inner
+    return made
+
+
+def host_sample(ctx, expr: ast.AST) -> bool:
+    """`Normal(0, 1).sample(shape)`, or `normal.sample()` after `normal = Normal(0, 1)`: a
+    distribution of `torch.distributions` given Python numbers holds CPU tensors, and draws there."""
+    if not (isinstance(expr, ast.Call) and isinstance(expr.func, ast.Attribute)
+            and expr.func.attr in ("sample", "rsample")):
+        return False
+    made = expr.func.value
+    if isinstance(made, ast.Name) and ctx.function is not None:
+        flow = flow_of(ctx, ctx.function)
+        assign = flow.reaching(made) if made in flow.parent else None
+        made = assign.value if assign is not None else None
+    return (isinstance(made, ast.Call) and (ctx.qualname(made.func) or "").startswith("torch.distributions.")
+            and bool(made.args) and all(_is_number(ctx, a) for a in made.args)
+            and all(_is_number(ctx, k.value) for k in made.keywords if k.arg != "validate_args"))
 
 
 def carried_to_move(ctx, name: ast.Name) -> Optional[tuple]:
     """(factory, its call) when `name` holds a tensor made on the host by the one assignment
     that reaches this move, at the same loop depth, and every read of it is a move to the
-    device (`z = torch.randn(b, 100)` ... `z = z.cuda()`): the name only carries the tensor
-    to the copy."""
+    device (`z = torch.randn(b, 100)` ... `z = z.cuda()`), the CPU path's copy of it (`if
+    x.is_cuda: z = z.cuda()`, then `z` read on either path), or the next step of making it
+    (`alpha = torch.rand(n, 1)`, `alpha = alpha.expand_as(x)`, then the move): the names only
+    carry the tensor to the copy."""
     function = ctx.function
     if function is None:
         return None
     flow = flow_of(ctx, function)
-    assign = flow.reaching(name)
-    if assign is None or len(assign.targets) != 1 or not isinstance(assign.targets[0], ast.Name):
-        return None
-    made = host_made(ctx, assign.value)
-    if made is None:
-        return None
-    if flow.loops_around(assign) != flow.loops_around(name):
-        return None
+    within = None  # the value of the assignment the name is read in, on a later step
+    for _ in range(4):
+        assign = flow.reaching(name)
+        if assign is None or len(assign.targets) != 1 or not isinstance(assign.targets[0], ast.Name):
+            return None
+        made = host_made(ctx, assign.value)
+        inner = unwrapped(ctx, assign.value, making=True) if made is None else None
+        if made is None and not isinstance(inner, ast.Name):
+            return None  # the cheap test first: most names hold what no factory made
+        if flow.loops_around(assign) != flow.loops_around(name) or not _only_carried(ctx, flow, assign, within):
+            return None
+        if made is not None:
+            return made, made[1]
+        name, within = inner, assign.value
+    return None
+
+
+def _only_carried(ctx, flow, assign: ast.Assign, within: Optional[ast.AST]) -> bool:
+    """Every read of the value `assign` stores moves it to the device, leaves a wrapped copy on
+    the CPU path (`Variable(z)`), is a read on the CPU path of a conditional move (`if cuda: z =
+    z.cuda()`), or lies in `within` (the next step of making it); at the last step (`within`
+    None), one read is a move."""
     moved = False
+    inside = {id(node) for node in ast.walk(within)} if within is not None else set()
+    uninitialised = _uninitialised(ctx, assign.value)
     for use in flow.uses(assign):
+        if id(use) in inside:
+            continue
         while isinstance(flow.parent.get(use), ast.Call) and unwrapped(ctx, flow.parent.get(use)) is use:
             use = flow.parent.get(use)  # `Variable(z)`: the same tensor
-        move = flow.parent.get(use)
-        call = flow.parent.get(move)
-        if isinstance(move, ast.Attribute) and move.value is use and move.attr in ("to", "cuda") \
-                and isinstance(call, ast.Call) and call.func is move:
+        made = _made_further(ctx, flow.parent, use)  # `alpha.expand_as(x).to(d)`
+        if moved_by(ctx, flow.parent, use) is not None or moved_by(ctx, flow.parent, made) is not None:
             moved = True
-        elif not isinstance(use, ast.Call):
-            return None  # read as it is, on the host (a wrapped copy left on the CPU path reads nothing)
-    return (made, made[1]) if moved else None
+        elif isinstance(use, ast.Call):
+            continue  # a wrapped copy left on the CPU path reads nothing
+        elif uninitialised and _passed(flow.parent, use):
+            continue  # `match(..., conf_t, idx)`: filled where it was made
+        elif not _moved_on_other_path(ctx, flow, assign, use):
+            return False  # read as it is, on the host
+    return moved or within is not None
+
+
+def _uninitialised(ctx, value: ast.AST) -> bool:
+    """`value` allocates a tensor without values (`torch.empty(n)`, `torch.LongTensor(n, m)`):
+    a function it is passed to fills it."""
+    made = torch_factory(ctx, value)
+    return made is not None and (made[0] == "empty" or legacy_sizes(ctx, *made))
+
+
+def _passed(parent: dict, use: ast.Name) -> bool:
+    """`use` is an argument of a call (`fill(out)`), not its receiver."""
+    call = parent.get(use)
+    return isinstance(call, ast.Call) and any(a is use for a in call.args)
+
+
+def _made_further(ctx, parent: dict, use: ast.AST) -> ast.AST:
+    """The largest expression around `use` that `unwrapped(..., making=True)` goes back into
+    `use` from (`alpha.expand_as(x)` around `alpha`): what makes the tensor further."""
+    node = use
+    while True:
+        up = parent.get(node)
+        if isinstance(up, ast.Attribute) and up.value is node:
+            up = parent.get(up)
+            if not (isinstance(up, ast.Call) and isinstance(up.func, ast.Attribute) and up.func.value is node):
+                return node
+        if not isinstance(up, (ast.Call, ast.BinOp, ast.UnaryOp, ast.Compare)) or unwrapped(
+                ctx, up, making=True) is not use:
+            return node
+        node = up
+
+
+def _moved_on_other_path(ctx, flow, assign: ast.Assign, use: ast.Name) -> bool:
+    """`use` reads `assign`'s tensor or its copy on the device, stored by a conditional `z =
+    z.cuda()` that reads `assign` (`if x.is_cuda: z = z.cuda()`): without the device, the
+    tensor stays where it was made, and the copy is the device's cost."""
+    for store, simple in flow.reaching_all(use):
+        if store is assign or not simple:
+            continue
+        value = store.value
+        moved = moved_expression(ctx, value)
+        inner = unwrapped(ctx, moved) if moved is not None else None
+        if isinstance(inner, ast.Name) and inner.id == use.id and flow.reaching(inner) is assign:
+            return True
+    return False
+
+
+def moved_by(ctx, parent: dict, expr: ast.AST) -> Optional[ast.Call]:
+    """The call that copies `expr` to the device where it stands: `expr.cuda()`, `expr.to(d)`,
+    `expr.type(torch.cuda.FloatTensor)`, or a helper of this file that returns its argument
+    moved (`self.get_torch_variable(expr)`); None elsewhere."""
+    up = parent.get(expr)
+    call = parent.get(up)
+    if isinstance(up, ast.Attribute) and up.value is expr and isinstance(call, ast.Call) and call.func is up \
+            and moved_expression(ctx, call) is expr:
+        return call
+    if isinstance(up, ast.Call) and moved_expression(ctx, up) is expr:
+        return up
+    return None
+
+
+def moved_expression(ctx, call: ast.AST) -> Optional[ast.AST]:
+    """The expression `call` copies to the device: the receiver of `.cuda(...)`, `.to(...)` or
+    `.type(<a CUDA tensor type>)`, or the argument of a call of a helper of this file that
+    returns its argument moved (`mover_helper`); None for other calls."""
+    if not isinstance(call, ast.Call):
+        return None
+    func = call.func
+    if isinstance(func, ast.Attribute) and (func.attr in ("cuda", "to") or func.attr == "type" and len(
+            call.args) == 1 and not call.keywords and cuda_tensor_type(ctx, call.args[0]) is not None):
+        return func.value
+    if len(call.args) == 1 and not call.keywords and has_mover_helpers(ctx) and mover_helper(ctx, func) is not None:
+        return call.args[0]
+    return None
+
+
+def mover_helper(ctx, func: ast.AST) -> Optional[ast.AST]:
+    """The function of this file that `func` calls (`to_device(x)`, `self.get_torch_variable(x)`)
+    when it takes one argument and returns it moved to the device on some path and as it is (or
+    wrapped, `Variable(x)`) on the others: a copy to the device spelled as a call."""
+    found = file_function(ctx, func)
+    if found is None:
+        return None
+    target, bound = found
+    key = ("mover_helper", id(target))
+    moves = ctx.shared.get(key)
+    if moves is None:
+        moves = ctx.shared[key] = _returns_argument_moved(ctx, target, bound)
+    return target if moves else None
+
+
+def file_function(ctx, func: ast.AST) -> Optional[tuple]:
+    """(the function of this file that `func` calls, whether its first parameter is bound): a
+    module-level `f(...)`, a method `self.m(...)` of the class around, or a method of a class of
+    the file through a name the function assigns an instance of it (`diffusion =
+    Diffusion(...)`, then `diffusion.sample_timesteps(n)`)."""
+    table = _definitions(ctx)
+    if isinstance(func, ast.Name):
+        target = table.get(func.id)
+        return (target, False) if isinstance(target, _FUNCTIONS) else None
+    if not (isinstance(func, ast.Attribute) and isinstance(func.value, ast.Name)):
+        return None
+    cls = ctx.class_ if func.value.id == "self" else None
+    if cls is None and ctx.function is not None and any(
+            isinstance(d, ast.ClassDef) and any(isinstance(m, _FUNCTIONS) and m.name == func.attr for m in d.body)
+            for d in table.values()):
+        flow = flow_of(ctx, ctx.function)
+        assign = flow.reaching(func.value) if func.value in flow.parent else None
+        made = assign.value if assign is not None else None
+        if isinstance(made, ast.Call) and isinstance(made.func, ast.Name):
+            cls = table.get(made.func.id)
+    if not isinstance(cls, ast.ClassDef):
+        return None
+    target = next((s for s in cls.body if isinstance(s, _FUNCTIONS) and s.name == func.attr), None)
+    if target is None:
+        return None
+    return target, not any(dotted(d) == "staticmethod" for d in target.decorator_list)
+
+
+_FUNCTIONS = (ast.FunctionDef, ast.AsyncFunctionDef)
+
+
+def _definitions(ctx) -> dict:
+    """name -> the module-level function or class of this file bound to it (once)."""
+    found = ctx.shared.get("mat503_definitions")
+    if found is None:
+        found = ctx.shared["mat503_definitions"] = {
+            s.name: s for s in ctx.tree.body if isinstance(s, _FUNCTIONS + (ast.ClassDef,))}
+    return found
+
+
+def helper_made(ctx, expr: ast.AST) -> Optional[tuple]:
+    """(the function, (name, factory call), the path of its module if not this file's) when `expr` calls a function of this file
+    (`file_function`) or of a project module it imports (`from dataset import causal_mask`)
+    every `return` of which gives a tensor its factory makes on the host
+    (`return torch.randint(1, T, (n,))`, `out = torch.zeros(b, d); out[i, j] = 1; return out`)."""
+    if not isinstance(expr, ast.Call):
+        return None
+    found, path = file_function(ctx, expr.func), None
+    if found is None:
+        found = imported_function(ctx, expr.func)
+        path = found[1] if found is not None else None
+    if found is None:
+        return None
+    target = found[0]
+    key = ("host_made_return", id(target))
+    made = ctx.shared.get(key, False)
+    if made is False:
+        made = ctx.shared[key] = _returned_host_made(ctx, target)
+    return (target, made, path) if made is not None else None
+
+
+def _returned_host_made(ctx, function: ast.AST) -> Optional[tuple]:
+    flow = None
+    made = None
+    for ret in (n for n in walk_no_scopes(function) if isinstance(n, ast.Return)):
+        value = ret.value
+        inner = unwrapped(ctx, value, making=True) if value is not None else None
+        if isinstance(inner, ast.Name):  # `return mask == 0` after `mask = torch.triu(...)`
+            flow = flow or flow_of(ctx, function)
+            assign = flow.reaching(inner)
+            value = assign.value if assign is not None else None
+        returned = host_made(ctx, value) if value is not None else None
+        if returned is None:
+            return None
+        made = made or returned
+    return made
+
+
+def _returns_argument_moved(ctx, function: ast.AST, bound: bool) -> bool:
+    args = function.args
+    params = (args.posonlyargs + args.args)[1 if bound else 0:]
+    if len(params) != 1 or args.vararg or args.kwarg or args.kwonlyargs:
+        return False
+    param = params[0].arg
+    returns = [n for n in walk_no_scopes(function) if isinstance(n, ast.Return)]
+    moved = False
+    for ret in returns:
+        value = ret.value
+        if value is None:
+            return False
+        func = value.func if isinstance(value, ast.Call) else None
+        if isinstance(func, ast.Attribute) and func.attr in ("cuda", "to") and not (
+                func.attr == "to" and not value.args and not value.keywords):
+            value, moved = func.value, True
+        inner = unwrapped(ctx, value)
+        if not (isinstance(inner, ast.Name) and inner.id == param):
+            return False
+    return moved
 
 
 def device_target(ctx, call: ast.Call, method: str):
@@ -198,3 +575,66 @@ def is_device(ctx, expr: ast.AST) -> bool:
         return not (isinstance(expr.args[0], ast.Constant) and expr.args[0].value == "cpu")
     name = (identifier(expr) or "").lower()
     return name == "dev" or "device" in name and "cpu" not in name
+
+
+_RETURNS_MOVED = re.compile(r"\breturn\b[^\n]*\.(?:cuda|to)\(")
+
+
+def has_mover_helpers(ctx) -> bool:
+    """The file defines a helper that returns its argument moved to the device (`mover_helper`):
+    calls of it are moves. Only a file with a `return ... .cuda(` or `.to(` line can."""
+    found = ctx.shared.get("has_mover_helpers")
+    if found is None:
+        found = False
+        if _RETURNS_MOVED.search(ctx.source):
+            found = any(_returns_argument_moved(ctx, d, False) if isinstance(d, _FUNCTIONS) else any(
+                _returns_argument_moved(ctx, m, not any(dotted(x) == "staticmethod" for x in m.decorator_list))
+                for m in d.body if isinstance(m, _FUNCTIONS)) for d in _definitions(ctx).values())
+        ctx.shared["has_mover_helpers"] = found
+    return found
+
+
+# Factories that make index tensors (`x[torch.arange(b), idx]`).
+INDEX_FACTORIES = {"arange", "randint", "randperm"}
+_INDEX_RESHAPES = {"unsqueeze", "view", "reshape", "expand", "expand_as", "repeat", "long"}
+
+
+def indexed_tensor(ctx, node: ast.Call) -> Optional[tuple]:
+    """(the tensor, the subscript) that `node` (a factory, as it stands or reshaped:
+    `torch.arange(b)[:, None]`, `torch.arange(n).unsqueeze(1)`) indexes, as an item of the
+    subscript (`q[torch.arange(b), idx]`), directly or through a name that is only read so
+    (`index = torch.randint(n, (m,))`, then `k[:, index]`), when the code uses it as a tensor
+    not known to be on the CPU; else None."""
+    parents = ctx.parents
+    statement = parents[-1] if parents else None
+    if not (isinstance(statement, ast.Assign) and statement.value is node and len(statement.targets) == 1
+            and isinstance(statement.targets[0], ast.Name) and ctx.function is not None):
+        return _indexed_from(ctx, node, reversed(parents))
+    flow = flow_of(ctx, ctx.function)
+    uses = flow.uses(statement) if statement in flow.parent else []
+    found = [_indexed_from(ctx, use, flow.enclosing(use)) for use in uses]
+    return found[0] if found and all(found) else None
+
+
+def _indexed_from(ctx, node: ast.AST, ancestors) -> Optional[tuple]:
+    child = node
+    for parent in ancestors:
+        if isinstance(parent, ast.Subscript):
+            if parent.value is child:
+                child = parent  # `torch.arange(b)[:, None, None]`: the index, reshaped
+                continue
+            if parent.slice is not child:
+                return None
+            value = parent.value
+            return (value, parent) if _kinds.kind_of(ctx, value) == _kinds.TENSOR else None
+        if isinstance(parent, ast.Attribute) and parent.value is child and parent.attr in _INDEX_RESHAPES:
+            continue
+        if isinstance(parent, ast.Call) and isinstance(parent.func, ast.Attribute) and parent.func.value is child \
+                and parent.func.attr in _INDEX_RESHAPES:
+            child = parent
+            continue
+        if isinstance(parent, ast.Tuple) and any(e is child for e in parent.elts):
+            child = parent
+            continue
+        return None
+    return None
