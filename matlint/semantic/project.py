@@ -44,10 +44,10 @@ def resolve(filename: str, module: str, level: int) -> Optional[str]:
 _RE_EXPORT_HOPS = 2  # how many package `__init__.py` re-exports a definition is followed through
 
 
-def imported_paths(source: str, filename: str, hops: int = _RE_EXPORT_HOPS) -> list:
+def imported_paths(source: str, filename: str) -> list:
     """The project files `source` imports, from its import lines (no parse: the cache asks before
-    linting), and those that an imported package's `__init__.py` imports in turn (the modules
-    its re-exports come from, as `imported_definition` follows them). Sorted, each once."""
+    linting), and, for names imported from a package, the modules its `__init__.py` re-exports
+    them from (as `imported_definition` follows them). Sorted, each once."""
     found = set()
     for match in _IMPORT_LINE.finditer(source):
         dots, module, plain = match.groups()
@@ -57,14 +57,49 @@ def imported_paths(source: str, filename: str, hops: int = _RE_EXPORT_HOPS) -> l
                 path = resolve(filename, name, level)
                 if path is not None:
                     found.add(path)
-    if hops > 0:
-        for path in [p for p in found if os.path.basename(p) == "__init__.py"]:
-            try:
-                with open(path, encoding="utf-8", errors="replace") as handle:
-                    found.update(imported_paths(handle.read(), path, hops - 1))
-            except OSError:
-                pass
+    for dots, module, imported in _from_imports(source):
+        path = resolve(filename, module, len(dots)) if module or dots else None
+        if path is not None and os.path.basename(path) == "__init__.py":
+            found.update(_re_export_sources(path, imported, _RE_EXPORT_HOPS))
     return sorted(found)
+
+
+_FROM_IMPORT = re.compile(r"^[ \t]*from[ \t]+(\.*)([\w.]*)[ \t]+import[ \t]+(\([^)]*\)|[^\n#;]*)", re.M)
+
+
+def _from_imports(source: str):
+    """(dots, module, the names imported, or None for `*`) of each `from ... import ...` line."""
+    for match in _FROM_IMPORT.finditer(source):
+        dots, module, listed = match.groups()
+        listed = listed.strip().strip("()")
+        if listed.strip() == "*":
+            yield dots, module, None
+            continue
+        yield dots, module, {part.split()[0] for part in listed.replace("\\", " ").split(",") if part.split()}
+
+
+def _re_export_sources(init: str, names, hops: int) -> set:
+    """The modules the package `init` (`__init__.py`) re-exports `names` (None: all) from, followed
+    through re-exporting packages up to `hops` times."""
+    if hops <= 0:
+        return set()
+    try:
+        with open(init, encoding="utf-8", errors="replace") as handle:
+            text = handle.read()
+    except OSError:
+        return set()
+    found = set()
+    for dots, module, exported in _from_imports(text):
+        shared = names if exported is None else (exported if names is None else exported & names)
+        if shared is not None and not shared:
+            continue
+        path = resolve(init, module, len(dots)) if module or dots else None
+        if path is None:
+            continue
+        found.add(path)
+        if os.path.basename(path) == "__init__.py":
+            found |= _re_export_sources(path, shared, hops - 1)
+    return found
 
 
 def parsed(path: str) -> Optional[ast.Module]:
