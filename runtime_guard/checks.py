@@ -189,10 +189,12 @@ def per_element_sites(rec, steps) -> dict:
             if where in picked and sum(s.count for _, s in items) / steps >= PER_ELEMENT_MIN_PER_STEP}
 
 
-def sdpa_math_sites(rec) -> set:
-    """The lines where a real `scaled_dot_product_attention` call ran its math backend: the GEMMs and
-    copies seen there are SDPA's own (MAT601 says what would let a fused kernel run instead)."""
-    return {key.qk_site for key in rec.attention if key.in_sdpa}
+def attention_sites(rec) -> set:
+    """The lines of attention's two GEMMs: a real `scaled_dot_product_attention` call that ran its
+    math backend (the GEMMs and copies there are SDPA's own), or attention written by hand (the
+    SDPA call MAT601 writes takes q, k and v as the layer made them, with no copy). MAT601 says
+    what to change there; a copy's own finding would point at the wrong fix."""
+    return {site for key in rec.attention for site in (key.qk_site, key.pv_site)}
 
 
 def cublas_copies(shape, stride) -> bool:

@@ -9,7 +9,7 @@ import torch
 from matlint.runtime_guard import savings
 from matlint.runtime_guard.capture import GEMM_OPS
 from matlint.runtime_guard.checks import (common_evidence, cublas_copies, dtype_str, finding, gemm_operands,
-                                          sdpa_math_sites, shape_str)
+                                          attention_sites, shape_str)
 from matlint.runtime_guard.registry import estimator, runtime_check
 
 
@@ -24,9 +24,9 @@ class CopyEstimate(NamedTuple):
 
 @runtime_check("MAT302")
 def check_strided_gemm(rec, steps, ctx):
-    inside_sdpa = sdpa_math_sites(rec)
+    at_attention = attention_sites(rec)
     for key, stat in rec.ops.items():
-        if key.op not in GEMM_OPS or stat.compiled or key.site in inside_sdpa:
+        if key.op not in GEMM_OPS or stat.compiled or key.site in at_attention:
             continue
         for which, operand in zip(("first", "second"), gemm_operands(key)):
             shape, stride, dtype = operand
@@ -41,7 +41,7 @@ def check_strided_gemm(rec, steps, ctx):
             yield finding("MAT302", key.site, msg, ev,
                           CopyEstimate("copy", shape, stride, dtype_str(dtype), key.device, per_step))
     for (site, module, shape, stride, dtype), count in rec.layout_copies.items():
-        if site in inside_sdpa:
+        if site in at_attention:
             continue
         per_step = count / steps
         msg = (f"matmul copied a {shape_str(shape)} operand with strides {list(stride)} (clone before bmm) "
