@@ -82,8 +82,7 @@ class Cache:
         `with_imports` made it) still holds: the file's stat is `stat` and no import changed."""
         if stat is None or not isinstance(recorded, list) or recorded[:4] != stat:
             return False
-        imports = recorded[4] if len(recorded) > 4 else []
-        return all(isinstance(item, list) and len(item) == 2 and self.stat(item[0]) == item[1] for item in imports)
+        return all(isinstance(item, list) and len(item) == 2 and self.stat(item[0]) == item[1] for item in recorded[4:])
 
     def with_imports(self, stat: Optional[list], imports: list) -> Optional[list]:
         """`stat` and the stats of the project modules the file imports: findings can depend on them."""

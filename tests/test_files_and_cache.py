@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import json
+import time
 import subprocess
 from pathlib import Path
 
@@ -424,3 +425,23 @@ def test_a_change_to_the_module_a_package_re_exports_from_invalidates_the_import
     assert codes() == ["MAT401", "MAT502"]
     write(tmp_path / "metrics" / "core.py", DEVICE_HELPER)
     assert codes() == ["MAT401"]
+
+
+def test_a_file_whose_project_imports_are_unchanged_is_a_hit_by_its_stat(tmp_path):
+    """train.py imports utils.py: while neither changes, the next run takes train.py's findings by
+    its stat and the stats of its imports, without reading it again or rewriting its entry; a
+    change to utils.py is a miss for train.py, and only for the files that import it."""
+    write(tmp_path / "pyproject.toml", "[tool.matlint]\n")
+    write(tmp_path / "train.py", TRAIN)
+    write(tmp_path / "utils.py", SYNCING_HELPER)
+    write(tmp_path / "other.py", "import torch\n\ndef f(x):\n    return torch.matmul(x, x)\n")
+    _report(tmp_path)
+    written = {p: p.stat().st_mtime_ns for p in _entries(tmp_path)}
+    time.sleep(0.01)
+    _report(tmp_path)
+    assert {p: p.stat().st_mtime_ns for p in _entries(tmp_path)} == written
+    write(tmp_path / "utils.py", DEVICE_HELPER)
+    time.sleep(0.01)
+    _report(tmp_path)
+    rewritten = {p for p in _entries(tmp_path) if written.get(p) != p.stat().st_mtime_ns}
+    assert len(rewritten) == 1  # train.py, which imports it (utils.py names no torch: no entry); not other.py
