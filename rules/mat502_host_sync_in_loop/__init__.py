@@ -82,6 +82,34 @@ _SHAPE_METHODS = frozenset({"unsqueeze", "squeeze", "expand", "expand_as", "view
                             "repeat", "t", "transpose", "permute", "contiguous", "detach", "clone"})
 
 
+_METADATA = frozenset({"shape", "ndim", "dtype", "device", "is_cuda", "requires_grad", "training"})
+_METADATA_CALLS = frozenset({"size", "dim", "numel", "len", "isinstance", "hasattr", "callable", "is_contiguous"})
+
+
+def _reads_no_values(test: ast.AST) -> bool:
+    """A test made of numbers, names' metadata (`.shape`, `.size()`, `len()`, `.dim()`) and type
+    checks, joined by comparisons, `and`/`or` and arithmetic: it reads no tensor's values."""
+    if isinstance(test, ast.BoolOp):
+        return all(_reads_no_values(v) for v in test.values)
+    if isinstance(test, ast.UnaryOp):
+        return _reads_no_values(test.operand)
+    if isinstance(test, ast.Compare):
+        return all(_reads_no_values(v) for v in [test.left, *test.comparators])
+    if isinstance(test, ast.BinOp):
+        return _reads_no_values(test.left) and _reads_no_values(test.right)
+    if isinstance(test, (ast.Constant, ast.Tuple, ast.List)):
+        return isinstance(test, ast.Constant) or all(_reads_no_values(e) for e in test.elts)
+    if isinstance(test, ast.Subscript):
+        return _reads_no_values(test.value)
+    if isinstance(test, ast.Attribute):
+        return test.attr in _METADATA
+    if isinstance(test, ast.Call):
+        func = test.func
+        name = func.attr if isinstance(func, ast.Attribute) else getattr(func, "id", None)
+        return name in _METADATA_CALLS
+    return False
+
+
 def _may_be_mask(index: ast.AST) -> bool:
     """The index's form allows a boolean tensor (not a slice, a tuple of them, or a number)."""
     if isinstance(index, ast.BinOp):
@@ -427,6 +455,8 @@ class HostSyncInLoop(_StepLoops, _HostReads, Rule):
 
     def visit_Assert(self, node: ast.Assert) -> None:
         test = node.test.operand if isinstance(node.test, ast.UnaryOp) and isinstance(node.test.op, ast.Not) else node.test
+        if _reads_no_values(test):
+            return  # `assert x.shape[-1] == dim`, `assert isinstance(x, Tensor)`: nothing waits
         if self._step_context(in_forward=True) is None or not self._is_device_tensor(test) \
                 or self._contains_sync_call(test):
             return
