@@ -58,9 +58,6 @@ def main():
             model(x).square().mean().backward()
             opt.step()
             opt.zero_grad()
-    for key in g.recorder.rec.attention:
-        print("attention seen:", key.in_sdpa, key.qk_sig[0][0], key.k_repeat, [m.kind for m in key.masks])
-    print("notes:", g.notes, "errors:", g.errors)
     for f in g.findings:
         print(f.message)
         print("estimate", f.estimated_savings_ms, f.evidence.get("estimate_interval_ms"), f.evidence.get("estimate_method"))
