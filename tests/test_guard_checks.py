@@ -161,13 +161,15 @@ def test_host_syncs_per_step():
 
     def step():
         logged = [l.item() for l in losses]  # <- here
-        once = total.item()
+        once = total.item()  # <- here
         return logged, once
 
     g = observe(step)
     assert lines(g, "MAT502") == this_line(step)
-    [f] = [f for f in g.findings if f.code == "MAT502"]
-    assert f.evidence["per_step"] == 4
+    many, once = sorted((f for f in g.findings if f.code == "MAT502"), key=lambda f: f.row)
+    assert (many.evidence["per_step"], once.evidence["per_step"]) == (4, 1)
+    # the user's own read once a step is worth moving too: every N steps, or once after the loop
+    assert "read them every N steps" in once.message and "read them once per step" in many.message
 
 
 def test_optimizer_internal_scalar_reads_are_not_syncs():

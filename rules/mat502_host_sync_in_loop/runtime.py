@@ -7,7 +7,8 @@ from collections import defaultdict
 from matlint.runtime_guard.checks import finding
 from matlint.runtime_guard.registry import runtime_check
 
-SYNC_MIN_PER_STEP = 2
+SYNC_MIN_PER_STEP = 2   # syncs a step from one line, torch's own among them (GradScaler's one check is inherent)
+OWN_SYNC_MIN_PER_STEP = 1  # ... or the user's own calls (`loss.item()` once a step)
 SYNC_OPS = frozenset({"_local_scalar_dense", "nonzero", "masked_select", "unique", "_unique2", "item"})
 
 
@@ -20,22 +21,25 @@ def _is_sync(key) -> bool:
 
 @runtime_check("MAT502")
 def check_host_syncs(rec, steps, ctx):
-    per_site = defaultdict(lambda: [0, []])
+    per_site = defaultdict(lambda: [0, 0, []])
     for key, stat in rec.ops.items():
         if key.backward or not _is_sync(key):
             continue
         entry = per_site[(key.site, key.module)]
         entry[0] += stat.count
-        entry[1].append(key)
+        entry[1] += stat.count if key.direct else 0
+        entry[2].append(key)
     reported = set()
-    for (site, module), (count, keys) in per_site.items():
+    for (site, module), (count, own, keys) in per_site.items():
         per_step = count / steps
-        if per_step < SYNC_MIN_PER_STEP:
+        if per_step < SYNC_MIN_PER_STEP and own / steps < OWN_SYNC_MIN_PER_STEP:
             continue
         ops = sorted({k.qualname for k in keys})
         where = "each one waits for the GPU" if ctx.device_type == "cuda" else "on a GPU each one would wait for the device"
-        msg = (f"{per_step:g} host syncs per step from this line ({', '.join(ops)}): {where}; keep the values "
-               f"on the device and read them once per step (or every N steps)")
+        read = "once per step (or every N steps)" if per_step >= 2 else \
+            "every N steps, or accumulate on the device and read once after the loop"
+        msg = (f"{per_step:g} host sync{'s' if per_step != 1 else ''} per step from this line ({', '.join(ops)}): "
+               f"{where}; keep the values on the device and read them {read}")
         ev = {"per_step": round(per_step, 2), "module": module, "ops": ops, "device": ctx.device_type,
               "phase": "forward"}
         reported.add(site)
