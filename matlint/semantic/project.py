@@ -14,7 +14,8 @@ import re
 from typing import Optional
 
 _LEVELS_UP = 2  # `src/train.py` importing `utils` from `src/`, `src/..` or `src/../..`
-_IMPORT_LINE = re.compile(r"^[ \t]*(?:from[ \t]+(\.*)([\w.]*)[ \t]+import\b|import[ \t]+([\w., \t]+))", re.M)
+_PLAIN_IMPORT = re.compile(r"^[ \t]*import[ \t]+([\w., \t]+)", re.M)
+_FROM_IMPORT = re.compile(r"^[ \t]*from[ \t]+(\.*)([\w.]*)[ \t]+import[ \t]*(\([^)]*\)|[^\n#;]*)", re.M)
 _PARSED: dict = {}  # path -> (size, mtime_ns, tree or None)
 
 
@@ -49,22 +50,19 @@ def imported_paths(source: str, filename: str) -> list:
     linting), and, for names imported from a package, the modules its `__init__.py` re-exports
     them from (as `imported_definition` follows them). Sorted, each once."""
     found = set()
-    for match in _IMPORT_LINE.finditer(source):
-        dots, module, plain = match.groups()
-        names = [(module, len(dots))] if plain is None else [(m.strip().split(" ")[0], 0) for m in plain.split(",")]
-        for name, level in names:
-            if name or level:
-                path = resolve(filename, name, level)
-                if path is not None:
-                    found.add(path)
+    for match in _PLAIN_IMPORT.finditer(source):
+        for name in (m.strip().split(" ")[0] for m in match.group(1).split(",")):
+            path = resolve(filename, name, 0) if name else None
+            if path is not None:
+                found.add(path)
     for dots, module, imported in _from_imports(source):
         path = resolve(filename, module, len(dots)) if module or dots else None
-        if path is not None and os.path.basename(path) == "__init__.py":
+        if path is None:
+            continue
+        found.add(path)
+        if os.path.basename(path) == "__init__.py":
             found.update(_re_export_sources(path, imported, _RE_EXPORT_HOPS))
     return sorted(found)
-
-
-_FROM_IMPORT = re.compile(r"^[ \t]*from[ \t]+(\.*)([\w.]*)[ \t]+import[ \t]+(\([^)]*\)|[^\n#;]*)", re.M)
 
 
 def _from_imports(source: str):
