@@ -10,6 +10,7 @@ from matlint.diagnostics import Edit, Fix
 from matlint.rule import Only, Rule
 
 from matlint.semantic import kinds as _kinds
+from matlint.semantic.calls import file_calls
 from matlint.semantic.kinds import identifier_text
 from matlint.semantic.steps import OPTIMIZERS, updates_every_step, updates_once
 from matlint.semantic.loops import LoopInfo, identifier, loaded_names, name_tokens
@@ -390,8 +391,7 @@ class TinyOps(Rule):
                          and s.name == func.attr), None)
         if isinstance(func, ast.Attribute) and isinstance(func.value, ast.Name):
             # `ema_updater.update_average(old, new)`: the method of that name, where one class of the file has it
-            methods = [s for cls in self.ctx.tree.body if isinstance(cls, ast.ClassDef) for s in cls.body
-                       if isinstance(s, (ast.FunctionDef, ast.AsyncFunctionDef)) and s.name == func.attr]
+            methods = [table[func.attr] for table in file_calls(self.ctx).methods.values() if func.attr in table]
             return methods[0] if len(methods) == 1 else None
         return None
 

@@ -344,6 +344,14 @@ class _Softmaxes(TorchDispatchMode):
         return func(*args, **(kwargs or {}))
 
 
+def _explicit_mask(spec: SdpaBackendEstimate):
+    """The attn_mask to time the call with: a boolean one where the observed mask was not exactly
+    causal (that one goes as is_causal=True), else None."""
+    if not spec.masked or spec.causal:
+        return None
+    return torch.ones(spec.s_q, spec.s_k, dtype=torch.bool, device=spec.device).tril()
+
+
 def _fused_once_changed(spec: SdpaBackendEstimate) -> bool:
     """Whether SDPA, called once with the change the finding suggests (contiguous operands, K/V heads
     repeated) and everything else as observed (dtype, mask, dropout, grad), runs a fused backend on
@@ -352,8 +360,7 @@ def _fused_once_changed(spec: SdpaBackendEstimate) -> bool:
     device = spec.device
     q, k, v = (torch.randn(1, spec.bh, s, d, dtype=dt, device=device, requires_grad=spec.grad)
                for s, d in ((spec.s_q, spec.d), (spec.s_k, spec.d), (spec.s_k, spec.d_v)))
-    mask = torch.ones(spec.s_q, spec.s_k, dtype=torch.bool, device=device).tril() \
-        if spec.masked and not spec.causal else None
+    mask = _explicit_mask(spec)
     watch = _Softmaxes()
     with watch:
         F.scaled_dot_product_attention(q, k, v, attn_mask=mask, dropout_p=spec.dropout_p, is_causal=spec.causal)
@@ -372,8 +379,7 @@ def estimate_sdpa_backend(spec: SdpaBackendEstimate, budget):
         q = inputs.tensor((1, spec.bh, spec.s_q, spec.d), dt, requires_grad=grad)
         k = inputs.tensor((1, spec.bh // rep, spec.s_k, spec.d), dt, requires_grad=grad)
         v = inputs.tensor((1, spec.bh // rep, spec.s_k, spec.d_v), dt, requires_grad=grad)
-        mask = torch.ones(spec.s_q, spec.s_k, dtype=torch.bool, device=device).tril() \
-            if spec.masked and not spec.causal else None
+        mask = _explicit_mask(spec)
 
         def call(qq, kk, vv, gqa):
             out = F.scaled_dot_product_attention(qq, kk, vv, attn_mask=mask, dropout_p=spec.dropout_p,

@@ -8,7 +8,7 @@ from typing import Optional
 
 from matlint.semantic import kinds as _kinds
 from matlint.semantic.calls import argument_for, file_calls
-from matlint.semantic.flow import FunctionFlow
+from matlint.semantic.flow import FunctionFlow, flow_of
 from matlint.semantic.loops import name_tokens
 from matlint.semantic.torch_api import as_gemm
 
@@ -35,14 +35,6 @@ class _Probs:
     statements: list = field(default_factory=list)
     terms: Optional[tuple] = None  # an einsum's v term and the one SDPA takes
     returned: list = field(default_factory=list)  # the loads by which the function also returns the probabilities
-
-
-def _statement_of(call: ast.Call, function: ast.AST) -> Optional[ast.stmt]:
-    """The statement of `function`'s body (at any depth) whose value is `call`."""
-    for node in ast.walk(function):
-        if isinstance(node, (ast.Assign, ast.Expr, ast.Return)) and getattr(node, "value", None) is call:
-            return node
-    return None
 
 
 def _builds_softmax_module(ctx) -> bool:
@@ -108,7 +100,7 @@ class _WeightsPattern:
                 continue
             index = next(i for i, elt in enumerate(tuple_.elts) if elt is load)
             for site in file_calls(self.ctx).call_sites(flow.function):
-                stmt = site.functions and _statement_of(site.call, site.functions[-1])
+                stmt = site.functions and flow_of(self.ctx, site.functions[-1]).statement(site.call)
                 if not (isinstance(stmt, ast.Assign) and stmt.value is site.call and len(stmt.targets) == 1
                         and isinstance(stmt.targets[0], ast.Tuple) and len(stmt.targets[0].elts) == len(tuple_.elts)):
                     continue
