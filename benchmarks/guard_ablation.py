@@ -98,7 +98,7 @@ def main():
             name = f"{mname}, {prec}"
             torch.manual_seed(0)
             model, loss_fn = make(args.quick, prec == "bf16")
-            step, _ = six.trainer(model, loss_fn)
+            step = six.trainer(model, loss_fn)
             six.timed(step, 3)
             n = args.steps
             gc.collect()

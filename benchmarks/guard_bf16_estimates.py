@@ -41,7 +41,7 @@ def gain_ms(fp32_step, bf16_step, rounds: int, per_round: int) -> tuple:
 def one_model(name: str, make, quick: bool, rounds: int, per_round: int) -> dict:
     torch.manual_seed(0)
     model, loss_fp32 = make(quick, False)
-    step_fp32, _ = six.trainer(model, loss_fp32)
+    step_fp32 = six.trainer(model, loss_fp32)
     six.timed(step_fp32, 3)
     guard = Guard(json_path=None, report=False, estimate_savings=True)
     with guard:
@@ -53,7 +53,7 @@ def one_model(name: str, make, quick: bool, rounds: int, per_round: int) -> dict
     torch.manual_seed(0)
     model_b, loss_bf16 = make(quick, True)
     model_b.load_state_dict(model.state_dict())
-    step_bf16, _ = six.trainer(model_b, loss_bf16)
+    step_bf16 = six.trainer(model_b, loss_bf16)
     six.timed(step_bf16, 3)
     fp32_ms, bf16_ms = gain_ms(step_fp32, step_bf16, rounds, per_round)
     real = fp32_ms - bf16_ms

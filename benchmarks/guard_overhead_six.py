@@ -45,7 +45,8 @@ import torch.nn.functional as F
 import matlint.runtime_guard as rg
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from guard_overhead import DEVICE, EmptyMode, med, sync  # noqa: E402  (the first benchmark's helpers)
+import guard_overhead  # noqa: E402  (the first benchmark's helpers)
+from guard_overhead import DEVICE, EmptyMode, med, sync  # noqa: E402
 
 
 @contextlib.contextmanager
@@ -234,16 +235,7 @@ MODELS = {
 
 # -- measurement -----------------------------------------------------------------------------------
 def trainer(model, loss_fn):
-    opt = torch.optim.AdamW(model.parameters(), lr=1e-5)
-
-    def step():
-        opt.zero_grad(set_to_none=True)
-        loss = loss_fn(model)
-        loss.backward()
-        opt.step()
-        return loss
-
-    return step, opt
+    return guard_overhead.trainer(model, loss_fn, lr=1e-5)
 
 
 def timed(step, n, ctx=None, observed=None, guard=None):
@@ -319,7 +311,7 @@ def bitwise(make, model, step_fn_state, guard_mod, n_steps=3):
 
     def run(under_guard):
         model.load_state_dict(init)
-        step, _ = trainer(model, loss_fn)
+        step = trainer(model, loss_fn)
         losses = []
         g = guard_mod.guard(window=2, warmup=0, json_path=None, report=False, estimate_savings=False)
         with g if under_guard else contextlib.nullcontext():
@@ -396,7 +388,7 @@ def main():
                 except ImportError as exc:
                     print("skip", name, exc, flush=True)
                     continue
-                step, _ = trainer(model, loss_fn)
+                step = trainer(model, loss_fn)
                 timed(step, 3)  # warm-up: allocator, cuBLAS/cuDNN handles, autotuning
                 row = {"build_s": time.perf_counter() - t0}
                 runs = [one_run(step, steps, rg, guard_first=bool(i % 2)) for i in range(args.runs)]
