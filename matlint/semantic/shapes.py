@@ -737,6 +737,14 @@ _NUMBER_CONSTANTS = {"torch.inf", "torch.nan", "torch.pi", "torch.e", "math.inf"
                      "math.e", "math.tau", "numpy.inf", "numpy.nan", "numpy.pi"}
 
 
+# nn.Module's methods that return the module itself.
+_MODULE_RETURNS_SELF = frozenset({"to", "cuda", "cpu", "train", "eval", "float", "half", "double", "bfloat16",
+                                  "requires_grad_", "to_empty", "type", "apply", "share_memory"})
+
+# Calls that return their one argument unchanged.
+_IDENTITY_WRAPPERS = frozenset({"torch.autograd.Variable", "torch.autograd.variable.Variable"})
+
+
 def _torch_name(qual: Optional[str]):
     """('torch', 'zeros') / ('F', 'relu') / ('nn', 'Linear') / ('linalg', 'norm') or None."""
     if not qual:
@@ -1684,6 +1692,8 @@ class FunctionShapes:
             self.env[reshaped] = None
             return None
         qual = self.ctx.qualname(func)
+        if qual in _IDENTITY_WRAPPERS and len(node.args) == 1 and not node.keywords:
+            return self.infer(node.args[0])  # `Variable(x)`: x itself since torch 0.4
         named = _torch_name(qual)
         callee = receiver = None
         if func.__class__ is not ast.Attribute:
@@ -1702,15 +1712,17 @@ class FunctionShapes:
             return self._torch_call(named, node, args, kwargs)
         if isinstance(callee, Instance):  # `self.critic(x)`, `model(x)`: its forward
             return self._returned(callee.cls, "forward", args, kwargs, node)
-        if func.__class__ is ast.Name and (callee is None or callee.__class__ is Opaque) and func.id not in self.env \
-                and qual is None:
-            made = file_class(self.ctx, func.id)
+        if func.__class__ is ast.Name and (callee is None or callee.__class__ is Opaque) and qual is None \
+                and (func.id not in self.env or self.owner is self.ctx.tree):
+            made = file_class(self.ctx, func.id)  # at module level its `class` statement binds it
             if made is not None:
                 return Instance(made)  # `Critic(d)`: an instance of a class of this file
         if (func.__class__ is ast.Attribute and self.cls is not None and self._is_self_attr(func)
                 and not self.init_mode and func.attr not in self.class_attrs):
             return self._returned(self.cls, func.attr, args, kwargs, node)  # `self.v(s)`: another method
         if func.__class__ is ast.Attribute and isinstance(receiver, Instance):
+            if func.attr in _MODULE_RETURNS_SELF and receiver.cls.bases and method_of(receiver.cls, func.attr) is None:
+                return receiver  # `D = D.cuda()`: nn.Module's own method gives the module back
             return self._returned(receiver.cls, func.attr, args, kwargs, node)  # `self.critic.value(s)`
         if isinstance(callee, Module):
             return callee.apply(as_shape(args[0])) if len(args) == 1 and not kwargs else None
