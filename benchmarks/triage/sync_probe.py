@@ -4,6 +4,8 @@ import torch
 x = torch.randn(1024, device="cuda")
 mask = x > 0
 v = torch.randn(1024, device="cuda")
+t = torch.randn(1024, 5, device="cuda")
+labels = torch.randint(0, 5, (1024,), device="cuda")
 cases = {
     "x[mask] = 0.0": lambda: x.__setitem__(mask, 0.0),
     "x[mask] = 0-d cuda tensor": lambda: x.__setitem__(mask, torch.zeros((), device="cuda")),
@@ -12,6 +14,11 @@ cases = {
     "x[mask] -= 1": lambda: x.__setitem__(mask, x[mask] - 1),
     "x.masked_fill_(mask, 0)": lambda: x.masked_fill_(mask, 0.0),
     "torch.where(mask, x, 0)": lambda: torch.where(mask, x, 0.0),
+    "t[mask, :] = 0.0": lambda: t.__setitem__((mask, slice(None)), 0.0),
+    "t[mask, :] (read)": lambda: t[mask, :],
+    "t[mask, 4] (read)": lambda: t[mask, 4],
+    "t[mask, labels] = 1": lambda: t.__setitem__((mask, labels), 1),
+    "any(not isfinite(p).all() ...)": lambda: any(not torch.isfinite(p).all() for p in (x, t)),
 }
 for name, fn in cases.items():
     torch.cuda.synchronize()

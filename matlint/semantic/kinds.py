@@ -1210,12 +1210,13 @@ def kind_of(ctx, expr: ast.AST) -> Optional[str]:
     return _Inference(ctx, _chain(ctx)).expr(expr)
 
 
-def reaching_kind(ctx, name: ast.Name) -> Optional[str]:
+def reaching_kind(ctx, name: ast.Name, known: bool = False) -> Optional[str]:
     """Kind of the value `name` reads where it stands, from the assignments of its scope that
     reach it (`FunctionFlow.reaching_all`) rather than from all of them: in a notebook, `for X, y
     in loader:` binds host batches, whatever device tensors other cells store in `X`. A name bound
     once, a reaching store that is not an assignment or a `for` target (a parameter, `with ... as`),
-    and a read in a comprehension get `kind_of`'s answer."""
+    and a read in a comprehension get `kind_of`'s answer; so do reaching assignments of no kind
+    it can tell (`n = sum(sizes)`, then `n = torch.as_tensor([n])`), unless `known`: then None."""
     whole = kind_of(ctx, name)
     from .flow import code_scope, flow_of  # flow reads identifiers through this module
     scope = code_scope(ctx)
@@ -1239,7 +1240,7 @@ def reaching_kind(ctx, name: ast.Name) -> Optional[str]:
         return whole
     inference = _Inference(ctx, _chain(ctx))
     kind = inference._combine([inference.entry(entry, inference.chain) for entry in entries])
-    return whole if kind is None else kind
+    return whole if kind is None and not known else kind
 
 
 def callee_kind(ctx, func: ast.AST) -> Optional[str]:

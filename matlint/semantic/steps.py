@@ -3,7 +3,8 @@ they do counts per step although no loop is written around it in the function it
 
 A function runs every step when it is a training step (it calls both `.backward()` and an
 optimizer's `.step()` once per call, outside any loop of its own: TD3's `train(replay_buffer)`,
-an agent's `learn()`), a framework's step
+an agent's `learn()`), an optimizer step (it calls an optimizer's `.step()` once per call:
+`optimize_normal()` after the backward pass), a framework's step
 hook (`training_step`, `validation_step`, `test_step`), a module's `forward`, or when the file calls it from such a
 function or from inside a loop that trains (its body calls `.backward()` or an optimizer's
 `.step()`) or goes over a data loader. Built once per file, on first use.
@@ -45,6 +46,7 @@ class Step(NamedTuple):
     why: str      # "is a training step", "is called from the training loop on line 12", ...
     training: bool
     forward: bool = False  # runs every step as (part of) a module's `forward`
+    loss: bool = False     # ... of a loss module's `forward`, which a training step runs once per step
 
 
 def _trains(nodes) -> tuple:
@@ -80,6 +82,59 @@ def _module_method(calls, function: ast.AST) -> bool:
     one): its `forward` runs on every step of whoever calls the module."""
     cls = calls.class_of.get(id(function))
     return cls is not None and any(dotted(base) not in (None, "object", "ABC", "abc.ABC") for base in cls.bases)
+
+
+def _loss_module(calls, function: ast.AST) -> bool:
+    """A method of a loss module: an `nn.Module` whose class name has the word `loss`
+    (`FocalLoss`, `MultiBoxLoss`, `YoloLoss`) or that derives from a class so named
+    (`nn.modules.loss._Loss`, `LossModule`). A training step computes its loss once per step,
+    so the loss's `forward` runs on every training step, whoever calls it."""
+    cls = calls.class_of.get(id(function))
+    return cls is not None and _module_method(calls, function) and any(
+        "loss" in name_tokens(name) for name in [cls.name] + [(dotted(base) or "").rpartition(".")[2]
+                                                               for base in cls.bases])
+
+
+# Reductions that count what a mask holds: `mask.sum()`, `torch.count_nonzero(m)`, `m.any()`.
+_COUNTS = frozenset({"sum", "count_nonzero", "any"})
+
+
+def _counted(ctx, expr: ast.AST, depth: int = 0) -> Optional[str]:
+    """The mask `m` whose elements `m.sum()`, `m.any()`, `torch.count_nonzero(m)` count (a
+    tensor's method or torch's function), also through a name bound only to such a count
+    (`num_pos = pos.sum()`); None for anything else."""
+    if isinstance(expr, ast.Name) and depth == 0:
+        entries = _kinds.bindings(ctx, expr.id) or []
+        masks = {_counted(ctx, e[1], 1) if e[0] == "value" else None for e in entries}
+        return masks.pop() if len(masks) == 1 else None
+    if not (isinstance(expr, ast.Call) and isinstance(expr.func, ast.Attribute) and expr.func.attr in _COUNTS):
+        return None
+    qualname = ctx.qualname(expr.func)
+    if qualname is not None:
+        mask = expr.args[0] if qualname == f"torch.{expr.func.attr}" and expr.args else None
+    else:
+        mask = expr.func.value if not expr.args and _kinds.kind_of(ctx, expr.func.value) not in _kinds.NON_TENSORS \
+            else None
+    return mask.id if isinstance(mask, ast.Name) else None
+
+
+def guards_empty_selection(ctx, branch: ast.If) -> bool:
+    """`if pos.sum() > 0: ... x[pos] ...`, `if num_pos != 0:`, `if keep.any():`: a test that
+    some element of a mask is set, whose body works on what the mask selects. The body is the
+    usual path (a batch with matches), run on nearly every call; the `else` handles the empty
+    selection."""
+    test = branch.test
+    if isinstance(test, ast.Compare) and len(test.ops) == 1:
+        left, op, right = test.left, test.ops[0], test.comparators[0]
+        if isinstance(op, (ast.Lt, ast.LtE)):
+            left, right = right, left
+            op = ast.Gt() if isinstance(op, ast.Lt) else ast.GtE()
+        bound = right.value if isinstance(right, ast.Constant) and type(right.value) is int else None
+        if not (isinstance(op, (ast.Gt, ast.NotEq)) and bound == 0 or isinstance(op, ast.GtE) and bound == 1):
+            return False
+        test = left
+    mask = _counted(ctx, test)
+    return mask is not None and any(mask in loaded_names(stmt) for stmt in branch.body)
 
 
 def _mode_branch(function: ast.AST, call: ast.Call) -> bool:
@@ -180,8 +235,13 @@ def step_functions(ctx) -> dict:
         backward, step = _trains(_outside_loops(function.body)) if trains else (False, False)
         if backward and step:
             found[id(function)] = Step("is a training step", True)
+        elif step:
+            found[id(function)] = Step("steps the optimizer, once per training step", True)
         elif function.name in STEP_HOOKS:
             found[id(function)] = Step(f"is the `{function.name}` hook", function.name == "training_step")
+        elif function.name == "forward" and _loss_module(calls, function):
+            found[id(function)] = Step("is the `forward` of a loss module, run on every training step", True, True,
+                                       True)
         elif function.name == "forward" and _module_method(calls, function):
             found[id(function)] = Step("is a module's `forward`, run on every step", False, True)
         elif (_module_method(calls, function) and not runs_once(function.name)
@@ -200,7 +260,7 @@ def step_functions(ctx) -> dict:
                 if caller is not None:
                     name = site.functions[-1].name
                     found[id(function)] = Step(f"is called from `{name}`, which {caller.why}", caller.training,
-                                               caller.forward)
+                                               caller.forward, caller.loss)
                     break
                 loop_step = next((s for s in map(_loop_step, reversed(site.loops)) if s is not None), None)
                 if loop_step is not None:

@@ -22,6 +22,7 @@ from .steps import _StepLoops, _trains_with_project_helpers
 _NOT_SYNCED = (_kinds.CPU_TENSOR,) + _kinds.NON_TENSORS
 _SYNC_METHODS = {"item", "cpu", "tolist", "to"}
 _CONVERSIONS = {"float", "int", "bool"}
+_TRUTH_BUILTINS = frozenset({"any", "all"})  # test each item of what they are given as a Python bool
 
 
 def _is_cpu_target(call: ast.Call) -> bool:
@@ -118,6 +119,21 @@ def _may_be_mask(index: ast.AST) -> bool:
         isinstance(index, ast.UnaryOp) and not isinstance(index.op, ast.Invert))
 
 
+_PLAIN_INDEXES = (ast.Slice, ast.Constant)  # `:`, `1:3`, `4`, `...`, `None`
+
+
+def _mask_position(index: ast.AST) -> Optional[ast.AST]:
+    """The part of a subscript's index that may be a boolean mask: the index itself (`x[m]`), or
+    the one such part of a tuple whose other parts are slices, numbers, `...` or `None`
+    (`x[m, :]`, `x[m, 4]`: the mask still becomes indices, on the host)."""
+    if _may_be_mask(index):
+        return index
+    if not isinstance(index, ast.Tuple):
+        return None
+    masks = [e for e in index.elts if not isinstance(e, _PLAIN_INDEXES)]
+    return masks[0] if len(masks) == 1 and _may_be_mask(masks[0]) else None
+
+
 def _unconditional_sync(function: ast.AST) -> Optional[ast.Call]:
     """The first `.item()` / `.cpu()` / `.tolist()` that every call of `function` runs (not under
     an `if`, a loop or a `try`)."""
@@ -197,10 +213,12 @@ class HostSyncInLoop(_StepLoops, _HostReads, Rule):
     Flags, inside a training or evaluation loop, the calls that copy a tensor's value to the
     host: `.item()`, `.cpu()` / `.to("cpu")`, `.tolist()`, `float(t)`, `int(t)`, `bool(t)`,
     `if t:` / `while t:` on a tensor (also the `if` of a comprehension over a device tensor's
-    elements: `[i for i, d in enumerate(done) if d == 0]`), `print(t)` of a tensor,
+    elements: `[i for i, d in enumerate(done) if d == 0]`, and `any()` / `all()` of tensors,
+    `any(not torch.isfinite(p.grad).all() for p in params)`, one per item), `print(t)` of a tensor,
     `torch.tensor(values)` of a list of device tensors (a list display, or a list the step
     fills with `.append`), and the syncs that do not look like copies: boolean-mask indexing
-    (`x[y > 0]`, `x[~mask]`, `x[(u > 0) * (l == u)]`, `x[m.unsqueeze(2).expand_as(x)]`, `x[t.gt(0)]`),
+    (`x[y > 0]`, `x[~mask]`, `x[(u > 0) * (l == u)]`, `x[m.unsqueeze(2).expand_as(x)]`, `x[t.gt(0)]`,
+    with slices or numbers beside the mask: `x[pos, :]`, `x[pos, 4]`),
     also in place (`l[mask] -= 1`, which reads `l[mask]`) and storing a device tensor through a
     mask (`v[mask] = net(s)`: the mask becomes indices), `nonzero`, `masked_select` and
     `unique` (their output's size depends on the values), `assert` on a tensor, and
@@ -221,11 +239,18 @@ class HostSyncInLoop(_StepLoops, _HostReads, Rule):
     device (nanoGPT's `for k in range(eval_iters): X, Y = get_batch(split)`): a per-batch sync in
     an evaluation pass is a sync per step. A function that runs every step counts like a loop's body: a training
     step called once per step (it calls `.backward()` and an optimizer's `.step()` outside any
-    loop of its own: an agent's `learn()`), a `training_step`/`validation_step` hook, and the
+    loop of its own: an agent's `learn()`), an optimizer step (it calls an optimizer's `.step()`
+    outside any loop of its own: `optimize()` after the backward pass), the `forward` of a loss
+    module (an `nn.Module` whose class name, or a base's, has the word `loss`: `FocalLoss`,
+    `MultiBoxLoss`), which computes the step's loss, a `training_step`/`validation_step` hook, and the
     helpers such a step or loop calls on every pass (not under an `if`): a sync inside a metric
     or logging helper is a sync per step. A branch that trains (`if (i + 1) % n_critic == 0:`
     around `g_loss.backward(); g_opt.step()`, `if self.tune_alpha:` around the alpha update) is
-    the step itself, not a gate: its syncs run on every step it takes. A helper from another
+    the step itself, not a gate: its syncs run on every step it takes. In such a function, so do
+    the branches of a test of the program's settings (`if FIXED_ALPHA is None:` / `else:`, names
+    only the module's top level binds, compared with `==`, `!=` or `is`; not a logging switch
+    such as `if VERBOSE:`), and the body of a guard against an empty selection (`if pos.sum() >
+    0:` around work on `x[pos]`: the usual path; its `else` handles the empty case). A helper from another
     module of the project (`from utils import accuracy`, or `from utils import *` where the
     file does not bind the name itself; read, never run) whose body syncs on every call is
     reported where the step calls it on values that may be on the device (not host tensors,
@@ -315,11 +340,12 @@ class HostSyncInLoop(_StepLoops, _HostReads, Rule):
       So is a guard that only trips on failure, as it can be checked every N steps: `if
       torch.isnan(loss): break`, or the value past a large literal bound (`if loss_val > 1e4:
       break`, |bound| >= 100).
-    - Syncs in a module's `forward` other than an `assert` (`.item()`, `.tolist()`, `nonzero`,
+    - Syncs in a model's `forward` other than an `assert` (`.item()`, `.tolist()`, `nonzero`,
       boolean masks, `if t.any():`): models branch on their data and size their outputs by it on
-      purpose (expert routing, variable lengths, box matching), and the rule cannot tell a
-      needed sync from a wasted one there.
-    - `x[mask] = 0.0`: a Python number (or a CPU scalar) stored through a boolean mask on `x`'s
+      purpose (expert routing, variable lengths), and the rule cannot tell a needed sync from a
+      wasted one there. A loss module's `forward` is reported: it runs once per training step,
+      and its syncs (box matching through masks, counts read on the host) can stay on the device.
+    - `x[mask] = 0.0` (also `x[mask, :] = 0.0`): a Python number (or a CPU scalar) stored through a boolean mask on `x`'s
       device runs as `masked_fill_`, with no sync.
     - A loop over an iterator made for a device whose body holds a training loop (an RL
       collector's batches, each trained on for several epochs): one iteration is many steps.
@@ -379,7 +405,8 @@ class HostSyncInLoop(_StepLoops, _HostReads, Rule):
     call's text holds a comment; the message says to accumulate in a device tensor instead.
     """
 
-    only = {"visit_Call": Only(attrs=frozenset(_SYNC_METHODS | _CONVERSIONS | _DATA_SIZED | {"print", "synchronize"}
+    only = {"visit_Call": Only(attrs=frozenset(_SYNC_METHODS | _CONVERSIONS | _DATA_SIZED | _TRUTH_BUILTINS
+                                               | {"print", "synchronize"}
                                                | {qual.rpartition(".")[2] for qual in _FROM_DATA}),
                                every_call_if=_trains_with_project_helpers),
             "visit_While": Only(in_loops=True), "visit_IfExp": Only(in_loops=True)}
@@ -409,6 +436,13 @@ class HostSyncInLoop(_StepLoops, _HostReads, Rule):
                 self._report(node, f"`{self.ctx.segment(func)}()`",
                              "`torch.stack` the tensors (or `torch.cat`) on the device instead",
                              value=node.args[0], detail="(a list of device tensors: it reads each one on the host)")
+        elif (isinstance(func, ast.Name) and func.id in _TRUTH_BUILTINS and self.ctx.qualname(func) is None
+              and len(node.args) == 1 and not node.keywords and isinstance(node.args[0], (ast.GeneratorExp, ast.ListComp))):
+            item = node.args[0].elt
+            item = item.operand if isinstance(item, ast.UnaryOp) and isinstance(item.op, ast.Not) else item
+            if self._step_context() is not None and self._is_device_tensor(item) and not self._contains_sync_call(item):
+                self._report(item, "`bool()`", self._remedy(node, _BRANCH), value=item,
+                             detail=f"(a tensor per item, which `{func.id}()` tests as a Python `bool`)")
         elif (isinstance(func, ast.Name) and self.ctx.qualname(func) is None and node.args
               and (func.id in _CONVERSIONS or func.id == "print")):
             if self._step_context() is None:
@@ -433,11 +467,15 @@ class HostSyncInLoop(_StepLoops, _HostReads, Rule):
         Also `x[mask] += 1`, which reads `x[mask]`, and `x[mask] = y` of a device tensor `y`
         (`index_put_` turns the mask into indices); not `x[mask] = 0.0`, which PyTorch runs as
         `masked_fill_` (a Python number or a CPU scalar, with a mask on `x`'s device)."""
-        if not _may_be_mask(node.slice) or isinstance(node.ctx, ast.Del) or self._step_context() is None:
+        mask = _mask_position(node.slice)
+        if mask is None or isinstance(node.ctx, ast.Del) or self._step_context() is None:
             return
         if isinstance(node.ctx, ast.Store) and not self._stores_through_mask(node):
             return
-        if not self._is_device_tensor(node.value) or not self._is_mask(node.slice):
+        if not self._is_mask(mask):
+            return
+        # what a tensor mask indexes is a tensor on the mask's device (another device raises)
+        if _kinds.kind_of(self.ctx, node.value) in _NOT_SYNCED:
             return
         self._report(node, "boolean-mask indexing",
                      "keep shapes fixed: `torch.where(mask, x, 0)` or `x * mask`, and reduce with the mask "
@@ -492,8 +530,9 @@ class HostSyncInLoop(_StepLoops, _HostReads, Rule):
         """A list of device tensors: a list display of them (`[a, b]`), or a name bound only to
         list displays in its function, every item of which, and every `.append(x)` to which, is a
         device tensor (`target = []`, then `target.append(r[j] + gamma * q[j])` in a loop)."""
-        if isinstance(data, (ast.List, ast.Tuple)):
-            return bool(data.elts) and all(self._is_device_tensor(e) for e in data.elts)
+        if isinstance(data, (ast.List, ast.Tuple)):  # a name by what reaches it (`n = sum(...)`, then `n = ...` a tensor)
+            return bool(data.elts) and all(_kinds.reaching_kind(self.ctx, e, known=True) == _kinds.TENSOR if isinstance(e, ast.Name)
+                                           else self._is_device_tensor(e) for e in data.elts)
         if not isinstance(data, ast.Name) or self.ctx.function is None:
             return False
         statement = self.ctx.statement()  # `target = T.tensor(target)` binds the name again after the read

@@ -12,7 +12,7 @@ from matlint.semantic.flow import function_text, nearby_comments
 from matlint.semantic.loops import LoopInfo, identifier as _identifier, loaded_names, name_tokens, walk_no_scopes
 from matlint.semantic.names import in_reference_code, in_test_code
 from matlint.semantic.project import imported_paths
-from matlint.semantic.steps import STEP_HOOKS, step_loop, step_of, trains_in
+from matlint.semantic.steps import STEP_HOOKS, guards_empty_selection, step_loop, step_of, trains_in
 
 
 _GATE_NAME = re.compile(r"log|print|verbose|debug|interval|every|freq|display|report|eval|save|val",
@@ -197,15 +197,17 @@ class _StepLoops:
             return None
         if in_forward and _kinds.may_mention(self.ctx, "forward"):
             return step_of(self.ctx, self.ctx.functions)
-        if not _kinds.may_mention(self.ctx, "backward") and not any(
+        loss = _kinds.may_mention(self.ctx, "loss", ignore_case=True) and _kinds.may_mention(self.ctx, "forward")
+        if not loss and not _kinds.may_mention(self.ctx, "backward") and not any(
                 _kinds.may_mention(self.ctx, hook) for hook in STEP_HOOKS):
-            return None  # no training step and no step hook: only a `forward` could run every step
+            return None  # no training step, step hook or loss module: only a `forward` could run every step
         if not _kinds.moves_work_to_cuda(self.ctx):
             return None  # a helper module that never names a device: its callers' tensors may be anywhere
         step = step_of(self.ctx, self.ctx.functions)
-        # A module's `forward` branches on its data on purpose (routing, variable lengths): only
-        # what a step's own code does counts
-        return None if step is None or step.forward else step
+        # A model's `forward` branches on its data on purpose (routing, variable lengths): only
+        # what a step's own code does counts, and a loss module's `forward`, which computes the
+        # step's loss (its syncs, box matching through masks, wait on every training step)
+        return None if step is None or step.forward and not step.loss else step
 
     def _in_step_function(self, node: ast.AST) -> Optional[str]:
         """For a sync in a function that runs every step, outside any loop of its own: why it runs
@@ -217,11 +219,49 @@ class _StepLoops:
         if any(isinstance(p, (ast.ExceptHandler, ast.Raise, ast.IfExp, ast.Try)) for p in chain):
             return None
         for parent, child in zip(chain, chain[1:] + [node]):
-            if isinstance(parent, ast.If) and not (any(s is child for s in parent.body) and trains_in(parent.body)):
-                return None  # not every call runs it; a branch that trains (`if tune_alpha: ... step()`) is the step
+            if not isinstance(parent, ast.If):
+                continue
+            in_body = any(s is child for s in parent.body)
+            if not (in_body or any(s is child for s in parent.orelse)):
+                continue  # its test, which every call runs
+            if not (in_body and (trains_in(parent.body) or guards_empty_selection(self.ctx, parent))) \
+                    and not self._config_switch(parent.test):
+                # not every call runs it; a branch that trains (`if tune_alpha: ... step()`) is the
+                # step, the body of `if mask.sum() > 0:` the usual path, and a branch of a
+                # configuration switch (`if FIXED_ALPHA is None:` / `else:`) runs on every step
+                return None
         if self._explained(node) or in_reference_code(self.ctx):
             return None
         return f"on every step: `{function.name}` {step.why}"
+
+    def _config_switch(self, test: ast.AST) -> bool:
+        """`if FIXED_ALPHA is None:`, `if USE_PER and not DOUBLE:`: a test of the program's
+        settings, names that only the module's top level binds (no function binds them, no
+        `global` statement rebinds them), compared with `==`, `!=`, `is` or constants. One of its
+        branches runs on every call, for the whole run. Not a logging or debug switch (`if
+        VERBOSE:`), which is a gate."""
+        names = []
+        for node in ast.walk(test):
+            if isinstance(node, ast.Name):
+                names.append(node)
+            elif isinstance(node, ast.Compare):
+                if not all(isinstance(op, (ast.Eq, ast.NotEq, ast.Is, ast.IsNot)) for op in node.ops):
+                    return False
+            elif isinstance(node, ast.UnaryOp):
+                if not isinstance(node.op, ast.Not):
+                    return False
+            elif not isinstance(node, (ast.BoolOp, ast.Constant, ast.boolop, ast.cmpop, ast.unaryop, ast.expr_context)):
+                return False
+        if not names:
+            return False
+        module = _kinds.scope_kinds(self.ctx, self.ctx.tree).assigned
+        rebound = self.ctx.shared.get("mat502_global_names")
+        if rebound is None:
+            rebound = self.ctx.shared["mat502_global_names"] = {
+                name for node in ast.walk(self.ctx.tree) if isinstance(node, ast.Global) for name in node.names
+            } if "global " in self.ctx.source else set()
+        return all(name.id in module and name.id not in rebound and not self.ctx.names.binds_locally(name.id)
+                   and self.ctx.qualname(name) is None and not _GATE_NAME.search(name.id) for name in names)
 
     def _explained(self, node: ast.AST) -> bool:
         """A comment on the sync's own lines, or above its statement (heading the run of copies it

@@ -165,7 +165,9 @@ class TensorCreationInLoop(Rule):
       total == 0:` for a tensor `total`, a reduction compared: `if mask.sum() > 0:`, `if (z <
       -1).sum() == 0:`): an empty batch or an out-of-range value, not the work of every call.
       `if position_ids is None:` reads no values (the argument was not passed, which is the
-      usual call): the default built under it is reported.
+      usual call): the default built under it is reported. So is the body of a guard against an
+      empty selection (`if pos.sum() > 0:` around work on `x[pos]`): the usual path, whose
+      `else` (no match at all) is the branch the data chooses.
     - Loops in functions whose name starts with the word `init` (`__init__`, `init_weights`,
       `initialize`), `build`, `setup`, `load` (`load`, `load_model`; not `loader_step`) or is
       `reset_parameters` (run once), unless the name also says `train` or `fit`

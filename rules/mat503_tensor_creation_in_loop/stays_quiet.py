@@ -8,6 +8,7 @@ import ast
 
 from matlint.semantic import kinds as _kinds
 from matlint.semantic.flow import code_scope, flow_of
+from matlint.semantic.steps import guards_empty_selection
 
 from .factories import SIZED_FACTORIES
 
@@ -19,15 +20,19 @@ _REDUCTIONS = {"sum", "count_nonzero", "max", "min", "amax", "amin", "mean", "pr
 
 
 def in_value_checked_branch(ctx) -> bool:
-    """Under `if not torch.any(mask):`, `if loss.item() > 1.0:`, `if total == 0:` (a tensor): a
-    branch the data chooses (an empty batch, an out-of-range value), not work of every call."""
+    """Under `if not torch.any(mask):`, `if loss.item() > 1.0:`, `if total == 0:` (a tensor), or
+    in the `else` of `if mask.sum() > 0:`: a branch the data chooses (an empty batch, an
+    out-of-range value), not work of every call. The body of a guard against an empty selection
+    (`if pos.sum() > 0: ... x[pos]`, `guards_empty_selection`) is the usual path."""
     parents = ctx.parents
     for k in range(len(parents) - 2, -1, -1):
         parent = parents[k]
         if parent is ctx.function:
             break
-        if isinstance(parent, ast.If) and any(s is parents[k + 1] for s in parent.body) \
-                and _reads_tensor_values(ctx, parent.test):
+        if not isinstance(parent, ast.If) or not _reads_tensor_values(ctx, parent.test):
+            continue
+        branch = parent.orelse if guards_empty_selection(ctx, parent) else parent.body
+        if any(s is parents[k + 1] for s in branch):
             return True
     return False
 
