@@ -586,6 +586,10 @@ class _Inference:
 
     def element(self, iterable: ast.AST, path: tuple) -> Optional[str]:
         """Kind of the item at `path` inside each element of `iterable`."""
+        if isinstance(iterable, ast.Subscript) and isinstance(iterable.slice, ast.Slice):
+            return self.element(iterable.value, path)  # `list(range(n))[::-1]`: the same items
+        if isinstance(iterable, ast.Name) and not path and self._numbers_held(iterable.id):
+            return SCALAR  # `indices = list(range(n))[::-1]`, then `indices = tqdm(indices)`
         if isinstance(iterable, ast.Call):
             fname = getattr(iterable.func, "id", None)
             if fname == "enumerate" and iterable.args:
@@ -613,6 +617,22 @@ class _Inference:
         if kind == MODULE_LIST:
             return None
         return None
+
+    def _numbers_held(self, ident: str) -> bool:
+        """Every value the innermost scope binding `ident` assigns it is a sequence of numbers
+        (`range(n)`, `list(range(n))[::-1]`, a wrapper of the name itself: `tqdm(indices)`)."""
+        scope = next((scope for scope in self.chain if ident in scope.assigned), None)
+        if scope is None:
+            return False
+        key = ("numbers held", ident)
+        found = scope.cache.get(key)
+        if found is _RECURSING:
+            return True  # the name read in its own binding (`indices = tqdm(indices)`) adds no other items
+        if found is None:
+            scope.cache[key] = _RECURSING
+            entries = scope.assigned[ident]
+            found = scope.cache[key] = all(e[0] == "value" and self.element(e[1], ()) == SCALAR for e in entries)
+        return found
 
     # -- expressions ------------------------------------------------------------
     def expr(self, node: ast.AST) -> Optional[str]:

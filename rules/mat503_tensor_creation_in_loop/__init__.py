@@ -19,11 +19,12 @@ from matlint.semantic.names import in_test_code
 from matlint.semantic.steps import per_step
 from matlint.semantic.torch_api import TYPED_TENSORS, cuda_tensor_type
 
-from .advice import (created_on_device, fill_message, numpy_message, range_message, sample_message, sampler_input,
-                     sampler_message, sizes_message)
+from .advice import (created_on_device, fill_message, numpy_message, range_message, repeated_message, sample_message,
+                     sampler_input, sampler_message, sizes_message)
 from .factories import (FILLS, FROM_DATA, RANDOM, carried_to_move, computed_number, device_target, exact_on_device,
                         has_mover_helpers, helper_made, host_made, INDEX_FACTORIES, indexed_tensor, is_constant_data, moved_expression,
-                        is_device, is_false, legacy_sizes, one_value, range_data, set_once_attribute, same_values_on_device, takes_device,
+                        is_device, is_false, legacy_sizes, one_value, range_data, repeated_number, set_once_attribute,
+                        same_values_on_device, takes_device,
                         torch_factory, unwrapped)
 from .host_data import numpy_made
 from .stays_quiet import (fills_a_cache, in_value_checked_branch, kept_apart, runs_once_per_loop,
@@ -73,7 +74,9 @@ class TensorCreationInLoop(Rule):
       (`torch.zeros((), device=d)`, `torch.zeros(2, dtype=torch.long, device=d)`: same dtype),
       not a buffer: a fill is a new tensor each time, so it also fits a tensor that is kept,
       returned or changed in place; so does a Python number computed on each pass
-      (`torch.tensor(i / n_T).to(d)`: `torch.full((), i / n_T, device=d)`), and a range
+      (`torch.tensor(i / n_T).to(d)`: `torch.full((), i / n_T, device=d)`), a list of one
+      repeated Python number (`torch.tensor([i] * n, device=d)` for a step `i` over a range:
+      `torch.full((n,), i, device=d)`), and a range
       (`torch.LongTensor(range(n)).to(d)`: `torch.arange(n, dtype=torch.long, device=d)`);
     - an index made on the host (`torch.arange`, `torch.randint`, `torch.randperm` without
       `device=`, as it is, reshaped: `q[torch.arange(b)[:, None], idx]`, or through a name
@@ -255,6 +258,8 @@ class TensorCreationInLoop(Rule):
                     self._constant(node, call, device)
                 elif len(call.args) == 1 and name in ("tensor", "as_tensor") and computed_number(ctx, call.args[0]):
                     self._constant(node, call, device, number=True)
+                elif len(call.args) == 1 and name in ("tensor", "as_tensor") and repeated_number(ctx, call.args[0]):
+                    self._repeated(made_at, call, device)
                 elif len(call.args) == 1 and range_data(ctx, call.args[0]) and not any(
                         k.arg in ("requires_grad", None) for k in call.keywords):
                     self.report(node, range_message(ctx, name, call, device, self._step.where))
@@ -291,6 +296,8 @@ class TensorCreationInLoop(Rule):
             return
         if len(node.args) == 1 and factory[0] in ("tensor", "as_tensor") and computed_number(ctx, node.args[0]):
             self._constant(node, node, ctx.segment(device), number=True)
+        elif len(node.args) == 1 and factory[0] in ("tensor", "as_tensor") and repeated_number(ctx, node.args[0]):
+            self._repeated(node, node, ctx.segment(device))
         elif set_once_attribute(ctx, node.args[0]):
             self._constant(node, node, ctx.segment(device))
         elif not is_constant_data(node.args[0]):
@@ -378,6 +385,14 @@ class TensorCreationInLoop(Rule):
             return  # one tensor made once would be shared by every result, or changed by every call
         self.report(node, f"this constant tensor is copied from the host to the device on every {self._step.where}; "
                           "create it once (`self.register_buffer(..., persistent=False)` or outside the loop)")
+
+    def _repeated(self, node: ast.AST, factory: ast.Call, device: str) -> None:
+        """`torch.tensor([i] * n, device=d)`: one Python number repeated, a fill on the device."""
+        if any(k.arg is None or k.arg == "requires_grad" and not is_false(k.value) for k in factory.keywords) \
+                or in_value_checked_branch(self.ctx):
+            return
+        number, count = repeated_number(self.ctx, factory.args[0])
+        self.report(node, repeated_message(self.ctx, factory, number, count, device, self._step.where))
 
     def _report_sampler(self, node: ast.Call, call: ast.Call, device: str) -> None:
         """`torch.bernoulli(p * torch.ones(shape)).to(d)`: the sampler has no `device=`; it draws

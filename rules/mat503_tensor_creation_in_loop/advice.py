@@ -77,6 +77,16 @@ def fill_message(ctx, factory: ast.Call, value: ast.AST, number, shape: tuple, d
             f"every {where}; `{instead}` fills it on the device without a copy")
 
 
+def repeated_message(ctx, factory: ast.Call, number: ast.AST, count: ast.AST, device: str, where: str) -> str:
+    """`torch.tensor([i] * n, device=d)`: a list of one Python number, built and copied on every
+    pass; `torch.full` makes the same values (and dtype) on the device."""
+    keywords = [f"{k.arg}={ctx.segment(k.value)}" for k in factory.keywords if k.arg != "device"]
+    keywords.append(f"device={device}")
+    instead = f"torch.full(({ctx.segment(count)},), {ctx.segment(number)}, {', '.join(keywords)})"
+    return (f"this list of one repeated number is built on the host and copied to the device on every {where}; "
+            f"`{instead}` fills it on the device without a copy")
+
+
 def sampler_input(ctx, call: ast.Call) -> Optional[ast.Call]:
     """`torch.bernoulli(p * torch.ones(shape))`: the one factory in the sampler's input made
     without `device=` (the sampler draws where its input is, so that factory is the one to make

@@ -211,6 +211,19 @@ def computed_number(ctx, expr: ast.AST) -> bool:
         and _is_number(ctx, expr.left) and _is_number(ctx, expr.right)
 
 
+def repeated_number(ctx, expr: ast.AST) -> Optional[tuple]:
+    """(the number, the count) of `[i] * n` or `n * [i]` where `i` is a Python number (a loop
+    variable over a range, arithmetic of numbers): a list of one repeated value, which
+    `torch.full((n,), i, device=d)` fills on the device."""
+    if not (isinstance(expr, ast.BinOp) and isinstance(expr.op, ast.Mult)):
+        return None
+    for items, count in ((expr.left, expr.right), (expr.right, expr.left)):
+        if isinstance(items, ast.List) and len(items.elts) == 1 and not isinstance(count, (ast.List, ast.Tuple)) \
+                and _is_number(ctx, items.elts[0]):
+            return items.elts[0], count
+    return None
+
+
 def set_once_attribute(ctx, expr: ast.AST) -> bool:
     """`self.max_action` of an `nn.Module` whose methods assign it only where they run once
     (`__init__`, `build`, `reset_parameters`...) and never change it in place: the same data on

@@ -52,7 +52,7 @@ class TinyOps(Rule):
       `for name, p in model.named_parameters():`, `for e, p in zip(ema.parameters(),
       model.parameters()):`, `for p in group["params"]:`) whose body updates them, or the state
       kept for each in a dict keyed by the loop variable, in place with arithmetic
-      (`p.data.add_(...)`, `p.mul_(...)`, `e.lerp_(p, w)`, `p -= lr * p.grad`, `p.data = p.data -
+      (`p.data.add_(...)`, `p.mul_(...)`, `p.detach().mul_(...)`, `e.lerp_(p, w)`, `p -= lr * p.grad`, `p.data = p.data -
       ...`, `self.shadow[name].mul_(d).add_(p, alpha=1 - d)`, `p.data = ema.update_average(p.data,
       new.data)` through a method of the file that returns arithmetic of its arguments); also
       a dict of named parameters blended entry by entry and loaded back (`state =
@@ -325,12 +325,14 @@ class TinyOps(Rule):
 
     @staticmethod
     def _is_parameter(expr: ast.AST, loop: LoopInfo) -> bool:
-        """`p`, `p.data`, `p.grad`, `p.data.mul_(d)` for a loop variable `p`, or the state kept for
-        it in a dict keyed by the loop variable (`self.shadow[name]`)."""
+        """`p`, `p.data`, `p.grad`, `p.data.mul_(d)`, `p.detach().mul_(d)` (a view of the same
+        storage) for a loop variable `p`, or the state kept for it in a dict keyed by the loop
+        variable (`self.shadow[name]`)."""
         node = expr
         while isinstance(node, (ast.Attribute, ast.Call)):
             if isinstance(node, ast.Call):
-                if not (isinstance(node.func, ast.Attribute) and node.func.attr in _INPLACE_MATH):
+                if not (isinstance(node.func, ast.Attribute) and (
+                        node.func.attr in _INPLACE_MATH or node.func.attr == "detach" and not node.args)):
                     return False
                 node = node.func.value
             else:
