@@ -137,11 +137,45 @@ def guards_empty_selection(ctx, branch: ast.If) -> bool:
     return mask is not None and any(mask in loaded_names(stmt) for stmt in branch.body)
 
 
-def _mode_branch(function: ast.AST, call: ast.Call) -> bool:
-    """Every `if` around `call` in `function` tests the module's mode (`if self.training:` /
-    `else:`): each branch runs on every step of its mode (training, or inference)."""
-    tests = _tests_around(function.body, call, ())
-    return bool(tests) and all(_reads_mode(test) for test in tests)
+# Names of a switch for logging, checks or a schedule, not a setting of the computation: a gate.
+GATE_NAME = re.compile(r"log|print|verbose|debug|interval|every|freq|display|report|eval|save|val", re.IGNORECASE)
+
+
+def _mode_branch(ctx, site) -> bool:
+    """Every `if` around the call in its function tests the module's mode (`if self.training:` /
+    `else:`) or its settings (`_tests_settings`): each branch runs on every step of its mode
+    (training, or inference), or on every call of a module built with those settings."""
+    tests = _tests_around(site.functions[-1].body, site.call, ())
+    return bool(tests) and all(_reads_mode(test) or _tests_settings(ctx, site.cls, test) for test in tests)
+
+
+def _tests_settings(ctx, cls: Optional[ast.ClassDef], test: ast.AST) -> bool:
+    """`if self.bidirectional and self.nlayers > 1:`: attributes of `self` that only the class's
+    set-up methods assign (`__init__`, `build`...) and nothing changes in place, compared with
+    constants: the same on every call. Not a logging or debug switch (`if self.verbose:`)."""
+    if cls is None:
+        return False
+    attributes = []
+    for node in ast.walk(test):
+        if isinstance(node, ast.Attribute):  # `self.nlayers`, `self.rnn.num_layers`
+            if isinstance(node.value, ast.Name) and node.value.id == "self":
+                attributes.append(node.attr)
+            elif not isinstance(node.value, ast.Attribute):
+                return False
+        elif not isinstance(node, (ast.BoolOp, ast.UnaryOp, ast.Compare, ast.Constant, ast.Name, ast.boolop,
+                                   ast.unaryop, ast.cmpop, ast.expr_context)):
+            return False
+        elif isinstance(node, ast.Name) and node.id != "self":
+            return False
+    if not attributes:
+        return False
+    changed = _kinds.mutated_attributes(ctx, cls)
+    for attr in attributes:
+        values = _kinds.class_attribute_values(ctx, cls, attr)
+        if not values or GATE_NAME.search(attr) or attr in changed or not all(
+                runs_once(getattr(method, "name", "")) for method, _ in values):
+            return False
+    return True
 
 
 def _tests_around(body: list, call: ast.Call, tests: tuple) -> Optional[tuple]:
@@ -254,7 +288,7 @@ def step_functions(ctx) -> dict:
             if id(function) in found:
                 continue
             for site in calls.call_sites(function):
-                if site.conditional and not (site.functions and _mode_branch(site.functions[-1], site.call)):
+                if site.conditional and not (site.functions and _mode_branch(ctx, site)):
                     continue  # `if self.debug: self.log_grads()`: not every step
                 caller = found.get(id(site.functions[-1])) if site.functions else None
                 if caller is not None:

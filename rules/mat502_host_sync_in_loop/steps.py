@@ -12,11 +12,9 @@ from matlint.semantic.flow import function_text, nearby_comments
 from matlint.semantic.loops import LoopInfo, identifier as _identifier, loaded_names, name_tokens, walk_no_scopes
 from matlint.semantic.names import in_reference_code, in_test_code
 from matlint.semantic.project import imported_paths
-from matlint.semantic.steps import STEP_HOOKS, guards_empty_selection, step_loop, step_of, trains_in
+from matlint.semantic.steps import GATE_NAME as _GATE_NAME, STEP_HOOKS, guards_empty_selection, step_loop, step_of, trains_in
 
 
-_GATE_NAME = re.compile(r"log|print|verbose|debug|interval|every|freq|display|report|eval|save|val",
-                        re.IGNORECASE)
 
 # Words of the attributes an `==` can read and still hold on every step: which process this is.
 _PROCESS_WORDS = {"rank", "main", "master", "world", "process", "gpu", "device"}

@@ -41,7 +41,9 @@ class TensorCreationInLoop(Rule):
     training step, a method of a module that runs its `forward`, like an RL policy's
     `get_action(state)`, or a helper that `forward`, a step or a training/batch loop calls on
     every pass, not under an `if` other than one on the module's mode, `if self.training:` /
-    `else:`; a function an epoch loop calls after its training loop runs once per epoch), flags:
+    `else:`, or on its settings, `if self.bidirectional and self.nlayers > 1:` / `else:`
+    (attributes only its set-up assigns; not a debug or logging switch); a function an epoch
+    loop calls after its training loop runs once per epoch), flags:
     - a tensor created on the host and then moved (`torch.zeros(n).to(device)`,
       `torch.arange(n).cuda()`, `torch.randn(b, d).to(x.device)`): it can be created on the
       device directly. The evidence is the factory (no `device=`) and the move of what it
