@@ -13,7 +13,7 @@ from matlint.rule import Only, Rule
 from matlint.semantic import kinds as _kinds
 from matlint.semantic.project import imported_function
 from matlint.semantic.loops import loaded_names
-from matlint.semantic.steps import loop_trains, repeating_loops, step_loop
+from matlint.semantic.steps import loop_trains, repeating_loops, runs_once, step_loop
 from matlint.semantic.names import in_reference_code, in_test_code
 
 from .reads import _HostReads
@@ -58,6 +58,8 @@ _COPIES = "waits for the GPU and copies to the host"
 _BRANCH = ("keep the decision on the device (`torch.where(cond, a, b)`, or masked arithmetic: `x * mask`, "
            "`torch.clamp`, `F.relu`) or check it every N steps")
 _ASSERT = "check it every N steps, or use `torch._assert_async`"
+_COUNTER = ("the module computes every value it stores in this buffer on the host: keep the count in a Python "
+            "attribute as well, and read that")
 _NUMBER = ("the host needs it as a Python number (a `range`, an index, a size): take the number from data "
            "already on the host (lengths, shapes), or keep the shapes fixed (pad, then mask)")
 _SIZE_METHODS = frozenset({"view", "reshape", "expand", "repeat", "narrow", "split", "topk", "new_zeros",
@@ -132,6 +134,11 @@ def _mask_position(index: ast.AST) -> Optional[ast.AST]:
         return None
     masks = [e for e in index.elts if not isinstance(e, _PLAIN_INDEXES)]
     return masks[0] if len(masks) == 1 and _may_be_mask(masks[0]) else None
+
+
+def _self_attribute(expr: ast.AST, attr: str) -> bool:
+    return isinstance(expr, ast.Attribute) and expr.attr == attr and isinstance(expr.value, ast.Name) \
+        and expr.value.id == "self"
 
 
 def _unconditional_sync(function: ast.AST) -> Optional[ast.Call]:
@@ -345,6 +352,9 @@ class HostSyncInLoop(_StepLoops, _HostReads, Rule):
       purpose (expert routing, variable lengths), and the rule cannot tell a needed sync from a
       wasted one there. A loss module's `forward` is reported: it runs once per training step,
       and its syncs (box matching through masks, counts read on the host) can stay on the device.
+      So is `int(self.queue_ptr)` of a buffer that the module registers in its set-up and only
+      ever fills with Python numbers it computes (`self.queue_ptr[0] = (ptr + n) % K`, in the
+      same method): a counter the host had already, read back from the device.
     - `x[mask] = 0.0` (also `x[mask, :] = 0.0`): a Python number (or a CPU scalar) stored through a boolean mask on `x`'s
       device runs as `masked_fill_`, with no sync.
     - A loop over an iterator made for a device whose body holds a training loop (an RL
@@ -445,6 +455,10 @@ class HostSyncInLoop(_StepLoops, _HostReads, Rule):
                              detail=f"(a tensor per item, which `{func.id}()` tests as a Python `bool`)")
         elif (isinstance(func, ast.Name) and self.ctx.qualname(func) is None and node.args
               and (func.id in _CONVERSIONS or func.id == "print")):
+            if func.id in ("int", "float") and len(node.args) == 1 and self._host_counter(node.args[0]):
+                if self._step_context(in_forward=True) is not None:
+                    self._report(node, f"`{func.id}()`", _COUNTER, value=node.args[0])
+                return
             if self._step_context() is None:
                 return
             if func.id in _CONVERSIONS and len(node.args) == 1 and not node.keywords:
@@ -525,6 +539,70 @@ class HostSyncInLoop(_StepLoops, _HostReads, Rule):
         self._report(call, f"`{self.ctx.segment(call.func)}()`, whose `.{sync.func.attr}()` on line {sync.lineno} of "
                            f"{where} runs on every call,",
                      f"have it return the tensor and convert once after the loop, or call it every N steps")
+
+    def _host_counter(self, expr: ast.AST) -> bool:
+        """`self.queue_ptr` read with `int()` in a method of a module that registers it as a buffer
+        in its set-up (`register_buffer("queue_ptr", torch.zeros(1, dtype=torch.long))`) and whose
+        only other use is that same method storing Python numbers into it (`ptr = (ptr + n) % K`,
+        then `self.queue_ptr[0] = ptr`): a counter the host computes, read back from the device."""
+        function, cls = self.ctx.function, self.ctx.class_
+        if function is None or cls is None or len(self.ctx.functions) != 1 or not (
+                isinstance(expr, ast.Attribute) and isinstance(expr.value, ast.Name) and expr.value.id == "self"):
+            return False
+        key = ("mat502_host_counter", id(function), expr.attr)
+        found = self.ctx.shared.get(key)
+        if found is None:
+            found = self.ctx.shared[key] = self._stores_host_numbers(cls, function, expr.attr)
+        return found
+
+    def _stores_host_numbers(self, cls: ast.ClassDef, function: ast.AST, attr: str) -> bool:
+        values = _kinds.class_attribute_values(self.ctx, cls, attr)
+        if len(values) != 1 or not runs_once(getattr(values[0][0], "name", "")) or not (
+                isinstance(values[0][1], ast.Call) and (self.ctx.qualname(values[0][1].func) or "").startswith("torch.")):
+            return False  # not a buffer made once by the set-up
+        uses = reads = 0
+        stored = []
+        for method in cls.body:
+            if not isinstance(method, (ast.FunctionDef, ast.AsyncFunctionDef)):
+                continue
+            for node in ast.walk(method):
+                if isinstance(node, ast.Attribute) and node.attr == attr and isinstance(node.value, ast.Name) \
+                        and node.value.id == "self":
+                    uses += 1
+                elif isinstance(node, ast.Call) and isinstance(node.func, ast.Name) and node.func.id in ("int", "float") \
+                        and len(node.args) == 1 and _self_attribute(node.args[0], attr):
+                    reads += 1
+                elif isinstance(node, ast.Assign) and len(node.targets) == 1 and isinstance(node.targets[0], ast.Subscript) \
+                        and _self_attribute(node.targets[0].value, attr):
+                    if method is not function:
+                        return False
+                    stored.append(node.value)
+        return bool(stored) and uses == reads + len(stored) and all(self._host_number(v, set()) for v in stored)
+
+    def _host_number(self, expr: ast.AST, seen: set) -> bool:
+        """A Python number the host computes: a literal, `int(...)`, `len(...)`, `x.shape[i]`,
+        `x.size(i)`, a plain attribute of the module, arithmetic of these, or a name that the
+        function binds only to them."""
+        if isinstance(expr, ast.Constant):
+            return isinstance(expr.value, (int, float)) and not isinstance(expr.value, bool)
+        if isinstance(expr, ast.BinOp):
+            return self._host_number(expr.left, seen) and self._host_number(expr.right, seen)
+        if isinstance(expr, ast.Call):
+            func = expr.func
+            return isinstance(func, ast.Name) and func.id in ("int", "len") and self.ctx.qualname(func) is None \
+                or isinstance(func, ast.Attribute) and func.attr == "size" and bool(expr.args)
+        if isinstance(expr, ast.Subscript):
+            return isinstance(expr.value, ast.Attribute) and expr.value.attr == "shape"
+        if isinstance(expr, ast.Attribute):  # `self.K`, set from numbers: not a tensor
+            if not (isinstance(expr.value, ast.Name) and expr.value.id == "self") or self.ctx.class_ is None:
+                return False
+            values = _kinds.class_attribute_values(self.ctx, self.ctx.class_, expr.attr)
+            return bool(values) and all(not isinstance(v, ast.Call) for _, v in values)
+        if isinstance(expr, ast.Name) and expr.id not in seen:
+            entries = _kinds.bindings(self.ctx, expr.id)
+            seen.add(expr.id)
+            return bool(entries) and all(e[0] == "value" and self._host_number(e[1], seen) for e in entries)
+        return isinstance(expr, ast.Name)  # a name met again in its own binding: `ptr = (ptr + n) % K`
 
     def _device_items(self, data: ast.AST) -> bool:
         """A list of device tensors: a list display of them (`[a, b]`), or a name bound only to
