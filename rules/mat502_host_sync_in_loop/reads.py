@@ -132,7 +132,11 @@ class _HostReads:
         if bound is None:
             return None
         name, statement = bound
-        body = self.ctx.loops[-1].body
+        # the iteration's body, or in a step function with no loop of its own, the call's
+        function = self.ctx.function
+        body = self.ctx.loops[-1].body if self.ctx.loops else getattr(function, "body", None)
+        if not isinstance(body, list):
+            return None  # at module level, or in a lambda
         parents = {}
         later = []
         for stmt in body:
