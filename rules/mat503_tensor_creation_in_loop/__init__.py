@@ -23,7 +23,7 @@ from .advice import (created_on_device, fill_message, numpy_message, range_messa
                      sampler_input, sampler_message, sizes_message)
 from .factories import (FILLS, FROM_DATA, RANDOM, carried_to_move, computed_number, device_target, exact_on_device,
                         has_mover_helpers, helper_made, host_made, INDEX_FACTORIES, indexed_tensor, is_constant_data, moved_expression,
-                        is_device, is_false, legacy_sizes, one_value, range_data, repeated_number, set_once_attribute,
+                        is_device, is_false, legacy_sizes, one_value, range_data, repeated_number, round_trip_source, set_once_attribute,
                         same_values_on_device, takes_device,
                         torch_factory, unwrapped)
 from .host_data import numpy_made
@@ -88,6 +88,10 @@ class TensorCreationInLoop(Rule):
       each host index `device=<the indexed>.device` (unsafe for random ones). A file that never
       leaves the CPU, tensors made on the host, and batches indexed in a training loop (they
       may not be moved yet) stay quiet;
+    - in a module's `forward` (or what it runs), a tensor rebuilt on the host from a tensor's
+      values copied off the device, with nothing computed on the way, and moved back
+      (`torch.ByteTensor(mask.data.cpu().numpy().astype(np.int32).tolist()).cuda()`): a round
+      trip that a conversion on the device (`mask.to(torch.uint8)`) replaces;
     - an uninitialised tensor allocated on the host and moved (`torch.Tensor(2, 4).to(d)`: the
       arguments are sizes): `torch.empty(2, 4, device=d)`;
     - an array that numpy draws or fills on the host on every pass and that is copied to the
@@ -252,6 +256,14 @@ class TensorCreationInLoop(Rule):
                 return
             if name in FROM_DATA | {"from_numpy"} and call.args and self._check_numpy_data(node, call.args[0], device):
                 return
+            source = round_trip_source(ctx, call.args[0]) if (name in FROM_DATA or name in TYPED_TENSORS) \
+                and len(call.args) == 1 else None
+            if source is not None:
+                if self._step_in_forward():
+                    self.report(made_at, f"this tensor is rebuilt on the host from the values of `{ctx.segment(source)}`, "
+                                         f"copied off the device, and copied back on every {self._step.where}; "
+                                         f"convert it on the device (`{ctx.segment(source)}.to(dtype)`, torch ops)")
+                return
             if name in FROM_DATA:
                 if legacy_sizes(ctx, name, call):
                     self.report(made_at, sizes_message(ctx, name, call, device, self._step.where,
@@ -387,6 +399,12 @@ class TensorCreationInLoop(Rule):
             return  # one tensor made once would be shared by every result, or changed by every call
         self.report(node, f"this constant tensor is copied from the host to the device on every {self._step.where}; "
                           "create it once (`self.register_buffer(..., persistent=False)` or outside the loop)")
+
+    def _step_in_forward(self) -> bool:
+        """The pass is a module's `forward` (or what it runs), whose tensors are activations on the
+        model's device."""
+        step = self._step
+        return step.step.forward if step.step is not None else getattr(step.function, "name", "") == "forward"
 
     def _repeated(self, node: ast.AST, factory: ast.Call, device: str) -> None:
         """`torch.tensor([i] * n, device=d)`: one Python number repeated, a fill on the device."""

@@ -224,6 +224,35 @@ def repeated_number(ctx, expr: ast.AST) -> Optional[tuple]:
     return None
 
 
+# Conversions that keep a tensor's values (`.data`, `.detach()`, `.numpy()`, `.astype(np.int32)`), and
+# those among them that copy the values to the host.
+_CONVERSIONS = {"cpu", "detach", "numpy", "tolist", "astype", "long", "int", "float", "bool", "byte", "contiguous"}
+_TO_HOST = {"cpu", "numpy", "tolist"}
+
+
+def round_trip_source(ctx, data: ast.AST) -> Optional[ast.AST]:
+    """The tensor whose values `data` only converts after copying them to the host
+    (`mask.data.cpu().numpy().astype(np.int32).tolist()`, `np.asarray(x.cpu())`), when that
+    tensor is not known to be on the host: a tensor made from `data` and moved back to the device
+    is a round trip. None where `data` computes anything on the way."""
+    expr, copied = data, False
+    while True:
+        if isinstance(expr, ast.Attribute) and expr.attr == "data":
+            expr = expr.value
+        elif isinstance(expr, ast.Call) and isinstance(expr.func, ast.Attribute) and expr.func.attr in _CONVERSIONS \
+                and ctx.qualname(expr.func) is None:
+            copied = copied or expr.func.attr in _TO_HOST
+            expr = expr.func.value
+        elif isinstance(expr, ast.Call) and ctx.qualname(expr.func) in ("numpy.array", "numpy.asarray") \
+                and len(expr.args) == 1:
+            expr = expr.args[0]
+        else:
+            break
+    if not copied or not isinstance(expr, (ast.Name, ast.Attribute, ast.Subscript)):
+        return None
+    return expr if _kinds.kind_of(ctx, expr) not in (_kinds.CPU_TENSOR,) + _kinds.NON_TENSORS else None
+
+
 def set_once_attribute(ctx, expr: ast.AST) -> bool:
     """`self.max_action` of an `nn.Module` whose methods assign it only where they run once
     (`__init__`, `build`, `reset_parameters`...) and never change it in place: the same data on
