@@ -198,6 +198,8 @@ class NoMixedPrecision(Rule):
             return not (isinstance(arg, ast.Constant) and arg.value == "highest")
         if isinstance(node.func, ast.Attribute) and isinstance(node.func.value, ast.Compare):
             return False  # `(pred == y).to(logits.dtype)`: a comparison cast to count it, no precision chosen
+        if qualname.split(".")[0] == "numpy":
+            return False  # `np.ndarray(shape, dtype=float)`: a host array's dtype chooses no matmul precision
         if any(self.ctx.qualname(a) in _CHOSEN_DTYPES or self._routed_dtype(a) for a in node.args):
             return True
         for keyword in node.keywords:
