@@ -11,6 +11,8 @@ from matlint.rule import Only, Rule
 
 from matlint.semantic.loops import identifier, is_backward, is_optimizer_step, name_tokens, walk_no_scopes
 from matlint.semantic.names import in_test_code
+from matlint.semantic.project import module_class_of
+from matlint.semantic.shapes import method_of
 
 _AUTOCAST = {"torch.autocast", "torch.cuda.amp.autocast", "torch.cpu.amp.autocast", "torch.amp.autocast"}
 # Explicit dtypes other than the float32 default: reduced precision, or float64 on purpose.
@@ -67,7 +69,9 @@ class NoMixedPrecision(Rule):
     docs = """
     ## What it does
     Flags, once per file, the `.backward()` of a GPU training step (a function, or the module
-    level, that calls both `.backward()` and an optimizer's `.step()`, in a file that moves work
+    level, that calls both `.backward()` and an optimizer's `.step()`, directly or through a
+    method of the class an attribute holds, such as `self.optim_schedule.step_and_update_lr()`
+    whose body calls `self._optimizer.step()`, in a file that moves work
     to a CUDA device) when nothing in the file turns on reduced-precision matmuls:
     - `torch.autocast`, `torch.cuda.amp.autocast`, `torch.amp.autocast` in any form (`with`,
       decorator, a context stored in a variable, `nullcontext() if ... else autocast(...)`,
@@ -168,8 +172,19 @@ class NoMixedPrecision(Rule):
         key = ("mat401_steps", id(owner))
         if key not in self.ctx.shared:
             body = owner.body if isinstance(owner.body, list) else [owner.body]
-            self.ctx.shared[key] = any(is_optimizer_step(n) for stmt in body for n in walk_no_scopes(stmt))
+            self.ctx.shared[key] = any(is_optimizer_step(n) or self._steps_through_held_class(n)
+                                       for stmt in body for n in walk_no_scopes(stmt))
         return self.ctx.shared[key]
+
+    def _steps_through_held_class(self, node: ast.AST) -> bool:
+        """`self.optim_schedule.step_and_update_lr()`: a method of the class the object held in
+        that attribute is (of this file or a project module), whose body steps an optimizer."""
+        if not (isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute)
+                and isinstance(node.func.value, ast.Attribute)):
+            return False
+        held = module_class_of(self.ctx, node.func.value)
+        method = method_of(held[0], node.func.attr) if held is not None else None
+        return method is not None and any(is_optimizer_step(n) for n in ast.walk(method))
 
     def _in_cpu_demo(self) -> bool:
         """At module level inside an `if __name__ == "__main__":` block that never names CUDA or a
