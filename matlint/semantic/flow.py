@@ -118,6 +118,8 @@ class FunctionFlow(BuiltOnFirstUse):
     def _reaches(self, store: Optional[ast.stmt], load: ast.Name) -> bool:
         if store is not None and _end(store) > _pos(load):
             return self._encloses(store, load) or self._carried(store, load)
+        if store is not None and self.in_exclusive_arms(store, load):
+            return False
         for other, _ in self.stores.get(load.id, ()):
             if other is store or other is None:
                 continue
@@ -133,6 +135,20 @@ class FunctionFlow(BuiltOnFirstUse):
                     and self._dominates(branches, load):
                 return False
         return True
+
+    def in_exclusive_arms(self, a: ast.AST, b: ast.AST) -> bool:
+        """`a` and `b` sit in the two arms of one `if` that no loop of the function runs again:
+        when one runs, the other does not, before or after."""
+        for ancestor in self.enclosing(b):
+            if isinstance(ancestor, _LOOPS_AND_COMPREHENSIONS):
+                return False
+            if isinstance(ancestor, ast.If) and ancestor.orelse:
+                arms = (ancestor.body, ancestor.orelse)
+                side_b = [i for i, arm in enumerate(arms) if _pos(arm[0]) <= _pos(b) and _end(b) <= _end(arm[-1])]
+                side_a = [i for i, arm in enumerate(arms) if _pos(arm[0]) <= _pos(a) and _end(a) <= _end(arm[-1])]
+                if side_a and side_b and side_a != side_b:
+                    return not any(isinstance(n, _LOOPS_AND_COMPREHENSIONS) for n in self.enclosing(ancestor))
+        return False
 
     def _storing_branches(self, name: str) -> list:
         """The `if` statements that store `name` on both branches (`if c: x = a` / `else: x =

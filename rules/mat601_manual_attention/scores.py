@@ -75,6 +75,17 @@ def _gated_by_mask(left: ast.AST, right: ast.AST) -> Optional[ast.AST]:
     return None
 
 
+def _other_arm(flow: FunctionFlow, a: ast.AST, b: ast.AST) -> bool:
+    """`a` and `b` sit in the two arms of one `if` statement: never both run."""
+    for ancestor in flow.enclosing(b):
+        if isinstance(ancestor, ast.If):
+            arm_b = ancestor.body if any(_within(b, s) for s in ancestor.body) else ancestor.orelse
+            arm_a = ancestor.orelse if arm_b is ancestor.body else ancestor.body
+            if any(_within(a, s) for s in arm_a):
+                return True
+    return False
+
+
 def _within(node: ast.AST, outer: ast.AST) -> bool:
     return ((outer.lineno, outer.col_offset) <= (node.lineno, node.col_offset)
             and (node.end_lineno, node.end_col_offset) <= (outer.end_lineno, outer.end_col_offset))
@@ -195,12 +206,15 @@ class _ScoresPattern:
         readers = flow.uses(store) if isinstance(store, ast.Assign) else self._readers(flow, store)
         if isinstance(node.ctx, ast.Load) and node not in readers:
             return None
-        metadata, fills = [], []
+        metadata, fills, other_branch = [], [], False
         for use in readers:
             if use is node or use in skip:
                 continue
             if reads_metadata(flow, use):
                 metadata.append(use)
+                continue
+            if _other_arm(flow, use, node):
+                other_branch = True  # `if mask is not None: ...softmax(s + mask) else: ...softmax(s)`
                 continue
             fill = self._in_place_fill(flow, use, store, node) or self._masking_call(flow, use, store, node)
             if fill is None:
@@ -208,6 +222,7 @@ class _ScoresPattern:
             fills.append(fill)
         found = self._scores(flow, inner, depth + 1)
         if found:
+            found.conditional |= other_branch  # the other arm still needs the statement: no fix
             found.statements.append(store)
             if step:
                 found.steps.append(step)
