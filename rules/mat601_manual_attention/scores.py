@@ -75,17 +75,6 @@ def _gated_by_mask(left: ast.AST, right: ast.AST) -> Optional[ast.AST]:
     return None
 
 
-def _other_arm(flow: FunctionFlow, a: ast.AST, b: ast.AST) -> bool:
-    """`a` and `b` sit in the two arms of one `if` statement: never both run."""
-    for ancestor in flow.enclosing(b):
-        if isinstance(ancestor, ast.If):
-            arm_b = ancestor.body if any(_within(b, s) for s in ancestor.body) else ancestor.orelse
-            arm_a = ancestor.orelse if arm_b is ancestor.body else ancestor.body
-            if any(_within(a, s) for s in arm_a):
-                return True
-    return False
-
-
 def _within(node: ast.AST, outer: ast.AST) -> bool:
     return ((outer.lineno, outer.col_offset) <= (node.lineno, node.col_offset)
             and (node.end_lineno, node.end_col_offset) <= (outer.end_lineno, outer.end_col_offset))
@@ -172,7 +161,7 @@ class _ScoresPattern:
         if isinstance(node.func, ast.Attribute) and self.ctx.qualname(node.func) is None:
             method = node.func.attr
             step = None
-            if method == "masked_fill" and len(node.args) == 2 and not node.keywords:
+            if method in ("masked_fill", "masked_fill_") and len(node.args) == 2 and not node.keywords:
                 if _fills_a_constant(node.args[1]):
                     return None
                 step = ("fill", node.args[0], node.args[1])
@@ -213,7 +202,7 @@ class _ScoresPattern:
             if reads_metadata(flow, use):
                 metadata.append(use)
                 continue
-            if _other_arm(flow, use, node):
+            if flow.in_exclusive_arms(use, node):
                 other_branch = True  # `if mask is not None: ...softmax(s + mask) else: ...softmax(s)`
                 continue
             fill = self._in_place_fill(flow, use, store, node) or self._masking_call(flow, use, store, node)
