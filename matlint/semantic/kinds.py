@@ -432,8 +432,13 @@ def moves_work_to_cuda(ctx) -> bool:
     file that does none of these runs its tensors where they were made, on the CPU."""
     found = ctx.shared.get("moves_work_to_cuda")
     if found is None:
-        found = ctx.shared["moves_work_to_cuda"] = _CUDA_WORK.search(ctx.source) is not None
+        found = ctx.shared["moves_work_to_cuda"] = names_cuda_work(ctx.source)
     return found
+
+
+def names_cuda_work(text: str) -> bool:
+    """`moves_work_to_cuda` on a file's text: for the project files another file's findings read."""
+    return _CUDA_WORK.search(text) is not None
 
 
 def cpu_only_script(ctx) -> bool:

@@ -3,15 +3,16 @@ a half-precision model, or TF32."""
 from __future__ import annotations
 
 import ast
+import os
 import re
 from typing import Optional
 
-from matlint.semantic.kinds import looks_like_tensor, may_mention, moves_work_to_cuda
+from matlint.semantic.kinds import looks_like_tensor, may_mention, moves_work_to_cuda, names_cuda_work
 from matlint.rule import Only, Rule
 
 from matlint.semantic.loops import identifier, is_backward, is_optimizer_step, name_tokens, walk_no_scopes
 from matlint.semantic.names import in_test_code
-from matlint.semantic.project import module_class_of
+from matlint.semantic.project import importers, module_class_of
 from matlint.semantic.shapes import method_of
 
 _AUTOCAST = {"torch.autocast", "torch.cuda.amp.autocast", "torch.cpu.amp.autocast", "torch.amp.autocast"}
@@ -54,6 +55,17 @@ def _tokens(text: str) -> set:
 def _names_precision(text: str) -> bool:
     tokens = _tokens(text)
     return bool(tokens & _PRECISION_TOKENS) or "precision" in tokens and bool(tokens & _PRECISION_PAIRS)
+
+
+# A file's text that turns on reduced precision beyond the tokens `_names_precision` reads.
+_PRECISION_TEXT = re.compile(r"\.half\(\)|set_float32_matmul_precision|^\s*(?:import|from)\s+(?:%s)\b"
+                            % "|".join(_FRAMEWORKS), re.M)
+
+
+def _text_enables_precision(text: str) -> bool:
+    """Another project file may turn on reduced precision (read off its text, conservatively:
+    words in comments and settings count)."""
+    return _names_precision(text) or _PRECISION_TEXT.search(text) is not None
 
 
 def _is_off(value: Optional[ast.AST]) -> bool:
@@ -132,8 +144,12 @@ class NoMixedPrecision(Rule):
     - Files with any of the signs above, including a precision flag it cannot evaluate
       (`if args.amp:`), and training steps in tests (`test_*` functions, test files).
     - Files that never mention CUDA or a device (CPU-only code, where bf16 autocast rarely
-      pays), and a step at module level inside an `if __name__ == "__main__":` block that never
-      mentions them (a smoke test of the file's model on the CPU).
+      pays), unless a project file that imports them does (`trainer.py` with the step, `main.py`
+      that imports it and calls `.cuda()`: reported, and quiet when such a file names any
+      reduced-precision setting or framework), and a step at module level inside an
+      `if __name__ == "__main__":` block that never mentions them (a smoke test of the file's
+      model on the CPU). The importers are the project's files that import the file, directly
+      or through a package's `__init__.py`, in its folder, the two below, and the two above it.
     - Training steps driven by a framework: `self.manual_backward` (no plain `.backward()` plus
       optimizer `.step()` pair), `accelerator.backward(loss)` (its config sets the precision).
 
@@ -305,10 +321,31 @@ class NoMixedPrecision(Rule):
     def leave_Module(self, node: ast.Module) -> None:
         if self.mixed_precision or self.training_backward is None:
             return
+        where = "nothing in this file enables mixed precision"
         if not moves_work_to_cuda(self.ctx):
-            return
+            placing = self._importers_placing_work()
+            if not placing:
+                return
+            verbs = "imports it and moves" if len(placing) == 1 else "import it and move"
+            where = (f"neither this file nor {', '.join(f'`{name}`' for name in placing)}, which {verbs} work to a "
+                     "CUDA device, enables mixed precision")
         self.report(self.training_backward,
-                    "this training step runs its matmuls in float32 and nothing in this file enables mixed "
-                    "precision: wrap the forward and loss in `torch.autocast(device_type=\"cuda\", "
-                    "dtype=torch.bfloat16)` (bf16 GEMMs ran 14× faster than fp32 on an H100) or at least call "
-                    "`torch.set_float32_matmul_precision(\"high\")` (TF32, 7.8×)")
+                    f"this training step runs its matmuls in float32 and {where}: wrap the forward and loss in "
+                    "`torch.autocast(device_type=\"cuda\", dtype=torch.bfloat16)` (bf16 GEMMs ran 14× faster "
+                    "than fp32 on an H100) or at least call `torch.set_float32_matmul_precision(\"high\")` "
+                    "(TF32, 7.8×)")
+
+    def _importers_placing_work(self) -> list:
+        """For a step in a file that names no device: the names of the project files that import
+        it and move work to a CUDA device, when none of its importers enables reduced precision
+        (then empty)."""
+        texts = {}
+        for path in importers(self.ctx.filename):
+            try:
+                with open(path, encoding="utf-8", errors="replace") as handle:
+                    texts[path] = handle.read()
+            except OSError:
+                continue
+        if any(_text_enables_precision(text) for text in texts.values()):
+            return []
+        return [os.path.basename(path) for path, text in texts.items() if names_cuda_work(text)]
