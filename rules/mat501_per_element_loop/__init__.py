@@ -471,5 +471,6 @@ class PerElementLoop(Rule):
         return factors >= 2 and isinstance(value, ast.BinOp)
 
     def _is_tensor(self, expr: ast.AST) -> bool:
-        return _kinds.kind_of(self.ctx, expr) in _kinds.TENSORS or (
-            isinstance(expr, ast.Name) and _kinds.looks_like_tensor(self.ctx, expr))
+        if isinstance(expr, ast.Name):  # by the stores that reach it: `q = net(s)` before `q = q.numpy()`
+            return _kinds.reaching_kind(self.ctx, expr) in _kinds.TENSORS or _kinds.looks_like_tensor(self.ctx, expr)
+        return _kinds.kind_of(self.ctx, expr) in _kinds.TENSORS
