@@ -1224,7 +1224,6 @@ def reaching_kind(ctx, name: ast.Name) -> Optional[str]:
     is judged by the stores that reach the comprehension."""
     whole = kind_of(ctx, name)
     from .flow import code_scope, flow_of  # flow reads identifiers through this module
-    from .loops import bound_names
     scope = code_scope(ctx)
     if scope is None or len(scope_kinds(ctx, scope).assigned.get(name.id, ())) < 2:
         return whole
@@ -1232,7 +1231,8 @@ def reaching_kind(ctx, name: ast.Name) -> Optional[str]:
     if name not in flow.parent:
         return whole
     comprehensions = [n for n in flow.enclosing(name) if isinstance(n, _COMPREHENSIONS)]
-    if any(name.id in bound_names(g.target) for c in comprehensions for g in c.generators):
+    if any(isinstance(n, ast.Name) and n.id == name.id for c in comprehensions for g in c.generators
+           for n in ast.walk(g.target)):
         return whole  # the comprehension's own variable
     # a comprehension reads the scope's names where it runs
     reaching = flow.reaching_all_at(name.id, comprehensions[-1]) if comprehensions else flow.reaching_all(name)
