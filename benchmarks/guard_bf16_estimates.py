@@ -74,7 +74,10 @@ def main(argv=None) -> int:
     ap.add_argument("--rounds", type=int, default=6)
     ap.add_argument("--per-round", type=int, default=5)
     ap.add_argument("--out", default="", help="folder for guard_bf16_estimates.json/.md")
+    ap.add_argument("--batch-scale", type=int, default=1,
+                    help="multiply every model's batch (a larger batch moves a host-bound step onto the GPU)")
     args = ap.parse_args(argv)
+    six.BATCH_SCALE = args.batch_scale
     torch.backends.cuda.matmul.allow_tf32 = False
     words = [w.strip().lower() for w in args.models.split(",") if w.strip()]
     rows = []
@@ -82,7 +85,8 @@ def main(argv=None) -> int:
         if words and not any(w in name.lower() for w in words):
             continue
         try:
-            rows.append(one_model(name, make, args.quick, args.rounds, args.per_round))
+            shown = name if args.batch_scale == 1 else f"{name}, batch ×{args.batch_scale}"
+            rows.append(one_model(shown, make, args.quick, args.rounds, args.per_round))
         except ImportError as exc:
             print("skip", name, exc, flush=True)
     device = torch.cuda.get_device_name() if torch.cuda.is_available() else "cpu"

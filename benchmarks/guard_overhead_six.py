@@ -71,6 +71,10 @@ def profiler_ctx(stacks):
 
 
 # -- models --------------------------------------------------------------------------------------
+# Every model's batch is multiplied by this (the names in MODELS give the batch at 1).
+BATCH_SCALE = 1
+
+
 def autocast(bf16):
     """bf16 autocast, or no autocast region at all for fp32 (an `autocast(enabled=False)` region
     tells the guard the fp32 is on purpose, and MAT401 stays quiet there)."""
@@ -90,7 +94,7 @@ def gpt2(quick, bf16):
 
     cfg = GPT2Config(n_layer=2, n_embd=64, n_head=4, n_positions=128) if quick else GPT2Config()
     model = _hf(GPT2LMHeadModel, cfg).to(DEVICE)
-    b, s = (2, 32) if quick else (4, 512)
+    b, s = (2, 32) if quick else (4 * BATCH_SCALE, 512)
     data = torch.randint(0, cfg.vocab_size, (b, s), device=DEVICE)
 
     def loss_fn(m):
@@ -110,7 +114,7 @@ def llama_gqa(quick, bf16):
         cfg = LlamaConfig(hidden_size=1024, intermediate_size=2816, num_hidden_layers=8, num_attention_heads=16,
                           num_key_value_heads=4, vocab_size=32000, max_position_embeddings=1024)
     model = _hf(LlamaForCausalLM, cfg).to(DEVICE)
-    b, s = (2, 32) if quick else (4, 512)
+    b, s = (2, 32) if quick else (4 * BATCH_SCALE, 512)
     data = torch.randint(0, cfg.vocab_size, (b, s), device=DEVICE)
 
     def loss_fn(m):
@@ -126,7 +130,7 @@ def bert(quick, bf16):
     cfg = (BertConfig(hidden_size=64, num_hidden_layers=2, num_attention_heads=4, intermediate_size=128,
                       vocab_size=1000) if quick else BertConfig())
     model = _hf(BertForMaskedLM, cfg).to(DEVICE)
-    b, s = (2, 32) if quick else (8, 256)
+    b, s = (2, 32) if quick else (8 * BATCH_SCALE, 256)
     g = torch.Generator().manual_seed(0)
     ids = torch.randint(0, cfg.vocab_size, (b, s), generator=g)
     mask = torch.ones(b, s, dtype=torch.long)
@@ -169,7 +173,7 @@ def resnet50(quick, bf16):
     tv = _torchvision()
     model = SmallResNet() if tv is None else tv.models.resnet50(weights=None)
     model = model.to(DEVICE).to(memory_format=torch.channels_last)
-    b, r = (2, 32) if quick else (32, 224)
+    b, r = (2, 32) if quick else (32 * BATCH_SCALE, 224)
     x = torch.randn(b, 3, r, r, device=DEVICE).to(memory_format=torch.channels_last)
     y = torch.randint(0, 1000, (b,), device=DEVICE)
 
@@ -190,7 +194,7 @@ def vit(quick, bf16):
         b, r = 2, 32
     else:
         model = tv.models.vit_b_16(weights=None)
-        b, r = 16, 224
+        b, r = 16 * BATCH_SCALE, 224
     model = model.to(DEVICE)
     x = torch.randn(b, 3, r, r, device=DEVICE)
     y = torch.randint(0, 1000, (b,), device=DEVICE)
@@ -213,8 +217,8 @@ class SmallMLP(nn.Module):
 
 def mlp(quick, bf16):
     model = SmallMLP().to(DEVICE)
-    x = torch.randn(64, 256, device=DEVICE)
-    y = torch.randint(0, 10, (64,), device=DEVICE)
+    x = torch.randn(64 * BATCH_SCALE, 256, device=DEVICE)
+    y = torch.randint(0, 10, (64 * BATCH_SCALE,), device=DEVICE)
 
     def loss_fn(m):
         with autocast(bf16):

@@ -32,8 +32,12 @@ def _slice_bytes(line: str, start: int, end) -> str:
     return line.encode("utf-8")[start:end].decode("utf-8", "replace")
 
 
-def mentions_torch(data: bytes) -> bool:
-    return b"torch" in data
+def mentions_torch(data) -> bool:
+    """The pre-filter: the file (bytes or text) may hold PyTorch code: it names `torch`, or runs a
+    backward pass (`loss.backward()` in a helper module that never imports torch)."""
+    if isinstance(data, bytes):
+        return b"torch" in data or b".backward(" in data
+    return "torch" in data or ".backward(" in data
 
 
 class FileContext:
@@ -514,7 +518,7 @@ def lint_tree(tree: ast.Module, source: str, filename: str, rule_classes, rule_o
 
 
 def lint_source(source: str, filename: str, rule_classes, rule_options=None, prefilter: bool = True) -> list:
-    if prefilter and "torch" not in source:
+    if prefilter and not mentions_torch(source):
         return []
     tree, error = parse(source, filename)
     if error:
@@ -546,7 +550,7 @@ def read_notebook(text: str, filename: str):
 def lint_notebook(text: str, filename: str, rule_classes, rule_options=None) -> list:
     """Findings for a notebook's code cells, located in their cells; a cell that does not parse
     gets MAT001 and the others are linted without it."""
-    if "torch" not in text:
+    if not mentions_torch(text):
         return []
     book, error = read_notebook(text, filename)
     if error:
@@ -557,7 +561,7 @@ def lint_notebook(text: str, filename: str, rule_classes, rule_options=None) -> 
 
 def lint_program(program, filename: str, rule_classes, rule_options=None) -> list:
     """Findings for a notebook's `Program`, located in its cells (`# noqa` as in a file)."""
-    if "torch" not in program.source:
+    if not mentions_torch(program.source):
         return []
     try:
         tree = program.tree if program.tree is not None else notebook.parse(program.source, filename)

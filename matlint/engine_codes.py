@@ -9,7 +9,7 @@ from .rule import Rule
 
 _COMMON_QUIET = """
 ## Stays quiet on
-Files that never mention `torch` are not parsed at all (the pre-filter), so their syntax is
+Files that never mention `torch` nor call `.backward(` are not parsed at all (the pre-filter), so their syntax is
 not judged; ruff or flake8 report that.
 
 ## Fix safety

@@ -76,7 +76,8 @@ class MatlintFlake8:
         if not self.rules:
             return
         source = "".join(self.lines)
-        if "torch" not in source:
+        from .engine import mentions_torch
+        if not mentions_torch(source):
             return
         from .engine import FILE_NOQA_RE, lint_tree, noqa_map
 

@@ -17,7 +17,7 @@ from typing import Callable, Optional
 
 from . import engine, notebook
 from .cache import Cache
-from .semantic.project import imported_paths
+from .semantic.project import project_dependencies
 from .diagnostics import Finding
 from .files import unreadable
 from .registry import rules_fingerprint
@@ -60,9 +60,10 @@ def lint_path(path: str, settings, cache: Optional[Cache]) -> tuple:
         # undecodable file is worth a word.
         return engine.lint_bytes(data, path, ()), stat
     if cache:
-        # Findings may read the project modules the file imports: they are part of the key
+        # Findings may read the project modules the file imports (and, for some, the files that
+        # import it): they are part of the key
         text = notebook.code_text(data) if path.endswith(notebook.NOTEBOOK_SUFFIX) else data.decode("utf-8", "replace")
-        imports = imported_paths(text, path)
+        imports = project_dependencies(text, path)
         key = cache.key(data, path, imports)
         recorded = cache.with_imports(stat, imports)
         cached = cache.same_key(entry, path, key)

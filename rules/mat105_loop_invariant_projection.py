@@ -7,8 +7,8 @@ import ast
 from matlint.rule import Rule
 
 from matlint.semantic.project import module_class_of
-from matlint.semantic.loops import updates_weights
-from matlint.semantic.shapes import method_of
+from matlint.semantic.loops import loaded_names, updates_weights
+from matlint.semantic.shapes import method_of, self_name_of
 from matlint.rule import GemmVisitor
 from matlint.semantic.torch_api import as_gemm
 from .mat101_python_loop_matmul import PythonLoopMatmul
@@ -111,6 +111,7 @@ class LoopInvariantProjection(GemmVisitor, Rule):
         super().__init__(ctx, options)
         # MAT101's loop analysis (per-step items, recurrences), reused rather than copied.
         self._loop_gemms = PythonLoopMatmul(ctx)
+        self._reported_in_callees: set = set()  # GEMMs of a step function, reported once however often called
 
     gemms_in_loops_only = True
 
@@ -118,6 +119,77 @@ class LoopInvariantProjection(GemmVisitor, Rule):
         super().visit_Call(node)  # a GEMM of the step
         if self.ctx.loops:
             self._check_module_call(node)
+            self._check_step_function(node)
+
+    def _check_step_function(self, node: ast.Call) -> None:
+        """`hidden = recurrence(x[t], hidden)`: a function the enclosing function defines (or a
+        method of the class, `self.cell(x[t], h)`) called with the step's slice of a tensor fixed
+        before the loop and with the recurrent state. Each GEMM in it that reads the parameter
+        receiving the slice, with weights fixed before the loop, is the input projection."""
+        loop = self.ctx.loops[-1]
+        if loop.is_comprehension or not node.args or any(isinstance(a, ast.Starred) for a in node.args):
+            return
+        callee = self._step_function(node.func)
+        if callee is None or updates_weights(self.ctx, loop):
+            return
+        params = [a.arg for a in callee.args.posonlyargs + callee.args.args]
+        if isinstance(node.func, ast.Attribute):
+            params = params[1:]
+        passed = list(zip(params, node.args))
+        if not any(loop.reads_carried(arg) for _, arg in passed):
+            return  # no recurrent state goes in: MAT101's loop, not a recurrence
+        rebound = {n.id for n in ast.walk(callee) if isinstance(n, ast.Name) and not isinstance(n.ctx, ast.Load)}
+        for param, arg in passed:
+            if param in rebound or loop.reads_carried(arg):
+                continue
+            item = self._loop_gemms._batched(loop, arg, 0, transforms=True)
+            if item is None or any(loop.changes(source) for source in item.sources):
+                continue
+            for gemm in self._projections_of(callee, param, set(params), loop):
+                if id(gemm.node) in self._reported_in_callees:
+                    continue
+                self._reported_in_callees.add(id(gemm.node))
+                self.report(gemm.node, f"this projection reads only `{param}`, which the call at line {node.lineno} "
+                                       f"(`{self.ctx.segment(node.func)}(...)`) gives the step's slice `{self.ctx.segment(arg)}`, "
+                                       f"not the recurrent state: {self._suggestion(gemm, item, arg, loop)}, and "
+                                       f"hand `{callee.name}` the step's projected rows in place of `{param}`")
+
+    def _step_function(self, func: ast.AST):
+        """The function a call in the loop runs: one the enclosing function defines once under
+        that name, or a method of the enclosing class called on `self`."""
+        ctx = self.ctx
+        if isinstance(func, ast.Name) and ctx.function is not None:
+            defs = [stmt for stmt in ast.walk(ctx.function)
+                    if isinstance(stmt, (ast.FunctionDef, ast.AsyncFunctionDef)) and stmt.name == func.id
+                    and stmt is not ctx.function]
+            stored = any(isinstance(n, ast.Name) and n.id == func.id and not isinstance(n.ctx, ast.Load)
+                         for n in ast.walk(ctx.function))
+            return defs[0] if len(defs) == 1 and not stored else None
+        if (isinstance(func, ast.Attribute) and isinstance(func.value, ast.Name) and ctx.class_ is not None
+                and ctx.functions and func.value.id == self_name_of(ctx.functions[0])):
+            return method_of(ctx.class_, func.attr)
+        return None
+
+    def _projections_of(self, callee, param: str, params: set, loop) -> list:
+        """The GEMMs in `callee` with `param` as their only per-call operand: every other operand
+        is a weight fixed before the loop (`self.W`, a layer of the class, a name of the
+        enclosing scope the loop does not change), none another parameter."""
+        found = []
+        for sub in ast.walk(callee):
+            gemm = as_gemm(self.ctx, sub)
+            if gemm is None or not gemm.operands:
+                continue
+            operands = list(gemm.operands)
+            extra = list(sub.args[len(gemm.operands):]) if gemm.op == "linear" else []
+            if sum(isinstance(op, ast.Name) and op.id == param for op in operands) != 1:
+                continue
+            others = [op for op in operands if not (isinstance(op, ast.Name) and op.id == param)] + extra
+            if gemm.op == "nn.Linear":
+                others.append(sub.func)
+            if any(loaded_names(op) & params or loop.changes(op) for op in others):
+                continue
+            found.append(gemm)
+        return found
 
     def _check_module_call(self, node: ast.Call) -> None:
         """`self.attention(encoder_out, h)` in the recurrence, a module of a class of the project

@@ -8,8 +8,21 @@ from typing import Optional
 from matlint.rule import Only, Rule
 
 from matlint.semantic.kinds import int_const
-from matlint.semantic.layout import STRIDE_KEEPING, Reorder, may_be_laid_out_otherwise, mergeable, reorder
+from matlint.semantic.layout import (STRIDE_KEEPING, Reorder, assigned_value, may_be_laid_out_otherwise, mergeable,
+                                    reorder)
 from matlint.semantic.shapes import as_dim, dim_eq, shape_of, value_of
+
+
+# How many steps (a cast, a comparison, a slice, a name) the rule follows back to a transpose.
+_FOLLOWED = 8
+_COMPARISONS = frozenset({"eq", "ne", "lt", "le", "gt", "ge"})
+_COMPARE_OPS = (ast.Eq, ast.NotEq, ast.Lt, ast.LtE, ast.Gt, ast.GtE)
+
+
+def _keeps_every_dim(index: ast.AST) -> bool:
+    """`[:k]`, `[1:, :n]`: plain slices, no step, no int, None or mask: the same dims, in the same order."""
+    items = index.elts if isinstance(index, ast.Tuple) else [index]
+    return all(isinstance(item, ast.Slice) and item.step is None for item in items)
 
 
 class ViewAfterTranspose(Rule):
@@ -20,9 +33,9 @@ class ViewAfterTranspose(Rule):
     summary = "`.view()` merging dims of a transposed/permuted tensor: it raises at run time; use `reshape` or `.contiguous()` first."
     docs = """
     ## What it does
-    Flags `.view(...)` applied directly to a transpose or permute (`x.transpose(1, 2).view(B, T, C)`,
+    Flags `.view(...)` applied to a transpose or permute (`x.transpose(1, 2).view(B, T, C)`,
     `x.permute(0, 2, 1).view(-1)`, `x.movedim(1, 2).view(B, -1)`, also through a dtype/device
-    cast) when the view must merge two
+    cast, a comparison, a slice or a name bound once) when the view must merge two
     dims that the transpose took out of memory order. The rule knows the permutation (from
     `permute`'s arguments, or from `transpose` and the tensor's inferred rank) and the number of
     dims asked for; it reports only when the view asks for fewer dims than the permuted tensor
@@ -55,8 +68,13 @@ class ViewAfterTranspose(Rule):
       permuted tensor's own and one size is left between them, which takes all the other dims:
       `x.permute(0, 2, 3, 1).view(N, -1)` after `N, C, H, W = x.shape` merges H, W and C, and C
       is out of memory order, so it is reported.
-    - Transposes of a tensor whose rank is unknown (other than `permute`, which states it), a
-      view of a name assigned from a transpose, `view(dtype)`, `view(*shape)`, `view(shape)`.
+    - Transposes of a tensor whose rank is unknown (other than `permute`, which states it),
+      `view(dtype)`, `view(*shape)`, `view(shape)`.
+    - A name the function may bind to more than one value where the view reads it. A name bound
+      once is followed (`h = x.transpose(1, 2)` ... `h.view(B, -1)`), as are casts, comparisons
+      (`pred.t().eq(target)` keeps the transposed layout) and slices that keep every dim
+      (`correct[:k]`): `correct[:k].view(-1)` of the classic top-k accuracy helper raises for
+      any `k > 1`.
     - Transposes of a tensor that is itself a transposed, permuted or moved view (`movedim`,
       `moveaxis`) or a `memory_format=` copy, inline or through a name (`h = x.transpose(1, 2)`
       ... `h.transpose(1, 2).view(B, -1)`): the second transpose may restore memory order.
@@ -91,7 +109,10 @@ class ViewAfterTranspose(Rule):
         if all(free) if merged is not None else any(free):
             return
         seg = self.ctx.segment
-        self.report(func, f"`.view()` on `{seg(source.node)}` must merge dims the transpose took out of memory "
+        receiver = f"`{seg(source.node)}`"
+        if source.node is not func.value:
+            receiver = f"`{seg(func.value)}`, which has the layout of {receiver},"
+        self.report(func, f"`.view()` on {receiver} must merge dims the transpose took out of memory "
                           "order: it raises at run time for any dims larger than 1; use `.reshape(...)` (or "
                           "`.contiguous().view(...)`)",
                     fix=self._fix(func), end_node=node)
@@ -115,9 +136,24 @@ class ViewAfterTranspose(Rule):
         return len(args)
 
     def _reorder_through_casts(self, expr: ast.AST) -> Optional[Reorder]:
-        while (isinstance(expr, ast.Call) and isinstance(expr.func, ast.Attribute)
-               and expr.func.attr in STRIDE_KEEPING and not expr.keywords):
-            expr = expr.func.value
+        """The transpose or permute whose layout `expr` has: `expr` itself, or what it is made of
+        through casts, comparisons (an element-wise result takes its input's layout), slices
+        that keep every dim (`[:k]`), and names the function binds once to such a value."""
+        for _ in range(_FOLLOWED):
+            if isinstance(expr, ast.Call) and isinstance(expr.func, ast.Attribute) and not expr.keywords and (
+                    expr.func.attr in STRIDE_KEEPING or (expr.func.attr in _COMPARISONS and len(expr.args) == 1)):
+                expr = expr.func.value
+            elif isinstance(expr, ast.Compare) and len(expr.ops) == 1 and type(expr.ops[0]) in _COMPARE_OPS:
+                expr = expr.left
+            elif isinstance(expr, ast.Subscript) and _keeps_every_dim(expr.slice):
+                expr = expr.value
+            elif isinstance(expr, ast.Name):
+                value = assigned_value(self.ctx, expr)
+                if value is None:
+                    return None
+                expr = value
+            else:
+                break
         return reorder(self.ctx, expr)
 
     def _surely_merged(self, node: ast.Call, source: Reorder, view_rank: int) -> Optional[range]:

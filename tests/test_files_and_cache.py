@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import json
+import os
 import time
 import subprocess
 from pathlib import Path
@@ -445,3 +446,46 @@ def test_a_file_whose_project_imports_are_unchanged_is_a_hit_by_its_stat(tmp_pat
     _report(tmp_path)
     rewritten = {p for p in _entries(tmp_path) if written.get(p) != p.stat().st_mtime_ns}
     assert len(rewritten) == 1  # train.py, which imports it (utils.py names no torch: no entry); not other.py
+
+
+TRAINER = """
+import torch
+
+def fit(model, loader, opt):
+    for x, y in loader:
+        loss = torch.nn.functional.mse_loss(model(x), y)
+        loss.backward()
+        opt.step()
+"""
+MAIN = "import torch\nfrom trainer import fit\n\nmodel = torch.nn.Linear(4, 1).cuda()\nfit(model, [], None)\n"
+
+
+def test_a_step_in_a_file_without_a_device_is_judged_with_the_files_that_import_it(tmp_path):
+    """trainer.py names no device; main.py imports it and moves the model to CUDA: MAT401 on
+    trainer.py's step. When main.py turns on autocast, trainer.py's entry is a miss and the finding
+    goes; a trainer alone (no importer) stays quiet, and a script added beside it counts."""
+    write(tmp_path / "pyproject.toml", "[tool.matlint]\n")
+    write(tmp_path / "trainer.py", TRAINER)
+    codes = lambda: sorted(f["code"] for f in _report(tmp_path) if f["filename"].endswith("trainer.py"))  # noqa: E731
+    assert codes() == []
+    time.sleep(0.01)
+    write(tmp_path / "main.py", MAIN)
+    assert codes() == ["MAT401"]
+    (finding,) = [f for f in _report(tmp_path) if f["filename"].endswith("trainer.py")]
+    assert "neither this file nor `main.py`, which imports it and moves work to a CUDA device" in finding["message"]
+    write(tmp_path / "main.py", MAIN.replace("fit(model", "with torch.autocast('cuda', dtype=torch.bfloat16):\n    fit(model"))
+    assert codes() == []
+
+
+def test_importers_are_found_beside_below_above_and_through_a_package_init(tmp_path):
+    from matlint.semantic.project import importers
+
+    write(tmp_path / "main.py", "from pkg.algo import PPO\n")
+    write(tmp_path / "pkg" / "__init__.py", "")
+    write(tmp_path / "pkg" / "algo" / "__init__.py", "from .ppo import PPO\n")
+    write(tmp_path / "pkg" / "algo" / "ppo.py", "class PPO:\n    pass\n")
+    write(tmp_path / "pkg" / "algo" / "tests" / "check.py", "from ppo import PPO\n")
+    write(tmp_path / "pkg" / "algo" / "other.py", "import os\n")
+    found = importers(str(tmp_path / "pkg" / "algo" / "ppo.py"))
+    assert sorted(os.path.relpath(p, tmp_path) for p in found) == [
+        "main.py", os.path.join("pkg", "algo", "__init__.py"), os.path.join("pkg", "algo", "tests", "check.py")]

@@ -307,3 +307,46 @@ def test_a_name_reused_for_host_and_device_tensors_has_the_kind_of_the_assignmen
         """), "example.py", [_RevealReaching], prefilter=False)
     # after the loop, `x` is its target or the moved batch; in the comprehension, the whole name's kind
     assert [f.message for f in findings] == ["tensor", "cpu_tensor", "tensor", "tensor", "tensor"]
+
+
+def test_a_store_in_one_arm_of_an_if_does_not_reach_a_read_in_the_other():
+    import ast
+    from matlint.semantic.flow import FunctionFlow
+
+    function = ast.parse(textwrap.dedent("""
+        def f(s, mask, xs):
+            s = s * 2
+            if mask is not None:
+                s = s + mask
+                a = s
+            else:
+                b = s
+            c = s
+            for x in xs:
+                if x:
+                    t = x
+                else:
+                    d = t
+        """)).body[0]
+    flow = FunctionFlow(function)
+    loads = {n.lineno: n for n in ast.walk(function) if isinstance(n, ast.Name) and isinstance(n.ctx, ast.Load)
+             and n.id in ("s", "t")}
+    stored_at = lambda load: sorted(stmt.lineno if stmt is not None else 0 for stmt, _ in flow.reaching_all(load))
+    assert stored_at(loads[8]) == [3]        # the else arm reads what came before the if, not the other arm
+    assert stored_at(loads[9]) == [3, 5]     # after the if, either
+    assert stored_at(loads[14]) == [12]      # in a loop, the other arm stored it on an earlier pass
+
+
+def test_a_comprehension_reads_the_names_of_its_scope_where_it_runs():
+    findings = lint_source(textwrap.dedent("""
+        import torch
+        def learn(n):
+            q = torch.randn(n, 4, device="cuda")
+            q = torch.stack([reveal(q) for i in range(n)])
+            q = q.cpu().numpy()
+            return [reveal(q) for i in range(n)], [reveal(q) for q in range(n)]
+        """), "example.py", [_RevealReaching], prefilter=False)
+    # the device tensor where the first comprehension runs (the name's whole kind mixes it with
+    # the numpy copy); the comprehension's own variable, an int, is no tensor
+    assert findings[0].message == "tensor"
+    assert findings[1].message != "tensor" and findings[2].message != "tensor"

@@ -717,3 +717,40 @@ def test_gate_reads_rows_of_hashes_in_linear_time():
         assert revealed(source) == [None]
     finally:
         signal.alarm(0)
+
+
+def test_what_an_unknown_operand_must_be():
+    values = revealed("def f(h, e, n: int):\n"
+                      "    reveal(h.repeat(n, 1, 1))\n"          # one size per axis of the result
+                      "    reveal(h.repeat(n, 1))\n"             # numpy's repeat(repeats, axis) too: no claim
+                      "    reveal(torch.cat([h.repeat(n, 1, 1), e], 2))\n"  # cat's operands share one rank
+                      "    reveal(torch.cat([h, e], 2))\n")
+    assert [str(v) if v is not None else None for v in values] == ["(?, ?, ?)", None, "(?, ?, ?)", None]
+
+
+def test_wrappers_that_give_their_argument_back():
+    values = revealed("from torch.autograd import Variable\n"
+                      "def f(n: int):\n"
+                      "    reveal(Variable(torch.ones(n)).cuda())\n"
+                      "    reveal(nn.Parameter(torch.randn(n, 4)))\n"
+                      "    reveal(nn.Parameter(torch.randn(n, 4), requires_grad=False))\n")
+    assert [str(v) for v in values] == ["(n,)", "(n, 4)", "(n, 4)"]
+
+
+def test_module_level_instances_and_their_moves():
+    values = revealed("class Head(nn.Module):\n"
+                      "    def __init__(self):\n"
+                      "        super().__init__()\n"
+                      "        self.fc = nn.Linear(8, 1)\n"
+                      "    def forward(self, x):\n"
+                      "        return self.fc(x)\n"
+                      "class Plain:\n"
+                      "    def cuda(self):\n"
+                      "        return None\n"
+                      "head = Head()\n"
+                      "head = head.cuda().train()\n"
+                      "plain = Plain().cuda()\n"
+                      "reveal(head(torch.randn(5, 8)))\n"
+                      "reveal(plain)\n")
+    assert str(values[0]) == "(5, 1)"
+    assert not isinstance(values[1], _shapes.Instance)  # a class's own `cuda` returns what it returns

@@ -115,10 +115,14 @@ class FunctionFlow(BuiltOnFirstUse):
                 return True
         return False
 
-    def _reaches(self, store: Optional[ast.stmt], load: ast.Name) -> bool:
+    def _reaches(self, store: Optional[ast.stmt], load: ast.AST, name: Optional[str] = None) -> bool:
+        """`store` of `name` (the load's own name when None) may hold the value read at `load`."""
+        name = name or load.id
         if store is not None and _end(store) > _pos(load):
-            return self._encloses(store, load) or self._carried(store, load)
-        for other, _ in self.stores.get(load.id, ()):
+            return self._encloses(store, load) or self._carried(store, load, name)
+        if store is not None and self.in_exclusive_arms(store, load):
+            return False
+        for other, _ in self.stores.get(name, ()):
             if other is store or other is None:
                 continue
             if self._encloses(other, load):
@@ -128,11 +132,25 @@ class FunctionFlow(BuiltOnFirstUse):
             later = store is None or _stored_at(other) > _stored_at(store)
             if later and _end(other) <= _pos(load) and self._dominates(other, load):
                 return False
-        for branches in self._storing_branches(load.id):
+        for branches in self._storing_branches(name):
             if (store is None or _pos(branches) > _end(store)) and _end(branches) <= _pos(load) \
                     and self._dominates(branches, load):
                 return False
         return True
+
+    def in_exclusive_arms(self, a: ast.AST, b: ast.AST) -> bool:
+        """`a` and `b` sit in the two arms of one `if` that no loop of the function runs again:
+        when one runs, the other does not, before or after."""
+        for ancestor in self.enclosing(b):
+            if isinstance(ancestor, _LOOPS_AND_COMPREHENSIONS):
+                return False
+            if isinstance(ancestor, ast.If) and ancestor.orelse:
+                arms = (ancestor.body, ancestor.orelse)
+                side_b = [i for i, arm in enumerate(arms) if _pos(arm[0]) <= _pos(b) and _end(b) <= _end(arm[-1])]
+                side_a = [i for i, arm in enumerate(arms) if _pos(arm[0]) <= _pos(a) and _end(a) <= _end(arm[-1])]
+                if side_a and side_b and side_a != side_b:
+                    return not any(isinstance(n, _LOOPS_AND_COMPREHENSIONS) for n in self.enclosing(ancestor))
+        return False
 
     def _storing_branches(self, name: str) -> list:
         """The `if` statements that store `name` on both branches (`if c: x = a` / `else: x =
@@ -160,7 +178,7 @@ class FunctionFlow(BuiltOnFirstUse):
         # `for x in f(x):` reads the `x` from before the loop in its iterable
         return not (isinstance(stmt, (ast.For, ast.AsyncFor)) and _pos(stmt.iter) <= _pos(load) <= _end(stmt.iter))
 
-    def _carried(self, store: ast.stmt, load: ast.Name) -> bool:
+    def _carried(self, store: ast.stmt, load: ast.AST, name: str) -> bool:
         """`store`, after `load` in the source, runs in a loop around `load`, so its value reaches
         `load` on the next pass, unless every pass stores the name again before the read."""
         for loop in self.enclosing(load):
@@ -168,18 +186,23 @@ class FunctionFlow(BuiltOnFirstUse):
                 continue
             if not _in_loop_body(store, loop):
                 continue  # an outer loop may still hold both
-            if isinstance(loop, (ast.For, ast.AsyncFor)) and load.id in _stored_names_of(loop.target):
+            if isinstance(loop, (ast.For, ast.AsyncFor)) and name in _stored_names_of(loop.target):
                 return False
             return not any(
                 other is not None and other is not store and _in_loop_body(other, loop)
                 and _end(other) <= _pos(load) and self._dominates(other, load)
-                for other, _ in self.stores.get(load.id, ()))
+                for other, _ in self.stores.get(name, ()))
         return False
 
     def reaching_all(self, load: ast.Name) -> list:
         """Every (statement, is a plain `name = value`) whose stored value `load` may read; the
         statement is None for a parameter."""
         return [(stmt, simple) for stmt, simple in self.stores.get(load.id, ()) if self._reaches(stmt, load)]
+
+    def reaching_all_at(self, name: str, node: ast.AST) -> list:
+        """`reaching_all` for a read of `name` where `node` stands (a comprehension of this
+        function, whose body reads the function's names where the comprehension runs)."""
+        return [(stmt, simple) for stmt, simple in self.stores.get(name, ()) if self._reaches(stmt, node, name)]
 
     def reaching(self, load: ast.Name) -> Optional[ast.Assign]:
         """The one `name = value` statement whose value `load` reads, or None when several may

@@ -432,8 +432,13 @@ def moves_work_to_cuda(ctx) -> bool:
     file that does none of these runs its tensors where they were made, on the CPU."""
     found = ctx.shared.get("moves_work_to_cuda")
     if found is None:
-        found = ctx.shared["moves_work_to_cuda"] = _CUDA_WORK.search(ctx.source) is not None
+        found = ctx.shared["moves_work_to_cuda"] = names_cuda_work(ctx.source)
     return found
+
+
+def names_cuda_work(text: str) -> bool:
+    """`moves_work_to_cuda` on a file's text: for the project files another file's findings read."""
+    return _CUDA_WORK.search(text) is not None
 
 
 def cpu_only_script(ctx) -> bool:
@@ -1235,19 +1240,27 @@ def reaching_kind(ctx, name: ast.Name, known: bool = False) -> Optional[str]:
     reach it (`FunctionFlow.reaching_all`) rather than from all of them: in a notebook, `for X, y
     in loader:` binds host batches, whatever device tensors other cells store in `X`. A name bound
     once, a reaching store that is not an assignment or a `for` target (a parameter, `with ... as`),
-    and a read in a comprehension get `kind_of`'s answer; so do reaching assignments of no kind
-    it can tell (`n = sum(sizes)`, then `n = torch.as_tensor([n])`), unless `known`: then None."""
+    and a comprehension's own variable get `kind_of`'s answer; another name a comprehension reads
+    is judged by the stores that reach the comprehension. Reaching assignments of no kind it can
+    tell (`n = sum(sizes)`, then `n = torch.as_tensor([n])`) get `kind_of`'s answer too, unless
+    `known`: then None."""
     whole = kind_of(ctx, name)
     from .flow import code_scope, flow_of  # flow reads identifiers through this module
     scope = code_scope(ctx)
     if scope is None or len(scope_kinds(ctx, scope).assigned.get(name.id, ())) < 2:
         return whole
     flow = flow_of(ctx, scope)
-    if name not in flow.parent or any(isinstance(n, _COMPREHENSIONS) for n in flow.enclosing(name)):
+    if name not in flow.parent:
         return whole
+    comprehensions = [n for n in flow.enclosing(name) if isinstance(n, _COMPREHENSIONS)]
+    if any(isinstance(n, ast.Name) and n.id == name.id for c in comprehensions for g in c.generators
+           for n in ast.walk(g.target)):
+        return whole  # the comprehension's own variable
+    # a comprehension reads the scope's names where it runs
+    reaching = flow.reaching_all_at(name.id, comprehensions[-1]) if comprehensions else flow.reaching_all(name)
     binder = ScopeKinds(scope)
     binder.assigned = {}  # set here, so the scope's own collection never runs
-    for stmt, _ in flow.reaching_all(name):
+    for stmt, _ in reaching:
         what = _COLLECTED_NODES.get(type(stmt)) if stmt is not None else None
         if what not in _STATEMENT_BINDINGS:
             return whole

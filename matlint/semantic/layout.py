@@ -251,11 +251,14 @@ def reads_of_assigned(ctx, value: ast.AST, where: Callable, spelled: Callable) -
 
 
 def _inline_or_assigned(ctx, base: ast.AST) -> list:
-    """`base` itself and, for a name, the values the function assigns to it in simple statements."""
+    """`base` itself and, for a name, the values the function assigns to it in simple statements
+    that may reach it."""
     values = [base]
     if isinstance(base, ast.Name) and ctx.function is not None:
-        stores = flow_of(ctx, ctx.function).stores.get(base.id, [])
-        values += [stmt.value for stmt, simple in stores if simple]
+        flow = flow_of(ctx, ctx.function)
+        # The stores this load may read; all of the name's stores for a node the flow does not hold.
+        stores = flow.reaching_all(base) if base in flow.parent else flow.stores.get(base.id, [])
+        values += [stmt.value for stmt, simple in stores if stmt is not None and simple]
     return values
 
 

@@ -65,6 +65,98 @@ def imported_paths(source: str, filename: str) -> list:
     return sorted(found)
 
 
+_IMPORTERS_FILES = 400  # a tree with more Python files than this is a library, not a script's project
+_SKIPPED_FOLDERS = frozenset({".git", ".venv", "venv", "env", "node_modules", "site-packages", "build", "dist",
+                              "__pycache__", ".tox", ".mypy_cache", ".matlint_cache"})
+_IMPORTERS: dict = {}  # the nearby files -> (their mtimes, {path: the files that import it})
+
+
+def steps_without_device(source: str) -> bool:
+    """A training step (`.backward(`) in a file that names no device: where it runs is set by the
+    files that import it (MAT401 reads them), so they are part of what its findings depend on."""
+    from .kinds import names_cuda_work
+    return ".backward(" in source and not names_cuda_work(source)
+
+
+def project_dependencies(source: str, filename: str) -> list:
+    """The files a file's findings may depend on: the project modules it imports and, for a
+    training step in a file that names no device, the project files that import it, and its
+    folder (a script added beside it may import it)."""
+    found = imported_paths(source, filename)
+    if steps_without_device(source) and filename and os.path.isfile(filename):
+        found = sorted(set(found) | set(importers(filename)) | {os.path.dirname(os.path.abspath(filename))})
+    return found
+
+
+def importers(filename: str) -> list:
+    """The project files that import `filename`, directly or through a package's `__init__.py`
+    that imports it (`from algo import PPO` with `algo/__init__.py` importing `.ppo`): those
+    `imported_paths` resolves to it among the Python files of its folder and the two below it,
+    and those beside the folders `_LEVELS_UP` above it, where a script that imports it sits
+    (none where there are more than `_IMPORTERS_FILES` of them). Worked out once per process
+    while no such file changes."""
+    if not filename or not os.path.isfile(filename):
+        return []
+    target = os.path.abspath(filename)
+    files = _nearby_python_files(os.path.dirname(target))
+    if files is None:
+        return []
+    key = tuple(files)
+    stats = tuple(_mtime(path) for path in files)
+    cached = _IMPORTERS.get(key)
+    if cached is None or cached[0] != stats:
+        table: dict = {}
+        for path in files:
+            try:
+                with open(path, encoding="utf-8", errors="replace") as handle:
+                    text = handle.read()
+            except OSError:
+                continue
+            for imported in imported_paths(text, path):
+                table.setdefault(os.path.abspath(imported), set()).add(path)
+        cached = _IMPORTERS[key] = (stats, table)
+    table = cached[1]
+    found, frontier = set(), {target}
+    for _ in range(_RE_EXPORT_HOPS + 1):
+        reached = set().union(*(table.get(path, ()) for path in frontier)) - found - {target}
+        found |= reached
+        frontier = {path for path in reached if os.path.basename(path) == "__init__.py"}
+        if not frontier:
+            break
+    return sorted(found)
+
+
+def _nearby_python_files(here: str) -> Optional[list]:
+    """The Python files of `here` and the two folders below it, and those directly in the
+    folders `_LEVELS_UP` above it; None past `_IMPORTERS_FILES`."""
+    found = []
+    base_depth = here.rstrip(os.sep).count(os.sep)
+    for folder, dirs, names in os.walk(here):
+        if folder.rstrip(os.sep).count(os.sep) - base_depth >= 2:
+            dirs[:] = []
+        dirs[:] = sorted(d for d in dirs if d not in _SKIPPED_FOLDERS and not d.startswith("."))
+        found.extend(os.path.join(folder, n) for n in sorted(names) if n.endswith(".py"))
+        if len(found) > _IMPORTERS_FILES:
+            return None
+    above = here
+    for _ in range(_LEVELS_UP):
+        above = os.path.dirname(above)
+        try:
+            names = sorted(os.listdir(above))
+        except OSError:
+            break
+        found.extend(os.path.join(above, n) for n in names if n.endswith(".py")
+                     and os.path.isfile(os.path.join(above, n)))
+    return found if len(found) <= _IMPORTERS_FILES else None
+
+
+def _mtime(path: str) -> int:
+    try:
+        return os.stat(path).st_mtime_ns
+    except OSError:
+        return 0
+
+
 def _from_imports(source: str):
     """(dots, module, the names imported, or None for `*`) of each `from ... import ...` line."""
     for match in _FROM_IMPORT.finditer(source):

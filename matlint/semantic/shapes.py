@@ -566,7 +566,13 @@ def op_matmul(a: Shape, b: Shape) -> Optional[Shape]:
 
 
 def op_cat(shapes, axis) -> Optional[Shape]:
-    if not shapes or any(s is None for s in shapes) or not isinstance(axis, int):
+    if not shapes or not isinstance(axis, int):
+        return None
+    ranked = [s for s in shapes if s is not None and not s.leading]
+    if ranked and len(ranked) < len(shapes):
+        # cat takes tensors of one rank: an operand of unknown shape has the others' rank
+        shapes = [s if s is not None else make_shape([None] * len(ranked[0].dims)) for s in shapes]
+    if any(s is None for s in shapes):
         return None
     first = shapes[0]
     if any(s.leading != first.leading or len(s.dims) != len(first.dims) for s in shapes):
@@ -1755,6 +1761,10 @@ class FunctionShapes:
                 return self._tensor_method(func.attr, receiver, node, args, kwargs)
             if func.attr in ("view", "reshape") and (receiver is None or isinstance(receiver, Opaque)):
                 return self._view(None, node, args)  # the target size alone gives the shape
+            if func.attr == "repeat" and len(args) >= 3 and not kwargs and (receiver is None or isinstance(receiver, Opaque)):
+                # `h.repeat(T, 1, 1)`: one size per axis of the result (numpy's `repeat` takes two at most)
+                reps = self._int_list(node, args, "repeats")
+                return make_shape([None] * len(reps)) if reps is not None else None
             if (func.attr == "gather" and qual is None and len(args) == 2 and not kwargs
                     and isinstance(args[0], IntVal) and (receiver is None or isinstance(receiver, Opaque))):
                 return _gathered(args[1])  # `net(s).gather(1, a)`: the index's shape whatever the input
@@ -1971,6 +1981,9 @@ class FunctionShapes:
         """nn.<Name>(...) constructors: a Module (shape map) or a Loss."""
         if name in LOSS_MODULES or name in _OTHER_LOSS_MODULES:
             return Loss(name, "reduction" in kwargs)
+        if name in ("Parameter", "Buffer"):
+            data = args[0] if args else kwargs.get("data")
+            return replace(data, explicit=frozenset()) if isinstance(data, Shape) else None
         if name in ("Linear", "LazyLinear"):
             out = kwargs.get("out_features", args[-1] if (args and name == "LazyLinear") else
                              (args[1] if len(args) > 1 else None))
@@ -2539,7 +2552,7 @@ _NO_SHAPES = SimpleNamespace(values=MappingProxyType({}), value=lambda expr: Non
 # Torch names (the last part of the qualified name) whose call gives a shape from sizes alone, or
 # a layer or loss whose call does.
 _SHAPE_SOURCE_NAMES = frozenset(
-    _CONSTRUCTORS | {"randint", "tensor", "arange", "linspace", "logspace", "eye", "view", "reshape",
+    _CONSTRUCTORS | {"randint", "tensor", "arange", "linspace", "logspace", "eye", "view", "reshape", "repeat",
                      "Linear", "LazyLinear", "Embedding", "Conv1d", "Conv2d", "Conv3d",
                      "cross_entropy", "nll_loss", "kl_div"}
     | LOSS_FUNCTIONS | set(LOSS_MODULES) | _OTHER_LOSS_MODULES)

@@ -8,6 +8,7 @@ from typing import Optional
 
 from matlint.semantic import kinds as _kinds
 from matlint.semantic.flow import flow_of
+from matlint.semantic.layout import assigned_value
 from matlint.semantic.loops import LoopInfo, walk_no_scopes
 from matlint.semantic.torch_api import as_gemm
 
@@ -70,6 +71,8 @@ class _PerItemOperands:
         it = loop.iter
         if it is None:  # while loop counter
             return True
+        if isinstance(it, ast.Name):  # `steps = range(T)` ... `for t in steps`
+            it = assigned_value(self.ctx, it)
         if isinstance(it, ast.Call) and isinstance(it.func, ast.Name):
             if it.func.id == "range":
                 return len(it.args) in (1, 2) and isinstance(loop.node, (ast.For, ast.AsyncFor, ast.ListComp,

@@ -66,7 +66,8 @@ class LossShapeMismatch(Rule):
     ```
 
     ## Stays quiet on
-    Input or target of unknown shape or rank (a module held in an attribute of unknown class, an
+    Input or target of unknown shape or rank (the BCE pair raises on any difference, so for it two
+    known ranks that differ are enough, whatever the sizes) (a module held in an attribute of unknown class, an
     argument that another call passes as another class, a method whose `return`s disagree, a
     batch whose rows come from a Python list of unknown items); sizes that are different symbols (`N` against
     `M`, or a symbolic size against 1: the symbol may be 1); a singleton axis the author made
@@ -112,6 +113,17 @@ class LossShapeMismatch(Rule):
         elif self._literal_mismatch(a, b):
             advice = ("make the shapes agree" if input_grows else
                       "give the target the input's shape (`target.expand_as(input)` if the repeat is meant)")
+        elif function in _RAISES_ON_ANY_MISMATCH and a.rank is not None and b.rank is not None and a.rank != b.rank:
+            # The BCE pair compares the sizes before anything else: any two ranks raise, whatever the
+            # sizes are. A trailing 1 on the higher rank is the usual cause.
+            if a.rank == b.rank + 1 and a.dims[-1] == 1:
+                fix = self.replace(input_node, squeezed(self.ctx, input_node), "Squeeze the input (`.squeeze(-1)`)", safe=False)
+                advice = "write `.squeeze(-1)` on the input"
+            elif b.rank == a.rank + 1 and b.dims[-1] == 1:
+                fix = self.replace(target_node, squeezed(self.ctx, target_node), "Squeeze the target (`.squeeze(-1)`)", safe=False)
+                advice = "write `.squeeze(-1)` on the target"
+            else:
+                advice = "make the shapes agree"
         else:
             return
         shapes = f"{loss} input {fmt_shape(a)} and target {fmt_shape(b)}"

@@ -249,7 +249,7 @@ class StridedGemmInput(Rule):
             if other_rank is None:
                 return None
             if position == 0 and other_rank == 2:
-                if self._never_requires_grad(other) or self._may_be_frozen(other):
+                if self._never_requires_grad(other) or self._may_be_frozen(other) or self._parameter_may_be_frozen(other):
                     return None
                 return self._fold_rows(gemm, view, f"`{self.ctx.segment(other)}`")
             if other_rank != rank or named:
@@ -310,29 +310,41 @@ class StridedGemmInput(Rule):
                 return False
         return True
 
+    def _parameter_values(self, matrix: ast.AST) -> list:
+        """The values the file gives `matrix` where it may be an `nn.Parameter` (`self.W`, or a
+        name the function binds once)."""
+        ctx = self.ctx
+        if not _kinds.may_mention(ctx, "Parameter"):
+            return []
+        if (isinstance(matrix, ast.Attribute) and isinstance(matrix.value, ast.Name) and ctx.class_ is not None
+                and ctx.functions and matrix.value.id == self_name_of(ctx.functions[0])):
+            return [value for _, value in _kinds.class_attribute_values(ctx, ctx.class_, matrix.attr)]
+        if isinstance(matrix, ast.Name) and ctx.function is not None:
+            stores = flow_of(ctx, ctx.function).stores.get(matrix.id, [])
+            return [stmt.value for stmt, simple in stores] if all(simple for _, simple in stores) else []
+        return []
+
     def _parameter_rank(self, matrix: ast.AST) -> Optional[int]:
         """The rank of an `nn.Parameter` that requires grad, made of a sized factory
         (`self.W = nn.Parameter(torch.randn(d, k))`, or a name the function binds so), else None."""
-        ctx = self.ctx
-        if not _kinds.may_mention(ctx, "Parameter"):
-            return None
-        if (isinstance(matrix, ast.Attribute) and isinstance(matrix.value, ast.Name) and ctx.class_ is not None
-                and ctx.functions and matrix.value.id == self_name_of(ctx.functions[0])):
-            values = [value for _, value in _kinds.class_attribute_values(ctx, ctx.class_, matrix.attr)]
-        elif isinstance(matrix, ast.Name) and ctx.function is not None:
-            stores = flow_of(ctx, ctx.function).stores.get(matrix.id, [])
-            values = [stmt.value for stmt, simple in stores] if all(simple for _, simple in stores) else []
-        else:
-            return None
-        ranks = {self._sized_parameter_rank(value) for value in values}
+        ranks = {self._sized_parameter_rank(value) for value in self._parameter_values(matrix)}
         return ranks.pop() if len(ranks) == 1 else None
 
-    def _sized_parameter_rank(self, value: ast.AST) -> Optional[int]:
+    def _parameter_may_be_frozen(self, matrix: ast.AST) -> bool:
+        """`matrix` is an `nn.Parameter` made with a `requires_grad` other than True."""
+        return any(self._parameter_grad_flags(value) not in (None, True) for value in self._parameter_values(matrix))
+
+    def _parameter_grad_flags(self, value: ast.AST):
+        """None where `value` is no `nn.Parameter(...)`; True where it requires grad; False where it
+        may not (`requires_grad=False`, or a flag this cannot read)."""
         if not isinstance(value, ast.Call) or self.ctx.qualname(value.func) not in _PARAMETER or not value.args:
             return None
         grad = [k.value for k in value.keywords if k.arg == "requires_grad"] + value.args[1:2]
-        if any(not (isinstance(g, ast.Constant) and g.value is True) for g in grad):
-            return None  # frozen, or maybe
+        return all(isinstance(g, ast.Constant) and g.value is True for g in grad)
+
+    def _sized_parameter_rank(self, value: ast.AST) -> Optional[int]:
+        if self._parameter_grad_flags(value) is not True:
+            return None  # no parameter, frozen, or maybe
         return _kinds.sized_factory_rank(value.args[0], self.ctx.qualname)
 
     def _may_be_frozen(self, holder: ast.AST) -> bool:

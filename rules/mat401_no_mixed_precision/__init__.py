@@ -3,14 +3,17 @@ a half-precision model, or TF32."""
 from __future__ import annotations
 
 import ast
+import os
 import re
 from typing import Optional
 
-from matlint.semantic.kinds import looks_like_tensor, may_mention, moves_work_to_cuda
+from matlint.semantic.kinds import looks_like_tensor, may_mention, moves_work_to_cuda, names_cuda_work
 from matlint.rule import Only, Rule
 
 from matlint.semantic.loops import identifier, is_backward, is_optimizer_step, name_tokens, walk_no_scopes
 from matlint.semantic.names import in_test_code
+from matlint.semantic.project import importers, module_class_of
+from matlint.semantic.shapes import method_of
 
 _AUTOCAST = {"torch.autocast", "torch.cuda.amp.autocast", "torch.cpu.amp.autocast", "torch.amp.autocast"}
 # Explicit dtypes other than the float32 default: reduced precision, or float64 on purpose.
@@ -54,6 +57,17 @@ def _names_precision(text: str) -> bool:
     return bool(tokens & _PRECISION_TOKENS) or "precision" in tokens and bool(tokens & _PRECISION_PAIRS)
 
 
+# A file's text that turns on reduced precision beyond the tokens `_names_precision` reads.
+_PRECISION_TEXT = re.compile(r"\.half\(\)|set_float32_matmul_precision|^\s*(?:import|from)\s+(?:%s)\b"
+                            % "|".join(_FRAMEWORKS), re.M)
+
+
+def _text_enables_precision(text: str) -> bool:
+    """Another project file may turn on reduced precision (read off its text, conservatively:
+    words in comments and settings count)."""
+    return _names_precision(text) or _PRECISION_TEXT.search(text) is not None
+
+
 def _is_off(value: Optional[ast.AST]) -> bool:
     return isinstance(value, ast.Constant) and any(value.value is off or type(value.value) is type(off)
                                                    and value.value == off for off in _OFF)
@@ -67,7 +81,9 @@ class NoMixedPrecision(Rule):
     docs = """
     ## What it does
     Flags, once per file, the `.backward()` of a GPU training step (a function, or the module
-    level, that calls both `.backward()` and an optimizer's `.step()`, in a file that moves work
+    level, that calls both `.backward()` and an optimizer's `.step()`, directly or through a
+    method of the class an attribute holds, such as `self.optim_schedule.step_and_update_lr()`
+    whose body calls `self._optimizer.step()`, in a file that moves work
     to a CUDA device) when nothing in the file turns on reduced-precision matmuls:
     - `torch.autocast`, `torch.cuda.amp.autocast`, `torch.amp.autocast` in any form (`with`,
       decorator, a context stored in a variable, `nullcontext() if ... else autocast(...)`,
@@ -128,8 +144,12 @@ class NoMixedPrecision(Rule):
     - Files with any of the signs above, including a precision flag it cannot evaluate
       (`if args.amp:`), and training steps in tests (`test_*` functions, test files).
     - Files that never mention CUDA or a device (CPU-only code, where bf16 autocast rarely
-      pays), and a step at module level inside an `if __name__ == "__main__":` block that never
-      mentions them (a smoke test of the file's model on the CPU).
+      pays), unless a project file that imports them does (`trainer.py` with the step, `main.py`
+      that imports it and calls `.cuda()`: reported, and quiet when such a file names any
+      reduced-precision setting or framework), and a step at module level inside an
+      `if __name__ == "__main__":` block that never mentions them (a smoke test of the file's
+      model on the CPU). The importers are the project's files that import the file, directly
+      or through a package's `__init__.py`, in its folder, the two below, and the two above it.
     - Training steps driven by a framework: `self.manual_backward` (no plain `.backward()` plus
       optimizer `.step()` pair), `accelerator.backward(loss)` (its config sets the precision).
 
@@ -168,8 +188,19 @@ class NoMixedPrecision(Rule):
         key = ("mat401_steps", id(owner))
         if key not in self.ctx.shared:
             body = owner.body if isinstance(owner.body, list) else [owner.body]
-            self.ctx.shared[key] = any(is_optimizer_step(n) for stmt in body for n in walk_no_scopes(stmt))
+            self.ctx.shared[key] = any(is_optimizer_step(n) or self._steps_through_held_class(n)
+                                       for stmt in body for n in walk_no_scopes(stmt))
         return self.ctx.shared[key]
+
+    def _steps_through_held_class(self, node: ast.AST) -> bool:
+        """`self.optim_schedule.step_and_update_lr()`: a method of the class the object held in
+        that attribute is (of this file or a project module), whose body steps an optimizer."""
+        if not (isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute)
+                and isinstance(node.func.value, ast.Attribute)):
+            return False
+        held = module_class_of(self.ctx, node.func.value)
+        method = method_of(held[0], node.func.attr) if held is not None else None
+        return method is not None and any(is_optimizer_step(n) for n in ast.walk(method))
 
     def _in_cpu_demo(self) -> bool:
         """At module level inside an `if __name__ == "__main__":` block that never names CUDA or a
@@ -198,6 +229,8 @@ class NoMixedPrecision(Rule):
             return not (isinstance(arg, ast.Constant) and arg.value == "highest")
         if isinstance(node.func, ast.Attribute) and isinstance(node.func.value, ast.Compare):
             return False  # `(pred == y).to(logits.dtype)`: a comparison cast to count it, no precision chosen
+        if qualname.split(".")[0] == "numpy":
+            return False  # `np.ndarray(shape, dtype=float)`: a host array's dtype chooses no matmul precision
         if any(self.ctx.qualname(a) in _CHOSEN_DTYPES or self._routed_dtype(a) for a in node.args):
             return True
         for keyword in node.keywords:
@@ -288,10 +321,31 @@ class NoMixedPrecision(Rule):
     def leave_Module(self, node: ast.Module) -> None:
         if self.mixed_precision or self.training_backward is None:
             return
+        where = "nothing in this file enables mixed precision"
         if not moves_work_to_cuda(self.ctx):
-            return
+            placing = self._importers_placing_work()
+            if not placing:
+                return
+            verbs = "imports it and moves" if len(placing) == 1 else "import it and move"
+            where = (f"neither this file nor {', '.join(f'`{name}`' for name in placing)}, which {verbs} work to a "
+                     "CUDA device, enables mixed precision")
         self.report(self.training_backward,
-                    "this training step runs its matmuls in float32 and nothing in this file enables mixed "
-                    "precision: wrap the forward and loss in `torch.autocast(device_type=\"cuda\", "
-                    "dtype=torch.bfloat16)` (bf16 GEMMs ran 14× faster than fp32 on an H100) or at least call "
-                    "`torch.set_float32_matmul_precision(\"high\")` (TF32, 7.8×)")
+                    f"this training step runs its matmuls in float32 and {where}: wrap the forward and loss in "
+                    "`torch.autocast(device_type=\"cuda\", dtype=torch.bfloat16)` (bf16 GEMMs ran 14× faster "
+                    "than fp32 on an H100) or at least call `torch.set_float32_matmul_precision(\"high\")` "
+                    "(TF32, 7.8×)")
+
+    def _importers_placing_work(self) -> list:
+        """For a step in a file that names no device: the names of the project files that import
+        it and move work to a CUDA device, when none of its importers enables reduced precision
+        (then empty)."""
+        texts = {}
+        for path in importers(self.ctx.filename):
+            try:
+                with open(path, encoding="utf-8", errors="replace") as handle:
+                    texts[path] = handle.read()
+            except OSError:
+                continue
+        if any(_text_enables_precision(text) for text in texts.values()):
+            return []
+        return [os.path.basename(path) for path, text in texts.items() if names_cuda_work(text)]

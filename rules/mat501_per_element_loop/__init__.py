@@ -93,7 +93,10 @@ class PerElementLoop(Rule):
       `t[:, i] = 0`, `if t[i] < 0: t[i] = 0`, `x[i] = x[i] * w[i]` (a read at exactly the
       index written is element-wise);
     - a Python accumulator summing elements: `total += x[i]`, `s += (a[i] - b[i]) ** 2`, or
-      counting the elements a test picks: `if pred[i] == y[i]: correct += 1`.
+      counting the elements a test picks: `if pred[i] == y[i]: correct += 1`;
+    - rows picked one item at a time and stacked: `torch.stack([q[i][a[i]] for i in
+      range(n)])`, also `q[i, a[i]]` and `q[i].index_select(0, a[i])`, with `torch.cat`, where
+      q and a are tensors: `q[torch.arange(n), a]` (or a `gather`) picks them in one op.
     The expression may use numbers, names, other tensors indexed by the loop variables, and
     element-wise functions (`torch.exp`, `math.sqrt`, `.abs()`, `.clamp()` ...).
 
@@ -152,7 +155,51 @@ class PerElementLoop(Rule):
         self._reported_loops: set = set()
         self._recurrences: dict = {}
 
-    only = {"visit_Assign": Only(in_loops=True), "visit_AugAssign": Only(in_loops=True)}
+    only = {"visit_Assign": Only(in_loops=True), "visit_AugAssign": Only(in_loops=True),
+            "visit_Call": Only(attrs=frozenset({"stack", "cat"}))}
+
+    def visit_Call(self, node: ast.Call) -> None:
+        """`torch.stack([q[i][a[i]] for i in range(n)])`: one row's pick per item, stacked."""
+        if self.ctx.qualname(node.func) not in ("torch.stack", "torch.cat") or len(node.args) != 1:
+            return
+        comp = node.args[0]
+        if not isinstance(comp, (ast.ListComp, ast.GeneratorExp)) or len(comp.generators) != 1:
+            return
+        gen = comp.generators[0]
+        it = gen.iter
+        if (gen.ifs or not isinstance(gen.target, ast.Name) or not isinstance(it, ast.Call)
+                or getattr(it.func, "id", None) != "range" or len(it.args) != 1 or it.keywords
+                or self._is_small(it.args[0]) or in_test_code(self.ctx)):
+            return
+        picked = self._row_pick(comp.elt, gen.target.id)
+        if picked is None:
+            return
+        source, index = (self.ctx.segment(x) for x in picked)
+        n = self.ctx.segment(it.args[0])
+        self.report(node, f"one row's pick per item, {n} of them, each a separate indexing op (a kernel launch on "
+                          f"the GPU), then stacked: `{source}[torch.arange({n}), {index}]` (or `{source}.gather(1, "
+                          f"...)`) picks them all at once")
+
+    def _row_pick(self, elt: ast.AST, i: str) -> Optional[tuple]:
+        """(x, idx) for `x[i][idx[i]]`, `x[i, idx[i]]` or `x[i].index_select(0, idx[i])`, both
+        tensors that the comprehension does not make: row `i` of x at the data index `idx[i]`."""
+        def row(node):  # `x[i]` -> x
+            return node.value if (isinstance(node, ast.Subscript) and isinstance(node.slice, ast.Name)
+                                  and node.slice.id == i) else None
+        if isinstance(elt, ast.Call) and isinstance(elt.func, ast.Attribute) and elt.func.attr == "index_select" \
+                and len(elt.args) == 2 and not elt.keywords and _kinds.int_const(elt.args[0]) == 0:
+            x, idx = row(elt.func.value), row(elt.args[1])
+        elif isinstance(elt, ast.Subscript) and isinstance(elt.slice, ast.Tuple) and len(elt.slice.elts) == 2:
+            first, second = elt.slice.elts
+            x = elt.value if isinstance(first, ast.Name) and first.id == i else None
+            idx = row(second)
+        elif isinstance(elt, ast.Subscript):
+            x, idx = row(elt.value), row(elt.slice)
+        else:
+            return None
+        if x is None or idx is None or i in loaded_names(x) | loaded_names(idx):
+            return None
+        return (x, idx) if self._is_tensor(x) and self._is_tensor(idx) else None
 
     def visit_Assign(self, node: ast.Assign) -> None:
         if len(node.targets) == 1:
@@ -424,5 +471,6 @@ class PerElementLoop(Rule):
         return factors >= 2 and isinstance(value, ast.BinOp)
 
     def _is_tensor(self, expr: ast.AST) -> bool:
-        return _kinds.kind_of(self.ctx, expr) in _kinds.TENSORS or (
-            isinstance(expr, ast.Name) and _kinds.looks_like_tensor(self.ctx, expr))
+        if isinstance(expr, ast.Name):  # by the stores that reach it: `q = net(s)` before `q = q.numpy()`
+            return _kinds.reaching_kind(self.ctx, expr) in _kinds.TENSORS or _kinds.looks_like_tensor(self.ctx, expr)
+        return _kinds.kind_of(self.ctx, expr) in _kinds.TENSORS

@@ -432,7 +432,11 @@ def _moved_on_other_path(ctx, flow, assign: ast.Assign, use: ast.Name) -> bool:
     """`use` reads `assign`'s tensor or its copy on the device, stored by a conditional `z =
     z.cuda()` that reads `assign` (`if x.is_cuda: z = z.cuda()`): without the device, the
     tensor stays where it was made, and the copy is the device's cost."""
-    for store, simple in flow.reaching_all(use):
+    # The move reaches `use` (`if cuda: z = z.cuda()` then `f(z)`), or stands in the other arm
+    # (`if cuda: z = z.cuda()` / `else: z = z`).
+    stores = flow.reaching_all(use) + [(store, simple) for store, simple in flow.stores.get(use.id, ())
+                                       if store is not None and flow.in_exclusive_arms(store, use)]
+    for store, simple in stores:
         if store is assign or not simple:
             continue
         value = store.value

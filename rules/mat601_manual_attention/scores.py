@@ -40,6 +40,7 @@ class _Scores:
     rank_assumed: bool = False     # ... only if positive axes (`k.transpose(2, 3)`) mean the last two
     metadata_reads: list = field(default_factory=list)  # `scores.dtype`, `scores.size(-1)`: reads that are not uses
     conditional: bool = False      # a step under a conditional expression (`s if m is None else s.masked_fill(...)`)
+    keys_transposed: bool = False  # `q @ k` with k handed in as (..., E, S): SDPA takes `k.transpose(-2, -1)`
 
 
 def _arg(call: ast.Call, index: int, name: str) -> Optional[ast.AST]:
@@ -57,6 +58,21 @@ def _einsum_terms(subscripts: Optional[str]):
     if len(terms) != 2 or any(len(set(t)) != len(t) for t in terms + [out]):
         return None
     return terms[0], terms[1], out
+
+
+def _gated_by_mask(left: ast.AST, right: ast.AST) -> Optional[ast.AST]:
+    """`w` in `w * b - c * (1 - b)` or `w * b + c * (1 - b)` (either factor order): scores kept
+    where the 0/1 mask `b` is 1 and pushed to a large constant where it is 0."""
+    if not (isinstance(left, ast.BinOp) and isinstance(left.op, ast.Mult)
+            and isinstance(right, ast.BinOp) and isinstance(right.op, ast.Mult)):
+        return None
+    complements = [side.right for side in (right.left, right.right)
+                   if isinstance(side, ast.BinOp) and isinstance(side.op, ast.Sub)
+                   and isinstance(side.left, ast.Constant) and side.left.value == 1]
+    for scores, mask in ((left.left, left.right), (left.right, left.left)):
+        if any(ast.dump(mask) == ast.dump(c) for c in complements):
+            return scores
+    return None
 
 
 def _within(node: ast.AST, outer: ast.AST) -> bool:
@@ -145,7 +161,7 @@ class _ScoresPattern:
         if isinstance(node.func, ast.Attribute) and self.ctx.qualname(node.func) is None:
             method = node.func.attr
             step = None
-            if method == "masked_fill" and len(node.args) == 2 and not node.keywords:
+            if method in ("masked_fill", "masked_fill_") and len(node.args) == 2 and not node.keywords:
                 if _fills_a_constant(node.args[1]):
                     return None
                 step = ("fill", node.args[0], node.args[1])
@@ -179,12 +195,15 @@ class _ScoresPattern:
         readers = flow.uses(store) if isinstance(store, ast.Assign) else self._readers(flow, store)
         if isinstance(node.ctx, ast.Load) and node not in readers:
             return None
-        metadata, fills = [], []
+        metadata, fills, other_branch = [], [], False
         for use in readers:
             if use is node or use in skip:
                 continue
             if reads_metadata(flow, use):
                 metadata.append(use)
+                continue
+            if flow.in_exclusive_arms(use, node):
+                other_branch = True  # `if mask is not None: ...softmax(s + mask) else: ...softmax(s)`
                 continue
             fill = self._in_place_fill(flow, use, store, node) or self._masking_call(flow, use, store, node)
             if fill is None:
@@ -192,6 +211,7 @@ class _ScoresPattern:
             fills.append(fill)
         found = self._scores(flow, inner, depth + 1)
         if found:
+            found.conditional |= other_branch  # the other arm still needs the statement: no fix
             found.statements.append(store)
             if step:
                 found.steps.append(step)
@@ -256,6 +276,15 @@ class _ScoresPattern:
     def _combined(self, flow: FunctionFlow, op: type, left: ast.AST, right: ast.AST, depth: int,
                   skip: tuple) -> Optional[_Scores]:
         """The chain through `left <op> right`, one side being the scores."""
+        if op in (ast.Add, ast.Sub):
+            gated = _gated_by_mask(left, right)
+            if gated is not None:
+                # `w * b - 1e10 * (1 - b)`: a 0/1 mask applied as product and offset (no fix: no one
+                # mask argument says it)
+                found = self._scores(flow, gated, depth + 1, skip)
+                if found:
+                    found.steps.append(("mask", None))
+                return found
         if op is ast.Mult:
             sides = [(left, ("scale", right, "*")), (right, ("scale", left, "*"))]
         elif op is ast.Div:
@@ -416,6 +445,11 @@ class _ScoresPattern:
                 untransposed = self._untranspose(assign.value, gemm.op)
                 statements.append(assign)
         if untransposed is None:
+            if gemm.op in ("@", "matmul") and self._handed_in(flow, kt) and self._handed_in(flow, q):
+                # `torch.matmul(q, k)` on tensors the function is given, k transposed by the caller
+                # (GPT-2's `split_heads(key, k=True)`): the softmax and the product with v after it
+                # make it attention all the same.
+                return _Scores(gemm, q, kt, False, True, keys_transposed=True)
             return None
         k, rank, assumed = untransposed
         if self._is_own_parameter(flow, k):
@@ -447,6 +481,11 @@ class _ScoresPattern:
             if axes[0] >= 0 and axes[1] == axes[0] + 1:
                 return found.base, axes[1] + 1, True
         return None
+
+    @staticmethod
+    def _handed_in(flow: FunctionFlow, node: ast.AST) -> bool:
+        """`node` is a parameter of the function, read as it was given (no other store reaches it)."""
+        return isinstance(node, ast.Name) and [stmt for stmt, _ in flow.reaching_all(node)] == [None]
 
     def _is_own_parameter(self, flow: FunctionFlow, node: ast.AST) -> bool:
         """`self.codebook`, `self.gate.weight` (or a local name for one): keys that are a module's own
