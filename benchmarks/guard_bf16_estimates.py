@@ -29,6 +29,48 @@ import guard_overhead_six as six  # noqa: E402  (the models and the timing helpe
 from matlint.runtime_guard.session import Guard  # noqa: E402
 
 
+# Families beyond guard_overhead_six's, for the estimate only: an encoder-decoder with relative
+# position bias, a convnet whose pointwise layers are Linear, and a windowed-attention vision model.
+def t5(quick, bf16):
+    from transformers import T5Config, T5ForConditionalGeneration
+
+    cfg = (T5Config(d_model=64, d_ff=128, num_layers=2, num_heads=4, vocab_size=1000) if quick else
+           T5Config(d_model=768, d_ff=3072, num_layers=12, num_heads=12, vocab_size=32128))
+    model = six._hf(T5ForConditionalGeneration, cfg, attn="eager").to(six.DEVICE)
+    b, s, t = (2, 32, 8) if quick else (8 * six.BATCH_SCALE, 256, 64)
+    src = torch.randint(0, cfg.vocab_size, (b, s), device=six.DEVICE)
+    tgt = torch.randint(0, cfg.vocab_size, (b, t), device=six.DEVICE)
+
+    def loss_fn(m):
+        with six.autocast(bf16):
+            return m(input_ids=src, labels=tgt).loss
+
+    return model, loss_fn
+
+
+def _vision(builder_name, quick, bf16):
+    tv = six._torchvision()
+    if tv is None or quick:
+        return six.resnet50(quick, bf16)
+    model = getattr(tv.models, builder_name)(weights=None).to(six.DEVICE)
+    b = 32 * six.BATCH_SCALE
+    x = torch.randn(b, 3, 224, 224, device=six.DEVICE)
+    y = torch.randint(0, 1000, (b,), device=six.DEVICE)
+
+    def loss_fn(m):
+        with six.autocast(bf16):
+            return torch.nn.functional.cross_entropy(m(x), y)
+
+    return model, loss_fn
+
+
+EXTRA_MODELS = {
+    "T5-base encoder-decoder (B8 S256 T64)": t5,
+    "ConvNeXt-T (B32 224px)": lambda quick, bf16: _vision("convnext_tiny", quick, bf16),
+    "Swin-T (B32 224px)": lambda quick, bf16: _vision("swin_t", quick, bf16),
+}
+
+
 def gain_ms(fp32_step, bf16_step, rounds: int, per_round: int) -> tuple:
     """(fp32 median ms, bf16 median ms) over alternating rounds of each."""
     fp32, bf16 = [], []
@@ -81,7 +123,7 @@ def main(argv=None) -> int:
     torch.backends.cuda.matmul.allow_tf32 = False
     words = [w.strip().lower() for w in args.models.split(",") if w.strip()]
     rows = []
-    for name, make in six.MODELS.items():
+    for name, make in {**six.MODELS, **EXTRA_MODELS}.items():
         if words and not any(w in name.lower() for w in words):
             continue
         try:
