@@ -101,6 +101,10 @@ class PerElementLoop(Rule):
     some of them picked out of a larger tensor (`x[i]`, `x[i, j]`), is reported with the ops it
     issued; single values of their own (a sum of per-layer losses, per-parameter norms) are not
     elements of a tensor and stay quiet. On a GPU such a line is reported here, not as MAT504.
+    Ops on data that stays on the host launch no kernel and are not counted: on a GPU, CPU
+    tensors; on the CPU, tensors the program made on the host within the step (`torch.randint`,
+    `torch.arange`, `torch.tensor(values)`) and computed on only with each other, such as the
+    bounds `i + 1` of `data[i + 1:i + n + 1] for i in ix` when assembling a batch.
 
     ## Why is this bad?
     Every indexing, arithmetic and assignment is a separate tensor op: on the GPU a kernel
