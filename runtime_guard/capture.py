@@ -205,16 +205,21 @@ def tensor_sig(t: torch.Tensor) -> tuple:
     return (t.shape, t.stride(), t.dtype)
 
 
-def args_sig(args, full: bool = True) -> tuple:
+def _picked(a: Tensor) -> bool:
+    """A single element picked out of a larger tensor (`x[i]`, `x[i, j]`)."""
+    return a.dim() <= 1 and a.numel() == 1 and a._base is not None and a._base.numel() > 1
+
+
+def args_sig(args, full: bool = True, elements=None) -> tuple:
     """Per tensor argument (shape, stride, dtype), (shape, None, None) unless `full`, and for a
-    single element picked out of a larger tensor (`x[i]`), (shape, None, None, True); per tensor
-    list, (its length,)."""
+    single element picked out of a larger tensor (`x[i]`), or a value computed only from such
+    elements (tagged in `elements`), (shape, None, None, True); per tensor list, (its length,)."""
     sig = []
     for a in args:
         if isinstance(a, torch.Tensor):
             if full:
                 sig.append((a.shape, a.stride(), a.dtype))
-            elif a.dim() <= 1 and a.numel() == 1 and a._base is not None and a._base.numel() > 1:
+            elif _picked(a) or (elements is not None and elements.get(a) is not None):
                 sig.append((a.shape, None, None, True))
             else:
                 sig.append((a.shape, None, None))
@@ -300,7 +305,12 @@ class AttentionChain:
     in_sdpa: bool = False      # the softmax was SDPA's own (_safe_softmax): its math backend ran
     dropout_p: float = 0.0
     weights_used: bool = False  # the probabilities were read by something other than @V (or returned)
-    key_dim: int = -1          # where the keys' dim is now (negative), as the QK GEMM laid it out last
+    key_dim: int | None = -1   # where the keys' dim is now (negative), as the QK GEMM laid it out last
+    # where the QK GEMM's rows are now, while the scores are scores: the keys' dim when the GEMM was
+    # K @ q of one query (Luong's `bmm(keys, h.unsqueeze(2))`, its size-1 column squeezed away), which
+    # the softmax's dim tells
+    row_dim: int | None = -2
+    keys_in_rows: bool = False
     stat: "AttentionStat" = None  # where the call was counted, once it was
 
 
@@ -321,6 +331,7 @@ class AttentionKey(NamedTuple):
     softmax_dtype: object
     in_sdpa: bool
     training: bool | None      # the module's .training when QK^T was computed (None: no module)
+    keys_in_rows: bool = False  # the scores GEMM was K @ q of one query (qk_sig holds q and K^T as SDPA takes them)
 
 
 @dataclass
@@ -557,6 +568,9 @@ class Recorder:
         # tensor -> True: a permute or transpose (of 3+ dims) the user's own line wrote, not one torch made
         # inside a layer (a batch_first RNN's)
         self._user_permuted = _Tags()
+        # tensor -> True: a single value computed only from single elements, some picked out of a larger
+        # tensor (`ix1 = torch.max(pred[i, 0], target[i, 0])`): an element's value too
+        self._elements = _Tags()
         # this step's host reads of values computed by GEMMs: read line -> reads not yet seen coming back
         self._host_reads: dict = {}
         # what a tensor made from Python data after those reads may depend on: the GEMM sites the read
@@ -602,6 +616,7 @@ class Recorder:
         self._copies.clear()
         self._host.clear()
         self._user_permuted.clear()
+        self._elements.clear()
         self._host_reads = {}
         self._host_read_deps = None
         self._mask_facts.clear()
@@ -644,7 +659,7 @@ class Recorder:
 
     def _follow_view(self, name, args, src, out) -> None:
         i = id(src)
-        for tags in (self._deps, self._attn, self._copies, self._host, self._user_permuted):
+        for tags in (self._deps, self._attn, self._copies, self._host, self._user_permuted, self._elements):
             d = tags.d
             if d:
                 e = d.get(i)
@@ -655,11 +670,12 @@ class Recorder:
                         if value is None:
                             continue
                     elif tags is self._attn and type(value) is AttentionChain:
-                        key_dim = _dim_after(name, args, src, out, value.key_dim)
-                        if key_dim is None:
+                        key_dim = None if value.key_dim is None else _dim_after(name, args, src, out, value.key_dim)
+                        row_dim = None if value.row_dim is None else _dim_after(name, args, src, out, value.row_dim)
+                        if key_dim is None and row_dim is None:
                             continue  # the keys' dim merged, split or dropped: not attention any more
-                        if key_dim != value.key_dim:
-                            value = dataclasses.replace(value, key_dim=key_dim)
+                        if (key_dim, row_dim) != (value.key_dim, value.row_dim):
+                            value = dataclasses.replace(value, key_dim=key_dim, row_dim=row_dim)
                     tags.set(out, value)
 
     def _view(self, name, args, out) -> None:
@@ -668,7 +684,8 @@ class Recorder:
         if _current_autograd_node() is not None:
             return
         src = args[0]
-        if self._deps.d or self._attn.d or self._copies.d or self._host.d or self._user_permuted.d:
+        if (self._deps.d or self._attn.d or self._copies.d or self._host.d or self._user_permuted.d
+                or self._elements.d):
             self._follow_view(name, args, src, out)
         if name in PERMUTE_OPS and out.dim() >= 3 and _called_from_user_code():
             self._user_permuted.set(out, True)
@@ -782,6 +799,8 @@ class Recorder:
         hd = self._host.d
         host = bool(hd)      # every tensor argument made on the host in this step (see _host)
         tensors = False
+        single = True        # every tensor argument holds one element ...
+        element = False      # ... and one of them is an element (picked, or see _elements)
         for a in args:
             if isinstance(a, Tensor):
                 if first is None:
@@ -791,6 +810,11 @@ class Recorder:
                 if host:
                     e = hd.get(id(a))
                     host = e is not None and e[0]() is a
+                if single:
+                    if a.numel() != 1:
+                        single = False
+                    elif not element:
+                        element = _picked(a) or self._elements.get(a) is not None
             elif isinstance(a, (list, tuple)) and a and isinstance(a[0], Tensor):
                 tensors = True
                 sig.append((len(a),))
@@ -801,6 +825,7 @@ class Recorder:
                             host = False
                             break
         host = host and tensors
+        element = element and single
         if isinstance(out, Tensor):
             out_t = out
         elif isinstance(out, (list, tuple)):
@@ -841,9 +866,9 @@ class Recorder:
             self._fast_rec = rec
         if out_t is not None:
             fkey = (id(func), id(site), direct, module, backward, device, tuple(sig), out_t.shape, out_t.dtype, transfer,
-                    amp, host)
+                    amp, host, element)
         else:
-            fkey = (id(func), id(site), direct, module, backward, device, tuple(sig), amp, host)
+            fkey = (id(func), id(site), direct, module, backward, device, tuple(sig), amp, host, element)
         hit = fast.get(fkey)
         if hit is not None:
             stat, key = hit
@@ -851,7 +876,8 @@ class Recorder:
             keys = self._keys
             key = keys.get(fkey)
             if key is None:
-                key = OpKey(name, qualname, site, direct, module, backward, device, args_sig(args, full_sig),
+                key = OpKey(name, qualname, site, direct, module, backward, device,
+                            args_sig(args, full_sig, self._elements if element else None),
                             (out_t.shape, out_t.dtype, transfer) if out_t is not None else (), amp, host,
                             len(args) > 1 and same_values(args[0], args[1]))
                 if len(keys) < 2 * MAX_KEYS:
@@ -890,6 +916,8 @@ class Recorder:
             return
 
         # -- dataflow (forward ops with a tensor output) --
+        if element and out_t.numel() == 1:
+            self._elements.set(out_t, True)
         # Host-side data: what factories make on the CPU, and what is computed only from it.
         if out_t.is_cpu and (host or not tensors or name in FROM_HOST_DATA_OPS):
             for t in out if isinstance(out, (list, tuple)) else (out_t,):  # unbind: each row
@@ -1025,7 +1053,7 @@ class Recorder:
                     state.qk_site, site, module, self.modules.current_type(), state.qk_sig, tensor_sig(b),
                     state.scale, state.scale_tensors, state.masks, state.dropout_p, state.k_repeat,
                     v_repeat[1:] if type(v_repeat) is tuple and v_repeat[0] == "K" else None,
-                    a.requires_grad, state.softmax_dtype, state.in_sdpa, state.training)
+                    a.requires_grad, state.softmax_dtype, state.in_sdpa, state.training, state.keys_in_rows)
                 stat = self.rec.attention.get(key)
                 if stat is None:
                     stat = self.rec.attention[key] = AttentionStat()
@@ -1104,9 +1132,20 @@ class Recorder:
         other = args[1 - which] if which < 2 and len(args) > 1 else None
         if name in SOFTMAX_OPS:
             dim = args[1] if len(args) > 1 and isinstance(args[1], int) else None
-            if dim is None or dim % out.dim() - out.dim() != state.key_dim:
-                return None  # not over the keys: not attention's softmax
-            return dataclasses.replace(state, phase="P", softmax_dtype=out.dtype, in_sdpa=name == "_safe_softmax")
+            if dim is None:
+                return None
+            dim = dim % out.dim() - out.dim()
+            if dim == state.key_dim:
+                return dataclasses.replace(state, phase="P", row_dim=None, softmax_dtype=out.dtype,
+                                           in_sdpa=name == "_safe_softmax")
+            if dim == state.row_dim and state.key_dim is None and not state.masks and not state.scale_tensors:
+                # over the GEMM's rows, its one column gone: K @ q of one query, the scores q @ K^T
+                # would give (a mask or a tensor scale laid out for them is not followed)
+                k_rows, q_col = state.qk_sig
+                return dataclasses.replace(state, phase="P", key_dim=dim, row_dim=None, softmax_dtype=out.dtype,
+                                           qk_sig=(_transposed(q_col), _transposed(k_rows)), keys_in_rows=True,
+                                           in_sdpa=name == "_safe_softmax")
+            return None  # not over the keys: not attention's softmax
         if base in ("mul", "div"):
             if base == "div" and which != 0:
                 return None  # x / scores: not a scale
@@ -1238,7 +1277,15 @@ def _dim_after(name, args, src, out, dim):
     if name == "permute":
         perm = [p % n for p in args[1]]
         return perm.index(dim % n) - n
-    return dim if tuple(src.shape[dim:]) == tuple(out.shape[dim:]) else None
+    if tuple(src.shape[dim:]) == tuple(out.shape[dim:]):
+        return dim
+    # size-1 dims added or dropped (squeeze, unsqueeze, a view that does only that): the dims of other
+    # sizes keep their order
+    kept = [i for i in range(n) if src.shape[i] != 1]
+    now = [i for i in range(out.dim()) if out.shape[i] != 1]
+    if src.shape[dim] == 1 or [src.shape[i] for i in kept] != [out.shape[i] for i in now]:
+        return None
+    return now[kept.index(dim % n)] - out.dim()
 
 
 def _merged_repeat(tag, shape):
@@ -1368,7 +1415,7 @@ def _torch_dispatch(self, func, types, args=(), kwargs=None):
             if info.unrecorded:  # a view: no site, no key; only forward dataflow tags follow it
                 if args and isinstance(out, Tensor) and (
                         recorder._deps.d or recorder._attn.d or recorder._copies.d or recorder._host.d
-                        or info.name == "expand" or info.name in PERMUTE_OPS):
+                        or recorder._elements.d or info.name == "expand" or info.name in PERMUTE_OPS):
                     recorder._view(info.name, args, out)
                 return out
             node = _current_autograd_node()

@@ -184,7 +184,7 @@ PER_ELEMENT_MIN_PER_STEP = 32  # ops on single elements per step from one line: 
 def per_element_sites(rec, steps, ctx: DeviceContext) -> dict:
     """(site, module) -> [(OpKey, OpStat)] of the forward ops on single elements that one line issues
     at least PER_ELEMENT_MIN_PER_STEP times a step, where some of them read elements picked out of a
-    larger tensor (`x[i]`, `x[i, j]`): a Python loop over a tensor's elements, not a sum of per-layer
+    larger tensor (`x[i]`, `x[i, j]`) or values computed only from such elements: a Python loop over a tensor's elements, not a sum of per-layer
     losses or per-parameter norms (single elements of their own). Ops on data that stays on the host
     (`stays_on_host`: index arithmetic while assembling a batch) launch nothing on a GPU: not counted."""
     picked, ops = set(), defaultdict(list)

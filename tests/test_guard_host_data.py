@@ -182,3 +182,56 @@ def test_a_linear_on_a_permuted_input_is_found_and_its_look_alikes_are_not():
     assert torch.equal(head(out.permute(1, 0, 2)), fixed())
     assert lines(observe(fixed), "MAT302") == []
     assert lines(observe(look_alikes), "MAT302") == []
+
+
+# -- MAT601: attention with the keys in the scores' rows (Luong) ----------------------------------
+def test_luong_attention_with_keys_in_the_rows_is_attention_and_sdpa_computes_it():
+    """`bmm(keys, h.unsqueeze(2))` gives (B, S, 1) scores, keys in the rows; the softmax over them
+    and `bmm(attn.unsqueeze(1), keys)` are attention: SDPA(q=h.unsqueeze(1), k=keys, v=keys, scale=1)."""
+    keys = torch.randn(8, 12, 32)
+    h = torch.randn(8, 32)
+
+    def luong():
+        scores = torch.bmm(keys, h.unsqueeze(2)).squeeze(2)  # <- here
+        attn = torch.softmax(scores, dim=1)
+        return torch.bmm(attn.unsqueeze(1), keys).squeeze(1)
+
+    def softmax_over_the_batch():
+        scores = torch.bmm(keys, h.unsqueeze(2)).squeeze(2)
+        return torch.bmm(torch.softmax(scores, dim=0).unsqueeze(1), keys).squeeze(1)
+
+    g = observe(luong)
+    [f] = [f for f in g.findings if f.code == "MAT601"]
+    assert f.row == this_line(luong)[0]
+    assert f.evidence["shapes"] == ["(8, 1, 32)", "(8, 32, 12)", "(8, 12, 32)"]
+    assert f.evidence["sdpa_kwargs"] == {"scale": 1.0}
+    fused = torch.nn.functional.scaled_dot_product_attention(h.unsqueeze(1), keys, keys, scale=1.0).squeeze(1)
+    torch.testing.assert_close(fused, luong())
+    assert lines(observe(softmax_over_the_batch), "MAT601") == []
+
+
+# -- MAT501: values computed from picked elements -------------------------------------------------
+def test_values_computed_only_from_picked_elements_are_a_loop_over_elements_too():
+    """The overlap of box i is computed from the 0-d values of the lines before, which came from
+    single elements of `pred` and `target`: the line is element-by-element work like them."""
+    pred, target = torch.rand(48, 4), torch.rand(48, 4)
+
+    def step():
+        out = torch.zeros(48)
+        for i in range(48):
+            lo = torch.max(pred[i, 0], target[i, 0])
+            hi = torch.min(pred[i, 2], target[i, 2])
+            inter = (hi - lo).clamp(min=0) * 2  # <- here: no element of pred or target read here
+            out[i] = inter
+        return out
+
+    def per_row_norms():  # single values of their own (reductions of whole rows), then arithmetic on them
+        total = torch.zeros(())
+        for i in range(48):
+            n = pred[:, i % 4].norm()
+            total = (total + n * 0.5) - n.sqrt()
+        return total
+
+    g = observe(step)
+    assert this_line(step)[0] in lines(g, "MAT501")
+    assert lines(observe(per_row_norms), "MAT501") == []

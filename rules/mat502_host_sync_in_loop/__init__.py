@@ -261,7 +261,9 @@ class HostSyncInLoop(_StepLoops, _HostReads, Rule):
     the step ends): the host needs each value to make the next input, as an environment or a
     decoder sampling on the host does. The guard cannot see what the host computes from a value,
     only that a tensor made from Python data followed the read: a loop that reads its outputs for
-    a log and makes each input from Python data (with no backward in between) looks the same.
+    a log and makes each input from Python data (with no backward in between) looks the same. A
+    sync on a line where torch.compile broke the graph is that break's finding (MAT505, with
+    dynamo's reason and hint), not a second one here.
 
     ## Why is this bad?
     Each of these waits until the GPU has finished all queued work, then copies the value.

@@ -2,6 +2,7 @@
 sync detector (runtime_guard/syncs.py). Imported only by the guard (needs torch)."""
 from __future__ import annotations
 
+import os
 from collections import defaultdict
 
 from matlint.runtime_guard.checks import finding, stays_on_host
@@ -31,8 +32,18 @@ def _round_trips(rec, site, count, steps) -> bool:
     return trips / steps >= ROUND_TRIPS_MIN_PER_STEP and 2 * trips >= count
 
 
+def _graph_break_lines(rec) -> set:
+    """(file, line) of the graph breaks torch.compile made in the window: MAT505 reports each with
+    dynamo's reason (a data-dependent branch, `.item()`) and its fix, which is the sync's too."""
+    events = rec.compile_events
+    if events is None:
+        return set()
+    return {(os.path.abspath(site.filename), site.lineno) for site, _ in events.breaks}
+
+
 @runtime_check("MAT502")
 def check_host_syncs(rec, steps, ctx):
+    breaks = _graph_break_lines(rec)
     per_site = defaultdict(lambda: [0, 0, []])
     for key, stat in rec.ops.items():
         if key.backward or not _is_sync(key, ctx):
@@ -46,7 +57,7 @@ def check_host_syncs(rec, steps, ctx):
         per_step = count / steps
         if per_step < SYNC_MIN_PER_STEP and own / steps < OWN_SYNC_MIN_PER_STEP:
             continue
-        if _round_trips(rec, site, count, steps):
+        if _round_trips(rec, site, count, steps) or (os.path.abspath(site.filename), site.lineno) in breaks:
             continue
         ops = sorted({k.qualname for k in keys})
         where = "each one waits for the GPU" if ctx.device_type == "cuda" else "on a GPU each one would wait for the device"
