@@ -228,6 +228,18 @@ def args_sig(args, full: bool = True, elements=None) -> tuple:
     return tuple(sig)
 
 
+def _made_on_host(tags: dict, t) -> bool:
+    """Whether `t`, or the base it is a view of, is tagged in `tags` (Recorder._host's dict)."""
+    e = tags.get(id(t))
+    if e is not None and e[0]() is t:
+        return True
+    base = t._base
+    if base is None:
+        return False
+    e = tags.get(id(base))
+    return e is not None and e[0]() is base
+
+
 def _without_unit_dims(t: Tensor) -> tuple:
     return tuple((n, st) for n, st in zip(t.shape, t.stride()) if n != 1)
 
@@ -310,7 +322,7 @@ class AttentionChain:
     # K @ q of one query (Luong's `bmm(keys, h.unsqueeze(2))`, its size-1 column squeezed away), which
     # the softmax's dim tells
     row_dim: int | None = -2
-    keys_in_rows: bool = False
+    keys_in_rows: bool = False  # the softmax found the keys in the rows (qk_sig then holds q and K^T)
     stat: "AttentionStat" = None  # where the call was counted, once it was
 
 
@@ -367,8 +379,9 @@ class Recording:
     # non-contiguous tensor (`.contiguous()`, `.clone()`) on one line, read by a GEMM on another
     explicit_copies: dict = field(default_factory=dict)
     chained_gemm_sites: set = field(default_factory=set)
-    # host-read line -> reads there whose value came back in (a tensor made from Python data after the
-    # read) to a GEMM line the value was computed by: each one a round trip through the host (a rollout)
+    # line of the user's host reads -> reads there whose value may have come back in (a tensor made from
+    # Python data after the read reached a GEMM in the same step): each a round trip through the host,
+    # as a rollout's
     host_round_trips: dict = field(default_factory=dict)
     gemm_operands: dict = field(default_factory=dict)  # (op, site, sig) -> OperandUse
     steps: int = 0
@@ -563,15 +576,17 @@ class Recorder:
         # tensor -> True: made on the CPU in this step by a factory (`torch.randint`, `torch.arange`,
         # `torch.tensor(values)`), or computed only from such tensors: data the program prepares on the
         # host (batch indices, slice bounds). A tensor that met a parameter, a module's output or a tensor
-        # from before the step is not one (a program moves those to its device).
+        # from before the step is not one (a program moves those to its device). A view is its base's:
+        # looked up there (`_made_on_host`), not followed through every view op.
         self._host = _Tags()
-        # tensor -> True: a permute or transpose (of 3+ dims) the user's own line wrote, not one torch made
-        # inside a layer (a batch_first RNN's)
+        # tensor -> True: the output of a permute or transpose (of 3+ dims) that the user's own line wrote,
+        # not one torch made inside a layer (a batch_first RNN's)
         self._user_permuted = _Tags()
         # tensor -> True: a single value computed only from single elements, some picked out of a larger
         # tensor (`ix1 = torch.max(pred[i, 0], target[i, 0])`): an element's value too
         self._elements = _Tags()
-        # this step's host reads of values computed by GEMMs: read line -> reads not yet seen coming back
+        # this step's reads by the user's code (`.item()`, a copy to the host): line -> reads not yet seen
+        # coming back
         self._host_reads: dict = {}
         # what a tensor made from Python data after those reads may depend on: the GEMM sites the read
         # values depended on, and ("read", line) per read line
@@ -659,7 +674,7 @@ class Recorder:
 
     def _follow_view(self, name, args, src, out) -> None:
         i = id(src)
-        for tags in (self._deps, self._attn, self._copies, self._host, self._user_permuted, self._elements):
+        for tags in (self._deps, self._attn, self._copies, self._elements):
             d = tags.d
             if d:
                 e = d.get(i)
@@ -684,8 +699,7 @@ class Recorder:
         if _current_autograd_node() is not None:
             return
         src = args[0]
-        if (self._deps.d or self._attn.d or self._copies.d or self._host.d or self._user_permuted.d
-                or self._elements.d):
+        if self._deps.d or self._attn.d or self._copies.d or self._elements.d:
             self._follow_view(name, args, src, out)
         if name in PERMUTE_OPS and out.dim() >= 3 and _called_from_user_code():
             self._user_permuted.set(out, True)
@@ -716,7 +730,8 @@ class Recorder:
             if args and isinstance(args[0], Tensor) and isinstance(out, Tensor):
                 self._view(info.name, args, out)
             return
-        name, qualname, _, full_sig, is_copy, is_gemm, is_bgemm, _, _, unread_in_backward = info
+        (name, qualname, _, full_sig, is_copy, is_gemm, is_bgemm, _, _, unread_in_backward, reads_to_host,
+         from_host_data) = info
         if node is _UNSET:
             node = _current_autograd_node()
         backward = node is not None
@@ -798,6 +813,7 @@ class Recorder:
         sig = []
         hd = self._host.d
         host = bool(hd)      # every tensor argument made on the host in this step (see _host)
+        first_host = False   # the first one is
         tensors = False
         single = True        # every tensor argument holds one element ...
         element = False      # ... and one of them is an element (picked, or see _elements)
@@ -805,25 +821,27 @@ class Recorder:
             if isinstance(a, Tensor):
                 if first is None:
                     first = a
+                    if host:
+                        e = hd.get(id(a))
+                        host = first_host = (e is not None and e[0]() is a) or (
+                            a._base is not None and _made_on_host(hd, a._base))
+                elif host:
+                    host = _made_on_host(hd, a)
                 tensors = True
                 sig.append((a.shape, a.stride(), a.dtype) if full_sig else a.shape)
-                if host:
-                    e = hd.get(id(a))
-                    host = e is not None and e[0]() is a
                 if single:
-                    if a.numel() != 1:
+                    shape = a.shape  # one element, at most one dim (as a picked `x[i]` is)
+                    if len(shape) > 1 or (shape and shape[0] != 1):
                         single = False
                     elif not element:
-                        element = _picked(a) or self._elements.get(a) is not None
+                        base = a._base  # _picked(a), inlined
+                        element = ((base is not None and a.dim() <= 1 and base.numel() > 1)
+                                   or (bool(self._elements.d) and self._elements.get(a) is not None))
             elif isinstance(a, (list, tuple)) and a and isinstance(a[0], Tensor):
                 tensors = True
                 sig.append((len(a),))
                 if host:
-                    for t in a:
-                        e = hd.get(id(t))
-                        if e is None or e[0]() is not t:
-                            host = False
-                            break
+                    host = all(_made_on_host(hd, t) for t in a)
         host = host and tensors
         element = element and single
         if isinstance(out, Tensor):
@@ -910,7 +928,7 @@ class Recorder:
         if backward:  # the dataflow patterns are all forward ones
             return
         dd = self._deps.d
-        if (transfer or name in HOST_READ_OPS) and not host:
+        if direct and (transfer or reads_to_host) and not host:  # the user's own reads
             self._host_read(site, first)
         if out_t is None:
             return
@@ -919,11 +937,11 @@ class Recorder:
         if element and out_t.numel() == 1:
             self._elements.set(out_t, True)
         # Host-side data: what factories make on the CPU, and what is computed only from it.
-        if out_t.is_cpu and (host or not tensors or name in FROM_HOST_DATA_OPS):
+        if (host or not tensors or from_host_data) and out_t.is_cpu:
             for t in out if isinstance(out, (list, tuple)) else (out_t,):  # unbind: each row
                 if isinstance(t, Tensor):
                     self._host.set(t, True)
-        elif hd and name[-1] == "_" and first is not None:  # written in place with other values
+        elif first_host and name[-1] == "_":  # written in place with other values
             for t in (first, first._base):
                 if t is not None and hd.get(id(t)) is not None:
                     del hd[id(t)]
@@ -932,7 +950,7 @@ class Recorder:
         # Python data after the host read values computed by GEMMs may be made from those values
         # (a rollout: the action read, the environment's next state made into the next input): it
         # depends on what they depended on.
-        if name in FROM_HOST_DATA_OPS and self._host_read_deps is not None:
+        if from_host_data and self._host_read_deps is not None:
             dd[id(out_t)] = (_weakref(out_t), self._host_read_deps)
         deps = None
         if dd:
@@ -994,8 +1012,9 @@ class Recorder:
             self._attention_step(name, args, kwargs, arg0, out_t, site, module, direct)
 
     def _host_read(self, site, tensor) -> None:
-        """The host read `tensor`'s value at `site` (`.item()`, a copy to the host): a tensor made from
-        Python data from now on in this step may hold it, and depends on the GEMMs the value did."""
+        """The user's code read `tensor`'s value at `site` (`.item()`, a copy to the host): a tensor made
+        from Python data from now on in this step may hold it, and depends on the GEMMs the value did.
+        (torch's own reads, an optimizer's step count, hand nothing to the user's host code.)"""
         if not isinstance(tensor, Tensor):
             return
         self._host_reads[site] = self._host_reads.get(site, 0) + 1
@@ -1377,6 +1396,8 @@ class OpInfo(NamedTuple):
     func: object               # the OpOverload
     op: object                 # what to call: the overload's C++ op, one Python frame less
     unread_in_backward: bool   # in backward, no check reads it: not recorded there
+    reads_to_host: bool        # hands a value to the host (HOST_READ_OPS)
+    from_host_data: bool       # makes a tensor from Python data (FROM_HOST_DATA_OPS)
 
 
 def _op_info(func) -> OpInfo:
@@ -1394,7 +1415,8 @@ def _op_info(func) -> OpInfo:
         # optimizer.step()'s record_function falls after its step hook, in the next step).
         unrecorded = name in VIEW_OPS or namespace == "profiler"
         info = OpInfo(name, func.name(), unrecorded, name in FULL_SIG_OPS, name in COPY_OPS,
-                      name in GEMM_OPS, name in BATCHED_GEMM_OPS, func, op, unread_in_backward)
+                      name in GEMM_OPS, name in BATCHED_GEMM_OPS, func, op, unread_in_backward,
+                      name in HOST_READ_OPS, name in FROM_HOST_DATA_OPS)
         _OP_INFO[id(func)] = info
     return info
 
@@ -1414,8 +1436,8 @@ def _torch_dispatch(self, func, types, args=(), kwargs=None):
         try:
             if info.unrecorded:  # a view: no site, no key; only forward dataflow tags follow it
                 if args and isinstance(out, Tensor) and (
-                        recorder._deps.d or recorder._attn.d or recorder._copies.d or recorder._host.d
-                        or recorder._elements.d or info.name == "expand" or info.name in PERMUTE_OPS):
+                        recorder._deps.d or recorder._attn.d or recorder._copies.d or recorder._elements.d
+                        or info.name == "expand" or info.name in PERMUTE_OPS):
                     recorder._view(info.name, args, out)
                 return out
             node = _current_autograd_node()
