@@ -15,6 +15,7 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import itertools
+import math
 import os
 from sys import _getframe
 import threading
@@ -48,6 +49,7 @@ PASS_THROUGH_OPS = frozenset({
     "contiguous", "_to_copy", "alias", "detach", "unsqueeze", "squeeze", "_reshape_alias",
     "as_strided", "slice", "select", "type_as", "to",
 })
+PERMUTE_OPS = frozenset({"permute", "transpose"})
 # Pass-through ops that only make a view: no kernel, nothing to aggregate, tags follow them.
 VIEW_OPS = PASS_THROUGH_OPS - {"clone", "contiguous", "_to_copy", "type_as", "to"}
 SCALE_OPS = frozenset({"mul", "div", "mul_", "div_"})
@@ -57,6 +59,11 @@ DROPOUT_OPS = frozenset({"native_dropout", "dropout"})
 COPY_OPS = frozenset({"_to_copy", "copy_"})
 ZERO_OPS = frozenset({"zeros", "zeros_like", "new_zeros", "zero_"})  # make a tensor of zeros (not a mask)
 # Ops that read only their input's shape (F.dropout's mask on CPU is empty_like(P)): not a use of it
+# Ops that hand a tensor's value to the host (`.item()`, `int(t)`, a slice bound `x[i:i + n]`); a copy
+# from the device to the host is one too.
+HOST_READ_OPS = frozenset({"_local_scalar_dense", "item"})
+# A tensor made from Python data (`torch.tensor(values)`): what the host computed enters here.
+FROM_HOST_DATA_OPS = frozenset({"lift_fresh"})
 SHAPE_ONLY_OPS = frozenset({"empty_like", "ones_like", "full_like", "rand_like", "randn_like", "new_empty",
                             "new_ones", "new_full"})
 _SCALE_OR_MASK_OPS = SCALE_OPS | MASK_OPS
@@ -176,6 +183,18 @@ def user_site(frame) -> Optional[Site]:
     return UNKNOWN_SITE
 
 
+def _called_from_user_code() -> bool:
+    """Whether the op being dispatched was called by the user's code itself (the first frame above
+    the guard's and torch's dispatch wrappers is the user's), not by torch's code on its behalf."""
+    frame = _getframe(1)
+    while frame is not None:
+        code = frame.f_code
+        if not (code.co_filename.startswith(_OWN_DIR) or code.co_filename in _DISPATCH_WRAPPERS):
+            return _code_kind(code) == USER
+        frame = frame.f_back
+    return False
+
+
 _DISPATCH_WRAPPERS = (os.path.join(_TORCH_DIR, "_compile.py"), os.path.join(_TORCH_DIR, "_dynamo", "eval_frame.py"))
 
 
@@ -186,22 +205,52 @@ def tensor_sig(t: torch.Tensor) -> tuple:
     return (t.shape, t.stride(), t.dtype)
 
 
-def args_sig(args, full: bool = True) -> tuple:
+def _picked(a: Tensor) -> bool:
+    """A single element picked out of a larger tensor (`x[i]`, `x[i, j]`)."""
+    return a.dim() <= 1 and a.numel() == 1 and a._base is not None and a._base.numel() > 1
+
+
+def args_sig(args, full: bool = True, elements=None) -> tuple:
     """Per tensor argument (shape, stride, dtype), (shape, None, None) unless `full`, and for a
-    single element picked out of a larger tensor (`x[i]`), (shape, None, None, True); per tensor
-    list, (its length,)."""
+    single element picked out of a larger tensor (`x[i]`), or a value computed only from such
+    elements (tagged in `elements`), (shape, None, None, True); per tensor list, (its length,)."""
     sig = []
     for a in args:
         if isinstance(a, torch.Tensor):
             if full:
                 sig.append((a.shape, a.stride(), a.dtype))
-            elif a.dim() <= 1 and a.numel() == 1 and a._base is not None and a._base.numel() > 1:
+            elif _picked(a) or (elements is not None and elements.get(a) is not None):
                 sig.append((a.shape, None, None, True))
             else:
                 sig.append((a.shape, None, None))
         elif isinstance(a, (list, tuple)) and a and isinstance(a[0], torch.Tensor):
             sig.append((len(a),))  # a tensor list (foreach ops): its length; no check reads more
     return tuple(sig)
+
+
+def _made_on_host(tags: dict, t) -> bool:
+    """Whether `t`, or the base it is a view of, is tagged in `tags` (Recorder._host's dict)."""
+    e = tags.get(id(t))
+    if e is not None and e[0]() is t:
+        return True
+    base = t._base
+    if base is None:
+        return False
+    e = tags.get(id(base))
+    return e is not None and e[0]() is base
+
+
+def _without_unit_dims(t: Tensor) -> tuple:
+    return tuple((n, st) for n, st in zip(t.shape, t.stride()) if n != 1)
+
+
+def same_values(a, b) -> bool:
+    """Whether two tensors of different ranks view the same elements in the same order (one is the
+    other with size-1 dims added or dropped: `s.unsqueeze(1)` and `s`, `y[:, None]` and `y`)."""
+    return (isinstance(a, Tensor) and isinstance(b, Tensor) and a.dim() != b.dim() and a.numel() == b.numel() > 1
+            and a.device == b.device and a.storage_offset() == b.storage_offset()
+            and a.untyped_storage().data_ptr() == b.untyped_storage().data_ptr()
+            and _without_unit_dims(a) == _without_unit_dims(b))
 
 
 def _first_tensor(value):
@@ -225,6 +274,10 @@ class OpKey(NamedTuple):
     sig: tuple              # per tensor argument (shape, stride, dtype)
     out: tuple              # (shape, dtype, "d2h" for device-to-host copies) of the first output, or ()
     amp: str = ""           # GEMMs: "region" when run inside an autocast region (on or off), "" outside any
+    host: bool = False      # on the CPU, every tensor argument was made on the host in this step (see
+                            # Recorder._host): data the program prepares there, not the model's values
+    same_values: bool = False  # its first two arguments are one tensor's elements, one of them with a
+                               # size-1 dim more (`s.unsqueeze(1) - s`), as first seen for the key
 
 
 @dataclass
@@ -264,7 +317,12 @@ class AttentionChain:
     in_sdpa: bool = False      # the softmax was SDPA's own (_safe_softmax): its math backend ran
     dropout_p: float = 0.0
     weights_used: bool = False  # the probabilities were read by something other than @V (or returned)
-    key_dim: int = -1          # where the keys' dim is now (negative), as the QK GEMM laid it out last
+    key_dim: int | None = -1   # where the keys' dim is now (negative), as the QK GEMM laid it out last
+    # where the QK GEMM's rows are now, while the scores are scores: the keys' dim when the GEMM was
+    # K @ q of one query (Luong's `bmm(keys, h.unsqueeze(2))`, its size-1 column squeezed away), which
+    # the softmax's dim tells
+    row_dim: int | None = -2
+    keys_in_rows: bool = False  # the softmax found the keys in the rows (qk_sig then holds q and K^T)
     stat: "AttentionStat" = None  # where the call was counted, once it was
 
 
@@ -285,6 +343,7 @@ class AttentionKey(NamedTuple):
     softmax_dtype: object
     in_sdpa: bool
     training: bool | None      # the module's .training when QK^T was computed (None: no module)
+    keys_in_rows: bool = False  # the scores GEMM was K @ q of one query (qk_sig holds q and K^T as SDPA takes them)
 
 
 @dataclass
@@ -313,11 +372,17 @@ class Recording:
 
     ops: dict = field(default_factory=dict)          # OpKey -> OpStat
     attention: dict = field(default_factory=dict)    # AttentionKey -> AttentionStat
-    layout_copies: dict = field(default_factory=dict)  # (site, module, shape, stride, dtype) -> count
+    # (site, module, shape, stride, dtype, GEMM op) -> count: matmul's (or linear's) copy of an operand whose
+    # batch dims do not fold
+    layout_copies: dict = field(default_factory=dict)
     # (copy's site, module, shape, stride, dtype, GEMM's site) -> count: a copy the user made of a
     # non-contiguous tensor (`.contiguous()`, `.clone()`) on one line, read by a GEMM on another
     explicit_copies: dict = field(default_factory=dict)
     chained_gemm_sites: set = field(default_factory=set)
+    # line of the user's host reads -> reads there whose value may have come back in (a tensor made from
+    # Python data after the read reached a GEMM in the same step): each a round trip through the host,
+    # as a rollout's
+    host_round_trips: dict = field(default_factory=dict)
     gemm_operands: dict = field(default_factory=dict)  # (op, site, sig) -> OperandUse
     steps: int = 0
     dropped_keys: int = 0
@@ -352,6 +417,8 @@ class Recording:
             mine.count += stat.count
             mine.weights_used |= stat.weights_used
         self.chained_gemm_sites |= other.chained_gemm_sites
+        for site, n in other.host_round_trips.items():
+            self.host_round_trips[site] = self.host_round_trips.get(site, 0) + n
         for key, use in other.gemm_operands.items():
             self.gemm_operands.setdefault(key, OperandUse()).merge(use.first, use.second)
         self.device_types |= other.device_types
@@ -506,6 +573,24 @@ class Recorder:
         self._deps = _Tags()              # tensor -> frozenset of GEMM sites it depends on
         self._attn = _Tags()              # tensor -> attention chain state
         self._copies = _Tags()            # tensor -> (site, module, shape, stride, dtype) of a layout copy
+        # tensor -> True: made on the CPU in this step by a factory (`torch.randint`, `torch.arange`,
+        # `torch.tensor(values)`), or computed only from such tensors: data the program prepares on the
+        # host (batch indices, slice bounds). A tensor that met a parameter, a module's output or a tensor
+        # from before the step is not one (a program moves those to its device). A view is its base's:
+        # looked up there (`_made_on_host`), not followed through every view op.
+        self._host = _Tags()
+        # tensor -> True: the output of a permute or transpose (of 3+ dims) that the user's own line wrote,
+        # not one torch made inside a layer (a batch_first RNN's)
+        self._user_permuted = _Tags()
+        # tensor -> True: a single value computed only from single elements, some picked out of a larger
+        # tensor (`ix1 = torch.max(pred[i, 0], target[i, 0])`): an element's value too
+        self._elements = _Tags()
+        # this step's reads by the user's code (`.item()`, a copy to the host): line -> reads not yet seen
+        # coming back
+        self._host_reads: dict = {}
+        # what a tensor made from Python data after those reads may depend on: the GEMM sites the read
+        # values depended on, and ("read", line) per read line
+        self._host_read_deps = None
         self._mask_facts = _Tags()        # mask tensor -> (version, (how, L, S), causal)
         self._operands: dict = {}         # (op, site, sig) -> ({id: weakref} first, {id: weakref} second), this step
         self.modules.on_output = self._module_output
@@ -544,6 +629,11 @@ class Recorder:
         self._deps.clear()
         self._attn.clear()
         self._copies.clear()
+        self._host.clear()
+        self._user_permuted.clear()
+        self._elements.clear()
+        self._host_reads = {}
+        self._host_read_deps = None
         self._mask_facts.clear()
         # Backward ops find their forward's site here; a backward runs in its forward's step or
         # the next one, so the sites of the steps before that are dropped (insertion order is
@@ -584,7 +674,7 @@ class Recorder:
 
     def _follow_view(self, name, args, src, out) -> None:
         i = id(src)
-        for tags in (self._deps, self._attn, self._copies):
+        for tags in (self._deps, self._attn, self._copies, self._elements):
             d = tags.d
             if d:
                 e = d.get(i)
@@ -595,11 +685,12 @@ class Recorder:
                         if value is None:
                             continue
                     elif tags is self._attn and type(value) is AttentionChain:
-                        key_dim = _dim_after(name, args, src, out, value.key_dim)
-                        if key_dim is None:
+                        key_dim = None if value.key_dim is None else _dim_after(name, args, src, out, value.key_dim)
+                        row_dim = None if value.row_dim is None else _dim_after(name, args, src, out, value.row_dim)
+                        if key_dim is None and row_dim is None:
                             continue  # the keys' dim merged, split or dropped: not attention any more
-                        if key_dim != value.key_dim:
-                            value = dataclasses.replace(value, key_dim=key_dim)
+                        if (key_dim, row_dim) != (value.key_dim, value.row_dim):
+                            value = dataclasses.replace(value, key_dim=key_dim, row_dim=row_dim)
                     tags.set(out, value)
 
     def _view(self, name, args, out) -> None:
@@ -608,8 +699,10 @@ class Recorder:
         if _current_autograd_node() is not None:
             return
         src = args[0]
-        if self._deps.d or self._attn.d or self._copies.d:
+        if self._deps.d or self._attn.d or self._copies.d or self._elements.d:
             self._follow_view(name, args, src, out)
+        if name in PERMUTE_OPS and out.dim() >= 3 and _called_from_user_code():
+            self._user_permuted.set(out, True)
         if name == "expand" and out.dim() == 5:
             grown = [i for i, (a, b) in enumerate(zip(src.shape, out.shape)) if a == 1 and b > 1]
             if len(grown) == 1:
@@ -637,7 +730,8 @@ class Recorder:
             if args and isinstance(args[0], Tensor) and isinstance(out, Tensor):
                 self._view(info.name, args, out)
             return
-        name, qualname, _, full_sig, is_copy, is_gemm, is_bgemm, _, _, unread_in_backward = info
+        (name, qualname, _, full_sig, is_copy, is_gemm, is_bgemm, _, _, unread_in_backward, reads_to_host,
+         from_host_data) = info
         if node is _UNSET:
             node = _current_autograd_node()
         backward = node is not None
@@ -717,13 +811,39 @@ class Recorder:
         # ops); it determines args_sig(args, full_sig), which is built only for a new key.
         first = None
         sig = []
+        hd = self._host.d
+        host = bool(hd)      # every tensor argument made on the host in this step (see _host)
+        first_host = False   # the first one is
+        tensors = False
+        single = True        # every tensor argument holds one element ...
+        element = False      # ... and one of them is an element (picked, or see _elements)
         for a in args:
             if isinstance(a, Tensor):
                 if first is None:
                     first = a
+                    if host:
+                        e = hd.get(id(a))
+                        host = first_host = (e is not None and e[0]() is a) or (
+                            a._base is not None and _made_on_host(hd, a._base))
+                elif host:
+                    host = _made_on_host(hd, a)
+                tensors = True
                 sig.append((a.shape, a.stride(), a.dtype) if full_sig else a.shape)
+                if single:
+                    shape = a.shape  # one element, at most one dim (as a picked `x[i]` is)
+                    if len(shape) > 1 or (shape and shape[0] != 1):
+                        single = False
+                    elif not element:
+                        base = a._base  # _picked(a), inlined
+                        element = ((base is not None and a.dim() <= 1 and base.numel() > 1)
+                                   or (bool(self._elements.d) and self._elements.get(a) is not None))
             elif isinstance(a, (list, tuple)) and a and isinstance(a[0], Tensor):
+                tensors = True
                 sig.append((len(a),))
+                if host:
+                    host = all(_made_on_host(hd, t) for t in a)
+        host = host and tensors
+        element = element and single
         if isinstance(out, Tensor):
             out_t = out
         elif isinstance(out, (list, tuple)):
@@ -764,9 +884,9 @@ class Recorder:
             self._fast_rec = rec
         if out_t is not None:
             fkey = (id(func), id(site), direct, module, backward, device, tuple(sig), out_t.shape, out_t.dtype, transfer,
-                    amp)
+                    amp, host, element)
         else:
-            fkey = (id(func), id(site), direct, module, backward, device, tuple(sig), amp)
+            fkey = (id(func), id(site), direct, module, backward, device, tuple(sig), amp, host, element)
         hit = fast.get(fkey)
         if hit is not None:
             stat, key = hit
@@ -774,8 +894,10 @@ class Recorder:
             keys = self._keys
             key = keys.get(fkey)
             if key is None:
-                key = OpKey(name, qualname, site, direct, module, backward, device, args_sig(args, full_sig),
-                            (out_t.shape, out_t.dtype, transfer) if out_t is not None else (), amp)
+                key = OpKey(name, qualname, site, direct, module, backward, device,
+                            args_sig(args, full_sig, self._elements if element else None),
+                            (out_t.shape, out_t.dtype, transfer) if out_t is not None else (), amp, host,
+                            len(args) > 1 and same_values(args[0], args[1]))
                 if len(keys) < 2 * MAX_KEYS:
                     keys[fkey] = key
             ops = rec.ops
@@ -803,13 +925,33 @@ class Recorder:
                 pending[pkey] = pending.get(pkey, 0) + 1
         if device == "cuda" and self.profile_cuda and len(self.sequence) < MAX_SEQUENCE:
             self.sequence.append(key)
-        if out_t is None or backward:  # the dataflow patterns are all forward ones
+        if backward:  # the dataflow patterns are all forward ones
+            return
+        dd = self._deps.d
+        if direct and (transfer or reads_to_host) and not host:  # the user's own reads
+            self._host_read(site, first)
+        if out_t is None:
             return
 
         # -- dataflow (forward ops with a tensor output) --
+        if element and out_t.numel() == 1:
+            self._elements.set(out_t, True)
+        # Host-side data: what factories make on the CPU, and what is computed only from it.
+        if (host or not tensors or from_host_data) and out_t.is_cpu:
+            for t in out if isinstance(out, (list, tuple)) else (out_t,):  # unbind: each row
+                if isinstance(t, Tensor):
+                    self._host.set(t, True)
+        elif first_host and name[-1] == "_":  # written in place with other values
+            for t in (first, first._base):
+                if t is not None and hd.get(id(t)) is not None:
+                    del hd[id(t)]
         # GEMM dependency chains: a GEMM fed (through any ops) by an earlier GEMM of the same
-        # site is a recurrence (an RNN), not a loop that one bmm could replace.
-        dd = self._deps.d
+        # site is a recurrence (an RNN), not a loop that one bmm could replace. A tensor made from
+        # Python data after the host read values computed by GEMMs may be made from those values
+        # (a rollout: the action read, the environment's next state made into the next input): it
+        # depends on what they depended on.
+        if from_host_data and self._host_read_deps is not None:
+            dd[id(out_t)] = (_weakref(out_t), self._host_read_deps)
         deps = None
         if dd:
             for a in args:
@@ -820,6 +962,8 @@ class Recorder:
                             d = e[1]
                             deps = d if deps is None else deps | d
         if is_gemm:
+            if deps is not None and self._host_reads:
+                self._came_back(deps)
             # A site once chained stays chained: it is no longer tracked, and in a model whose
             # GEMM lines all feed each other (a transformer) the tags soon stop being made.
             chained = rec.chained_gemm_sites
@@ -838,7 +982,8 @@ class Recorder:
         # Copies forced by layout: matmul's clone of a non-contiguous operand before bmm.
         copies = self._copies
         if name == "clone" and arg0 is not None and not arg0.is_contiguous():
-            copies.set(out_t, (site, module, tuple(arg0.shape), arg0.stride(), arg0.dtype))
+            copies.set(out_t, (site, module, tuple(arg0.shape), arg0.stride(), arg0.dtype,
+                               self._user_permuted.get(arg0) is not None))
         elif copies.d:
             if name in PASS_THROUGH_OPS and arg0 is not None:
                 c = copies.get(arg0)
@@ -850,14 +995,47 @@ class Recorder:
                         c = copies.get(a)
                         if c is None:
                             continue
-                        if c[0] == site:  # matmul's own clone before its bmm
-                            if is_bgemm:
-                                rec.layout_copies[c] = rec.layout_copies.get(c, 0) + 1
+                        # A copy on the GEMM's own line that the GEMM reads folded into fewer dims is
+                        # matmul's (or linear's) own, made to fold the batch dims: before a bmm, or
+                        # before an mm where only the batch dims were out of order (the last one is
+                        # unit-stride: the GEMM applied before the permute needs none). A copy that
+                        # the GEMM reads as it is is the user's (`q @ k.T.contiguous()`).
+                        if c[0] == site and (a._base is not None or tuple(a.shape) != c[2]):
+                            if is_bgemm or (c[5] and c[3][-1] == 1 and a.shape[-1] == c[2][-1]
+                                            and a.numel() == math.prod(c[2])):
+                                lc = c[:5] + (name,)
+                                rec.layout_copies[lc] = rec.layout_copies.get(lc, 0) + 1
                         else:
-                            e = c + (site,)
+                            e = c[:5] + (site,)
                             rec.explicit_copies[e] = rec.explicit_copies.get(e, 0) + 1
         if is_bgemm or self._attn.d or name == "repeat" or name in ZERO_OPS:
             self._attention_step(name, args, kwargs, arg0, out_t, site, module, direct)
+
+    def _host_read(self, site, tensor) -> None:
+        """The user's code read `tensor`'s value at `site` (`.item()`, a copy to the host): a tensor made
+        from Python data from now on in this step may hold it, and depends on the GEMMs the value did.
+        (torch's own reads, an optimizer's step count, hand nothing to the user's host code.)"""
+        if not isinstance(tensor, Tensor):
+            return
+        self._host_reads[site] = self._host_reads.get(site, 0) + 1
+        e = self._deps.d.get(id(tensor))
+        read = e[1] if e is not None and e[0]() is tensor else frozenset()
+        mark = ("read", site)
+        deps = self._host_read_deps
+        if deps is None or mark not in deps or not read <= deps:
+            self._host_read_deps = (deps or frozenset()) | read | {mark}
+
+    def _came_back(self, deps) -> None:
+        """A GEMM's input may hold host-read values (see _host_read): those reads made a round trip
+        through the host, each counted once."""
+        reads = self._host_reads
+        trips = self.rec.host_round_trips
+        for d in deps:
+            if type(d) is tuple:
+                n = reads.get(d[1])
+                if n:
+                    reads[d[1]] = 0
+                    trips[d[1]] = trips.get(d[1], 0) + n
 
     def _note_operands(self, key, args, name) -> None:
         """Which tensors this GEMM line was given in this step: a view is its base and offset (a
@@ -894,7 +1072,7 @@ class Recorder:
                     state.qk_site, site, module, self.modules.current_type(), state.qk_sig, tensor_sig(b),
                     state.scale, state.scale_tensors, state.masks, state.dropout_p, state.k_repeat,
                     v_repeat[1:] if type(v_repeat) is tuple and v_repeat[0] == "K" else None,
-                    a.requires_grad, state.softmax_dtype, state.in_sdpa, state.training)
+                    a.requires_grad, state.softmax_dtype, state.in_sdpa, state.training, state.keys_in_rows)
                 stat = self.rec.attention.get(key)
                 if stat is None:
                     stat = self.rec.attention[key] = AttentionStat()
@@ -973,9 +1151,20 @@ class Recorder:
         other = args[1 - which] if which < 2 and len(args) > 1 else None
         if name in SOFTMAX_OPS:
             dim = args[1] if len(args) > 1 and isinstance(args[1], int) else None
-            if dim is None or dim % out.dim() - out.dim() != state.key_dim:
-                return None  # not over the keys: not attention's softmax
-            return dataclasses.replace(state, phase="P", softmax_dtype=out.dtype, in_sdpa=name == "_safe_softmax")
+            if dim is None:
+                return None
+            dim = dim % out.dim() - out.dim()
+            if dim == state.key_dim:
+                return dataclasses.replace(state, phase="P", row_dim=None, softmax_dtype=out.dtype,
+                                           in_sdpa=name == "_safe_softmax")
+            if dim == state.row_dim and state.key_dim is None and not state.masks and not state.scale_tensors:
+                # over the GEMM's rows, its one column gone: K @ q of one query, the scores q @ K^T
+                # would give (a mask or a tensor scale laid out for them is not followed)
+                k_rows, q_col = state.qk_sig
+                return dataclasses.replace(state, phase="P", key_dim=dim, row_dim=None, softmax_dtype=out.dtype,
+                                           qk_sig=(_transposed(q_col), _transposed(k_rows)), keys_in_rows=True,
+                                           in_sdpa=name == "_safe_softmax")
+            return None  # not over the keys: not attention's softmax
         if base in ("mul", "div"):
             if base == "div" and which != 0:
                 return None  # x / scores: not a scale
@@ -1107,7 +1296,15 @@ def _dim_after(name, args, src, out, dim):
     if name == "permute":
         perm = [p % n for p in args[1]]
         return perm.index(dim % n) - n
-    return dim if tuple(src.shape[dim:]) == tuple(out.shape[dim:]) else None
+    if tuple(src.shape[dim:]) == tuple(out.shape[dim:]):
+        return dim
+    # size-1 dims added or dropped (squeeze, unsqueeze, a view that does only that): the dims of other
+    # sizes keep their order
+    kept = [i for i in range(n) if src.shape[i] != 1]
+    now = [i for i in range(out.dim()) if out.shape[i] != 1]
+    if src.shape[dim] == 1 or [src.shape[i] for i in kept] != [out.shape[i] for i in now]:
+        return None
+    return now[kept.index(dim % n)] - out.dim()
 
 
 def _merged_repeat(tag, shape):
@@ -1199,6 +1396,8 @@ class OpInfo(NamedTuple):
     func: object               # the OpOverload
     op: object                 # what to call: the overload's C++ op, one Python frame less
     unread_in_backward: bool   # in backward, no check reads it: not recorded there
+    reads_to_host: bool        # hands a value to the host (HOST_READ_OPS)
+    from_host_data: bool       # makes a tensor from Python data (FROM_HOST_DATA_OPS)
 
 
 def _op_info(func) -> OpInfo:
@@ -1216,7 +1415,8 @@ def _op_info(func) -> OpInfo:
         # optimizer.step()'s record_function falls after its step hook, in the next step).
         unrecorded = name in VIEW_OPS or namespace == "profiler"
         info = OpInfo(name, func.name(), unrecorded, name in FULL_SIG_OPS, name in COPY_OPS,
-                      name in GEMM_OPS, name in BATCHED_GEMM_OPS, func, op, unread_in_backward)
+                      name in GEMM_OPS, name in BATCHED_GEMM_OPS, func, op, unread_in_backward,
+                      name in HOST_READ_OPS, name in FROM_HOST_DATA_OPS)
         _OP_INFO[id(func)] = info
     return info
 
@@ -1236,7 +1436,8 @@ def _torch_dispatch(self, func, types, args=(), kwargs=None):
         try:
             if info.unrecorded:  # a view: no site, no key; only forward dataflow tags follow it
                 if args and isinstance(out, Tensor) and (
-                        recorder._deps.d or recorder._attn.d or recorder._copies.d or info.name == "expand"):
+                        recorder._deps.d or recorder._attn.d or recorder._copies.d or recorder._elements.d
+                        or info.name == "expand" or info.name in PERMUTE_OPS):
                     recorder._view(info.name, args, out)
                 return out
             node = _current_autograd_node()

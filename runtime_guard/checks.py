@@ -167,17 +167,31 @@ def run_checks(rec, guard=None, ctx: DeviceContext | None = None) -> list:
     return findings
 
 
+def stays_on_host(key, ctx: DeviceContext) -> bool:
+    """Whether an op's tensors are on the host when the program runs on a GPU, where reading them waits
+    for nothing and an op on them launches no kernel: on a GPU, the ops on CPU tensors; on the CPU,
+    the ops on data the program made on the host within the step and kept from the model (batch
+    indices drawn with `torch.randint`, slice bounds computed from them: `OpKey.host`). The CPU
+    cannot tell where a program would put a tensor it made with `device=` or moved with `.to()` (torch
+    fills in the device either way, and a move to the CPU is no op): the model's values, and tensors
+    from before the step, are taken as on the device."""
+    return key.device == "cpu" and (key.host or ctx.device_type == "cuda")
+
+
 PER_ELEMENT_MIN_PER_STEP = 32  # ops on single elements per step from one line: a loop over elements
 
 
-def per_element_sites(rec, steps) -> dict:
+def per_element_sites(rec, steps, ctx: DeviceContext) -> dict:
     """(site, module) -> [(OpKey, OpStat)] of the forward ops on single elements that one line issues
     at least PER_ELEMENT_MIN_PER_STEP times a step, where some of them read elements picked out of a
-    larger tensor (`x[i]`, `x[i, j]`): a Python loop over a tensor's elements, not a sum of per-layer
-    losses or per-parameter norms (single elements of their own)."""
+    larger tensor (`x[i]`, `x[i, j]`) or values computed only from such elements: a Python loop over a tensor's elements, not a sum of per-layer
+    losses or per-parameter norms (single elements of their own). Ops on data that stays on the host
+    (`stays_on_host`: index arithmetic while assembling a batch) launch nothing on a GPU: not counted."""
     picked, ops = set(), defaultdict(list)
     for key, stat in rec.ops.items():
         if key.backward or stat.compiled or not key.out or math.prod(key.out[0]) > 1:
+            continue
+        if stays_on_host(key, ctx):
             continue
         if key.op in VIEW_OPS or not key.sig or not all(is_tensor(s) and math.prod(s[0]) <= 1 for s in key.sig):
             continue

@@ -201,3 +201,24 @@ def test_dynamo_graph_break_messages_are_read_in_both_forms():
     site, brk = parse_break(again)
     assert (site.lineno, brk.title, brk.explanation) == (13, "Data-dependent branching", "Detected data-dependent branching.")
     assert parse_break("Recompiling function forward in /src/model.py:11") is None
+
+
+def test_the_sync_of_a_branch_that_breaks_the_graph_is_the_breaks_finding_alone(dynamo):
+    """`if h.sum() > 0:` in a compiled forward both breaks the graph and reads the value on the host:
+    one cause, reported once, as MAT505 with dynamo's reason and hint. The same read in eager code
+    is MAT502's."""
+    torch.manual_seed(0)
+    model = Breaking()
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    x = torch.randn(16, 32)
+    branch_line = Breaking.forward.__code__.co_firstlineno + 2
+    compiled_run, eager_run = quiet(select=["MAT502", "MAT505"]), quiet(select=["MAT502", "MAT505"])
+    with compiled_run:
+        compiled = torch.compile(model, backend="eager")
+        for _ in range(4):
+            train_step(compiled, opt, x)
+    with eager_run:
+        for _ in range(4):
+            train_step(model, opt, x)
+    assert [(f.code, f.row) for f in compiled_run.findings] == [("MAT505", branch_line)]
+    assert [(f.code, f.row) for f in eager_run.findings] == [("MAT502", branch_line)]

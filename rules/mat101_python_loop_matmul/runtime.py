@@ -31,7 +31,9 @@ class LoopEstimate(NamedTuple):
 @runtime_check("MAT101")
 def check_loop_matmul(rec, steps, ctx):
     """Same-shape GEMMs from one line, many per step, that do not feed each other (a recurrence,
-    a stack of layers or a decode loop feeds each call from the one before: left alone). What to
+    a stack of layers or a decode loop feeds each call from the one before; so does a rollout whose
+    next input the host makes from a value it read, `torch.tensor(state)` after `env.step(action.item())`:
+    left alone). What to
     batch them into depends on what they share: one weight → one call on the stacked inputs; one
     input → one GEMM on the concatenated weights; neither → bmm."""
     groups = defaultdict(list)

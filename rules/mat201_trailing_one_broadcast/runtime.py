@@ -2,9 +2,7 @@
 Imported only by the guard (needs torch)."""
 from __future__ import annotations
 
-import linecache
 import math
-import re
 
 from matlint.runtime_guard.checks import common_evidence, finding, is_tensor, shape_str
 from matlint.runtime_guard.registry import runtime_check
@@ -14,17 +12,6 @@ ELEMENTWISE_BINARY = frozenset({"add", "sub", "mul", "div", "rsub", "pow", "maxi
 
 def _trailing_one_pair(a, b) -> bool:
     return len(a) == len(b) + 1 and len(b) >= 1 and a[-1] == 1 and a[-2] > 1 and b[-1] == a[-2]
-
-
-# A tensor compared with (or subtracted from...) itself with a singleton axis written out on the
-# op's own line (`s.unsqueeze(1) - s`, `p[:, None] > p`): a pairwise (N, N) matrix on purpose.
-_PAIRWISE = re.compile(r"\b(\w+)(?:\.unsqueeze\(\s*-?\d+\s*\)|\[[^\]]*\bNone\b[^\]]*\])\s*"
-                       r"(?:[-+*/]|[<>]=?|==|!=)\s*\1\b(?!\s*[\[.(])")
-
-
-def _spells_the_singleton_axis(site) -> bool:
-    line = linecache.getline(site.filename, site.lineno) if site.lineno else ""
-    return bool(_PAIRWISE.search(line.split("#", 1)[0]))
 
 
 @runtime_check("MAT201")
@@ -41,7 +28,9 @@ def check_broadcast(rec, steps, ctx):
             continue
         if not (_trailing_one_pair(a, b) or _trailing_one_pair(b, a)):
             continue
-        if (key.site, a, b) in seen or _spells_the_singleton_axis(key.site):
+        # A tensor set against itself with a singleton axis added (`s.unsqueeze(1) - s`, `p[:, None] > p`):
+        # a pairwise (N, N) matrix on purpose.
+        if (key.site, a, b) in seen or key.same_values:
             continue
         seen.add((key.site, a, b))
         msg = (f"{key.qualname} of {shape_str(a)} and {shape_str(b)} broadcasts to {shape_str(key.out[0])}: "

@@ -22,8 +22,9 @@ def check_explicit_copies(rec, steps, ctx):
         if cublas_copies(shape, stride) or not _batch_dims_fold(shape, stride):
             continue  # a layout the GEMM would copy itself: the copy is the right fix (MAT302's)
         per_step = count / steps
+        where = "on this line" if gemm_site == site else f"on line {gemm_site.lineno}"
         msg = (f"this copy of a {shape_str(shape)} tensor with strides {list(stride)} ({per_step:g}x per step) "
-               f"feeds the GEMM on line {gemm_site.lineno}, which reads that layout (a transpose of the last two "
+               f"feeds the GEMM {where}, which reads that layout (a transpose of the last two "
                f"dims) as it is: drop the `.contiguous()` where the GEMM is the copy's only reader")
         device = "cuda" if ctx.device_type == "cuda" else "cpu"
         ev = {"per_step": round(per_step, 2), "module": module, "phase": "forward", "shapes": [shape_str(shape)],

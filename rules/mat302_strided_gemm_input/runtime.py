@@ -40,14 +40,21 @@ def check_strided_gemm(rec, steps, ctx):
             ev["copied_by"] = "cuBLAS (prepare_matrix_for_cublas)" if key.device == "cuda" else "the BLAS call"
             yield finding("MAT302", key.site, msg, ev,
                           CopyEstimate("copy", shape, stride, dtype_str(dtype), key.device, per_step))
-    for (site, module, shape, stride, dtype), count in rec.layout_copies.items():
+    for (site, module, shape, stride, dtype, gemm), count in rec.layout_copies.items():
         if site in at_attention:
             continue
         per_step = count / steps
-        msg = (f"matmul copied a {shape_str(shape)} operand with strides {list(stride)} (clone before bmm) "
-               f"{per_step:g}x per step: produce it in the layout matmul wants, or permute the other operand")
+        if gemm in ("bmm", "baddbmm"):
+            msg = (f"matmul copied a {shape_str(shape)} operand with strides {list(stride)} (clone before bmm) "
+                   f"{per_step:g}x per step: produce it in the layout matmul wants, or permute the other operand")
+            copied_by = "matmul (aten::clone before bmm)"
+        else:
+            msg = (f"a {shape_str(shape)} operand with strides {list(stride)} was copied to fold its leading dims "
+                   f"into one GEMM ({per_step:g}x per step): its last dim is in place, only the leading dims are "
+                   f"permuted; apply the layer (or matmul) before the permute and permute its output instead")
+            copied_by = f"matmul / linear (aten::clone before {gemm})"
         ev = {"per_step": round(per_step, 2), "module": module, "phase": "forward", "shapes": [shape_str(shape)],
-              "strides": [list(stride)], "dtypes": [dtype_str(dtype)], "copied_by": "matmul (aten::clone before bmm)"}
+              "strides": [list(stride)], "dtypes": [dtype_str(dtype)], "copied_by": copied_by}
         device = "cuda" if ctx.device_type == "cuda" else "cpu"
         yield finding("MAT302", site, msg, ev, CopyEstimate("copy", shape, stride, dtype_str(dtype), device, per_step))
 

@@ -101,9 +101,14 @@ class PerElementLoop(Rule):
     element-wise functions (`torch.exp`, `math.sqrt`, `.abs()`, `.clamp()` ...).
 
     At run time (`matlint.guard`), a line that issues at least 32 ops a step on single elements,
-    some of them picked out of a larger tensor (`x[i]`, `x[i, j]`), is reported with the ops it
-    issued; single values of their own (a sum of per-layer losses, per-parameter norms) are not
-    elements of a tensor and stay quiet. On a GPU such a line is reported here, not as MAT504.
+    some of them picked out of a larger tensor (`x[i]`, `x[i, j]`) or computed only from such
+    elements (`inter = (x2 - x1).clamp(min=0)` after `x1 = torch.max(a[i, 0], b[i, 0])`), is
+    reported with the ops it issued; single values of their own (a sum of per-layer losses,
+    per-parameter norms) are not elements of a tensor and stay quiet. On a GPU such a line is reported here, not as MAT504.
+    Ops on data that stays on the host launch no kernel and are not counted: on a GPU, CPU
+    tensors; on the CPU, tensors the program made on the host within the step (`torch.randint`,
+    `torch.arange`, `torch.tensor(values)`) and computed on only with each other, such as the
+    bounds `i + 1` of `data[i + 1:i + n + 1] for i in ix` when assembling a batch.
 
     ## Why is this bad?
     Every indexing, arithmetic and assignment is a separate tensor op: on the GPU a kernel

@@ -8,7 +8,7 @@ from matlint.runtime_guard.registry import runtime_check
 
 @runtime_check("MAT501")
 def check_per_element_loops(rec, steps, ctx):
-    for (site, module), items in per_element_sites(rec, steps).items():
+    for (site, module), items in per_element_sites(rec, steps, ctx).items():
         per_step = sum(s.count for _, s in items) / steps
         ops = sorted({k.qualname for k, _ in items})
         msg = (f"{per_step:g} ops per step on single elements from this line ({', '.join(ops[:6])}): a Python "

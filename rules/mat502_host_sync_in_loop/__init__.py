@@ -280,6 +280,23 @@ class HostSyncInLoop(_StepLoops, _HostReads, Rule):
     printed or collected stays on the device, converted once after the loop, or logged every N
     steps.
 
+    At run time (`matlint.guard`), a line is reported from two syncs a step (torch's own among
+    them), or from one a step that the user's code makes itself (`loss.item()`). A read of data
+    that stays on the host waits for nothing and is not counted: on a GPU, a CPU tensor's; on the
+    CPU, which stands in for a GPU, a tensor the program made on the host within the step
+    (`torch.randint`, `torch.arange`, `torch.tensor(values)`) and computed on only with other such
+    tensors, such as the slice bounds of `torch.stack([data[i:i + n] for i in ix])`; the CPU cannot
+    see `device=` or a `.to()` to the CPU, so the model's values and tensors made before the step
+    count as on the device. A rollout stays quiet: a line whose values, at least twice a step and
+    for most of its reads, come back as the model's next input (a tensor made from Python data
+    after the read, `torch.tensor(state)` after `env.step(action.item())`, reaches a GEMM before
+    the step ends): the host needs each value to make the next input, as an environment or a
+    decoder sampling on the host does. The guard cannot see what the host computes from a value,
+    only that a tensor made from Python data followed the read: a loop that reads its outputs for
+    a log and makes each input from Python data (with no backward in between) looks the same. A
+    sync on a line where torch.compile broke the graph is that break's finding (MAT505, with
+    dynamo's reason and hint), not a second one here.
+
     ## Why is this bad?
     Each of these waits until the GPU has finished all queued work, then copies the value.
     Once per step, that drains the launch queue: the CPU can no longer run ahead of the GPU,

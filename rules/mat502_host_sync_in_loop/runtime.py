@@ -2,28 +2,51 @@
 sync detector (runtime_guard/syncs.py). Imported only by the guard (needs torch)."""
 from __future__ import annotations
 
+import os
 from collections import defaultdict
 
-from matlint.runtime_guard.checks import finding
+from matlint.runtime_guard.checks import finding, stays_on_host
 from matlint.runtime_guard.registry import runtime_check
 
 SYNC_MIN_PER_STEP = 2   # syncs a step from one line, torch's own among them (GradScaler's one check is inherent)
 OWN_SYNC_MIN_PER_STEP = 1  # ... or the user's own calls (`loss.item()` once a step)
 SYNC_OPS = frozenset({"_local_scalar_dense", "nonzero", "masked_select", "unique", "_unique2", "item"})
+ROUND_TRIPS_MIN_PER_STEP = 2  # reads a step that come back as the model's next input: a rollout's
 
 
-def _is_sync(key) -> bool:
+def _is_sync(key, ctx) -> bool:
     if key.op in SYNC_OPS:
-        # On CPU nothing syncs; count what would on a GPU, issued by the user's own code.
-        return key.device == "cuda" or key.direct
+        # A read of data that stays on the host waits for nothing. On the CPU nothing syncs; count
+        # what would on a GPU, issued by the user's own code.
+        return not stays_on_host(key, ctx) and (key.device == "cuda" or key.direct)
     return bool(key.out) and key.out[2] == "d2h"
+
+
+def _round_trips(rec, site, count, steps) -> bool:
+    """Whether the host needs the values read at `site` to make the model's next input: at least
+    ROUND_TRIPS_MIN_PER_STEP reads a step, and most of them, came back (a tensor made from Python
+    data after the read fed a GEMM; capture.Recorder._host_read). A rollout reads each action for
+    the environment's next state, a decoder on the host each token: the loop itself runs through
+    the host, and reading less often would change what it computes."""
+    trips = rec.host_round_trips.get(site, 0)
+    return trips / steps >= ROUND_TRIPS_MIN_PER_STEP and 2 * trips >= count
+
+
+def _graph_break_lines(rec) -> set:
+    """(file, line) of the graph breaks torch.compile made in the window: MAT505 reports each with
+    dynamo's reason (a data-dependent branch, `.item()`) and its fix, which is the sync's too."""
+    events = rec.compile_events
+    if events is None:
+        return set()
+    return {(os.path.abspath(site.filename), site.lineno) for site, _ in events.breaks}
 
 
 @runtime_check("MAT502")
 def check_host_syncs(rec, steps, ctx):
+    breaks = _graph_break_lines(rec)
     per_site = defaultdict(lambda: [0, 0, []])
     for key, stat in rec.ops.items():
-        if key.backward or not _is_sync(key):
+        if key.backward or not _is_sync(key, ctx):
             continue
         entry = per_site[(key.site, key.module)]
         entry[0] += stat.count
@@ -33,6 +56,8 @@ def check_host_syncs(rec, steps, ctx):
     for (site, module), (count, own, keys) in per_site.items():
         per_step = count / steps
         if per_step < SYNC_MIN_PER_STEP and own / steps < OWN_SYNC_MIN_PER_STEP:
+            continue
+        if _round_trips(rec, site, count, steps) or (os.path.abspath(site.filename), site.lineno) in breaks:
             continue
         ops = sorted({k.qualname for k in keys})
         where = "each one waits for the GPU" if ctx.device_type == "cuda" else "on a GPU each one would wait for the device"

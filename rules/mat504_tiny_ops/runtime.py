@@ -31,7 +31,7 @@ def check_tiny_ops(rec, steps, ctx):
     # per line and module, forward only: the same line in every layer, or a layer's backward
     # kernels, are not a loop that one fused call could replace
     per_site = defaultdict(list)
-    per_element = per_element_sites(rec, steps)  # a loop over elements: MAT501's
+    per_element = per_element_sites(rec, steps, ctx)  # a loop over elements: MAT501's
     for key, stat in rec.ops.items():
         if key.device != "cuda" or key.backward or key.op in VIEW_OPS or stat.compiled or not key.out:
             continue

@@ -147,6 +147,10 @@ def sdpa_advice(keys, weights_used: bool) -> SdpaAdvice:
             checks.append(f"K/V heads were tiled with repeat (query head h reads K/V head h mod n_kv); enable_gqa "
                           f"pairs head h with K/V head h // {k_rep[0]}: keep passing the repeated k and v (or "
                           f"repeat_interleave them, then enable_gqa=True)")
+    if any(k.keys_in_rows for k in keys):
+        checks.append("the scores were computed as keys @ query (the keys in the rows, one query): SDPA's q is "
+                      "that query as one row, (..., 1, d) (`h.unsqueeze(1)` where the code has `h.unsqueeze(2)`), "
+                      "k the keys as they are, and its output has that one query row")
     if weights_used:
         checks.append("SDPA does not return the attention weights, which this code returns or uses: switch only "
                       "where they are not needed")
