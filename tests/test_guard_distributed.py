@@ -27,7 +27,8 @@ TIMEOUT_S = 40  # a hang fails the test instead of stalling the suite
 
 
 def torchrun(*args, cwd):
-    env = dict(os.environ, OMP_NUM_THREADS="1")
+    # The ranks run on the CPU: with a GPU visible, FSDP2 would put rank 1 on a second GPU.
+    env = dict(os.environ, OMP_NUM_THREADS="1", CUDA_VISIBLE_DEVICES="")
     return subprocess.run([sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "2",
                            *map(str, args)], cwd=cwd, env=env, capture_output=True, text=True, timeout=TIMEOUT_S)
 
