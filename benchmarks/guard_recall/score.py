@@ -45,7 +45,7 @@ from matlint.runtime_guard import registry
 registry.load()
 sys.argv = [program]
 sys.path.insert(0, os.path.dirname(program))
-g = matlint.guard(json_path=None, report=False, estimate_savings=False)
+g = matlint.guard(json_path=None, report=False, estimate_savings=os.environ.get("SCORE_ESTIMATES") == "1")
 failure = None
 try:
     with g:
@@ -106,11 +106,12 @@ def read_labels(path: Path = LABELS) -> list:
                 for r in csv.DictReader(fh)]
 
 
-def run_program(name: str, device: str, timeout: float = 300) -> Run:
+def run_program(name: str, device: str, timeout: float = 300, estimates: bool = False) -> Run:
     """One program under the guard in a fresh interpreter, in an empty working directory (no
     project's [tool.matlint] applies: the default selection)."""
     program = PROGRAMS / name
-    env = dict(os.environ, OMP_NUM_THREADS="1", MKL_NUM_THREADS="1", PYTHONHASHSEED="0")
+    env = dict(os.environ, OMP_NUM_THREADS="1", MKL_NUM_THREADS="1", PYTHONHASHSEED="0",
+               SCORE_ESTIMATES="1" if estimates else "0")
     if device == "cpu":
         env["CUDA_VISIBLE_DEVICES"] = ""
     with tempfile.TemporaryDirectory() as tmp:
@@ -182,6 +183,9 @@ def main(argv=None) -> int:
     p.add_argument("--labels", default=str(LABELS))
     p.add_argument("--json", default=None, help="write the findings and verdicts here")
     p.add_argument("--timeout", type=float, default=300)
+    p.add_argument("--estimate-savings", action="store_true",
+                   help="run the guard as `matlint run` does by default, timing the fixes (it then drops a "
+                        "finding whose measured saving is negligible)")
     opts = p.parse_args(argv)
 
     names = sorted(q.name for q in PROGRAMS.glob("*.py"))
@@ -198,7 +202,7 @@ def main(argv=None) -> int:
             import torch
             opts.device = "cuda" if torch.cuda.is_available() else "cpu"
 
-    runs = [run_program(n, opts.device, opts.timeout) for n in names]
+    runs = [run_program(n, opts.device, opts.timeout, opts.estimate_savings) for n in names]
     device = next((r.device for r in runs if r.failure is None), opts.device)
     runtime_codes = set(next((r.runtime_codes for r in runs if r.runtime_codes), []))
     labels = [lab for lab in read_labels(Path(opts.labels)) if lab.program in names]
