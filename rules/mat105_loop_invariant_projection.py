@@ -64,6 +64,12 @@ class LoopInvariantProjection(GemmVisitor, Rule):
     counter, or iterating over `proj` in place of `x`).
     MAT101 stays quiet on recurrences; this rule covers the part of them that is not sequential.
 
+    It also looks into a step function the loop calls with the step's slice and the recurrent
+    state (`hidden = recurrence(x[t], hidden)`, a function the enclosing function defines, or
+    `h = self.step(x[:, t], h)`, a method of the class defined above the caller): a GEMM there that
+    reads only the parameter receiving the slice, with weights fixed before the loop, is flagged
+    where it is written, and the message names the call.
+
     It also flags a call, in such a loop, of a module the class holds (`self.attention(memory, h)`
     after `self.attention = Attention(...)`, a class of the file or of a project module it
     imports) whose `forward` applies one of its `nn.Linear` layers straight to the parameter
@@ -130,14 +136,14 @@ class LoopInvariantProjection(GemmVisitor, Rule):
         if loop.is_comprehension or not node.args or any(isinstance(a, ast.Starred) for a in node.args):
             return
         callee = self._step_function(node.func)
-        if callee is None or updates_weights(self.ctx, loop):
+        if callee is None or not self._gemms_of(callee):
             return
+        if not any(loop.reads_carried(arg) for arg in node.args) or updates_weights(self.ctx, loop):
+            return  # no recurrent state goes in (MAT101's loop, not a recurrence), or the weights change
         params = [a.arg for a in callee.args.posonlyargs + callee.args.args]
         if isinstance(node.func, ast.Attribute):
             params = params[1:]
         passed = list(zip(params, node.args))
-        if not any(loop.reads_carried(arg) for _, arg in passed):
-            return  # no recurrent state goes in: MAT101's loop, not a recurrence
         rebound = {n.id for n in ast.walk(callee) if isinstance(n, ast.Name) and not isinstance(n.ctx, ast.Load)}
         for param, arg in passed:
             if param in rebound or loop.reads_carried(arg):
@@ -156,29 +162,51 @@ class LoopInvariantProjection(GemmVisitor, Rule):
 
     def _step_function(self, func: ast.AST):
         """The function a call in the loop runs: one the enclosing function defines once under
-        that name, or a method of the enclosing class called on `self`."""
+        that name, or a method of the enclosing class called on `self` defined above the method
+        that calls it."""
         ctx = self.ctx
         if isinstance(func, ast.Name) and ctx.function is not None:
-            defs = [stmt for stmt in ast.walk(ctx.function)
-                    if isinstance(stmt, (ast.FunctionDef, ast.AsyncFunctionDef)) and stmt.name == func.id
-                    and stmt is not ctx.function]
-            stored = any(isinstance(n, ast.Name) and n.id == func.id and not isinstance(n.ctx, ast.Load)
-                         for n in ast.walk(ctx.function))
-            return defs[0] if len(defs) == 1 and not stored else None
+            return self._nested_functions(ctx.function).get(func.id)
         if (isinstance(func, ast.Attribute) and isinstance(func.value, ast.Name) and ctx.class_ is not None
                 and ctx.functions and func.value.id == self_name_of(ctx.functions[0])):
-            return method_of(ctx.class_, func.attr)
+            method = method_of(ctx.class_, func.attr)
+            # one the walk has been through already: what its GEMMs are was read in its own scope
+            return method if method is not None and method.lineno < ctx.functions[0].lineno else None
         return None
+
+    def _nested_functions(self, function) -> dict:
+        """The functions `function` defines, by name, where the name is bound by that one `def`
+        and nothing else in it (read once per function)."""
+        key = ("mat105_nested", id(function))
+        found = self.ctx.shared.get(key)
+        if found is None:
+            defs, stored = {}, set()
+            for sub in ast.walk(function):
+                if isinstance(sub, (ast.FunctionDef, ast.AsyncFunctionDef)) and sub is not function:
+                    defs.setdefault(sub.name, []).append(sub)
+                elif isinstance(sub, ast.Name) and not isinstance(sub.ctx, ast.Load):
+                    stored.add(sub.id)
+            found = self.ctx.shared[key] = {name: found[0] for name, found in defs.items()
+                                            if len(found) == 1 and name not in stored}
+        return found
+
+    def _gemms_of(self, callee) -> list:
+        """The GEMMs `callee`'s body issues (read once per function)."""
+        key = ("mat105_gemms", id(callee))
+        found = self.ctx.shared.get(key)
+        if found is None:
+            found = self.ctx.shared[key] = [g for g in (as_gemm(self.ctx, sub) for sub in ast.walk(callee)
+                                                        if isinstance(sub, (ast.Call, ast.BinOp)))
+                                            if g is not None and g.operands]
+        return found
 
     def _projections_of(self, callee, param: str, params: set, loop) -> list:
         """The GEMMs in `callee` with `param` as their only per-call operand: every other operand
         is a weight fixed before the loop (`self.W`, a layer of the class, a name of the
         enclosing scope the loop does not change), none another parameter."""
         found = []
-        for sub in ast.walk(callee):
-            gemm = as_gemm(self.ctx, sub)
-            if gemm is None or not gemm.operands:
-                continue
+        for gemm in self._gemms_of(callee):
+            sub = gemm.node
             operands = list(gemm.operands)
             extra = list(sub.args[len(gemm.operands):]) if gemm.op == "linear" else []
             if sum(isinstance(op, ast.Name) and op.id == param for op in operands) != 1:
