@@ -13,6 +13,7 @@ from matlint.rule import Only, Rule
 from matlint.semantic import kinds as _kinds
 from matlint.semantic.project import imported_function
 from matlint.semantic.loops import loaded_names
+from matlint.semantic.project import cpu_only_project
 from matlint.semantic.steps import loop_trains, repeating_loops, runs_once, step_loop
 from matlint.semantic.names import in_reference_code, in_test_code
 
@@ -266,7 +267,9 @@ class HostSyncInLoop(_StepLoops, _HostReads, Rule):
     it checks values on the host on every forward, and is no part of the computation. In a file that never moves work to a CUDA device
     (`.cuda()`, a device string or `torch.device`, `.to(device)`), a step function's tensors
     stay on the CPU and it stays quiet; so does a program (a `__main__` block or a loop at
-    module level) that never does, whatever its loops. `.numpy()` is reported through the `.cpu()` that must precede it (on a
+    module level) that never does, whatever its loops, and a training step in a file that names
+    no device whose importers in the project (the scripts that run it) name none either.
+    `.numpy()` is reported through the `.cpu()` that must precede it (on a
     GPU tensor `.numpy()` alone raises instead of syncing).
 
     A statement gets one finding per kind of sync and remedy, at its first sync, naming every
@@ -836,7 +839,7 @@ class HostSyncInLoop(_StepLoops, _HostReads, Rule):
         at the end of the file). `value`: the tensor it syncs, named in the message. `fix`: makes
         the fix, once the finding stands. `owner`: the `if`/`while`/`assert` whose test `node`
         is. `waits`: what the sync does."""
-        if _kinds.cpu_only_script(self.ctx):
+        if _kinds.cpu_only_script(self.ctx) or cpu_only_project(self.ctx):
             return  # the program never leaves the CPU: there is no device to wait for
         loop = step_loop(self.ctx)
         if loop is None:

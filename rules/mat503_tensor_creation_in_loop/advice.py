@@ -9,6 +9,7 @@ from typing import Optional
 from matlint.semantic.flow import flow_of
 
 from .factories import FILLS, LEGACY_CONSTRUCTORS, RANDOM, torch_factory
+from .host_data import NUMPY_LIKE_FILLS
 
 
 def numpy_message(ctx, made: ast.Call, device: str, where: str) -> str:
@@ -16,8 +17,13 @@ def numpy_message(ctx, made: ast.Call, device: str, where: str) -> str:
     that is copied to `device`."""
     module, _, name = ctx.qualname(made.func).rpartition(".")
     drawn = module == "numpy.random"
-    instead = _torch_for_numpy(ctx, name, made, device) if drawn else (
-        f"torch.{name}({', '.join(ctx.segment(a) for a in made.args)}, device={device})")
+    if name in NUMPY_LIKE_FILLS:  # `np.ones_like(r)`: torch's fill of its shape
+        rest = [ctx.segment(a) for a in made.args[1:]]
+        instead = f"torch.{name[:-len('_like')]}({', '.join([ctx.segment(made.args[0]) + '.shape'] + rest)}, " \
+                  f"device={device})"
+    else:
+        instead = _torch_for_numpy(ctx, name, made, device) if drawn else (
+            f"torch.{name}({', '.join(ctx.segment(a) for a in made.args)}, device={device})")
     return (f"`{ctx.segment(made.func)}(...)` {'draws' if drawn else 'fills'} an array on the host "
             f"that is copied to the device on every {where}; "
             + (f"make it there: `{instead}`" if instead else
@@ -67,12 +73,15 @@ def fill_message(ctx, factory: ast.Call, value: ast.AST, number, shape: tuple, d
         instead = f"torch.{'zeros' if number == 0 else 'ones'}({size}, {', '.join(keywords)})"
     else:
         size = f"({shape[0]},)" if len(shape) == 1 else f"({', '.join(map(str, shape))})"
-        text = ctx.segment(value) if not shape else repr(number)
+        text = ctx.segment(value) if not shape or number is None else repr(number)
         instead = f"torch.full({size}, {text}, {', '.join(keywords)})"
     if not shape:
         return (f"this scalar is copied from the host to the device on every {where}; "
                 f"`{instead}` fills it on the device without a copy (or pass the Python number "
                 "where the op takes one)")
+    if number is None:
+        return (f"this tensor of a Python number computed on each pass is copied from the host to the device on "
+                f"every {where}; `{instead}` fills it on the device without a copy")
     return (f"this constant tensor of one repeated value is copied from the host to the device on "
             f"every {where}; `{instead}` fills it on the device without a copy")
 
