@@ -349,7 +349,9 @@ class HostSyncInLoop(_StepLoops, _HostReads, Rule):
       would exhaust its memory (`# kept in CPU tensors, else GPU memory runs out`, `OOM`,
       `to save GPU memory`). A comment that says what the line does (`# move predictions to
       cpu`), a reason `.detach()` meets as well (`# so the graph is not kept alive (memory
-      leak)`), or a comment on another line of a multi-line statement does not count.
+      leak)`), or a comment on another line of a multi-line statement does not count, nor does
+      any comment on `torch.cuda.synchronize()`, which copies no value (`# wait for the GPU to
+      finish work`, to time the step: CUDA events do that without the wait).
     - A value the host needs in the same iteration: bound to a name that a later test compares to
       stop the loop in its normal course (`if abs(cur - prev) < tol: break`, PPO's `if approx_kl
       > 1.5 * target_kl: break`), or that Python code then iterates or indexes (`toks =

@@ -266,7 +266,13 @@ class _StepLoops:
         is in), says why the copy is deliberate (`# wait for the indices: the host slices with
         them`, `# kept on the CPU, else GPU memory runs out`). A comment on another line of a
         multi-line statement belongs to that line; one that says what the line does (`# move to
-        cpu`) or why not to keep the graph (`.detach()` does that too) explains nothing."""
+        cpu`) or why not to keep the graph (`.detach()` does that too) explains nothing. Nor does
+        any comment on `torch.cuda.synchronize()`: it copies no value the host could need, and
+        waiting is all it does (`# wait for the GPU to finish work`, to time the step: CUDA
+        events time it without the wait); the one need for it, copies to the host still in
+        flight, is read from the code (`_waits_for_own_copies`)."""
+        if isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute) and node.func.attr == "synchronize":
+            return False
         statement = self.ctx.statement()
         if statement is None:
             return False
