@@ -11,9 +11,9 @@ from matlint.diagnostics import Fix
 from matlint.rule import Only, Rule
 
 from matlint.semantic import kinds as _kinds
-from matlint.semantic.project import imported_function
+from matlint.semantic.project import cpu_only_project, imported_function
 from matlint.semantic.loops import loaded_names
-from matlint.semantic.project import cpu_only_project
+from matlint.semantic.torch_api import TYPED_TENSORS
 from matlint.semantic.steps import loop_trains, repeating_loops, runs_once, step_loop
 from matlint.semantic.names import in_reference_code, in_test_code
 
@@ -29,6 +29,19 @@ _TRUTH_BUILTINS = frozenset({"any", "all"})  # test each item of what they are g
 def _is_cpu_target(call: ast.Call) -> bool:
     target = call.args[0] if call.args else next((k.value for k in call.keywords if k.arg == "device"), None)
     return target is not None and _kinds.is_cpu_literal(target)
+
+
+def _host_tensor_type(ctx, call: ast.Call) -> bool:
+    """`x.type(torch.FloatTensor)`, `x.type("torch.LongTensor")`: a legacy CPU tensor type, so
+    the cast copies a device tensor to the host."""
+    if len(call.args) != 1 or call.keywords:
+        return False
+    target = call.args[0]
+    if isinstance(target, ast.Constant) and isinstance(target.value, str):
+        module, _, name = target.value.rpartition(".")
+    else:
+        module, _, name = (ctx.qualname(target) or "").rpartition(".")
+    return module == "torch" and name in TYPED_TENSORS
 
 
 def _non_blocking(call: ast.Call) -> bool:
@@ -219,7 +232,9 @@ class HostSyncInLoop(_StepLoops, _HostReads, Rule):
     docs = """
     ## What it does
     Flags, inside a training or evaluation loop, the calls that copy a tensor's value to the
-    host: `.item()`, `.cpu()` / `.to("cpu")`, `.tolist()`, `float(t)`, `int(t)`, `bool(t)`,
+    host: `.item()`, `.cpu()` / `.to("cpu")`, a cast of a device tensor (or a comparison or
+    arithmetic of one) to a legacy CPU tensor type (`(mask < p).type(torch.FloatTensor)`: cast on
+    the device, `.to(torch.float32)`), `.tolist()`, `float(t)`, `int(t)`, `bool(t)`,
     `if t:` / `while t:` on a tensor (also the `if` of a comprehension over a device tensor's
     elements: `[i for i, d in enumerate(done) if d == 0]`, and `any()` / `all()` of tensors,
     `any(not torch.isfinite(p.grad).all() for p in params)`, one per item), `print(t)` of a tensor,
@@ -438,7 +453,7 @@ class HostSyncInLoop(_StepLoops, _HostReads, Rule):
     """
 
     only = {"visit_Call": Only(attrs=frozenset(_SYNC_METHODS | _CONVERSIONS | _DATA_SIZED | _TRUTH_BUILTINS
-                                               | {"print", "synchronize"}
+                                               | {"print", "synchronize", "type"}
                                                | {qual.rpartition(".")[2] for qual in _FROM_DATA}),
                                every_call_if=_trains_with_project_helpers),
             "visit_While": Only(in_loops=True), "visit_IfExp": Only(in_loops=True)}
@@ -451,7 +466,8 @@ class HostSyncInLoop(_StepLoops, _HostReads, Rule):
         if not self.ctx.loops and self.ctx.function is None:
             return
         func = node.func
-        if isinstance(func, ast.Attribute) and func.attr in _SYNC_METHODS:
+        if isinstance(func, ast.Attribute) and (func.attr in _SYNC_METHODS or func.attr == "type"
+                                                and _host_tensor_type(self.ctx, node)):
             self._method(node, func)
         elif isinstance(func, ast.Attribute) and func.attr == "synchronize":
             if (self.ctx.qualname(func) == "torch.cuda.synchronize" and self._step_context() is not None
@@ -749,7 +765,7 @@ class HostSyncInLoop(_StepLoops, _HostReads, Rule):
                                   f"values not copied yet; copy with a blocking `.cpu()` where the host needs the "
                                   f"values now, or collect results on the device and copy once after the loop")
             return
-        if method == "tolist" and kind not in _kinds.TENSORS:
+        if method == "tolist" and kind not in _kinds.TENSORS or method == "type" and not self._on_device(receiver):
             return
         remedy = self._remedy(node, None)
         if remedy is not None:
@@ -771,6 +787,12 @@ class HostSyncInLoop(_StepLoops, _HostReads, Rule):
                 instead = ("keep the values on the device and convert them once after the loop "
                            "(`torch.stack(values).tolist()`), or log every N steps")
             self._report(node, "`.item()`", instead, value=receiver, fix=fix)
+        elif method == "type":
+            target = node.args[0]
+            name = target.value if isinstance(target, ast.Constant) else self.ctx.qualname(target)
+            self._report(node, self._method_text(node, method),
+                         f"`{self.ctx.segment(target)}` is a CPU tensor type; cast on the device with "
+                         f"`.to({TYPED_TENSORS[name.rpartition('.')[2]]})`", value=receiver)
         elif method in ("cpu", "to"):
             self._report(node, self._method_text(node, method),
                          "collect results on the device (`torch.cat`/`torch.stack` after the loop) and copy once",
@@ -778,6 +800,18 @@ class HostSyncInLoop(_StepLoops, _HostReads, Rule):
         else:
             self._report(node, "`.tolist()`", "collect results on the device and convert once after the loop",
                          value=receiver)
+
+    def _on_device(self, expr: ast.AST) -> bool:
+        """`expr` is a device tensor, or an elementwise op of one (`mask < p`, `-x`, `x * 2`),
+        by the kinds of the values its names hold where it reads them."""
+        while isinstance(expr, ast.UnaryOp):
+            expr = expr.operand
+        if isinstance(expr, (ast.Compare, ast.BinOp)):
+            operands = [expr.left] + (expr.comparators if isinstance(expr, ast.Compare) else [expr.right])
+            return any(self._on_device(operand) for operand in operands)
+        if isinstance(expr, ast.Name):
+            return _kinds.reaching_kind(self.ctx, expr) == _kinds.TENSOR
+        return _kinds.kind_of(self.ctx, expr) == _kinds.TENSOR
 
     def _method_text(self, node: ast.Call, method: str) -> str:
         return f"`.{method}({self._arguments(node)})`"
