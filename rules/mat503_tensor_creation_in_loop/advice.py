@@ -7,6 +7,7 @@ import ast
 from typing import Optional
 
 from matlint.semantic.flow import flow_of
+from matlint.semantic.torch_api import TYPED_TENSORS
 
 from .factories import FILLS, LEGACY_CONSTRUCTORS, RANDOM, torch_factory
 from .host_data import NUMPY_LIKE_FILLS
@@ -64,7 +65,13 @@ def fill_message(ctx, factory: ast.Call, value: ast.AST, number, shape: tuple, d
     device=d)`): a fill on the device makes a new tensor each time, without a copy, so it
     also fits a tensor that is changed in place, returned or kept."""
     keywords = [f"{k.arg}={ctx.segment(k.value)}" for k in factory.keywords if k.arg != "device"]
-    if not any(k.arg == "dtype" for k in factory.keywords) and type(number) in (bool, int):
+    legacy = (ctx.qualname(factory.func) or "").rpartition(".")[2]
+    if legacy in TYPED_TENSORS or legacy == "Tensor":
+        # `torch.Tensor([1])` is float32 and `torch.LongTensor([0])` int64, whatever the number
+        dtype = TYPED_TENSORS.get(legacy, "torch.float32")
+        if not (dtype == "torch.float32" and number in (0, 1) and type(number) is not bool):
+            keywords.append(f"dtype={dtype}")
+    elif not any(k.arg == "dtype" for k in factory.keywords) and type(number) in (bool, int):
         # `torch.tensor(0)` is int64 and `torch.tensor(True)` bool; `torch.zeros(())` would be float
         keywords.append("dtype=torch.bool" if type(number) is bool else "dtype=torch.long")
     keywords.append(f"device={device}")
