@@ -279,7 +279,9 @@ class HostSyncInLoop(_StepLoops, _HostReads, Rule):
     reported where the step calls it on values that may be on the device (not host tensors,
     not only numbers). In a module's `forward` (and the helpers it calls), an `assert` on a
     tensor (`assert not torch.isnan(h).any()`) is reported, whatever device the file names:
-    it checks values on the host on every forward, and is no part of the computation. In a file that never moves work to a CUDA device
+    it checks values on the host on every forward, and is no part of the computation. So is
+    one in a step loop on the values of a name that holds a device tensor where it is read
+    (`mask = mask.to(device)`, then `assert mask.min() >= 0`). In a file that never moves work to a CUDA device
     (`.cuda()`, a device string or `torch.device`, `.to(device)`), a step function's tensors
     stay on the CPU and it stays quiet; so does a program (a `__main__` block or a loop at
     module level) that never does, whatever its loops, and a training step in a file that names
@@ -411,7 +413,9 @@ class HostSyncInLoop(_StepLoops, _HostReads, Rule):
       throughput benchmark that times one batch). The `else` of a gate runs on the other steps: a sync
       there is reported. `if rank == 0:` is not a gate: it holds on every step of one process
       (an `==` on names the loop does not assign, constants, or attributes and calls that name
-      the process: `args.local_rank`, `dist.get_rank()`).
+      the process: `args.local_rank`, `dist.get_rank()`). Nor is `if net.n_classes == 1:`: an
+      attribute of a name other than `self` that the loop neither binds nor stores to, not named
+      as the run's progress (`trainer.global_step`, `state.epoch`, `.count`): a setting.
     - Loops over a list of loaders or of their names (`for loader in val_loaders:`): one step
       per dataset, not per batch. A loader is a `DataLoader` or a name ending in `loader`. So
       are loops over keys or names (`for key in dataset_keys:`, `for name, fn in losses.items():`,
@@ -547,7 +551,7 @@ class HostSyncInLoop(_StepLoops, _HostReads, Rule):
         test = node.test.operand if isinstance(node.test, ast.UnaryOp) and isinstance(node.test.op, ast.Not) else node.test
         if _reads_no_values(test):
             return  # `assert x.shape[-1] == dim`, `assert isinstance(x, Tensor)`: nothing waits
-        if self._step_context(in_forward=True) is None or not self._is_device_tensor(test) \
+        if self._step_context(in_forward=True) is None or not self._on_device(test) \
                 or self._contains_sync_call(test):
             return
         self._report(test, "`assert` on a tensor", _ASSERT, owner=node)
@@ -806,12 +810,19 @@ class HostSyncInLoop(_StepLoops, _HostReads, Rule):
         by the kinds of the values its names hold where it reads them."""
         while isinstance(expr, ast.UnaryOp):
             expr = expr.operand
-        if isinstance(expr, (ast.Compare, ast.BinOp)):
-            operands = [expr.left] + (expr.comparators if isinstance(expr, ast.Compare) else [expr.right])
+        if isinstance(expr, (ast.Compare, ast.BinOp, ast.BoolOp)):
+            operands = expr.values if isinstance(expr, ast.BoolOp) else [expr.left] + (
+                expr.comparators if isinstance(expr, ast.Compare) else [expr.right])
             return any(self._on_device(operand) for operand in operands)
         if isinstance(expr, ast.Name):
             return _kinds.reaching_kind(self.ctx, expr) == _kinds.TENSOR
-        return _kinds.kind_of(self.ctx, expr) == _kinds.TENSOR
+        kind = _kinds.kind_of(self.ctx, expr)
+        if kind == _kinds.TENSOR:
+            return True
+        # `mask.min()`: a method of a name that holds a device tensor where it is read
+        return (kind is None and isinstance(expr, ast.Call) and isinstance(expr.func, ast.Attribute)
+                and isinstance(expr.func.value, ast.Name) and self.ctx.qualname(expr.func) is None
+                and self._on_device(expr.func.value))
 
     def _method_text(self, node: ast.Call, method: str) -> str:
         return f"`.{method}({self._arguments(node)})`"
