@@ -810,6 +810,9 @@ class HostSyncInLoop(_StepLoops, _HostReads, Rule):
         by the kinds of the values its names hold where it reads them."""
         while isinstance(expr, ast.UnaryOp):
             expr = expr.operand
+        if isinstance(expr, ast.Compare) and any(isinstance(op, (ast.Is, ast.IsNot, ast.In, ast.NotIn))
+                                                 for op in expr.ops):
+            return False  # `x is not None`: identity or membership, a Python bool that reads no values
         if isinstance(expr, (ast.Compare, ast.BinOp, ast.BoolOp)):
             operands = expr.values if isinstance(expr, ast.BoolOp) else [expr.left] + (
                 expr.comparators if isinstance(expr, ast.Compare) else [expr.right])
