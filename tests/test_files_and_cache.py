@@ -489,3 +489,42 @@ def test_importers_are_found_beside_below_above_and_through_a_package_init(tmp_p
     found = importers(str(tmp_path / "pkg" / "algo" / "ppo.py"))
     assert sorted(os.path.relpath(p, tmp_path) for p in found) == [
         "main.py", os.path.join("pkg", "algo", "__init__.py"), os.path.join("pkg", "algo", "tests", "check.py")]
+
+
+SYNCING_TRAINER = """
+import torch
+from torch import nn
+
+
+class Seq(nn.Module):
+    def fit(self, inputs, targets, n_epochs, batch_size):
+        optimizer = torch.optim.Adam(self.parameters())
+        criterion = nn.MSELoss()
+        for epoch in range(n_epochs):
+            total = 0.0
+            for b in range(0, inputs.shape[0], batch_size):
+                optimizer.zero_grad()
+                loss = criterion(self(inputs[b:b + batch_size]), targets[b:b + batch_size])
+                total += loss.item()
+                loss.backward()
+                optimizer.step()
+        return total
+"""
+CPU_MAIN = "import torch\nfrom trainer import Seq\n\nmodel = Seq()\nmodel.fit(torch.randn(8, 4), torch.randn(8, 1), 2, 4)\n"
+
+
+def test_a_sync_in_a_step_without_a_device_is_judged_with_the_files_that_import_it(tmp_path):
+    """trainer.py names no device and syncs every step: with no importer it may run anywhere
+    (MAT502); imported only by a script that never names a device, it runs on the CPU (quiet);
+    when that script moves the model to CUDA, trainer.py's entry is a miss and MAT502 is back."""
+    write(tmp_path / "pyproject.toml", "[tool.matlint]\n")
+    write(tmp_path / "trainer.py", SYNCING_TRAINER)
+    codes = lambda: sorted(f["code"] for f in _report(tmp_path) if f["filename"].endswith("trainer.py"))  # noqa: E731
+    assert codes() == ["MAT502"]
+    time.sleep(0.01)
+    write(tmp_path / "main.py", CPU_MAIN)
+    assert codes() == []
+    assert codes() == []  # from the cache
+    time.sleep(0.01)
+    write(tmp_path / "main.py", CPU_MAIN.replace("Seq()", "Seq().cuda()"))
+    assert codes() == ["MAT401", "MAT502"]

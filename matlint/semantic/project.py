@@ -88,6 +88,29 @@ def project_dependencies(source: str, filename: str) -> list:
     return found
 
 
+def cpu_only_project(ctx) -> bool:
+    """A training step in a file that names no device (`steps_without_device`), which project
+    files import, none of which names a device either: the program runs it on the CPU, where a
+    host read waits for nothing. A file that no project file imports (a library's module, a
+    trainer whose script lies elsewhere) may run anywhere: False. Its importers are among the
+    file's `project_dependencies`, so the cache sees a script that starts moving work to CUDA."""
+    found = ctx.shared.get("cpu_only_project")
+    if found is None:
+        found = False
+        if steps_without_device(ctx.source):
+            from .kinds import names_cuda_work
+            texts = []
+            for path in importers(ctx.filename):
+                try:
+                    with open(path, encoding="utf-8", errors="replace") as handle:
+                        texts.append(handle.read())
+                except OSError:
+                    texts.append("cuda")  # unread: it may move work to the device
+            found = bool(texts) and not any(names_cuda_work(text) for text in texts)
+        ctx.shared["cpu_only_project"] = found
+    return found
+
+
 def importers(filename: str) -> list:
     """The project files that import `filename`, directly or through a package's `__init__.py`
     that imports it (`from algo import PPO` with `algo/__init__.py` importing `.ppo`): those

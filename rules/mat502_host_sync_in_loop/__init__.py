@@ -11,8 +11,9 @@ from matlint.diagnostics import Fix
 from matlint.rule import Only, Rule
 
 from matlint.semantic import kinds as _kinds
-from matlint.semantic.project import imported_function
+from matlint.semantic.project import cpu_only_project, imported_function
 from matlint.semantic.loops import loaded_names
+from matlint.semantic.torch_api import TYPED_TENSORS
 from matlint.semantic.steps import loop_trains, repeating_loops, runs_once, step_loop
 from matlint.semantic.names import in_reference_code, in_test_code
 
@@ -28,6 +29,19 @@ _TRUTH_BUILTINS = frozenset({"any", "all"})  # test each item of what they are g
 def _is_cpu_target(call: ast.Call) -> bool:
     target = call.args[0] if call.args else next((k.value for k in call.keywords if k.arg == "device"), None)
     return target is not None and _kinds.is_cpu_literal(target)
+
+
+def _host_tensor_type(ctx, call: ast.Call) -> bool:
+    """`x.type(torch.FloatTensor)`, `x.type("torch.LongTensor")`: a legacy CPU tensor type, so
+    the cast copies a device tensor to the host."""
+    if len(call.args) != 1 or call.keywords:
+        return False
+    target = call.args[0]
+    if isinstance(target, ast.Constant) and isinstance(target.value, str):
+        module, _, name = target.value.rpartition(".")
+    else:
+        module, _, name = (ctx.qualname(target) or "").rpartition(".")
+    return module == "torch" and name in TYPED_TENSORS
 
 
 def _non_blocking(call: ast.Call) -> bool:
@@ -218,7 +232,9 @@ class HostSyncInLoop(_StepLoops, _HostReads, Rule):
     docs = """
     ## What it does
     Flags, inside a training or evaluation loop, the calls that copy a tensor's value to the
-    host: `.item()`, `.cpu()` / `.to("cpu")`, `.tolist()`, `float(t)`, `int(t)`, `bool(t)`,
+    host: `.item()`, `.cpu()` / `.to("cpu")`, a cast of a device tensor (or a comparison or
+    arithmetic of one) to a legacy CPU tensor type (`(mask < p).type(torch.FloatTensor)`: cast on
+    the device, `.to(torch.float32)`), `.tolist()`, `float(t)`, `int(t)`, `bool(t)`,
     `if t:` / `while t:` on a tensor (also the `if` of a comprehension over a device tensor's
     elements: `[i for i, d in enumerate(done) if d == 0]`, and `any()` / `all()` of tensors,
     `any(not torch.isfinite(p.grad).all() for p in params)`, one per item), `print(t)` of a tensor,
@@ -263,10 +279,14 @@ class HostSyncInLoop(_StepLoops, _HostReads, Rule):
     reported where the step calls it on values that may be on the device (not host tensors,
     not only numbers). In a module's `forward` (and the helpers it calls), an `assert` on a
     tensor (`assert not torch.isnan(h).any()`) is reported, whatever device the file names:
-    it checks values on the host on every forward, and is no part of the computation. In a file that never moves work to a CUDA device
+    it checks values on the host on every forward, and is no part of the computation. So is
+    one in a step loop on the values of a name that holds a device tensor where it is read
+    (`mask = mask.to(device)`, then `assert mask.min() >= 0`). In a file that never moves work to a CUDA device
     (`.cuda()`, a device string or `torch.device`, `.to(device)`), a step function's tensors
     stay on the CPU and it stays quiet; so does a program (a `__main__` block or a loop at
-    module level) that never does, whatever its loops. `.numpy()` is reported through the `.cpu()` that must precede it (on a
+    module level) that never does, whatever its loops, and a training step in a file that names
+    no device whose importers in the project (the scripts that run it) name none either.
+    `.numpy()` is reported through the `.cpu()` that must precede it (on a
     GPU tensor `.numpy()` alone raises instead of syncing).
 
     A statement gets one finding per kind of sync and remedy, at its first sync, naming every
@@ -346,7 +366,9 @@ class HostSyncInLoop(_StepLoops, _HostReads, Rule):
       would exhaust its memory (`# kept in CPU tensors, else GPU memory runs out`, `OOM`,
       `to save GPU memory`). A comment that says what the line does (`# move predictions to
       cpu`), a reason `.detach()` meets as well (`# so the graph is not kept alive (memory
-      leak)`), or a comment on another line of a multi-line statement does not count.
+      leak)`), or a comment on another line of a multi-line statement does not count, nor does
+      any comment on `torch.cuda.synchronize()`, which copies no value (`# wait for the GPU to
+      finish work`, to time the step: CUDA events do that without the wait).
     - A value the host needs in the same iteration: bound to a name that a later test compares to
       stop the loop in its normal course (`if abs(cur - prev) < tol: break`, PPO's `if approx_kl
       > 1.5 * target_kl: break`), or that Python code then iterates or indexes (`toks =
@@ -391,7 +413,9 @@ class HostSyncInLoop(_StepLoops, _HostReads, Rule):
       throughput benchmark that times one batch). The `else` of a gate runs on the other steps: a sync
       there is reported. `if rank == 0:` is not a gate: it holds on every step of one process
       (an `==` on names the loop does not assign, constants, or attributes and calls that name
-      the process: `args.local_rank`, `dist.get_rank()`).
+      the process: `args.local_rank`, `dist.get_rank()`). Nor is `if net.n_classes == 1:`: an
+      attribute of a name other than `self` that the loop neither binds nor stores to, not named
+      as the run's progress (`trainer.global_step`, `state.epoch`, `.count`): a setting.
     - Loops over a list of loaders or of their names (`for loader in val_loaders:`): one step
       per dataset, not per batch. A loader is a `DataLoader` or a name ending in `loader`. So
       are loops over keys or names (`for key in dataset_keys:`, `for name, fn in losses.items():`,
@@ -433,7 +457,7 @@ class HostSyncInLoop(_StepLoops, _HostReads, Rule):
     """
 
     only = {"visit_Call": Only(attrs=frozenset(_SYNC_METHODS | _CONVERSIONS | _DATA_SIZED | _TRUTH_BUILTINS
-                                               | {"print", "synchronize"}
+                                               | {"print", "synchronize", "type"}
                                                | {qual.rpartition(".")[2] for qual in _FROM_DATA}),
                                every_call_if=_trains_with_project_helpers),
             "visit_While": Only(in_loops=True), "visit_IfExp": Only(in_loops=True)}
@@ -446,7 +470,8 @@ class HostSyncInLoop(_StepLoops, _HostReads, Rule):
         if not self.ctx.loops and self.ctx.function is None:
             return
         func = node.func
-        if isinstance(func, ast.Attribute) and func.attr in _SYNC_METHODS:
+        if isinstance(func, ast.Attribute) and (func.attr in _SYNC_METHODS or func.attr == "type"
+                                                and _host_tensor_type(self.ctx, node)):
             self._method(node, func)
         elif isinstance(func, ast.Attribute) and func.attr == "synchronize":
             if (self.ctx.qualname(func) == "torch.cuda.synchronize" and self._step_context() is not None
@@ -526,7 +551,7 @@ class HostSyncInLoop(_StepLoops, _HostReads, Rule):
         test = node.test.operand if isinstance(node.test, ast.UnaryOp) and isinstance(node.test.op, ast.Not) else node.test
         if _reads_no_values(test):
             return  # `assert x.shape[-1] == dim`, `assert isinstance(x, Tensor)`: nothing waits
-        if self._step_context(in_forward=True) is None or not self._is_device_tensor(test) \
+        if self._step_context(in_forward=True) is None or not self._on_device(test) \
                 or self._contains_sync_call(test):
             return
         self._report(test, "`assert` on a tensor", _ASSERT, owner=node)
@@ -744,7 +769,7 @@ class HostSyncInLoop(_StepLoops, _HostReads, Rule):
                                   f"values not copied yet; copy with a blocking `.cpu()` where the host needs the "
                                   f"values now, or collect results on the device and copy once after the loop")
             return
-        if method == "tolist" and kind not in _kinds.TENSORS:
+        if method == "tolist" and kind not in _kinds.TENSORS or method == "type" and not self._on_device(receiver):
             return
         remedy = self._remedy(node, None)
         if remedy is not None:
@@ -766,6 +791,12 @@ class HostSyncInLoop(_StepLoops, _HostReads, Rule):
                 instead = ("keep the values on the device and convert them once after the loop "
                            "(`torch.stack(values).tolist()`), or log every N steps")
             self._report(node, "`.item()`", instead, value=receiver, fix=fix)
+        elif method == "type":
+            target = node.args[0]
+            name = target.value if isinstance(target, ast.Constant) else self.ctx.qualname(target)
+            self._report(node, self._method_text(node, method),
+                         f"`{self.ctx.segment(target)}` is a CPU tensor type; cast on the device with "
+                         f"`.to({TYPED_TENSORS[name.rpartition('.')[2]]})`", value=receiver)
         elif method in ("cpu", "to"):
             self._report(node, self._method_text(node, method),
                          "collect results on the device (`torch.cat`/`torch.stack` after the loop) and copy once",
@@ -773,6 +804,28 @@ class HostSyncInLoop(_StepLoops, _HostReads, Rule):
         else:
             self._report(node, "`.tolist()`", "collect results on the device and convert once after the loop",
                          value=receiver)
+
+    def _on_device(self, expr: ast.AST) -> bool:
+        """`expr` is a device tensor, or an elementwise op of one (`mask < p`, `-x`, `x * 2`),
+        by the kinds of the values its names hold where it reads them."""
+        while isinstance(expr, ast.UnaryOp):
+            expr = expr.operand
+        if isinstance(expr, ast.Compare) and any(isinstance(op, (ast.Is, ast.IsNot, ast.In, ast.NotIn))
+                                                 for op in expr.ops):
+            return False  # `x is not None`: identity or membership, a Python bool that reads no values
+        if isinstance(expr, (ast.Compare, ast.BinOp, ast.BoolOp)):
+            operands = expr.values if isinstance(expr, ast.BoolOp) else [expr.left] + (
+                expr.comparators if isinstance(expr, ast.Compare) else [expr.right])
+            return any(self._on_device(operand) for operand in operands)
+        if isinstance(expr, ast.Name):
+            return _kinds.reaching_kind(self.ctx, expr) == _kinds.TENSOR
+        kind = _kinds.kind_of(self.ctx, expr)
+        if kind == _kinds.TENSOR:
+            return True
+        # `mask.min()`: a method of a name that holds a device tensor where it is read
+        return (kind is None and isinstance(expr, ast.Call) and isinstance(expr.func, ast.Attribute)
+                and isinstance(expr.func.value, ast.Name) and self.ctx.qualname(expr.func) is None
+                and self._on_device(expr.func.value))
 
     def _method_text(self, node: ast.Call, method: str) -> str:
         return f"`.{method}({self._arguments(node)})`"
@@ -836,7 +889,7 @@ class HostSyncInLoop(_StepLoops, _HostReads, Rule):
         at the end of the file). `value`: the tensor it syncs, named in the message. `fix`: makes
         the fix, once the finding stands. `owner`: the `if`/`while`/`assert` whose test `node`
         is. `waits`: what the sync does."""
-        if _kinds.cpu_only_script(self.ctx):
+        if _kinds.cpu_only_script(self.ctx) or cpu_only_project(self.ctx):
             return  # the program never leaves the CPU: there is no device to wait for
         loop = step_loop(self.ctx)
         if loop is None:

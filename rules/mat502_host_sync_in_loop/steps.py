@@ -177,7 +177,29 @@ def _same_every_step(operand: ast.AST, loop: LoopInfo) -> bool:
         while isinstance(root, ast.Attribute):
             root = root.value
         return isinstance(root, ast.Name) and root.id not in loop.targets and root.id not in loop.assigned
-    return False
+    return isinstance(operand, ast.Attribute) and _setting_of_argument(operand, loop)
+
+
+# Attribute words of a value that changes as a run goes on (`trainer.global_step`, `state.epoch`).
+_PROGRESS_WORDS = {"step", "steps", "iter", "iters", "iteration", "epoch", "epochs", "count", "counter", "batch",
+                   "idx", "index", "updates", "time", "best", "last", "first", "done", "stop"}
+
+
+def _setting_of_argument(operand: ast.Attribute, loop: LoopInfo) -> bool:
+    """`net.n_classes`, `cfg.model.num_classes`: an attribute of a name the loop neither binds nor
+    assigns, other than `self` (whose methods the loop may call to change it), named as a setting
+    (not a step counter or a state: `trainer.global_step`) and not stored in the loop: the same on
+    every step."""
+    root, words = operand, []
+    while isinstance(root, ast.Attribute):
+        words.extend(name_tokens(root.attr))
+        root = root.value
+    if not isinstance(root, ast.Name) or root.id in ("self", "cls") or root.id in loop.targets \
+            or root.id in loop.assigned or _PROGRESS_WORDS.intersection(words):
+        return False
+    text = ast.dump(operand.value)
+    return not any(isinstance(node, ast.Attribute) and not isinstance(node.ctx, ast.Load)
+                   and ast.dump(node.value) == text for stmt in loop.body for node in ast.walk(stmt))
 
 
 class _StepLoops:
@@ -266,7 +288,13 @@ class _StepLoops:
         is in), says why the copy is deliberate (`# wait for the indices: the host slices with
         them`, `# kept on the CPU, else GPU memory runs out`). A comment on another line of a
         multi-line statement belongs to that line; one that says what the line does (`# move to
-        cpu`) or why not to keep the graph (`.detach()` does that too) explains nothing."""
+        cpu`) or why not to keep the graph (`.detach()` does that too) explains nothing. Nor does
+        any comment on `torch.cuda.synchronize()`: it copies no value the host could need, and
+        waiting is all it does (`# wait for the GPU to finish work`, to time the step: CUDA
+        events time it without the wait); the one need for it, copies to the host still in
+        flight, is read from the code (`_waits_for_own_copies`)."""
+        if isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute) and node.func.attr == "synchronize":
+            return False
         statement = self.ctx.statement()
         if statement is None:
             return False

@@ -23,7 +23,7 @@ from .advice import (created_on_device, fill_message, numpy_message, range_messa
                      sampler_input, sampler_message, sizes_message)
 from .factories import (FILLS, FROM_DATA, RANDOM, carried_to_move, computed_number, device_target, exact_on_device,
                         has_mover_helpers, helper_made, host_made, INDEX_FACTORIES, indexed_tensor, is_constant_data, moved_expression,
-                        is_device, is_false, legacy_sizes, one_value, range_data, repeated_number, round_trip_source, set_once_attribute,
+                        is_device, is_false, legacy_sizes, module_constant, one_value, range_data, repeated_number, round_trip_source, set_once_attribute,
                         same_values_on_device, takes_device,
                         torch_factory, unwrapped)
 from .host_data import numpy_made
@@ -69,14 +69,19 @@ class TensorCreationInLoop(Rule):
       the device;
     - a constant copied from the host (`torch.tensor([0.5, 2.0], device=x.device)`,
       `torch.tensor(1.0).cuda()`, or an attribute of the module that only its set-up
-      assigns and nothing changes in place: `torch.tensor(self.max_action).to(self.device)`):
+      assigns and nothing changes in place: `torch.tensor(self.max_action).to(self.device)`, or
+      a name the module binds once at its top level to numbers or numpy of numbers, which no
+      code of the file rebinds or changes: `torch.FloatTensor(QUANTS).cuda()` after `QUANTS =
+      np.linspace(0, 1, N)`):
       the same values are uploaded again each time. A constant of
       one repeated value (a scalar `torch.tensor(0.0, device=d)`, often an accumulator updated in
       place, or `torch.tensor([0, 0], device=d)`) gets the fill that makes it on the device
       (`torch.zeros((), device=d)`, `torch.zeros(2, dtype=torch.long, device=d)`: same dtype),
       not a buffer: a fill is a new tensor each time, so it also fits a tensor that is kept,
       returned or changed in place; so does a Python number computed on each pass
-      (`torch.tensor(i / n_T).to(d)`: `torch.full((), i / n_T, device=d)`), a list of one
+      (`torch.tensor(i / n_T).to(d)`: `torch.full((), i / n_T, device=d)`; `torch.tensor([i /
+      n_T])`: `torch.full((1,), ...)`; a divisor the function passes to `range` is a whole
+      number), a list of one
       repeated Python number (`torch.tensor([i] * n, device=d)` for a step `i` over a range:
       `torch.full((n,), i, device=d)`), and a range
       (`torch.LongTensor(range(n)).to(d)`: `torch.arange(n, dtype=torch.long, device=d)`);
@@ -93,10 +98,12 @@ class TensorCreationInLoop(Rule):
       (`torch.ByteTensor(mask.data.cpu().numpy().astype(np.int32).tolist()).cuda()`): a round
       trip that a conversion on the device (`mask.to(torch.uint8)`) replaces;
     - an uninitialised tensor allocated on the host and moved (`torch.Tensor(2, 4).to(d)`: the
-      arguments are sizes): `torch.empty(2, 4, device=d)`;
+      arguments are sizes; so is a tensor's `x.shape`, a `torch.Size`, but not a numpy
+      array's): `torch.empty(2, 4, device=d)`;
     - an array that numpy draws or fills on the host on every pass and that is copied to the
       device: `torch.from_numpy(np.random.randn(b, d)).cuda()`, `torch.tensor(np.zeros(n),
-      device=d)`, or a legacy CUDA tensor type called on it (`torch.cuda.FloatTensor(...)`, or a
+      device=d)`, `w = np.ones_like(r)` (also unpacked: `w, idx = np.ones_like(r), None`) then
+      `torch.Tensor(w).cuda()` (`torch.ones(r.shape, device=d)`), or a legacy CUDA tensor type called on it (`torch.cuda.FloatTensor(...)`, or a
       module-level name bound to one, also under a condition: `Tensor = torch.cuda.FloatTensor
       if cuda else torch.FloatTensor`, then `Tensor(np.random.normal(0, 1, (b, d)))`, as GAN
       scripts write it), directly or through a name assigned in the same loop. The message gives
@@ -254,7 +261,7 @@ class TensorCreationInLoop(Rule):
             if helper is not None:
                 self._report_helper(node, helper, helper_path, name, call)
                 return
-            if name in FROM_DATA | {"from_numpy"} and call.args and self._check_numpy_data(node, call.args[0], device):
+            if name in FROM_DATA | {"from_numpy"} and call.args and self._check_numpy_data(made_at, call.args[0], device):
                 return
             source = round_trip_source(ctx, call.args[0]) if (name in FROM_DATA or name in TYPED_TENSORS) \
                 and len(call.args) == 1 else None
@@ -268,10 +275,11 @@ class TensorCreationInLoop(Rule):
                 if legacy_sizes(ctx, name, call):
                     self.report(made_at, sizes_message(ctx, name, call, device, self._step.where,
                                                        None if made_at is node else node.lineno))
-                elif call.args and (is_constant_data(call.args[0]) or set_once_attribute(ctx, call.args[0])):
-                    self._constant(node, call, device)
+                elif call.args and (is_constant_data(call.args[0]) or set_once_attribute(ctx, call.args[0])
+                                    or module_constant(ctx, call.args[0])):
+                    self._constant(node, call, device, made_at=made_at)
                 elif len(call.args) == 1 and name in ("tensor", "as_tensor") and computed_number(ctx, call.args[0]):
-                    self._constant(node, call, device, number=True)
+                    self._constant(node, call, device, number=True, made_at=made_at)
                 elif len(call.args) == 1 and name in ("tensor", "as_tensor") and repeated_number(ctx, call.args[0]):
                     self._repeated(made_at, call, device)
                 elif len(call.args) == 1 and range_data(ctx, call.args[0]) and not any(
@@ -383,22 +391,29 @@ class TensorCreationInLoop(Rule):
         self.report(node, numpy_message(self.ctx, made, device, self._step.where))
         return True
 
-    def _constant(self, node: ast.Call, factory: ast.Call, device: str, number: bool = False) -> None:
+    def _constant(self, node: ast.Call, factory: ast.Call, device: str, number: bool = False,
+                  made_at: ast.AST = None) -> None:
         """`node` uploads the constant `factory` builds (`node` is the factory itself or its move);
-        `number`: a Python number computed on this pass (`torch.tensor(i / n_T)`), a fill too."""
+        `number`: a Python number computed on this pass (`torch.tensor(i / n_T)`), a fill too;
+        `made_at`: where a name that carries it to the move is made (the finding goes there)."""
         if any(k.arg is None or k.arg == "requires_grad" and not is_false(k.value) for k in factory.keywords):
             return  # a fresh leaf for autograd each time: one shared tensor would not do
         if in_value_checked_branch(self.ctx):
             return
         value = factory.args[0]
-        filled = (None, ()) if number else one_value(value)
+        filled = one_value(value)
+        if number:  # `i / n_T`, or a list of it: `[i / n_T]`
+            filled = (None, (1,)) if isinstance(value, (ast.List, ast.Tuple)) else (None, ())
+            value = value.elts[0] if isinstance(value, (ast.List, ast.Tuple)) else value
         if filled is not None:
-            self.report(node, fill_message(self.ctx, factory, value, *filled, device, self._step.where))
+            self.report(made_at or node, fill_message(self.ctx, factory, value, *filled, device, self._step.where))
             return
         if kept_apart(self.ctx, node):
             return  # one tensor made once would be shared by every result, or changed by every call
-        self.report(node, f"this constant tensor is copied from the host to the device on every {self._step.where}; "
-                          "create it once (`self.register_buffer(..., persistent=False)` or outside the loop)")
+        copied = "" if made_at in (None, node) else f" (on line {node.lineno})"
+        self.report(made_at or node, f"this constant tensor is copied from the host to the device{copied} on every "
+                                     f"{self._step.where}; create it once (`self.register_buffer(..., "
+                                     "persistent=False)` or outside the loop)")
 
     def _step_in_forward(self) -> bool:
         """The pass is a module's `forward` (or what it runs), whose tensors are activations on the

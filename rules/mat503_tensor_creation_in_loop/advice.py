@@ -7,8 +7,10 @@ import ast
 from typing import Optional
 
 from matlint.semantic.flow import flow_of
+from matlint.semantic.torch_api import TYPED_TENSORS
 
 from .factories import FILLS, LEGACY_CONSTRUCTORS, RANDOM, torch_factory
+from .host_data import NUMPY_LIKE_FILLS
 
 
 def numpy_message(ctx, made: ast.Call, device: str, where: str) -> str:
@@ -16,8 +18,13 @@ def numpy_message(ctx, made: ast.Call, device: str, where: str) -> str:
     that is copied to `device`."""
     module, _, name = ctx.qualname(made.func).rpartition(".")
     drawn = module == "numpy.random"
-    instead = _torch_for_numpy(ctx, name, made, device) if drawn else (
-        f"torch.{name}({', '.join(ctx.segment(a) for a in made.args)}, device={device})")
+    if name in NUMPY_LIKE_FILLS:  # `np.ones_like(r)`: torch's fill of its shape
+        rest = [ctx.segment(a) for a in made.args[1:]]
+        instead = f"torch.{name[:-len('_like')]}({', '.join([ctx.segment(made.args[0]) + '.shape'] + rest)}, " \
+                  f"device={device})"
+    else:
+        instead = _torch_for_numpy(ctx, name, made, device) if drawn else (
+            f"torch.{name}({', '.join(ctx.segment(a) for a in made.args)}, device={device})")
     return (f"`{ctx.segment(made.func)}(...)` {'draws' if drawn else 'fills'} an array on the host "
             f"that is copied to the device on every {where}; "
             + (f"make it there: `{instead}`" if instead else
@@ -58,7 +65,13 @@ def fill_message(ctx, factory: ast.Call, value: ast.AST, number, shape: tuple, d
     device=d)`): a fill on the device makes a new tensor each time, without a copy, so it
     also fits a tensor that is changed in place, returned or kept."""
     keywords = [f"{k.arg}={ctx.segment(k.value)}" for k in factory.keywords if k.arg != "device"]
-    if not any(k.arg == "dtype" for k in factory.keywords) and type(number) in (bool, int):
+    legacy = (ctx.qualname(factory.func) or "").rpartition(".")[2]
+    if legacy in TYPED_TENSORS or legacy == "Tensor":
+        # `torch.Tensor([1])` is float32 and `torch.LongTensor([0])` int64, whatever the number
+        dtype = TYPED_TENSORS.get(legacy, "torch.float32")
+        if not (dtype == "torch.float32" and number in (0, 1) and type(number) is not bool):
+            keywords.append(f"dtype={dtype}")
+    elif not any(k.arg == "dtype" for k in factory.keywords) and type(number) in (bool, int):
         # `torch.tensor(0)` is int64 and `torch.tensor(True)` bool; `torch.zeros(())` would be float
         keywords.append("dtype=torch.bool" if type(number) is bool else "dtype=torch.long")
     keywords.append(f"device={device}")
@@ -67,12 +80,15 @@ def fill_message(ctx, factory: ast.Call, value: ast.AST, number, shape: tuple, d
         instead = f"torch.{'zeros' if number == 0 else 'ones'}({size}, {', '.join(keywords)})"
     else:
         size = f"({shape[0]},)" if len(shape) == 1 else f"({', '.join(map(str, shape))})"
-        text = ctx.segment(value) if not shape else repr(number)
+        text = ctx.segment(value) if not shape or number is None else repr(number)
         instead = f"torch.full({size}, {text}, {', '.join(keywords)})"
     if not shape:
         return (f"this scalar is copied from the host to the device on every {where}; "
                 f"`{instead}` fills it on the device without a copy (or pass the Python number "
                 "where the op takes one)")
+    if number is None:
+        return (f"this tensor of a Python number computed on each pass is copied from the host to the device on "
+                f"every {where}; `{instead}` fills it on the device without a copy")
     return (f"this constant tensor of one repeated value is copied from the host to the device on "
             f"every {where}; `{instead}` fills it on the device without a copy")
 

@@ -120,7 +120,17 @@ def legacy_sizes(ctx, name: str, call: ast.Call) -> bool:
     if len(call.args) > 1:
         return True
     size = call.args[0]
-    return isinstance(size, ast.Constant) and type(size.value) is int
+    return isinstance(size, ast.Constant) and type(size.value) is int or _is_tensor_size(ctx, size)
+
+
+def _is_tensor_size(ctx, expr: ast.AST) -> bool:
+    """`x.shape` of a value not known to be other than a tensor, `x.size()`: a `torch.Size`,
+    which a legacy constructor takes as sizes (`torch.Tensor(x.shape)` allocates, like
+    `torch.empty(x.shape)`; the tuple of a numpy array's `.shape` would be data)."""
+    if isinstance(expr, ast.Attribute):
+        return expr.attr == "shape" and _kinds.kind_of(ctx, expr.value) not in _kinds.NON_TENSORS
+    return isinstance(expr, ast.Call) and isinstance(expr.func, ast.Attribute) and expr.func.attr == "size" \
+        and not expr.args and not expr.keywords
 
 
 def _is_number(ctx, expr: ast.AST, depth: int = 0) -> bool:
@@ -207,8 +217,25 @@ def computed_number(ctx, expr: ast.AST) -> bool:
     numbers do: a tuple or a string cannot be divided or subtracted)."""
     if isinstance(expr, ast.UnaryOp) and isinstance(expr.op, ast.USub):
         return computed_number(ctx, expr.operand)
+    if isinstance(expr, (ast.List, ast.Tuple)) and len(expr.elts) == 1:  # `[i / n_T]`: a tensor of one
+        return computed_number(ctx, expr.elts[0])
     return isinstance(expr, ast.BinOp) and isinstance(expr.op, (ast.Div, ast.Sub, ast.FloorDiv, ast.Pow)) \
-        and _is_number(ctx, expr.left) and _is_number(ctx, expr.right)
+        and all(_is_number(ctx, side) or _range_bound(ctx, side) for side in (expr.left, expr.right))
+
+
+def _range_bound(ctx, expr: ast.AST) -> bool:
+    """`self.n_T` where the function also passes it to `range(...)` (`for i in range(self.n_T, 0,
+    -1)`): a whole number, since `range` takes nothing else."""
+    if not isinstance(expr, (ast.Name, ast.Attribute)) or ctx.function is None:
+        return False
+    key = ("range_bounds", id(ctx.function))
+    bounds = ctx.shared.get(key)
+    if bounds is None:
+        bounds = ctx.shared[key] = {
+            ast.dump(arg) for call in ast.walk(ctx.function) if isinstance(call, ast.Call)
+            and isinstance(call.func, ast.Name) and call.func.id == "range" and ctx.qualname(call.func) in (
+                None, "range", "builtins.range") for arg in call.args}
+    return ast.dump(expr) in bounds
 
 
 def repeated_number(ctx, expr: ast.AST) -> Optional[tuple]:
@@ -684,3 +711,73 @@ def _indexed_from(ctx, node: ast.AST, ancestors) -> Optional[tuple]:
             continue
         return None
     return None
+
+
+# Methods that change an array or a list in place.
+_IN_PLACE_METHODS = {"fill", "sort", "append", "extend", "insert", "pop", "remove", "clear", "resize", "put",
+                     "itemset", "setflags", "update", "reverse", "partition"}
+
+
+def module_constant(ctx, expr: ast.AST) -> bool:
+    """`QUANTS` where the module binds it once, at its top level, to data computed from numbers
+    and other such names (`QUANTS = (np.linspace(0.0, 1.0, N + 1)[:-1] + 0.5 / N)`, not drawn
+    by `np.random`), and no code of the file stores, deletes or changes it in place: the same
+    data on every pass, a constant."""
+    return isinstance(expr, ast.Name) and expr.id in _module_constants(ctx)
+
+
+def _module_constants(ctx) -> frozenset:
+    found = ctx.shared.get("module_constants")
+    if found is not None:
+        return found
+    stores, changed = {}, set()
+    for node in ast.walk(ctx.tree):
+        if isinstance(node, ast.Name) and not isinstance(node.ctx, ast.Load):
+            stores[node.id] = stores.get(node.id, 0) + 1
+        elif isinstance(node, ast.arg):
+            stores[node.arg] = stores.get(node.arg, 0) + 1
+        elif isinstance(node, (ast.Global, ast.Nonlocal)):
+            changed.update(node.names)
+        elif isinstance(node, (ast.Subscript, ast.Attribute)) and not isinstance(node.ctx, ast.Load) \
+                and isinstance(node.value, ast.Name):
+            changed.add(node.value.id)  # `QUANTS[0] = 0.0`, `del QUANTS[0]`
+        elif isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute) and isinstance(
+                node.func.value, ast.Name) and (node.func.attr in _IN_PLACE_METHODS or node.func.attr.endswith("_")):
+            changed.add(node.func.value.id)
+        elif isinstance(node, (ast.Import, ast.ImportFrom)):
+            for alias in node.names:
+                changed.add((alias.asname or alias.name).split(".")[0])
+    values = {stmt.targets[0].id: stmt.value for stmt in ctx.tree.body
+              if isinstance(stmt, ast.Assign) and len(stmt.targets) == 1 and isinstance(stmt.targets[0], ast.Name)
+              and stores.get(stmt.targets[0].id) == 1 and stmt.targets[0].id not in changed}
+    constants = set()
+    for name, value in values.items():  # in the module's order: a constant reads those bound before it
+        if _constant_expression(ctx, value, constants):
+            constants.add(name)
+    found = ctx.shared["module_constants"] = frozenset(constants)
+    return found
+
+
+def _constant_expression(ctx, expr: ast.AST, constants: set) -> bool:
+    """Numbers, names of `constants`, and arithmetic, slices and numpy/math calls of them."""
+    if isinstance(expr, ast.Constant):
+        return isinstance(expr.value, (int, float)) and not isinstance(expr.value, bool) or expr.value is None
+    if isinstance(expr, ast.Name):
+        return expr.id in constants
+    if isinstance(expr, (ast.List, ast.Tuple)):
+        return all(_constant_expression(ctx, e, constants) for e in expr.elts)
+    if isinstance(expr, ast.UnaryOp):
+        return _constant_expression(ctx, expr.operand, constants)
+    if isinstance(expr, ast.BinOp):
+        return _constant_expression(ctx, expr.left, constants) and _constant_expression(ctx, expr.right, constants)
+    if isinstance(expr, ast.Subscript):
+        return _constant_expression(ctx, expr.value, constants) and _constant_expression(ctx, expr.slice, constants)
+    if isinstance(expr, ast.Slice):
+        return all(part is None or _constant_expression(ctx, part, constants)
+                   for part in (expr.lower, expr.upper, expr.step))
+    if isinstance(expr, ast.Call):
+        qualname = ctx.qualname(expr.func) or ""
+        return (qualname.startswith(("numpy.", "math.")) and not qualname.startswith("numpy.random")
+                and all(_constant_expression(ctx, a, constants) for a in expr.args)
+                and all(k.arg is not None and _constant_expression(ctx, k.value, constants) for k in expr.keywords))
+    return False

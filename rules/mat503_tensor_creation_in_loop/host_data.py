@@ -10,6 +10,8 @@ from matlint.semantic.flow import flow_of
 
 # numpy factories that fill an array from sizes alone (torch has each, with `device=`).
 _NUMPY_FILLS = {"zeros", "ones", "full", "empty", "eye", "arange"}
+# numpy fills shaped like another array (`np.ones_like(rewards)`): torch's fill of its shape.
+NUMPY_LIKE_FILLS = {"zeros_like", "ones_like", "full_like", "empty_like"}
 
 
 def numpy_made(ctx, expr: ast.AST, depth: int = 0) -> Optional[ast.Call]:
@@ -21,12 +23,28 @@ def numpy_made(ctx, expr: ast.AST, depth: int = 0) -> Optional[ast.Call]:
         expr = expr.func.value
     if isinstance(expr, ast.Name) and depth < 3 and ctx.function is not None:
         flow = flow_of(ctx, ctx.function)
-        assign = flow.reaching(expr)
+        reaching = flow.reaching_all(expr)  # `w = ...`, or an unpacking: `w, idx = np.ones_like(r), None`
+        assign = reaching[0][0] if len(reaching) == 1 and isinstance(reaching[0][0], ast.Assign) else None
         if (assign is None or len(assign.targets) != 1 or flow.loops_around(assign) != flow.loops_around(expr)
                 or flow.mutations.get(expr.id)):
             return None  # made elsewhere, or filled in afterwards (`adv[t] = a_t`): data, not a fill
-        return numpy_made(ctx, assign.value, depth + 1)
+        return numpy_made(ctx, _assigned_to(assign.targets[0], assign.value, expr.id), depth + 1)
     if not isinstance(expr, ast.Call):
         return None
     module, _, name = (ctx.qualname(expr.func) or "").rpartition(".")
+    if module == "numpy" and name in NUMPY_LIKE_FILLS:
+        return expr if expr.args and not any(isinstance(a, ast.Starred) for a in expr.args) else None
     return expr if module == "numpy.random" or module == "numpy" and name in _NUMPY_FILLS else None
+
+
+def _assigned_to(target: ast.AST, value: ast.AST, name: str) -> Optional[ast.AST]:
+    """What `name` gets from `target = value`: the value, or its item in an unpacking of a tuple
+    of the same length (`w, idx = np.ones_like(r), None`)."""
+    if isinstance(target, ast.Name):
+        return value if target.id == name else None
+    if isinstance(target, (ast.Tuple, ast.List)) and isinstance(value, (ast.Tuple, ast.List)) \
+            and len(target.elts) == len(value.elts) and not any(isinstance(e, ast.Starred) for e in value.elts):
+        for item, part in zip(target.elts, value.elts):
+            if isinstance(item, ast.Name) and item.id == name:
+                return part
+    return None
