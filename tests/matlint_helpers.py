@@ -49,3 +49,16 @@ def write(path: Path, text) -> Path:
     else:
         path.write_text(text, encoding="utf-8")
     return path
+
+
+def lines(g, code):
+    """The rows of a guard's findings of `code`, sorted."""
+    return sorted(f.row for f in g.findings if f.code == code)
+
+
+def this_line(fn):
+    """Line numbers of `fn` holding the marker comment `# <- here`."""
+    import inspect
+
+    src, start = inspect.getsourcelines(fn)
+    return [start + i for i, line in enumerate(src) if "# <- here" in line]

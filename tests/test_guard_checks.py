@@ -11,6 +11,7 @@ import torch.nn as nn  # noqa: E402
 import torch.nn.functional as F  # noqa: E402
 
 from matlint.runtime_guard import guard  # noqa: E402
+from matlint_helpers import lines, this_line  # noqa: E402
 from matlint.runtime_guard.checks import cublas_copies  # noqa: E402
 from matlint.runtime_guard.checks import DeviceContext, run_checks  # noqa: E402
 
@@ -28,18 +29,6 @@ def observe(fn, steps=3, **options):
 
 def codes(g):
     return sorted(f.code for f in g.findings)
-
-
-def lines(g, code):
-    return sorted(f.row for f in g.findings if f.code == code)
-
-
-def this_line(fn):
-    """Line numbers of `fn` holding the marker comment `# <- here`."""
-    import inspect
-
-    src, start = inspect.getsourcelines(fn)
-    return [start + i for i, line in enumerate(src) if "# <- here" in line]
 
 
 # -- MAT101 ------------------------------------------------------------------------------------

@@ -9,6 +9,7 @@ torch = pytest.importorskip("torch")
 import torch.nn as nn  # noqa: E402
 
 from matlint.runtime_guard import guard  # noqa: E402
+from matlint_helpers import lines, this_line  # noqa: E402
 
 
 def observe(fn, steps=3):
@@ -18,18 +19,6 @@ def observe(fn, steps=3):
             fn()
             g.step()
     return g
-
-
-def lines(g, code):
-    return sorted(f.row for f in g.findings if f.code == code)
-
-
-def this_line(fn):
-    """Line numbers of `fn` holding the marker comment `# <- here`."""
-    import inspect
-
-    src, start = inspect.getsourcelines(fn)
-    return [start + i for i, line in enumerate(src) if "# <- here" in line]
 
 
 # -- host-side batch assembly (MAT502, MAT501) -------------------------------------------------
