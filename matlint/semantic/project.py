@@ -99,15 +99,25 @@ def cpu_only_project(ctx) -> bool:
         found = False
         if steps_without_device(ctx.source):
             from .kinds import names_cuda_work
-            texts = []
-            for path in importers(ctx.filename):
-                try:
-                    with open(path, encoding="utf-8", errors="replace") as handle:
-                        texts.append(handle.read())
-                except OSError:
-                    texts.append("cuda")  # unread: it may move work to the device
-            found = bool(texts) and not any(names_cuda_work(text) for text in texts)
+            texts = importer_texts(ctx).values()
+            # an importer that could not be read may move work to the device
+            found = bool(texts) and not any(text is None or names_cuda_work(text) for text in texts)
         ctx.shared["cpu_only_project"] = found
+    return found
+
+
+def importer_texts(ctx) -> dict:
+    """The text of each project file that imports the file being linted (`importers`), by path;
+    None for one that could not be read. Read once per file linted."""
+    found = ctx.shared.get("importer_texts")
+    if found is None:
+        found = ctx.shared["importer_texts"] = {}
+        for path in importers(ctx.filename):
+            try:
+                with open(path, encoding="utf-8", errors="replace") as handle:
+                    found[path] = handle.read()
+            except OSError:
+                found[path] = None
     return found
 
 

@@ -12,7 +12,7 @@ from matlint.rule import Only, Rule
 
 from matlint.semantic.loops import identifier, is_backward, is_optimizer_step, name_tokens, walk_no_scopes
 from matlint.semantic.names import in_test_code
-from matlint.semantic.project import importers, module_class_of
+from matlint.semantic.project import importer_texts, module_class_of
 from matlint.semantic.shapes import method_of
 
 _AUTOCAST = {"torch.autocast", "torch.cuda.amp.autocast", "torch.cpu.amp.autocast", "torch.amp.autocast"}
@@ -339,13 +339,7 @@ class NoMixedPrecision(Rule):
         """For a step in a file that names no device: the names of the project files that import
         it and move work to a CUDA device, when none of its importers enables reduced precision
         (then empty)."""
-        texts = {}
-        for path in importers(self.ctx.filename):
-            try:
-                with open(path, encoding="utf-8", errors="replace") as handle:
-                    texts[path] = handle.read()
-            except OSError:
-                continue
+        texts = {path: text for path, text in importer_texts(self.ctx).items() if text is not None}
         if any(_text_enables_precision(text) for text in texts.values()):
             return []
         return [os.path.basename(path) for path, text in texts.items() if names_cuda_work(text)]
