@@ -7,29 +7,21 @@ import io
 import re
 import sys
 import tokenize
-from functools import cached_property
 from typing import Iterable, Optional
 
 from . import notebook
 from .diagnostics import Edit, Finding
-from .source import decode, parse, split_lines
+from .source import decode, parse
 from .rule import Only
 from matlint.semantic.loops import LoopInfo
 from matlint.semantic.tree import node_fields
-from matlint.semantic.names import NameResolver
+from matlint.semantic.file import SourceFile
 
-LINE_SPLIT_KEEP = re.compile(r"(\r\n|\r|\n)")
 NOQA_RE = re.compile(
     r"#\s*noqa(?::[\s]?(?P<codes>[A-Z]+[0-9]+(?:[,\s]+[A-Z]+[0-9]+)*))?", re.IGNORECASE
 )
 FILE_NOQA_RE = re.compile(r"#\s*matlint\s*:\s*noqa(?::\s*(?P<codes>[A-Z]+[0-9]+(?:[,\s]+[A-Z]+[0-9]+)*))?", re.IGNORECASE)
 CODE_LIST_SPLIT = re.compile(r"[,\s]+")
-
-def _slice_bytes(line: str, start: int, end) -> str:
-    """`line[start:end]` where start/end are UTF-8 byte offsets, as ast gives them."""
-    if line.isascii():
-        return line[start:end]
-    return line.encode("utf-8")[start:end].decode("utf-8", "replace")
 
 
 def mentions_torch(data) -> bool:
@@ -40,16 +32,11 @@ def mentions_torch(data) -> bool:
     return "torch" in data or ".backward(" in data
 
 
-class FileContext:
-    """What a rule sees while the engine walks one file."""
+class FileContext(SourceFile):
+    """What a rule sees while the engine walks one file: the file, and where the walk stands."""
 
     def __init__(self, source: str, filename: str, tree: ast.Module):
-        self.source = source
-        self.filename = filename
-        self.tree = tree
-        self.lines = split_lines(source)
-        self.names = NameResolver(tree)
-        self.qualname = self.names.qualname  # the hottest call of the rules: no wrapper frame
+        super().__init__(source, filename, tree)
         self.parents: list = []
         self.loops: list = []
         self.functions: list = []
@@ -60,42 +47,6 @@ class FileContext:
         self.class_ = None
         self.findings: list = []
         self._current_code = "MAT000"
-        self.shared: dict = {}  # per-file caches of shared analyses
-
-    # -- positions ---------------------------------------------------------
-    def char_column(self, row: int, byte_col: int) -> int:
-        """1-based character column from ast's 0-based UTF-8 byte offset."""
-        line = self.lines[row - 1] if 0 < row <= len(self.lines) else ""
-        if line.isascii():
-            return byte_col + 1
-        return len(line.encode("utf-8")[:byte_col].decode("utf-8", "replace")) + 1
-
-    def span(self, node: ast.AST, end_node: Optional[ast.AST] = None):
-        end = end_node or node
-        row, end_row = node.lineno, end.end_lineno or node.lineno
-        end_col = end.end_col_offset if end.end_col_offset is not None else node.col_offset
-        return row, self.char_column(row, node.col_offset), end_row, self.char_column(end_row, end_col)
-
-    def segment(self, node: ast.AST) -> str:
-        """Source text of `node` (like ast.get_source_segment, without re-splitting the file per call)."""
-        end_row, end_col = getattr(node, "end_lineno", None), getattr(node, "end_col_offset", None)
-        if end_row is None or end_col is None:
-            return ""
-        lines = self._lines_with_ends
-        row, col = node.lineno - 1, node.col_offset
-        if row == end_row - 1:
-            return _slice_bytes(lines[row], col, end_col)
-        parts = [_slice_bytes(lines[row], col, None)]
-        parts.extend(lines[row + 1:end_row - 1])
-        parts.append(_slice_bytes(lines[end_row - 1], 0, end_col))
-        return "".join(parts)
-
-    @cached_property
-    def _lines_with_ends(self) -> list:
-        if "\r" not in self.source:  # `self.lines` is then split at every \n: add the ends back
-            return [line + "\n" for line in self.lines[:-1]] + self.lines[-1:]
-        pieces = LINE_SPLIT_KEEP.split(self.source)
-        return [pieces[i] + (pieces[i + 1] if i + 1 < len(pieces) else "") for i in range(0, len(pieces), 2)]
 
     def edit(self, node: ast.AST, content: str, end_node: Optional[ast.AST] = None) -> Edit:
         row, col, end_row, end_col = self.span(node, end_node)

@@ -12,7 +12,7 @@ import warnings
 
 from .diagnostics import Finding
 
-LINE_SPLIT = re.compile(r"\r\n|\r|\n")
+from .semantic.file import split_lines  # noqa: F401  (the engine, fixes and reporters split with it)
 
 _RUNNING = f"{sys.version_info[0]}.{sys.version_info[1]}"
 # Syntax a newer Python accepts; checked only on the line where parsing failed.
@@ -41,12 +41,6 @@ PYTHON2_SYNTAX = re.compile(
     r"|(?<![\w.])0[0-7]+(?![\w.])|(?<![\w.])\d+[lL](?!\w)"  # 0777, 10L
     r"|(?<!\w)[uU][rR][\"']"                           # ur"..."
 )
-
-
-def split_lines(source: str) -> list:
-    if "\r" not in source:
-        return source.split("\n")  # the same lines, several times faster than the regex
-    return LINE_SPLIT.split(source)
 
 
 def decode(data: bytes, filename: str):

@@ -528,3 +528,28 @@ def test_a_sync_in_a_step_without_a_device_is_judged_with_the_files_that_import_
     time.sleep(0.01)
     write(tmp_path / "main.py", CPU_MAIN.replace("Seq()", "Seq().cuda()"))
     assert codes() == ["MAT401", "MAT502"]
+
+
+HELPERS = "import torch\n\n\ndef causal_mask(n, device):\n    return torch.ones(n, n).tril().to(device)\n"
+LOOP_MAIN = """\
+import torch
+from helpers import causal_mask
+
+for x, y in train_loader:
+    loss = model(x.cuda(), causal_mask(x.shape[1], "cuda")).sum()
+    loss.backward()
+"""
+
+
+def test_a_helper_is_judged_with_the_files_that_call_it_every_step(tmp_path):
+    """helpers.py makes a mask on the host and moves it: MAT503 where a script beside it calls it
+    in its training loop, quiet (the cached entry is a miss) once the script calls it once."""
+    write(tmp_path / "pyproject.toml", "[tool.matlint]\n")
+    write(tmp_path / "helpers.py", HELPERS)
+    write(tmp_path / "main.py", LOOP_MAIN)
+    found = lambda: [(f["code"], f["location"]["row"]) for f in _report(tmp_path) if f["filename"].endswith("helpers.py")]  # noqa: E731
+    assert found() == [("MAT503", 5)]
+    assert found() == [("MAT503", 5)]  # from the cache
+    time.sleep(0.01)
+    write(tmp_path / "main.py", "from helpers import causal_mask\n\nMASK = causal_mask(8, 'cuda')\n")
+    assert found() == []

@@ -350,3 +350,21 @@ def test_a_comprehension_reads_the_names_of_its_scope_where_it_runs():
     # the numpy copy); the comprehension's own variable, an int, is no tensor
     assert findings[0].message == "tensor"
     assert findings[1].message != "tensor" and findings[2].message != "tensor"
+
+
+def test_a_variable_wrapper_is_the_tensor_it_wraps():
+    """`torch.autograd.Variable(x)` (old tutorials) is `x` itself: a host tensor stays one, and a
+    target moved to the GPU under a setting, then wrapped, may be on the device."""
+    assert kinds("""
+        import torch
+        from torch.autograd import Variable
+        def loss(pred, num, use_gpu):
+            host = Variable(torch.zeros(3))
+            conf_t = torch.LongTensor(num, 8)
+            if use_gpu:
+                conf_t = conf_t.cuda()
+            conf_t = Variable(conf_t, requires_grad=False)
+            reveal(host)
+            reveal(conf_t)
+            reveal(conf_t > 0)
+        """) == ["cpu_tensor", "tensor", "tensor"]

@@ -349,3 +349,99 @@ def test_a_loop_that_moves_its_batches_in_a_program_whose_training_step_lives_in
     assert _mat502_rows(tmp_path, {"loss.py": loss, "train.py": train}, "train.py") == [9]
     no_training = loss.replace("loss.backward()", "loss.detach()").replace("self.opt.step()", "pass")
     assert _mat502_rows(tmp_path, {"loss.py": no_training, "train.py": train}, "train.py") == []
+
+
+def _reveal_in(tmp_path, files: dict, linted: str) -> list:
+    """The `reveal()` messages of `linted`, one of `files` written into a project at `tmp_path`."""
+    for name, text in files.items():
+        path = tmp_path / name
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(textwrap.dedent(text))
+    path = tmp_path / linted
+    findings = lint_source(path.read_text(), str(path), [_RevealStep], prefilter=False)
+    assert not [f for f in findings if f.code == "MAT000"], findings
+    return [f.message for f in findings]
+
+
+_MASKS = """\
+    import torch
+
+    def causal_mask(n, device):
+        reveal()
+        return torch.ones(n, n).tril().to(device)
+
+    def debug_dump(x):
+        reveal()
+
+    class ProbMask:
+        def __init__(self, scores):
+            reveal()
+            self.mask = torch.ones(scores.shape[-1]).to(scores.device)
+    """
+
+
+def test_a_function_that_an_importing_file_calls_every_step_runs_every_step(tmp_path):
+    """masks.py's `causal_mask` is called from train.py's loop over batches; its `ProbMask` is
+    made in another module's `forward`, which runs its `__init__`; `debug_dump` only under a
+    debug switch. Reached through `from ... import`, a module alias and a sibling folder."""
+    train = """\
+        import torch
+        from utils.masks import causal_mask, debug_dump
+
+        def fit(model, loader, opt, args):
+            for x, y in loader:
+                mask = causal_mask(x.shape[1], x.device)
+                loss = model(x, mask).sum()
+                loss.backward()
+                opt.step()
+                if args.debug:
+                    debug_dump(x)
+        """
+    attention = """\
+        import torch
+        from torch import nn
+        import utils.masks as M
+
+        class Attention(nn.Module):
+            def forward(self, q, k):
+                scores = q @ k.transpose(-2, -1)
+                return scores.masked_fill(M.ProbMask(scores).mask == 0, -1e9)
+        """
+    messages = _reveal_in(tmp_path, {"utils/__init__.py": "", "utils/masks.py": _MASKS, "train.py": train,
+                                     "models/attention.py": attention}, "utils/masks.py")
+    assert messages == [
+        "is called from the training loop on line 5 in train.py",
+        "None",
+        "sets up a `ProbMask`, which is called from `forward` in attention.py, which is a module's `forward`, "
+        "run on every step",
+    ]
+
+
+def test_what_no_importer_calls_every_step_does_not_run_every_step(tmp_path):
+    """Imported but called once (at set-up, under `if`), not imported at all, or by files that
+    import each other: no step, and no endless reading."""
+    once = """\
+        from masks import causal_mask, ProbMask
+        import masks
+
+        MASK = causal_mask(8, "cuda")
+
+        def main(scores):
+            if scores is None:
+                return masks.ProbMask(scores)
+        """
+    assert _reveal_in(tmp_path, {"masks.py": _MASKS + "    import main\n", "main.py": once}, "masks.py") == [
+        "None", "None", "None"]
+    assert _reveal_in(tmp_path / "alone", {"masks.py": _MASKS}, "masks.py") == ["None", "None", "None"]
+
+
+def test_a_star_import_of_the_module_counts_its_calls(tmp_path):
+    train = """\
+        from masks import *
+
+        for x, y in train_loader:
+            loss = model(x, causal_mask(4, "cuda")).sum()
+            loss.backward()
+        """
+    assert _reveal_in(tmp_path, {"masks.py": _MASKS, "train.py": train}, "masks.py")[0] == (
+        "is called from the training loop on line 3 in train.py")

@@ -2,8 +2,12 @@
 flow into a function's parameters and what a function does can count where it is called.
 
 A module-level `def f` is called as `f(...)` anywhere in the file; a method `def m(self, ...)`
-of class `C` as `self.m(...)` from C's other methods, and a static method also as `C.m(...)`.
-Built once per file, on first use.
+of class `C` as `self.m(...)` from C's other methods, and a static method also as `C.m(...)`;
+a class's `__init__` as `C(...)`. Built once per file, on first use.
+
+Read for a project file that imports the linted one (`imported=`), the calls of what it imports
+are kept too, by the name they have where they are defined: `accuracy(...)` after `from utils
+import accuracy`, `at.tonumpy(...)` after `import array_tool as at`.
 """
 from __future__ import annotations
 
@@ -29,7 +33,14 @@ class CallSite(NamedTuple):
 
 
 class FileCalls:
-    def __init__(self, tree: ast.Module, text: str = ""):
+    def __init__(self, tree: ast.Module, text: str = "", imported: Optional[dict] = None):
+        """`imported`: the names that stand for definitions of other project files, `{local name:
+        (path, name)}` for a name imported from a module and `{alias: (path, None)}` for a module,
+        and under `"*"` the paths of the modules imported with `*`; their calls are kept in
+        `imported_sites`, by `(path, name)`."""
+        self.imported = dict(imported or {})
+        self._stars = self.imported.pop("*", ())
+        self.imported_sites: dict = {}     # (path, name) -> [CallSite], for the `imported` names
         self.module_functions: dict = {}   # name -> FunctionDef, for names bound once at module level
         self.methods: dict = {}            # id(ClassDef) -> {name: FunctionDef}
         self.class_of: dict = {}           # id(FunctionDef) -> its ClassDef, for methods
@@ -58,7 +69,15 @@ class FileCalls:
         # them can call a function of the file (most statements are not read further).
         names = set(self.module_functions).union(*(table.keys() for table in self.methods.values()))
         called = [name for name in names if text.count(name + "(") >= 2] if text else sorted(names)
-        self._call_lines = (_lines_calling(text, called) if called else set()) if text else None
+        called += [name for name in self.classes if name not in names and (not text or name + "(" in text)]
+        modules = []
+        if self.imported:  # the names imported from project modules, and `alias.` of the modules
+            called += [name for name, (_, defined) in self.imported.items() if defined is not None]
+            modules = [name for name, (_, defined) in self.imported.items() if defined is None]
+        if text and not self._stars:
+            self._call_lines = _lines_calling(text, called, modules) if called or modules else set()
+        else:
+            self._call_lines = None
         self._walk(tree, (), None, (), False)
 
     def _may_call(self, stmt: ast.AST) -> bool:
@@ -108,6 +127,17 @@ class FileCalls:
             target = self.module_functions.get(func.id)
             if target is not None:
                 self.sites.setdefault(id(target), []).append(CallSite(call, functions, cls, False, loops, conditional))
+            elif func.id in self.classes:  # `ProbMask(b, h, ...)` runs its `__init__`
+                target = self.methods[id(self.classes[func.id])].get("__init__")
+                if target is not None:
+                    self.sites.setdefault(id(target), []).append(CallSite(call, functions, cls, True, loops, conditional))
+            elif func.id in self.imported and self.imported[func.id][1] is not None:
+                self.imported_sites.setdefault(self.imported[func.id], []).append(
+                    CallSite(call, functions, cls, False, loops, conditional))
+            elif self._stars and func.id not in self.imported:
+                for path in self._stars:  # `from utils import *`: any of them may define it
+                    self.imported_sites.setdefault((path, func.id), []).append(
+                        CallSite(call, functions, cls, False, loops, conditional))
         elif (isinstance(func, ast.Attribute) and isinstance(func.value, ast.Name) and cls is not None
               and functions and _first_parameter(functions[-1]) == func.value.id):
             target = self.methods.get(id(cls), {}).get(func.attr)
@@ -119,6 +149,10 @@ class FileCalls:
             target = self.methods.get(id(self.classes[func.value.id]), {}).get(func.attr)
             if target is not None and _is_static(target):
                 self.sites.setdefault(id(target), []).append(CallSite(call, functions, cls, False, loops, conditional))
+        if (isinstance(func, ast.Attribute) and isinstance(func.value, ast.Name) and func.value.id in self.imported
+                and self.imported[func.value.id][1] is None):  # `at.tonumpy(x)`, `at` a project module
+            self.imported_sites.setdefault((self.imported[func.value.id][0], func.attr), []).append(
+                CallSite(call, functions, cls, False, loops, conditional))
 
     def call_sites(self, function: ast.AST) -> list:
         return self.sites.get(id(function), [])
@@ -134,9 +168,11 @@ def _first_parameter(function: ast.AST) -> Optional[str]:
     return params[0].arg if params else None
 
 
-def _lines_calling(text: str, names: list) -> set:
-    """The 1-based lines of `text` that spell a call of one of `names` (`name(`)."""
-    pattern = re.compile(r"\b(?:" + "|".join(map(re.escape, names)) + r")\(")
+def _lines_calling(text: str, names: list, modules: list = ()) -> set:
+    """The 1-based lines of `text` that spell a call of one of `names` (`name(`) or of an
+    attribute of one of `modules` (`module.name(`)."""
+    spelled = [re.escape(n) + r"\(" for n in names] + [re.escape(m) + r"\.\w+\(" for m in modules]
+    pattern = re.compile(r"\b(?:" + "|".join(spelled) + ")")
     starts = [m.start() for m in pattern.finditer(text)]
     if not starts:
         return set()

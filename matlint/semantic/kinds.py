@@ -83,6 +83,7 @@ _ELEMENTWISE_MODULES = {
     "AdaptiveAvgPool1d", "AdaptiveAvgPool2d", "Upsample", "PixelShuffle", "Bilinear", "Sequential",
 }
 _LINEAR_MODULES = {"torch.nn.Linear", "torch.nn.LazyLinear"}
+_VARIABLE = frozenset({"torch.autograd.Variable", "torch.autograd.variable.Variable"})
 
 
 class _Held:
@@ -922,6 +923,8 @@ class _Inference:
         module, _, attr = qual.rpartition(".")
         if qual == "copy.deepcopy" and len(node.args) == 1 and not node.keywords:
             return self.expr(node.args[0])
+        if qual in _VARIABLE and node.args:  # `x = Variable(x, requires_grad=False)`: the tensor itself
+            return self._expr(node.args[0])
         if qual in _LINEAR_MODULES:
             return LINEAR
         if qual == "torch.nn.ModuleList":

@@ -79,13 +79,14 @@ def steps_without_device(source: str) -> bool:
 
 
 def project_dependencies(source: str, filename: str) -> list:
-    """The files a file's findings may depend on: the project modules it imports and, for a
-    training step in a file that names no device, the project files that import it, and its
-    folder (a script added beside it may import it)."""
-    found = imported_paths(source, filename)
+    """The files a file's findings may depend on: the project modules it imports and the project
+    files that import it (what they call on every step runs every step; where a training step in
+    a file that names no device runs). For such a step, also its folder: a script added beside
+    it may be the one that moves it to the device."""
+    found = set(imported_paths(source, filename)) | set(importers(filename))
     if steps_without_device(source) and filename and os.path.isfile(filename):
-        found = sorted(set(found) | set(importers(filename)) | {os.path.dirname(os.path.abspath(filename))})
-    return found
+        found.add(os.path.dirname(os.path.abspath(filename)))
+    return sorted(found)
 
 
 def cpu_only_project(ctx) -> bool:
@@ -121,18 +122,18 @@ def importer_texts(ctx) -> dict:
     return found
 
 
-def importers(filename: str) -> list:
+def importers(filename: str, most: int = None) -> list:
     """The project files that import `filename`, directly or through a package's `__init__.py`
     that imports it (`from algo import PPO` with `algo/__init__.py` importing `.ppo`): those
     `imported_paths` resolves to it among the Python files of its folder and the two below it,
     and those beside the folders `_LEVELS_UP` above it, where a script that imports it sits
-    (none where there are more than `_IMPORTERS_FILES` of them). Worked out once per process
-    while no such file changes."""
+    (none where there are more than `_IMPORTERS_FILES` of them, or more than `most`). Worked out
+    once per process while no such file changes."""
     if not filename or not os.path.isfile(filename):
         return []
     target = os.path.abspath(filename)
     files = _nearby_python_files(os.path.dirname(target))
-    if files is None:
+    if files is None or most is not None and len(files) > most:
         return []
     key = tuple(files)
     stats = tuple(_mtime(path) for path in files)
@@ -160,27 +161,64 @@ def importers(filename: str) -> list:
 
 
 def _nearby_python_files(here: str) -> Optional[list]:
-    """The Python files of `here` and the two folders below it, and those directly in the
-    folders `_LEVELS_UP` above it; None past `_IMPORTERS_FILES`."""
+    """The Python files where a script or module that imports one in `here` sits: those of the
+    folder above `here` and of its folders down to two below `here` (`here` itself, its
+    siblings: `models/attn.py` importing `utils/masking.py`), and those directly in the folder
+    above that. Where that is more than `_IMPORTERS_FILES` files, `here` and the two folders below
+    it, and the files directly in the folders `_LEVELS_UP` above it; None past that too. Listed
+    once per process while none of the folders read changes (a file added or removed)."""
+    cached = _NEARBY.get(here)
+    if cached is not None and all(_mtime(folder) == mtime for folder, mtime in cached[0]):
+        return cached[1]
+    folders: list = []
+    found = _list_nearby(here, folders)
+    _NEARBY[here] = ([(folder, _mtime(folder)) for folder in folders], found)
+    return found
+
+
+_NEARBY: dict = {}  # folder -> ([(each folder read, its mtime)], its nearby Python files or None)
+
+
+def _list_nearby(here: str, folders: list) -> Optional[list]:
+    parent = os.path.dirname(here)
+    wide = _walk_python_files(parent, 3, folders) if parent != here else None
+    if wide is not None:
+        wide.extend(_python_files_in(os.path.dirname(parent), folders))
+        if len(wide) <= _IMPORTERS_FILES:
+            return wide
+    found = _walk_python_files(here, 2, folders)
+    if found is None:
+        return None
+    above = here
+    for _ in range(_LEVELS_UP):
+        above = os.path.dirname(above)
+        found.extend(_python_files_in(above, folders))
+    return found if len(found) <= _IMPORTERS_FILES else None
+
+
+def _walk_python_files(top: str, depth: int, folders: list) -> Optional[list]:
+    """The Python files of `top` and of its folders up to `depth` below it (each folder read is
+    added to `folders`); None past `_IMPORTERS_FILES`."""
     found = []
-    base_depth = here.rstrip(os.sep).count(os.sep)
-    for folder, dirs, names in os.walk(here):
-        if folder.rstrip(os.sep).count(os.sep) - base_depth >= 2:
+    base_depth = top.rstrip(os.sep).count(os.sep)
+    for folder, dirs, names in os.walk(top):
+        folders.append(folder)
+        if folder.rstrip(os.sep).count(os.sep) - base_depth >= depth:
             dirs[:] = []
         dirs[:] = sorted(d for d in dirs if d not in _SKIPPED_FOLDERS and not d.startswith("."))
         found.extend(os.path.join(folder, n) for n in sorted(names) if n.endswith(".py"))
         if len(found) > _IMPORTERS_FILES:
             return None
-    above = here
-    for _ in range(_LEVELS_UP):
-        above = os.path.dirname(above)
-        try:
-            names = sorted(os.listdir(above))
-        except OSError:
-            break
-        found.extend(os.path.join(above, n) for n in names if n.endswith(".py")
-                     and os.path.isfile(os.path.join(above, n)))
-    return found if len(found) <= _IMPORTERS_FILES else None
+    return found
+
+
+def _python_files_in(folder: str, folders: list) -> list:
+    folders.append(folder)
+    try:
+        names = sorted(os.listdir(folder))
+    except OSError:
+        return []
+    return [os.path.join(folder, n) for n in names if n.endswith(".py") and os.path.isfile(os.path.join(folder, n))]
 
 
 def _mtime(path: str) -> int:
@@ -399,6 +437,30 @@ def _import_table(tree: ast.Module) -> dict:
                 if alias.asname or "." not in alias.name:
                     table[alias.asname or alias.name] = (alias.name, 0, None)
     return table
+
+
+def project_imports(tree: ast.Module, filename: str) -> dict:
+    """What the top-level imports of the file at `filename` bind to project files: `{local name:
+    (path, name)}` for a definition imported from a module (`from utils import accuracy as acc`),
+    `{alias: (path, None)}` for a module (`import utils`, `from utils import array_tool as at`),
+    and under `"*"` the paths of the modules imported with `*`. Paths are absolute."""
+    found = {}
+    for local, entry in _import_table(tree).items():
+        if local is _STARS:
+            stars = [os.path.abspath(p) for p in (resolve(filename, m, level) for m, level in entry) if p]
+            if stars:
+                found["*"] = stars
+            continue
+        module, level, name = entry
+        if name is not None:
+            submodule = resolve(filename, f"{module}.{name}" if module else name, level)
+            if submodule is not None:
+                found[local] = (os.path.abspath(submodule), None)
+                continue
+        path = resolve(filename, module, level) if module or level else None
+        if path is not None:
+            found[local] = (os.path.abspath(path), name)
+    return found
 
 
 def module_class_of(ctx, func: ast.AST) -> Optional[tuple]:

@@ -29,12 +29,13 @@ import re
 from typing import NamedTuple, Optional
 
 from . import kinds as _kinds
-from .calls import argument_for, file_calls
+from .calls import FileCalls, argument_for, file_calls
+from .file import SourceFile
 from .kinds import may_mention
 from .loops import (LoopInfo, _attribute_paths, bound_names, file_trains, identifier, is_backward,
                     is_optimizer_step, is_training_loop, loaded_names, name_tokens, walk_no_scopes)
-from .project import imported_definitions, imported_function
-from .tree import child_nodes, dotted
+from .project import imported_definitions, imported_function, importers, parsed, project_imports
+from .tree import child_nodes, dotted, identifier_text
 
 _LOOPS = (ast.For, ast.AsyncFor, ast.While, ast.ListComp, ast.SetComp, ast.DictComp, ast.GeneratorExp)
 _SCOPES = (ast.FunctionDef, ast.AsyncFunctionDef, ast.Lambda, ast.ClassDef)
@@ -281,6 +282,13 @@ def step_functions(ctx) -> dict:
         elif (_module_method(calls, function) and not runs_once(function.name)
               and _spells_forward_call(ctx, function) and _runs_forward(function)):
             found[id(function)] = Step("runs the module's `forward`", False, True)
+    for name, step in _steps_in_importers(ctx).items():
+        function = calls.module_functions.get(name)
+        if function is None and name in calls.classes:  # `ProbMask(...)` in a forward: its `__init__`
+            function = calls.methods[id(calls.classes[name])].get("__init__")
+            step = step._replace(why=f"sets up a `{name}`, which {step.why}")
+        if function is not None and id(function) not in found:
+            found[id(function)] = step
     changed = True
     while changed:  # what a step function calls runs every step too, followed to a fixed point
         changed = False
@@ -288,20 +296,97 @@ def step_functions(ctx) -> dict:
             if id(function) in found:
                 continue
             for site in calls.call_sites(function):
-                if site.conditional and not (site.functions and _mode_branch(ctx, site)):
-                    continue  # `if self.debug: self.log_grads()`: not every step
-                caller = found.get(id(site.functions[-1])) if site.functions else None
-                if caller is not None:
-                    name = site.functions[-1].name
-                    found[id(function)] = Step(f"is called from `{name}`, which {caller.why}", caller.training,
-                                               caller.forward, caller.loss)
-                    break
-                loop_step = next((s for s in map(_loop_step, reversed(site.loops)) if s is not None), None)
-                if loop_step is not None:
-                    found[id(function)] = loop_step
+                step = _step_at(ctx, found, site)
+                if step is not None:
+                    found[id(function)] = step
                     break
             changed = changed or id(function) in found
     ctx.shared["step_functions"] = found
+    return found
+
+
+def _step_at(ctx, found: dict, site, where: str = "") -> Optional[Step]:
+    """The Step of what `site` calls, when it runs on every step: called from a function of
+    `found` (the step functions of its file) on every call of it, or from a loop that trains or
+    goes over batches. `where`: the caller's file, named when it is not the linted file."""
+    if site.conditional and not (site.functions and _mode_branch(ctx, site)):
+        return None  # `if self.debug: self.log_grads()`: not every step
+    caller = found.get(id(site.functions[-1])) if site.functions else None
+    if caller is not None:
+        return Step(f"is called from `{site.functions[-1].name}`{where}, which {caller.why}", caller.training,
+                    caller.forward, caller.loss)
+    loop_step = next((s for s in map(_loop_step, reversed(site.loops)) if s is not None), None)
+    if loop_step is not None and where:
+        return loop_step._replace(why=loop_step.why + where)
+    return loop_step
+
+
+_IMPORTER_STEPS: dict = {}  # path -> (size, mtime_ns, {(path, name): Step})
+_READING: list = []  # the importer being read: its own importers are not followed
+# Around a file with more Python files than this (a library's package), the files that import it
+# are not read for the steps that call it: each would be analysed once more, for a library's
+# modules whose callers are mostly other modules, not training loops.
+_STEP_IMPORTERS_FILES = 150
+
+
+def _steps_in_importers(ctx) -> dict:
+    """{name: Step} for the module-level functions and classes of the linted file that a project
+    file importing it (`importers`) calls on every step: `create_masks(...)` in train.py's loop
+    over batches, `ProbMask(...)` in another module's `forward`. A class called so runs its
+    `__init__` every step. One file away: what makes a function of the importer run every step is
+    read in the importer alone. Not in a library-sized tree (`_STEP_IMPORTERS_FILES`)."""
+    if not ctx.filename or _READING:
+        return {}
+    target = os.path.abspath(ctx.filename)
+    found = {}
+    for path in importers(ctx.filename, most=_STEP_IMPORTERS_FILES):
+        for (defined_in, name), step in _importer_steps(path).items():
+            if defined_in == target:
+                found.setdefault(name, step)
+    return found
+
+
+def _importer_steps(path: str) -> dict:
+    """{(path, name): Step} for each definition of another project file that the file at `path`
+    calls on every step (`_step_at`), worked out once per process while the file is unchanged."""
+    try:
+        st = os.stat(path)
+    except OSError:
+        return {}
+    cached = _IMPORTER_STEPS.get(path)
+    if cached is not None and cached[:2] == (st.st_size, st.st_mtime_ns):
+        return cached[2]
+    _READING.append(path)
+    try:
+        found = _read_importer_steps(path)
+    finally:
+        _READING.pop()
+    _IMPORTER_STEPS[path] = (st.st_size, st.st_mtime_ns, found)
+    return found
+
+
+def _read_importer_steps(path: str) -> dict:
+    found = {}
+    tree = parsed(path)
+    imported = project_imports(tree, path) if tree is not None else {}
+    if imported:
+        try:
+            with open(path, encoding="utf-8", errors="replace") as handle:
+                text = handle.read()
+        except OSError:
+            text = None
+        if text is not None:
+            view = SourceFile(text, path, tree)
+            calls = view.shared["file_calls"] = FileCalls(tree, identifier_text(view), imported)
+            if not calls.imported_sites:
+                return found  # a package's `__init__.py` that only re-exports
+            steps = step_functions(view)
+            where = f" in {os.path.basename(path)}"
+            for key, sites in calls.imported_sites.items():
+                step = next((s for s in (_step_at(view, steps, site, where) for site in sites) if s is not None), None)
+                if step is not None:
+                    found[key] = step
+            view.shared.clear()
     return found
 
 
@@ -391,6 +476,26 @@ def repeating_loops(ctx) -> list:
     return [loop for loop in loops if loop.node not in left] if left else loops
 
 
+# Tests true only while a model is traced, scripted or exported, never in an eager step.
+_EXPORTING = frozenset({"is_tracing", "_is_tracing", "is_scripting", "is_in_onnx_export"})
+
+
+def _while_exporting(ctx) -> bool:
+    """The node is in the body of an `if` that runs only while the model is traced, scripted or
+    exported (`if torch.jit.is_tracing():`, `if torchvision._is_tracing():`, `if
+    torch.onnx.is_in_onnx_export():`, also one of several conditions joined by `and`): code that
+    no step of eager training or inference runs."""
+    parents = ctx.parents
+    for k, node in enumerate(parents[:-1]):
+        if node.__class__ is ast.If and any(s is parents[k + 1] for s in node.body):
+            tests = node.test.values if isinstance(node.test, ast.BoolOp) and isinstance(node.test.op, ast.And) \
+                else [node.test]
+            if any(isinstance(t, ast.Call) and (getattr(t.func, "attr", None) or getattr(t.func, "id", None))
+                   in _EXPORTING for t in tests):
+                return True
+    return False
+
+
 class PerStep(NamedTuple):
     loops: list            # the enclosing loops that run the node on every iteration (`repeating_loops`)
     step: Optional[Step]   # with no such loop, outside a module's `forward`: the step its function runs in
@@ -415,6 +520,8 @@ def per_step(ctx) -> Optional[PerStep]:
     `plain_class`), or on every call of a function that runs every step (`step_of`). None
     elsewhere."""
     function = ctx.function
+    if _while_exporting(ctx):
+        return None
     loops = repeating_loops(ctx)
     if function is None:
         return PerStep(loops, None, None) if loops else None

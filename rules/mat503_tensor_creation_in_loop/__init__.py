@@ -40,7 +40,9 @@ class TensorCreationInLoop(Rule):
     Inside a loop, in an `nn.Module`'s `forward`, or in a function that runs every step (a
     training step, a method of a module that runs its `forward`, like an RL policy's
     `get_action(state)`, or a helper that `forward`, a step or a training/batch loop calls on
-    every pass, not under an `if` other than one on the module's mode, `if self.training:` /
+    every pass, in this file or in a project file that imports it: `create_mask(...)` in
+    train.py's loop over batches, or a class of the file made in another module's `forward`,
+    which runs its `__init__` on every call; not under an `if` other than one on the module's mode, `if self.training:` /
     `else:`, or on its settings, `if self.bidirectional and self.nlayers > 1:` / `else:`
     (attributes only its set-up assigns; not a debug or logging switch); a function an epoch
     loop calls after its training loop runs once per epoch), flags:
@@ -184,6 +186,10 @@ class TensorCreationInLoop(Rule):
       usual call): the default built under it is reported. So is the body of a guard against an
       empty selection (`if pos.sum() > 0:` around work on `x[pos]`): the usual path, whose
       `else` (no match at all) is the branch the data chooses.
+    - Branches taken only while the model is traced, scripted or exported (`if
+      torch.jit.is_tracing():`, `if torch.onnx.is_in_onnx_export():`): no step of eager
+      training or inference runs them. `if not torch.jit.is_scripting():` is the eager path:
+      reported.
     - Loops in functions whose name starts with the word `init` (`__init__`, `init_weights`,
       `initialize`), `build`, `setup`, `load` (`load`, `load_model`; not `loader_step`) or is
       `reset_parameters` (run once), unless the name also says `train` or `fit`
