@@ -368,3 +368,29 @@ def test_a_variable_wrapper_is_the_tensor_it_wraps():
             reveal(conf_t)
             reveal(conf_t > 0)
         """) == ["cpu_tensor", "tensor", "tensor"]
+
+
+def test_the_parameters_of_a_module_are_tensors():
+    assert kinds("""
+        import torch
+        def clip(model, clip):
+            for name, p in model.named_parameters():
+                reveal(name)
+                reveal(p.grad.data.norm(2))
+            for q in model.parameters():
+                reveal(q)
+        """) == ["scalar", "tensor", "tensor"]
+
+
+def test_a_number_converted_to_a_tensor_later_is_not_a_tensor_before():
+    """`beta = torch.tensor(beta, ...)` in one branch: the tensor uses after it are of the
+    converted value, no evidence that the parameter held a tensor (trl's `generalized_jsd_loss`)."""
+    assert kinds("""
+        import torch
+        def jsd(p, q, beta=0.5):
+            reveal(beta)
+            if beta == 0:
+                return p
+            beta = torch.tensor(beta, device=p.device)
+            return torch.log(beta) + q
+        """) == ["None"]

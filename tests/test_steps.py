@@ -445,3 +445,55 @@ def test_a_star_import_of_the_module_counts_its_calls(tmp_path):
         """
     assert _reveal_in(tmp_path, {"masks.py": _MASKS, "train.py": train}, "masks.py")[0] == (
         "is called from the training loop on line 3 in train.py")
+
+
+def test_a_helper_under_a_configuration_switch_runs_every_step_of_that_configuration(tmp_path):
+    """`if args.clip_grad:` and `if scaler is None:` test the run's configuration: the helper
+    under them runs on every step. A logging switch (`args.log_every`) or an argument's value
+    (`if done:`) is not configuration."""
+    helpers = """\
+        def clip_gradients(model, clip):
+            reveal()
+
+        def log_stats(model):
+            reveal()
+
+        def on_done(model):
+            reveal()
+        """
+    train = """\
+        from helpers import clip_gradients, log_stats, on_done
+
+        def train_one_epoch(model, loader, opt, args, scaler, done):
+            for x, y in loader:
+                loss = model(x).sum()
+                if scaler is None:
+                    loss.backward()
+                    if args.clip_grad:
+                        clip_gradients(model, args.clip_grad)
+                if args.log_every:
+                    log_stats(model)
+                if done:
+                    on_done(model)
+                opt.step()
+        """
+    assert _reveal_in(tmp_path, {"helpers.py": helpers, "train.py": train}, "helpers.py") == [
+        "is called from the training loop on line 4 in train.py", "None", "None"]
+
+
+def test_a_modules_loss_method_runs_on_every_training_step():
+    """A VAE's `loss_function(*results)`, called by a trainer elsewhere: a module's method named
+    for the loss computes every training step's loss; what it calls runs every step too."""
+    assert steps("""
+        import torch.nn as nn
+        class VAE(nn.Module):
+            def loss_function(self, recons, x, mu, log_var):
+                reveal()
+                return self.kld(mu, log_var)
+            def kld(self, mu, log_var):
+                reveal()
+            def load_loss_weights(self):
+                reveal()
+        """) == ["is `loss_function` of a module, the loss of every training step",
+                 "is called from `loss_function`, which is `loss_function` of a module, the loss of every training step",
+                 "None"]

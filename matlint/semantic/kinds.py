@@ -84,6 +84,8 @@ _ELEMENTWISE_MODULES = {
 }
 _LINEAR_MODULES = {"torch.nn.Linear", "torch.nn.LazyLinear"}
 _VARIABLE = frozenset({"torch.autograd.Variable", "torch.autograd.variable.Variable"})
+_PARAMETER_LISTS = frozenset({"parameters", "named_parameters", "buffers", "named_buffers"})
+_HOLDS_PARAMETERS = frozenset({None, MODULE, LINEAR, USER_MODULE})  # a module, or a value not known
 
 
 class _Held:
@@ -330,8 +332,10 @@ def scope_evidence(ctx, scope: "ScopeKinds") -> dict:
 def _collect_evidence(ctx, owner: ast.AST) -> dict:
     seen: dict = {}
 
+    converted = _converted_uses(ctx, owner) if "tensor" in ctx.source or "Tensor" in ctx.source else ()
+
     def add(name_node: ast.AST, kind: str) -> None:
-        if isinstance(name_node, ast.Name):
+        if isinstance(name_node, ast.Name) and id(name_node) not in converted:
             seen.setdefault(name_node.id, set()).add(kind)
 
     called: set = set()  # the attributes called as methods (`x.size()`, not `arr.size`)
@@ -389,6 +393,31 @@ def _collect_evidence(ctx, owner: ast.AST) -> dict:
         if len(kinds) == 1 and name not in comprehended and name != own_object:
             evidence[name] = kinds.pop()
     return evidence
+
+
+_CONVERSIONS = frozenset({"torch.tensor", "torch.as_tensor", "torch.from_numpy", "torch.Tensor", "torch.FloatTensor",
+                          "torch.LongTensor"})
+
+
+def _converted_uses(ctx, owner: ast.AST) -> set:
+    """ids of the reads of a name that follow, in the same block, a statement rebinding it to a
+    tensor made of its own value (`beta = torch.tensor(beta, device=d)`, then `torch.log(beta)`):
+    what those reads use is the converted value, no evidence of what the name held before."""
+    found = set()
+    for node in walk_no_scopes(owner):
+        for field in ("body", "orelse", "finalbody"):
+            block = getattr(node, field, None)
+            if not isinstance(block, list):
+                continue
+            for k, stmt in enumerate(block):
+                if stmt.__class__ is not ast.Assign or len(stmt.targets) != 1 or stmt.targets[0].__class__ is not ast.Name:
+                    continue
+                value, name = stmt.value, stmt.targets[0].id
+                if value.__class__ is ast.Call and value.args and value.args[0].__class__ is ast.Name \
+                        and value.args[0].id == name and ctx.qualname(value.func) in _CONVERSIONS:
+                    found.update(id(n) for later in block[k + 1:] for n in ast.walk(later)
+                                 if n.__class__ is ast.Name and n.id == name)
+    return found
 
 
 def scope_kinds(ctx, owner) -> ScopeKinds:
@@ -611,6 +640,12 @@ class _Inference:
             if fname in ("tqdm", "iter", "reversed", "sorted", "list") or self.ctx.qualname(iterable.func) in (
                     "tqdm.tqdm", "tqdm.auto.tqdm", "tqdm.notebook.tqdm"):
                 return self.element(iterable.args[0], path) if iterable.args else None
+            attr = getattr(iterable.func, "attr", None)
+            if attr in _PARAMETER_LISTS and self.expr(iterable.func.value) in _HOLDS_PARAMETERS:
+                # `for name, p in model.named_parameters()`: the module's tensors, where it runs
+                named = attr.startswith("named_")
+                return (SCALAR if path == (0,) else TENSOR if path == (1,) else None) if named else (
+                    TENSOR if not path else None)
         kind = self.expr(iterable)
         if kind == LOADER:
             return CPU_TENSOR  # batches of a plain DataLoader are host tensors (or tuples of them)

@@ -328,7 +328,8 @@ def imported_definition(ctx, func: ast.AST, kinds: tuple) -> Optional[tuple]:
 
 def _definition_in(path: Optional[str], name: str, kinds: tuple, hops: int) -> Optional[tuple]:
     """(the top-level definition of `name` in the module at `path`, its file), following a
-    re-export (`from .util import mask_` in a package's `__init__.py`) up to `hops` times."""
+    re-export (`from .util import mask_`, `from .base import *` in a package's `__init__.py`) up to
+    `hops` times."""
     tree = parsed(path) if path is not None else None
     if tree is None:
         return None
@@ -336,10 +337,16 @@ def _definition_in(path: Optional[str], name: str, kinds: tuple, hops: int) -> O
     if definition is not None:
         return definition, path
     if hops > 0 and os.path.basename(path) == "__init__.py":
-        imported = _import_table(tree).get(name)
+        table = _import_table(tree)
+        imported = table.get(name)
         if imported is not None and imported[2] is not None:
             module, level, attr = imported
             return _definition_in(resolve(path, module, level), attr, kinds, hops - 1)
+        if imported is None:  # `from .base import *`
+            for module, level in table.get(_STARS) or ():
+                found = _definition_in(resolve(path, module, level), name, kinds, hops - 1)
+                if found is not None:
+                    return found
     return None
 
 

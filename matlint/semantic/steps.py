@@ -34,7 +34,7 @@ from .file import SourceFile
 from .kinds import may_mention
 from .loops import (LoopInfo, _attribute_paths, bound_names, file_trains, identifier, is_backward,
                     is_optimizer_step, is_training_loop, loaded_names, name_tokens, walk_no_scopes)
-from .project import imported_definitions, imported_function, importers, parsed, project_imports
+from .project import imported_class, imported_definitions, imported_function, importers, parsed, project_imports
 from .tree import child_nodes, dotted, identifier_text
 
 _LOOPS = (ast.For, ast.AsyncFor, ast.While, ast.ListComp, ast.SetComp, ast.DictComp, ast.GeneratorExp)
@@ -83,6 +83,29 @@ def _module_method(calls, function: ast.AST) -> bool:
     one): its `forward` runs on every step of whoever calls the module."""
     cls = calls.class_of.get(id(function))
     return cls is not None and any(dotted(base) not in (None, "object", "ABC", "abc.ABC") for base in cls.bases)
+
+
+def derives_from_module(ctx, cls: ast.ClassDef, depth: int = 0) -> bool:
+    """`cls` derives from a torch.nn class (or a LightningModule), directly or through classes of
+    this file or of the project modules it imports (`class BetaTCVAE(BaseVAE)` with `from models
+    import BaseVAE` and `class BaseVAE(nn.Module)` in models/base.py)."""
+    for base in cls.bases:
+        qual = ctx.qualname(base)
+        if qual is not None and (qual.startswith("torch.nn.") or qual.rpartition(".")[2] == "LightningModule"):
+            return True
+        if not isinstance(base, ast.Name) or depth > 3:
+            continue
+        local = [s for s in ctx.tree.body if isinstance(s, ast.ClassDef) and s.name == base.id]
+        if len(local) == 1 and qual is None:
+            if derives_from_module(ctx, local[0], depth + 1):
+                return True
+            continue
+        found = imported_class(ctx, base)
+        if found is not None and any(
+                (found[1].qualname(b) or "").startswith("torch.nn.")
+                or (found[1].qualname(b) or "").endswith("LightningModule") for b in found[0].bases):
+            return True
+    return False
 
 
 def _loss_module(calls, function: ast.AST) -> bool:
@@ -147,7 +170,76 @@ def _mode_branch(ctx, site) -> bool:
     `else:`) or its settings (`_tests_settings`): each branch runs on every step of its mode
     (training, or inference), or on every call of a module built with those settings."""
     tests = _tests_around(site.functions[-1].body, site.call, ())
-    return bool(tests) and all(_reads_mode(test) or _tests_settings(ctx, site.cls, test) for test in tests)
+    return bool(tests) and all(_reads_mode(test) or _tests_settings(ctx, site.cls, test)
+                               or configuration_test(ctx, site.functions[-1], test, site.cls) for test in tests)
+
+
+# Words of a setting that schedules work rather than configuring it: `args.warmup_steps`, `cfg.eval_every`.
+_SCHEDULE_NAME = re.compile(r"epoch|step|iter|warmup|start|stop|resume", re.IGNORECASE)
+_CONFIGURATION_OPS = (ast.Eq, ast.NotEq, ast.Is, ast.IsNot)
+
+
+def configuration_test(ctx, function: Optional[ast.AST], test: ast.AST, cls: Optional[ast.ClassDef] = None) -> bool:
+    """A test of the run's configuration, the same on every step, so that each of its branches
+    runs on every step of the runs configured so: names only the module's top level binds (no
+    function binds them, no `global` rebinds them: `if FIXED_ALPHA is None:`, `if USE_PER and not
+    DOUBLE:`), attributes of parameters of `function` that it never assigns (a parsed command
+    line, a config: `if args.clip_grad:`, `if cfg.model.use_ema and not args.fp16:`), and
+    whether such a parameter was passed (`if fp16_scaler is None:`); tested as they are, with
+    `not`, `and`/`or`, or compared with `==`, `!=`, `is` and constants. Not a logging, debug or
+    schedule switch (`VERBOSE`, `args.log_interval`, `cfg.warmup_epochs`), which is a gate. In a
+    method of `cls`, a test of its own attributes is one of its settings (`_tests_settings`)."""
+    params = set() if function is None or isinstance(function, ast.Lambda) else {
+        a.arg for a in function.args.posonlyargs + function.args.args + function.args.kwonlyargs}
+    if cls is not None and any(isinstance(n, ast.Name) and n.id == "self" for n in ast.walk(test)):
+        return _tests_settings(ctx, cls, test)
+    params.discard("self")
+    names, attributes = [], []
+    for node in ast.walk(test):
+        if isinstance(node, ast.Name):
+            names.append(node)
+        elif isinstance(node, ast.Attribute):
+            if not isinstance(node.value, (ast.Name, ast.Attribute)) or GATE_NAME.search(node.attr) \
+                    or _SCHEDULE_NAME.search(node.attr):
+                return False
+            attributes.append(node)
+        elif isinstance(node, ast.Compare):
+            if not all(isinstance(op, _CONFIGURATION_OPS) for op in node.ops):
+                return False
+        elif isinstance(node, ast.UnaryOp):
+            if not isinstance(node.op, ast.Not):
+                return False
+        elif not isinstance(node, (ast.BoolOp, ast.Constant, ast.boolop, ast.cmpop, ast.unaryop, ast.expr_context)):
+            return False
+    if not names:
+        return False
+    read_as_attributes = {id(a.value) for a in attributes}
+    module = _kinds.scope_kinds(ctx, ctx.tree).assigned
+    rebound = ctx.shared.get("global_names")
+    if rebound is None:
+        rebound = ctx.shared["global_names"] = {
+            name for node in ast.walk(ctx.tree) if isinstance(node, ast.Global) for name in node.names
+        } if "global " in ctx.source else set()
+    assigned = None
+    for name in names:
+        if name.id in params:
+            if id(name) not in read_as_attributes and not _passed_or_not(test, name):
+                return False  # `if done:`: an argument's value, data of the call
+            if assigned is None:
+                assigned = {n.id for n in ast.walk(function) if isinstance(n, ast.Name) and isinstance(n.ctx, ast.Store)}
+            if name.id in assigned:
+                return False
+        elif not (name.id in module and name.id not in rebound and not ctx.names.binds_locally(name.id)
+                  and ctx.qualname(name) is None and not GATE_NAME.search(name.id)):
+            return False
+    return True
+
+
+def _passed_or_not(test: ast.AST, name: ast.Name) -> bool:
+    """`name is None` / `name is not None` in `test`."""
+    return any(isinstance(node, ast.Compare) and node.left is name and isinstance(node.ops[0], (ast.Is, ast.IsNot))
+               and isinstance(node.comparators[0], ast.Constant) and node.comparators[0].value is None
+               for node in ast.walk(test))
 
 
 def _tests_settings(ctx, cls: Optional[ast.ClassDef], test: ast.AST) -> bool:
@@ -279,6 +371,10 @@ def step_functions(ctx) -> dict:
                                        True)
         elif function.name == "forward" and _module_method(calls, function):
             found[id(function)] = Step("is a module's `forward`, run on every step", False, True)
+        elif "loss" in name_tokens(function.name) and not runs_once(function.name) \
+                and id(function) in calls.class_of and derives_from_module(ctx, calls.class_of[id(function)]):
+            found[id(function)] = Step(f"is `{function.name}` of a module, the loss of every training step", True,
+                                       False, True)
         elif (_module_method(calls, function) and not runs_once(function.name)
               and _spells_forward_call(ctx, function) and _runs_forward(function)):
             found[id(function)] = Step("runs the module's `forward`", False, True)

@@ -265,14 +265,20 @@ class HostSyncInLoop(_StepLoops, _HostReads, Rule):
     loop of its own: an agent's `learn()`), an optimizer step (it calls an optimizer's `.step()`
     outside any loop of its own: `optimize()` after the backward pass), the `forward` of a loss
     module (an `nn.Module` whose class name, or a base's, has the word `loss`: `FocalLoss`,
-    `MultiBoxLoss`), which computes the step's loss, a `training_step`/`validation_step` hook, and the
-    helpers such a step or loop calls on every pass (not under an `if`): a sync inside a metric
+    `MultiBoxLoss`), which computes the step's loss, a module's method named for the loss
+    (`loss_function`, `compute_loss`), a `training_step`/`validation_step` hook, and the
+    helpers such a step or loop calls on every pass (not under an `if`), in this file or in a
+    project file that imports it (`utils.clip_gradients(model, clip)` in main.py's training loop): a sync inside a metric
     or logging helper is a sync per step. A branch that trains (`if (i + 1) % n_critic == 0:`
     around `g_loss.backward(); g_opt.step()`, `if self.tune_alpha:` around the alpha update) is
     the step itself, not a gate: its syncs run on every step it takes. In such a function, so do
-    the branches of a test of the program's settings (`if FIXED_ALPHA is None:` / `else:`, names
-    only the module's top level binds, compared with `==`, `!=` or `is`; not a logging switch
-    such as `if VERBOSE:`), and the body of a guard against an empty selection (`if pos.sum() >
+    the branches of a test of the program's configuration (`if FIXED_ALPHA is None:` / `else:`,
+    names only the module's top level binds; `if args.clip_grad:`, attributes of a parameter the
+    function never assigns; `if scaler is None:`; `if self.munchausen:`, attributes only the
+    class's set-up assigns; compared with `==`, `!=` or `is`; not a logging or schedule switch
+    such as `if VERBOSE:` or `if args.log_interval:`), an `if` in a loop of the function that
+    picks items by what they are (`for name, p in model.named_parameters(): if p.grad is not
+    None:`), and the body of a guard against an empty selection (`if pos.sum() >
     0:` around work on `x[pos]`: the usual path; its `else` handles the empty case). A helper from another
     module of the project (`from utils import accuracy`, or `from utils import *` where the
     file does not bind the name itself; read, never run) whose body syncs on every call is

@@ -12,7 +12,8 @@ from matlint.semantic.flow import function_text, nearby_comments
 from matlint.semantic.loops import LoopInfo, identifier as _identifier, loaded_names, name_tokens, walk_no_scopes
 from matlint.semantic.names import in_reference_code, in_test_code
 from matlint.semantic.project import imported_paths
-from matlint.semantic.steps import GATE_NAME as _GATE_NAME, STEP_HOOKS, guards_empty_selection, step_loop, step_of, trains_in
+from matlint.semantic.steps import (GATE_NAME as _GATE_NAME, STEP_HOOKS, configuration_test, guards_empty_selection,
+                                   step_loop, step_of, trains_in)
 
 
 
@@ -231,7 +232,9 @@ class _StepLoops:
 
     def _in_step_function(self, node: ast.AST) -> Optional[str]:
         """For a sync in a function that runs every step, outside any loop of its own: why it runs
-        every step; None where it runs only on some calls (under an `if`, in an error path)."""
+        every step; None where it runs only on some calls (under an `if`, in an error path). An
+        `if` in a loop of the function that picks some of the loop's items by what they are
+        (`for name, p in model.named_parameters(): if p.grad is not None:`) runs on every call."""
         step = self._step_context(in_forward=True)  # the caller has asked its own question first
         function = next(f for f in reversed(self.ctx.functions) if not isinstance(f, ast.Lambda))
         start = next((i for i, p in enumerate(self.ctx.parents) if p is function), None)
@@ -244,8 +247,9 @@ class _StepLoops:
             in_body = any(s is child for s in parent.body)
             if not (in_body or any(s is child for s in parent.orelse)):
                 continue  # its test, which every call runs
-            if not (in_body and (trains_in(parent.body) or guards_empty_selection(self.ctx, parent))) \
-                    and not self._config_switch(parent.test):
+            if not (in_body and (trains_in(parent.body) or guards_empty_selection(self.ctx, parent)
+                                 or _selects_items(parent.test, chain[:chain.index(parent)]))) \
+                    and not configuration_test(self.ctx, function, parent.test, self.ctx.class_):
                 # not every call runs it; a branch that trains (`if tune_alpha: ... step()`) is the
                 # step, the body of `if mask.sum() > 0:` the usual path, and a branch of a
                 # configuration switch (`if FIXED_ALPHA is None:` / `else:`) runs on every step
@@ -253,35 +257,6 @@ class _StepLoops:
         if self._explained(node) or in_reference_code(self.ctx):
             return None
         return f"on every step: `{function.name}` {step.why}"
-
-    def _config_switch(self, test: ast.AST) -> bool:
-        """`if FIXED_ALPHA is None:`, `if USE_PER and not DOUBLE:`: a test of the program's
-        settings, names that only the module's top level binds (no function binds them, no
-        `global` statement rebinds them), compared with `==`, `!=`, `is` or constants. One of its
-        branches runs on every call, for the whole run. Not a logging or debug switch (`if
-        VERBOSE:`), which is a gate."""
-        names = []
-        for node in ast.walk(test):
-            if isinstance(node, ast.Name):
-                names.append(node)
-            elif isinstance(node, ast.Compare):
-                if not all(isinstance(op, (ast.Eq, ast.NotEq, ast.Is, ast.IsNot)) for op in node.ops):
-                    return False
-            elif isinstance(node, ast.UnaryOp):
-                if not isinstance(node.op, ast.Not):
-                    return False
-            elif not isinstance(node, (ast.BoolOp, ast.Constant, ast.boolop, ast.cmpop, ast.unaryop, ast.expr_context)):
-                return False
-        if not names:
-            return False
-        module = _kinds.scope_kinds(self.ctx, self.ctx.tree).assigned
-        rebound = self.ctx.shared.get("mat502_global_names")
-        if rebound is None:
-            rebound = self.ctx.shared["mat502_global_names"] = {
-                name for node in ast.walk(self.ctx.tree) if isinstance(node, ast.Global) for name in node.names
-            } if "global " in self.ctx.source else set()
-        return all(name.id in module and name.id not in rebound and not self.ctx.names.binds_locally(name.id)
-                   and self.ctx.qualname(name) is None and not _GATE_NAME.search(name.id) for name in names)
 
     def _explained(self, node: ast.AST) -> bool:
         """A comment on the sync's own lines, or above its statement (heading the run of copies it
@@ -364,3 +339,32 @@ class _StepLoops:
                 if in_body and _first_time(parent):
                     return True  # `if loss_ema is None: loss_ema = loss.item()`: the first step only
         return False
+
+
+def _selects_items(test: ast.AST, around: list) -> bool:
+    """`test` picks items of a loop among `around` by what they are, not by tensor values: it reads
+    only the loop's own names and their attributes, compared with `is None` or with strings (`p.grad
+    is not None`, `p.requires_grad`, `"bias" in name`)."""
+    bound = {n.id for loop in around if isinstance(loop, (ast.For, ast.AsyncFor))
+             for n in ast.walk(loop.target) if isinstance(n, ast.Name)}
+    if not bound or isinstance(test, ast.Name):
+        return False  # `if x:` of a tensor item reads its value
+    for node in ast.walk(test):
+        if isinstance(node, ast.Name):
+            if node.id not in bound:
+                return False
+        elif isinstance(node, ast.Compare):
+            for op, right in zip(node.ops, node.comparators):
+                if isinstance(op, (ast.Is, ast.IsNot)):
+                    if not (isinstance(right, ast.Constant) and right.value is None):
+                        return False
+                elif not (isinstance(op, (ast.Eq, ast.NotEq, ast.In, ast.NotIn)) and any(
+                        isinstance(side, ast.Constant) and isinstance(side.value, str) for side in (node.left, right))):
+                    return False
+        elif isinstance(node, ast.UnaryOp):
+            if not isinstance(node.op, ast.Not):
+                return False
+        elif not isinstance(node, (ast.Attribute, ast.BoolOp, ast.Constant, ast.boolop, ast.cmpop, ast.unaryop,
+                                   ast.expr_context)):
+            return False
+    return True

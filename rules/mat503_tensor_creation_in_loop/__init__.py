@@ -42,7 +42,9 @@ class TensorCreationInLoop(Rule):
     `get_action(state)`, or a helper that `forward`, a step or a training/batch loop calls on
     every pass, in this file or in a project file that imports it: `create_mask(...)` in
     train.py's loop over batches, or a class of the file made in another module's `forward`,
-    which runs its `__init__` on every call; not under an `if` other than one on the module's mode, `if self.training:` /
+    which runs its `__init__` on every call; a module's method named for the loss,
+    `loss_function`, counts as a step; not under an `if` other than one on the run's configuration
+    (`if args.use_mask:`, `if scaler is None:`), or on the module's mode, `if self.training:` /
     `else:`, or on its settings, `if self.bidirectional and self.nlayers > 1:` / `else:`
     (attributes only its set-up assigns; not a debug or logging switch); a function an epoch
     loop calls after its training loop runs once per epoch), flags:
