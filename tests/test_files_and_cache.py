@@ -553,3 +553,40 @@ def test_a_helper_is_judged_with_the_files_that_call_it_every_step(tmp_path):
     time.sleep(0.01)
     write(tmp_path / "main.py", "from helpers import causal_mask\n\nMASK = causal_mask(8, 'cuda')\n")
     assert found() == []
+
+
+LOSS_COMPUTE = """\
+class LossCompute:
+    def __init__(self, criterion, opt):
+        self.criterion, self.opt = criterion, opt
+
+    def __call__(self, out, y):
+        loss = self.criterion(out, y)
+        loss.backward()
+        self.opt.step()
+        return loss.item()
+"""
+LOSS_MAIN = """\
+import torch
+from loss import LossCompute
+
+model = torch.nn.Linear(4, 1).cuda()
+compute = LossCompute(torch.nn.MSELoss(), torch.optim.SGD(model.parameters(), 0.1))
+for x, y in loader:
+    compute(model(x.cuda()), y.cuda())
+"""
+
+
+def test_a_step_in_a_module_without_a_device_syncs_on_the_device_its_importer_moves_to(tmp_path):
+    """loss.py's `__call__` trains and returns `loss.item()`; it names no device. Imported by a
+    script that moves the model to CUDA, the `.item()` is a sync per step (MAT502); imported by
+    a script that stays on the CPU, there is nothing to wait for."""
+    write(tmp_path / "pyproject.toml", "[tool.matlint]\n")
+    write(tmp_path / "loss.py", LOSS_COMPUTE)
+    write(tmp_path / "main.py", LOSS_MAIN)
+    codes = lambda: sorted((f["code"], f["location"]["row"]) for f in _report(tmp_path)  # noqa: E731
+                           if f["filename"].endswith("loss.py") and f["code"] == "MAT502")
+    assert codes() == [("MAT502", 9)]
+    time.sleep(0.01)
+    write(tmp_path / "main.py", LOSS_MAIN.replace(".cuda()", ""))
+    assert codes() == []

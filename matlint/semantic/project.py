@@ -107,6 +107,17 @@ def cpu_only_project(ctx) -> bool:
     return found
 
 
+def imported_by_cuda_code(ctx) -> bool:
+    """A project file that imports the file being linted moves work to a CUDA device: the file's
+    steps and helpers (a loss-compute class, a metric) run on the tensors it gives them there."""
+    found = ctx.shared.get("imported_by_cuda_code")
+    if found is None:
+        from .kinds import names_cuda_work
+        found = ctx.shared["imported_by_cuda_code"] = any(
+            text is not None and names_cuda_work(text) for text in importer_texts(ctx).values())
+    return found
+
+
 def importer_texts(ctx) -> dict:
     """The text of each project file that imports the file being linted (`importers`), by path;
     None for one that could not be read. Read once per file linted."""

@@ -288,8 +288,10 @@ class HostSyncInLoop(_StepLoops, _HostReads, Rule):
     it checks values on the host on every forward, and is no part of the computation. So is
     one in a step loop on the values of a name that holds a device tensor where it is read
     (`mask = mask.to(device)`, then `assert mask.min() >= 0`). In a file that never moves work to a CUDA device
-    (`.cuda()`, a device string or `torch.device`, `.to(device)`), a step function's tensors
-    stay on the CPU and it stays quiet; so does a program (a `__main__` block or a loop at
+    (`.cuda()`, a device string or `torch.device`, `.to(device)`), and that no project file
+    importing it moves work to one either, a step function's tensors stay on the CPU and it
+    stays quiet (a loss-compute class in loss.py whose `__call__` trains, imported by a script
+    that moves the model to CUDA, is reported); so does a program (a `__main__` block or a loop at
     module level) that never does, whatever its loops, and a training step in a file that names
     no device whose importers in the project (the scripts that run it) name none either.
     `.numpy()` is reported through the `.cpu()` that must precede it (on a
