@@ -590,3 +590,61 @@ def test_a_step_in_a_module_without_a_device_syncs_on_the_device_its_importer_mo
     time.sleep(0.01)
     write(tmp_path / "main.py", LOSS_MAIN.replace(".cuda()", ""))
     assert codes() == []
+
+
+TRAINER_WITH_CALLBACK = """\
+import torch
+
+
+class Trainer:
+    def __init__(self, model, loader, optimizer):
+        self.model, self.loader, self.optimizer = model, loader, optimizer
+
+    def train(self, get_loss, epochs=1):
+        model = self.model.to("cuda")
+        for e in range(epochs):
+            for batch in self.loader:
+                batch = [t.to("cuda") for t in batch]
+                self.optimizer.zero_grad()
+                loss = get_loss(model, batch)
+                loss.backward()
+                self.optimizer.step()
+"""
+SCRIPT_WITH_CALLBACK = """\
+import torch
+import train
+
+
+def main(model, loader, optimizer, writer):
+    trainer = train.Trainer(model, loader, optimizer)
+
+    def get_loss(model, batch):
+        loss = model(*batch).mean()
+        writer.add_scalar("loss", loss.item())
+        return loss
+
+    trainer.train(get_loss)
+
+
+if __name__ == "__main__":
+    main(None, None, None, None)
+"""
+
+
+def test_a_function_handed_to_a_trainers_loop_runs_every_step(tmp_path):
+    """pretrain.py passes `get_loss` to `Trainer.train` of train.py, whose training loop calls it
+    on device batches: its `.item()` is a sync per step, though pretrain.py names no device.
+    Handed to a method that only calls it once (outside any loop), it is not."""
+    write(tmp_path / "pyproject.toml", "[tool.matlint]\n")
+    write(tmp_path / "train.py", TRAINER_WITH_CALLBACK)
+    write(tmp_path / "pretrain.py", SCRIPT_WITH_CALLBACK)
+    found = lambda: [(f["code"], f["location"]["row"], f["message"]) for f in _report(tmp_path)  # noqa: E731
+                     if f["filename"].endswith("pretrain.py") and f["code"] == "MAT502"]
+    (finding,) = found()
+    assert finding[:2] == ("MAT502", 10)
+    assert "`get_loss` is passed to `train` in train.py, which calls it from its training loop on line 11" in finding[2]
+    time.sleep(0.01)
+    write(tmp_path / "train.py", TRAINER_WITH_CALLBACK.replace(
+        "        for e in range(epochs):", "        get_loss(model, [])\n        for e in range(epochs):").replace(
+        "loss = get_loss(model, batch)", "loss = model(*batch).mean()"))
+    assert found() == []

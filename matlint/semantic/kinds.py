@@ -471,17 +471,6 @@ def names_cuda_work(text: str) -> bool:
     return _CUDA_WORK.search(text) is not None
 
 
-def cpu_only_script(ctx) -> bool:
-    """The file is a program (an `if __name__ == "__main__":` block, or a loop at module level)
-    that never moves work to CUDA: everything it runs, it made, on the CPU."""
-    found = ctx.shared.get("cpu_only_script")
-    if found is None:
-        found = ctx.shared["cpu_only_script"] = not moves_work_to_cuda(ctx) and any(
-            isinstance(stmt, (ast.For, ast.While)) or (isinstance(stmt, ast.If) and "__main__" in ast.dump(stmt.test))
-            for stmt in ctx.tree.body)
-    return found
-
-
 def may_mention(ctx, word: str, ignore_case: bool = False) -> bool:
     """False only when no identifier of the file (a name, an attribute, a keyword, an imported
     name or alias) can contain `word`, so a question whose answer needs it is settled without the

@@ -89,6 +89,20 @@ def project_dependencies(source: str, filename: str) -> list:
     return sorted(found)
 
 
+def cpu_only_script(ctx) -> bool:
+    """The file is a program (an `if __name__ == "__main__":` block, or a loop at module level)
+    that never moves work to CUDA, nor does any project module it imports (a trainer it hands
+    its step function, a `get_device()` helper): everything it runs, it made, on the CPU."""
+    found = ctx.shared.get("cpu_only_script")
+    if found is None:
+        from .kinds import moves_work_to_cuda
+        found = ctx.shared["cpu_only_script"] = not moves_work_to_cuda(ctx) and any(
+            isinstance(stmt, (ast.For, ast.While)) or (isinstance(stmt, ast.If) and "__main__" in ast.dump(stmt.test))
+            for stmt in ctx.tree.body) and not any(
+            file_moves_to_cuda(path) for path in imported_paths(ctx.source, ctx.filename))
+    return found
+
+
 def cpu_only_project(ctx) -> bool:
     """A training step in a file that names no device (`steps_without_device`), which project
     files import, none of which names a device either: the program runs it on the CPU, where a
@@ -116,6 +130,17 @@ def imported_by_cuda_code(ctx) -> bool:
         found = ctx.shared["imported_by_cuda_code"] = any(
             text is not None and names_cuda_work(text) for text in importer_texts(ctx).values())
     return found
+
+
+def file_moves_to_cuda(path: str) -> bool:
+    """The project file at `path` (a trainer that a script hands its step function, a module
+    that picks the device) moves work to a CUDA device."""
+    from .kinds import names_cuda_work
+    try:
+        with open(path, encoding="utf-8", errors="replace") as handle:
+            return names_cuda_work(handle.read())
+    except OSError:
+        return False
 
 
 def importer_texts(ctx) -> dict:

@@ -34,7 +34,8 @@ from .file import SourceFile
 from .kinds import may_mention
 from .loops import (LoopInfo, _attribute_paths, bound_names, file_trains, identifier, is_backward,
                     is_optimizer_step, is_training_loop, loaded_names, name_tokens, walk_no_scopes)
-from .project import imported_class, imported_definitions, imported_function, importers, parsed, project_imports
+from .project import (imported_class, imported_definition, imported_definitions, imported_function, importers, parsed,
+                      project_imports)
 from .tree import child_nodes, dotted, identifier_text
 
 _LOOPS = (ast.For, ast.AsyncFor, ast.While, ast.ListComp, ast.SetComp, ast.DictComp, ast.GeneratorExp)
@@ -378,6 +379,8 @@ def step_functions(ctx) -> dict:
         elif (_module_method(calls, function) and not runs_once(function.name)
               and _spells_forward_call(ctx, function) and _runs_forward(function)):
             found[id(function)] = Step("runs the module's `forward`", False, True)
+    for function, step, _ in passed_to_steps(ctx):
+        found.setdefault(id(function), step)
     for name, step in _steps_in_importers(ctx).items():
         function = calls.module_functions.get(name)
         if function is None and name in calls.classes:  # `ProbMask(...)` in a forward: its `__init__`
@@ -415,6 +418,88 @@ def _step_at(ctx, found: dict, site, where: str = "") -> Optional[Step]:
     if loop_step is not None and where:
         return loop_step._replace(why=loop_step.why + where)
     return loop_step
+
+
+def passed_to_steps(ctx) -> list:
+    """(function, Step, the callee's file or None for this one) for the functions of the file
+    passed as an argument to a function that calls that parameter from its training loop
+    (`trainer.train(get_loss)`, whose loop runs `loss = get_loss(model, batch)`): of this file,
+    or a method of a class of this file or of a project module (`trainer = train.Trainer(...)`),
+    or a function imported from one. Worked out once per file."""
+    found = ctx.shared.get("passed_to_steps")
+    if found is None:
+        found = ctx.shared["passed_to_steps"] = _passed_to_steps(ctx, file_calls(ctx))
+    return found
+
+
+def _passed_to_steps(ctx, calls) -> list:
+    names = {f.name: f for f in calls.functions if isinstance(f, (ast.FunctionDef, ast.AsyncFunctionDef))}
+    if not names:
+        return []
+    text = identifier_text(ctx)
+    passed = [n for n in names if re.search(r"[(,]\s*" + re.escape(n) + r"\s*[,)]", text)]
+    if not passed:
+        return []
+    found = []
+    for node in ast.walk(ctx.tree):
+        if node.__class__ is not ast.Call or not any(
+                isinstance(a, ast.Name) and a.id in passed for a in node.args + [k.value for k in node.keywords]):
+            continue
+        callee = _callee_definition(ctx, calls, node)
+        if callee is None:
+            continue
+        definition, path = callee
+        where = f" in {os.path.basename(path)}" if path else ""
+        params = [a.arg for a in definition.args.posonlyargs + definition.args.args]
+        if params and params[0] in ("self", "cls"):
+            params = params[1:]
+        given = [(params[i], a) for i, a in enumerate(node.args) if i < len(params)] + [
+            (k.arg, k.value) for k in node.keywords if k.arg is not None]
+        for param, arg in given:
+            if isinstance(arg, ast.Name) and arg.id in passed:
+                loop = _loop_calling(definition, param)
+                if loop is not None:
+                    found.append((names[arg.id], Step(f"is passed to `{definition.name}`{where}, which calls it "
+                                                      f"from its training loop on line {loop.lineno}", True), path))
+    return found
+
+
+def _callee_definition(ctx, calls, call: ast.Call) -> Optional[tuple]:
+    """(the function or method `call` runs, its file or None for this one), for a function of the file or
+    imported from a project module, or a method of an instance made from a class of either in
+    the same function (`trainer = train.Trainer(...)`, `trainer.train(...)`)."""
+    func = call.func
+    if isinstance(func, ast.Name) and func.id in calls.module_functions:
+        return calls.module_functions[func.id], None
+    found = imported_function(ctx, func)
+    if found is not None:
+        return found
+    if not (isinstance(func, ast.Attribute) and isinstance(func.value, ast.Name)):
+        return None
+    made = [n.value for n in ast.walk(ctx.tree) if n.__class__ is ast.Assign and len(n.targets) == 1
+            and isinstance(n.targets[0], ast.Name) and n.targets[0].id == func.value.id]
+    if len(made) != 1 or not isinstance(made[0], ast.Call):
+        return None
+    maker = made[0].func
+    if isinstance(maker, ast.Name) and maker.id in calls.classes:
+        method = calls.methods[id(calls.classes[maker.id])].get(func.attr)
+        return (method, None) if method is not None else None
+    found = imported_definition(ctx, maker, (ast.ClassDef,))
+    if found is None:
+        return None
+    method = next((m for m in found[0].body if isinstance(m, (ast.FunctionDef, ast.AsyncFunctionDef))
+                   and m.name == func.attr), None)
+    return (method, found[1]) if method is not None else None
+
+
+def _loop_calling(function: ast.AST, param: str) -> Optional[ast.AST]:
+    """The training or batch loop of `function` (`_loop_step`) whose body calls `param(...)`."""
+    for loop in walk_no_scopes(function):
+        if isinstance(loop, (ast.For, ast.AsyncFor, ast.While)) and _loop_step(loop) is not None and any(
+                isinstance(n, ast.Call) and isinstance(n.func, ast.Name) and n.func.id == param
+                for stmt in loop.body for n in walk_no_scopes(stmt)):
+            return loop
+    return None
 
 
 _IMPORTER_STEPS: dict = {}  # path -> (size, mtime_ns, {(path, name): Step})

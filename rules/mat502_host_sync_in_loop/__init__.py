@@ -11,7 +11,7 @@ from matlint.diagnostics import Fix
 from matlint.rule import Only, Rule
 
 from matlint.semantic import kinds as _kinds
-from matlint.semantic.project import cpu_only_project, imported_function
+from matlint.semantic.project import cpu_only_project, cpu_only_script, imported_function
 from matlint.semantic.loops import loaded_names
 from matlint.semantic.torch_api import TYPED_TENSORS
 from matlint.semantic.steps import loop_trains, repeating_loops, runs_once, step_loop
@@ -268,7 +268,9 @@ class HostSyncInLoop(_StepLoops, _HostReads, Rule):
     `MultiBoxLoss`), which computes the step's loss, a module's method named for the loss
     (`loss_function`, `compute_loss`), a `training_step`/`validation_step` hook, and the
     helpers such a step or loop calls on every pass (not under an `if`), in this file or in a
-    project file that imports it (`utils.clip_gradients(model, clip)` in main.py's training loop): a sync inside a metric
+    project file that imports it (`utils.clip_gradients(model, clip)` in main.py's training loop),
+    and a function handed to one that calls it from its training loop (`trainer.train(get_loss)`
+    with `trainer = train.Trainer(...)`, whose loop runs `loss = get_loss(model, batch)`): a sync inside a metric
     or logging helper is a sync per step. A branch that trains (`if (i + 1) % n_critic == 0:`
     around `g_loss.backward(); g_opt.step()`, `if self.tune_alpha:` around the alpha update) is
     the step itself, not a gate: its syncs run on every step it takes. In such a function, so do
@@ -292,7 +294,7 @@ class HostSyncInLoop(_StepLoops, _HostReads, Rule):
     importing it moves work to one either, a step function's tensors stay on the CPU and it
     stays quiet (a loss-compute class in loss.py whose `__call__` trains, imported by a script
     that moves the model to CUDA, is reported); so does a program (a `__main__` block or a loop at
-    module level) that never does, whatever its loops, and a training step in a file that names
+    module level) that never does, nor does any project module it imports, whatever its loops, and a training step in a file that names
     no device whose importers in the project (the scripts that run it) name none either.
     `.numpy()` is reported through the `.cpu()` that must precede it (on a
     GPU tensor `.numpy()` alone raises instead of syncing).
@@ -897,7 +899,7 @@ class HostSyncInLoop(_StepLoops, _HostReads, Rule):
         at the end of the file). `value`: the tensor it syncs, named in the message. `fix`: makes
         the fix, once the finding stands. `owner`: the `if`/`while`/`assert` whose test `node`
         is. `waits`: what the sync does."""
-        if _kinds.cpu_only_script(self.ctx) or cpu_only_project(self.ctx):
+        if cpu_only_script(self.ctx) or cpu_only_project(self.ctx):
             return  # the program never leaves the CPU: there is no device to wait for
         loop = step_loop(self.ctx)
         if loop is None:

@@ -11,9 +11,9 @@ from matlint.semantic import kinds as _kinds
 from matlint.semantic.flow import function_text, nearby_comments
 from matlint.semantic.loops import LoopInfo, identifier as _identifier, loaded_names, name_tokens, walk_no_scopes
 from matlint.semantic.names import in_reference_code, in_test_code
-from matlint.semantic.project import imported_by_cuda_code, imported_paths
+from matlint.semantic.project import file_moves_to_cuda, imported_by_cuda_code, imported_paths
 from matlint.semantic.steps import (GATE_NAME as _GATE_NAME, STEP_HOOKS, configuration_test, guards_empty_selection,
-                                   step_loop, step_of, trains_in)
+                                   passed_to_steps, step_loop, step_of, trains_in)
 
 
 
@@ -219,11 +219,13 @@ class _StepLoops:
         if in_forward and _kinds.may_mention(self.ctx, "forward"):
             return step_of(self.ctx, self.ctx.functions)
         loss = _kinds.may_mention(self.ctx, "loss", ignore_case=True) and _kinds.may_mention(self.ctx, "forward")
-        if not loss and not _kinds.may_mention(self.ctx, "backward") and not any(
+        callbacks = passed_to_steps(self.ctx)
+        if not loss and not callbacks and not _kinds.may_mention(self.ctx, "backward") and not any(
                 _kinds.may_mention(self.ctx, hook) for hook in STEP_HOOKS):
             return None  # no training step, step hook or loss module: only a `forward` could run every step
-        if not _kinds.moves_work_to_cuda(self.ctx) and not imported_by_cuda_code(self.ctx):
-            return None  # a helper module that never names a device, nor do its importers
+        if not _kinds.moves_work_to_cuda(self.ctx) and not imported_by_cuda_code(self.ctx) \
+                and not any(path is not None and file_moves_to_cuda(path) for _, _, path in callbacks):
+            return None  # a helper module that never names a device, nor do its importers or callees
         step = step_of(self.ctx, self.ctx.functions)
         # A model's `forward` branches on its data on purpose (routing, variable lengths): only
         # what a step's own code does counts, and a loss module's `forward`, which computes the
