@@ -92,6 +92,9 @@ class PerElementLoop(Rule):
       elements at the loop indices: `out[i] = a[i] * 2 + b[i]`, `t[i, j] = x[i, j].exp()`,
       `t[:, i] = 0`, `if t[i] < 0: t[i] = 0`, `x[i] = x[i] * w[i]` (a read at exactly the
       index written is element-wise);
+    - an element assigned a value computed from the loop indices alone, a table of numbers:
+      `pe[pos, i] = math.sin(pos / 10000 ** (i / d))` (a positional encoding, in the set-up
+      too: its thousands of writes each launch an op), which `torch.arange` builds whole;
     - a Python accumulator summing elements: `total += x[i]`, `s += (a[i] - b[i]) ** 2`, or
       counting the elements a test picks: `if pred[i] == y[i]: correct += 1`;
     - rows picked one item at a time and stacked: `torch.stack([q[i][a[i]] for i in
@@ -222,13 +225,16 @@ class PerElementLoop(Rule):
             return
         indices = set().union(*(loop.targets for loop in loops))
         tests = []
+        table = False  # the values are computed from the indices alone
         if isinstance(target, ast.Subscript):
             written = self._element_base(target, indices)
             if written is None or not self._is_tensor(written):
                 return
             reads = self._element_reads(value, indices)
-            if reads is None or (not reads and not isinstance(value, ast.Constant)):
-                return
+            if reads is None or (not reads and not isinstance(value, ast.Constant)
+                                 and not (augmented is None and loaded_names(value) & indices)):
+                return  # a table of the indices (`pe[pos, i] = math.sin(pos / 10000 ** (i / d))`) is element work
+            table = not reads and not isinstance(value, ast.Constant)
             operation, added = augmented, value
             if augmented is None and isinstance(value, ast.BinOp) and isinstance(value.op, ast.Add):
                 # `C[i, j] = C[i, j] + A[i, k] * B[k, j]` accumulates as `+=` does
@@ -265,6 +271,12 @@ class PerElementLoop(Rule):
         if not self._only_element_work(outer.node.body, indices):
             return
         self._reported_loops.add(id(outer.node))
+        if table:
+            self.report(node, "a table of the loop indices filled one element at a time in a Python loop: every "
+                              "assignment is a separate small op (a kernel launch on the GPU); compute it on whole "
+                              "tensors of the indices (`pos = torch.arange(n)[:, None]`, `i = torch.arange(0, d, 2)`, "
+                              "then `torch.sin(pos / 10000 ** (i / d))`)")
+            return
         self.report(node, "element-by-element tensor work in a Python loop: every index, operation and "
                           "assignment is a separate small op (a kernel launch on the GPU) per element; write "
                           "it once on whole tensors (`out = a * w + b`, slicing, `torch.where`, `.sum()`)")
