@@ -23,7 +23,10 @@ from .steps import _StepLoops, _trains_with_project_helpers
 _NOT_SYNCED = (_kinds.CPU_TENSOR,) + _kinds.NON_TENSORS
 _SYNC_METHODS = {"item", "cpu", "tolist", "to"}
 _CONVERSIONS = {"float", "int", "bool"}
-_TRUTH_BUILTINS = frozenset({"any", "all"})  # test each item of what they are given as a Python bool
+_TRUTH_BUILTINS = frozenset({"any", "all"})
+_TEXT_CALLS = frozenset({"str", "repr"})  # a tensor made text: its values read on the host
+_SCALAR_LOGGERS = frozenset({"add_scalar", "add_scalars"})  # tensorboard's, which convert a tensor to a number
+_FORMAT = "format and log every N steps, or accumulate on the device and format after the loop"  # test each item of what they are given as a Python bool
 
 
 def _is_cpu_target(call: ast.Call) -> bool:
@@ -238,7 +241,9 @@ class HostSyncInLoop(_StepLoops, _HostReads, Rule):
     `if t:` / `while t:` on a tensor (also the `if` of a comprehension over a device tensor's
     elements: `[i for i, d in enumerate(done) if d == 0]`, and `any()` / `all()` of tensors,
     `any(not torch.isfinite(p.grad).all() for p in params)`, one per item), `print(t)` of a tensor,
-    `torch.tensor(values)` of a list of device tensors (a list display, or a list the step
+    a tensor made text (`f"{loss:.3f}"`, `"loss %.3f" % loss`, `"{}".format(loss)`, `str(loss)`),
+    tensorboard's `writer.add_scalar("loss", loss, step)` / `add_scalars(tag, {"a": loss})` of a
+    tensor (it converts the value to a Python number), `torch.tensor(values)` of a list of device tensors (a list display, or a list the step
     fills with `.append`), and the syncs that do not look like copies: boolean-mask indexing
     (`x[y > 0]`, `x[~mask]`, `x[(u > 0) * (l == u)]`, `x[m.unsqueeze(2).expand_as(x)]`, `x[t.gt(0)]`,
     with slices or numbers beside the mask: `x[pos, :]`, `x[pos, 4]`),
@@ -467,7 +472,7 @@ class HostSyncInLoop(_StepLoops, _HostReads, Rule):
     """
 
     only = {"visit_Call": Only(attrs=frozenset(_SYNC_METHODS | _CONVERSIONS | _DATA_SIZED | _TRUTH_BUILTINS
-                                               | {"print", "synchronize", "type"}
+                                               | {"print", "synchronize", "type"} | _TEXT_CALLS | _SCALAR_LOGGERS
                                                | {qual.rpartition(".")[2] for qual in _FROM_DATA}),
                                every_call_if=_trains_with_project_helpers),
             "visit_While": Only(in_loops=True), "visit_IfExp": Only(in_loops=True)}
@@ -517,6 +522,8 @@ class HostSyncInLoop(_StepLoops, _HostReads, Rule):
                 if self._is_device_tensor(node.args[0]):
                     self._report(node, f"`{func.id}()`", self._remedy(node, "convert after the loop, or keep the "
                                                                             "value on the device"), value=node.args[0])
+            elif func.id in _TEXT_CALLS and len(node.args) == 1 and self._is_device_tensor(node.args[0]):
+                self._report(node, f"`{func.id}()`", _FORMAT, value=node.args[0], detail="(a tensor made text)")
             elif func.id == "print":
                 for arg in node.args:
                     values = [v.value for v in arg.values if isinstance(v, ast.FormattedValue)] \
@@ -525,8 +532,52 @@ class HostSyncInLoop(_StepLoops, _HostReads, Rule):
                         if self._is_device_tensor(value):
                             self._report(node, "`print()`", "print every N steps, or accumulate and print after "
                                                             "the loop", value=value)
+        elif isinstance(func, ast.Attribute) and func.attr in _SCALAR_LOGGERS and len(node.args) >= 2:
+            if self._step_context() is None:
+                return  # `writer.add_scalar("loss", loss, step)`: tensorboard reads the value on the host
+            logged = node.args[1]
+            values = logged.values if func.attr == "add_scalars" and isinstance(logged, ast.Dict) else [logged]
+            for value in values:
+                if self._is_device_tensor(value) and not self._contains_sync_call(value):
+                    self._report(node, f"`.{func.attr}()`", "log every N steps, or accumulate on the device and "
+                                                            "log the value after the loop", value=value,
+                                 detail="(it converts the tensor to a Python number)")
+                    break
+        elif isinstance(func, ast.Attribute) and func.attr == "format" and isinstance(func.value, ast.Constant) \
+                and self._step_context() is not None:
+            for value in node.args:
+                if self._is_device_tensor(value):
+                    self._report(node, "`str.format()`", _FORMAT, value=value, detail="(a tensor made text)")
+                    break
         elif _trains_with_project_helpers(self.ctx):
             self._project_helper(node)
+
+    def visit_JoinedStr(self, node: ast.JoinedStr) -> None:
+        """`f"loss {loss:.3f}"` of a device tensor: formatting reads its value on the host
+        (`print(f"...")` is reported as the print)."""
+        parent = self.ctx.parent
+        if isinstance(parent, ast.Call) and isinstance(parent.func, ast.Name) and parent.func.id == "print" \
+                or self._step_context() is None:
+            return
+        for part in node.values:
+            if isinstance(part, ast.FormattedValue) and self._is_device_tensor(part.value) \
+                    and not self._contains_sync_call(part.value):
+                self._report(node, "an f-string", _FORMAT, value=part.value, detail="(a tensor made text)")
+                return
+
+    def visit_BinOp(self, node: ast.BinOp) -> None:
+        """`"loss %.3f" % loss`: %-formatting a device tensor reads its value on the host."""
+        if not (isinstance(node.op, ast.Mod) and isinstance(node.left, ast.Constant) and isinstance(node.left.value, str)):
+            return
+        parent = self.ctx.parent
+        if isinstance(parent, ast.Call) and isinstance(parent.func, ast.Name) and parent.func.id == "print" \
+                or self._step_context() is None:
+            return
+        values = node.right.elts if isinstance(node.right, ast.Tuple) else [node.right]
+        for value in values:
+            if self._is_device_tensor(value) and not self._contains_sync_call(value):
+                self._report(node, "`%` formatting", _FORMAT, value=value, detail="(a tensor made text)")
+                return
 
     def visit_Subscript(self, node: ast.Subscript) -> None:
         """`x[mask]` with a boolean tensor mask: the host must learn how many elements are kept.
