@@ -39,9 +39,11 @@ class ManualAttention(_ScoresPattern, _WeightsPattern, _OperandLayout, _SdpaFix,
     Flags scaled dot-product attention computed step by step: a GEMM of queries with
     transposed keys (`q @ k.transpose(-2, -1)`, `.swapaxes`, `torch.transpose`,
     `.permute(0, 1, 3, 2)`, `.mT`, `torch.matmul`, `torch.bmm`, or an `einsum` such as
-    `"bhqd,bhkd->bhqk"`; or `torch.matmul(q, k)` / `q @ k` on two parameters of the function,
-    the caller having transposed the keys, as GPT-2's `split_heads(key, k=True)` does: reported
-    with no fix, the message saying to pass `k.transpose(-2, -1)`), optionally scaled (`* scale`, `/ math.sqrt(d)`, `* d ** -0.5`, `/=`,
+    `"bhqd,bhkd->bhqk"`; or `torch.matmul(q, k)` / `q @ k` / `torch.bmm(q, k)` on two parameters
+    of the function, the caller having transposed the keys, as GPT-2's `split_heads(key, k=True)`
+    does, or on two projections the function made, the keys laid out (..., E, S) by their
+    reshape (`k = self.fc_k(x).view(b, n, h, d).permute(0, 2, 3, 1)`, `k = self.proj_k(h).view(B,
+    C, H * W)`): reported with no fix, the message saying to pass `k.transpose(-2, -1)`), optionally scaled (`* scale`, `/ math.sqrt(d)`, `* d ** -0.5`, `/=`,
     `.div()`, `.mul()`, `torch.div`), masked (`+ mask`, `+=`, `.add()`,
     `.masked_fill(mask == 0, float("-inf"))`, an in-place `masked_fill_`, also under an `if`,
     a 0/1 mask applied as `w * b - 1e10 * (1 - b)` (no fix), or a
@@ -290,7 +292,7 @@ class ManualAttention(_ScoresPattern, _WeightsPattern, _OperandLayout, _SdpaFix,
                 "batch) axis in (B, H, L, E), instead of once per slice (no fix: the loop goes too)")
 
     def _pattern_message(self, scores: _Scores, probs: _Probs, operands: Optional[_Operands]) -> str:
-        parts = ["q @ k, k transposed by the caller" if scores.keys_transposed else "q @ kᵀ"]
+        parts = ["q @ k, k laid out (..., E, S)" if scores.keys_transposed else "q @ kᵀ"]
         kinds = {s[0] for s in scores.steps}
         if "scale" in kinds:
             parts.append("scale")
@@ -306,8 +308,8 @@ class ManualAttention(_ScoresPattern, _WeightsPattern, _OperandLayout, _SdpaFix,
         notes = self._layout_notes(scores, probs, operands) if operands is not None else []
         if scores.keys_transposed:
             key = self.ctx.segment(scores.k)
-            notes.insert(0, f"`{key}` comes in with its last two axes swapped, so pass `{key}.transpose(-2, -1)` "
-                            "as SDPA's key (or stop transposing it)")
+            notes.insert(0, f"`{key}` holds the keys with their last two axes swapped, so pass "
+                            f"`{key}.transpose(-2, -1)` as SDPA's key (or stop transposing it)")
         if notes:
             message += ("; its fused kernels take (B, H, L, E) operands, 4-D with the head dim last and "
                         "stride(-1) == 1 (else a slower math path runs): " + "; ".join(notes))

@@ -17,6 +17,9 @@ from matlint.semantic.project import imported_function
 from matlint.semantic.pointwise import is_true, product, reads_metadata, torch_op
 from matlint.semantic.torch_api import as_gemm
 
+# Methods that lay a tensor out anew and keep its values: what they give is what they were given.
+_RESHAPES = frozenset({"view", "reshape", "permute", "transpose", "contiguous", "flatten", "unflatten"})
+
 
 _CAST_METHODS = {"to", "type_as", "type", "float", "half", "bfloat16", "double"}
 _MAX_DEPTH = 24
@@ -445,10 +448,13 @@ class _ScoresPattern:
                 untransposed = self._untranspose(assign.value, gemm.op)
                 statements.append(assign)
         if untransposed is None:
-            if gemm.op in ("@", "matmul") and self._handed_in(flow, kt) and self._handed_in(flow, q):
+            if gemm.op in ("@", "matmul", "bmm") and (self._handed_in(flow, kt) and self._handed_in(flow, q) or (
+                    isinstance(q, ast.Name) and isinstance(kt, ast.Name) and self._projected(flow, q)
+                    and self._projected(flow, kt))):
                 # `torch.matmul(q, k)` on tensors the function is given, k transposed by the caller
-                # (GPT-2's `split_heads(key, k=True)`): the softmax and the product with v after it
-                # make it attention all the same.
+                # (GPT-2's `split_heads(key, k=True)`), or on projections it made with the keys laid
+                # out (..., E, S) (`k = self.fc_k(x).view(b, n, h, d).permute(0, 2, 3, 1)`): the
+                # softmax and the product with v after it make it attention all the same.
                 return _Scores(gemm, q, kt, False, True, keys_transposed=True)
             return None
         k, rank, assumed = untransposed
@@ -481,6 +487,20 @@ class _ScoresPattern:
             if axes[0] >= 0 and axes[1] == axes[0] + 1:
                 return found.base, axes[1] + 1, True
         return None
+
+    def _projected(self, flow: FunctionFlow, node: ast.Name, depth: int = 0) -> bool:
+        """`node` holds a module's output reshaped (`self.fc_k(keys).view(...).permute(...)`,
+        `self.proj_k(h)` then `k.view(B, C, H * W)`): an activation of this call, not a weight."""
+        assign = flow.reaching(node)
+        if assign is None or depth > 3:
+            return False
+        value = assign.value
+        while isinstance(value, ast.Call) and isinstance(value.func, ast.Attribute) and value.func.attr in _RESHAPES:
+            value = value.func.value
+        if isinstance(value, ast.Name):  # `k = k.view(B, C, H * W)`: what it held before
+            return self._projected(flow, value, depth + 1)
+        return (isinstance(value, ast.Call) and isinstance(value.func, ast.Attribute)  # a submodule's output
+                and isinstance(value.func.value, ast.Name) and value.func.value.id == "self")
 
     @staticmethod
     def _handed_in(flow: FunctionFlow, node: ast.AST) -> bool:
