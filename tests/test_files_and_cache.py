@@ -648,3 +648,29 @@ def test_a_function_handed_to_a_trainers_loop_runs_every_step(tmp_path):
         "        for e in range(epochs):", "        get_loss(model, [])\n        for e in range(epochs):").replace(
         "loss = get_loss(model, batch)", "loss = model(*batch).mean()"))
     assert found() == []
+
+
+def test_a_star_import_of_a_project_module_brings_its_torch(tmp_path):
+    """`from tool.torch_utils import *`, whose module does `import torch`: `torch.tensor(...)`
+    in the file is torch's (YOLOv4's yolo_layer.py), and its host copy in a loop is reported."""
+    write(tmp_path / "pyproject.toml", "[tool.matlint]\n")
+    write(tmp_path / "tool" / "__init__.py", "")
+    write(tmp_path / "tool" / "torch_utils.py", "import torch\nimport numpy as np\n_private = torch\n")
+    write(tmp_path / "tool" / "yolo_layer.py", """\
+import torch.nn as nn
+from tool.torch_utils import *
+
+
+def decode(bxy, num_anchors, W):
+    grid_x = np.linspace(0, W - 1, W)
+    out = []
+    for i in range(num_anchors):
+        out.append(bxy[:, i] + torch.tensor(grid_x, device=bxy.device))
+    return out
+""")
+    found = [(f["code"], f["location"]["row"]) for f in _report(tmp_path) if f["filename"].endswith("yolo_layer.py")]
+    assert found == [("MAT503", 9)]
+    from matlint.semantic.project import star_imported_aliases
+    import ast
+    tree = ast.parse((tmp_path / "tool" / "yolo_layer.py").read_text())
+    assert star_imported_aliases(tree, str(tmp_path / "tool" / "yolo_layer.py")) == {"torch": "torch", "np": "numpy"}

@@ -10,8 +10,10 @@ from functools import cached_property
 from typing import Optional
 
 from .names import NameResolver
+from .project import star_imported_aliases
 
 LINE_SPLIT = re.compile(r"\r\n|\r|\n")
+_STAR_IMPORT = re.compile(r"^[ \t]*from[ \t]+\S+[ \t]+import[ \t]+\*", re.M)
 _LINE_SPLIT_KEEP = re.compile(r"(\r\n|\r|\n)")
 
 
@@ -46,7 +48,7 @@ class SourceFile:
         self.filename = filename
         self.tree = tree
         self.lines = split_lines(source)
-        self.names = NameResolver(tree)
+        self.names = NameResolver(tree, star_imported_aliases(tree, filename) if _STAR_IMPORT.search(source) else None)
         self.qualname = self.names.qualname  # the hottest call of the rules: no wrapper frame
         self.shared: dict = {}
 

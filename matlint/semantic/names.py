@@ -53,13 +53,17 @@ def _bound_names(target: ast.AST):
 class NameResolver:
     """Maps local names to qualified names, scope by scope."""
 
-    def __init__(self, module: ast.Module):
+    def __init__(self, module: ast.Module, star_imported: Optional[dict] = None):
+        """`star_imported`: the qualified names that `from module import *` lines bind (`torch`
+        from a project's utils module that does `import torch`); the file's own bindings win."""
         # Each scope holds only its own bindings (copying the enclosing ones into every function
         # made a file with many top-level names quadratic); lookups go outward.
         self._scopes: list = []
         # Per scope, whether it binds any name to a qualified name (most functions bind none).
         self._has_aliases: list = []
-        self._push(self._scan(module.body, module_level=True))
+        module_scope = dict(star_imported or {})
+        module_scope.update(self._scan(module.body, module_level=True))
+        self._push(module_scope)
         # expr -> qualname in the current scope: rules ask about the same call many times over.
         # Keyed by the node itself (not its id) so a temporary node cannot leave a stale entry.
         self._resolved: dict = {}
@@ -127,6 +131,10 @@ class NameResolver:
         if base is None:
             return None
         return canonical(f"{base}.{rest}" if rest else base)
+
+    def module_aliases(self) -> dict:
+        """The names the module binds to qualified names at its top level (`torch`, `F`, `nn`)."""
+        return {name: qual for name, qual in self._scopes[0].items() if qual is not None}
 
     def enter_function(self, node) -> None:
         args = node.args

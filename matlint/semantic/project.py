@@ -506,6 +506,24 @@ def project_imports(tree: ast.Module, filename: str) -> dict:
     return found
 
 
+def star_imported_aliases(tree: ast.Module, filename: str) -> dict:
+    """The qualified names that the file's `from module import *` lines of project modules bind
+    (`torch`, `nn`, `np` from a utils module that imports them), public names only."""
+    found = {}
+    stars = _import_table(tree).get(_STARS) if filename else None
+    for module, level in stars or ():
+        path = resolve(filename, module, level)
+        if path is None or parsed(path) is None:
+            continue
+        resolver = _RESOLVERS.get(path)
+        if resolver is None or resolver[0] is not parsed(path):
+            from .names import NameResolver
+
+            resolver = _RESOLVERS[path] = (parsed(path), NameResolver(parsed(path)))
+        found.update((name, qual) for name, qual in resolver[1].module_aliases().items() if not name.startswith("_"))
+    return found
+
+
 def module_class_of(ctx, func: ast.AST) -> Optional[tuple]:
     """(class, qualname of its module, where it is) for `self.<attr>`, read in a method of the
     class being walked, when every value the class stores in that attribute is a call of one

@@ -26,7 +26,7 @@ from .factories import (FILLS, FROM_DATA, RANDOM, carried_to_move, computed_numb
                         is_device, is_false, legacy_sizes, module_constant, one_value, range_data, repeated_number, round_trip_source, set_once_attribute,
                         same_values_on_device, takes_device,
                         torch_factory, unwrapped)
-from .host_data import numpy_made
+from .host_data import numpy_made, same_data_every_iteration
 from .stays_quiet import (fills_a_cache, in_value_checked_branch, kept_apart, runs_once_per_loop,
                           sized_by_loop_item, varies_per_iteration)
 
@@ -101,6 +101,10 @@ class TensorCreationInLoop(Rule):
       values copied off the device, with nothing computed on the way, and moved back
       (`torch.ByteTensor(mask.data.cpu().numpy().astype(np.int32).tolist()).cuda()`): a round
       trip that a conversion on the device (`mask.to(torch.uint8)`) replaces;
+    - host data that a name holds from before a loop, copied to the device inside it
+      (`grid_x = np.linspace(0, W - 1, W)`, then `torch.tensor(grid_x, device=d)` in `for i in
+      range(num_anchors):`; nothing changes it in place in the function): the same values are
+      copied on every iteration; copy them once before the loop;
     - an uninitialised tensor allocated on the host and moved (`torch.Tensor(2, 4).to(d)`: the
       arguments are sizes; so is a tensor's `x.shape`, a `torch.Size`, but not a numpy
       array's): `torch.empty(2, 4, device=d)`;
@@ -293,6 +297,8 @@ class TensorCreationInLoop(Rule):
                 elif len(call.args) == 1 and range_data(ctx, call.args[0]) and not any(
                         k.arg in ("requires_grad", None) for k in call.keywords):
                     self.report(node, range_message(ctx, name, call, device, self._step.where))
+                elif call.args and made_at is node and same_data_every_iteration(ctx, self._step.loops, call.args[0]):
+                    self._report_invariant(node, call.args[0])
                 return
             if name not in FILLS and name not in RANDOM and name != "sample":
                 return
@@ -331,7 +337,9 @@ class TensorCreationInLoop(Rule):
         elif set_once_attribute(ctx, node.args[0]):
             self._constant(node, node, ctx.segment(device))
         elif not is_constant_data(node.args[0]):
-            self._check_numpy_data(node, node.args[0], ctx.segment(device))
+            if not self._check_numpy_data(node, node.args[0], ctx.segment(device)) \
+                    and same_data_every_iteration(ctx, self._step.loops, node.args[0]):
+                self._report_invariant(node, node.args[0])
         elif not legacy_sizes(ctx, factory[0], node):  # `torch.FloatTensor(2, 4, device=...)`: sizes
             self._constant(node, node, ctx.segment(device))
 
@@ -422,6 +430,16 @@ class TensorCreationInLoop(Rule):
         self.report(made_at or node, f"this constant tensor is copied from the host to the device{copied} on every "
                                      f"{self._step.where}; create it once (`self.register_buffer(..., "
                                      "persistent=False)` or outside the loop)")
+
+    def _report_invariant(self, node: ast.Call, data: ast.Name) -> None:
+        """`torch.tensor(grid_x, device=d)` in a loop, `grid_x` bound before it: the same values
+        are copied on every iteration."""
+        if in_value_checked_branch(self.ctx) or kept_apart(self.ctx, node):
+            return
+        loop = self._step.loops[-1].node
+        self.report(node, f"`{data.id}` holds the same host data on every iteration of the loop on line "
+                          f"{loop.lineno}, and it is copied to the device again each time; copy it once before "
+                          f"the loop (or make it on the device)")
 
     def _step_in_forward(self) -> bool:
         """The pass is a module's `forward` (or what it runs), whose tensors are activations on the

@@ -48,3 +48,20 @@ def _assigned_to(target: ast.AST, value: ast.AST, name: str) -> Optional[ast.AST
             if isinstance(item, ast.Name) and item.id == name:
                 return part
     return None
+
+
+def same_data_every_iteration(ctx, loops: list, data: ast.AST) -> bool:
+    """`data` is a name that holds the same host data on every iteration of the innermost of
+    `loops` (the repeating loops around the copy): every value that reaches it is bound before
+    that loop (or passed in) and nothing changes it in place, so copying it each time copies the
+    same values again (`grid_x = np.linspace(...)` before `for i in range(num_anchors):`, then
+    `torch.tensor(grid_x, device=d)` inside)."""
+    if not loops or not isinstance(data, ast.Name) or ctx.function is None:
+        return False
+    flow = flow_of(ctx, ctx.function)
+    loop = loops[-1].node
+    if loop not in flow.loops_around(data) or flow.mutations.get(data.id):
+        return False
+    reaching = flow.reaching_all(data)
+    return bool(reaching) and all(stmt is None or loop not in flow.loops_around(stmt) and stmt is not loop
+                                  for stmt, _ in reaching)
