@@ -394,3 +394,32 @@ def test_a_number_converted_to_a_tensor_later_is_not_a_tensor_before():
             beta = torch.tensor(beta, device=p.device)
             return torch.log(beta) + q
         """) == ["None"]
+
+
+def test_what_a_function_passes_an_instance_of_a_class_of_the_file_flows_into_its_forward():
+    """`criterion(pred, boxes)` in the training function, `criterion = YoloLoss()`: the loss's
+    `forward` gets device tensors; a call in the module's `__main__` smoke test says nothing."""
+    assert kinds("""
+        import torch
+        from torch import nn
+        class YoloLoss(nn.Module):
+            def forward(self, pred, labels=None):
+                reveal(labels)
+                return pred.sum()
+        def train(model, loader, device):
+            criterion = YoloLoss()
+            for images, boxes in loader:
+                boxes = boxes.to(device)
+                loss = criterion(model(images.to(device)), boxes)
+        """) == ["tensor"]
+    assert kinds("""
+        import torch
+        from torch import nn
+        class YoloLoss(nn.Module):
+            def forward(self, pred, labels=None):
+                reveal(labels)
+                return pred.sum()
+        if __name__ == "__main__":
+            crit = YoloLoss()
+            crit(torch.zeros(2), torch.LongTensor([1, 2]))
+        """) == ["None"]

@@ -70,6 +70,10 @@ class FileCalls:
         names = set(self.module_functions).union(*(table.keys() for table in self.methods.values()))
         called = [name for name in names if text.count(name + "(") >= 2] if text else sorted(names)
         called += [name for name in self.classes if name not in names and (not text or name + "(" in text)]
+        # Instances of the file's classes, by the name or `self.` attribute bound once to one
+        # (`criterion = YoloLoss(...)`, `self.head = Head(d)`): calling one runs its `forward`.
+        self.instances: dict = _instances(text, self.classes, self.methods) if text and self.classes else {}
+        called += [name.rpartition(".")[2] for name in self.instances]
         modules = []
         if self.imported:  # the names imported from project modules, and `alias.` of the modules
             called += [name for name, (_, defined) in self.imported.items() if defined is not None]
@@ -127,6 +131,13 @@ class FileCalls:
             target = self.module_functions.get(func.id)
             if target is not None:
                 self.sites.setdefault(id(target), []).append(CallSite(call, functions, cls, False, loops, conditional))
+            elif func.id in self.instances:
+                # `criterion(pred, y)` in a function: the instance's `forward` (calls at the top
+                # level, a module's `__main__` smoke test on made-up CPU tensors, say nothing of
+                # what the program passes it)
+                if functions:
+                    self.sites.setdefault(id(self.instances[func.id]), []).append(
+                        CallSite(call, functions, cls, True, loops, conditional))
             elif func.id in self.classes:  # `ProbMask(b, h, ...)` runs its `__init__`
                 target = self.methods[id(self.classes[func.id])].get("__init__")
                 if target is not None:
@@ -140,7 +151,7 @@ class FileCalls:
                         CallSite(call, functions, cls, False, loops, conditional))
         elif (isinstance(func, ast.Attribute) and isinstance(func.value, ast.Name) and cls is not None
               and functions and _first_parameter(functions[-1]) == func.value.id):
-            target = self.methods.get(id(cls), {}).get(func.attr)
+            target = self.methods.get(id(cls), {}).get(func.attr) or self.instances.get("self." + func.attr)
             if target is not None:
                 self.sites.setdefault(id(target), []).append(
                     CallSite(call, functions, cls, not _is_static(target), loops, conditional))
@@ -156,6 +167,28 @@ class FileCalls:
 
     def call_sites(self, function: ast.AST) -> list:
         return self.sites.get(id(function), [])
+
+
+_INSTANCE = re.compile(r"(?<![\w.])((?:self\.)?[A-Za-z_]\w*)[ \t]*=[ \t]*([A-Za-z_]\w*)\(")
+
+
+def _instances(text: str, classes: dict, methods: dict) -> dict:
+    """{name or "self.attr": the `forward` (else `__call__`) of the class of the file the text
+    binds it to, once and to nothing else (`criterion = YoloLoss(...)`)}."""
+    found = {}
+    for match in _INSTANCE.finditer(text):
+        name, made = match.groups()
+        cls = classes.get(made)
+        if cls is None:
+            continue
+        table = methods[id(cls)]
+        run = table.get("forward") or table.get("__call__")
+        if run is None:
+            continue
+        spelled = re.escape(name)
+        if len(re.findall(r"(?<![\w.])" + spelled + r"[ \t]*=[^=]", text)) == 1:
+            found[name] = run
+    return found
 
 
 def _is_static(function: ast.AST) -> bool:

@@ -577,8 +577,9 @@ class _Inference:
     def _passed(self, function: ast.AST, name: str) -> Optional[str]:
         """The kind every call of `function` in the file passes for its parameter `name`; None
         where the file never calls it, or its calls disagree or cannot be told."""
-        if function.name == "__init__" or identifier_text(self.ctx).count(function.name + "(") < 2:
-            return None  # only its `def` names it: the file never calls it (a class call is no call of `__init__`)
+        if function.name == "__init__" or function.name not in ("forward", "__call__") and \
+                identifier_text(self.ctx).count(function.name + "(") < 2:
+            return None  # only its `def` names it: the file never calls it (a `forward` is called through its instances)
         calls = file_calls(self.ctx)
         sites = calls.call_sites(function)
         if not sites or len(sites) > _MAX_CALL_SITES:
