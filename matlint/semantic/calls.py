@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import ast
 import re
+from collections import Counter
 from typing import NamedTuple, Optional
 
 from .tree import block_fields, child_nodes, identifier_text
@@ -170,12 +171,14 @@ class FileCalls:
 
 
 _INSTANCE = re.compile(r"(?<![\w.])((?:self\.)?[A-Za-z_]\w*)[ \t]*=[ \t]*([A-Za-z_]\w*)\(")
+_ASSIGNED = re.compile(r"(?<![\w.])((?:self\.)?[A-Za-z_]\w*)[ \t]*=(?!=)")
 
 
 def _instances(text: str, classes: dict, methods: dict) -> dict:
     """{name or "self.attr": the `forward` (else `__call__`) of the class of the file the text
     binds it to, once and to nothing else (`criterion = YoloLoss(...)`)}."""
     found = {}
+    counts = None
     for match in _INSTANCE.finditer(text):
         name, made = match.groups()
         cls = classes.get(made)
@@ -185,8 +188,9 @@ def _instances(text: str, classes: dict, methods: dict) -> dict:
         run = table.get("forward") or table.get("__call__")
         if run is None:
             continue
-        spelled = re.escape(name)
-        if len(re.findall(r"(?<![\w.])" + spelled + r"[ \t]*=[^=]", text)) == 1:
+        if counts is None:  # how often each name is assigned anything, read once
+            counts = Counter(_ASSIGNED.findall(text))
+        if counts[name] == 1:
             found[name] = run
     return found
 

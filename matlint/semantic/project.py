@@ -196,6 +196,15 @@ def importers(filename: str, most: int = None) -> list:
     return sorted(found)
 
 
+def project_size(filename: str) -> Optional[int]:
+    """How many Python files lie where the files that import `filename` would (`importers`);
+    None past `_IMPORTERS_FILES` (a library's tree)."""
+    if not filename or not os.path.isfile(filename):
+        return None
+    files = _nearby_python_files(os.path.dirname(os.path.abspath(filename)))
+    return None if files is None else len(files)
+
+
 def _nearby_python_files(here: str) -> Optional[list]:
     """The Python files where a script or module that imports one in `here` sits: those of the
     folder above `here` and of its folders down to two below `here` (`here` itself, its

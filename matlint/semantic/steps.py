@@ -35,7 +35,7 @@ from .kinds import may_mention
 from .loops import (LoopInfo, _attribute_paths, bound_names, file_trains, identifier, is_backward,
                     is_optimizer_step, is_training_loop, loaded_names, name_tokens, walk_no_scopes)
 from .project import (imported_class, imported_definition, imported_definitions, imported_function, importers, parsed,
-                      project_imports)
+                      project_imports, project_size)
 from .tree import child_nodes, dotted, identifier_text
 
 _LOOPS = (ast.For, ast.AsyncFor, ast.While, ast.ListComp, ast.SetComp, ast.DictComp, ast.GeneratorExp)
@@ -215,25 +215,36 @@ def configuration_test(ctx, function: Optional[ast.AST], test: ast.AST, cls: Opt
     if not names:
         return False
     read_as_attributes = {id(a.value) for a in attributes}
-    module = _kinds.scope_kinds(ctx, ctx.tree).assigned
-    rebound = ctx.shared.get("global_names")
-    if rebound is None:
-        rebound = ctx.shared["global_names"] = {
-            name for node in ast.walk(ctx.tree) if isinstance(node, ast.Global) for name in node.names
-        } if "global " in ctx.source else set()
-    assigned = None
     for name in names:
         if name.id in params:
-            if id(name) not in read_as_attributes and not _passed_or_not(test, name):
-                return False  # `if done:`: an argument's value, data of the call
-            if assigned is None:
-                assigned = {n.id for n in ast.walk(function) if isinstance(n, ast.Name) and isinstance(n.ctx, ast.Store)}
-            if name.id in assigned:
-                return False
-        elif not (name.id in module and name.id not in rebound and not ctx.names.binds_locally(name.id)
-                  and ctx.qualname(name) is None and not GATE_NAME.search(name.id)):
+            if id(name) not in read_as_attributes and not _passed_or_not(test, name) \
+                    or name.id in _stored_names(ctx, function):
+                return False  # `if done:`: an argument's value, data of the call; or rebound
+        elif not (name.id in _kinds.scope_kinds(ctx, ctx.tree).assigned and name.id not in _global_names(ctx)
+                  and not ctx.names.binds_locally(name.id) and ctx.qualname(name) is None
+                  and not GATE_NAME.search(name.id)):
             return False
     return True
+
+
+def _stored_names(ctx, function: ast.AST) -> set:
+    """The names `function` assigns, read once per function."""
+    key = ("stored_names", id(function))
+    found = ctx.shared.get(key)
+    if found is None:
+        found = ctx.shared[key] = {n.id for n in ast.walk(function)
+                                   if isinstance(n, ast.Name) and isinstance(n.ctx, ast.Store)}
+    return found
+
+
+def _global_names(ctx) -> set:
+    """The names a `global` statement of the file rebinds."""
+    found = ctx.shared.get("global_names")
+    if found is None:
+        found = ctx.shared["global_names"] = {
+            name for node in ast.walk(ctx.tree) if isinstance(node, ast.Global) for name in node.names
+        } if "global " in ctx.source else set()
+    return found
 
 
 def _passed_or_not(test: ast.AST, name: ast.Name) -> bool:
@@ -425,19 +436,30 @@ def passed_to_steps(ctx) -> list:
     passed as an argument to a function that calls that parameter from its training loop
     (`trainer.train(get_loss)`, whose loop runs `loss = get_loss(model, batch)`): of this file,
     or a method of a class of this file or of a project module (`trainer = train.Trainer(...)`),
-    or a function imported from one. Worked out once per file."""
+    or a function imported from one. Worked out once per file, in a project's tree, not a
+    library's (`_STEP_IMPORTERS_FILES`)."""
     found = ctx.shared.get("passed_to_steps")
     if found is None:
-        found = ctx.shared["passed_to_steps"] = _passed_to_steps(ctx, file_calls(ctx))
+        found = ctx.shared["passed_to_steps"] = _passed_to_steps(ctx)
     return found
 
 
-def _passed_to_steps(ctx, calls) -> list:
-    names = {f.name: f for f in calls.functions if isinstance(f, (ast.FunctionDef, ast.AsyncFunctionDef))}
-    if not names:
-        return []
+_ARGUMENT_NAME = re.compile(r"[(,][ \t]*([A-Za-z_]\w*)[ \t]*(?=[,)])")
+_DEF_NAME = re.compile(r"^[ \t]*(?:async[ \t]+)?def[ \t]+([A-Za-z_]\w*)", re.M)
+
+
+def _passed_to_steps(ctx) -> list:
+    size = project_size(ctx.filename)
+    if size is None or size > _STEP_IMPORTERS_FILES:
+        return []  # a library's tree: its functions are handed to other modules, not training loops
     text = identifier_text(ctx)
-    passed = [n for n in names if re.search(r"[(,]\s*" + re.escape(n) + r"\s*[,)]", text)]
+    candidates = set(_DEF_NAME.findall(text)) & set(_ARGUMENT_NAME.findall(text))
+    if not candidates:
+        return []  # no function of the file is spelled as an argument
+    calls = file_calls(ctx)
+    names = {f.name: f for f in calls.functions if isinstance(f, (ast.FunctionDef, ast.AsyncFunctionDef))
+             and f.name in candidates}
+    passed = list(names)
     if not passed:
         return []
     found = []

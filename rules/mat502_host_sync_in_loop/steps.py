@@ -219,12 +219,11 @@ class _StepLoops:
         if in_forward and _kinds.may_mention(self.ctx, "forward"):
             return step_of(self.ctx, self.ctx.functions)
         loss = _kinds.may_mention(self.ctx, "loss", ignore_case=True) and _kinds.may_mention(self.ctx, "forward")
-        callbacks = passed_to_steps(self.ctx)
-        if not loss and not callbacks and not _kinds.may_mention(self.ctx, "backward") and not any(
-                _kinds.may_mention(self.ctx, hook) for hook in STEP_HOOKS):
+        if not loss and not _kinds.may_mention(self.ctx, "backward") and not any(
+                _kinds.may_mention(self.ctx, hook) for hook in STEP_HOOKS) and not passed_to_steps(self.ctx):
             return None  # no training step, step hook or loss module: only a `forward` could run every step
-        if not _kinds.moves_work_to_cuda(self.ctx) and not imported_by_cuda_code(self.ctx) \
-                and not any(path is not None and file_moves_to_cuda(path) for _, _, path in callbacks):
+        if not _kinds.moves_work_to_cuda(self.ctx) and not imported_by_cuda_code(self.ctx) and not any(
+                path is not None and file_moves_to_cuda(path) for _, _, path in passed_to_steps(self.ctx)):
             return None  # a helper module that never names a device, nor do its importers or callees
         step = step_of(self.ctx, self.ctx.functions)
         # A model's `forward` branches on its data on purpose (routing, variable lengths): only
