@@ -641,7 +641,7 @@ class HostSyncInLoop(_StepLoops, _HostReads, Rule):
         where = os.path.relpath(path, os.path.dirname(os.path.abspath(self.ctx.filename)))
         self._report(call, f"`{self.ctx.segment(call.func)}()`, whose `.{sync.func.attr}()` on line {sync.lineno} of "
                            f"{where} runs on every call,",
-                     f"have it return the tensor and convert once after the loop, or call it every N steps")
+                     "have it return the tensor and convert once after the loop, or call it every N steps")
 
     def _host_counter(self, expr: ast.AST) -> bool:
         """`self.queue_ptr` read with `int()` in a method of a module that registers it as a buffer

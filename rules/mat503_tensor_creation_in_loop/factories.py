@@ -9,7 +9,6 @@ from typing import Optional
 
 from matlint.semantic import kinds as _kinds
 from matlint.semantic.flow import flow_of
-from matlint.semantic.kinds import may_mention
 from matlint.semantic.loops import identifier
 from matlint.semantic.project import imported_function
 from matlint.semantic.steps import runs_once
