@@ -134,13 +134,26 @@ def imported_by_cuda_code(ctx) -> bool:
 
 def file_moves_to_cuda(path: str) -> bool:
     """The project file at `path` (a trainer that a script hands its step function, a module
-    that picks the device) moves work to a CUDA device."""
+    that picks the device) moves work to a CUDA device. Read once per process while the file is
+    unchanged: rules ask it for every candidate node."""
+    try:
+        st = os.stat(path)
+    except OSError:
+        return False
+    cached = _MOVES_TO_CUDA.get(path)
+    if cached is not None and cached[:2] == (st.st_size, st.st_mtime_ns):
+        return cached[2]
     from .kinds import names_cuda_work
     try:
         with open(path, encoding="utf-8", errors="replace") as handle:
-            return names_cuda_work(handle.read())
+            found = names_cuda_work(handle.read())
     except OSError:
-        return False
+        found = False
+    _MOVES_TO_CUDA[path] = (st.st_size, st.st_mtime_ns, found)
+    return found
+
+
+_MOVES_TO_CUDA: dict = {}  # path -> (size, mtime_ns, whether it moves work to CUDA)
 
 
 def importer_texts(ctx) -> dict:
