@@ -7,6 +7,7 @@ from matlint.registry import _handlers
 from matlint.rule import Rule
 from matlint.semantic.calls import file_calls
 from matlint.semantic.steps import step_of
+from matlint_helpers import write
 
 
 class _RevealStep(Rule):
@@ -354,9 +355,7 @@ def test_a_loop_that_moves_its_batches_in_a_program_whose_training_step_lives_in
 def _reveal_in(tmp_path, files: dict, linted: str) -> list:
     """The `reveal()` messages of `linted`, one of `files` written into a project at `tmp_path`."""
     for name, text in files.items():
-        path = tmp_path / name
-        path.parent.mkdir(parents=True, exist_ok=True)
-        path.write_text(textwrap.dedent(text))
+        write(tmp_path / name, textwrap.dedent(text))
     path = tmp_path / linted
     findings = lint_source(path.read_text(), str(path), [_RevealStep], prefilter=False)
     assert not [f for f in findings if f.code == "MAT000"], findings

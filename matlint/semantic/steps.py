@@ -168,11 +168,12 @@ GATE_NAME = re.compile(r"log|print|verbose|debug|interval|every|freq|display|rep
 
 def _mode_branch(ctx, site) -> bool:
     """Every `if` around the call in its function tests the module's mode (`if self.training:` /
-    `else:`) or its settings (`_tests_settings`): each branch runs on every step of its mode
-    (training, or inference), or on every call of a module built with those settings."""
+    `else:`) or the run's configuration (`configuration_test`, which takes a module's settings
+    too): each branch runs on every step of its mode (training, or inference), or on every call
+    of a program or module configured so."""
     tests = _tests_around(site.functions[-1].body, site.call, ())
-    return bool(tests) and all(_reads_mode(test) or _tests_settings(ctx, site.cls, test)
-                               or configuration_test(ctx, site.functions[-1], test, site.cls) for test in tests)
+    return bool(tests) and all(_reads_mode(test) or configuration_test(ctx, site.functions[-1], test, site.cls)
+                               for test in tests)
 
 
 # Words of a setting that schedules work rather than configuring it: `args.warmup_steps`, `cfg.eval_every`.
@@ -232,8 +233,7 @@ def _stored_names(ctx, function: ast.AST) -> set:
     key = ("stored_names", id(function))
     found = ctx.shared.get(key)
     if found is None:
-        found = ctx.shared[key] = {n.id for n in ast.walk(function)
-                                   if isinstance(n, ast.Name) and isinstance(n.ctx, ast.Store)}
+        found = ctx.shared[key] = bound_names(function)
     return found
 
 

@@ -553,30 +553,26 @@ class HostSyncInLoop(_StepLoops, _HostReads, Rule):
             self._project_helper(node)
 
     def visit_JoinedStr(self, node: ast.JoinedStr) -> None:
-        """`f"loss {loss:.3f}"` of a device tensor: formatting reads its value on the host
-        (`print(f"...")` is reported as the print)."""
-        parent = self.ctx.parent
-        if isinstance(parent, ast.Call) and isinstance(parent.func, ast.Name) and parent.func.id == "print" \
-                or self._step_context() is None:
-            return
-        for part in node.values:
-            if isinstance(part, ast.FormattedValue) and self._is_device_tensor(part.value) \
-                    and not self._contains_sync_call(part.value):
-                self._report(node, "an f-string", _FORMAT, value=part.value, detail="(a tensor made text)")
-                return
+        """`f"loss {loss:.3f}"` of a device tensor: formatting reads its value on the host."""
+        self._made_text(node, "an f-string", [part.value for part in node.values
+                                              if isinstance(part, ast.FormattedValue)])
 
     def visit_BinOp(self, node: ast.BinOp) -> None:
         """`"loss %.3f" % loss`: %-formatting a device tensor reads its value on the host."""
-        if not (isinstance(node.op, ast.Mod) and isinstance(node.left, ast.Constant) and isinstance(node.left.value, str)):
-            return
+        if isinstance(node.op, ast.Mod) and isinstance(node.left, ast.Constant) and isinstance(node.left.value, str):
+            self._made_text(node, "`%` formatting",
+                            node.right.elts if isinstance(node.right, ast.Tuple) else [node.right])
+
+    def _made_text(self, node: ast.AST, what: str, values: list) -> None:
+        """Reports `node`, which formats `values`, at the first device tensor among them that no
+        call of its own syncs already; a format that `print()` is given is reported as the print."""
         parent = self.ctx.parent
         if isinstance(parent, ast.Call) and isinstance(parent.func, ast.Name) and parent.func.id == "print" \
                 or self._step_context() is None:
             return
-        values = node.right.elts if isinstance(node.right, ast.Tuple) else [node.right]
         for value in values:
             if self._is_device_tensor(value) and not self._contains_sync_call(value):
-                self._report(node, "`%` formatting", _FORMAT, value=value, detail="(a tensor made text)")
+                self._report(node, what, _FORMAT, value=value, detail="(a tensor made text)")
                 return
 
     def visit_Subscript(self, node: ast.Subscript) -> None:
