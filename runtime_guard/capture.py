@@ -383,6 +383,9 @@ class Recording:
     # Python data after the read reached a GEMM in the same step): each a round trip through the host,
     # as a rollout's
     host_round_trips: dict = field(default_factory=dict)
+    # lines whose ops read values that came from the host after one of the user's reads in the same
+    # step (a rollout's forward on `torch.tensor(state)` after `env.step(action.item())`)
+    after_host_read_sites: set = field(default_factory=set)
     gemm_operands: dict = field(default_factory=dict)  # (op, site, sig) -> OperandUse
     steps: int = 0
     dropped_keys: int = 0
@@ -419,6 +422,7 @@ class Recording:
         self.chained_gemm_sites |= other.chained_gemm_sites
         for site, n in other.host_round_trips.items():
             self.host_round_trips[site] = self.host_round_trips.get(site, 0) + n
+        self.after_host_read_sites |= other.after_host_read_sites
         for key, use in other.gemm_operands.items():
             self.gemm_operands.setdefault(key, OperandUse()).merge(use.first, use.second)
         self.device_types |= other.device_types
@@ -961,6 +965,9 @@ class Recorder:
                         if e is not None and e[0]() is t:
                             d = e[1]
                             deps = d if deps is None else deps | d
+        if deps is not None and self._host_read_deps is not None and site not in rec.after_host_read_sites \
+                and any(type(d) is tuple for d in deps):
+            rec.after_host_read_sites.add(site)
         if is_gemm:
             if deps is not None and self._host_reads:
                 self._came_back(deps)

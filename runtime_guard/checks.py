@@ -20,6 +20,7 @@ from matlint.diagnostics import Finding
 from . import registry
 from .capture import GEMM_OPS, VIEW_OPS, Site
 
+ROUND_TRIPS_MIN_PER_STEP = 2  # reads a step that come back as the model's next input: a rollout's
 NEGLIGIBLE_MS = 0.01         # a finding registered with drop_negligible: a measured saving below this per
 NEGLIGIBLE_STEP_SHARE = 0.01  # step, or below this part of the step, is not reported
 
@@ -47,6 +48,22 @@ class DeviceContext:
     @property
     def tensor_cores(self) -> bool:
         return self.device_type == "cuda" and self.capability >= (8, 0)
+
+
+def rollout_steps(rec, steps) -> bool:
+    """Whether each step runs its loop through the host: at least ROUND_TRIPS_MIN_PER_STEP of the
+    user's reads a step come back as the model's next input (capture.Recorder._host_read), as a
+    rollout's actions do (`env.step(action.item())`, then `torch.tensor(state)`) or a decoder's
+    tokens read on the host."""
+    return sum(rec.host_round_trips.values()) / steps >= ROUND_TRIPS_MIN_PER_STEP
+
+
+def rollout_sites(rec, steps):
+    """The lines whose ops work on what came back from the host, in steps that run their loop
+    through the host (rollout_steps); empty otherwise. The device waits for the host at every
+    iteration anyway, so the launches and syncs of an iteration are the loop's design: the fix is a
+    batched loop (vectorised environments), not fewer kernels or syncs on the line."""
+    return rec.after_host_read_sites if rollout_steps(rec, steps) else frozenset()
 
 
 def finding(code: str, site: Site, message: str, evidence: dict, estimate=None) -> Finding:

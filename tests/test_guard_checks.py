@@ -258,8 +258,8 @@ def recording(fn, steps=3):
 
 
 def test_fp32_gemms_on_tensor_cores_without_tf32():
-    model = nn.Sequential(nn.Linear(64, 64), nn.ReLU(), nn.Linear(64, 64))
-    x = torch.randn(32, 64)
+    model = nn.Sequential(nn.Linear(512, 512), nn.ReLU(), nn.Linear(512, 512))
+    x = torch.randn(1024, 512)
     rec = as_cuda(recording(lambda: model(x).sum().backward()))
     hopper = DeviceContext("cuda", (9, 0), tf32=False)
     [f] = [f for f in run_checks(rec, ctx=hopper) if f.code == "MAT401"]

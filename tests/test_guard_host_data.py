@@ -114,6 +114,52 @@ def test_independent_inputs_read_one_by_one_are_still_a_loop_and_syncs():
     assert lines(g, "MAT502") == [here[1]]
 
 
+def _as_cuda_findings(g, code):
+    """The window's findings as if its ops ran on an sm_90 GPU, where MAT504 counts launches and
+    every read of the device's values is a sync."""
+    from matlint.runtime_guard.checks import DeviceContext, run_checks
+
+    rec = g.recorder.rec
+    rec.ops = {k._replace(device="cuda"): v for k, v in rec.ops.items()}
+    rec.device_types = {"cuda"}
+    return sorted({f.row for f in run_checks(rec, ctx=DeviceContext("cuda", (9, 0))) if f.code == code})
+
+
+def test_the_launches_and_syncs_of_a_rollout_iteration_are_the_loops_design():
+    """A distribution checks its arguments (a sync) and launches a few small kernels each
+    environment step: the loop runs through the host anyway, so neither is reported. The same
+    work on inputs that were there before the loop is reported."""
+    policy = nn.Linear(2, 2)
+    opt = torch.optim.SGD(policy.parameters(), lr=0.01)
+    states = torch.randn(40, 2)
+
+    def rollout():
+        env, state, log_probs = Walk(), [0.0, 0.0], []
+        for _ in range(40):
+            dist = torch.distributions.Categorical(policy(torch.tensor(state)).softmax(-1))
+            action = dist.sample()
+            state = env.step(action.item())
+            log_probs.append(dist.log_prob(action))
+        opt.zero_grad()
+        torch.stack(log_probs).sum().backward()
+        opt.step()
+
+    def replay():
+        log_probs = []
+        for i in range(40):
+            dist = torch.distributions.Categorical(policy(states[i]).softmax(-1))  # <- here
+            log_probs.append(dist.log_prob(dist.sample()))
+        opt.zero_grad()
+        torch.stack(log_probs).sum().backward()
+        opt.step()
+
+    g = observe(rollout)
+    assert _as_cuda_findings(g, "MAT502") == [] and _as_cuda_findings(g, "MAT504") == []
+    g = observe(replay)
+    here = this_line(replay)
+    assert here[0] in _as_cuda_findings(g, "MAT502") and here[0] in _as_cuda_findings(g, "MAT504")
+
+
 # -- MAT201: a tensor set against itself ---------------------------------------------------------
 def test_a_tensor_compared_with_itself_through_two_views_is_a_pairwise_matrix():
     model = nn.Linear(4, 1)

@@ -82,8 +82,8 @@ def test_gemm_kept_in_fp32_inside_autocast_is_not_no_autocast():
 
 
 def test_same_gemm_outside_the_autocast_region_is_reported():
-    model = Rotary(how="outside")
-    x = torch.randn(256, 128)
+    model = Rotary(d=512, how="outside")
+    x = torch.randn(2048, 512)  # the fp32 GEMM: 1 GFLOP, more than autocast's casts would cost
 
     def step():
         with torch.autocast("cpu", dtype=torch.bfloat16):
@@ -108,8 +108,19 @@ def test_fp32_gemm_that_is_a_sliver_of_the_step_is_not_reported():
         (out + small(y).sum()).backward()  # fp32, outside autocast, ~1e-5 of the GEMM FLOPs
 
     assert found(recording(step), "MAT401") == []
-    # the same small GEMM as the whole step is reported
-    [f] = found(recording(lambda: small(y).sum().backward()), "MAT401")
+    # the same small GEMM as the whole step: too little work for bf16 to shorten the step
+    assert found(recording(lambda: small(y).sum().backward()), "MAT401") == []
+
+
+def test_fp32_gemms_of_a_small_model_are_not_reported_and_of_a_larger_one_are():
+    """All of the step's GEMM work, but less than autocast's casts would cost even at a rate above
+    any GPU's fp32 one: a step of a small model is bound by its launches, not its GEMMs."""
+    small = nn.Sequential(nn.Linear(13, 256), nn.ReLU(), nn.Linear(256, 256), nn.ReLU(), nn.Linear(256, 1))
+    x = torch.randn(128, 13)
+    assert found(recording(lambda: small(x).sum().backward()), "MAT401") == []
+    larger = nn.Linear(512, 512)
+    y = torch.randn(2048, 512)  # 1 GFLOP a GEMM
+    [f] = found(recording(lambda: larger(y).sum().backward()), "MAT401")
     assert "with no autocast" in f.message and f.evidence["share_of_gemm_flops"] == 1.0
 
 

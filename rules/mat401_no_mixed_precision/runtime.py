@@ -14,6 +14,11 @@ from matlint.runtime_guard.checks import finding, gemm_flops, gemm_operands, gem
 from matlint.runtime_guard.registry import estimator, runtime_check
 
 PRECISION_MIN_SHARE = 0.05   # fp32 GEMMs outside autocast below this part of the step's GEMM work: quiet
+# fp32 GEMM work a step too small for bf16 to shorten it: even at FP32_TFLOPS_BOUND (above any GPU's fp32
+# rate, so the time is a lower bound) the GEMMs take less than the cast kernels autocast would add, one of
+# CAST_LAUNCH_US at least per GEMM (its weight's)
+FP32_TFLOPS_BOUND = 100.0
+CAST_LAUNCH_US = 2.0
 
 
 class Bf16Gemm(NamedTuple):
@@ -58,6 +63,8 @@ def check_precision(rec, steps, ctx):
     top_site = max(by_site, key=by_site.get)
     total_flops = sum(by_site.values())
     count = sum(s.count for _, s in plain) / steps
+    if total_flops / (FP32_TFLOPS_BOUND * 1e6) < count * CAST_LAUNCH_US:
+        return  # a small model's step: its launches bound it, and autocast's casts would lengthen it
     autocast_elsewhere = any(k.amp and gemm_operands(k)[0][2] in (torch.bfloat16, torch.float16)
                              for k in rec.ops if k.op in GEMM_OPS)
     where = "outside the step's autocast region" if autocast_elsewhere else "with no autocast"

@@ -326,7 +326,11 @@ class HostSyncInLoop(_StepLoops, _HostReads, Rule):
     for most of its reads, come back as the model's next input (a tensor made from Python data
     after the read, `torch.tensor(state)` after `env.step(action.item())`, reaches a GEMM before
     the step ends): the host needs each value to make the next input, as an environment or a
-    decoder sampling on the host does. The guard cannot see what the host computes from a value,
+    decoder sampling on the host does. In such a step (two round trips or more), a line that
+    works on what came back and syncs at most twice an iteration (a distribution checking its
+    arguments, `Categorical(probs)`) stays quiet too: the loop waits for the device at every
+    iteration anyway, and the fix is a batched rollout (vectorised environments), not the line.
+    The guard cannot see what the host computes from a value,
     only that a tensor made from Python data followed the read: a loop that reads its outputs for
     a log and makes each input from Python data (with no backward in between) looks the same. A
     sync on a line where torch.compile broke the graph is that break's finding (MAT505, with

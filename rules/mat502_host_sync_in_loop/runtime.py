@@ -5,13 +5,13 @@ from __future__ import annotations
 import os
 from collections import defaultdict
 
-from matlint.runtime_guard.checks import finding, stays_on_host
+from matlint.runtime_guard.checks import ROUND_TRIPS_MIN_PER_STEP, finding, rollout_sites, stays_on_host
 from matlint.runtime_guard.registry import runtime_check
 
 SYNC_MIN_PER_STEP = 2   # syncs a step from one line, torch's own among them (GradScaler's one check is inherent)
 OWN_SYNC_MIN_PER_STEP = 1  # ... or the user's own calls (`loss.item()` once a step)
+ROLLOUT_SYNCS_PER_ITERATION = 2  # a rollout's line reading about once an iteration (an argument check) is its design
 SYNC_OPS = frozenset({"_local_scalar_dense", "nonzero", "masked_select", "unique", "_unique2", "item"})
-ROUND_TRIPS_MIN_PER_STEP = 2  # reads a step that come back as the model's next input: a rollout's
 
 
 def _is_sync(key, ctx) -> bool:
@@ -53,12 +53,16 @@ def check_host_syncs(rec, steps, ctx):
         entry[1] += stat.count if key.direct else 0
         entry[2].append(key)
     reported = set()
+    rollout = rollout_sites(rec, steps)
+    rollout_limit = ROLLOUT_SYNCS_PER_ITERATION * sum(rec.host_round_trips.values()) / steps
     for (site, module), (count, own, keys) in per_site.items():
         per_step = count / steps
         if per_step < SYNC_MIN_PER_STEP and own / steps < OWN_SYNC_MIN_PER_STEP:
             continue
         if _round_trips(rec, site, count, steps) or (os.path.abspath(site.filename), site.lineno) in breaks:
             continue
+        if site in rollout and per_step <= rollout_limit:
+            continue  # a sync or two an iteration of a loop that waits for the device at each anyway
         ops = sorted({k.qualname for k in keys})
         where = "each one waits for the GPU" if ctx.device_type == "cuda" else "on a GPU each one would wait for the device"
         read = "once per step (or every N steps)" if per_step >= 2 else \
@@ -74,6 +78,8 @@ def check_host_syncs(rec, steps, ctx):
     for site, count in rec.syncs.items():
         per_step = count / steps
         if site in reported or per_step < SYNC_MIN_PER_STEP:
+            continue
+        if site in rollout and per_step <= rollout_limit:
             continue
         msg = (f"{per_step:g} host syncs per step from this line, found by torch's sync detector (an op that "
                f"waits for the GPU inside: boolean-mask indexing, `nonzero`, a shape read off the data, a copy to "

@@ -10,7 +10,7 @@ import torch
 
 from matlint.runtime_guard import savings
 from matlint.runtime_guard.capture import VIEW_OPS
-from matlint.runtime_guard.checks import finding, kernel_share, per_element_sites
+from matlint.runtime_guard.checks import finding, kernel_share, rollout_sites, per_element_sites
 from matlint.runtime_guard.registry import estimator, runtime_check
 
 TINY_MIN_PER_STEP = 32       # launches per step from one line
@@ -32,10 +32,11 @@ def check_tiny_ops(rec, steps, ctx):
     # kernels, are not a loop that one fused call could replace
     per_site = defaultdict(list)
     per_element = per_element_sites(rec, steps, ctx)  # a loop over elements: MAT501's
+    rollout = rollout_sites(rec, steps)  # launches of a loop that runs through the host
     for key, stat in rec.ops.items():
         if key.device != "cuda" or key.backward or key.op in VIEW_OPS or stat.compiled or not key.out:
             continue
-        if (key.site, key.module) not in per_element:
+        if (key.site, key.module) not in per_element and key.site not in rollout:
             per_site[(key.site, key.module)].append((key, stat))
     for (site, module), items in per_site.items():
         if rec.profiled:
