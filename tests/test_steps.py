@@ -416,6 +416,30 @@ def test_a_function_that_an_importing_file_calls_every_step_runs_every_step(tmp_
     ]
 
 
+def test_a_default_made_under_its_own_is_none_test_runs_every_step(tmp_path):
+    """`if attn_mask is None: attn_mask = ProbMask(scores)` in a `forward`: which branch runs is the
+    caller's choice, the same on every call, so the default is made on every step of a caller that
+    passes none. A parameter the function also rebinds elsewhere is data of the call."""
+    attention = """\
+        import torch
+        from torch import nn
+        from masks import ProbMask
+
+        class Attention(nn.Module):
+            def forward(self, q, k, attn_mask=None):
+                scores = q @ k.transpose(-2, -1)
+                if attn_mask is None:
+                    attn_mask = ProbMask(scores)
+                return scores.masked_fill(attn_mask.mask == 0, -1e9)
+        """
+    messages = _reveal_in(tmp_path, {"masks.py": _MASKS, "attention.py": attention}, "masks.py")
+    assert messages[2] == ("sets up a `ProbMask`, which is called from `forward` in attention.py, which is a "
+                           "module's `forward`, run on every step")
+    rebound = attention.replace("scores.masked_fill(attn_mask", "attn_mask = attn_mask.to(q.device)\n"
+                                "                return scores.masked_fill(attn_mask")
+    assert _reveal_in(tmp_path / "rebound", {"masks.py": _MASKS, "attention.py": rebound}, "masks.py")[2] == "None"
+
+
 def test_what_no_importer_calls_every_step_does_not_run_every_step(tmp_path):
     """Imported but called once (at set-up, under `if`), not imported at all, or by files that
     import each other: no step, and no endless reading."""

@@ -219,7 +219,7 @@ def configuration_test(ctx, function: Optional[ast.AST], test: ast.AST, cls: Opt
     for name in names:
         if name.id in params:
             if id(name) not in read_as_attributes and not _passed_or_not(test, name) \
-                    or name.id in _stored_names(ctx, function):
+                    or name.id in _stored_names(ctx, function) and not _defaulted(function, test, name):
                 return False  # `if done:`: an argument's value, data of the call; or rebound
         elif not (name.id in _kinds.scope_kinds(ctx, ctx.tree).assigned and name.id not in _global_names(ctx)
                   and not ctx.names.binds_locally(name.id) and ctx.qualname(name) is None
@@ -245,6 +245,20 @@ def _global_names(ctx) -> set:
             name for node in ast.walk(ctx.tree) if isinstance(node, ast.Global) for name in node.names
         } if "global " in ctx.source else set()
     return found
+
+
+def _defaulted(function: ast.AST, test: ast.AST, name: ast.Name) -> bool:
+    """`if attn_mask is None: attn_mask = make_mask(...)`: a parameter given its default in the
+    body of its own `is None` test and bound nowhere else; which branch runs is still the caller's
+    choice, the same on every call from one place."""
+    if not _passed_or_not(test, name):
+        return False
+    branch = next((n for n in ast.walk(function) if isinstance(n, ast.If) and n.test is test), None)
+    if branch is None:
+        return False
+    inside = {id(n) for stmt in branch.body for n in ast.walk(stmt)}
+    return all(id(n) in inside for n in ast.walk(function)
+               if isinstance(n, ast.Name) and n.id == name.id and isinstance(n.ctx, ast.Store))
 
 
 def _passed_or_not(test: ast.AST, name: ast.Name) -> bool:
@@ -715,6 +729,19 @@ class PerStep(NamedTuple):
         return f"call of `{self.function.name}`, which {self.step.why}"
 
 
+def memoised(function: ast.AST) -> bool:
+    """A function under a caching decorator (`functools.lru_cache`, `functools.cache`,
+    `cached_property`, a project's `lru_cache_unless_export`): its body runs once per distinct
+    arguments, not on every call."""
+    for decorator in getattr(function, "decorator_list", ()):
+        if isinstance(decorator, ast.Call):
+            decorator = decorator.func
+        name = decorator.attr if isinstance(decorator, ast.Attribute) else getattr(decorator, "id", "")
+        if "cache" in name.lower():
+            return True
+    return False
+
+
 def per_step(ctx) -> Optional[PerStep]:
     """Whether the node being visited runs on every step, and where: on every iteration of a loop
     around it that repeats it (at module level, in a module's `forward`, or in a function that
@@ -734,6 +761,8 @@ def per_step(ctx) -> Optional[PerStep]:
             return PerStep(loops, None, function)
         return None
     if not loops:
+        if memoised(function):
+            return None
         step = step_of(ctx, ctx.functions)
         return PerStep(loops, step, function) if step is not None else None
     if not runs_once(name) or any(is_training_loop(ctx, loop) for loop in loops):  # `.backward()`: not run once

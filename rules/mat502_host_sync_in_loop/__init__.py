@@ -281,7 +281,8 @@ class HostSyncInLoop(_StepLoops, _HostReads, Rule):
     the step itself, not a gate: its syncs run on every step it takes. In such a function, so do
     the branches of a test of the program's configuration (`if FIXED_ALPHA is None:` / `else:`,
     names only the module's top level binds; `if args.clip_grad:`, attributes of a parameter the
-    function never assigns; `if scaler is None:`; `if self.munchausen:`, attributes only the
+    function never assigns; `if scaler is None:`, also when its body gives the parameter a default,
+    `if mask is None: mask = ...`; `if self.munchausen:`, attributes only the
     class's set-up assigns; compared with `==`, `!=` or `is`; not a logging or schedule switch
     such as `if VERBOSE:` or `if args.log_interval:`), an `if` in a loop of the function that
     picks items by what they are (`for name, p in model.named_parameters(): if p.grad is not

@@ -21,7 +21,7 @@ from matlint.semantic.torch_api import TYPED_TENSORS, cuda_tensor_type
 
 from .advice import (created_on_device, fill_message, numpy_message, range_message, repeated_message, sample_message,
                      sampler_input, sampler_message, sizes_message)
-from .factories import (FILLS, FROM_DATA, RANDOM, carried_to_move, computed_number, device_target, exact_on_device,
+from .factories import (FILLS, FROM_DATA, RANDOM, carried_to_move, host_attribute, computed_number, device_target, exact_on_device,
                         has_mover_helpers, helper_made, host_made, INDEX_FACTORIES, indexed_tensor, is_constant_data, moved_expression,
                         is_device, is_false, legacy_sizes, module_constant, one_value, range_data, repeated_number, round_trip_source, set_once_attribute,
                         same_values_on_device, takes_device,
@@ -44,7 +44,8 @@ class TensorCreationInLoop(Rule):
     train.py's loop over batches, or a class of the file made in another module's `forward`,
     which runs its `__init__` on every call; a module's method named for the loss,
     `loss_function`, counts as a step; not under an `if` other than one on the run's configuration
-    (`if args.use_mask:`, `if scaler is None:`), or on the module's mode, `if self.training:` /
+    (`if args.use_mask:`, `if scaler is None:`, also a default made under it: `if mask is None: mask =
+    CausalMask(...)`), or on the module's mode, `if self.training:` /
     `else:`, or on its settings, `if self.bidirectional and self.nlayers > 1:` / `else:`
     (attributes only its set-up assigns; not a debug or logging switch); a function an epoch
     loop calls after its training loop runs once per epoch), flags:
@@ -89,6 +90,15 @@ class TensorCreationInLoop(Rule):
       repeated Python number (`torch.tensor([i] * n, device=d)` for a step `i` over a range:
       `torch.full((n,), i, device=d)`), and a range
       (`torch.LongTensor(range(n)).to(d)`: `torch.arange(n, dtype=torch.long, device=d)`);
+    - a tensor an `nn.Module`'s set-up keeps on the host as a plain attribute (not a buffer or
+      parameter, never changed later: `self.pe = positional_encoding(d, n)` of a function of the
+      file or project that returns a host factory's tensor, `self.pe = pe.unsqueeze(0)` after
+      `pe = torch.zeros(n, d)`, `self.t = torch.zeros(...)`, or `self.pe = pe` of a tensor handed
+      to the constructor, which the move says is not on the device) moved in `forward` (also a slice:
+      `self.pe[:, :n].to(device)`): `model.to(device)` leaves it on the host, so every call
+      copies it; register it as a buffer (`persistent=False` keeps the checkpoint as it is) and
+      the model's move puts it on the device once. A move stored back into the attribute
+      (`self.pe = self.pe.to(x.device)`, a cache) and a tensor moved in the set-up stay quiet;
     - an index made on the host (`torch.arange`, `torch.randint`, `torch.randperm` without
       `device=`, as it is, reshaped: `q[torch.arange(b)[:, None], idx]`, or through a name
       read only as an index) for an activation in a module's `forward` (or what it runs), in
@@ -155,6 +165,8 @@ class TensorCreationInLoop(Rule):
       0.2))` added as a scalar), are made once outside the loop, or are filled in afterwards
       (`adv = np.zeros(n)`, then `adv[t] = ...`: computed data), and legacy types called
       with sizes (`Tensor(b, 1).fill_(1.0)` allocates on the device).
+    - Functions under a caching decorator (`@functools.lru_cache`, `@cache`, a project's
+      `@lru_cache_unless_export`): their body runs once per device or size, not on every call.
     - Attributes a method other than the set-up assigns or changes (`self.scale = scale` in
       `set_scale`): data of the call, not a constant.
     - Tensors computed from data on the host before the copy (`torch.arange(n) +
@@ -243,6 +255,7 @@ class TensorCreationInLoop(Rule):
         made_at = node  # where the finding goes: the move, or the creation a name carries to it
         carrier = unwrapped(ctx, moved, making=True) if moves and factory is None else None
         helper = None  # the function of the file that makes the tensor and returns it
+        attribute = None  # `self.pe` that the module's set-up made on the host
         if isinstance(carrier, ast.Name):
             carried = carried_to_move(ctx, carrier)
             if carried is not None:
@@ -251,6 +264,10 @@ class TensorCreationInLoop(Rule):
             made = helper_made(ctx, carrier)
             if made is not None:
                 helper, factory, helper_path = made
+        elif isinstance(carrier, (ast.Attribute, ast.Subscript)):
+            held = host_attribute(ctx, carrier)
+            if held is not None:
+                attribute, factory = held
         cuda_type = None if moves or factory is not None or not node.args else cuda_tensor_type(ctx, func)
         if factory is None and cuda_type is None:
             return
@@ -270,6 +287,9 @@ class TensorCreationInLoop(Rule):
                 return
             device = target if isinstance(target, str) else ctx.segment(target)
             name, call = factory
+            if attribute is not None:
+                self._report_attribute(node, attribute, device)
+                return
             if helper is not None:
                 self._report_helper(node, helper, helper_path, name, call)
                 return
@@ -354,6 +374,13 @@ class TensorCreationInLoop(Rule):
         self.report(node, f"`{helper.name}` makes its result on the host (`{ast.unparse(call.func)}(...)` on "
                           f"{where}) and it is copied to the device here, on every {self._step.where}; pass the "
                           f"device to `{helper.name}` and create it there with `device=`")
+
+    def _report_attribute(self, node: ast.Call, attribute: ast.Attribute, device: str) -> None:
+        name = attribute.attr
+        self.report(node, f"`self.{name}` is a plain attribute, not a buffer: `model.to(device)` leaves it on the "
+                          f"host, and this copies it to {device} on every {self._step.where}; "
+                          f"register it in `__init__` with `self.register_buffer(\"{name}\", ..., persistent=False)` "
+                          f"and drop the copy")
 
     def _check_index(self, node: ast.Call, name: str) -> None:
         """`q[torch.arange(b)[:, None], idx]` in a file that runs on the GPU: the index is made on

@@ -16,7 +16,7 @@ from matlint.semantic.torch_api import cuda_tensor_type
 from matlint.semantic.tree import dotted, walk_no_scopes
 
 # Factories built from sizes alone (their values, to the last bit, in `same_values_on_device`).
-FILLS = {"zeros", "ones", "full", "empty", "arange", "eye", "linspace", "logspace", "tril_indices", "triu_indices"}
+FILLS = {"zeros", "ones", "full", "empty", "arange", "range", "eye", "linspace", "logspace", "tril_indices", "triu_indices"}
 # Factories that take sizes: every positional argument, but only the first of `full` and the last of
 # `randint` (the others are values).
 SIZED_FACTORIES = {"zeros", "ones", "empty", "full", "rand", "randn", "randint", "randperm", "eye"}
@@ -54,7 +54,7 @@ def same_values_on_device(name: str, call: ast.Call) -> bool:
     `arange` stepping by a whole number. Interpolating factories round differently per device."""
     if name in ("linspace", "logspace") or name not in FILLS:
         return False
-    if name == "arange":
+    if name in ("arange", "range"):
         step = call.args[2] if len(call.args) > 2 else next((k.value for k in call.keywords if k.arg == "step"), None)
         return step is None or (isinstance(step, ast.Constant) and type(step.value) is int)
     return True
@@ -334,6 +334,57 @@ def exact_on_device(ctx, moved: ast.AST, factory: ast.Call) -> bool:
             isinstance(node.func, ast.Attribute) and node.func.attr in _UNSAFE_METHODS
             or ctx.qualname(node.func) in _MAKING_FUNCTIONS)
         for node in ast.walk(moved))
+
+
+def host_attribute(ctx, expr: ast.AST) -> Optional[tuple]:
+    """(`self.<attr>`, (name, factory call)) when `expr` is that attribute, or a slice of it
+    (`self.pe[:, :n]`), of an `nn.Module` whose set-up assigns it (never in place, never as a
+    buffer or parameter) a tensor made on the host: a factory without `device=`, through a name
+    (`pe = torch.zeros(...)`, ..., `self.pe = pe.unsqueeze(0)`) or a function of the file or
+    project that returns one (`get_positional_encoding(d, n)`); or a tensor handed to the
+    constructor (`self.pe = pe`, ("argument", None)), which the move in `forward` says is not on
+    the device. `model.to(device)` leaves such a tensor where it is, so a move of it in `forward`
+    copies it on every call."""
+    while isinstance(expr, ast.Subscript):
+        expr = expr.value
+    if not set_once_attribute(ctx, expr):
+        return None
+    cls = ctx.class_
+    key = ("host_attribute", id(cls), expr.attr)
+    made = ctx.shared.get(key, False)
+    if made is False:
+        made = None
+        registers = any(isinstance(n, ast.Call) and isinstance(n.func, ast.Attribute)
+                        and n.func.attr in ("register_buffer", "register_parameter") and n.args
+                        and isinstance(n.args[0], ast.Constant) and n.args[0].value == expr.attr
+                        for n in ast.walk(cls))
+        values = _kinds.class_attribute_values(ctx, cls, expr.attr)
+        if not registers and values:
+            for method, value in values:
+                inner = unwrapped(ctx, value, making=True)
+                if isinstance(inner, ast.Name):
+                    assign = flow_of(ctx, method).reaching(inner)
+                    if assign is None and inner.id in _parameter_names(method):
+                        made = made or ("argument", None)  # a tensor handed to the constructor
+                        continue
+                    inner = unwrapped(ctx, assign.value, making=True) if assign is not None else None
+                found = host_made(ctx, inner) if inner is not None else None
+                if found is None and isinstance(inner, ast.Call):
+                    helper = helper_made(ctx, inner)
+                    found = helper[1] if helper is not None else None
+                if found is None or any(k.arg in ("device", None) for k in found[1].keywords):
+                    made = None
+                    break
+                made = made or found
+        ctx.shared[key] = made
+    return (expr, made) if made is not None else None
+
+
+def _parameter_names(function) -> set:
+    args = getattr(function, "args", None)
+    if args is None:
+        return set()
+    return {a.arg for a in args.posonlyargs + args.args + args.kwonlyargs}
 
 
 def torch_factory(ctx, expr: ast.AST) -> Optional[tuple]:
