@@ -520,3 +520,71 @@ def test_a_modules_loss_method_runs_on_every_training_step():
         """) == ["is `loss_function` of a module, the loss of every training step",
                  "is called from `loss_function`, which is `loss_function` of a module, the loss of every training step",
                  "None"]
+
+
+_AGENT = """\
+    import numpy as np
+    import torch
+    import torch.nn as nn
+
+    class Agent:
+        def __init__(self, n):
+            self.device = torch.device("cuda")
+            self.actor = nn.Linear(n, 2).to(self.device)
+            self.opt = torch.optim.Adam(self.actor.parameters())
+
+        def choose_action(self, observation):
+            reveal()
+            state = torch.tensor(observation, dtype=torch.float).to(self.device)
+            mu = self.actor(state)
+            return mu.cpu().detach().numpy()
+
+        def value(self, observation):
+            reveal()
+            return self.actor(torch.tensor(observation).to(self.device)).sum().item()
+
+        def learn(self, batch):
+            loss = self.actor(batch).pow(2).mean()
+            self.opt.zero_grad()
+            loss.backward()
+            self.opt.step()
+
+        def update_many(self, batches):
+            for batch in batches:
+                self.learn(batch)
+    """
+
+_ENV_LOOP = """\
+    import gym
+    from agent import Agent
+
+    if __name__ == "__main__":
+        env = gym.make("Pendulum-v1")
+        agent = Agent(3)
+        for episode in range(100):
+            obs, done = env.reset(), False
+            while not done:
+                action = agent.choose_action(obs)
+                print(agent.value(obs))
+                obs, reward, done, info = env.step(action)
+                agent.learn(obs)
+    """
+
+
+def test_an_agents_methods_called_from_a_loop_that_trains_through_it_run_every_step(tmp_path):
+    """main.py's loop (in its `__main__` block) calls `agent.learn(...)`, one update a pass: the
+    methods of the `Agent` it calls there run every step. The action the environment needs is the
+    host's; a value only printed is not."""
+    files = {"agent.py": _AGENT, "main.py": _ENV_LOOP}
+    why = "is called from the loop on line 9, which trains on each pass through `agent.learn()` in main.py"
+    assert _reveal_in(tmp_path, files, "agent.py") == [why, why]
+    assert _mat502_rows(tmp_path, files, "agent.py") == [19]
+    # a loop whose update runs a training loop of its own makes no step of each pass
+    many = _ENV_LOOP.replace("agent.learn(obs)", "agent.update_many([obs])")
+    assert _reveal_in(tmp_path / "many", {"agent.py": _AGENT, "main.py": many}, "agent.py") == ["None", "None"]
+
+
+def test_an_instance_of_a_class_of_the_file_runs_its_methods_where_a_step_loop_calls_them(tmp_path):
+    single = _AGENT + textwrap.indent(textwrap.dedent(_ENV_LOOP).replace("from agent import Agent\n", ""), "    ")
+    assert _reveal_in(tmp_path, {"single.py": single}, "single.py") == [
+        "is called from the loop on line 37, which trains on each pass through `agent.learn()`"] * 2

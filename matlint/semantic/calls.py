@@ -16,7 +16,7 @@ import re
 from collections import Counter
 from typing import NamedTuple, Optional
 
-from .tree import block_fields, child_nodes, identifier_text
+from .tree import block_fields, child_nodes, dotted, identifier_text, is_main_guard
 
 _FUNCTIONS = (ast.FunctionDef, ast.AsyncFunctionDef)
 _LOOPS = (ast.For, ast.AsyncFor, ast.While)
@@ -75,10 +75,16 @@ class FileCalls:
         # (`criterion = YoloLoss(...)`, `self.head = Head(d)`): calling one runs its `forward`.
         self.instances: dict = _instances(text, self.classes, self.methods) if text and self.classes else {}
         called += [name.rpartition(".")[2] for name in self.instances]
-        modules = []
+        # ... and their other methods: `agent.act(s)` after `agent = Agent(...)`
+        self.instance_classes: dict = _instance_classes(text, self.classes) if text and self.classes else {}
+        modules = list(self.instance_classes)
+        # Instances of what project modules define, by the name or `self.` attribute bound once to
+        # one (`agent = Agent(...)`): a call of a method on one is a call of `Agent.<method>` there.
+        self.imported_instances: dict = _imported_instances(text, self.imported) if text and self.imported else {}
         if self.imported:  # the names imported from project modules, and `alias.` of the modules
             called += [name for name, (_, defined) in self.imported.items() if defined is not None]
             modules = [name for name, (_, defined) in self.imported.items() if defined is None]
+            modules += list(self.imported_instances)
         if text and not self._stars:
             self._call_lines = _lines_calling(text, called, modules) if called or modules else set()
         else:
@@ -107,7 +113,9 @@ class FileCalls:
                 else:
                     self._calls_in(child, functions, cls, loops, conditional, skip=block_fields(child.__class__))
                     inner = loops + (child,) if isinstance(child, _LOOPS) else loops
-                    self._walk(child, functions, cls, inner, conditional or isinstance(child, _BRANCHES))
+                    branch = isinstance(child, _BRANCHES) and not (isinstance(child, ast.If)
+                                                                  and is_main_guard(child.test))
+                    self._walk(child, functions, cls, inner, conditional or branch)
 
     def _calls_in(self, stmt: ast.AST, functions: tuple, cls, loops: tuple, conditional: bool, skip) -> None:
         """Record the calls in `stmt`'s own expressions (not in its blocks, which `_walk` visits)."""
@@ -161,6 +169,16 @@ class FileCalls:
             target = self.methods.get(id(self.classes[func.value.id]), {}).get(func.attr)
             if target is not None and _is_static(target):
                 self.sites.setdefault(id(target), []).append(CallSite(call, functions, cls, False, loops, conditional))
+        if isinstance(func, ast.Attribute) and self.instance_classes:  # `agent.act(s)`, an `Agent` of the file
+            owner = self.instance_classes.get(dotted(func.value))
+            target = self.methods[id(owner)].get(func.attr) if owner is not None else None
+            if target is not None and (functions or loops) and not _is_static(target):
+                self.sites.setdefault(id(target), []).append(CallSite(call, functions, cls, True, loops, conditional))
+        if isinstance(func, ast.Attribute) and self.imported_instances:  # `agent.learn()`, `self.agent.act(s)`
+            made = self.imported_instances.get(dotted(func.value))
+            if made is not None:
+                self.imported_sites.setdefault((made[0], f"{made[1]}.{func.attr}"), []).append(
+                    CallSite(call, functions, cls, False, loops, conditional))
         if (isinstance(func, ast.Attribute) and isinstance(func.value, ast.Name) and func.value.id in self.imported
                 and self.imported[func.value.id][1] is None):  # `at.tonumpy(x)`, `at` a project module
             self.imported_sites.setdefault((self.imported[func.value.id][0], func.attr), []).append(
@@ -192,6 +210,40 @@ def _instances(text: str, classes: dict, methods: dict) -> dict:
             counts = Counter(_ASSIGNED.findall(text))
         if counts[name] == 1:
             found[name] = run
+    return found
+
+
+def _instance_classes(text: str, classes: dict) -> dict:
+    """{name or "self.attr": the class of the file the text binds it to, once and to nothing else
+    (`agent = Agent(...)`, `self.memory = Replay(n)`)}."""
+    found = {}
+    counts = None
+    for match in _INSTANCE.finditer(text):
+        name, made = match.groups()
+        cls = classes.get(made)
+        if cls is None:
+            continue
+        if counts is None:
+            counts = Counter(_ASSIGNED.findall(text))
+        if counts[name] == 1:
+            found[name] = cls
+    return found
+
+
+def _imported_instances(text: str, imported: dict) -> dict:
+    """{name or "self.attr": (path, name) of what a project module defines} for the names the
+    text binds once, and to nothing else, to a call of an imported name (`agent = Agent(...)`)."""
+    found = {}
+    counts = None
+    for match in _INSTANCE.finditer(text):
+        name, made = match.groups()
+        source = imported.get(made)
+        if source is None or source[1] is None:
+            continue
+        if counts is None:
+            counts = Counter(_ASSIGNED.findall(text))
+        if counts[name] == 1:
+            found[name] = source
     return found
 
 

@@ -572,7 +572,7 @@ def updates_weights(ctx, loop: LoopInfo) -> bool:
             cls = node.__class__
             if cls is ast.Expr and node.value.__class__ is ast.Call:
                 discarded.add(id(node.value))
-            elif cls is ast.Call and _may_run_training_step(node, id(node) in discarded):
+            elif cls is ast.Call and may_run_training_step(node, id(node) in discarded):
                 found = True
                 break
         ctx.shared[key] = found
@@ -657,7 +657,7 @@ def _mode_switch(call: ast.Call) -> bool:
     return bool(_MODE_FLAGS.intersection(name_tokens(identifier(arg) or "")))
 
 
-def _may_run_training_step(call: ast.Call, discarded: bool) -> bool:
+def may_run_training_step(call: ast.Call, discarded: bool) -> bool:
     """A call that can plausibly run a training step: it is handed an optimizer (`train_step(loss,
     opt)`, `trainer.run(batch, optimizer)`), or a loss together with what a step changes
     (`backprop(loss, model)`), or its name says it trains (`self.training_step(batch)`,

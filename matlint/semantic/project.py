@@ -13,6 +13,8 @@ import os
 import re
 from typing import Optional
 
+from .tree import is_main_guard
+
 _LEVELS_UP = 2  # `src/train.py` importing `utils` from `src/`, `src/..` or `src/../..`
 _PLAIN_IMPORT = re.compile(r"^[ \t]*import[ \t]+([\w., \t]+)", re.M)
 _FROM_IMPORT = re.compile(r"^[ \t]*from[ \t]+(\.*)([\w.]*)[ \t]+import[ \t]*(\([^)]*\)|[^\n#;]*)", re.M)
@@ -97,7 +99,7 @@ def cpu_only_script(ctx) -> bool:
     if found is None:
         from .kinds import moves_work_to_cuda
         found = ctx.shared["cpu_only_script"] = not moves_work_to_cuda(ctx) and any(
-            isinstance(stmt, (ast.For, ast.While)) or (isinstance(stmt, ast.If) and "__main__" in ast.dump(stmt.test))
+            isinstance(stmt, (ast.For, ast.While)) or (isinstance(stmt, ast.If) and is_main_guard(stmt.test))
             for stmt in ctx.tree.body) and not any(
             file_moves_to_cuda(path) for path in imported_paths(ctx.source, ctx.filename))
     return found

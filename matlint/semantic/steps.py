@@ -33,7 +33,8 @@ from .calls import FileCalls, argument_for, file_calls
 from .file import SourceFile
 from .kinds import may_mention
 from .loops import (LoopInfo, _attribute_paths, bound_names, file_trains, identifier, is_backward,
-                    is_optimizer_step, is_training_loop, loaded_names, name_tokens, walk_no_scopes)
+                    is_optimizer_step, is_training_loop, loaded_names, may_run_training_step, name_tokens,
+                    walk_no_scopes)
 from .project import (imported_class, imported_definition, imported_definitions, imported_function, importers, parsed,
                       project_imports, project_size)
 from .tree import child_nodes, dotted, identifier_text
@@ -49,6 +50,9 @@ class Step(NamedTuple):
     training: bool
     forward: bool = False  # runs every step as (part of) a module's `forward`
     loss: bool = False     # ... of a loss module's `forward`, which a training step runs once per step
+    # the caller hands what the function returns to host code whose result it keeps (`action =
+    # agent.act(state)`, then `state, reward, done, _ = env.step(action)`): the host needs it
+    feeds_host: bool = False
 
 
 def _trains(nodes) -> tuple:
@@ -365,15 +369,54 @@ def _iterates_loader(loop: ast.AST) -> bool:
     return bool(name) and name.lower().rpartition(".")[2].endswith("loader")
 
 
-def _loop_step(loop: ast.AST) -> Optional[Step]:
+def _loop_step(loop: ast.AST, calls=None) -> Optional[Step]:
     # Its own statements, not those of loops in it: an epoch loop around the training loop runs
-    # what it calls directly (a validation pass) once per epoch.
-    backward, step = _trains(_outside_loops(loop.body))
+    # what it calls directly (a validation pass) once per epoch. `calls`: the FileCalls of the
+    # loop's file, to tell one update (`agent.learn()`) from a whole loop of them.
+    nodes = list(_outside_loops(loop.body))
+    backward, step = _trains(nodes)
     if backward or step:
         return Step(f"is called from the training loop on line {loop.lineno}", True)
     if _iterates_loader(loop):
         return Step(f"is called from the loop over batches on line {loop.lineno}", False)
+    update = next((node for node in nodes if _one_update(node) and not _runs_many_updates(calls, node)), None)
+    if update is not None:
+        return Step(f"is called from the loop on line {loop.lineno}, which trains on each pass through "
+                    f"`{dotted(update.func) or identifier(update.func)}()`", True)
     return None
+
+
+_UPDATE_WORDS = frozenset({"learn", "update", "step", "optimize", "optimise"})
+
+
+def _runs_many_updates(calls, call: ast.Call) -> bool:
+    """`call` runs a function of the file that holds a training loop of its own (PPO's
+    `self._update_network()`, epochs of minibatches): each call is many steps, not one."""
+    if calls is None:
+        return False
+    func = call.func
+    targets = []
+    if isinstance(func, ast.Name):
+        targets = [calls.module_functions.get(func.id)]
+    elif isinstance(func, ast.Attribute):
+        owner = dotted(func.value)
+        cls = calls.instance_classes.get(owner) if owner is not None else None
+        if cls is not None:
+            targets = [calls.methods[id(cls)].get(func.attr)]
+        elif owner == "self":
+            targets = [table.get(func.attr) for table in calls.methods.values()]
+    return any(t is not None and _trains_in_nested_loop(t) for t in targets)
+
+
+def _one_update(node: ast.AST) -> bool:
+    """A call of one training update, by its name (`agent.learn()`, `self.update(batch)`,
+    `optimize_model()`, `train_step(...)`), as `may_run_training_step` reads it; not a call
+    that runs a whole loop of them (`train_epoch(...)`, `fit(...)`)."""
+    if not isinstance(node, ast.Call):
+        return False
+    tokens = set(name_tokens(identifier(node.func) or ""))
+    return bool(tokens & _UPDATE_WORDS) and "epoch" not in tokens and "epochs" not in tokens \
+        and may_run_training_step(node, True)
 
 
 def step_functions(ctx) -> dict:
@@ -411,6 +454,10 @@ def step_functions(ctx) -> dict:
         if function is None and name in calls.classes:  # `ProbMask(...)` in a forward: its `__init__`
             function = calls.methods[id(calls.classes[name])].get("__init__")
             step = step._replace(why=f"sets up a `{name}`, which {step.why}")
+        elif function is None and "." in name:  # `agent.choose_action(s)` on an `Agent` of this file
+            owner, _, method = name.partition(".")
+            if owner in calls.classes:
+                function = calls.methods[id(calls.classes[owner])].get(method)
         if function is not None and id(function) not in found:
             found[id(function)] = step
     changed = True
@@ -439,10 +486,43 @@ def _step_at(ctx, found: dict, site, where: str = "") -> Optional[Step]:
     if caller is not None:
         return Step(f"is called from `{site.functions[-1].name}`{where}, which {caller.why}", caller.training,
                     caller.forward, caller.loss)
-    loop_step = next((s for s in map(_loop_step, reversed(site.loops)) if s is not None), None)
+    calls = file_calls(ctx)
+    loop_step = next((s for s in (_loop_step(loop, calls) for loop in reversed(site.loops)) if s is not None), None)
     if loop_step is not None and where:
-        return loop_step._replace(why=loop_step.why + where)
+        loop_step = loop_step._replace(why=loop_step.why + where)
+    if loop_step is not None and _result_to_host_code(site):
+        loop_step = loop_step._replace(feeds_host=True)
     return loop_step
+
+
+_ARRAY_MODULES = frozenset({"torch", "np", "numpy", "F", "nn"})
+
+
+def _result_to_host_code(site) -> bool:
+    """What the call returns goes, in the same loop, into an environment's step: `action =
+    agent.act(state)`, then `state, reward, done, _ = env.step(action)` (or
+    `env.step(agent.act(state))`). An environment's step: a call of neither torch nor numpy, on
+    something named for an environment or unpacked into three values or more (state, reward,
+    done)."""
+    loop = site.loops[-1]
+    names = set()
+    holder = None
+    for node in walk_no_scopes(loop):
+        if isinstance(node, ast.Assign) and any(n is site.call for n in walk_no_scopes(node.value)):
+            names = set().union(*(bound_names(t) for t in node.targets))  # `a = np.array(agent.act(s))`
+            holder = node
+    for node in walk_no_scopes(loop):
+        if not (isinstance(node, ast.Assign) and isinstance(node.value, ast.Call)) or node is holder:
+            continue
+        call = node.value
+        callee = identifier(call.func) or ""
+        if callee.split(".")[0] in _ARRAY_MODULES:
+            continue
+        environment = "env" in name_tokens(callee) or "envs" in name_tokens(callee) or (
+            len(node.targets) == 1 and isinstance(node.targets[0], ast.Tuple) and len(node.targets[0].elts) >= 3)
+        if environment and any(arg is site.call or isinstance(arg, ast.Name) and arg.id in names for arg in call.args):
+            return True
+    return False
 
 
 def passed_to_steps(ctx) -> list:

@@ -82,6 +82,15 @@ def walk(node: ast.AST):
         yield current
 
 
+def is_main_guard(test: ast.AST) -> bool:
+    """`__name__ == "__main__"` (either way round): the test of a program's main block."""
+    if not (isinstance(test, ast.Compare) and len(test.ops) == 1 and isinstance(test.ops[0], ast.Eq)):
+        return False
+    sides = {getattr(test.left, "id", None), getattr(test.comparators[0], "id", None),
+             getattr(test.left, "value", None), getattr(test.comparators[0], "value", None)}
+    return "__name__" in sides and "__main__" in sides
+
+
 def dotted(expr: ast.AST) -> Optional[str]:
     """`a.b.c` for a chain of Name/Attribute nodes, else None."""
     parts = []

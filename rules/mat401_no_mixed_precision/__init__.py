@@ -14,6 +14,7 @@ from matlint.semantic.loops import identifier, is_backward, is_optimizer_step, n
 from matlint.semantic.names import in_test_code
 from matlint.semantic.project import importer_texts, module_class_of
 from matlint.semantic.shapes import method_of
+from matlint.semantic.tree import is_main_guard
 
 _AUTOCAST = {"torch.autocast", "torch.cuda.amp.autocast", "torch.cpu.amp.autocast", "torch.amp.autocast"}
 # Explicit dtypes other than the float32 default: reduced precision, or float64 on purpose.
@@ -37,15 +38,6 @@ _EVAL_FUNCTION = re.compile(r"eval|valid|test|predict|infer|generate|sample|deco
 
 # Attributes assigned to turn on reduced-precision GEMMs (checked for what they belong to).
 _TF32_SETTINGS = frozenset({"allow_tf32", "allow_bf16_reduced_precision_reduction", "fp32_precision"})
-
-
-def _is_main_guard(test: ast.AST) -> bool:
-    """`__name__ == "__main__"` (either way round)."""
-    if not (isinstance(test, ast.Compare) and len(test.ops) == 1 and isinstance(test.ops[0], ast.Eq)):
-        return False
-    sides = {getattr(test.left, "id", None), getattr(test.comparators[0], "id", None),
-             getattr(test.left, "value", None), getattr(test.comparators[0], "value", None)}
-    return "__name__" in sides and "__main__" in sides
 
 
 def _tokens(text: str) -> set:
@@ -208,7 +200,7 @@ class NoMixedPrecision(Rule):
         if self.ctx.function is not None:
             return False
         for parent in self.ctx.parents:
-            if isinstance(parent, ast.If) and _is_main_guard(parent.test):
+            if isinstance(parent, ast.If) and is_main_guard(parent.test):
                 text = self.ctx.segment(parent)
                 return "cuda" not in text and "device" not in text
         return False

@@ -273,7 +273,10 @@ class HostSyncInLoop(_StepLoops, _HostReads, Rule):
     `MultiBoxLoss`), which computes the step's loss, a module's method named for the loss
     (`loss_function`, `compute_loss`), a `training_step`/`validation_step` hook, and the
     helpers such a step or loop calls on every pass (not under an `if`), in this file or in a
-    project file that imports it (`utils.clip_gradients(model, clip)` in main.py's training loop),
+    project file that imports it (`utils.clip_gradients(model, clip)` in main.py's training loop;
+    a method of an instance bound once, `agent.choose_action(obs)` after `agent = Agent(...)`; a
+    loop that trains through one update call each pass, `agent.learn()`, not one that runs a
+    training loop of its own, `self._update_network()` over epochs of minibatches),
     and a function handed to one that calls it from its training loop (`trainer.train(get_loss)`
     with `trainer = train.Trainer(...)`, whose loop runs `loss = get_loss(model, batch)`): a sync inside a metric
     or logging helper is a sync per step. A branch that trains (`if (i + 1) % n_critic == 0:`
@@ -400,7 +403,10 @@ class HostSyncInLoop(_StepLoops, _HostReads, Rule):
       `next_state, reward, done, _ = envs.step(action.cpu().numpy())` (or `action =
       dist.sample().item()`, then `env.step(action)`), with `state = next_state` and
       `torch.FloatTensor(state).to(device)` (or `torch.as_tensor(state, device=device)`): the
-      device's next work waits for the host's result anyway. Host code whose result is only
+      device's next work waits for the host's result anyway. So is what a function returns (`return
+      mu.cpu().numpy()`, `return action, probs, value` of `.item()`s) where the loop that calls it
+      hands the result to an environment's step (`action = agent.choose_action(obs)`, then `obs,
+      reward, done, info = env.step(action)`). Host code whose result is only
       logged, printed, collected or summed (`total += scorer.score(out.cpu().numpy())`), and
       builtins (`n = int(t.item())`, then `torch.arange(n, device=device)`), are still reported.
       So is a guard that only trips on failure, as it can be checked every N steps: `if

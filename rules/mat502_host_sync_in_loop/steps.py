@@ -47,6 +47,25 @@ _HOST_METHODS = _kinds.TENSOR_ONLY_METHODS | {
     "double", "reshape", "squeeze", "nonzero", "square", "sqrt", "append", "extend", "update", "keys",
     "values", "items", "get", "pop", "format"}
 _LEAVES_LOOP = (ast.Break, ast.Return)
+
+
+def _returned(chain: list, node: ast.AST, function: ast.AST) -> bool:
+    """The sync makes what `function` returns: it is in a `return` (`return a.cpu().numpy()`), or
+    its statement binds a name that a `return` gives back as it is, alone or in a tuple
+    (`action = a.item()`, then `return action, value`)."""
+    if any(isinstance(p, ast.Return) for p in chain):
+        return True
+    statement = next((p for p in reversed(chain) if isinstance(p, ast.stmt)), None)
+    if not (isinstance(statement, ast.Assign) and len(statement.targets) == 1
+            and isinstance(statement.targets[0], ast.Name)):
+        return False
+    name = statement.targets[0].id
+    for n in ast.walk(function):  # `return action`, `return action, probs, value`
+        if isinstance(n, ast.Return) and n.value is not None:
+            parts = n.value.elts if isinstance(n.value, ast.Tuple) else [n.value]
+            if any(isinstance(p, ast.Name) and p.id == name for p in parts):
+                return True
+    return False
 _ORDERING = (ast.Lt, ast.LtE, ast.Gt, ast.GtE)
 _COMPREHENSIONS = (ast.ListComp, ast.SetComp, ast.GeneratorExp, ast.DictComp)
 _NESTED_LOOPS = (ast.For, ast.AsyncFor, ast.While) + _COMPREHENSIONS
@@ -257,6 +276,8 @@ class _StepLoops:
                 return None
         if self._explained(node) or in_reference_code(self.ctx):
             return None
+        if step.feeds_host and _returned(chain, node, function):
+            return None  # the caller hands the value to host code that needs it (an environment)
         return f"on every step: `{function.name}` {step.why}"
 
     def _explained(self, node: ast.AST) -> bool:

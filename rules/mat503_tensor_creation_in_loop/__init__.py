@@ -41,7 +41,8 @@ class TensorCreationInLoop(Rule):
     training step, a method of a module that runs its `forward`, like an RL policy's
     `get_action(state)`, or a helper that `forward`, a step or a training/batch loop calls on
     every pass, in this file or in a project file that imports it: `create_mask(...)` in
-    train.py's loop over batches, or a class of the file made in another module's `forward`,
+    train.py's loop over batches, `agent.choose_action(obs)` in main.py's loop that calls
+    `agent.learn()` each pass, or a class of the file made in another module's `forward`,
     which runs its `__init__` on every call; a module's method named for the loss,
     `loss_function`, counts as a step; not under an `if` other than one on the run's configuration
     (`if args.use_mask:`, `if scaler is None:`, also a default made under it: `if mask is None: mask =
