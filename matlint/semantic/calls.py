@@ -71,20 +71,23 @@ class FileCalls:
         names = set(self.module_functions).union(*(table.keys() for table in self.methods.values()))
         called = [name for name in names if text.count(name + "(") >= 2] if text else sorted(names)
         called += [name for name in self.classes if name not in names and (not text or name + "(" in text)]
-        # Instances of the file's classes, by the name or `self.` attribute bound once to one
-        # (`criterion = YoloLoss(...)`, `self.head = Head(d)`): calling one runs its `forward`.
-        self.instances: dict = _instances(text, self.classes, self.methods) if text and self.classes else {}
+        # Instances of the file's classes and of what project modules define, by the name or
+        # `self.` attribute bound once to one (`criterion = YoloLoss(...)`, `agent = Agent(...)`):
+        # calling one runs its `forward`; a method called on one (`agent.act(s)`) is that method,
+        # here or, as `Agent.act`, in the module that defines it.
+        self.instance_classes, self.imported_instances = _bound_instances(text, self.classes, self.imported) \
+            if text and (self.classes or self.imported) else ({}, {})
+        self.instances: dict = {}
+        for name, owner in self.instance_classes.items():
+            table = self.methods[id(owner)]
+            run = table.get("forward") or table.get("__call__")
+            if run is not None:
+                self.instances[name] = run
         called += [name.rpartition(".")[2] for name in self.instances]
-        # ... and their other methods: `agent.act(s)` after `agent = Agent(...)`
-        self.instance_classes: dict = _instance_classes(text, self.classes) if text and self.classes else {}
-        modules = list(self.instance_classes)
-        # Instances of what project modules define, by the name or `self.` attribute bound once to
-        # one (`agent = Agent(...)`): a call of a method on one is a call of `Agent.<method>` there.
-        self.imported_instances: dict = _imported_instances(text, self.imported) if text and self.imported else {}
+        modules = list(self.instance_classes) + list(self.imported_instances)
         if self.imported:  # the names imported from project modules, and `alias.` of the modules
             called += [name for name, (_, defined) in self.imported.items() if defined is not None]
-            modules = [name for name, (_, defined) in self.imported.items() if defined is None]
-            modules += list(self.imported_instances)
+            modules += [name for name, (_, defined) in self.imported.items() if defined is None]
         if text and not self._stars:
             self._call_lines = _lines_calling(text, called, modules) if called or modules else set()
         else:
@@ -192,59 +195,27 @@ _INSTANCE = re.compile(r"(?<![\w.])((?:self\.)?[A-Za-z_]\w*)[ \t]*=[ \t]*([A-Za-
 _ASSIGNED = re.compile(r"(?<![\w.])((?:self\.)?[A-Za-z_]\w*)[ \t]*=(?!=)")
 
 
-def _instances(text: str, classes: dict, methods: dict) -> dict:
-    """{name or "self.attr": the `forward` (else `__call__`) of the class of the file the text
-    binds it to, once and to nothing else (`criterion = YoloLoss(...)`)}."""
-    found = {}
+def _bound_instances(text: str, classes: dict, imported: dict) -> tuple:
+    """({name or "self.attr": the class of the file}, {name or "self.attr": (path, name) of what a
+    project module defines}) for the names the text binds once, and to nothing else, to a call of
+    a class of the file or of an imported name (`agent = Agent(...)`, `self.memory = Replay(n)`).
+    One scan of the text for both."""
+    own, other = {}, {}
     counts = None
     for match in _INSTANCE.finditer(text):
         name, made = match.groups()
         cls = classes.get(made)
-        if cls is None:
-            continue
-        table = methods[id(cls)]
-        run = table.get("forward") or table.get("__call__")
-        if run is None:
+        source = imported.get(made) if cls is None else None
+        if cls is None and (source is None or source[1] is None):
             continue
         if counts is None:  # how often each name is assigned anything, read once
             counts = Counter(_ASSIGNED.findall(text))
         if counts[name] == 1:
-            found[name] = run
-    return found
-
-
-def _instance_classes(text: str, classes: dict) -> dict:
-    """{name or "self.attr": the class of the file the text binds it to, once and to nothing else
-    (`agent = Agent(...)`, `self.memory = Replay(n)`)}."""
-    found = {}
-    counts = None
-    for match in _INSTANCE.finditer(text):
-        name, made = match.groups()
-        cls = classes.get(made)
-        if cls is None:
-            continue
-        if counts is None:
-            counts = Counter(_ASSIGNED.findall(text))
-        if counts[name] == 1:
-            found[name] = cls
-    return found
-
-
-def _imported_instances(text: str, imported: dict) -> dict:
-    """{name or "self.attr": (path, name) of what a project module defines} for the names the
-    text binds once, and to nothing else, to a call of an imported name (`agent = Agent(...)`)."""
-    found = {}
-    counts = None
-    for match in _INSTANCE.finditer(text):
-        name, made = match.groups()
-        source = imported.get(made)
-        if source is None or source[1] is None:
-            continue
-        if counts is None:
-            counts = Counter(_ASSIGNED.findall(text))
-        if counts[name] == 1:
-            found[name] = source
-    return found
+            if cls is not None:
+                own[name] = cls
+            else:
+                other[name] = source
+    return own, other
 
 
 def _is_static(function: ast.AST) -> bool:
