@@ -115,9 +115,9 @@ def mlp_task(quick):
     return model, lambda m: F.cross_entropy(m(x), y)
 
 
-def trainer(model, loss_fn, lr=1e-4):
+def trainer(model, loss_fn, lr=1e-4, foreach=None):
     """One AdamW training step of `model` on `loss_fn(model)`, as a function of no arguments."""
-    opt = torch.optim.AdamW(model.parameters(), lr=lr)
+    opt = torch.optim.AdamW(model.parameters(), lr=lr, foreach=foreach)
 
     def step():
         opt.zero_grad(set_to_none=True)

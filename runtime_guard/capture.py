@@ -611,6 +611,7 @@ class Recorder:
         self.derive_backward = not profile_cuda
         self.saw_compiled = False
         self._grad_gemms: dict = {}       # (forward GEMM OpKey, operand grads) -> calls since the last backward
+        self._backward_keys: dict = {}    # (forward GEMM OpKey, operand grads) -> the OpKeys of its backward GEMMs
 
     # -- errors --------------------------------------------------------------------------
     def fail(self, exc: BaseException, where: str = "capture") -> None:
@@ -658,9 +659,16 @@ class Recorder:
         if not self.enabled:
             return
         ops = self.rec.ops
-        for (key, grads), n in pending.items():
-            for op, qualname, sig, out in derive_backward_gemms(key.op, key.sig, grads):
-                bkey = OpKey(op, qualname, key.site, False, key.module, True, key.device, sig, out, key.amp)
+        derived = self._backward_keys
+        for pkey, n in pending.items():
+            bkeys = derived.get(pkey)
+            if bkeys is None:
+                key, grads = pkey
+                bkeys = [OpKey(op, qualname, key.site, False, key.module, True, key.device, sig, out, key.amp)
+                         for op, qualname, sig, out in derive_backward_gemms(key.op, key.sig, grads)]
+                if len(derived) < MAX_KEYS:
+                    derived[pkey] = bkeys
+            for bkey in bkeys:
                 stat = ops.get(bkey)
                 if stat is None:
                     if len(ops) >= MAX_KEYS:

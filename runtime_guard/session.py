@@ -25,6 +25,7 @@ from __future__ import annotations
 import atexit
 import collections
 import functools
+import itertools
 import os
 import threading
 import time
@@ -105,8 +106,8 @@ class Guard:
         self.enabled_codes = _selection(select, ignore, self.notes)
         self.window = window
         self._window_len = window or MAX_DEFAULT_WINDOW  # shortened when the steps are steady
-        self._step_counts: dict = {}   # per op key, calls in the last kept step
-        self._counts_so_far: dict = {}
+        self._step_counts: list = []   # (position in the recording's ops, calls) in the last kept step
+        self._counts_so_far: list = []  # calls per position in the recording's ops
         self.warmup = warmup
         self.json_path = json_path
         self.estimate_savings = estimate_savings
@@ -276,13 +277,15 @@ class Guard:
     def _close_early_if_steady(self, rec) -> None:
         """Default window: close as soon as two observed steps ran the same ops as often. When the
         warm-up step is one of them it did no one-off work worth keeping out, and it is kept."""
-        counts = {key: stat.count for key, stat in rec.ops.items()}
-        before = self._counts_so_far
-        step_counts = {key: n - before.get(key, 0) for key, n in counts.items() if n != before.get(key, 0)}
+        # Per key in rec.ops's order (keys are only added to it): the calls so far, and this step's
+        # (position, calls) where it made any, compared step to step without hashing the keys again
+        counts = [stat.count for stat in rec.ops.values()]
+        step_counts = [(i, n - before) for i, (n, before) in
+                       enumerate(itertools.zip_longest(counts, self._counts_so_far, fillvalue=0)) if n != before]
         if self.window is None:
             warm = self._warmup_rec
             if (rec.steps == 1 and warm is not None and warm.steps == 1
-                    and step_counts == {key: stat.count for key, stat in warm.ops.items()}):
+                    and _by_key(rec, step_counts) == {key: stat.count for key, stat in warm.ops.items()}):
                 rec.absorb(warm)
                 self._warmup_rec = None
                 self._window_len = self._step + 1 - self.warmup  # closes at this boundary
@@ -328,7 +331,7 @@ class Guard:
         self._warmup_rec = None
         self._step = 0
         self._window_len = self.window or MAX_DEFAULT_WINDOW
-        self._step_counts, self._counts_so_far = {}, {}
+        self._step_counts, self._counts_so_far = [], []
         self.observed_step_ms.clear()
         self.plain_step_ms.clear()
         self.plain_wait_ms.clear()
@@ -610,6 +613,12 @@ def _compiled_frames() -> int:
     from torch._dynamo.utils import counters
 
     return counters["frames"]["ok"]
+
+
+def _by_key(rec, step_counts) -> dict:
+    """A step's calls per op key, from its (position in rec.ops, calls) pairs."""
+    keys = list(rec.ops)
+    return {keys[i]: n for i, n in step_counts}
 
 
 def _now() -> float:
