@@ -50,7 +50,7 @@ class Step(NamedTuple):
     training: bool
     forward: bool = False  # runs every step as (part of) a module's `forward`
     loss: bool = False     # ... of a loss module's `forward`, which a training step runs once per step
-    # the caller hands what the function returns to host code whose result it keeps (`action =
+    # the calling loop hands what the function returns to an environment's step (`action =
     # agent.act(state)`, then `state, reward, done, _ = env.step(action)`): the host needs it
     feeds_host: bool = False
 
@@ -490,7 +490,7 @@ def _step_at(ctx, found: dict, site, where: str = "") -> Optional[Step]:
     loop_step = next((s for s in (_loop_step(loop, calls) for loop in reversed(site.loops)) if s is not None), None)
     if loop_step is not None and where:
         loop_step = loop_step._replace(why=loop_step.why + where)
-    if loop_step is not None and _result_to_host_code(site):
+    if loop_step is not None and _result_to_environment(site):
         loop_step = loop_step._replace(feeds_host=True)
     return loop_step
 
@@ -498,7 +498,7 @@ def _step_at(ctx, found: dict, site, where: str = "") -> Optional[Step]:
 _ARRAY_MODULES = frozenset({"torch", "np", "numpy", "F", "nn"})
 
 
-def _result_to_host_code(site) -> bool:
+def _result_to_environment(site) -> bool:
     """What the call returns goes, in the same loop, into an environment's step: `action =
     agent.act(state)`, then `state, reward, done, _ = env.step(action)` (or
     `env.step(agent.act(state))`). An environment's step: a call of neither torch nor numpy, on
@@ -809,7 +809,7 @@ class PerStep(NamedTuple):
         return f"call of `{self.function.name}`, which {self.step.why}"
 
 
-def memoised(function: ast.AST) -> bool:
+def _memoised(function: ast.AST) -> bool:
     """A function under a caching decorator (`functools.lru_cache`, `functools.cache`,
     `cached_property`, a project's `lru_cache_unless_export`): its body runs once per distinct
     arguments, not on every call."""
@@ -841,7 +841,7 @@ def per_step(ctx) -> Optional[PerStep]:
             return PerStep(loops, None, function)
         return None
     if not loops:
-        if memoised(function):
+        if _memoised(function):
             return None
         step = step_of(ctx, ctx.functions)
         return PerStep(loops, step, function) if step is not None else None

@@ -266,7 +266,7 @@ class TensorCreationInLoop(Rule):
             if made is not None:
                 helper, factory, helper_path = made
         elif isinstance(carrier, (ast.Attribute, ast.Subscript)):
-            held = host_attribute(ctx, carrier)
+            held = host_attribute(ctx, carrier, moved)
             if held is not None:
                 attribute, factory = held
         cuda_type = None if moves or factory is not None or not node.args else cuda_tensor_type(ctx, func)

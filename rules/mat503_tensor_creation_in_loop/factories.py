@@ -336,16 +336,20 @@ def exact_on_device(ctx, moved: ast.AST, factory: ast.Call) -> bool:
         for node in ast.walk(moved))
 
 
-def host_attribute(ctx, expr: ast.AST) -> Optional[tuple]:
+def host_attribute(ctx, expr: ast.AST, moved: ast.AST) -> Optional[tuple]:
     """(`self.<attr>`, (name, factory call)) when `expr` is that attribute, or a slice of it
     (`self.pe[:, :n]`), of an `nn.Module` whose set-up assigns it (never in place, never as a
     buffer or parameter) a tensor made on the host: a factory without `device=`, through a name
     (`pe = torch.zeros(...)`, ..., `self.pe = pe.unsqueeze(0)`) or a function of the file or
     project that returns one (`get_positional_encoding(d, n)`); or a tensor handed to the
     constructor (`self.pe = pe`, ("argument", None)), which the move in `forward` says is not on
-    the device. `model.to(device)` leaves such a tensor where it is, so a move of it in `forward`
-    copies it on every call."""
+    the device, where `moved` (the expression moved) shows it is a tensor: sliced over several
+    dims (`self.pe[:, :n]`) or through tensor ops (`self.mask.repeat(b, 1, 1)`); a module or
+    parameter handed in is registered, and its move is a no-op. `model.to(device)` leaves such a
+    tensor where it is, so a move of it in `forward` copies it on every call."""
+    tensor_use = moved is not expr
     while isinstance(expr, ast.Subscript):
+        tensor_use = tensor_use or isinstance(expr.slice, ast.Tuple)
         expr = expr.value
     if not set_once_attribute(ctx, expr):
         return None
@@ -377,7 +381,9 @@ def host_attribute(ctx, expr: ast.AST) -> Optional[tuple]:
                     break
                 made = made or found
         ctx.shared[key] = made
-    return (expr, made) if made is not None else None
+    if made is None or made[0] == "argument" and not tensor_use:
+        return None
+    return expr, made
 
 
 def _parameter_names(function) -> set:
