@@ -138,21 +138,32 @@ def file_moves_to_cuda(path: str) -> bool:
     """The project file at `path` (a trainer that a script hands its step function, a module
     that picks the device) moves work to a CUDA device. Read once per process while the file is
     unchanged: rules ask it for every candidate node."""
-    try:
-        st = os.stat(path)
-    except OSError:
-        return False
-    cached = _MOVES_TO_CUDA.get(path)
-    if cached is not None and cached[:2] == (st.st_size, st.st_mtime_ns):
-        return cached[2]
+    return while_unchanged(_MOVES_TO_CUDA, path, _names_cuda_work_in, False)
+
+
+def _names_cuda_work_in(path: str) -> bool:
     from .kinds import names_cuda_work
     try:
         with open(path, encoding="utf-8", errors="replace") as handle:
-            found = names_cuda_work(handle.read())
+            return names_cuda_work(handle.read())
     except OSError:
-        found = False
-    _MOVES_TO_CUDA[path] = (st.st_size, st.st_mtime_ns, found)
-    return found
+        return False
+
+
+def while_unchanged(cache: dict, path: str, compute, missing=None):
+    """`compute(path)`, worked out once per process while the file at `path` keeps its size and
+    modification time (kept in `cache`, path -> (size, mtime_ns, value)); `missing` where the
+    file cannot be read."""
+    try:
+        st = os.stat(path)
+    except OSError:
+        return missing
+    cached = cache.get(path)
+    if cached is not None and cached[:2] == (st.st_size, st.st_mtime_ns):
+        return cached[2]
+    value = compute(path)
+    cache[path] = (st.st_size, st.st_mtime_ns, value)
+    return value
 
 
 _MOVES_TO_CUDA: dict = {}  # path -> (size, mtime_ns, whether it moves work to CUDA)
@@ -325,20 +336,15 @@ def _re_export_sources(init: str, names, hops: int) -> set:
 
 def parsed(path: str) -> Optional[ast.Module]:
     """The module at `path`, parsed once per process while its file is unchanged."""
-    try:
-        st = os.stat(path)
-    except OSError:
-        return None
-    cached = _PARSED.get(path)
-    if cached is not None and cached[:2] == (st.st_size, st.st_mtime_ns):
-        return cached[2]
+    return while_unchanged(_PARSED, path, _parse_file)
+
+
+def _parse_file(path: str) -> Optional[ast.Module]:
     try:
         with open(path, "rb") as handle:
-            tree = ast.parse(handle.read())
+            return ast.parse(handle.read())
     except (OSError, SyntaxError, ValueError):
-        tree = None
-    _PARSED[path] = (st.st_size, st.st_mtime_ns, tree)
-    return tree
+        return None
 
 
 def imported_function(ctx, func: ast.AST) -> Optional[tuple]:

@@ -36,7 +36,7 @@ from .loops import (LoopInfo, _attribute_paths, bound_names, file_trains, identi
                     is_optimizer_step, is_training_loop, loaded_names, may_run_training_step, name_tokens,
                     walk_no_scopes)
 from .project import (imported_class, imported_definition, imported_definitions, imported_function, importers, parsed,
-                      project_imports, project_size)
+                      project_imports, project_size, while_unchanged)
 from .tree import child_nodes, dotted, identifier_text
 
 _LOOPS = (ast.For, ast.AsyncFor, ast.While, ast.ListComp, ast.SetComp, ast.DictComp, ast.GeneratorExp)
@@ -646,23 +646,18 @@ def _steps_in_importers(ctx) -> dict:
 def _importer_steps(path: str) -> dict:
     """{(path, name): Step} for each definition of another project file that the file at `path`
     calls on every step (`_step_at`), worked out once per process while the file is unchanged."""
-    try:
-        st = os.stat(path)
-    except OSError:
-        return {}
-    cached = _IMPORTER_STEPS.get(path)
-    if cached is not None and cached[:2] == (st.st_size, st.st_mtime_ns):
-        return cached[2]
-    _READING.append(path)
-    try:
-        found = _read_importer_steps(path)
-    finally:
-        _READING.pop()
-    _IMPORTER_STEPS[path] = (st.st_size, st.st_mtime_ns, found)
-    return found
+    return while_unchanged(_IMPORTER_STEPS, path, _read_importer_steps, {})
 
 
 def _read_importer_steps(path: str) -> dict:
+    _READING.append(path)
+    try:
+        return _steps_called_by(path)
+    finally:
+        _READING.pop()
+
+
+def _steps_called_by(path: str) -> dict:
     found = {}
     tree = parsed(path)
     imported = project_imports(tree, path) if tree is not None else {}
