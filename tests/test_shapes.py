@@ -754,3 +754,72 @@ def test_module_level_instances_and_their_moves():
                       "reveal(plain)\n")
     assert str(values[0]) == "(5, 1)"
     assert not isinstance(values[1], _shapes.Instance)  # a class's own `cuda` returns what it returns
+
+
+_NET = """\
+import torch
+from torch import nn
+
+class Net(nn.Module):
+    def __init__(self, d, out=1):
+        super().__init__()
+        self.fc = nn.Linear(d, 16)
+        self.head = nn.Linear(16, out)
+
+    def forward(self, x):
+        return self.head(torch.relu(self.fc(x)))
+"""
+
+
+def test_a_class_of_another_project_module_gives_its_forward_shape(tmp_path):
+    """`from model import Net` (or `import pkg.model as models`, `models.Net(...)`): calling the
+    instance gives what `forward` returns, read where the class is defined, with the sizes the
+    constructor call gives; as a module-level name, or passed to the function that trains it."""
+    from matlint.registry import get_rule
+
+    (tmp_path / "model.py").write_text(_NET)
+    script = tmp_path / "train.py"
+    source = textwrap.dedent("""\
+        import torch
+        import torch.nn.functional as F
+        from model import Net
+
+        net = Net(8)
+        wide = Net(8, out=4)
+        for step in range(100):
+            x, y = torch.randn(32, 8), torch.randn(32)
+            loss = F.mse_loss(net(x), y) + F.mse_loss(wide(x), y)
+            loss.backward()
+        """)
+    script.write_text(source)
+    rules = [get_rule("MAT202")]
+    found = lint_source(source, str(script), rules)
+    assert [(f.row, f.column) for f in found] == [(9, 12)]
+    assert "input (32, 1) and target (32,)" in found[0].message
+
+    package = tmp_path / "pkg"
+    package.mkdir()
+    (package / "__init__.py").write_text("")
+    (package / "model.py").write_text(_NET)
+    script = tmp_path / "main.py"
+    source = textwrap.dedent("""\
+        import torch
+        import torch.nn as nn
+        import pkg.model as models
+
+        def train(model, opt, n: int):
+            x, y = torch.randn(n, 8), torch.randn(n)
+            loss = nn.MSELoss()(model(x), y)
+            opt.zero_grad(); loss.backward(); opt.step()
+
+        if __name__ == "__main__":
+            net = models.Net(8)
+            train(net, torch.optim.SGD(net.parameters(), 0.1), 64)
+        """)
+    script.write_text(source)
+    found = lint_source(source, str(script), rules)
+    assert [(f.row, f.column) for f in found] == [(7, 12)]
+    assert "MSELoss() input (n, 1) and target (n,)" in found[0].message
+    # The module's head made 4 wide: the shapes differ without broadcasting into a matrix.
+    (package / "model.py").write_text(_NET.replace("out=1", "out=4"))
+    assert lint_source(source, str(script), rules) == []

@@ -10,7 +10,7 @@ from functools import cached_property
 from typing import Optional
 
 from .names import NameResolver
-from .project import star_imported_aliases
+from .project import parsed, star_imported_aliases, while_unchanged
 
 LINE_SPLIT = re.compile(r"\r\n|\r|\n")
 _STAR_IMPORT = re.compile(r"^[ \t]*from[ \t]+\S+[ \t]+import[ \t]+\*", re.M)
@@ -85,3 +85,23 @@ class SourceFile:
             return [line + "\n" for line in self.lines[:-1]] + self.lines[-1:]
         pieces = _LINE_SPLIT_KEEP.split(self.source)
         return [pieces[i] + (pieces[i + 1] if i + 1 < len(pieces) else "") for i in range(0, len(pieces), 2)]
+
+
+def project_file(path: str) -> Optional[SourceFile]:
+    """The project module at `path` as the analyses read it, its caches kept, once per process
+    while the file is unchanged; None where it cannot be read or parsed."""
+    return while_unchanged(_PROJECT_FILES, path, _read_project_file)
+
+
+def _read_project_file(path: str) -> Optional[SourceFile]:
+    tree = parsed(path)
+    if tree is None:
+        return None
+    try:
+        with open(path, encoding="utf-8", errors="replace") as handle:
+            return SourceFile(handle.read(), path, tree)
+    except OSError:
+        return None
+
+
+_PROJECT_FILES: dict = {}  # path -> (size, mtime_ns, its SourceFile or None)

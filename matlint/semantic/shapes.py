@@ -52,6 +52,8 @@ from .calls import argument_for, file_calls
 from .flow import flow_of, function_text, has_word
 from .kinds import fixed_key, identifier_text, int_const, may_mention, module_container, mutated_attributes
 from .loops import scope_statements
+from .file import project_file
+from .project import imported_definition, project_imports
 from .tree import child_nodes, walk
 
 # -- dims -----------------------------------------------------------------------------------
@@ -337,16 +339,23 @@ class ModuleItems:
 
 @dataclass(eq=False)
 class Instance:
-    """An instance of a class of this file (`self.critic = Critic(d)`, `memory = ReplayBuffer()`):
-    calling it, or one of its methods, gives what that method returns for these arguments.
-    Instances of one class are alike: what its methods return depends on the arguments only."""
+    """An instance of a class of this file or of a project module it imports (`self.critic =
+    Critic(d)`, `memory = ReplayBuffer()`, `net = Net()` after `from model import Net`): calling
+    it, or one of its methods, gives what that method returns for these arguments, read in
+    `source`, the file that defines the class. Instances of one class are alike: what its
+    methods return depends on the arguments only."""
     cls: ast.ClassDef
+    source: object = field(default=None, repr=False)
+    # The sizes the constructor was given, as `(parameter, IntVal)` pairs: a literal int passed
+    # (`Critic(d, 1)`) or a parameter's int default left in place. Each sets what `__init__`
+    # builds from that parameter (`nn.Linear(hidden, output_size)`).
+    sizes: tuple = ()
 
     def __eq__(self, other):
-        return isinstance(other, Instance) and other.cls is self.cls
+        return isinstance(other, Instance) and other.cls is self.cls and other.sizes == self.sizes
 
     def __hash__(self):
-        return id(self.cls)
+        return hash((id(self.cls), self.sizes))
 
 
 @_value_class
@@ -1717,19 +1726,26 @@ class FunctionShapes:
         if named is not None:
             return self._torch_call(named, node, args, kwargs)
         if isinstance(callee, Instance):  # `self.critic(x)`, `model(x)`: its forward
-            return self._returned(callee.cls, "forward", args, kwargs, node)
-        if func.__class__ is ast.Name and (callee is None or callee.__class__ is Opaque) and qual is None \
+            return self._returned(callee, _forward_of(callee.cls), args, kwargs, node)
+        if func.__class__ is ast.Name and (callee is None or callee.__class__ is Opaque) \
                 and (func.id not in self.env or self.owner is self.ctx.tree):
-            made = file_class(self.ctx, func.id)  # at module level its `class` statement binds it
+            # `Critic(d)`: a class of this file (at module level its `class` statement binds it),
+            # or of a project module (`Net()` after `from model import Net`)
+            made = class_named(self.ctx, func)
             if made is not None:
-                return Instance(made)  # `Critic(d)`: an instance of a class of this file
+                return _constructed(made, args, kwargs)
         if (func.__class__ is ast.Attribute and self.cls is not None and self._is_self_attr(func)
                 and not self.init_mode and func.attr not in self.class_attrs):
-            return self._returned(self.cls, func.attr, args, kwargs, node)  # `self.v(s)`: another method
+            # `self.v(s)`: another method
+            return self._returned(Instance(self.cls, self.ctx), func.attr, args, kwargs, node)
         if func.__class__ is ast.Attribute and isinstance(receiver, Instance):
             if func.attr in _MODULE_RETURNS_SELF and receiver.cls.bases and method_of(receiver.cls, func.attr) is None:
                 return receiver  # `D = D.cuda()`: nn.Module's own method gives the module back
-            return self._returned(receiver.cls, func.attr, args, kwargs, node)  # `self.critic.value(s)`
+            return self._returned(receiver, func.attr, args, kwargs, node)  # `self.critic.value(s)`
+        if func.__class__ is ast.Attribute and receiver is None and qual is not None:
+            made = class_named(self.ctx, func)  # `models.Net()` after `import models`
+            if made is not None:
+                return _constructed(made, args, kwargs)
         if isinstance(callee, Module):
             return callee.apply(as_shape(args[0])) if len(args) == 1 and not kwargs else None
         if isinstance(callee, Loss):
@@ -1774,14 +1790,16 @@ class FunctionShapes:
                 return receiver.apply(as_shape(args[0])) if len(args) == 1 else None
         return None
 
-    def _returned(self, cls: ast.ClassDef, name: str, args, kwargs, node):
-        """What method `name` of `cls` returns when called with these argument values (all its
-        `return`s agree), read off an analysis of the method with its parameters bound to them;
-        None past a few calls deep, for recursion, or where any argument is spread (`*a`)."""
-        fn = method_of(cls, name)
+    def _returned(self, instance: Instance, name: str, args, kwargs, node):
+        """What method `name` of the instance's class returns when called with these argument
+        values (all its `return`s agree), read off an analysis of the method, in the file that
+        defines it, with its parameters bound to them; None past a few calls deep, for recursion,
+        or where any argument is spread (`*a`)."""
+        cls, source = instance.cls, instance.source
+        fn = method_of(cls, name) if name is not None else None
         if fn is None or self.depth >= _CALL_DEPTH or any(a.__class__ is ast.Starred for a in node.args):
             return None
-        if not any(isinstance(a, Shape) for a in [*args, *kwargs.values()]) and not _method_may_shape(self.ctx, cls, fn):
+        if not any(isinstance(a, Shape) for a in [*args, *kwargs.values()]) and not _method_may_shape(source, cls, fn):
             return None  # nothing in the method, nor in what it is given, has a shape
         params = fn.args.posonlyargs + fn.args.args
         if not params or len(args) > len(params) - 1 or fn.args.vararg is not None:
@@ -1792,7 +1810,7 @@ class FunctionShapes:
             return None
         bound.update(kwargs)
         try:
-            key = ("shapes.returned", id(fn), tuple(sorted(bound.items())))
+            key = ("shapes.returned", id(fn), instance.sizes, tuple(sorted(bound.items())))
             hash(key)
         except TypeError:
             key = None
@@ -1804,7 +1822,7 @@ class FunctionShapes:
             return None  # a method reached again through its own calls
         active.add(id(fn))
         try:
-            analysis = FunctionShapes(self.ctx, fn, _class_attrs(self.ctx, cls), params[0].arg,
+            analysis = FunctionShapes(source, fn, _class_attrs(source, cls, instance.sizes), params[0].arg,
                                       scope=f"{cls.name}.{fn.name}", cls=cls, arguments=bound, depth=self.depth + 1)
             returns = [analysis.values.get(r.value) if r.value is not None else None for r in returns_of(fn)]
         finally:
@@ -2376,11 +2394,82 @@ def file_class(ctx, name: str) -> Optional[ast.ClassDef]:
     return file_classes(ctx).get(name)
 
 
-def _instance_made(ctx, expr) -> Optional[ast.ClassDef]:
-    """The class of the file `expr` calls to make an instance (`Critic(d)`), or None."""
-    if expr.__class__ is ast.Call and expr.func.__class__ is ast.Name and ctx.qualname(expr.func) is None:
-        return file_class(ctx, expr.func.id)
-    return None
+def instance_made(ctx, expr) -> Optional[Instance]:
+    """The instance `expr` makes when it calls a class of the file (`Critic(d)`) or of a project
+    module it imports (`Net()` after `from model import Net`, `models.Net()` after `import
+    models`), else None."""
+    if expr.__class__ is not ast.Call:
+        return None
+    made = class_named(ctx, expr.func)
+    if made is None:
+        return None
+    args = [IntVal(a.value) if a.__class__ is ast.Constant and type(a.value) is int else None for a in expr.args]
+    kwargs = {k.arg: IntVal(k.value.value) if k.value.__class__ is ast.Constant and type(k.value.value) is int else None
+              for k in expr.keywords}
+    return _constructed(made, args, kwargs, spread=any(a.__class__ is ast.Starred for a in expr.args))
+
+
+def _constructed(instance: Instance, args, kwargs, spread: bool = False) -> Instance:
+    """`instance` with the sizes its constructor call gives (`Critic(d, 1)`): each int argument,
+    and each int default of a parameter the call leaves out; none where arguments are spread."""
+    init = method_of(instance.cls, "__init__")
+    if init is None or spread or None in kwargs or init.args.vararg is not None:
+        return instance
+    params = (init.args.posonlyargs + init.args.args)[1:]
+    if len(args) > len(params):
+        return instance
+    given = dict(zip((p.arg for p in params), args))
+    given.update(kwargs)
+    defaults = dict(zip((p.arg for p in params[len(params) - len(init.args.defaults):]), init.args.defaults))
+    defaults.update((p.arg, d) for p, d in zip(init.args.kwonlyargs, init.args.kw_defaults) if d is not None)
+    sizes = []
+    for name in [p.arg for p in params] + [p.arg for p in init.args.kwonlyargs]:
+        value = given.get(name, _MISSING)
+        if value is _MISSING:
+            default = defaults.get(name)
+            value = IntVal(default.value) if default.__class__ is ast.Constant and type(default.value) is int else None
+        if isinstance(value, IntVal) and isinstance(value.dim, int) and not isinstance(value.dim, bool):
+            sizes.append((name, value))
+    return replace(instance, sizes=tuple(sizes)) if sizes else instance
+
+
+def class_named(ctx, func) -> Optional[Instance]:
+    """An instance of the class `func` names, of the file or imported from a project module."""
+    if func.__class__ is ast.Name:
+        if ctx.qualname(func) is None:
+            cls = file_class(ctx, func.id)
+            return Instance(cls, ctx) if cls is not None else None
+        key = func.id
+    elif func.__class__ is ast.Attribute and func.value.__class__ is ast.Name:
+        key = (func.value.id, func.attr)
+    else:
+        return None
+    imported = _imported_classes(ctx)
+    if key not in imported:
+        names = ctx.shared.get("project_imports")
+        if names is not None and (key if func.__class__ is ast.Name else key[0]) not in names:
+            return None  # the table of imports is read by `imported_definition`: no name of it, no class
+        found = imported_definition(ctx, func, (ast.ClassDef,))
+        source = project_file(found[1]) if found is not None else None
+        imported[key] = Instance(found[0], source) if source is not None else None
+    return imported[key]
+
+
+def _imported_classes(ctx) -> dict:
+    """name, or (module alias, name) -> the Instance a call of it makes, for the names of imported
+    project classes looked up in the file so far (None: no such class)."""
+    found = ctx.shared.get("shapes.imported_classes")
+    if found is None:
+        found = ctx.shared["shapes.imported_classes"] = {}
+    return found
+
+
+def _forward_of(cls: ast.ClassDef) -> Optional[str]:
+    """The method a call of an instance runs: `forward`, or `__call__` where the class defines it
+    in place of `forward`."""
+    if method_of(cls, "forward") is not None:
+        return "forward"
+    return "__call__" if method_of(cls, "__call__") is not None else None
 
 
 def module_level_value(ctx, name: str):
@@ -2391,8 +2480,7 @@ def module_level_value(ctx, name: str):
         return None
     if value.__class__ is ast.Constant and type(value.value) is float:
         return SCALAR
-    made = _instance_made(ctx, value)
-    return Instance(made) if made is not None else None
+    return instance_made(ctx, value)
 
 
 def may_be_passed_instances(ctx, fn) -> bool:
@@ -2400,8 +2488,8 @@ def may_be_passed_instances(ctx, fn) -> bool:
     file has classes, and calls `fn` by name somewhere besides its `def` (a constructor's
     callers are not calls of it)."""
     name = getattr(fn, "name", "__init__")
-    return (name != "__init__" and bool(file_classes(ctx)) and identifier_text(ctx).count(name + "(") >= 2
-            and fn in ctx.tree.body)
+    return (name != "__init__" and (bool(file_classes(ctx)) or bool(_project_names(ctx)))
+            and identifier_text(ctx).count(name + "(") >= 2 and fn in ctx.tree.body)
 
 
 def passed_instance(ctx, fn, param: str) -> Optional[Instance]:
@@ -2418,16 +2506,17 @@ def passed_instance(ctx, fn, param: str) -> Optional[Instance]:
         classes = set()
         for site in sites:
             expr = argument_for(site, fn, param)
-            made = _instance_made(ctx, expr) if expr is not None else None
-            if made is None and expr.__class__ is ast.Name and site.functions:
-                assign = flow_of(ctx, site.functions[-1]).reaching(expr)
-                made = _instance_made(ctx, assign.value) if assign is not None else None
-                if made is None and not flow_of(ctx, site.functions[-1]).stores.get(expr.id):
-                    global_value = module_level_value(ctx, expr.id)
-                    made = global_value.cls if isinstance(global_value, Instance) else None
+            made = instance_made(ctx, expr) if expr is not None else None
+            if made is None and expr.__class__ is ast.Name:
+                if site.functions:
+                    assign = flow_of(ctx, site.functions[-1]).reaching(expr)
+                    made = instance_made(ctx, assign.value) if assign is not None else None
+                if made is None and not (site.functions and flow_of(ctx, site.functions[-1]).stores.get(expr.id)):
+                    global_value = module_level_value(ctx, expr.id)  # `net = Net()` at module level
+                    made = global_value if isinstance(global_value, Instance) else None
             classes.add(made)
         if len(classes) == 1 and None not in classes:
-            found = Instance(classes.pop())
+            found = classes.pop()
     ctx.shared[key] = found
     return found
 
@@ -2476,10 +2565,10 @@ def self_name_of(fn) -> Optional[str]:
 _ATTRIBUTE_STORE = re.compile(r"\.\s*(?=([A-Za-z_]\w*))\1\s*(?:(?:[-+*/@%&|^]|//|\*\*|<<|>>)?=(?!=)|,)")
 
 
-def _class_attrs(ctx, cls: ast.ClassDef) -> dict:
+def _class_attrs(ctx, cls: ast.ClassDef, sizes: tuple = ()) -> dict:
     """`self.<attr>` values set in `__init__` (modules, losses, sizes) and never assigned
-    anywhere else in the class."""
-    key = ("shapes.class", id(cls))
+    anywhere else in the class; `sizes`: the ints the constructor was given, by parameter."""
+    key = ("shapes.class", id(cls), sizes)
     cached = ctx.shared.get(key)
     if cached is not None:
         return cached
@@ -2489,7 +2578,8 @@ def _class_attrs(ctx, cls: ast.ClassDef) -> dict:
     for stmt in cls.body:
         if isinstance(stmt, (ast.FunctionDef, ast.AsyncFunctionDef)) and stmt.name == "__init__":
             init = stmt
-            analysis = FunctionShapes(ctx, stmt, self_name=self_name_of(stmt), scope="__init__", init_mode=True)
+            analysis = FunctionShapes(ctx, stmt, self_name=self_name_of(stmt), scope="__init__", init_mode=True,
+                                      arguments=dict(sizes))
             attrs = {k: v for k, v in analysis.stored_attrs.items()
                      if isinstance(v, (Module, Loss, Scalar)) or (isinstance(v, IntVal) and v.dim is not None)
                      or (isinstance(v, Opaque) and v.sym is not None)
@@ -2657,9 +2747,11 @@ def _may_shape(ctx, name: str) -> bool:
 
 def _calls_shaping_code(ctx, text: str, cls: Optional[ast.ClassDef]) -> bool:
     """`text` calls a method or makes an instance of a class of the file that can return a
-    shape (`self.v(s)`, `model.q(s)`, `Critic(d)`), or calls an attribute of `cls` holding one
-    (`self.critic(s)`)."""
-    if not file_classes(ctx):
+    shape (`self.v(s)`, `model.q(s)`, `Critic(d)`), makes an instance of a class imported from a
+    project module (`Net(d)`, or an instance the module makes, called as `net(x)`), or calls an
+    attribute of `cls` holding one (`self.critic(s)`)."""
+    imported = _project_names(ctx)
+    if not file_classes(ctx) and not imported:
         return False
     called = set(_CALLED_NAME.findall(text))
     if not called:
@@ -2667,12 +2759,38 @@ def _calls_shaping_code(ctx, text: str, cls: Optional[ast.ClassDef]) -> bool:
     callables = _file_callables(ctx)
     if any(_may_shape(ctx, name) for name in called if name in callables):
         return True
+    if imported and any(_imported_class_may_shape(ctx, name) for name in called):
+        return True
     if cls is None:
         return False
     held = _instance_attributes(ctx, cls)
     return not held.isdisjoint(called) and any(
-        isinstance(value, Instance) and attr in called and _may_shape(ctx, value.cls.name)
+        isinstance(value, Instance) and attr in called and _may_shape(value.source, value.cls.name)
         for attr, value in _class_attrs(ctx, cls).items())
+
+
+def _project_names(ctx) -> frozenset:
+    """Names the file's top-level imports bind to a definition or module of the project."""
+    found = ctx.shared.get("shapes.project_names")
+    if found is None:
+        found = ctx.shared["shapes.project_names"] = frozenset(
+            name for name in project_imports(ctx.tree, ctx.filename) if name != "*")
+    return found
+
+
+def _imported_class_may_shape(ctx, name: str) -> bool:
+    """A call spelled `name(` can make or run an instance of a class imported from a project
+    module whose methods can hold a shape: the class itself (`Net(`), or a module-level name the
+    file binds to such an instance (`net = Net(d)`, then `net(`)."""
+    if name not in _project_names(ctx):
+        made = module_assignments(ctx).get(name)
+        if made.__class__ is not ast.Call or made.func.__class__ is not ast.Name:
+            return False
+        name = made.func.id
+        if name not in _project_names(ctx):
+            return False
+    made = class_named(ctx, ast.Name(name, ast.Load()))
+    return made is not None and made.source is not None and _may_shape(made.source, made.cls.name)
 
 
 def _instance_attributes(ctx, cls: ast.ClassDef) -> frozenset:
@@ -2681,12 +2799,13 @@ def _instance_attributes(ctx, cls: ast.ClassDef) -> frozenset:
     key = ("shapes.instance_attributes", id(cls))
     found = ctx.shared.get(key)
     if found is None:
-        classes = file_classes(ctx)
+        classes = file_classes(ctx).keys() | _project_names(ctx)
         found = set()
         for fn in cls.body:
             if (isinstance(fn, ast.FunctionDef) and fn.name == "__init__"
-                    and any(name in classes and _may_shape(ctx, name)
-                            for name in set(_CALLED_NAME.findall(function_text(ctx, fn))))):
+                    and any((_may_shape(ctx, name) if name not in _project_names(ctx)
+                             else _imported_class_may_shape(ctx, name))
+                            for name in set(_CALLED_NAME.findall(function_text(ctx, fn))) if name in classes)):
                 for node in ast.walk(fn):
                     if (node.__class__ is ast.Assign and node.value.__class__ is ast.Call
                             and node.value.func.__class__ is ast.Name and node.value.func.id in classes):
