@@ -57,6 +57,55 @@ _NON_TENSOR_METHODS = {
     "max": None, "min": None, "median": None, "mode": None, "kthvalue": None, "unique": None,
     "type": None, "equal": SCALAR,
 }
+# Methods whose result is a tensor, or with a dim a `(values, indices)` pair of tensors.
+_PAIR_METHODS = frozenset({"max", "min", "median", "nanmedian", "mode", "kthvalue", "sort", "topk", "aminmax",
+                           "cummax", "cummin"})
+
+def _pair_method(node: ast.AST) -> bool:
+    """`t.max(1)`, `t.topk(k)`: a method call whose result may be a `(values, indices)` pair."""
+    return (node.__class__ is ast.Call and node.func.__class__ is ast.Attribute
+            and node.func.attr in _PAIR_METHODS)
+
+
+# Legacy typed tensor constructors and the dtype of each.
+TYPED_TENSORS = {"FloatTensor": "torch.float32", "DoubleTensor": "torch.float64", "HalfTensor": "torch.float16",
+                 "BFloat16Tensor": "torch.bfloat16", "ByteTensor": "torch.uint8", "CharTensor": "torch.int8",
+                 "ShortTensor": "torch.int16", "IntTensor": "torch.int32", "LongTensor": "torch.long",
+                 "BoolTensor": "torch.bool"}
+
+
+def _cuda_type(ctx, expr: ast.AST) -> Optional[str]:
+    qualname = ctx.qualname(expr) or ""
+    module, _, name = qualname.rpartition(".")
+    return TYPED_TENSORS.get(name) if module == "torch.cuda" else None
+
+
+def cuda_tensor_type(ctx, func: ast.AST) -> Optional[str]:
+    """The dtype of the legacy CUDA tensor type that `func` names: `torch.cuda.FloatTensor`, or a
+    module-level name bound to one, also under a condition (`Tensor = torch.cuda.FloatTensor if
+    cuda else torch.FloatTensor`, as GAN and RL scripts write it) or through another such name
+    (`Tensor = FloatTensor`). Called on data, such a type
+    copies the data to the GPU."""
+    found = _cuda_type(ctx, func)
+    if found is not None or not isinstance(func, ast.Name) or ctx.names.binds_locally(func.id):
+        return found
+    aliases = ctx.shared.get("cuda_tensor_aliases")
+    if aliases is None:
+        aliases = ctx.shared["cuda_tensor_aliases"] = {}
+        for stmt in ctx.tree.body:
+            if not (isinstance(stmt, ast.Assign) and len(stmt.targets) == 1 and isinstance(stmt.targets[0], ast.Name)):
+                continue
+            value = stmt.value
+            if isinstance(value, ast.Name) and value.id in aliases:  # `Tensor = FloatTensor`
+                aliases[stmt.targets[0].id] = aliases[value.id]
+                continue
+            branches = [value.body, value.orelse] if isinstance(value, ast.IfExp) else [value]
+            dtype = next((d for d in map(lambda b: _cuda_type(ctx, b), branches) if d is not None), None)
+            if dtype is not None:
+                aliases[stmt.targets[0].id] = dtype
+    return aliases.get(func.id)
+
+
 _NON_TENSOR_ATTRS = {"shape", "device", "dtype", "ndim", "is_cuda", "requires_grad", "layout",
                      "is_leaf", "grad_fn", "names", "is_sparse", "itemsize", "nbytes"}
 _SAME_KIND_ATTRS = {"T", "mT", "H", "mH", "data", "grad", "real", "imag"}
@@ -695,6 +744,9 @@ class _Inference:
             base = None if held.__class__ is _Held else held
             if base in TENSORS or base == NUMPY:
                 return base
+            if base is None and int_const(node.slice) in (0, 1) and _pair_method(node.value):
+                pair = self.expr(node.value.func.value)  # `q.max(1)[0]`: the values, where q is
+                return pair if pair in TENSORS else None
             if base == TENSOR_SEQ:
                 return TENSOR
             if base == SCALAR:
@@ -780,6 +832,8 @@ class _Inference:
             if func.id in ("len", "int", "float", "bool", "str", "round", "sum", "abs", "max", "min",
                            "isinstance", "hasattr", "repr"):
                 return SCALAR if func.id not in ("sum", "abs", "max", "min") else None
+            if cuda_tensor_type(ctx, func) is not None:
+                return TENSOR  # `ByteTensor(flags)` after `ByteTensor = torch.cuda.ByteTensor if cuda else ...`
             callee = self.name(func.id)
             if callee == MODULE_CLASS:
                 return USER_MODULE
@@ -903,11 +957,24 @@ class _Inference:
         if method in ("cpu", "cuda", "to"):
             where = self._destination(method, node)
             return receiver if where is _STAYS else where
+        if method == "type" and len(node.args) == 1 and not node.keywords:
+            return self._retyped(receiver, node.args[0])
         if method in _NON_TENSOR_METHODS:
             kind = _NON_TENSOR_METHODS[method]
             # `.max()` is a tensor or a (values, indices) pair, but of a host tensor either stays there
             return CPU_TENSOR if kind is None and receiver == CPU_TENSOR else kind
         return receiver
+
+    def _retyped(self, receiver: str, target: ast.AST) -> Optional[str]:
+        """`x.type(T)`: on the GPU for a CUDA tensor type (`torch.cuda.FloatTensor`, a name bound to
+        one), on the host for a CPU one (`torch.FloatTensor`), where `x` was for a dtype."""
+        if cuda_tensor_type(self.ctx, target) is not None:
+            return TENSOR
+        qual = self.ctx.qualname(target) or ""
+        module, _, name = qual.rpartition(".")
+        if module == "torch" and (name == "Tensor" or name in TYPED_TENSORS):
+            return CPU_TENSOR
+        return receiver if module == "torch" and name[:1].islower() else None
 
     def _container_item(self, node: ast.Subscript) -> Optional[str]:
         """`self.blocks[0]`, `self.layers["proj"]`: the kind of the item a fixed key picks out of a
@@ -956,9 +1023,10 @@ class _Inference:
             return MODULE_LIST
         if qual in ("torch.nn.Parameter", "torch.nn.Buffer"):
             return TENSOR
-        if module == "torch" and attr in ("Tensor", "FloatTensor", "LongTensor", "BoolTensor", "HalfTensor",
-                                          "BFloat16Tensor", "IntTensor", "DoubleTensor"):
+        if module == "torch" and (attr == "Tensor" or attr in TYPED_TENSORS):
             return CPU_TENSOR
+        if module == "torch.cuda" and attr in TYPED_TENSORS:
+            return TENSOR
         if qual == "torch.utils.data.DataLoader":
             return LOADER
         if qual == "torch.from_numpy":

@@ -13,7 +13,7 @@ from matlint.rule import Only, Rule
 from matlint.semantic import kinds as _kinds
 from matlint.semantic.project import cpu_only_project, cpu_only_script, imported_function
 from matlint.semantic.loops import loaded_names
-from matlint.semantic.torch_api import TYPED_TENSORS
+from matlint.semantic.kinds import TYPED_TENSORS, cuda_tensor_type
 from matlint.semantic.steps import loop_trains, repeating_loops, runs_once, step_loop
 from matlint.semantic.names import in_reference_code, in_test_code
 
@@ -93,9 +93,10 @@ _BOOLEAN_FUNCTIONS = frozenset({"torch.isnan", "torch.isinf", "torch.isfinite", 
                                 "torch.lt", "torch.ge", "torch.le"})
 
 
+_MASK_DTYPES = ("torch.bool", "torch.uint8")  # a tensor of either indexes as a mask
 _MASK_OPERATORS = (ast.BitAnd, ast.BitOr, ast.BitXor, ast.Mult)  # of two boolean tensors: a boolean tensor
 # Methods whose result is a boolean tensor, and methods that keep a boolean tensor boolean.
-_MASK_METHODS = frozenset({"bool", "isnan", "isinf", "isfinite", "logical_not", "logical_and", "logical_or",
+_MASK_METHODS = frozenset({"bool", "byte", "isnan", "isinf", "isfinite", "logical_not", "logical_and", "logical_or",
                            "logical_xor", "gt", "lt", "ge", "le", "eq", "ne", "greater", "less", "greater_equal",
                            "less_equal", "not_equal"})
 _SHAPE_METHODS = frozenset({"unsqueeze", "squeeze", "expand", "expand_as", "view", "view_as", "reshape", "flatten",
@@ -246,7 +247,9 @@ class HostSyncInLoop(_StepLoops, _HostReads, Rule):
     tensor (it converts the value to a Python number), `torch.tensor(values)` of a list of device tensors (a list display, or a list the step
     fills with `.append`), and the syncs that do not look like copies: boolean-mask indexing
     (`x[y > 0]`, `x[~mask]`, `x[(u > 0) * (l == u)]`, `x[m.unsqueeze(2).expand_as(x)]`, `x[t.gt(0)]`,
-    with slices or numbers beside the mask: `x[pos, :]`, `x[pos, 4]`),
+    a mask made by a CUDA byte or bool tensor type, `ByteTensor(flags)` after `ByteTensor =
+    torch.cuda.ByteTensor if use_cuda else torch.ByteTensor`, with slices or numbers beside the
+    mask: `x[pos, :]`, `x[pos, 4]`),
     also in place (`l[mask] -= 1`, which reads `l[mask]`) and storing a device tensor through a
     mask (`v[mask] = net(s)`: the mask becomes indices), `nonzero`, `masked_select` and
     `unique` (their output's size depends on the values), `assert` on a tensor, and
@@ -787,8 +790,8 @@ class HostSyncInLoop(_StepLoops, _HostReads, Rule):
                                                for side in (index.left, index.right))
         if isinstance(index, ast.Call):
             qual = self.ctx.qualname(index.func) or ""
-            if qual in _BOOLEAN_FUNCTIONS:
-                return True
+            if qual in _BOOLEAN_FUNCTIONS or cuda_tensor_type(self.ctx, index.func) in _MASK_DTYPES:
+                return True  # `torch.isnan(t)`, `ByteTensor(flags)` after `ByteTensor = torch.cuda.ByteTensor`
             if not isinstance(index.func, ast.Attribute) or qual:
                 return False
             receiver = index.func.value

@@ -17,7 +17,7 @@ from matlint.rule import Only, Rule
 from matlint.semantic.kinds import moves_work_to_cuda
 from matlint.semantic.names import in_test_code
 from matlint.semantic.steps import per_step
-from matlint.semantic.torch_api import TYPED_TENSORS, cuda_tensor_type
+from matlint.semantic.kinds import TYPED_TENSORS, cuda_tensor_type
 
 from .advice import (created_on_device, fill_message, numpy_message, range_message, repeated_message, sample_message,
                      sampler_input, sampler_message, sizes_message)

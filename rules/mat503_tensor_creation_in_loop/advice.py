@@ -7,7 +7,7 @@ import ast
 from typing import Optional
 
 from matlint.semantic.flow import flow_of
-from matlint.semantic.torch_api import TYPED_TENSORS
+from matlint.semantic.kinds import TYPED_TENSORS
 
 from .factories import FILLS, LEGACY_CONSTRUCTORS, RANDOM, torch_factory
 from .host_data import NUMPY_LIKE_FILLS

@@ -12,7 +12,7 @@ from matlint.semantic.flow import flow_of
 from matlint.semantic.loops import identifier
 from matlint.semantic.project import imported_function
 from matlint.semantic.steps import runs_once
-from matlint.semantic.torch_api import cuda_tensor_type
+from matlint.semantic.kinds import cuda_tensor_type
 from matlint.semantic.tree import dotted, walk_no_scopes
 
 # Factories built from sizes alone (their values, to the last bit, in `same_values_on_device`).
