@@ -52,6 +52,12 @@ class SourceFile:
         self.qualname = self.names.qualname  # the hottest call of the rules: no wrapper frame
         self.shared: dict = {}
 
+    @property
+    def scope(self) -> ast.AST:
+        """The function being walked, or the module where the walk is outside every function (a
+        script's training loop)."""
+        return self.function if self.function is not None else self.tree
+
     def char_column(self, row: int, byte_col: int) -> int:
         """1-based character column from ast's 0-based UTF-8 byte offset."""
         line = self.lines[row - 1] if 0 < row <= len(self.lines) else ""

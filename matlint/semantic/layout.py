@@ -212,9 +212,7 @@ def _unpacked_item(stmt: ast.AST, name: str) -> Optional[ast.AST]:
 def assigned_value(ctx, load: ast.Name) -> Optional[ast.AST]:
     """The one expression whose value `load` reads in the function being walked: the value of its
     only reaching store, `name = value` or `a, name = x, value`; None for anything else."""
-    if ctx.function is None:
-        return None
-    reaching = flow_of(ctx, ctx.function).reaching_all(load)
+    reaching = flow_of(ctx, ctx.scope).reaching_all(load)
     if len(reaching) != 1 or reaching[0][0] is None:
         return None
     stmt, simple = reaching[0]

@@ -2602,7 +2602,7 @@ def function_shapes(ctx, owner=None):
     """The analysis of the function the walker is in (or of `owner`), computed once: a
     FunctionShapes, or for a function that cannot hold a known shape an empty stand-in (its
     `values` know nothing) that costs no analysis."""
-    current = ctx.function if ctx.function is not None else ctx.tree
+    current = ctx.scope
     if owner is None:
         owner = current
     key = ("shapes", id(owner))

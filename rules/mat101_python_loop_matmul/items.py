@@ -294,9 +294,9 @@ class _PerItemOperands:
         """(tensor, dim, keeps_dim) when `name` holds `x.unbind(d)` or `x.split(1, d)`, bound
         before the loop: `inputs = x.unbind(0)` then `inputs[i]`."""
         ctx = self.ctx
-        if not isinstance(name, ast.Name) or ctx.function is None or loop.changes(name):
+        if not isinstance(name, ast.Name) or loop.changes(name):
             return None
-        assign = flow_of(ctx, ctx.function).reaching(name)
+        assign = flow_of(ctx, ctx.scope).reaching(name)
         if assign is None or len(getattr(assign, "targets", ())) != 1 or not isinstance(assign.targets[0], ast.Name):
             return None
         walked = self._slicing_call(assign.value)

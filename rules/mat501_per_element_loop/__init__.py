@@ -374,7 +374,7 @@ class PerElementLoop(Rule):
     def _aliases(self, names: set) -> set:
         """Other names for the memory of `names` in the scope: `y = x`, `buf = out.view(-1)`, and the
         name a written tensor was taken from (`x = y[0]`)."""
-        scope = self.ctx.function if self.ctx.function is not None else self.ctx.tree
+        scope = self.ctx.scope
         aliases = set()
         for stmt in scope.body:
             for sub in walk_no_scopes(stmt):

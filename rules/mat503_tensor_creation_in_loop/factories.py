@@ -153,8 +153,9 @@ def _is_number(ctx, expr: ast.AST, depth: int = 0) -> bool:
         return False
     if _kinds.kind_of(ctx, expr) == _kinds.SCALAR:
         return True
-    if isinstance(expr, ast.Name) and depth < 2 and ctx.function is not None:
-        assign = flow_of(ctx, ctx.function).reaching(expr) if expr in flow_of(ctx, ctx.function).parent else None
+    if isinstance(expr, ast.Name) and depth < 2:
+        flow = flow_of(ctx, ctx.scope)
+        assign = flow.reaching(expr) if expr in flow.parent else None
         return assign is not None and _is_number(ctx, assign.value, depth + 1)
     return False
 
@@ -225,13 +226,13 @@ def computed_number(ctx, expr: ast.AST) -> bool:
 def _range_bound(ctx, expr: ast.AST) -> bool:
     """`self.n_T` where the function also passes it to `range(...)` (`for i in range(self.n_T, 0,
     -1)`): a whole number, since `range` takes nothing else."""
-    if not isinstance(expr, (ast.Name, ast.Attribute)) or ctx.function is None:
+    if not isinstance(expr, (ast.Name, ast.Attribute)):
         return False
-    key = ("range_bounds", id(ctx.function))
+    key = ("range_bounds", id(ctx.scope))
     bounds = ctx.shared.get(key)
     if bounds is None:
         bounds = ctx.shared[key] = {
-            ast.dump(arg) for call in ast.walk(ctx.function) if isinstance(call, ast.Call)
+            ast.dump(arg) for call in ast.walk(ctx.scope) if isinstance(call, ast.Call)
             and isinstance(call.func, ast.Name) and call.func.id == "range" and ctx.qualname(call.func) in (
                 None, "range", "builtins.range") for arg in call.args}
     return ast.dump(expr) in bounds
@@ -420,8 +421,8 @@ def host_sample(ctx, expr: ast.AST) -> bool:
             and expr.func.attr in ("sample", "rsample")):
         return False
     made = expr.func.value
-    if isinstance(made, ast.Name) and ctx.function is not None:
-        flow = flow_of(ctx, ctx.function)
+    if isinstance(made, ast.Name):
+        flow = flow_of(ctx, ctx.scope)
         assign = flow.reaching(made) if made in flow.parent else None
         made = assign.value if assign is not None else None
     return (isinstance(made, ast.Call) and (ctx.qualname(made.func) or "").startswith("torch.distributions.")
@@ -436,10 +437,7 @@ def carried_to_move(ctx, name: ast.Name) -> Optional[tuple]:
     x.is_cuda: z = z.cuda()`, then `z` read on either path), or the next step of making it
     (`alpha = torch.rand(n, 1)`, `alpha = alpha.expand_as(x)`, then the move): the names only
     carry the tensor to the copy."""
-    function = ctx.function
-    if function is None:
-        return None
-    flow = flow_of(ctx, function)
+    flow = flow_of(ctx, ctx.scope)
     within = None  # the value of the assignment the name is read in, on a later step
     for _ in range(4):
         assign = flow.reaching(name)
@@ -586,10 +584,10 @@ def file_function(ctx, func: ast.AST) -> Optional[tuple]:
     if not (isinstance(func, ast.Attribute) and isinstance(func.value, ast.Name)):
         return None
     cls = ctx.class_ if func.value.id == "self" else None
-    if cls is None and ctx.function is not None and any(
+    if cls is None and any(
             isinstance(d, ast.ClassDef) and any(isinstance(m, _FUNCTIONS) and m.name == func.attr for m in d.body)
             for d in table.values()):
-        flow = flow_of(ctx, ctx.function)
+        flow = flow_of(ctx, ctx.scope)
         assign = flow.reaching(func.value) if func.value in flow.parent else None
         made = assign.value if assign is not None else None
         if isinstance(made, ast.Call) and isinstance(made.func, ast.Name):
@@ -737,9 +735,9 @@ def indexed_tensor(ctx, node: ast.Call) -> Optional[tuple]:
     parents = ctx.parents
     statement = parents[-1] if parents else None
     if not (isinstance(statement, ast.Assign) and statement.value is node and len(statement.targets) == 1
-            and isinstance(statement.targets[0], ast.Name) and ctx.function is not None):
+            and isinstance(statement.targets[0], ast.Name)):
         return _indexed_from(ctx, node, reversed(parents))
-    flow = flow_of(ctx, ctx.function)
+    flow = flow_of(ctx, ctx.scope)
     uses = flow.uses(statement) if statement in flow.parent else []
     found = [_indexed_from(ctx, use, flow.enclosing(use)) for use in uses]
     return found[0] if found and all(found) else None

@@ -21,8 +21,8 @@ def numpy_made(ctx, expr: ast.AST, depth: int = 0) -> Optional[ast.Call]:
     while (isinstance(expr, ast.Call) and isinstance(expr.func, ast.Attribute)
            and expr.func.attr in ("astype", "copy") and ctx.qualname(expr.func) is None):
         expr = expr.func.value
-    if isinstance(expr, ast.Name) and depth < 3 and ctx.function is not None:
-        flow = flow_of(ctx, ctx.function)
+    if isinstance(expr, ast.Name) and depth < 3:
+        flow = flow_of(ctx, ctx.scope)
         reaching = flow.reaching_all(expr)  # `w = ...`, or an unpacking: `w, idx = np.ones_like(r), None`
         assign = reaching[0][0] if len(reaching) == 1 and isinstance(reaching[0][0], ast.Assign) else None
         if (assign is None or len(assign.targets) != 1 or flow.loops_around(assign) != flow.loops_around(expr)
@@ -56,9 +56,9 @@ def same_data_every_iteration(ctx, loops: list, data: ast.AST) -> bool:
     that loop (or passed in) and nothing changes it in place, so copying it each time copies the
     same values again (`grid_x = np.linspace(...)` before `for i in range(num_anchors):`, then
     `torch.tensor(grid_x, device=d)` inside)."""
-    if not loops or not isinstance(data, ast.Name) or ctx.function is None:
+    if not loops or not isinstance(data, ast.Name):
         return False
-    flow = flow_of(ctx, ctx.function)
+    flow = flow_of(ctx, ctx.scope)
     loop = loops[-1].node
     if loop not in flow.loops_around(data) or flow.mutations.get(data.id):
         return False
