@@ -1096,8 +1096,27 @@ def class_attribute_kind(ctx, cls: ast.ClassDef, attr: str) -> Optional[str]:
         inference = _Inference(ctx, [scope_kinds(ctx, method), scope_kinds(ctx, ctx.tree)])
         kinds.append(inference.expr(value))
     result = _Inference._combine(kinds)
+    if result is None and _called_as_module(ctx, cls, attr, entries):
+        result = USER_MODULE
     ctx.shared[cache_key] = result
     return result
+
+
+# Methods only a module has (an optimizer also has `zero_grad` and `state_dict`).
+_MODULE_ONLY_METHODS = ("parameters", "named_parameters", "forward", "modules", "named_modules", "children",
+                        "buffers", "named_buffers")
+
+
+def _called_as_module(ctx, cls: ast.ClassDef, attr: str, entries: list) -> bool:
+    """`self.<attr>` holds an instance of a class the file does not define (`self.q_eval =
+    DeepQNetwork(...)` after `from deep_q_network import DeepQNetwork`), and the class uses it
+    as only a module can be used (`self.q_eval.forward(s)`, `self.q_eval.parameters()`)."""
+    if not all(isinstance(value, ast.Call) and isinstance(value.func, ast.Name) and ctx.qualname(value.func) is not None
+               and not ctx.qualname(value.func).startswith("torch.") for _, value in entries):
+        return False
+    text = "\n".join(ctx.lines[cls.lineno - 1:cls.end_lineno])
+    return re.search(r"\bself\s*\.\s*%s\s*\.\s*(?:%s)\s*\(" % (re.escape(attr), "|".join(_MODULE_ONLY_METHODS)),
+                     text) is not None
 
 
 def class_attribute_values(ctx, cls: ast.ClassDef, attr: str) -> list:
@@ -1390,6 +1409,50 @@ def callee_kind(ctx, func: ast.AST) -> Optional[str]:
         kinds.add(_Inference(ctx, [scope_kinds(ctx, method), scope_kinds(ctx, ctx.tree)]).expr(value))
     kinds.discard(MODULE_LIST)
     return kinds.pop() if len(kinds) == 1 else None
+
+
+_MODULE_KINDS = (LINEAR, MODULE, USER_MODULE)
+
+
+def module_output(ctx, expr: ast.AST, depth: int = 0) -> bool:
+    """`expr` is what a module computes, or is computed from it by indexing, tensor methods,
+    torch functions and arithmetic: `net(s)`, `self.q_eval.forward(s)`, `self.q.value(s)` (a
+    method of a module), `net(s).max(1)[0]`, `torch.add(v, a - a.mean(1, keepdim=True))`, or a
+    name that the one assignment reaching it binds to one (`v, a = net(s)` too). A model's
+    output lies on the model's device, wherever the batch it was given came from."""
+    if depth > 8:
+        return False
+    while isinstance(expr, ast.Subscript):
+        expr = expr.value
+    if isinstance(expr, ast.BinOp):
+        return module_output(ctx, expr.left, depth + 1) or module_output(ctx, expr.right, depth + 1)
+    if isinstance(expr, ast.Name):
+        from .flow import flow_of  # flow reads identifiers through this module
+        flow = flow_of(ctx, ctx.scope)
+        reaching = flow.reaching_all(expr) if expr in flow.parent else []
+        assign = reaching[0][0] if len(reaching) == 1 else None
+        if not isinstance(assign, ast.Assign) or len(assign.targets) != 1:
+            return False
+        target = assign.targets[0]
+        if isinstance(target, ast.Name) or isinstance(target, (ast.Tuple, ast.List)) and isinstance(assign.value, ast.Call):
+            return module_output(ctx, assign.value, depth + 1)  # `v, a = net(s)`: the items of its output
+        return False
+    if not isinstance(expr, ast.Call):
+        return False
+    func = expr.func
+    if callee_kind(ctx, func) in _MODULE_KINDS:
+        return True
+    qual = ctx.qualname(func)
+    if qual is not None:
+        module, _, attr = qual.rpartition(".")
+        return module in _TENSOR_NAMESPACES and attr not in FACTORIES and any(
+            module_output(ctx, arg, depth + 1) for arg in expr.args)
+    if not isinstance(func, ast.Attribute):
+        return False
+    receiver = kind_of(ctx, func.value)
+    if receiver in _MODULE_KINDS:
+        return True  # `net.forward(s)`, `self.q.value(s)`
+    return receiver in TENSORS and module_output(ctx, func.value, depth + 1)  # `q.detach()`, `q.max(1)`
 
 
 def moves_to_device(ctx, call: ast.Call) -> bool:

@@ -14,21 +14,26 @@ import os
 from matlint.diagnostics import Fix
 from matlint.rule import Only, Rule
 
-from matlint.semantic.kinds import moves_work_to_cuda
+from matlint.semantic.kinds import TYPED_TENSORS, cuda_tensor_type, module_output, moves_work_to_cuda
 from matlint.semantic.names import in_test_code
 from matlint.semantic.steps import per_step
-from matlint.semantic.kinds import TYPED_TENSORS, cuda_tensor_type
 
 from .advice import (created_on_device, fill_message, numpy_message, range_message, repeated_message, sample_message,
                      sampler_input, sampler_message, sizes_message)
 from .factories import (FILLS, FROM_DATA, RANDOM, carried_to_move, host_attribute, computed_number, device_target, exact_on_device,
-                        has_mover_helpers, helper_made, host_made, INDEX_FACTORIES, indexed_tensor, is_constant_data, moved_expression,
+                        has_mover_helpers, helper_made, host_made, INDEX_FACTORIES, NUMPY_INDEX_FACTORIES, indexed_tensors, is_constant_data, moved_expression,
                         is_device, is_false, legacy_sizes, module_constant, one_value, range_data, repeated_number, round_trip_source, set_once_attribute,
                         same_values_on_device, takes_device,
                         torch_factory, unwrapped)
 from .host_data import numpy_made, same_data_every_iteration
 from .stays_quiet import (fills_a_cache, in_value_checked_branch, kept_apart, runs_once_per_loop,
                           sized_by_loop_item, varies_per_iteration)
+
+
+def _shown(ctx, expr: ast.AST) -> str:
+    """`expr` quoted and followed by a comma, where it is short enough to read in a message."""
+    text = ctx.segment(expr)
+    return f"`{text}`, " if len(text) <= 40 and "\n" not in text else ""
 
 
 class TensorCreationInLoop(Rule):
@@ -101,13 +106,17 @@ class TensorCreationInLoop(Rule):
       the model's move puts it on the device once. A move stored back into the attribute
       (`self.pe = self.pe.to(x.device)`, a cache) and a tensor moved in the set-up stay quiet;
     - an index made on the host (`torch.arange`, `torch.randint`, `torch.randperm` without
-      `device=`, as it is, reshaped: `q[torch.arange(b)[:, None], idx]`, or through a name
-      read only as an index) for an activation in a module's `forward` (or what it runs), in
-      a file that moves work to a device (names CUDA, moves to a `device`, reads `x.device`):
-      indexing copies it to the device on every call. One finding per subscript; the fix gives
-      each host index `device=<the indexed>.device` (unsafe for random ones). A file that never
+      `device=`, or numpy's `np.arange`, `np.random.randint`, `np.random.permutation`; as it
+      is, reshaped: `q[torch.arange(b)[:, None], idx]`, or through a name read only as an
+      index) for an activation in a module's `forward` (or what it runs), or, elsewhere in a
+      training step, for what a module computes (`indices = np.arange(n)`, then
+      `self.q_eval.forward(states)[indices, actions]` and `q_next[indices, best]` after `v, a =
+      self.q_next(s)`), in a file that moves work to a device (names CUDA, moves to a `device`,
+      reads `x.device`): indexing copies it to the device on every call. One finding per
+      subscript; the fix gives each torch index `device=<the indexed>.device` (unsafe for
+      random ones); a numpy index gets the torch call to write instead. A file that never
       leaves the CPU, tensors made on the host, and batches indexed in a training loop (they
-      may not be moved yet) stay quiet;
+      may not be moved yet: only a model's output is known to be on its device) stay quiet;
     - in a module's `forward` (or what it runs), a tensor rebuilt on the host from a tensor's
       values copied off the device, with nothing computed on the way, and moved back
       (`torch.ByteTensor(mask.data.cpu().numpy().astype(np.int32).tolist()).cuda()`): a round
@@ -271,6 +280,8 @@ class TensorCreationInLoop(Rule):
                 attribute, factory = held
         cuda_type = None if moves or factory is not None or not node.args else cuda_tensor_type(ctx, func)
         if factory is None and cuda_type is None:
+            if not moves and ctx.qualname(func) in NUMPY_INDEX_FACTORIES:
+                self._check_index(node, NUMPY_INDEX_FACTORIES[ctx.qualname(func)])
             return
         if not moves and factory is not None and factory[0] in INDEX_FACTORIES:
             self._check_index(node, factory[0])
@@ -385,44 +396,58 @@ class TensorCreationInLoop(Rule):
 
     def _check_index(self, node: ast.Call, name: str) -> None:
         """`q[torch.arange(b)[:, None], idx]` in a file that runs on the GPU: the index is made on
-        the host and copied to the device of what it indexes on every call; make it there."""
+        the host and copied to the device of what it indexes at every subscript, on every call;
+        make it there. A name that holds the index is reported at each subscript it is read in."""
         ctx = self.ctx
         if any(k.arg in ("device", None, "out", "generator") for k in node.keywords):
             return
-        found = indexed_tensor(ctx, node)
-        if found is None or not moves_work_to_cuda(ctx):
+        found = indexed_tensors(ctx, node)
+        if not found or not moves_work_to_cuda(ctx):
             return
-        indexed, subscript = found
         named = isinstance(ctx.parent, ast.Assign)  # `index = torch.randint(...)`, read as an index
         others = [] if named else [
-            sub for sub in ast.walk(subscript.slice) if isinstance(sub, ast.Call) and sub is not node
+            sub for sub in ast.walk(found[0][1].slice) if isinstance(sub, ast.Call) and sub is not node
             and (torch_factory(ctx, sub) or ("",))[0] in INDEX_FACTORIES and not any(k.arg == "device" for k in sub.keywords)]
         if any((o.lineno, o.col_offset) < (node.lineno, node.col_offset) for o in others):
             return  # one finding for the subscript, at its first index made on the host
         self._step = per_step(ctx)
-        # In a module's forward (or what it runs) the tensors are activations, on the model's
-        # device; in a training loop a batch may still be on the host.
-        forward = self._step is not None and (self._step.step.forward if self._step.step is not None else (
-            getattr(self._step.function, "name", "") == "forward"))
-        if not forward or in_test_code(ctx) or runs_once_per_loop(ctx) or fills_a_cache(ctx) \
+        if self._step is None or in_test_code(ctx) or runs_once_per_loop(ctx) or fills_a_cache(ctx) \
                 or in_value_checked_branch(ctx):
             return
-        device = f"{ctx.segment(indexed)}.device"
+        # In a module's forward (or what it runs) the tensors are activations, on the model's
+        # device; elsewhere in a step, what a module computes is on its device too, but a batch
+        # may still be on the host.
+        forward = self._step.step.forward if self._step.step is not None else (
+            getattr(self._step.function, "name", "") == "forward")
+        if not all(forward or module_output(ctx, indexed) for indexed, _ in found):
+            return
+        numpy = ctx.qualname(node.func) in NUMPY_INDEX_FACTORIES
+        indexed = found[0][0]
+        plain = isinstance(indexed, (ast.Name, ast.Attribute))
+        device = f"{ctx.segment(indexed)}.device" if plain else "<that tensor>.device"
         fix = None
         made = [node] + others
         texts = [ctx.segment(call) for call in made]
-        if isinstance(indexed, (ast.Name, ast.Attribute)) and all(
-                "#" not in text and text.endswith(")") for text in texts):
+        if not numpy and plain and all("#" not in text and text.endswith(")") for text in texts):
             edits = []
             for call, text in zip(made, texts):
                 head = text[:-1].rstrip()
                 edits.append(ctx.edit(call, f"{head}{'' if head.endswith(('(', ',')) else ', '}device={device})"))
             fix = Fix("Create the index on the device with `device=`", tuple(edits), all(
                 same_values_on_device(torch_factory(ctx, call)[0], call) for call in made))
+        instead = f"`torch.{name}(..., device={device})`" if numpy else f"`device={device}`"
         also = f" (and {len(others)} more in this subscript)" if others else ""
-        self.report(node, f"`{ctx.segment(node.func)}(...)` makes an index on the host{also} for `{ctx.segment(indexed)}`, "
-                          f"a tensor of the device when the model runs there, so it is copied there on every "
-                          f"{self._step.where}; create it with `device={device}`", fix=fix)
+        if not named:
+            self.report(node, f"`{ctx.segment(node.func)}(...)` makes an index on the host{also} for "
+                              f"{_shown(ctx, indexed)}a tensor of the device when the model runs there, so it is "
+                              f"copied there on every {self._step.where}; create it with {instead}", fix=fix)
+            return
+        index = ctx.parent.targets[0].id
+        for number, (indexed, subscript) in enumerate(found):
+            self.report(subscript, f"`{index}`, made on the host by `{ctx.segment(node.func)}(...)` on line "
+                                   f"{node.lineno}, indexes {_shown(ctx, indexed)}a tensor of the device when "
+                                   f"the model runs there, so it is copied there at this subscript on every "
+                                   f"{self._step.where}; create it with {instead}", fix=fix if number == 0 else None)
 
     # -- reports --------------------------------------------------------------------
     def _check_numpy_data(self, node: ast.Call, data: ast.AST, device: str) -> bool:

@@ -723,24 +723,29 @@ def has_mover_helpers(ctx) -> bool:
 
 # Factories that make index tensors (`x[torch.arange(b), idx]`).
 INDEX_FACTORIES = {"arange", "randint", "randperm"}
+# numpy's calls that make such an index, and the torch factory that makes it on the device.
+NUMPY_INDEX_FACTORIES = {"numpy.arange": "arange", "numpy.random.randint": "randint",
+                         "numpy.random.permutation": "randperm"}
 _INDEX_RESHAPES = {"unsqueeze", "view", "reshape", "expand", "expand_as", "repeat", "long"}
 
 
-def indexed_tensor(ctx, node: ast.Call) -> Optional[tuple]:
-    """(the tensor, the subscript) that `node` (a factory, as it stands or reshaped:
-    `torch.arange(b)[:, None]`, `torch.arange(n).unsqueeze(1)`) indexes, as an item of the
-    subscript (`q[torch.arange(b), idx]`), directly or through a name that is only read so
-    (`index = torch.randint(n, (m,))`, then `k[:, index]`), when the code uses it as a tensor
-    not known to be on the CPU; else None."""
+def indexed_tensors(ctx, node: ast.Call) -> list:
+    """(the tensor, the subscript) for each subscript that `node` (a factory, as it stands or
+    reshaped: `torch.arange(b)[:, None]`, `torch.arange(n).unsqueeze(1)`) indexes, as an item of
+    the subscript (`q[torch.arange(b), idx]`), directly or through a name that is only read so
+    (`index = torch.randint(n, (m,))`, then `k[:, index]` and `v[:, index]`), when the code uses
+    what it indexes as a tensor not known to be on the CPU, or it is what a module computes;
+    else empty."""
     parents = ctx.parents
     statement = parents[-1] if parents else None
     if not (isinstance(statement, ast.Assign) and statement.value is node and len(statement.targets) == 1
             and isinstance(statement.targets[0], ast.Name)):
-        return _indexed_from(ctx, node, reversed(parents))
+        found = _indexed_from(ctx, node, reversed(parents))
+        return [found] if found is not None else []
     flow = flow_of(ctx, ctx.scope)
     uses = flow.uses(statement) if statement in flow.parent else []
     found = [_indexed_from(ctx, use, flow.enclosing(use)) for use in uses]
-    return found[0] if found and all(found) else None
+    return found if found and all(found) else []
 
 
 def _indexed_from(ctx, node: ast.AST, ancestors) -> Optional[tuple]:
@@ -753,7 +758,8 @@ def _indexed_from(ctx, node: ast.AST, ancestors) -> Optional[tuple]:
             if parent.slice is not child:
                 return None
             value = parent.value
-            return (value, parent) if _kinds.kind_of(ctx, value) == _kinds.TENSOR else None
+            return (value, parent) if (_kinds.kind_of(ctx, value) == _kinds.TENSOR
+                                       or _kinds.module_output(ctx, value)) else None
         if isinstance(parent, ast.Attribute) and parent.value is child and parent.attr in _INDEX_RESHAPES:
             continue
         if isinstance(parent, ast.Call) and isinstance(parent.func, ast.Attribute) and parent.func.value is child \
