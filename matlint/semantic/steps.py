@@ -71,6 +71,26 @@ def trains_in(body: list) -> bool:
     return any(is_backward(node) or is_optimizer_step(node) for stmt in body for node in walk_no_scopes(stmt))
 
 
+def _closures_of_own_optimizer(function: ast.AST, nodes: list) -> list:
+    """The closures `function` hands to the `step` of an optimizer it makes itself (`optimizer =
+    LBFGS(params, max_iter=n)`, then `optimizer.step(closure)` of a `def closure():` of its
+    own), when every optimizer step it takes is such a call; else empty. Such a function sets up
+    the optimization, and `step` evaluates the closure as often as the optimizer iterates."""
+    defined = {node.name: node for node in nodes if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef))}
+    made = {target.id for node in nodes if isinstance(node, ast.Assign) and isinstance(node.value, ast.Call)
+            for target in node.targets if isinstance(target, ast.Name)}
+    closures = []
+    for node in nodes:
+        if not is_optimizer_step(node):
+            continue
+        receiver = node.func.value
+        if not (isinstance(receiver, ast.Name) and receiver.id in made and len(node.args) == 1
+                and isinstance(node.args[0], ast.Name) and node.args[0].id in defined):
+            return []
+        closures.append(defined[node.args[0].id])
+    return closures
+
+
 def _outside_loops(body):
     """The nodes of a function's body that run once per call: not in its loops or nested scopes
     (a function that holds a whole training loop is not itself one step)."""
@@ -427,8 +447,15 @@ def step_functions(ctx) -> dict:
     calls = file_calls(ctx)
     found = {}
     trains = may_mention(ctx, "backward") and may_mention(ctx, "step")
+    closures = []  # the closures that functions which set up their optimizer hand to its `step`
     for function in calls.functions:
-        backward, step = _trains(_outside_loops(function.body)) if trains else (False, False)
+        nodes = list(_outside_loops(function.body)) if trains else []
+        backward, step = _trains(nodes)
+        if step and not backward:
+            stepped = _closures_of_own_optimizer(function, nodes)
+            if stepped:
+                closures.extend(stepped)
+                step = False  # it sets up the optimization and runs it whole: the closure is the step
         if backward and step:
             found[id(function)] = Step("is a training step", True)
         elif step:
@@ -447,6 +474,8 @@ def step_functions(ctx) -> dict:
         elif (_module_method(calls, function) and not runs_once(function.name)
               and _spells_forward_call(ctx, function) and _runs_forward(function)):
             found[id(function)] = Step("runs the module's `forward`", False, True)
+    for closure in closures:
+        found.setdefault(id(closure), Step("is the closure an optimizer's `step` evaluates, every step", True))
     for function, step, _ in passed_to_steps(ctx):
         found.setdefault(id(function), step)
     for name, step in _steps_in_importers(ctx).items():
