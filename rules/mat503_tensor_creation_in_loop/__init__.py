@@ -14,7 +14,7 @@ import os
 from matlint.diagnostics import Fix
 from matlint.rule import Only, Rule
 
-from matlint.semantic.kinds import TYPED_TENSORS, cuda_tensor_type, module_output, moves_work_to_cuda
+from matlint.semantic.kinds import MODULE_CLASS, TYPED_TENSORS, cuda_tensor_type, kind_of, module_output, moves_work_to_cuda
 from matlint.semantic.names import in_test_code
 from matlint.semantic.steps import per_step
 
@@ -103,8 +103,12 @@ class TensorCreationInLoop(Rule):
       to the constructor, which the move says is not on the device) moved in `forward` (also a slice:
       `self.pe[:, :n].to(device)`): `model.to(device)` leaves it on the host, so every call
       copies it; register it as a buffer (`persistent=False` keeps the checkpoint as it is) and
-      the model's move puts it on the device once. A move stored back into the attribute
-      (`self.pe = self.pe.to(x.device)`, a cache) and a tensor moved in the set-up stay quiet;
+      the model's move puts it on the device once. The same holds of another class's set-up
+      (a noise scheduler's `self.betas = torch.linspace(...)`, also computed from another such
+      attribute: `self.alphas = 1. - self.betas`) moved in a method that runs every step
+      (`self.sqrt_alphas.to(x.device)[t]` in `add_noise`): move it to the device once. A move
+      stored back into the attribute (`self.pe = self.pe.to(x.device)`, a cache) and a tensor
+      moved in the set-up stay quiet;
     - an index made on the host (`torch.arange`, `torch.randint`, `torch.randperm` without
       `device=`, or numpy's `np.arange`, `np.random.randint`, `np.random.permutation`; as it
       is, reshaped: `q[torch.arange(b)[:, None], idx]`, or through a name read only as an
@@ -389,10 +393,16 @@ class TensorCreationInLoop(Rule):
 
     def _report_attribute(self, node: ast.Call, attribute: ast.Attribute, device: str) -> None:
         name = attribute.attr
-        self.report(node, f"`self.{name}` is a plain attribute, not a buffer: `model.to(device)` leaves it on the "
-                          f"host, and this copies it to {device} on every {self._step.where}; "
-                          f"register it in `__init__` with `self.register_buffer(\"{name}\", ..., persistent=False)` "
-                          f"and drop the copy")
+        cls = self.ctx.class_
+        if cls is not None and kind_of(self.ctx, ast.Name(id=cls.name, ctx=ast.Load())) == MODULE_CLASS:
+            self.report(node, f"`self.{name}` is a plain attribute, not a buffer: `model.to(device)` leaves it on the "
+                              f"host, and this copies it to {device} on every {self._step.where}; "
+                              f"register it in `__init__` with `self.register_buffer(\"{name}\", ..., persistent=False)` "
+                              f"and drop the copy")
+            return
+        self.report(node, f"`self.{name}` is made on the host once and copied to {device} on every "
+                          f"{self._step.where}: the same values each time; move it to the device once (make it "
+                          f"there in `__init__`, given the device, or keep the moved copy) and drop the copy")
 
     def _check_index(self, node: ast.Call, name: str) -> None:
         """`q[torch.arange(b)[:, None], idx]` in a file that runs on the GPU: the index is made on

@@ -281,9 +281,9 @@ def round_trip_source(ctx, data: ast.AST) -> Optional[ast.AST]:
 
 
 def set_once_attribute(ctx, expr: ast.AST) -> bool:
-    """`self.max_action` of an `nn.Module` whose methods assign it only where they run once
-    (`__init__`, `build`, `reset_parameters`...) and never change it in place: the same data on
-    every call, a constant of the module."""
+    """`self.max_action` of a class (an `nn.Module`, a noise scheduler) whose methods assign it
+    only where they run once (`__init__`, `build`, `reset_parameters`...) and never change it in
+    place: the same data on every call, a constant of the object."""
     cls = ctx.class_
     if not (isinstance(expr, ast.Attribute) and isinstance(expr.value, ast.Name) and expr.value.id == "self"
             and cls is not None and ctx.function is not None and len(ctx.functions) == 1):
@@ -292,8 +292,7 @@ def set_once_attribute(ctx, expr: ast.AST) -> bool:
     found = ctx.shared.get(key)
     if found is None:
         values = _kinds.class_attribute_values(ctx, cls, expr.attr)
-        found = ctx.shared[key] = bool(values) and _kinds.kind_of(ctx, ast.Name(id=cls.name, ctx=ast.Load())) == \
-            _kinds.MODULE_CLASS and all(
+        found = ctx.shared[key] = bool(values) and all(
             runs_once(getattr(method, "name", "")) for method, _ in values) and (
             expr.attr not in _kinds.mutated_attributes(ctx, cls))
     return found
@@ -354,37 +353,53 @@ def host_attribute(ctx, expr: ast.AST, moved: ast.AST) -> Optional[tuple]:
         expr = expr.value
     if not set_once_attribute(ctx, expr):
         return None
-    cls = ctx.class_
-    key = ("host_attribute", id(cls), expr.attr)
-    made = ctx.shared.get(key, False)
-    if made is False:
-        made = None
-        registers = any(isinstance(n, ast.Call) and isinstance(n.func, ast.Attribute)
-                        and n.func.attr in ("register_buffer", "register_parameter") and n.args
-                        and isinstance(n.args[0], ast.Constant) and n.args[0].value == expr.attr
-                        for n in ast.walk(cls))
-        values = _kinds.class_attribute_values(ctx, cls, expr.attr)
-        if not registers and values:
-            for method, value in values:
-                inner = unwrapped(ctx, value, making=True)
-                if isinstance(inner, ast.Name):
-                    assign = flow_of(ctx, method).reaching(inner)
-                    if assign is None and inner.id in _parameter_names(method):
-                        made = made or ("argument", None)  # a tensor handed to the constructor
-                        continue
-                    inner = unwrapped(ctx, assign.value, making=True) if assign is not None else None
-                found = host_made(ctx, inner) if inner is not None else None
-                if found is None and isinstance(inner, ast.Call):
-                    helper = helper_made(ctx, inner)
-                    found = helper[1] if helper is not None else None
-                if found is None or any(k.arg in ("device", None) for k in found[1].keywords):
-                    made = None
-                    break
-                made = made or found
-        ctx.shared[key] = made
+    made = _attribute_made_on_host(ctx, ctx.class_, expr.attr)
     if made is None or made[0] == "argument" and not tensor_use:
         return None
     return expr, made
+
+
+def _attribute_made_on_host(ctx, cls: ast.ClassDef, attr: str, depth: int = 0) -> Optional[tuple]:
+    """(name, factory call) of the host tensor every value of `self.<attr>` in `cls` holds (not a
+    buffer or parameter): a factory without `device=`, through a name, a function that returns
+    one, or another such attribute computed on the host (`self.alphas = 1. - self.betas` after
+    `self.betas = torch.linspace(...)`); ("argument", None) for a tensor handed to the
+    constructor."""
+    key = ("host_attribute", id(cls), attr)
+    made = ctx.shared.get(key, False)
+    if made is not False:
+        return made
+    ctx.shared[key] = None  # while it is read: `self.a` made from `self.b` made from `self.a`
+    made = None
+    registers = any(isinstance(n, ast.Call) and isinstance(n.func, ast.Attribute)
+                    and n.func.attr in ("register_buffer", "register_parameter") and n.args
+                    and isinstance(n.args[0], ast.Constant) and n.args[0].value == attr
+                    for n in ast.walk(cls))
+    values = _kinds.class_attribute_values(ctx, cls, attr)
+    if not registers and values:
+        for method, value in values:
+            inner = unwrapped(ctx, value, making=True)
+            if isinstance(inner, ast.Name):
+                assign = flow_of(ctx, method).reaching(inner)
+                if assign is None and inner.id in _parameter_names(method):
+                    made = made or ("argument", None)  # a tensor handed to the constructor
+                    continue
+                inner = unwrapped(ctx, assign.value, making=True) if assign is not None else None
+            if (isinstance(inner, ast.Attribute) and isinstance(inner.value, ast.Name) and inner.value.id == "self"
+                    and depth < 4 and runs_once(getattr(method, "name", ""))):
+                found = _attribute_made_on_host(ctx, cls, inner.attr, depth + 1)
+                found = found if found is not None and found[0] != "argument" else None
+            else:
+                found = host_made(ctx, inner) if inner is not None else None
+            if found is None and isinstance(inner, ast.Call):
+                helper = helper_made(ctx, inner)
+                found = helper[1] if helper is not None else None
+            if found is None or any(k.arg in ("device", None) for k in found[1].keywords):
+                made = None
+                break
+            made = made or found
+    ctx.shared[key] = made
+    return made
 
 
 def _parameter_names(function) -> set:
