@@ -67,6 +67,9 @@ def _pair_method(node: ast.AST) -> bool:
             and node.func.attr in _PAIR_METHODS)
 
 
+# Wrappers that yield the items of what they are given, showing progress.
+_PROGRESS_BARS = frozenset({"tqdm.tqdm", "tqdm.auto.tqdm", "tqdm.notebook.tqdm"})
+
 # Legacy typed tensor constructors and the dtype of each.
 TYPED_TENSORS = {"FloatTensor": "torch.float32", "DoubleTensor": "torch.float64", "HalfTensor": "torch.float16",
                  "BFloat16Tensor": "torch.bfloat16", "ByteTensor": "torch.uint8", "CharTensor": "torch.int8",
@@ -676,8 +679,7 @@ class _Inference:
                 return self.element(iterable.args[path[0]], path[1:]) if path[0] < len(iterable.args) else None
             if fname == "range":
                 return SCALAR if not path else None
-            if fname in ("tqdm", "iter", "reversed", "sorted", "list") or self.ctx.qualname(iterable.func) in (
-                    "tqdm.tqdm", "tqdm.auto.tqdm", "tqdm.notebook.tqdm"):
+            if fname in ("tqdm", "iter", "reversed", "sorted", "list") or self.ctx.qualname(iterable.func) in _PROGRESS_BARS:
                 return self.element(iterable.args[0], path) if iterable.args else None
             attr = getattr(iterable.func, "attr", None)
             if attr in _PARAMETER_LISTS and self.expr(iterable.func.value) in _HOLDS_PARAMETERS:
@@ -1029,6 +1031,8 @@ class _Inference:
             return TENSOR
         if qual == "torch.utils.data.DataLoader":
             return LOADER
+        if qual in _PROGRESS_BARS and node.args:
+            return LOADER if self.expr(node.args[0]) == LOADER else None  # `tqdm(loader)` yields its batches
         if qual == "torch.from_numpy":
             return CPU_TENSOR  # shares the array's host memory
         if module == "torch.nn" and attr[:1].isupper():

@@ -971,8 +971,33 @@ def _moves_its_items(ctx, loop: LoopInfo) -> bool:
                 for target in sub.targets:
                     carried |= bound_names(target)
     return any(isinstance(sub, ast.Call) and isinstance(sub.func, ast.Attribute) and sub.func.attr in _MOVES
-               and loaded_names(sub.func.value) & carried and _kinds.moves_to_device(ctx, sub)
+               and _data_names(sub.func.value) & carried and _kinds.moves_to_device(ctx, sub)
                for sub in loop.direct_nodes())
+
+
+_METADATA_ATTRIBUTES = frozenset({"shape", "dtype", "device", "ndim"})
+
+
+def _data_names(expr: ast.AST) -> set:
+    """The names whose values `expr` reads, not only their sizes or types (`x.shape`,
+    `x.size(0)`, `len(x)`, `x.dtype`): `torch.Tensor(x.shape).to(d)` moves a new allocation,
+    not `x`."""
+    parents = {}
+    for node in walk_no_scopes(expr):
+        for child in child_nodes(node):
+            parents[child] = node
+    found = set()
+    for node in walk_no_scopes(expr):
+        if not (isinstance(node, ast.Name) and isinstance(node.ctx, ast.Load)):
+            continue
+        parent = parents.get(node)
+        if isinstance(parent, ast.Attribute) and (parent.attr in _METADATA_ATTRIBUTES or parent.attr == "size"
+                                                  and isinstance(parents.get(parent), ast.Call)):
+            continue
+        if isinstance(parent, ast.Call) and isinstance(parent.func, ast.Name) and parent.func.id == "len":
+            continue
+        found.add(node.id)
+    return found
 
 
 # -- batches on a device, from an iterator made for it or a function of the file ----------------

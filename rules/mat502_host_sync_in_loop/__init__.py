@@ -23,6 +23,10 @@ from .steps import _StepLoops, _trains_with_project_helpers
 _NOT_SYNCED = (_kinds.CPU_TENSOR,) + _kinds.NON_TENSORS
 _SYNC_METHODS = {"item", "cpu", "tolist", "to"}
 _CONVERSIONS = {"float", "int", "bool"}
+# Python's `math` functions, which convert a tensor argument to a Python number.
+_MATH_FUNCTIONS = frozenset({"log", "log10", "log2", "log1p", "exp", "expm1", "sqrt", "pow", "floor", "ceil", "fabs",
+                             "isnan", "isinf", "isfinite", "sin", "cos", "tan", "atan", "tanh", "erf"})
+_MATH_QUALIFIED = frozenset(("math", name) for name in _MATH_FUNCTIONS)
 _TRUTH_BUILTINS = frozenset({"any", "all"})
 _TEXT_CALLS = frozenset({"str", "repr"})  # a tensor made text: its values read on the host
 _SCALAR_LOGGERS = frozenset({"add_scalar", "add_scalars"})  # tensorboard's, which convert a tensor to a number
@@ -238,7 +242,8 @@ class HostSyncInLoop(_StepLoops, _HostReads, Rule):
     Flags, inside a training or evaluation loop, the calls that copy a tensor's value to the
     host: `.item()`, `.cpu()` / `.to("cpu")`, a cast of a device tensor (or a comparison or
     arithmetic of one) to a legacy CPU tensor type (`(mask < p).type(torch.FloatTensor)`: cast on
-    the device, `.to(torch.float32)`), `.tolist()`, `float(t)`, `int(t)`, `bool(t)`,
+    the device, `.to(torch.float32)`), `.tolist()`, `float(t)`, `int(t)`, `bool(t)`, a Python
+    `math` function of a tensor (`math.log10(peak / mse)`: `torch.log10` stays on the device),
     `if t:` / `while t:` on a tensor (also the `if` of a comprehension over a device tensor's
     elements: `[i for i, d in enumerate(done) if d == 0]`, and `any()` / `all()` of tensors,
     `any(not torch.isfinite(p.grad).all() for p in params)`, one per item), `print(t)` of a tensor,
@@ -487,7 +492,7 @@ class HostSyncInLoop(_StepLoops, _HostReads, Rule):
 
     only = {"visit_Call": Only(attrs=frozenset(_SYNC_METHODS | _CONVERSIONS | _DATA_SIZED | _TRUTH_BUILTINS
                                                | {"print", "synchronize", "type"} | _TEXT_CALLS | _SCALAR_LOGGERS
-                                               | {qual.rpartition(".")[2] for qual in _FROM_DATA}),
+                                               | {qual.rpartition(".")[2] for qual in _FROM_DATA} | _MATH_FUNCTIONS),
                                every_call_if=_trains_with_project_helpers),
             "visit_While": Only(in_loops=True), "visit_IfExp": Only(in_loops=True)}
 
@@ -546,6 +551,17 @@ class HostSyncInLoop(_StepLoops, _HostReads, Rule):
                         if self._is_device_tensor(value):
                             self._report(node, "`print()`", "print every N steps, or accumulate and print after "
                                                             "the loop", value=value)
+        elif (self.ctx.qualname(func) or "").rpartition(".")[::2] in _MATH_QUALIFIED and node.args:
+            # `math.log10(peak ** 2 / mse)`, `math.pow(p.grad.norm(), 2)`: a Python number of a tensor
+            if self._step_context() is None:
+                return
+            value = next((arg for arg in node.args if self._is_device_tensor(arg) and not self._contains_sync_call(arg)),
+                         None)
+            if value is not None:
+                self._report(node, f"`{self.ctx.qualname(func)}()`", self._remedy(node, "use the torch function on "
+                                                                                       "the device (`torch.log10`, "
+                                                                                       "`torch.sqrt`, ...)"),
+                             value=value, detail="(it converts the tensor to a Python number)")
         elif isinstance(func, ast.Attribute) and func.attr in _SCALAR_LOGGERS and len(node.args) >= 2:
             if self._step_context() is None:
                 return  # `writer.add_scalar("loss", loss, step)`: tensorboard reads the value on the host
