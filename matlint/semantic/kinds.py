@@ -609,6 +609,10 @@ class _Inference:
                 return SCALAR
             if isinstance(value, ast.Call) and isinstance(value.func, ast.Attribute) and value.func.attr == "size":
                 return SCALAR
+            if isinstance(value, ast.Call):
+                whole = sub.expr(value)
+                if whole in TENSORS:
+                    return whole  # `scores, lengths = model(x, n)`: a module's outputs, where it runs
             return None
         if tag == "elem":
             return sub.element(entry[1], entry[2])
