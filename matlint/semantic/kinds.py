@@ -1046,6 +1046,12 @@ class _Inference:
         if module in _TENSOR_NAMESPACES and attr[:1].islower():
             if attr in _NOT_TENSOR_FUNCTIONS:
                 return SCALAR if attr in ("is_tensor", "numel", "is_floating_point", "is_complex") else OTHER
+            if attr in ("max", "min") and not any(k.arg == "dim" for k in node.keywords):
+                # `torch.max(x)`: a tensor; `torch.min(q1, q2)`: the element-wise one; `torch.max(x, 1)`: a pair
+                operands = [self.expr(a) for a in node.args]
+                if len(operands) == 1 or len(operands) == 2 and operands[1] != SCALAR:
+                    return CPU_TENSOR if all(k == CPU_TENSOR for k in operands) else (
+                        TENSOR if operands[0] in TENSORS or operands[-1] in TENSORS else None)
             if attr in _SPLITTING_FUNCTIONS:
                 return LIST
             if attr == "unbind":
