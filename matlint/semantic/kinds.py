@@ -161,7 +161,9 @@ _KIND_KEEPING_METHODS = {"float", "half", "bfloat16", "double", "train", "eval",
                          "contiguous", "view", "reshape", "flatten", "permute", "transpose", "squeeze", "unsqueeze",
                          "expand", "t", "narrow", "unflatten", "view_as", "expand_as", "repeat", "clamp", "clamp_",
                          "masked_fill", "masked_fill_", "floor", "ceil", "sigmoid", "tanh", "relu", "softmax",
-                         "log_softmax", "long", "int", "bool", "type_as"}
+                         "log_softmax", "long", "int", "bool", "type_as", "mean", "sum", "abs", "exp", "log",
+                         "sqrt", "pow", "neg", "norm", "std", "var", "prod", "cumsum", "square", "mul", "add", "sub",
+                         "div", "sign", "round"}
 _MOVABLE = frozenset({LINEAR, MODULE, USER_MODULE})  # modules, which `.to(device)` / `.cuda()` return
 _DTYPE_NAMES = frozenset({"float32", "float16", "bfloat16", "float64", "int64", "long", "int32", "bool", "float",
                           "half", "double"})
