@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import ast
 import os
+from typing import Optional
 
 from matlint.diagnostics import Fix
 from matlint.rule import Only, Rule
@@ -21,7 +22,7 @@ from matlint.semantic.steps import per_step
 from .advice import (created_on_device, fill_message, numpy_message, range_message, repeated_message, sample_message,
                      sampler_input, sampler_message, sizes_message)
 from .factories import (FILLS, FROM_DATA, RANDOM, carried_to_move, host_attribute, computed_number, device_target, exact_on_device,
-                        has_mover_helpers, helper_made, host_made, INDEX_FACTORIES, NUMPY_INDEX_FACTORIES, indexed_tensors, is_constant_data, moved_expression,
+                        has_mover_helpers, helper_made, host_made, INDEX_FACTORIES, NUMPY_INDEX_FACTORIES, NUMPY_INDEX_TRICKS, indexed_tensors, is_constant_data, moved_expression,
                         is_device, is_false, legacy_sizes, module_constant, one_value, range_data, repeated_number, round_trip_source, set_once_attribute,
                         same_values_on_device, takes_device,
                         torch_factory, unwrapped)
@@ -34,6 +35,10 @@ def _shown(ctx, expr: ast.AST) -> str:
     """`expr` quoted and followed by a comma, where it is short enough to read in a message."""
     text = ctx.segment(expr)
     return f"`{text}`, " if len(text) <= 40 and "\n" not in text else ""
+
+
+def _names_numpy_index_maker(ctx) -> bool:
+    return "r_[" in ctx.source or "c_[" in ctx.source
 
 
 class TensorCreationInLoop(Rule):
@@ -116,9 +121,10 @@ class TensorCreationInLoop(Rule):
       training step, for what a module computes (`indices = np.arange(n)`, then
       `self.q_eval.forward(states)[indices, actions]` and `q_next[indices, best]` after `v, a =
       self.q_next(s)`), in a file that moves work to a device (names CUDA, moves to a `device`,
-      reads `x.device`): indexing copies it to the device on every call. One finding per
-      subscript; the fix gives each torch index `device=<the indexed>.device` (unsafe for
-      random ones); a numpy index gets the torch call to write instead. A file that never
+      reads `x.device`): indexing copies it to the device on every call; so does numpy's index
+      trick (`output[..., np.r_[:2, 4:n]]`). One finding per subscript; the fix gives each
+      torch index `device=<the indexed>.device` (unsafe for random ones); a numpy index gets the
+      torch call to write instead. A file that never
       leaves the CPU, tensors made on the host, and batches indexed in a training loop (they
       may not be moved yet: only a model's output is known to be on its device) stay quiet;
     - in a module's `forward` (or what it runs), a tensor rebuilt on the host from a tensor's
@@ -256,8 +262,10 @@ class TensorCreationInLoop(Rule):
     # A move (`.to(...)`, `.cuda()`), or a tensor made from data (`torch.tensor(...)`, `tensor(...)`).
     # In a file with a helper that moves its argument (`get_torch_variable(x)`), every call.
     only = {"visit_Call": Only(attrs=frozenset({"to", "cuda", "type"} | FROM_DATA | TYPED_TENSORS.keys()
-                                               | INDEX_FACTORIES),
-                               every_call_if=has_mover_helpers)}
+                                               | INDEX_FACTORIES
+                                               | {qual.rpartition(".")[2] for qual in NUMPY_INDEX_FACTORIES}),
+                               every_call_if=has_mover_helpers),
+            "visit_Subscript": Only(if_file=_names_numpy_index_maker)}
 
     def visit_Call(self, node: ast.Call) -> None:
         ctx = self.ctx
@@ -404,12 +412,18 @@ class TensorCreationInLoop(Rule):
                           f"{self._step.where}: the same values each time; move it to the device once (make it "
                           f"there in `__init__`, given the device, or keep the moved copy) and drop the copy")
 
-    def _check_index(self, node: ast.Call, name: str) -> None:
+    def visit_Subscript(self, node: ast.Subscript) -> None:
+        """`output[..., np.r_[:2, 4:n]]`: numpy's index trick builds an index array on the host."""
+        if self.ctx.qualname(node.value) in NUMPY_INDEX_TRICKS and isinstance(node.ctx, ast.Load):
+            self._check_index(node, None)
+
+    def _check_index(self, node: ast.AST, name: Optional[str]) -> None:
         """`q[torch.arange(b)[:, None], idx]` in a file that runs on the GPU: the index is made on
         the host and copied to the device of what it indexes at every subscript, on every call;
-        make it there. A name that holds the index is reported at each subscript it is read in."""
+        make it there. A name that holds the index is reported at each subscript it is read in.
+        `name`: the torch factory that makes it on the device (None for numpy's `np.r_[...]`)."""
         ctx = self.ctx
-        if any(k.arg in ("device", None, "out", "generator") for k in node.keywords):
+        if any(k.arg in ("device", None, "out", "generator") for k in getattr(node, "keywords", ())):
             return
         found = indexed_tensors(ctx, node)
         if not found or not moves_work_to_cuda(ctx):
@@ -431,7 +445,8 @@ class TensorCreationInLoop(Rule):
             getattr(self._step.function, "name", "") == "forward")
         if not all(forward or module_output(ctx, indexed) for indexed, _ in found):
             return
-        numpy = ctx.qualname(node.func) in NUMPY_INDEX_FACTORIES
+        numpy = name is None or ctx.qualname(node.func) in NUMPY_INDEX_FACTORIES
+        maker = f"{ctx.segment(node.value)}[...]" if name is None else f"{ctx.segment(node.func)}(...)"
         indexed = found[0][0]
         plain = isinstance(indexed, (ast.Name, ast.Attribute))
         device = f"{ctx.segment(indexed)}.device" if plain else "<that tensor>.device"
@@ -445,19 +460,21 @@ class TensorCreationInLoop(Rule):
                 edits.append(ctx.edit(call, f"{head}{'' if head.endswith(('(', ',')) else ', '}device={device})"))
             fix = Fix("Create the index on the device with `device=`", tuple(edits), all(
                 same_values_on_device(torch_factory(ctx, call)[0], call) for call in made))
-        instead = f"`torch.{name}(..., device={device})`" if numpy else f"`device={device}`"
+        instead = ("use slices, or make the index once on the device (a buffer)" if name is None
+                   else f"create it with `torch.{name}(..., device={device})`" if numpy
+                   else f"create it with `device={device}`")
         also = f" (and {len(others)} more in this subscript)" if others else ""
         if not named:
-            self.report(node, f"`{ctx.segment(node.func)}(...)` makes an index on the host{also} for "
+            self.report(node, f"`{maker}` makes an index on the host{also} for "
                               f"{_shown(ctx, indexed)}a tensor of the device when the model runs there, so it is "
-                              f"copied there on every {self._step.where}; create it with {instead}", fix=fix)
+                              f"copied there on every {self._step.where}; {instead}", fix=fix)
             return
         index = ctx.parent.targets[0].id
         for number, (indexed, subscript) in enumerate(found):
-            self.report(subscript, f"`{index}`, made on the host by `{ctx.segment(node.func)}(...)` on line "
+            self.report(subscript, f"`{index}`, made on the host by `{maker}` on line "
                                    f"{node.lineno}, indexes {_shown(ctx, indexed)}a tensor of the device when "
                                    f"the model runs there, so it is copied there at this subscript on every "
-                                   f"{self._step.where}; create it with {instead}", fix=fix if number == 0 else None)
+                                   f"{self._step.where}; {instead}", fix=fix if number == 0 else None)
 
     # -- reports --------------------------------------------------------------------
     def _check_numpy_data(self, node: ast.Call, data: ast.AST, device: str) -> bool:

@@ -741,6 +741,8 @@ INDEX_FACTORIES = {"arange", "randint", "randperm"}
 # numpy's calls that make such an index, and the torch factory that makes it on the device.
 NUMPY_INDEX_FACTORIES = {"numpy.arange": "arange", "numpy.random.randint": "randint",
                          "numpy.random.permutation": "randperm"}
+# numpy's index tricks, subscripted: `np.r_[:2, 4:n]` builds an index array on the host.
+NUMPY_INDEX_TRICKS = frozenset({"numpy.r_", "numpy.c_"})
 _INDEX_RESHAPES = {"unsqueeze", "view", "reshape", "expand", "expand_as", "repeat", "long"}
 
 
