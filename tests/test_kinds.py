@@ -423,3 +423,34 @@ def test_what_a_function_passes_an_instance_of_a_class_of_the_file_flows_into_it
             crit = YoloLoss()
             crit(torch.zeros(2), torch.LongTensor([1, 2]))
         """) == ["None"]
+
+
+def test_pairs_unpacked_and_element_wise_extrema_are_tensors_where_their_operands_are():
+    """`values, order = t.sort(...)` and `v, i = t.max(1)` unpack tensors of `t`'s kind;
+    `torch.min(a, b)` of two tensors is their element-wise minimum and `torch.max(t)` one value,
+    not a pair; `t.max(1)[0]` is the values half; `torch.max(t, 1)` stays a pair."""
+    assert kinds("""
+        import torch
+        def f(net, lengths):
+            x = torch.randn(8, 4, device="cuda")
+            q1, q2 = net(x), net(x * 2)
+            ordered, order = q1.sort(dim=0, descending=True)
+            best, where = q2.max(1)
+            reveal(ordered); reveal(where)
+            reveal(torch.min(q1, q2)); reveal(torch.max(q1)); reveal(q1.max(1)[0])
+            reveal(torch.max(q1, 1))
+            host = torch.zeros(3)
+            reveal(torch.min(host, torch.ones(3)))
+        """) == ["tensor", "tensor", "tensor", "tensor", "tensor", "list", "cpu_tensor"]
+
+
+def test_a_name_rebound_to_a_reduction_of_itself_keeps_its_kind():
+    assert kinds("""
+        import torch
+        def f(net, loader):
+            net.train()
+            for data in loader:
+                loss, aux = net([data["img"].cuda(), data["annot"]])
+                loss = loss.mean()
+                reveal(loss); reveal(aux)
+        """) == ["tensor", "tensor"]

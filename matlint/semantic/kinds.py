@@ -605,8 +605,9 @@ class _Inference:
                 # `x, y = x.to(device), y.to(device)` reuses the names as `x = x.to(device)` does
                 return sub._expr(item) if isinstance(item, ast.Call) else sub.expr(item)
             if isinstance(value, ast.Call) and isinstance(value.func, ast.Attribute):
-                if value.func.attr in ("split", "chunk", "unbind", "tensor_split") and sub.expr(value.func.value) in TENSORS:
-                    return sub.expr(value.func.value)
+                if (value.func.attr in ("split", "chunk", "unbind", "tensor_split") or value.func.attr in _PAIR_METHODS) \
+                        and sub.expr(value.func.value) in TENSORS:
+                    return sub.expr(value.func.value)  # `values, order = lengths.sort(descending=True)`
             if isinstance(value, ast.Attribute) and value.attr == "shape":
                 return SCALAR
             if isinstance(value, ast.Call) and isinstance(value.func, ast.Attribute) and value.func.attr == "size":
