@@ -6,7 +6,7 @@ import ast
 
 from matlint.rule import Rule
 
-from matlint.semantic.project import module_class_of
+from matlint.semantic.kinds import module_class_of
 from matlint.semantic.loops import loaded_names, updates_weights
 from matlint.semantic.shapes import method_of, self_name_of
 from matlint.rule import GemmVisitor

@@ -5,13 +5,15 @@ Unknown (None) is an answer: rules that need a kind stay quiet on it."""
 from __future__ import annotations
 
 import ast
+import os
 import re
 from typing import Optional
 
 from .calls import argument_for, file_calls
 from .lazy import BuiltOnFirstUse
+from .project import imported_class, imported_definition, moves_work_to_cuda, names_cuda_work
 # identifier_text lives in tree (a leaf, which calls and flow read too); the rules read it from here
-from .tree import _COMPREHENSIONS, block_fields, child_nodes, identifier_text, walk_no_scopes
+from .tree import _COMPREHENSIONS, block_fields, child_nodes, identifier_text, may_mention, walk_no_scopes
 
 TENSOR = "tensor"            # a tensor whose device is not known to be the CPU
 CPU_TENSOR = "cpu_tensor"    # a tensor on the CPU by construction
@@ -502,47 +504,6 @@ def _sets_default_device(ctx) -> bool:
     found = ctx.shared.get("sets_default_device")
     if found is None:
         found = ctx.shared["sets_default_device"] = "set_default_device" in ctx.source
-    return found
-
-
-_CUDA_WORK = re.compile(r"\bcuda\b|\.to\(\s*(?:self\.|args\.|cfg\.|config\.|opt\.)?device\b|\bdevice\s*=|\.device\b"
-                        r"|[Aa]ccelerator|DataParallel")
-
-
-def moves_work_to_cuda(ctx) -> bool:
-    """The file moves work to a CUDA device: names CUDA (`.cuda()`, `"cuda"`, `torch.cuda`),
-    moves tensors or models to a device it holds (`.to(device)`, `device=device`, `x.device`),
-    or hands them to a framework that places them (`accelerator.prepare`, `DataParallel`). A
-    file that does none of these runs its tensors where they were made, on the CPU."""
-    found = ctx.shared.get("moves_work_to_cuda")
-    if found is None:
-        found = ctx.shared["moves_work_to_cuda"] = names_cuda_work(ctx.source)
-    return found
-
-
-def names_cuda_work(text: str) -> bool:
-    """`moves_work_to_cuda` on a file's text: for the project files another file's findings read."""
-    return _CUDA_WORK.search(text) is not None
-
-
-def may_mention(ctx, word: str, ignore_case: bool = False) -> bool:
-    """False only when no identifier of the file (a name, an attribute, a keyword, an imported
-    name or alias) can contain `word`, so a question whose answer needs it is settled without the
-    analyses: identifiers are spelled out in `identifier_text` as they are in the tree.
-
-    Identifiers only: a string literal can hold `word` without the source spelling it
-    (`"\\x44ouble"`, implicit concatenation `"Dou" "ble"`), so a rule that matches the contents
-    of strings must not let this gate skip those matches."""
-    key = ("mentions", word, ignore_case)
-    found = ctx.shared.get(key)
-    if found is None:
-        if ignore_case:
-            text = ctx.shared.get("identifier_text_lower")
-            if text is None:
-                text = ctx.shared["identifier_text_lower"] = identifier_text(ctx).lower()
-        else:
-            text = identifier_text(ctx)
-        found = ctx.shared[key] = word in text
     return found
 
 
@@ -1565,3 +1526,30 @@ def sized_factory_rank(call: ast.AST, qualname) -> Optional[int]:
         elts = sizes[0].elts
         return None if any(isinstance(e, ast.Starred) for e in elts) else len(elts)
     return len(sizes) if len(sizes) > 1 else None
+
+
+def module_class_of(ctx, func: ast.AST) -> Optional[tuple]:
+    """(class, qualname of its module, where it is) for `self.<attr>`, read in a method of the
+    class being walked, when every value the class stores in that attribute is a call of one
+    class of this file or of a project module it imports (`self.attention = Attention(d)`, `from
+    attention import Attention`); `where` is None for this file, else that file's name."""
+    cls = ctx.class_
+    if (cls is None or not isinstance(func, ast.Attribute) or not isinstance(func.value, ast.Name)
+            or not ctx.functions or not ctx.functions[0].args.args
+            or func.value.id != ctx.functions[0].args.args[0].arg):
+        return None
+    values = [value for _, value in class_attribute_values(ctx, cls, func.attr)]
+    if not values or not all(isinstance(v, ast.Call) and isinstance(v.func, ast.Name) for v in values):
+        return None
+    if len({v.func.id for v in values}) != 1:
+        return None
+    name = values[0].func.id
+    if ctx.qualname(values[0].func) is None:
+        local = [s for s in ctx.tree.body if isinstance(s, ast.ClassDef) and s.name == name]
+        if len(local) == 1:
+            return local[0], ctx.qualname, None
+    found = imported_class(ctx, values[0].func)
+    if found is None:
+        return None
+    path = imported_definition(ctx, values[0].func, (ast.ClassDef,))[1]
+    return found[0], found[1].qualname, os.path.basename(path)

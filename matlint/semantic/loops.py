@@ -10,7 +10,7 @@ from typing import Optional
 
 # walk_no_scopes and the scope tuples live in tree (a leaf); imported here for the modules that read them from loops
 from .tree import (_COMPREHENSIONS, _SCOPE_TYPES, _SCOPES, block_fields, child_nodes, code_scope, dotted,
-                   function_text, identifier_text, walk, walk_no_scopes)
+                   function_text, identifier_text, may_mention, walk, walk_no_scopes)
 
 def bound_names(target: ast.AST) -> set:
     names = set()
@@ -714,10 +714,8 @@ def file_trains(ctx) -> bool:
     library of models or an inference pipeline."""
     found = ctx.shared.get("file_trains")
     if found is None:
-        from . import kinds as _kinds
-
         found = False
-        if _kinds.may_mention(ctx, "backward") and _kinds.may_mention(ctx, "step"):
+        if may_mention(ctx, "backward") and may_mention(ctx, "step"):
             nodes = [n for n in walk(ctx.tree) if n.__class__ is ast.Call]
             found = any(is_backward(n) for n in nodes) and any(is_optimizer_step(n) for n in nodes)
         ctx.shared["file_trains"] = found

@@ -76,7 +76,6 @@ _IMPORTERS: dict = {}  # the nearby files -> (their mtimes, {path: the files tha
 def steps_without_device(source: str) -> bool:
     """A training step (`.backward(`) in a file that names no device: where it runs is set by the
     files that import it (MAT401 reads them), so they are part of what its findings depend on."""
-    from .kinds import names_cuda_work
     return ".backward(" in source and not names_cuda_work(source)
 
 
@@ -91,13 +90,32 @@ def project_dependencies(source: str, filename: str) -> list:
     return sorted(found)
 
 
+_CUDA_WORK = re.compile(r"\bcuda\b|\.to\(\s*(?:self\.|args\.|cfg\.|config\.|opt\.)?device\b|\bdevice\s*=|\.device\b"
+                        r"|[Aa]ccelerator|DataParallel")
+
+
+def moves_work_to_cuda(ctx) -> bool:
+    """The file moves work to a CUDA device: names CUDA (`.cuda()`, `"cuda"`, `torch.cuda`),
+    moves tensors or models to a device it holds (`.to(device)`, `device=device`, `x.device`),
+    or hands them to a framework that places them (`accelerator.prepare`, `DataParallel`). A
+    file that does none of these runs its tensors where they were made, on the CPU."""
+    found = ctx.shared.get("moves_work_to_cuda")
+    if found is None:
+        found = ctx.shared["moves_work_to_cuda"] = names_cuda_work(ctx.source)
+    return found
+
+
+def names_cuda_work(text: str) -> bool:
+    """`moves_work_to_cuda` on a file's text: for the project files another file's findings read."""
+    return _CUDA_WORK.search(text) is not None
+
+
 def cpu_only_script(ctx) -> bool:
     """The file is a program (an `if __name__ == "__main__":` block, or a loop at module level)
     that never moves work to CUDA, nor does any project module it imports (a trainer it hands
     its step function, a `get_device()` helper): everything it runs, it made, on the CPU."""
     found = ctx.shared.get("cpu_only_script")
     if found is None:
-        from .kinds import moves_work_to_cuda
         found = ctx.shared["cpu_only_script"] = not moves_work_to_cuda(ctx) and any(
             isinstance(stmt, (ast.For, ast.While)) or (isinstance(stmt, ast.If) and is_main_guard(stmt.test))
             for stmt in ctx.tree.body) and not any(
@@ -115,7 +133,6 @@ def cpu_only_project(ctx) -> bool:
     if found is None:
         found = False
         if steps_without_device(ctx.source):
-            from .kinds import names_cuda_work
             texts = importer_texts(ctx).values()
             # an importer that could not be read may move work to the device
             found = bool(texts) and not any(text is None or names_cuda_work(text) for text in texts)
@@ -128,7 +145,6 @@ def imported_by_cuda_code(ctx) -> bool:
     steps and helpers (a loss-compute class, a metric) run on the tensors it gives them there."""
     found = ctx.shared.get("imported_by_cuda_code")
     if found is None:
-        from .kinds import names_cuda_work
         found = ctx.shared["imported_by_cuda_code"] = any(
             text is not None and names_cuda_work(text) for text in importer_texts(ctx).values())
     return found
@@ -142,7 +158,6 @@ def file_moves_to_cuda(path: str) -> bool:
 
 
 def _names_cuda_work_in(path: str) -> bool:
-    from .kinds import names_cuda_work
     try:
         with open(path, encoding="utf-8", errors="replace") as handle:
             return names_cuda_work(handle.read())
@@ -552,32 +567,3 @@ def star_imported_aliases(tree: ast.Module, filename: str) -> dict:
             resolver = _RESOLVERS[path] = (parsed(path), NameResolver(parsed(path)))
         found.update((name, qual) for name, qual in resolver[1].module_aliases().items() if not name.startswith("_"))
     return found
-
-
-def module_class_of(ctx, func: ast.AST) -> Optional[tuple]:
-    """(class, qualname of its module, where it is) for `self.<attr>`, read in a method of the
-    class being walked, when every value the class stores in that attribute is a call of one
-    class of this file or of a project module it imports (`self.attention = Attention(d)`, `from
-    attention import Attention`); `where` is None for this file, else that file's name."""
-    from .kinds import class_attribute_values
-
-    cls = ctx.class_
-    if (cls is None or not isinstance(func, ast.Attribute) or not isinstance(func.value, ast.Name)
-            or not ctx.functions or not ctx.functions[0].args.args
-            or func.value.id != ctx.functions[0].args.args[0].arg):
-        return None
-    values = [value for _, value in class_attribute_values(ctx, cls, func.attr)]
-    if not values or not all(isinstance(v, ast.Call) and isinstance(v.func, ast.Name) for v in values):
-        return None
-    if len({v.func.id for v in values}) != 1:
-        return None
-    name = values[0].func.id
-    if ctx.qualname(values[0].func) is None:
-        local = [s for s in ctx.tree.body if isinstance(s, ast.ClassDef) and s.name == name]
-        if len(local) == 1:
-            return local[0], ctx.qualname, None
-    found = imported_class(ctx, values[0].func)
-    if found is None:
-        return None
-    path = imported_definition(ctx, values[0].func, (ast.ClassDef,))[1]
-    return found[0], found[1].qualname, os.path.basename(path)

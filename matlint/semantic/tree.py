@@ -160,3 +160,24 @@ def function_text(ctx, function: ast.AST) -> str:
             text = unicodedata.normalize("NFKC", text)
         ctx.shared[key] = text
     return text
+
+
+def may_mention(ctx, word: str, ignore_case: bool = False) -> bool:
+    """False only when no identifier of the file (a name, an attribute, a keyword, an imported
+    name or alias) can contain `word`, so a question whose answer needs it is settled without the
+    analyses: identifiers are spelled out in `identifier_text` as they are in the tree.
+
+    Identifiers only: a string literal can hold `word` without the source spelling it
+    (`"\\x44ouble"`, implicit concatenation `"Dou" "ble"`), so a rule that matches the contents
+    of strings must not let this gate skip those matches."""
+    key = ("mentions", word, ignore_case)
+    found = ctx.shared.get(key)
+    if found is None:
+        if ignore_case:
+            text = ctx.shared.get("identifier_text_lower")
+            if text is None:
+                text = ctx.shared["identifier_text_lower"] = identifier_text(ctx).lower()
+        else:
+            text = identifier_text(ctx)
+        found = ctx.shared[key] = word in text
+    return found
