@@ -454,3 +454,56 @@ def test_a_name_rebound_to_a_reduction_of_itself_keeps_its_kind():
                 loss = loss.mean()
                 reveal(loss); reveal(aux)
         """) == ["tensor", "tensor"]
+
+
+def test_a_parameter_takes_the_kind_that_the_importing_files_pass_and_an_imported_function_returns(tmp_path):
+    """A helper module's function that no call in its own file reaches takes its parameters' kinds
+    from the calls of the project files that import it, and what a function of a project module
+    returns is what its `return`s give there. A name bound to `None` on one path and to a tensor
+    on another is a tensor where it is used as one."""
+    from matlint.registry import get_rule
+
+    (tmp_path / "losses.py").write_text(textwrap.dedent("""\
+        import torch
+        def policy_loss(logp, adv):
+            return -(logp * adv).mean()
+        """))
+    (tmp_path / "logger.py").write_text(textwrap.dedent("""\
+        import torch
+
+        class Logger:
+            def __init__(self, writer):
+                self.writer = writer
+
+            def log_data(self, step, loss, entropy):
+                if loss:
+                    self.writer.add_scalar("loss", loss.item(), step)
+                self.writer.add_scalar("entropy", entropy, step)
+
+        if __name__ == "__main__":
+            Logger(None).log_data(0, None, 0.0)
+        """))
+    (tmp_path / "main.py").write_text(textwrap.dedent("""\
+        import torch
+        from logger import Logger
+        from losses import policy_loss
+
+        def train(net, opt, env, writer, device):
+            logger = Logger(writer)
+            for step in range(1000):
+                loss = None
+                if step > 10:
+                    logp, adv = net(torch.as_tensor(env.state(), device=device))
+                    loss = policy_loss(logp, adv)
+                    opt.zero_grad()
+                    loss.backward()
+                    opt.step()
+                logger.log_data(step, loss, 0.0)
+        """))
+    source = (tmp_path / "logger.py").read_text()
+    found = lint_source(source, str(tmp_path / "logger.py"), [get_rule("MAT502")])
+    assert [(f.row, f.column) for f in found] == [(8, 12)]
+    assert "`bool()` of `loss`" in found[0].message and "called from the training loop" in found[0].message
+    # The same importer on the CPU: no device to wait for.
+    (tmp_path / "main.py").write_text((tmp_path / "main.py").read_text().replace(", device=device", ""))
+    assert lint_source(source, str(tmp_path / "logger.py"), [get_rule("MAT502")]) == []

@@ -9,9 +9,10 @@ import os
 import re
 from typing import Optional
 
-from .calls import argument_for, file_calls
+from .calls import FileCalls, argument_for, file_calls
 from .lazy import BuiltOnFirstUse
-from .project import imported_class, imported_definition, moves_work_to_cuda, names_cuda_work
+from .project import (imported_class, imported_definition, importers, moves_work_to_cuda, names_cuda_work,
+                      project_imports)
 # identifier_text lives in tree (a leaf, which calls and flow read too); the rules read it from here
 from .tree import _COMPREHENSIONS, block_fields, child_nodes, identifier_text, may_mention, walk_no_scopes
 
@@ -166,7 +167,10 @@ _KIND_KEEPING_METHODS = {"float", "half", "bfloat16", "double", "train", "eval",
                          "log_softmax", "long", "int", "bool", "type_as", "mean", "sum", "abs", "exp", "log",
                          "sqrt", "pow", "neg", "norm", "std", "var", "prod", "cumsum", "square", "mul", "add", "sub",
                          "div", "sign", "round"}
-_MOVABLE = frozenset({LINEAR, MODULE, USER_MODULE})  # modules, which `.to(device)` / `.cuda()` return
+_MOVABLE = frozenset({LINEAR, MODULE, USER_MODULE})
+_MODULE_WRAPPERS = frozenset({"torch.nn.DataParallel", "torch.nn.parallel.DataParallel",
+                              "torch.nn.parallel.DistributedDataParallel"})
+_NONE = "none"  # a name's binding to `None`: it adds no kind to the others (see `_combine`)  # modules, which `.to(device)` / `.cuda()` return
 _DTYPE_NAMES = frozenset({"float32", "float16", "bfloat16", "float64", "int64", "long", "int32", "bool", "float",
                           "half", "double"})
 _NOT_YET = object()
@@ -534,6 +538,8 @@ class _Inference:
 
     @staticmethod
     def _combine(kinds) -> Optional[str]:
+        # `loss = None`, then `loss = crit(...)` on one path: where it is read as a tensor, it is one
+        kinds = [k for k in kinds if k is not _NONE] or [None]
         known = [k for k in kinds if k.__class__ is not _Held]
         if not known or any(k is None for k in known):
             return None
@@ -554,6 +560,8 @@ class _Inference:
         if tag == "kind":
             return entry[1]
         if tag == "value":
+            if entry[1].__class__ is ast.Constant and entry[1].value is None:
+                return _NONE
             return sub._expr(entry[1])  # `model = model.double()` adds no kind of its own: see `_call`
         if tag == "aug":
             node = entry[1]
@@ -563,6 +571,8 @@ class _Inference:
             value, index = entry[1], entry[2]
             if isinstance(value, (ast.Tuple, ast.List)) and -len(value.elts) <= index < len(value.elts):
                 item = value.elts[index]
+                if item.__class__ is ast.Constant and item.value is None:
+                    return _NONE  # `actor_loss, critic_loss = None, None`
                 # `x, y = x.to(device), y.to(device)` reuses the names as `x = x.to(device)` does
                 return sub._expr(item) if isinstance(item, ast.Call) else sub.expr(item)
             if isinstance(value, ast.Call) and isinstance(value.func, ast.Attribute):
@@ -595,27 +605,32 @@ class _Inference:
         return False
 
     def _passed(self, function: ast.AST, name: str) -> Optional[str]:
-        """The kind every call of `function` in the file passes for its parameter `name`; None
-        where the file never calls it, or its calls disagree or cannot be told."""
-        if function.name == "__init__" or function.name not in ("forward", "__call__") and \
-                identifier_text(self.ctx).count(function.name + "(") < 2:
-            return None  # only its `def` names it: the file never calls it (a `forward` is called through its instances)
-        calls = file_calls(self.ctx)
-        sites = calls.call_sites(function)
+        """The kind every call of `function` passes for its parameter `name`: the calls in the
+        file, or where the file never calls it, those of the project files that import it
+        (`logger.log_data(step, actor_loss, ...)` in main.py for `log_data` of logger.py); None
+        where there are none, or they disagree or cannot be told."""
+        if function.name == "__init__":
+            return None
+        if function.name in ("forward", "__call__") or identifier_text(self.ctx).count(function.name + "(") >= 2:
+            sites = [(self.ctx, site) for site in file_calls(self.ctx).call_sites(function)]
+        else:
+            sites = []  # only its `def` names it: the file never calls it (a `forward` is called through its instances)
+        if not sites:
+            sites = _importer_sites(self.ctx, function)
         if not sites or len(sites) > _MAX_CALL_SITES:
             return None
         kinds = []
-        for site in sites:
+        for ctx, site in sites:
             value = argument_for(site, function, name)
             if value is None:
                 return None
-            chain = [scope_kinds(self.ctx, f) for f in reversed(site.functions)] + [scope_kinds(self.ctx, self.ctx.tree)]
+            chain = [scope_kinds(ctx, f) for f in reversed(site.functions)] + [scope_kinds(ctx, ctx.tree)]
             if isinstance(value, ast.Name) and site.functions:
                 from .flow import flow_of  # flow reads identifiers through this module
-                assign = flow_of(self.ctx, site.functions[-1]).reaching(value)
+                assign = flow_of(ctx, site.functions[-1]).reaching(value)
                 if assign is not None and assign.value is not None:
                     value = assign.value  # what the name holds at the call, not all it ever holds
-            kind = _Inference(self.ctx, chain, site.cls).expr(value)
+            kind = _Inference(ctx, chain, site.cls).expr(value)
             if kind is None:
                 return None
             kinds.append(kind)
@@ -1003,6 +1018,8 @@ class _Inference:
             return LOADER if self.expr(node.args[0]) == LOADER else None  # `tqdm(loader)` yields its batches
         if qual == "torch.from_numpy":
             return CPU_TENSOR  # shares the array's host memory
+        if qual in _MODULE_WRAPPERS:
+            return USER_MODULE  # `DistributedDataParallel(model)`: a module that runs the one it wraps
         if module == "torch.nn" and attr[:1].isupper():
             return MODULE if (attr in _ELEMENTWISE_MODULES or attr.endswith("Loss")) else OTHER
         if qual.startswith(("numpy.", "np.")):
@@ -1026,7 +1043,9 @@ class _Inference:
             if CPU_TENSOR in arg_kinds and TENSOR not in arg_kinds:
                 return CPU_TENSOR
             return TENSOR
-        return OTHER if qual.startswith("torch.") else None
+        if qual.startswith("torch."):
+            return OTHER
+        return _imported_return_kind(self.ctx, node.func)
 
     def _factory_kind(self, attr: str, node: ast.Call) -> str:
         device = next((k.value for k in node.keywords if k.arg == "device"), None)
@@ -1526,6 +1545,83 @@ def sized_factory_rank(call: ast.AST, qualname) -> Optional[int]:
         elts = sizes[0].elts
         return None if any(isinstance(e, ast.Starred) for e in elts) else len(elts)
     return len(sizes) if len(sizes) > 1 else None
+
+
+def _imported_return_kind(ctx, func: ast.AST) -> Optional[str]:
+    """The kind a function of a project module returns (`loss = actor_loss_fn(obs, ...)` after
+    `from option_critic import actor_loss as actor_loss_fn`): what every one of its `return`s
+    gives, read in its own file (its parameters take their kinds from that file's calls, and,
+    for one no call there passes, from the calls of the files that import it); None where
+    they disagree, where one returns nothing, or for a generator."""
+    from .file import project_file
+
+    found = imported_definition(ctx, func, (ast.FunctionDef,))
+    if found is None:
+        return None
+    definition, path = found
+    view = project_file(path)
+    if view is None:
+        return None
+    key = ("return_kind", id(definition))
+    if key in view.shared:
+        result = view.shared[key]
+        return None if result is _RECURSING else result
+    view.shared[key] = _RECURSING
+    returns = [n for n in walk_no_scopes(definition) if isinstance(n, (ast.Return, ast.Yield, ast.YieldFrom))]
+    result = None
+    if returns and all(isinstance(n, ast.Return) and n.value is not None for n in returns):
+        chain = [scope_kinds(view, definition), scope_kinds(view, view.tree)]
+        result = _Inference(view, chain, None)._combine([_Inference(view, chain, None).expr(n.value) for n in returns])
+    view.shared[key] = result
+    return result
+
+
+def _importer_sites(ctx, function: ast.AST) -> list:
+    """(the importer's SourceFile, CallSite) for each call of `function`, a module-level function
+    or a method of a module-level class of the linted file, in the project files that import it
+    (`accuracy(out, y)` after `from utils import accuracy`, `logger.log_data(...)` on a `Logger`
+    made there); a method's call is read with its first parameter bound."""
+    if not ctx.filename or function not in ctx.tree.body and not any(
+            isinstance(stmt, ast.ClassDef) and function in stmt.body for stmt in ctx.tree.body):
+        return []
+    table = ctx.shared.get("importer_sites")
+    if table is None:
+        table = ctx.shared["importer_sites"] = _calls_from_importers(ctx)
+    cls = file_calls(ctx).class_of.get(id(function))
+    found = table.get(f"{cls.name}.{function.name}" if cls is not None else function.name, [])
+    return [(view, site._replace(bound=True)) for view, site in found] if cls is not None else found
+
+
+def _calls_from_importers(ctx) -> dict:
+    """{name or "Class.method": [(SourceFile, CallSite)]} of the linted file's definitions that
+    the project files importing it call; empty in a library-sized tree, and while one of them is
+    read for another (no file is read for its own importers' importers)."""
+    from .file import project_file
+
+    if _READING_IMPORTERS:
+        return {}
+    target = os.path.abspath(ctx.filename)
+    found: dict = {}
+    _READING_IMPORTERS.append(target)
+    try:
+        for path in importers(ctx.filename, most=_IMPORTERS_READ):
+            view = project_file(path)
+            if view is None:
+                continue
+            calls = view.shared.get("file_calls_with_imports")
+            if calls is None:
+                calls = view.shared["file_calls_with_imports"] = FileCalls(
+                    view.tree, identifier_text(view), project_imports(view.tree, path))
+            for (defined_in, name), sites in calls.imported_sites.items():
+                if os.path.abspath(defined_in) == target:
+                    found.setdefault(name, []).extend((view, site) for site in sites)
+    finally:
+        _READING_IMPORTERS.pop()
+    return found
+
+
+_READING_IMPORTERS: list = []
+_IMPORTERS_READ = 150  # no importer's calls are read in a tree of more Python files than this (a library)
 
 
 def module_class_of(ctx, func: ast.AST) -> Optional[tuple]:

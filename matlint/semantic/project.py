@@ -113,13 +113,15 @@ def names_cuda_work(text: str) -> bool:
 def cpu_only_script(ctx) -> bool:
     """The file is a program (an `if __name__ == "__main__":` block, or a loop at module level)
     that never moves work to CUDA, nor does any project module it imports (a trainer it hands
-    its step function, a `get_device()` helper): everything it runs, it made, on the CPU."""
+    its step function, a `get_device()` helper) or that imports it (a logger module with a demo
+    under its main guard, called from a training script on the GPU): everything it runs, it
+    made, on the CPU."""
     found = ctx.shared.get("cpu_only_script")
     if found is None:
         found = ctx.shared["cpu_only_script"] = not moves_work_to_cuda(ctx) and any(
             isinstance(stmt, (ast.For, ast.While)) or (isinstance(stmt, ast.If) and is_main_guard(stmt.test))
             for stmt in ctx.tree.body) and not any(
-            file_moves_to_cuda(path) for path in imported_paths(ctx.source, ctx.filename))
+            file_moves_to_cuda(path) for path in imported_paths(ctx.source, ctx.filename)) and not imported_by_cuda_code(ctx)
     return found
 
 

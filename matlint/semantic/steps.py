@@ -53,6 +53,8 @@ class Step(NamedTuple):
     # the calling loop hands what the function returns to an environment's step (`action =
     # agent.act(state)`, then `state, reward, done, _ = env.step(action)`): the host needs it
     feeds_host: bool = False
+    # the project file whose step runs it, where only a file that imports this one does
+    from_file: Optional[str] = None
 
 
 def _trains(nodes) -> tuple:
@@ -478,7 +480,7 @@ def step_functions(ctx) -> dict:
         found.setdefault(id(closure), Step("is the closure an optimizer's `step` evaluates, every step", True))
     for function, step, _ in passed_to_steps(ctx):
         found.setdefault(id(function), step)
-    for name, step in _steps_in_importers(ctx).items():
+    for name, step in steps_from_importers(ctx).items():
         function = calls.module_functions.get(name)
         if function is None and name in calls.classes:  # `ProbMask(...)` in a forward: its `__init__`
             function = calls.methods[id(calls.classes[name])].get("__init__")
@@ -514,7 +516,7 @@ def _step_at(ctx, found: dict, site, where: str = "") -> Optional[Step]:
     caller = found.get(id(site.functions[-1])) if site.functions else None
     if caller is not None:
         return Step(f"is called from `{site.functions[-1].name}`{where}, which {caller.why}", caller.training,
-                    caller.forward, caller.loss)
+                    caller.forward, caller.loss, from_file=caller.from_file)
     calls = file_calls(ctx)
     loop_step = next((s for s in (_loop_step(loop, calls) for loop in reversed(site.loops)) if s is not None), None)
     if loop_step is not None and where:
@@ -655,12 +657,20 @@ _READING: list = []  # the importer being read: its own importers are not follow
 _STEP_IMPORTERS_FILES = 150
 
 
-def _steps_in_importers(ctx) -> dict:
+def steps_from_importers(ctx) -> dict:
     """{name: Step} for the module-level functions and classes of the linted file that a project
     file importing it (`importers`) calls on every step: `create_masks(...)` in train.py's loop
-    over batches, `ProbMask(...)` in another module's `forward`. A class called so runs its
-    `__init__` every step. One file away: what makes a function of the importer run every step is
-    read in the importer alone. Not in a library-sized tree (`_STEP_IMPORTERS_FILES`)."""
+    over batches, `ProbMask(...)` in another module's `forward`, `logger.log_data(...)`
+    ("Logger.log_data") in its training loop. A class called so runs its `__init__` every step.
+    One file away: what makes a function of the importer run every step is read in the importer
+    alone. Not in a library-sized tree (`_STEP_IMPORTERS_FILES`)."""
+    found = ctx.shared.get("steps_from_importers")
+    if found is None:
+        found = ctx.shared["steps_from_importers"] = _steps_in_importers(ctx)
+    return found
+
+
+def _steps_in_importers(ctx) -> dict:
     if not ctx.filename or _READING:
         return {}
     target = os.path.abspath(ctx.filename)
@@ -706,7 +716,7 @@ def _steps_called_by(path: str) -> dict:
             for key, sites in calls.imported_sites.items():
                 step = next((s for s in (_step_at(view, steps, site, where) for site in sites) if s is not None), None)
                 if step is not None:
-                    found[key] = step
+                    found[key] = step._replace(from_file=path)
             view.shared.clear()
     return found
 

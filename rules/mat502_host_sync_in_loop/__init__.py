@@ -287,7 +287,11 @@ class HostSyncInLoop(_StepLoops, _HostReads, Rule):
     training loop of its own, `self._update_network()` over epochs of minibatches),
     and a function handed to one that calls it from its training loop (`trainer.train(get_loss)`
     with `trainer = train.Trainer(...)`, whose loop runs `loss = get_loss(model, batch)`): a sync inside a metric
-    or logging helper is a sync per step. A branch that trains (`if (i + 1) % n_critic == 0:`
+    or logging helper is a sync per step. Such a helper's parameters take the kinds its callers
+    pass, in its file or, where the file never calls it, in the project files that import it
+    (`logger.log_data(step, actor_loss, ...)` in main.py, `actor_loss` a tensor a function of
+    another project module returns); one run every step only by an importer whose work stays on
+    the CPU stays quiet. A branch that trains (`if (i + 1) % n_critic == 0:`
     around `g_loss.backward(); g_opt.step()`, `if self.tune_alpha:` around the alpha update) is
     the step itself, not a gate: its syncs run on every step it takes. In such a function, so do
     the branches of a test of the program's configuration (`if FIXED_ALPHA is None:` / `else:`,
@@ -311,7 +315,7 @@ class HostSyncInLoop(_StepLoops, _HostReads, Rule):
     importing it moves work to one either, a step function's tensors stay on the CPU and it
     stays quiet (a loss-compute class in loss.py whose `__call__` trains, imported by a script
     that moves the model to CUDA, is reported); so does a program (a `__main__` block or a loop at
-    module level) that never does, nor does any project module it imports, whatever its loops, and a training step in a file that names
+    module level) that never does, nor does any project module it imports or that imports it, whatever its loops, and a training step in a file that names
     no device whose importers in the project (the scripts that run it) name none either.
     `.numpy()` is reported through the `.cpu()` that must precede it (on a
     GPU tensor `.numpy()` alone raises instead of syncing).

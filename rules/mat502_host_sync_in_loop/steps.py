@@ -13,7 +13,7 @@ from matlint.semantic.loops import LoopInfo, identifier as _identifier, loaded_n
 from matlint.semantic.names import in_reference_code, in_test_code
 from matlint.semantic.project import file_moves_to_cuda, imported_by_cuda_code, imported_paths
 from matlint.semantic.steps import (GATE_NAME as _GATE_NAME, STEP_HOOKS, configuration_test, guards_empty_selection,
-                                   passed_to_steps, step_loop, step_of, trains_in)
+                                   passed_to_steps, step_loop, step_of, steps_from_importers, trains_in)
 
 
 
@@ -239,12 +239,18 @@ class _StepLoops:
             return step_of(self.ctx, self.ctx.functions)
         loss = _kinds.may_mention(self.ctx, "loss", ignore_case=True) and _kinds.may_mention(self.ctx, "forward")
         if not loss and not _kinds.may_mention(self.ctx, "backward") and not any(
-                _kinds.may_mention(self.ctx, hook) for hook in STEP_HOOKS) and not passed_to_steps(self.ctx):
-            return None  # no training step, step hook or loss module: only a `forward` could run every step
+                _kinds.may_mention(self.ctx, hook) for hook in STEP_HOOKS) and not passed_to_steps(self.ctx) \
+                and not steps_from_importers(self.ctx):
+            # no training step, step hook, loss module or helper of an importer's step: only a
+            # `forward` could run every step
+            return None
         if not _kinds.moves_work_to_cuda(self.ctx) and not imported_by_cuda_code(self.ctx) and not any(
                 path is not None and file_moves_to_cuda(path) for _, _, path in passed_to_steps(self.ctx)):
             return None  # a helper module that never names a device, nor do its importers or callees
         step = step_of(self.ctx, self.ctx.functions)
+        if step is not None and step.from_file is not None and not _kinds.moves_work_to_cuda(self.ctx) \
+                and not file_moves_to_cuda(step.from_file):
+            return None  # run every step by an importer whose work stays on the CPU
         # A model's `forward` branches on its data on purpose (routing, variable lengths): only
         # what a step's own code does counts, and a loss module's `forward`, which computes the
         # step's loss (its syncs, box matching through masks, wait on every training step)
