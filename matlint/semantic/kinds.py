@@ -1045,7 +1045,10 @@ class _Inference:
             return TENSOR
         if qual.startswith("torch."):
             return OTHER
-        return _imported_return_kind(self.ctx, node.func)
+        key = ("imported_return_kind", qual)
+        if key not in self.ctx.shared:  # resolving the import reads the disk: once per name
+            self.ctx.shared[key] = _imported_return_kind(self.ctx, node.func)
+        return self.ctx.shared[key]
 
     def _factory_kind(self, attr: str, node: ast.Call) -> str:
         device = next((k.value for k in node.keywords if k.arg == "device"), None)

@@ -392,9 +392,7 @@ _RESOLVERS: dict = {}  # path -> (its parsed tree, a NameResolver of it)
 def imported_definition(ctx, func: ast.AST, kinds: tuple) -> Optional[tuple]:
     """(the top-level definition of one of `kinds`, its file) that `func` names through an import
     of a project module, else None."""
-    table = ctx.shared.get("project_imports")
-    if table is None:
-        table = ctx.shared["project_imports"] = _import_table(ctx.tree)
+    table = import_table(ctx)
     if isinstance(func, ast.Name) and func.id in table:
         module, level, attr = table[func.id]
     elif isinstance(func, ast.Name) and table.get(_STARS):
@@ -463,9 +461,7 @@ def imported_definitions(ctx, mentioning: tuple) -> list:
     found = ctx.shared.get(key)
     if found is None:
         found = []
-        table = ctx.shared.get("project_imports")
-        if table is None:
-            table = ctx.shared["project_imports"] = _import_table(ctx.tree)
+        table = import_table(ctx)
         trees: dict = {}  # (module, level) -> its parsed tree, or None
         for name, entry in table.items():
             if name is _STARS or entry[2] is None:
@@ -509,6 +505,14 @@ def _star_imported(ctx, name: str, stars: list, kinds: tuple) -> Optional[tuple]
 
 
 _STARS = None  # the import table's key for the modules imported with `*`
+
+
+def import_table(ctx) -> dict:
+    """`_import_table` of the file, read once (no file of the project is looked up for it)."""
+    table = ctx.shared.get("import_table")
+    if table is None:
+        table = ctx.shared["import_table"] = _import_table(ctx.tree)
+    return table
 
 
 def _import_table(tree: ast.Module) -> dict:

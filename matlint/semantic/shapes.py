@@ -53,7 +53,7 @@ from .flow import flow_of, function_text, has_word
 from .kinds import fixed_key, identifier_text, int_const, may_mention, module_container, mutated_attributes
 from .loops import scope_statements
 from .file import project_file
-from .project import imported_definition, project_imports
+from .project import import_table, imported_definition
 from .tree import child_nodes, walk
 
 # -- dims -----------------------------------------------------------------------------------
@@ -2446,9 +2446,8 @@ def class_named(ctx, func) -> Optional[Instance]:
         return None
     imported = _imported_classes(ctx)
     if key not in imported:
-        names = ctx.shared.get("project_imports")
-        if names is not None and (key if func.__class__ is ast.Name else key[0]) not in names:
-            return None  # the table of imports is read by `imported_definition`: no name of it, no class
+        if (key if func.__class__ is ast.Name else key[0]) not in import_table(ctx):
+            return None  # no import binds the name: no class of another module
         found = imported_definition(ctx, func, (ast.ClassDef,))
         source = project_file(found[1]) if found is not None else None
         imported[key] = Instance(found[0], source) if source is not None else None
@@ -2488,8 +2487,15 @@ def may_be_passed_instances(ctx, fn) -> bool:
     file has classes, and calls `fn` by name somewhere besides its `def` (a constructor's
     callers are not calls of it)."""
     name = getattr(fn, "name", "__init__")
-    return (name != "__init__" and (bool(file_classes(ctx)) or bool(_project_names(ctx)))
+    return (name != "__init__" and (bool(file_classes(ctx)) or _may_import_classes(ctx))
             and identifier_text(ctx).count(name + "(") >= 2 and fn in ctx.tree.body)
+
+
+def _may_import_classes(ctx) -> bool:
+    """An import of the file can bind a class, or a module that holds one (`from model import
+    Net`, `import models`): read off the import statements, without looking the modules up."""
+    return any(name is not None and (entry[2] is None or entry[2][:1].isupper())
+               for name, entry in import_table(ctx).items())
 
 
 def passed_instance(ctx, fn, param: str) -> Optional[Instance]:
@@ -2750,7 +2756,7 @@ def _calls_shaping_code(ctx, text: str, cls: Optional[ast.ClassDef]) -> bool:
     shape (`self.v(s)`, `model.q(s)`, `Critic(d)`), makes an instance of a class imported from a
     project module (`Net(d)`, or an instance the module makes, called as `net(x)`), or calls an
     attribute of `cls` holding one (`self.critic(s)`)."""
-    imported = _project_names(ctx)
+    imported = import_table(ctx)
     if not file_classes(ctx) and not imported:
         return False
     called = set(_CALLED_NAME.findall(text))
@@ -2769,25 +2775,16 @@ def _calls_shaping_code(ctx, text: str, cls: Optional[ast.ClassDef]) -> bool:
         for attr, value in _class_attrs(ctx, cls).items())
 
 
-def _project_names(ctx) -> frozenset:
-    """Names the file's top-level imports bind to a definition or module of the project."""
-    found = ctx.shared.get("shapes.project_names")
-    if found is None:
-        found = ctx.shared["shapes.project_names"] = frozenset(
-            name for name in project_imports(ctx.tree, ctx.filename) if name != "*")
-    return found
-
-
 def _imported_class_may_shape(ctx, name: str) -> bool:
     """A call spelled `name(` can make or run an instance of a class imported from a project
     module whose methods can hold a shape: the class itself (`Net(`), or a module-level name the
     file binds to such an instance (`net = Net(d)`, then `net(`)."""
-    if name not in _project_names(ctx):
+    if name not in import_table(ctx):
         made = module_assignments(ctx).get(name)
         if made.__class__ is not ast.Call or made.func.__class__ is not ast.Name:
             return False
         name = made.func.id
-        if name not in _project_names(ctx):
+        if name not in import_table(ctx):
             return False
     made = class_named(ctx, ast.Name(name, ast.Load()))
     return made is not None and made.source is not None and _may_shape(made.source, made.cls.name)
@@ -2799,11 +2796,11 @@ def _instance_attributes(ctx, cls: ast.ClassDef) -> frozenset:
     key = ("shapes.instance_attributes", id(cls))
     found = ctx.shared.get(key)
     if found is None:
-        classes = file_classes(ctx).keys() | _project_names(ctx)
+        classes = file_classes(ctx).keys() | import_table(ctx).keys()
         found = set()
         for fn in cls.body:
             if (isinstance(fn, ast.FunctionDef) and fn.name == "__init__"
-                    and any((_may_shape(ctx, name) if name not in _project_names(ctx)
+                    and any((_may_shape(ctx, name) if name in file_classes(ctx)
                              else _imported_class_may_shape(ctx, name))
                             for name in set(_CALLED_NAME.findall(function_text(ctx, fn))) if name in classes)):
                 for node in ast.walk(fn):
