@@ -507,3 +507,31 @@ def test_a_parameter_takes_the_kind_that_the_importing_files_pass_and_an_importe
     # The same importer on the CPU: no device to wait for.
     (tmp_path / "main.py").write_text((tmp_path / "main.py").read_text().replace(", device=device", ""))
     assert lint_source(source, str(tmp_path / "logger.py"), [get_rule("MAT502")]) == []
+
+
+def test_an_instance_of_a_module_class_of_a_project_module_is_a_module(tmp_path):
+    """`net = QNetwork(...)` after `from networks import QNetwork`, where networks.py derives it
+    from `nn.Module`: a module (what it computes lies on its device); a plain class imported the
+    same way is not."""
+    (tmp_path / "networks.py").write_text(textwrap.dedent("""\
+        import torch.nn as nn
+
+        class QNetwork(nn.Module):
+            def forward(self, x):
+                return x
+
+        class Table:
+            pass
+        """))
+    source = textwrap.dedent("""\
+        import torch
+        from networks import QNetwork, Table
+
+        def act(n):
+            net = QNetwork(n)
+            table = Table()
+            reveal(net); reveal(table)
+        """)
+    (tmp_path / "agent.py").write_text(source)
+    findings = lint_source(source, str(tmp_path / "agent.py"), [_Reveal], prefilter=False)
+    assert [f.message for f in findings] == ["user_module", "None"]

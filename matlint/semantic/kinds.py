@@ -1045,9 +1045,10 @@ class _Inference:
             return TENSOR
         if qual.startswith("torch."):
             return OTHER
-        key = ("imported_return_kind", qual)
+        key = ("imported_call_kind", qual)
         if key not in self.ctx.shared:  # resolving the import reads the disk: once per name
-            self.ctx.shared[key] = _imported_return_kind(self.ctx, node.func)
+            self.ctx.shared[key] = USER_MODULE if attr[:1].isupper() and _imported_module_class(self.ctx, node.func) \
+                else _imported_return_kind(self.ctx, node.func)
         return self.ctx.shared[key]
 
     def _factory_kind(self, attr: str, node: ast.Call) -> str:
@@ -1548,6 +1549,14 @@ def sized_factory_rank(call: ast.AST, qualname) -> Optional[int]:
         elts = sizes[0].elts
         return None if any(isinstance(e, ast.Starred) for e in elts) else len(elts)
     return len(sizes) if len(sizes) > 1 else None
+
+
+def _imported_module_class(ctx, func: ast.AST) -> bool:
+    """`func` names a class of a project module that derives from a torch.nn class there
+    (`OptionCriticFeatures` after `from option_critic import OptionCriticFeatures`)."""
+    found = imported_class(ctx, func)
+    return found is not None and any((found[1].qualname(base) or "").startswith("torch.nn.")
+                                     for base in found[0].bases)
 
 
 def _imported_return_kind(ctx, func: ast.AST) -> Optional[str]:
