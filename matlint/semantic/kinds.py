@@ -11,7 +11,7 @@ from typing import Optional
 
 from .calls import FileCalls, argument_for, file_calls
 from .lazy import BuiltOnFirstUse
-from .project import (imported_class, imported_definition, importers, moves_work_to_cuda, names_cuda_work,
+from .project import (SCRIPT_PROJECT_FILES, imported_class, imported_definition, importers, in_script_project,
                       project_imports)
 # identifier_text lives in tree (a leaf, which calls and flow read too); the rules read it from here
 from .tree import _COMPREHENSIONS, block_fields, child_nodes, identifier_text, may_mention, walk_no_scopes
@@ -1554,7 +1554,7 @@ def sized_factory_rank(call: ast.AST, qualname) -> Optional[int]:
 def _imported_module_class(ctx, func: ast.AST) -> bool:
     """`func` names a class of a project module that derives from a torch.nn class there
     (`OptionCriticFeatures` after `from option_critic import OptionCriticFeatures`)."""
-    found = imported_class(ctx, func)
+    found = imported_class(ctx, func) if in_script_project(ctx) else None
     return found is not None and any((found[1].qualname(base) or "").startswith("torch.nn.")
                                      for base in found[0].bases)
 
@@ -1567,7 +1567,7 @@ def _imported_return_kind(ctx, func: ast.AST) -> Optional[str]:
     they disagree, where one returns nothing, or for a generator."""
     from .file import project_file
 
-    found = imported_definition(ctx, func, (ast.FunctionDef,))
+    found = imported_definition(ctx, func, (ast.FunctionDef,)) if in_script_project(ctx) else None
     if found is None:
         return None
     definition, path = found
@@ -1610,13 +1610,13 @@ def _calls_from_importers(ctx) -> dict:
     read for another (no file is read for its own importers' importers)."""
     from .file import project_file
 
-    if _READING_IMPORTERS:
+    if _READING_IMPORTERS or not in_script_project(ctx):
         return {}
     target = os.path.abspath(ctx.filename)
     found: dict = {}
     _READING_IMPORTERS.append(target)
     try:
-        for path in importers(ctx.filename, most=_IMPORTERS_READ):
+        for path in importers(ctx.filename, most=SCRIPT_PROJECT_FILES):
             view = project_file(path)
             if view is None:
                 continue
@@ -1633,7 +1633,6 @@ def _calls_from_importers(ctx) -> dict:
 
 
 _READING_IMPORTERS: list = []
-_IMPORTERS_READ = 150  # no importer's calls are read in a tree of more Python files than this (a library)
 
 
 def module_class_of(ctx, func: ast.AST) -> Optional[tuple]:

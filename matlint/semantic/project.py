@@ -239,6 +239,19 @@ def importers(filename: str, most: int = None) -> list:
     return sorted(found)
 
 
+SCRIPT_PROJECT_FILES = 150  # the most Python files a script's project holds; a tree of more is a library's
+
+
+def in_script_project(ctx) -> bool:
+    """The file lies in a tree of at most `SCRIPT_PROJECT_FILES` Python files: a script's project,
+    whose modules the analyses follow into each other (a library's tree is read file by file)."""
+    found = ctx.shared.get("in_script_project")
+    if found is None:
+        size = project_size(ctx.filename)
+        found = ctx.shared["in_script_project"] = size is not None and size <= SCRIPT_PROJECT_FILES
+    return found
+
+
 def project_size(filename: str) -> Optional[int]:
     """How many Python files lie where the files that import `filename` would (`importers`);
     None past `_IMPORTERS_FILES` (a library's tree)."""

@@ -35,8 +35,8 @@ from .kinds import may_mention
 from .loops import (LoopInfo, _attribute_paths, bound_names, file_trains, identifier, is_backward,
                     is_optimizer_step, is_training_loop, loaded_names, may_run_training_step, name_tokens,
                     walk_no_scopes)
-from .project import (imported_class, imported_definition, imported_definitions, imported_function, importers, parsed,
-                      project_imports, project_size, while_unchanged)
+from .project import (SCRIPT_PROJECT_FILES, imported_class, imported_definition, imported_definitions, imported_function,
+                      importers, in_script_project, parsed, project_imports, while_unchanged)
 from .tree import child_nodes, dotted, identifier_text
 
 _LOOPS = (ast.For, ast.AsyncFor, ast.While, ast.ListComp, ast.SetComp, ast.DictComp, ast.GeneratorExp)
@@ -562,7 +562,7 @@ def passed_to_steps(ctx) -> list:
     (`trainer.train(get_loss)`, whose loop runs `loss = get_loss(model, batch)`): of this file,
     or a method of a class of this file or of a project module (`trainer = train.Trainer(...)`),
     or a function imported from one. Worked out once per file, in a project's tree, not a
-    library's (`_STEP_IMPORTERS_FILES`)."""
+    library's (`SCRIPT_PROJECT_FILES`)."""
     found = ctx.shared.get("passed_to_steps")
     if found is None:
         found = ctx.shared["passed_to_steps"] = _passed_to_steps(ctx)
@@ -574,8 +574,7 @@ _DEF_NAME = re.compile(r"^[ \t]*(?:async[ \t]+)?def[ \t]+([A-Za-z_]\w*)", re.M)
 
 
 def _passed_to_steps(ctx) -> list:
-    size = project_size(ctx.filename)
-    if size is None or size > _STEP_IMPORTERS_FILES:
+    if not in_script_project(ctx):
         return []  # a library's tree: its functions are handed to other modules, not training loops
     text = identifier_text(ctx)
     candidates = set(_DEF_NAME.findall(text)) & set(_ARGUMENT_NAME.findall(text))
@@ -654,7 +653,6 @@ _READING: list = []  # the importer being read: its own importers are not follow
 # Around a file with more Python files than this (a library's package), the files that import it
 # are not read for the steps that call it: each would be analysed once more, for a library's
 # modules whose callers are mostly other modules, not training loops.
-_STEP_IMPORTERS_FILES = 150
 
 
 def steps_from_importers(ctx) -> dict:
@@ -663,7 +661,7 @@ def steps_from_importers(ctx) -> dict:
     over batches, `ProbMask(...)` in another module's `forward`, `logger.log_data(...)`
     ("Logger.log_data") in its training loop. A class called so runs its `__init__` every step.
     One file away: what makes a function of the importer run every step is read in the importer
-    alone. Not in a library-sized tree (`_STEP_IMPORTERS_FILES`)."""
+    alone. Not in a library-sized tree (`SCRIPT_PROJECT_FILES`)."""
     found = ctx.shared.get("steps_from_importers")
     if found is None:
         found = ctx.shared["steps_from_importers"] = _steps_in_importers(ctx)
@@ -675,7 +673,7 @@ def _steps_in_importers(ctx) -> dict:
         return {}
     target = os.path.abspath(ctx.filename)
     found = {}
-    for path in importers(ctx.filename, most=_STEP_IMPORTERS_FILES):
+    for path in importers(ctx.filename, most=SCRIPT_PROJECT_FILES):
         for (defined_in, name), step in _importer_steps(path).items():
             if defined_in == target:
                 found.setdefault(name, step)

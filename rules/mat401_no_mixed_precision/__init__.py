@@ -7,12 +7,12 @@ import os
 import re
 from typing import Optional
 
-from matlint.semantic.kinds import looks_like_tensor, may_mention, module_class_of, moves_work_to_cuda, names_cuda_work
+from matlint.semantic.kinds import looks_like_tensor, may_mention, module_class_of
 from matlint.rule import Only, Rule
 
 from matlint.semantic.loops import identifier, is_backward, is_optimizer_step, name_tokens, walk_no_scopes
 from matlint.semantic.names import in_test_code
-from matlint.semantic.project import importer_texts
+from matlint.semantic.project import importer_texts, moves_work_to_cuda, names_cuda_work
 from matlint.semantic.shapes import method_of
 from matlint.semantic.tree import is_main_guard
 

@@ -11,7 +11,7 @@ from matlint.semantic import kinds as _kinds
 from matlint.semantic.flow import function_text, nearby_comments
 from matlint.semantic.loops import LoopInfo, identifier as _identifier, loaded_names, name_tokens, walk_no_scopes
 from matlint.semantic.names import in_reference_code, in_test_code
-from matlint.semantic.project import file_moves_to_cuda, imported_by_cuda_code, imported_paths
+from matlint.semantic.project import file_moves_to_cuda, imported_by_cuda_code, imported_paths, moves_work_to_cuda
 from matlint.semantic.steps import (GATE_NAME as _GATE_NAME, STEP_HOOKS, configuration_test, guards_empty_selection,
                                    passed_to_steps, step_loop, step_of, steps_from_importers, trains_in)
 
@@ -244,11 +244,11 @@ class _StepLoops:
             # no training step, step hook, loss module or helper of an importer's step: only a
             # `forward` could run every step
             return None
-        if not _kinds.moves_work_to_cuda(self.ctx) and not imported_by_cuda_code(self.ctx) and not any(
+        if not moves_work_to_cuda(self.ctx) and not imported_by_cuda_code(self.ctx) and not any(
                 path is not None and file_moves_to_cuda(path) for _, _, path in passed_to_steps(self.ctx)):
             return None  # a helper module that never names a device, nor do its importers or callees
         step = step_of(self.ctx, self.ctx.functions)
-        if step is not None and step.from_file is not None and not _kinds.moves_work_to_cuda(self.ctx) \
+        if step is not None and step.from_file is not None and not moves_work_to_cuda(self.ctx) \
                 and not file_moves_to_cuda(step.from_file):
             return None  # run every step by an importer whose work stays on the CPU
         # A model's `forward` branches on its data on purpose (routing, variable lengths): only

@@ -15,7 +15,8 @@ from typing import Optional
 from matlint.diagnostics import Fix
 from matlint.rule import Only, Rule
 
-from matlint.semantic.kinds import MODULE_CLASS, TYPED_TENSORS, cuda_tensor_type, kind_of, module_output, moves_work_to_cuda
+from matlint.semantic.kinds import MODULE_CLASS, TYPED_TENSORS, cuda_tensor_type, kind_of, module_output
+from matlint.semantic.project import moves_work_to_cuda
 from matlint.semantic.names import in_test_code
 from matlint.semantic.steps import per_step
 
