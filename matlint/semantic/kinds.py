@@ -1608,8 +1608,6 @@ def _calls_from_importers(ctx) -> dict:
     """{name or "Class.method": [(SourceFile, CallSite)]} of the linted file's definitions that
     the project files importing it call; empty in a library-sized tree, and while one of them is
     read for another (no file is read for its own importers' importers)."""
-    from .file import project_file
-
     if _READING_IMPORTERS or not in_script_project(ctx):
         return {}
     target = os.path.abspath(ctx.filename)
@@ -1617,13 +1615,10 @@ def _calls_from_importers(ctx) -> dict:
     _READING_IMPORTERS.append(target)
     try:
         for path in importers(ctx.filename, most=SCRIPT_PROJECT_FILES):
-            view = project_file(path)
-            if view is None:
+            read = importer_calls(path)
+            if read is None:
                 continue
-            calls = view.shared.get("file_calls_with_imports")
-            if calls is None:
-                calls = view.shared["file_calls_with_imports"] = FileCalls(
-                    view.tree, identifier_text(view), project_imports(view.tree, path))
+            view, calls = read
             for (defined_in, name), sites in calls.imported_sites.items():
                 if os.path.abspath(defined_in) == target:
                     found.setdefault(name, []).extend((view, site) for site in sites)
@@ -1633,6 +1628,21 @@ def _calls_from_importers(ctx) -> dict:
 
 
 _READING_IMPORTERS: list = []
+
+
+def importer_calls(path: str) -> Optional[tuple]:
+    """(the SourceFile, its FileCalls with the calls of the names it imports from the project) of
+    the project module at `path`, read for the modules it imports; None where it cannot be read."""
+    from .file import project_file
+
+    view = project_file(path)
+    if view is None:
+        return None
+    calls = view.shared.get("importer_calls")
+    if calls is None:
+        calls = view.shared["importer_calls"] = view.shared["file_calls"] = FileCalls(
+            view.tree, identifier_text(view), project_imports(view.tree, path))
+    return view, calls
 
 
 def module_class_of(ctx, func: ast.AST) -> Optional[tuple]:

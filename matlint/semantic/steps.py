@@ -29,14 +29,13 @@ import re
 from typing import NamedTuple, Optional
 
 from . import kinds as _kinds
-from .calls import FileCalls, argument_for, file_calls
-from .file import SourceFile
+from .calls import argument_for, file_calls
 from .kinds import may_mention
 from .loops import (LoopInfo, _attribute_paths, bound_names, file_trains, identifier, is_backward,
                     is_optimizer_step, is_training_loop, loaded_names, may_run_training_step, name_tokens,
                     walk_no_scopes)
 from .project import (SCRIPT_PROJECT_FILES, imported_class, imported_definition, imported_definitions, imported_function,
-                      importers, in_script_project, parsed, project_imports, while_unchanged)
+                      importers, in_script_project, while_unchanged)
 from .tree import child_nodes, dotted, identifier_text
 
 _LOOPS = (ast.For, ast.AsyncFor, ast.While, ast.ListComp, ast.SetComp, ast.DictComp, ast.GeneratorExp)
@@ -696,26 +695,18 @@ def _read_importer_steps(path: str) -> dict:
 
 def _steps_called_by(path: str) -> dict:
     found = {}
-    tree = parsed(path)
-    imported = project_imports(tree, path) if tree is not None else {}
-    if imported:
-        try:
-            with open(path, encoding="utf-8", errors="replace") as handle:
-                text = handle.read()
-        except OSError:
-            text = None
-        if text is not None:
-            view = SourceFile(text, path, tree)
-            calls = view.shared["file_calls"] = FileCalls(tree, identifier_text(view), imported)
-            if not calls.imported_sites:
-                return found  # a package's `__init__.py` that only re-exports
-            steps = step_functions(view)
-            where = f" in {os.path.basename(path)}"
-            for key, sites in calls.imported_sites.items():
-                step = next((s for s in (_step_at(view, steps, site, where) for site in sites) if s is not None), None)
-                if step is not None:
-                    found[key] = step._replace(from_file=path)
-            view.shared.clear()
+    read = _kinds.importer_calls(path)
+    if read is None:
+        return found
+    view, calls = read
+    if not calls.imported_sites:
+        return found  # no call of another project file's definitions (a package's `__init__.py` that re-exports)
+    steps = step_functions(view)
+    where = f" in {os.path.basename(path)}"
+    for key, sites in calls.imported_sites.items():
+        step = next((s for s in (_step_at(view, steps, site, where) for site in sites) if s is not None), None)
+        if step is not None:
+            found[key] = step._replace(from_file=path)
     return found
 
 
