@@ -167,10 +167,11 @@ _KIND_KEEPING_METHODS = {"float", "half", "bfloat16", "double", "train", "eval",
                          "log_softmax", "long", "int", "bool", "type_as", "mean", "sum", "abs", "exp", "log",
                          "sqrt", "pow", "neg", "norm", "std", "var", "prod", "cumsum", "square", "mul", "add", "sub",
                          "div", "sign", "round"}
-_MOVABLE = frozenset({LINEAR, MODULE, USER_MODULE})
+_MOVABLE = frozenset({LINEAR, MODULE, USER_MODULE})  # modules, which `.to(device)` / `.cuda()` return
+# Modules that run the module they wrap: calling one gives what that module gives.
 _MODULE_WRAPPERS = frozenset({"torch.nn.DataParallel", "torch.nn.parallel.DataParallel",
                               "torch.nn.parallel.DistributedDataParallel"})
-_NONE = "none"  # a name's binding to `None`: it adds no kind to the others (see `_combine`)  # modules, which `.to(device)` / `.cuda()` return
+_NONE = "none"  # a name's binding to `None`: it adds no kind to the others (see `_combine`)
 _DTYPE_NAMES = frozenset({"float32", "float16", "bfloat16", "float64", "int64", "long", "int32", "bool", "float",
                           "half", "double"})
 _NOT_YET = object()
