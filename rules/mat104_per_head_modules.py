@@ -10,7 +10,7 @@ from matlint.rule import Only, Rule
 from matlint.semantic.flow import flow_of
 from matlint.semantic.kinds import class_attribute_values, sized_factory_rank
 from matlint.semantic.loops import bound_names, loaded_names
-from matlint.semantic.project import imported_class
+from matlint.semantic.kinds import imported_class
 from matlint.semantic.tree import walk
 
 _JOINS = {"torch.cat", "torch.concat", "torch.concatenate", "torch.stack"}

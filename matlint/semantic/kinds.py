@@ -11,7 +11,8 @@ from typing import Optional
 
 from .calls import FileCalls, argument_for, file_calls
 from .lazy import BuiltOnFirstUse
-from .project import (SCRIPT_PROJECT_FILES, imported_class, imported_definition, importers, in_script_project,
+from .file import project_file
+from .project import (SCRIPT_PROJECT_FILES, imported_definition, importers, in_script_project,
                       project_imports)
 # identifier_text lives in tree (a leaf, which calls and flow read too); the rules read it from here
 from .tree import _COMPREHENSIONS, block_fields, child_nodes, identifier_text, may_mention, walk_no_scopes
@@ -1552,6 +1553,14 @@ def sized_factory_rank(call: ast.AST, qualname) -> Optional[int]:
     return len(sizes) if len(sizes) > 1 else None
 
 
+def imported_class(ctx, func: ast.AST) -> Optional[tuple]:
+    """(the class definition, the SourceFile of its module) that `func` names through an import
+    of a project module (`Head` after `from .head import Head`), else None."""
+    found = imported_definition(ctx, func, (ast.ClassDef,))
+    source = project_file(found[1]) if found is not None else None
+    return (found[0], source) if source is not None else None
+
+
 def _imported_module_class(ctx, func: ast.AST) -> bool:
     """`func` names a class of a project module that derives from a torch.nn class there
     (`OptionCriticFeatures` after `from option_critic import OptionCriticFeatures`)."""
@@ -1566,8 +1575,6 @@ def _imported_return_kind(ctx, func: ast.AST) -> Optional[str]:
     gives, read in its own file (its parameters take their kinds from that file's calls, and,
     for one no call there passes, from the calls of the files that import it); None where
     they disagree, where one returns nothing, or for a generator."""
-    from .file import project_file
-
     found = imported_definition(ctx, func, (ast.FunctionDef,)) if in_script_project(ctx) else None
     if found is None:
         return None
@@ -1634,8 +1641,6 @@ _READING_IMPORTERS: list = []
 def importer_calls(path: str) -> Optional[tuple]:
     """(the SourceFile, its FileCalls with the calls of the names it imports from the project) of
     the project module at `path`, read for the modules it imports; None where it cannot be read."""
-    from .file import project_file
-
     view = project_file(path)
     if view is None:
         return None
@@ -1669,5 +1674,4 @@ def module_class_of(ctx, func: ast.AST) -> Optional[tuple]:
     found = imported_class(ctx, values[0].func)
     if found is None:
         return None
-    path = imported_definition(ctx, values[0].func, (ast.ClassDef,))[1]
-    return found[0], found[1].qualname, os.path.basename(path)
+    return found[0], found[1].qualname, os.path.basename(found[1].filename)

@@ -384,24 +384,6 @@ def imported_function(ctx, func: ast.AST) -> Optional[tuple]:
     return imported_definition(ctx, func, (ast.FunctionDef, ast.AsyncFunctionDef))
 
 
-def imported_class(ctx, func: ast.AST) -> Optional[tuple]:
-    """(the class definition, the NameResolver of its module) that `func` names through an import
-    of a project module (`Head` after `from .head import Head`), else None."""
-    found = imported_definition(ctx, func, (ast.ClassDef,))
-    if found is None:
-        return None
-    definition, path = found
-    resolver = _RESOLVERS.get(path)
-    if resolver is None or resolver[0] is not parsed(path):
-        from .names import NameResolver
-
-        resolver = _RESOLVERS[path] = (parsed(path), NameResolver(parsed(path)))
-    return definition, resolver[1]
-
-
-_RESOLVERS: dict = {}  # path -> (its parsed tree, a NameResolver of it)
-
-
 def imported_definition(ctx, func: ast.AST, kinds: tuple) -> Optional[tuple]:
     """(the top-level definition of one of `kinds`, its file) that `func` names through an import
     of a project module, else None."""
@@ -568,6 +550,9 @@ def project_imports(tree: ast.Module, filename: str) -> dict:
         if path is not None:
             found[local] = (os.path.abspath(path), name)
     return found
+
+
+_RESOLVERS: dict = {}  # path -> (its parsed tree, a NameResolver of it)
 
 
 def star_imported_aliases(tree: ast.Module, filename: str) -> dict:

@@ -50,10 +50,10 @@ from typing import Callable, Optional
 
 from .calls import argument_for, file_calls
 from .flow import flow_of, function_text, has_word
-from .kinds import fixed_key, identifier_text, int_const, may_mention, module_container, mutated_attributes
+from .kinds import (fixed_key, identifier_text, imported_class, int_const, may_mention, module_container,
+                    mutated_attributes)
 from .loops import scope_statements
-from .file import project_file
-from .project import import_table, imported_definition, in_script_project
+from .project import import_table, in_script_project
 from .tree import child_nodes, walk
 
 # -- dims -----------------------------------------------------------------------------------
@@ -2448,9 +2448,8 @@ def class_named(ctx, func) -> Optional[Instance]:
     if key not in imported:
         if (key if func.__class__ is ast.Name else key[0]) not in import_table(ctx) or not in_script_project(ctx):
             return None  # no import binds the name, or a library's tree: no class of another module read
-        found = imported_definition(ctx, func, (ast.ClassDef,))
-        source = project_file(found[1]) if found is not None else None
-        imported[key] = Instance(found[0], source) if source is not None else None
+        found = imported_class(ctx, func)
+        imported[key] = Instance(found[0], found[1]) if found is not None else None
     return imported[key]
 
 

@@ -30,11 +30,11 @@ from typing import NamedTuple, Optional
 
 from . import kinds as _kinds
 from .calls import argument_for, file_calls
-from .kinds import may_mention
+from .kinds import imported_class, may_mention
 from .loops import (LoopInfo, _attribute_paths, bound_names, file_trains, identifier, is_backward,
                     is_optimizer_step, is_training_loop, loaded_names, may_run_training_step, name_tokens,
                     walk_no_scopes)
-from .project import (SCRIPT_PROJECT_FILES, imported_class, imported_definition, imported_definitions, imported_function,
+from .project import (SCRIPT_PROJECT_FILES, imported_definition, imported_definitions, imported_function,
                       importers, in_script_project, while_unchanged)
 from .tree import child_nodes, dotted, identifier_text
 
