@@ -26,7 +26,7 @@ _CONVERSIONS = {"float", "int", "bool"}
 # Python's `math` functions, which convert a tensor argument to a Python number.
 _MATH_FUNCTIONS = frozenset({"log", "log10", "log2", "log1p", "exp", "expm1", "sqrt", "pow", "floor", "ceil", "fabs",
                              "isnan", "isinf", "isfinite", "sin", "cos", "tan", "atan", "tanh", "erf"})
-_MATH_QUALIFIED = frozenset(("math", name) for name in _MATH_FUNCTIONS)
+_MATH_QUALIFIED = frozenset(f"math.{name}" for name in _MATH_FUNCTIONS)
 _TRUTH_BUILTINS = frozenset({"any", "all"})
 _TEXT_CALLS = frozenset({"str", "repr"})  # a tensor made text: its values read on the host
 _SCALAR_LOGGERS = frozenset({"add_scalar", "add_scalars"})  # tensorboard's, which convert a tensor to a number
@@ -555,7 +555,7 @@ class HostSyncInLoop(_StepLoops, _HostReads, Rule):
                         if self._is_device_tensor(value):
                             self._report(node, "`print()`", "print every N steps, or accumulate and print after "
                                                             "the loop", value=value)
-        elif (self.ctx.qualname(func) or "").rpartition(".")[::2] in _MATH_QUALIFIED and node.args:
+        elif self.ctx.qualname(func) in _MATH_QUALIFIED and node.args:
             # `math.log10(peak ** 2 / mse)`, `math.pow(p.grad.norm(), 2)`: a Python number of a tensor
             if self._step_context() is None:
                 return
