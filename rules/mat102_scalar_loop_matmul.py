@@ -7,11 +7,11 @@ from typing import Optional
 from matlint.rule import Only, Rule
 
 from matlint.semantic import kinds as _kinds
-from matlint.semantic.flow import code_scope, flow_of
+from matlint.semantic.flow import flow_of
 from matlint.semantic.loops import loaded_names
 from matlint.semantic.shapes import shape_of
 from matlint.semantic.kinds import int_const
-from matlint.semantic.tree import product_factors
+from matlint.semantic.tree import code_scope, product_factors
 
 
 def _range_var(node) -> Optional[str]:

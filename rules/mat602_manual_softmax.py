@@ -7,7 +7,8 @@ from typing import Optional
 
 from matlint.rule import Only, Rule
 
-from matlint.semantic.flow import code_scope, flow_of, function_may_mention
+from matlint.semantic.flow import flow_of, function_may_mention
+from matlint.semantic.tree import code_scope
 from matlint.semantic.names import in_reference_code, in_test_code
 from matlint.semantic.pointwise import (PRODUCT_METHODS, difference, feeds_only, in_compiled_code, is_eps, is_true, number, product,
                          resolve, same, torch_op)

@@ -9,12 +9,12 @@ from typing import Optional
 
 from matlint.rule import Only, Rule
 
-from matlint.semantic.flow import code_scope, flow_of
+from matlint.semantic.flow import flow_of
 from matlint.semantic.kinds import may_mention
 from matlint.semantic.names import in_reference_code, in_test_code, mentions, outermost_scope, spelling
 from matlint.semantic.pointwise import KERNEL_SWITCH, in_compiled_code, torch_op
 from matlint.semantic.shapes import module_assignments
-from matlint.semantic.tree import walk
+from matlint.semantic.tree import code_scope, walk
 
 # A class or function that names one of these has a fused GELU next to the formula (a kernel-hub
 # decorator, an `F.gelu` switch): the formula is its fallback or its reference.

@@ -73,7 +73,7 @@ def main(argv=None) -> int:
         traceback.print_exc()
         code = 1
     finally:
-        namespace = None
+        del namespace  # the script's objects go only now, after the report
         sys.argv = saved_argv
         if sys.path and sys.path[0] != saved_path0:
             sys.path.pop(0)

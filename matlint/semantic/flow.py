@@ -10,8 +10,7 @@ import ast
 from typing import Optional
 
 from .lazy import BuiltOnFirstUse
-# code_scope and function_text live in tree (a leaf, which loops reads too); the rules read them from here
-from .tree import _SCOPE_TYPES, block_fields, child_nodes, code_scope, function_text, identifier_text, walk_no_scopes  # noqa: F401
+from .tree import _SCOPE_TYPES, block_fields, child_nodes, function_text, identifier_text, walk_no_scopes
 
 _LOOPS_AND_COMPREHENSIONS = (ast.For, ast.AsyncFor, ast.While, ast.ListComp, ast.SetComp, ast.DictComp,
                              ast.GeneratorExp)

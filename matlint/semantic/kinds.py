@@ -1363,7 +1363,8 @@ def reaching_kind(ctx, name: ast.Name, known: bool = False) -> Optional[str]:
     tell (`n = sum(sizes)`, then `n = torch.as_tensor([n])`) get `kind_of`'s answer too, unless
     `known`: then None."""
     whole = kind_of(ctx, name)
-    from .flow import code_scope, flow_of  # flow reads identifiers through this module
+    from .flow import flow_of  # flow reads identifiers through this module
+    from .tree import code_scope
     scope = code_scope(ctx)
     if scope is None or len(scope_kinds(ctx, scope).assigned.get(name.id, ())) < 2:
         return whole

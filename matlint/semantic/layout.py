@@ -11,7 +11,8 @@ from dataclasses import dataclass
 from typing import Callable, Optional
 
 from . import kinds as _kinds
-from .flow import flow_of, function_text
+from .flow import flow_of
+from .tree import function_text
 from .kinds import int_const
 from .shapes import shape_of
 

@@ -9,9 +9,9 @@ import re
 from dataclasses import dataclass, field
 from typing import Optional
 
-from .flow import function_may_mention, function_text
+from .flow import function_may_mention
 from .loops import name_tokens, walk_no_scopes
-from .tree import dotted
+from .tree import dotted, function_text
 
 _NAMESPACES = ("torch.", "torch.nn.functional.", "torch.special.")
 

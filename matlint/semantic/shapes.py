@@ -49,12 +49,12 @@ from types import MappingProxyType, SimpleNamespace
 from typing import Callable, Optional
 
 from .calls import argument_for, file_calls
-from .flow import flow_of, function_text, has_word
+from .flow import flow_of, has_word
 from .kinds import (fixed_key, identifier_text, imported_class, int_const, may_mention, module_container,
                     mutated_attributes)
 from .loops import scope_statements
 from .project import import_table, in_script_project
-from .tree import child_nodes, walk
+from .tree import child_nodes, function_text, walk
 
 # -- dims -----------------------------------------------------------------------------------
 

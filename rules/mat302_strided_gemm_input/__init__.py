@@ -9,13 +9,13 @@ from typing import Optional
 from matlint.rule import Only, Rule
 
 from matlint.semantic import kinds as _kinds
-from matlint.semantic.flow import flow_of, function_text, has_word
+from matlint.semantic.flow import flow_of, has_word
 from matlint.semantic.kinds import FACTORIES, int_const
 from matlint.semantic.layout import (STRIDE_KEEPING, Reorder, gemm_candidates, gemm_of_operand, mergeable, rank_of,
                                      reads_of_assigned, reorder)
 from matlint.semantic.shapes import self_name_of
 from matlint.semantic.torch_api import as_gemm
-from matlint.semantic.tree import child_nodes
+from matlint.semantic.tree import child_nodes, function_text
 
 _FOLDING = ("nn.Linear", "linear")
 # Tensor factories whose result does not require grad unless asked (`as_tensor`/`asarray` may return their argument).

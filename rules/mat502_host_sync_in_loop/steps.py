@@ -8,7 +8,8 @@ import re
 from typing import Optional
 
 from matlint.semantic import kinds as _kinds
-from matlint.semantic.flow import function_text, nearby_comments
+from matlint.semantic.flow import nearby_comments
+from matlint.semantic.tree import function_text
 from matlint.semantic.loops import LoopInfo, identifier as _identifier, loaded_names, name_tokens, walk_no_scopes
 from matlint.semantic.names import in_reference_code, in_test_code
 from matlint.semantic.project import file_moves_to_cuda, imported_by_cuda_code, imported_paths, moves_work_to_cuda

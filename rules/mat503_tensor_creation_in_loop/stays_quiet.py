@@ -7,7 +7,8 @@ from __future__ import annotations
 import ast
 
 from matlint.semantic import kinds as _kinds
-from matlint.semantic.flow import code_scope, flow_of
+from matlint.semantic.flow import flow_of
+from matlint.semantic.tree import code_scope
 from matlint.semantic.steps import guards_empty_selection
 
 from .factories import SIZED_FACTORIES
