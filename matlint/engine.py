@@ -25,11 +25,12 @@ CODE_LIST_SPLIT = re.compile(r"[,\s]+")
 
 
 def mentions_torch(data) -> bool:
-    """The pre-filter: the file (bytes or text) may hold PyTorch code: it names `torch`, or runs a
-    backward pass (`loss.backward()` in a helper module that never imports torch)."""
+    """The pre-filter: the file (bytes or text) may hold PyTorch code: it names `torch`, runs a
+    backward pass (`loss.backward()` in a helper module that never imports torch), or reads a value
+    to the host (`loss.item()` in a logger module that its importers hand tensors)."""
     if isinstance(data, bytes):
-        return b"torch" in data or b".backward(" in data
-    return "torch" in data or ".backward(" in data
+        return b"torch" in data or b".backward(" in data or b".item()" in data
+    return "torch" in data or ".backward(" in data or ".item()" in data
 
 
 class FileContext(SourceFile):

@@ -187,6 +187,17 @@ def test_a_change_to_an_imported_project_module_invalidates_the_importing_file(t
     assert codes() == ["MAT401", "MAT502"]
 
 
+def test_a_helper_module_that_never_names_torch_is_linted_for_what_its_importers_pass(tmp_path):
+    """logger.py imports nothing of torch; train.py hands it a device loss on every step, and its
+    `.item()` is that step's host sync."""
+    write(tmp_path / "pyproject.toml", "[tool.matlint]\n")
+    write(tmp_path / "train.py", TRAIN.replace("from utils import accuracy", "from logger import log_loss")
+          .replace("acc = accuracy(out, y)", "log_loss(crit(out, y))"))
+    write(tmp_path / "logger.py", "HISTORY = []\n\ndef log_loss(loss):\n    HISTORY.append(loss.item())\n")
+    found = [(Path(f["filename"]).name, f["code"]) for f in _report(tmp_path)]
+    assert ("logger.py", "MAT502") in found, found
+
+
 def test_no_cache_writes_nothing(cached_project):
     _report(cached_project, "--no-cache")
     assert not (cached_project / ".matlint_cache").exists()

@@ -535,3 +535,87 @@ def test_an_instance_of_a_module_class_of_a_project_module_is_a_module(tmp_path)
     (tmp_path / "agent.py").write_text(source)
     findings = lint_source(source, str(tmp_path / "agent.py"), [_Reveal], prefilter=False)
     assert [f.message for f in findings] == ["user_module", "None"]
+
+
+def test_a_call_of_a_function_of_the_file_is_what_its_returns_give_for_the_arguments_it_passes():
+    assert kinds("""
+        import torch
+        def calc_loss(x, y, model, device):
+            x, y = x.to(device), y.to(device)
+            return torch.nn.functional.cross_entropy(model(x), y)
+        def make_mask(n):
+            return torch.ones(n, n).tril()
+        def normalise(t):
+            return t / t.norm()
+        def evaluate(model, loader, device):
+            for x, y in loader:
+                reveal(calc_loss(x, y, model, device))
+            reveal(make_mask(4))
+            reveal(normalise(torch.zeros(3)))
+            reveal(normalise(torch.zeros(3, device="cuda")))
+        """) == ["tensor", "cpu_tensor", "cpu_tensor", "tensor"]
+
+
+def test_a_method_called_on_self_and_the_items_of_a_returned_tuple_have_the_returns_kinds():
+    assert kinds("""
+        import torch
+        from torch.utils.data import DataLoader
+        class Runner:
+            def __init__(self):
+                self.device = torch.device("cuda")
+                self.net, self.steps = self.build()
+            def build(self):
+                return torch.nn.Linear(3, 3), 10
+            def loader(self):
+                return DataLoader(range(10))
+            def run(self):
+                for x in self.loader():
+                    out = self.net(x.to(self.device))
+                    reveal(out)
+                reveal(self.loader())
+                reveal(self.steps)
+                net, steps = self.build()
+                reveal(net)
+                reveal(self.build()[1])
+        """) == ["tensor", "loader", "scalar", "linear", "scalar"]
+
+
+def test_a_return_kind_needs_every_return_to_agree():
+    assert kinds("""
+        import numpy as np
+        import torch
+        def either(flag):
+            if flag:
+                return torch.zeros(3)
+            return np.zeros(3)
+        def gen(n):
+            yield torch.zeros(n)
+        def recurse(n):
+            return recurse(n - 1) if n else torch.zeros(1)
+        reveal(either(True))
+        reveal(gen(3))
+        reveal(recurse(3))
+        """) == ["None", "None", "None"]  # a recursive call's own kind is not known while it is read
+
+
+def test_a_returned_name_is_read_from_the_assignments_that_reach_the_return():
+    assert kinds("""
+        import numpy as np
+        import torch
+        class Agent:
+            def __init__(self, net, cuda):
+                self.net, self.cuda = net, cuda
+            def _get_tensors(self, obs):
+                obs = np.transpose(obs, (2, 0, 1))
+                obs = torch.tensor(obs, dtype=torch.float32)
+                if self.cuda:
+                    obs = obs.cuda()
+                return obs
+            def _on_host(self, obs):
+                obs = np.asarray(obs)
+                obs = torch.tensor(obs).float()
+                return obs
+            def act(self, obs):
+                reveal(self._get_tensors(obs))
+                reveal(self._on_host(obs))
+        """) == ["tensor", "cpu_tensor"]

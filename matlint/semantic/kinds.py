@@ -9,7 +9,7 @@ import os
 import re
 from typing import Optional
 
-from .calls import FileCalls, argument_for, file_calls
+from .calls import CallSite, FileCalls, argument_for, file_calls
 from .lazy import BuiltOnFirstUse
 from .file import project_file
 from .project import (SCRIPT_PROJECT_FILES, imported_definition, importers, in_script_project,
@@ -94,23 +94,34 @@ def cuda_tensor_type(ctx, func: ast.AST) -> Optional[str]:
     (`Tensor = FloatTensor`). Called on data, such a type
     copies the data to the GPU."""
     found = _cuda_type(ctx, func)
-    if found is not None or not isinstance(func, ast.Name) or ctx.names.binds_locally(func.id):
+    if found is not None or not isinstance(func, ast.Name):
         return found
+    if ctx.names.binds_locally(func.id):
+        # `FloatTensor = torch.cuda.FloatTensor if self.use_cuda else torch.FloatTensor` in the function
+        function = next((f for f in reversed(ctx.functions) if func.id in scope_kinds(ctx, f).assigned), None)
+        entries = scope_kinds(ctx, function).assigned[func.id] if function is not None else []
+        dtypes = {_alias_dtype(ctx, entry[1], {}) if entry[0] == "value" else None for entry in entries}
+        return dtypes.pop() if len(dtypes) == 1 else None
     aliases = ctx.shared.get("cuda_tensor_aliases")
     if aliases is None:
         aliases = ctx.shared["cuda_tensor_aliases"] = {}
         for stmt in ctx.tree.body:
             if not (isinstance(stmt, ast.Assign) and len(stmt.targets) == 1 and isinstance(stmt.targets[0], ast.Name)):
                 continue
-            value = stmt.value
-            if isinstance(value, ast.Name) and value.id in aliases:  # `Tensor = FloatTensor`
-                aliases[stmt.targets[0].id] = aliases[value.id]
-                continue
-            branches = [value.body, value.orelse] if isinstance(value, ast.IfExp) else [value]
-            dtype = next((d for d in map(lambda b: _cuda_type(ctx, b), branches) if d is not None), None)
+            dtype = _alias_dtype(ctx, stmt.value, aliases)
             if dtype is not None:
                 aliases[stmt.targets[0].id] = dtype
     return aliases.get(func.id)
+
+
+def _alias_dtype(ctx, value: ast.AST, aliases: dict) -> Optional[str]:
+    """The dtype of the CUDA tensor type that `value`, bound to a name, makes that name stand for:
+    the type, one branch of a conditional expression (`... if cuda else torch.FloatTensor`), or
+    another such name of `aliases` (`Tensor = FloatTensor`)."""
+    if isinstance(value, ast.Name) and value.id in aliases:
+        return aliases[value.id]
+    branches = [value.body, value.orelse] if isinstance(value, ast.IfExp) else [value]
+    return next((d for d in map(lambda b: _cuda_type(ctx, b), branches) if d is not None), None)
 
 
 _NON_TENSOR_ATTRS = {"shape", "device", "dtype", "ndim", "is_cuda", "requires_grad", "layout",
@@ -586,6 +597,9 @@ class _Inference:
             if isinstance(value, ast.Call) and isinstance(value.func, ast.Attribute) and value.func.attr == "size":
                 return SCALAR
             if isinstance(value, ast.Call):
+                own = sub._own_callee(value.func)
+                if own is not None:  # `net, optimizer = build(cfg)`: the items its `return`s give
+                    return returned_kind(self.ctx, *own, index, sub._call_arguments(value, *own))
                 whole = sub.expr(value)
                 if whole in TENSORS:
                     return whole  # `scores, lengths = model(x, n)`: a module's outputs, where it runs
@@ -731,6 +745,10 @@ class _Inference:
             base = None if held.__class__ is _Held else held
             if base in TENSORS or base == NUMPY:
                 return base
+            if base == LIST and node.value.__class__ is ast.Call and int_const(node.slice) is not None:
+                own = self._own_callee(node.value.func)  # `build(cfg)[0]`: the item every `return` gives
+                if own is not None:
+                    return returned_kind(ctx, *own, int_const(node.slice), self._call_arguments(node.value, *own))
             if base is None and int_const(node.slice) in (0, 1) and _pair_method(node.value):
                 pair = self.expr(node.value.func.value)  # `q.max(1)[0]`: the values, where q is
                 return pair if pair in TENSORS else None
@@ -824,6 +842,9 @@ class _Inference:
             callee = self.name(func.id)
             if callee == MODULE_CLASS:
                 return USER_MODULE
+            own = self._own_callee(func)
+            if own is not None:  # `loss = compute_loss(out, y)`
+                return returned_kind(ctx, *own, arguments=self._call_arguments(node, *own))
             if callee is None and node.args and self._is_parameter(func.id):
                 # `model(x)` of a model passed in: a callable taking tensors only, a module, which
                 # gives a tensor on the device it was given one on (given host tensors, the model
@@ -854,6 +875,9 @@ class _Inference:
                 return receiver
             if receiver == MODULE_LIST:
                 return None
+            own = self._own_callee(func)
+            if own is not None:  # `batch = self.sample(n)`
+                return returned_kind(ctx, *own, arguments=self._call_arguments(node, *own))
             callee = self._attribute(func, receiver)
         else:
             callee = None
@@ -863,6 +887,81 @@ class _Inference:
             cls = self._module_class(func)
             return TENSOR if cls is not None and _forward_returns_one_tensor(cls) else None
         return None
+
+    def _own_callee(self, func: ast.AST) -> Optional[tuple]:
+        """(definition, its class or None) of what a call of `func` runs, where it is defined in
+        this file: a function of the module level that `func` names (bound once there, not in a
+        function around the call), or a method of the class being read that `self.<name>` calls
+        in another of its methods."""
+        calls = file_calls(self.ctx)
+        if func.__class__ is ast.Name:
+            definition = calls.module_functions.get(func.id)
+            if definition is None:
+                return None
+            scope = next((scope for scope in self.chain if func.id in scope.assigned), None)
+            return (definition, None) if scope is not None and scope.owner is self.ctx.tree else None
+        if func.__class__ is not ast.Attribute or self.cls is None or not self.chain \
+                or func.value.__class__ is not ast.Name or func.value.id != self.chain[0].self_name:
+            return None
+        methods = calls.methods.get(id(self.cls))
+        if methods is None or calls.class_of.get(id(self.chain[0].owner)) is not self.cls:
+            return None
+        method = methods.get(func.attr)
+        return (method, self.cls) if method is not None and not method.decorator_list else None
+
+    def _returned(self, definition: ast.AST, value: ast.AST) -> Optional[str]:
+        """Kind of a value `definition` returns; a name by the assignments that reach the `return`
+        (`x = torch.tensor(x)`, then `if cuda: x = x.cuda()`: a tensor, on the device where it was
+        moved), where it is bound more than once."""
+        if value.__class__ is not ast.Name or len(self.chain[0].assigned.get(value.id, ())) < 2:
+            return self.expr(value)
+        from .flow import flow_of  # flow reads identifiers through this module
+        flow = flow_of(self.ctx, definition)
+        if value not in flow.parent:
+            return self.expr(value)
+        found = self._reaching(flow, value, 0)
+        return self.expr(value) if found is _NOT_YET else found
+
+    def _reaching(self, flow, load: ast.Name, depth: int):
+        """Kind of what `load` reads, from the plain assignments that reach it; an update of the
+        name itself (`x = x.cuda()`, `x = x.float()`) is what the name held before it, moved or
+        kept. `_NOT_YET` where a store other than a plain assignment reaches it."""
+        kinds = []
+        for stmt, simple in flow.reaching_all(load):
+            if stmt is None or not simple or depth > 8:
+                return _NOT_YET  # a parameter, a loop target, an unpacking: all it may hold
+            update = stmt.value
+            func = update.func if update.__class__ is ast.Call else None
+            if func.__class__ is ast.Attribute and func.value.__class__ is ast.Name and func.value.id == load.id:
+                before = self._reaching(flow, func.value, depth + 1)
+                if before is _NOT_YET or before is None:
+                    return before
+                where = self._destination(func.attr, update)
+                if func.attr in _KIND_KEEPING_METHODS or where is _STAYS:
+                    kinds.append(before)
+                elif where in (TENSOR, CPU_TENSOR) and before in TENSORS or before in _MOVABLE:
+                    kinds.append(where if before in TENSORS else before)
+                else:
+                    kinds.append(None)
+            else:
+                kinds.append(self.expr(update))
+        return self._combine(kinds) if kinds else _NOT_YET
+
+    def _call_arguments(self, call: ast.Call, definition: ast.AST, cls: Optional[ast.ClassDef]) -> tuple:
+        """(parameter, kind) for each parameter of `definition` that `call` passes a value of a
+        known kind for (a method's first parameter is its receiver, not passed)."""
+        args = definition.args
+        params = [a.arg for a in args.posonlyargs + args.args + args.kwonlyargs]
+        site = CallSite(call, (), None, cls is not None, (), False)
+        found = []
+        for name in params[1:] if cls is not None else params:
+            value = argument_for(site, definition, name)
+            if value is None or value.__class__ is ast.Constant and value.value is None:
+                continue  # not told, or `None`: a default that the body replaces
+            kind = self.expr(value)
+            if kind is not None:
+                found.append((name, kind))
+        return tuple(found)
 
     def _module_class(self, func: ast.AST) -> Optional[ast.ClassDef]:
         """The module class of the file whose instance `func` holds (`model = Net(...)`,
@@ -1148,6 +1247,13 @@ def _statement_fields(node_type) -> tuple:
     return fields
 
 
+def _item_of(value: ast.AST, index: int) -> ast.AST:
+    """`value[index]`, located where `value` is: the item an unpacking assignment takes from a
+    value that is not a literal tuple (`self.net, self.opt = self.build()`)."""
+    item = ast.Subscript(value=value, slice=ast.copy_location(ast.Constant(index), value), ctx=ast.Load())
+    return ast.copy_location(item, value)
+
+
 def _class_attribute_values(cls: ast.ClassDef, calls: bool) -> dict:
     """The table of `class_attribute_values`; without `calls` (the file never names
     `register_buffer` or `setattr`) only statements can add to it, and expressions are not entered."""
@@ -1183,10 +1289,12 @@ def _class_attribute_values(cls: ast.ClassDef, calls: bool) -> dict:
                         value = node.value
                         paired = (isinstance(value, (ast.Tuple, ast.List)) and len(value.elts) == len(target.elts)
                                   and not any(isinstance(e, ast.Starred) for e in target.elts + value.elts))
+                        starred = any(isinstance(e, ast.Starred) for e in target.elts)
                         for i, elt in enumerate(target.elts):
                             if isinstance(elt, ast.Attribute) and isinstance(elt.value, ast.Name) and elt.value.id == self_name:
                                 table.setdefault(elt.attr, []).append(
-                                    (method, value.elts[i] if paired else ast.Constant(None)))
+                                    (method, value.elts[i] if paired else _item_of(value, i) if not starred
+                                     else ast.Constant(None)))
             elif isinstance(node, (ast.AugAssign, ast.AnnAssign)):
                 target = node.target
                 if (isinstance(target, ast.Attribute) and isinstance(target.value, ast.Name)
@@ -1460,12 +1568,22 @@ def module_output(ctx, expr: ast.AST, depth: int = 0) -> bool:
 
 
 def moves_to_device(ctx, call: ast.Call) -> bool:
-    """`x.cuda()`, `x.to(device)`, `x.to("cuda:0")`: a move to a device not known to be the CPU
-    (not a dtype change like `x.to(torch.float16)`)."""
+    """`x.cuda()`, `x.to(device)`, `x.to("cuda:0")`, `x.type(FloatTensor)` after `FloatTensor =
+    torch.cuda.FloatTensor if cuda else torch.FloatTensor`: a move to a device not known to be
+    the CPU (not a dtype change like `x.to(torch.float16)`)."""
     func = call.func
+    if isinstance(func, ast.Attribute) and func.attr == "type" and len(call.args) == 1 and not call.keywords:
+        return cuda_tensor_type(ctx, call.args[0]) is not None
     if not isinstance(func, ast.Attribute) or func.attr not in ("cuda", "to"):
         return False
     return _Inference(ctx, _chain(ctx))._destination(func.attr, call) == TENSOR
+
+
+def own_call_returns_device_tensor(ctx, call: ast.Call) -> bool:
+    """`call` runs a function or method of the file (`self._get_tensors(obs)`) that returns a
+    tensor on a device for the arguments it is given."""
+    inference = _Inference(ctx, _chain(ctx))
+    return inference._own_callee(call.func) is not None and inference.expr(call) == TENSOR
 
 
 def is_tensor(ctx, expr: ast.AST) -> bool:
@@ -1572,18 +1690,22 @@ def _imported_module_class(ctx, func: ast.AST) -> bool:
 
 def _imported_return_kind(ctx, func: ast.AST) -> Optional[str]:
     """The kind a function of a project module returns (`loss = actor_loss_fn(obs, ...)` after
-    `from option_critic import actor_loss as actor_loss_fn`): what every one of its `return`s
-    gives, read in its own file (its parameters take their kinds from that file's calls, and,
-    for one no call there passes, from the calls of the files that import it); None where
-    they disagree, where one returns nothing, or for a generator."""
+    `from option_critic import actor_loss as actor_loss_fn`), read in its own file (see
+    `returned_kind`)."""
     found = imported_definition(ctx, func, (ast.FunctionDef,)) if in_script_project(ctx) else None
-    if found is None:
-        return None
-    definition, path = found
-    view = project_file(path)
-    if view is None:
-        return None
-    key = ("return_kind", id(definition))
+    view = project_file(found[1]) if found is not None else None
+    return returned_kind(view, found[0], None) if view is not None else None
+
+
+def returned_kind(view, definition: ast.AST, cls: Optional[ast.ClassDef], index: Optional[int] = None,
+                  arguments: tuple = ()) -> Optional[str]:
+    """The kind a function or method (of `cls`) of the file `view` returns: what every one of its
+    `return`s gives, read there, its parameters of `arguments` (`(name, kind)` pairs: what one
+    call passes) of those kinds, the others taking theirs from that file's calls (and, for one no
+    call there passes, from the calls of the files that import it); with `index`, the item at
+    that place of the tuple every `return` gives (`net, opt = build()`). None where they
+    disagree, where one returns nothing, or for a generator."""
+    key = ("return_kind", id(definition), index, arguments)
     if key in view.shared:
         result = view.shared[key]
         return None if result is _RECURSING else result
@@ -1591,8 +1713,20 @@ def _imported_return_kind(ctx, func: ast.AST) -> Optional[str]:
     returns = [n for n in walk_no_scopes(definition) if isinstance(n, (ast.Return, ast.Yield, ast.YieldFrom))]
     result = None
     if returns and all(isinstance(n, ast.Return) and n.value is not None for n in returns):
-        chain = [scope_kinds(view, definition), scope_kinds(view, view.tree)]
-        result = _Inference(view, chain, None)._combine([_Inference(view, chain, None).expr(n.value) for n in returns])
+        values = [n.value for n in returns]
+        if index is not None:
+            values = [v.elts[index] if isinstance(v, ast.Tuple) and -len(v.elts) <= index < len(v.elts)
+                      and not any(isinstance(e, ast.Starred) for e in v.elts) else None for v in values]
+        if all(v is not None for v in values):
+            scope = scope_kinds(view, definition)
+            if arguments:  # this call's kinds, for the parameters it passes one for
+                scope = ScopeKinds(definition)
+                for name, kind in arguments:
+                    scope.assigned[name] = [("kind", kind) if entry[0] == "param" else entry
+                                            for entry in scope.assigned[name]]
+            chain = [scope, scope_kinds(view, view.tree)]
+            inference = _Inference(view, chain, cls)
+            result = inference._combine([inference._returned(definition, v) for v in values])
     view.shared[key] = result
     return result
 

@@ -542,11 +542,16 @@ def is_backward(node: ast.AST) -> bool:
 
 
 def is_optimizer_step(node: ast.AST) -> bool:
-    """`opt.step()`, `optimizer.step()`, `self.optim.step()`, `optD.step()`, `scaler.step(opt)`;
-    not `optimal_x.step()` or `self.options.step()`."""
-    return (isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute) and node.func.attr == "step"
-            and any(token in _OPTIMIZER_TOKENS or token.endswith(_OPTIMIZER_SUFFIXES)
-                    for token in name_tokens(identifier(node.func.value))))
+    """`opt.step()`, `optimizer.step()`, `self.optim.step()`, `optD.step()`, `scaler.step(opt)`,
+    `self.critic_optimizer[agent].step()` (one optimizer of a list); not `optimal_x.step()` or
+    `self.options.step()`."""
+    if not (isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute) and node.func.attr == "step"):
+        return False
+    owner = node.func.value
+    while isinstance(owner, ast.Subscript):
+        owner = owner.value
+    return any(token in _OPTIMIZER_TOKENS or token.endswith(_OPTIMIZER_SUFFIXES)
+               for token in name_tokens(identifier(owner)))
 
 
 def is_training_loop(ctx, loop: LoopInfo) -> bool:

@@ -621,8 +621,7 @@ def _callee_definition(ctx, calls, call: ast.Call) -> Optional[tuple]:
         return found
     if not (isinstance(func, ast.Attribute) and isinstance(func.value, ast.Name)):
         return None
-    made = [n.value for n in ast.walk(ctx.tree) if n.__class__ is ast.Assign and len(n.targets) == 1
-            and isinstance(n.targets[0], ast.Name) and n.targets[0].id == func.value.id]
+    made = _assigned_values(ctx).get(func.value.id, [])
     if len(made) != 1 or not isinstance(made[0], ast.Call):
         return None
     maker = made[0].func
@@ -635,6 +634,17 @@ def _callee_definition(ctx, calls, call: ast.Call) -> Optional[tuple]:
     method = next((m for m in found[0].body if isinstance(m, (ast.FunctionDef, ast.AsyncFunctionDef))
                    and m.name == func.attr), None)
     return (method, found[1]) if method is not None else None
+
+
+def _assigned_values(ctx) -> dict:
+    """{name: [value]} of the file's assignments to a plain name, in any scope."""
+    found = ctx.shared.get("assigned_values")
+    if found is None:
+        found = ctx.shared["assigned_values"] = {}
+        for n in ast.walk(ctx.tree):
+            if n.__class__ is ast.Assign and len(n.targets) == 1 and n.targets[0].__class__ is ast.Name:
+                found.setdefault(n.targets[0].id, []).append(n.value)
+    return found
 
 
 def _loop_calling(function: ast.AST, param: str) -> Optional[ast.AST]:
@@ -1195,11 +1205,23 @@ def _dataset_process(function: ast.AST) -> bool:
 
 
 def step_loop(ctx) -> Optional[LoopInfo]:
-    """The innermost loop around the node being visited that runs once per step (`is_step_loop`)."""
+    """The innermost loop around the node being visited that runs once per step (`is_step_loop`).
+    A loop that is a step only because it calls one (`agent.update()`) is not one for what a loop
+    nested in it runs: that loop collects the step's data (a rollout of environment steps), and
+    what it syncs per item the host needs for it."""
     for loop in reversed(ctx.loops):
         if is_step_loop(ctx, loop):
+            if loop is not ctx.loops[-1] and not _trains_itself(ctx, loop):
+                return None
             return loop
     return None
+
+
+def _trains_itself(ctx, loop: LoopInfo) -> bool:
+    """`loop_trains` without `_calls_a_training_step`: its own body trains, or goes over a loader."""
+    return (is_training_loop(ctx, loop) or iterates_loader(ctx, loop) or any(
+        isinstance(node, (ast.For, ast.AsyncFor)) and iterates_names(ctx, inner := LoopInfo(node, ctx))
+        and is_training_loop(ctx, inner) for node in loop.direct_nodes()))
 
 
 def is_step_loop(ctx, loop: LoopInfo) -> bool:
@@ -1228,8 +1250,62 @@ def loop_trains(ctx, loop: LoopInfo) -> bool:
     if found is None:
         found = ctx.shared[key] = is_training_loop(ctx, loop) or any(
             isinstance(node, (ast.For, ast.AsyncFor)) and iterates_names(ctx, inner := LoopInfo(node, ctx))
-            and is_training_loop(ctx, inner) for node in loop.direct_nodes())
+            and is_training_loop(ctx, inner) for node in loop.direct_nodes()) or _calls_a_training_step(ctx, loop)
     return found
+
+
+def _calls_a_training_step(ctx, loop: LoopInfo) -> bool:
+    """The body calls a function that is one training step (it calls `.backward()` and an
+    optimizer's `.step()` outside any loop of its own): a function of the file or of a project
+    module, a method of the class being read (`self.learn()`), or a method of an instance of a
+    class of either (`agent.update(batch)` after `agent = Agent(...)`); training in its loops over
+    `range(...)` counts (see `_outside_data_loops`). Each iteration is a step."""
+    return trains_here_or_through_project(ctx) and any(
+        node.__class__ is ast.Call and runs_a_training_step(ctx, node) for node in loop.direct_nodes())
+
+
+def runs_a_training_step(ctx, call: ast.Call) -> bool:
+    """`call` runs a function that is one training step (see `_calls_a_training_step`)."""
+    definition = _called_definition(ctx, file_calls(ctx), call.func)
+    return definition is not None and all(_trains(_outside_data_loops(definition.body)))
+
+
+def _outside_data_loops(body):
+    """The nodes of a function's body outside its nested scopes and outside its loops over
+    anything but `range(...)`: a function that trains once per agent or a fixed number of times
+    (`for agent in range(n_agents): ... opt.step()`) is one call's steps; one that goes over a
+    loader or a data set holds a whole training loop (an epoch)."""
+    stack = list(body)
+    while stack:
+        node = stack.pop()
+        yield node
+        if isinstance(node, _SCOPES) or isinstance(node, _LOOPS) and not (
+                isinstance(node, ast.For) and isinstance(node.iter, ast.Call)
+                and isinstance(node.iter.func, ast.Name) and node.iter.func.id == "range"):
+            continue
+        stack.extend(child_nodes(node))
+
+
+def _called_definition(ctx, calls, func: ast.AST) -> Optional[ast.AST]:
+    """The function or method that a call of `func` runs (see `_calls_a_training_step`), else None."""
+    if isinstance(func, ast.Name):
+        if func.id in calls.module_functions and not ctx.names.binds_locally(func.id):
+            return calls.module_functions[func.id]
+        found = imported_function(ctx, func)
+        return found[0] if found is not None else None
+    if not isinstance(func, ast.Attribute):
+        return None
+    owner = dotted(func.value)
+    if owner is None:
+        return None
+    cls = calls.instance_classes.get(owner)
+    if cls is None and ctx.class_ is not None and ctx.function is not None and owner == _kinds.scope_kinds(
+            ctx, ctx.function).self_name:
+        cls = ctx.class_
+    if cls is not None:
+        return calls.methods.get(id(cls), {}).get(func.attr)
+    found = _callee_definition(ctx, calls, ast.Call(func=func, args=[], keywords=[]))
+    return found[0] if found is not None else None  # `utils.train_step(...)`, `agent.update(...)`
 
 
 def epoch_loop(ctx, loop: LoopInfo) -> bool:

@@ -240,7 +240,9 @@ class HostSyncInLoop(_StepLoops, _HostReads, Rule):
     docs = """
     ## What it does
     Flags, inside a training or evaluation loop, the calls that copy a tensor's value to the
-    host: `.item()`, `.cpu()` / `.to("cpu")`, a cast of a device tensor (or a comparison or
+    host: `.item()` (and `loss.data[0]`, its PyTorch 0.3 spelling, where the host takes it as a
+    number: added to a running total, appended or formatted), `.cpu()` / `.to("cpu")`, a
+    cast of a device tensor (or a comparison or
     arithmetic of one) to a legacy CPU tensor type (`(mask < p).type(torch.FloatTensor)`: cast on
     the device, `.to(torch.float32)`), `.tolist()`, `float(t)`, `int(t)`, `bool(t)`, a Python
     `math` function of a tensor (`math.log10(peak / mse)`: `torch.log10` stays on the device),
@@ -262,7 +264,10 @@ class HostSyncInLoop(_StepLoops, _HostReads, Rule):
     the host, `.to("cpu", non_blocking=True)` or `buf.copy_(x, non_blocking=True)`, which it must
     wait for; non-blocking copies to the device are ordered on the stream and excuse nothing).
     A training loop is a loop
-    whose body calls `.backward()` or an optimizer's `.step()`; an evaluation loop iterates
+    whose body calls `.backward()` or an optimizer's `.step()`, or a function (of the file or the
+    project, or a method of an instance of one of their classes: `agent.update(batch)`) that is one
+    training step: it calls both outside its loops over anything but `range(...)`, once per agent or
+    a fixed number of times; an evaluation loop iterates
     over a data loader (also through a wrapper that takes it, `metric_logger.log_every(loader,
     10)`, or a name bound to one, `it = tqdm(test_loader)`, then `for b in enumerate(it)`; a
     `data_loader: Iterable` parameter is a loader), over an iterator made by a call given a
@@ -404,7 +409,11 @@ class HostSyncInLoop(_StepLoops, _HostReads, Rule):
       leak)`), or a comment on another line of a multi-line statement does not count, nor does
       any comment on `torch.cuda.synchronize()`, which copies no value (`# wait for the GPU to
       finish work`, to time the step: CUDA events do that without the wait).
-    - A value the host needs in the same iteration: bound to a name that a later test compares to
+    - A value the host needs in the same iteration: one a `for` goes over where it is made (`for
+      r, v in zip(rewards, values.cpu().numpy())`); one that goes through host code (numpy
+      arithmetic, items stored into arrays) into the arguments of a training step the loop calls
+      (a rollout's last values, then advantages in numpy, then `self._update(obs, advantages)`);
+      bound to a name that a later test compares to
       stop the loop in its normal course (`if abs(cur - prev) < tol: break`, PPO's `if approx_kl
       > 1.5 * target_kl: break`), or that Python code then iterates or indexes (`toks =
       out.cpu().tolist()`, then `for i ...: f(toks[i])`; also through numpy functions and
@@ -439,6 +448,9 @@ class HostSyncInLoop(_StepLoops, _HostReads, Rule):
       A loop that hands the function that makes its batch what the loop itself stores (`obs_t
       = to_tensor(self.obs)`, then `self.obs = env.step(a)`) steps an environment: it is no pass
       over sampled batches.
+    - Syncs in a loop nested in a loop that is a step only because it calls one (`agent.update()`):
+      that loop collects the step's data (a rollout of environment steps), and the host needs
+      what it copies per item; the fix is a batched rollout, not the line.
     - Syncs outside loops, in loops that are not training/evaluation steps (an epoch loop, which
       runs a whole pass over a loader in each iteration whatever else it steps, a loop over
       parameters outside any step loop; a pass under an `if`, such as validation every N steps
@@ -614,6 +626,8 @@ class HostSyncInLoop(_StepLoops, _HostReads, Rule):
         Also `x[mask] += 1`, which reads `x[mask]`, and `x[mask] = y` of a device tensor `y`
         (`index_put_` turns the mask into indices); not `x[mask] = 0.0`, which PyTorch runs as
         `masked_fill_` (a Python number or a CPU scalar, with a mask on `x`'s device)."""
+        if self._legacy_item(node):
+            return
         mask = _mask_position(node.slice)
         if mask is None or isinstance(node.ctx, ast.Del) or self._step_context() is None:
             return
@@ -866,22 +880,7 @@ class HostSyncInLoop(_StepLoops, _HostReads, Rule):
         if remedy is not None:
             self._report(node, self._method_text(node, method), remedy, value=receiver)
         elif method == "item":
-            accumulation = self._accumulation(node)
-            read = self._read_on_every_step(accumulation.target) if accumulation is not None else None
-            onto_number = accumulation is not None and read is None and self._python_number(accumulation.target)
-            fix = (lambda: self._detach_fix(node, receiver, accumulation.target.id)) if onto_number else None
-            if read is not None:
-                instead = (f"the host reads the running value on every step (line {read}), so keeping it on the "
-                           f"device would not help: show or log it every N steps")
-            elif onto_number:
-                instead = "keep the running value on the device (`total += loss.detach()`) and call `.item()` once after the loop"
-            elif accumulation is not None:
-                instead = ("accumulate on the device (`total = torch.zeros((), device=loss.device)`, then "
-                           "`total += loss.detach()`) and call `.item()` once after the loop")
-            else:
-                instead = ("keep the values on the device and convert them once after the loop "
-                           "(`torch.stack(values).tolist()`), or log every N steps")
-            self._report(node, "`.item()`", instead, value=receiver, fix=fix)
+            self._report_item(node, receiver, "`.item()`")
         elif method == "type":
             target = node.args[0]
             name = target.value if isinstance(target, ast.Constant) else self.ctx.qualname(target)
@@ -895,6 +894,59 @@ class HostSyncInLoop(_StepLoops, _HostReads, Rule):
         else:
             self._report(node, "`.tolist()`", "collect results on the device and convert once after the loop",
                          value=receiver)
+
+    def _report_item(self, node: ast.AST, receiver: ast.AST, what: str, detail: str = "") -> None:
+        """A read of one value (`.item()`, or the legacy `.data[0]`) of `receiver`, remedied by
+        what the host does with it: a running total, or values kept for later."""
+        accumulation = self._accumulation(node)
+        read = self._read_on_every_step(accumulation.target) if accumulation is not None else None
+        onto_number = accumulation is not None and read is None and self._python_number(accumulation.target)
+        fix = (lambda: self._detach_fix(node, receiver, accumulation.target.id)) \
+            if onto_number and isinstance(node, ast.Call) else None
+        if read is not None:
+            instead = (f"the host reads the running value on every step (line {read}), so keeping it on the "
+                       f"device would not help: show or log it every N steps")
+        elif onto_number:
+            instead = "keep the running value on the device (`total += loss.detach()`) and call `.item()` once after the loop"
+        elif accumulation is not None:
+            instead = ("accumulate on the device (`total = torch.zeros((), device=loss.device)`, then "
+                       "`total += loss.detach()`) and call `.item()` once after the loop")
+        else:
+            instead = ("keep the values on the device and convert them once after the loop "
+                       "(`torch.stack(values).tolist()`), or log every N steps")
+        self._report(node, what, instead, value=receiver, fix=fix, detail=detail)
+
+    def _legacy_item(self, node: ast.Subscript) -> bool:
+        """`loss.data[0]`, PyTorch 0.3's spelling of `loss.item()` (indexing a one-element tensor
+        gave a Python number then), where the host takes it as a number: added to a running total,
+        appended to a list or formatted. On PyTorch 0.4 and later it raises on a 0-d loss."""
+        value = node.value
+        if not (isinstance(node.ctx, ast.Load) and isinstance(value, ast.Attribute) and value.attr == "data"
+                and _kinds.int_const(node.slice) == 0 and self._taken_as_number(node)):
+            return False
+        if self._step_context() is None or self._chain_already_synced(value.value) \
+                or not self._is_device_tensor(value.value):
+            return True
+        self._report_item(node, value.value, "`.data[0]`",
+                          detail="(PyTorch 0.3's `.item()`, which raises on a 0-d tensor since 0.4)")
+        return True
+
+    def _taken_as_number(self, node: ast.AST) -> bool:
+        """`node` is added to a running total (`total += x`), appended (`losses.append(x)`), formatted
+        (`"%.3f" % x`, `"{}".format(x)`, an f-string); `print(x)` is the print's finding."""
+        parent = self.ctx.parent
+        if isinstance(parent, ast.AugAssign):
+            return parent.value is node and isinstance(parent.op, ast.Add)
+        if isinstance(parent, ast.Call):
+            func = parent.func
+            return node in parent.args and isinstance(func, ast.Attribute) and func.attr in ("append", "format")
+        if isinstance(parent, ast.BinOp) and isinstance(parent.op, ast.Mod):
+            return isinstance(parent.left, ast.Constant) and isinstance(parent.left.value, str)
+        if isinstance(parent, ast.Tuple):
+            up = self.ctx.parents[-2] if len(self.ctx.parents) > 1 else None
+            return isinstance(up, ast.BinOp) and isinstance(up.op, ast.Mod) and up.right is parent \
+                and isinstance(up.left, ast.Constant) and isinstance(up.left.value, str)
+        return isinstance(parent, ast.FormattedValue)
 
     def _on_device(self, expr: ast.AST) -> bool:
         """`expr` is a device tensor, or an elementwise op of one (`mask < p`, `-x`, `x * 2`),

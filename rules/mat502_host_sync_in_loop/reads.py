@@ -10,12 +10,14 @@ from typing import Optional
 from matlint.diagnostics import Fix
 from matlint.semantic import kinds as _kinds
 from matlint.semantic.loops import LoopInfo, bound_names, identifier as _identifier, loaded_names, walk_no_scopes
-from matlint.semantic.steps import is_step_loop, step_loop
+from matlint.semantic.steps import is_step_loop, runs_a_training_step, step_loop
 
 from .steps import _NESTED_LOOPS, _first_time, _goes_over, _is_gate, _leaves, _stops_on_comparison
 
 
 _ATOMIC = (ast.Name, ast.Attribute, ast.Call, ast.Subscript)
+# Builtins whose result goes over the items of their arguments, as the host reads them.
+_ITEM_BUILTINS = frozenset({"zip", "enumerate", "reversed", "sorted", "list", "tuple"})
 
 
 def _extends(parent: ast.AST, child: ast.AST) -> bool:
@@ -315,9 +317,10 @@ class _HostReads:
     # -- when the host needs the value now -------------------------------------------------
     def _used_now(self, node: ast.AST, loop: LoopInfo) -> bool:
         """The value, bound to a name, decides whether the loop stops in this same iteration (a
-        convergence test), or Python code goes over it item by item (iterates or indexes it); or
-        it is an input of host code whose result the loop moves back to the device."""
-        if self._back_to_device(node, loop):
+        convergence test), or Python code goes over it item by item (iterates or indexes it, or a
+        `for` goes over it where it is made: `for r, v in zip(rewards, values.cpu().numpy())`); or it
+        is an input of host code whose result the loop moves back to the device or hands to the step."""
+        if self._back_to_device(node, loop) or self._feeds_the_step(node, loop) or self._iterated_here(node):
             return True
         bound = self._bound_name(node)
         if bound is None:
@@ -331,6 +334,56 @@ class _HostReads:
             if isinstance(other, _NESTED_LOOPS) and _goes_over(other, name):
                 return True
         return False
+
+    def _iterated_here(self, node: ast.AST) -> bool:
+        """The copy (through numpy functions and builtins that go over items, as `_bound_name`
+        follows them) is what a nested `for` iterates."""
+        current = node
+        for parent in reversed(self.ctx.parents):
+            if isinstance(parent, (ast.For, ast.AsyncFor)):
+                return parent.iter is current
+            if not self._carries_value(parent, current):
+                return False
+            current = parent
+        return False
+
+    def _carries_value(self, parent: ast.AST, current: ast.AST) -> bool:
+        """`parent` holds the values of `current`: an attribute or call of it (`x.cpu().numpy()`),
+        a numpy function of it, or a builtin that goes over its items (`zip(names, values)`)."""
+        return (isinstance(parent, ast.Attribute) and parent.value is current) or \
+            (isinstance(parent, ast.Call) and parent.func is current) or \
+            (isinstance(parent, ast.Call) and any(arg is current for arg in parent.args)
+             and ((self.ctx.qualname(parent.func) or "").startswith("numpy.")
+                  or isinstance(parent.func, ast.Name) and parent.func.id in _ITEM_BUILTINS
+                  and not self.ctx.names.binds_locally(parent.func.id)))
+
+    def _feeds_the_step(self, node: ast.AST, loop: LoopInfo) -> bool:
+        """The value, bound to a name, goes through host code (numpy arithmetic, items stored into
+        arrays) into the arguments of a training step the loop calls in the same iteration (a
+        rollout's last values, then advantages computed in numpy for `self._update_network(...,
+        returns, advantages)`): the step waits for the host's result, so the host needs the value
+        now."""
+        bound = self._bound_name(node)
+        if bound is None:
+            return False
+        names = {bound[0]}
+        assigns = [a for stmt in loop.body for a in walk_no_scopes(stmt) if isinstance(a, (ast.Assign, ast.AugAssign))]
+        changed = True
+        while changed:
+            changed = False
+            for assign in assigns:
+                if not loaded_names(assign.value) & names:
+                    continue
+                for target in assign.targets if isinstance(assign, ast.Assign) else [assign.target]:
+                    while isinstance(target, (ast.Subscript, ast.Attribute)):
+                        target = target.value  # `advs[t] = ...`: the array holds it
+                    new = ({target.id} if isinstance(target, ast.Name) else bound_names(target)) - names
+                    if new:
+                        names |= new
+                        changed = True
+        return any(isinstance(call, ast.Call) and any(loaded_names(arg) & names for arg in _call_inputs(call))
+                   and runs_a_training_step(self.ctx, call)
+                   for stmt in loop.body for call in walk_no_scopes(stmt))
 
     def _back_to_device(self, node: ast.AST, loop: LoopInfo) -> bool:
         """The copy is an input of host code whose result the loop moves back to the device, in
@@ -384,25 +437,26 @@ class _HostReads:
         return not (isinstance(func, ast.Attribute) and _kinds.is_tensor(self.ctx, func.value))
 
     def _moves_to_device(self, call: ast.Call, names: set) -> bool:
-        """`call` puts a value read from `names` on the device: `.to(device)` or `.cuda()` of it, or a
-        tensor made from it with a `device=` (`torch.as_tensor(state, device=device)`)."""
+        """`call` puts a value read from `names` on the device: `.to(device)` or `.cuda()` of it, a
+        tensor made from it with a `device=` (`torch.as_tensor(state, device=device)`), or a
+        function of the file that returns a device tensor made from it (`self._get_tensors(obs)`)."""
         func = call.func
         if isinstance(func, ast.Attribute) and loaded_names(func.value) & names:
             return _kinds.moves_to_device(self.ctx, call)
-        return any(k.arg == "device" for k in call.keywords) and any(
-            loaded_names(arg) & names for arg in call.args) and _kinds.kind_of(self.ctx, call) == _kinds.TENSOR
+        if not any(loaded_names(arg) & names for arg in call.args):
+            return False
+        if any(k.arg == "device" for k in call.keywords):
+            return _kinds.kind_of(self.ctx, call) == _kinds.TENSOR
+        return self.ctx.qualname(func) is None and _kinds.own_call_returns_device_tensor(self.ctx, call)
 
     def _bound_name(self, node: ast.AST):
         """(name, statement) where the sync's value is bound (`v = x.cpu().tolist()`, `a, b =
-        (x.tolist(), y.tolist())`), also through numpy functions of it (`np.squeeze(x.cpu().numpy())`)
-        and a branch of a conditional expression, else None."""
+        (x.tolist(), y.tolist())`), also through numpy functions of it (`np.squeeze(x.cpu().numpy())`),
+        builtins that go over its items (`zip(names, p.tolist())`) and a branch of a conditional
+        expression, else None."""
         current, index = node, None
         for parent in reversed(self.ctx.parents):
-            if (isinstance(parent, ast.Attribute) and parent.value is current) or \
-                    (isinstance(parent, ast.Call) and parent.func is current) or \
-                    (isinstance(parent, ast.IfExp) and parent.test is not current) or \
-                    (isinstance(parent, ast.Call) and any(arg is current for arg in parent.args)
-                     and (self.ctx.qualname(parent.func) or "").startswith("numpy.")):
+            if self._carries_value(parent, current) or isinstance(parent, ast.IfExp) and parent.test is not current:
                 current = parent
             elif isinstance(parent, ast.Tuple) and index is None:
                 index = next(i for i, elt in enumerate(parent.elts) if elt is current)
