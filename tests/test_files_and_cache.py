@@ -198,6 +198,20 @@ def test_a_helper_module_that_never_names_torch_is_linted_for_what_its_importers
     assert ("logger.py", "MAT502") in found, found
 
 
+def test_an_optimizer_module_without_a_backward_pass_runs_its_step_every_step(tmp_path):
+    """optim.py wraps an optimizer and never calls `.backward()`; its `step` reads every
+    parameter's gradient norm on the host, once per training step of train.py, on the GPU."""
+    write(tmp_path / "pyproject.toml", "[tool.matlint]\n")
+    write(tmp_path / "optim.py", "import math\n\nimport torch\n\nclass Clipped:\n    def __init__(self, optimizer, params):\n"
+          "        self.optimizer, self.params = optimizer, list(params)\n\n    def step(self):\n"
+          "        norm = 0.0\n        for p in self.params:\n            norm += math.pow(p.grad.norm(), 2)\n"
+          "        self.optimizer.step()\n        return norm\n")
+    write(tmp_path / "train.py", TRAIN.replace("from utils import accuracy", "from optim import Clipped")
+          .replace("acc = accuracy(out, y)", "pass"))
+    found = [(Path(f["filename"]).name, f["location"]["row"], f["code"]) for f in _report(tmp_path)]
+    assert ("optim.py", 12, "MAT502") in found, found
+
+
 def test_no_cache_writes_nothing(cached_project):
     _report(cached_project, "--no-cache")
     assert not (cached_project / ".matlint_cache").exists()
@@ -500,6 +514,21 @@ def test_importers_are_found_beside_below_above_and_through_a_package_init(tmp_p
     found = importers(str(tmp_path / "pkg" / "algo" / "ppo.py"))
     assert sorted(os.path.relpath(p, tmp_path) for p in found) == [
         "main.py", os.path.join("pkg", "algo", "__init__.py"), os.path.join("pkg", "algo", "tests", "check.py")]
+
+
+def test_a_module_of_a_folder_beside_the_importer_is_read_where_one_folder_holds_it(tmp_path):
+    """`src/solver/solver.py` imports `loss`, which `src/transformer/loss.py` is (the project puts
+    its folders on `sys.path`); a name two folders hold is not guessed at."""
+    from matlint.semantic.project import resolve
+
+    write(tmp_path / "src" / "solver" / "solver.py", "from loss import cal_loss\nfrom utils import pad\n")
+    write(tmp_path / "src" / "transformer" / "loss.py", "def cal_loss(x):\n    return x\n")
+    write(tmp_path / "src" / "transformer" / "utils.py", "def pad(x):\n    return x\n")
+    write(tmp_path / "src" / "data" / "utils.py", "def pad(x):\n    return x\n")
+    solver = str(tmp_path / "src" / "solver" / "solver.py")
+    assert resolve(solver, "loss", 0) == str(tmp_path / "src" / "transformer" / "loss.py")
+    assert resolve(solver, "utils", 0) is None
+    assert resolve(solver, "numpy", 0) is None
 
 
 SYNCING_TRAINER = """

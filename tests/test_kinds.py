@@ -619,3 +619,12 @@ def test_a_returned_name_is_read_from_the_assignments_that_reach_the_return():
                 reveal(self._get_tensors(obs))
                 reveal(self._on_host(obs))
         """) == ["tensor", "cpu_tensor"]
+
+
+def test_a_gradient_is_a_tensor_whatever_its_parameter_is():
+    assert kinds("""
+        def clip(params):
+            for p in params:
+                reveal(p.grad)
+                reveal(p.grad.data.norm())
+        """) == ["tensor", "tensor"]

@@ -823,6 +823,8 @@ class _Inference:
             return SCALAR if node.attr in ("shape", "ndim", "dtype", "size") else NUMPY if node.attr == "T" else None
         if base_kind in (LINEAR, MODULE) and node.attr in ("weight", "bias"):
             return TENSOR
+        if base_kind is None and node.attr == "grad":
+            return TENSOR  # `param.grad`: only a tensor has a gradient, on its parameter's device
         return None
 
     def _call(self, node: ast.Call) -> Optional[str]:

@@ -41,7 +41,39 @@ def resolve(filename: str, module: str, level: int) -> Optional[str]:
         for candidate in (stem + ".py", os.path.join(stem, "__init__.py")):
             if os.path.isfile(candidate) and os.path.abspath(candidate) != os.path.abspath(filename):
                 return candidate
+    if not level and len(parts) == 1:
+        return _in_sibling_folder(here, parts[0])
     return None
+
+
+def _in_sibling_folder(here: str, name: str) -> Optional[str]:
+    """`name.py` in a folder beside `here`, where exactly one such folder holds one: a script run
+    with its project's folders on `sys.path` (`src/solver/solver.py` importing `loss` from
+    `src/transformer/loss.py`)."""
+    table = while_unchanged(_SIBLING_MODULES, os.path.dirname(here), _modules_in_subfolders, {})
+    found = [path for path in table.get(name, ()) if os.path.dirname(path) != here]
+    return found[0] if len(found) == 1 else None
+
+
+def _modules_in_subfolders(parent: str) -> dict:
+    """{module name: [paths of `name.py`]} of the subfolders of `parent`."""
+    table: dict = {}
+    try:
+        folders = [e.path for e in os.scandir(parent) if e.is_dir() and not e.name.startswith(".")]
+    except OSError:
+        return table
+    for folder in folders[:_SIBLING_FOLDERS]:
+        try:
+            names = [e.name for e in os.scandir(folder) if e.name.endswith(".py") and e.is_file()]
+        except OSError:
+            continue
+        for file in names:
+            table.setdefault(file[:-3], []).append(os.path.join(folder, file))
+    return table
+
+
+_SIBLING_MODULES: dict = {}  # folder -> (size, mtime_ns, {module name: [`name.py` in its subfolders]})
+_SIBLING_FOLDERS = 50  # a folder with more subfolders than this is no project's source folder
 
 
 _RE_EXPORT_HOPS = 2  # how many package `__init__.py` re-exports a definition is followed through

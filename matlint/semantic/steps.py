@@ -447,7 +447,7 @@ def step_functions(ctx) -> dict:
         return found
     calls = file_calls(ctx)
     found = {}
-    trains = may_mention(ctx, "backward") and may_mention(ctx, "step")
+    trains = may_mention(ctx, "step")  # an optimizer step, with or without the backward pass
     closures = []  # the closures that functions which set up their optimizer hand to its `step`
     for function in calls.functions:
         nodes = list(_outside_loops(function.body)) if trains else []

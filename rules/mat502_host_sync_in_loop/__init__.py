@@ -806,21 +806,23 @@ class HostSyncInLoop(_StepLoops, _HostReads, Rule):
     def _callee_text(self, node: ast.Call) -> str:
         return self.ctx.segment(node.func) if self.ctx.qualname(node.func) else "." + node.func.attr
 
-    def _is_mask(self, index: ast.AST) -> bool:
+    def _is_mask(self, index: ast.AST, reading: frozenset = frozenset()) -> bool:
         """A boolean device tensor: a comparison of tensors, `~t`, `t.bool()`, `torch.isnan(t)`..., or
-        a name bound only to one."""
+        a name bound only to one (`reading`: the names whose bindings are being read, for `m = m & k`)."""
         if isinstance(index, ast.Name):
+            if index.id in reading:
+                return True  # `m = m & k`: as much a mask as its other bindings and operands say
             entries = _kinds.bindings(self.ctx, index.id)
             values = [e[1] for e in entries or () if e[0] == "value"]
             return bool(values) and len(values) == len(entries) and all(
-                _may_be_mask(v) and self._is_mask(v) for v in values)
+                _may_be_mask(v) and self._is_mask(v, reading | {index.id}) for v in values)
         if isinstance(index, ast.Compare):
             return len(index.ops) == 1 and not isinstance(index.ops[0], (ast.In, ast.NotIn, ast.Is, ast.IsNot)) \
                 and self._is_device_tensor(index)
         if isinstance(index, ast.UnaryOp) and isinstance(index.op, ast.Invert):
             return self._is_device_tensor(index.operand)
         if isinstance(index, ast.BinOp):  # `(u > 0) * (l == u)`, `a & b`
-            return _may_be_mask(index) and all(_may_be_mask(side) and self._is_mask(side)
+            return _may_be_mask(index) and all(_may_be_mask(side) and self._is_mask(side, reading)
                                                for side in (index.left, index.right))
         if isinstance(index, ast.Call):
             qual = self.ctx.qualname(index.func) or ""
@@ -830,7 +832,7 @@ class HostSyncInLoop(_StepLoops, _HostReads, Rule):
                 return False
             receiver = index.func.value
             if index.func.attr in _SHAPE_METHODS:  # `pos.unsqueeze(2).expand_as(conf)`
-                return _may_be_mask(receiver) and self._is_mask(receiver)
+                return _may_be_mask(receiver) and self._is_mask(receiver, reading)
             return index.func.attr in _MASK_METHODS and self._is_device_tensor(receiver)
         return False
 

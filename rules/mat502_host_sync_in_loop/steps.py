@@ -14,7 +14,8 @@ from matlint.semantic.loops import LoopInfo, identifier as _identifier, loaded_n
 from matlint.semantic.names import in_reference_code, in_test_code
 from matlint.semantic.project import file_moves_to_cuda, imported_by_cuda_code, imported_paths, moves_work_to_cuda
 from matlint.semantic.steps import (GATE_NAME as _GATE_NAME, STEP_HOOKS, configuration_test, guards_empty_selection,
-                                   passed_to_steps, step_loop, step_of, steps_from_importers, trains_in)
+                                   passed_to_steps, step_functions, step_loop, step_of, steps_from_importers,
+                                   trains_in)
 
 
 
@@ -241,9 +242,10 @@ class _StepLoops:
         loss = _kinds.may_mention(self.ctx, "loss", ignore_case=True) and _kinds.may_mention(self.ctx, "forward")
         if not loss and not _kinds.may_mention(self.ctx, "backward") and not any(
                 _kinds.may_mention(self.ctx, hook) for hook in STEP_HOOKS) and not passed_to_steps(self.ctx) \
-                and not steps_from_importers(self.ctx):
-            # no training step, step hook, loss module or helper of an importer's step: only a
-            # `forward` could run every step
+                and not steps_from_importers(self.ctx) and not (
+                    _kinds.may_mention(self.ctx, "step") and step_functions(self.ctx)):
+            # no training step, optimizer step, step hook, loss module or helper of an importer's
+            # step: only a `forward` could run every step
             return None
         if not moves_work_to_cuda(self.ctx) and not imported_by_cuda_code(self.ctx) and not any(
                 path is not None and file_moves_to_cuda(path) for _, _, path in passed_to_steps(self.ctx)):

@@ -77,7 +77,8 @@ class TensorCreationInLoop(Rule):
       or of a project module it imports (`causal_mask(n).to(d)` after `from dataset import
       causal_mask`).
       A move is `.to(device)`, `.cuda()`, `.type(<a CUDA tensor type or a name bound to
-      one>)`, or a helper of the file that returns its one argument moved on some path and as
+      one>)`, `.type_as(t)` of a tensor `t` not known to be on the CPU (it goes to `t`'s
+      device), or a helper of the file that returns its one argument moved on some path and as
       it is on the others (`get_torch_variable(x)`). A draw from a distribution given Python
       numbers (`Normal(0, 1).sample(shape)`) is made on the host too; a sample drawn on the
       host from a host-made input
@@ -187,7 +188,10 @@ class TensorCreationInLoop(Rule):
       (`adv = np.zeros(n)`, then `adv[t] = ...`: computed data), and legacy types called
       with sizes (`Tensor(b, 1).fill_(1.0)` allocates on the device).
     - Functions under a caching decorator (`@functools.lru_cache`, `@cache`, a project's
-      `@lru_cache_unless_export`): their body runs once per device or size, not on every call.
+      `@lru_cache_unless_export`): their body runs once per device or size, not on every call;
+      and what a function does after it returns a cached attribute on a hit (`if n ==
+      self.cached_n and self.cached is not None: return self.cached`, with `self.cached` stored
+      later in the function): it runs when the cache misses.
     - Attributes a method other than the set-up assigns or changes (`self.scale = scale` in
       `set_scale`): data of the call, not a constant.
     - Tensors computed from data on the host before the copy (`torch.arange(n) +
@@ -262,7 +266,7 @@ class TensorCreationInLoop(Rule):
 
     # A move (`.to(...)`, `.cuda()`), or a tensor made from data (`torch.tensor(...)`, `tensor(...)`).
     # In a file with a helper that moves its argument (`get_torch_variable(x)`), every call.
-    only = {"visit_Call": Only(attrs=frozenset({"to", "cuda", "type"} | FROM_DATA | TYPED_TENSORS.keys()
+    only = {"visit_Call": Only(attrs=frozenset({"to", "cuda", "type", "type_as"} | FROM_DATA | TYPED_TENSORS.keys()
                                                | INDEX_FACTORIES
                                                | {qual.rpartition(".")[2] for qual in NUMPY_INDEX_FACTORIES}),
                                every_call_if=has_mover_helpers),
@@ -307,6 +311,7 @@ class TensorCreationInLoop(Rule):
             return
         if moves:
             target = device_target(ctx, node, func.attr) if func.attr in ("to", "cuda") and moved is func.value \
+                else f"{ctx.segment(node.args[0])}.device" if func.attr == "type_as" and moved is func.value \
                 else '"cuda"'
             if target is None or (isinstance(target, ast.AST) and varies_per_iteration(ctx, target)):
                 return

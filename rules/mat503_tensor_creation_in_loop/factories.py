@@ -12,7 +12,7 @@ from matlint.semantic.flow import flow_of
 from matlint.semantic.loops import identifier
 from matlint.semantic.project import imported_function
 from matlint.semantic.steps import runs_once
-from matlint.semantic.kinds import cuda_tensor_type
+from matlint.semantic.kinds import TENSOR, cuda_tensor_type, kind_of
 from matlint.semantic.tree import dotted, walk_no_scopes
 
 # Factories built from sizes alone (their values, to the last bit, in `same_values_on_device`).
@@ -558,14 +558,16 @@ def moved_by(ctx, parent: dict, expr: ast.AST) -> Optional[ast.Call]:
 
 
 def moved_expression(ctx, call: ast.AST) -> Optional[ast.AST]:
-    """The expression `call` copies to the device: the receiver of `.cuda(...)`, `.to(...)` or
-    `.type(<a CUDA tensor type>)`, or the argument of a call of a helper of this file that
-    returns its argument moved (`mover_helper`); None for other calls."""
+    """The expression `call` copies to the device: the receiver of `.cuda(...)`, `.to(...)`,
+    `.type(<a CUDA tensor type>)` or `.type_as(<a tensor not known to be on the CPU>)`, or the
+    argument of a call of a helper of this file that returns its argument moved (`mover_helper`);
+    None for other calls."""
     if not isinstance(call, ast.Call):
         return None
     func = call.func
-    if isinstance(func, ast.Attribute) and (func.attr in ("cuda", "to") or func.attr == "type" and len(
-            call.args) == 1 and not call.keywords and cuda_tensor_type(ctx, call.args[0]) is not None):
+    if isinstance(func, ast.Attribute) and (func.attr in ("cuda", "to") or len(call.args) == 1 and not call.keywords and (
+            func.attr == "type" and cuda_tensor_type(ctx, call.args[0]) is not None
+            or func.attr == "type_as" and kind_of(ctx, call.args[0]) == TENSOR)):
         return func.value
     if len(call.args) == 1 and not call.keywords and has_mover_helpers(ctx) and mover_helper(ctx, func) is not None:
         return call.args[0]

@@ -5,11 +5,12 @@ with the loop."""
 from __future__ import annotations
 
 import ast
+from typing import Optional
 
 from matlint.semantic import kinds as _kinds
 from matlint.semantic.flow import flow_of
 from matlint.semantic.tree import code_scope
-from matlint.semantic.steps import guards_empty_selection
+from matlint.semantic.steps import guards_empty_selection, is_step_loop
 
 from .factories import SIZED_FACTORIES
 
@@ -163,26 +164,33 @@ def sized_by_loop_item(ctx, name: str, call: ast.Call) -> bool:
 
 
 def runs_once_per_loop(ctx) -> bool:
-    """Under `if i == last:`, `if x is None:`, `if len(state) == 0:` inside the loop: a
-    first- or last-iteration branch, not per-iteration work."""
+    """Under `if i == last:`, `if x is None:`, `if len(state) == 0:` inside a loop: a first- or
+    last-iteration branch, not per-iteration work; also where loops nested in the branch run it
+    (`if i == maxlen - 1: for hyp in hyps: ...`), unless one of them is a step loop."""
     if not ctx.loops:
         return False
-    loop_node = ctx.loops[-1].node
+    loops = {id(loop.node): loop for loop in ctx.loops}
     parents = ctx.parents
-    inside = False
+    inside = once = False
     for k, parent in enumerate(parents[:-1]):
-        if parent is loop_node:
+        loop = loops.get(id(parent))
+        if loop is not None:
             inside = True
+            once = once and not is_step_loop(ctx, loop)
         elif inside and isinstance(parent, ast.If) and any(s is parents[k + 1] for s in parent.body):
             test = parent.test  # its `else:` runs on the other iterations
             if isinstance(test, ast.Compare) and all(isinstance(op, (ast.Eq, ast.Is)) for op in test.ops):
-                return True
-    return False
+                once = True
+    return once
 
 
 def fills_a_cache(ctx) -> bool:
     """`self._mask = ...` under `if self._mask is None or ...:` or `if not hasattr(self,
-    "_mask"):`: a cache filled on the first call (or when it grows), not per-call work."""
+    "_mask"):`: a cache filled on the first call (or when it grows), not per-call work. So is
+    anything after `if n == self.cached_n and self.cached is not None: return self.cached` in a
+    function that stores `self.cached`: it runs when the cache misses."""
+    if isinstance(ctx.function, (ast.FunctionDef, ast.AsyncFunctionDef)) and _after_a_cache_hit(ctx, ctx.function):
+        return True
     statement = ctx.statement()
     if isinstance(statement, ast.Assign):
         targets = statement.targets
@@ -206,6 +214,34 @@ def fills_a_cache(ctx) -> bool:
                 or (isinstance(sub, ast.Constant) and sub.value in stored) for sub in ast.walk(parent.test)):
             return True
     return False
+
+
+def _after_a_cache_hit(ctx, function: ast.AST) -> bool:
+    """The statement being visited follows, in `function`'s body, an `if` whose body returns
+    `self.<attr>` (or a tuple of such) that the function stores later: a cache hit returns early."""
+    key = ("mat503_cache_hit", id(function))
+    found = ctx.shared.get(key)
+    if found is None:
+        found = ctx.shared[key] = _cache_hit_line(function)
+    statement = ctx.statement()
+    return found is not None and statement is not None and statement.lineno > found
+
+
+def _cache_hit_line(function: ast.AST) -> Optional[int]:
+    """The last line of the first top-level `if ...: return self.<attr>` of `function` whose
+    attributes the function stores (`self.<attr> = ...`) after it; None where there is none."""
+    stored = {target.attr for node in ast.walk(function) if isinstance(node, ast.Assign)
+              for target in node.targets if isinstance(target, ast.Attribute)
+              and isinstance(target.value, ast.Name) and target.value.id == "self"}
+    for stmt in function.body:
+        if not (isinstance(stmt, ast.If) and stmt.body and isinstance(stmt.body[-1], ast.Return)):
+            continue
+        value = stmt.body[-1].value
+        returned = value.elts if isinstance(value, ast.Tuple) else [value]
+        if returned and all(isinstance(v, ast.Attribute) and isinstance(v.value, ast.Name) and v.value.id == "self"
+                            and v.attr in stored for v in returned):
+            return stmt.end_lineno
+    return None
 
 
 def varies_per_iteration(ctx, expr: ast.AST) -> bool:
