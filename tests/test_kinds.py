@@ -628,3 +628,16 @@ def test_a_gradient_is_a_tensor_whatever_its_parameter_is():
                 reveal(p.grad)
                 reveal(p.grad.data.norm())
         """) == ["tensor", "tensor"]
+
+
+def test_an_item_of_a_list_the_name_is_bound_to_once_has_the_kind_its_element_gives():
+    assert kinds("""
+        import torch
+        def f(batch):
+            x = torch.zeros(3, device="cuda")
+            rows = [r * 2 for r in x]
+            pair = [x, 3]
+            reveal(rows[0])
+            reveal(pair[0])
+            reveal(pair[1])
+        """) == ["tensor", "tensor", "scalar"]

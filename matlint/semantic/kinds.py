@@ -745,6 +745,10 @@ class _Inference:
             base = None if held.__class__ is _Held else held
             if base in TENSORS or base == NUMPY:
                 return base
+            if base == LIST and node.value.__class__ is ast.Name and int_const(node.slice) is not None:
+                item = self._list_item(node.value.id, int_const(node.slice))
+                if item is not None:
+                    return item  # `ys[0]` after `ys = [y[y != pad] for y in batch]`
             if base == LIST and node.value.__class__ is ast.Call and int_const(node.slice) is not None:
                 own = self._own_callee(node.value.func)  # `build(cfg)[0]`: the item every `return` gives
                 if own is not None:
@@ -888,6 +892,21 @@ class _Inference:
         if callee == USER_MODULE:
             cls = self._module_class(func)
             return TENSOR if cls is not None and _forward_returns_one_tensor(cls) else None
+        return None
+
+    def _list_item(self, ident: str, index: int) -> Optional[str]:
+        """Kind of item `index` of the list that the name's one binding makes: a list display's item
+        there, or what a comprehension's element expression gives."""
+        scope = next((scope for scope in self.chain if ident in scope.assigned), None)
+        entries = scope.assigned[ident] if scope is not None else []
+        if len(entries) != 1 or entries[0][0] != "value":
+            return None
+        value = entries[0][1]
+        if value.__class__ is ast.ListComp:
+            return self.expr(value.elt)
+        if value.__class__ in (ast.List, ast.Tuple) and -len(value.elts) <= index < len(value.elts) \
+                and not any(e.__class__ is ast.Starred for e in value.elts):
+            return self.expr(value.elts[index])
         return None
 
     def _own_callee(self, func: ast.AST) -> Optional[tuple]:

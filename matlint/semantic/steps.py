@@ -962,17 +962,19 @@ def _moves_its_items(ctx, loop: LoopInfo) -> bool:
     """In a file that trains (`trains_here_or_through_project`), the loop body moves what the loop
     gives it (or values computed from that) to a device (`.cuda()`, `.to(device)`): each iteration brings a batch to the GPU.
     Loops over a model's parameters or buffers move weights, not batches; in code that never
-    trains (an inference pipeline), a loop that moves its items goes over prompts or encoders."""
+    trains (an inference pipeline), a loop that moves its items goes over prompts or encoders. A
+    `while` loop's items are what its counter picks (`while i < n: batch = data[i:i + bs]; ...;
+    i += bs`): the names its test reads that its body changes."""
     node = loop.node
-    if not isinstance(node, (ast.For, ast.AsyncFor)) or not trains_here_or_through_project(ctx):
+    if not isinstance(node, (ast.For, ast.AsyncFor, ast.While)) or not trains_here_or_through_project(ctx):
         return False
-    it = node.iter
+    it = getattr(node, "iter", None)
     if isinstance(it, ast.Call) and isinstance(it.func, ast.Attribute) and it.func.attr in (
             "parameters", "named_parameters", "buffers", "named_buffers", "children", "modules", "items", "values"):
         return False
     if not (_kinds.may_mention(ctx, "cuda") or _kinds.may_mention(ctx, "to")):
         return False
-    carried = set(bound_names(node.target))
+    carried = set(bound_names(node.target)) if it is not None else loaded_names(node.test) & loop.assigned
     assigns = [sub for sub in loop.direct_nodes() if isinstance(sub, ast.Assign)]
     for _ in range(2):  # in whatever order the walk gives them, a chain of two is followed
         for sub in assigns:

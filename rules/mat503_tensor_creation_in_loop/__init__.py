@@ -15,7 +15,7 @@ from typing import Optional
 from matlint.diagnostics import Fix
 from matlint.rule import Only, Rule
 
-from matlint.semantic.kinds import MODULE_CLASS, TYPED_TENSORS, cuda_tensor_type, kind_of, module_output
+from matlint.semantic.kinds import MODULE_CLASS, TENSOR, TYPED_TENSORS, cuda_tensor_type, kind_of, module_output
 from matlint.semantic.project import moves_work_to_cuda
 from matlint.semantic.names import in_test_code
 from matlint.semantic.steps import per_step
@@ -76,6 +76,8 @@ class TensorCreationInLoop(Rule):
       2).to(d)`, `diffusion.sample_timesteps(n).to(d)` on an instance of a class of the file)
       or of a project module it imports (`causal_mask(n).to(d)` after `from dataset import
       causal_mask`).
+      Also Python data of the same values made on a device tensor's device with `x.new([...])`
+      or `x.new_tensor([...])` (numbers, or attributes the set-up assigns once).
       A move is `.to(device)`, `.cuda()`, `.type(<a CUDA tensor type or a name bound to
       one>)`, `.type_as(t)` of a tensor `t` not known to be on the CPU (it goes to `t`'s
       device), or a helper of the file that returns its one argument moved on some path and as
@@ -266,7 +268,7 @@ class TensorCreationInLoop(Rule):
 
     # A move (`.to(...)`, `.cuda()`), or a tensor made from data (`torch.tensor(...)`, `tensor(...)`).
     # In a file with a helper that moves its argument (`get_torch_variable(x)`), every call.
-    only = {"visit_Call": Only(attrs=frozenset({"to", "cuda", "type", "type_as"} | FROM_DATA | TYPED_TENSORS.keys()
+    only = {"visit_Call": Only(attrs=frozenset({"to", "cuda", "type", "type_as", "new", "new_tensor"} | FROM_DATA | TYPED_TENSORS.keys()
                                                | INDEX_FACTORIES
                                                | {qual.rpartition(".")[2] for qual in NUMPY_INDEX_FACTORIES}),
                                every_call_if=has_mover_helpers),
@@ -275,6 +277,9 @@ class TensorCreationInLoop(Rule):
     def visit_Call(self, node: ast.Call) -> None:
         ctx = self.ctx
         func = node.func
+        if isinstance(func, ast.Attribute) and func.attr in ("new_tensor", "new"):
+            self._new_from_data(node)
+            return
         moved = moved_expression(ctx, node)
         moves = moved is not None
         # The call's own shape first: it rules out almost every call, and costs less than the place.
@@ -392,6 +397,23 @@ class TensorCreationInLoop(Rule):
                 self._report_invariant(node, node.args[0])
         elif not legacy_sizes(ctx, factory[0], node):  # `torch.FloatTensor(2, 4, device=...)`: sizes
             self._constant(node, node, ctx.segment(device))
+
+    def _new_from_data(self, node: ast.Call) -> None:
+        """`ys.new([eos_id])`, `x.new_tensor([0.5, 2.0])` of a tensor on the device: Python data of the
+        same values on every pass, copied to that device (as `torch.tensor(data, device=...)`)."""
+        ctx, func = self.ctx, node.func
+        if len(node.args) != 1 or node.keywords or kind_of(ctx, func.value) != TENSOR:
+            return
+        data = node.args[0]
+        if func.attr == "new" and not isinstance(data, (ast.List, ast.Tuple)):
+            return  # `x.new(n, d)`: sizes, an allocation on the device
+        items = data.elts if isinstance(data, (ast.List, ast.Tuple)) else [data]
+        if not items or not all(is_constant_data(item) or set_once_attribute(ctx, item) for item in items):
+            return
+        self._step = per_step(ctx)
+        if self._step is None or in_test_code(ctx) or runs_once_per_loop(ctx) or fills_a_cache(ctx):
+            return
+        self._constant(node, node, f"{ctx.segment(func.value)}.device")
 
     def _report_helper(self, node: ast.Call, helper: ast.AST, path, name: str, call: ast.Call) -> None:
         """`self.label2onehot(...).to(d)`, `causal_mask(n).to(d)`: the helper (of this file, or of
