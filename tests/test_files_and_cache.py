@@ -189,18 +189,22 @@ def test_a_change_to_an_imported_project_module_invalidates_the_importing_file(t
 
 def test_a_helper_module_that_never_names_torch_is_linted_for_what_its_importers_pass(tmp_path):
     """logger.py imports nothing of torch; train.py hands it a device loss on every step, and its
-    `.item()` is that step's host sync."""
-    write(tmp_path / "pyproject.toml", "[tool.matlint]\n")
-    write(tmp_path / "train.py", TRAIN.replace("from utils import accuracy", "from logger import log_loss")
+    `.item()` is that step's host sync. (The project sits two folders down: the importers of a
+    file are looked for up to two folders above it, where pytest keeps other tests' files.)"""
+    project = tmp_path / "work" / "project"
+    write(project / "pyproject.toml", "[tool.matlint]\n")
+    write(project / "train.py", TRAIN.replace("from utils import accuracy", "from logger import log_loss")
           .replace("acc = accuracy(out, y)", "log_loss(crit(out, y))"))
-    write(tmp_path / "logger.py", "HISTORY = []\n\ndef log_loss(loss):\n    HISTORY.append(loss.item())\n")
-    found = [(Path(f["filename"]).name, f["code"]) for f in _report(tmp_path)]
+    write(project / "logger.py", "HISTORY = []\n\ndef log_loss(loss):\n    HISTORY.append(loss.item())\n")
+    found = [(Path(f["filename"]).name, f["code"]) for f in _report(project)]
     assert ("logger.py", "MAT502") in found, found
 
 
 def test_an_optimizer_module_without_a_backward_pass_runs_its_step_every_step(tmp_path):
     """optim.py wraps an optimizer and never calls `.backward()`; its `step` reads every
-    parameter's gradient norm on the host, once per training step of train.py, on the GPU."""
+    parameter's gradient norm on the host, once per training step of train.py, on the GPU. (Two
+    folders down, as above.)"""
+    tmp_path = tmp_path / "work" / "project"
     write(tmp_path / "pyproject.toml", "[tool.matlint]\n")
     write(tmp_path / "optim.py", "import math\n\nimport torch\n\nclass Clipped:\n    def __init__(self, optimizer, params):\n"
           "        self.optimizer, self.params = optimizer, list(params)\n\n    def step(self):\n"
