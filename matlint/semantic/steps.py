@@ -1227,20 +1227,70 @@ def _trains_itself(ctx, loop: LoopInfo) -> bool:
 
 
 def is_step_loop(ctx, loop: LoopInfo) -> bool:
-    """A loop each iteration of which is one step: it trains (`loop_trains`) or goes over a data
-    loader; not a one-off pass over a data set (`one_off`) unless it trains, not a loop over task
-    or data-set names unless it steps an optimizer, not an epoch loop (`epoch_loop`)."""
+    """A loop each iteration of which is one step: it trains (`loop_trains`), goes over a data
+    loader or samples with a model (`samples_with_model`); not a one-off pass over a data set
+    (`one_off`) unless it trains, not a loop over task or data-set names unless it steps an
+    optimizer, not an epoch loop (`epoch_loop`)."""
     key = ("step_loop", id(loop.node))
     if key not in ctx.shared:
         training = loop_trains(ctx, loop)
         # A loop that steps an optimizer is a training step whatever it goes over; one that
         # only runs backward passes may go over the tasks of one step.
         steps = training and any(is_optimizer_step(n) for n in loop.direct_nodes())
-        ctx.shared[key] = ((training or iterates_loader(ctx, loop))
+        ctx.shared[key] = ((training or iterates_loader(ctx, loop) or samples_with_model(ctx, loop))
                            and not (not training and one_off(ctx))
                            and not (not steps and iterates_names(ctx, loop))
                            and not epoch_loop(ctx, loop))
     return ctx.shared[key]
+
+
+def samples_with_model(ctx, loop: LoopInfo) -> bool:
+    """Each iteration runs a model on the state the loop carries and updates that state from its
+    output (`grad = score_net(x, labels)`, then `x = x + step * grad + noise`; `x = model(x, t)`):
+    a sampling or refinement loop (Langevin dynamics, a diffusion sampler), one model step per
+    iteration. A model is a module (or a method of one: `model.denoise(x)`), also a parameter the
+    function's callers pass one for. Not in a module's `forward`: a loop there is part of the
+    forward (refinement iterations, its layers), whose syncs are the model's own."""
+    key = ("samples_with_model", id(loop.node))
+    found = ctx.shared.get(key)
+    if found is None:
+        found = ctx.shared[key] = _samples_with_model(ctx, loop)
+    return found
+
+
+_MODULES = (_kinds.MODULE, _kinds.LINEAR, _kinds.USER_MODULE)
+
+
+def _samples_with_model(ctx, loop: LoopInfo) -> bool:
+    if any(getattr(f, "name", "") == "forward" for f in ctx.functions):
+        return False
+    carried = loop.carried
+    if not carried:
+        return False
+    outputs = set()  # names bound to what a model computes from the carried state
+    assigns = sorted((node for node in loop.direct_nodes() if node.__class__ is ast.Assign),
+                     key=lambda node: (node.lineno, node.col_offset))
+    for node in assigns:
+        if len(node.targets) != 1 or node.targets[0].__class__ is not ast.Name:
+            continue
+        target, reads = node.targets[0].id, loaded_names(node.value)
+        if any(_runs_model_on(ctx, call, carried | outputs) for call in walk_no_scopes(node.value)):
+            if target in carried:
+                return True  # `x = model(x, t)`
+            outputs.add(target)
+        elif target in carried and reads & outputs:
+            return True  # `x = x + step * grad + noise`
+    return False
+
+
+def _runs_model_on(ctx, call: ast.AST, names: set) -> bool:
+    """`call` runs a model on a value of `names`."""
+    if call.__class__ is not ast.Call or not any(loaded_names(a) & names for a in call.args):
+        return False
+    func = call.func
+    if _kinds.callee_kind(ctx, func) in _MODULES:
+        return True
+    return func.__class__ is ast.Attribute and _kinds.kind_of(ctx, func.value) in _MODULES
 
 
 def loop_trains(ctx, loop: LoopInfo) -> bool:

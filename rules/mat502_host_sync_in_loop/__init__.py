@@ -14,7 +14,7 @@ from matlint.semantic import kinds as _kinds
 from matlint.semantic.project import cpu_only_project, cpu_only_script, imported_function
 from matlint.semantic.loops import loaded_names
 from matlint.semantic.kinds import TYPED_TENSORS, cuda_tensor_type
-from matlint.semantic.steps import loop_trains, repeating_loops, runs_once, step_loop
+from matlint.semantic.steps import iterates_loader, loop_trains, repeating_loops, runs_once, samples_with_model, step_loop
 from matlint.semantic.names import in_reference_code, in_test_code
 
 from .reads import _HostReads
@@ -267,7 +267,10 @@ class HostSyncInLoop(_StepLoops, _HostReads, Rule):
     whose body calls `.backward()` or an optimizer's `.step()`, or a function (of the file or the
     project, or a method of an instance of one of their classes: `agent.update(batch)`) that is one
     training step: it calls both outside its loops over anything but `range(...)`, once per agent or
-    a fixed number of times; an evaluation loop iterates
+    a fixed number of times; a sampling loop runs a model (a module, or a parameter its callers
+    pass one for) on the state it carries and updates that state from the output, outside a
+    module's `forward` (Langevin dynamics, a diffusion sampler: `grad = score_net(x)`, then `x = x
+    + step * grad + noise`); an evaluation loop iterates
     over a data loader (also through a wrapper that takes it, `metric_logger.log_every(loader,
     10)`, or a name bound to one, `it = tqdm(test_loader)`, then `for b in enumerate(it)`; a
     `data_loader: Iterable` parameter is a loader), over an iterator made by a call given a
@@ -1050,7 +1053,9 @@ class HostSyncInLoop(_StepLoops, _HostReads, Rule):
                 return
             if in_test_code(self.ctx) or in_reference_code(self.ctx):
                 return
-            where = f"on every step of the {'training' if training else 'evaluation'} loop on line {loop.node.lineno}"
+            role = "training" if training else "evaluation" if iterates_loader(self.ctx, loop) else "sampling" \
+                if samples_with_model(self.ctx, loop) else "evaluation"
+            where = f"on every step of the {role} loop on line {loop.node.lineno}"
         statement = owner if isinstance(owner, ast.stmt) else self.ctx.statement()
         key = (id(statement), what, instead)
         found = self._statements.get(key)

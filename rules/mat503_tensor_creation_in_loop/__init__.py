@@ -101,7 +101,7 @@ class TensorCreationInLoop(Rule):
       returned or changed in place; so does a Python number computed on each pass
       (`torch.tensor(i / n_T).to(d)`: `torch.full((), i / n_T, device=d)`; `torch.tensor([i /
       n_T])`: `torch.full((1,), ...)`; a divisor the function passes to `range` is a whole
-      number), a list of one
+      number; so is the counter of a loop over `range(...)`: `torch.as_tensor(i).to(d)`), a list of one
       repeated Python number (`torch.tensor([i] * n, device=d)` for a step `i` over a range:
       `torch.full((n,), i, device=d)`), and a range
       (`torch.LongTensor(range(n)).to(d)`: `torch.arange(n, dtype=torch.long, device=d)`);

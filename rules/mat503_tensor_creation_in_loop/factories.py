@@ -214,13 +214,25 @@ def unwrapped(ctx, expr: ast.AST, making: bool = False) -> ast.AST:
 
 def computed_number(ctx, expr: ast.AST) -> bool:
     """`i / self.n_T`, `-(t - 1)`: a Python number computed on this pass (arithmetic that only
-    numbers do: a tuple or a string cannot be divided or subtracted)."""
+    numbers do: a tuple or a string cannot be divided or subtracted); or the counter of a loop
+    around it over `range(...)` (`for i in reversed(range(T))`)."""
     if isinstance(expr, ast.UnaryOp) and isinstance(expr.op, ast.USub):
         return computed_number(ctx, expr.operand)
     if isinstance(expr, (ast.List, ast.Tuple)) and len(expr.elts) == 1:  # `[i / n_T]`: a tensor of one
         return computed_number(ctx, expr.elts[0])
+    if isinstance(expr, ast.Name):
+        return any(isinstance(loop.node, (ast.For, ast.AsyncFor)) and isinstance(loop.node.target, ast.Name)
+                   and loop.node.target.id == expr.id and _over_range(loop.node.iter) for loop in ctx.loops)
     return isinstance(expr, ast.BinOp) and isinstance(expr.op, (ast.Div, ast.Sub, ast.FloorDiv, ast.Pow)) \
         and all(_is_number(ctx, side) or _range_bound(ctx, side) for side in (expr.left, expr.right))
+
+
+def _over_range(it: ast.AST) -> bool:
+    """`range(...)`, also through `reversed`, `tqdm` or `list`: the loop counts."""
+    while isinstance(it, ast.Call) and isinstance(it.func, ast.Name) and it.func.id in ("reversed", "tqdm", "list") \
+            and len(it.args) == 1:
+        it = it.args[0]
+    return isinstance(it, ast.Call) and isinstance(it.func, ast.Name) and it.func.id == "range"
 
 
 def _range_bound(ctx, expr: ast.AST) -> bool:
