@@ -30,7 +30,7 @@ from typing import NamedTuple, Optional
 
 from . import kinds as _kinds
 from .calls import argument_for, file_calls
-from .kinds import imported_class, may_mention
+from .kinds import imported_class
 from .loops import (LoopInfo, _attribute_paths, bound_names, file_trains, identifier, is_backward,
                     is_optimizer_step, is_training_loop, loaded_names, may_run_training_step, name_tokens,
                     walk_no_scopes)
@@ -440,6 +440,14 @@ def _one_update(node: ast.AST) -> bool:
         and may_run_training_step(node, True)
 
 
+def calls_a_step_method(ctx) -> bool:
+    """The file spells a call of a `.step(` method (an optimizer's, among others)."""
+    found = ctx.shared.get("calls_a_step_method")
+    if found is None:
+        found = ctx.shared["calls_a_step_method"] = ".step(" in identifier_text(ctx)
+    return found
+
+
 def step_functions(ctx) -> dict:
     """id(function) -> Step, for the functions of the file that run every step."""
     found = ctx.shared.get("step_functions")
@@ -447,7 +455,7 @@ def step_functions(ctx) -> dict:
         return found
     calls = file_calls(ctx)
     found = {}
-    trains = may_mention(ctx, "step")  # an optimizer step, with or without the backward pass
+    trains = calls_a_step_method(ctx)  # an optimizer's step, with or without the backward pass
     closures = []  # the closures that functions which set up their optimizer hand to its `step`
     for function in calls.functions:
         nodes = list(_outside_loops(function.body)) if trains else []
@@ -1264,15 +1272,18 @@ _MODULES = (_kinds.MODULE, _kinds.LINEAR, _kinds.USER_MODULE)
 def _samples_with_model(ctx, loop: LoopInfo) -> bool:
     if any(getattr(f, "name", "") == "forward" for f in ctx.functions):
         return False
+    assigns = sorted((node for node in loop.direct_nodes() if node.__class__ is ast.Assign and len(node.targets) == 1
+                      and node.targets[0].__class__ is ast.Name), key=lambda node: (node.lineno, node.col_offset))
+    bound = {node.targets[0].id for node in assigns}
+    # the cheap test first: a call that takes a name the loop rebinds
+    if not any(call.__class__ is ast.Call and any(loaded_names(a) & bound for a in call.args)
+               for node in assigns for call in walk_no_scopes(node.value)):
+        return False
     carried = loop.carried
     if not carried:
         return False
     outputs = set()  # names bound to what a model computes from the carried state
-    assigns = sorted((node for node in loop.direct_nodes() if node.__class__ is ast.Assign),
-                     key=lambda node: (node.lineno, node.col_offset))
     for node in assigns:
-        if len(node.targets) != 1 or node.targets[0].__class__ is not ast.Name:
-            continue
         target, reads = node.targets[0].id, loaded_names(node.value)
         if any(_runs_model_on(ctx, call, carried | outputs) for call in walk_no_scopes(node.value)):
             if target in carried:

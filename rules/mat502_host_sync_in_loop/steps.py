@@ -13,9 +13,9 @@ from matlint.semantic.tree import function_text
 from matlint.semantic.loops import LoopInfo, identifier as _identifier, loaded_names, name_tokens, walk_no_scopes
 from matlint.semantic.names import in_reference_code, in_test_code
 from matlint.semantic.project import file_moves_to_cuda, imported_by_cuda_code, imported_paths, moves_work_to_cuda
-from matlint.semantic.steps import (GATE_NAME as _GATE_NAME, STEP_HOOKS, configuration_test, guards_empty_selection,
-                                   passed_to_steps, step_functions, step_loop, step_of, steps_from_importers,
-                                   trains_in)
+from matlint.semantic.steps import (GATE_NAME as _GATE_NAME, STEP_HOOKS, calls_a_step_method, configuration_test,
+                                   guards_empty_selection, passed_to_steps, step_functions, step_loop, step_of,
+                                   steps_from_importers, trains_in)
 
 
 
@@ -243,7 +243,7 @@ class _StepLoops:
         if not loss and not _kinds.may_mention(self.ctx, "backward") and not any(
                 _kinds.may_mention(self.ctx, hook) for hook in STEP_HOOKS) and not passed_to_steps(self.ctx) \
                 and not steps_from_importers(self.ctx) and not (
-                    _kinds.may_mention(self.ctx, "step") and step_functions(self.ctx)):
+                    calls_a_step_method(self.ctx) and step_functions(self.ctx)):
             # no training step, optimizer step, step hook, loss module or helper of an importer's
             # step: only a `forward` could run every step
             return None
