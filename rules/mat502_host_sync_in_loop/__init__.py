@@ -79,7 +79,7 @@ _COPIES = "waits for the GPU and copies to the host"
 _BRANCH = ("keep the decision on the device (`torch.where(cond, a, b)`, or masked arithmetic: `x * mask`, "
            "`torch.clamp`, `F.relu`) or check it every N steps")
 _ASSERT = "check it every N steps, or use `torch._assert_async`"
-_COUNTER = ("the module computes every value it stores in this buffer on the host: keep the count in a Python "
+_COUNTER = ("the module computes every value it stores in this buffer on the host: keep the value in a Python "
             "attribute as well, and read that")
 _NUMBER = ("the host needs it as a Python number (a `range`, an index, a size): take the number from data "
            "already on the host (lengths, shapes), or keep the shapes fixed (pad, then mask)")
@@ -441,9 +441,10 @@ class HostSyncInLoop(_StepLoops, _HostReads, Rule):
       purpose (expert routing, variable lengths), and the rule cannot tell a needed sync from a
       wasted one there. A loss module's `forward` is reported: it runs once per training step,
       and its syncs (box matching through masks, counts read on the host) can stay on the device.
-      So is `int(self.queue_ptr)` of a buffer that the module registers in its set-up and only
-      ever fills with Python numbers it computes (`self.queue_ptr[0] = (ptr + n) % K`, in the
-      same method): a counter the host had already, read back from the device.
+      So is `int(self.queue_ptr)` (or `.item()`) of a buffer that the module registers in its
+      set-up and only ever fills with Python numbers it computes (`self.queue_ptr[0] = (ptr + n) %
+      K`, or `self.initialized.fill_(1)` under `if self.initialized.item() == 0:`, in the same
+      method): a counter or flag the host had already, read back from the device.
     - `x[mask] = 0.0` (also `x[mask, :] = 0.0`): a Python number (or a CPU scalar) stored through a boolean mask on `x`'s
       device runs as `masked_fill_`, with no sync.
     - A loop over an iterator made for a device whose body holds a training loop (an RL
@@ -722,11 +723,19 @@ class HostSyncInLoop(_StepLoops, _HostReads, Rule):
                 elif isinstance(node, ast.Call) and isinstance(node.func, ast.Name) and node.func.id in ("int", "float") \
                         and len(node.args) == 1 and _self_attribute(node.args[0], attr):
                     reads += 1
+                elif isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute) and node.func.attr == "item" \
+                        and not node.args and _self_attribute(node.func.value, attr):
+                    reads += 1
                 elif isinstance(node, ast.Assign) and len(node.targets) == 1 and isinstance(node.targets[0], ast.Subscript) \
                         and _self_attribute(node.targets[0].value, attr):
                     if method is not function:
                         return False
                     stored.append(node.value)
+                elif isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute) and node.func.attr == "fill_" \
+                        and len(node.args) == 1 and _self_attribute(node.func.value, attr):
+                    if method is not function:
+                        return False
+                    stored.append(node.args[0])  # `self.initialized.fill_(1)`
         return bool(stored) and uses == reads + len(stored) and all(self._host_number(v, set()) for v in stored)
 
     def _host_number(self, expr: ast.AST, seen: set) -> bool:
@@ -861,6 +870,10 @@ class HostSyncInLoop(_StepLoops, _HostReads, Rule):
     # -- checks ---------------------------------------------------------------------
     def _method(self, node: ast.Call, func: ast.Attribute) -> None:
         receiver = func.value
+        if func.attr == "item" and not node.args and self._host_counter(receiver):
+            if self._step_context(in_forward=True) is not None:  # `if self.initialized.item() == 0:`
+                self._report(node, "`.item()`", _COUNTER, value=receiver)
+            return
         if self._step_context() is None or self._chain_already_synced(receiver):
             return
         kind = _kinds.kind_of(self.ctx, receiver)
