@@ -1153,7 +1153,8 @@ class _Inference:
                 # `torch.max(x)`: a tensor; `torch.min(q1, q2)`: the element-wise one; `torch.max(x, 1)`: a pair
                 operands = [self.expr(a) for a in node.args]
                 if len(operands) == 1 or len(operands) == 2 and operands[1] != SCALAR:
-                    return CPU_TENSOR if all(k == CPU_TENSOR for k in operands) else (
+                    # two operands share a device: one on the CPU puts the result there
+                    return CPU_TENSOR if CPU_TENSOR in operands and TENSOR not in operands else (
                         TENSOR if operands[0] in TENSORS or operands[-1] in TENSORS else None)
             if attr in _SPLITTING_FUNCTIONS:
                 return LIST

@@ -1258,7 +1258,8 @@ def samples_with_model(ctx, loop: LoopInfo) -> bool:
     a sampling or refinement loop (Langevin dynamics, a diffusion sampler), one model step per
     iteration. A model is a module (or a method of one: `model.denoise(x)`), also a parameter the
     function's callers pass one for. Not in a module's `forward`: a loop there is part of the
-    forward (refinement iterations, its layers), whose syncs are the model's own."""
+    forward (refinement iterations, its layers), whose syncs are the model's own; nor a decoder
+    that stops on a value it reads back (`_stops_on_host_value`)."""
     key = ("samples_with_model", id(loop.node))
     found = ctx.shared.get(key)
     if found is None:
@@ -1270,7 +1271,7 @@ _MODULES = (_kinds.MODULE, _kinds.LINEAR, _kinds.USER_MODULE)
 
 
 def _samples_with_model(ctx, loop: LoopInfo) -> bool:
-    if any(getattr(f, "name", "") == "forward" for f in ctx.functions):
+    if any(getattr(f, "name", "") == "forward" for f in ctx.functions) or _stops_on_host_value(loop):
         return False
     assigns = sorted((node for node in loop.direct_nodes() if node.__class__ is ast.Assign and len(node.targets) == 1
                       and node.targets[0].__class__ is ast.Name), key=lambda node: (node.lineno, node.col_offset))
@@ -1292,6 +1293,15 @@ def _samples_with_model(ctx, loop: LoopInfo) -> bool:
         elif target in carried and reads & outputs:
             return True  # `x = x + step * grad + noise`
     return False
+
+
+def _stops_on_host_value(loop: LoopInfo) -> bool:
+    """The loop stops on a value it reads back from the device (`if token.item() in stop_tokens:
+    break`): a decoder that waits for the device on every iteration by design, whose fix is a
+    batched stop check, not a line."""
+    return any(isinstance(node, ast.If) and any(isinstance(s, ast.Break) for s in node.body) and any(
+        isinstance(call, ast.Call) and isinstance(call.func, ast.Attribute) and call.func.attr in ("item", "tolist", "cpu")
+        for call in ast.walk(node.test)) for node in loop.direct_nodes())
 
 
 def _runs_model_on(ctx, call: ast.AST, names: set) -> bool:

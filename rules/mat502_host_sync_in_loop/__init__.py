@@ -270,7 +270,9 @@ class HostSyncInLoop(_StepLoops, _HostReads, Rule):
     a fixed number of times; a sampling loop runs a model (a module, or a parameter its callers
     pass one for) on the state it carries and updates that state from the output, outside a
     module's `forward` (Langevin dynamics, a diffusion sampler: `grad = score_net(x)`, then `x = x
-    + step * grad + noise`); an evaluation loop iterates
+    + step * grad + noise`), and that does not stop on a value it reads back (a decoder's `if
+    token.item() in stop_tokens: break` waits for the device on every token by design); an
+    evaluation loop iterates
     over a data loader (also through a wrapper that takes it, `metric_logger.log_every(loader,
     10)`, or a name bound to one, `it = tqdm(test_loader)`, then `for b in enumerate(it)`; a
     `data_loader: Iterable` parameter is a loader), over an iterator made by a call given a
