@@ -598,7 +598,7 @@ def _passed_to_steps(ctx) -> list:
         if node.__class__ is not ast.Call or not any(
                 isinstance(a, ast.Name) and a.id in passed for a in node.args + [k.value for k in node.keywords]):
             continue
-        callee = _callee_definition(ctx, calls, node)
+        callee = _callee_definition(ctx, calls, node.func)
         if callee is None:
             continue
         definition, path = callee
@@ -617,11 +617,10 @@ def _passed_to_steps(ctx) -> list:
     return found
 
 
-def _callee_definition(ctx, calls, call: ast.Call) -> Optional[tuple]:
-    """(the function or method `call` runs, its file or None for this one), for a function of the file or
-    imported from a project module, or a method of an instance made from a class of either in
-    the same function (`trainer = train.Trainer(...)`, `trainer.train(...)`)."""
-    func = call.func
+def _callee_definition(ctx, calls, func: ast.AST) -> Optional[tuple]:
+    """(the function or method a call of `func` runs, its file or None for this one), for a function of
+    the file or imported from a project module, or a method of an instance made from a class of
+    either in the same function (`trainer = train.Trainer(...)`, `trainer.train(...)`)."""
     if isinstance(func, ast.Name) and func.id in calls.module_functions:
         return calls.module_functions[func.id], None
     found = imported_function(ctx, func)
@@ -1377,7 +1376,7 @@ def _called_definition(ctx, calls, func: ast.AST) -> Optional[ast.AST]:
         cls = ctx.class_
     if cls is not None:
         return calls.methods.get(id(cls), {}).get(func.attr)
-    found = _callee_definition(ctx, calls, ast.Call(func=func, args=[], keywords=[]))
+    found = _callee_definition(ctx, calls, func)
     return found[0] if found is not None else None  # `utils.train_step(...)`, `agent.update(...)`
 
 
