@@ -110,4 +110,27 @@ def _read_project_file(path: str) -> Optional[SourceFile]:
         return None
 
 
+class Position:
+    """A file seen from a place in it other than where its walk stands: inside `functions`
+    (outermost first), methods of `class_` where it is given. The analyses that read the walk's
+    position (the scopes a name resolves in) read this one; all else is the file's."""
+
+    loops: tuple = ()
+    parents: tuple = ()
+
+    def __init__(self, source, functions: tuple, class_=None):
+        self._source = source
+        self.functions = tuple(functions)
+        self.function = self.functions[-1] if self.functions else None
+        self.class_ = class_
+        self.classes = (class_,) if class_ is not None else ()
+
+    def __getattr__(self, name):
+        return getattr(self._source, name)
+
+    @property
+    def scope(self) -> ast.AST:
+        return self.function if self.function is not None else self.tree
+
+
 _PROJECT_FILES: dict = {}  # path -> (size, mtime_ns, its SourceFile or None)

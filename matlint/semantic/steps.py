@@ -30,6 +30,7 @@ from typing import NamedTuple, Optional
 
 from . import kinds as _kinds
 from .calls import argument_for, file_calls
+from .file import Position
 from .kinds import imported_class
 from .loops import (LoopInfo, _attribute_paths, bound_names, file_trains, identifier, is_backward,
                     is_optimizer_step, is_training_loop, loaded_names, may_run_training_step, name_tokens,
@@ -526,11 +527,23 @@ def _step_at(ctx, found: dict, site, where: str = "") -> Optional[Step]:
                     caller.forward, caller.loss, from_file=caller.from_file)
     calls = file_calls(ctx)
     loop_step = next((s for s in (_loop_step(loop, calls) for loop in reversed(site.loops)) if s is not None), None)
+    if loop_step is None and site.loops:
+        loop_step = _sampling_step(ctx, site)
     if loop_step is not None and where:
         loop_step = loop_step._replace(why=loop_step.why + where)
     if loop_step is not None and _result_to_environment(site):
         loop_step = loop_step._replace(feeds_host=True)
     return loop_step
+
+
+def _sampling_step(ctx, site) -> Optional[Step]:
+    """The Step of a call in a sampling loop (`samples_with_model`, read from the call's function):
+    `scheduler.step(x, eps, t)` after `eps = model(x, t)`, once per iteration."""
+    at = Position(ctx, site.functions, site.cls)
+    for loop in reversed(site.loops):
+        if isinstance(loop, (ast.For, ast.AsyncFor, ast.While)) and samples_with_model(at, LoopInfo(loop, at)):
+            return Step(f"is called from the sampling loop on line {loop.lineno}", False)
+    return None
 
 
 _ARRAY_MODULES = frozenset({"torch", "np", "numpy", "F", "nn"})
@@ -1273,8 +1286,8 @@ def _samples_with_model(ctx, loop: LoopInfo) -> bool:
     if any(getattr(f, "name", "") == "forward" for f in ctx.functions) or _stops_on_host_value(loop):
         return False
     assigns = sorted((node for node in loop.direct_nodes() if node.__class__ is ast.Assign and len(node.targets) == 1
-                      and node.targets[0].__class__ is ast.Name), key=lambda node: (node.lineno, node.col_offset))
-    bound = {node.targets[0].id for node in assigns}
+                      and _names_only(node.targets[0])), key=lambda node: (node.lineno, node.col_offset))
+    bound = set().union(*(bound_names(node.targets[0]) for node in assigns))
     # the cheap test first: a call that takes a name the loop rebinds
     if not any(call.__class__ is ast.Call and any(loaded_names(a) & bound for a in call.args)
                for node in assigns for call in walk_no_scopes(node.value)):
@@ -1284,23 +1297,31 @@ def _samples_with_model(ctx, loop: LoopInfo) -> bool:
         return False
     outputs = set()  # names bound to what a model computes from the carried state
     for node in assigns:
-        target, reads = node.targets[0].id, loaded_names(node.value)
+        targets, reads = bound_names(node.targets[0]), loaded_names(node.value)
         if any(_runs_model_on(ctx, call, carried | outputs) for call in walk_no_scopes(node.value)):
-            if target in carried:
-                return True  # `x = model(x, t)`
-            outputs.add(target)
-        elif target in carried and reads & outputs:
-            return True  # `x = x + step * grad + noise`
+            if targets & carried and node.targets[0].__class__ is ast.Name:
+                return True  # `x = model(x, t)`; not `out, hidden = rnn(x, hidden)`, a recurrence
+            outputs |= targets
+        elif targets & carried and reads & outputs:
+            return True  # `x = x + step * grad + noise`, `x, x0 = scheduler.step(x, eps, t)`
     return False
+
+
+def _names_only(target: ast.AST) -> bool:
+    """`x`, `x, x0`: names, or a tuple of names."""
+    return target.__class__ is ast.Name or target.__class__ is ast.Tuple and all(
+        e.__class__ is ast.Name for e in target.elts)
 
 
 def _stops_on_host_value(loop: LoopInfo) -> bool:
     """The loop stops on a value it reads back from the device (`if token.item() in stop_tokens:
-    break`): a decoder that waits for the device on every iteration by design, whose fix is a
-    batched stop check, not a line."""
-    return any(isinstance(node, ast.If) and any(isinstance(s, ast.Break) for s in node.body) and any(
+    break`), or on one it computes in its body (`finished = len([s for s in lengths if s > 0])`,
+    then `if finished == k: break`): a decoder that waits for the device on every iteration by
+    design, whose fix is a batched stop check, not a line."""
+    computed = loop.assigned - loop.targets
+    return any(isinstance(node, ast.If) and any(isinstance(s, ast.Break) for s in node.body) and (any(
         isinstance(call, ast.Call) and isinstance(call.func, ast.Attribute) and call.func.attr in ("item", "tolist", "cpu")
-        for call in ast.walk(node.test)) for node in loop.direct_nodes())
+        for call in ast.walk(node.test)) or loaded_names(node.test) & computed) for node in loop.direct_nodes())
 
 
 def _runs_model_on(ctx, call: ast.AST, names: set) -> bool:
