@@ -278,7 +278,8 @@ class _StepLoops:
                 continue  # its test, which every call runs
             if not (in_body and (trains_in(parent.body) or guards_empty_selection(self.ctx, parent)
                                  or _selects_items(parent.test, chain[:chain.index(parent)]))) \
-                    and not configuration_test(self.ctx, function, parent.test, self.ctx.class_):
+                    and not configuration_test(self.ctx, function, parent.test, self.ctx.class_) \
+                    and not _presence_test(parent.test, function):
                 # not every call runs it; a branch that trains (`if tune_alpha: ... step()`) is the
                 # step, the body of `if mask.sum() > 0:` the usual path, and a branch of a
                 # configuration switch (`if FIXED_ALPHA is None:` / `else:`) runs on every step
@@ -370,6 +371,20 @@ class _StepLoops:
                 if in_body and _first_time(parent):
                     return True  # `if loss_ema is None: loss_ema = loss.item()`: the first step only
         return False
+
+
+def _presence_test(test: ast.AST, function: ast.AST) -> bool:
+    """`if loss:`, `if loss is not None:`, `if loss is None:` of a parameter of the function: a test
+    of whether the caller passed the value (a logging helper's optional losses), whose branches run
+    on every step that passes one."""
+    if isinstance(test, ast.UnaryOp) and isinstance(test.op, ast.Not):
+        test = test.operand
+    if isinstance(test, ast.Compare) and len(test.ops) == 1 and isinstance(test.ops[0], (ast.Is, ast.IsNot)) \
+            and isinstance(test.comparators[0], ast.Constant) and test.comparators[0].value is None:
+        test = test.left
+    args = function.args
+    return isinstance(test, ast.Name) and any(
+        a.arg == test.id for a in args.posonlyargs + args.args + args.kwonlyargs)
 
 
 def _selects_items(test: ast.AST, around: list) -> bool:

@@ -23,7 +23,7 @@ from matlint.semantic.steps import per_step
 from .advice import (created_on_device, fill_message, numpy_message, range_message, repeated_message, sample_message,
                      sampler_input, sampler_message, sizes_message)
 from .factories import (FILLS, FROM_DATA, RANDOM, carried_to_move, host_attribute, computed_number, device_target, exact_on_device,
-                        has_mover_helpers, helper_made, host_made, INDEX_FACTORIES, NUMPY_INDEX_FACTORIES, NUMPY_INDEX_TRICKS, indexed_tensors, is_constant_data, moved_expression,
+                        has_mover_helpers, helper_made, host_made, index_binding, INDEX_FACTORIES, NUMPY_INDEX_FACTORIES, NUMPY_INDEX_TRICKS, indexed_tensors, is_constant_data, moved_expression,
                         is_device, is_false, legacy_sizes, module_constant, one_value, range_data, repeated_number, round_trip_source, set_once_attribute,
                         same_values_on_device, takes_device,
                         torch_factory, unwrapped)
@@ -456,8 +456,8 @@ class TensorCreationInLoop(Rule):
         found = indexed_tensors(ctx, node)
         if not found or not moves_work_to_cuda(ctx):
             return
-        named = isinstance(ctx.parent, ast.Assign)  # `index = torch.randint(...)`, read as an index
-        others = [] if named else [
+        binding = index_binding(ctx, node)  # `index = torch.randint(...)`, read as an index
+        others = [] if binding is not None else [
             sub for sub in ast.walk(found[0][1].slice) if isinstance(sub, ast.Call) and sub is not node
             and (torch_factory(ctx, sub) or ("",))[0] in INDEX_FACTORIES and not any(k.arg == "device" for k in sub.keywords)]
         if any((o.lineno, o.col_offset) < (node.lineno, node.col_offset) for o in others):
@@ -492,12 +492,12 @@ class TensorCreationInLoop(Rule):
                    else f"create it with `torch.{name}(..., device={device})`" if numpy
                    else f"create it with `device={device}`")
         also = f" (and {len(others)} more in this subscript)" if others else ""
-        if not named:
+        if binding is None:
             self.report(node, f"`{maker}` makes an index on the host{also} for "
                               f"{_shown(ctx, indexed)}a tensor of the device when the model runs there, so it is "
                               f"copied there on every {self._step.where}; {instead}", fix=fix)
             return
-        index = ctx.parent.targets[0].id
+        index = binding.targets[0].id
         for number, (indexed, subscript) in enumerate(found):
             self.report(subscript, f"`{index}`, made on the host by `{maker}` on line "
                                    f"{node.lineno}, indexes {_shown(ctx, indexed)}a tensor of the device when "

@@ -768,15 +768,33 @@ def indexed_tensors(ctx, node: ast.Call) -> list:
     what it indexes as a tensor not known to be on the CPU, or it is what a module computes;
     else empty."""
     parents = ctx.parents
-    statement = parents[-1] if parents else None
-    if not (isinstance(statement, ast.Assign) and statement.value is node and len(statement.targets) == 1
-            and isinstance(statement.targets[0], ast.Name)):
+    statement = index_binding(ctx, node)
+    if statement is None:
         found = _indexed_from(ctx, node, reversed(parents))
         return [found] if found is not None else []
     flow = flow_of(ctx, ctx.scope)
     uses = flow.uses(statement) if statement in flow.parent else []
     found = [_indexed_from(ctx, use, flow.enclosing(use)) for use in uses]
     return found if found and all(found) else []
+
+
+def index_binding(ctx, node: ast.Call) -> Optional[ast.Assign]:
+    """The assignment of `node` to one name, as it is or with reshapes and casts written on it
+    (`index = torch.randint(n, (m,))`, `batch_idx = torch.arange(n).long()`); None where the
+    index is not bound to a name."""
+    top = node
+    for parent in reversed(ctx.parents):
+        if isinstance(parent, ast.Attribute) and parent.value is top and parent.attr in _INDEX_RESHAPES:
+            continue
+        if isinstance(parent, ast.Call) and isinstance(parent.func, ast.Attribute) and parent.func.value is top \
+                and parent.func.attr in _INDEX_RESHAPES:
+            top = parent
+            continue
+        if isinstance(parent, ast.Assign) and parent.value is top and len(parent.targets) == 1 \
+                and isinstance(parent.targets[0], ast.Name):
+            return parent
+        return None
+    return None
 
 
 def _indexed_from(ctx, node: ast.AST, ancestors) -> Optional[tuple]:
