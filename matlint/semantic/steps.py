@@ -1385,7 +1385,7 @@ def _called_definition(ctx, calls, func: ast.AST) -> Optional[ast.AST]:
         if func.id in calls.module_functions and not ctx.names.binds_locally(func.id):
             return calls.module_functions[func.id]
         found = imported_function(ctx, func)
-        return found[0] if found is not None else None
+        return found[0] if found is not None else _made_function(ctx, calls, func.id)
     if not isinstance(func, ast.Attribute):
         return None
     owner = dotted(func.value)
@@ -1399,6 +1399,24 @@ def _called_definition(ctx, calls, func: ast.AST) -> Optional[ast.AST]:
         return calls.methods.get(id(cls), {}).get(func.attr)
     found = _callee_definition(ctx, calls, func)
     return found[0] if found is not None else None  # `utils.train_step(...)`, `agent.update(...)`
+
+
+def _made_function(ctx, calls, name: str) -> Optional[ast.AST]:
+    """The nested function that `name` is bound to, once, by a call of a function of the file that
+    defines it and returns it (`tuning_step = make_tuning_step(model, optimizer)`): a step
+    function made by a factory."""
+    made = _assigned_values(ctx).get(name, [])
+    if len(made) != 1 or not isinstance(made[0], ast.Call) or not isinstance(made[0].func, ast.Name):
+        return None
+    factory = calls.module_functions.get(made[0].func.id)
+    if factory is None:
+        return None
+    nested = {s.name: s for s in factory.body if isinstance(s, (ast.FunctionDef, ast.AsyncFunctionDef))}
+    returned = [n.value for stmt in factory.body if not isinstance(stmt, _SCOPES)
+                for n in walk_no_scopes(stmt) if isinstance(n, ast.Return)]
+    if len(returned) == 1 and isinstance(returned[0], ast.Name) and returned[0].id in nested:
+        return nested[returned[0].id]
+    return None
 
 
 def epoch_loop(ctx, loop: LoopInfo) -> bool:
