@@ -279,7 +279,7 @@ class _StepLoops:
             if not (in_body and (trains_in(parent.body) or guards_empty_selection(self.ctx, parent)
                                  or _selects_items(parent.test, chain[:chain.index(parent)]))) \
                     and not configuration_test(self.ctx, function, parent.test, self.ctx.class_) \
-                    and not _presence_test(parent.test, function):
+                    and not _presence_test(parent, function):
                 # not every call runs it; a branch that trains (`if tune_alpha: ... step()`) is the
                 # step, the body of `if mask.sum() > 0:` the usual path, and a branch of a
                 # configuration switch (`if FIXED_ALPHA is None:` / `else:`) runs on every step
@@ -373,18 +373,16 @@ class _StepLoops:
         return False
 
 
-def _presence_test(test: ast.AST, function: ast.AST) -> bool:
-    """`if loss:`, `if loss is not None:`, `if loss is None:` of a parameter of the function: a test
-    of whether the caller passed the value (a logging helper's optional losses), whose branches run
-    on every step that passes one."""
-    if isinstance(test, ast.UnaryOp) and isinstance(test.op, ast.Not):
-        test = test.operand
-    if isinstance(test, ast.Compare) and len(test.ops) == 1 and isinstance(test.ops[0], (ast.Is, ast.IsNot)) \
-            and isinstance(test.comparators[0], ast.Constant) and test.comparators[0].value is None:
-        test = test.left
+def _presence_test(branch: ast.If, function: ast.AST) -> bool:
+    """`if loss: log(loss.item())` of a parameter of the function that the branch then reads: a
+    logging helper's test of whether the caller passed an optional value, whose branch runs on
+    every step that passes one (`configuration_test` takes `if loss is not None:` so). A flag
+    the branch does not read (`if done: self.reset()`) is data of the call."""
+    test = branch.test
     args = function.args
     return isinstance(test, ast.Name) and any(
-        a.arg == test.id for a in args.posonlyargs + args.args + args.kwonlyargs)
+        a.arg == test.id for a in args.posonlyargs + args.args + args.kwonlyargs) and any(
+        isinstance(n, ast.Name) and n.id == test.id for stmt in branch.body for n in ast.walk(stmt))
 
 
 def _selects_items(test: ast.AST, around: list) -> bool:
