@@ -187,6 +187,20 @@ def test_a_change_to_an_imported_project_module_invalidates_the_importing_file(t
     assert codes() == ["MAT401", "MAT502"]
 
 
+def test_a_project_helper_that_copies_its_argument_to_the_cpu_is_reported_where_the_step_calls_it(tmp_path):
+    """utils.py's `save_image` copies the image with `.to("cpu")` on every call, before its own
+    test of whether to save: each step's call waits for the device."""
+    write(tmp_path / "pyproject.toml", "[tool.matlint]\n")
+    write(tmp_path / "train.py", TRAIN.replace("from utils import accuracy", "import utils")
+          .replace("acc = accuracy(out, y)", "utils.save_image(out, 10)"))
+    write(tmp_path / "utils.py", "def save_image(img, every):\n    pixels = img.to('cpu').numpy()\n"
+                                 "    if every > 100:\n        print(pixels)\n")
+    found = [(f["location"]["row"], f["message"]) for f in _report(tmp_path)
+             if f["filename"].endswith("train.py") and f["code"] == "MAT502"]
+    assert [(line, "whose `.to('cpu')` on line 2 of utils.py runs on every call" in message)
+            for line, message in found] == [(11, True)], found
+
+
 def test_a_helper_module_that_never_names_torch_is_linted_for_what_its_importers_pass(tmp_path):
     """logger.py imports nothing of torch; train.py hands it a device loss on every step, and its
     `.item()` is that step's host sync. (The project sits two folders down: the importers of a

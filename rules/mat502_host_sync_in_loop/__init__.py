@@ -164,8 +164,8 @@ def _self_attribute(expr: ast.AST, attr: str) -> bool:
 
 
 def _unconditional_sync(function: ast.AST) -> Optional[ast.Call]:
-    """The first `.item()` / `.cpu()` / `.tolist()` that every call of `function` runs (not under
-    an `if`, a loop or a `try`)."""
+    """The first `.item()` / `.cpu()` / `.tolist()` / `.to("cpu")` that every call of `function`
+    runs (not under an `if`, a loop or a `try`)."""
     stack = list(reversed(function.body))
     while stack:
         stmt = stack.pop()
@@ -175,8 +175,9 @@ def _unconditional_sync(function: ast.AST) -> Optional[ast.Call]:
                 stack.extend(reversed(stmt.body))
             continue
         for node in ast.walk(stmt):
-            if (isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute)
-                    and node.func.attr in ("item", "cpu", "tolist") and not node.args):
+            if isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute) and (
+                    node.func.attr in ("item", "cpu", "tolist") and not node.args
+                    or node.func.attr == "to" and _is_cpu_target(node)):
                 return node
     return None
 
@@ -689,7 +690,8 @@ class HostSyncInLoop(_StepLoops, _HostReads, Rule):
         if sync is None:
             return
         where = os.path.relpath(path, os.path.dirname(os.path.abspath(self.ctx.filename)))
-        self._report(call, f"`{self.ctx.segment(call.func)}()`, whose `.{sync.func.attr}()` on line {sync.lineno} of "
+        spelled = ", ".join([ast.unparse(a) for a in sync.args] + [ast.unparse(k) for k in sync.keywords])
+        self._report(call, f"`{self.ctx.segment(call.func)}()`, whose `.{sync.func.attr}({spelled})` on line {sync.lineno} of "
                            f"{where} runs on every call,",
                      "have it return the tensor and convert once after the loop, or call it every N steps")
 
