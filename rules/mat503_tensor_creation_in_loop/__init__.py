@@ -15,10 +15,11 @@ from typing import Optional
 from matlint.diagnostics import Fix
 from matlint.rule import Only, Rule
 
-from matlint.semantic.kinds import MODULE_CLASS, TENSOR, TYPED_TENSORS, cuda_tensor_type, kind_of, module_output
+from matlint.semantic.kinds import (MODULE_CLASS, TENSOR, TYPED_TENSORS, class_attribute_values, cuda_tensor_type, kind_of,
+                                    module_output)
 from matlint.semantic.project import moves_work_to_cuda
 from matlint.semantic.names import in_test_code
-from matlint.semantic.steps import per_step
+from matlint.semantic.steps import per_step, step_functions
 
 from .advice import (created_on_device, fill_message, numpy_message, range_message, repeated_message, sample_message,
                      sampler_input, sampler_message, sizes_message)
@@ -117,7 +118,10 @@ class TensorCreationInLoop(Rule):
       attribute: `self.alphas = 1. - self.betas`) moved in a method that runs every step
       (`self.sqrt_alphas.to(x.device)[t]` in `add_noise`): move it to the device once. A move
       stored back into the attribute (`self.pe = self.pe.to(x.device)`, a cache) and a tensor
-      moved in the set-up stay quiet;
+      moved in the set-up stay quiet. An attribute that a method run every step fills on the
+      host (`self.hidden = torch.zeros(n, h)` in `init_hidden`, called from the training step)
+      and another such method copies to the device is made and copied on every step: reported
+      at the fill;
     - an index made on the host (`torch.arange`, `torch.randint`, `torch.randperm` without
       `device=`, or numpy's `np.arange`, `np.random.randint`, `np.random.permutation`; as it
       is, reshaped: `q[torch.arange(b)[:, None], idx]`, or through a name read only as an
@@ -274,6 +278,10 @@ class TensorCreationInLoop(Rule):
                                every_call_if=has_mover_helpers),
             "visit_Subscript": Only(if_file=_names_numpy_index_maker)}
 
+    def __init__(self, ctx, options: Optional[dict] = None):
+        super().__init__(ctx, options)
+        self.remade: set = set()  # ids of the factories `_remade_every_step` reported
+
     def visit_Call(self, node: ast.Call) -> None:
         ctx = self.ctx
         func = node.func
@@ -300,6 +308,8 @@ class TensorCreationInLoop(Rule):
             held = host_attribute(ctx, carrier, moved)
             if held is not None:
                 attribute, factory = held
+            elif func.attr in ("cuda", "to") and moved is func.value:
+                self._remade_every_step(node, carrier)
         cuda_type = None if moves or factory is not None or not node.args else cuda_tensor_type(ctx, func)
         if factory is None and cuda_type is None:
             if not moves and ctx.qualname(func) in NUMPY_INDEX_FACTORIES:
@@ -397,6 +407,33 @@ class TensorCreationInLoop(Rule):
                 self._report_invariant(node, node.args[0])
         elif not legacy_sizes(ctx, factory[0], node):  # `torch.FloatTensor(2, 4, device=...)`: sizes
             self._constant(node, node, ctx.segment(device))
+
+    def _remade_every_step(self, node: ast.Call, carrier: ast.AST) -> None:
+        """`self.hidden.cuda()` (`node`) in a method that runs every step, where a method of the
+        class that runs every step too (`init_hidden`, called from the training step) assigns the
+        attribute a fill or a draw made on the host (`self.hidden = torch.zeros(n, h)`): made on
+        the host and copied on every step. Reported at the factory, once."""
+        ctx = self.ctx
+        cls = ctx.class_
+        if not (isinstance(carrier, ast.Attribute) and isinstance(carrier.value, ast.Name) and carrier.value.id == "self"
+                and cls is not None and ctx.function is not None and len(ctx.functions) == 1):
+            return
+        steps = step_functions(ctx)
+        if id(ctx.function) not in steps:
+            return
+        for method, value in class_attribute_values(ctx, cls, carrier.attr):
+            made = torch_factory(ctx, value) if isinstance(value, ast.Call) else None
+            if made is None or id(method) not in steps or id(value) in self.remade:
+                continue
+            name, call = made
+            if name not in FILLS and name not in RANDOM or not takes_device(name, call) or any(
+                    k.arg in ("device", None, "out", "generator") for k in call.keywords):
+                continue
+            self.remade.add(id(value))
+            self.report(value, f"`{ctx.segment(call.func)}(...)` is created on the host every time `{method.name}` "
+                               f"runs, which {steps[id(method)].why}, and `{ctx.function.name}` copies "
+                               f"`self.{carrier.attr}` to the device on line {node.lineno}; create it there with "
+                               f"`device=`")
 
     def _new_from_data(self, node: ast.Call) -> None:
         """`ys.new([eos_id])`, `x.new_tensor([0.5, 2.0])` of a tensor on the device: Python data of the
