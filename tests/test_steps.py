@@ -261,6 +261,48 @@ def _mat502_rows(tmp_path, files: dict, linted: str) -> list:
     return [f.row for f in lint_source(source, str(tmp_path / linted), [get_rule("MAT502")])]
 
 
+_MODEL = """
+    import torch
+    import torch.nn as nn
+
+    class Attention(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.proj = nn.Linear(16, 16)
+        def forward(self, x, mask, lengths):
+            if mask.any().item():
+                x = x.masked_fill(mask, 0.0)
+            packed = nn.utils.rnn.pack_padded_sequence(x, lengths.cpu(), batch_first=True)
+            return self.proj(x), packed
+
+    class Policy(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.net = nn.Linear(4, 2)
+        def get_action(self, state):
+            action = self.net(state).argmax(-1).cpu()
+            return action[0]
+    """
+_MODEL_TRAIN = """
+    import torch
+    from model import Attention
+
+    def train(loader, opt):
+        model = Attention().cuda()
+        for x, mask, lengths in loader:
+            out, _ = model(x.cuda(), mask.cuda(), lengths.cuda())
+            out.sum().backward()
+            opt.step()
+    """
+
+
+def test_syncs_in_a_forward_are_reported_in_a_scripts_project_but_not_what_the_host_needs(tmp_path):
+    """A script project's model runs its `forward` on the project's own training steps: the
+    `.item()` of its mask test is a per-step sync. Lengths handed to `pack_padded_sequence`, and
+    the action a policy's `get_action` returns, are needed on the host."""
+    assert _mat502_rows(tmp_path, {"model.py": _MODEL, "train.py": _MODEL_TRAIN}, "model.py") == [10]
+
+
 _STAR_TRAIN = """
     import torch
     from utils import *

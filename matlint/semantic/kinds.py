@@ -42,7 +42,7 @@ _NOT_TENSOR_FUNCTIONS = {
     "set_default_dtype", "set_default_device", "compile", "save", "load", "Size", "Generator",
     "set_float32_matmul_precision", "get_float32_matmul_precision", "use_deterministic_algorithms",
     "is_grad_enabled", "typename", "broadcast_shapes", "result_type", "promote_types", "can_cast",
-    "finfo", "iinfo", "set_printoptions", "get_rng_state", "set_rng_state", "is_nonzero",
+    "finfo", "iinfo", "set_printoptions", "get_rng_state", "set_rng_state", "is_nonzero", "equal", "allclose",
 }
 _SPLITTING_FUNCTIONS = {"split", "chunk", "tensor_split", "hsplit", "vsplit", "dsplit", "meshgrid",
                         "unravel_index", "where_tuple", "sort", "topk", "max", "min", "median",
@@ -1148,7 +1148,8 @@ class _Inference:
             return NUMPY if attr[:1].islower() else OTHER
         if module in _TENSOR_NAMESPACES and attr[:1].islower():
             if attr in _NOT_TENSOR_FUNCTIONS:
-                return SCALAR if attr in ("is_tensor", "numel", "is_floating_point", "is_complex") else OTHER
+                return SCALAR if attr in ("is_tensor", "numel", "is_floating_point", "is_complex", "is_nonzero",
+                                          "equal", "allclose") else OTHER
             if attr in ("max", "min") and not any(k.arg == "dim" for k in node.keywords):
                 # `torch.max(x)`: a tensor; `torch.min(q1, q2)`: the element-wise one; `torch.max(x, 1)`: a pair
                 operands = [self.expr(a) for a in node.args]

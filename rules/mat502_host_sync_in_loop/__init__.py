@@ -12,7 +12,7 @@ from matlint.rule import Only, Rule
 
 from matlint.semantic import kinds as _kinds
 from matlint.semantic.project import cpu_only_project, cpu_only_script, imported_function
-from matlint.semantic.loops import loaded_names
+from matlint.semantic.loops import bound_names, loaded_names, walk_no_scopes
 from matlint.semantic.kinds import TYPED_TENSORS, cuda_tensor_type
 from matlint.semantic.steps import iterates_loader, loop_trains, repeating_loops, runs_once, samples_with_model, step_loop
 from matlint.semantic.names import in_reference_code, in_test_code
@@ -29,6 +29,8 @@ _MATH_FUNCTIONS = frozenset({"log", "log10", "log2", "log1p", "exp", "expm1", "s
 _MATH_QUALIFIED = frozenset(f"math.{name}" for name in _MATH_FUNCTIONS)
 _TRUTH_BUILTINS = frozenset({"any", "all"})
 _TEXT_CALLS = frozenset({"str", "repr"})  # a tensor made text: its values read on the host
+# torch functions that take some of their arguments as host data (lengths that size the packed batch)
+_HOST_DATA_CALLS = frozenset({"torch.nn.utils.rnn.pack_padded_sequence"})
 _SCALAR_LOGGERS = frozenset({"add_scalar", "add_scalars"})  # tensorboard's, which convert a tensor to a number
 _FORMAT = "format and log every N steps, or accumulate on the device and format after the loop"  # test each item of what they are given as a Python bool
 
@@ -439,11 +441,17 @@ class HostSyncInLoop(_StepLoops, _HostReads, Rule):
       So is a guard that only trips on failure, as it can be checked every N steps: `if
       torch.isnan(loss): break`, or the value past a large literal bound (`if loss_val > 1e4:
       break`, |bound| >= 100).
-    - Syncs in a model's `forward` other than an `assert` (`.item()`, `.tolist()`, `nonzero`,
-      boolean masks, `if t.any():`): models branch on their data and size their outputs by it on
-      purpose (expert routing, variable lengths), and the rule cannot tell a needed sync from a
-      wasted one there. A loss module's `forward` is reported: it runs once per training step,
-      and its syncs (box matching through masks, counts read on the host) can stay on the device.
+    - In a library's tree (more than a script project's files), syncs in a model's `forward`
+      other than an `assert` (`.item()`, `.tolist()`, `nonzero`, boolean masks, `if t.any():`):
+      a library's models serve callers it does not know, branch on their data and size their
+      outputs by it on purpose (expert routing, variable lengths), and the rule cannot tell a
+      needed sync from a wasted one there. In a script's project the model's `forward` runs on
+      the project's own steps, and its syncs are reported as a step's. A loss module's `forward`
+      is reported everywhere: it runs once per training step, and its syncs (box matching
+      through masks, counts read on the host) can stay on the device.
+    - What a method that runs the model returns (`return action.detach().cpu()` in a policy's
+      `get_action`): its caller asked for the value on the host. Data handed to a torch function
+      that takes it on the host (`pack_padded_sequence(x, lengths.cpu())`).
       So is `int(self.queue_ptr)` (or `.item()`) of a buffer that the module registers in its
       set-up and only ever fills with Python numbers it computes (`self.queue_ptr[0] = (ptr + n) %
       K`, or `self.initialized.fill_(1)` under `if self.initialized.item() == 0:`, in the same
@@ -1056,6 +1064,8 @@ class HostSyncInLoop(_StepLoops, _HostReads, Rule):
         is. `waits`: what the sync does."""
         if cpu_only_script(self.ctx) or cpu_only_project(self.ctx):
             return  # the program never leaves the CPU: there is no device to wait for
+        if self._given_to_host_api(node) or self._routes(node):
+            return
         loop = step_loop(self.ctx)
         if loop is None:
             where = self._in_step_function(node)
@@ -1080,6 +1090,45 @@ class HostSyncInLoop(_StepLoops, _HostReads, Rule):
             found = self._statements[key] = _Statement(statement, what, detail, waits, where, instead)
         found.syncs.append((node, self._value_text(value) if value is not None else None,
                             fix() if fix is not None else None))
+
+    def _given_to_host_api(self, node: ast.AST) -> bool:
+        """The copy is an argument of a torch function that takes that data on the host
+        (`pack_padded_sequence(x, lengths.cpu())`, `lengths=lengths.tolist()`): it needs it there."""
+        current = node
+        for parent in reversed(self.ctx.parents):
+            if isinstance(parent, ast.keyword):
+                current = parent
+                continue
+            if isinstance(parent, ast.Call) and current is not parent.func:
+                return self.ctx.qualname(parent.func) in _HOST_DATA_CALLS and (
+                    any(a is current for a in parent.args) or any(k is current for k in parent.keywords))
+            if not self._carries_value(parent, current):
+                return False
+            current = parent
+        return False
+
+    def _routes(self, node: ast.AST) -> bool:
+        """The sync is part of a loop that routes to modules: the loop around it, or the loop that
+        goes over the name its value is bound to (`experts = torch.unique(idx)`, then `for e in
+        experts:`), calls a module it picks out of a container by a name the loop binds
+        (`expert_id = int(e.item())`, then `self.experts[expert_id](x)`). Expert routing sizes
+        and picks its work by the data on purpose."""
+        function = self.ctx.function
+        if function is None:
+            return False
+        loops = [p for p in self.ctx.parents if isinstance(p, (ast.For, ast.AsyncFor)) and _inside(p, function)]
+        statement = self.ctx.statement()
+        if isinstance(statement, ast.Assign) and len(statement.targets) == 1 and isinstance(statement.targets[0], ast.Name):
+            name = statement.targets[0].id
+            loops += [n for n in walk_no_scopes(function) if isinstance(n, (ast.For, ast.AsyncFor))
+                      and isinstance(n.iter, ast.Name) and n.iter.id == name and n.lineno > statement.lineno]
+        for loop in loops:
+            bound = set().union(bound_names(loop.target), *(bound_names(t) for n in walk_no_scopes(loop)
+                                                            if isinstance(n, ast.Assign) for t in n.targets))
+            if any(isinstance(n, ast.Call) and isinstance(n.func, ast.Subscript) and isinstance(n.func.slice, ast.Name)
+                   and n.func.slice.id in bound for n in walk_no_scopes(loop)):
+                return True
+        return False
 
     def _value_text(self, value: ast.AST) -> str:
         text = " ".join(self.ctx.segment(value).split())

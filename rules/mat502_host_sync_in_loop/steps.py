@@ -12,7 +12,8 @@ from matlint.semantic.flow import nearby_comments
 from matlint.semantic.tree import function_text
 from matlint.semantic.loops import LoopInfo, identifier as _identifier, loaded_names, name_tokens, walk_no_scopes
 from matlint.semantic.names import in_reference_code, in_test_code
-from matlint.semantic.project import file_moves_to_cuda, imported_by_cuda_code, imported_paths, moves_work_to_cuda
+from matlint.semantic.project import (file_moves_to_cuda, imported_by_cuda_code, imported_paths, in_script_project,
+                                      moves_work_to_cuda)
 from matlint.semantic.steps import (GATE_NAME as _GATE_NAME, STEP_HOOKS, calls_a_step_method, configuration_test,
                                    guards_empty_selection, passed_to_steps, step_functions, step_loop, step_of,
                                    steps_from_importers, trains_in)
@@ -53,8 +54,8 @@ _LEAVES_LOOP = (ast.Break, ast.Return)
 
 def _returned(chain: list, node: ast.AST, function: ast.AST) -> bool:
     """The sync makes what `function` returns: it is in a `return` (`return a.cpu().numpy()`), or
-    its statement binds a name that a `return` gives back as it is, alone or in a tuple
-    (`action = a.item()`, then `return action, value`)."""
+    its statement binds a name that a `return` gives back as it is or indexed, alone or in a
+    tuple (`action = a.item()`, then `return action, value`; `return action[0]`)."""
     if any(isinstance(p, ast.Return) for p in chain):
         return True
     statement = next((p for p in reversed(chain) if isinstance(p, ast.stmt)), None)
@@ -65,6 +66,7 @@ def _returned(chain: list, node: ast.AST, function: ast.AST) -> bool:
     for n in ast.walk(function):  # `return action`, `return action, probs, value`
         if isinstance(n, ast.Return) and n.value is not None:
             parts = n.value.elts if isinstance(n.value, ast.Tuple) else [n.value]
+            parts = [p.value if isinstance(p, ast.Subscript) else p for p in parts]
             if any(isinstance(p, ast.Name) and p.id == name for p in parts):
                 return True
     return False
@@ -231,7 +233,8 @@ class _StepLoops:
         """The step loop around the node, else the step that the function around it runs in (a
         training step, a step hook, a helper the step calls), else None. `in_forward`: a module's
         `forward` (and what it calls) counts too, wherever the file puts its tensors (for a check
-        that is no part of the computation: an `assert`)."""
+        that is no part of the computation: an `assert`); in a script's project it counts for
+        every sync."""
         loop = step_loop(self.ctx)
         if loop is not None:
             return loop
@@ -239,6 +242,11 @@ class _StepLoops:
             return None
         if in_forward and _kinds.may_mention(self.ctx, "forward"):
             return step_of(self.ctx, self.ctx.functions)
+        if in_script_project(self.ctx) and _kinds.may_mention(self.ctx, "forward"):
+            # a script's project runs its model's `forward` on its own steps
+            step = step_of(self.ctx, self.ctx.functions)
+            if step is not None and step.forward and (moves_work_to_cuda(self.ctx) or imported_by_cuda_code(self.ctx)):
+                return step
         loss = _kinds.may_mention(self.ctx, "loss", ignore_case=True) and _kinds.may_mention(self.ctx, "forward")
         if not loss and not _kinds.may_mention(self.ctx, "backward") and not any(
                 _kinds.may_mention(self.ctx, hook) for hook in STEP_HOOKS) and not passed_to_steps(self.ctx) \
@@ -286,8 +294,10 @@ class _StepLoops:
                 return None
         if self._explained(node) or in_reference_code(self.ctx):
             return None
-        if step.feeds_host and _returned(chain, node, function):
-            return None  # the caller hands the value to host code that needs it (an environment)
+        if (step.feeds_host or step.forward and function.name != "forward") and _returned(chain, node, function):
+            # the caller hands the value to host code that needs it (an environment), or asked a
+            # method that runs the model (`get_action`) for it on the host
+            return None
         return f"on every step: `{function.name}` {step.why}"
 
     def _explained(self, node: ast.AST) -> bool:
