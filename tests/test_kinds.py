@@ -502,8 +502,11 @@ def test_a_parameter_takes_the_kind_that_the_importing_files_pass_and_an_importe
         """))
     source = (tmp_path / "logger.py").read_text()
     found = lint_source(source, str(tmp_path / "logger.py"), [get_rule("MAT502")])
-    assert [(f.row, f.column) for f in found] == [(8, 12)]
+    # `if loss:` tests the tensor's value; its branch reads the loss it tested, on every step
+    # that passes one
+    assert [(f.row, f.column) for f in found] == [(8, 12), (9, 44)]
     assert "`bool()` of `loss`" in found[0].message and "called from the training loop" in found[0].message
+    assert "`.item()` of `loss`" in found[1].message
     # The same importer on the CPU: no device to wait for.
     (tmp_path / "main.py").write_text((tmp_path / "main.py").read_text().replace(", device=device", ""))
     assert lint_source(source, str(tmp_path / "logger.py"), [get_rule("MAT502")]) == []
