@@ -293,14 +293,20 @@ _MODEL_TRAIN = """
             out, _ = model(x.cuda(), mask.cuda(), lengths.cuda())
             out.sum().backward()
             opt.step()
+
+    if __name__ == "__main__":
+        train(None, None)
     """
 
 
-def test_syncs_in_a_forward_are_reported_in_a_scripts_project_but_not_what_the_host_needs(tmp_path):
-    """A script project's model runs its `forward` on the project's own training steps: the
-    `.item()` of its mask test is a per-step sync. Lengths handed to `pack_padded_sequence`, and
-    the action a policy's `get_action` returns, are needed on the host."""
+def test_syncs_in_a_forward_are_reported_where_a_training_program_runs_the_model(tmp_path):
+    """A program that imports the model and trains it on the GPU runs its `forward` on every step:
+    the `.item()` of its mask test is a per-step sync. Lengths handed to `pack_padded_sequence`,
+    and the action a policy's `get_action` returns, are needed on the host. Imported by a module
+    that is no program (a library's trainer), the forward stays exempt."""
     assert _mat502_rows(tmp_path, {"model.py": _MODEL, "train.py": _MODEL_TRAIN}, "model.py") == [10]
+    library_trainer = textwrap.dedent(_MODEL_TRAIN).split("if __name__")[0]
+    assert _mat502_rows(tmp_path, {"model.py": _MODEL, "train.py": library_trainer}, "model.py") == []
 
 
 _STAR_TRAIN = """

@@ -184,6 +184,37 @@ def imported_by_cuda_code(ctx) -> bool:
     return found
 
 
+_BACKWARD_CALL = re.compile(r"\.backward\(")
+
+
+def imported_by_training_code(ctx) -> bool:
+    """A program that imports the file being linted (it has an `if __name__ == "__main__":` block
+    or a loop at module level) trains on a CUDA device (calls `.backward(` and moves work there):
+    the models the file defines run on that program's steps. A library's trainer module, which
+    imports every model of the library, is no program."""
+    found = ctx.shared.get("imported_by_training_code")
+    if found is None:
+        found = ctx.shared["imported_by_training_code"] = any(
+            _trains_on_cuda(text) for text in importer_texts(ctx).values())
+    return found
+
+
+_PROGRAM = re.compile(r"^(?:if[ \t]+__name__[ \t]*==|for[ \t]|while[ \t])", re.M)
+
+
+def _trains_on_cuda(text: Optional[str]) -> bool:
+    return text is not None and _BACKWARD_CALL.search(text) is not None and _PROGRAM.search(text) is not None \
+        and names_cuda_work(text)
+
+
+def _read(path: str) -> Optional[str]:
+    try:
+        with open(path, encoding="utf-8", errors="replace") as handle:
+            return handle.read()
+    except OSError:
+        return None
+
+
 def file_moves_to_cuda(path: str) -> bool:
     """The project file at `path` (a trainer that a script hands its step function, a module
     that picks the device) moves work to a CUDA device. Read once per process while the file is
@@ -192,11 +223,8 @@ def file_moves_to_cuda(path: str) -> bool:
 
 
 def _names_cuda_work_in(path: str) -> bool:
-    try:
-        with open(path, encoding="utf-8", errors="replace") as handle:
-            return names_cuda_work(handle.read())
-    except OSError:
-        return False
+    text = _read(path)
+    return text is not None and names_cuda_work(text)
 
 
 def while_unchanged(cache: dict, path: str, compute, missing=None):
@@ -225,11 +253,7 @@ def importer_texts(ctx) -> dict:
     if found is None:
         found = ctx.shared["importer_texts"] = {}
         for path in importers(ctx.filename):
-            try:
-                with open(path, encoding="utf-8", errors="replace") as handle:
-                    found[path] = handle.read()
-            except OSError:
-                found[path] = None
+            found[path] = _read(path)
     return found
 
 

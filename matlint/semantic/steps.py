@@ -55,6 +55,9 @@ class Step(NamedTuple):
     feeds_host: bool = False
     # the project file whose step runs it, where only a file that imports this one does
     from_file: Optional[str] = None
+    # a method that runs its module's forward and hands back what the model computed (a policy's
+    # `get_action`, a `predict`): what it returns, its caller asked for
+    runs_model: bool = False
 
 
 def _trains(nodes) -> tuple:
@@ -483,7 +486,7 @@ def step_functions(ctx) -> dict:
                                        False, True)
         elif (_module_method(calls, function) and not runs_once(function.name)
               and _spells_forward_call(ctx, function) and _runs_forward(function)):
-            found[id(function)] = Step("runs the module's `forward`", False, True)
+            found[id(function)] = Step("runs the module's `forward`", False, True, runs_model=True)
     for closure in closures:
         found.setdefault(id(closure), Step("is the closure an optimizer's `step` evaluates, every step", True))
     for function, step, _ in passed_to_steps(ctx):

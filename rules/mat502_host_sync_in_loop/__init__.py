@@ -441,12 +441,14 @@ class HostSyncInLoop(_StepLoops, _HostReads, Rule):
       So is a guard that only trips on failure, as it can be checked every N steps: `if
       torch.isnan(loss): break`, or the value past a large literal bound (`if loss_val > 1e4:
       break`, |bound| >= 100).
-    - In a library's tree (more than a script project's files), syncs in a model's `forward`
-      other than an `assert` (`.item()`, `.tolist()`, `nonzero`, boolean masks, `if t.any():`):
-      a library's models serve callers it does not know, branch on their data and size their
+    - Syncs in a model's `forward` other than an `assert` (`.item()`, `.tolist()`, `nonzero`,
+      boolean masks, `if t.any():`), unless a program that trains on the GPU runs that model (the
+      file itself, or a program that imports it: a file with an `if __name__ == "__main__":`
+      block or a loop at module level that calls `.backward(` and moves work to CUDA). A
+      library's models serve callers it does not know, branch on their data and size their
       outputs by it on purpose (expert routing, variable lengths), and the rule cannot tell a
-      needed sync from a wasted one there. In a script's project the model's `forward` runs on
-      the project's own steps, and its syncs are reported as a step's. A loss module's `forward`
+      needed sync from a wasted one there; where the project's own training program runs the
+      model, its forward's syncs are that program's per-step costs. A loss module's `forward`
       is reported everywhere: it runs once per training step, and its syncs (box matching
       through masks, counts read on the host) can stay on the device.
     - What a method that runs the model returns (`return action.detach().cpu()` in a policy's

@@ -10,10 +10,10 @@ from typing import Optional
 from matlint.semantic import kinds as _kinds
 from matlint.semantic.flow import nearby_comments
 from matlint.semantic.tree import function_text
-from matlint.semantic.loops import LoopInfo, identifier as _identifier, loaded_names, name_tokens, walk_no_scopes
+from matlint.semantic.loops import LoopInfo, file_trains, identifier as _identifier, loaded_names, name_tokens, walk_no_scopes
 from matlint.semantic.names import in_reference_code, in_test_code
-from matlint.semantic.project import (file_moves_to_cuda, imported_by_cuda_code, imported_paths, in_script_project,
-                                      moves_work_to_cuda)
+from matlint.semantic.project import (file_moves_to_cuda, imported_by_cuda_code, imported_by_training_code,
+                                      imported_paths, moves_work_to_cuda)
 from matlint.semantic.steps import (GATE_NAME as _GATE_NAME, STEP_HOOKS, calls_a_step_method, configuration_test,
                                    guards_empty_selection, passed_to_steps, step_functions, step_loop, step_of,
                                    steps_from_importers, trains_in)
@@ -233,8 +233,8 @@ class _StepLoops:
         """The step loop around the node, else the step that the function around it runs in (a
         training step, a step hook, a helper the step calls), else None. `in_forward`: a module's
         `forward` (and what it calls) counts too, wherever the file puts its tensors (for a check
-        that is no part of the computation: an `assert`); in a script's project it counts for
-        every sync."""
+        that is no part of the computation: an `assert`); where a program that trains on the GPU
+        runs the model (the file, or a file that imports it), it counts for every sync."""
         loop = step_loop(self.ctx)
         if loop is not None:
             return loop
@@ -242,10 +242,11 @@ class _StepLoops:
             return None
         if in_forward and _kinds.may_mention(self.ctx, "forward"):
             return step_of(self.ctx, self.ctx.functions)
-        if in_script_project(self.ctx) and _kinds.may_mention(self.ctx, "forward"):
-            # a script's project runs its model's `forward` on its own steps
+        if _kinds.may_mention(self.ctx, "forward") and (
+                file_trains(self.ctx) and moves_work_to_cuda(self.ctx) or imported_by_training_code(self.ctx)):
+            # a program that trains on the GPU runs its model's `forward` on its own steps
             step = step_of(self.ctx, self.ctx.functions)
-            if step is not None and step.forward and (moves_work_to_cuda(self.ctx) or imported_by_cuda_code(self.ctx)):
+            if step is not None and step.forward:
                 return step
         loss = _kinds.may_mention(self.ctx, "loss", ignore_case=True) and _kinds.may_mention(self.ctx, "forward")
         if not loss and not _kinds.may_mention(self.ctx, "backward") and not any(
@@ -294,7 +295,7 @@ class _StepLoops:
                 return None
         if self._explained(node) or in_reference_code(self.ctx):
             return None
-        if (step.feeds_host or step.forward and function.name != "forward") and _returned(chain, node, function):
+        if (step.feeds_host or step.runs_model) and _returned(chain, node, function):
             # the caller hands the value to host code that needs it (an environment), or asked a
             # method that runs the model (`get_action`) for it on the host
             return None
