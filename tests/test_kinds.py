@@ -70,6 +70,19 @@ def test_a_tensor_moved_to_the_cpu_under_its_own_name_is_a_host_tensor():
         """) == ["cpu_tensor", "cpu_tensor"]
 
 
+def test_pythons_sum_and_abs_of_tensors_are_tensors():
+    assert kinds("""
+        import torch
+        def f(params, losses, n):
+            for p in params:
+                p = p.cuda()
+            reveal(sum(p.grad.norm() ** 2 for p in params))
+            reveal(abs(torch.zeros(3)))
+            reveal(sum(n for n in range(3)))
+            reveal(abs(n))
+        """) == ["tensor", "cpu_tensor", "None", "None"]
+
+
 def test_a_move_to_another_tensors_device_follows_that_tensor():
     assert kinds("""
         import torch

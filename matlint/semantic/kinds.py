@@ -840,6 +840,13 @@ class _Inference:
         if isinstance(func, ast.Name):
             if func.id in ("list", "tuple", "sorted", "map", "filter"):
                 return LIST
+            if func.id in ("sum", "abs") and node.args and not ctx.names.binds_locally(func.id):
+                # `sum(p.grad.norm() ** 2 for p in params)`, `abs(t)`: a tensor of tensors
+                arg = node.args[0]
+                item = arg.elt if func.id == "sum" and isinstance(arg, (ast.GeneratorExp, ast.ListComp)) else \
+                    arg if func.id == "abs" else None
+                if item is not None and self.expr(item) in (TENSOR, CPU_TENSOR):
+                    return self.expr(item)
             if func.id in ("len", "int", "float", "bool", "str", "round", "sum", "abs", "max", "min",
                            "isinstance", "hasattr", "repr"):
                 return SCALAR if func.id not in ("sum", "abs", "max", "min") else None
