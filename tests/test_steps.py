@@ -79,6 +79,32 @@ def test_what_a_training_or_batch_loop_calls_runs_every_step():
                  "is called from the training loop on line 8"]
 
 
+def test_a_loop_that_moves_its_items_calls_its_helpers_on_every_pass_even_under_a_branch():
+    """An evaluation loop nested in the training loop under a periodic test: each pass moves an
+    example to the device and scores it. A loop that stops after a few items is a preview."""
+    assert steps("""
+        import torch
+        def score(tokens, logits):
+            reveal()
+        def preview(tokens):
+            reveal()
+        def train(model, loader, opt, examples, device):
+            for step, (x, y) in enumerate(loader):
+                model(x.to(device), y.to(device)).backward()
+                opt.step()
+                if step % 250 == 0:
+                    for example in examples:
+                        tokens = example.to(device)
+                        score(tokens, model(tokens))
+                    count = 0
+                    for example in examples:
+                        count += 1
+                        preview(example.to(device))
+                        if count == 2:
+                            break
+        """) == ["is called from the loop over batches on line 12", "None"]
+
+
 def test_hooks_and_a_modules_forward_run_every_step():
     assert steps("""
         import torch.nn as nn

@@ -531,16 +531,21 @@ def _step_at(ctx, found: dict, site, where: str = "") -> Optional[Step]:
     """The Step of what `site` calls, when it runs on every step: called from a function of
     `found` (the step functions of its file) on every call of it, or from a loop that trains or
     goes over batches. `where`: the caller's file, named when it is not the linted file."""
-    if site.conditional and not (site.functions and _mode_branch(ctx, site)):
-        return None  # `if self.debug: self.log_grads()`: not every step
+    loops = site.loops
     caller = found.get(id(site.functions[-1])) if site.functions else None
+    if site.conditional and not (site.functions and _mode_branch(ctx, site)):
+        if caller is not None or not loops or _tests_around(loops[-1].body, site.call, ()) != ():
+            return None  # `if self.debug: self.log_grads()`: not every step
+        # under a branch outside its loop (`if step % 250 == 0: for ex in examples: score(ex)`):
+        # that loop, where it runs, calls it on every pass; the loops outside the branch do not
+        loops = loops[-1:]
     if caller is not None:
         return Step(f"is called from `{site.functions[-1].name}`{where}, which {caller.why}", caller.training,
                     caller.forward, caller.loss, from_file=caller.from_file)
     calls = file_calls(ctx)
-    loop_step = next((s for s in (_loop_step(loop, calls) for loop in reversed(site.loops)) if s is not None), None)
-    if loop_step is None and site.loops:
-        loop_step = _sampling_step(ctx, site)
+    loop_step = next((s for s in (_loop_step(loop, calls) for loop in reversed(loops)) if s is not None), None)
+    if loop_step is None and loops:
+        loop_step = _step_loop_here(ctx, site, loops)
     if loop_step is not None and where:
         loop_step = loop_step._replace(why=loop_step.why + where)
     if loop_step is not None and _result_to_environment(site):
@@ -548,14 +553,31 @@ def _step_at(ctx, found: dict, site, where: str = "") -> Optional[Step]:
     return loop_step
 
 
-def _sampling_step(ctx, site) -> Optional[Step]:
-    """The Step of a call in a sampling loop (`samples_with_model`, read from the call's function):
-    `scheduler.step(x, eps, t)` after `eps = model(x, t)`, once per iteration."""
+def _step_loop_here(ctx, site, loops: tuple) -> Optional[Step]:
+    """The Step of a call in one of `loops` (read from the call's function) that samples with a
+    model (`scheduler.step(x, eps, t)` after `eps = model(x, t)`) or moves the items it goes over
+    to the device (`tokens = tokens.to(device)` per example): once per iteration."""
     at = Position(ctx, site.functions, site.cls)
-    for loop in reversed(site.loops):
-        if isinstance(loop, (ast.For, ast.AsyncFor, ast.While)) and samples_with_model(at, LoopInfo(loop, at)):
+    for loop in reversed(loops):
+        if not isinstance(loop, (ast.For, ast.AsyncFor, ast.While)):
+            continue
+        info = LoopInfo(loop, at)
+        if samples_with_model(at, info):
             return Step(f"is called from the sampling loop on line {loop.lineno}", False)
+        if _moves_its_items(at, info) and not _stops_after_a_count(info):
+            return Step(f"is called from the loop over batches on line {loop.lineno}", False)
     return None
+
+
+def _stops_after_a_count(loop: LoopInfo) -> bool:
+    """The loop leaves once a counter it keeps reaches a bound (`count += 1`, then `if count ==
+    num_examples: break`): it looks at the first few items, a preview, not a pass over the data."""
+    counters = {node.target.id for node in loop.direct_nodes() if isinstance(node, ast.AugAssign)
+                and isinstance(node.target, ast.Name) and isinstance(node.op, ast.Add)}
+    return bool(counters) and any(
+        isinstance(node, ast.If) and any(isinstance(s, ast.Break) for s in node.body)
+        and isinstance(node.test, ast.Compare) and loaded_names(node.test) & counters
+        for node in loop.direct_nodes())
 
 
 _ARRAY_MODULES = frozenset({"torch", "np", "numpy", "F", "nn"})
