@@ -662,3 +662,32 @@ def test_an_instance_of_a_class_of_the_file_runs_its_methods_where_a_step_loop_c
     single = _AGENT + textwrap.indent(textwrap.dedent(_ENV_LOOP).replace("from agent import Agent\n", ""), "    ")
     assert _reveal_in(tmp_path, {"single.py": single}, "single.py") == [
         "is called from the loop on line 37, which trains on each pass through `agent.learn()`"] * 2
+
+
+def test_a_method_that_calls_an_inherited_training_step_is_one(tmp_path):
+    """`learn` of an agent whose base class, in another project module, holds the optimisation
+    step (`self.take_optimisation_step(...)`: backward and the optimizer's step) is a training
+    step. A method that calls only an inherited helper that does not train is not."""
+    base = """
+        class Base_Agent:
+            def take_optimisation_step(self, optimizer, loss):
+                optimizer.zero_grad()
+                loss.backward()
+                optimizer.step()
+            def log(self, loss):
+                print(loss)
+        """
+    agent = """
+        from base_agent import Base_Agent
+
+        class DQN(Base_Agent):
+            def learn(self, batch):
+                loss = self.compute_loss(batch)
+                self.take_optimisation_step(self.optimizer, loss)
+                reveal()
+            def report(self, loss):
+                self.log(loss)
+                reveal()
+        """
+    assert _reveal_in(tmp_path, {"base_agent.py": base, "dqn.py": agent}, "dqn.py") == [
+        "runs a training step through `take_optimisation_step()`", "None"]

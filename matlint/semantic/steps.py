@@ -487,6 +487,12 @@ def step_functions(ctx) -> dict:
         elif (_module_method(calls, function) and not runs_once(function.name)
               and _spells_forward_call(ctx, function) and _runs_forward(function)):
             found[id(function)] = Step("runs the module's `forward`", False, True, runs_model=True)
+    for function in calls.functions:
+        if id(function) in found or not isinstance(function, (ast.FunctionDef, ast.AsyncFunctionDef)):
+            continue
+        trainer = _training_step_called(ctx, calls, function)
+        if trainer is not None:
+            found[id(function)] = Step(f"runs a training step through `{identifier(trainer.func)}()`", True)
     for closure in closures:
         found.setdefault(id(closure), Step("is the closure an optimizer's `step` evaluates, every step", True))
     for function, step, _ in passed_to_steps(ctx):
@@ -1430,9 +1436,48 @@ def _called_definition(ctx, calls, func: ast.AST) -> Optional[ast.AST]:
             ctx, ctx.function).self_name:
         cls = ctx.class_
     if cls is not None:
-        return calls.methods.get(id(cls), {}).get(func.attr)
+        return calls.methods.get(id(cls), {}).get(func.attr) or _inherited_method(ctx, cls, func.attr)
     found = _callee_definition(ctx, calls, func)
     return found[0] if found is not None else None  # `utils.train_step(...)`, `agent.update(...)`
+
+
+def _training_step_called(ctx, calls, function: ast.AST) -> Optional[ast.Call]:
+    """The call, outside the function's loops, of a method of its class (own or inherited) that is
+    one training step (`self.take_optimisation_step(optimizer, net, loss)`, which calls
+    `.backward()` and the optimizer's `.step()`): the function is that step."""
+    cls = calls.class_of.get(id(function))
+    if cls is None:
+        return None
+    at = None
+    for node in _outside_loops(function.body):
+        if node.__class__ is ast.Call and isinstance(node.func, ast.Attribute) and isinstance(node.func.value, ast.Name) \
+                and node.func.value.id == "self":
+            at = at or Position(ctx, (function,), cls)
+            if runs_a_training_step(at, node):
+                return node
+    return None
+
+
+def _inherited_method(ctx, cls: ast.ClassDef, name: str, depth: int = 0) -> Optional[ast.AST]:
+    """The method `name` that `cls` inherits from a base class of this file or of a project module
+    (`class DQN(Base_Agent)` after `from agents.Base_Agent import Base_Agent`), nearest base first."""
+    if depth > 4:
+        return None
+    for base in cls.bases:
+        if not isinstance(base, ast.Name):
+            continue
+        local = [s for s in ctx.tree.body if isinstance(s, ast.ClassDef) and s.name == base.id]
+        found = (local[0], ctx) if len(local) == 1 and ctx.qualname(base) is None else imported_class(ctx, base)
+        if found is None:
+            continue
+        parent, where = found
+        method = next((m for m in parent.body if isinstance(m, (ast.FunctionDef, ast.AsyncFunctionDef))
+                       and m.name == name), None)
+        if method is None:
+            method = _inherited_method(where, parent, name, depth + 1)
+        if method is not None:
+            return method
+    return None
 
 
 def _made_function(ctx, calls, name: str) -> Optional[ast.AST]:
