@@ -487,7 +487,7 @@ def step_functions(ctx) -> dict:
         elif (_module_method(calls, function) and not runs_once(function.name)
               and _spells_forward_call(ctx, function) and _runs_forward(function)):
             found[id(function)] = Step("runs the module's `forward`", False, True, runs_model=True)
-    for function in calls.functions:
+    for function in calls.functions if in_script_project(ctx) else ():
         if id(function) in found or not isinstance(function, (ast.FunctionDef, ast.AsyncFunctionDef)):
             continue
         trainer = _training_step_called(ctx, calls, function)
@@ -512,7 +512,7 @@ def step_functions(ctx) -> dict:
             # an RL policy's `get_action`, which runs the module's forward: its caller hands the
             # result to an environment
             found[id(function)] = found[id(function)]._replace(feeds_host=True)
-    for function in calls.functions:
+    for function in calls.functions if trains else ():  # an environment's `.step(` among the file's calls
         step = found.get(id(function))
         if step is not None and step.forward and not step.feeds_host and any(
                 (at := _step_at(ctx, found, site)) is not None and at.feeds_host for site in calls.call_sites(function)):
@@ -1449,11 +1449,16 @@ def _training_step_called(ctx, calls, function: ast.AST) -> Optional[ast.Call]:
     if cls is None:
         return None
     at = None
+    trainers = ctx.shared.setdefault("training_step_methods", {})  # (id(class), method name) -> trains
     for node in _outside_loops(function.body):
         if node.__class__ is ast.Call and isinstance(node.func, ast.Attribute) and isinstance(node.func.value, ast.Name) \
                 and node.func.value.id == "self":
-            at = at or Position(ctx, (function,), cls)
-            if runs_a_training_step(at, node):
+            key = (id(cls), node.func.attr)
+            trains = trainers.get(key)
+            if trains is None:
+                at = at or Position(ctx, (function,), cls)
+                trains = trainers[key] = runs_a_training_step(at, node)
+            if trains:
                 return node
     return None
 
