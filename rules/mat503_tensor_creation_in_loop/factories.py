@@ -784,16 +784,26 @@ def index_binding(ctx, node: ast.Call) -> Optional[ast.Assign]:
     index is not bound to a name."""
     top = node
     for parent in reversed(ctx.parents):
-        if isinstance(parent, ast.Attribute) and parent.value is top and parent.attr in _INDEX_RESHAPES:
-            continue
-        if isinstance(parent, ast.Call) and isinstance(parent.func, ast.Attribute) and parent.func.value is top \
-                and parent.func.attr in _INDEX_RESHAPES:
-            top = parent
+        reshaped = _reshaped(parent, top)
+        if reshaped is not None:
+            top = reshaped
             continue
         if isinstance(parent, ast.Assign) and parent.value is top and len(parent.targets) == 1 \
                 and isinstance(parent.targets[0], ast.Name):
             return parent
         return None
+    return None
+
+
+def _reshaped(parent: ast.AST, child: ast.AST) -> Optional[ast.AST]:
+    """What holds the index `child` once `parent`, a reshape or cast of it, is applied
+    (`child.unsqueeze` names the method: still `child`; `child.unsqueeze(1)` is the call), or None
+    where `parent` is something else."""
+    if isinstance(parent, ast.Attribute) and parent.value is child and parent.attr in _INDEX_RESHAPES:
+        return child
+    if isinstance(parent, ast.Call) and isinstance(parent.func, ast.Attribute) and parent.func.value is child \
+            and parent.func.attr in _INDEX_RESHAPES:
+        return parent
     return None
 
 
@@ -809,11 +819,9 @@ def _indexed_from(ctx, node: ast.AST, ancestors) -> Optional[tuple]:
             value = parent.value
             return (value, parent) if (_kinds.kind_of(ctx, value) == _kinds.TENSOR
                                        or _kinds.module_output(ctx, value)) else None
-        if isinstance(parent, ast.Attribute) and parent.value is child and parent.attr in _INDEX_RESHAPES:
-            continue
-        if isinstance(parent, ast.Call) and isinstance(parent.func, ast.Attribute) and parent.func.value is child \
-                and parent.func.attr in _INDEX_RESHAPES:
-            child = parent
+        reshaped = _reshaped(parent, child)
+        if reshaped is not None:
+            child = reshaped
             continue
         if isinstance(parent, ast.Tuple) and any(e is child for e in parent.elts):
             child = parent
