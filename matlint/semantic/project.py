@@ -194,9 +194,28 @@ def imported_by_training_code(ctx) -> bool:
     imports every model of the library, is no program."""
     found = ctx.shared.get("imported_by_training_code")
     if found is None:
-        found = ctx.shared["imported_by_training_code"] = any(
+        found = ctx.shared["imported_by_training_code"] = _training_program_nearby(ctx.filename) and any(
             _trains_on_cuda(text) for text in importer_texts(ctx).values())
     return found
+
+
+def _training_program_nearby(filename: str) -> bool:
+    """Some Python file where an importer of `filename` would sit (`importers`) is a program that
+    trains on a CUDA device: the cheap test, before working out which files import which."""
+    if not filename or not os.path.isfile(filename):
+        return False
+    files = _nearby_python_files(os.path.dirname(os.path.abspath(filename)))
+    if not files:
+        return False
+    key = tuple(files)
+    stats = tuple(_mtime(path) for path in files)
+    cached = _TRAINING_PROGRAMS.get(key)
+    if cached is None or cached[0] != stats:
+        cached = _TRAINING_PROGRAMS[key] = (stats, any(_trains_on_cuda(_read(path)) for path in files))
+    return cached[1]
+
+
+_TRAINING_PROGRAMS: dict = {}  # nearby files -> (their mtimes, whether one is a program that trains on CUDA)
 
 
 _PROGRAM = re.compile(r"^(?:if[ \t]+__name__[ \t]*==|for[ \t]|while[ \t])", re.M)
