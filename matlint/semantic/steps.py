@@ -508,15 +508,6 @@ def step_functions(ctx) -> dict:
                 function = calls.methods[id(calls.classes[owner])].get(method)
         if function is not None and id(function) not in found:
             found[id(function)] = step
-        elif function is not None and step.feeds_host and found[id(function)].forward:
-            # an RL policy's `get_action`, which runs the module's forward: its caller hands the
-            # result to an environment
-            found[id(function)] = found[id(function)]._replace(feeds_host=True)
-    for function in calls.functions if trains else ():  # an environment's `.step(` among the file's calls
-        step = found.get(id(function))
-        if step is not None and step.forward and not step.feeds_host and any(
-                (at := _step_at(ctx, found, site)) is not None and at.feeds_host for site in calls.call_sites(function)):
-            found[id(function)] = step._replace(feeds_host=True)
     changed = True
     while changed:  # what a step function calls runs every step too, followed to a fixed point
         changed = False
