@@ -207,12 +207,8 @@ def _training_program_nearby(filename: str) -> bool:
     files = _nearby_python_files(os.path.dirname(os.path.abspath(filename)))
     if not files:
         return False
-    key = tuple(files)
-    stats = tuple(_mtime(path) for path in files)
-    cached = _TRAINING_PROGRAMS.get(key)
-    if cached is None or cached[0] != stats:
-        cached = _TRAINING_PROGRAMS[key] = (stats, any(_trains_on_cuda(_read(path)) for path in files))
-    return cached[1]
+    return _while_files_unchanged(_TRAINING_PROGRAMS, files,
+                                  lambda: any(_trains_on_cuda(_read(path)) for path in files))
 
 
 _TRAINING_PROGRAMS: dict = {}  # nearby files -> (their mtimes, whether one is a program that trains on CUDA)
@@ -289,21 +285,7 @@ def importers(filename: str, most: int = None) -> list:
     files = _nearby_python_files(os.path.dirname(target))
     if files is None or most is not None and len(files) > most:
         return []
-    key = tuple(files)
-    stats = tuple(_mtime(path) for path in files)
-    cached = _IMPORTERS.get(key)
-    if cached is None or cached[0] != stats:
-        table: dict = {}
-        for path in files:
-            try:
-                with open(path, encoding="utf-8", errors="replace") as handle:
-                    text = handle.read()
-            except OSError:
-                continue
-            for imported in imported_paths(text, path):
-                table.setdefault(os.path.abspath(imported), set()).add(path)
-        cached = _IMPORTERS[key] = (stats, table)
-    table = cached[1]
+    table = _while_files_unchanged(_IMPORTERS, files, lambda: _importers_table(files))
     found, frontier = set(), {target}
     for _ in range(_RE_EXPORT_HOPS + 1):
         reached = set().union(*(table.get(path, ()) for path in frontier)) - found - {target}
@@ -312,6 +294,29 @@ def importers(filename: str, most: int = None) -> list:
         if not frontier:
             break
     return sorted(found)
+
+
+def _importers_table(files: list) -> dict:
+    """{path: the files among `files` that import it}."""
+    table: dict = {}
+    for path in files:
+        text = _read(path)
+        if text is None:
+            continue
+        for imported in imported_paths(text, path):
+            table.setdefault(os.path.abspath(imported), set()).add(path)
+    return table
+
+
+def _while_files_unchanged(cache: dict, files: list, compute):
+    """`compute()`, worked out once per process while none of `files` changes its modification
+    time (kept in `cache`, tuple(files) -> (their mtimes, value))."""
+    key = tuple(files)
+    stats = tuple(_mtime(path) for path in files)
+    cached = cache.get(key)
+    if cached is None or cached[0] != stats:
+        cached = cache[key] = (stats, compute())
+    return cached[1]
 
 
 SCRIPT_PROJECT_FILES = 150  # the most Python files a script's project holds; a tree of more is a library's

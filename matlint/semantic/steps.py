@@ -571,10 +571,14 @@ def _stops_after_a_count(loop: LoopInfo) -> bool:
     num_examples: break`): it looks at the first few items, a preview, not a pass over the data."""
     counters = {node.target.id for node in loop.direct_nodes() if isinstance(node, ast.AugAssign)
                 and isinstance(node.target, ast.Name) and isinstance(node.op, ast.Add)}
-    return bool(counters) and any(
-        isinstance(node, ast.If) and any(isinstance(s, ast.Break) for s in node.body)
-        and isinstance(node.test, ast.Compare) and loaded_names(node.test) & counters
-        for node in loop.direct_nodes())
+    return bool(counters) and any(isinstance(test, ast.Compare) and loaded_names(test) & counters
+                                  for test in _break_tests(loop))
+
+
+def _break_tests(loop: LoopInfo):
+    """The tests of the loop's own `if ...: break` statements."""
+    return (node.test for node in loop.direct_nodes()
+            if isinstance(node, ast.If) and any(isinstance(s, ast.Break) for s in node.body))
 
 
 _ARRAY_MODULES = frozenset({"torch", "np", "numpy", "F", "nn"})
@@ -1350,9 +1354,9 @@ def _stops_on_host_value(loop: LoopInfo) -> bool:
     then `if finished == k: break`): a decoder that waits for the device on every iteration by
     design, whose fix is a batched stop check, not a line."""
     computed = loop.assigned - loop.targets
-    return any(isinstance(node, ast.If) and any(isinstance(s, ast.Break) for s in node.body) and (any(
-        isinstance(call, ast.Call) and isinstance(call.func, ast.Attribute) and call.func.attr in ("item", "tolist", "cpu")
-        for call in ast.walk(node.test)) or loaded_names(node.test) & computed) for node in loop.direct_nodes())
+    return any(any(isinstance(call, ast.Call) and isinstance(call.func, ast.Attribute)
+                   and call.func.attr in ("item", "tolist", "cpu") for call in ast.walk(test))
+               or loaded_names(test) & computed for test in _break_tests(loop))
 
 
 def _runs_model_on(ctx, call: ast.AST, names: set) -> bool:
