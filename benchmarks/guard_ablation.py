@@ -53,12 +53,12 @@ def mode_no_record(hooks: bool):
     rec.enabled = False
     if hooks:
         rec.modules.install()
-    hold_backward_engine()
+    hold_backward_engine(rec)
     try:
         with CaptureMode(rec):
             yield
     finally:
-        release_backward_engine()
+        release_backward_engine(rec)
         rec.modules.remove()
 
 

@@ -295,6 +295,7 @@ def one_run(step, n, guard_mod, guard_first):
         "observed_steps": len(obs_times),
         "warmup_x": obs_times[0] / base if obs_times else None,
         "observed_x": med(obs_times[1:]) / base if len(obs_times) > 1 else None,
+        "observed_max_x": max(obs_times[1:]) / base if len(obs_times) > 1 else None,
         "after_window_x": med([t for t, o in zip(gt, obs) if not o]) / base,
         "amortized_x": sum(gt) / sum(pt),
         "exit_ms": exit_ms,
@@ -313,8 +314,9 @@ def mechanisms(step, plain_ms, n=4):
     return row
 
 
-def bitwise(make, model, step_fn_state, guard_mod, n_steps=3):
-    """Losses and parameters after n_steps from the same initial state, plain twice and guarded."""
+def bitwise(make, model, step_fn_state, guard_mod, n_steps=7):
+    """Losses and parameters after n_steps from the same initial state, plain twice and guarded (the
+    default window: the warm-up step whole, then its slices, then steps unobserved)."""
     init = {k: v.detach().clone() for k, v in model.state_dict().items()}
     loss_fn = step_fn_state
 
@@ -322,7 +324,7 @@ def bitwise(make, model, step_fn_state, guard_mod, n_steps=3):
         model.load_state_dict(init)
         step = trainer(model, loss_fn)
         losses = []
-        g = guard_mod.guard(window=2, warmup=0, json_path=None, report=False, estimate_savings=False)
+        g = guard_mod.guard(json_path=None, report=False, estimate_savings=False)
         with g if under_guard else contextlib.nullcontext():
             for i in range(n_steps):
                 torch.manual_seed(100 + i)
@@ -402,7 +404,8 @@ def main():
                 row = {"build_s": time.perf_counter() - t0}
                 runs = [one_run(step, steps, rg, guard_first=bool(i % 2)) for i in range(args.runs)]
                 row["runs"] = runs
-                for k in ("plain_ms", "observed_x", "warmup_x", "after_window_x", "amortized_x", "exit_ms"):
+                for k in ("plain_ms", "observed_x", "observed_max_x", "warmup_x", "after_window_x", "amortized_x",
+                          "exit_ms"):
                     row[k] = spread([r[k] for r in runs])
                 row["observed_steps"] = [r["observed_steps"] for r in runs]
                 row["findings"] = runs[-1]["findings"]
@@ -410,7 +413,7 @@ def main():
                 row["errors"] = sorted({e for r in runs for e in r["errors"]})
                 if base_mod is not None:
                     b = one_run(step, steps, base_mod, guard_first=False)
-                    row["baseline"] = {k: b[k] for k in ("plain_ms", "observed_x", "warmup_x", "amortized_x",
+                    row["baseline"] = {k: b[k] for k in ("plain_ms", "observed_x", "observed_max_x", "warmup_x", "amortized_x",
                                                          "findings", "observed_steps")}
                     row["baseline_same_findings"] = b["findings"] == row["findings"]
                 if not args.no_mechanisms:
@@ -440,16 +443,19 @@ def markdown(res) -> str:
     x = lambda t, d=2: "-" if t is None or t[0] is None else f"{t[0]:.{d}f}× ({t[1]:.{d}f}–{t[2]:.{d}f})"
     lines = [f"{res['device']}, torch {res['torch']}, Python {res['python']}; medians over {res['runs']} runs "
              f"(min–max); amortized over {res['steps']} steps", "",
-             "| model, precision | plain ms | observed × | amortized × | warm-up step × | findings | bitwise |",
-             "|---|---|---|---|---|---|---|"]
+             "| model, precision | plain ms | observed × | slowest observed × | amortized × | warm-up step × | "
+             "observed steps | findings | bitwise |",
+             "|---|---|---|---|---|---|---|---|---|"]
     for name, r in res["rows"].items():
         p = r["plain_ms"]
         bw = r.get("bitwise")
         bws = "-" if bw is None else ("yes" if bw["plain_vs_guard"] else
                                       ("NO" if bw["plain_vs_plain"] else "n/a (plain runs differ)"))
         nf = f"{len(r['findings'])}" + ("" if r["findings_stable"] else " (varies)")
+        steps_seen = "/".join(str(n) for n in sorted(set(r["observed_steps"])))
         lines.append(f"| {name} | {p[0]:.2f} ({p[1]:.2f}–{p[2]:.2f}) | {x(r['observed_x'])} | "
-                     f"{x(r['amortized_x'], 3)} | {x(r['warmup_x'])} | {nf} | {bws} |")
+                     f"{x(r.get('observed_max_x'))} | {x(r['amortized_x'], 3)} | {x(r['warmup_x'])} | {steps_seen} | "
+                     f"{nf} | {bws} |")
     if any("mechanisms" in r for r in res["rows"].values()):
         names = next(r["mechanisms"] for r in res["rows"].values() if "mechanisms" in r).keys()
         lines += ["", "What each observation mechanism costs alone (median step × plain, one run of 3 steps):", "",
@@ -459,12 +465,14 @@ def markdown(res) -> str:
                 lines.append(f"| {name} | " + " | ".join(f"{v:.2f}×" for v in r["mechanisms"].values()) + " |")
     if any("baseline" in r for r in res["rows"].values()):
         lines += ["", "Baseline guard (before this change), one run, same process:", "",
-                  "| model, precision | observed × | amortized × | warm-up × | same findings |", "|---|---|---|---|---|"]
+                  "| model, precision | observed × | slowest observed × | amortized × | warm-up × | observed steps | "
+                  "same findings |", "|---|---|---|---|---|---|---|"]
         for name, r in res["rows"].items():
             b = r.get("baseline")
             if b:
                 f = lambda v, d=2: "-" if v is None else f"{v:.{d}f}×"
-                lines.append(f"| {name} | {f(b['observed_x'])} | {f(b['amortized_x'], 3)} | {f(b['warmup_x'])} | "
+                lines.append(f"| {name} | {f(b['observed_x'])} | {f(b.get('observed_max_x'))} | "
+                             f"{f(b['amortized_x'], 3)} | {f(b['warmup_x'])} | {b['observed_steps']} | "
                              f"{r['baseline_same_findings']} |")
     lines += ["", "Findings per model (last run): "]
     for name, r in res["rows"].items():

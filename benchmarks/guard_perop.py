@@ -136,12 +136,13 @@ def ops_per_step(step) -> tuple:
     with _Counting() as counting:
         step()
     _CountingCapture.ops = 0
-    hold_backward_engine()
+    recorder = Recorder(profile_cuda=False)
+    hold_backward_engine(recorder)
     try:
-        with _CountingCapture(Recorder(profile_cuda=False)):
+        with _CountingCapture(recorder):
             step()
     finally:
-        release_backward_engine()
+        release_backward_engine(recorder)
     return _CountingCapture.ops, counting.ops
 
 
@@ -152,12 +153,12 @@ def unrecording():
     recorder = Recorder(profile_cuda=False)
     recorder.enabled = False
     recorder.modules.install()
-    hold_backward_engine()
+    hold_backward_engine(recorder)
     try:
         with CaptureMode(recorder):
             yield
     finally:
-        release_backward_engine()
+        release_backward_engine(recorder)
         recorder.modules.remove()
 
 

@@ -405,7 +405,7 @@ class Recording:
         for key, stat in other.ops.items():
             mine = self.ops.get(key)
             if mine is None:
-                self.ops[key] = stat
+                self.ops[key] = dataclasses.replace(stat)  # its own: the other's counts stay as they are
             else:
                 mine.count += stat.count
                 mine.compiled += stat.compiled
@@ -430,6 +430,23 @@ class Recording:
             self.syncs[site] = self.syncs.get(site, 0) + n
         self.steps += other.steps
         self.dropped_keys += other.dropped_keys
+
+    def scale(self, factor: int) -> None:
+        """Multiply every count by `factor`: a stretch of a step observed once, weighed against
+        stretches observed `factor` times as often (slices.py)."""
+        if factor == 1:
+            return
+        for stat in self.ops.values():
+            stat.count *= factor
+            stat.compiled *= factor
+            stat.launches *= factor
+            stat.kernel_us *= factor
+        for counts in (self.layout_copies, self.explicit_copies, self.host_round_trips, self.syncs):
+            for key in counts:
+                counts[key] *= factor
+        for stat in self.attention.values():
+            stat.count *= factor
+        self.dropped_keys *= factor
 
 
 class _Tags:
@@ -466,6 +483,8 @@ class ModulePaths:
         self.on_error = on_error  # called with (exception, where) when a hook fails
         self.on_output = None     # called with each module's output and path, when set
         self.on_top_call = None   # called before a top-level module call that follows one run without grad
+        self.on_call = None       # called with (module, depth) as each module call begins, when set
+        self.on_return = None     # called as each module call ends, when set
 
     def install(self):
         from torch.nn.modules import module as nn_module
@@ -526,6 +545,8 @@ class ModulePaths:
                         self._paths.clear()
                     self._paths[pkey] = path
             stack.append((module, path))
+            if self.on_call is not None:
+                self.on_call(module, len(stack) - 1)
         except Exception as exc:  # a hook must never break the user's forward
             if self.on_error is not None:
                 self.on_error(exc, "module paths")
@@ -535,6 +556,8 @@ class ModulePaths:
             return
         try:
             stack = self._stack()
+            if self.on_return is not None:
+                self.on_return()
             if stack and stack[-1][0] is module:
                 path = stack.pop()[1]
                 if not stack:
@@ -605,12 +628,15 @@ class Recorder:
         self._keys: dict = {}
         self._modules_local = self.modules._local
         self.enabled = True
+        self.dispatched = 0               # ops the mode saw (the slices of a step are cut by it)
+        self.paused = False               # the mode is off for part of an observed step (slices.py)
         # Backward GEMMs derived instead of observed (see the module docstring); not when kernels
         # are attributed (that needs every op in order) or compiled code ran (its forward GEMMs
         # do not require grad: their backward would be missed).
         self.derive_backward = not profile_cuda
         self.saw_compiled = False
         self._grad_gemms: dict = {}       # (forward GEMM OpKey, operand grads) -> calls since the last backward
+        self._set_aside: list = []        # (recording, such a dict) of the parts of a step recorded before this one
         self._backward_keys: dict = {}    # (forward GEMM OpKey, operand grads) -> the OpKeys of its backward GEMMs
 
     # -- errors --------------------------------------------------------------------------
@@ -651,14 +677,28 @@ class Recorder:
 
     def forget_pending_backward(self) -> None:
         self._grad_gemms.clear()
+        self._set_aside = []
+
+    def set_aside_pending(self) -> None:
+        """The recording is about to change (a part of a step recorded apart, slices.py): the
+        backward GEMMs of the forward GEMMs seen so far go into the recording now current."""
+        if self._grad_gemms:
+            self._set_aside.append((self.rec, self._grad_gemms))
+            self._grad_gemms = {}
 
     def backward_ran(self) -> None:
         """A backward pass ran with the mode off: record the GEMMs it ran for the forward GEMMs
-        seen since the last one."""
+        seen since the last one, each into the recording its forward GEMM went to."""
         pending, self._grad_gemms = self._grad_gemms, {}
+        aside, self._set_aside = self._set_aside, []
         if not self.enabled:
             return
-        ops = self.rec.ops
+        for rec, gemms in aside:
+            self._derive_backward(rec, gemms)
+        self._derive_backward(self.rec, pending)
+
+    def _derive_backward(self, rec, pending) -> None:
+        ops = rec.ops
         derived = self._backward_keys
         for pkey, n in pending.items():
             bkeys = derived.get(pkey)
@@ -672,7 +712,7 @@ class Recorder:
                 stat = ops.get(bkey)
                 if stat is None:
                     if len(ops) >= MAX_KEYS:
-                        self.rec.dropped_keys += n
+                        rec.dropped_keys += n
                         continue
                     stat = ops[bkey] = OpStat()
                 stat.count += n
@@ -1447,6 +1487,7 @@ def _torch_dispatch(self, func, types, args=(), kwargs=None):
     op = info.op
     out = op(*args, **kwargs) if kwargs else op(*args)
     recorder = self.recorder
+    recorder.dispatched += 1
     if recorder.enabled:
         try:
             if info.unrecorded:  # a view: no site, no key; only forward dataflow tags follow it
@@ -1517,8 +1558,10 @@ class _EngineRunningBackwardUnobserved:
         finally:
             for mode in reversed(popped):
                 _push_mode(mode)
-            for mode in popped:
-                recorder = mode.recorder
+            # with those of the guards whose mode is off for this part of their step (slices.py)
+            recorders = [mode.recorder for mode in popped]
+            recorders += [r for r in _paused_recorders if r.paused and r not in recorders]
+            for recorder in recorders:
                 try:
                     recorder.backward_ran()
                 except Exception as exc:  # never raised into the user's step
@@ -1549,9 +1592,10 @@ def _pop_capture_modes() -> list:
 
 _engine_lock = threading.Lock()
 _engine_holders = 0
+_paused_recorders: list = []  # the holders' recorders: those paused derive their backward GEMMs too
 
 
-def hold_backward_engine() -> None:
+def hold_backward_engine(recorder: Recorder) -> None:
     """While held (by any guard that is observing), backward passes run without capture modes."""
     global _engine_holders
     from torch.autograd.variable import Variable
@@ -1560,13 +1604,16 @@ def hold_backward_engine() -> None:
         if _engine_holders == 0 and not isinstance(Variable._execution_engine, _EngineRunningBackwardUnobserved):
             Variable._execution_engine = _EngineRunningBackwardUnobserved(Variable._execution_engine)
         _engine_holders += 1
+        _paused_recorders.append(recorder)
 
 
-def release_backward_engine() -> None:
+def release_backward_engine(recorder: Recorder) -> None:
     global _engine_holders
     from torch.autograd.variable import Variable
 
     with _engine_lock:
+        if recorder in _paused_recorders:
+            _paused_recorders.remove(recorder)
         _engine_holders = max(0, _engine_holders - 1)
         engine = Variable._execution_engine
         # Someone who wrapped the engine after us keeps theirs (ours underneath passes through).

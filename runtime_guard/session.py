@@ -10,11 +10,18 @@ what those steps observed is thrown away and the window starts again at that bou
 The first `warmup` steps are observed provisionally and thrown away as soon as a later step
 begins (one-off work such as lazy init stays out of the per-step counts); after `window`
 kept steps the dispatch mode, module hooks and profiler are removed and the guarded code runs
-at full speed. By default (`window=None`) observation stops as soon as two observed steps ran the same ops the
-same number of times, after at most 3 kept steps: the warm-up step is kept after all when the
-step after it matches it (it did no one-off work), so a steady loop is observed for two steps,
-and one that lazily initializes in its first step for three. The observed steps are nearly all
-of the guard's cost over a run.
+at full speed.
+
+By default (`window=None`) the warm-up step is observed whole and the steps after it in slices
+(slices.py): each observes the ops of one stretch of the step, between two module calls, and
+the slices together make one whole step, so that no observed step after the warm-up costs much
+more than a plain one. The warm-up step is kept after all when the slices ran the same ops as
+often (it did no one-off work). Where a step cannot be sliced (no module calls to cut at,
+torch.compile'd code, kernels attributed, `slices=1`) or stops running the warm-up's module
+calls, whole steps are observed: observation stops as soon as two observed steps ran the same
+ops the same number of times, after at most 3 kept steps, so a steady loop is observed for two
+steps, and one that lazily initializes in its first step for three. The observed steps are
+nearly all of the guard's cost over a run.
 
 Reporting: the context-manager form reports when its block exits; the decorator form reports
 when the window is complete (or at interpreter exit, if it never completes). Under
@@ -32,11 +39,13 @@ import time
 from typing import Iterable, Optional
 
 import torch
+from torch._C import _get_dispatch_stack_at, _len_torch_dispatch_stack
 
 from .compiles import CompileEvents, CompileWatch
 from .ranks import MODES as RANK_MODES, Merged, RankReport, Ranks, creation_line, merge_findings, rank_json_path
 from .syncs import SyncWatch
 from .capture import CaptureMode, Recorder, attribute_kernels, hold_backward_engine, release_backward_engine
+from .slices import MAX_OBSERVATIONS, Slicer
 
 DEFAULT_JSON_PATH = os.path.join(".matlint", "runtime.json")
 MIN_DEFAULT_WINDOW, MAX_DEFAULT_WINDOW = 2, 3
@@ -97,9 +106,12 @@ class Guard:
         savings_budget_s: float = 3.0,
         ranks: str = "merged",
         rank_timeout_s: float = 60.0,
+        slices: Optional[int] = None,
     ):
         if (window is not None and window < 1) or warmup < 0:
             raise ValueError("window must be >= 1 (or None: 2 steady steps, else 3) and warmup >= 0")
+        if slices is not None and (not isinstance(slices, int) or slices < 1):
+            raise ValueError("slices must be an int >= 1 (1: whole steps), or None (as many as the cost needs)")
         if ranks not in RANK_MODES:
             raise ValueError(f"ranks must be one of {', '.join(map(repr, RANK_MODES))}")
         self.notes: list = []
@@ -132,6 +144,12 @@ class Guard:
         self._ops_at_boundary = 0      # ops recorded up to the last boundary (or the attach)
         self._boundary_in_entry = False
         self._mode: Optional[CaptureMode] = None
+        self._mode_on = False          # the mode is on the dispatch stack (off between the slices of a step)
+        self._slicer = Slicer(self._switch_mode, self._dispatched, self._new_part, self._preamble, slices)
+        self._slice_rec = None         # the slice's own recording while a preamble records into another
+        self._pending_before_preamble: dict = {}
+        self.sliced_into = 0           # the slices the steps after the warm-up were observed in (0: whole)
+        self._opt_pre_hook = None
         self._holds_engine = False
         self._profiler = None
         self._opt_hook = None
@@ -255,7 +273,7 @@ class Guard:
         try:
             if not final and not self._boundary_in_entry:
                 self._boundary()
-            elif final and self.recording and self._step_had_ops():
+            elif final and self.recording and self._step_had_ops() and not self._slicer.active:
                 self.recorder.rec.steps += 1  # the unfinished step counts
         finally:
             # whatever failed above, nothing of the guard stays hooked into the user's code
@@ -324,6 +342,7 @@ class Guard:
         """The first optimizer step or guard.step() after top-level inference calls were taken for
         steps: what they observed is thrown away and the window starts again at this boundary."""
         self._detach()
+        self._slicer.stop()
         self.recorder.new_step()
         self.recorder.modules.clear_pending()
         self.recorder.rec = self._fresh_recording(self.recorder.rec)
@@ -371,16 +390,27 @@ class Guard:
 
     def _boundary(self) -> None:
         self._time_step()
+        self._preamble(False)
         if self.ranks is None:
             self._safely(self._see_ranks, where="torch.distributed")
         self.recorder.end_step_operands()  # into the step's own recording, before it is set aside
         rec = self.recorder.rec
         if self.recording:
             if self._step < self.warmup:
+                sliced = False
+                if self._step == self.warmup - 1 and self._slicer.log is not None:
+                    sliced = self._slicer.end_log(rec)
+                    rec = self._merged(self._slicer.parts)  # the step whole, from its parts
+                    if not sliced:
+                        self._slicer.stop()
                 # Kept aside: it is the report's content if no later step is ever observed.
                 rec.steps = 1
                 self._warmup_rec = rec
                 self.recorder.rec = self._fresh_recording(rec)
+                if sliced:
+                    self._window_len = self._slicer.plan.slices * MAX_OBSERVATIONS
+            elif self._slicer.active:
+                self._end_slice(rec)
             elif self._step_had_ops():
                 rec.steps += 1
                 self._close_early_if_steady(rec)
@@ -389,7 +419,132 @@ class Guard:
         self.recorder.modules.clear_pending()
         if not self._in_window():
             self._detach()  # the optimizer hook stays, to time PLAIN_STEPS plain steps
+        elif self._sliceable() and self._step == self.warmup - 1:
+            self._slicer.start_log()
         self._ops_at_boundary = self._recorded_ops()
+
+    # -- slices (slices.py) ----------------------------------------------------------------------
+    def _sliceable(self) -> bool:
+        """Whether this window's steps after the warm-up may be observed in slices: the default window,
+        module paths recorded (no compiled code) and the backward's GEMMs derived (no kernels)."""
+        return (self.window is None and self.warmup >= 1 and self.recorder.derive_backward
+                and bool(self.recorder.modules._handles))
+
+    def _dispatched(self) -> int:
+        return self.recorder.dispatched
+
+    def _switch_mode(self, on: bool) -> None:
+        """Turn the dispatch mode (and the sync detector) on or off within an observed step."""
+        mode = self._mode
+        if mode is None or on == self._mode_on or threading.get_ident() != self._thread:
+            return
+        if on:
+            mode.__enter__()
+            self._mode_on = True
+            self.recorder.paused = False
+            self._safely(self._syncs.start, where="sync detector")
+            return
+        depth = _len_torch_dispatch_stack()
+        if not depth or _get_dispatch_stack_at(depth - 1) is not mode:
+            self._slicer.valid = False  # a mode of the user's own came on top: stay on, whole steps again
+            return
+        self._safely(self._syncs.stop, where="sync detector")
+        mode.__exit__(None, None, None)
+        self._mode_on = False
+        self.recorder.paused = True
+
+    def _on_optimizer_pre_step(self, optimizer, args, kwargs) -> None:
+        if threading.get_ident() == self._thread:
+            # a cut as good as any inside the step: only the optimizer's own ops follow it
+            self._safely(self._slicer.on_call, optimizer, 1, True, where="slices")
+
+    def _on_slice_call(self, module, depth: int) -> None:
+        if threading.get_ident() == self._thread:
+            self._slicer.on_call(module, depth)
+
+    def _on_slice_return(self) -> None:
+        if threading.get_ident() == self._thread:
+            self._slicer.on_return()
+
+    def _new_part(self):
+        """The warm-up step's next part is recorded apart; returns the part that ended."""
+        ended = self.recorder.rec
+        self.recorder.set_aside_pending()
+        self.recorder.rec = self._fresh_recording(ended)
+        return ended
+
+    def _merged(self, recordings):
+        rec = self._fresh_recording(self.recorder.rec)
+        for part in recordings:
+            rec.absorb(part)
+        return rec
+
+    def _end_slice(self, rec) -> None:
+        """A sliced step ends: its slice's recording is kept (slices.py says how long each slice is
+        observed). Once every slice is steady they make up the recording and the window closes. A
+        step that did not run the plan's calls throws the slices away: whole steps are observed
+        from the next one, as in an unsliced window."""
+        slicer = self._slicer
+        if not slicer.step_ended_as_planned():
+            slicer.stop()
+            self.notes.append("observed whole steps: the steps' module calls differ from the warm-up step's")
+            self.recorder.rec = self._fresh_recording(rec)
+            self._window_len = self._step + 1 - self.warmup + MAX_DEFAULT_WINDOW
+            self._step_counts, self._counts_so_far = [], []
+            self._switch_mode(True)
+            return
+        if slicer.index == 0 and len(self.observed_step_ms) >= 2:
+            slicer.fit_to_cost(self.observed_step_ms[-2], self.observed_step_ms[-1])
+        slicer.keep(rec, _alike)
+        self.recorder.rec = self._fresh_recording(rec)
+        if slicer.finished():
+            self._close_slices()
+            self._window_len = self._step + 1 - self.warmup  # closes at this boundary
+            return
+        slicer.next_slice()
+        self._window_len = self._step + 2 - self.warmup  # one more step at least
+        self._begin_sliced_step()
+
+    def _begin_sliced_step(self) -> None:
+        """The mode as the next sliced step begins: on for the first slice, or for the preamble of a
+        slice that begins at the step's first call; else off until the slice's first call."""
+        slicer = self._slicer
+        if slicer.index > 0 and slicer.observed_from_start():
+            self._preamble(True)
+        else:
+            self._switch_mode(slicer.index == 0)
+
+    def _preamble(self, on: bool) -> None:
+        """Observe into a recording that is thrown away (on), or back into the slice's own (off). What
+        else the preamble's ops leave for the step's end is thrown away too: the forward GEMMs whose
+        backward GEMMs the backward pass derives, and the GEMMs' operands."""
+        recorder = self.recorder
+        if on and self._slice_rec is None:
+            recorder.end_step_operands()
+            self._slice_rec = recorder.rec
+            self._pending_before_preamble = dict(recorder._grad_gemms)
+            recorder.rec = self._fresh_recording(self._slice_rec)
+            self._switch_mode(True)
+        elif not on and self._slice_rec is not None:
+            recorder.rec, self._slice_rec = self._slice_rec, None
+            recorder._grad_gemms = self._pending_before_preamble
+            recorder._operands = {}
+
+    def _close_slices(self) -> None:
+        """What the slices recorded becomes the recording, each slice weighed by how often it was
+        observed (slices.py); a slice never observed counts the warm-up step's parts over its calls."""
+        slicer = self._slicer
+        rec = self._fresh_recording(self.recorder.rec)
+        self.sliced_into = slicer.plan.slices
+        weighed, steps = slicer.weighed()
+        for part, weight in weighed:
+            part.scale(weight)
+            part.steps = 0
+            rec.absorb(part)
+        rec.steps = steps
+        self._warmup_rec = None
+        self.recorder.rec = rec
+        slicer.stop()
 
     def _recorded_ops(self) -> int:
         rec = self.recorder.rec
@@ -427,12 +582,23 @@ class Guard:
             self._stop_profiler()
             raise
         self._mode = mode
+        self._mode_on = True
         self._safely(self._syncs.start, where="sync detector")
         self._safely(self._compiles.start, where="compile watch")
         self._ops_at_boundary = self._recorded_ops()
         if self.recorder.derive_backward and _compiled_frames() == 0:
-            hold_backward_engine()
+            hold_backward_engine(self.recorder)
             self._holds_engine = True
+        if self._slicer.active:
+            self._begin_sliced_step()  # the decorator form attaches again at each call
+        if self._sliceable():
+            from torch.optim.optimizer import register_optimizer_step_pre_hook
+
+            self.recorder.modules.on_call = self._on_slice_call
+            self.recorder.modules.on_return = self._on_slice_return
+            self._opt_pre_hook = register_optimizer_step_pre_hook(self._on_optimizer_pre_step)
+            if self._step == self.warmup - 1:
+                self._slicer.start_log()
 
     def _note_compiled(self) -> None:
         if not self._noted_compiled:
@@ -470,16 +636,24 @@ class Guard:
         mode, self._mode = self._mode, None
         if mode is None:
             return
+        self._preamble(False)
+        self.recorder.modules.on_call = self.recorder.modules.on_return = None
+        if self._opt_pre_hook is not None:
+            self._opt_pre_hook.remove()
+            self._opt_pre_hook = None
         try:
             self._safely(self._syncs.stop, where="sync detector")
             events = self._safely(self._compiles.stop, where="compile watch")
             if events is not None:
                 self.compile_events = events
-            mode.__exit__(None, None, None)
+            if self._mode_on:
+                mode.__exit__(None, None, None)
         finally:
+            self._mode_on = False
+            self.recorder.paused = False
             if self._holds_engine:
                 self._holds_engine = False
-                release_backward_engine()
+                release_backward_engine(self.recorder)
             self.recorder.forget_pending_backward()
             self.recorder.modules.remove()
             self._stop_profiler()
@@ -508,8 +682,10 @@ class Guard:
             return self.findings
         self._finished = True
         self._detach()
+        if self._slicer.active:
+            self._close_slices()  # what the slices observed so far (the warm-up's parts for the rest)
         rec = self.recorder.rec
-        if rec.steps == 0 and not rec.ops and self._warmup_rec is not None:
+        if rec.steps == 0 and self._warmup_rec is not None:  # nothing but the warm-up (or some of its slices)
             self._warmup_rec.errors, self._warmup_rec.error_count = rec.errors, rec.error_count
             self.recorder.rec = self._warmup_rec
         from .checks import run_checks
@@ -619,6 +795,22 @@ def _by_key(rec, step_counts) -> dict:
     """A step's calls per op key, from its (position in rec.ops, calls) pairs."""
     keys = list(rec.ops)
     return {keys[i]: n for i, n in step_counts}
+
+
+def _counts(recordings) -> dict:
+    """Calls per forward op key, over the recordings (the backward GEMMs, derived from the forward
+    ones, land in whichever part is recording when the backward runs)."""
+    out: dict = {}
+    for rec in recordings:
+        for key, stat in rec.ops.items():
+            if not key.backward:
+                out[key] = out.get(key, 0) + stat.count
+    return out
+
+
+def _alike(first, second) -> bool:
+    """Two observations (lists of recordings) ran the same forward ops as often."""
+    return _counts(first) == _counts(second)
 
 
 def _now() -> float:

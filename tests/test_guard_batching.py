@@ -263,7 +263,7 @@ def test_validation_before_training_does_not_use_up_the_window():
     model, val = Loopy(), nn.Linear(32, 32)  # the model and, say, a metric head
     opt = torch.optim.SGD(model.parameters(), lr=0.01)
     xs = [torch.randn(16, 32) for _ in range(8)]
-    g = guard(json_path=None, report=False, estimate_savings=False)
+    g = guard(json_path=None, report=False, estimate_savings=False, slices=1)  # whole steps
     with g:
         with torch.no_grad():  # sanity validation batches before training (Lightning runs 2)
             for _ in range(2):

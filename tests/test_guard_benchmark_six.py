@@ -21,4 +21,5 @@ def test_six_model_benchmark_prints_one_table(tmp_path):
     for row in res["rows"].values():
         assert len(row["runs"]) == 2 and row["errors"] == []
         assert row["bitwise"]["plain_vs_guard"]  # the guard never changes what the model computes
-        assert row["observed_steps"] == [2, 2]   # default window: the warm-up step and one more
+        # the default window: the warm-up step whole, then its two slices (the forward; the optimizer step)
+        assert row["observed_steps"] == [3, 3]

@@ -754,7 +754,7 @@ def test_default_window_closes_when_two_steps_match(matmuls, steps, observed_mm,
     assert calls == [True] * calls_observed + [False] * (len(matmuls) - calls_observed)
 
 
-def test_default_window_on_a_steady_training_loop_observes_two_steps():
+def _steady_loop(g, steps):
     # optimizer.step() runs inside a profiler record_function whose exit falls after the step
     # hook: it must not make the warm-up step look different from the next one
     model = nn.Sequential(nn.Linear(8, 8), nn.ReLU(), nn.Linear(8, 1))
@@ -764,16 +764,28 @@ def test_default_window_on_a_steady_training_loop_observes_two_steps():
         opt.zero_grad()
         model(x).sum().backward()
         opt.step()
-    g = quiet()
     observed = []
     with g:
-        for _ in range(5):
+        for _ in range(steps):
             observed.append(g.recording)
             opt.zero_grad()
             model(x).sum().backward()
             opt.step()
-    assert observed == [True, True, False, False, False]
-    assert g.recorder.rec.steps == 2
+    return observed
+
+
+def test_whole_steps_window_on_a_steady_training_loop_observes_two_steps():
+    g = quiet(slices=1)
+    assert _steady_loop(g, 5) == [True, True, False, False, False]
+    assert g.recorder.rec.steps == 2 and g.sliced_into == 0
+    assert sum(s.count for k, s in g.recorder.rec.ops.items() if k.op == "addmm" and not k.backward) == 4
+
+
+def test_default_window_on_a_steady_training_loop_observes_the_warm_up_step_and_each_slice_once():
+    g = quiet(slices=2)
+    assert _steady_loop(g, 6) == [True, True, True, False, False, False]
+    # each slice ran the same ops as the warm-up step over the same calls: both kept, two steps
+    assert g.recorder.rec.steps == 2 and g.sliced_into == 2
     assert sum(s.count for k, s in g.recorder.rec.ops.items() if k.op == "addmm" and not k.backward) == 4
 
 

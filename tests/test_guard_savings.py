@@ -19,6 +19,7 @@ from matlint.runtime_guard import guard  # noqa: E402
 from matlint.runtime_guard import registry, savings  # noqa: E402
 from matlint.runtime_guard.report import print_report  # noqa: E402
 from matlint.runtime_guard.session import PLAIN_STEPS  # noqa: E402
+from matlint.runtime_guard.slices import MAX_OBSERVATIONS, MAX_SLICES  # noqa: E402
 
 
 def _inject(monkeypatch, kind, fn):
@@ -91,7 +92,7 @@ class SharedLinear(nn.Module):
         return torch.stack([self.lin(x) for x in xs])
 
 
-def train(g, steps=3 + PLAIN_STEPS + 2):
+def train(g, steps=1 + MAX_SLICES * MAX_OBSERVATIONS + PLAIN_STEPS):  # the longest default window, then plain steps
     model = SharedLinear()
     opt = torch.optim.SGD(model.parameters(), lr=0.01)
     xs = [torch.randn(16, 64) for _ in range(12)]

@@ -1,0 +1,222 @@
+"""Sliced observation (runtime_guard/slices.py): after the warm-up step, each observed step runs
+the dispatch mode over one slice of the step; together the slices report what whole steps do."""
+from __future__ import annotations
+
+import pytest
+
+from matlint.runtime_guard.slices import Call, Plan, Slicer, plan_slices
+
+torch = pytest.importorskip("torch")
+import torch.nn as nn  # noqa: E402
+import torch.nn.functional as F  # noqa: E402
+
+from matlint.runtime_guard import guard  # noqa: E402
+
+
+# -- where a step is cut --------------------------------------------------------------------------
+def _mlp_log(layers=8, ops_per_layer=10, optimizer_ops=40):
+    """A Sequential's calls: the container (top level), its layers, then the optimizer's step."""
+    log = [Call(0, 1, 2, 2)]
+    for i in range(layers):
+        log.append(Call(1, 100 + i, 2 + i * ops_per_layer, 0))
+    forward = 2 + layers * ops_per_layer
+    log.append(Call(1, 999, forward + 3, 0))
+    return log, forward + 3 + optimizer_ops
+
+
+def test_cuts_near_equal_shares_of_the_ops():
+    log, total = _mlp_log(layers=8, optimizer_ops=5)  # 90 ops
+    plan = plan_slices(log, total, 3)
+    assert plan.slices == 3 and plan.calls == len(log)
+    starts = [log[ordinal - 1].ops_before for ordinal, _ in plan.cuts]
+    assert starts == [32, 62]  # the layer calls nearest 30 and 60
+    assert [owner for _, owner in plan.cuts] == [103, 106]
+
+
+def test_a_cut_prefers_a_call_straight_after_another_then_the_shallowest():
+    log = [Call(0, 1, 0, 0),      # the model, top level
+           Call(1, 2, 10, 5),     # after glue: ops the caller ran on its inputs (a permute)
+           Call(2, 3, 11, 0),     # inside that call, straight after its start
+           Call(1, 4, 12, 0),     # a sibling, straight after the last call ended
+           Call(0, 5, 13, 0)]     # another top-level call
+    plan = plan_slices(log, 24, 2)  # the target is 12; all four are near it
+    assert plan.cuts == ((4, 4),)
+    # with no call free of glue near the share, the shallowest inside a top-level call
+    log = [Call(0, 1, 0, 0), Call(1, 2, 10, 5), Call(2, 3, 11, 1), Call(0, 5, 12, 3)]
+    assert plan_slices(log, 24, 2).cuts == ((2, 2),)
+
+
+def test_no_plan_without_a_call_to_cut_at():
+    assert plan_slices([], 100, 4) is None
+    assert plan_slices([Call(0, 1, 0, 0)], 100, 4) is None  # the one call is at the step's start
+    assert plan_slices(_mlp_log()[0], 200, 1) is None
+
+
+def test_a_far_call_still_makes_two_slices():
+    # the optimizer's step holds most of the ops (a CPU optimizer's loop over the parameters)
+    log = [Call(0, 1, 2, 2), Call(1, 2, 2, 0), Call(1, 3, 4, 0), Call(1, 9, 11, 0)]
+    assert plan_slices(log, 51, 2).cuts == ((4, 9),)
+
+
+def test_replanning_divides_only_the_ops_after_a_call():
+    log, total = _mlp_log(layers=8, optimizer_ops=5)
+    plan = plan_slices(log, total, 3, after=4)  # thirds of the ops from the 4th call (22 ops in) on
+    starts = [log[ordinal - 1].ops_before for ordinal, _ in plan.cuts]
+    assert all(ordinal > 4 for ordinal, _ in plan.cuts) and starts == [42, 72]
+
+
+def test_the_slicer_turns_the_mode_on_over_its_slice_and_its_preamble():
+    events, ops = [], [0]
+    slicer = Slicer(switch=lambda on: events.append(("mode", on)), dispatched=lambda: ops[0],
+                    new_part=lambda: "part", preamble=lambda on: events.append(("preamble", on)))
+    owners = [object() for _ in range(5)]
+    slicer.start_log()
+    for i, owner in enumerate(owners):
+        ops[0] = 10 * i
+        slicer.on_call(owner, 1)
+    ops[0] = 50
+    assert slicer.end_log("last part") and slicer.plan.slices == 4
+    assert slicer.parts == ["part"] * 5 + ["last part"]
+    # the second slice: calls 2..3 (its preamble from call 1 on)
+    slicer.next_slice()
+    assert slicer.index == 1 and not slicer.observed_from_start()
+    for owner in owners:
+        slicer.on_call(owner, 1)
+    assert events == [("preamble", True), ("preamble", False), ("mode", True), ("mode", False)]
+    assert slicer.step_ended_as_planned()
+
+
+def test_a_step_that_calls_other_modules_no_longer_fits_the_plan():
+    events = []
+    slicer = Slicer(switch=events.append, dispatched=lambda: len(events), new_part=lambda: None,
+                    preamble=lambda on: None)
+    owners = [object() for _ in range(5)]
+    slicer.start_log()
+    for owner in owners:
+        events.append("op")
+        slicer.on_call(owner, 1)
+    slicer.end_log(None)
+    events.clear()
+    slicer.next_slice()
+    for owner in [owners[0], object(), object(), object(), owners[4]]:
+        slicer.on_call(owner, 1)
+    assert not slicer.step_ended_as_planned() and events[-1] is True  # observed to the step's end
+
+
+def test_the_number_of_slices_is_checked():
+    with pytest.raises(ValueError, match="slices"):
+        guard(slices=0)
+
+
+# -- what the slices report -----------------------------------------------------------------------
+class Frames(nn.Module):
+    """A time-major GRU whose output is permuted into a Linear (a layout finding across a call),
+    and one shared Linear applied per frame group (a loop finding)."""
+
+    def __init__(self):
+        super().__init__()
+        self.proj = nn.Linear(40, 48)
+        self.rnn = nn.GRU(48, 48)
+        self.mix = nn.Linear(48, 48)
+        self.head = nn.Linear(48, 10)
+
+    def forward(self, x):                                  # (T, B, 40)
+        h, _ = self.rnn(self.proj(x))
+        groups = [self.mix(h[i]) for i in range(8)]        # one call per frame group
+        h = h + torch.stack(groups).mean(0)
+        return self.head(h.permute(1, 0, 2))               # (B, T, 10) from a permuted view
+
+
+def _train(g, steps=20, gate=None):
+    torch.manual_seed(0)
+    model = Frames()
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-3, foreach=True)
+    x, y = torch.randn(30, 16, 40), torch.randint(0, 10, (16, 30))
+    dispatched = []
+    with g:
+        for step in range(steps):
+            before = g.recorder.dispatched
+            logits = model(x)
+            loss = F.cross_entropy(logits.reshape(-1, 10), y.reshape(-1))
+            opt.zero_grad()
+            loss.backward()
+            opt.step()
+            seen = loss.item()                             # a host sync every step
+            if gate is not None and step % gate == 0:
+                seen += logits.abs().max().item()          # ... and one every `gate` steps
+            dispatched.append(g.recorder.dispatched - before)
+    return g, dispatched
+
+
+def _quiet(**options):
+    return guard(json_path=None, report=False, estimate_savings=False, **options)
+
+
+def _found(g):
+    return sorted((f.code, f.row, (f.evidence or {}).get("per_step")) for f in g.findings)
+
+
+def _forward_counts(rec):
+    return {key: stat.count for key, stat in rec.ops.items()}
+
+
+def test_slices_report_what_whole_steps_do():
+    whole, _ = _train(_quiet(slices=1))
+    for slices in (None, 2, 3):
+        sliced, dispatched = _train(_quiet(slices=slices))
+        assert sliced.sliced_into >= 2 and not sliced.errors
+        # each slice step sees less than the warm-up step (a preamble adds the ops before its slice)
+        warm, parts = dispatched[0], dispatched[1:1 + sliced.sliced_into]
+        assert max(parts) < warm and sum(parts) >= warm
+        assert sliced.recorder.rec.steps == whole.recorder.rec.steps == 2
+        assert _forward_counts(sliced.recorder.rec) == _forward_counts(whole.recorder.rec)
+        assert _found(sliced) == _found(whole)
+    codes = {code for code, _, _ in _found(whole)}
+    assert {"MAT101", "MAT302", "MAT502"} <= codes
+
+
+def test_a_gated_sync_in_one_slice_is_no_sync_per_step():
+    g, _ = _train(_quiet(slices=3), steps=30, gate=100)
+    lines = [row for code, row, _ in _found(g) if code == "MAT502"]
+    assert len(lines) == 1  # the loss read every step; the gated read is not one a step
+    assert g.sliced_into == 3
+
+
+def test_a_run_that_ends_among_the_slices_reports_the_warm_up_step_for_the_rest():
+    g, dispatched = _train(_quiet(slices=3), steps=2)
+    assert g.sliced_into == 3 and not g.errors and dispatched[1] < dispatched[0]
+    # the head's slice was never observed: its findings come from the warm-up step's parts
+    assert {"MAT101", "MAT302"} <= {code for code, _, _ in _found(g)}
+    assert g.recorder.rec.steps >= 1
+
+
+def test_steps_that_stop_calling_the_warm_up_steps_modules_are_observed_whole():
+    torch.manual_seed(0)
+    model, extra = nn.Sequential(*[nn.Linear(16, 16) for _ in range(6)]), nn.Linear(16, 16)
+    opt = torch.optim.SGD(list(model.parameters()) + list(extra.parameters()), lr=0.01)
+    x = torch.randn(4, 16)
+    g = _quiet(slices=3)
+    with g:
+        for step in range(12):
+            out = model(x)
+            if step >= 2:
+                out = extra(out)  # a module the warm-up step did not call
+            out.square().mean().backward()
+            opt.step()
+            opt.zero_grad()
+    assert any("observed whole steps" in note for note in g.notes)
+    assert g.sliced_into == 0 and g.recorder.rec.steps >= 1 and not g.errors
+    assert any(k.module.endswith("Linear") for k in g.recorder.rec.ops)
+
+
+def test_the_report_says_the_steps_were_sliced():
+    import io
+
+    from rich.console import Console
+
+    from matlint.runtime_guard.report import print_report
+
+    g, _ = _train(_quiet(slices=2))
+    out = io.StringIO()
+    print_report(g, Console(file=out, width=100))
+    assert "in 2 slices a step" in out.getvalue()
