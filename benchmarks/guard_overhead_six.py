@@ -296,8 +296,9 @@ def one_run(step, n, guard_mod, guard_first):
         "warmup_x": obs_times[0] / base if obs_times else None,
         "observed_x": med(obs_times[1:]) / base if len(obs_times) > 1 else None,
         "observed_max_x": max(obs_times[1:]) / base if len(obs_times) > 1 else None,
-        "after_window_x": med([t for t, o in zip(gt, obs) if not o]) / base,
+        "after_window_x": med(after) / base if (after := [t for t, o in zip(gt, obs) if not o]) else None,
         "amortized_x": sum(gt) / sum(pt),
+        "first_steps_x": [round(t / base, 3) for t in gt[:12]],  # the window's steps and a few after
         "exit_ms": exit_ms,
         "findings": sorted(f"{f.code}@{os.path.basename(f.filename)}:{f.row}" for f in g.findings),
         "errors": list(g.errors),

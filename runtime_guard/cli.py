@@ -14,7 +14,9 @@ def add_guard_options(p: argparse.ArgumentParser) -> argparse.ArgumentParser:
     """The options of `guard()` as flags: `matlint run`'s and the `%%matlint` magic's."""
     p.add_argument("--json", default=DEFAULT_JSON_PATH, help=f"JSON report path (default {DEFAULT_JSON_PATH})")
     p.add_argument("--window", type=int, default=None,
-                   help="steps to observe after the warm-up (default: 2 when they ran the same ops, else 3)")
+                   help="whole steps to observe after the warm-up (default: the warm-up step's slices until steady)")
+    p.add_argument("--slices", type=int, default=None,
+                   help="slices a step after the warm-up is observed in (1: whole steps; default: as the cost needs)")
     p.add_argument("--warmup", type=int, default=1, help="steps to skip first (default 1)")
     p.add_argument("--select", default=None, help="comma-separated codes or prefixes")
     p.add_argument("--ignore", default=None, help="comma-separated codes or prefixes")
@@ -26,7 +28,8 @@ def add_guard_options(p: argparse.ArgumentParser) -> argparse.ArgumentParser:
 def guard_options(opts) -> dict:
     """`guard()`'s keyword arguments from the parsed flags."""
     return dict(select=opts.select, ignore=opts.ignore, window=opts.window, warmup=opts.warmup,
-                json_path=opts.json, estimate_savings=not opts.no_estimate, kernels=opts.kernels)
+                json_path=opts.json, estimate_savings=not opts.no_estimate, kernels=opts.kernels,
+                slices=opts.slices)
 
 
 def _parser() -> argparse.ArgumentParser:

@@ -9,11 +9,10 @@ How a step is cut: the warm-up step is observed whole, recorded in parts, a new 
 module call (forward pre-hook) and at the optimizer's step (pre-hook); the log keeps each call's
 depth, its module and how many ops the mode had seen before it. The cuts are placed at calls
 near equal shares of the step's ops, preferring calls that follow the previous module call's
-end with no op in between (the call's inputs come straight out of another module, so no
-dataflow that a check follows, such as a permute handed to a Linear, crosses the cut), then the
-shallowest calls inside a top-level module (between the blocks of a transformer, the stages of
-a ResNet, the layers of an MLP); a top-level call is a cut of last resort, as the user's code
-hands it data made just before.
+beginning or end with no op in between (the call's inputs come straight out of another module:
+between the blocks of a transformer, the stages of a ResNet, the layers of an MLP, not inside an
+attention's arithmetic), then the call nearest the share, then the shallowest; a top-level
+call ranks last, as the user's code hands it data made just before.
 
 A cut is the n-th call of a step; in each sliced step the same n-th call must be the same
 module, and the step must make as many calls as the warm-up did, or the plan no longer fits the
@@ -30,9 +29,9 @@ from __future__ import annotations
 import math
 from typing import NamedTuple, Optional
 
-SLICES = 4           # slices a step is first cut into: the observed step costs about 1/SLICES of a whole one
+SLICES = 6           # slices a step is first cut into: the observed step costs about 1/SLICES of a whole one
 MAX_SLICES = 8       # slices at most, once the first slice has measured what an observed op costs
-SLICE_BUDGET = 0.25  # what observing one slice may add to a plain step (a share of its time)
+SLICE_BUDGET = 0.2   # what observing one slice may add to a plain step (a share of its time)
 MAX_OBSERVATIONS = 3  # of one slice, as the unsliced window keeps 3 steps at most
 MAX_CALLS = 20_000   # calls logged in the warm-up step; a step making more is observed whole
 TOP_LEVEL_RANK = 1_000  # a cut at a top-level call ranks after every call inside one
@@ -62,7 +61,7 @@ class Plan(NamedTuple):
 
 
 def _rank(call: Call, target: float) -> tuple:
-    return (call.glue > 0, call.depth or TOP_LEVEL_RANK, abs(call.ops_before - target))
+    return (call.glue > 0, abs(call.ops_before - target), call.depth or TOP_LEVEL_RANK)
 
 
 def plan_slices(log: list, total_ops: int, slices: int = SLICES, after: int = 0) -> Optional[Plan]:

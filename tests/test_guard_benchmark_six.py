@@ -7,12 +7,13 @@ import sys
 import pytest
 
 pytest.importorskip("torch")
+from matlint.runtime_guard.slices import MAX_OBSERVATIONS, MAX_SLICES  # noqa: E402
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
 def test_six_model_benchmark_prints_one_table(tmp_path):
     cmd = [sys.executable, os.path.join(ROOT, "benchmarks", "guard_overhead_six.py"), "--quick", "--models", "mlp",
-           "--runs", "2", "--steps", "4", "--no-mechanisms", "--out", str(tmp_path)]
+           "--runs", "2", "--steps", "12", "--no-mechanisms", "--out", str(tmp_path)]
     proc = subprocess.run(cmd, capture_output=True, text=True, timeout=300, cwd=ROOT)
     assert proc.returncode == 0, proc.stderr[-2000:]
     table = (tmp_path / "guard_overhead_six_table.md").read_text()
@@ -21,5 +22,5 @@ def test_six_model_benchmark_prints_one_table(tmp_path):
     for row in res["rows"].values():
         assert len(row["runs"]) == 2 and row["errors"] == []
         assert row["bitwise"]["plain_vs_guard"]  # the guard never changes what the model computes
-        # the default window: the warm-up step whole, then its two slices (the forward; the optimizer step)
-        assert row["observed_steps"] == [3, 3]
+        # the default window: the warm-up step whole, then its slices (at least two), each a step
+        assert all(3 <= n <= 1 + MAX_SLICES * MAX_OBSERVATIONS for n in row["observed_steps"])

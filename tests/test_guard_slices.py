@@ -33,17 +33,18 @@ def test_cuts_near_equal_shares_of_the_ops():
     assert [owner for _, owner in plan.cuts] == [103, 106]
 
 
-def test_a_cut_prefers_a_call_straight_after_another_then_the_shallowest():
+def test_a_cut_prefers_a_call_straight_after_another_then_the_nearest_then_the_shallowest():
     log = [Call(0, 1, 0, 0),      # the model, top level
-           Call(1, 2, 10, 5),     # after glue: ops the caller ran on its inputs (a permute)
-           Call(2, 3, 11, 0),     # inside that call, straight after its start
-           Call(1, 4, 12, 0),     # a sibling, straight after the last call ended
-           Call(0, 5, 13, 0)]     # another top-level call
-    plan = plan_slices(log, 24, 2)  # the target is 12; all four are near it
-    assert plan.cuts == ((4, 4),)
-    # with no call free of glue near the share, the shallowest inside a top-level call
+           Call(1, 2, 12, 5),     # after glue: ops the caller ran on its inputs (a permute)
+           Call(2, 3, 13, 0),     # inside that call, straight after its start
+           Call(1, 4, 14, 0),     # a sibling, straight after the last call ended
+           Call(0, 5, 14, 0)]     # a top-level call as near
+    plan = plan_slices(log, 24, 2)  # the target is 12: the nearest call free of glue
+    assert plan.cuts == ((3, 3),)
+    log[2] = Call(2, 3, 13, 1)
+    assert plan_slices(log, 24, 2).cuts == ((4, 4),)  # as near as the top-level call, and deeper in
     log = [Call(0, 1, 0, 0), Call(1, 2, 10, 5), Call(2, 3, 11, 1), Call(0, 5, 12, 3)]
-    assert plan_slices(log, 24, 2).cuts == ((2, 2),)
+    assert plan_slices(log, 24, 2).cuts == ((4, 5),)  # all after glue: the nearest
 
 
 def test_no_plan_without_a_call_to_cut_at():
@@ -68,7 +69,7 @@ def test_replanning_divides_only_the_ops_after_a_call():
 def test_the_slicer_turns_the_mode_on_over_its_slice_and_its_preamble():
     events, ops = [], [0]
     slicer = Slicer(switch=lambda on: events.append(("mode", on)), dispatched=lambda: ops[0],
-                    new_part=lambda: "part", preamble=lambda on: events.append(("preamble", on)))
+                    new_part=lambda: "part", preamble=lambda on: events.append(("preamble", on)), slices=4)
     owners = [object() for _ in range(5)]
     slicer.start_log()
     for i, owner in enumerate(owners):
@@ -89,7 +90,7 @@ def test_the_slicer_turns_the_mode_on_over_its_slice_and_its_preamble():
 def test_a_step_that_calls_other_modules_no_longer_fits_the_plan():
     events = []
     slicer = Slicer(switch=events.append, dispatched=lambda: len(events), new_part=lambda: None,
-                    preamble=lambda on: None)
+                    preamble=lambda on: None, slices=4)
     owners = [object() for _ in range(5)]
     slicer.start_log()
     for owner in owners:
@@ -220,3 +221,11 @@ def test_the_report_says_the_steps_were_sliced():
     out = io.StringIO()
     print_report(g, Console(file=out, width=100))
     assert "in 2 slices a step" in out.getvalue()
+
+
+def test_matlint_run_takes_the_number_of_slices():
+    from matlint.runtime_guard.cli import _parser, guard_options
+
+    opts = _parser().parse_args(["--slices", "1", "train.py"])
+    assert guard_options(opts)["slices"] == 1
+    assert guard_options(_parser().parse_args(["train.py"]))["slices"] is None
