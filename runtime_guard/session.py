@@ -273,8 +273,12 @@ class Guard:
         try:
             if not final and not self._boundary_in_entry:
                 self._boundary()
-            elif final and self.recording and self._step_had_ops() and not self._slicer.active:
-                self.recorder.rec.steps += 1  # the unfinished step counts
+            elif final and self.recording and not self._slicer.active:
+                if self._slicer.log is not None:  # the warm-up step, unfinished: its parts make it whole
+                    self.recorder.rec = self._merged(self._slicer.parts + [self.recorder.rec])
+                    self._slicer.stop()
+                if self._step_had_ops():
+                    self.recorder.rec.steps += 1  # the unfinished step counts
         finally:
             # whatever failed above, nothing of the guard stays hooked into the user's code
             if self._opt_hook is not None:
@@ -798,8 +802,8 @@ def _by_key(rec, step_counts) -> dict:
 
 
 def _counts(recordings) -> dict:
-    """Calls per forward op key, over the recordings (the backward GEMMs, derived from the forward
-    ones, land in whichever part is recording when the backward runs)."""
+    """Calls per forward op key, over the recordings (the backward GEMMs are derived from the forward
+    ones: those tell the same)."""
     out: dict = {}
     for rec in recordings:
         for key, stat in rec.ops.items():

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from matlint.runtime_guard.slices import Call, Plan, Slicer, plan_slices
+from matlint.runtime_guard.slices import Call, Slicer, plan_slices
 
 torch = pytest.importorskip("torch")
 import torch.nn as nn  # noqa: E402
@@ -229,3 +229,12 @@ def test_matlint_run_takes_the_number_of_slices():
     opts = _parser().parse_args(["--slices", "1", "train.py"])
     assert guard_options(opts)["slices"] == 1
     assert guard_options(_parser().parse_args(["train.py"]))["slices"] is None
+
+
+def test_a_run_of_one_step_reports_the_warm_up_step_whole():
+    one, _ = _train(_quiet(), steps=1)
+    two, _ = _train(_quiet(slices=1), steps=3)  # whole steps: the warm-up step and one alike
+    assert one.recorder.rec.steps == 1 and two.recorder.rec.steps == 2
+    model_ops = lambda rec: {k: n for k, n in _forward_counts(rec).items() if k.module.startswith("Frames")}
+    assert model_ops(one.recorder.rec) == {k: n // 2 for k, n in model_ops(two.recorder.rec).items()}
+    assert {"MAT101", "MAT302"} <= {code for code, _, _ in _found(one)}
