@@ -238,3 +238,29 @@ def test_a_run_of_one_step_reports_the_warm_up_step_whole():
     model_ops = lambda rec: {k: n for k, n in _forward_counts(rec).items() if k.module.startswith("Frames")}
     assert model_ops(one.recorder.rec) == {k: n // 2 for k, n in model_ops(two.recorder.rec).items()}
     assert {"MAT101", "MAT302"} <= {code for code, _, _ in _found(one)}
+
+
+def test_the_decorator_form_slices_its_calls_as_steps():
+    def decorated(**options):
+        torch.manual_seed(0)
+        model = Frames()
+        opt = torch.optim.AdamW(model.parameters(), lr=1e-3, foreach=True)
+        x, y = torch.randn(30, 16, 40), torch.randint(0, 10, (16, 30))
+
+        @guard(json_path=None, report=False, estimate_savings=False, **options)
+        def train_step():
+            loss = F.cross_entropy(model(x).reshape(-1, 10), y.reshape(-1))
+            opt.zero_grad()
+            loss.backward()
+            opt.step()
+            return loss.item()
+
+        for _ in range(20):
+            train_step()
+        return train_step.matlint_guard
+
+    sliced, whole = decorated(slices=3), decorated(slices=1)
+    assert sliced.sliced_into == 3 and sliced._finished and not sliced.errors
+    assert sliced.recorder.rec.steps == whole.recorder.rec.steps == 2
+    assert _forward_counts(sliced.recorder.rec) == _forward_counts(whole.recorder.rec)
+    assert _found(sliced) == _found(whole)
