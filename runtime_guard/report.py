@@ -63,9 +63,9 @@ def print_report(guard, console=None) -> None:
     rec = guard.recorder.rec
     merged, ranks = getattr(guard, "merged", None), getattr(guard, "ranks", None)
     ops = sum(s.count for s in rec.ops.values())
-    summary = f"matlint guard: {rec.steps} step(s) observed, {ops} ops"
-    if getattr(guard, "sliced_into", 0):
-        summary += f" (after the warm-up step, in {guard.sliced_into} slices a step)"
+    sliced = getattr(guard, "sliced_into", 0)
+    how = f" (after the warm-up step, each in {sliced} slices)" if sliced else ""
+    summary = f"matlint guard: {rec.steps} step(s) observed{how}, {ops} ops"
     if merged is not None:
         summary = (f"matlint guard, {merged.world_size} ranks: "
                    + "; ".join(f"rank {r.rank}: {r.steps} step(s) observed, {r.ops} ops"

@@ -220,7 +220,7 @@ def test_the_report_says_the_steps_were_sliced():
     g, _ = _train(_quiet(slices=2))
     out = io.StringIO()
     print_report(g, Console(file=out, width=100))
-    assert "in 2 slices a step" in out.getvalue()
+    assert "2 step(s) observed (after the warm-up step, each in 2 slices)" in out.getvalue()
 
 
 def test_matlint_run_takes_the_number_of_slices():
