@@ -11,8 +11,9 @@ depth, its module and how many ops the mode had seen before it. The cuts are pla
 near equal shares of the step's ops, preferring calls that follow the previous module call's
 beginning or end with no op in between (the call's inputs come straight out of another module:
 between the blocks of a transformer, the stages of a ResNet, the layers of an MLP, not inside an
-attention's arithmetic), then the call nearest the share, then the shallowest; a top-level
-call ranks last, as the user's code hands it data made just before.
+attention's arithmetic), then the call nearest the share, then the shallowest, a top-level call
+after any call inside one (the user's code hands a top-level call data made just before it).
+A slice that begins at a call is observed from the call before it on (`Slicer`'s preamble).
 
 A cut is the n-th call of a step; in each sliced step the same n-th call must be the same
 module, and the step must make as many calls as the warm-up did, or the plan no longer fits the
