@@ -460,7 +460,8 @@ class Guard:
     def _on_optimizer_pre_step(self, optimizer, args, kwargs) -> None:
         if threading.get_ident() == self._thread:
             # a cut as good as any inside the step: only the optimizer's own ops follow it
-            self._safely(self._slicer.on_call, optimizer, 1, True, where="slices")
+            self._safely(self._slicer.on_call, optimizer, 1, True, bool(getattr(optimizer, "state", None)),
+                         where="slices")
 
     def _on_slice_call(self, module, depth: int) -> None:
         if threading.get_ident() == self._thread:

@@ -22,7 +22,8 @@ code: the slices are thrown away and whole steps are observed again (`Slicer.val
 How long: each slice is observed until it is steady, as a whole step is in an unsliced window:
 its first observation is compared with the warm-up step's parts over the same calls (alike: both
 are kept), else it is observed again until its last two observations are alike, three at most.
-Only the slices not yet steady are observed again. The report weighs each slice by how often it
+A slice not yet steady is observed again in the next step. A slice that is only the optimizer's step, of
+an optimizer whose state existed before the warm-up step, is steady as the warm-up observed it. The report weighs each slice by how often it
 was observed (`Slicer.observed`).
 """
 from __future__ import annotations
@@ -43,6 +44,7 @@ class Call(NamedTuple):
     owner: int        # id() of the module or optimizer
     ops_before: int   # ops the mode saw in the step before this call
     glue: int         # ... since the last module call began or ended (0: inputs straight from a module)
+    settled: bool = False  # an optimizer's step whose state was made before: the same ops every step
 
 
 class Plan(NamedTuple):
@@ -145,13 +147,14 @@ class Slicer:
         self.parts = []
         self._log_start = self._last_event = self._dispatched()
 
-    def on_call(self, owner, depth: int, glue_free: bool = False) -> None:
+    def on_call(self, owner, depth: int, glue_free: bool = False, settled: bool = False) -> None:
         """A module call (or the optimizer's step) begins."""
         log = self.log
         if log is not None:
             if len(log) < MAX_CALLS:
                 now = self._dispatched()
-                log.append(Call(depth, id(owner), now - self._log_start, 0 if glue_free else now - self._last_event))
+                log.append(Call(depth, id(owner), now - self._log_start, 0 if glue_free else now - self._last_event,
+                                settled))
                 self._last_event = now
                 self.parts.append(self._new_part())
             return
@@ -253,9 +256,11 @@ class Slicer:
         return self.plan is not None and all(self.done)
 
     def next_slice(self) -> None:
-        """The next step observes the next slice not yet steady (after the last, the first)."""
+        """The next step observes the same slice again where it is not yet steady (as an unsliced window
+        observes the next step: a read gated to one step in many is seen once in three steps, not once
+        in two), else the next slice not yet steady (after the last, the first)."""
         n = self.plan.slices
-        for step in range(1, n + 1):
+        for step in range(0, n + 1):
             index = (self.index + step) % n
             if not self.done[index]:
                 self._begin_slice(index)
@@ -283,8 +288,15 @@ class Slicer:
         self.done = []
 
     def _reset_observations(self) -> None:
+        """No slice observed yet, but one that is nothing but an optimizer's step whose state was made
+        before the warm-up step: its ops are the same every step, and the warm-up's parts are them."""
         self.observed = [[] for _ in range(self.plan.slices)]
         self.done = [False] * self.plan.slices
+        for index in range(self.plan.slices):
+            first, end = self.plan.bounds(index)
+            if end == first + 1 == self.plan.calls + 1 and self._calls[first - 1].settled:
+                self.observed[index].append(self.warmup_part(index))
+                self.done[index] = True
 
     def _begin_slice(self, index: int) -> None:
         self.index = index

@@ -78,13 +78,39 @@ def test_the_slicer_turns_the_mode_on_over_its_slice_and_its_preamble():
     ops[0] = 50
     assert slicer.end_log("last part") and slicer.plan.slices == 4
     assert slicer.parts == ["part"] * 5 + ["last part"]
-    # the second slice: calls 2..3 (its preamble from call 1 on)
+    # the first slice observed, alike the warm-up's parts: the next step observes the second, calls
+    # 2..3 (its preamble from call 1 on)
+    slicer.keep("recording", lambda first, second: True)
+    assert slicer.done[0] and slicer.observed[0] == [["part", "part"], ["recording"]]
     slicer.next_slice()
     assert slicer.index == 1 and not slicer.observed_from_start()
     for owner in owners:
         slicer.on_call(owner, 1)
     assert events == [("preamble", True), ("preamble", False), ("mode", True), ("mode", False)]
     assert slicer.step_ended_as_planned()
+
+
+def test_a_slice_unlike_the_warm_up_is_observed_again_in_the_next_step():
+    ops = [0]
+    slicer = Slicer(switch=lambda on: None, dispatched=lambda: ops[0], new_part=lambda: "part",
+                    preamble=lambda on: None, slices=2)
+    slicer.start_log()
+    for i in range(3):
+        ops[0] = 10 * i
+        slicer.on_call(object(), 1)
+    ops[0] = 30
+    assert slicer.end_log("last part") and slicer.plan.slices == 2
+    unlike = lambda first, second: first[0] == second[0]  # each recording alike only itself
+    slicer.keep("read gated to step 0", unlike)
+    slicer.next_slice()
+    assert slicer.index == 0 and not slicer.done[0]
+    slicer.keep("plain", unlike)
+    slicer.next_slice()
+    assert slicer.index == 0  # its last two observations differ: a third
+    slicer.keep("plain", unlike)
+    assert slicer.done[0] and len(slicer.observed[0]) == 3
+    slicer.next_slice()
+    assert slicer.index == 1
 
 
 def test_a_step_that_calls_other_modules_no_longer_fits_the_plan():
@@ -128,11 +154,16 @@ class Frames(nn.Module):
         return self.head(h.permute(1, 0, 2))               # (B, T, 10) from a permuted view
 
 
-def _train(g, steps=20, gate=None):
+def _train(g, steps=20, gate=None, before=0):
+    """`steps` steps under the guard `g`, after `before` steps without it."""
     torch.manual_seed(0)
     model = Frames()
     opt = torch.optim.AdamW(model.parameters(), lr=1e-3, foreach=True)
     x, y = torch.randn(30, 16, 40), torch.randint(0, 10, (16, 30))
+    for _ in range(before):
+        F.cross_entropy(model(x).reshape(-1, 10), y.reshape(-1)).backward()
+        opt.step()
+        opt.zero_grad()
     dispatched = []
     with g:
         for step in range(steps):
@@ -166,9 +197,9 @@ def test_slices_report_what_whole_steps_do():
     for slices in (None, 2, 3):
         sliced, dispatched = _train(_quiet(slices=slices))
         assert sliced.sliced_into >= 2 and not sliced.errors
-        # each slice step sees less than the warm-up step (a preamble adds the ops before its slice)
-        warm, parts = dispatched[0], dispatched[1:1 + sliced.sliced_into]
-        assert max(parts) < warm and sum(parts) >= warm
+        # each sliced step sees less than the warm-up step, all of them together at least as much
+        warm, sliced_steps = dispatched[0], dispatched[1:]
+        assert max(sliced_steps) < warm and sum(sliced_steps) >= warm
         assert sliced.recorder.rec.steps == whole.recorder.rec.steps == 2
         assert _forward_counts(sliced.recorder.rec) == _forward_counts(whole.recorder.rec)
         assert _found(sliced) == _found(whole)
@@ -264,3 +295,36 @@ def test_the_decorator_form_slices_its_calls_as_steps():
     assert sliced.recorder.rec.steps == whole.recorder.rec.steps == 2
     assert _forward_counts(sliced.recorder.rec) == _forward_counts(whole.recorder.rec)
     assert _found(sliced) == _found(whole)
+
+
+def _mlp_train(g, before, steps=12):
+    torch.manual_seed(0)
+    layers = [m for _ in range(8) for m in (nn.Linear(64, 64), nn.ReLU())]
+    model = nn.Sequential(*layers, nn.Linear(64, 10))
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-3, foreach=True)
+    x, y = torch.randn(32, 64), torch.randint(0, 10, (32,))
+    observed = []
+    for i in range(before + steps):
+        if i == before:
+            g.__enter__()
+        if i >= before:
+            observed.append(g.recording and g._slicer.index if g._slicer.active else g.recording)
+        opt.zero_grad()
+        F.cross_entropy(model(x), y).backward()
+        opt.step()
+    g.__exit__(None, None, None)
+    return g, observed
+
+
+def test_the_step_of_an_optimizer_with_its_state_made_is_not_observed_again():
+    # the optimizer's step is a slice of its own; its state made before the guard, it runs the same
+    # ops every step, as the warm-up step saw them
+    settled, observed = _mlp_train(_quiet(slices=4), before=2)
+    whole, _ = _mlp_train(_quiet(slices=1), before=2)
+    n = settled.sliced_into
+    assert n >= 2 and observed[:n + 1] == [True, *range(n - 1), False]  # the warm-up step, then all but the last
+    assert _forward_counts(settled.recorder.rec) == _forward_counts(whole.recorder.rec)
+    assert _found(settled) == _found(whole)
+    # its state made in the warm-up step (lazily): its slice is observed after it
+    lazy, observed = _mlp_train(_quiet(slices=4), before=0)
+    assert lazy.sliced_into - 1 in observed
