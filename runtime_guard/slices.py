@@ -22,9 +22,9 @@ code: the slices are thrown away and whole steps are observed again (`Slicer.val
 How long: each slice is observed until it is steady, as a whole step is in an unsliced window:
 its first observation is compared with the warm-up step's parts over the same calls (alike: both
 are kept), else it is observed again until its last two observations are alike, three at most.
-A slice not yet steady is observed again in the next step. A slice that is only the optimizer's step, of
-an optimizer whose state existed before the warm-up step, is steady as the warm-up observed it. The report weighs each slice by how often it
-was observed (`Slicer.observed`).
+A slice not yet steady is observed again in the next step. A slice that is only the step of an
+optimizer whose state existed before the warm-up step is steady as the warm-up observed it. The
+report weighs each slice by how often it was observed (`Slicer.observed`).
 """
 from __future__ import annotations
 
@@ -106,8 +106,10 @@ class Slicer:
 
     A slice that begins at a call is observed from the call before it on, in its preamble: the
     ops in between (a permute, a `.contiguous()`, the batch made on the host) leave the dataflow
-    tags that the slice's first ops read, while their counts belong to the slice before. `slices`: how many slices a step is cut into, or None to cut it into SLICES first
-    and then into as many as keep each slice's cost within SLICE_BUDGET of a plain step."""
+    tags that the slice's first ops read, while their counts belong to the slice before.
+
+    `slices`: how many slices a step is cut into, or None to cut it into SLICES first and then
+    into as many as keep each slice's cost within SLICE_BUDGET of a plain step."""
 
     def __init__(self, switch, dispatched, new_part, preamble, slices: Optional[int] = None):
         self._switch = switch
