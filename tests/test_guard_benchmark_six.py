@@ -22,5 +22,6 @@ def test_six_model_benchmark_prints_one_table(tmp_path):
     for row in res["rows"].values():
         assert len(row["runs"]) == 2 and row["errors"] == []
         assert row["bitwise"]["plain_vs_guard"]  # the guard never changes what the model computes
-        # the default window: the warm-up step whole, then its slices (at least two), each a step
-        assert all(3 <= n <= 1 + MAX_SLICES * MAX_OBSERVATIONS for n in row["observed_steps"])
+        # the default window: the warm-up step whole, then slices of the steps after it, one a step
+        # (how many the cost decides; an optimizer's step with its state made is not observed again)
+        assert all(2 <= n <= 1 + MAX_SLICES * MAX_OBSERVATIONS for n in row["observed_steps"])
