@@ -679,6 +679,18 @@ class Recorder:
         self._grad_gemms.clear()
         self._set_aside = []
 
+    def begin_scratch(self) -> dict:
+        """The ops from now on are recorded only for their dataflow tags (a slice's preamble,
+        slices.py): this step's operand identities so far are folded in, and the pending backward
+        GEMMs returned, for `end_scratch` to put back."""
+        self.end_step_operands()
+        return dict(self._grad_gemms)
+
+    def end_scratch(self, pending: dict) -> None:
+        """Drop what the scratch ops left for the step's end: their operands and backward GEMMs."""
+        self._grad_gemms = pending
+        self._operands = {}
+
     def set_aside_pending(self) -> None:
         """The recording is about to change (a part of a step recorded apart, slices.py): the
         backward GEMMs of the forward GEMMs seen so far go into the recording now current."""
@@ -1560,7 +1572,7 @@ class _EngineRunningBackwardUnobserved:
                 _push_mode(mode)
             # with those of the guards whose mode is off for this part of their step (slices.py)
             recorders = [mode.recorder for mode in popped]
-            recorders += [r for r in _paused_recorders if r.paused and r not in recorders]
+            recorders += [r for r in _engine_holders if r.paused and r not in recorders]
             for recorder in recorders:
                 try:
                     recorder.backward_ran()
@@ -1591,33 +1603,28 @@ def _pop_capture_modes() -> list:
 
 
 _engine_lock = threading.Lock()
-_engine_holders = 0
-_paused_recorders: list = []  # the holders' recorders: those paused derive their backward GEMMs too
+_engine_holders: list = []  # the recorders of the guards holding the engine (those paused derive too)
 
 
 def hold_backward_engine(recorder: Recorder) -> None:
     """While held (by any guard that is observing), backward passes run without capture modes."""
-    global _engine_holders
     from torch.autograd.variable import Variable
 
     with _engine_lock:
-        if _engine_holders == 0 and not isinstance(Variable._execution_engine, _EngineRunningBackwardUnobserved):
+        if not _engine_holders and not isinstance(Variable._execution_engine, _EngineRunningBackwardUnobserved):
             Variable._execution_engine = _EngineRunningBackwardUnobserved(Variable._execution_engine)
-        _engine_holders += 1
-        _paused_recorders.append(recorder)
+        _engine_holders.append(recorder)
 
 
 def release_backward_engine(recorder: Recorder) -> None:
-    global _engine_holders
     from torch.autograd.variable import Variable
 
     with _engine_lock:
-        if recorder in _paused_recorders:
-            _paused_recorders.remove(recorder)
-        _engine_holders = max(0, _engine_holders - 1)
+        if recorder in _engine_holders:
+            _engine_holders.remove(recorder)
         engine = Variable._execution_engine
         # Someone who wrapped the engine after us keeps theirs (ours underneath passes through).
-        if _engine_holders == 0 and isinstance(engine, _EngineRunningBackwardUnobserved):
+        if not _engine_holders and isinstance(engine, _EngineRunningBackwardUnobserved):
             Variable._execution_engine = engine._engine
 
 

@@ -525,27 +525,24 @@ class Guard:
         backward GEMMs the backward pass derives, and the GEMMs' operands."""
         recorder = self.recorder
         if on and self._slice_rec is None:
-            recorder.end_step_operands()
+            self._pending_before_preamble = recorder.begin_scratch()
             self._slice_rec = recorder.rec
-            self._pending_before_preamble = dict(recorder._grad_gemms)
             recorder.rec = self._fresh_recording(self._slice_rec)
             self._switch_mode(True)
         elif not on and self._slice_rec is not None:
             recorder.rec, self._slice_rec = self._slice_rec, None
-            recorder._grad_gemms = self._pending_before_preamble
-            recorder._operands = {}
+            recorder.end_scratch(self._pending_before_preamble)
 
     def _close_slices(self) -> None:
         """What the slices recorded becomes the recording, each slice weighed by how often it was
         observed (slices.py); a slice never observed counts the warm-up step's parts over its calls."""
         slicer = self._slicer
-        rec = self._fresh_recording(self.recorder.rec)
         self.sliced_into = slicer.plan.slices
         weighed, steps = slicer.weighed()
         for part, weight in weighed:
             part.scale(weight)
             part.steps = 0
-            rec.absorb(part)
+        rec = self._merged(part for part, _ in weighed)
         rec.steps = steps
         self._warmup_rec = None
         self.recorder.rec = rec

@@ -132,7 +132,7 @@ class Slicer:
         self._end = 0                     # ordinal where it ends (0: at the step's end)
         self._cuts: dict = {}
         self._calls: list = []            # the warm-up step's calls, once planned
-        self._slice_start = 0             # dispatched() when this step's slice began
+        self._slice_start = 0             # dispatched() as the first slice began (what it saw: `fit_to_cost`)
 
     @property
     def active(self) -> bool:
@@ -174,7 +174,6 @@ class Slicer:
             self._switch(True)  # the rest of this step is observed; the step is thrown away
         elif n == self._begin:
             self._preamble(False)
-            self._slice_start = self._dispatched()
             self._switch(True)
         elif n == self._end and self.valid:
             self._switch(False)
@@ -266,8 +265,6 @@ class Slicer:
             index = (self.index + step) % n
             if not self.done[index]:
                 self._begin_slice(index)
-                if index == 0:
-                    self._slice_start = self._dispatched()
                 return
 
     def weighed(self) -> tuple:
