@@ -19,7 +19,10 @@ Per model and precision, RUNS runs (5 by default), alternating which goes first:
     estimates off: they run once at exit, outside the steps; timed separately as `exit ms`).
   observed x = median of the observed steps after the warm-up step / median plain step;
   warm-up x = the first (provisional, cold) observed step / median plain step;
-  amortized x = guarded run total / plain run total.
+  amortized x = guarded run total / plain run total;
+  guard cost x = 1 + the observed steps' excess over the median step after the window of the same
+    guarded run, over the run's steps: the amortized cost without the drift of the host between
+    the two runs (after-window x, that median against the plain run's, is shown beside it).
 Medians over the runs are reported with their spread (min-max). Findings: the number of
 findings of the last run (the same in every run, else flagged).
 Also, once per model: what each observation mechanism costs alone (an empty dispatch mode,
@@ -298,11 +301,22 @@ def one_run(step, n, guard_mod, guard_first):
         "observed_max_x": max(obs_times[1:]) / base if len(obs_times) > 1 else None,
         "after_window_x": med(after) / base if (after := [t for t, o in zip(gt, obs) if not o]) else None,
         "amortized_x": sum(gt) / sum(pt),
+        "guard_cost_x": guard_cost(gt, obs),
         "first_steps_x": [round(t / base, 3) for t in gt[:12]],  # the window's steps and a few after
         "exit_ms": exit_ms,
         "findings": sorted(f"{f.code}@{os.path.basename(f.filename)}:{f.row}" for f in g.findings),
         "errors": list(g.errors),
     }
+
+
+def guard_cost(times, observed):
+    """1 + what the observed steps cost beyond the steps after the window of the same run, over all
+    the run's steps (each in units of that after-window median)."""
+    after = [t for t, o in zip(times, observed) if not o]
+    if not after:
+        return None
+    m = med(after)
+    return 1 + sum(t - m for t, o in zip(times, observed) if o) / (len(times) * m)
 
 
 def mechanisms(step, plain_ms, n=4):
@@ -406,7 +420,7 @@ def main():
                 runs = [one_run(step, steps, rg, guard_first=bool(i % 2)) for i in range(args.runs)]
                 row["runs"] = runs
                 for k in ("plain_ms", "observed_x", "observed_max_x", "warmup_x", "after_window_x", "amortized_x",
-                          "exit_ms"):
+                          "guard_cost_x", "exit_ms"):
                     row[k] = spread([r[k] for r in runs])
                 row["observed_steps"] = [r["observed_steps"] for r in runs]
                 row["findings"] = runs[-1]["findings"]
@@ -444,9 +458,9 @@ def markdown(res) -> str:
     x = lambda t, d=2: "-" if t is None or t[0] is None else f"{t[0]:.{d}f}× ({t[1]:.{d}f}–{t[2]:.{d}f})"
     lines = [f"{res['device']}, torch {res['torch']}, Python {res['python']}; medians over {res['runs']} runs "
              f"(min–max); amortized over {res['steps']} steps", "",
-             "| model, precision | plain ms | observed × | slowest observed × | amortized × | warm-up step × | "
-             "observed steps | findings | bitwise |",
-             "|---|---|---|---|---|---|---|---|---|"]
+             "| model, precision | plain ms | observed × | slowest observed × | amortized × | guard cost × | "
+             "after-window × | warm-up step × | observed steps | findings | bitwise |",
+             "|---|---|---|---|---|---|---|---|---|---|---|"]
     for name, r in res["rows"].items():
         p = r["plain_ms"]
         bw = r.get("bitwise")
@@ -455,7 +469,8 @@ def markdown(res) -> str:
         nf = f"{len(r['findings'])}" + ("" if r["findings_stable"] else " (varies)")
         steps_seen = "/".join(str(n) for n in sorted(set(r["observed_steps"])))
         lines.append(f"| {name} | {p[0]:.2f} ({p[1]:.2f}–{p[2]:.2f}) | {x(r['observed_x'])} | "
-                     f"{x(r.get('observed_max_x'))} | {x(r['amortized_x'], 3)} | {x(r['warmup_x'])} | {steps_seen} | "
+                     f"{x(r.get('observed_max_x'))} | {x(r['amortized_x'], 3)} | {x(r.get('guard_cost_x'), 3)} | "
+                     f"{x(r.get('after_window_x'))} | {x(r['warmup_x'])} | {steps_seen} | "
                      f"{nf} | {bws} |")
     if any("mechanisms" in r for r in res["rows"].values()):
         names = next(r["mechanisms"] for r in res["rows"].values() if "mechanisms" in r).keys()

@@ -25,3 +25,14 @@ def test_six_model_benchmark_prints_one_table(tmp_path):
         # the default window: the warm-up step whole, then slices of the steps after it, one a step
         # (how many the cost decides; an optimizer's step with its state made is not observed again)
         assert all(2 <= n <= 1 + MAX_SLICES * MAX_OBSERVATIONS for n in row["observed_steps"])
+
+
+def test_guard_cost_is_the_observed_steps_excess_over_the_same_runs_later_steps():
+    sys.path.insert(0, os.path.join(ROOT, "benchmarks"))
+    try:
+        import guard_overhead_six as six
+    finally:
+        sys.path.pop(0)
+    # two observed steps (3 and 2 ms) over after-window steps of 1 ms: 3 ms more than 6 plain steps
+    assert six.guard_cost([3.0, 2.0, 1.0, 1.2, 0.8, 1.0], [True, True, False, False, False, False]) == 1.5
+    assert six.guard_cost([3.0, 2.0], [True, True]) is None  # nothing after the window to compare with
