@@ -17,6 +17,9 @@ from .mat101_python_loop_matmul import PythonLoopMatmul
 _JOINS = {"torch.stack": "stack", "torch.cat": "cat", "torch.concat": "cat", "torch.concatenate": "cat"}
 
 
+# Methods that reduce a whole item to one number (`p.mean()`): one call with the item dim kept
+# does it for every item.
+_WHOLE_REDUCTIONS = frozenset({"mean", "sum"})
 # List methods that change the list: an `append` loop fills it only when it is the one change.
 _LIST_CHANGES = frozenset({"append", "extend", "insert", "reverse", "sort", "pop", "remove", "clear"})
 
@@ -53,8 +56,11 @@ class StackedLoopProducts(Rule):
     filled row by row in a `for i in range(...)` loop (`out[i] = ...`, the loop's one use of
     `out`), when each item is a contraction written out by hand: an elementwise product (of two
     factors or more) summed over some dims, `(x[i] * w).sum(-1)`, `torch.sum(a[i] * b[i], dim=-1)`,
-    where the factors are the loop's slice of a tensor (`x[i]`, `x[:, i]`, `for xi in x`) and
-    values fixed across the loop. The message spells out the single call where it is exact:
+    where the factors are the loop's slice of a tensor (`x[i]`, `x[:, i]`, `for xi in x`), values
+    computed from it element by element (`torch.log(p)`) or reducing it whole (`p.mean()`, which
+    is `probs.mean(1, keepdim=True)` for all items), and values fixed across the loop; the sum may
+    be negated (`-torch.sum(p * torch.log(p))`). The list may be rebound to what its stack makes
+    (`xs = torch.stack(xs)`). The message spells out the single call where it is exact:
     the loop takes every item from the first (`range(n)`, not `range(1, n)` or a `while`
     counter) and the items are stacked along the dim they were taken from (`x[i]` with `dim=0`,
     `x[:, h]` with `dim=1`); otherwise it describes the rewrite.
@@ -156,7 +162,7 @@ class StackedLoopProducts(Rule):
                 return
             item = listed.elt
         elif isinstance(listed, ast.Name):
-            found = self._appending_loop(listed.id)
+            found = self._appending_loop(listed.id, node)
             if found is None:
                 return
             loop, item = found
@@ -199,15 +205,28 @@ class StackedLoopProducts(Rule):
         return (factors, rebuild, dims, slices) if slices else None
 
     def _per_item(self, loop: LoopInfo, factor: ast.AST):
+        """The factor's batched form: the loop's item, computed from items element by element
+        (`torch.log(p)` for `p` in `probs`), or the item reduced whole (`p.mean()`, which is
+        `probs.mean(1, keepdim=True)` over all items)."""
         if isinstance(factor, ast.Name) and factor.id not in loop.targets:
             # `xi = x[i]` then `xi * w`: judge the assigned value.
             assigned = self._loop_gemms._single_assignment(loop, factor.id)
-            return self._loop_gemms._batched(loop, assigned, 0) if assigned is not None else None
-        return self._loop_gemms._batched(loop, factor, 0)
+            return self._loop_gemms._batched(loop, assigned, 0, transforms=True) if assigned is not None else None
+        if (isinstance(factor, ast.Call) and isinstance(factor.func, ast.Attribute) and factor.func.attr in _WHOLE_REDUCTIONS
+                and not factor.args and not factor.keywords and self.ctx.qualname(factor.func) is None):
+            reduced = self._loop_gemms._batched(loop, factor.func.value, 0, transforms=True)
+            return reduced.wrapped() if reduced is not None else None
+        return self._loop_gemms._batched(loop, factor, 0, transforms=True)
 
     def _product_sum(self, item: ast.AST):
         """([factors], rebuild, [dim args]) for `(a * b).sum(...)` / `torch.sum(a * b, ...)`; `rebuild(product)` writes the call anew."""
         seg = self.ctx.segment
+        if isinstance(item, ast.UnaryOp) and isinstance(item.op, ast.USub):
+            found = self._product_sum(item.operand)  # `-torch.sum(p * torch.log(p))`
+            if found is None:
+                return None
+            factors, rebuild, dims = found
+            return factors, lambda product: "-" + rebuild(product), dims
         if not isinstance(item, ast.Call):
             return None
         if self.ctx.qualname(item.func) == "torch.sum" and item.args:
@@ -311,17 +330,19 @@ class StackedLoopProducts(Rule):
         found = values.get(name, ())
         return found[0] if len(found) == 1 and stores.get(name) == 1 else None
 
-    def _appending_loop(self, name: str):
-        """The one loop that fills list `name` (bound once, to `[]`) by `name.append(item)`, its only change."""
-        _, _, loops, appends = self._bindings()
+    def _appending_loop(self, name: str, join: ast.Call):
+        """The one loop that fills list `name` (bound to `[]`, and else only to a value made by the
+        `join` of it: `xs = torch.stack(xs)`) by `name.append(item)`, its only change."""
+        values, stores, loops, appends = self._bindings()
         appends = appends.get(name, ())
         if (len(appends) != 1 or not isinstance(appends[0], ast.Call) or appends[0].func.attr != "append"
                 or len(appends[0].args) != 1):
             return None
         call = appends[0]
         owners = [loop for loop in loops if any(sub is call for stmt in loop.body for sub in walk_no_scopes(stmt))]
-        start = self._single_value(name)
-        if len(owners) != 1 or not (isinstance(start, ast.List) and not start.elts):
+        starts = [v for v in values.get(name, ()) if not any(sub is join for sub in ast.walk(v))]
+        if (len(owners) != 1 or len(starts) != 1 or not (isinstance(starts[0], ast.List) and not starts[0].elts)
+                or stores.get(name) != len(values.get(name, ()))):
             return None
         owner = owners[0]
         # One item per iteration, in order: the append is a statement of the body itself (not under

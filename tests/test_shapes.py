@@ -452,7 +452,7 @@ def test_module_level_layers_bound_twice_or_made_global_are_not_known():
 def test_module_level_layers_are_read_with_the_module_names_not_the_function_locals():
     layer = "d = 8\nhead = nn.Linear(4, d)\ndef f(x: torch.Tensor, n):\n"
     plain = revealed(layer + "    reveal(head(x.view(n, 4)))\n    reveal(head(x.view(n, 4)))\n")
-    assert [str(v) for v in plain] == ["(n, d)", "(n, d)"]
+    assert [str(v) for v in plain] == ["(n, 8)", "(n, 8)"]  # the module binds d once, to 8
     shadowed = revealed(layer + "    d = 3\n    reveal(head(x.view(n, 4)))\n")
     assert shadowed == [None]  # not (n, 3): the module's d is not the function's
 

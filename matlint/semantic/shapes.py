@@ -31,6 +31,9 @@ that item in the call, or builds every item with one comprehension expression th
 its own names, and the class never changes the container in place).
 Python numbers keep a tensor's shape: literals, `math.*` calls, sizes, parameters annotated `float`
 or given a float default, and any arithmetic among them (`1.0 / math.sqrt(D)`, `D ** -0.5`).
+A module-level name bound once to an int literal (`BATCH_SIZE = 128`) and never declared
+`global` is that size in every function; `deepcopy(self.critic)` in `__init__` holds the critic's
+class (a target network).
 
 Left unknown on purpose: unannotated parameters and values returned by user functions (no
 inter-procedural analysis); `squeeze()` / `squeeze(d)` over a symbolic size (it may be 1); a
@@ -757,7 +760,10 @@ _MODULE_RETURNS_SELF = frozenset({"to", "cuda", "cpu", "train", "eval", "float",
                                   "requires_grad_", "to_empty", "type", "apply", "share_memory"})
 
 # Calls that return their one argument unchanged.
-_IDENTITY_WRAPPERS = frozenset({"torch.autograd.Variable", "torch.autograd.variable.Variable"})
+# Calls whose result is their one argument's value: `Variable(x)` is x itself since torch 0.4, and
+# `deepcopy(self.critic)` is a module of the same class (a target network).
+_IDENTITY_WRAPPERS = frozenset({"torch.autograd.Variable", "torch.autograd.variable.Variable", "copy.deepcopy",
+                                "copy.copy"})
 
 
 def _torch_name(qual: Optional[str]):
@@ -1549,10 +1555,13 @@ class FunctionShapes:
         return None
 
     def _attribute(self, node):
-        if self._is_self_attr(node) and not self.init_mode:
-            if node.attr in self.class_attrs:
-                return self.class_attrs[node.attr]
-            return Opaque(self.sym(f"{self.self_name}.{node.attr}"))
+        if self._is_self_attr(node):
+            if not self.init_mode:
+                if node.attr in self.class_attrs:
+                    return self.class_attrs[node.attr]
+                return Opaque(self.sym(f"{self.self_name}.{node.attr}"))
+            if isinstance(self.stored_attrs.get(node.attr), Instance):
+                return self.stored_attrs[node.attr]  # `deepcopy(self.critic)` further down `__init__`
         base = self.infer(node.value)
         attr = node.attr
         qual = self.ctx.qualname(node)
@@ -1708,7 +1717,7 @@ class FunctionShapes:
             return None
         qual = self.ctx.qualname(func)
         if qual in _IDENTITY_WRAPPERS and len(node.args) == 1 and not node.keywords:
-            return self.infer(node.args[0])  # `Variable(x)`: x itself since torch 0.4
+            return self.infer(node.args[0])
         named = _torch_name(qual)
         callee = receiver = None
         if func.__class__ is not ast.Attribute:
@@ -2345,20 +2354,20 @@ def _drop_first_arg(node: ast.Call) -> ast.Call:
 
 
 def module_assignments(ctx) -> dict:
-    """Names the module binds exactly once, by a plain `name = value`: name -> the value. Empty
-    when any function could rebind a module name (`global`)."""
+    """Names the module binds exactly once, by a plain `name = value`, and no function declares
+    `global`: name -> the value."""
     found = ctx.shared.get("shapes.module_assignments")
     if found is None:
         found = ctx.shared["shapes.module_assignments"] = {}
         body = ctx.tree.body
-        if "global" in ctx.source:
-            return found
         for stmt in scope_statements(body):
             if stmt.__class__ is ast.Assign and len(stmt.targets) == 1 and stmt.targets[0].__class__ is ast.Name:
                 found[stmt.targets[0].id] = stmt.value
         if found:
             counts = _Bindings(body, False, False).counts
-            for name in [name for name in found if counts.get(name) != 1]:
+            rebound = {name for node in walk(ctx.tree) if node.__class__ is ast.Global for name in node.names} \
+                if "global" in ctx.source else ()
+            for name in [name for name in found if counts.get(name) != 1 or name in rebound]:
                 del found[name]
     return found
 
@@ -2472,12 +2481,15 @@ def _forward_of(cls: ast.ClassDef) -> Optional[str]:
 
 def module_level_value(ctx, name: str):
     """What a free name of a function holds when the module binds it once: an instance of a
-    class of the file (`model = PPO()`), or a number (`gamma = 0.98`); else None."""
+    class of the file (`model = PPO()`), a number (`gamma = 0.98`) or a size (`BATCH_SIZE = 128`);
+    else None."""
     value = module_assignments(ctx).get(name)
     if value is None:
         return None
     if value.__class__ is ast.Constant and type(value.value) is float:
         return SCALAR
+    if value.__class__ is ast.Constant and type(value.value) is int:
+        return IntVal(value.value)
     return instance_made(ctx, value)
 
 
@@ -2791,7 +2803,8 @@ def _imported_class_may_shape(ctx, name: str) -> bool:
 
 def _instance_attributes(ctx, cls: ast.ClassDef) -> frozenset:
     """Attributes `__init__` of `cls` assigns a call of a class of the file (`self.critic =
-    Critic(d)`), read off the syntax."""
+    Critic(d)`), or a copy of one (`self.critic_target = deepcopy(self.critic)`), read off the
+    syntax."""
     key = ("shapes.instance_attributes", id(cls))
     found = ctx.shared.get(key)
     if found is None:
@@ -2802,10 +2815,18 @@ def _instance_attributes(ctx, cls: ast.ClassDef) -> frozenset:
                     and any((_may_shape(ctx, name) if name in file_classes(ctx)
                              else _imported_class_may_shape(ctx, name))
                             for name in set(_CALLED_NAME.findall(function_text(ctx, fn))) if name in classes)):
+                copies = []
                 for node in ast.walk(fn):
-                    if (node.__class__ is ast.Assign and node.value.__class__ is ast.Call
-                            and node.value.func.__class__ is ast.Name and node.value.func.id in classes):
-                        found.update(t.attr for t in node.targets if t.__class__ is ast.Attribute)
+                    if node.__class__ is ast.Assign and node.value.__class__ is ast.Call:
+                        call = node.value
+                        if call.func.__class__ is ast.Name and call.func.id in classes:
+                            found.update(t.attr for t in node.targets if t.__class__ is ast.Attribute)
+                        elif (len(call.args) == 1 and call.args[0].__class__ is ast.Attribute
+                              and ctx.qualname(call.func) in ("copy.deepcopy", "copy.copy")):
+                            copies.append((call.args[0].attr, node.targets))
+                for copied, targets in copies:
+                    if copied in found:
+                        found.update(t.attr for t in targets if t.__class__ is ast.Attribute)
         found = ctx.shared[key] = frozenset(found)
     return found
 
