@@ -66,6 +66,7 @@ class FileCalls:
             self.module_functions.pop(name, None)
             self.classes.pop(name, None)
         self.functions: list = []          # every function of the file
+        self._callees: Optional[dict] = None  # id(call) -> (function, CallSite), see `callee`
         # Names the text calls somewhere besides their `def`: only statements that spell one of
         # them can call a function of the file (most statements are not read further).
         names = set(self.module_functions).union(*(table.keys() for table in self.methods.values()))
@@ -189,6 +190,19 @@ class FileCalls:
 
     def call_sites(self, function: ast.AST) -> list:
         return self.sites.get(id(function), [])
+
+    def callee(self, call: ast.Call) -> Optional[tuple]:
+        """(the function of the file that `call` runs, its CallSite), or None: the inverse of
+        `call_sites`, built on first use."""
+        if self._callees is None:
+            functions = {id(function): function for function in self.functions}
+            self._callees = {}
+            for key, sites in self.sites.items():
+                function = functions.get(key)
+                if function is not None:
+                    for site in sites:
+                        self._callees.setdefault(id(site.call), (function, site))
+        return self._callees.get(id(call))
 
 
 _INSTANCE = re.compile(r"(?<![\w.])((?:self\.)?[A-Za-z_]\w*)[ \t]*=[ \t]*([A-Za-z_]\w*)\(")

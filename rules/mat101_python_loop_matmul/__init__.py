@@ -7,13 +7,60 @@ from typing import Optional
 from matlint.rule import Rule
 
 from matlint.semantic import kinds as _kinds
+from matlint.semantic.calls import argument_for, file_calls
+from matlint.semantic.file import Position
 from matlint.semantic.flow import flow_of
-from matlint.semantic.loops import LoopInfo, updates_weights, walk_no_scopes
+from matlint.semantic.loops import LoopInfo, loaded_names, updates_weights, walk_no_scopes
 from matlint.rule import GemmVisitor
 from matlint.semantic.torch_api import as_gemm
 
 from .advice import _BatchedAdvice
 from .items import _PerItemOperands
+
+def _writes_state(function) -> bool:
+    """`function` stores into an attribute or a subscript, or declares `global`/`nonlocal`: a
+    call's effects may depend on the calls before it."""
+    for sub in walk_no_scopes(function):
+        if sub.__class__ in (ast.Global, ast.Nonlocal):
+            return True
+        if sub.__class__ in (ast.Assign, ast.AugAssign, ast.AnnAssign):
+            targets = sub.targets if sub.__class__ is ast.Assign else [sub.target]
+            if any(t.__class__ in (ast.Attribute, ast.Subscript) for t in targets):
+                return True
+    return False
+
+
+def _gemm_on(ctx, function, cls, params: set):
+    """The first GEMM of `function` (outside its own loops and nested functions) with an operand
+    computed from `params`, seen from inside the function; None if there is none."""
+    at = Position(ctx, (function,), cls)
+    tainted = set(params)
+    for stmt in _straight_line(function.body):
+        for sub in walk_no_scopes(stmt):
+            if sub.__class__ in (ast.BinOp, ast.Call):
+                gemm = as_gemm(at, sub)
+                if gemm is not None and any(loaded_names(op) & tainted for op in gemm.operands):
+                    return gemm
+        if stmt.__class__ is ast.Assign and loaded_names(stmt.value) & tainted:
+            tainted |= {n.id for t in stmt.targets for n in ast.walk(t) if n.__class__ is ast.Name}
+    return None
+
+
+def _straight_line(body: list):
+    """The statements of `body`, those of its `if`/`with`/`try` blocks in order, not of loops."""
+    for stmt in body:
+        if stmt.__class__ in (ast.For, ast.AsyncFor, ast.While, ast.FunctionDef, ast.AsyncFunctionDef,
+                              ast.ClassDef):
+            continue
+        if stmt.__class__ in (ast.If, ast.With, ast.AsyncWith, ast.Try):
+            yield from _straight_line(stmt.body)
+            yield from _straight_line(getattr(stmt, "orelse", []))
+            for handler in getattr(stmt, "handlers", []):
+                yield from _straight_line(handler.body)
+            yield from _straight_line(getattr(stmt, "finalbody", []))
+            continue
+        yield stmt
+
 
 _RECURRENT_MODULES = frozenset({"torch.nn.RNNCell", "torch.nn.LSTMCell", "torch.nn.GRUCell",
                                 "torch.nn.RNN", "torch.nn.LSTM", "torch.nn.GRU"})
@@ -34,7 +81,10 @@ class PythonLoopMatmul(_PerItemOperands, _BatchedAdvice, GemmVisitor, Rule):
     the loop body, also through steps that treat every item alike: arithmetic with values fixed
     in the loop (`(x[i] - mean) @ W`), elementwise torch functions (`torch.relu(x[b])`), row-wise
     modules (`self.fc(self.norm(x[:, t]))` with a LayerNorm, Embedding, Dropout or activation),
-    and earlier GEMMs of the item (`att @ v[i]` with `att = softmax(q[i] @ k[i].T)`). The
+    and earlier GEMMs of the item (`att @ v[i]` with `att = softmax(q[i] @ k[i].T)`). Also a
+    call that hands the item to a function or method of the file, or to a module of a class of
+    the file (its `forward`), where that function runs such a GEMM on it outside any loop of its
+    own (`self.score(hidden[:, b], enc[i, b])`, `model(x)` for `x` in `X`). The
     message says which single call replaces the loop, with `einsum`
     subscripts written out when they can be derived. `matmul` treats a 1-D operand as a vector,
     so the call depends on the items' rank: `A @ x[i]` over vectors is `x @ A.T`, `x[i] @ y[i]`
@@ -88,6 +138,10 @@ class PythonLoopMatmul(_PerItemOperands, _BatchedAdvice, GemmVisitor, Rule):
     - Items transformed in ways that differ between items or read other items: BatchNorm (its
       statistics span each step's batch), a boolean mask per item (`x[i][mask[i]]`), fresh
       random values (`x[i] + torch.randn(d)`), `x[i] - x[i - 1]`.
+    - A called function that stores into an attribute or subscript or declares `global` (each
+      call may depend on the ones before), whose GEMM reads only values fixed in the loop, or
+      runs in a loop of its own (reported there when it is per item); a call handed the value
+      of the step before (`h = step(x[t], h)`).
     - Items whose shapes may differ: iterating a list, `range(len(xs))` over something not known
       to be a tensor, data loaders.
     - numpy arrays and anything not known to be a tensor.
@@ -103,6 +157,41 @@ class PythonLoopMatmul(_PerItemOperands, _BatchedAdvice, GemmVisitor, Rule):
         found = self.per_item(node, self.ctx.loops)
         if found is not None:
             self.report(node, self._message(*found))
+        elif node.__class__ is ast.Call:
+            called = self.per_item_call(node, self.ctx.loops)
+            if called is not None:
+                self.report(node, self._call_message(node, *called))
+
+    def per_item_call(self, node: ast.Call, loops: list) -> Optional[tuple]:
+        """(function, gemm, loop) when `node` calls a function or method of the file, or a module
+        of a class of the file (its `forward`), with the loop's item, and that function runs a
+        GEMM on it outside any loop of its own: the GEMM runs once per item, as if written in
+        the loop."""
+        found = file_calls(self.ctx).callee(node)
+        if found is None:
+            return None
+        function, site = found
+        if function.name == "__init__" or function in self.ctx.functions or _writes_state(function):
+            return None  # a constructor, a recursion, or a call whose order matters
+        params = [a.arg for a in function.args.posonlyargs + function.args.args][1 if site.bound else 0:]
+        params += [a.arg for a in function.args.kwonlyargs]
+        passed = {p: argument_for(site, function, p) for p in params}
+        if any(a.__class__ is ast.Starred for a in node.args) or any(k.arg is None for k in node.keywords):
+            return None
+        for loop in reversed(loops):
+            items = {p for p, arg in passed.items() if arg is not None and loop.depends_on_iteration(arg)}
+            if not items:
+                continue
+            if any(self._batched(loop, passed[p], 0, transforms=True) is None or loop.reads_carried(passed[p])
+                   for p in items):
+                return None  # not an item of one tensor, or a value of the step before (a recurrence)
+            if any(loop.changes(arg) for p, arg in passed.items() if arg is not None and p not in items):
+                return None
+            if self._is_recurrence(loop) or updates_weights(self.ctx, loop):
+                return None
+            gemm = _gemm_on(self.ctx, function, file_calls(self.ctx).class_of.get(id(function)), items)
+            return (function, gemm, loop) if gemm is not None else None
+        return None
 
     def per_item(self, node: ast.AST, loops: list) -> Optional[tuple]:
         """(gemm, loop, batched) when the GEMM `node` runs once per item of one of `loops` (the
@@ -132,6 +221,17 @@ class PythonLoopMatmul(_PerItemOperands, _BatchedAdvice, GemmVisitor, Rule):
                 return None  # each step reads the last one's result, or the weights change between steps
             return gemm, loop, batched
         return None
+
+    def _call_message(self, node: ast.Call, function, gemm, loop: LoopInfo) -> str:
+        seg = self.ctx.segment
+        what = f"`{seg(node.func)}(...)`"
+        inner = f"`{ast.unparse(gemm.node)[:60]}` on line {gemm.node.lineno} of `{function.name}`"
+        where = (f"the comprehension on line {loop.node.lineno}" if loop.is_comprehension
+                 else f"the `while` loop on line {loop.node.lineno}" if isinstance(loop.node, ast.While)
+                 else f"the `for {seg(loop.node.target)}` loop on line {loop.node.lineno}")
+        return (f"{what} runs a GEMM on this loop's item ({inner}) once per iteration of {where}: many small "
+                f"GEMMs instead of one; call it once on all items stacked along a batch dim (the GEMM "
+                f"batches over leading dims: `matmul`, `bmm` or the layer itself)")
 
     # -- analysis ---------------------------------------------------------------
     def _is_recurrence(self, loop: LoopInfo) -> bool:
