@@ -14,6 +14,10 @@ between the blocks of a transformer, the stages of a ResNet, the layers of an ML
 attention's arithmetic), then the call nearest the share, then the shallowest, a top-level call
 after any call inside one (the user's code hands a top-level call data made just before it).
 A slice that begins at a call is observed from the call before it on (`Slicer`'s preamble).
+A step that ends in the step of an optimizer whose state was made before the warm-up step is cut
+there, and the other slices share the ops before it: that slice is not observed again (below),
+and its ops (AdamW's `.item()` of each parameter's step count) would otherwise leave the forward
+in few, large slices.
 
 A cut is the n-th call of a step; in each sliced step the same n-th call must be the same
 module, and the step must make as many calls as the warm-up did, or the plan no longer fits the
@@ -73,6 +77,12 @@ def plan_slices(log: list, total_ops: int, slices: int = SLICES, after: int = 0)
     ops from the call with that ordinal on (the step's slices before it are already planned)."""
     if slices < 2 or not log or len(log) >= MAX_CALLS:
         return None
+    last = log[-1]
+    if last.settled and after < len(log):
+        # A settled optimizer's step ends the step: its slice is not observed again (`Slicer`), so
+        # the other slices share the ops before it.
+        before = plan_slices(log[:-1], last.ops_before, slices - 1, after)
+        return Plan((before.cuts if before is not None else ()) + ((len(log), last.owner),), len(log))
     first_ops = log[after - 1].ops_before if after else 0
     share = (total_ops - first_ops) / slices
     if share < 1:

@@ -59,6 +59,19 @@ def test_a_far_call_still_makes_two_slices():
     assert plan_slices(log, 51, 2).cuts == ((4, 9),)
 
 
+def test_a_settled_optimizer_step_is_cut_off_and_the_other_slices_share_the_ops_before_it():
+    # an optimizer whose state was made before the warm-up step is not observed again: its many ops
+    # (AdamW's per-parameter `.item()`s) must not leave the forward in few, large slices
+    log, total = _mlp_log(layers=8, optimizer_ops=400)
+    assert [log[o - 1].ops_before for o, _ in plan_slices(log, total, 4).cuts] == [85]  # not settled: two slices
+    log[-1] = log[-1]._replace(settled=True)
+    plan = plan_slices(log, total, 4)
+    assert plan.slices == 4 and plan.cuts[-1] == (len(log), 999)
+    assert [log[o - 1].ops_before for o, _ in plan.cuts[:-1]] == [32, 52]  # the calls nearest thirds of the 85 ops before it
+    assert plan_slices(log, total, 3, after=4).cuts == ((7, 105), (len(log), 999))  # re-planned after the 4th call
+    assert plan_slices(log, total, 3, after=len(log)) is None  # the first slice ends where the optimizer begins
+
+
 def test_replanning_divides_only_the_ops_after_a_call():
     log, total = _mlp_log(layers=8, optimizer_ops=5)
     plan = plan_slices(log, total, 3, after=4)  # thirds of the ops from the 4th call (22 ops in) on
