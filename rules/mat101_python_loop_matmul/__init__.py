@@ -17,6 +17,7 @@ from matlint.semantic.torch_api import as_gemm
 from .advice import _BatchedAdvice
 from .items import _PerItemOperands
 
+
 def _writes_state(function) -> bool:
     """`function` stores into an attribute or a subscript, or declares `global`/`nonlocal`: a
     call's effects may depend on the calls before it."""
@@ -173,11 +174,11 @@ class PythonLoopMatmul(_PerItemOperands, _BatchedAdvice, GemmVisitor, Rule):
         function, site = found
         if function.name == "__init__" or function in self.ctx.functions or _writes_state(function):
             return None  # a constructor, a recursion, or a call whose order matters
+        if any(a.__class__ is ast.Starred for a in node.args) or any(k.arg is None for k in node.keywords):
+            return None
         params = [a.arg for a in function.args.posonlyargs + function.args.args][1 if site.bound else 0:]
         params += [a.arg for a in function.args.kwonlyargs]
         passed = {p: argument_for(site, function, p) for p in params}
-        if any(a.__class__ is ast.Starred for a in node.args) or any(k.arg is None for k in node.keywords):
-            return None
         for loop in reversed(loops):
             items = {p for p, arg in passed.items() if arg is not None and loop.depends_on_iteration(arg)}
             if not items:
@@ -225,7 +226,8 @@ class PythonLoopMatmul(_PerItemOperands, _BatchedAdvice, GemmVisitor, Rule):
     def _call_message(self, node: ast.Call, function, gemm, loop: LoopInfo) -> str:
         seg = self.ctx.segment
         what = f"`{seg(node.func)}(...)`"
-        inner = f"`{ast.unparse(gemm.node)[:60]}` on line {gemm.node.lineno} of `{function.name}`"
+        text = " ".join(seg(gemm.node).split())
+        inner = f"`{text if len(text) <= 60 else text[:57] + '...'}` on line {gemm.node.lineno} of `{function.name}`"
         where = (f"the comprehension on line {loop.node.lineno}" if loop.is_comprehension
                  else f"the `while` loop on line {loop.node.lineno}" if isinstance(loop.node, ast.While)
                  else f"the `for {seg(loop.node.target)}` loop on line {loop.node.lineno}")
