@@ -41,11 +41,9 @@ class FileCalls:
         `imported_sites`, by `(path, name)`."""
         self.imported = dict(imported or {})
         self._stars = self.imported.pop("*", ())
-        self.imported_sites: dict = {}     # (path, name) -> [CallSite], for the `imported` names
         self.module_functions: dict = {}   # name -> FunctionDef, for names bound once at module level
         self.methods: dict = {}            # id(ClassDef) -> {name: FunctionDef}
         self.class_of: dict = {}           # id(FunctionDef) -> its ClassDef, for methods
-        self.sites: dict = {}              # id(FunctionDef) -> [CallSite]
         self.classes: dict = {}            # name -> ClassDef, for classes defined once at module level
         rebound: set = set()
         for stmt in tree.body:
@@ -65,8 +63,12 @@ class FileCalls:
         for name in rebound:
             self.module_functions.pop(name, None)
             self.classes.pop(name, None)
-        self.functions: list = []          # every function of the file
-        self._callees: Optional[dict] = None  # id(call) -> (function, CallSite), see `callee`
+        self._tree, self._text = tree, text
+        self._walked = False               # the calls are found on first use (`_walk_once`)
+        self._by_id: Optional[dict] = None  # id(FunctionDef) -> it, for `callee`
+        self._functions: list = []
+        self._sites: dict = {}
+        self._imported_sites: dict = {}
         # Names the text calls somewhere besides their `def`: only statements that spell one of
         # them can call a function of the file (most statements are not read further).
         names = set(self.module_functions).union(*(table.keys() for table in self.methods.values()))
@@ -85,6 +87,32 @@ class FileCalls:
             if run is not None:
                 self.instances[name] = run
         called += [name.rpartition(".")[2] for name in self.instances]
+        self._called = called
+
+    # The calls of the file, found on first use: `callee` needs only the tables above.
+    @property
+    def functions(self) -> list:
+        """Every function of the file."""
+        self._walk_once()
+        return self._functions
+
+    @property
+    def sites(self) -> dict:
+        """id(FunctionDef) -> [CallSite]."""
+        self._walk_once()
+        return self._sites
+
+    @property
+    def imported_sites(self) -> dict:
+        """(path, name) -> [CallSite], for the `imported` names."""
+        self._walk_once()
+        return self._imported_sites
+
+    def _walk_once(self) -> None:
+        if self._walked:
+            return
+        self._walked = True
+        text, called = self._text, list(self._called)
         modules = list(self.instance_classes) + list(self.imported_instances)
         if self.imported:  # the names imported from project modules, and `alias.` of the modules
             called += [name for name, (_, defined) in self.imported.items() if defined is not None]
@@ -93,7 +121,7 @@ class FileCalls:
             self._call_lines = _lines_calling(text, called, modules) if called or modules else set()
         else:
             self._call_lines = None
-        self._walk(tree, (), None, (), False)
+        self._walk(self._tree, (), None, (), False)
 
     def _may_call(self, stmt: ast.AST) -> bool:
         if self._call_lines is None:
@@ -108,7 +136,7 @@ class FileCalls:
         for field in block_fields(node.__class__):
             for child in getattr(node, field):
                 if isinstance(child, _FUNCTIONS):
-                    self.functions.append(child)
+                    self._functions.append(child)
                     self._calls_in(child, functions, cls, loops, conditional, skip=("body",))
                     self._walk(child, functions + (child,), cls, (), False)
                 elif isinstance(child, ast.ClassDef):
@@ -139,70 +167,76 @@ class FileCalls:
 
     def _record(self, call: ast.Call, functions: tuple, cls: Optional[ast.ClassDef], loops: tuple,
                 conditional: bool) -> None:
+        for key, bound, imported in self._targets(call, functions, cls, loops):
+            site = CallSite(call, functions, cls, bound, loops, conditional)
+            (self._imported_sites if imported else self._sites).setdefault(key, []).append(site)
+
+    def _targets(self, call: ast.Call, functions: tuple, cls: Optional[ast.ClassDef], loops: tuple):
+        """(key, bound, imported) for each definition `call` may run: `id(FunctionDef)` of the
+        file's, or `(path, name)` of what a project module defines (`imported`)."""
         func = call.func
         if isinstance(func, ast.Name):
             target = self.module_functions.get(func.id)
             if target is not None:
-                self.sites.setdefault(id(target), []).append(CallSite(call, functions, cls, False, loops, conditional))
+                yield id(target), False, False
             elif func.id in self.instances:
                 # `criterion(pred, y)` in a function: the instance's `forward` (calls at the top
                 # level, a module's `__main__` smoke test on made-up CPU tensors, say nothing of
                 # what the program passes it)
                 if functions:
-                    self.sites.setdefault(id(self.instances[func.id]), []).append(
-                        CallSite(call, functions, cls, True, loops, conditional))
+                    yield id(self.instances[func.id]), True, False
             elif func.id in self.classes:  # `ProbMask(b, h, ...)` runs its `__init__`
                 target = self.methods[id(self.classes[func.id])].get("__init__")
                 if target is not None:
-                    self.sites.setdefault(id(target), []).append(CallSite(call, functions, cls, True, loops, conditional))
+                    yield id(target), True, False
             elif func.id in self.imported and self.imported[func.id][1] is not None:
-                self.imported_sites.setdefault(self.imported[func.id], []).append(
-                    CallSite(call, functions, cls, False, loops, conditional))
+                yield self.imported[func.id], False, True
             elif self._stars and func.id not in self.imported:
                 for path in self._stars:  # `from utils import *`: any of them may define it
-                    self.imported_sites.setdefault((path, func.id), []).append(
-                        CallSite(call, functions, cls, False, loops, conditional))
+                    yield (path, func.id), False, True
         elif (isinstance(func, ast.Attribute) and isinstance(func.value, ast.Name) and cls is not None
               and functions and _first_parameter(functions[-1]) == func.value.id):
             target = self.methods.get(id(cls), {}).get(func.attr) or self.instances.get("self." + func.attr)
             if target is not None:
-                self.sites.setdefault(id(target), []).append(
-                    CallSite(call, functions, cls, not _is_static(target), loops, conditional))
+                yield id(target), not _is_static(target), False
         elif isinstance(func, ast.Attribute) and isinstance(func.value, ast.Name) and func.value.id in self.classes:
             # `Block.attention(q, k, v)`: a static method called through its class
             target = self.methods.get(id(self.classes[func.value.id]), {}).get(func.attr)
             if target is not None and _is_static(target):
-                self.sites.setdefault(id(target), []).append(CallSite(call, functions, cls, False, loops, conditional))
+                yield id(target), False, False
         if isinstance(func, ast.Attribute) and self.instance_classes:  # `agent.act(s)`, an `Agent` of the file
             owner = self.instance_classes.get(dotted(func.value))
             target = self.methods[id(owner)].get(func.attr) if owner is not None else None
             if target is not None and (functions or loops) and not _is_static(target):
-                self.sites.setdefault(id(target), []).append(CallSite(call, functions, cls, True, loops, conditional))
+                yield id(target), True, False
         if isinstance(func, ast.Attribute) and self.imported_instances:  # `agent.learn()`, `self.agent.act(s)`
             made = self.imported_instances.get(dotted(func.value))
             if made is not None:
-                self.imported_sites.setdefault((made[0], f"{made[1]}.{func.attr}"), []).append(
-                    CallSite(call, functions, cls, False, loops, conditional))
+                yield (made[0], f"{made[1]}.{func.attr}"), False, True
         if (isinstance(func, ast.Attribute) and isinstance(func.value, ast.Name) and func.value.id in self.imported
                 and self.imported[func.value.id][1] is None):  # `at.tonumpy(x)`, `at` a project module
-            self.imported_sites.setdefault((self.imported[func.value.id][0], func.attr), []).append(
-                CallSite(call, functions, cls, False, loops, conditional))
+            yield (self.imported[func.value.id][0], func.attr), False, True
 
     def call_sites(self, function: ast.AST) -> list:
         return self.sites.get(id(function), [])
 
-    def callee(self, call: ast.Call) -> Optional[tuple]:
-        """(the function of the file that `call` runs, its CallSite), or None: the inverse of
-        `call_sites`, built on first use."""
-        if self._callees is None:
-            functions = {id(function): function for function in self.functions}
-            self._callees = {}
-            for key, sites in self.sites.items():
-                function = functions.get(key)
-                if function is not None:
-                    for site in sites:
-                        self._callees.setdefault(id(site.call), (function, site))
-        return self._callees.get(id(call))
+    def callee(self, call: ast.Call, functions: tuple, cls: Optional[ast.ClassDef]) -> Optional[tuple]:
+        """(the function of the file that `call` runs, its CallSite) for a call made inside
+        `functions` (outermost first) of `cls`, or None; read off the file's tables, without
+        finding its other calls."""
+        definitions = self._definitions
+        for key, bound, imported in self._targets(call, functions, cls, ()):
+            if not imported and key in definitions:
+                return definitions[key], CallSite(call, functions, cls, bound, (), False)
+        return None
+
+    @property
+    def _definitions(self) -> dict:
+        if self._by_id is None:
+            self._by_id = {id(f): f for f in self.module_functions.values()}
+            for table in self.methods.values():
+                self._by_id.update((id(f), f) for f in table.values())
+        return self._by_id
 
 
 _INSTANCE = re.compile(r"(?<![\w.])((?:self\.)?[A-Za-z_]\w*)[ \t]*=[ \t]*([A-Za-z_]\w*)\(")

@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import ast
+import re
 from typing import Optional
 
 from matlint.rule import Rule
@@ -31,9 +32,27 @@ def _writes_state(function) -> bool:
     return False
 
 
+_DEF = re.compile(r"\bdef\s+(\w+)")
+
+
+def _defined_names(ctx) -> frozenset:
+    """The names of the file's functions and methods, read off its text."""
+    found = ctx.shared.get("mat101.defined_names")
+    if found is None:
+        found = ctx.shared["mat101.defined_names"] = frozenset(_DEF.findall(ctx.source))
+    return found
+
+
 def _gemm_on(ctx, function, cls, params: set):
     """The first GEMM of `function` (outside its own loops and nested functions) with an operand
     computed from `params`, seen from inside the function; None if there is none."""
+    key = ("mat101.gemm_on", id(function), frozenset(params))
+    if key not in ctx.shared:
+        ctx.shared[key] = _first_gemm_on(ctx, function, cls, params)
+    return ctx.shared[key]
+
+
+def _first_gemm_on(ctx, function, cls, params: set):
     at = Position(ctx, (function,), cls)
     tainted = set(params)
     for stmt in _straight_line(function.body):
@@ -168,12 +187,15 @@ class PythonLoopMatmul(_PerItemOperands, _BatchedAdvice, GemmVisitor, Rule):
         of a class of the file (its `forward`), with the loop's item, and that function runs a
         GEMM on it outside any loop of its own: the GEMM runs once per item, as if written in
         the loop."""
-        found = file_calls(self.ctx).callee(node)
+        if not self._may_call_the_files_code(node):
+            return None
+        calls = file_calls(self.ctx)
+        found = calls.callee(node, tuple(self.ctx.functions), self.ctx.class_)
         if found is None:
             return None
         function, site = found
-        if function.name == "__init__" or function in self.ctx.functions or _writes_state(function):
-            return None  # a constructor, a recursion, or a call whose order matters
+        if function.name == "__init__" or function in self.ctx.functions:
+            return None  # a constructor, or a recursion
         if any(a.__class__ is ast.Starred for a in node.args) or any(k.arg is None for k in node.keywords):
             return None
         params = [a.arg for a in function.args.posonlyargs + function.args.args][1 if site.bound else 0:]
@@ -183,6 +205,9 @@ class PythonLoopMatmul(_PerItemOperands, _BatchedAdvice, GemmVisitor, Rule):
             items = {p for p, arg in passed.items() if arg is not None and loop.depends_on_iteration(arg)}
             if not items:
                 continue
+            gemm = _gemm_on(self.ctx, function, calls.class_of.get(id(function)), items)
+            if gemm is None or _writes_state(function):
+                return None  # no GEMM on the item, or a call whose effects depend on the calls before
             if any(self._batched(loop, passed[p], 0, transforms=True) is None or loop.reads_carried(passed[p])
                    for p in items):
                 return None  # not an item of one tensor, or a value of the step before (a recurrence)
@@ -190,9 +215,21 @@ class PythonLoopMatmul(_PerItemOperands, _BatchedAdvice, GemmVisitor, Rule):
                 return None
             if self._is_recurrence(loop) or updates_weights(self.ctx, loop):
                 return None
-            gemm = _gemm_on(self.ctx, function, file_calls(self.ctx).class_of.get(id(function)), items)
-            return (function, gemm, loop) if gemm is not None else None
+            return function, gemm, loop
         return None
+
+    def _may_call_the_files_code(self, node: ast.Call) -> bool:
+        """Read off the syntax, before the file's calls are resolved: `f(...)` or `obj.m(...)`
+        where the file defines a function `f` or `m`, or `model(...)` in a file whose classes can
+        be called (a `forward` or `__call__`). An imported name (`torch.relu`) is none of them."""
+        func = node.func
+        if self.ctx.qualname(func) is not None:
+            return False
+        defined = _defined_names(self.ctx)
+        if func.__class__ is ast.Attribute:
+            return func.value.__class__ is ast.Name and (func.attr in defined or (
+                func.value.id == "self" and ("forward" in defined or "__call__" in defined)))
+        return func.__class__ is ast.Name and (func.id in defined or "forward" in defined or "__call__" in defined)
 
     def per_item(self, node: ast.AST, loops: list) -> Optional[tuple]:
         """(gemm, loop, batched) when the GEMM `node` runs once per item of one of `loops` (the
