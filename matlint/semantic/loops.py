@@ -292,6 +292,17 @@ class LoopInfo:
         return isinstance(self.node, _COMPREHENSIONS)
 
     @property
+    def described(self) -> str:
+        """The loop as a message names it: "the `for t` loop on line 9", "the comprehension on
+        line 3", "the `while` loop on line 5"."""
+        node = self.node
+        if self.is_comprehension:
+            return f"the comprehension on line {node.lineno}"
+        if isinstance(node, ast.While):
+            return f"the `while` loop on line {node.lineno}"
+        return f"the `for {self.ctx.segment(node.target)}` loop on line {node.lineno}"
+
+    @property
     def body(self) -> list:
         node = self.node
         if isinstance(node, (ast.For, ast.AsyncFor)):

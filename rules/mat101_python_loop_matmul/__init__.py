@@ -265,10 +265,7 @@ class PythonLoopMatmul(_PerItemOperands, _BatchedAdvice, GemmVisitor, Rule):
         what = f"`{seg(node.func)}(...)`"
         text = " ".join(seg(gemm.node).split())
         inner = f"`{text if len(text) <= 60 else text[:57] + '...'}` on line {gemm.node.lineno} of `{function.name}`"
-        where = (f"the comprehension on line {loop.node.lineno}" if loop.is_comprehension
-                 else f"the `while` loop on line {loop.node.lineno}" if isinstance(loop.node, ast.While)
-                 else f"the `for {seg(loop.node.target)}` loop on line {loop.node.lineno}")
-        return (f"{what} runs a GEMM on this loop's item ({inner}) once per iteration of {where}: many small "
+        return (f"{what} runs a GEMM on this loop's item ({inner}) once per iteration of {loop.described}: many small "
                 f"GEMMs instead of one; call it once on all items stacked along a batch dim (the GEMM "
                 f"batches over leading dims: `matmul`, `bmm` or the layer itself)")
 

@@ -26,13 +26,7 @@ class _BatchedAdvice:
             what = f"`{gemm.spelling}()`"
         else:
             what = f"`{gemm.spelling}`"
-        node = loop.node
-        if loop.is_comprehension:
-            where = f"the comprehension on line {node.lineno}"
-        elif isinstance(node, ast.While):
-            where = f"the `while` loop on line {node.lineno}"
-        else:
-            where = f"the `for {seg(node.target)}` loop on line {node.lineno}"
+        where = loop.described
         if gemm.op == "nn.Linear" and isinstance(gemm.node.func, ast.Subscript) and loop.depends_on_iteration(
                 gemm.node.func):
             layers = seg(gemm.node.func.value)

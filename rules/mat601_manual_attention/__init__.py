@@ -282,12 +282,8 @@ class ManualAttention(_ScoresPattern, _WeightsPattern, _OperandLayout, _SdpaFix,
         return message
 
     def _loop_message(self, scores: _Scores, probs: _Probs, loop, sliced: list) -> str:
-        node = loop.node
-        where = (f"the comprehension on line {node.lineno}" if loop.is_comprehension else
-                 f"the `while` loop on line {node.lineno}" if isinstance(node, ast.While) else
-                 f"the `for {self.ctx.segment(node.target)}` loop on line {node.lineno}")
         names = " and ".join(f"`{name}`" for name in dict.fromkeys(sliced))
-        return (self._pattern_message(scores, probs, None) + f"; here it runs once per iteration of {where}, on "
+        return (self._pattern_message(scores, probs, None) + f"; here it runs once per iteration of {loop.described}, on "
                 f"slices of {names}: call SDPA once on the whole tensors, the loop's axis as their head (or "
                 "batch) axis in (B, H, L, E), instead of once per slice (no fix: the loop goes too)")
 
