@@ -139,7 +139,7 @@ class MisalignedMaskBroadcast(Rule):
         """`F.scaled_dot_product_attention(q, k, v, attn_mask=mask)` broadcasts the mask against
         the scores, `(..., L, S)`: q's shape with k's sequence length last."""
         query, key, mask_node = _argument(node, 0, "query"), _argument(node, 1, "key"), _argument(node, 3, "attn_mask")
-        if query is None or key is None or mask_node is None or never_shaped(mask_node):
+        if query is None or key is None or mask_node is None or never_shaped(mask_node, self.ctx):
             return
         q, k = shape_of(self.ctx, query), shape_of(self.ctx, key)
         if q is None or k is None or q.leading or k.leading or len(q.dims) < 3 or len(k.dims) != len(q.dims):
@@ -147,7 +147,7 @@ class MisalignedMaskBroadcast(Rule):
         self._check(node, mask_node, None, make_shape(q.dims[:-1] + k.dims[-2:-1]))
 
     def _check(self, node, mask_node, target_node, target=None) -> bool:
-        if never_shaped(mask_node) or (target is None and never_shaped(target_node)):
+        if never_shaped(mask_node, self.ctx) or (target is None and never_shaped(target_node, self.ctx)):
             return False
         mask = shape_of(self.ctx, mask_node)
         if target is None:

@@ -657,3 +657,29 @@ def test_an_item_of_a_list_the_name_is_bound_to_once_has_the_kind_its_element_gi
             reveal(pair[0])
             reveal(pair[1])
         """) == ["tensor", "tensor", "scalar"]
+
+
+def test_a_name_a_project_module_binds_once_to_a_number_is_a_number_where_it_is_imported(tmp_path):
+    """`from load import SOS_token` where load.py binds `SOS_token = 0` once: a Python number. A
+    name the module rebinds, binds to something else, or a module that is not the project's, is
+    not known to be one."""
+    (tmp_path / "load.py").write_text(textwrap.dedent("""\
+        SOS_token = 0
+        GAMMA = 0.99
+        PAD = 0
+        NAME = "pad"
+
+        def reset():
+            global PAD
+            PAD = 1
+        """))
+    source = textwrap.dedent("""\
+        import torch
+        from load import SOS_token, GAMMA, PAD, NAME
+
+        def step(n):
+            reveal(SOS_token); reveal(GAMMA); reveal(PAD); reveal(NAME)
+        """)
+    (tmp_path / "train.py").write_text(source)
+    findings = lint_source(source, str(tmp_path / "train.py"), [_Reveal], prefilter=False)
+    assert [f.message for f in findings] == ["scalar", "scalar", "None", "None"]

@@ -454,7 +454,7 @@ def test_module_level_layers_are_read_with_the_module_names_not_the_function_loc
     plain = revealed(layer + "    reveal(head(x.view(n, 4)))\n    reveal(head(x.view(n, 4)))\n")
     assert [str(v) for v in plain] == ["(n, 8)", "(n, 8)"]  # the module binds d once, to 8
     shadowed = revealed(layer + "    d = 3\n    reveal(head(x.view(n, 4)))\n")
-    assert shadowed == [None]  # not (n, 3): the module's d is not the function's
+    assert [str(v) for v in shadowed] == ["(n, ?)"]  # not (n, 3): the module's d is not the function's
 
 
 def test_module_level_layers_built_from_each_other_end():
@@ -538,7 +538,7 @@ def test_never_shaped_expressions_have_no_shape(monkeypatch):
     def visit_FunctionDef(self, node):
         analysis = function_shapes(self.ctx, node)
         for sub in ast.walk(node):
-            if isinstance(sub, ast.expr) and never_shaped(sub):
+            if isinstance(sub, ast.expr) and never_shaped(sub, self.ctx):
                 checked.append(sub)
                 assert not isinstance(analysis.value(sub), Shape), ast.unparse(sub)
 
@@ -581,12 +581,16 @@ def test_lazy_analysis_gives_the_values_of_the_whole_analysis(monkeypatch):
 
 
 def test_never_shaped_covers_sizes_attributes_and_displays():
+    from matlint.engine import FileContext
+
+    source = "self.labels = torch.ones(n, 1)\nself.a, self.b = x, y\nself.total += 1\nfc(self.arg, 2)\n"
+    ctx = FileContext(source, "t.py", ast.parse(source))
     for text in ("1", "-1", "not x", "'s'", "f'{x}'", "(a, b)", "[a]", "{a: b}", "[t for t in x]",
-                 "lambda: x", "a or b", "x.shape", "x.shape[0]", "x.dtype", "self.fc", "-x.ndim"):
-        assert never_shaped(ast.parse(text, mode="eval").body), text
+                 "lambda: x", "a or b", "x.shape", "x.shape[0]", "x.dtype", "self.fc", "-x.ndim", "f(x).labels"):
+        assert never_shaped(ast.parse(text, mode="eval").body, ctx), text
     for text in ("x", "x.T", "x.mT", "x.data", "out.values", "x[0]", "x + y", "-x", "f(x)", "x.view(2, 3)",
-                 "a if c else b", "x == y"):
-        assert not never_shaped(ast.parse(text, mode="eval").body), text
+                 "a if c else b", "x == y", "self.labels", "self.a", "self.b", "self.total", "self.arg"):
+        assert not never_shaped(ast.parse(text, mode="eval").body, ctx), text
 
 
 # -- the gate: a function with no source of shapes is not analysed ---------------------------------
@@ -823,3 +827,116 @@ def test_a_class_of_another_project_module_gives_its_forward_shape(tmp_path):
     # The module's head made 4 wide: the shapes differ without broadcasting into a matrix.
     (package / "model.py").write_text(_NET.replace("out=1", "out=4"))
     assert lint_source(source, str(script), rules) == []
+
+
+def test_a_module_whose_class_another_project_module_defines_runs_its_gemm_per_item(tmp_path):
+    """MAT101: `self.score(c * q.select(1, i))` in a loop over `i`, where `self.score` is a
+    `Linear` wrapper of a project module whose `forward` applies `nn.Linear` to its input: one
+    small GEMM per item. The message quotes that GEMM from the module that defines it."""
+    from matlint.registry import get_rule
+
+    (tmp_path / "layers.py").write_text(textwrap.dedent("""\
+        import torch.nn as nn
+
+        class Linear(nn.Module):
+            def __init__(self, d_in, d_out, dropout=0.0):
+                super().__init__()
+                self.linear = nn.Linear(d_in, d_out)
+                self.dropout = nn.Dropout(dropout)
+
+            def forward(self, x):
+                x = self.dropout(x)
+                return self.linear(x)
+
+        class Running(nn.Module):
+            def __init__(self, d):
+                super().__init__()
+                self.linear = nn.Linear(d, d)
+
+            def forward(self, x):
+                self.last = x
+                return self.linear(x)
+        """))
+    source = textwrap.dedent("""\
+        import torch
+        import torch.nn as nn
+        from layers import Linear, Running
+
+        class Attention(nn.Module):
+            def __init__(self, d):
+                super().__init__()
+                self.score = Linear(d, 1)
+                self.keep = Running(d)
+
+            def forward(self, c, q):
+                cols = []
+                for i in range(q.size(1)):
+                    cols.append(self.score(c * q.select(1, i).unsqueeze(1)))
+                    cols.append(self.keep(q.select(1, i)))
+                return torch.stack(cols, dim=-1)
+        """)
+    script = tmp_path / "model.py"
+    script.write_text(source)
+    found = lint_source(source, str(script), [get_rule("MAT101")])
+    assert [(f.row, f.column) for f in found] == [(14, 25)]  # `Running` stores state: each call may depend on the last
+    assert "(`self.linear(x)` on line 11 of `forward` in layers.py)" in found[0].message
+
+
+def test_a_size_the_analysis_cannot_read_still_counts_as_a_dim():
+    """`view` with a size it cannot read, and an `nn.Linear` whose width it cannot read: the rank
+    is known, the dim is not. A lone name may hold a whole size tuple, and stays unknown."""
+    values = revealed("""\
+        def f(x, s, n, k, sizes):
+            fc = nn.Linear(8, max(n, k))
+            flat = x.view(-1, 64 * (s // 2) * (s // 2))
+            reveal(flat)
+            reveal(fc(torch.randn(4, 8)))
+            reveal(fc(flat)[:, 0])
+            reveal(x.view(sizes))
+        """)
+    assert [str(v) for v in values[:3]] == ["(?, ?)", "(4, ?)", "(?,)"]
+    assert not isinstance(values[3], Shape)
+
+
+def test_a_loss_module_moved_to_the_gpu_is_the_same_loss():
+    value = inferred("crit = nn.BCELoss().cuda()\nother = nn.MSELoss().to('cuda')", "crit")
+    assert isinstance(value, _shapes.Loss) and value.name == "BCELoss"
+    assert inferred("crit = nn.BCELoss().cuda()\nother = nn.MSELoss().to('cuda')", "other").name == "MSELoss"
+
+
+def test_what_a_method_stores_in_self_it_reads_back_unless_another_method_stores_it():
+    values = revealed("""\
+        class Agent:
+            def reset(self, n: int):
+                self.h = torch.zeros(n)
+
+            def fit(self, n: int):
+                self.labels = torch.ones(n, 1)
+                self.h = torch.zeros(n, 1)
+                reveal(self.labels)
+                reveal(self.h)
+                for _ in range(3):
+                    reveal(self.labels)
+                    self.labels = torch.ones(n)
+        """)
+    assert [str(v) if v is not None else None for v in values[:1]] == ["(n, 1)"]
+    assert not isinstance(values[1], Shape)  # `reset` stores `self.h` too
+    assert values[2] is None  # the loop stores it: another pass reads another value
+
+
+def test_a_function_nested_in_a_method_reads_the_methods_self():
+    values = revealed("""\
+        class Net(nn.Module):
+            def __init__(self):
+                super().__init__()
+                self.head = nn.Linear(8, 1)
+
+            def forward(self, x):
+                def inner(c):
+                    return reveal(self.head(c))
+                def shadow(self, c):
+                    return reveal(self.head(c))
+                return inner(x) + shadow(x, x)
+        """)
+    assert str(values[0]) == "(..., 1)"
+    assert values[1] is None

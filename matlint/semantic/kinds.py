@@ -12,7 +12,7 @@ from typing import Optional
 from .calls import CallSite, FileCalls, argument_for, file_calls
 from .lazy import BuiltOnFirstUse
 from .file import project_file
-from .project import (SCRIPT_PROJECT_FILES, imported_definition, importers, in_script_project,
+from .project import (SCRIPT_PROJECT_FILES, imported_definition, imported_number, importers, in_script_project,
                       project_imports)
 # identifier_text lives in tree (a leaf, which calls and flow read too); the rules read it from here
 from .tree import _COMPREHENSIONS, block_fields, child_nodes, identifier_text, may_mention, walk_no_scopes
@@ -347,7 +347,8 @@ class ScopeKinds(BuiltOnFirstUse):
             elif what == "import":
                 for alias in node.names:
                     name = (alias.asname or alias.name).split(".")[0]
-                    self.assigned.setdefault(name, []).append(("kind", OTHER))
+                    entry = ("imported", node, alias.name) if node_type is ast.ImportFrom and node.module else ("kind", OTHER)
+                    self.assigned.setdefault(name, []).append(entry)
             elif what == "attribute":
                 if type(node.value) is ast.Name:
                     self.methods_used.setdefault(node.value.id, set()).add(node.attr)
@@ -531,6 +532,20 @@ class _Inference:
         self.cls = ctx.class_ if cls is _NOT_YET else cls
         self.default_device_set = _sets_default_device(ctx)
 
+    def is_self(self, expr: ast.AST) -> bool:
+        """`expr` is the name of the instance of `self.cls` in the method being read: the
+        method's first parameter, also read from a function nested in it (`def inner(c, q):
+        self.proj(c * q)`) where no scope in between binds the name."""
+        if self.cls is None or expr.__class__ is not ast.Name:
+            return False
+        body = self.cls.body
+        for scope in self.chain:
+            if scope.owner in body:
+                return scope.self_name == expr.id
+            if expr.id in scope.assigned:
+                return False
+        return False
+
     # -- names ----------------------------------------------------------------
     def name(self, ident: str, chain=None) -> Optional[str]:
         chain = chain if chain is not None else self.chain
@@ -572,6 +587,9 @@ class _Inference:
         tag = entry[0]
         if tag == "kind":
             return entry[1]
+        if tag == "imported":  # `from load import SOS_token`, a number there
+            node = entry[1]
+            return SCALAR if imported_number(self.ctx, node.module, node.level, entry[2]) else OTHER
         if tag == "value":
             if entry[1].__class__ is ast.Constant and entry[1].value is None:
                 return _NONE
@@ -725,7 +743,10 @@ class _Inference:
         if isinstance(node, ast.Name):
             qual = ctx.qualname(node)
             if qual is not None:
-                return self._qualified(qual)
+                kind = self._qualified(qual)
+                if kind is None and self.name(node.id) == SCALAR:
+                    return SCALAR  # `SOS_token` after `from load import SOS_token`, a number there
+                return kind
             kind = self.name(node.id)
             if kind is None and node.id.lower().endswith("loader"):
                 return LOADER  # `train_loader`, `dataloader`; not `loader_names`, `val_loaders`
@@ -813,7 +834,7 @@ class _Inference:
         if qual is not None:
             return self._qualified(qual)
         base = node.value
-        if isinstance(base, ast.Name) and self.chain and base.id == self.chain[0].self_name and self.cls is not None:
+        if self.is_self(base):
             return class_attribute_kind(self.ctx, self.cls, node.attr)
         if base_kind is _NOT_YET:
             base_kind = self.expr(base)
@@ -928,11 +949,10 @@ class _Inference:
                 return None
             scope = next((scope for scope in self.chain if func.id in scope.assigned), None)
             return (definition, None) if scope is not None and scope.owner is self.ctx.tree else None
-        if func.__class__ is not ast.Attribute or self.cls is None or not self.chain \
-                or func.value.__class__ is not ast.Name or func.value.id != self.chain[0].self_name:
+        if func.__class__ is not ast.Attribute or not self.is_self(func.value):
             return None
         methods = calls.methods.get(id(self.cls))
-        if methods is None or calls.class_of.get(id(self.chain[0].owner)) is not self.cls:
+        if methods is None:
             return None
         method = methods.get(func.attr)
         return (method, self.cls) if method is not None and not method.decorator_list else None
@@ -996,8 +1016,7 @@ class _Inference:
         `self.net = Net(...)`), when every value it is bound to makes one."""
         if isinstance(func, ast.Name):
             values = [e[1] for e in bindings(self.ctx, func.id) or () if e[0] == "value"]
-        elif (isinstance(func, ast.Attribute) and isinstance(func.value, ast.Name) and self.cls is not None
-              and self.chain and func.value.id == self.chain[0].self_name):
+        elif isinstance(func, ast.Attribute) and self.is_self(func.value):
             values = [value for _, value in class_attribute_values(self.ctx, self.cls, func.attr)]
         else:
             return None
@@ -1099,13 +1118,12 @@ class _Inference:
         if key is None:
             key = _ANY_KEY  # `self.heads[i]`: the item every item is, where one expression builds them all
         cls = self.cls
-        if (cls is None or not isinstance(container, ast.Attribute) or not self.chain
-                or not isinstance(container.value, ast.Name) or container.value.id != self.chain[0].self_name):
+        if cls is None or not isinstance(container, ast.Attribute) or not self.is_self(container.value):
             return None
         # A layer on another path (`if individual: ModuleList ... else: nn.Linear`) cannot be
         # indexed: the item comes from the containers.
         entries = [(method, value) for method, value in class_attribute_values(self.ctx, cls, container.attr)
-                   if not (isinstance(value, ast.Call) and self.ctx.qualname(value.func) in _LINEAR_MODULES)]
+                   if not _unindexable_layer(self.ctx, value)]
         built = [(method, module_container(self.ctx, value)) for method, value in entries]
         if container.attr in mutated_attributes(self.ctx, cls):
             # `self.layers = nn.ModuleList()`, then `self.layers.append(nn.Linear(d, d))` in a
@@ -1348,6 +1366,18 @@ def _class_attribute_values(cls: ast.ClassDef, calls: bool) -> dict:
 _CONTAINER_MUTATORS = frozenset({"append", "extend", "insert", "update", "pop", "popitem", "clear",
                                  "add_module", "register_module", "setdefault", "__setitem__", "__delitem__"})
 _MODULE_CONTAINERS = frozenset({"torch.nn.ModuleList", "torch.nn.ModuleDict", "torch.nn.Sequential"})
+_INDEXABLE = _MODULE_CONTAINERS | {"torch.nn.ParameterList", "torch.nn.ParameterDict"}
+
+
+def _unindexable_layer(ctx, value: ast.AST) -> bool:
+    """`value` makes a `torch.nn` layer that is no container (`nn.Linear(d, n)`, also on both
+    sides of `nn.Linear(d, n) if n > 0 else nn.Identity()`): what a subscript reads is never it."""
+    if isinstance(value, ast.IfExp):
+        return _unindexable_layer(ctx, value.body) and _unindexable_layer(ctx, value.orelse)
+    if not isinstance(value, ast.Call):
+        return False
+    qual = ctx.qualname(value.func) or ""
+    return qual.startswith("torch.nn.") and qual.count(".") == 2 and qual[9:10].isupper() and qual not in _INDEXABLE
 
 
 def fixed_key(index: ast.AST):

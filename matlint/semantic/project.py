@@ -482,6 +482,28 @@ def imported_definition(ctx, func: ast.AST, kinds: tuple) -> Optional[tuple]:
     return _definition_in(resolve(ctx.filename, module, level), attr, kinds, _RE_EXPORT_HOPS)
 
 
+def imported_number(ctx, module: str, level: int, name: str) -> bool:
+    """`from module import name` binds a Python number: the project module binds `name` once,
+    at its top level, to an int or float literal (`SOS_token = 0` in load.py), and nothing there
+    rebinds it."""
+    key = ("imported_number", module, level, name)
+    found = ctx.shared.get(key)
+    if found is None:
+        path = resolve(ctx.filename, module, level)
+        tree = parsed(path) if path is not None else None
+        found = ctx.shared[key] = tree is not None and _binds_number_once(tree, name)
+    return found
+
+
+def _binds_number_once(tree: ast.Module, name: str) -> bool:
+    top = [s for s in tree.body if isinstance(s, ast.Assign) and len(s.targets) == 1
+           and isinstance(s.targets[0], ast.Name) and s.targets[0].id == name]
+    if len(top) != 1 or not (isinstance(top[0].value, ast.Constant) and type(top[0].value.value) in (int, float)):
+        return False
+    stores = [n for n in ast.walk(tree) if isinstance(n, ast.Name) and n.id == name and not isinstance(n.ctx, ast.Load)]
+    return len(stores) == 1 and not any(isinstance(n, ast.Global) and name in n.names for n in ast.walk(tree))
+
+
 def _definition_in(path: Optional[str], name: str, kinds: tuple, hops: int) -> Optional[tuple]:
     """(the top-level definition of `name` in the module at `path`, its file), following a
     re-export (`from .util import mask_`, `from .base import *` in a package's `__init__.py`) up to

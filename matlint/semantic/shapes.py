@@ -33,7 +33,10 @@ Python numbers keep a tensor's shape: literals, `math.*` calls, sizes, parameter
 or given a float default, and any arithmetic among them (`1.0 / math.sqrt(D)`, `D ** -0.5`).
 A module-level name bound once to an int literal (`BATCH_SIZE = 128`) and never declared
 `global` is that size in every function; `deepcopy(self.critic)` in `__init__` holds the critic's
-class (a target network).
+class (a target network). What a method stores in `self.<attr>` it reads back further down, where
+no other method but `__init__` stores that attribute. A size the analysis cannot read still
+counts as a dim: `x.view(-1, 64 * (s // 2) ** 2)` is `(?, ?)` and `nn.Linear(d, self.n + self.k)`
+maps to `(..., ?)`.
 
 Left unknown on purpose: unannotated parameters and values returned by user functions (no
 inter-procedural analysis); `squeeze()` / `squeeze(d)` over a symbolic size (it may be 1); a
@@ -53,7 +56,7 @@ from typing import Callable, Optional
 
 from .calls import argument_for, file_calls
 from .flow import flow_of, has_word
-from .kinds import (fixed_key, identifier_text, imported_class, int_const, may_mention, module_container,
+from .kinds import (class_attribute_values, fixed_key, identifier_text, imported_class, int_const, may_mention, module_container,
                     mutated_attributes)
 from .loops import scope_statements
 from .project import import_table, in_script_project
@@ -786,8 +789,11 @@ def _torch_name(qual: Optional[str]):
 
 
 def _target_names(target) -> list:
+    """The names a target binds; `self.x` counts as the name `"self.x"` (see `_stored_attr_key`)."""
     if isinstance(target, ast.Name):
         return [target.id]
+    if isinstance(target, ast.Attribute) and isinstance(target.value, ast.Name):
+        return [f"{target.value.id}.{target.attr}"]
     if isinstance(target, (ast.Tuple, ast.List)):
         return [n for elt in target.elts for n in _target_names(elt)]
     if isinstance(target, ast.Starred):
@@ -1233,6 +1239,10 @@ class FunctionShapes:
                     self.stored_attrs[attr] = None
                 else:
                     self.stored_attrs[attr] = value
+            elif self._is_self_attr(target):
+                key = self._stored_attr_key(target)
+                if key is not None:
+                    self.env[key] = value
         elif isinstance(target, ast.Subscript):
             self.infer(target.value)
             self.infer(target.slice)
@@ -1554,9 +1564,26 @@ class FunctionShapes:
             return result if explicit_kept or result is None else replace(result, explicit=frozenset())
         return None
 
+    def _stored_attr_key(self, node) -> Optional[str]:
+        """The key under which the environment holds what this function stored in `self.<attr>`
+        (`self.y_real = torch.ones(n, 1)`, read further down): `"self.y_real"`, a key no
+        identifier can be, forgotten like a name where a loop or branch binds it. Only for an
+        attribute no other method of the class but `__init__` stores: a call in between
+        cannot have changed it."""
+        cls = self.cls
+        if cls is None or self.owner not in cls.body:
+            return None
+        if any(method is not self.owner and method.name != "__init__"
+               for method, _ in class_attribute_values(self.ctx, cls, node.attr)):
+            return None
+        return f"{self.self_name}.{node.attr}"
+
     def _attribute(self, node):
         if self._is_self_attr(node):
             if not self.init_mode:
+                key = f"{self.self_name}.{node.attr}"
+                if key in self.env and self._stored_attr_key(node) is not None:
+                    return self.env[key]
                 if node.attr in self.class_attrs:
                     return self.class_attrs[node.attr]
                 return Opaque(self.sym(f"{self.self_name}.{node.attr}"))
@@ -1735,7 +1762,7 @@ class FunctionShapes:
         if named is not None:
             return self._torch_call(named, node, args, kwargs)
         if isinstance(callee, Instance):  # `self.critic(x)`, `model(x)`: its forward
-            return self._returned(callee, _forward_of(callee.cls), args, kwargs, node)
+            return self._returned(callee, forward_of(callee.cls), args, kwargs, node)
         if func.__class__ is ast.Name and (callee is None or callee.__class__ is Opaque) \
                 and (func.id not in self.env or self.owner is self.ctx.tree):
             # `Critic(d)`: a class of this file (at module level its `class` statement binds it),
@@ -1747,6 +1774,8 @@ class FunctionShapes:
                 and not self.init_mode and func.attr not in self.class_attrs):
             # `self.v(s)`: another method
             return self._returned(Instance(self.cls, self.ctx), func.attr, args, kwargs, node)
+        if func.__class__ is ast.Attribute and isinstance(receiver, (Module, Loss)) and func.attr in _MODULE_RETURNS_SELF:
+            return receiver  # `nn.BCELoss().cuda()`: the module itself
         if func.__class__ is ast.Attribute and isinstance(receiver, Instance):
             if func.attr in _MODULE_RETURNS_SELF and receiver.cls.bases and method_of(receiver.cls, func.attr) is None:
                 return receiver  # `D = D.cuda()`: nn.Module's own method gives the module back
@@ -2012,11 +2041,11 @@ class FunctionShapes:
             data = args[0] if args else kwargs.get("data")
             return replace(data, explicit=frozenset()) if isinstance(data, Shape) else None
         if name in ("Linear", "LazyLinear"):
-            out = kwargs.get("out_features", args[-1] if (args and name == "LazyLinear") else
-                             (args[1] if len(args) > 1 else None))
-            if out is None:
+            given = "out_features" in kwargs or len(args) > (0 if name == "LazyLinear" else 1)
+            if not given or any(a.__class__ is ast.Starred for a in node.args):
                 return None
-            out_dim = as_dim(out)
+            out = kwargs["out_features"] if "out_features" in kwargs else args[-1] if name == "LazyLinear" else args[1]
+            out_dim = as_dim(out)  # None: a size the analysis cannot read (`self.n + self.k`)
             return Module(name, lambda s: op_linear(s, out_dim))
         if name == "Embedding":
             d = kwargs.get("embedding_dim", args[1] if len(args) > 1 else None)
@@ -2234,8 +2263,8 @@ class FunctionShapes:
                     return None
                 dims.extend(spread[0])
                 continue
-            if not isinstance(value, (IntVal, Opaque)):
-                return None
+            if value is not None and not isinstance(value, (IntVal, Opaque)):
+                return None  # an unknown value is a size of its own (`128 * (s // 4) * (s // 4)`)
             if int_const(arg_node) == 1:
                 literal_ones.append(len(dims))
             dims.append(as_dim(value))
@@ -2471,7 +2500,7 @@ def _imported_classes(ctx) -> dict:
     return found
 
 
-def _forward_of(cls: ast.ClassDef) -> Optional[str]:
+def forward_of(cls: ast.ClassDef) -> Optional[str]:
     """The method a call of an instance runs: `forward`, or `__call__` where the class defines it
     in place of `forward`."""
     if method_of(cls, "forward") is not None:
@@ -2576,12 +2605,6 @@ def self_name_of(fn) -> Optional[str]:
     return args[0].arg if args else None
 
 
-# `.name =`, `.name += ...`, `.name, ... =`. The name is matched whole by the lookahead and
-# backreference (an atomic group): no shorter name could be followed by `=` or `,`, and not
-# trying each one made the search 3x faster.
-_ATTRIBUTE_STORE = re.compile(r"\.\s*(?=([A-Za-z_]\w*))\1\s*(?:(?:[-+*/@%&|^]|//|\*\*|<<|>>)?=(?!=)|,)")
-
-
 def _class_attrs(ctx, cls: ast.ClassDef, sizes: tuple = ()) -> dict:
     """`self.<attr>` values set in `__init__` (modules, losses, sizes) and never assigned
     anywhere else in the class; `sizes`: the ints the constructor was given, by parameter."""
@@ -2603,16 +2626,34 @@ def _class_attrs(ctx, cls: ast.ClassDef, sizes: tuple = ()) -> dict:
                      or (isinstance(v, ModuleItems) and k not in mutated_attributes(ctx, cls))
                      or isinstance(v, Instance)}
     if attrs:
-        # Attributes (of anything) stored outside __init__, read off the source text: cheap,
-        # and it errs on the side of forgetting an attribute.
-        lines = ctx.lines[cls.lineno - 1:cls.end_lineno]
-        if init is not None:
-            start, end = init.lineno - cls.lineno, init.end_lineno - cls.lineno + 1
-            lines = lines[:start] + lines[end:]
-        for match in _ATTRIBUTE_STORE.finditer("\n".join(lines)):
-            attrs.pop(match.group(1), None)
+        # Attributes (of any receiver) stored or deleted outside __init__: erring on the side of
+        # forgetting an attribute.
+        for method in cls.body:
+            if method is not init:
+                for node in walk(method):
+                    if node.__class__ is ast.Attribute and node.ctx.__class__ is not ast.Load:
+                        attrs.pop(node.attr, None)
     ctx.shared[key] = attrs
     return attrs
+
+
+def _method_around(ctx, owner) -> Optional[ast.AST]:
+    """The method of the walker's class that is `owner` or holds it (`def inner(c, q)` in
+    `forward`), where no parameter of a function in between rebinds the method's `self`."""
+    if owner.__class__ not in (ast.FunctionDef, ast.AsyncFunctionDef):
+        return None
+    body = ctx.class_.body
+    if owner in body:
+        return owner
+    functions = ctx.functions
+    if not functions or functions[0] not in body or owner not in functions:
+        return None
+    receiver = self_name_of(functions[0])
+    for inner in functions[1:functions.index(owner) + 1]:
+        args = inner.args
+        if receiver in {a.arg for a in args.posonlyargs + args.args + args.kwonlyargs}:
+            return None
+    return functions[0]
 
 
 def function_shapes(ctx, owner=None):
@@ -2626,8 +2667,9 @@ def function_shapes(ctx, owner=None):
     cached = ctx.shared.get(key)
     if cached is None:
         cls = ctx.class_
-        if cls is not None and isinstance(owner, (ast.FunctionDef, ast.AsyncFunctionDef)) and owner in cls.body:
-            decorators = {getattr(d, "id", getattr(d, "attr", None)) for d in owner.decorator_list}
+        method = _method_around(ctx, owner) if cls is not None else None
+        if method is not None:
+            decorators = {getattr(d, "id", getattr(d, "attr", None)) for d in method.decorator_list}
             if decorators & {"staticmethod", "classmethod"}:
                 cls = None
         else:
@@ -2636,7 +2678,7 @@ def function_shapes(ctx, owner=None):
         if owner is current and not may_hold_shapes(ctx, owner, cls):
             cached = ctx.shared[key] = _NO_SHAPES
         elif cls is not None:
-            cached = ctx.shared[key] = FunctionShapes(ctx, owner, _class_attrs(ctx, cls), self_name_of(owner), lazy=True,
+            cached = ctx.shared[key] = FunctionShapes(ctx, owner, _class_attrs(ctx, cls), self_name_of(method), lazy=True,
                                                       cls=cls)
         else:
             cached = ctx.shared[key] = FunctionShapes(ctx, owner, lazy=True)
@@ -2846,6 +2888,18 @@ def may_hold_shapes(ctx, owner, cls: Optional[ast.ClassDef] = None) -> bool:
     return _calls_shaping_code(ctx, text, cls)
 
 
+# `.name =`, `.name += ...`, `.name, ... =` (and `.name,` in an argument list: a gate may say too much).
+_ATTRIBUTE_STORE = re.compile(r"\.\s*([A-Za-z_]\w*)\s*(?:,|(?:[-+*/@%&|^]|//|\*\*|<<|>>)?=(?!=))")
+
+
+def _stored_attribute_names(ctx) -> frozenset:
+    """The attribute names the file's text may store to, read once."""
+    found = ctx.shared.get("shapes.stored_attribute_names")
+    if found is None:
+        found = ctx.shared["shapes.stored_attribute_names"] = frozenset(_ATTRIBUTE_STORE.findall(identifier_text(ctx)))
+    return found
+
+
 # Attributes whose value can be a tensor of known shape (`x.T`, `x.data`, `x.max(-1).values`);
 # the value of any other attribute is a size, a module, a number or unknown (see `_attribute`).
 _SHAPED_ATTRS = frozenset({"T", "mT", "mH", "data", "real", "imag", "grad", "values", "indices"})
@@ -2855,11 +2909,12 @@ _NEVER_SHAPED = (ast.Constant, ast.JoinedStr, ast.Tuple, ast.List, ast.Set, ast.
                  ast.SetComp, ast.DictComp, ast.GeneratorExp, ast.Lambda, ast.BoolOp)
 
 
-def never_shaped(expr) -> bool:
+def never_shaped(expr, ctx) -> bool:
     """True when `shape_of(ctx, expr)` is None whatever the rest of the function says, read off
-    `expr`'s syntax alone: numbers, strings, displays, `x.dtype`, `x.shape`, `x.shape[0]`...
-    Rules check this before asking for shapes, so a function whose operands are all like that is
-    never analysed. Mirrors `_infer`: change both together."""
+    `expr`'s syntax alone: numbers, strings, displays, `x.dtype`, `x.shape`, `x.shape[0]`, an
+    attribute the file never stores to (`self.scale`: what a method stored in `self.y` it may read
+    back)... Rules check this before asking for shapes, so a function whose operands are all like
+    that is never analysed. Mirrors `_infer`: change both together."""
     while type(expr) is ast.UnaryOp:
         if type(expr.op) is ast.Not:
             return True
@@ -2867,7 +2922,8 @@ def never_shaped(expr) -> bool:
     if isinstance(expr, _NEVER_SHAPED):
         return True
     if type(expr) is ast.Attribute:
-        return expr.attr not in _SHAPED_ATTRS
+        return expr.attr not in _SHAPED_ATTRS and not (
+            expr.value.__class__ is ast.Name and expr.attr in _stored_attribute_names(ctx))
     if type(expr) is ast.Subscript:  # `x.shape[...]`: a size or a dim
         value = expr.value
         return type(value) is ast.Attribute and value.attr == "shape"

@@ -2,15 +2,17 @@
 from __future__ import annotations
 
 import ast
+import os
 import re
 from typing import Optional
 
 from matlint.rule import Rule
 
 from matlint.semantic import kinds as _kinds
-from matlint.semantic.calls import argument_for, file_calls
+from matlint.semantic.calls import CallSite, argument_for, file_calls
 from matlint.semantic.file import Position
 from matlint.semantic.flow import flow_of
+from matlint.semantic.shapes import Instance, forward_of, method_of, value_of
 from matlint.semantic.loops import LoopInfo, loaded_names, updates_weights, walk_no_scopes
 from matlint.rule import GemmVisitor
 from matlint.semantic.torch_api import as_gemm
@@ -43,17 +45,18 @@ def _defined_names(ctx) -> frozenset:
     return found
 
 
-def _gemm_on(ctx, function, cls, params: set):
+def _gemm_on(ctx, function, cls, params: set, source=None):
     """The first GEMM of `function` (outside its own loops and nested functions) with an operand
-    computed from `params`, seen from inside the function; None if there is none."""
+    computed from `params`, seen from inside the function in `source` (the file that defines
+    it: this one unless given); None if there is none."""
     key = ("mat101.gemm_on", id(function), frozenset(params))
     if key not in ctx.shared:
-        ctx.shared[key] = _first_gemm_on(ctx, function, cls, params)
+        ctx.shared[key] = _first_gemm_on(source or ctx, function, cls, params)
     return ctx.shared[key]
 
 
-def _first_gemm_on(ctx, function, cls, params: set):
-    at = Position(ctx, (function,), cls)
+def _first_gemm_on(source, function, cls, params: set):
+    at = Position(source, (function,), cls)
     tainted = set(params)
     for stmt in _straight_line(function.body):
         for sub in walk_no_scopes(stmt):
@@ -102,9 +105,11 @@ class PythonLoopMatmul(_PerItemOperands, _BatchedAdvice, GemmVisitor, Rule):
     in the loop (`(x[i] - mean) @ W`), elementwise torch functions (`torch.relu(x[b])`), row-wise
     modules (`self.fc(self.norm(x[:, t]))` with a LayerNorm, Embedding, Dropout or activation),
     and earlier GEMMs of the item (`att @ v[i]` with `att = softmax(q[i] @ k[i].T)`). Also a
-    call that hands the item to a function or method of the file, or to a module of a class of
-    the file (its `forward`), where that function runs such a GEMM on it outside any loop of its
-    own (`self.score(hidden[:, b], enc[i, b])`, `model(x)` for `x` in `X`). The
+    call that hands the item to a function or method of the file, or to a module whose class
+    the file or a project module it imports defines (its `forward`), where that function runs
+    such a GEMM on it outside any loop of its own (`self.score(hidden[:, b], enc[i, b])`,
+    `model(x)` for `x` in `X`, `self.att(c * q.select(1, i))` after `from layers import
+    Linear` and `self.att = Linear(d, 1)`). The
     message says which single call replaces the loop, with `einsum`
     subscripts written out when they can be derived. `matmul` treats a 1-D operand as a vector,
     so the call depends on the items' rank: `A @ x[i]` over vectors is `x @ A.T`, `x[i] @ y[i]`
@@ -183,17 +188,14 @@ class PythonLoopMatmul(_PerItemOperands, _BatchedAdvice, GemmVisitor, Rule):
                 self.report(node, self._call_message(node, *called))
 
     def per_item_call(self, node: ast.Call, loops: list) -> Optional[tuple]:
-        """(function, gemm, loop) when `node` calls a function or method of the file, or a module
+        """(function, gemm, loop, the file defining the function) when `node` calls a function or method of the file, or a module
         of a class of the file (its `forward`), with the loop's item, and that function runs a
         GEMM on it outside any loop of its own: the GEMM runs once per item, as if written in
         the loop."""
-        if not self._may_call_the_files_code(node):
-            return None
-        calls = file_calls(self.ctx)
-        found = calls.callee(node, tuple(self.ctx.functions), self.ctx.class_)
+        found = self._callee(node)
         if found is None:
             return None
-        function, site = found
+        function, site, cls, source = found
         if function.name == "__init__" or function in self.ctx.functions:
             return None  # a constructor, or a recursion
         if any(a.__class__ is ast.Starred for a in node.args) or any(k.arg is None for k in node.keywords):
@@ -205,7 +207,7 @@ class PythonLoopMatmul(_PerItemOperands, _BatchedAdvice, GemmVisitor, Rule):
             items = {p for p, arg in passed.items() if arg is not None and loop.depends_on_iteration(arg)}
             if not items:
                 continue
-            gemm = _gemm_on(self.ctx, function, calls.class_of.get(id(function)), items)
+            gemm = _gemm_on(self.ctx, function, cls, items, source)
             if gemm is None or _writes_state(function):
                 return None  # no GEMM on the item, or a call whose effects depend on the calls before
             if any(self._batched(loop, passed[p], 0, transforms=True) is None or loop.reads_carried(passed[p])
@@ -215,8 +217,30 @@ class PythonLoopMatmul(_PerItemOperands, _BatchedAdvice, GemmVisitor, Rule):
                 return None
             if self._is_recurrence(loop) or updates_weights(self.ctx, loop):
                 return None
-            return function, gemm, loop
+            return function, gemm, loop, source
         return None
+
+    def _callee(self, node: ast.Call) -> Optional[tuple]:
+        """(function, CallSite, its class, the file that defines it) for what `node` runs: a
+        function or method of the file, or the `forward` of a module whose class a project
+        module defines (`self.proj(x)` after `self.proj = Linear(d, 1)` and `from utils.nn
+        import Linear`)."""
+        ctx = self.ctx
+        if self._may_call_the_files_code(node):
+            calls = file_calls(ctx)
+            found = calls.callee(node, tuple(ctx.functions), ctx.class_)
+            if found is not None:
+                return found[0], found[1], calls.class_of.get(id(found[0])), ctx
+        if ctx.qualname(node.func) is not None or _kinds.kind_of(ctx, node.func) != _kinds.USER_MODULE:
+            return None
+        instance = value_of(ctx, node.func)
+        if instance.__class__ is not Instance or instance.source is ctx or instance.source is None:
+            return None
+        run = forward_of(instance.cls)
+        function = method_of(instance.cls, run) if run is not None else None
+        if function is None:
+            return None
+        return function, CallSite(node, tuple(ctx.functions), ctx.class_, True, (), False), instance.cls, instance.source
 
     def _may_call_the_files_code(self, node: ast.Call) -> bool:
         """Read off the syntax, before the file's calls are resolved: `f(...)` or `obj.m(...)`
@@ -260,11 +284,11 @@ class PythonLoopMatmul(_PerItemOperands, _BatchedAdvice, GemmVisitor, Rule):
             return gemm, loop, batched
         return None
 
-    def _call_message(self, node: ast.Call, function, gemm, loop: LoopInfo) -> str:
-        seg = self.ctx.segment
-        what = f"`{seg(node.func)}(...)`"
-        text = " ".join(seg(gemm.node).split())
-        inner = f"`{text if len(text) <= 60 else text[:57] + '...'}` on line {gemm.node.lineno} of `{function.name}`"
+    def _call_message(self, node: ast.Call, function, gemm, loop: LoopInfo, source) -> str:
+        what = f"`{self.ctx.segment(node.func)}(...)`"
+        text = " ".join(source.segment(gemm.node).split())
+        where = "" if source is self.ctx else f" in {os.path.relpath(source.filename, os.path.dirname(self.ctx.filename))}"
+        inner = f"`{text if len(text) <= 60 else text[:57] + '...'}` on line {gemm.node.lineno} of `{function.name}`{where}"
         return (f"{what} runs a GEMM on this loop's item ({inner}) once per iteration of {loop.described}: many small "
                 f"GEMMs instead of one; call it once on all items stacked along a batch dim (the GEMM "
                 f"batches over leading dims: `matmul`, `bmm` or the layer itself)")

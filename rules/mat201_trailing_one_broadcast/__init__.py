@@ -128,7 +128,7 @@ class TrailingOneBroadcast(Rule):
                 return
 
     def _check(self, node, left, right, op) -> bool:
-        if never_shaped(left) or never_shaped(right):
+        if never_shaped(left, self.ctx) or never_shaped(right, self.ctx):
             return False  # no shape to compare, and no analysis of the function run for it
         a, b = shape_of(self.ctx, left), shape_of(self.ctx, right)
         if a is None or b is None:

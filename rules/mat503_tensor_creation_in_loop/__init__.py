@@ -33,6 +33,11 @@ from .stays_quiet import (fills_a_cache, in_value_checked_branch, kept_apart, ru
                           sized_by_loop_item, varies_per_iteration)
 
 
+# Factories whose list of one repeated number `torch.full` makes on the device (the legacy typed
+# constructors with their dtype).
+_REPEATABLE = frozenset({"tensor", "as_tensor", "Tensor"} | set(TYPED_TENSORS))
+
+
 def _shown(ctx, expr: ast.AST) -> str:
     """`expr` quoted and followed by a comma, where it is short enough to read in a message."""
     text = ctx.segment(expr)
@@ -104,7 +109,10 @@ class TensorCreationInLoop(Rule):
       n_T])`: `torch.full((1,), ...)`; a divisor the function passes to `range` is a whole
       number; so is the counter of a loop over `range(...)`: `torch.as_tensor(i).to(d)`), a list of one
       repeated Python number (`torch.tensor([i] * n, device=d)` for a step `i` over a range:
-      `torch.full((n,), i, device=d)`), and a range
+      `torch.full((n,), i, device=d)`; also nested or written as a comprehension, through a
+      legacy typed constructor: `torch.LongTensor([[SOS for _ in range(b)]]).to(d)` is
+      `torch.full((1, b), SOS, dtype=torch.long, device=d)`, where `SOS` may be a number a
+      project module binds once: `from load import SOS`), and a range
       (`torch.LongTensor(range(n)).to(d)`: `torch.arange(n, dtype=torch.long, device=d)`);
     - a tensor an `nn.Module`'s set-up keeps on the host as a plain attribute (not a buffer or
       parameter, never changed later: `self.pe = positional_encoding(d, n)` of a function of the
@@ -357,7 +365,7 @@ class TensorCreationInLoop(Rule):
                     self._constant(node, call, device, made_at=made_at)
                 elif len(call.args) == 1 and name in ("tensor", "as_tensor") and computed_number(ctx, call.args[0]):
                     self._constant(node, call, device, number=True, made_at=made_at)
-                elif len(call.args) == 1 and name in ("tensor", "as_tensor") and repeated_number(ctx, call.args[0]):
+                elif len(call.args) == 1 and name in _REPEATABLE and repeated_number(ctx, call.args[0]):
                     self._repeated(made_at, call, device)
                 elif len(call.args) == 1 and range_data(ctx, call.args[0]) and not any(
                         k.arg in ("requires_grad", None) for k in call.keywords):
@@ -397,7 +405,7 @@ class TensorCreationInLoop(Rule):
             return
         if len(node.args) == 1 and factory[0] in ("tensor", "as_tensor") and computed_number(ctx, node.args[0]):
             self._constant(node, node, ctx.segment(device), number=True)
-        elif len(node.args) == 1 and factory[0] in ("tensor", "as_tensor") and repeated_number(ctx, node.args[0]):
+        elif len(node.args) == 1 and factory[0] in _REPEATABLE and repeated_number(ctx, node.args[0]):
             self._repeated(node, node, ctx.segment(device))
         elif set_once_attribute(ctx, node.args[0]):
             self._constant(node, node, ctx.segment(device))
@@ -597,8 +605,8 @@ class TensorCreationInLoop(Rule):
         if any(k.arg is None or k.arg == "requires_grad" and not is_false(k.value) for k in factory.keywords) \
                 or in_value_checked_branch(self.ctx):
             return
-        number, count = repeated_number(self.ctx, factory.args[0])
-        self.report(node, repeated_message(self.ctx, factory, number, count, device, self._step.where))
+        number, shape = repeated_number(self.ctx, factory.args[0])
+        self.report(node, repeated_message(self.ctx, factory, number, shape, device, self._step.where))
 
     def _report_sampler(self, node: ast.Call, call: ast.Call, device: str) -> None:
         """`torch.bernoulli(p * torch.ones(shape)).to(d)`: the sampler has no `device=`; it draws

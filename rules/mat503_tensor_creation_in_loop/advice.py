@@ -60,15 +60,22 @@ def _torch_for_numpy(ctx, name: str, call: ast.Call, device: str) -> Optional[st
     return f"torch.empty({size}, device={device}).{'normal_' if name == 'normal' else 'uniform_'}({bounds})"
 
 
+def _legacy_dtype(ctx, factory: ast.Call) -> Optional[str]:
+    """The dtype a legacy constructor gives whatever the numbers (`torch.Tensor([1])` float32,
+    `torch.LongTensor([0])` int64), or None for another factory."""
+    legacy = (ctx.qualname(factory.func) or "").rpartition(".")[2]
+    if legacy in TYPED_TENSORS or legacy == "Tensor":
+        return TYPED_TENSORS.get(legacy, "torch.float32")
+    return None
+
+
 def fill_message(ctx, factory: ast.Call, value: ast.AST, number, shape: tuple, device: str, where: str) -> str:
     """A constant of one repeated number (`torch.tensor(0.0, device=d)`, `torch.tensor([0, 0],
     device=d)`): a fill on the device makes a new tensor each time, without a copy, so it
     also fits a tensor that is changed in place, returned or kept."""
     keywords = [f"{k.arg}={ctx.segment(k.value)}" for k in factory.keywords if k.arg != "device"]
-    legacy = (ctx.qualname(factory.func) or "").rpartition(".")[2]
-    if legacy in TYPED_TENSORS or legacy == "Tensor":
-        # `torch.Tensor([1])` is float32 and `torch.LongTensor([0])` int64, whatever the number
-        dtype = TYPED_TENSORS.get(legacy, "torch.float32")
+    dtype = _legacy_dtype(ctx, factory)
+    if dtype is not None:
         if not (dtype == "torch.float32" and number in (0, 1) and type(number) is not bool):
             keywords.append(f"dtype={dtype}")
     elif not any(k.arg == "dtype" for k in factory.keywords) and type(number) in (bool, int):
@@ -93,12 +100,18 @@ def fill_message(ctx, factory: ast.Call, value: ast.AST, number, shape: tuple, d
             f"every {where}; `{instead}` fills it on the device without a copy")
 
 
-def repeated_message(ctx, factory: ast.Call, number: ast.AST, count: ast.AST, device: str, where: str) -> str:
-    """`torch.tensor([i] * n, device=d)`: a list of one Python number, built and copied on every
-    pass; `torch.full` makes the same values (and dtype) on the device."""
+def repeated_message(ctx, factory: ast.Call, number: ast.AST, shape: tuple, device: str, where: str) -> str:
+    """`torch.tensor([i] * n, device=d)`, `torch.LongTensor([[sos] * b])`: a nest of lists of one
+    Python number, built and copied on every pass; `torch.full` makes the same values (and dtype)
+    on the device."""
     keywords = [f"{k.arg}={ctx.segment(k.value)}" for k in factory.keywords if k.arg != "device"]
+    dtype = _legacy_dtype(ctx, factory)
+    if dtype is not None:
+        keywords.append(f"dtype={dtype}")
     keywords.append(f"device={device}")
-    instead = f"torch.full(({ctx.segment(count)},), {ctx.segment(number)}, {', '.join(keywords)})"
+    sizes = [str(d) if isinstance(d, int) else ctx.segment(d) for d in shape]
+    size = f"({sizes[0]},)" if len(sizes) == 1 else f"({', '.join(sizes)})"
+    instead = f"torch.full({size}, {ctx.segment(number)}, {', '.join(keywords)})"
     return (f"this list of one repeated number is built on the host and copied to the device on every {where}; "
             f"`{instead}` fills it on the device without a copy")
 

@@ -250,16 +250,37 @@ def _range_bound(ctx, expr: ast.AST) -> bool:
     return ast.dump(expr) in bounds
 
 
-def repeated_number(ctx, expr: ast.AST) -> Optional[tuple]:
-    """(the number, the count) of `[i] * n` or `n * [i]` where `i` is a Python number (a loop
-    variable over a range, arithmetic of numbers): a list of one repeated value, which
-    `torch.full((n,), i, device=d)` fills on the device."""
-    if not (isinstance(expr, ast.BinOp) and isinstance(expr.op, ast.Mult)):
+def repeated_number(ctx, expr: ast.AST, depth: int = 0) -> Optional[tuple]:
+    """(the number, the shape) of a nest of lists of one Python number (a loop variable over a
+    range, arithmetic of numbers): `[i] * n` or `n * [i]` is `(n,)`, `[i for _ in range(n)]` too,
+    `[[i]] * n` is `(n, 1)` and `[[i] * n]` is `(1, n)`; a shape holds count expressions and 1s.
+    `torch.full(shape, i, device=d)` fills it on the device. None for anything else."""
+    if depth > 4:
         return None
-    for items, count in ((expr.left, expr.right), (expr.right, expr.left)):
-        if isinstance(items, ast.List) and len(items.elts) == 1 and not isinstance(count, (ast.List, ast.Tuple)) \
-                and _is_number(ctx, items.elts[0]):
-            return items.elts[0], count
+    if depth and _is_number(ctx, expr):
+        return expr, ()
+    if isinstance(expr, ast.BinOp) and isinstance(expr.op, ast.Mult):
+        for items, count in ((expr.left, expr.right), (expr.right, expr.left)):
+            if isinstance(items, ast.List) and len(items.elts) == 1 and not isinstance(count, (ast.List, ast.Tuple)):
+                inner = repeated_number(ctx, items.elts[0], depth + 1)
+                if inner is not None:
+                    return inner[0], (count,) + inner[1]
+        return None
+    if isinstance(expr, ast.List) and len(expr.elts) == 1:
+        inner = repeated_number(ctx, expr.elts[0], depth + 1)
+        # `[i]` alone is a constant or a number of the pass (see `computed_number`); inside a nest it is a row
+        return (inner[0], (1,) + inner[1]) if inner is not None and (depth or inner[1]) else None
+    if isinstance(expr, ast.ListComp) and len(expr.generators) == 1:
+        gen = expr.generators[0]
+        it = gen.iter
+        if (gen.ifs or gen.is_async or not (isinstance(it, ast.Call) and isinstance(it.func, ast.Name)
+                                             and it.func.id == "range" and len(it.args) == 1 and not it.keywords)):
+            return None
+        own = {n.id for n in ast.walk(gen.target) if isinstance(n, ast.Name)}
+        if any(isinstance(n, ast.Name) and n.id in own for n in ast.walk(expr.elt)):
+            return None  # `[t for t in range(n)]`: a range, not one value
+        inner = repeated_number(ctx, expr.elt, depth + 1)
+        return (inner[0], (it.args[0],) + inner[1]) if inner is not None else None
     return None
 
 
