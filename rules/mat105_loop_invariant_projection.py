@@ -15,6 +15,32 @@ from .mat101_python_loop_matmul import PythonLoopMatmul
 
 
 _LINEAR = frozenset({"torch.nn.Linear", "torch.nn.LazyLinear"})
+# Wrappers that give back the layer they are handed, its weight reparametrized.
+_REPARAMETRIZED = frozenset({"torch.nn.utils.weight_norm", "torch.nn.utils.spectral_norm",
+                             "torch.nn.utils.weight_norm.weight_norm", "torch.nn.utils.spectral_norm.spectral_norm",
+                             "torch.nn.utils.parametrizations.weight_norm",
+                             "torch.nn.utils.parametrizations.spectral_norm"})
+
+
+def _projection_layer(value: ast.AST, qualname) -> bool:
+    """`value` builds a layer that projects each position alike: an `nn.Linear`, an `nn.Conv1d`
+    of kernel size 1 (a linear map of the channels at each position), also wrapped in
+    `weight_norm(...)` or `spectral_norm(...)`."""
+    if not isinstance(value, ast.Call):
+        return False
+    name = qualname(value.func)
+    if name in _LINEAR:
+        return True
+    if name in _REPARAMETRIZED and value.args:
+        return _projection_layer(value.args[0], qualname)
+    if name == "torch.nn.Conv1d":
+        size = value.args[2] if len(value.args) > 2 else next(
+            (k.value for k in value.keywords if k.arg == "kernel_size"), None)
+        stride = value.args[3] if len(value.args) > 3 else next((k.value for k in value.keywords if k.arg == "stride"), None)
+        one = lambda v: isinstance(v, ast.Constant) and v.value == 1 or isinstance(v, (ast.Tuple, ast.List)) and len(
+            v.elts) == 1 and isinstance(v.elts[0], ast.Constant) and v.elts[0].value == 1
+        return size is not None and one(size) and (stride is None or one(stride)) and len(value.args) <= 4
+    return False
 
 
 def _leading_rows_of(arg: ast.AST) -> ast.AST:
@@ -27,8 +53,9 @@ def _leading_rows_of(arg: ast.AST) -> ast.AST:
 
 
 def _projection_of(cls: ast.ClassDef, forward, param: str, qualname):
-    """The call `self.layer(param)` in `forward` of a `torch.nn.Linear` that `cls` builds in
-    `__init__` (and stores nowhere else), with `param` never rebound in `forward`; else None."""
+    """The call `self.layer(param)` in `forward` of a projection (`_projection_layer`) that `cls`
+    builds in `__init__` (and stores nowhere else), with `param` never rebound in `forward`; else
+    None."""
     if any(isinstance(n, ast.Name) and n.id == param and not isinstance(n.ctx, ast.Load) for n in ast.walk(forward)):
         return None
     self_name = (forward.args.posonlyargs + forward.args.args)[0].arg
@@ -40,7 +67,7 @@ def _projection_of(cls: ast.ClassDef, forward, param: str, qualname):
             stores = [value for stmt in ast.walk(cls) if isinstance(stmt, ast.Assign) for target in stmt.targets
                       if isinstance(target, ast.Attribute) and target.attr == sub.func.attr
                       for value in [stmt.value]]
-            if stores and all(isinstance(v, ast.Call) and qualname(v.func) in _LINEAR for v in stores):
+            if stores and all(_projection_layer(v, qualname) for v in stores):
                 return sub
     return None
 
@@ -72,7 +99,8 @@ class LoopInvariantProjection(GemmVisitor, Rule):
 
     It also flags a call, in such a loop, of a module the class holds (`self.attention(memory, h)`
     after `self.attention = Attention(...)`, a class of the file or of a project module it
-    imports) whose `forward` applies one of its `nn.Linear` layers straight to the parameter
+    imports) whose `forward` applies one of its projections (an `nn.Linear`, also wrapped in
+    `weight_norm`/`spectral_norm`, or an `nn.Conv1d` of kernel size 1) straight to the parameter
     that receives a tensor fixed before the loop, or leading rows of one (`memory[:n]`): the
     decoder attention's `self.W(features)`, recomputed at every decode step. The message names
     the projection to compute once before the loop and pass in.
@@ -100,7 +128,8 @@ class LoopInvariantProjection(GemmVisitor, Rule):
       (`h @ W_hh`) or anything derived from it in the step.
     - Module calls whose argument changes per step (`x[:, t]`, the state), that the module
       transforms before projecting (`features = features * h`), or that it does not project
-      with a layer of its own (a projection already hoisted and passed in).
+      with a layer of its own (a projection already hoisted and passed in), nor with a layer
+      that mixes positions (an `nn.Conv1d` of kernel size 3).
     - Inputs that are not a per-step slice of one tensor (a list of steps, a value fed
       back from the previous prediction, `x[t:t + k]` or `x.split(k, 1)` chunks), tensors rebound or written in
       place inside the loop (`ys[:, t + 1].copy_(h)`, also through another name for the same

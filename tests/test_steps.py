@@ -691,3 +691,55 @@ def test_a_method_that_calls_an_inherited_training_step_is_one(tmp_path):
         """
     assert _reveal_in(tmp_path, {"base_agent.py": base, "dqn.py": agent}, "dqn.py") == [
         "runs a training step through `take_optimisation_step()`", "None"]
+
+
+_METRICS = """
+    import torch
+
+    def accuracy(mu, labels):
+        zero = labels != 0
+        return torch.abs(mu[zero] - labels[zero]).sum().item()
+    """
+
+
+def test_a_helper_two_files_away_runs_every_step_where_a_relay_calls_it_from_the_loop(tmp_path):
+    """evaluate.py's loop over batches calls `update_metrics` of utils.py on every pass (on both
+    arms of `if sample:`), which calls `accuracy` of metrics.py: its boolean masks and `.item()`
+    sync on every batch. A relay that calls it only under its own test, or a loop that does not
+    call the relay, says nothing."""
+    utils = """
+        import metrics
+
+        def update_metrics(raw, mu, labels):
+            raw.append(metrics.accuracy(mu, labels))
+            return raw
+
+        def maybe_update(raw, mu, labels, every):
+            if every:
+                raw.append(metrics.accuracy(mu, labels))
+        """
+    evaluate = """
+        import utils
+
+        def evaluate(model, loader, device, sample):
+            raw = []
+            for x, labels in loader:
+                x, labels = x.to(device), labels.to(device)
+                if sample:
+                    raw = utils.update_metrics(raw, model(x, True), labels)
+                else:
+                    raw = utils.update_metrics(raw, model(x), labels)
+            return raw
+
+        if __name__ == "__main__":
+            evaluate(None, [], "cuda", True)
+        """
+    relayed = tmp_path / "relayed"
+    relayed.mkdir()
+    files = {"metrics.py": _METRICS, "utils.py": utils, "evaluate.py": evaluate}
+    assert _mat502_rows(relayed, files, "metrics.py") == [6]
+    conditional = tmp_path / "conditional"
+    conditional.mkdir()
+    only_maybe = evaluate.replace("utils.update_metrics(raw, model(x), labels)", "utils.maybe_update(raw, model(x), labels, 0)") \
+        .replace("utils.update_metrics(raw, model(x, True), labels)", "utils.maybe_update(raw, model(x, True), labels, 1)")
+    assert _mat502_rows(conditional, {**files, "evaluate.py": only_maybe}, "metrics.py") == []

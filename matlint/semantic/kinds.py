@@ -150,6 +150,8 @@ _ELEMENTWISE_MODULES = {
     "AdaptiveAvgPool1d", "AdaptiveAvgPool2d", "Upsample", "PixelShuffle", "Bilinear", "Sequential",
 }
 _LINEAR_MODULES = {"torch.nn.Linear", "torch.nn.LazyLinear"}
+_TOTAL_NORMS = frozenset({"torch.nn.utils.clip_grad_norm_", "torch.nn.utils.clip_grad_norm",
+                          "torch.nn.utils.get_total_norm", "torch.nn.utils.clip_grad.clip_grad_norm_"})
 _VARIABLE = frozenset({"torch.autograd.Variable", "torch.autograd.variable.Variable"})
 _PARAMETER_LISTS = frozenset({"parameters", "named_parameters", "buffers", "named_buffers"})
 _HOLDS_PARAMETERS = frozenset({None, MODULE, LINEAR, USER_MODULE})  # a module, or a value not known
@@ -1192,6 +1194,8 @@ class _Inference:
             if CPU_TENSOR in arg_kinds and TENSOR not in arg_kinds:
                 return CPU_TENSOR
             return TENSOR
+        if qual in _TOTAL_NORMS:
+            return TENSOR  # the total norm, a 0-d tensor on the parameters' device
         if qual.startswith("torch."):
             return OTHER
         key = ("imported_call_kind", qual)

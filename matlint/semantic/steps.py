@@ -328,7 +328,9 @@ def _tests_settings(ctx, cls: Optional[ast.ClassDef], test: ast.AST) -> bool:
 
 def _tests_around(body: list, call: ast.Call, tests: tuple) -> Optional[tuple]:
     """The tests of the `if` statements around `call` among `body`'s statements; None when it is
-    not there, or sits in an `except` handler or a nested function."""
+    not there, or sits in an `except` handler or a nested function. An `if` whose other arm calls
+    the same function (`if sample: update(m, s) else: update(m)`) runs it on either path: its
+    test is not one of them."""
     for stmt in body:
         if not (stmt.lineno <= call.lineno and call.end_lineno <= (stmt.end_lineno or stmt.lineno)):
             continue
@@ -336,13 +338,26 @@ def _tests_around(body: list, call: ast.Call, tests: tuple) -> Optional[tuple]:
                 h.lineno <= call.lineno <= h.end_lineno for h in stmt.handlers):
             return None
         if isinstance(stmt, ast.If) and not (stmt.test.lineno <= call.lineno <= stmt.test.end_lineno):
-            return _tests_around(stmt.body + stmt.orelse, call, tests + (stmt.test,))
+            inside = stmt.body if stmt.body and call.lineno <= (stmt.body[-1].end_lineno or 0) else stmt.orelse
+            other = stmt.orelse if inside is stmt.body else stmt.body
+            either = bool(other) and _calls_the_same(other, call)
+            return _tests_around(stmt.body + stmt.orelse, call, tests if either else tests + (stmt.test,))
         blocks = [s for f in ("body", "orelse", "finalbody") for s in getattr(stmt, f, None) or []
                   if isinstance(s, ast.stmt)]
         if any(s.lineno <= call.lineno <= (s.end_lineno or s.lineno) for s in blocks):
             return _tests_around(blocks, call, tests)
         return tests  # in the statement's own expressions
     return None
+
+
+def _calls_the_same(body: list, call: ast.Call) -> bool:
+    """A statement of `body` (not in a nested function or another `if`) calls what `call` calls,
+    spelled the same way (`utils.update_metrics`)."""
+    name = dotted(call.func)
+    if name is None:
+        return False
+    return any(isinstance(n, ast.Call) and dotted(n.func) == name
+               for stmt in body if not isinstance(stmt, ast.If) for n in walk_no_scopes(stmt))
 
 
 def _reads_mode(test: ast.AST) -> bool:
@@ -724,8 +739,11 @@ def steps_from_importers(ctx) -> dict:
     file importing it (`importers`) calls on every step: `create_masks(...)` in train.py's loop
     over batches, `ProbMask(...)` in another module's `forward`, `logger.log_data(...)`
     ("Logger.log_data") in its training loop. A class called so runs its `__init__` every step.
-    One file away: what makes a function of the importer run every step is read in the importer
-    alone. Not in a library-sized tree (`SCRIPT_PROJECT_FILES`)."""
+    Also two files away, through a module-level function of an importer that calls it on every
+    call of its own, which the importer's importers call every step (`accuracy` in
+    `update_metrics` of utils.py, which evaluate.py's loop calls). What makes a function of a
+    file run every step is read in that file alone. Not in a library-sized tree
+    (`SCRIPT_PROJECT_FILES`)."""
     found = ctx.shared.get("steps_from_importers")
     if found is None:
         found = ctx.shared["steps_from_importers"] = _steps_in_importers(ctx)
@@ -737,10 +755,55 @@ def _steps_in_importers(ctx) -> dict:
         return {}
     target = os.path.abspath(ctx.filename)
     found = {}
+    relayed = []
     for path in importers(ctx.filename, most=SCRIPT_PROJECT_FILES):
         for (defined_in, name), step in _importer_steps(path).items():
             if defined_in == target:
                 found.setdefault(name, step)
+        relayed.append(path)
+    # Two files away: `accuracy(...)` in `update_metrics` of utils.py, which evaluate.py's loop
+    # over batches calls. What runs the relaying function every step is read in its importer alone.
+    for path in relayed:
+        relays = _relay_functions(path).get(target)
+        if not relays:
+            continue
+        for importer in importers(path, most=SCRIPT_PROJECT_FILES):
+            if os.path.abspath(importer) == target:
+                continue
+            steps = _importer_steps(importer)
+            for name, callers in relays.items():
+                if name in found:
+                    continue
+                for caller in callers:
+                    step = steps.get((os.path.abspath(path), caller))
+                    if step is not None:
+                        found[name] = step._replace(why=f"is called from `{caller}` in {os.path.basename(path)}, "
+                                                        f"which {step.why}")
+                        break
+    return found
+
+
+_RELAYS: dict = {}  # path -> (size, mtime_ns, {defined_in: {name: [module-level functions of path calling it]}})
+
+
+def _relay_functions(path: str) -> dict:
+    """{file: {name: [the module-level functions of the file at `path` that call `name` of that
+    file on every call of theirs]}}, for the definitions of other project files it calls."""
+    return while_unchanged(_RELAYS, path, _read_relays, {})
+
+
+def _read_relays(path: str) -> dict:
+    read = _kinds.importer_calls(path)
+    if read is None:
+        return {}
+    view, calls = read
+    found: dict = {}
+    for (defined_in, name), sites in calls.imported_sites.items():
+        for site in sites:
+            if len(site.functions) == 1 and site.cls is None and not site.loops and not site.conditional:
+                callers = found.setdefault(os.path.abspath(defined_in), {}).setdefault(name, [])
+                if site.functions[0].name not in callers:
+                    callers.append(site.functions[0].name)
     return found
 
 

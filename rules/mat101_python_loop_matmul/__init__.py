@@ -102,7 +102,8 @@ class PythonLoopMatmul(_PerItemOperands, _BatchedAdvice, GemmVisitor, Rule):
     `q[b, h]` in the loop over `h`, `hidden[b, 0]`), iterated over (`for xi in x`,
     `x.unbind(1)`, `torch.unbind(x, 0)`, `x.split(1)`), or assigned from such an item in
     the loop body, also through steps that treat every item alike: arithmetic with values fixed
-    in the loop (`(x[i] - mean) @ W`), elementwise torch functions (`torch.relu(x[b])`), row-wise
+    in the loop (`(x[i] - mean) @ W`), joins of items of one index with such values
+    (`torch.cat([xf[:, i], c[:, i], ctx], dim=1)`), elementwise torch functions (`torch.relu(x[b])`), row-wise
     modules (`self.fc(self.norm(x[:, t]))` with a LayerNorm, Embedding, Dropout or activation),
     and earlier GEMMs of the item (`att @ v[i]` with `att = softmax(q[i] @ k[i].T)`). Also a
     call that hands the item to a function or method of the file, or to a module whose class

@@ -63,10 +63,17 @@ class _BatchedAdvice:
             return (f"apply it once to the whole tensor: `{call}({', '.join(args)})`{then} "
                     f"(a linear layer maps the last dim over any leading dims)")
         if gemm.op in ("nn.Linear", "linear") and batched[0] is not None and len(present) == 1:
-            return (f"apply it once to the whole `{items[0]}`, after the same steps that make its item here, "
-                    f"and index dim {batched[0].dim} of the result (a linear layer maps the last dim over any "
-                    f"leading dims)" if batched[0].dim is not None and batched[0].sources == (batched[0].base,)
-                    else generic)
+            item = batched[0]
+            if item.dim is not None and item.sources == (item.base,):
+                return (f"apply it once to the whole `{items[0]}`, after the same steps that make its item here, "
+                        f"and index dim {item.dim} of the result (a linear layer maps the last dim over any "
+                        f"leading dims)")
+            if len(item.sources) > 1:
+                names = [f"`{seg(source)}`" for source in item.sources]
+                whole = ", ".join(names[:-1]) + " and " + names[-1]
+                return (f"build its input for every iteration at once, by the same steps on the whole {whole}, "
+                        f"and apply it once (a linear layer maps the last dim over any leading dims)")
+            return generic
         if len(ops) != 2 or not dim0:
             return generic
         a, b = [text if isinstance(op, _ATOMS) else f"({text})"

@@ -37,6 +37,7 @@ _ELEMENTWISE_MODULE_CLASSES = frozenset(f"torch.nn.{name}" for name in (
     "LayerNorm", "RMSNorm", "Embedding", "Dropout", "Identity", "ReLU", "ReLU6", "GELU", "SiLU", "ELU", "SELU",
     "CELU", "LeakyReLU", "Mish", "Hardswish", "Sigmoid", "Tanh", "Softplus", "Softsign"))
 _ARITHMETIC = (ast.Add, ast.Sub, ast.Mult, ast.Div, ast.Pow)
+_JOINS = frozenset({"torch.cat", "torch.concat", "torch.concatenate"})
 
 # Calls whose items are the tensor's slices along a dim: `x.unbind(1)`, `torch.unbind(x, dim=1)`;
 # `x.split(1, 1)` keeps the dim (size 1).
@@ -203,6 +204,11 @@ class _PerItemOperands:
         if not isinstance(op, ast.Call) or not op.args or isinstance(op.args[0], ast.Starred):
             return None
         qualname = ctx.qualname(op.func)
+        if qualname in _JOINS and isinstance(op.args[0], (ast.List, ast.Tuple)) and not any(
+                isinstance(e, ast.Starred) for e in op.args[0].elts):
+            # `torch.cat([x[:, i], c[:, i], fixed], dim=1)`: items of one index joined with values fixed
+            # in the loop are alike in every step (the batched form joins the whole tensors)
+            return self._combined(loop, list(op.args[0].elts), op.args[1:] + [k.value for k in op.keywords], depth)
         if qualname in _ELEMENTWISE_FUNCTIONS:
             rest = op.args[1:] + [k.value for k in op.keywords]
         elif (qualname is None and len(op.args) == 1 and not op.keywords

@@ -293,8 +293,11 @@ class HostSyncInLoop(_StepLoops, _HostReads, Rule):
     module (an `nn.Module` whose class name, or a base's, has the word `loss`: `FocalLoss`,
     `MultiBoxLoss`), which computes the step's loss, a module's method named for the loss
     (`loss_function`, `compute_loss`), a `training_step`/`validation_step` hook, and the
-    helpers such a step or loop calls on every pass (not under an `if`), in this file or in a
-    project file that imports it (`utils.clip_gradients(model, clip)` in main.py's training loop;
+    helpers such a step or loop calls on every pass (not under an `if`, or called on both of its
+    paths: `if sample: update(...) else: update(...)`), in this file or in a project file that
+    imports it, or two files away through a function that calls it on every call of its own
+    (`net.accuracy(mu, y)` in `update_metrics` of utils.py, which evaluate.py's loop over
+    batches calls) (`utils.clip_gradients(model, clip)` in main.py's training loop;
     a method of an instance bound once, `agent.choose_action(obs)` after `agent = Agent(...)`; a
     loop that trains through one update call each pass, `agent.learn()`, not one that runs a
     training loop of its own, `self._update_network()` over epochs of minibatches),

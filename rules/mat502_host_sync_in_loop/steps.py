@@ -256,10 +256,11 @@ class _StepLoops:
             # no training step, optimizer step, step hook, loss module or helper of an importer's
             # step: only a `forward` could run every step
             return None
-        if not moves_work_to_cuda(self.ctx) and not imported_by_cuda_code(self.ctx) and not any(
-                path is not None and file_moves_to_cuda(path) for _, _, path in passed_to_steps(self.ctx)):
-            return None  # a helper module that never names a device, nor do its importers or callees
         step = step_of(self.ctx, self.ctx.functions)
+        if not moves_work_to_cuda(self.ctx) and not imported_by_cuda_code(self.ctx) and not any(
+                path is not None and file_moves_to_cuda(path) for _, _, path in passed_to_steps(self.ctx)) \
+                and not (step is not None and step.from_file is not None and file_moves_to_cuda(step.from_file)):
+            return None  # a helper module that never names a device, nor do its importers, callees or steps
         if step is not None and step.from_file is not None and not moves_work_to_cuda(self.ctx) \
                 and not file_moves_to_cuda(step.from_file):
             return None  # run every step by an importer whose work stays on the CPU
