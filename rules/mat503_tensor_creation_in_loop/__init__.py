@@ -19,13 +19,13 @@ from matlint.semantic.kinds import (MODULE_CLASS, TENSOR, TYPED_TENSORS, class_a
                                     module_output)
 from matlint.semantic.project import moves_work_to_cuda
 from matlint.semantic.names import in_test_code
-from matlint.semantic.steps import per_step, step_functions
+from matlint.semantic.steps import derives_from_module, per_step, step_functions
 
 from .advice import (created_on_device, fill_message, numpy_message, range_message, repeated_message, sample_message,
                      sampler_input, sampler_message, sizes_message)
-from .factories import (FILLS, FROM_DATA, RANDOM, carried_to_move, host_attribute, computed_number, device_target, exact_on_device,
+from .factories import (FILLS, FROM_DATA, RANDOM, carried_to_move, constant_values, host_attribute, computed_number, device_target, exact_on_device,
                         has_mover_helpers, helper_made, host_made, index_binding, INDEX_FACTORIES, NUMPY_INDEX_FACTORIES, NUMPY_INDEX_TRICKS, indexed_tensors, is_constant_data, moved_expression,
-                        is_device, is_false, legacy_sizes, module_constant, one_value, range_data, repeated_number, round_trip_source, set_once_attribute,
+                        is_device, is_false, legacy_sizes, one_value, range_data, repeated_number, round_trip_source, set_once_attribute,
                         same_values_on_device, takes_device,
                         torch_factory, unwrapped)
 from .host_data import numpy_made, same_data_every_iteration
@@ -95,7 +95,8 @@ class TensorCreationInLoop(Rule):
       the device;
     - a constant copied from the host (`torch.tensor([0.5, 2.0], device=x.device)`,
       `torch.tensor(1.0).cuda()`, or an attribute of the module that only its set-up
-      assigns and nothing changes in place: `torch.tensor(self.max_action).to(self.device)`, or
+      assigns and nothing changes in place: `torch.tensor(self.max_action).to(self.device)`,
+      also in a list, `torch.Tensor([self.gamma]).cuda()`, or
       a name the module binds once at its top level to numbers or numpy of numbers, which no
       code of the file rebinds or changes: `torch.FloatTensor(QUANTS).cuda()` after `QUANTS =
       np.linspace(0, 1, N)`):
@@ -360,8 +361,7 @@ class TensorCreationInLoop(Rule):
                 if legacy_sizes(ctx, name, call):
                     self.report(made_at, sizes_message(ctx, name, call, device, self._step.where,
                                                        None if made_at is node else node.lineno))
-                elif call.args and (is_constant_data(call.args[0]) or set_once_attribute(ctx, call.args[0])
-                                    or module_constant(ctx, call.args[0])):
+                elif call.args and constant_values(ctx, call.args[0]):
                     self._constant(node, call, device, made_at=made_at)
                 elif len(call.args) == 1 and name in ("tensor", "as_tensor") and computed_number(ctx, call.args[0]):
                     self._constant(node, call, device, number=True, made_at=made_at)
@@ -580,9 +580,12 @@ class TensorCreationInLoop(Rule):
         if kept_apart(self.ctx, node):
             return  # one tensor made once would be shared by every result, or changed by every call
         copied = "" if made_at in (None, node) else f" (on line {node.lineno})"
+        cls = self.ctx.class_
+        once = ("`self.register_buffer(..., persistent=False)` or outside the loop"
+                if cls is None or derives_from_module(self.ctx, cls) else
+                "on the device in `__init__`, or outside the loop")
         self.report(made_at or node, f"this constant tensor is copied from the host to the device{copied} on every "
-                                     f"{self._step.where}; create it once (`self.register_buffer(..., "
-                                     "persistent=False)` or outside the loop)")
+                                     f"{self._step.where}; create it once ({once})")
 
     def _report_invariant(self, node: ast.Call, data: ast.Name) -> None:
         """`torch.tensor(grid_x, device=d)` in a loop, `grid_x` bound before it: the same values

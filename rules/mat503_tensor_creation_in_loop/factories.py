@@ -331,6 +331,15 @@ def set_once_attribute(ctx, expr: ast.AST) -> bool:
     return found
 
 
+def constant_values(ctx, expr: ast.AST) -> bool:
+    """Data that is the same on every pass: literals, a set-once attribute (`set_once_attribute`),
+    a module constant (`module_constant`), or a list or tuple of them (`[self.gamma]`)."""
+    if is_constant_data(expr) or set_once_attribute(ctx, expr) or module_constant(ctx, expr):
+        return True
+    return isinstance(expr, (ast.List, ast.Tuple)) and bool(expr.elts) and all(
+        constant_values(ctx, e) for e in expr.elts)
+
+
 def range_data(ctx, expr: ast.AST) -> bool:
     """`range(n)`, `list(range(n))`: the values `torch.arange` makes."""
     if isinstance(expr, ast.Call) and isinstance(expr.func, ast.Name) and expr.func.id == "list" and len(
