@@ -189,10 +189,10 @@ class PythonLoopMatmul(_PerItemOperands, _BatchedAdvice, GemmVisitor, Rule):
                 self.report(node, self._call_message(node, *called))
 
     def per_item_call(self, node: ast.Call, loops: list) -> Optional[tuple]:
-        """(function, gemm, loop, the file defining the function) when `node` calls a function or method of the file, or a module
-        of a class of the file (its `forward`), with the loop's item, and that function runs a
-        GEMM on it outside any loop of its own: the GEMM runs once per item, as if written in
-        the loop."""
+        """(function, gemm, loop, the file defining the function) when `node` calls a function or
+        method of the file, or a module whose class the file or a project module defines (its
+        `forward`), with the loop's item, and that function runs a GEMM on it outside any loop of
+        its own: the GEMM runs once per item, as if written in the loop."""
         found = self._callee(node)
         if found is None:
             return None
