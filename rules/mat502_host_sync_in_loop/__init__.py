@@ -28,6 +28,9 @@ _MATH_FUNCTIONS = frozenset({"log", "log10", "log2", "log1p", "exp", "expm1", "s
                              "isnan", "isinf", "isfinite", "sin", "cos", "tan", "atan", "tanh", "erf"})
 _MATH_QUALIFIED = frozenset(f"math.{name}" for name in _MATH_FUNCTIONS)
 _TRUTH_BUILTINS = frozenset({"any", "all"})
+# Builtins that walk an iterable and test its items on the host: given a tensor, one sync per element.
+_ELEMENT_BUILTINS = frozenset({"max", "min", "sorted", "any", "all"})
+_DISPLAYS = (ast.GeneratorExp, ast.ListComp, ast.List, ast.Tuple, ast.Set, ast.SetComp)
 _TEXT_CALLS = frozenset({"str", "repr"})  # a tensor made text: its values read on the host
 # torch functions that take some of their arguments as host data (lengths that size the packed batch)
 _HOST_DATA_CALLS = frozenset({"torch.nn.utils.rnn.pack_padded_sequence"})
@@ -249,6 +252,8 @@ class HostSyncInLoop(_StepLoops, _HostReads, Rule):
     arithmetic of one) to a legacy CPU tensor type (`(mask < p).type(torch.FloatTensor)`: cast on
     the device, `.to(torch.float32)`), `.tolist()`, `float(t)`, `int(t)`, `bool(t)`, a Python
     `math` function of a tensor (`math.log10(peak / mse)`: `torch.log10` stays on the device),
+    Python's `max` / `min` / `sorted` / `any` / `all` of a tensor (`max(txt_len)` tests its
+    elements one by one on the host: `txt_len.amax()` stays on the device),
     `if t:` / `while t:` on a tensor (also the `if` of a comprehension over a device tensor's
     elements: `[i for i, d in enumerate(done) if d == 0]`, and `any()` / `all()` of tensors,
     `any(not torch.isfinite(p.grad).all() for p in params)`, one per item), `print(t)` of a tensor,
@@ -526,7 +531,7 @@ class HostSyncInLoop(_StepLoops, _HostReads, Rule):
     call's text holds a comment; the message says to accumulate in a device tensor instead.
     """
 
-    only = {"visit_Call": Only(attrs=frozenset(_SYNC_METHODS | _CONVERSIONS | _DATA_SIZED | _TRUTH_BUILTINS
+    only = {"visit_Call": Only(attrs=frozenset(_SYNC_METHODS | _CONVERSIONS | _DATA_SIZED | _ELEMENT_BUILTINS
                                                | {"print", "synchronize", "type"} | _TEXT_CALLS | _SCALAR_LOGGERS
                                                | {qual.rpartition(".")[2] for qual in _FROM_DATA} | _MATH_FUNCTIONS),
                                every_call_if=_trains_with_project_helpers),
@@ -558,6 +563,16 @@ class HostSyncInLoop(_StepLoops, _HostReads, Rule):
                 self._report(node, f"`{self.ctx.segment(func)}()`",
                              "`torch.stack` the tensors (or `torch.cat`) on the device instead",
                              value=node.args[0], detail="(a list of device tensors: it reads each one on the host)")
+        elif (isinstance(func, ast.Name) and func.id in _ELEMENT_BUILTINS and self.ctx.qualname(func) is None
+              and len(node.args) == 1 and not node.keywords and not isinstance(node.args[0], _DISPLAYS)):
+            # `max(txt_len)` of a device tensor: Python compares its elements one by one
+            if self._step_context() is not None and self._is_device_tensor(node.args[0]) \
+                    and not self._contains_sync_call(node.args[0]):
+                reduction = {"max": "amax()", "min": "amin()", "sorted": "sort()", "any": "any()", "all": "all()"}[func.id]
+                self._report(node, f"`{func.id}()`", self._remedy(node, f"use `{self.ctx.segment(node.args[0])}."
+                                                                        f"{reduction}` on the device (one sync at most "
+                                                                        "where a Python value is needed)"),
+                             value=node.args[0], detail="(it walks the tensor and tests each element on the host)")
         elif (isinstance(func, ast.Name) and func.id in _TRUTH_BUILTINS and self.ctx.qualname(func) is None
               and len(node.args) == 1 and not node.keywords and isinstance(node.args[0], (ast.GeneratorExp, ast.ListComp))):
             item = node.args[0].elt
