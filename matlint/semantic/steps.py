@@ -755,15 +755,14 @@ def _steps_in_importers(ctx) -> dict:
         return {}
     target = os.path.abspath(ctx.filename)
     found = {}
-    relayed = []
-    for path in importers(ctx.filename, most=SCRIPT_PROJECT_FILES):
+    paths = importers(ctx.filename, most=SCRIPT_PROJECT_FILES)
+    for path in paths:
         for (defined_in, name), step in _importer_steps(path).items():
             if defined_in == target:
                 found.setdefault(name, step)
-        relayed.append(path)
     # Two files away: `accuracy(...)` in `update_metrics` of utils.py, which evaluate.py's loop
     # over batches calls. What runs the relaying function every step is read in its importer alone.
-    for path in relayed:
+    for path in paths:
         relays = _relay_functions(path).get(target)
         if not relays:
             continue
