@@ -393,6 +393,39 @@ def test_an_evaluation_loop_over_batches_a_project_module_samples_onto_the_devic
     assert _mat502_rows(tmp_path, {"data.py": unsampled, "train.py": train}, "train.py") == []
 
 
+def test_a_loop_that_runs_a_model_in_evaluation_mode_on_each_batch_it_draws_is_a_step_loop(tmp_path):
+    """`model.eval()` in the function, then `model(x)` or `self.model(x)` on the batch each
+    iteration draws: an evaluation pass, whose syncs happen once per batch. The model must be
+    the one put in evaluation mode, and the batch must change with the iteration."""
+    program = """
+        import torch
+        device = torch.device("cuda")
+
+        def batch(data, i):
+            return data[i:i + 32]
+
+        def validate(model, data):
+            model.eval()
+            total = 0.0
+            for i in range(0, len(data), 32):
+                x = batch(data, i)
+                total += model(x).sum().item()
+            return total
+
+        class Runner:
+            def score(self, data):
+                self.model.eval()
+                for i in range(0, len(data), 32):
+                    print(self.model(batch(data, i)).mean().item())
+        """
+    assert _mat502_rows(tmp_path, {"run.py": program}, "run.py") == [13, 20]
+    other_model = program.replace("model.eval()", "critic.eval()")
+    assert _mat502_rows(tmp_path, {"run.py": other_model}, "run.py") == []
+    fixed_batch = program.replace("x = batch(data, i)", "x = batch(data, 0)").replace(
+        "batch(data, i)).mean()", "batch(data, 0)).mean()")
+    assert _mat502_rows(tmp_path, {"run.py": fixed_batch}, "run.py") == []
+
+
 def test_a_loop_that_moves_its_batches_in_a_program_whose_training_step_lives_in_a_project_module(tmp_path):
     """train.py never calls `.backward()` itself: the loss computer of loss.py does, and steps the
     optimizer. Its evaluation loop, which moves each batch to the device, is a pass over batches;

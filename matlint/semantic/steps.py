@@ -11,7 +11,9 @@ function or from inside a loop that trains (its body calls `.backward()` or an o
 
 A loop goes over batches (`iterates_loader`) when it iterates a data loader (through wrappers
 and names bound to them), an iterator made for a device, or batches it moves to the device
-itself or that a function of the project samples and returns on the device.
+itself or that a function of the project samples and returns on the device. A loop evaluates
+(`evaluates_with_model`) when it calls a model, put in evaluation mode or run with gradients off,
+on the data each iteration goes over or draws.
 
 `per_step(ctx)` answers the question for the node being visited: does it run on every step (on
 every iteration of a loop around it, on every forward call of a module, or on every call of a
@@ -1354,7 +1356,8 @@ def is_step_loop(ctx, loop: LoopInfo) -> bool:
         # A loop that steps an optimizer is a training step whatever it goes over; one that
         # only runs backward passes may go over the tasks of one step.
         steps = training and any(is_optimizer_step(n) for n in loop.direct_nodes())
-        ctx.shared[key] = ((training or iterates_loader(ctx, loop) or samples_with_model(ctx, loop))
+        ctx.shared[key] = ((training or iterates_loader(ctx, loop) or samples_with_model(ctx, loop)
+                            or evaluates_with_model(ctx, loop))
                            and not (not training and one_off(ctx))
                            and not (not steps and iterates_names(ctx, loop))
                            and not epoch_loop(ctx, loop))
@@ -1401,6 +1404,67 @@ def _samples_with_model(ctx, loop: LoopInfo) -> bool:
             outputs |= targets
         elif targets & carried and reads & outputs:
             return True  # `x = x + step * grad + noise`, `x, x0 = scheduler.step(x, eps, t)`
+    return False
+
+
+_GRAD_OFF = frozenset({"torch.no_grad", "torch.inference_mode", "torch.set_grad_enabled"})
+
+
+def evaluates_with_model(ctx, loop: LoopInfo) -> bool:
+    """Each iteration runs a model for evaluation on data the iteration binds: the function puts
+    that model in evaluation mode (`model.eval()`, then `model(data)` or `model.predict(seq)` in
+    the loop), or the loop runs with gradients off (`with torch.no_grad():`, a `@torch.no_grad()`
+    function) and calls a module. The data is what the loop goes over or what its body draws
+    (`data, target = get_batch(source, i)`), not only the state it carries: `for layer in
+    layers: x = layer(x)` is one forward, not a loop of steps. Not in a module's `forward`, nor
+    for a comprehension, nor a decoder that stops on a value it reads back (`_stops_on_host_value`)."""
+    key = ("evaluates_with_model", id(loop.node))
+    found = ctx.shared.get(key)
+    if found is None:
+        found = ctx.shared[key] = _evaluates_with_model(ctx, loop)
+    return found
+
+
+def _evaluates_with_model(ctx, loop: LoopInfo) -> bool:
+    function = ctx.function
+    if loop.is_comprehension or function is None or any(getattr(f, "name", "") == "forward" for f in ctx.functions) \
+            or _stops_on_host_value(loop):
+        return False
+    evaluated = {dotted(node.func.value) for node in walk_no_scopes(function)
+                 if node.__class__ is ast.Call and node.func.__class__ is ast.Attribute and node.func.attr == "eval"
+                 and not node.args and not node.keywords} - {None}
+    grad_off = _grad_off_around(ctx, function, loop.node)
+    if not evaluated and not grad_off:
+        return False
+    per_iteration = loop.targets | loop.derived
+    for call in loop.direct_nodes():
+        if call.__class__ is not ast.Call or not any(
+                loop.depends_on_iteration(a) and not loop.reads_carried(a) for a in call.args):
+            continue
+        func = call.func
+        if loaded_names(func) & per_iteration:
+            continue  # `layer(x)` for each layer
+        receiver = func.value if func.__class__ is ast.Attribute else None
+        if dotted(func) in evaluated or receiver is not None and dotted(receiver) in evaluated:
+            return True
+        if grad_off and (_kinds.callee_kind(ctx, func) in _MODULES
+                         or receiver is not None and _kinds.kind_of(ctx, receiver) in _MODULES):
+            return True
+    return False
+
+
+def _grad_off_around(ctx, function: ast.AST, node: ast.AST) -> bool:
+    """`node` runs with gradients off: inside `with torch.no_grad():` (or `inference_mode()`) of
+    `function`, or in a function decorated so."""
+    def turns_off(expr) -> bool:
+        expr = expr.func if isinstance(expr, ast.Call) else expr
+        return ctx.qualname(expr) in _GRAD_OFF
+    if any(turns_off(d) for d in getattr(function, "decorator_list", ())):
+        return True
+    for with_ in walk_no_scopes(function):
+        if isinstance(with_, (ast.With, ast.AsyncWith)) and any(turns_off(item.context_expr) for item in with_.items) \
+                and any(sub is node for stmt in with_.body for sub in walk_no_scopes(stmt)):
+            return True
     return False
 
 

@@ -290,8 +290,13 @@ class HostSyncInLoop(_StepLoops, _HostReads, Rule):
     defines: `LossCompute(crit, opt)` whose `__call__` steps), moves what it iterates over to a device itself (`for batch
     in val_iter: text = batch.text.cuda()`) or binds on each iteration the batch that a function
     of the project samples (`torch.randint`, `np.random.choice`...) and returns moved to the
-    device (nanoGPT's `for k in range(eval_iters): X, Y = get_batch(split)`): a per-batch sync in
-    an evaluation pass is a sync per step. A function that runs every step counts like a loop's body: a training
+    device (nanoGPT's `for k in range(eval_iters): X, Y = get_batch(split)`); an evaluation loop
+    is also one that calls a model on the data each iteration goes over or draws (`x, y =
+    get_batch(data, i)`, then `model(x)`), where the function puts that model in evaluation mode
+    (`model.eval()`) or the loop runs with gradients off (`with torch.no_grad():`,
+    `@torch.no_grad()`) and calls a module; not a loop over layers (`for layer in layers: x =
+    layer(x)`, one forward), nor one in a module's `forward`, nor a decoder that stops on a value
+    it reads back. A per-batch sync in an evaluation pass is a sync per step. A function that runs every step counts like a loop's body: a training
     step called once per step (it calls `.backward()` and an optimizer's `.step()` outside any
     loop of its own: an agent's `learn()`), an optimizer step (it calls an optimizer's `.step()`
     outside any loop of its own: `optimize()` after the backward pass), the `forward` of a loss
