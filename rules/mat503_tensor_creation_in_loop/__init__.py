@@ -75,8 +75,8 @@ class TensorCreationInLoop(Rule):
       numbers, `torch.exp(...)`, `torch.cat` of fills, a comparison of one with itself);
       through the names that carry it to the copy, over several assignments (`alpha =
       torch.rand(n, 1)`, `alpha = alpha.expand_as(x).to(d)`), past the CPU path of a
-      conditional move (`z = torch.zeros(n)`, `if x.is_cuda: z = z.cuda()`, then `z` read on
-      either path), and past calls that fill an uninitialised allocation (`conf_t =
+      conditional move (`z = torch.zeros(n)`, `if x.is_cuda: z = z.cuda()`, also `x, z = x.cuda(),
+      z.cuda()`, then `z` read on either path), and past calls that fill an uninitialised allocation (`conf_t =
       torch.LongTensor(num, priors)`, `match(..., conf_t)`, `conf_t = conf_t.cuda()`); or
       made and returned by a function of the file (`self.label2onehot(torch.zeros(n),
       2).to(d)`, `diffusion.sample_timesteps(n).to(d)` on an instance of a class of the file)
