@@ -7,7 +7,7 @@ import ast
 from matlint.rule import Rule
 
 from matlint.semantic.kinds import module_class_of
-from matlint.semantic.loops import loaded_names, updates_weights
+from matlint.semantic.loops import loaded_names, updates_weights, walk_no_scopes
 from matlint.semantic.shapes import method_of, self_name_of
 from matlint.rule import GemmVisitor
 from matlint.semantic.torch_api import as_gemm
@@ -52,24 +52,66 @@ def _leading_rows_of(arg: ast.AST) -> ast.AST:
     return arg
 
 
+# Methods that give the same values in another layout: a projection of each position after
+# them is the projection of the tensor they are called on, laid out so.
+_LAYOUT_METHODS = frozenset({"permute", "transpose", "t", "contiguous", "unsqueeze"})
+
+
+def _relaid(value: ast.AST, param: str) -> bool:
+    """`value` is `param` through layout methods only (`ref.permute(1, 2, 0)`)."""
+    while isinstance(value, ast.Call) and isinstance(value.func, ast.Attribute) and value.func.attr in _LAYOUT_METHODS:
+        value = value.func.value
+    return isinstance(value, ast.Name) and value.id == param
+
+
 def _projection_of(cls: ast.ClassDef, forward, param: str, qualname):
-    """The call `self.layer(param)` in `forward` of a projection (`_projection_layer`) that `cls`
-    builds in `__init__` (and stores nowhere else), with `param` never rebound in `forward`; else
-    None."""
-    if any(isinstance(n, ast.Name) and n.id == param and not isinstance(n.ctx, ast.Load) for n in ast.walk(forward)):
-        return None
+    """(the call `self.layer(param)` in `forward` of a projection (`_projection_layer`) that
+    `cls` builds in `__init__` and stores nowhere else, the layout `param` is given first or
+    None): `param` is never rebound in `forward`, or only by one statement of its body that lays
+    it out anew before the call (`ref = ref.permute(1, 2, 0)`); else None."""
+    stores = [n for n in ast.walk(forward) if isinstance(n, ast.Name) and n.id == param and not isinstance(n.ctx, ast.Load)]
+    layout = None
+    if stores:
+        statement = next((stmt for stmt in forward.body if isinstance(stmt, ast.Assign) and len(stmt.targets) == 1
+                          and stmt.targets[0] is stores[0]), None)
+        if len(stores) != 1 or statement is None or not _relaid(statement.value, param):
+            return None
+        layout = statement.value
     self_name = (forward.args.posonlyargs + forward.args.args)[0].arg
     for sub in ast.walk(forward):
         if (isinstance(sub, ast.Call) and len(sub.args) == 1 and not sub.keywords
                 and isinstance(sub.args[0], ast.Name) and sub.args[0].id == param
                 and isinstance(sub.func, ast.Attribute) and isinstance(sub.func.value, ast.Name)
-                and sub.func.value.id == self_name):
+                and sub.func.value.id == self_name and (layout is None or sub.lineno > layout.lineno)):
             stores = [value for stmt in ast.walk(cls) if isinstance(stmt, ast.Assign) for target in stmt.targets
                       if isinstance(target, ast.Attribute) and target.attr == sub.func.attr
                       for value in [stmt.value]]
             if stores and all(_projection_layer(v, qualname) for v in stores):
-                return sub
+                return sub, layout
     return None
+
+
+def _laid_out(layout, param: str, text: str) -> str:
+    """`text` (the source of the tensor passed for `param`) laid out as `layout` lays out `param`."""
+    if layout is None:
+        return text
+    relaid = _ReplaceName(param, text).visit(ast.parse(ast.unparse(layout), mode="eval"))
+    return ast.unparse(relaid)
+
+
+def _bound_in(function) -> set:
+    """The names `function` binds: its parameters and what it assigns."""
+    args = function.args
+    names = {a.arg for a in args.posonlyargs + args.args + args.kwonlyargs + [args.vararg, args.kwarg] if a is not None}
+    return names | {n.id for n in ast.walk(function) if isinstance(n, ast.Name) and not isinstance(n.ctx, ast.Load)}
+
+
+class _ReplaceName(ast.NodeTransformer):
+    def __init__(self, name: str, text: str):
+        self.name, self.text = name, text
+
+    def visit_Name(self, node: ast.Name) -> ast.AST:
+        return ast.Name(self.text if node.id == self.name else node.id, node.ctx)
 
 
 class LoopInvariantProjection(GemmVisitor, Rule):
@@ -102,8 +144,14 @@ class LoopInvariantProjection(GemmVisitor, Rule):
     imports) whose `forward` applies one of its projections (an `nn.Linear`, also wrapped in
     `weight_norm`/`spectral_norm`, or an `nn.Conv1d` of kernel size 1) straight to the parameter
     that receives a tensor fixed before the loop, or leading rows of one (`memory[:n]`): the
-    decoder attention's `self.W(features)`, recomputed at every decode step. The message names
-    the projection to compute once before the loop and pass in.
+    decoder attention's `self.W(features)`, recomputed at every decode step. The `forward` may
+    first lay the parameter out anew in one statement (`ref = ref.permute(1, 2, 0)`, also
+    `transpose`, `t`, `contiguous`, `unsqueeze`): the projection is then of the tensor so laid
+    out. Such a call in a step function nested in the method (`def recurrence(x, hidden):
+    ... self.pointer(h, context)`, a pointer network's decoder), which the loop calls with the
+    recurrent state, counts where the tensor is a name of the method that the step function
+    does not bind and the loop does not change. The message names the projection to compute
+    once before the loop and pass in (`self.pointer.project_ref(context.permute(1, 2, 0))`).
 
     ## Why is this bad?
     Only `h @ W_hh` has to wait for the previous step. The input projection of every step can
@@ -126,8 +174,9 @@ class LoopInvariantProjection(GemmVisitor, Rule):
     ## Stays quiet on
     - Loops that are not recurrences (MAT101 reports their GEMMs), and GEMMs that read the state
       (`h @ W_hh`) or anything derived from it in the step.
-    - Module calls whose argument changes per step (`x[:, t]`, the state), that the module
-      transforms before projecting (`features = features * h`), or that it does not project
+    - Module calls whose argument changes per step (`x[:, t]`, the state, a parameter of the
+      step function or a value it computes), that the module transforms before projecting
+      (`features = features * h`; a new layout is no transform), or that it does not project
       with a layer of its own (a projection already hoisted and passed in), nor with a layer
       that mixes positions (an `nn.Conv1d` of kernel size 3).
     - Inputs that are not a per-step slice of one tensor (a list of steps, a value fed
@@ -146,14 +195,16 @@ class LoopInvariantProjection(GemmVisitor, Rule):
         super().__init__(ctx, options)
         # MAT101's loop analysis (per-step items, recurrences), reused rather than copied.
         self._loop_gemms = PythonLoopMatmul(ctx)
-        self._reported_in_callees: set = set()  # GEMMs of a step function, reported once however often called
+        self._reported_in_callees: set = set()  # GEMMs and module calls of a step function, reported once however often called
 
     gemms_in_loops_only = True
 
     def visit_Call(self, node: ast.Call) -> None:
         super().visit_Call(node)  # a GEMM of the step
         if self.ctx.loops:
-            self._check_module_call(node)
+            loop = self.ctx.loops[-1]
+            if not loop.is_comprehension and self._loop_gemms._is_recurrence(loop):
+                self._check_module_call(node, loop)
             self._check_step_function(node)
 
     def _check_step_function(self, node: ast.Call) -> None:
@@ -165,10 +216,14 @@ class LoopInvariantProjection(GemmVisitor, Rule):
         if loop.is_comprehension or not node.args or any(isinstance(a, ast.Starred) for a in node.args):
             return
         callee = self._step_function(node.func)
-        if callee is None or not self._gemms_of(callee):
+        if callee is None:
             return
         if not any(loop.reads_carried(arg) for arg in node.args) or updates_weights(self.ctx, loop):
             return  # no recurrent state goes in (MAT101's loop, not a recurrence), or the weights change
+        if isinstance(node.func, ast.Name):  # a function nested in this one: what it reads of ours is fixed
+            for call in walk_no_scopes(callee):
+                if isinstance(call, ast.Call):
+                    self._check_module_call(call, loop, callee)
         params = [a.arg for a in callee.args.posonlyargs + callee.args.args]
         if isinstance(node.func, ast.Attribute):
             params = params[1:]
@@ -248,13 +303,14 @@ class LoopInvariantProjection(GemmVisitor, Rule):
             found.append(gemm)
         return found
 
-    def _check_module_call(self, node: ast.Call) -> None:
-        """`self.attention(encoder_out, h)` in the recurrence, a module of a class of the project
-        whose `forward` applies a linear layer straight to the parameter that receives
-        `encoder_out`, the same tensor (or leading rows of it) in every step."""
-        loop = self.ctx.loops[-1]
+    def _check_module_call(self, node: ast.Call, loop, step=None) -> None:
+        """`self.attention(encoder_out, h)` in the recurrence `loop`, a module of a class of the
+        project whose `forward` applies a linear layer straight to the parameter that receives
+        `encoder_out`, the same tensor (or leading rows of it) in every step. `step`: the nested
+        function the call is in, which the loop calls; then the tensor is a name of the
+        enclosing function that `step` does not bind."""
         func = node.func
-        if (loop.is_comprehension or not node.args or not isinstance(func, ast.Attribute)
+        if (id(node) in self._reported_in_callees or not node.args or not isinstance(func, ast.Attribute)
                 or not isinstance(func.value, ast.Name) or any(isinstance(a, ast.Starred) for a in node.args)):
             return
         held = module_class_of(self.ctx, func)
@@ -262,28 +318,33 @@ class LoopInvariantProjection(GemmVisitor, Rule):
             return
         cls, qualname, where = held
         forward = method_of(cls, "forward")
-        if forward is None or not self._loop_gemms._is_recurrence(loop) or updates_weights(self.ctx, loop):
+        if forward is None or (step is None and updates_weights(self.ctx, loop)) or loop.changes(node.func):
             return
-        if loop.changes(node.func):
-            return
+        bound = _bound_in(step) if step is not None else set()
         params = [a.arg for a in forward.args.posonlyargs + forward.args.args][1:]
         passed = dict(zip(params, node.args))
         passed.update((k.arg, k.value) for k in node.keywords if k.arg in params)
         for param, arg in passed.items():
             fixed = _leading_rows_of(arg)
+            if step is not None and (not isinstance(fixed, ast.Name) or fixed.id in bound):
+                continue  # a value of the step's own
             if (loop.depends_on_iteration(fixed) or loop.changes(fixed) or loop.reads_carried(fixed)
                     or loop.reads_carried(arg)):
                 continue
-            layer = _projection_of(cls, forward, param, qualname)
-            if layer is None:
+            found = _projection_of(cls, forward, param, qualname)
+            if found is None:
                 continue
+            layer, layout = found
+            self._reported_in_callees.add(id(node))
             seg = self.ctx.segment
             rows = "" if fixed is arg else f", and `{seg(arg)}` is leading rows of it, which are the rows of that projection"
             line = f"line {layer.lineno}" if where is None else f"{where}:{layer.lineno}"
-            self.report(node, f"`{seg(node.func)}` applies `self.{layer.func.attr}` to `{param}` ({line}) at "
-                              f"every step, but `{seg(fixed)}` is the same tensor in every step{rows}: compute "
-                              f"`{seg(node.func)}.{layer.func.attr}({seg(fixed)})` once before the loop and pass the "
-                              f"projection in")
+            every = "every step" if step is None else f"every step of the loop on line {loop.node.lineno} (through `{step.name}`)"
+            relaid = "" if layout is None else f" (after `{ast.unparse(layout)}`)"
+            self.report(node, f"`{seg(node.func)}` applies `self.{layer.func.attr}` to `{param}`{relaid} ({line}) at "
+                              f"{every}, but `{seg(fixed)}` is the same tensor in every step{rows}: compute "
+                              f"`{seg(node.func)}.{layer.func.attr}({_laid_out(layout, param, seg(fixed))})` once "
+                              f"before the loop and pass the projection in")
             return
 
     def check_gemm(self, node: ast.AST) -> None:
