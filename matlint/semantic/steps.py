@@ -1430,10 +1430,8 @@ def _evaluates_with_model(ctx, loop: LoopInfo) -> bool:
     if loop.is_comprehension or function is None or any(getattr(f, "name", "") == "forward" for f in ctx.functions) \
             or _stops_on_host_value(loop):
         return False
-    evaluated = {dotted(node.func.value) for node in walk_no_scopes(function)
-                 if node.__class__ is ast.Call and node.func.__class__ is ast.Attribute and node.func.attr == "eval"
-                 and not node.args and not node.keywords} - {None}
-    grad_off = _grad_off_around(ctx, function, loop.node)
+    evaluated, grad_off = _evaluation_marks(ctx, function)
+    grad_off = id(loop.node) in grad_off
     if not evaluated and not grad_off:
         return False
     per_iteration = loop.targets | loop.derived
@@ -1453,19 +1451,32 @@ def _evaluates_with_model(ctx, loop: LoopInfo) -> bool:
     return False
 
 
-def _grad_off_around(ctx, function: ast.AST, node: ast.AST) -> bool:
-    """`node` runs with gradients off: inside `with torch.no_grad():` (or `inference_mode()`) of
-    `function`, or in a function decorated so."""
+def _evaluation_marks(ctx, function: ast.AST) -> tuple:
+    """(what `function` puts in evaluation mode, `model` and `self.model` of `model.eval()`; the
+    ids of the loops it runs with gradients off: under `with torch.no_grad():` or
+    `torch.inference_mode()`, or all of them in a function decorated so), read once per function."""
+    key = ("evaluation_marks", id(function))
+    found = ctx.shared.get(key)
+    if found is not None:
+        return found
+
     def turns_off(expr) -> bool:
-        expr = expr.func if isinstance(expr, ast.Call) else expr
-        return ctx.qualname(expr) in _GRAD_OFF
-    if any(turns_off(d) for d in getattr(function, "decorator_list", ())):
-        return True
-    for with_ in walk_no_scopes(function):
-        if isinstance(with_, (ast.With, ast.AsyncWith)) and any(turns_off(item.context_expr) for item in with_.items) \
-                and any(sub is node for stmt in with_.body for sub in walk_no_scopes(stmt)):
-            return True
-    return False
+        return ctx.qualname(expr.func if isinstance(expr, ast.Call) else expr) in _GRAD_OFF
+
+    evaluated, grad_off = set(), set()
+    whole = any(turns_off(d) for d in getattr(function, "decorator_list", ()))
+    for node in walk_no_scopes(function):
+        if node.__class__ is ast.Call and node.func.__class__ is ast.Attribute and node.func.attr == "eval" \
+                and not node.args and not node.keywords and dotted(node.func.value) is not None:
+            evaluated.add(dotted(node.func.value))
+        elif isinstance(node, (ast.For, ast.AsyncFor, ast.While)) and whole:
+            grad_off.add(id(node))
+        elif isinstance(node, (ast.With, ast.AsyncWith)) and not whole \
+                and any(turns_off(item.context_expr) for item in node.items):
+            grad_off.update(id(sub) for stmt in node.body for sub in walk_no_scopes(stmt)
+                            if isinstance(sub, (ast.For, ast.AsyncFor, ast.While)))
+    found = ctx.shared[key] = (evaluated, grad_off)
+    return found
 
 
 def _names_only(target: ast.AST) -> bool:
