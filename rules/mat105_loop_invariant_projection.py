@@ -91,10 +91,12 @@ def _projection_of(cls: ast.ClassDef, forward, param: str, qualname):
     return None
 
 
-def _laid_out(layout, param: str, text: str) -> str:
-    """`text` (the source of the tensor passed for `param`) laid out as `layout` lays out `param`."""
+def _laid_out(layout, param: str, text: str, tensor: ast.AST) -> str:
+    """`text`, the source of `tensor`, passed for `param`, laid out as `layout` lays out `param`."""
     if layout is None:
         return text
+    if not isinstance(tensor, (ast.Name, ast.Attribute, ast.Subscript, ast.Call)):
+        text = f"({text})"  # `(a + b).permute(1, 2, 0)`
     relaid = _ReplaceName(param, text).visit(ast.parse(ast.unparse(layout), mode="eval"))
     return ast.unparse(relaid)
 
@@ -343,7 +345,7 @@ class LoopInvariantProjection(GemmVisitor, Rule):
             relaid = "" if layout is None else f" (after `{ast.unparse(layout)}`)"
             self.report(node, f"`{seg(node.func)}` applies `self.{layer.func.attr}` to `{param}`{relaid} ({line}) at "
                               f"{every}, but `{seg(fixed)}` is the same tensor in every step{rows}: compute "
-                              f"`{seg(node.func)}.{layer.func.attr}({_laid_out(layout, param, seg(fixed))})` once "
+                              f"`{seg(node.func)}.{layer.func.attr}({_laid_out(layout, param, seg(fixed), fixed)})` once "
                               f"before the loop and pass the projection in")
             return
 
