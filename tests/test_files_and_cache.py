@@ -201,6 +201,41 @@ def test_a_project_helper_that_copies_its_argument_to_the_cpu_is_reported_where_
             for line, message in found] == [(11, True)], found
 
 
+def test_a_project_metric_that_converts_a_torch_sum_to_a_number_is_reported_where_the_step_calls_it(tmp_path):
+    """metrics.py's `accuracy` ends in `float(correct)` of a `torch.sum`, and `f1` calls
+    `precision`, which does `float(torch.sum(...))`: each call in the step waits for the device.
+    `float()` of a Python count (`numel`) and a conversion under an `if` are no such sync."""
+    write(tmp_path / "pyproject.toml", "[tool.matlint]\n")
+    write(tmp_path / "train.py", TRAIN.replace("from utils import accuracy", "from metrics import *")
+          .replace("acc = accuracy(out, y)", "acc = accuracy(out, y) + f1(out, y) + size(out) + maybe(out, y)"))
+    write(tmp_path / "metrics.py", """
+import torch
+
+def accuracy(out, y):
+    correct = torch.sum(out.argmax(1) == y)
+    return float(correct) / y.numel()
+
+def precision(out, y):
+    return float(torch.sum(out * y)) / (float(torch.sum(out)) + 1e-6)
+
+def f1(out, y):
+    p = precision(out, y)
+    return 2 * p / (p + 1)
+
+def size(out):
+    return float(torch.numel(out))
+
+def maybe(out, y):
+    if y is not None:
+        return float(torch.sum(out))
+    return 0.0
+""")
+    found = sorted((f["location"]["column"], f["message"].split(" runs on every call")[0])
+                   for f in _report(tmp_path) if f["filename"].endswith("train.py") and f["code"] == "MAT502")
+    assert found == [(15, "`accuracy()`, whose `float(correct)` on line 6 of metrics.py"),
+                     (34, "`f1()`, whose `float(torch.sum(out * y))` on line 9 of metrics.py")], found
+
+
 def test_a_helper_module_that_never_names_torch_is_linted_for_what_its_importers_pass(tmp_path):
     """logger.py imports nothing of torch; train.py hands it a device loss on every step, and its
     `.item()` is that step's host sync. (The project sits two folders down: the importers of a

@@ -11,11 +11,12 @@ from matlint.diagnostics import Fix
 from matlint.rule import Only, Rule
 
 from matlint.semantic import kinds as _kinds
-from matlint.semantic.project import cpu_only_project, cpu_only_script, imported_function
+from matlint.semantic.project import cpu_only_project, cpu_only_script, imported_function, parsed
 from matlint.semantic.loops import bound_names, loaded_names, walk_no_scopes
 from matlint.semantic.kinds import TYPED_TENSORS, cuda_tensor_type
 from matlint.semantic.steps import iterates_loader, loop_trains, repeating_loops, runs_once, samples_with_model, step_loop
 from matlint.semantic.names import in_reference_code, in_test_code
+from matlint.semantic.tree import dotted
 
 from .reads import _HostReads
 from .steps import _StepLoops, _trains_with_project_helpers
@@ -31,6 +32,7 @@ _TRUTH_BUILTINS = frozenset({"any", "all"})
 # Builtins that walk an iterable and test its items on the host: given a tensor, one sync per element.
 _ELEMENT_BUILTINS = frozenset({"max", "min", "sorted", "any", "all"})
 _DISPLAYS = (ast.GeneratorExp, ast.ListComp, ast.List, ast.Tuple, ast.Set, ast.SetComp)
+_TORCH_HOST_VALUES = frozenset({"numel", "typename", "result_type", "promote_types", "can_cast"})  # give Python values
 _TEXT_CALLS = frozenset({"str", "repr"})  # a tensor made text: its values read on the host
 # torch functions that take some of their arguments as host data (lengths that size the packed batch)
 _HOST_DATA_CALLS = frozenset({"torch.nn.utils.rnn.pack_padded_sequence"})
@@ -168,10 +170,15 @@ def _self_attribute(expr: ast.AST, attr: str) -> bool:
         and expr.value.id == "self"
 
 
-def _unconditional_sync(function: ast.AST) -> Optional[ast.Call]:
-    """The first `.item()` / `.cpu()` / `.tolist()` / `.to("cpu")` that every call of `function`
-    runs (not under an `if`, a loop or a `try`)."""
+def _unconditional_sync(function: ast.AST, module: Optional[ast.Module] = None, depth: int = 0) -> Optional[ast.Call]:
+    """The first sync that every call of `function` runs (not under an `if`, a loop or a `try`):
+    `.item()` / `.cpu()` / `.tolist()` / `.to("cpu")`, or `float()` / `int()` / `bool()` of
+    what a `torch.` function computes (`float(torch.sum(tp))`, `float(correct)` after `correct =
+    torch.sum(pred == gt)`); also one that a function of `module` called so runs (`f1` calling
+    `precision`), two calls deep."""
+    functions = {s.name: s for s in module.body if isinstance(s, ast.FunctionDef)} if module is not None and depth < 2 else {}
     stack = list(reversed(function.body))
+    made = set()  # names the statements so far bound to what a torch function computes
     while stack:
         stmt = stack.pop()
         if isinstance(stmt, (ast.If, ast.For, ast.AsyncFor, ast.While, ast.Try, ast.With, ast.FunctionDef,
@@ -184,7 +191,35 @@ def _unconditional_sync(function: ast.AST) -> Optional[ast.Call]:
                     node.func.attr in ("item", "cpu", "tolist") and not node.args
                     or node.func.attr == "to" and _is_cpu_target(node)):
                 return node
+            if isinstance(node, ast.Call) and isinstance(node.func, ast.Name) and node.func.id in _CONVERSIONS \
+                    and len(node.args) == 1 and not node.keywords and _torch_computed(node.args[0], made):
+                return node
+            callee = functions.get(node.func.id) if isinstance(node, ast.Call) and isinstance(node.func, ast.Name) else None
+            if callee is not None and callee is not function:
+                found = _unconditional_sync(callee, module, depth + 1)
+                if found is not None:
+                    return found
+        if isinstance(stmt, ast.Assign):
+            names = {t.id for t in stmt.targets if isinstance(t, ast.Name)}
+            made = made | names if _torch_computed(stmt.value, made) else made - names
     return None
+
+
+def _torch_computed(expr: ast.AST, made: set) -> bool:
+    """`expr` is what a `torch.` function computes (`torch.sum(x)`, `torch.sum(x).float()`,
+    arithmetic with one) or a name in `made`."""
+    if isinstance(expr, ast.Name):
+        return expr.id in made
+    if isinstance(expr, ast.BinOp):
+        return _torch_computed(expr.left, made) or _torch_computed(expr.right, made)
+    if isinstance(expr, ast.Call):
+        func = expr.func
+        if isinstance(func, ast.Attribute):
+            module, _, name = (dotted(func) or "").rpartition(".")
+            if module == "torch":  # `torch.sum`; not `torch.numel` or `torch.is_tensor`, which give Python values
+                return name not in _TORCH_HOST_VALUES and not name.startswith(("is_", "are_", "get_"))
+            return _torch_computed(func.value, made)
+    return False
 
 
 def _is_torch_predicate(ctx, expr: ast.AST) -> bool:
@@ -330,9 +365,12 @@ class HostSyncInLoop(_StepLoops, _HostReads, Rule):
     None:`), and the body of a guard against an empty selection (`if pos.sum() >
     0:` around work on `x[pos]`: the usual path; its `else` handles the empty case). A helper from another
     module of the project (`from utils import accuracy`, or `from utils import *` where the
-    file does not bind the name itself; read, never run) whose body syncs on every call is
-    reported where the step calls it on values that may be on the device (not host tensors,
-    not only numbers). In a module's `forward` (and the helpers it calls), an `assert` on a
+    file does not bind the name itself; read, never run) whose body syncs on every call
+    (`.item()`, `.cpu()`, `.tolist()`, `.to("cpu")`, or `float()` / `int()` / `bool()` of what a
+    `torch.` function computes: `float(torch.sum(tp))`, `float(correct)` after `correct =
+    torch.sum(pred == gt)`; also through a function of that module it calls, `f1` calling
+    `precision`) is reported where the step calls it on values that may be on the device (not
+    host tensors, not only numbers). In a module's `forward` (and the helpers it calls), an `assert` on a
     tensor (`assert not torch.isnan(h).any()`) is reported, whatever device the file names:
     it checks values on the host on every forward, and is no part of the computation. So is
     one in a step loop on the values of a name that holds a device tensor where it is read
@@ -719,12 +757,16 @@ class HostSyncInLoop(_StepLoops, _HostReads, Rule):
         if _kinds.CPU_TENSOR in kinds or all(k in _kinds.NON_TENSORS for k in kinds):
             return  # host tensors, or no tensor at all (a name, a count): nothing to wait for
         definition, path = imported
-        sync = _unconditional_sync(definition)
+        sync = _unconditional_sync(definition, parsed(path))
         if sync is None:
             return
         where = os.path.relpath(path, os.path.dirname(os.path.abspath(self.ctx.filename)))
-        spelled = ", ".join([ast.unparse(a) for a in sync.args] + [ast.unparse(k) for k in sync.keywords])
-        self._report(call, f"`{self.ctx.segment(call.func)}()`, whose `.{sync.func.attr}({spelled})` on line {sync.lineno} of "
+        if isinstance(sync.func, ast.Name):  # `float(correct)`
+            spelled = ast.unparse(sync)
+        else:
+            spelled = "." + sync.func.attr + "(" + ", ".join(
+                [ast.unparse(a) for a in sync.args] + [ast.unparse(k) for k in sync.keywords]) + ")"
+        self._report(call, f"`{self.ctx.segment(call.func)}()`, whose `{spelled}` on line {sync.lineno} of "
                            f"{where} runs on every call,",
                      "have it return the tensor and convert once after the loop, or call it every N steps")
 
