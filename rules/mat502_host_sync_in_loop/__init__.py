@@ -5,6 +5,7 @@ from __future__ import annotations
 import ast
 import os
 from dataclasses import dataclass, field
+from types import SimpleNamespace
 from typing import Callable, Optional
 
 from matlint.diagnostics import Fix
@@ -355,6 +356,8 @@ class HostSyncInLoop(_StepLoops, _HostReads, Rule):
     the CPU stays quiet. A branch that trains (`if (i + 1) % n_critic == 0:`
     around `g_loss.backward(); g_opt.step()`, `if self.tune_alpha:` around the alpha update) is
     the step itself, not a gate: its syncs run on every step it takes. In such a function, so do
+    the syncs of an `if` whose `else` syncs too, the test reading no tensor (`if relative: return
+    d.mean().item()` / `else: return d.sum().item()`: every call waits, whichever way it goes), and
     the branches of a test of the program's configuration (`if FIXED_ALPHA is None:` / `else:`,
     names only the module's top level binds; `if args.clip_grad:`, attributes of a parameter the
     function never assigns; `if scaler is None:`, also when its body gives the parameter a default,
@@ -743,6 +746,13 @@ class HostSyncInLoop(_StepLoops, _HostReads, Rule):
         for found in self._statements.values():
             first = min(found.syncs, key=_position)[0]
             self.report(first, found.message(), fix=found.fix(), noqa_row=found.statement.lineno)
+
+    def _syncs_on_both_paths(self, branch: ast.If) -> bool:
+        """Both the body and the `else` of `branch` run a sync (`_unconditional_sync`) whatever
+        else they do, and its test reads no tensor: every call waits, whichever way it goes."""
+        if not branch.orelse or self._on_device(branch.test):
+            return False
+        return all(_unconditional_sync(SimpleNamespace(body=arm)) is not None for arm in (branch.body, branch.orelse))
 
     def _project_helper(self, call: ast.Call) -> None:
         """`accuracy(out, y)` in a step, where `accuracy` comes from a module of the project

@@ -289,10 +289,12 @@ class _StepLoops:
             if not (in_body and (trains_in(parent.body) or guards_empty_selection(self.ctx, parent)
                                  or _selects_items(parent.test, chain[:chain.index(parent)]))) \
                     and not configuration_test(self.ctx, function, parent.test, self.ctx.class_) \
-                    and not _presence_test(parent, function):
+                    and not _presence_test(parent, function) and not self._syncs_on_both_paths(parent):
                 # not every call runs it; a branch that trains (`if tune_alpha: ... step()`) is the
-                # step, the body of `if mask.sum() > 0:` the usual path, and a branch of a
-                # configuration switch (`if FIXED_ALPHA is None:` / `else:`) runs on every step
+                # step, the body of `if mask.sum() > 0:` the usual path, a branch of a
+                # configuration switch (`if FIXED_ALPHA is None:` / `else:`) runs on every step,
+                # and so does a sync where the other branch syncs too (`if relative: return
+                # d.mean().item()` / `else: return d.sum().item()`): every call waits
                 return None
         if self._explained(node) or in_reference_code(self.ctx):
             return None
