@@ -335,6 +335,26 @@ def test_syncs_in_a_forward_are_reported_where_a_training_program_runs_the_model
     assert _mat502_rows(tmp_path, {"model.py": _MODEL, "train.py": library_trainer}, "model.py") == []
 
 
+def test_syncs_in_a_layer_are_reported_where_a_training_program_runs_the_model_built_of_it(tmp_path):
+    """train.py imports net.py, whose model is built of model.py's `Attention`: the program runs
+    that layer's `forward` on every step too, one import further away."""
+    net = """
+        import torch.nn as nn
+        from model import Attention
+
+        class Net(nn.Module):
+            def __init__(self):
+                super().__init__()
+                self.attention = Attention()
+            def forward(self, x, mask, lengths):
+                return self.attention(x, mask, lengths)
+        """
+    train = _MODEL_TRAIN.replace("from model import Attention", "from net import Net").replace("Attention()", "Net()")
+    assert _mat502_rows(tmp_path, {"model.py": _MODEL, "net.py": net, "train.py": train}, "model.py") == [10]
+    library_trainer = textwrap.dedent(train).split("if __name__")[0]
+    assert _mat502_rows(tmp_path, {"model.py": _MODEL, "net.py": net, "train.py": library_trainer}, "model.py") == []
+
+
 _STAR_TRAIN = """
     import torch
     from utils import *

@@ -188,14 +188,16 @@ _BACKWARD_CALL = re.compile(r"\.backward\(")
 
 
 def imported_by_training_code(ctx) -> bool:
-    """A program that imports the file being linted (it has an `if __name__ == "__main__":` block
-    or a loop at module level) trains on a CUDA device (calls `.backward(` and moves work there):
-    the models the file defines run on that program's steps. A library's trainer module, which
-    imports every model of the library, is no program."""
+    """A program that imports the file being linted, or imports a project module that imports it
+    (train.py importing darknet.py, whose model is built of yolo_layer.py's layers), trains on a
+    CUDA device (it has an `if __name__ == "__main__":` block or a loop at module level, calls
+    `.backward(` and moves work there): the models the file defines run on that program's steps.
+    A library's trainer module, which imports every model of the library, is no program."""
     found = ctx.shared.get("imported_by_training_code")
     if found is None:
-        found = ctx.shared["imported_by_training_code"] = _training_program_nearby(ctx.filename) and any(
-            _trains_on_cuda(text) for text in importer_texts(ctx).values())
+        found = ctx.shared["imported_by_training_code"] = _training_program_nearby(ctx.filename) and (
+            any(_trains_on_cuda(text) for text in importer_texts(ctx).values())
+            or any(_trains_on_cuda(_read(path)) for importer in importer_texts(ctx) for path in importers(importer)))
     return found
 
 

@@ -452,7 +452,8 @@ class HostSyncInLoop(_StepLoops, _HostReads, Rule):
       For a name bound to host tensors in one place and device tensors in another (a notebook,
       one program, reuses `X` across its cells), the copy `X.cpu()` / `X.to("cpu")` / `X.item()`
       is judged by the assignments that reach it: `for X, y in loader: X = X.to("cpu")` copies
-      nothing, whatever other cells store in `X`.
+      nothing, whatever other cells store in `X`; so is a conversion of what is read from such a
+      name (`anchors = anchors.to("cpu")`, then `math.log(w / anchors[n][0])`).
     - Evaluation loops whose function never names a device (no `.to(`, `cuda`, `device`...) and
       calls only imported functions, builtins and tensor or container methods: the batches stay
       on the host (a call of a model, `model(x)` or `self.net(x)`, may move them itself).
@@ -464,7 +465,8 @@ class HostSyncInLoop(_StepLoops, _HostReads, Rule):
       values the copy has not written yet.
     - A copy whose own line carries, or whose statement (or run of copies) is headed by, a
       comment saying why it is deliberate: the host needs the values now (`# wait for the
-      indices: the host slices with them`, `# needed on the host`), or keeping them on the GPU
+      indices: the host slices with them`, `# needed on the host`, `# it works faster on the
+      CPU`), or keeping them on the GPU
       would exhaust its memory (`# kept in CPU tensors, else GPU memory runs out`, `OOM`,
       `to save GPU memory`). A comment that says what the line does (`# move predictions to
       cpu`), a reason `.detach()` meets as well (`# so the graph is not kept alive (memory

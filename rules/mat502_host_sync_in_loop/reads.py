@@ -477,7 +477,12 @@ class _HostReads:
 
     # -- context ------------------------------------------------------------------------
     def _is_device_tensor(self, expr: ast.AST) -> bool:
-        return _kinds.kind_of(self.ctx, expr) == _kinds.TENSOR
+        """A device tensor by its kind, unless each name that makes it one holds a host value
+        where it is read (`anchors = anchors.to("cpu")` reaches `math.log(w / anchors[n][0])`)."""
+        if _kinds.kind_of(self.ctx, expr) != _kinds.TENSOR:
+            return False
+        names = [n for n in ast.walk(expr) if isinstance(n, ast.Name) and _kinds.kind_of(self.ctx, n) == _kinds.TENSOR]
+        return not names or any(_kinds.reaching_kind(self.ctx, n) == _kinds.TENSOR for n in names)
 
     @staticmethod
     def _contains_sync_call(expr: ast.AST) -> bool:

@@ -32,7 +32,8 @@ _MEMORY_REASON = re.compile(
 _HOST_REASON = re.compile(
     r"\bwait(?:s|ing)?\s+(?:for|until)\b|\bready\s+to\s+(?:use|be\s+used)\b"
     r"|\bneed(?:s|ed)?\s+(?:\w+\s+){0,4}?(?:on|by|in)\s+(?:the\s+)?(?:host|cpu|python|numpy)\b"
-    r"|\b(?:host|cpu|python|numpy)\s+needs\b", re.IGNORECASE)
+    r"|\b(?:host|cpu|python|numpy)\s+needs\b"
+    r"|\b(?:faster|quicker|cheaper)\s+on\s+(?:the\s+)?(?:host|cpu)\b", re.IGNORECASE)
 
 # Memory the sync saves by dropping the autograd graph: `.detach()` saves it as well.
 _GRAPH_MEMORY = re.compile(r"\bleak|\bgraph\b|autograd", re.IGNORECASE)
