@@ -7,7 +7,7 @@ import ast
 from matlint.rule import Rule
 
 from matlint.semantic.kinds import module_class_of
-from matlint.semantic.loops import loaded_names, updates_weights, walk_no_scopes
+from matlint.semantic.loops import bound_names, loaded_names, updates_weights, walk_no_scopes
 from matlint.semantic.shapes import method_of, self_name_of
 from matlint.rule import GemmVisitor
 from matlint.semantic.torch_api import as_gemm
@@ -105,7 +105,7 @@ def _bound_in(function) -> set:
     """The names `function` binds: its parameters and what it assigns."""
     args = function.args
     names = {a.arg for a in args.posonlyargs + args.args + args.kwonlyargs + [args.vararg, args.kwarg] if a is not None}
-    return names | {n.id for n in ast.walk(function) if isinstance(n, ast.Name) and not isinstance(n.ctx, ast.Load)}
+    return names | bound_names(function)
 
 
 class _ReplaceName(ast.NodeTransformer):
@@ -226,6 +226,8 @@ class LoopInvariantProjection(GemmVisitor, Rule):
             for call in walk_no_scopes(callee):
                 if isinstance(call, ast.Call):
                     self._check_module_call(call, loop, callee)
+        if not self._gemms_of(callee):
+            return
         params = [a.arg for a in callee.args.posonlyargs + callee.args.args]
         if isinstance(node.func, ast.Attribute):
             params = params[1:]

@@ -36,7 +36,7 @@ NON_TENSORS = (NUMPY, LIST, SCALAR, LINEAR, MODULE, MODULE_LIST, LOADER, OTHER, 
                USER_MODULE)
 
 _TENSOR_NAMESPACES = ("torch", "torch.nn.functional", "torch.linalg", "torch.fft", "torch.special")
-_NOT_TENSOR_FUNCTIONS = {
+NOT_TENSOR_FUNCTIONS = {
     "device", "dtype", "no_grad", "enable_grad", "inference_mode", "set_grad_enabled", "autocast",
     "manual_seed", "seed", "is_tensor", "is_floating_point", "is_complex", "numel", "get_default_dtype",
     "set_default_dtype", "set_default_device", "compile", "save", "load", "Size", "Generator",
@@ -450,7 +450,7 @@ def _collect_evidence(ctx, owner: ast.AST) -> dict:
             if module in _TENSOR_NAMESPACES and attr[:1].islower() and node.args:
                 if attr in _ALL_TENSOR_OPERANDS:
                     operands = node.args[1:] if attr == "einsum" else node.args
-                elif attr in _NOT_TENSOR_FUNCTIONS or attr in _NOT_TENSOR_FIRST_ARGUMENT:
+                elif attr in NOT_TENSOR_FUNCTIONS or attr in _NOT_TENSOR_FIRST_ARGUMENT:
                     operands = []
                 else:
                     operands = node.args[:1]
@@ -1174,7 +1174,7 @@ class _Inference:
         if qual.startswith(("numpy.", "np.")):
             return NUMPY if attr[:1].islower() else OTHER
         if module in _TENSOR_NAMESPACES and attr[:1].islower():
-            if attr in _NOT_TENSOR_FUNCTIONS:
+            if attr in NOT_TENSOR_FUNCTIONS:
                 return SCALAR if attr in ("is_tensor", "numel", "is_floating_point", "is_complex", "is_nonzero",
                                           "equal", "allclose") else OTHER
             if attr in ("max", "min") and not any(k.arg == "dim" for k in node.keywords):

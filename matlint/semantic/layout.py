@@ -199,7 +199,7 @@ def mergeable(perm: tuple, i: int) -> bool:
     return perm[i + 1] == perm[i] + 1
 
 
-def _unpacked_item(stmt: ast.AST, name: str) -> Optional[ast.AST]:
+def unpacked_item(stmt: ast.AST, name: str) -> Optional[ast.AST]:
     """The value `a, name = x, value` binds to `name`, item by item; None for any other statement."""
     if not (isinstance(stmt, ast.Assign) and len(stmt.targets) == 1 and isinstance(stmt.targets[0], (ast.Tuple, ast.List))
             and isinstance(stmt.value, (ast.Tuple, ast.List)) and len(stmt.targets[0].elts) == len(stmt.value.elts)):
@@ -217,7 +217,7 @@ def assigned_value(ctx, load: ast.Name) -> Optional[ast.AST]:
     if len(reaching) != 1 or reaching[0][0] is None:
         return None
     stmt, simple = reaching[0]
-    return stmt.value if simple else _unpacked_item(stmt, load.id)
+    return stmt.value if simple else unpacked_item(stmt, load.id)
 
 
 def reads_of_assigned(ctx, value: ast.AST, where: Callable, spelled: Callable) -> list:
@@ -237,7 +237,7 @@ def reads_of_assigned(ctx, value: ast.AST, where: Callable, spelled: Callable) -
         stmt = parents[-2]
         target = stmt.targets[0] if isinstance(stmt, ast.Assign) and len(stmt.targets) == 1 else None
         names = [t.id for t, v in zip(getattr(target, "elts", ()), stmt.value.elts) if v is value and isinstance(t, ast.Name)]
-        if len(names) != 1 or _unpacked_item(stmt, names[0]) is not value:
+        if len(names) != 1 or unpacked_item(stmt, names[0]) is not value:
             return []
         name = names[0]
     else:

@@ -197,7 +197,7 @@ def imported_by_training_code(ctx) -> bool:
     if found is None:
         found = ctx.shared["imported_by_training_code"] = _training_program_nearby(ctx.filename) and (
             any(_trains_on_cuda(text) for text in importer_texts(ctx).values())
-            or any(_trains_on_cuda(_read(path)) for importer in importer_texts(ctx) for path in importers(importer)))
+            or any(_file_trains_on_cuda(path) for importer in importer_texts(ctx) for path in importers(importer)))
     return found
 
 
@@ -217,6 +217,14 @@ _TRAINING_PROGRAMS: dict = {}  # nearby files -> (their mtimes, whether one is a
 
 
 _PROGRAM = re.compile(r"^(?:if[ \t]+__name__[ \t]*==|for[ \t]|while[ \t])", re.M)
+
+
+def _file_trains_on_cuda(path: str) -> bool:
+    """`_trains_on_cuda` of the file at `path`, read once per process while it is unchanged."""
+    return while_unchanged(_TRAINS_ON_CUDA, path, lambda p: _trains_on_cuda(_read(p)), False)
+
+
+_TRAINS_ON_CUDA: dict = {}  # path -> (size, mtime_ns, whether it is a program that trains on CUDA)
 
 
 def _trains_on_cuda(text: Optional[str]) -> bool:

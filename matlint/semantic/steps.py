@@ -39,6 +39,7 @@ from .loops import (LoopInfo, _attribute_paths, bound_names, file_trains, identi
                     walk_no_scopes)
 from .project import (SCRIPT_PROJECT_FILES, imported_definition, imported_definitions, imported_function,
                       importers, in_script_project, while_unchanged)
+from .torch_api import NO_GRAD_CONTEXTS
 from .tree import child_nodes, dotted, identifier_text
 
 _LOOPS = (ast.For, ast.AsyncFor, ast.While, ast.ListComp, ast.SetComp, ast.DictComp, ast.GeneratorExp)
@@ -1407,7 +1408,8 @@ def _samples_with_model(ctx, loop: LoopInfo) -> bool:
     return False
 
 
-_GRAD_OFF = frozenset({"torch.no_grad", "torch.inference_mode", "torch.set_grad_enabled"})
+# With gradients off: also a `torch.set_grad_enabled(...)` region, as evaluation passes write it.
+_GRAD_OFF = NO_GRAD_CONTEXTS | {"torch.set_grad_enabled"}
 
 
 def evaluates_with_model(ctx, loop: LoopInfo) -> bool:

@@ -31,6 +31,9 @@ GEMM_FUNCTIONS = {
     "torch.linalg.multi_dot": "multi_dot",
 }
 # Methods whose name alone says GEMM on a tensor receiver.
+# Context managers (and decorators) under which autograd records nothing.
+NO_GRAD_CONTEXTS = frozenset({"torch.no_grad", "torch.inference_mode"})
+
 GEMM_METHODS = {"matmul", "mm", "bmm", "mv", "addmm", "baddbmm", "addbmm", "addmv"}
 # `.dot` is also numpy's; it counts only on a receiver known to be a tensor.
 GEMM_METHODS_NEEDING_TENSOR = {"dot", "inner"}

@@ -14,12 +14,12 @@ from matlint.semantic.loops import identifier, is_backward, is_optimizer_step, n
 from matlint.semantic.names import in_test_code
 from matlint.semantic.project import importer_texts, moves_work_to_cuda, names_cuda_work
 from matlint.semantic.shapes import method_of
+from matlint.semantic.torch_api import NO_GRAD_CONTEXTS
 from matlint.semantic.tree import is_main_guard
 
 _AUTOCAST = {"torch.autocast", "torch.cuda.amp.autocast", "torch.cpu.amp.autocast", "torch.amp.autocast"}
 # Explicit dtypes other than the float32 default: reduced precision, or float64 on purpose.
 _CHOSEN_DTYPES = {"torch.float16", "torch.half", "torch.bfloat16", "torch.float64", "torch.double"}
-_NO_GRAD = {"torch.no_grad", "torch.inference_mode"}
 # Frameworks that own the precision setting (a config file, a Trainer argument, a CLI flag).
 _FRAMEWORKS = ("lightning", "pytorch_lightning", "lightning_fabric", "accelerate", "deepspeed", "colossalai",
                "composer", "apex")
@@ -252,13 +252,13 @@ class NoMixedPrecision(Rule):
                 return True
             for decorator in getattr(function, "decorator_list", ()):
                 target = decorator.func if isinstance(decorator, ast.Call) else decorator
-                if self.ctx.qualname(target) in _NO_GRAD:
+                if self.ctx.qualname(target) in NO_GRAD_CONTEXTS:
                     return True
         for parent in self.ctx.parents:
             if isinstance(parent, (ast.With, ast.AsyncWith)):
                 for item in parent.items:
                     expr = item.context_expr
-                    if isinstance(expr, ast.Call) and self.ctx.qualname(expr.func) in _NO_GRAD:
+                    if isinstance(expr, ast.Call) and self.ctx.qualname(expr.func) in NO_GRAD_CONTEXTS:
                         return True
         return False
 

@@ -5,7 +5,6 @@ from __future__ import annotations
 import ast
 import os
 from dataclasses import dataclass, field
-from types import SimpleNamespace
 from typing import Callable, Optional
 
 from matlint.diagnostics import Fix
@@ -33,7 +32,6 @@ _TRUTH_BUILTINS = frozenset({"any", "all"})
 # Builtins that walk an iterable and test its items on the host: given a tensor, one sync per element.
 _ELEMENT_BUILTINS = frozenset({"max", "min", "sorted", "any", "all"})
 _DISPLAYS = (ast.GeneratorExp, ast.ListComp, ast.List, ast.Tuple, ast.Set, ast.SetComp)
-_TORCH_HOST_VALUES = frozenset({"numel", "typename", "result_type", "promote_types", "can_cast"})  # give Python values
 _TEXT_CALLS = frozenset({"str", "repr"})  # a tensor made text: its values read on the host
 # torch functions that take some of their arguments as host data (lengths that size the packed batch)
 _HOST_DATA_CALLS = frozenset({"torch.nn.utils.rnn.pack_padded_sequence"})
@@ -172,13 +170,21 @@ def _self_attribute(expr: ast.AST, attr: str) -> bool:
 
 
 def _unconditional_sync(function: ast.AST, module: Optional[ast.Module] = None, depth: int = 0) -> Optional[ast.Call]:
-    """The first sync that every call of `function` runs (not under an `if`, a loop or a `try`):
-    `.item()` / `.cpu()` / `.tolist()` / `.to("cpu")`, or `float()` / `int()` / `bool()` of
-    what a `torch.` function computes (`float(torch.sum(tp))`, `float(correct)` after `correct =
-    torch.sum(pred == gt)`); also one that a function of `module` called so runs (`f1` calling
-    `precision`), two calls deep."""
+    """The first sync that every call of `function` runs (`_sync_of_every_run` of its body); also
+    one that a function of `module` it calls so runs (`f1` calling `precision`), two calls deep."""
     functions = {s.name: s for s in module.body if isinstance(s, ast.FunctionDef)} if module is not None and depth < 2 else {}
-    stack = list(reversed(function.body))
+    callees = {name: f for name, f in functions.items() if f is not function}
+    return _sync_of_every_run(function.body, lambda callee: _unconditional_sync(callee, module, depth + 1), callees)
+
+
+def _sync_of_every_run(body: list, sync_of=None, callees: Optional[dict] = None) -> Optional[ast.Call]:
+    """The first sync that every run of the statements `body` runs (not under an `if`, a loop or a
+    `try`): `.item()` / `.cpu()` / `.tolist()` / `.to("cpu")`, or `float()` / `int()` / `bool()`
+    of what a `torch.` function computes (`float(torch.sum(tp))`, `float(correct)` after
+    `correct = torch.sum(pred == gt)`); or the sync `sync_of` finds in a function of `callees`
+    that they call."""
+    callees = callees or {}
+    stack = list(reversed(body))
     made = set()  # names the statements so far bound to what a torch function computes
     while stack:
         stmt = stack.pop()
@@ -195,9 +201,9 @@ def _unconditional_sync(function: ast.AST, module: Optional[ast.Module] = None, 
             if isinstance(node, ast.Call) and isinstance(node.func, ast.Name) and node.func.id in _CONVERSIONS \
                     and len(node.args) == 1 and not node.keywords and _torch_computed(node.args[0], made):
                 return node
-            callee = functions.get(node.func.id) if isinstance(node, ast.Call) and isinstance(node.func, ast.Name) else None
-            if callee is not None and callee is not function:
-                found = _unconditional_sync(callee, module, depth + 1)
+            callee = callees.get(node.func.id) if isinstance(node, ast.Call) and isinstance(node.func, ast.Name) else None
+            if callee is not None:
+                found = sync_of(callee)
                 if found is not None:
                     return found
         if isinstance(stmt, ast.Assign):
@@ -218,7 +224,7 @@ def _torch_computed(expr: ast.AST, made: set) -> bool:
         if isinstance(func, ast.Attribute):
             module, _, name = (dotted(func) or "").rpartition(".")
             if module == "torch":  # `torch.sum`; not `torch.numel` or `torch.is_tensor`, which give Python values
-                return name not in _TORCH_HOST_VALUES and not name.startswith(("is_", "are_", "get_"))
+                return name not in _kinds.NOT_TENSOR_FUNCTIONS and not name.startswith(("is_", "are_", "get_"))
             return _torch_computed(func.value, made)
     return False
 
@@ -754,7 +760,7 @@ class HostSyncInLoop(_StepLoops, _HostReads, Rule):
         else they do, and its test reads no tensor: every call waits, whichever way it goes."""
         if not branch.orelse or self._on_device(branch.test):
             return False
-        return all(_unconditional_sync(SimpleNamespace(body=arm)) is not None for arm in (branch.body, branch.orelse))
+        return all(_sync_of_every_run(arm) is not None for arm in (branch.body, branch.orelse))
 
     def _project_helper(self, call: ast.Call) -> None:
         """`accuracy(out, y)` in a step, where `accuracy` comes from a module of the project

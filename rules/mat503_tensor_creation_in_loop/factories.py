@@ -9,6 +9,7 @@ from typing import Optional
 
 from matlint.semantic import kinds as _kinds
 from matlint.semantic.flow import flow_of
+from matlint.semantic.layout import unpacked_item
 from matlint.semantic.loops import identifier
 from matlint.semantic.project import imported_function
 from matlint.semantic.steps import runs_once
@@ -577,24 +578,12 @@ def _moved_on_other_path(ctx, flow, assign: ast.Assign, use: ast.Name) -> bool:
     for store, simple in stores:
         if store is assign:
             continue
-        value = store.value if simple else _paired_value(store, use.id)
+        value = store.value if simple else unpacked_item(store, use.id)
         moved = moved_expression(ctx, value)
         inner = unwrapped(ctx, moved) if moved is not None else None
         if isinstance(inner, ast.Name) and inner.id == use.id and flow.reaching(inner) is assign:
             return True
     return False
-
-
-def _paired_value(store: ast.stmt, name: str) -> Optional[ast.AST]:
-    """The item of a tuple assignment's value that it stores in `name` (`x, z = x.cuda(),
-    z.cuda()`); None for other statements."""
-    if not isinstance(store, ast.Assign) or len(store.targets) != 1:
-        return None
-    target, value = store.targets[0], store.value
-    if not isinstance(target, (ast.Tuple, ast.List)) or not isinstance(value, (ast.Tuple, ast.List)) \
-            or len(target.elts) != len(value.elts) or any(isinstance(e, ast.Starred) for e in target.elts + value.elts):
-        return None
-    return next((v for t, v in zip(target.elts, value.elts) if isinstance(t, ast.Name) and t.id == name), None)
 
 
 def moved_by(ctx, parent: dict, expr: ast.AST) -> Optional[ast.Call]:
