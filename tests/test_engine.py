@@ -175,6 +175,16 @@ def test_a_parameter_shadows_an_import_inside_its_function():
     assert ctx.qualname(ast.parse("F.linear").body[0].value) == "torch.nn.functional.linear"
 
 
+def test_an_attribute_the_file_sets_on_a_module_is_the_files_own():
+    source = ("import torch.nn as nn\nclass MaskedLinear(nn.Module):\n    pass\n"
+              "nn.MaskedLinear = MaskedLinear\nnn.MaskedLinear\nnn.MaskedLinear.forward\nnn.Linear\n")
+    ctx = _context(source)
+    masked, method, linear = (stmt.value for stmt in ctx.tree.body[-3:])
+    assert ctx.qualname(masked) is None and ctx.qualname(method) is None
+    assert ctx.names.set_on_module(masked) == "MaskedLinear"
+    assert ctx.qualname(linear) == "torch.nn.Linear" and ctx.names.set_on_module(linear) is None
+
+
 def test_a_name_resolved_once_is_resolved_again_in_another_scope():
     # qualname remembers its answers, but only until the walker enters or leaves a scope.
     ctx = _context("import torch.nn.functional as F\ndef f(F):\n    pass\nF.linear\n")

@@ -860,6 +860,9 @@ class _Inference:
         qual = ctx.qualname(func)
         if qual is not None:
             return self._qualified_call(qual, node)
+        bound = ctx.names.set_on_module(func)
+        if bound is not None:  # `nn.MaskedLinear(...)` after `nn.MaskedLinear = MaskedLinear`
+            return USER_MODULE if self.name(bound) == MODULE_CLASS else None
         if isinstance(func, ast.Name):
             if func.id in ("list", "tuple", "sorted", "map", "filter"):
                 return LIST
@@ -1861,12 +1864,14 @@ def module_class_of(ctx, func: ast.AST) -> Optional[tuple]:
             or func.value.id != ctx.functions[0].args.args[0].arg):
         return None
     values = [value for _, value in class_attribute_values(ctx, cls, func.attr)]
-    if not values or not all(isinstance(v, ast.Call) and isinstance(v.func, ast.Name) for v in values):
+    if not values or not all(isinstance(v, ast.Call) for v in values):
         return None
-    if len({v.func.id for v in values}) != 1:
+    # `MaskedLinear(...)`, or `nn.MaskedLinear(...)` after `nn.MaskedLinear = MaskedLinear`
+    names = {v.func.id if isinstance(v.func, ast.Name) else ctx.names.set_on_module(v.func) for v in values}
+    if len(names) != 1 or None in names:
         return None
-    name = values[0].func.id
-    if ctx.qualname(values[0].func) is None:
+    name = names.pop()
+    if not isinstance(values[0].func, ast.Name) or ctx.qualname(values[0].func) is None:
         local = [s for s in ctx.tree.body if isinstance(s, ast.ClassDef) and s.name == name]
         if len(local) == 1:
             return local[0], ctx.qualname, None

@@ -4,7 +4,9 @@
 `from torch.nn import functional as F`, `mm = torch.mm` at module level: all resolve
 `T.matmul`, `mm`, `F.linear` to their qualified names (`torch.matmul`, `torch.mm`,
 `torch.nn.functional.linear`). Names bound by something else (a parameter, a local
-assignment) shadow the import in their function.
+assignment) shadow the import in their function. An attribute the file itself sets on an
+imported module at top level (`nn.MaskedLinear = MaskedLinear`) is the file's own name, not
+the module's: `set_on_module` gives the name assigned to it.
 """
 from __future__ import annotations
 
@@ -64,6 +66,18 @@ class NameResolver:
         module_scope = dict(star_imported or {})
         module_scope.update(self._scan(module.body, module_level=True))
         self._push(module_scope)
+        # `nn.MaskedLinear` after a top-level `nn.MaskedLinear = MaskedLinear`: the file's own
+        # binding, not the imported module's attribute (dotted name -> the name assigned to it,
+        # None where it is assigned more than once or something else than a name).
+        self._set_on_modules: dict = {}
+        for stmt in module.body:
+            if stmt.__class__ is ast.Assign:
+                for target in stmt.targets:
+                    if (target.__class__ is ast.Attribute and target.value.__class__ is ast.Name
+                            and module_scope.get(target.value.id)):
+                        name = dotted(target)
+                        value = stmt.value.id if stmt.value.__class__ is ast.Name else None
+                        self._set_on_modules[name] = value if name not in self._set_on_modules else None
         # expr -> qualname in the current scope: rules ask about the same call many times over.
         # Keyed by the node itself (not its id) so a temporary node cannot leave a stale entry.
         self._resolved: dict = {}
@@ -181,8 +195,25 @@ class NameResolver:
         base = self._lookup(head_node.id)
         if base is None:
             return None
-        rest = dotted(expr).partition(".")[2]
+        name = dotted(expr)
+        if self._set_on_modules and self._sets_on_module(name):
+            return None
+        rest = name.partition(".")[2]
         return canonical(f"{base}.{rest}" if rest else base)
+
+    def _sets_on_module(self, name: str) -> bool:
+        head, _, rest = name.partition(".")
+        return f"{head}.{rest.partition('.')[0]}" in self._set_on_modules and not self.binds_locally(head)
+
+    def set_on_module(self, expr: ast.AST) -> Optional[str]:
+        """The name of the file that a top-level assignment sets as the imported module's
+        attribute `expr` names (`MaskedLinear` for `nn.MaskedLinear` after `nn.MaskedLinear =
+        MaskedLinear`), else None."""
+        if not self._set_on_modules or expr.__class__ is not ast.Attribute or expr.value.__class__ is not ast.Name:
+            return None
+        if self.binds_locally(expr.value.id):
+            return None
+        return self._set_on_modules.get(f"{expr.value.id}.{expr.attr}")
 
     def names_bound_to(self, last_parts: frozenset) -> frozenset:
         """Names the current scopes bind to a qualified name whose last part is in `last_parts`

@@ -1780,7 +1780,7 @@ class FunctionShapes:
             if func.attr in _MODULE_RETURNS_SELF and receiver.cls.bases and method_of(receiver.cls, func.attr) is None:
                 return receiver  # `D = D.cuda()`: nn.Module's own method gives the module back
             return self._returned(receiver, func.attr, args, kwargs, node)  # `self.critic.value(s)`
-        if func.__class__ is ast.Attribute and receiver is None and qual is not None:
+        if func.__class__ is ast.Attribute and receiver is None and (qual is not None or self.ctx.names.set_on_module(func)):
             made = class_named(self.ctx, func)  # `models.Net()` after `import models`
             if made is not None:
                 return _constructed(made, args, kwargs)
@@ -2480,6 +2480,10 @@ def class_named(ctx, func) -> Optional[Instance]:
         key = func.id
     elif func.__class__ is ast.Attribute and func.value.__class__ is ast.Name:
         key = (func.value.id, func.attr)
+        bound = ctx.names.set_on_module(func)  # `nn.MaskedLinear` after `nn.MaskedLinear = MaskedLinear`
+        if bound is not None:
+            cls = file_class(ctx, bound)
+            return Instance(cls, ctx) if cls is not None else None
     else:
         return None
     imported = _imported_classes(ctx)
