@@ -72,13 +72,16 @@ class TensorCreationInLoop(Rule):
       device directly. The evidence is the factory (no `device=`) and the move of what it
       made: through ops that leave it where it is (`torch.arange(L).unsqueeze(0).repeat(b,
       1).cuda()`, `torch.empty(1, 1).type_as(x).fill_(v)`, `.clamp(...)`, arithmetic with
-      numbers, `torch.exp(...)`, `torch.cat` of fills, a comparison of one with itself);
+      numbers, `torch.exp(...)`, `torch.cat` of fills, a comparison of one with itself, a
+      `masked_fill` of numbers by a mask of its own values: `mask.float().masked_fill(mask == 0,
+      float("-inf"))`);
       through the names that carry it to the copy, over several assignments (`alpha =
       torch.rand(n, 1)`, `alpha = alpha.expand_as(x).to(d)`), past the CPU path of a
       conditional move (`z = torch.zeros(n)`, `if x.is_cuda: z = z.cuda()`, also `x, z = x.cuda(),
       z.cuda()`, then `z` read on either path), and past calls that fill an uninitialised allocation (`conf_t =
       torch.LongTensor(num, priors)`, `match(..., conf_t)`, `conf_t = conf_t.cuda()`); or
-      made and returned by a function of the file (`self.label2onehot(torch.zeros(n),
+      made and returned by a function of the file, also over several assignments there
+      (`self._square_mask(len(src)).to(device)`, `self.label2onehot(torch.zeros(n),
       2).to(d)`, `diffusion.sample_timesteps(n).to(d)` on an instance of a class of the file)
       or of a project module it imports (`causal_mask(n).to(d)` after `from dataset import
       causal_mask`).
@@ -206,7 +209,9 @@ class TensorCreationInLoop(Rule):
       `@lru_cache_unless_export`): their body runs once per device or size, not on every call;
       and what a function does after it returns a cached attribute on a hit (`if n ==
       self.cached_n and self.cached is not None: return self.cached`, with `self.cached` stored
-      later in the function): it runs when the cache misses.
+      later in the function): it runs when the cache misses. So does what runs under an `if`
+      that reads an attribute and stores it (`if self.src_mask is None or
+      self.src_mask.size(0) != n:`, then `mask = ...to(device)`, `self.src_mask = mask`).
     - Attributes a method other than the set-up assigns or changes (`self.scale = scale` in
       `set_scale`): data of the call, not a constant.
     - Tensors computed from data on the host before the copy (`torch.arange(n) +

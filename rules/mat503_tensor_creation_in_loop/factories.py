@@ -36,6 +36,9 @@ _SAME_DEVICE_METHODS = {"tril", "triu", "bool", "float", "half", "bfloat16", "lo
 _MAKING_METHODS = _SAME_DEVICE_METHODS | {
     "unsqueeze", "squeeze", "view", "reshape", "expand", "expand_as", "repeat", "transpose", "permute", "t",
     "flatten", "contiguous", "type", "type_as", "clamp", "fill_", "uniform_", "normal_", "random_"}
+# ... and those that fill it where a mask of its own values says (`mask.float().masked_fill(mask == 0,
+# float("-inf"))`): a mask from elsewhere may be on the device, and then the fill cannot be made there.
+_MASKED_FILLS = {"masked_fill", "masked_fill_"}
 # ... and the torch functions of one tensor that compute on it where it is (`torch.exp(-c *
 # torch.arange(half) / half)`): their values may round differently on the device.
 _MAKING_FUNCTIONS = {"torch.exp", "torch.log", "torch.sin", "torch.cos", "torch.sqrt", "torch.rsqrt",
@@ -195,6 +198,14 @@ def unwrapped(ctx, expr: ast.AST, making: bool = False) -> ast.AST:
             return expr
         func = expr.func
         qualname = ctx.qualname(func)
+        if making and isinstance(func, ast.Attribute) and qualname is None and func.attr in _MASKED_FILLS:
+            receiver, mask = unwrapped(ctx, func.value, making=True), None
+            if len(expr.args) == 2 and not expr.keywords and _is_number(ctx, expr.args[1]):
+                mask = unwrapped(ctx, expr.args[0], making=True)
+            if not (isinstance(mask, ast.Name) and isinstance(receiver, ast.Name) and mask.id == receiver.id):
+                return expr
+            expr = func.value
+            continue
         if isinstance(func, ast.Attribute) and qualname is None and (
                 func.attr in _SAME_DEVICE_METHODS and not expr.keywords and (
                     not expr.args or making and func.attr in ("tril", "triu"))
@@ -698,8 +709,12 @@ def _returned_host_made(ctx, function: ast.AST) -> Optional[tuple]:
     made = None
     for ret in (n for n in walk_no_scopes(function) if isinstance(n, ast.Return)):
         value = ret.value
-        inner = unwrapped(ctx, value, making=True) if value is not None else None
-        if isinstance(inner, ast.Name):  # `return mask == 0` after `mask = torch.triu(...)`
+        for _ in range(4):
+            # `return mask == 0` after `mask = torch.triu(...)`, also over several steps
+            # (`mask = mask.float().masked_fill(mask == 0, -inf)`)
+            inner = unwrapped(ctx, value, making=True) if value is not None else None
+            if not isinstance(inner, ast.Name):
+                break
             flow = flow or flow_of(ctx, function)
             assign = flow.reaching(inner)
             value = assign.value if assign is not None else None
