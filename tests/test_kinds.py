@@ -350,6 +350,29 @@ def test_a_store_in_one_arm_of_an_if_does_not_reach_a_read_in_the_other():
     assert stored_at(loads[14]) == [12]      # in a loop, the other arm stored it on an earlier pass
 
 
+def test_a_store_at_the_end_of_a_loop_pass_does_not_reach_a_read_after_an_if_that_stores_on_both_arms():
+    import ast
+    from matlint.semantic.flow import FunctionFlow
+
+    function = ast.parse(textwrap.dedent("""
+        def f(steps, cuda):
+            for done in steps:
+                if done:
+                    bit = 0
+                else:
+                    bit = 1
+                if cuda:
+                    bit = bit + 1
+                use(bit)
+        """)).body[0]
+    flow = FunctionFlow(function)
+    loads = {n.lineno: n for n in ast.walk(function) if isinstance(n, ast.Name) and isinstance(n.ctx, ast.Load)
+             and n.id == "bit"}
+    stored_at = lambda load: sorted(stmt.lineno for stmt, _ in flow.reaching_all(load))
+    assert stored_at(loads[9]) == [5, 7]       # the previous pass's `bit + 1` is overwritten by either arm
+    assert stored_at(loads[10]) == [5, 7, 9]
+
+
 def test_a_comprehension_reads_the_names_of_its_scope_where_it_runs():
     findings = lint_source(textwrap.dedent("""
         import torch

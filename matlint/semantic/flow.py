@@ -190,7 +190,9 @@ class FunctionFlow(BuiltOnFirstUse):
             return not any(
                 other is not None and other is not store and _in_loop_body(other, loop)
                 and _end(other) <= _pos(load) and self._dominates(other, load)
-                for other, _ in self.stores.get(name, ()))
+                for other, _ in self.stores.get(name, ())) and not any(
+                _in_loop_body(branches, loop) and _end(branches) <= _pos(load) and self._dominates(branches, load)
+                for branches in self._storing_branches(name))
         return False
 
     def reaching_all(self, load: ast.Name) -> list:

@@ -23,7 +23,7 @@ from matlint.semantic.steps import derives_from_module, per_step, step_functions
 
 from .advice import (created_on_device, fill_message, numpy_message, range_message, repeated_message, sample_message,
                      sampler_input, sampler_message, sizes_message)
-from .factories import (FILLS, FROM_DATA, RANDOM, carried_to_move, constant_values, host_attribute, computed_number, device_target, exact_on_device,
+from .factories import (FILLS, FROM_DATA, RANDOM, carried_from_branches, carried_to_move, constant_values, host_attribute, computed_number, device_target, exact_on_device,
                         has_mover_helpers, helper_made, host_made, index_binding, INDEX_FACTORIES, NUMPY_INDEX_FACTORIES, NUMPY_INDEX_TRICKS, indexed_tensors, is_constant_data, moved_expression,
                         is_device, is_false, legacy_sizes, one_value, range_data, repeated_number, round_trip_source, set_once_attribute,
                         same_values_on_device, takes_device,
@@ -78,7 +78,9 @@ class TensorCreationInLoop(Rule):
       through the names that carry it to the copy, over several assignments (`alpha =
       torch.rand(n, 1)`, `alpha = alpha.expand_as(x).to(d)`), past the CPU path of a
       conditional move (`z = torch.zeros(n)`, `if x.is_cuda: z = z.cuda()`, also `x, z = x.cuda(),
-      z.cuda()`, then `z` read on either path), and past calls that fill an uninitialised allocation (`conf_t =
+      z.cuda()`, then `z` read on either path), from either arm of an `if` (`if done: bit =
+      torch.Tensor([0])` / `else: bit = torch.Tensor([1])`, then `bit.cuda()`: each arm is
+      reported), and past calls that fill an uninitialised allocation (`conf_t =
       torch.LongTensor(num, priors)`, `match(..., conf_t)`, `conf_t = conf_t.cuda()`); or
       made and returned by a function of the file, also over several assignments there
       (`self._square_mask(len(src)).to(device)`, `self.label2onehot(torch.zeros(n),
@@ -308,12 +310,16 @@ class TensorCreationInLoop(Rule):
         factory = host_made(ctx, moved) if moves else torch_factory(ctx, node)
         made_at = node  # where the finding goes: the move, or the creation a name carries to it
         carrier = unwrapped(ctx, moved, making=True) if moves and factory is None else None
-        helper = None  # the function of the file that makes the tensor and returns it
+        helper = helper_path = None  # the function that makes the tensor and returns it, and its module's path
         attribute = None  # `self.pe` that the module's set-up made on the host
         if isinstance(carrier, ast.Name):
             carried = carried_to_move(ctx, carrier)
             if carried is not None:
                 factory, made_at = carried
+            else:  # `if done: bit = torch.Tensor([0])` / `else: bit = torch.Tensor([1])`, then `bit.cuda()`
+                for made, made_at in carried_from_branches(ctx, carrier):
+                    self._check_made(node, moved, made, made_at)
+                return
         elif isinstance(carrier, ast.Call):
             made = helper_made(ctx, carrier)
             if made is not None:
@@ -324,6 +330,14 @@ class TensorCreationInLoop(Rule):
                 attribute, factory = held
             elif func.attr in ("cuda", "to") and moved is func.value:
                 self._remade_every_step(node, carrier)
+        self._check_made(node, moved, factory, made_at, helper, helper_path, attribute)
+
+    def _check_made(self, node: ast.Call, moved, factory, made_at: ast.AST, helper=None, helper_path=None,
+                    attribute=None) -> None:
+        """`node` moves (`moved`: what it moves, or None) or makes a tensor that `factory` made
+        on the host, at `made_at`, in a helper of the file or the project (`helper`), or in the
+        set-up as an attribute (`attribute`)."""
+        ctx, func, moves = self.ctx, node.func, moved is not None
         cuda_type = None if moves or factory is not None or not node.args else cuda_tensor_type(ctx, func)
         if factory is None and cuda_type is None:
             if not moves and ctx.qualname(func) in NUMPY_INDEX_FACTORIES:

@@ -524,6 +524,27 @@ def carried_to_move(ctx, name: ast.Name) -> Optional[tuple]:
     return None
 
 
+def carried_from_branches(ctx, name: ast.Name) -> list:
+    """[(factory, its call)], one per assignment, when several assignments reach this move of
+    `name` (`if done: bit = torch.Tensor([0])` / `else: bit = torch.Tensor([1])`, then
+    `bit = bit.cuda()`), each makes a tensor on the host at the move's loop depth, and every
+    read of what each stores is a move (as `carried_to_move` asks of one)."""
+    flow = flow_of(ctx, ctx.scope)
+    reaching = flow.reaching_all(name)
+    if len(reaching) < 2 or not all(simple for _, simple in reaching):
+        return []
+    found = []
+    for assign, _ in reaching:
+        if len(assign.targets) != 1 or not isinstance(assign.targets[0], ast.Name):
+            return []
+        made = host_made(ctx, assign.value)
+        if made is None or flow.loops_around(assign) != flow.loops_around(name) or not _only_carried(
+                ctx, flow, assign, None):
+            return []
+        found.append((made, made[1]))
+    return found
+
+
 def _only_carried(ctx, flow, assign: ast.Assign, within: Optional[ast.AST]) -> bool:
     """Every read of the value `assign` stores moves it to the device, leaves a wrapped copy on
     the CPU path (`Variable(z)`), is a read on the CPU path of a conditional move (`if cuda: z =
@@ -592,7 +613,8 @@ def _moved_on_other_path(ctx, flow, assign: ast.Assign, use: ast.Name) -> bool:
         value = store.value if simple else unpacked_item(store, use.id)
         moved = moved_expression(ctx, value)
         inner = unwrapped(ctx, moved) if moved is not None else None
-        if isinstance(inner, ast.Name) and inner.id == use.id and flow.reaching(inner) is assign:
+        if isinstance(inner, ast.Name) and inner.id == use.id and any(
+                reaching is assign for reaching, _ in flow.reaching_all(inner)):
             return True
     return False
 
