@@ -252,6 +252,20 @@ def test_a_name_takes_the_kind_its_uses_give_evidence_of():
         """) == ["tensor", "tensor", "numpy", "None", "list", "tensor", "tensor"]
 
 
+def test_the_argument_a_tensor_method_takes_as_a_tensor_is_one():
+    assert kinds("""
+        def f(x, target, mask, index, n, value):
+            x.expand_as(target)
+            x.masked_fill(mask, value)
+            x.gather(n, index)
+            reveal(target)
+            reveal(mask)
+            reveal(index)
+            reveal(n)
+            reveal(value)
+        """) == ["tensor", "tensor", "tensor", "None", "None"]
+
+
 def test_a_method_calling_its_submodules_gives_no_evidence_about_self():
     assert kinds("""
         import torch.nn as nn

@@ -379,6 +379,12 @@ TENSOR_EVIDENCE_METHODS = frozenset({
     "masked_scatter", "index_add_", "index_fill_", "index_put_", "baddbmm", "addmm", "lerp_", "addcmul_",
     "clamp_min", "clamp_max", "bernoulli", "bernoulli_", "uniform_", "normal_", "float_power", "logsumexp",
 })
+# ... and of those, the ones whose argument at this position must be a tensor too:
+# `x.expand_as(target)`, `x.masked_fill(mask, v)`, `q.gather(1, index)`.
+_TENSOR_ARGUMENT_OF_METHODS = {"expand_as": 0, "view_as": 0, "type_as": 0, "bmm": 0, "mm": 0, "matmul": 0,
+                               "masked_fill": 0, "masked_fill_": 0, "masked_select": 0, "masked_scatter": 0,
+                               "gather": 1, "index_select": 1, "scatter": 1, "scatter_": 1, "scatter_add": 1,
+                               "scatter_add_": 1, "baddbmm": 0, "addmm": 0}
 _NUMPY_EVIDENCE_METHODS = frozenset({"astype", "tobytes", "tofile"})
 _MODULE_EVIDENCE_METHODS = frozenset({"parameters", "named_parameters", "state_dict", "load_state_dict", "train",
                                       "eval", "modules", "children", "named_modules", "apply", "forward",
@@ -439,6 +445,9 @@ def _collect_evidence(ctx, owner: ast.AST) -> dict:
             if qual is None:
                 if func.attr in TENSOR_EVIDENCE_METHODS or func.attr == "size":
                     add(receiver, TENSOR)
+                    position = _TENSOR_ARGUMENT_OF_METHODS.get(func.attr)
+                    if position is not None and len(node.args) > position:
+                        add(node.args[position], TENSOR)
                 elif func.attr in _MODULE_EVIDENCE_METHODS:
                     add(receiver, MODULE)
                 elif func.attr in _LIST_EVIDENCE_METHODS:
