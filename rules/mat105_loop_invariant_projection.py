@@ -11,6 +11,7 @@ from matlint.semantic.loops import bound_names, loaded_names, updates_weights, w
 from matlint.semantic.shapes import method_of, self_name_of
 from matlint.rule import GemmVisitor
 from matlint.semantic.torch_api import as_gemm
+from matlint.semantic.tree import fills_own_cache
 from .mat101_python_loop_matmul import PythonLoopMatmul
 
 
@@ -68,7 +69,8 @@ def _projection_of(cls: ast.ClassDef, forward, param: str, qualname):
     """(the call `self.layer(param)` in `forward` of a projection (`_projection_layer`) that
     `cls` builds in `__init__` and stores nowhere else, the layout `param` is given first or
     None): `param` is never rebound in `forward`, or only by one statement of its body that lays
-    it out anew before the call (`ref = ref.permute(1, 2, 0)`); else None."""
+    it out anew before the call (`ref = ref.permute(1, 2, 0)`), and the call fills no cache of the
+    module (`if self.key is None: self.key = self.proj_k(enc)`); else None."""
     stores = [n for n in ast.walk(forward) if isinstance(n, ast.Name) and n.id == param and not isinstance(n.ctx, ast.Load)]
     layout = None
     if stores:
@@ -78,7 +80,11 @@ def _projection_of(cls: ast.ClassDef, forward, param: str, qualname):
             return None
         layout = statement.value
     self_name = (forward.args.posonlyargs + forward.args.args)[0].arg
+    cached = {id(sub) for branch in ast.walk(forward) if isinstance(branch, ast.If) and fills_own_cache(branch, self_name)
+              for sub in ast.walk(branch)}  # `if self.key is None: self.key = self.proj_k(enc)`: projected once
     for sub in ast.walk(forward):
+        if id(sub) in cached:
+            continue
         if (isinstance(sub, ast.Call) and len(sub.args) == 1 and not sub.keywords
                 and isinstance(sub.args[0], ast.Name) and sub.args[0].id == param
                 and isinstance(sub.func, ast.Attribute) and isinstance(sub.func.value, ast.Name)
@@ -177,7 +183,9 @@ class LoopInvariantProjection(GemmVisitor, Rule):
     - Loops that are not recurrences (MAT101 reports their GEMMs), and GEMMs that read the state
       (`h @ W_hh`) or anything derived from it in the step.
     - Module calls whose argument changes per step (`x[:, t]`, the state, a parameter of the
-      step function or a value it computes), that the module transforms before projecting
+      step function or a value it computes, or a call, which may give another value each step:
+      `self.decoder.get_query()`), that project into a cache the module fills when it is empty
+      (`if self.key is None: self.key = self.proj_k(enc)`), that the module transforms before projecting
       (`features = features * h`; a new layout is no transform), or that it does not project
       with a layer of its own (a projection already hoisted and passed in), nor with a layer
       that mixes positions (an `nn.Conv1d` of kernel size 3).
@@ -333,8 +341,8 @@ class LoopInvariantProjection(GemmVisitor, Rule):
             if step is not None and (not isinstance(fixed, ast.Name) or fixed.id in bound):
                 continue  # a value of the step's own
             if (loop.depends_on_iteration(fixed) or loop.changes(fixed) or loop.reads_carried(fixed)
-                    or loop.reads_carried(arg)):
-                continue
+                    or loop.reads_carried(arg) or any(isinstance(sub, ast.Call) for sub in ast.walk(fixed))):
+                continue  # a call may give another value each step (`self.decoder.get_query()` reads its state)
             found = _projection_of(cls, forward, param, qualname)
             if found is None:
                 continue

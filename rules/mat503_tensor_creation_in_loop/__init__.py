@@ -308,6 +308,8 @@ class TensorCreationInLoop(Rule):
         moves = moved is not None
         # The call's own shape first: it rules out almost every call, and costs less than the place.
         factory = host_made(ctx, moved) if moves else torch_factory(ctx, node)
+        if moves and factory is not None and self._moved_again(node):
+            return  # `torch.empty(1).type_as(x).fill_(3).to(d)`: the last move reports the factory
         made_at = node  # where the finding goes: the move, or the creation a name carries to it
         carrier = unwrapped(ctx, moved, making=True) if moves and factory is None else None
         helper = helper_path = None  # the function that makes the tensor and returns it, and its module's path
@@ -331,6 +333,19 @@ class TensorCreationInLoop(Rule):
             elif func.attr in ("cuda", "to") and moved is func.value:
                 self._remade_every_step(node, carrier)
         self._check_made(node, moved, factory, made_at, helper, helper_path, attribute)
+
+    def _moved_again(self, node: ast.Call) -> bool:
+        """A move around `node` in its statement takes what `node` moved further, from the same
+        host factory."""
+        ctx = self.ctx
+        for outer in reversed(ctx.parents):
+            if isinstance(outer, ast.stmt):
+                return False
+            if isinstance(outer, ast.Call):
+                moved = moved_expression(ctx, outer)
+                if moved is not None and any(sub is node for sub in ast.walk(moved)) and host_made(ctx, moved):
+                    return True
+        return False
 
     def _check_made(self, node: ast.Call, moved, factory, made_at: ast.AST, helper=None, helper_path=None,
                     attribute=None) -> None:

@@ -10,7 +10,7 @@ from typing import Optional
 from matlint.semantic import kinds as _kinds
 from matlint.semantic.flow import flow_of
 from matlint.semantic.shapes import self_name_of
-from matlint.semantic.tree import code_scope
+from matlint.semantic.tree import code_scope, fills_own_cache, stored_targets
 from matlint.semantic.steps import guards_empty_selection, is_step_loop
 
 from .factories import SIZED_FACTORIES
@@ -194,7 +194,7 @@ def fills_a_cache(ctx) -> bool:
     if isinstance(ctx.function, (ast.FunctionDef, ast.AsyncFunctionDef)) and _after_a_cache_hit(ctx, ctx.function):
         return True
     statement = ctx.statement()
-    stored = {target.attr for target in _stored_targets(statement) if isinstance(target, ast.Attribute)} \
+    stored = {target.attr for target in stored_targets(statement) if isinstance(target, ast.Attribute)} \
         if isinstance(statement, (ast.Assign, ast.AnnAssign)) else set()
     receiver = self_name_of(ctx.functions[0]) if ctx.class_ is not None and ctx.functions else None
     for parent in reversed(ctx.parents):
@@ -203,35 +203,9 @@ def fills_a_cache(ctx) -> bool:
         if isinstance(parent, ast.If):
             read = {sub.attr if isinstance(sub, ast.Attribute) else sub.value for sub in ast.walk(parent.test)
                     if isinstance(sub, ast.Attribute) or isinstance(sub, ast.Constant) and isinstance(sub.value, str)}
-            if read & stored or receiver is not None and read & _own_attributes(parent.test, receiver) & \
-                    _own_attributes(parent, receiver, stored=True):
+            if read & stored or receiver is not None and fills_own_cache(parent, receiver):
                 return True
     return False
-
-
-def _own_attributes(node: ast.AST, receiver: str, stored: bool = False) -> set:
-    """The attributes of `receiver` (the method's `self`) that `node` reads (with `hasattr(self,
-    "name")`, by name), or, `stored`, that its statements assign."""
-    if stored:
-        return {target.attr for target in _stored_targets(node) if isinstance(target, ast.Attribute)
-                and isinstance(target.value, ast.Name) and target.value.id == receiver}
-    return {sub.attr if isinstance(sub, ast.Attribute) else sub.args[1].value for sub in ast.walk(node)
-            if isinstance(sub, ast.Attribute) and isinstance(sub.value, ast.Name) and sub.value.id == receiver
-            or isinstance(sub, ast.Call) and isinstance(sub.func, ast.Name) and sub.func.id == "hasattr"
-            and len(sub.args) == 2 and isinstance(sub.args[0], ast.Name) and sub.args[0].id == receiver
-            and isinstance(sub.args[1], ast.Constant) and isinstance(sub.args[1].value, str)}
-
-
-def _stored_targets(block: ast.AST):
-    """The targets the statements in `block` assign, items taken to what holds them
-    (`self._cache[key] = ...` stores `self._cache`)."""
-    for stmt in ast.walk(block):
-        targets = stmt.targets if isinstance(stmt, ast.Assign) else [stmt.target] if isinstance(
-            stmt, ast.AnnAssign) else ()
-        for target in targets:
-            while isinstance(target, ast.Subscript):
-                target = target.value
-            yield target
 
 
 def _after_a_cache_hit(ctx, function: ast.AST) -> bool:
