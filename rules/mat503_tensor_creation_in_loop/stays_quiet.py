@@ -238,5 +238,22 @@ def _cache_hit_line(function: ast.AST) -> Optional[int]:
 
 def varies_per_iteration(ctx, expr: ast.AST) -> bool:
     """The device (or the whole expression) changes with the loop variable: one tensor per
-    device, e.g. initializing every GPU."""
-    return any(loop.depends_on_iteration(expr) for loop in ctx.loops)
+    device, e.g. initializing every GPU. A device read off a tensor of the step (`device =
+    g_norm.get_device()`, `x.device`) is where that step's data is, not a device of its own."""
+    if isinstance(expr, ast.Name) and ctx.function is not None:
+        assign = flow_of(ctx, ctx.scope).reaching(expr)
+        if assign is not None and _read_off_a_tensor(ctx, assign.value):
+            return False
+    return not _read_off_a_tensor(ctx, expr) and any(loop.depends_on_iteration(expr) for loop in ctx.loops)
+
+
+def _read_off_a_tensor(ctx, expr: ast.AST) -> bool:
+    """`x.device`, `x.get_device()` of a tensor not known to be on the host."""
+    if isinstance(expr, ast.Call) and not expr.args and isinstance(expr.func, ast.Attribute) \
+            and expr.func.attr == "get_device":
+        tensor = expr.func.value
+    elif isinstance(expr, ast.Attribute) and expr.attr == "device":
+        tensor = expr.value
+    else:
+        return False
+    return _kinds.kind_of(ctx, tensor) == _kinds.TENSOR
