@@ -236,8 +236,8 @@ class TensorCreationInLoop(Rule):
       above), and so is a factory moved to the device whatever becomes of it: with `device=` it
       is a new tensor each time too.
     - A device that changes with the loop variable (`torch.tensor(0, device=torch.device("cuda",
-      i))` to initialize each GPU; a device read off a tensor of the iteration, `device =
-      g_norm.get_device()` or `x.device`, is where its data is, and is reported), and branches that run on one iteration only (`if i ==
+      i))` to initialize each GPU; the GPU index of a tensor of the iteration, `device =
+      g_norm.get_device()`, is where its data is, and is reported), and branches that run on one iteration only (`if i ==
       len(steps) - 1:`, `if state is None:`, `if len(state) == 0:`; their `else:` is reported).
     - Blocks that leave the loop right after the creation: a branch ending in `return` or
       `raise` runs at most once per call (`if too_close: return torch.tensor(True, device=d)`),

@@ -238,22 +238,17 @@ def _cache_hit_line(function: ast.AST) -> Optional[int]:
 
 def varies_per_iteration(ctx, expr: ast.AST) -> bool:
     """The device (or the whole expression) changes with the loop variable: one tensor per
-    device, e.g. initializing every GPU. A device read off a tensor of the step (`device =
-    g_norm.get_device()`, `x.device`) is where that step's data is, not a device of its own."""
+    device, e.g. initializing every GPU. The CUDA index of a tensor of the iteration (`device =
+    g_norm.get_device()`) is where that iteration's data is, not a device of its own."""
     if isinstance(expr, ast.Name) and ctx.function is not None:
         assign = flow_of(ctx, ctx.scope).reaching(expr)
-        if assign is not None and _read_off_a_tensor(ctx, assign.value):
+        if assign is not None and _cuda_index_of_a_tensor(assign.value):
             return False
-    return not _read_off_a_tensor(ctx, expr) and any(loop.depends_on_iteration(expr) for loop in ctx.loops)
+    return not _cuda_index_of_a_tensor(expr) and any(loop.depends_on_iteration(expr) for loop in ctx.loops)
 
 
-def _read_off_a_tensor(ctx, expr: ast.AST) -> bool:
-    """`x.device`, `x.get_device()` of a tensor not known to be on the host."""
-    if isinstance(expr, ast.Call) and not expr.args and isinstance(expr.func, ast.Attribute) \
-            and expr.func.attr == "get_device":
-        tensor = expr.func.value
-    elif isinstance(expr, ast.Attribute) and expr.attr == "device":
-        tensor = expr.value
-    else:
-        return False
-    return _kinds.kind_of(ctx, tensor) == _kinds.TENSOR
+def _cuda_index_of_a_tensor(expr: ast.AST) -> bool:
+    """`x.get_device()`: the index of the GPU that holds `x` (-1, which no move takes, on the
+    host); `x.device` may name the host."""
+    return (isinstance(expr, ast.Call) and not expr.args and isinstance(expr.func, ast.Attribute)
+            and expr.func.attr == "get_device")
