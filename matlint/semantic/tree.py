@@ -214,4 +214,3 @@ def stored_targets(block: ast.AST):
             while isinstance(target, ast.Subscript):
                 target = target.value
             yield target
-
