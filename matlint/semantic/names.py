@@ -202,8 +202,9 @@ class NameResolver:
         return canonical(f"{base}.{rest}" if rest else base)
 
     def _sets_on_module(self, name: str) -> bool:
+        """`name` (dotted, its head resolved to an import) starts with an attribute the file sets."""
         head, _, rest = name.partition(".")
-        return f"{head}.{rest.partition('.')[0]}" in self._set_on_modules and not self.binds_locally(head)
+        return f"{head}.{rest.partition('.')[0]}" in self._set_on_modules
 
     def set_on_module(self, expr: ast.AST) -> Optional[str]:
         """The name of the file that a top-level assignment sets as the imported module's

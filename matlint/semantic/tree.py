@@ -187,21 +187,23 @@ def fills_own_cache(branch: ast.If, receiver: str) -> bool:
     """`branch` fills a cache of the object `receiver` names (a method's `self`): its test reads
     an attribute of it (`if self.key is None or ...:`, `if not hasattr(self, "key"):`) that its
     statements store (`self.key = ...`), so what it runs runs when the cache misses."""
-    read = _own_attributes(branch.test, receiver)
-    return bool(read) and bool(read & _own_attributes(branch, receiver, stored=True))
+    read = _attributes_read(branch.test, receiver)
+    return bool(read) and bool(read & _attributes_stored(branch, receiver))
 
 
-def _own_attributes(node: ast.AST, receiver: str, stored: bool = False) -> set:
-    """The attributes of `receiver` that `node` reads (with `hasattr(self, "name")`, by name),
-    or, `stored`, that its statements assign."""
-    if stored:
-        return {target.attr for target in stored_targets(node) if isinstance(target, ast.Attribute)
-                and isinstance(target.value, ast.Name) and target.value.id == receiver}
+def _attributes_read(node: ast.AST, receiver: str) -> set:
+    """The attributes of `receiver` that `node` reads, also by name through `hasattr(self, "name")`."""
     return {sub.attr if isinstance(sub, ast.Attribute) else sub.args[1].value for sub in ast.walk(node)
             if isinstance(sub, ast.Attribute) and isinstance(sub.value, ast.Name) and sub.value.id == receiver
             or isinstance(sub, ast.Call) and isinstance(sub.func, ast.Name) and sub.func.id == "hasattr"
             and len(sub.args) == 2 and isinstance(sub.args[0], ast.Name) and sub.args[0].id == receiver
             and isinstance(sub.args[1], ast.Constant) and isinstance(sub.args[1].value, str)}
+
+
+def _attributes_stored(block: ast.AST, receiver: str) -> set:
+    """The attributes of `receiver` that the statements in `block` assign."""
+    return {target.attr for target in stored_targets(block) if isinstance(target, ast.Attribute)
+            and isinstance(target.value, ast.Name) and target.value.id == receiver}
 
 
 def stored_targets(block: ast.AST):

@@ -516,7 +516,7 @@ def carried_to_move(ctx, name: ast.Name) -> Optional[tuple]:
         inner = unwrapped(ctx, assign.value, making=True) if made is None else None
         if made is None and not isinstance(inner, ast.Name):
             return None  # the cheap test first: most names hold what no factory made
-        if flow.loops_around(assign) != flow.loops_around(name) or not _only_carried(ctx, flow, assign, within):
+        if not _carried_at_depth(ctx, flow, assign, name, within):
             return None
         if made is not None:
             return made, made[1]
@@ -538,11 +538,16 @@ def carried_from_branches(ctx, name: ast.Name) -> list:
         if len(assign.targets) != 1 or not isinstance(assign.targets[0], ast.Name):
             return []
         made = host_made(ctx, assign.value)
-        if made is None or flow.loops_around(assign) != flow.loops_around(name) or not _only_carried(
-                ctx, flow, assign, None):
+        if made is None or not _carried_at_depth(ctx, flow, assign, name, None):
             return []
         found.append((made, made[1]))
     return found
+
+
+def _carried_at_depth(ctx, flow, assign: ast.Assign, name: ast.Name, within: Optional[ast.AST]) -> bool:
+    """`assign` sits in the same loops as the read `name` of what it stores, and that value
+    only goes on to the copy (`_only_carried`)."""
+    return flow.loops_around(assign) == flow.loops_around(name) and _only_carried(ctx, flow, assign, within)
 
 
 def _only_carried(ctx, flow, assign: ast.Assign, within: Optional[ast.AST]) -> bool:
