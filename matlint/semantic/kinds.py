@@ -1026,8 +1026,9 @@ class _Inference:
         return tuple(found)
 
     def _module_class(self, func: ast.AST) -> Optional[ast.ClassDef]:
-        """The module class of the file whose instance `func` holds (`model = Net(...)`,
-        `self.net = Net(...)`), when every value it is bound to makes one."""
+        """The module class whose instance `func` holds (`model = Net(...)`, `self.net =
+        Net(...)`), of this file or of a project module it imports, when every value it is bound
+        to makes one."""
         if isinstance(func, ast.Name):
             values = [e[1] for e in bindings(self.ctx, func.id) or () if e[0] == "value"]
         elif isinstance(func, ast.Attribute) and self.is_self(func.value):
@@ -1045,7 +1046,11 @@ class _Inference:
         if len(classes) != 1:
             return None
         name = classes.pop()
-        return next((s for s in self.ctx.tree.body if isinstance(s, ast.ClassDef) and s.name == name), None)
+        own = next((s for s in self.ctx.tree.body if isinstance(s, ast.ClassDef) and s.name == name), None)
+        if own is not None or not in_script_project(self.ctx):
+            return own
+        found = imported_class(self.ctx, values[0].func)  # `criterion = FocalLoss()`, imported from the project
+        return found[0] if found is not None else None
 
     def _destination(self, method: str, node: ast.Call):
         """Where `.cpu()` / `.cuda()` / `.to(...)` puts its receiver: CPU_TENSOR (the CPU), TENSOR

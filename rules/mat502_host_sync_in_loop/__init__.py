@@ -16,6 +16,7 @@ from matlint.semantic.loops import bound_names, loaded_names, walk_no_scopes
 from matlint.semantic.kinds import TYPED_TENSORS, cuda_tensor_type
 from matlint.semantic.steps import iterates_loader, loop_trains, repeating_loops, runs_once, samples_with_model, step_loop
 from matlint.semantic.names import in_reference_code, in_test_code
+from matlint.semantic.shapes import shape_of
 from matlint.semantic.tree import dotted
 
 from .reads import _HostReads
@@ -37,6 +38,17 @@ _TEXT_CALLS = frozenset({"str", "repr"})  # a tensor made text: its values read 
 _HOST_DATA_CALLS = frozenset({"torch.nn.utils.rnn.pack_padded_sequence"})
 _SCALAR_LOGGERS = frozenset({"add_scalar", "add_scalars"})  # tensorboard's, which convert a tensor to a number
 _FORMAT = "format and log every N steps, or accumulate on the device and format after the loop"  # test each item of what they are given as a Python bool
+
+
+# Methods that reduce every element to one value when called with no dim (`R.mean()`, `d.sum()`).
+_FULL_REDUCTIONS = frozenset({"sum", "mean", "prod", "max", "min", "amax", "amin", "norm", "std", "var", "median",
+                              "nansum", "nanmean", "logsumexp"})
+
+
+def _full_reduction(expr: ast.AST) -> bool:
+    """`R.mean()`, `(a - b).pow(2).sum()`: a reduction method called with no arguments."""
+    return (isinstance(expr, ast.Call) and isinstance(expr.func, ast.Attribute) and expr.func.attr in _FULL_REDUCTIONS
+            and not expr.args and not expr.keywords)
 
 
 def _is_cpu_target(call: ast.Call) -> bool:
@@ -1037,7 +1049,8 @@ class HostSyncInLoop(_StepLoops, _HostReads, Rule):
         appended to a list or formatted. On PyTorch 0.4 and later it raises on a 0-d loss."""
         value = node.value
         if not (isinstance(node.ctx, ast.Load) and isinstance(value, ast.Attribute) and value.attr == "data"
-                and _kinds.int_const(node.slice) == 0 and self._taken_as_number(node)):
+                and _kinds.int_const(node.slice) == 0
+                and (self._taken_as_number(node) or self._one_value(value.value))):
             return False
         if self._step_context() is None or self._chain_already_synced(value.value) \
                 or not self._is_device_tensor(value.value):
@@ -1045,6 +1058,21 @@ class HostSyncInLoop(_StepLoops, _HostReads, Rule):
         self._report_item(node, value.value, "`.data[0]`",
                           detail="(PyTorch 0.3's `.item()`, which raises on a 0-d tensor since 0.4)")
         return True
+
+    def _one_value(self, receiver: ast.AST) -> bool:
+        """`receiver` holds one value: a reduction of all its elements (`R.mean()`, `(a - b).sum()`),
+        a name bound only to such a reduction, or a tensor whose shape is known to be `()` (a loss).
+        Its `.data[0]` is PyTorch 0.3's `.item()` wherever the host takes it (`log_value(tag,
+        loss.data[0], step)`): on PyTorch 0.4 and later it raises."""
+        if isinstance(receiver, ast.Name):
+            entries = _kinds.bindings(self.ctx, receiver.id) or ()
+            values = [entry[1] for entry in entries if entry[0] == "value"]
+            if values and len(values) == len(entries) and all(_full_reduction(v) for v in values):
+                return True
+        elif _full_reduction(receiver):
+            return True
+        shape = shape_of(self.ctx, receiver)
+        return shape is not None and shape.rank == 0
 
     def _taken_as_number(self, node: ast.AST) -> bool:
         """`node` is added to a running total (`total += x`), appended (`losses.append(x)`), formatted
