@@ -796,3 +796,34 @@ def test_a_helper_two_files_away_runs_every_step_where_a_relay_calls_it_from_the
     only_maybe = evaluate.replace("utils.update_metrics(raw, model(x), labels)", "utils.maybe_update(raw, model(x), labels, 0)") \
         .replace("utils.update_metrics(raw, model(x, True), labels)", "utils.maybe_update(raw, model(x, True), labels, 1)")
     assert _mat502_rows(conditional, {**files, "evaluate.py": only_maybe}, "metrics.py") == []
+
+
+def test_a_relay_that_calls_the_helper_on_every_call_configured_so_relays_it(tmp_path):
+    """`update_metrics(..., samples=None)` calls `accuracy` under `if samples is not None:`: the
+    caller's choice, the same on every call from one place, so a loop that passes `samples` runs
+    `accuracy` on every batch. A test of the data itself (`if every:` with the value a call
+    passes) still says nothing (the test above)."""
+    utils = """
+        import metrics
+
+        def update_metrics(raw, mu, labels, samples=None):
+            if samples is not None:
+                raw.append(metrics.accuracy(samples, labels))
+            return raw
+        """
+    evaluate = """
+        import utils
+
+        def evaluate(model, loader, device):
+            raw = []
+            for x, labels in loader:
+                x, labels = x.to(device), labels.to(device)
+                samples = model(x, True)
+                raw = utils.update_metrics(raw, model(x), labels, samples)
+            return raw
+
+        if __name__ == "__main__":
+            evaluate(None, [], "cuda")
+        """
+    files = {"metrics.py": _METRICS, "utils.py": utils, "evaluate.py": evaluate}
+    assert _mat502_rows(tmp_path, files, "metrics.py") == [6]

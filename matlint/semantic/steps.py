@@ -153,12 +153,12 @@ def _loss_module(calls, function: ast.AST) -> bool:
 
 
 # Reductions that count what a mask holds: `mask.sum()`, `torch.count_nonzero(m)`, `m.any()`.
-_COUNTS = frozenset({"sum", "count_nonzero", "any"})
+_COUNTS = frozenset({"sum", "count_nonzero", "any", "numel"})  # `m.numel() > 0`: not empty
 
 
 def _counted(ctx, expr: ast.AST, depth: int = 0) -> Optional[str]:
-    """The mask `m` whose elements `m.sum()`, `m.any()`, `torch.count_nonzero(m)` count (a
-    tensor's method or torch's function), also through a name bound only to such a count
+    """The mask `m` whose elements `m.sum()`, `m.any()`, `torch.count_nonzero(m)`, `m.numel()`
+    count (a tensor's method or torch's function), also through a name bound only to such a count
     (`num_pos = pos.sum()`); None for anything else."""
     if isinstance(expr, ast.Name) and depth == 0:
         entries = _kinds.bindings(ctx, expr.id) or []
@@ -790,7 +790,8 @@ _RELAYS: dict = {}  # path -> (size, mtime_ns, {defined_in: {name: [module-level
 
 def _relay_functions(path: str) -> dict:
     """{file: {name: [the module-level functions of the file at `path` that call `name` of that
-    file on every call of theirs]}}, for the definitions of other project files it calls."""
+    file on every call of theirs (or of every call configured so: `if samples is not None:`)]}},
+    for the definitions of other project files it calls."""
     return while_unchanged(_RELAYS, path, _read_relays, {})
 
 
@@ -802,7 +803,8 @@ def _read_relays(path: str) -> dict:
     found: dict = {}
     for (defined_in, name), sites in calls.imported_sites.items():
         for site in sites:
-            if len(site.functions) == 1 and site.cls is None and not site.loops and not site.conditional:
+            if len(site.functions) == 1 and site.cls is None and not site.loops \
+                    and (not site.conditional or _mode_branch(view, site)):
                 callers = found.setdefault(os.path.abspath(defined_in), {}).setdefault(name, [])
                 if site.functions[0].name not in callers:
                     callers.append(site.functions[0].name)

@@ -164,15 +164,17 @@ def _may_be_mask(index: ast.AST) -> bool:
 _PLAIN_INDEXES = (ast.Slice, ast.Constant)  # `:`, `1:3`, `4`, `...`, `None`
 
 
-def _mask_position(index: ast.AST) -> Optional[ast.AST]:
+def _mask_position(ctx, index: ast.AST) -> Optional[ast.AST]:
     """The part of a subscript's index that may be a boolean mask: the index itself (`x[m]`), or
     the one such part of a tuple whose other parts are slices, numbers, `...` or `None`
-    (`x[m, :]`, `x[m, 4]`: the mask still becomes indices, on the host)."""
+    (`x[m, :]`, `x[m, 4]`, `x[:, m, t]` with a number `t`: the mask still becomes indices, on
+    the host)."""
     if _may_be_mask(index):
         return index
     if not isinstance(index, ast.Tuple):
         return None
-    masks = [e for e in index.elts if not isinstance(e, _PLAIN_INDEXES)]
+    masks = [e for e in index.elts if not isinstance(e, _PLAIN_INDEXES)
+             and not (isinstance(e, ast.Name) and _kinds.kind_of(ctx, e) == _kinds.SCALAR)]
     return masks[0] if len(masks) == 1 and _may_be_mask(masks[0]) else None
 
 
@@ -729,7 +731,7 @@ class HostSyncInLoop(_StepLoops, _HostReads, Rule):
         `masked_fill_` (a Python number or a CPU scalar, with a mask on `x`'s device)."""
         if self._legacy_item(node):
             return
-        mask = _mask_position(node.slice)
+        mask = _mask_position(self.ctx, node.slice)
         if mask is None or isinstance(node.ctx, ast.Del) or self._step_context() is None:
             return
         if isinstance(node.ctx, ast.Store) and not self._stores_through_mask(node):
