@@ -157,6 +157,8 @@ def _may_be_mask(index: ast.AST) -> bool:
     """The index's form allows a boolean tensor (not a slice, a tuple of them, or a number)."""
     if isinstance(index, ast.BinOp):
         return isinstance(index.op, _MASK_OPERATORS)
+    if isinstance(index, ast.Attribute):
+        return index.attr == "data" and _may_be_mask(index.value)  # `x[mask.data]`
     return isinstance(index, (ast.Name, ast.Compare, ast.UnaryOp, ast.Call)) and not (
         isinstance(index, ast.UnaryOp) and not isinstance(index.op, ast.Invert))
 
@@ -930,8 +932,8 @@ class HostSyncInLoop(_StepLoops, _HostReads, Rule):
         return self.ctx.segment(node.func) if self.ctx.qualname(node.func) else "." + node.func.attr
 
     def _is_mask(self, index: ast.AST, reading: frozenset = frozenset()) -> bool:
-        """A boolean device tensor: a comparison of tensors, `~t`, `t.bool()`, `torch.isnan(t)`..., or
-        a name bound only to one (`reading`: the names whose bindings are being read, for `m = m & k`)."""
+        """A boolean device tensor: a comparison of tensors, `~t`, `t.bool()`, `torch.isnan(t)`...,
+        the `.data` of one, or a name bound only to one (`reading`: the names whose bindings are being read, for `m = m & k`)."""
         if isinstance(index, ast.Name):
             if index.id in reading:
                 return True  # `m = m & k`: as much a mask as its other bindings and operands say
@@ -939,6 +941,8 @@ class HostSyncInLoop(_StepLoops, _HostReads, Rule):
             values = [e[1] for e in entries or () if e[0] == "value"]
             return bool(values) and len(values) == len(entries) and all(
                 _may_be_mask(v) and self._is_mask(v, reading | {index.id}) for v in values)
+        if isinstance(index, ast.Attribute):  # `mask.data`: the mask's own values
+            return self._is_mask(index.value, reading)
         if isinstance(index, ast.Compare):
             return len(index.ops) == 1 and not isinstance(index.ops[0], (ast.In, ast.NotIn, ast.Is, ast.IsNot)) \
                 and self._is_device_tensor(index)
