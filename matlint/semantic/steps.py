@@ -194,8 +194,16 @@ def guards_empty_selection(ctx, branch: ast.If) -> bool:
     return mask is not None and any(mask in loaded_names(stmt) for stmt in branch.body)
 
 
-# Names of a switch for logging, checks or a schedule, not a setting of the computation: a gate.
-GATE_NAME = re.compile(r"log|print|verbose|debug|interval|every|freq|display|report|eval|save|val", re.IGNORECASE)
+# Words of a switch for logging, checks or a schedule, not a setting of the computation: a gate.
+# A word of the name starting with one of them counts (`log_interval`, `do_eval`, `validate`),
+# and `val` only as a word of its own (`val_every`, not `calculate_loss_over_all_values`).
+_GATE_WORDS = ("log", "print", "verbose", "debug", "interval", "every", "freq", "display", "report", "eval", "save",
+               "valid")
+
+
+def gate_name(identifier: Optional[str]) -> bool:
+    """`identifier` names a switch for logging, checks or a schedule (`_GATE_WORDS`)."""
+    return any(word == "val" or word.startswith(_GATE_WORDS) for word in name_tokens(identifier))
 
 
 def _mode_branch(ctx, site) -> bool:
@@ -233,7 +241,7 @@ def configuration_test(ctx, function: Optional[ast.AST], test: ast.AST, cls: Opt
         if isinstance(node, ast.Name):
             names.append(node)
         elif isinstance(node, ast.Attribute):
-            if not isinstance(node.value, (ast.Name, ast.Attribute)) or GATE_NAME.search(node.attr) \
+            if not isinstance(node.value, (ast.Name, ast.Attribute)) or gate_name(node.attr) \
                     or _SCHEDULE_NAME.search(node.attr):
                 return False
             attributes.append(node)
@@ -255,7 +263,7 @@ def configuration_test(ctx, function: Optional[ast.AST], test: ast.AST, cls: Opt
                 return False  # `if done:`: an argument's value, data of the call; or rebound
         elif not (name.id in _kinds.scope_kinds(ctx, ctx.tree).assigned and name.id not in _global_names(ctx)
                   and not ctx.names.binds_locally(name.id) and ctx.qualname(name) is None
-                  and not GATE_NAME.search(name.id)):
+                  and not gate_name(name.id)):
             return False
     return True
 
@@ -323,7 +331,7 @@ def _tests_settings(ctx, cls: Optional[ast.ClassDef], test: ast.AST) -> bool:
     changed = _kinds.mutated_attributes(ctx, cls)
     for attr in attributes:
         values = _kinds.class_attribute_values(ctx, cls, attr)
-        if not values or GATE_NAME.search(attr) or attr in changed or not all(
+        if not values or gate_name(attr) or attr in changed or not all(
                 runs_once(getattr(method, "name", "")) for method, _ in values):
             return False
     return True

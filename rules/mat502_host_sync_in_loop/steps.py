@@ -14,7 +14,7 @@ from matlint.semantic.loops import LoopInfo, file_trains, identifier as _identif
 from matlint.semantic.names import in_reference_code, in_test_code
 from matlint.semantic.project import (file_moves_to_cuda, imported_by_cuda_code, imported_by_training_code,
                                       imported_paths, moves_work_to_cuda)
-from matlint.semantic.steps import (GATE_NAME as _GATE_NAME, STEP_HOOKS, calls_a_step_method, configuration_test,
+from matlint.semantic.steps import (STEP_HOOKS, calls_a_step_method, configuration_test, gate_name,
                                    guards_empty_selection, passed_to_steps, step_functions, step_loop, step_of,
                                    steps_from_importers, trains_in)
 
@@ -180,7 +180,7 @@ def _is_gate(test: ast.AST, loop: LoopInfo) -> bool:
     for node in ast.walk(test):
         if isinstance(node, ast.BinOp) and isinstance(node.op, ast.Mod):
             return True
-        if isinstance(node, (ast.Name, ast.Attribute)) and _GATE_NAME.search(_identifier(node) or ""):
+        if isinstance(node, (ast.Name, ast.Attribute)) and gate_name(_identifier(node)):
             return True
         if isinstance(node, ast.Compare) and any(isinstance(op, ast.Eq) for op in node.ops) \
                 and not all(_same_every_step(operand, loop) for operand in [node.left] + node.comparators):
