@@ -210,15 +210,29 @@ _METADATA_ATTRIBUTES = frozenset({"dtype", "shape", "device", "ndim", "is_cuda",
 _METADATA_METHODS = frozenset({"size", "dim", "ndimension", "numel", "nelement", "get_device"})
 
 
+# Calls that read only the shape, dtype or device of their first argument: `torch.ones_like(x)`,
+# and of the one argument of a method: `mask.expand_as(x)`, `t.type_as(x)`.
+_LIKE_FACTORIES = frozenset({"ones_like", "zeros_like", "empty_like", "full_like", "rand_like", "randn_like",
+                             "randint_like"})
+_SHAPED_AS = frozenset({"expand_as", "view_as", "reshape_as", "type_as"})
+
+
 def reads_metadata(flow, use: ast.Name) -> bool:
-    """`use` reads what a tensor is, not its values: `x.dtype`, `x.shape`, `x.size(-1)`, `len(x)`."""
+    """`use` reads what a tensor is, not its values: `x.dtype`, `x.shape`, `x.size(-1)`, `len(x)`,
+    `torch.ones_like(x, dtype=torch.bool)`, `mask.expand_as(x)`."""
     up = flow.parent.get(use)
     if isinstance(up, ast.Attribute) and up.value is use:
         call = flow.parent.get(up)
         if isinstance(call, ast.Call) and call.func is up:
             return up.attr in _METADATA_METHODS
         return up.attr in _METADATA_ATTRIBUTES
-    return isinstance(up, ast.Call) and isinstance(up.func, ast.Name) and up.func.id == "len" and up.args == [use]
+    if not isinstance(up, ast.Call) or not up.args or up.args[0] is not use:
+        return False
+    func = up.func
+    if isinstance(func, ast.Name):
+        return func.id == "len" and len(up.args) == 1 or func.id in _LIKE_FACTORIES
+    return isinstance(func, ast.Attribute) and (
+        func.attr in _LIKE_FACTORIES or func.attr in _SHAPED_AS and len(up.args) == 1 and not up.keywords)
 
 
 def _checked_only(ctx, flow, use: ast.Name) -> bool:

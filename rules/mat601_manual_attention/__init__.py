@@ -29,6 +29,16 @@ _FUSED_PATH = re.compile(r"scaled_dot_product|sdpa|flash|flex_attention|xformers
                          r"attn_implementation|attention_interface|ATTENTION_FUNCTIONS", re.IGNORECASE)
 
 
+def _flattened_rows(scores: ast.AST, dim: ast.AST) -> Optional[tuple]:
+    """(the scores, the row length) for a softmax over the rows of scores flattened to 2-D
+    (`s.view(-1, n)`, `s.reshape(-1, n)` with `dim=1` or `-1`); None for anything else."""
+    if not (isinstance(scores, ast.Call) and isinstance(scores.func, ast.Attribute)
+            and scores.func.attr in ("view", "reshape") and len(scores.args) == 2 and not scores.keywords
+            and int_const(scores.args[0]) == -1 and int_const(dim) in (1, -1)):
+        return None
+    return scores.func.value, scores.args[1]
+
+
 class ManualAttention(_ScoresPattern, _WeightsPattern, _OperandLayout, _SdpaFix, Rule):
     code = "MAT601"
     name = "manual-attention"
@@ -52,11 +62,14 @@ class ManualAttention(_ScoresPattern, _WeightsPattern, _OperandLayout, _SdpaFix,
     carry over),
     shifted by its row maximum and cast, then a softmax over the last (key) axis (`F.softmax`,
     `torch.softmax`, `.softmax(-1)`, an `nn.Softmax(dim=-1)` module, also built where it is
-    called: `nn.Softmax(dim=-1)(scores)`), optionally dropout (also a `dropout` the callers pass
+    called: `nn.Softmax(dim=-1)(scores)`; also over the scores flattened to rows of the key
+    count and viewed back, `F.softmax(s.view(-1, values.size(1)), dim=1).view(b, -1, n)`),
+    optionally dropout (also a `dropout` the callers pass
     in from another file, `if dropout is not None: p = dropout(p)`: reported, with no fix), then a
     GEMM with the values. The steps may be spread over several statements through intermediate
     variables; reading the scores' `.dtype`, `.shape` or `.size()` on the way (`torch.finfo(w.dtype)`,
-    a size check) does not hide them. The finding is reported on the q·kᵀ product.
+    a size check, a mask made in their shape with `torch.ones_like(w, dtype=torch.bool).triu(1)`)
+    does not hide them. Scores that are not scaled need `scale=1.0`, and the message says so. The finding is reported on the q·kᵀ product.
 
     SDPA's fused kernels take q, k, v as 4-D `(B, H, L, E)` tensors with the head dim last and
     stride 1 along it; on anything else it runs its math path, which is slower than the
@@ -186,15 +199,20 @@ class ManualAttention(_ScoresPattern, _WeightsPattern, _OperandLayout, _SdpaFix,
         flow = flow_of(self.ctx, function)
         if _SDPA in self.ctx.source and any(isinstance(a, ast.If) for a in flow.enclosing(node)):
             return  # a branch in a file that has SDPA: the switch may live elsewhere (`if HAS_SDPA:`)
+        rows = _flattened_rows(scores_expr, dim)
+        if rows is not None:  # `F.softmax(s.view(-1, n_keys), dim=1).view(b, -1, n_keys)`
+            scores_expr, keys, dim = rows[0], rows[1], ast.Constant(-1)
         scores = self._scores(flow, scores_expr, 0)
         if scores is None or not scores.key_axis_last:
+            return
+        if rows is not None and not self._counts_keys(keys, scores):
             return
         if int_const(dim) != -1 and not (scores.gemm.op == "bmm" and int_const(dim) == 2) and not (
                 int_const(dim) > 0 and int_const(dim) + 1 in (rank_of(self.ctx, scores_expr), scores.k_rank)):
             return  # softmax(dim=3) of 4-D scores (known, or as `k.transpose(2, 3)` says when it is the key transpose)
         if self._is_cosine(flow, scores):
             return
-        probs = self._probs(flow, node)
+        probs = self._probs(flow, node, restore=keys if rows is not None else None)
         if probs is None or self._derives_from_softmax(flow, probs.v, 0):
             return
         if self._kept_outside(function, scores.statements + probs.statements, flow.statement(probs.pv.node)):
@@ -212,6 +230,32 @@ class ManualAttention(_ScoresPattern, _WeightsPattern, _OperandLayout, _SdpaFix,
             return
         self.report(scores.gemm.node, self._message(scores, probs, operands),
                     fix=None if probs.returned else self._fix(flow, scores, probs, operands))
+
+    def _counts_keys(self, length: ast.AST, scores: _Scores) -> bool:
+        """`length` (`values.size(1)`, or a name bound only to it) is the number of keys of
+        `scores`: axis 1 or -2 of the keys of a 3-D `bmm(q, k.transpose(1, 2))`, read as
+        `k.size(1)` or `k.shape[1]`. A softmax over rows of that length is then one over the
+        key axis."""
+        if isinstance(length, ast.Name):
+            entries = _kinds.bindings(self.ctx, length.id) or ()
+            if len(entries) != 1:
+                return False
+            entry = entries[0]
+            if entry[0] == "value":
+                length = entry[1]
+            elif entry[0] == "unpack" and isinstance(entry[1], ast.Tuple) and entry[2] < len(entry[1].elts):
+                length = entry[1].elts[entry[2]]  # `b, n = q.size(0), values.size(1)`
+            else:
+                return False
+        if isinstance(length, ast.Call) and isinstance(length.func, ast.Attribute) and length.func.attr == "size" \
+                and len(length.args) == 1 and not length.keywords:
+            tensor, axis = length.func.value, int_const(length.args[0])
+        elif isinstance(length, ast.Subscript) and isinstance(length.value, ast.Attribute) \
+                and length.value.attr == "shape":
+            tensor, axis = length.value.value, int_const(length.slice)
+        else:
+            return False
+        return scores.gemm.op == "bmm" and axis in (1, -2) and self.ctx.segment(tensor) == self.ctx.segment(scores.k)
 
     def _per_item(self, gemm: ast.AST) -> Optional[tuple]:
         """(loop, the tensors it slices) when the q·kᵀ GEMM takes one item of a loop at a time
@@ -302,6 +346,8 @@ class ManualAttention(_ScoresPattern, _WeightsPattern, _OperandLayout, _SdpaFix,
                    "`F.scaled_dot_product_attention(q, k, v, ...)`, one fused flash/memory-efficient kernel "
                    "(15× faster fwd+bwd in bf16 on an H100 at S=2048)")
         notes = self._layout_notes(scores, probs, operands) if operands is not None else []
+        if "scale" not in kinds:
+            message += "; pass `scale=1.0`: these scores are not scaled, and SDPA's default is 1/sqrt(E)"
         if scores.keys_transposed:
             key = self.ctx.segment(scores.k)
             notes.insert(0, f"`{key}` holds the keys with their last two axes swapped, so pass "

@@ -84,9 +84,12 @@ class _WeightsPattern:
             return values[0][1]
         return None
 
-    def _probs(self, flow: FunctionFlow, softmax: ast.Call) -> Optional[_Probs]:
+    def _probs(self, flow: FunctionFlow, softmax: ast.Call, restore: Optional[ast.AST] = None) -> Optional[_Probs]:
+        """The probabilities' way from `softmax` to the GEMM with the values. `restore`: the row
+        length of a softmax over flattened scores, whose result is viewed back to the scores'
+        shape (`.view(b, -1, n_keys)`) straight after."""
         returned: list = []
-        probs = self._probs_chain(flow, softmax, returned)
+        probs = self._probs_chain(flow, softmax, returned, restore)
         if probs is not None:
             probs.returned = returned
         return probs
@@ -109,9 +112,18 @@ class _WeightsPattern:
                     return True
         return False
 
-    def _probs_chain(self, flow: FunctionFlow, softmax: ast.Call, returned: list) -> Optional[_Probs]:
+    def _probs_chain(self, flow: FunctionFlow, softmax: ast.Call, returned: list,
+                     restore: Optional[ast.AST]) -> Optional[_Probs]:
         """`_probs`' walk; reads of the probabilities that are returned as they are go to `returned`."""
         node, steps, statements = softmax, [], []
+        if restore is not None:
+            view = flow.parent.get(softmax)
+            call = flow.parent.get(view)
+            if not (isinstance(view, ast.Attribute) and view.attr in ("view", "reshape") and isinstance(call, ast.Call)
+                    and call.func is view and len(call.args) >= 2 and not call.keywords
+                    and self.ctx.segment(call.args[-1]) == self.ctx.segment(restore)):
+                return None
+            node = call
         for _ in range(_MAX_DEPTH):
             parent = flow.parent.get(node)
             if isinstance(parent, ast.Assign):
