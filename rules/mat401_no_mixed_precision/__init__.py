@@ -22,7 +22,10 @@ _AUTOCAST = {"torch.autocast", "torch.cuda.amp.autocast", "torch.cpu.amp.autocas
 _CHOSEN_DTYPES = {"torch.float16", "torch.half", "torch.bfloat16", "torch.float64", "torch.double"}
 # Frameworks that own the precision setting (a config file, a Trainer argument, a CLI flag).
 _FRAMEWORKS = ("lightning", "pytorch_lightning", "lightning_fabric", "accelerate", "deepspeed", "colossalai",
-               "composer", "apex")
+               "composer")
+# apex's mixed precision, where the code uses it (`amp.initialize`, `amp.scale_loss`, `FP16_Optimizer`):
+# apex is imported for its synchronized BatchNorm and LARS optimizers as often.
+_APEX_PRECISION = ("apex.amp", "apex.fp16_utils")
 # Identifier and string tokens that name a reduced-precision mode: a setting so named routes precision
 # through configuration. Not "half" (`half_res`, `use_half`: a word, and a half model shows as `.half()`)
 # nor "precision" alone (a metric); "precision" with "mixed" or "half" (`mixed_precision`).
@@ -54,10 +57,14 @@ _PRECISION_TEXT = re.compile(r"\.half\(\)|set_float32_matmul_precision|^\s*(?:im
                             % "|".join(_FRAMEWORKS), re.M)
 
 
+_IMPORT_LINE = re.compile(r"^\s*(?:import|from)\s.*$", re.M)
+
+
 def _text_enables_precision(text: str) -> bool:
     """Another project file may turn on reduced precision (read off its text, conservatively:
-    words in comments and settings count)."""
-    return _names_precision(text) or _PRECISION_TEXT.search(text) is not None
+    words in comments and settings count, but not in an import: `from apex import amp` that the
+    file never uses turns nothing on)."""
+    return _names_precision(_IMPORT_LINE.sub("", text)) or _PRECISION_TEXT.search(text) is not None
 
 
 def _is_off(value: Optional[ast.AST]) -> bool:
@@ -95,7 +102,9 @@ class NoMixedPrecision(Rule):
       do not count);
     - a framework that owns precision: Lightning `precision=`, accelerate
       `Accelerator(mixed_precision=...)` (or any `Accelerator`: its config file decides),
-      DeepSpeed, an import of lightning, accelerate, deepspeed or apex, a step driven by
+      DeepSpeed, an import of lightning, accelerate or deepspeed, apex's `amp` used
+      (`amp.initialize`, `amp.scale_loss`; an import of it the code never uses, or apex imported
+      for its synchronized BatchNorm, is no sign), a step driven by
       `accelerator.backward(loss)` or `fabric.backward(loss)`;
     - a setting that routes precision through configuration: a name, attribute, keyword or
       string that names a reduced-precision mode (`args.amp`, `use_amp`, `fp16`, `bf16`,
@@ -286,11 +295,17 @@ class NoMixedPrecision(Rule):
             self.mixed_precision = True
 
     def visit_Name(self, node: ast.Name) -> None:
-        if self.ctx.qualname(node) is None and not self._set_off(node):
+        qualname = self.ctx.qualname(node)
+        if qualname is None and not self._set_off(node):
             self._precision_setting(node.id)
+        elif qualname is not None and qualname.startswith(_APEX_PRECISION):
+            self.mixed_precision = True  # `amp.initialize(model, optimizer)` after `from apex import amp`
 
     def visit_Attribute(self, node: ast.Attribute) -> None:
-        if not (self.ctx.qualname(node) or "").startswith("torch") and not self._set_off(node):
+        qualname = self.ctx.qualname(node) or ""
+        if qualname.startswith(_APEX_PRECISION):
+            self.mixed_precision = True  # `apex.amp.initialize(...)`
+        elif not qualname.startswith("torch") and not self._set_off(node):
             self._precision_setting(node.attr)
 
     def visit_keyword(self, node: ast.keyword) -> None:
