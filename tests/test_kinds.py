@@ -266,6 +266,31 @@ def test_the_argument_a_tensor_method_takes_as_a_tensor_is_one():
         """) == ["tensor", "tensor", "tensor", "None", "None"]
 
 
+def test_the_items_of_a_list_that_torch_joins_are_tensors():
+    assert kinds("""
+        import torch
+        def f(ys, sos_id, rows, extra):
+            sos = ys[0].new([sos_id])
+            out = [torch.cat([sos, y], dim=0) for y in ys]
+            torch.stack((rows, extra))
+            reveal(sos)
+            reveal(rows)
+            reveal(extra)
+            reveal(sos_id)
+        """) == ["tensor", "tensor", "tensor", "None"]
+
+
+def test_a_comparison_with_a_container_display_or_a_string_is_a_python_bool():
+    assert kinds("""
+        import torch
+        def f(x):
+            preds = torch.zeros(3).cuda()
+            reveal(preds == [])
+            reveal(preds != "none")
+            reveal(preds == 0)
+        """) == ["scalar", "scalar", "tensor"]
+
+
 def test_a_method_calling_its_submodules_gives_no_evidence_about_self():
     assert kinds("""
         import torch.nn as nn

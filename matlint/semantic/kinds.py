@@ -401,6 +401,11 @@ _NOT_TENSOR_FIRST_ARGUMENT = FACTORIES | frozenset({"from_numpy", "as_tensor", "
                                                       "meshgrid", "atleast_1d", "atleast_2d", "atleast_3d"})
 
 
+_CONTAINER_DISPLAYS = (ast.List, ast.Tuple, ast.Dict, ast.Set, ast.ListComp, ast.DictComp, ast.SetComp)
+# torch ops that join a sequence of tensors: the items of a list they are given are tensors.
+_JOINS = frozenset({"cat", "stack", "concat", "concatenate", "hstack", "vstack", "dstack", "column_stack"})
+
+
 def scope_evidence(ctx, scope: "ScopeKinds") -> dict:
     """name -> the kind the uses of the name in `scope` give evidence of (TENSOR, NUMPY, a
     module, LIST), for names with evidence of one kind only."""
@@ -467,6 +472,9 @@ def _collect_evidence(ctx, owner: ast.AST) -> dict:
                     add(operand, TENSOR)
                     if attr in _ALL_TENSOR_OPERANDS and operand.__class__ is ast.Subscript:
                         add(operand.value, TENSOR)  # `torch.matmul(xs[i], ws[i])`: items of stacked tensors
+                if attr in _JOINS and node.args[0].__class__ in (ast.List, ast.Tuple):
+                    for item in node.args[0].elts:  # `torch.cat([sos, y], dim=0)`: tensors, each item
+                        add(item, TENSOR)
             elif module in ("numpy", "np") and node.args:
                 add(node.args[0], NUMPY)
     # `self.norm(x)` calls a submodule: what a method does with its own object is no evidence
@@ -817,6 +825,9 @@ class _Inference:
             kinds = [self.expr(node.left)] + [self.expr(c) for c in node.comparators]
             if any(isinstance(op, (ast.In, ast.NotIn, ast.Is, ast.IsNot)) for op in node.ops):
                 return SCALAR
+            if any(isinstance(c, _CONTAINER_DISPLAYS) or isinstance(c, ast.Constant) and isinstance(c.value, str)
+                   for c in [node.left] + node.comparators):
+                return SCALAR  # `x == []`, `t != "none"`: a tensor is never equal to these, a Python bool
             if TENSOR in kinds:
                 return TENSOR
             if CPU_TENSOR in kinds:

@@ -482,7 +482,10 @@ class TensorCreationInLoop(Rule):
         """`ys.new([eos_id])`, `x.new_tensor([0.5, 2.0])` of a tensor on the device: Python data of the
         same values on every pass, copied to that device (as `torch.tensor(data, device=...)`)."""
         ctx, func = self.ctx, node.func
-        if len(node.args) != 1 or node.keywords or kind_of(ctx, func.value) != TENSOR:
+        if len(node.args) != 1 or node.keywords:
+            return
+        receiver = kind_of(ctx, func.value)
+        if receiver != TENSOR and not (receiver is None and self._bound_to_tensor(node)):
             return
         data = node.args[0]
         if func.attr == "new" and not isinstance(data, (ast.List, ast.Tuple)):
@@ -494,6 +497,13 @@ class TensorCreationInLoop(Rule):
         if self._step is None or in_test_code(ctx) or runs_once_per_loop(ctx) or fills_a_cache(ctx):
             return
         self._constant(node, node, f"{ctx.segment(func.value)}.device")
+
+    def _bound_to_tensor(self, node: ast.Call) -> bool:
+        """`sos = ys[0].new([sos_id])` where the code uses `sos` as a tensor (`torch.cat([sos, y])`):
+        the receiver of what made it is a tensor too."""
+        statement = self.ctx.statement()
+        return (isinstance(statement, ast.Assign) and statement.value is node and len(statement.targets) == 1
+                and isinstance(statement.targets[0], ast.Name) and kind_of(self.ctx, statement.targets[0]) == TENSOR)
 
     def _report_helper(self, node: ast.Call, helper: ast.AST, path, name: str, call: ast.Call) -> None:
         """`self.label2onehot(...).to(d)`, `causal_mask(n).to(d)`: the helper (of this file, or of
