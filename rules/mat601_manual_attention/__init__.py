@@ -69,7 +69,8 @@ class ManualAttention(_ScoresPattern, _WeightsPattern, _OperandLayout, _SdpaFix,
     GEMM with the values. The steps may be spread over several statements through intermediate
     variables; reading the scores' `.dtype`, `.shape` or `.size()` on the way (`torch.finfo(w.dtype)`,
     a size check, a mask made in their shape with `torch.ones_like(w, dtype=torch.bool).triu(1)`)
-    does not hide them. Scores that are not scaled need `scale=1.0`, and the message says so. The finding is reported on the q·kᵀ product.
+    does not hide them. Scores that nothing scales between the product and the softmax need `scale=1.0` (also where q
+    was scaled beforehand), and the message says so. The finding is reported on the q·kᵀ product.
 
     SDPA's fused kernels take q, k, v as 4-D `(B, H, L, E)` tensors with the head dim last and
     stride 1 along it; on anything else it runs its math path, which is slower than the
@@ -347,7 +348,8 @@ class ManualAttention(_ScoresPattern, _WeightsPattern, _OperandLayout, _SdpaFix,
                    "(15× faster fwd+bwd in bf16 on an H100 at S=2048)")
         notes = self._layout_notes(scores, probs, operands) if operands is not None else []
         if "scale" not in kinds:
-            message += "; pass `scale=1.0`: these scores are not scaled, and SDPA's default is 1/sqrt(E)"
+            message += ("; pass `scale=1.0`: nothing scales the product before the softmax (a q scaled "
+                        "beforehand stays so), and SDPA's default scale is 1/sqrt(E)")
         if scores.keys_transposed:
             key = self.ctx.segment(scores.k)
             notes.insert(0, f"`{key}` holds the keys with their last two axes swapped, so pass "
