@@ -69,8 +69,9 @@ class ManualAttention(_ScoresPattern, _WeightsPattern, _OperandLayout, _SdpaFix,
     GEMM with the values. The steps may be spread over several statements through intermediate
     variables; reading the scores' `.dtype`, `.shape` or `.size()` on the way (`torch.finfo(w.dtype)`,
     a size check, a mask made in their shape with `torch.ones_like(w, dtype=torch.bool).triu(1)`)
-    does not hide them. Scores that nothing scales between the product and the softmax need `scale=1.0` (also where q
-    was scaled beforehand), and the message says so. The finding is reported on the q·kᵀ product.
+    does not hide them. Scores that nothing scales between the product and the softmax need
+    `scale=1.0` (also where q was scaled beforehand), and the message says so. The finding is
+    reported on the q·kᵀ product.
 
     SDPA's fused kernels take q, k, v as 4-D `(B, H, L, E)` tensors with the head dim last and
     stride 1 along it; on anything else it runs its math path, which is slower than the
