@@ -408,7 +408,7 @@ class TensorCreationInLoop(Rule):
                 elif call.args and made_at is node and same_data_every_iteration(ctx, self._step.loops, call.args[0]):
                     self._report_invariant(node, call.args[0])
                 return
-            if name not in FILLS and name not in RANDOM and name != "sample":
+            if name not in FILLS and name not in RANDOM and name not in ("sample", "random_fill"):
                 return
             if any(k.arg in ("device", None, "out", "generator") or k.arg in ("requires_grad", "pin_memory")
                    and not is_false(k.value) for k in call.keywords):
@@ -418,6 +418,13 @@ class TensorCreationInLoop(Rule):
             if name == "sample":
                 self.report(made_at, sample_message(ctx, call, device, self._step.where,
                                                     None if made_at is node else node.lineno))
+                return
+            if name == "random_fill":
+                copied = f" on line {node.lineno}" if made_at is not node else ""
+                arguments = ", ".join(ctx.segment(a) for a in call.args + call.keywords)
+                self.report(made_at, f"`{ctx.segment(call)}` draws random values into a tensor made on the host, "
+                                     f"copied to the device{copied} on every {self._step.where}; draw them there: "
+                                     f"`torch.empty(<its shape>, device={device}).{call.func.attr}({arguments})`")
                 return
             if not takes_device(name, call):
                 if made_at is node:

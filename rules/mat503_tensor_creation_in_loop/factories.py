@@ -474,13 +474,37 @@ def torch_factory(ctx, expr: ast.AST) -> Optional[tuple]:
 
 def host_made(ctx, expr: ast.AST) -> Optional[tuple]:
     """The factory call that makes `expr`, directly or through ops that keep its device
-    (`torch.ones(T, T).tril().bool()`), as `torch_factory` gives it; or ("sample", the call) for
-    a draw from a distribution of Python numbers (`host_sample`)."""
+    (`torch.ones(T, T).tril().bool()`), as `torch_factory` gives it; ("sample", the call) for
+    a draw from a distribution of Python numbers (`host_sample`); ("random_fill", the call) for
+    random values written over a tensor a factory made on the host (`random_fill_on_host`)."""
+    outer = unwrapped(ctx, expr)
+    if random_fill_on_host(ctx, outer):
+        return "random_fill", outer
     inner = unwrapped(ctx, expr, making=True)
     made = torch_factory(ctx, inner)
     if made is None and host_sample(ctx, inner):
         return "sample", inner
     return made
+
+
+# Methods that overwrite every element of their tensor with random values, in place.
+RANDOM_FILLS = frozenset({"normal_", "uniform_", "bernoulli_", "exponential_", "random_", "geometric_", "cauchy_",
+                          "log_normal_"})
+
+
+def random_fill_on_host(ctx, expr: ast.AST) -> bool:
+    """`torch.FloatTensor(action).data.normal_(0, s)`: a tensor made on the host from data, whose
+    values the fill then draws there (the data counts only for its shape). A fill of a tensor
+    made from sizes (`torch.Tensor(n, d).normal_()`) is the factory's finding."""
+    if not (isinstance(expr, ast.Call) and isinstance(expr.func, ast.Attribute) and expr.func.attr in RANDOM_FILLS
+            and ctx.qualname(expr.func) is None):
+        return False
+    base = expr.func.value
+    while isinstance(base, ast.Attribute) and base.attr == "data":
+        base = base.value
+    made = torch_factory(ctx, unwrapped(ctx, base, making=True))
+    return (made is not None and made[0] in FROM_DATA | {"from_numpy"} and not legacy_sizes(ctx, *made)
+            and not any(k.arg in ("device", None, "out") for k in made[1].keywords))
 
 
 def host_sample(ctx, expr: ast.AST) -> bool:
