@@ -88,12 +88,15 @@ class TensorCreationInLoop(Rule):
       or of a project module it imports (`causal_mask(n).to(d)` after `from dataset import
       causal_mask`).
       Also Python data of the same values made on a device tensor's device with `x.new([...])`
-      or `x.new_tensor([...])` (numbers, or attributes the set-up assigns once).
+      or `x.new_tensor([...])` (numbers, or attributes the set-up assigns once; `x` a tensor, or
+      the new one used as a tensor: `sos = ys[0].new([sos_id])`, then `torch.cat([sos, y])`).
       A move is `.to(device)`, `.cuda()`, `.type(<a CUDA tensor type or a name bound to
       one>)`, `.type_as(t)` of a tensor `t` not known to be on the CPU (it goes to `t`'s
       device), or a helper of the file that returns its one argument moved on some path and as
       it is on the others (`get_torch_variable(x)`). A draw from a distribution given Python
-      numbers (`Normal(0, 1).sample(shape)`) is made on the host too; a sample drawn on the
+      numbers (`Normal(0, 1).sample(shape)`) is made on the host too, and so are random values
+      drawn in place over a tensor made from host data (`torch.FloatTensor(a).data.normal_(0,
+      s)`: the data gives only the shape); a sample drawn on the
       host from a host-made input
       (`torch.bernoulli(p * torch.ones(shape)).to(d)`): `torch.bernoulli` and `torch.normal(mean,
       std)` take no `device=` and sample where their input is, so that input is what to make on
