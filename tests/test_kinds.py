@@ -291,6 +291,18 @@ def test_a_comparison_with_a_container_display_or_a_string_is_a_python_bool():
         """) == ["scalar", "scalar", "tensor"]
 
 
+def test_max_with_no_argument_is_one_value_and_with_a_dim_a_pair():
+    assert kinds("""
+        import torch
+        def f():
+            hr = torch.zeros(3).cuda()
+            reveal(hr.max())
+            reveal(hr.min() ** 2)
+            reveal(hr.max(1))
+            reveal(hr.max(dim=0))
+        """) == ["tensor", "tensor", "None", "None"]
+
+
 def test_a_method_calling_its_submodules_gives_no_evidence_about_self():
     assert kinds("""
         import torch.nn as nn

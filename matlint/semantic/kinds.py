@@ -61,6 +61,8 @@ _NON_TENSOR_METHODS = {
     "max": None, "min": None, "median": None, "mode": None, "kthvalue": None, "unique": None,
     "type": None, "equal": SCALAR,
 }
+# ... of those, the ones whose call with no argument reduces every element to a tensor (`x.max()`).
+_ONE_VALUE_WITHOUT_DIM = frozenset({"max", "min", "median"})
 # Methods whose result is a tensor, or with a dim a `(values, indices)` pair of tensors.
 _PAIR_METHODS = frozenset({"max", "min", "median", "nanmedian", "mode", "kthvalue", "sort", "topk", "aminmax",
                            "cummax", "cummin"})
@@ -1123,6 +1125,8 @@ class _Inference:
         if method == "type" and len(node.args) == 1 and not node.keywords:
             return self._retyped(receiver, node.args[0])
         if method in _NON_TENSOR_METHODS:
+            if method in _ONE_VALUE_WITHOUT_DIM and not node.args and not node.keywords:
+                return receiver  # `hr.max()`: the one largest value, a tensor where the receiver is
             kind = _NON_TENSOR_METHODS[method]
             # `.max()` is a tensor or a (values, indices) pair, but of a host tensor either stays there
             return CPU_TENSOR if kind is None and receiver == CPU_TENSOR else kind
