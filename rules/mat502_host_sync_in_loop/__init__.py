@@ -24,6 +24,7 @@ from .steps import _StepLoops, _trains_with_project_helpers
 
 _NOT_SYNCED = (_kinds.CPU_TENSOR,) + _kinds.NON_TENSORS
 _SYNC_METHODS = {"item", "cpu", "tolist", "to"}
+_MOVES = frozenset({"to", "cuda", "cpu", "type", "type_as"})  # methods that may put a tensor elsewhere
 _CONVERSIONS = {"float", "int", "bool"}
 # Python's `math` functions, which convert a tensor argument to a Python number.
 _MATH_FUNCTIONS = frozenset({"log", "log10", "log2", "log1p", "exp", "expm1", "sqrt", "pow", "floor", "ceil", "fabs",
@@ -1112,12 +1113,12 @@ class HostSyncInLoop(_StepLoops, _HostReads, Rule):
         if isinstance(expr, ast.Name):
             return _kinds.reaching_kind(self.ctx, expr) == _kinds.TENSOR
         kind = _kinds.kind_of(self.ctx, expr)
-        if kind == _kinds.TENSOR:
-            return True
-        # `mask.min()`: a method of a name that holds a device tensor where it is read
-        return (kind is None and isinstance(expr, ast.Call) and isinstance(expr.func, ast.Attribute)
-                and isinstance(expr.func.value, ast.Name) and self.ctx.qualname(expr.func) is None
-                and self._on_device(expr.func.value))
+        if kind in (None, _kinds.TENSOR) and isinstance(expr, ast.Call) and isinstance(expr.func, ast.Attribute) \
+                and isinstance(expr.func.value, ast.Name) and self.ctx.qualname(expr.func) is None \
+                and expr.func.attr not in _MOVES:
+            # `mask.min()`: a method of a name that holds a device tensor where it is read
+            return self._on_device(expr.func.value)
+        return kind == _kinds.TENSOR
 
     def _method_text(self, node: ast.Call, method: str) -> str:
         return f"`.{method}({self._arguments(node)})`"
