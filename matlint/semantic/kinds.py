@@ -1719,19 +1719,26 @@ def int_const(node: ast.AST) -> Optional[int]:
     return None
 
 
-def _assigned_int(entry) -> Optional[int]:
-    """The int literal one assignment stores: `n = 1001`, `n: int = 1001`, `a, n = 8, 1001`."""
+def assigned_expression(entry) -> Optional[ast.AST]:
+    """The expression one binding (an entry of `ScopeKinds.assigned`) stores in its name: the
+    value of `n = e`, the item of a display unpacked into names, `a, n = x, e`; None for others."""
     tag = entry[0]
     if tag == "value":
-        return int_const(entry[1])
-    if tag == "kind" and len(entry) == 3:
-        return int_const(entry[2])
+        return entry[1]
     if tag == "unpack":
         value, index = entry[1], entry[2]
         if (isinstance(value, (ast.Tuple, ast.List)) and -len(value.elts) <= index < len(value.elts)
                 and not any(isinstance(e, ast.Starred) for e in value.elts)):
-            return int_const(value.elts[index])
+            return value.elts[index]
     return None
+
+
+def _assigned_int(entry) -> Optional[int]:
+    """The int literal one assignment stores: `n = 1001`, `n: int = 1001`, `a, n = 8, 1001`."""
+    if entry[0] == "kind" and len(entry) == 3:
+        return int_const(entry[2])
+    stored = assigned_expression(entry)
+    return int_const(stored) if stored is not None else None
 
 
 def constant_int(ctx, expr: ast.AST) -> Optional[int]:

@@ -730,6 +730,14 @@ _BINARY = {"add", "sub", "subtract", "mul", "multiply", "div", "divide", "true_d
 _REDUCTIONS = {"sum", "mean", "prod", "amax", "amin", "logsumexp", "nansum", "nanmean", "all",
                "any", "argmax", "argmin", "count_nonzero", "std", "var"}
 _PAIR_REDUCTIONS = {"max", "min", "median", "mode", "nanmedian"}
+
+
+def reduces_every_element(expr: ast.AST) -> bool:
+    """`R.mean()`, `(a - b).pow(2).sum()`, `x.max()`: a reduction method called with no argument,
+    which the analysis gives the shape `()` (one value of all the elements)."""
+    return (expr.__class__ is ast.Call and expr.func.__class__ is ast.Attribute and not expr.args
+            and not expr.keywords and (expr.func.attr in _REDUCTIONS or expr.func.attr in _PAIR_REDUCTIONS
+                                       or expr.func.attr == "norm"))
 _FUNCTIONAL_SAME = {
     "relu", "relu6", "gelu", "silu", "elu", "selu", "celu", "leaky_relu", "softplus", "mish",
     "hardswish", "hardsigmoid", "hardtanh", "sigmoid", "tanh", "logsigmoid", "softsign",

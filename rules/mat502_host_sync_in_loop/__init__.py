@@ -16,7 +16,7 @@ from matlint.semantic.loops import bound_names, loaded_names, walk_no_scopes
 from matlint.semantic.kinds import TYPED_TENSORS, cuda_tensor_type
 from matlint.semantic.steps import iterates_loader, loop_trains, repeating_loops, runs_once, samples_with_model, step_loop
 from matlint.semantic.names import in_reference_code, in_test_code
-from matlint.semantic.shapes import shape_of
+from matlint.semantic.shapes import reduces_every_element, shape_of
 from matlint.semantic.tree import dotted
 
 from .reads import _HostReads
@@ -39,17 +39,6 @@ _TEXT_CALLS = frozenset({"str", "repr"})  # a tensor made text: its values read 
 _HOST_DATA_CALLS = frozenset({"torch.nn.utils.rnn.pack_padded_sequence"})
 _SCALAR_LOGGERS = frozenset({"add_scalar", "add_scalars"})  # tensorboard's, which convert a tensor to a number
 _FORMAT = "format and log every N steps, or accumulate on the device and format after the loop"  # test each item of what they are given as a Python bool
-
-
-# Methods that reduce every element to one value when called with no dim (`R.mean()`, `d.sum()`).
-_FULL_REDUCTIONS = frozenset({"sum", "mean", "prod", "max", "min", "amax", "amin", "norm", "std", "var", "median",
-                              "nansum", "nanmean", "logsumexp"})
-
-
-def _full_reduction(expr: ast.AST) -> bool:
-    """`R.mean()`, `(a - b).pow(2).sum()`: a reduction method called with no arguments."""
-    return (isinstance(expr, ast.Call) and isinstance(expr.func, ast.Attribute) and expr.func.attr in _FULL_REDUCTIONS
-            and not expr.args and not expr.keywords)
 
 
 def _is_cpu_target(call: ast.Call) -> bool:
@@ -1074,9 +1063,9 @@ class HostSyncInLoop(_StepLoops, _HostReads, Rule):
         if isinstance(receiver, ast.Name):
             entries = _kinds.bindings(self.ctx, receiver.id) or ()
             values = [entry[1] for entry in entries if entry[0] == "value"]
-            if values and len(values) == len(entries) and all(_full_reduction(v) for v in values):
+            if values and len(values) == len(entries) and all(reduces_every_element(v) for v in values):
                 return True
-        elif _full_reduction(receiver):
+        elif reduces_every_element(receiver):
             return True
         shape = shape_of(self.ctx, receiver)
         return shape is not None and shape.rank == 0

@@ -291,15 +291,11 @@ class _HostReads:
             return False
         for entry in entries:
             tag = entry[0]
-            if tag == "value" and self._number_value(entry[1]):
+            stored = _kinds.assigned_expression(entry)  # `total = 0.0`, `total, n = 0.0, 0`
+            if stored is not None and self._number_value(stored):
                 continue
             if tag == "aug" and self._number_value(entry[1].value):
                 continue
-            if tag == "unpack" and isinstance(entry[1], (ast.Tuple, ast.List)):  # `total, n = 0.0, 0`
-                items = entry[1].elts
-                if not any(isinstance(item, ast.Starred) for item in items) and -len(items) <= entry[2] < len(items) \
-                        and self._number_value(items[entry[2]]):
-                    continue
             if tag == "kind" and entry[1] == _kinds.SCALAR:
                 continue
             return False

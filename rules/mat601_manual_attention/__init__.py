@@ -238,17 +238,9 @@ class ManualAttention(_ScoresPattern, _WeightsPattern, _OperandLayout, _SdpaFix,
         `scores`: axis 1 or -2 of the keys of a 3-D `bmm(q, k.transpose(1, 2))`, read as
         `k.size(1)` or `k.shape[1]`. A softmax over rows of that length is then one over the
         key axis."""
-        if isinstance(length, ast.Name):
+        if isinstance(length, ast.Name):  # `n = values.size(1)`, `b, n = q.size(0), values.size(1)`
             entries = _kinds.bindings(self.ctx, length.id) or ()
-            if len(entries) != 1:
-                return False
-            entry = entries[0]
-            if entry[0] == "value":
-                length = entry[1]
-            elif entry[0] == "unpack" and isinstance(entry[1], ast.Tuple) and entry[2] < len(entry[1].elts):
-                length = entry[1].elts[entry[2]]  # `b, n = q.size(0), values.size(1)`
-            else:
-                return False
+            length = _kinds.assigned_expression(entries[0]) if len(entries) == 1 else None
         if isinstance(length, ast.Call) and isinstance(length.func, ast.Attribute) and length.func.attr == "size" \
                 and len(length.args) == 1 and not length.keywords:
             tensor, axis = length.func.value, int_const(length.args[0])
