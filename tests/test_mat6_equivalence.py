@@ -262,3 +262,21 @@ def test_every_elementwise_fix_is_checked():
              if e.fixed is not None}
     assert fixed == {("MAT602", 0), ("MAT602", 1), ("MAT605", 0), ("MAT605", 1), ("MAT605", 2), ("MAT605", 4),
                      ("MAT605", 10)}
+
+
+def test_advice_on_unscaled_flattened_attention_keeps_its_meaning():
+    """MAT601 reports a softmax over scores flattened to rows of the key count, with no scale,
+    without a fix; its message says to pass `scale=1.0`. Following that advice gives what the
+    code computed (the 3-D operands taken as one head)."""
+    example = next(e for e in ManualAttention.examples if e.expect and "view(-1, input_lengths)" in e.code)
+    findings = [f for f in lint_source(example.code, "example.py", [ManualAttention], prefilter=False)
+                if f.code == "MAT601"]
+    assert len(findings) == 1 and "pass `scale=1.0`" in findings[0].message
+    namespace = {}
+    exec(compile(example.code, "before.py", "exec"), namespace)
+    queries, values, _ = _qkv(2, 5, 8, s=7)
+    before = namespace["attend"](queries, values)
+    after = torch.nn.functional.scaled_dot_product_attention(queries, values, values, scale=1.0)
+    assert torch.allclose(before, after, atol=1e-10)
+    default = torch.nn.functional.scaled_dot_product_attention(queries, values, values)
+    assert not torch.allclose(before, default, atol=1e-3)  # without `scale=1.0` the result changes
