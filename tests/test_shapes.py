@@ -244,6 +244,11 @@ def test_shape_matches_torch(setup, expr):
 
 # Symbolic sizes: (source ending in reveal(...), expected shape as written by the analysis).
 SYMBOLIC = [
+    # a lone name passed as the size is a count where the function uses it as only an int can be
+    ("def f(batch_size=32):\n    reveal(torch.zeros(batch_size))", "(batch_size,)"),
+    ("def f(memory, n):\n    if len(memory) < n:\n        return\n    reveal(torch.zeros(n))", "(n,)"),
+    ("def f(x, n):\n    for i in range(n):\n        pass\n    reveal(torch.ones(n))", "(n,)"),
+    ("def f(x, k):\n    head = x[:k]\n    reveal(torch.randn(k))", "(k,)"),
     ("def f(x):\n    B, T, C = x.shape\n    reveal(x)", "(B, T, C)"),
     ("def f(x):\n    B, T, C = x.size()\n    reveal(x.view(B, T, 4, C // 4).transpose(1, 2))", "(B, 4, T, C // 4)"),
     ("def f(x, n_head):\n    B, T, C = x.shape\n    q = x.view(B, T, n_head, C // n_head).transpose(1, 2)\n"
@@ -318,6 +323,8 @@ UNKNOWN = [
     "def f(x):\n    reveal(x + 1)",
     "def f(x, shape):\n    reveal(x.view(shape))",               # `shape` may be a whole tuple
     "def f(shape):\n    reveal(torch.zeros(shape))",
+    "def f(shape, other):\n    if shape > other:\n        pass\n    reveal(torch.zeros(shape))",  # tuples order too
+    "def f(shape=(2, 3)):\n    reveal(torch.zeros(shape))",
     "def f(x, idx):\n    reveal(torch.randn(3, 4)[idx])",         # advanced indexing
     "def f(B: int):\n    reveal(torch.randn(B, 1).squeeze())",   # B may be 1
     "def f(n: int):\n    reveal(torch.randn(3, n).squeeze(1))",

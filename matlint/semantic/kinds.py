@@ -1719,6 +1719,36 @@ def int_const(node: ast.AST) -> Optional[int]:
     return None
 
 
+_ORDERINGS = (ast.Lt, ast.Gt, ast.LtE, ast.GtE)
+
+
+def names_used_as_counts(function: ast.AST) -> set:
+    """The names `function` uses in a way only an integer allows (a tuple or `torch.Size`
+    raises there): `range(n)`, `n // 2`, `n % k`, `x[:n]`, or ordered against an int or a
+    `len(...)` (`if len(memory) < batch_size`)."""
+    def count_like(node) -> bool:
+        return int_const(node) is not None or (
+            node.__class__ is ast.Call and node.func.__class__ is ast.Name and node.func.id == "len")
+
+    found = set()
+    for node in walk_no_scopes(function):
+        cls = node.__class__
+        if cls is ast.Call and node.func.__class__ is ast.Name and node.func.id == "range":
+            found.update(a.id for a in node.args if a.__class__ is ast.Name)
+        elif cls is ast.BinOp and node.op.__class__ in (ast.FloorDiv, ast.Mod):
+            if node.left.__class__ is ast.Name and int_const(node.right) is not None:
+                found.add(node.left.id)
+        elif cls is ast.Slice:
+            found.update(b.id for b in (node.lower, node.upper) if b.__class__ is ast.Name)
+        elif cls is ast.Compare and len(node.ops) == 1 and node.ops[0].__class__ in _ORDERINGS:
+            left, right = node.left, node.comparators[0]
+            if left.__class__ is ast.Name and count_like(right):
+                found.add(left.id)
+            elif right.__class__ is ast.Name and count_like(left):
+                found.add(right.id)
+    return found
+
+
 def assigned_expression(entry) -> Optional[ast.AST]:
     """The expression one binding (an entry of `ScopeKinds.assigned`) stores in its name: the
     value of `n = e`, the item of a display unpacked into names, `a, n = x, e`; None for others."""

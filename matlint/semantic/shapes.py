@@ -57,7 +57,7 @@ from typing import Callable, Optional
 from .calls import argument_for, file_calls
 from .flow import flow_of, has_word
 from .kinds import (class_attribute_values, fixed_key, identifier_text, imported_class, int_const, may_mention, module_container,
-                    mutated_attributes)
+                    mutated_attributes, names_used_as_counts)
 from .loops import scope_statements
 from .project import import_table, in_script_project
 from .tree import child_nodes, function_text, walk
@@ -1018,9 +1018,11 @@ class FunctionShapes:
         args = fn.args
         every = args.posonlyargs + args.args + args.kwonlyargs
         positional = args.posonlyargs + args.args
-        float_defaults = {a.arg for a, d in zip(positional[len(positional) - len(args.defaults):] + args.kwonlyargs,
-                                                args.defaults + args.kw_defaults)
-                          if d is not None and _float_constant(d)}
+        defaults = [(a.arg, d) for a, d in zip(positional[len(positional) - len(args.defaults):] + args.kwonlyargs,
+                                               args.defaults + args.kw_defaults) if d is not None]
+        float_defaults = {name for name, d in defaults if _float_constant(d)}
+        int_defaults = {name for name, d in defaults if int_const(d) is not None}
+        counts = None
         passed = may_be_passed_instances(self.ctx, fn)
         for a in every:
             if a.arg in self.arguments:
@@ -1041,6 +1043,10 @@ class FunctionShapes:
             elif (a.annotation.id == "float" if isinstance(a.annotation, ast.Name)
                   else a.annotation is None and a.arg in float_defaults):
                 env[a.arg] = SCALAR  # `gamma: float`, `gamma=0.99`: a number, not a tensor
+            elif a.annotation is None and single and (
+                    a.arg in int_defaults
+                    or a.arg in (counts if counts is not None else (counts := names_used_as_counts(fn)))):
+                env[a.arg] = IntVal(sym)  # `batch_size=32`, `if len(memory) < batch_size`: a count
             else:
                 env[a.arg] = Opaque(sym)
         for a in (args.vararg, args.kwarg):
