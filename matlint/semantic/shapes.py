@@ -18,7 +18,9 @@ it. `self.<attr>` modules, sizes and numbers come from the class's `__init__`.
 purpose (`x[:, None]`, `unsqueeze`, `keepdim=True`, a literal 1 in `view`/`reshape`):
 broadcasting against them is intended, and the MAT2xx rules stay quiet. A slice that happens to
 keep one element (`boxes[:, 2:3]`) states no such intent, nor does a 1 made for `gather`'s
-index (the result has the index's shape, but the 1 was asked for to pick one element per row).
+index (the result has the index's shape, but the 1 was asked for to pick one element per row),
+nor one that meets a singleton nobody asked for in an element-wise op (`r.view(-1, 1) -
+critic(s)`): it was asked for to line the two up.
 
 Where shapes come from: constructors (`randn/zeros/ones/empty/full/rand/randint/arange/linspace/
 eye`, `*_like`, `new_*`, `torch.tensor` of literal nests); jaxtyping/torchtyping annotations;
@@ -276,7 +278,11 @@ def broadcast(a: Optional[Shape], b: Optional[Shape]) -> Optional[Shape]:
     if a is None or b is None:
         return None
     dims = [broadcast_dim(x, y) for x, y in aligned_pairs(a, b)]
-    explicit = a.explicit | b.explicit
+    # A singleton asked for on one side meets a singleton of the other that was not: the 1 was
+    # asked for to line the two up (`r.view(-1, 1) - critic(s)`), no broadcast is meant from here.
+    unasked = {axis for axis in a.explicit ^ b.explicit
+               if _dim_or_pad(a, axis) == 1 and _dim_or_pad(b, axis) == 1}
+    explicit = (a.explicit | b.explicit) - unasked
     return make_shape(dims, a.leading or b.leading, explicit)
 
 

@@ -72,7 +72,9 @@ class TrailingOneBroadcast(Rule):
     `keepdim=True`, a literal 1 in `view`/`reshape`), also after shape-keeping functions and
     layers (`torch.sigmoid`, `nn.Sigmoid()`) and `expand(n, 1)`, including pairwise
     constructions such as `a[:, None] - b[None, :]`; `torch.outer`; operands that are both
-    `(N, 1)`; any operand whose shape or rank is not known (a batch built from a Python list
+    `(N, 1)` (a singleton asked for on one of them and not on the other was asked for to line
+    the two up: `r.view(-1, 1) - critic(s)` is an `(N, 1)` that states no broadcast, and meeting
+    an `(N,)` it is reported); any operand whose shape or rank is not known (a batch built from a Python list
     of items of unknown shape, a module of unknown class); sizes that are different symbols
     (`N` against `M` may differ), and in-place updates (`a -= b` cannot grow `a`).
 
