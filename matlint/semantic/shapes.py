@@ -1028,7 +1028,6 @@ class FunctionShapes:
                                                args.defaults + args.kw_defaults) if d is not None]
         float_defaults = {name for name, d in defaults if _float_constant(d)}
         int_defaults = {name for name, d in defaults if int_const(d) is not None}
-        counts = None
         passed = may_be_passed_instances(self.ctx, fn)
         for a in every:
             if a.arg in self.arguments:
@@ -1049,10 +1048,8 @@ class FunctionShapes:
             elif (a.annotation.id == "float" if isinstance(a.annotation, ast.Name)
                   else a.annotation is None and a.arg in float_defaults):
                 env[a.arg] = SCALAR  # `gamma: float`, `gamma=0.99`: a number, not a tensor
-            elif a.annotation is None and single and (
-                    a.arg in int_defaults
-                    or a.arg in (counts if counts is not None else (counts := names_used_as_counts(fn)))):
-                env[a.arg] = IntVal(sym)  # `batch_size=32`, `if len(memory) < batch_size`: a count
+            elif a.annotation is None and single and a.arg in int_defaults:
+                env[a.arg] = IntVal(sym)  # `batch_size=32`: a count
             else:
                 env[a.arg] = Opaque(sym)
         for a in (args.vararg, args.kwarg):
@@ -1061,6 +1058,16 @@ class FunctionShapes:
         if self.self_name and every:
             env[self.self_name] = None
         return env
+
+    def _used_as_count(self, name: str) -> bool:
+        """The function binds `name` once at most (a parameter, or one assignment) and uses it as
+        only an int can be used (`names_used_as_counts`): it holds a count, not a size tuple."""
+        if self.counts.get(name, 0) > 1 or not isinstance(self.owner, (ast.FunctionDef, ast.AsyncFunctionDef)):
+            return False
+        used = self.ctx.shared.get(("shapes.counts", id(self.owner)))
+        if used is None:
+            used = self.ctx.shared[("shapes.counts", id(self.owner))] = names_used_as_counts(self.owner)
+        return name in used
 
     def _calls_through(self, name: str) -> bool:
         """The function's text calls `name` (`model(s)`) or a method of it that a class of the
@@ -1915,6 +1922,9 @@ class FunctionShapes:
 
     def _torch_function(self, name, node, args, kwargs):
         if name in _CONSTRUCTORS or name in ("randint",):
+            if (len(args) == 1 and isinstance(args[0], Opaque) and not kwargs and isinstance(node.args[0], ast.Name)
+                    and self._used_as_count(node.args[0].id)):
+                args = [IntVal(args[0].sym)]  # `if len(memory) < batch_size: ...` then `torch.zeros(batch_size)`
             return self._constructor(name, args, kwargs)
         if name in _LIKE:
             s = as_shape(args[0]) if args else None
