@@ -249,6 +249,49 @@ def test_a_helper_module_that_never_names_torch_is_linted_for_what_its_importers
     assert ("logger.py", "MAT502") in found, found
 
 
+def test_an_evaluation_script_calling_a_metric_that_copies_a_tensor_it_is_given_is_reported(tmp_path):
+    """val.py trains nothing; its loop over the loader moves each batch to the GPU and calls
+    metrics.py's `iou_score`, whose `.cpu()` runs under `if torch.is_tensor(output):`: on every
+    call that passes a tensor, which this loop does. `dice` copies only under a test of a value
+    (`if threshold > 0.5:`), which not every call runs."""
+    write(tmp_path / "pyproject.toml", "[tool.matlint]\n")
+    write(tmp_path / "val.py", """
+import torch
+from metrics import iou_score, dice
+
+def validate(model, loader):
+    scores = []
+    with torch.no_grad():
+        for x, y in loader:
+            x, y = x.cuda(), y.cuda()
+            out = model(x)
+            scores.append(iou_score(out, y))
+            scores.append(dice(out, y, 0.7))
+    return scores
+""")
+    write(tmp_path / "metrics.py", """
+import torch
+
+def iou_score(output, target):
+    if torch.is_tensor(output):
+        output = torch.sigmoid(output).data.cpu().numpy()
+    if isinstance(target, torch.Tensor):
+        target = target.data.cpu().numpy()
+    inter = ((output > 0.5) & (target > 0.5)).sum()
+    return inter / ((output > 0.5) | (target > 0.5)).sum()
+
+def dice(output, target, threshold):
+    if threshold > 0.5:
+        output = output.cpu()
+    return output
+""")
+    found = sorted((Path(f["filename"]).name, f["location"]["row"], f["message"].split(" waits")[0])
+                   for f in _report(tmp_path) if f["code"] == "MAT502")
+    assert found == [("metrics.py", 6, "`.cpu()` of `torch.sigmoid(output).data`"),
+                     ("metrics.py", 8, "`.cpu()` of `target.data`"),
+                     ("val.py", 11, "`iou_score()`, whose `.cpu()` on line 6 of metrics.py runs on every call,")], found
+
+
 def test_an_optimizer_module_without_a_backward_pass_runs_its_step_every_step(tmp_path):
     """optim.py wraps an optimizer and never calls `.backward()`; its `step` reads every
     parameter's gradient norm on the host, once per training step of train.py, on the GPU. (Two

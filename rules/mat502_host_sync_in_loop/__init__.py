@@ -20,7 +20,7 @@ from matlint.semantic.shapes import reduces_every_element, shape_of
 from matlint.semantic.tree import dotted
 
 from .reads import _HostReads
-from .steps import _StepLoops, _trains_with_project_helpers
+from .steps import _StepLoops, _steps_with_project_helpers, tested_as_tensor
 
 _NOT_SYNCED = (_kinds.CPU_TENSOR,) + _kinds.NON_TENSORS
 _SYNC_METHODS = {"item", "cpu", "tolist", "to"}
@@ -194,6 +194,9 @@ def _sync_of_every_run(body: list, sync_of=None, callees: Optional[dict] = None)
     made = set()  # names the statements so far bound to what a torch function computes
     while stack:
         stmt = stack.pop()
+        if isinstance(stmt, ast.If) and tested_as_tensor(stmt.test) is not None:
+            stack.extend(reversed(stmt.body))  # `if torch.is_tensor(x): x = x.cpu()`: runs on every call given one
+            continue
         if isinstance(stmt, (ast.If, ast.For, ast.AsyncFor, ast.While, ast.Try, ast.With, ast.FunctionDef,
                              ast.AsyncFunctionDef, ast.ClassDef)) or getattr(ast, "TryStar", ast.Try) is type(stmt):
             if isinstance(stmt, ast.With):
@@ -377,10 +380,13 @@ class HostSyncInLoop(_StepLoops, _HostReads, Rule):
     class's set-up assigns; compared with `==`, `!=` or `is`; not a logging or schedule switch
     such as `if VERBOSE:` or `if args.log_interval:`), an `if` in a loop of the function that
     picks items by what they are (`for name, p in model.named_parameters(): if p.grad is not
-    None:`), and the body of a guard against an empty selection (`if pos.sum() >
-    0:` around work on `x[pos]`: the usual path; its `else` handles the empty case). A helper from another
-    module of the project (`from utils import accuracy`, or `from utils import *` where the
-    file does not bind the name itself; read, never run) whose body syncs on every call
+    None:`), the body of a guard against an empty selection (`if pos.sum() >
+    0:` around work on `x[pos]`: the usual path; its `else` handles the empty case), and the
+    body of a test of whether a parameter is a tensor (`if torch.is_tensor(output): output =
+    output.cpu().numpy()`: it runs on every call that passes one, the only calls that sync). A
+    helper from another module of the project (`from utils import accuracy`, or `from utils
+    import *` where the file does not bind the name itself; read, never run), called from a file
+    that trains or moves work to CUDA (an evaluation script too), whose body syncs on every call
     (`.item()`, `.cpu()`, `.tolist()`, `.to("cpu")`, or `float()` / `int()` / `bool()` of what a
     `torch.` function computes: `float(torch.sum(tp))`, `float(correct)` after `correct =
     torch.sum(pred == gt)`; also through a function of that module it calls, `f1` calling
@@ -594,7 +600,7 @@ class HostSyncInLoop(_StepLoops, _HostReads, Rule):
     only = {"visit_Call": Only(attrs=frozenset(_SYNC_METHODS | _CONVERSIONS | _DATA_SIZED | _ELEMENT_BUILTINS
                                                | {"print", "synchronize", "type"} | _TEXT_CALLS | _SCALAR_LOGGERS
                                                | {qual.rpartition(".")[2] for qual in _FROM_DATA} | _MATH_FUNCTIONS),
-                               every_call_if=_trains_with_project_helpers),
+                               every_call_if=_steps_with_project_helpers),
             "visit_While": Only(in_loops=True), "visit_IfExp": Only(in_loops=True)}
 
     def __init__(self, ctx, options: Optional[dict] = None):
@@ -690,7 +696,7 @@ class HostSyncInLoop(_StepLoops, _HostReads, Rule):
                 if self._is_device_tensor(value):
                     self._report(node, "`str.format()`", _FORMAT, value=value, detail="(a tensor made text)")
                     break
-        elif _trains_with_project_helpers(self.ctx):
+        elif _steps_with_project_helpers(self.ctx):
             self._project_helper(node)
 
     def visit_JoinedStr(self, node: ast.JoinedStr) -> None:

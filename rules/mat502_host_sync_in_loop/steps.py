@@ -76,13 +76,15 @@ _COMPREHENSIONS = (ast.ListComp, ast.SetComp, ast.GeneratorExp, ast.DictComp)
 _NESTED_LOOPS = (ast.For, ast.AsyncFor, ast.While) + _COMPREHENSIONS
 
 
-def _trains_with_project_helpers(ctx) -> bool:
-    """The file has a training step and imports modules of the project: calls of their functions
-    are routed too (a step may call a helper that syncs)."""
+def _steps_with_project_helpers(ctx) -> bool:
+    """The file has a training step, or moves work to CUDA (an evaluation script), and imports
+    modules of the project: calls of their functions are routed too (a step may call a helper
+    that syncs)."""
     found = ctx.shared.get("mat502_project_helpers")
     if found is None:
         found = ctx.shared["mat502_project_helpers"] = bool(
-            _kinds.may_mention(ctx, "backward") and imported_paths(ctx.source, ctx.filename))
+            (_kinds.may_mention(ctx, "backward") or moves_work_to_cuda(ctx))
+            and imported_paths(ctx.source, ctx.filename))
     return found
 
 
@@ -392,12 +394,32 @@ def _presence_test(branch: ast.If, function: ast.AST) -> bool:
     """`if loss: log(loss.item())` of a parameter of the function that the branch then reads: a
     logging helper's test of whether the caller passed an optional value, whose branch runs on
     every step that passes one (`configuration_test` takes `if loss is not None:` so). A flag
-    the branch does not read (`if done: self.reset()`) is data of the call."""
-    test = branch.test
+    the branch does not read (`if done: self.reset()`) is data of the call. So is a test of
+    whether the parameter is a tensor (`if torch.is_tensor(output): output = output.cpu()`,
+    `isinstance(x, torch.Tensor)`): the branch runs on every step that passes one, and only
+    then does it sync."""
+    test = tested_as_tensor(branch.test) or branch.test
     args = function.args
     return isinstance(test, ast.Name) and any(
         a.arg == test.id for a in args.posonlyargs + args.args + args.kwonlyargs) and any(
         isinstance(n, ast.Name) and n.id == test.id for stmt in branch.body for n in ast.walk(stmt))
+
+
+def tested_as_tensor(test: ast.AST) -> Optional[ast.AST]:
+    """What `test` asks is a tensor (`torch.is_tensor(x)`, `isinstance(x, torch.Tensor)`), read off
+    the syntax (it also serves a module of the project that is parsed, not linted); None if it
+    asks nothing of the kind."""
+    if not (isinstance(test, ast.Call) and test.args and not test.keywords):
+        return None
+    func = test.func
+    if len(test.args) == 1 and (isinstance(func, ast.Attribute) and func.attr == "is_tensor"
+                                or isinstance(func, ast.Name) and func.id == "is_tensor"):
+        return test.args[0]
+    if isinstance(func, ast.Name) and func.id == "isinstance" and len(test.args) == 2 and any(
+            isinstance(n, ast.Attribute) and n.attr == "Tensor" or isinstance(n, ast.Name) and n.id == "Tensor"
+            for n in ast.walk(test.args[1])):
+        return test.args[0]
+    return None
 
 
 def _selects_items(test: ast.AST, around: list) -> bool:
