@@ -292,6 +292,38 @@ def dice(output, target, threshold):
                      ("val.py", 11, "`iou_score()`, whose `.cpu()` on line 6 of metrics.py runs on every call,")], found
 
 
+def test_a_project_helper_that_moves_its_argument_to_the_gpu_is_a_copy_of_a_host_factory(tmp_path):
+    """utils.py's `tensor2var` moves what it is given with `.cuda()` and returns it wrapped in a
+    `Variable`: `tensor2var(torch.randn(...))` in the training loop draws the noise on the host
+    and copies it on every step. `tensor2var(real)` moves a batch, which is no factory."""
+    write(tmp_path / "pyproject.toml", "[tool.matlint]\n")
+    write(tmp_path / "utils.py", """
+import torch
+from torch.autograd import Variable
+
+def tensor2var(x, grad=False):
+    if torch.cuda.is_available():
+        x = x.cuda()
+    return Variable(x, requires_grad=grad)
+""")
+    write(tmp_path / "train.py", """
+import torch
+from utils import *
+
+def train(loader, G, D, opt, z_dim):
+    for real, _ in loader:
+        real = tensor2var(real)
+        z = tensor2var(torch.randn(real.size(0), z_dim))
+        loss = D(G(z)).mean() - D(real).mean()
+        loss.backward()
+        opt.step()
+""")
+    found = [(Path(f["filename"]).name, f["location"]["row"], f["message"].split(" on every")[0])
+             for f in _report(tmp_path) if f["code"] == "MAT503"]
+    assert found == [("train.py", 8, "`torch.randn(...)` is created on the host and copied to the device by "
+                                     "`tensor2var()`")], found
+
+
 def test_an_optimizer_module_without_a_backward_pass_runs_its_step_every_step(tmp_path):
     """optim.py wraps an optimizer and never calls `.backward()`; its `step` reads every
     parameter's gradient norm on the host, once per training step of train.py, on the GPU. (Two

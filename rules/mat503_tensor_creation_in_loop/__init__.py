@@ -92,8 +92,10 @@ class TensorCreationInLoop(Rule):
       the new one used as a tensor: `sos = ys[0].new([sos_id])`, then `torch.cat([sos, y])`).
       A move is `.to(device)`, `.cuda()`, `.type(<a CUDA tensor type or a name bound to
       one>)`, `.type_as(t)` of a tensor `t` not known to be on the CPU (it goes to `t`'s
-      device), or a helper of the file that returns its one argument moved on some path and as
-      it is on the others (`get_torch_variable(x)`). A draw from a distribution given Python
+      device), or a helper of the file or of a project module it imports that returns its one
+      argument (its other parameters have defaults) moved on some path and as it is on the
+      others (`get_torch_variable(x)`; `tensor2var(z)` after `from utils import *`, whose body
+      is `x = x.cuda()` then `return Variable(x)`). A draw from a distribution given Python
       numbers (`Normal(0, 1).sample(shape)`) is made on the host too, and so are random values
       drawn in place over a tensor made from host data (`torch.FloatTensor(a).data.normal_(0,
       s)`: the data gives only the shape); a sample drawn on the
@@ -241,7 +243,8 @@ class TensorCreationInLoop(Rule):
     - A device that changes with the loop variable (`torch.tensor(0, device=torch.device("cuda",
       i))` to initialize each GPU; the GPU index of a tensor of the iteration, `device =
       g_norm.get_device()`, is where its data is, and is reported), and branches that run on one iteration only (`if i ==
-      len(steps) - 1:`, `if state is None:`, `if len(state) == 0:`; their `else:` is reported).
+      len(steps) - 1:`, `if state is None:`, `if len(state) == 0:`; their `else:` is reported;
+      a test of the run's configuration, `if self.adv_loss == "wgan-gp":`, is no such branch).
     - Blocks that leave the loop right after the creation: a branch ending in `return` or
       `raise` runs at most once per call (`if too_close: return torch.tensor(True, device=d)`),
       one ending in `break` once per run of its loop (still reported when an outer loop runs
@@ -372,8 +375,9 @@ class TensorCreationInLoop(Rule):
             self._check_numpy_data(node, node.args[0], '"cuda"' if ctx.qualname(func) else "device")
             return
         if moves:
-            target = device_target(ctx, node, func.attr) if func.attr in ("to", "cuda") and moved is func.value \
-                else f"{ctx.segment(node.args[0])}.device" if func.attr == "type_as" and moved is func.value \
+            method = func.attr if isinstance(func, ast.Attribute) and moved is func.value else None
+            target = device_target(ctx, node, method) if method in ("to", "cuda") \
+                else f"{ctx.segment(node.args[0])}.device" if method == "type_as" \
                 else '"cuda"'
             if target is None or (isinstance(target, ast.AST) and varies_per_iteration(ctx, target)):
                 return
@@ -438,7 +442,8 @@ class TensorCreationInLoop(Rule):
                                      f"device on line {node.lineno}, on every {self._step.where}; create it there "
                                      f"with `device={device}` and drop the copy")
                 return
-            self.report(node, f"`{ctx.segment(call.func)}(...)` is created on the host and copied to the device "
+            by = "" if method is not None else f" by `{ctx.segment(func)}()`"  # a helper that moves its argument
+            self.report(node, f"`{ctx.segment(call.func)}(...)` is created on the host and copied to the device{by} "
                               f"on every {self._step.where}; create it there with `device=`",
                         fix=self._device_fix(node, call, device, safe=same_values_on_device(name, call)
                                                                      and exact_on_device(ctx, func.value, call)))

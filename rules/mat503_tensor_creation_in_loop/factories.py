@@ -11,7 +11,7 @@ from matlint.semantic import kinds as _kinds
 from matlint.semantic.flow import flow_of
 from matlint.semantic.layout import unpacked_item
 from matlint.semantic.loops import identifier
-from matlint.semantic.project import imported_function
+from matlint.semantic.project import imported_function, imported_paths, parsed
 from matlint.semantic.steps import runs_once
 from matlint.semantic.kinds import TENSOR, cuda_tensor_type, kind_of
 from matlint.semantic.tree import dotted, walk_no_scopes
@@ -674,16 +674,21 @@ def moved_expression(ctx, call: ast.AST) -> Optional[ast.AST]:
             func.attr == "type" and cuda_tensor_type(ctx, call.args[0]) is not None
             or func.attr == "type_as" and kind_of(ctx, call.args[0]) == TENSOR)):
         return func.value
-    if len(call.args) == 1 and not call.keywords and has_mover_helpers(ctx) and mover_helper(ctx, func) is not None:
+    if len(call.args) == 1 and has_mover_helpers(ctx) and mover_helper(ctx, func) is not None:
         return call.args[0]
     return None
 
 
 def mover_helper(ctx, func: ast.AST) -> Optional[ast.AST]:
-    """The function of this file that `func` calls (`to_device(x)`, `self.get_torch_variable(x)`)
-    when it takes one argument and returns it moved to the device on some path and as it is (or
-    wrapped, `Variable(x)`) on the others: a copy to the device spelled as a call."""
+    """The function of this file, or of a project module it imports (`from utils import *`),
+    that `func` calls (`to_device(x)`, `self.get_torch_variable(x)`, `tensor2var(x)`) when it
+    takes one argument (others have defaults) and returns it moved to the device on some path
+    (`return x.cuda()`, or `x = x.cuda()` then `return Variable(x)`) and as it is (or wrapped,
+    `Variable(x)`) on the others: a copy to the device spelled as a call."""
     found = file_function(ctx, func)
+    if found is None:
+        imported = imported_function(ctx, func)
+        found = (imported[0], False) if imported is not None else None
     if found is None:
         return None
     target, bound = found
@@ -779,23 +784,38 @@ def _returned_host_made(ctx, function: ast.AST) -> Optional[tuple]:
 def _returns_argument_moved(ctx, function: ast.AST, bound: bool) -> bool:
     args = function.args
     params = (args.posonlyargs + args.args)[1 if bound else 0:]
-    if len(params) != 1 or args.vararg or args.kwarg or args.kwonlyargs:
+    if not params or len(params) - len(args.defaults) > 1 or args.vararg or args.kwarg or args.kwonlyargs:
         return False
     param = params[0].arg
-    returns = [n for n in walk_no_scopes(function) if isinstance(n, ast.Return)]
     moved = False
+    for node in walk_no_scopes(function):
+        if isinstance(node, ast.Assign) and len(node.targets) == 1 and isinstance(node.targets[0], ast.Name) \
+                and node.targets[0].id == param:
+            if not _moves(ctx, node.value, param):
+                return False  # the parameter rebound to something else
+            moved = True  # `x = x.cuda()`, then returned
+    returns = [n for n in walk_no_scopes(function) if isinstance(n, ast.Return)]
     for ret in returns:
         value = ret.value
         if value is None:
             return False
-        func = value.func if isinstance(value, ast.Call) else None
-        if isinstance(func, ast.Attribute) and func.attr in ("cuda", "to") and not (
-                func.attr == "to" and not value.args and not value.keywords):
-            value, moved = func.value, True
+        if _moves(ctx, value, param):
+            value, moved = value.func.value, True
         inner = unwrapped(ctx, value)
         if not (isinstance(inner, ast.Name) and inner.id == param):
             return False
-    return moved
+    return moved and bool(returns)
+
+
+def _moves(ctx, value: ast.AST, param: str) -> bool:
+    """`value` is `param.cuda(...)` or `param.to(<something>)`, also of `param` wrapped in calls
+    that keep its device (`Variable(param).cuda()`)."""
+    func = value.func if isinstance(value, ast.Call) else None
+    if not (isinstance(func, ast.Attribute) and func.attr in ("cuda", "to")
+            and not (func.attr == "to" and not value.args and not value.keywords)):
+        return False
+    moved = unwrapped(ctx, func.value)
+    return isinstance(moved, ast.Name) and moved.id == param
 
 
 def device_target(ctx, call: ast.Call, method: str):
@@ -830,12 +850,13 @@ def is_device(ctx, expr: ast.AST) -> bool:
     return name == "dev" or "device" in name and "cpu" not in name
 
 
-_RETURNS_MOVED = re.compile(r"\breturn\b[^\n]*\.(?:cuda|to)\(")
+_RETURNS_MOVED = re.compile(r"\breturn\b[^\n]*\.(?:cuda|to)\(|\b(\w+) = \1\.(?:cuda|to)\(")
 
 
 def has_mover_helpers(ctx) -> bool:
-    """The file defines a helper that returns its argument moved to the device (`mover_helper`):
-    calls of it are moves. Only a file with a `return ... .cuda(` or `.to(` line can."""
+    """The file, or a project module it imports, defines a helper that returns its argument
+    moved to the device (`mover_helper`): calls of it are moves. Only a file with a `return ...
+    .cuda(` or `.to(` line, or an `x = x.cuda(` one, can."""
     found = ctx.shared.get("has_mover_helpers")
     if found is None:
         found = False
@@ -843,8 +864,18 @@ def has_mover_helpers(ctx) -> bool:
             found = any(_returns_argument_moved(ctx, d, False) if isinstance(d, _FUNCTIONS) else any(
                 _returns_argument_moved(ctx, m, not any(dotted(x) == "staticmethod" for x in m.decorator_list))
                 for m in d.body if isinstance(m, _FUNCTIONS)) for d in _definitions(ctx).values())
+        if not found:
+            found = any(_module_has_movers(ctx, path) for path in imported_paths(ctx.source, ctx.filename))
         ctx.shared["has_mover_helpers"] = found
     return found
+
+
+def _module_has_movers(ctx, path: str) -> bool:
+    """The project module at `path` defines a function that returns its argument moved to the
+    device (`from utils import *` then `tensor2var(z)`)."""
+    module = parsed(path)
+    return module is not None and any(
+        isinstance(d, _FUNCTIONS) and _returns_argument_moved(ctx, d, False) for d in module.body)
 
 
 # Factories that make index tensors (`x[torch.arange(b), idx]`).

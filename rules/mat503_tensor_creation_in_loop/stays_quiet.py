@@ -11,7 +11,7 @@ from matlint.semantic import kinds as _kinds
 from matlint.semantic.flow import flow_of
 from matlint.semantic.shapes import self_name_of
 from matlint.semantic.tree import code_scope, fills_own_cache, stored_targets
-from matlint.semantic.steps import guards_empty_selection, is_step_loop
+from matlint.semantic.steps import configuration_test, guards_empty_selection, is_step_loop
 
 from .factories import SIZED_FACTORIES
 
@@ -167,7 +167,9 @@ def sized_by_loop_item(ctx, name: str, call: ast.Call) -> bool:
 def runs_once_per_loop(ctx) -> bool:
     """Under `if i == last:`, `if x is None:`, `if len(state) == 0:` inside a loop: a first- or
     last-iteration branch, not per-iteration work; also where loops nested in the branch run it
-    (`if i == maxlen - 1: for hyp in hyps: ...`), unless one of them is a step loop."""
+    (`if i == maxlen - 1: for hyp in hyps: ...`), unless one of them is a step loop. A test of
+    the run's configuration (`if self.adv_loss == 'wgan-gp':`, `configuration_test`) is no
+    such branch: it takes the same arm on every iteration."""
     if not ctx.loops:
         return False
     loops = {id(loop.node): loop for loop in ctx.loops}
@@ -180,7 +182,8 @@ def runs_once_per_loop(ctx) -> bool:
             once = once and not is_step_loop(ctx, loop)
         elif inside and isinstance(parent, ast.If) and any(s is parents[k + 1] for s in parent.body):
             test = parent.test  # its `else:` runs on the other iterations
-            if isinstance(test, ast.Compare) and all(isinstance(op, (ast.Eq, ast.Is)) for op in test.ops):
+            if isinstance(test, ast.Compare) and all(isinstance(op, (ast.Eq, ast.Is)) for op in test.ops) \
+                    and not configuration_test(ctx, ctx.function, test, ctx.class_):
                 once = True
     return once
 
