@@ -280,3 +280,32 @@ def test_advice_on_unscaled_flattened_attention_keeps_its_meaning():
     assert torch.allclose(before, after, atol=1e-10)
     default = torch.nn.functional.scaled_dot_product_attention(queries, values, values)
     assert not torch.allclose(before, default, atol=1e-3)  # without `scale=1.0` the result changes
+
+
+def test_advice_on_attention_with_the_values_on_the_left_keeps_its_meaning():
+    """MAT601 reports SAGAN's self-attention (`bmm(v, attn.permute(0, 2, 1))`, keys laid out
+    (B, E, N), no scale) without a fix; its message says to pass the keys and the values
+    transposed, `scale=1.0`, and to transpose SDPA's result back. Doing so gives what the code
+    computed."""
+    example = next(e for e in ManualAttention.examples if e.expect and "bmm(v, attn.permute(0, 2, 1))" in e.code)
+    findings = [f for f in lint_source(example.code, "example.py", [ManualAttention], prefilter=False)
+                if f.code == "MAT601"]
+    assert len(findings) == 1
+    message = findings[0].message
+    for advice in ("pass `scale=1.0`", "pass `k.transpose(-2, -1)` as SDPA's key",
+                   "pass `v.transpose(-2, -1)` as SDPA's value and transpose its result back"):
+        assert advice in message, message
+    namespace = {}
+    exec(compile(example.code, "before.py", "exec"), namespace)
+    torch.manual_seed(0)
+    module = namespace["SelfAttention"](4).double()
+    x = torch.randn(2, 4, 3, 5, dtype=torch.float64)
+    before = module(x)
+    b, c, h, w = x.shape
+    q, k, v = torch.split(module.qkv(x), c, dim=1)
+    q, k, v = q.view(b, c, h * w).permute(0, 2, 1), k.view(b, c, h * w), v.view(b, c, h * w)
+    sdpa = torch.nn.functional.scaled_dot_product_attention
+    out = sdpa(q, k.transpose(-2, -1), v.transpose(-2, -1), scale=1.0).transpose(-2, -1)
+    assert torch.allclose(before, out.reshape(b, c, h, w) + x, atol=1e-10)
+    unscaled = sdpa(q, k.transpose(-2, -1), v.transpose(-2, -1)).transpose(-2, -1)
+    assert not torch.allclose(before, unscaled.reshape(b, c, h, w) + x, atol=1e-3)

@@ -51,7 +51,8 @@ class ManualAttention(_ScoresPattern, _WeightsPattern, _OperandLayout, _SdpaFix,
     `.permute(0, 1, 3, 2)`, `.mT`, `torch.matmul`, `torch.bmm`, or an `einsum` such as
     `"bhqd,bhkd->bhqk"`; or `torch.matmul(q, k)` / `q @ k` / `torch.bmm(q, k)` on two parameters
     of the function, the caller having transposed the keys, as GPT-2's `split_heads(key, k=True)`
-    does, or on two projections the function made, the keys laid out (..., E, S) by their
+    does, or on two projections the function made (also parts of one split along an axis, `q,
+    k, v = torch.split(self.to_qkv(x), c, dim=1)`), the keys laid out (..., E, S) by their
     reshape (`k = self.fc_k(x).view(b, n, h, d).permute(0, 2, 3, 1)`, `k = self.proj_k(h).view(B,
     C, H * W)`): reported with no fix, the message saying to pass `k.transpose(-2, -1)`), optionally scaled (`* scale`, `/ math.sqrt(d)`, `* d ** -0.5`, `/=`,
     `.div()`, `.mul()`, `torch.div`), masked (`+ mask`, `+=`, `.add()`,
@@ -66,7 +67,11 @@ class ManualAttention(_ScoresPattern, _WeightsPattern, _OperandLayout, _SdpaFix,
     count and viewed back, `F.softmax(s.view(-1, values.size(1)), dim=1).view(b, -1, n)`),
     optionally dropout (also a `dropout` the callers pass
     in from another file, `if dropout is not None: p = dropout(p)`: reported, with no fix), then a
-    GEMM with the values. The steps may be spread over several statements through intermediate
+    GEMM with the values (also the values on the left of the weights with their last two axes
+    swapped, SAGAN's `torch.bmm(v, attn.permute(0, 2, 1))`: reported with no fix, the message
+    saying to pass `v.transpose(-2, -1)` and transpose SDPA's result back). The softmax is over
+    the key axis: `dim=-1`, or the last axis counted from the front where the rank is known
+    (`dim=3` of an einsum's `"nqhd,nkhd->nhqk"`). The steps may be spread over several statements through intermediate
     variables; reading the scores' `.dtype`, `.shape` or `.size()` on the way (`torch.finfo(w.dtype)`,
     a size check, a mask made in their shape with `torch.ones_like(w, dtype=torch.bool).triu(1)`)
     does not hide them. Scores that nothing scales between the product and the softmax need
@@ -209,9 +214,11 @@ class ManualAttention(_ScoresPattern, _WeightsPattern, _OperandLayout, _SdpaFix,
             return
         if rows is not None and not self._counts_keys(keys, scores):
             return
+        einsum_rank = len(scores.terms[2]) if scores.terms else None  # `"nqhd,nkhd->nhqk"`: 4-D scores
         if int_const(dim) != -1 and not (scores.gemm.op == "bmm" and int_const(dim) == 2) and not (
-                int_const(dim) > 0 and int_const(dim) + 1 in (rank_of(self.ctx, scores_expr), scores.k_rank)):
-            return  # softmax(dim=3) of 4-D scores (known, or as `k.transpose(2, 3)` says when it is the key transpose)
+                int_const(dim) > 0
+                and int_const(dim) + 1 in (rank_of(self.ctx, scores_expr), scores.k_rank, einsum_rank)):
+            return  # softmax(dim=3) of 4-D scores (known, as an einsum's output or `k.transpose(2, 3)` says)
         if self._is_cosine(flow, scores):
             return
         probs = self._probs(flow, node, restore=keys if rows is not None else None)
@@ -343,6 +350,10 @@ class ManualAttention(_ScoresPattern, _WeightsPattern, _OperandLayout, _SdpaFix,
         if "scale" not in kinds:
             message += ("; pass `scale=1.0`: nothing scales the product before the softmax (a q scaled "
                         "beforehand stays so), and SDPA's default scale is 1/sqrt(E)")
+        if any(s[0] == "values_left" for s in probs.steps):
+            value = self.ctx.segment(probs.v)
+            notes.insert(0, f"the values multiply the weights from the left (`{value} @ weightsᵀ`): pass "
+                            f"`{value}.transpose(-2, -1)` as SDPA's value and transpose its result back")
         if scores.keys_transposed:
             key = self.ctx.segment(scores.k)
             notes.insert(0, f"`{key}` holds the keys with their last two axes swapped, so pass "

@@ -490,11 +490,19 @@ class _ScoresPattern:
 
     def _projected(self, flow: FunctionFlow, node: ast.Name, depth: int = 0) -> bool:
         """`node` holds a module's output reshaped (`self.fc_k(keys).view(...).permute(...)`,
-        `self.proj_k(h)` then `k.view(B, C, H * W)`): an activation of this call, not a weight."""
-        assign = flow.reaching(node)
-        if assign is None or depth > 3:
+        `self.proj_k(h)` then `k.view(B, C, H * W)`), or a part of one split along an axis (`q,
+        k, v = torch.split(self.to_qkv(x), c, dim=1)`, `.chunk(3, dim=1)`): an activation of this
+        call, not a weight."""
+        reaching = flow.reaching_all(node)
+        if len(reaching) != 1 or not isinstance(reaching[0][0], ast.Assign) or depth > 3:
             return False
+        assign, simple = reaching[0]
         value = assign.value
+        if not simple:  # `q, k, v = torch.split(self.to_qkv(x), c, dim=1)`
+            if not (isinstance(assign.targets[0], ast.Tuple) and isinstance(value, ast.Call) and value.args
+                    and isinstance(value.func, ast.Attribute) and value.func.attr in ("split", "chunk", "tensor_split")):
+                return False
+            value = value.args[0] if self.ctx.qualname(value.func) is not None else value.func.value
         while isinstance(value, ast.Call) and isinstance(value.func, ast.Attribute) and value.func.attr in _RESHAPES:
             value = value.func.value
         if isinstance(value, ast.Name):  # `k = k.view(B, C, H * W)`: what it held before
