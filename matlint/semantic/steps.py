@@ -141,15 +141,29 @@ def derives_from_module(ctx, cls: ast.ClassDef, depth: int = 0) -> bool:
     return False
 
 
-def _loss_module(calls, function: ast.AST) -> bool:
-    """A method of a loss module: an `nn.Module` whose class name has the word `loss`
-    (`FocalLoss`, `MultiBoxLoss`, `YoloLoss`) or that derives from a class so named
-    (`nn.modules.loss._Loss`, `LossModule`). A training step computes its loss once per step,
-    so the loss's `forward` runs on every training step, whoever calls it."""
+# The words of a module class's name that say it scores each step's output: its loss, anywhere in
+# the name (`FocalLoss`, `LossModule`), or a metric of it, as the name's last word
+# (`AccuracyMetric`, not `MultipleMetricDepthEstimationHeads`).
+SCORING_WORDS = {"loss": "loss", "criterion": "loss", "metric": "metric", "accuracy": "metric"}
+
+
+def _scoring_module(calls, function: ast.AST) -> Optional[str]:
+    """"loss" or "metric" for a method of a module that scores a step's output: an `nn.Module`
+    whose class name has the word `loss` or `criterion` (`FocalLoss`, `MultiBoxLoss`,
+    `YoloLoss`), or ends in `metric` or `accuracy` (`AccuracyMetric`), or that derives from a class so
+    named (`nn.modules.loss._Loss`, `LossModule`). A training step computes its loss once per
+    step, and its metrics with it, so such a module's `forward` runs on every step, whoever
+    calls it."""
     cls = calls.class_of.get(id(function))
-    return cls is not None and _module_method(calls, function) and any(
-        "loss" in name_tokens(name) for name in [cls.name] + [(dotted(base) or "").rpartition(".")[2]
-                                                               for base in cls.bases])
+    if cls is None or not _module_method(calls, function):
+        return None
+    for name in [cls.name] + [(dotted(base) or "").rpartition(".")[2] for base in cls.bases]:
+        words = name_tokens(name)
+        for i, word in enumerate(words):
+            kind = SCORING_WORDS.get(word)
+            if kind == "loss" or kind == "metric" and i == len(words) - 1:
+                return kind
+    return None
 
 
 # Reductions that count what a mask holds: `mask.sum()`, `torch.count_nonzero(m)`, `m.any()`.
@@ -501,9 +515,9 @@ def step_functions(ctx) -> dict:
             found[id(function)] = Step("steps the optimizer, once per training step", True)
         elif function.name in STEP_HOOKS:
             found[id(function)] = Step(f"is the `{function.name}` hook", function.name == "training_step")
-        elif function.name == "forward" and _loss_module(calls, function):
-            found[id(function)] = Step("is the `forward` of a loss module, run on every training step", True, True,
-                                       True)
+        elif function.name == "forward" and _scoring_module(calls, function) is not None:
+            found[id(function)] = Step(f"is the `forward` of a {_scoring_module(calls, function)} module, run on every "
+                                       f"training step", True, True, True)
         elif function.name == "forward" and _module_method(calls, function):
             found[id(function)] = Step("is a module's `forward`, run on every step", False, True)
         elif "loss" in name_tokens(function.name) and not runs_once(function.name) \

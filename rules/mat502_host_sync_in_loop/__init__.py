@@ -351,8 +351,10 @@ class HostSyncInLoop(_StepLoops, _HostReads, Rule):
     step called once per step (it calls `.backward()` and an optimizer's `.step()` outside any
     loop of its own: an agent's `learn()`), an optimizer step (it calls an optimizer's `.step()`
     outside any loop of its own: `optimize()` after the backward pass), the `forward` of a loss
-    module (an `nn.Module` whose class name, or a base's, has the word `loss`: `FocalLoss`,
-    `MultiBoxLoss`), which computes the step's loss, a module's method named for the loss
+    module (an `nn.Module` whose class name, or a base's, has the word `loss` or `criterion`:
+    `FocalLoss`, `MultiBoxLoss`), which computes the step's loss, or of a metric module (a class
+    name that ends in the word `metric` or `accuracy`: `AccuracyMetric`), which scores it, a
+    module's method named for the loss
     (`loss_function`, `compute_loss`), a `training_step`/`validation_step` hook, and the
     helpers such a step or loop calls on every pass (not under an `if`, or called on both of its
     paths: `if sample: update(...) else: update(...)`), in this file or in a project file that

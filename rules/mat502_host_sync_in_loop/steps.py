@@ -14,7 +14,7 @@ from matlint.semantic.loops import LoopInfo, file_trains, identifier as _identif
 from matlint.semantic.names import in_reference_code, in_test_code
 from matlint.semantic.project import (file_moves_to_cuda, imported_by_cuda_code, imported_by_training_code,
                                       imported_paths, moves_work_to_cuda)
-from matlint.semantic.steps import (STEP_HOOKS, calls_a_step_method, configuration_test, gate_name,
+from matlint.semantic.steps import (SCORING_WORDS, STEP_HOOKS, calls_a_step_method, configuration_test, gate_name,
                                    guards_empty_selection, passed_to_steps, step_functions, step_loop, step_of,
                                    steps_from_importers, trains_in)
 
@@ -251,7 +251,8 @@ class _StepLoops:
             step = step_of(self.ctx, self.ctx.functions)
             if step is not None and step.forward:
                 return step
-        loss = _kinds.may_mention(self.ctx, "loss", ignore_case=True) and _kinds.may_mention(self.ctx, "forward")
+        loss = _kinds.may_mention(self.ctx, "forward") and any(
+            _kinds.may_mention(self.ctx, word, ignore_case=True) for word in SCORING_WORDS)
         if not loss and not _kinds.may_mention(self.ctx, "backward") and not any(
                 _kinds.may_mention(self.ctx, hook) for hook in STEP_HOOKS) and not passed_to_steps(self.ctx) \
                 and not steps_from_importers(self.ctx) and not (
