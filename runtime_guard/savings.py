@@ -220,7 +220,10 @@ def estimate(findings, budget_s: float = 3.0, on_error=None, step_ms: float | No
                     f.evidence["estimate_capped_at_gpu_wait_ms"] = round(gpu_wait_ms, 4)
                     saved, lo, hi = gpu_wait_ms, min(lo, gpu_wait_ms), min(hi, gpu_wait_ms)
                     capped = True
-                f.estimated_savings_ms = round(max(saved, 0.0), 4)
+                shown = round(max(saved, 0.0), 4)
+                if step_ms is not None and shown > step_ms:  # rounding lifted it over the step: round down
+                    shown = math.floor(max(saved, 0.0) * 1e4) / 1e4
+                f.estimated_savings_ms = shown
                 f.evidence["estimate_method"] = method
                 f.evidence["estimate_interval_ms"] = [round(lo, 4), round(hi, 4)]
                 f.evidence["estimate_reliable"] = not capped and reliable(saved, lo, hi, pairs)

@@ -127,7 +127,7 @@ def test_an_estimate_above_the_step_is_capped(monkeypatch):
     g = train(quiet())
     step_ms, _ = g.step_ms
     [f] = [f for f in g.findings if f.code == "MAT101"]
-    assert f.estimated_savings_ms == round(step_ms, 4)
+    assert step_ms - 1e-4 < f.estimated_savings_ms <= step_ms  # the step, to 4 decimals, never above it
     assert f.evidence["estimate_capped_at_step_ms"] == round(step_ms, 4)
     assert f.evidence["estimate_interval_ms"] == [round(step_ms, 4)] * 2  # both ends capped too
     assert f.evidence["estimate_reliable"] is False  # a tight interval, but about a number it was not
