@@ -7,7 +7,6 @@ from dataclasses import dataclass, field
 from typing import Optional
 
 from matlint.semantic import kinds as _kinds
-from matlint.semantic.kinds import int_const
 from matlint.semantic.calls import argument_for, file_calls
 from matlint.semantic.flow import FunctionFlow, flow_of
 from matlint.semantic.loops import name_tokens
@@ -36,18 +35,6 @@ class _Probs:
     statements: list = field(default_factory=list)
     terms: Optional[tuple] = None  # an einsum's v term and the one SDPA takes
     returned: list = field(default_factory=list)  # the loads by which the function also returns the probabilities
-
-
-def _swaps_last_two(call: ast.Call, op: str) -> bool:
-    """`call` swaps the last two axes of what the GEMM `op` takes: `.transpose(-2, -1)` (also
-    `.swapaxes`), or for `bmm`'s 3-D operands `.transpose(1, 2)` and `.permute(0, 2, 1)`."""
-    method = call.func.attr if isinstance(call.func, ast.Attribute) else None
-    axes = [int_const(a) for a in call.args]
-    if call.keywords or None in axes:
-        return False
-    if method in ("transpose", "swapaxes") and len(axes) == 2:
-        return set(axes) == {-2, -1} or op == "bmm" and set(axes) == {1, 2}
-    return method == "permute" and op == "bmm" and axes == [0, 2, 1]
 
 
 def _builds_softmax_module(ctx) -> bool:
@@ -171,8 +158,9 @@ class _WeightsPattern:
                     continue
                 outer = flow.parent.get(call)
                 gemm = as_gemm(self.ctx, outer) if isinstance(outer, (ast.BinOp, ast.Call)) else None
-                if gemm is not None and len(gemm.operands) == 2 and gemm.operands[1] is call \
-                        and _swaps_last_two(call, gemm.op):
+                swapped = self._untranspose(call, gemm.op) if gemm is not None and len(gemm.operands) == 2 \
+                    and gemm.operands[1] is call and gemm.op in ("@", "matmul", "bmm") else None
+                if swapped is not None and swapped[0] is node and not swapped[2]:
                     # `torch.bmm(v, attn.permute(0, 2, 1))`: (attn @ vᵀ)ᵀ, the values laid out (..., E, S)
                     return _Probs(gemm, gemm.operands[0], steps + [("layout",), ("values_left",)], statements)
                 parent = call  # `attn.matmul(v)`, `attn.bmm(v)`: the GEMM, checked below
