@@ -79,6 +79,14 @@ _SIBLING_FOLDERS = 50  # a folder with more subfolders than this is no project's
 _RE_EXPORT_HOPS = 2  # how many package `__init__.py` re-exports a definition is followed through
 
 
+def imported_files(ctx) -> list:
+    """`imported_paths` of the file being linted, worked out once."""
+    found = ctx.shared.get("imported_files")
+    if found is None:
+        found = ctx.shared["imported_files"] = imported_paths(ctx.source, ctx.filename)
+    return found
+
+
 def imported_paths(source: str, filename: str) -> list:
     """The project files `source` imports, from its import lines (no parse: the cache asks before
     linting), and, for names imported from a package, the modules its `__init__.py` re-exports
@@ -153,7 +161,7 @@ def cpu_only_script(ctx) -> bool:
         found = ctx.shared["cpu_only_script"] = not moves_work_to_cuda(ctx) and any(
             isinstance(stmt, (ast.For, ast.While)) or (isinstance(stmt, ast.If) and is_main_guard(stmt.test))
             for stmt in ctx.tree.body) and not any(
-            file_moves_to_cuda(path) for path in imported_paths(ctx.source, ctx.filename)) and not imported_by_cuda_code(ctx)
+            file_moves_to_cuda(path) for path in imported_files(ctx)) and not imported_by_cuda_code(ctx)
     return found
 
 
@@ -210,7 +218,7 @@ def _training_program_nearby(filename: str) -> bool:
     if not files:
         return False
     return _while_files_unchanged(_TRAINING_PROGRAMS, files,
-                                  lambda: any(_trains_on_cuda(_read(path)) for path in files))
+                                  lambda: any(_trains_on_cuda(read_text(path)) for path in files))
 
 
 _TRAINING_PROGRAMS: dict = {}  # nearby files -> (their mtimes, whether one is a program that trains on CUDA)
@@ -221,7 +229,7 @@ _PROGRAM = re.compile(r"^(?:if[ \t]+__name__[ \t]*==|for[ \t]|while[ \t])", re.M
 
 def _file_trains_on_cuda(path: str) -> bool:
     """`_trains_on_cuda` of the file at `path`, read once per process while it is unchanged."""
-    return while_unchanged(_TRAINS_ON_CUDA, path, lambda p: _trains_on_cuda(_read(p)), False)
+    return while_unchanged(_TRAINS_ON_CUDA, path, lambda p: _trains_on_cuda(read_text(p)), False)
 
 
 _TRAINS_ON_CUDA: dict = {}  # path -> (size, mtime_ns, whether it is a program that trains on CUDA)
@@ -232,7 +240,8 @@ def _trains_on_cuda(text: Optional[str]) -> bool:
         and names_cuda_work(text)
 
 
-def _read(path: str) -> Optional[str]:
+def read_text(path: str) -> Optional[str]:
+    """The text of the file at `path`, None where it cannot be read."""
     try:
         with open(path, encoding="utf-8", errors="replace") as handle:
             return handle.read()
@@ -248,7 +257,7 @@ def file_moves_to_cuda(path: str) -> bool:
 
 
 def _names_cuda_work_in(path: str) -> bool:
-    text = _read(path)
+    text = read_text(path)
     return text is not None and names_cuda_work(text)
 
 
@@ -278,7 +287,7 @@ def importer_texts(ctx) -> dict:
     if found is None:
         found = ctx.shared["importer_texts"] = {}
         for path in importers(ctx.filename):
-            found[path] = _read(path)
+            found[path] = read_text(path)
     return found
 
 
@@ -310,7 +319,7 @@ def _importers_table(files: list) -> dict:
     """{path: the files among `files` that import it}."""
     table: dict = {}
     for path in files:
-        text = _read(path)
+        text = read_text(path)
         if text is None:
             continue
         for imported in imported_paths(text, path):
@@ -476,7 +485,20 @@ def imported_function(ctx, func: ast.AST) -> Optional[tuple]:
 
 def imported_definition(ctx, func: ast.AST, kinds: tuple) -> Optional[tuple]:
     """(the top-level definition of one of `kinds`, its file) that `func` names through an import
-    of a project module, else None."""
+    of a project module, else None. Worked out once per file for each name or `module.name`."""
+    if isinstance(func, ast.Name):
+        spelled = func.id
+    elif isinstance(func, ast.Attribute) and isinstance(func.value, ast.Name):
+        spelled = (func.value.id, func.attr)
+    else:
+        return None
+    key = ("imported_definition", spelled, kinds)
+    if key not in ctx.shared:
+        ctx.shared[key] = _imported_definition(ctx, func, kinds)
+    return ctx.shared[key]
+
+
+def _imported_definition(ctx, func: ast.AST, kinds: tuple) -> Optional[tuple]:
     table = import_table(ctx)
     if isinstance(func, ast.Name) and func.id in table:
         module, level, attr = table[func.id]

@@ -780,10 +780,10 @@ class HostSyncInLoop(_StepLoops, _HostReads, Rule):
         """`accuracy(out, y)` in a step, where `accuracy` comes from a module of the project
         (`from utils import accuracy`) whose body syncs on every call (`return correct.item()`):
         the sync is per step, and the call is where the step can avoid it."""
-        if not call.args or self._step_context() is None:
+        if not call.args:
             return
         imported = imported_function(self.ctx, call.func)
-        if imported is None:
+        if imported is None or self._step_context() is None:
             return
         kinds = [_kinds.kind_of(self.ctx, a) for a in call.args]
         if _kinds.CPU_TENSOR in kinds or all(k in _kinds.NON_TENSORS for k in kinds):

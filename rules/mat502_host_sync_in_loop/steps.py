@@ -13,7 +13,7 @@ from matlint.semantic.tree import function_text
 from matlint.semantic.loops import LoopInfo, file_trains, identifier as _identifier, loaded_names, name_tokens, walk_no_scopes
 from matlint.semantic.names import in_reference_code, in_test_code
 from matlint.semantic.project import (file_moves_to_cuda, imported_by_cuda_code, imported_by_training_code,
-                                      imported_paths, moves_work_to_cuda)
+                                      imported_files, moves_work_to_cuda)
 from matlint.semantic.steps import (SCORING_WORDS, STEP_HOOKS, calls_a_step_method, configuration_test, gate_name,
                                    guards_empty_selection, passed_to_steps, step_functions, step_loop, step_of,
                                    steps_from_importers, trains_in)
@@ -84,7 +84,7 @@ def _steps_with_project_helpers(ctx) -> bool:
     if found is None:
         found = ctx.shared["mat502_project_helpers"] = bool(
             (_kinds.may_mention(ctx, "backward") or moves_work_to_cuda(ctx))
-            and imported_paths(ctx.source, ctx.filename))
+            and imported_files(ctx))
     return found
 
 

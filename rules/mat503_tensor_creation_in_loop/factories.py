@@ -11,7 +11,7 @@ from matlint.semantic import kinds as _kinds
 from matlint.semantic.flow import flow_of
 from matlint.semantic.layout import unpacked_item
 from matlint.semantic.loops import identifier
-from matlint.semantic.project import imported_function, imported_paths, parsed
+from matlint.semantic.project import imported_files, imported_function, parsed, read_text, while_unchanged
 from matlint.semantic.steps import runs_once
 from matlint.semantic.kinds import TENSOR, cuda_tensor_type, kind_of
 from matlint.semantic.tree import dotted, walk_no_scopes
@@ -865,17 +865,25 @@ def has_mover_helpers(ctx) -> bool:
                 _returns_argument_moved(ctx, m, not any(dotted(x) == "staticmethod" for x in m.decorator_list))
                 for m in d.body if isinstance(m, _FUNCTIONS)) for d in _definitions(ctx).values())
         if not found:
-            found = any(_module_has_movers(ctx, path) for path in imported_paths(ctx.source, ctx.filename))
+            found = any(_module_has_movers(ctx, path) for path in imported_files(ctx))
         ctx.shared["has_mover_helpers"] = found
     return found
 
 
+_MODULE_MOVERS: dict = {}  # path -> (size, mtime, whether the module defines a move helper)
+
+
 def _module_has_movers(ctx, path: str) -> bool:
     """The project module at `path` defines a function that returns its argument moved to the
-    device (`from utils import *` then `tensor2var(z)`)."""
-    module = parsed(path)
-    return module is not None and any(
-        isinstance(d, _FUNCTIONS) and _returns_argument_moved(ctx, d, False) for d in module.body)
+    device (`from utils import *` then `tensor2var(z)`); worked out once per process while the
+    file is unchanged, and only for a module whose text has such a line."""
+    def movers(path: str) -> bool:
+        text = read_text(path)
+        module = parsed(path) if text is not None and _RETURNS_MOVED.search(text) else None
+        return module is not None and any(
+            isinstance(d, _FUNCTIONS) and _returns_argument_moved(ctx, d, False) for d in module.body)
+
+    return while_unchanged(_MODULE_MOVERS, path, movers, False)
 
 
 # Factories that make index tensors (`x[torch.arange(b), idx]`).
