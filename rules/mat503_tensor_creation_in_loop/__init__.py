@@ -442,8 +442,12 @@ class TensorCreationInLoop(Rule):
                                      f"device on line {node.lineno}, on every {self._step.where}; create it there "
                                      f"with `device={device}` and drop the copy")
                 return
-            by = "" if method is not None else f" by `{ctx.segment(func)}()`"  # a helper that moves its argument
-            self.report(node, f"`{ctx.segment(call.func)}(...)` is created on the host and copied to the device{by} "
+            if method is None:  # a helper that moves its argument: no fix, the helper is the author's
+                self.report(node, f"`{ctx.segment(call.func)}(...)` is created on the host and copied to the device "
+                                  f"by `{ctx.segment(func)}()` on every {self._step.where}; create it there with "
+                                  f"`device=`")
+                return
+            self.report(node, f"`{ctx.segment(call.func)}(...)` is created on the host and copied to the device "
                               f"on every {self._step.where}; create it there with `device=`",
                         fix=self._device_fix(node, call, device, safe=same_values_on_device(name, call)
                                                                      and exact_on_device(ctx, func.value, call)))
@@ -681,7 +685,7 @@ class TensorCreationInLoop(Rule):
 
     def _device_fix(self, move: ast.Call, factory: ast.Call, device: str, safe: bool):
         if not (isinstance(move.func, ast.Attribute) and move.func.attr in ("to", "cuda")):
-            return None  # a move spelled `.type(...)` or a helper's call: the author's rewrite
+            return None  # a move spelled `.type(...)` or `.type_as(...)`: the author's rewrite
         created = created_on_device(self.ctx, move, factory, device)
         if created is None:
             return None
