@@ -515,9 +515,9 @@ def step_functions(ctx) -> dict:
             found[id(function)] = Step("steps the optimizer, once per training step", True)
         elif function.name in STEP_HOOKS:
             found[id(function)] = Step(f"is the `{function.name}` hook", function.name == "training_step")
-        elif function.name == "forward" and _scoring_module(calls, function) is not None:
-            found[id(function)] = Step(f"is the `forward` of a {_scoring_module(calls, function)} module, run on every "
-                                       f"training step", True, True, True)
+        elif function.name == "forward" and (scoring := _scoring_module(calls, function)) is not None:
+            found[id(function)] = Step(f"is the `forward` of a {scoring} module, run on every training step", True,
+                                       True, True)
         elif function.name == "forward" and _module_method(calls, function):
             found[id(function)] = Step("is a module's `forward`, run on every step", False, True)
         elif "loss" in name_tokens(function.name) and not runs_once(function.name) \

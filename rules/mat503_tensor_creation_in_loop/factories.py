@@ -788,13 +788,15 @@ def _returns_argument_moved(ctx, function: ast.AST, bound: bool) -> bool:
         return False
     param = params[0].arg
     moved = False
+    returns = []
     for node in walk_no_scopes(function):
-        if isinstance(node, ast.Assign) and len(node.targets) == 1 and isinstance(node.targets[0], ast.Name) \
+        if isinstance(node, ast.Return):
+            returns.append(node)
+        elif isinstance(node, ast.Assign) and len(node.targets) == 1 and isinstance(node.targets[0], ast.Name) \
                 and node.targets[0].id == param:
             if not _moves(ctx, node.value, param):
                 return False  # the parameter rebound to something else
             moved = True  # `x = x.cuda()`, then returned
-    returns = [n for n in walk_no_scopes(function) if isinstance(n, ast.Return)]
     for ret in returns:
         value = ret.value
         if value is None:
