@@ -35,6 +35,7 @@ from importlib import resources
 from typing import Any, Callable, ClassVar, Optional
 
 from .diagnostics import Fix
+from .semantic.names import QUIET_SCOPES, quiet_at
 
 FAMILIES = {
     "0": "engine",
@@ -185,6 +186,9 @@ class Rule:
     _handlers: ClassVar[dict] = {}
     # Handler name -> Only: the nodes and files where the handler can do anything.
     only: ClassVar[dict] = {}
+    # Code the rule never reports in (names.TESTS, names.REFERENCE): findings there are dropped,
+    # and the docs' "Stays quiet on" says so from names.QUIET_SCOPES.
+    quiet_in: ClassVar[tuple] = ()
 
     def __init__(self, ctx, options: Optional[dict] = None):
         self.ctx = ctx
@@ -210,10 +214,21 @@ class Rule:
     @classmethod
     def rendered_docs(cls) -> str:
         state = "on" if cls.default_enabled else "off (enable with `select`)"
-        return f"# {cls.name} ({cls.code})\n\n{cls.summary}\n\nFamily: {cls.family()}. Severity: {cls.level()}. Default: {state}.\n\n{textwrap.dedent(cls.docs).strip()}\n"
+        docs = textwrap.dedent(cls.docs).strip()
+        if cls.quiet_in:
+            bullets = "".join(f"- {textwrap.fill(QUIET_SCOPES[kind], 92, subsequent_indent='  ', break_on_hyphens=False)}.\n"
+                              for kind in cls.quiet_in)
+            heading = "## Stays quiet on\n"
+            if heading in docs:
+                docs = docs.replace(heading, heading + bullets, 1)
+            else:
+                docs += "\n\n" + heading + bullets.rstrip("\n")
+        return f"# {cls.name} ({cls.code})\n\n{cls.summary}\n\nFamily: {cls.family()}. Severity: {cls.level()}. Default: {state}.\n\n{docs}\n"
 
     def report(self, node: ast.AST, message: str, fix: Optional[Fix] = None,
                end_node: Optional[ast.AST] = None, noqa_row: Optional[int] = None) -> None:
+        if self.quiet_in and quiet_at(self.ctx, self.quiet_in, node.lineno):
+            return
         self.ctx.report(self.code, node, message, fix=fix, end_node=end_node, noqa_row=noqa_row)
 
     # Helpers for building fixes from ast positions.

@@ -8,7 +8,7 @@ from matlint.rule import Only, Rule
 
 from matlint.semantic import kinds as _kinds
 from matlint.semantic.loops import bound_names, loaded_names, walk_no_scopes
-from matlint.semantic.names import in_test_code
+from matlint.semantic.names import TESTS
 
 _FLOAT64 = {"torch.float64", "torch.double"}
 _CASTS = {"float", "half", "bfloat16", "to", "type", "type_as"}
@@ -28,6 +28,7 @@ def _names_float64_anywhere(ctx) -> bool:
 class Float64InModel(Rule):
     code = "MAT402"
     name = "float64-in-model"
+    quiet_in = (TESTS,)
     summary = "float64 (`.double()`, `dtype=torch.float64`) on a model's compute path."
     docs = """
     ## What it does
@@ -77,7 +78,6 @@ class Float64InModel(Rule):
       or tables computed once in `__init__` that do not become parameters.
     - Methods other than `forward` and `__init__` (metrics, statistics, export helpers) and
       code outside `nn.Module` classes, except a whole model cast to float64.
-    - Tests.
 
     A whole-model cast is reported even when float64 is what the model needs (some
     physics-informed networks): the rule cannot tell, so mark those with `# noqa: MAT402`.
@@ -101,7 +101,7 @@ class Float64InModel(Rule):
             return
         qualname = self.ctx.qualname(func)
         if qualname in ("torch.set_default_dtype", "torch.set_default_tensor_type"):
-            if node.args and self._names_float64(node.args[0]) and not in_test_code(self.ctx):
+            if node.args and self._names_float64(node.args[0]):
                 self.report(node, f"`{self.ctx.segment(func)}({self.ctx.segment(node.args[0])})` makes every model "
                                   "and tensor float64, which tensor cores cannot compute; keep float32 (and train "
                                   "under bf16 autocast)")
@@ -109,12 +109,11 @@ class Float64InModel(Rule):
         method = func.attr if isinstance(func, ast.Attribute) else None
         casts_to_64 = method == "double" and not node.args or method in ("to", "type") and self._float64_arg(node)
         if casts_to_64 and _kinds.kind_of(self.ctx, func.value) in _MODULE_KINDS:
-            if not in_test_code(self.ctx):
-                self.report(node, f"`{self.ctx.segment(func)}(...)` casts the whole model to float64, which tensor "
-                                  "cores cannot compute; keep it float32 and train under bf16 autocast")
+            self.report(node, f"`{self.ctx.segment(func)}(...)` casts the whole model to float64, which tensor "
+                              "cores cannot compute; keep it float32 and train under bf16 autocast")
             return
         where = self._model_method()
-        if where is None or in_test_code(self.ctx):
+        if where is None:
             return
         if casts_to_64:
             if where == "__init__" and not self._is_self(func.value):

@@ -9,7 +9,7 @@ from matlint.rule import Only, Rule
 
 from matlint.semantic.flow import flow_of, function_may_mention
 from matlint.semantic.tree import code_scope
-from matlint.semantic.names import in_reference_code, in_test_code
+from matlint.semantic.names import REFERENCE, TESTS
 from matlint.semantic.pointwise import (PRODUCT_METHODS, difference, feeds_only, in_compiled_code, is_eps, is_true, number, product,
                          resolve, same, torch_op)
 
@@ -28,6 +28,7 @@ _REASON = re.compile(r"\b(?:slow|fast|speed|perf|avoid|instead|workaround|work a
 class ManualSoftmax(Rule):
     code = "MAT602"
     name = "manual-softmax"
+    quiet_in = (TESTS, REFERENCE)
     summary = "Softmax written out as `exp(x) / exp(x).sum(dim, keepdim=True)`; `x.softmax(dim)` is one stable kernel."
     docs = """
     ## What it does
@@ -58,10 +59,6 @@ class ManualSoftmax(Rule):
     ```
 
     ## Stays quiet on
-    - Tests (`test_*.py`, `*_test.py`, `conftest.py`, files under `tests/`, `test/` or `testing/`,
-      `test*` functions, `Test*` classes, fixtures) and reference implementations (a function
-      or class named with the word `ref` or `reference`: `attention_ref`, `_ReferenceAdam`),
-      which spell each step out on purpose to check a fused path against.
     - Normalized kernels whose exponent is written negated (`exp(-x.pow(2) / (2 * sigma ** 2))`,
       `exp(-0.5 * dist / sigma ** 2)`, a negative factor anywhere in the product, `d.neg()`, or
       a name holding such an exponent, divided by its sum): a Gaussian or RBF weighting, which
@@ -148,8 +145,6 @@ class ManualSoftmax(Rule):
         elif shift == "other":
             message += ("; the maximum subtracted is not taken over the summed dim, so a whole row can "
                         "underflow to 0, making 0/0 = nan")
-        if in_test_code(self.ctx) or in_reference_code(self.ctx):
-            return
         fix = None
         if eps is None and not any(isinstance(n, ast.Name) for n in (left, right, total.args[0])):
             fix = self.replace(node, suggestion, "replace with softmax", safe=False)

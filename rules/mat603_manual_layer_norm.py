@@ -11,7 +11,7 @@ from matlint.rule import Only, Rule
 from matlint.semantic.flow import flow_of, function_may_mention
 from matlint.semantic.tree import code_scope
 from matlint.semantic.loops import scope_statements
-from matlint.semantic.names import in_reference_code, in_test_code, mentions, outermost_scope, subclasses
+from matlint.semantic.names import REFERENCE, TESTS, mentions, outermost_scope, subclasses
 from matlint.semantic.pointwise import (KERNEL_SWITCH, PRODUCT_METHODS, difference, feeds_only, in_compiled_code, is_eps,
                          last_dim_reduction, may_take_root, number, product, resolve, returned_affine, root_of, same,
                          strip_casts, torch_op)
@@ -36,6 +36,7 @@ def _may_be_spread(value: ast.AST) -> bool:
 class ManualLayerNorm(Rule):
     code = "MAT603"
     name = "manual-layer-norm"
+    quiet_in = (TESTS, REFERENCE)
     summary = "Layer norm written out (`(x - mean) / sqrt(var + eps)`); `F.layer_norm` is one fused kernel."
     docs = """
     ## What it does
@@ -73,10 +74,6 @@ class ManualLayerNorm(Rule):
     ```
 
     ## Stays quiet on
-    - Tests (`test_*.py`, `*_test.py`, `conftest.py`, files under `tests/`, `test/` or `testing/`,
-      `test*` functions, `Test*` classes, fixtures) and reference implementations (a function
-      or class named with the word `ref` or `reference`: `attention_ref`, `_ReferenceAdam`),
-      which spell each step out on purpose to check a fused path against.
     - Normalization over any dim but the last (channels-first `LayerNorm2d` over dim 1,
       group/instance norms over several dims): `F.layer_norm` normalizes trailing dims only, and
       the permutes around it cost copies.
@@ -147,8 +144,7 @@ class ManualLayerNorm(Rule):
             if (mentions(self.ctx, outermost_scope(self.ctx), _FUSED_PATH)
                     or subclasses(self.ctx, self.ctx.class_, "torch.nn.LayerNorm")
                     or self._statistics_wanted(flow, node, (mean, spread, form[1]))
-                    or in_compiled_code(self.ctx, reductions=True)
-                    or in_test_code(self.ctx) or in_reference_code(self.ctx)):
+                    or in_compiled_code(self.ctx, reductions=True)):
                 return
             # The weight and bias the code applies, where it returns the norm as it is or times one factor.
             affine = returned_affine(self.ctx, node) if difference(self.ctx, resolve(flow, centered)) else None

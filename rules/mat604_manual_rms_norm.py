@@ -10,7 +10,7 @@ from matlint.rule import Only, Rule
 
 from matlint.semantic.flow import flow_of, function_may_mention
 from matlint.semantic.tree import code_scope
-from matlint.semantic.names import in_reference_code, in_test_code, mentions, outermost_scope, subclasses
+from matlint.semantic.names import REFERENCE, TESTS, mentions, outermost_scope, subclasses
 from matlint.semantic.pointwise import (KERNEL_SWITCH, PRODUCT_METHODS, difference, in_compiled_code, last_dim_reduction, may_take_root,
                          number, product, resolve, returned_affine, root_of, same, strip_casts, torch_op)
 
@@ -25,6 +25,7 @@ _FUSED_PATH = re.compile(KERNEL_SWITCH + r"|fused|apex|triton|liger|rms_norm|fla
 class ManualRmsNorm(Rule):
     code = "MAT604"
     name = "manual-rms-norm"
+    quiet_in = (TESTS, REFERENCE)
     summary = "RMS norm written out (`x * rsqrt(x.pow(2).mean(-1, keepdim=True) + eps)`); `F.rms_norm` is one call."
     docs = """
     ## What it does
@@ -64,10 +65,6 @@ class ManualRmsNorm(Rule):
     ```
 
     ## Stays quiet on
-    - Tests (`test_*.py`, `*_test.py`, `conftest.py`, files under `tests/`, `test/` or `testing/`,
-      `test*` functions, `Test*` classes, fixtures) and reference implementations (a function
-      or class named with the word `ref` or `reference`: `attention_ref`, `_ReferenceAdam`),
-      which spell each step out on purpose to check a fused path against.
     - Classes and functions that already have a fused path: a kernel-hub decorator
       (transformers' `@use_kernel_forward_from_hub("RMSNorm")`), or an identifier or string
       naming a fused, apex, triton, liger or `rms_norm` implementation next to the manual code
@@ -119,8 +116,7 @@ class ManualRmsNorm(Rule):
             if target is not None:
                 if (mentions(self.ctx, outermost_scope(self.ctx), _FUSED_PATH) or self._is_gated(function)
                         or subclasses(self.ctx, self.ctx.class_, "torch.nn.RMSNorm")
-                        or in_compiled_code(self.ctx, reductions=True)
-                        or in_test_code(self.ctx) or in_reference_code(self.ctx)):
+                        or in_compiled_code(self.ctx, reductions=True)):
                     return
                 # Returned as it is, with no factor besides x: a norm without weight.
                 weightless = target is x and returned_affine(self.ctx, node) == "none"

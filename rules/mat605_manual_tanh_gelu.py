@@ -11,7 +11,7 @@ from matlint.rule import Only, Rule
 
 from matlint.semantic.flow import flow_of
 from matlint.semantic.kinds import may_mention
-from matlint.semantic.names import in_reference_code, in_test_code, mentions, outermost_scope, spelling
+from matlint.semantic.names import REFERENCE, TESTS, mentions, outermost_scope, spelling
 from matlint.semantic.pointwise import KERNEL_SWITCH, in_compiled_code, torch_op
 from matlint.semantic.shapes import module_assignments
 from matlint.semantic.tree import code_scope, walk
@@ -46,6 +46,7 @@ class _NotArithmetic(Exception):
 class ManualTanhGelu(Rule):
     code = "MAT605"
     name = "manual-tanh-gelu"
+    quiet_in = (TESTS, REFERENCE)
     summary = "The tanh approximation of GELU written out; `F.gelu(x, approximate=\"tanh\")` is one kernel."
     docs = """
     ## What it does
@@ -76,10 +77,6 @@ class ManualTanhGelu(Rule):
     ```
 
     ## Stays quiet on
-    - Tests (`test_*.py`, `*_test.py`, `conftest.py`, files under `tests/`, `test/` or `testing/`,
-      `test*` functions, `Test*` classes, fixtures) and reference implementations (a function
-      or class named with the word `ref` or `reference`: `attention_ref`, `_ReferenceAdam`),
-      which spell each step out on purpose to check a fused path against.
     - Classes and functions that also have a fused path: a kernel-hub decorator
       (transformers' `@use_kernel_forward_from_hub("NewGELU")`) or an `F.gelu` switch next to
       the formula (`GELUTanh(use_gelu_tanh_python=True)`): the formula is the fallback. Only
@@ -128,7 +125,7 @@ class ManualTanhGelu(Rule):
             if x is not None:
                 scope = outermost_scope(self.ctx)
                 if (mentions(self.ctx, scope, _FUSED_PATH) or self._is_torch_gelu_fallback(scope)
-                        or in_compiled_code(self.ctx) or in_test_code(self.ctx) or in_reference_code(self.ctx)):
+                        or in_compiled_code(self.ctx)):
                     return
                 self.report(candidate, 'hand-written tanh GELU: use `F.gelu(x, approximate="tanh")`, one '
                             "kernel instead of about nine", fix=self._fix(candidate, x, safe=not self._cast))

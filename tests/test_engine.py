@@ -4,6 +4,7 @@ import ast
 import gc
 import re
 import sys
+import textwrap
 
 import pytest
 
@@ -415,3 +416,77 @@ def test_walker_enters_parameter_defaults_but_not_annotations():
     calls = Calls()
     Walker(FileContext(source, "t.py", tree), [calls]).walk(tree)
     assert calls.seen == ["g3()", "g1()", "g6()", "g7()"]  # `arguments` field order: kw_defaults first
+
+
+QUIET_SCOPES_SOURCE = '''import pytest
+f()                                # 2: module level
+def test_loss():
+    f()                            # 4: a module-level test
+    def inner():
+        f()                        # 6: inside a test
+def test(model, loader):
+    f()                            # 8: a script's evaluation loop
+class TestModel:
+    def check(self):
+        f()                        # 11: a test class
+class Solver:
+    def test_multi(self):
+        f()                        # 14: a method of another class
+@pytest.fixture
+def data():
+    f()                            # 17: a fixture
+def attention_ref(q, k):
+    f()                            # 19: a reference implementation
+if __name__ == "__main__":
+    def test_main():
+        f()                        # 22: a module-level test under the main guard
+'''
+
+
+def _call_reporter(quiet):
+    from matlint.registry import _handlers
+    from matlint.rule import Rule
+
+    class EveryCall(Rule):
+        code, name, summary, docs = "MAT998", "every-call", "", ""
+        quiet_in = quiet
+
+        def visit_Call(self, node):
+            if isinstance(node.func, ast.Name) and node.func.id == "f":
+                self.report(node, "a call")
+
+    EveryCall._handlers = _handlers(EveryCall)
+    return EveryCall
+
+
+@pytest.mark.parametrize("quiet, rows", [
+    ((), [2, 4, 6, 8, 11, 14, 17, 19, 22]),
+    (("tests",), [2, 8, 14, 19]),
+    (("reference",), [2, 4, 6, 8, 11, 14, 17, 22]),
+    (("tests", "reference"), [2, 8, 14]),
+])
+def test_a_rule_reports_nothing_in_the_code_it_declares_itself_quiet_in(quiet, rows):
+    findings = lint_source(QUIET_SCOPES_SOURCE, "train.py", [_call_reporter(quiet)], prefilter=False)
+    assert [f.row for f in findings] == rows
+
+
+@pytest.mark.parametrize("filename", ["test_train.py", "train_test.py", "conftest.py", "tests/train.py",
+                                      "pkg/test/train.py", "testing/train.py"])
+def test_every_line_of_a_test_file_is_test_code(filename):
+    assert lint_source(QUIET_SCOPES_SOURCE, filename, [_call_reporter(("tests",))], prefilter=False) == []
+    assert len(lint_source(QUIET_SCOPES_SOURCE, filename, [_call_reporter(())], prefilter=False)) == 9
+
+
+def test_the_docs_state_each_declared_quiet_scope_once_from_its_declaration():
+    from matlint.registry import all_rules
+    from matlint.semantic.names import QUIET_SCOPES
+
+    declared = [cls for cls in all_rules() if cls.quiet_in]
+    assert len(declared) >= 10
+    for cls in all_rules():
+        docs = cls.rendered_docs()
+        quiet = docs[docs.index("## Stays quiet on"):] if "## Stays quiet on" in docs else ""
+        for kind, text in QUIET_SCOPES.items():
+            first_words = " ".join(text.split()[:3])
+            assert (first_words in " ".join(quiet.split())) == (kind in cls.quiet_in), (cls.code, kind)
+            assert first_words not in " ".join(textwrap.dedent(cls.docs).split()), cls.code  # not copied by hand

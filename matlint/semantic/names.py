@@ -236,49 +236,78 @@ class NameResolver:
         return any(v == module or (v and v.startswith(module + ".")) for v in self._scopes[0].values())
 
 
-def in_test_code(ctx) -> bool:
-    """The engine is inside a test: a `test_*.py` / `*_test.py` / `conftest.py` file, a
-    `tests/`, `test/` or `testing/` folder, a pytest fixture, a module-level `test_*` function,
-    or a test class (`Test*`, or a `unittest.TestCase`). A function named just `test`, or a
-    `test*` method of any other class (`Solver.test_multi`), is a training script's evaluation
-    loop, which no test runner collects: it is not a test."""
-    shared = ctx.shared
-    in_test_file = shared.get("in_test_file")
-    if in_test_file is None:
-        path = ctx.filename.replace("\\", "/")
-        base = path.rsplit("/", 1)[-1]
-        in_test_file = shared["in_test_file"] = (
-            base.startswith("test_") or base.endswith("_test.py") or base == "conftest.py"
-            or any(folder in "/" + path for folder in ("/tests/", "/test/", "/testing/")))
-    if in_test_file:
-        return True
-    for function in ctx.functions:
-        key = ("test_function", id(function))
-        is_test = shared.get(key)
-        if is_test is None:
-            is_test = shared[key] = any("fixture" in ast.unparse(d) for d in getattr(function, "decorator_list", ())) or (
-                getattr(function, "name", "").startswith("test_") and function is ctx.functions[0] and not ctx.classes)
-        if is_test:
-            return True
-    return any(c.name.startswith("Test") or any(ast.unparse(b).endswith("TestCase") for b in c.bases)
-               for c in ctx.classes)
+_REFERENCE_WORDS = frozenset({"ref", "reference"})
+
+# Code where a rule may declare itself quiet (`Rule.quiet_in`), and how its docs say so.
+TESTS = "tests"
+REFERENCE = "reference"
+QUIET_SCOPES = {
+    TESTS: "Tests (`test_*.py`, `*_test.py`, `conftest.py`, files under `tests/`, `test/` or "
+           "`testing/`, module-level `test_*` functions, pytest fixtures, `Test*` classes and "
+           "`unittest.TestCase`s). A function named just `test`, or a `test*` method of any other "
+           "class (`Solver.test_multi`), is a training script's evaluation loop, which no test "
+           "runner collects: it is checked",
+    REFERENCE: "Reference implementations (a function or class named with the word `ref` or "
+               "`reference`: `attention_ref`, `_ReferenceAdam`), which spell each step out on "
+               "purpose to check a fused path against",
+}
 
 
-def in_reference_code(ctx) -> bool:
-    """The engine is inside a reference implementation kept to check a fused one against:
-    a function or class named with the word `ref` or `reference` (`attention_ref`,
-    `_ReferenceAdEMAMix`, `reference_softmax`). Spelled out step by step on purpose."""
-    for scope in (*ctx.functions, *ctx.classes):
-        key = ("reference_scope", id(scope))
-        found = ctx.shared.get(key)
-        if found is None:
-            found = ctx.shared[key] = not _REFERENCE_WORDS.isdisjoint(name_tokens(getattr(scope, "name", "")))
-        if found:
+def _quiet_spans(ctx) -> dict:
+    """{TESTS: rows, REFERENCE: rows}: the (first, last) rows of the functions and classes that
+    are tests or reference implementations; TESTS is True for a whole test file. Read once per
+    file."""
+    found = ctx.shared.get("quiet_spans")
+    if found is not None:
+        return found
+    path = ctx.filename.replace("\\", "/")
+    base = path.rsplit("/", 1)[-1]
+    test_file = (base.startswith("test_") or base.endswith("_test.py") or base == "conftest.py"
+                 or any(folder in "/" + path for folder in ("/tests/", "/test/", "/testing/")))
+    tests, reference = [], []
+
+    def visit(body, top_level: bool) -> None:
+        for node in body:
+            if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
+                first = min([node.lineno] + [d.lineno for d in node.decorator_list])
+                span = (first, node.end_lineno)
+                if isinstance(node, ast.ClassDef):
+                    is_test = node.name.startswith("Test") or any(ast.unparse(b).endswith("TestCase") for b in node.bases)
+                else:
+                    is_test = any("fixture" in ast.unparse(d) for d in node.decorator_list) or (
+                        top_level and node.name.startswith("test_"))
+                if is_test:
+                    tests.append(span)
+                if not _REFERENCE_WORDS.isdisjoint(name_tokens(node.name)):
+                    reference.append(span)
+                visit(node.body, False)
+            else:
+                for field in ("body", "orelse", "finalbody", "handlers", "cases"):
+                    inner = getattr(node, field, None)
+                    if isinstance(inner, list):
+                        visit(inner, top_level)
+
+    visit(ctx.tree.body, True)
+    found = ctx.shared["quiet_spans"] = {TESTS: True if test_file else tuple(tests), REFERENCE: tuple(reference)}
+    return found
+
+
+def quiet_at(ctx, kinds, row: int) -> bool:
+    """Row `row` of the file is in code of one of `kinds` (TESTS, REFERENCE)."""
+    spans = _quiet_spans(ctx)
+    for kind in kinds:
+        rows = spans[kind]
+        if rows is True or any(first <= row <= last for first, last in rows):
             return True
     return False
 
 
-_REFERENCE_WORDS = frozenset({"ref", "reference"})
+def in_test_code(ctx) -> bool:
+    """The engine is inside a test (`QUIET_SCOPES[TESTS]`)."""
+    scopes = [s for s in (*ctx.functions, *ctx.classes) if not isinstance(s, ast.Lambda)]
+    row = max((s.lineno for s in scopes), default=0)
+    return quiet_at(ctx, (TESTS,), row)
+
 
 
 def spelling(ctx, qualname: str) -> Optional[str]:

@@ -11,7 +11,7 @@ from matlint.semantic.kinds import looks_like_tensor, may_mention, module_class_
 from matlint.rule import Only, Rule
 
 from matlint.semantic.loops import identifier, is_backward, is_optimizer_step, name_tokens, walk_no_scopes
-from matlint.semantic.names import in_test_code
+from matlint.semantic.names import TESTS, in_test_code
 from matlint.semantic.project import importer_texts, moves_work_to_cuda, names_cuda_work
 from matlint.semantic.shapes import method_of
 from matlint.semantic.torch_api import NO_GRAD_CONTEXTS
@@ -75,6 +75,7 @@ def _is_off(value: Optional[ast.AST]) -> bool:
 class NoMixedPrecision(Rule):
     code = "MAT401"
     name = "no-mixed-precision"
+    quiet_in = (TESTS,)
     summary = "A training step (`.backward()` plus an optimizer step) in a file that never enables bf16/fp16 autocast, a half-precision model or TF32."
     default_enabled = True
     docs = """
@@ -143,7 +144,7 @@ class NoMixedPrecision(Rule):
 
     ## Stays quiet on
     - Files with any of the signs above, including a precision flag it cannot evaluate
-      (`if args.amp:`), and training steps in tests (`test_*` functions, test files).
+      (`if args.amp:`).
     - Files that never mention CUDA or a device (CPU-only code, where bf16 autocast rarely
       pays), unless a project file that imports them does (`trainer.py` with the step, `main.py`
       that imports it and calls `.cuda()`: reported, and quiet when such a file names any

@@ -8,7 +8,7 @@ import re
 from matlint.rule import Only, Option, Rule
 
 from matlint.semantic import kinds as _kinds
-from matlint.semantic.names import in_test_code
+from matlint.semantic.names import TESTS
 
 # Layer -> its size parameters, in positional order, and which of them are GEMM dims.
 _LAYERS = {
@@ -41,6 +41,7 @@ def padded(dim: int) -> int:
 class GemmDimNotMultipleOf8(Rule):
     code = "MAT403"
     name = "gemm-dim-not-multiple-of-8"
+    quiet_in = (TESTS,)
     summary = "A layer size given as a literal that is not a multiple of 8, so its bf16/fp16 GEMMs miss the tensor-core fast path."
     options = {
         "min_dim": Option(int, 128, "sizes below this are ignored: the GEMMs of small heads cost little either way"),
@@ -88,7 +89,6 @@ class GemmDimNotMultipleOf8(Rule):
       nor does an embedding's width by itself (the `nn.Linear` layers that consume it are
       checked on their own).
     - Convolutions and other layers whose sizes do not map directly onto one GEMM's dims.
-    - Tests, whose tiny models are never worth padding.
 
     ## Fix safety
     No fix: padding a size changes the shapes the model computes. A padded `out_features`, or
@@ -106,7 +106,7 @@ class GemmDimNotMultipleOf8(Rule):
     def visit_Call(self, node: ast.Call) -> None:
         qualname = self.ctx.qualname(node.func)
         params = _LAYERS.get(qualname)
-        if params is None or any(isinstance(a, ast.Starred) for a in node.args) or in_test_code(self.ctx):
+        if params is None or any(isinstance(a, ast.Starred) for a in node.args):
             return
         given = dict(zip(params, node.args))
         given.update({k.arg: k.value for k in node.keywords if k.arg in params})

@@ -8,7 +8,7 @@ from matlint.rule import Only, Rule
 
 from matlint.semantic import kinds as _kinds
 from matlint.semantic.loops import LoopInfo, loaded_names, walk_no_scopes
-from matlint.semantic.names import in_test_code
+from matlint.semantic.names import TESTS
 
 # Element-wise functions an element expression may call, by qualified name or tensor method.
 _ELEMENTWISE_FUNCTIONS = {
@@ -83,6 +83,7 @@ def _range_bound(loop: LoopInfo) -> Optional[ast.AST]:
 class PerElementLoop(Rule):
     code = "MAT501"
     name = "per-element-loop"
+    quiet_in = (TESTS,)
     summary = "Tensor elements (or rows) computed one at a time in a Python `range` loop, one small op per element."
     docs = """
     ## What it does
@@ -152,7 +153,7 @@ class PerElementLoop(Rule):
       loop and reported), targets that are not known
       to be tensors (lists, numpy arrays), sums of products of indexed tensors over an index
       the target lacks (`s += a[i] * b[i]`, `C[i, j] += alpha * A[i, k] * B[k, j]`, also as
-      `C[i, j] = C[i, j] + ...`: a dot or matrix product, the loops family's rules), and tests.
+      `C[i, j] = C[i, j] + ...`: a dot or matrix product, the loops family's rules).
 
     ## Fix safety
     No fix: the vectorized form depends on the shapes and on what the loop covers.
@@ -177,7 +178,7 @@ class PerElementLoop(Rule):
         it = gen.iter
         if (gen.ifs or not isinstance(gen.target, ast.Name) or not isinstance(it, ast.Call)
                 or getattr(it.func, "id", None) != "range" or len(it.args) != 1 or it.keywords
-                or self._is_small(it.args[0]) or in_test_code(self.ctx)):
+                or self._is_small(it.args[0])):
             return
         picked = self._row_pick(comp.elt, gen.target.id)
         if picked is None:
@@ -260,7 +261,7 @@ class PerElementLoop(Rule):
                 return
         else:
             return
-        if in_test_code(self.ctx) or self._over_few_slabs(loops, target, value) or _writes_matrices(target):
+        if self._over_few_slabs(loops, target, value) or _writes_matrices(target):
             return
         recurrent, same_index = self._recurrence(outer.node)
         if recurrent:

@@ -15,7 +15,7 @@ from matlint.semantic.project import cpu_only_project, cpu_only_script, imported
 from matlint.semantic.loops import bound_names, loaded_names, walk_no_scopes
 from matlint.semantic.kinds import TYPED_TENSORS, cuda_tensor_type
 from matlint.semantic.steps import iterates_loader, loop_trains, repeating_loops, runs_once, samples_with_model, step_loop
-from matlint.semantic.names import in_reference_code, in_test_code
+from matlint.semantic.names import REFERENCE, TESTS
 from matlint.semantic.shapes import reduces_every_element, shape_of
 from matlint.semantic.tree import dotted
 
@@ -293,6 +293,7 @@ def _names(values: list) -> str:
 class HostSyncInLoop(_StepLoops, _HostReads, Rule):
     code = "MAT502"
     name = "host-sync-in-loop"
+    quiet_in = (TESTS, REFERENCE)
     summary = "A device-to-host sync (`.item()`, `.cpu()`, `float(t)`, `if t:` ...) on every step of a training or evaluation loop."
     docs = """
     ## What it does
@@ -463,10 +464,6 @@ class HostSyncInLoop(_StepLoops, _HostReads, Rule):
     ```
 
     ## Stays quiet on
-    - Tests (`test_*.py`, `*_test.py`, `conftest.py`, files under `tests/`, `test/` or `testing/`,
-      `test*` functions, `Test*` classes, fixtures) and reference implementations (a function
-      or class named with the word `ref` or `reference`: `attention_ref`, `_ReferenceAdam`),
-      which spell each step out on purpose to check a fused path against.
     - Values on the CPU by construction (`torch.tensor(...)` without a device, after `.cpu()`,
       batches straight from a `DataLoader` before they are moved), numpy arrays, Python numbers.
       For a name bound to host tensors in one place and device tensors in another (a notebook,
@@ -1194,8 +1191,6 @@ class HostSyncInLoop(_StepLoops, _HostReads, Rule):
                 return  # gated, or the loop's body leaves it after this (`...; return`): once
             training = loop_trains(self.ctx, loop)
             if (owner is None and self._used_now(node, loop)) or self._explained(node) or (not training and self._host_only(loop)):
-                return
-            if in_test_code(self.ctx) or in_reference_code(self.ctx):
                 return
             role = "training" if training else "evaluation" if iterates_loader(self.ctx, loop) else "sampling" \
                 if samples_with_model(self.ctx, loop) else "evaluation"

@@ -11,7 +11,6 @@ from matlint.semantic import kinds as _kinds
 from matlint.semantic.flow import nearby_comments
 from matlint.semantic.tree import function_text
 from matlint.semantic.loops import LoopInfo, file_trains, identifier as _identifier, loaded_names, name_tokens, walk_no_scopes
-from matlint.semantic.names import in_reference_code, in_test_code
 from matlint.semantic.project import (file_moves_to_cuda, imported_by_cuda_code, imported_by_training_code,
                                       imported_files, moves_work_to_cuda)
 from matlint.semantic.steps import (SCORING_WORDS, STEP_HOOKS, calls_a_step_method, configuration_test, gate_name,
@@ -241,7 +240,7 @@ class _StepLoops:
         loop = step_loop(self.ctx)
         if loop is not None:
             return loop
-        if self.ctx.function is None or in_test_code(self.ctx):
+        if self.ctx.function is None:
             return None
         if in_forward and _kinds.may_mention(self.ctx, "forward"):
             return step_of(self.ctx, self.ctx.functions)
@@ -300,7 +299,7 @@ class _StepLoops:
                 # and so does a sync where the other branch syncs too (`if relative: return
                 # d.mean().item()` / `else: return d.sum().item()`): every call waits
                 return None
-        if self._explained(node) or in_reference_code(self.ctx):
+        if self._explained(node):
             return None
         if (step.feeds_host or step.runs_model) and _returned(chain, node, function):
             # the caller hands the value to host code that needs it (an environment), or asked a

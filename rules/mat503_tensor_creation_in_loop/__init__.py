@@ -18,7 +18,7 @@ from matlint.rule import Only, Rule
 from matlint.semantic.kinds import (MODULE_CLASS, TENSOR, TYPED_TENSORS, class_attribute_values, cuda_tensor_type, kind_of,
                                     module_output)
 from matlint.semantic.project import moves_work_to_cuda
-from matlint.semantic.names import in_test_code
+from matlint.semantic.names import TESTS
 from matlint.semantic.steps import derives_from_module, per_step, step_functions
 
 from .advice import (created_on_device, fill_message, numpy_message, range_message, repeated_message, sample_message,
@@ -51,6 +51,7 @@ def _names_numpy_index_maker(ctx) -> bool:
 class TensorCreationInLoop(Rule):
     code = "MAT503"
     name = "tensor-creation-in-loop"
+    quiet_in = (TESTS,)
     summary = "A tensor created on the host and copied to the device on every loop iteration or forward call."
     docs = """
     ## What it does
@@ -269,7 +270,7 @@ class TensorCreationInLoop(Rule):
       make one tensor per listed shape (`torch.randn(1, *shape).to(device) for shape in
       input_shapes`: dummy inputs; the loop item is a size, not the fill value of
       `torch.full((b,), t)` for `t in timesteps`), code outside loops, `forward` and the functions that run every step, the
-      `forward` of a class known not to be an `nn.Module` (no base, `object`, `ABC`), and tests.
+      `forward` of a class known not to be an `nn.Module` (no base, `object`, `ABC`).
     - Caches filled on the first call: `self._mask = ...` under an `if` that tests `self._mask`
       (`if self._mask is None or self._mask.size(0) < T:`, `if not hasattr(self, "_mask"):`).
 
@@ -369,7 +370,7 @@ class TensorCreationInLoop(Rule):
             self._check_index(node, factory[0])
             return
         self._step = per_step(ctx)
-        if self._step is None or in_test_code(ctx) or runs_once_per_loop(ctx) or fills_a_cache(ctx):
+        if self._step is None or runs_once_per_loop(ctx) or fills_a_cache(ctx):
             return
         if cuda_type is not None:  # `Tensor(np.random.normal(...))` with `Tensor = torch.cuda.FloatTensor`
             self._check_numpy_data(node, node.args[0], '"cuda"' if ctx.qualname(func) else "device")
@@ -513,7 +514,7 @@ class TensorCreationInLoop(Rule):
         if not items or not all(is_constant_data(item) or set_once_attribute(ctx, item) for item in items):
             return
         self._step = per_step(ctx)
-        if self._step is None or in_test_code(ctx) or runs_once_per_loop(ctx) or fills_a_cache(ctx):
+        if self._step is None or runs_once_per_loop(ctx) or fills_a_cache(ctx):
             return
         self._constant(node, node, f"{ctx.segment(func.value)}.device")
 
@@ -572,7 +573,7 @@ class TensorCreationInLoop(Rule):
         if any((o.lineno, o.col_offset) < (node.lineno, node.col_offset) for o in others):
             return  # one finding for the subscript, at its first index made on the host
         self._step = per_step(ctx)
-        if self._step is None or in_test_code(ctx) or runs_once_per_loop(ctx) or fills_a_cache(ctx) \
+        if self._step is None or runs_once_per_loop(ctx) or fills_a_cache(ctx) \
                 or in_value_checked_branch(ctx):
             return
         # In a module's forward (or what it runs) the tensors are activations, on the model's

@@ -14,7 +14,7 @@ from matlint.semantic.calls import file_calls
 from matlint.semantic.kinds import identifier_text
 from matlint.semantic.steps import OPTIMIZERS, updates_every_step, updates_once
 from matlint.semantic.loops import LoopInfo, identifier, loaded_names, name_tokens
-from matlint.semantic.names import in_reference_code, in_test_code
+from matlint.semantic.names import REFERENCE, TESTS
 
 _PARAMETER_SOURCES = {"parameters", "named_parameters"}
 # Name tokens of a list of parameters (`self.shadow_params`, `model_params`, `parameters`).
@@ -43,6 +43,7 @@ def _zipped_lists(it: ast.AST) -> bool:
 class TinyOps(Rule):
     code = "MAT504"
     name = "tiny-ops"
+    quiet_in = (TESTS, REFERENCE)
     summary = "Per-parameter updates issued one small kernel at a time (`foreach=False`, a hand-written loop over `model.parameters()`)."
     docs = """
     ## What it does
@@ -91,10 +92,6 @@ class TinyOps(Rule):
     ```
 
     ## Stays quiet on
-    - Tests (`test_*.py`, `*_test.py`, `conftest.py`, files under `tests/`, `test/` or `testing/`,
-      `test*` functions, `Test*` classes, fixtures) and reference implementations (a function
-      or class named with the word `ref` or `reference`: `attention_ref`, `_ReferenceAdam`),
-      which spell each step out on purpose to check a fused path against.
     - Loops over parameters that launch no arithmetic: `p.requires_grad_(False)`,
       `p.grad = None`, `p.copy_(...)`, `p.zero_()`, initializers (`p.normal_()`), reading
       norms into a list.
@@ -188,7 +185,7 @@ class TinyOps(Rule):
         foreach = next((k for k in node.keywords if k.arg == "foreach"), None)
         if foreach is None or not (isinstance(foreach.value, ast.Constant) and foreach.value.value is False):
             return
-        if in_test_code(self.ctx) or any(k.arg == "differentiable" for k in node.keywords):
+        if any(k.arg == "differentiable" for k in node.keywords):
             return  # differentiable optimizers (meta-learning) choose their implementation for autograd
         if any(k.arg == "fused" and not (isinstance(k.value, ast.Constant) and not k.value.value) for k in node.keywords):
             return  # `fused=True` (or a fused flag set elsewhere) already runs one kernel for all parameters
@@ -244,7 +241,7 @@ class TinyOps(Rule):
         function = self.ctx.function
         if function is not None and (updates_once(getattr(function, "name", "")) or self._uses_foreach(function)):
             return
-        if in_test_code(self.ctx) or in_reference_code(self.ctx) or self._does_other_work(loop) or not updates_every_step(self.ctx, loop):
+        if self._does_other_work(loop) or not updates_every_step(self.ctx, loop):
             return
         self._reported_loops.add(id(loop.node))
         self.report(node, f"this loop over parameters (line {loop.node.lineno}) launches small kernels for every "

@@ -9,7 +9,7 @@ from matlint.rule import Only, Rule
 
 from matlint.semantic import kinds as _kinds
 from matlint.semantic.calls import file_calls
-from matlint.semantic.names import in_test_code
+from matlint.semantic.names import TESTS
 
 _COMPILE = "torch.compile"
 # Calls that end dynamo's graph in the default configuration, and what to write instead.
@@ -70,6 +70,7 @@ def _captures_scalars(ctx) -> bool:
 class CompileGraphBreak(Rule):
     code = "MAT505"
     name = "compile-graph-break"
+    quiet_in = (TESTS,)
     summary = ("Code under `torch.compile` that dynamo cannot keep in one graph (`.item()`, `print()`, "
                "a branch on a tensor), or compiled code that recompiles.")
     docs = """
@@ -119,7 +120,6 @@ class CompileGraphBreak(Rule):
     - The same calls in functions the file does not compile (MAT502 covers syncs in loops).
     - `.item()` where the file sets `torch._dynamo.config.capture_scalar_outputs = True`
       (dynamo then keeps it in the graph).
-    - Tests (`test_*.py`, `test*` functions...).
     - Functions compiled in another file (`torch.compile(model)` of a model imported from
       elsewhere): the static half cannot see them; the guard reports their breaks at run time.
 
@@ -141,7 +141,7 @@ class CompileGraphBreak(Rule):
         else:
             return
         function = self.ctx.function
-        if function is None or id(function) not in _compiled_functions(self.ctx) or in_test_code(self.ctx):
+        if function is None or id(function) not in _compiled_functions(self.ctx):
             return
         shown = f"`.{what}()`" if what != "print" else "`print()`"
         self.report(node, f"{shown} in `{function.name}`, which runs under torch.compile, breaks the graph: "

@@ -14,7 +14,7 @@ from matlint.semantic.kinds import int_const
 from matlint.semantic.layout import rank_of
 from matlint.semantic.loops import walk_no_scopes
 from matlint.semantic.tree import code_scope
-from matlint.semantic.names import in_reference_code, in_test_code, mentions, outermost_scope
+from matlint.semantic.names import REFERENCE, TESTS, mentions, outermost_scope
 
 from matlint.rules.mat101_python_loop_matmul import PythonLoopMatmul
 
@@ -42,6 +42,7 @@ def _flattened_rows(scores: ast.AST, dim: ast.AST) -> Optional[tuple]:
 class ManualAttention(_ScoresPattern, _WeightsPattern, _OperandLayout, _SdpaFix, Rule):
     code = "MAT601"
     name = "manual-attention"
+    quiet_in = (TESTS, REFERENCE)
     summary = ("Attention written out by hand (`softmax(q @ kᵀ * scale [+ mask]) @ v`); "
                "`F.scaled_dot_product_attention` runs it as one fused kernel.")
     docs = """
@@ -107,10 +108,6 @@ class ManualAttention(_ScoresPattern, _WeightsPattern, _OperandLayout, _SdpaFix,
     ```
 
     ## Stays quiet on
-    - Tests (`test_*.py`, `*_test.py`, `conftest.py`, files under `tests/`, `test/` or `testing/`,
-      `test*` functions, `Test*` classes, fixtures) and reference implementations (a function
-      or class named with the word `ref` or `reference`: `attention_ref`, `_ReferenceAdam`),
-      which spell each step out on purpose to check a fused path against.
     - Functions and classes that already use `scaled_dot_product_attention`, or switch to a
       fused path (flash-attn, xformers, `flex_attention`, an `attn_implementation` /
       `fused_attn` / `use_sdpa` switch, `hasattr(F, "scaled_dot_product_attention")`), and manual
@@ -228,8 +225,6 @@ class ManualAttention(_ScoresPattern, _WeightsPattern, _OperandLayout, _SdpaFix,
             return
         if probs.returned and (self._has_sdpa_path() or self._callers_keep_weights(flow, probs)):
             return  # the eager path kept for callers that ask for the weights (`output_attentions`)
-        if in_test_code(self.ctx) or in_reference_code(self.ctx):
-            return
         if upcast:
             scores.steps.append(("cast",))
         operands = self._operands(flow, scores, probs)
