@@ -552,24 +552,47 @@ def is_backward(node: ast.AST) -> bool:
     return isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute) and node.func.attr == "backward"
 
 
-def is_optimizer_step(node: ast.AST) -> bool:
+def is_optimizer_step(node: ast.AST, optimizers: frozenset = frozenset()) -> bool:
     """`opt.step()`, `optimizer.step()`, `self.optim.step()`, `optD.step()`, `scaler.step(opt)`,
     `self.critic_optimizer[agent].step()` (one optimizer of a list); not `optimal_x.step()` or
-    `self.options.step()`."""
+    `self.options.step()`. `optimizers`: names the file binds to an optimizer whatever they say
+    (`optimizer_names`: `self.trainer.step()` after `self.trainer = T.optim.Adam(...)`)."""
     if not (isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute) and node.func.attr == "step"):
         return False
     owner = node.func.value
     while isinstance(owner, ast.Subscript):
         owner = owner.value
     return any(token in _OPTIMIZER_TOKENS or token.endswith(_OPTIMIZER_SUFFIXES)
-               for token in name_tokens(identifier(owner)))
+               for token in name_tokens(identifier(owner))) or bool(optimizers) and dotted(owner) in optimizers
+
+
+def optimizer_names(ctx) -> frozenset:
+    """The names and `self.<attr>`s that the file binds to a `torch.optim` optimizer it makes
+    (`self.trainer = T.optim.Adam(params, lr=lr)`, `G_solver = optim.Adam(...)`), read once per file."""
+    found = ctx.shared.get("optimizer_names")
+    if found is None:
+        names = set()
+        if may_mention(ctx, "optim"):
+            for node in walk(ctx.tree):
+                if node.__class__ is ast.Assign and node.value.__class__ is ast.Call and len(node.targets) == 1:
+                    qual = ctx.qualname(node.value.func) or ""
+                    module, _, name = qual.rpartition(".")
+                    if module in ("torch.optim", "torch.optim.sgd", "torch.optim.adam", "torch.optim.adamw") \
+                            and name[:1].isupper():
+                        target = dotted(node.targets[0])
+                        if target:
+                            names.add(target)
+        found = ctx.shared["optimizer_names"] = frozenset(names)
+    return found
 
 
 def is_training_loop(ctx, loop: LoopInfo) -> bool:
     """The loop body itself (not a nested loop) calls `.backward()` or an optimizer's `.step()`."""
     key = ("training_loop", id(loop.node))
     if key not in ctx.shared:
-        ctx.shared[key] = may_train(ctx) and any(is_backward(n) or is_optimizer_step(n) for n in loop.direct_nodes())
+        optimizers = optimizer_names(ctx)
+        ctx.shared[key] = may_train(ctx) and any(is_backward(n) or is_optimizer_step(n, optimizers)
+                                                 for n in loop.direct_nodes())
     return ctx.shared[key]
 
 
@@ -733,6 +756,7 @@ def file_trains(ctx) -> bool:
         found = False
         if may_mention(ctx, "backward") and may_mention(ctx, "step"):
             nodes = [n for n in walk(ctx.tree) if n.__class__ is ast.Call]
-            found = any(is_backward(n) for n in nodes) and any(is_optimizer_step(n) for n in nodes)
+            optimizers = optimizer_names(ctx)
+            found = any(is_backward(n) for n in nodes) and any(is_optimizer_step(n, optimizers) for n in nodes)
         ctx.shared["file_trains"] = found
     return found

@@ -35,7 +35,7 @@ from .calls import argument_for, file_calls
 from .file import Position
 from .kinds import imported_class
 from .loops import (LoopInfo, _attribute_paths, bound_names, file_trains, identifier, is_backward,
-                    is_optimizer_step, is_training_loop, loaded_names, may_run_training_step, name_tokens,
+                    is_optimizer_step, is_training_loop, loaded_names, may_run_training_step, name_tokens, optimizer_names,
                     walk_no_scopes)
 from .project import (SCRIPT_PROJECT_FILES, imported_definition, imported_definitions, imported_function,
                       importers, in_script_project, while_unchanged)
@@ -63,12 +63,13 @@ class Step(NamedTuple):
     runs_model: bool = False
 
 
-def _trains(nodes) -> tuple:
-    """(calls `.backward()`, calls an optimizer's `.step()`) among `nodes`."""
+def _trains(nodes, optimizers: frozenset = frozenset()) -> tuple:
+    """(calls `.backward()`, calls an optimizer's `.step()`) among `nodes`; `optimizers`: as
+    `is_optimizer_step` takes them."""
     backward = step = False
     for node in nodes:
         backward = backward or is_backward(node)
-        step = step or is_optimizer_step(node)
+        step = step or is_optimizer_step(node, optimizers)
     return backward, step
 
 
@@ -503,7 +504,7 @@ def step_functions(ctx) -> dict:
     closures = []  # the closures that functions which set up their optimizer hand to its `step`
     for function in calls.functions:
         nodes = list(_outside_loops(function.body)) if trains else []
-        backward, step = _trains(nodes)
+        backward, step = _trains(nodes, optimizer_names(ctx))
         if step and not backward:
             stepped = _closures_of_own_optimizer(function, nodes)
             if stepped:
@@ -1380,7 +1381,8 @@ def is_step_loop(ctx, loop: LoopInfo) -> bool:
         training = loop_trains(ctx, loop)
         # A loop that steps an optimizer is a training step whatever it goes over; one that
         # only runs backward passes may go over the tasks of one step.
-        steps = training and any(is_optimizer_step(n) for n in loop.direct_nodes())
+        optimizers = optimizer_names(ctx)
+        steps = training and any(is_optimizer_step(n, optimizers) for n in loop.direct_nodes())
         ctx.shared[key] = ((training or iterates_loader(ctx, loop) or samples_with_model(ctx, loop)
                             or evaluates_with_model(ctx, loop))
                            and not (not training and one_off(ctx))
@@ -1558,7 +1560,7 @@ def _calls_a_training_step(ctx, loop: LoopInfo) -> bool:
 def runs_a_training_step(ctx, call: ast.Call) -> bool:
     """`call` runs a function that is one training step (see `_calls_a_training_step`)."""
     definition = _called_definition(ctx, file_calls(ctx), call.func)
-    return definition is not None and all(_trains(_outside_data_loops(definition.body)))
+    return definition is not None and all(_trains(_outside_data_loops(definition.body), optimizer_names(ctx)))
 
 
 def _outside_data_loops(body):

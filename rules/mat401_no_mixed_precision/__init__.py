@@ -10,7 +10,7 @@ from typing import Optional
 from matlint.semantic.kinds import looks_like_tensor, may_mention, module_class_of
 from matlint.rule import Only, Rule
 
-from matlint.semantic.loops import identifier, is_backward, is_optimizer_step, name_tokens, walk_no_scopes
+from matlint.semantic.loops import identifier, is_backward, is_optimizer_step, name_tokens, optimizer_names, walk_no_scopes
 from matlint.semantic.names import TESTS, in_test_code
 from matlint.semantic.project import importer_texts, moves_work_to_cuda, names_cuda_work
 from matlint.semantic.shapes import method_of
@@ -190,7 +190,8 @@ class NoMixedPrecision(Rule):
         key = ("mat401_steps", id(owner))
         if key not in self.ctx.shared:
             body = owner.body if isinstance(owner.body, list) else [owner.body]
-            self.ctx.shared[key] = any(is_optimizer_step(n) or self._steps_through_held_class(n)
+            optimizers = optimizer_names(self.ctx)
+            self.ctx.shared[key] = any(is_optimizer_step(n, optimizers) or self._steps_through_held_class(n)
                                        for stmt in body for n in walk_no_scopes(stmt))
         return self.ctx.shared[key]
 

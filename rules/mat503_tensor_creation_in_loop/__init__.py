@@ -338,7 +338,7 @@ class TensorCreationInLoop(Rule):
             held = host_attribute(ctx, carrier, moved)
             if held is not None:
                 attribute, factory = held
-            elif func.attr in ("cuda", "to") and moved is func.value:
+            elif isinstance(func, ast.Attribute) and func.attr in ("cuda", "to") and moved is func.value:
                 self._remade_every_step(node, carrier)
         self._check_made(node, moved, factory, made_at, helper, helper_path, attribute)
 
