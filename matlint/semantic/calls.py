@@ -16,7 +16,7 @@ import re
 from collections import Counter
 from typing import NamedTuple, Optional
 
-from .tree import block_fields, child_nodes, dotted, identifier_text, is_main_guard
+from .tree import block_fields, child_nodes, dotted, identifier_text, is_main_guard, walk_no_scopes
 
 _FUNCTIONS = (ast.FunctionDef, ast.AsyncFunctionDef)
 _LOOPS = (ast.For, ast.AsyncFor, ast.While)
@@ -72,6 +72,10 @@ class FileCalls:
         # Names the text calls somewhere besides their `def`: only statements that spell one of
         # them can call a function of the file (most statements are not read further).
         names = set(self.module_functions).union(*(table.keys() for table in self.methods.values()))
+        # Functions defined inside a function (`def loss_fn(...)` in `main`), called in it by name.
+        self._nested_names = frozenset(_NESTED_DEF.findall(text)) - names if text else frozenset()
+        self._nested: dict = {}            # id(function) -> its `_nested_definitions`
+        names |= self._nested_names
         called = [name for name in names if text.count(name + "(") >= 2] if text else sorted(names)
         called += [name for name in self.classes if name not in names and (not text or name + "(" in text)]
         # Instances of the file's classes and of what project modules define, by the name or
@@ -176,7 +180,12 @@ class FileCalls:
         file's, or `(path, name)` of what a project module defines (`imported`)."""
         func = call.func
         if isinstance(func, ast.Name):
-            target = self.module_functions.get(func.id)
+            # a function defined in one around the call; its sites are recorded (what runs every
+            # step), but `callee` leaves it out: it is read from inside its enclosing function
+            target = self._nested_function(func.id, functions) if func.id in self._nested_names and functions \
+                else None
+            if target is None:
+                target = self.module_functions.get(func.id)
             if target is not None:
                 yield id(target), False, False
             elif func.id in self.instances:
@@ -217,6 +226,17 @@ class FileCalls:
                 and self.imported[func.value.id][1] is None):  # `at.tonumpy(x)`, `at` a project module
             yield (self.imported[func.value.id][0], func.attr), False, True
 
+    def _nested_function(self, name: str, functions: tuple) -> Optional[ast.AST]:
+        """The function that `name` calls inside `functions` (outermost first) where one of them
+        defines it: the innermost that binds the name, if that binding is one `def` alone."""
+        for function in reversed(functions):
+            table = self._nested.get(id(function))
+            if table is None:
+                table = self._nested[id(function)] = _nested_definitions(function)
+            if name in table:
+                return table[name]
+        return None
+
     def call_sites(self, function: ast.AST) -> list:
         return self.sites.get(id(function), [])
 
@@ -237,6 +257,36 @@ class FileCalls:
             for table in self.methods.values():
                 self._by_id.update((id(f), f) for f in table.values())
         return self._by_id
+
+
+_NESTED_DEF = re.compile(r"^[ \t]+(?:async[ \t]+)?def[ \t]+(\w+)", re.MULTILINE)
+
+
+def _nested_definitions(function: ast.AST) -> dict:
+    """{name: the function} for the names `function` binds in its own body (its nested scopes
+    aside): a function defined there, where that one `def` is the name's only binding; None for
+    a name bound otherwise too (it may hold anything)."""
+    defined: dict = {}
+    stored: set = set()
+    stack = list(function.body)
+    while stack:  # its statements and those of its blocks, not of nested scopes
+        stmt = stack.pop()
+        if isinstance(stmt, _FUNCTIONS):
+            defined.setdefault(stmt.name, []).append(stmt)
+        elif isinstance(stmt, ast.ClassDef):
+            stored.add(stmt.name)
+        else:
+            for field in block_fields(stmt.__class__):
+                stack.extend(getattr(stmt, field))
+    for stmt in function.body:
+        for node in walk_no_scopes(stmt):
+            if node.__class__ is ast.Name and node.ctx.__class__ is not ast.Load:
+                stored.add(node.id)
+    args = function.args
+    stored.update(a.arg for a in args.posonlyargs + args.args + args.kwonlyargs + [args.vararg, args.kwarg] if a)
+    found = {name: None for name in stored}
+    found.update((name, defs[0] if len(defs) == 1 and name not in stored else None) for name, defs in defined.items())
+    return found
 
 
 _INSTANCE = re.compile(r"(?<![\w.])((?:self\.)?[A-Za-z_]\w*)[ \t]*=[ \t]*([A-Za-z_]\w*)\(")

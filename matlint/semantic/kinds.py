@@ -270,7 +270,8 @@ class ScopeKinds(BuiltOnFirstUse):
 
     def _build(self) -> None:
         owner = self.owner
-        # name -> list of ("value", expr) / ("elem", iter, path) / ("unpack", expr, index) / ("kind", k)
+        # name -> list of ("value", expr) / ("elem", iter, path[, the for loop, the name]) /
+        # ("unpack", expr, index) / ("kind", k)
         # / ("kind", k, annotated value)
         self.assigned: dict = {}
         self.methods_used: dict = {}  # name -> set of attribute names used on it
@@ -291,6 +292,8 @@ class ScopeKinds(BuiltOnFirstUse):
 
     def _bind(self, target: ast.AST, entry) -> None:
         if isinstance(target, ast.Name):
+            if entry[0] == "elem" and len(entry) == 4:
+                entry += (target.id,)  # the name whose items the loop may store into
             self.assigned.setdefault(target.id, []).append(entry)
         elif isinstance(target, (ast.Tuple, ast.List)):
             starred = False
@@ -299,7 +302,7 @@ class ScopeKinds(BuiltOnFirstUse):
                     starred = True
                     self._bind(elt.value, ("kind", LIST))
                 elif entry[0] == "elem":
-                    self._bind(elt, ("elem", entry[1], entry[2] + (i,)))
+                    self._bind(elt, ("elem", entry[1], entry[2] + (i,)) + entry[3:])
                 elif entry[0] == "value":
                     # After `*rest` the targets count from the end: `*rest, last = 1, 2, 3`.
                     self._bind(elt, ("unpack", entry[1], i - len(target.elts) if starred else i))
@@ -321,7 +324,7 @@ class ScopeKinds(BuiltOnFirstUse):
         elif what == "augassign":
             self._bind(node.target, ("aug", node))
         elif what == "for":
-            self._bind(node.target, ("elem", node.iter, ()))
+            self._bind(node.target, ("elem", node.iter, (), node))
 
     def _collect(self, root: ast.AST) -> None:
         stack = [root]
@@ -528,6 +531,14 @@ def _chain(ctx) -> list:
     return [scope_kinds(ctx, f) for f in reversed(ctx.functions)] + [scope_kinds(ctx, ctx.tree)]
 
 
+def _stores_items(loop: ast.AST, name: str) -> bool:
+    """The body of the `for` loop `loop` stores into an item of `name`, which its target binds
+    (`for batch in loader:` ... `batch[k] = v.cuda()`)."""
+    return any(node.__class__ is ast.Assign and any(
+        t.__class__ is ast.Subscript and t.value.__class__ is ast.Name and t.value.id == name for t in node.targets)
+        for stmt in loop.body for node in walk_no_scopes(stmt))
+
+
 def bindings(ctx, name: str) -> Optional[list]:
     """The assignments of `name` in the innermost scope around the walker that binds it, as
     `ScopeKinds.assigned` records them; None where no scope binds it."""
@@ -644,7 +655,10 @@ class _Inference:
                     return whole  # `scores, lengths = model(x, n)`: a module's outputs, where it runs
             return None
         if tag == "elem":
-            return sub.element(entry[1], entry[2])
+            kind = sub.element(entry[1], entry[2])
+            if kind == CPU_TENSOR and len(entry) == 5 and _stores_items(entry[3], entry[4]):
+                return None  # `batch[k] = to_var(v)` in the loop: its items may move, whatever the loader gave
+            return kind
         if tag == "param":
             return self._passed(entry[1], entry[2])
         if tag == "class":

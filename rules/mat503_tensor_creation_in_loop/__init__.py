@@ -165,7 +165,8 @@ class TensorCreationInLoop(Rule):
       copied on every iteration; copy them once before the loop;
     - an uninitialised tensor allocated on the host and moved (`torch.Tensor(2, 4).to(d)`: the
       arguments are sizes; so is a tensor's `x.shape`, a `torch.Size`, but not a numpy
-      array's): `torch.empty(2, 4, device=d)`;
+      array's, and one argument spelled as a whole number, `len(batch)`, `x.size(0)`, `int(n)`;
+      one name, `torch.LongTensor(ids)`, is data): `torch.empty(2, 4, device=d)`;
     - an array that numpy draws or fills on the host on every pass and that is copied to the
       device: `torch.from_numpy(np.random.randn(b, d)).cuda()`, `torch.tensor(np.zeros(n),
       device=d)`, `w = np.ones_like(r)` (also unpacked: `w, idx = np.ones_like(r), None`) then

@@ -123,7 +123,18 @@ def legacy_sizes(ctx, name: str, call: ast.Call) -> bool:
     if len(call.args) > 1:
         return True
     size = call.args[0]
-    return isinstance(size, ast.Constant) and type(size.value) is int or _is_tensor_size(ctx, size)
+    return isinstance(size, ast.Constant) and type(size.value) is int or _is_tensor_size(ctx, size) \
+        or _whole_number(ctx, size)
+
+
+def _whole_number(ctx, expr: ast.AST) -> bool:
+    """`len(x)`, `int(n)`, `x.size(0)`, `x.shape[0]`: spelled as a whole number."""
+    if isinstance(expr, ast.Call) and expr.args and not expr.keywords:
+        if isinstance(expr.func, ast.Name) and expr.func.id in ("len", "int") and ctx.qualname(expr.func) is None:
+            return len(expr.args) == 1
+        return isinstance(expr.func, ast.Attribute) and expr.func.attr == "size" and len(expr.args) == 1
+    return isinstance(expr, ast.Subscript) and isinstance(expr.value, ast.Attribute) and expr.value.attr == "shape" \
+        and isinstance(expr.slice, (ast.Constant, ast.UnaryOp))
 
 
 def _is_tensor_size(ctx, expr: ast.AST) -> bool:
