@@ -6,7 +6,7 @@ import ast
 
 from matlint.rule import Rule
 
-from matlint.semantic.kinds import module_class_of
+from matlint.semantic.kinds import class_attribute_values, keeps_itself, module_class_of
 from matlint.semantic.loops import bound_names, loaded_names, updates_weights, walk_no_scopes
 from matlint.semantic.shapes import method_of, self_name_of
 from matlint.rule import GemmVisitor
@@ -65,7 +65,7 @@ def _relaid(value: ast.AST, param: str) -> bool:
     return isinstance(value, ast.Name) and value.id == param
 
 
-def _projection_of(cls: ast.ClassDef, forward, param: str, qualname):
+def _projection_of(ctx, cls: ast.ClassDef, forward, param: str, qualname):
     """(the call `self.layer(param)` in `forward` of a projection (`_projection_layer`) that
     `cls` builds in `__init__` and stores nowhere else, the layout `param` is given first or
     None): `param` is never rebound in `forward`, or only by one statement of its body that lays
@@ -89,9 +89,8 @@ def _projection_of(cls: ast.ClassDef, forward, param: str, qualname):
                 and isinstance(sub.args[0], ast.Name) and sub.args[0].id == param
                 and isinstance(sub.func, ast.Attribute) and isinstance(sub.func.value, ast.Name)
                 and sub.func.value.id == self_name and (layout is None or sub.lineno > layout.lineno)):
-            stores = [value for stmt in ast.walk(cls) if isinstance(stmt, ast.Assign) for target in stmt.targets
-                      if isinstance(target, ast.Attribute) and target.attr == sub.func.attr
-                      for value in [stmt.value]]
+            stores = [value for method, value in class_attribute_values(ctx, cls, sub.func.attr)
+                      if not keeps_itself(method, value, sub.func.attr)]  # `self.W = self.W.cuda()` keeps it
             if stores and all(_projection_layer(v, qualname) for v in stores):
                 return sub, layout
     return None
@@ -343,7 +342,7 @@ class LoopInvariantProjection(GemmVisitor, Rule):
             if (loop.depends_on_iteration(fixed) or loop.changes(fixed) or loop.reads_carried(fixed)
                     or loop.reads_carried(arg) or any(isinstance(sub, ast.Call) for sub in ast.walk(fixed))):
                 continue  # a call may give another value each step (`self.decoder.get_query()` reads its state)
-            found = _projection_of(cls, forward, param, qualname)
+            found = _projection_of(self.ctx, cls, forward, param, qualname)
             if found is None:
                 continue
             layer, layout = found

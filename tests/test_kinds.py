@@ -757,3 +757,36 @@ def test_a_name_a_project_module_binds_once_to_a_number_is_a_number_where_it_is_
     (tmp_path / "train.py").write_text(source)
     findings = lint_source(source, str(tmp_path / "train.py"), [_Reveal], prefilter=False)
     assert [f.message for f in findings] == ["scalar", "scalar", "None", "None"]
+
+
+@pytest.mark.parametrize("move, kind", [("self.h = self.h.cuda()", "tensor"), ("self.h = self.h.float()", "cpu_tensor"),
+                                        ("self.h = self.h.cpu()", "cpu_tensor")])
+def test_an_attribute_moved_where_it_is_stored_keeps_its_kind_on_the_device_it_was_moved_to(move, kind):
+    assert kinds(f"""
+        import torch
+        import torch.nn as nn
+        class Net(nn.Module):
+            def __init__(self, d):
+                super().__init__()
+                self.fc = nn.Linear(d, d)
+                self.fc = self.fc.cuda()
+                self.h = torch.zeros(d)
+                {move}
+            def forward(self, x):
+                reveal(self.fc)
+                reveal(self.h)
+        """) == ["linear", kind]
+
+
+def test_a_loader_batch_whose_items_the_loop_stores_into_is_not_known_to_stay_on_the_host():
+    assert kinds('''
+        import torch
+        from torch.utils.data import DataLoader
+        def train(dataset, to_var):
+            for batch in DataLoader(dataset):
+                reveal(batch)
+                for k in ("input", "target"):
+                    batch[k] = to_var(batch[k])
+            for other in DataLoader(dataset):
+                reveal(other)
+        ''') == ["None", "cpu_tensor"]

@@ -1291,15 +1291,33 @@ def class_attribute_kind(ctx, cls: ast.ClassDef, attr: str) -> Optional[str]:
         result = ctx.shared[cache_key]
         return None if result is _RECURSING else result
     ctx.shared[cache_key] = _RECURSING
-    kinds = []
+    kinds, moves = [], []
     for method, value in entries:
+        if keeps_itself(method, value, attr) and len(entries) > 1:
+            moves.append(value.func.attr)  # `self.i2h = self.i2h.cuda()`: what the other assignments made, moved
+            continue
         inference = _Inference(ctx, [scope_kinds(ctx, method), scope_kinds(ctx, ctx.tree)])
         kinds.append(inference.expr(value))
     result = _Inference._combine(kinds)
+    if moves and result in TENSORS:  # a tensor moved is on the device it was moved to
+        where = {CPU_TENSOR if move == "cpu" else TENSOR if move in ("cuda", "to") else result for move in moves}
+        result = _Inference._combine([result, *where])
     if result is None and _called_as_module(ctx, cls, attr, entries):
         result = USER_MODULE
     ctx.shared[cache_key] = result
     return result
+
+
+def keeps_itself(method: ast.AST, value: ast.AST, attr: str) -> bool:
+    """`value`, stored in `self.<attr>` by `method`, is that attribute moved or retyped
+    (`self.i2h.cuda()`, `self.net.to(device)`, `self.emb.float()`): of the kind it was."""
+    if not (isinstance(value, ast.Call) and isinstance(value.func, ast.Attribute)
+            and (value.func.attr in ("cuda", "to", "cpu") or value.func.attr in _KIND_KEEPING_METHODS)):
+        return False
+    receiver = value.func.value
+    params = method.args.posonlyargs + method.args.args
+    return (isinstance(receiver, ast.Attribute) and receiver.attr == attr and isinstance(receiver.value, ast.Name)
+            and bool(params) and receiver.value.id == params[0].arg)
 
 
 # Methods only a module has (an optimizer also has `zero_grad` and `state_dict`).

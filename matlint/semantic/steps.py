@@ -376,6 +376,33 @@ def _tests_around(body: list, call: ast.Call, tests: tuple) -> Optional[tuple]:
     return None
 
 
+def _trains_in_every(arms: Optional[list]) -> bool:
+    return bool(arms) and all(trains_in(arm) for arm in arms)
+
+
+def _arms_around(body: list, call: ast.Call) -> Optional[list]:
+    """The arms (`body` or `orelse`) of the `if` statements around `call` among `body`'s
+    statements, outermost first; None where `call` is in a test, a handler or a nested scope."""
+    arms = []
+    while True:
+        stmt = next((s for s in body if s.lineno <= call.lineno and call.end_lineno <= (s.end_lineno or s.lineno)), None)
+        if stmt is None or isinstance(stmt, _SCOPES) or isinstance(stmt, _TRY) and any(
+                h.lineno <= call.lineno <= h.end_lineno for h in stmt.handlers):
+            return None
+        if isinstance(stmt, ast.If):
+            if stmt.test.lineno <= call.lineno <= stmt.test.end_lineno:
+                return None
+            arm = stmt.body if stmt.body and call.lineno <= (stmt.body[-1].end_lineno or 0) else stmt.orelse
+            arms.append(arm)
+            body = arm
+            continue
+        blocks = [s for f in ("body", "orelse", "finalbody") for s in getattr(stmt, f, None) or []
+                  if isinstance(s, ast.stmt)]
+        if not any(s.lineno <= call.lineno <= (s.end_lineno or s.lineno) for s in blocks):
+            return arms
+        body = blocks
+
+
 def _calls_the_same(body: list, call: ast.Call) -> bool:
     """A statement of `body` (not in a nested function or another `if`) calls what `call` calls,
     spelled the same way (`utils.update_metrics`)."""
@@ -572,8 +599,11 @@ def _step_at(ctx, found: dict, site, where: str = "") -> Optional[Step]:
     loops = site.loops
     caller = found.get(id(site.functions[-1])) if site.functions else None
     if site.conditional and not (site.functions and _mode_branch(ctx, site)):
-        if caller is not None or not loops or _tests_around(loops[-1].body, site.call, ()) != ():
-            return None  # `if self.debug: self.log_grads()`: not every step
+        if caller is not None or not loops or _tests_around(loops[-1].body, site.call, ()) != () and not _trains_in_every(
+                _arms_around(loops[-1].body, site.call)):
+            # `if self.debug: self.log_grads()`: not every step; but a branch that trains
+            # (`if (i + 1) % n_critic == 0: ... g_opt.step(); accumulate(g_ema, g)`) is a step
+            return None
         # under a branch outside its loop (`if step % 250 == 0: for ex in examples: score(ex)`):
         # that loop, where it runs, calls it on every pass; the loops outside the branch do not
         loops = loops[-1:]
