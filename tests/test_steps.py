@@ -827,3 +827,46 @@ def test_a_relay_that_calls_the_helper_on_every_call_configured_so_relays_it(tmp
         """
     files = {"metrics.py": _METRICS, "utils.py": utils, "evaluate.py": evaluate}
     assert _mat502_rows(tmp_path, files, "metrics.py") == [6]
+
+
+def test_an_assert_in_a_helper_that_a_modules_forward_calls_from_another_file_is_reported(tmp_path):
+    """`assert torch.max(idx).item() < n` in a project helper that a model's `forward` calls, in a
+    program that trains on the GPU: a check that is no part of the computation, on every step
+    (syncs of the computation a forward needs stay the model's own)."""
+    utils = """\
+        import torch
+
+        def idx2onehot(idx, n):
+            assert torch.max(idx).item() < n
+            onehot = torch.zeros(idx.size(0), n, device=idx.device)
+            return onehot.scatter_(1, idx.unsqueeze(1), 1)
+
+        def lengths_of(mask):
+            return int(mask.sum().item())
+        """
+    models = """\
+        import torch
+        import torch.nn as nn
+        from utils import idx2onehot, lengths_of
+
+        class Encoder(nn.Module):
+            def __init__(self):
+                super().__init__()
+                self.fc = nn.Linear(794, 256)
+            def forward(self, x, c, mask):
+                n = lengths_of(mask)
+                return self.fc(torch.cat((x[:, :n], idx2onehot(c, 10)), dim=-1))
+        """
+    train = """\
+        import torch
+        from models import Encoder
+
+        model = Encoder().cuda()
+        opt = torch.optim.Adam(model.parameters())
+        for x, c, mask in loader:
+            loss = model(x.cuda(), c.cuda(), mask.cuda()).pow(2).mean()
+            opt.zero_grad()
+            loss.backward()
+            opt.step()
+        """
+    assert _mat502_rows(tmp_path, {"utils.py": utils, "models.py": models, "train.py": train}, "utils.py") == [4]

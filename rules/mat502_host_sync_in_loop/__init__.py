@@ -984,7 +984,10 @@ class HostSyncInLoop(_StepLoops, _HostReads, Rule):
             if self._step_context(in_forward=True) is not None:  # `if self.initialized.item() == 0:`
                 self._report(node, "`.item()`", _COUNTER, value=receiver)
             return
-        if self._step_context() is None or self._chain_already_synced(receiver):
+        # in an `assert` (`assert x.max().item() < n`), a check that is no part of the computation:
+        # a module's `forward` counts too, as for the assert itself
+        in_assert = isinstance(self.ctx.statement(), ast.Assert)
+        if self._step_context(in_forward=in_assert) is None or self._chain_already_synced(receiver):
             return
         kind = _kinds.kind_of(self.ctx, receiver)
         if kind == _kinds.TENSOR and isinstance(receiver, ast.Name):

@@ -270,7 +270,7 @@ class _StepLoops:
         # A model's `forward` branches on its data on purpose (routing, variable lengths): only
         # what a step's own code does counts, and a loss module's `forward`, which computes the
         # step's loss (its syncs, box matching through masks, wait on every training step)
-        return None if step is None or step.forward and not step.loss else step
+        return None if step is None or step.forward and not step.loss and not in_forward else step
 
     def _in_step_function(self, node: ast.AST) -> Optional[str]:
         """For a sync in a function that runs every step, outside any loop of its own: why it runs

@@ -124,7 +124,8 @@ class TensorCreationInLoop(Rule):
       `torch.full((n,), i, device=d)`; also nested or written as a comprehension, through a
       legacy typed constructor: `torch.LongTensor([[SOS for _ in range(b)]]).to(d)` is
       `torch.full((1, b), SOS, dtype=torch.long, device=d)`, where `SOS` may be a number a
-      project module binds once: `from load import SOS`), and a range
+      project module binds once: `from load import SOS`, or an attribute repeated by a count,
+      `[self.vocab.SOS] * batch_size`), and a range
       (`torch.LongTensor(range(n)).to(d)`: `torch.arange(n, dtype=torch.long, device=d)`);
     - a tensor an `nn.Module`'s set-up keeps on the host as a plain attribute (not a buffer or
       parameter, never changed later: `self.pe = positional_encoding(d, n)` of a function of the

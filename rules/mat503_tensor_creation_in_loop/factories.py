@@ -277,20 +277,32 @@ def repeated_number(ctx, expr: ast.AST, depth: int = 0) -> Optional[tuple]:
     """(the number, the shape) of a nest of lists of one Python number (a loop variable over a
     range, arithmetic of numbers): `[i] * n` or `n * [i]` is `(n,)`, `[i for _ in range(n)]` too,
     `[[i]] * n` is `(n, 1)` and `[[i] * n]` is `(1, n)`; a shape holds count expressions and 1s.
+    Repeated by a count, the one value may also be an attribute not known to hold anything else
+    (`[self.vocab.SOS] * batch_size`, set up once); not alone (`[[self.token]]`, which may be a
+    value read off a tensor), nor a name (`[box] * 4` of a loop's item may repeat a list).
     `torch.full(shape, i, device=d)` fills it on the device. None for anything else."""
+    found = _repeated(ctx, expr, 0)
+    if found is None or _is_number(ctx, found[0]):
+        return found
+    repeated = [d for d in found[1] if not (d == 1 if isinstance(d, int) else isinstance(d, ast.Constant) and d.value == 1)]
+    return found if repeated else None
+
+
+def _repeated(ctx, expr: ast.AST, depth: int) -> Optional[tuple]:
     if depth > 4:
         return None
-    if depth and _is_number(ctx, expr):
+    if depth and (_is_number(ctx, expr) or isinstance(expr, ast.Attribute)
+                  and kind_of(ctx, expr) in (None, _kinds.SCALAR)):
         return expr, ()
     if isinstance(expr, ast.BinOp) and isinstance(expr.op, ast.Mult):
         for items, count in ((expr.left, expr.right), (expr.right, expr.left)):
             if isinstance(items, ast.List) and len(items.elts) == 1 and not isinstance(count, (ast.List, ast.Tuple)):
-                inner = repeated_number(ctx, items.elts[0], depth + 1)
+                inner = _repeated(ctx, items.elts[0], depth + 1)
                 if inner is not None:
                     return inner[0], (count,) + inner[1]
         return None
     if isinstance(expr, ast.List) and len(expr.elts) == 1:
-        inner = repeated_number(ctx, expr.elts[0], depth + 1)
+        inner = _repeated(ctx, expr.elts[0], depth + 1)
         # `[i]` alone is a constant or a number of the pass (see `computed_number`); inside a nest it is a row
         return (inner[0], (1,) + inner[1]) if inner is not None and (depth or inner[1]) else None
     if isinstance(expr, ast.ListComp) and len(expr.generators) == 1:
@@ -302,7 +314,7 @@ def repeated_number(ctx, expr: ast.AST, depth: int = 0) -> Optional[tuple]:
         own = {n.id for n in ast.walk(gen.target) if isinstance(n, ast.Name)}
         if any(isinstance(n, ast.Name) and n.id in own for n in ast.walk(expr.elt)):
             return None  # `[t for t in range(n)]`: a range, not one value
-        inner = repeated_number(ctx, expr.elt, depth + 1)
+        inner = _repeated(ctx, expr.elt, depth + 1)
         return (inner[0], (it.args[0],) + inner[1]) if inner is not None else None
     return None
 
