@@ -1,5 +1,6 @@
 """Which functions of a file run every step (`matlint/semantic/steps.py`), and the call sites that
 say so (`matlint/semantic/calls.py`), read at the engine's position of each `reveal()` call."""
+import os
 import textwrap
 
 from matlint.engine import lint_source
@@ -870,3 +871,51 @@ def test_an_assert_in_a_helper_that_a_modules_forward_calls_from_another_file_is
             opt.step()
         """
     assert _mat502_rows(tmp_path, {"utils.py": utils, "models.py": models, "train.py": train}, "utils.py") == [4]
+
+
+def test_methods_called_through_a_parameter_that_every_call_passes_one_instance_run_every_step(tmp_path):
+    """`def train_pg(g, opt): for ...: s = g.sample(n) ... opt.step()`, called only as
+    `train_pg(gen, opt)` after `gen = generator.Generator(...)` (then `gen = gen.cuda()`): the
+    loop runs `Generator.sample` on every step. A parameter the calls fill with something else
+    too says nothing."""
+    from matlint.engine import lint_source
+    from matlint.registry import get_rule
+
+    generator = """\
+        import torch
+        import torch.nn as nn
+
+        class Generator(nn.Module):
+            def sample(self, n):
+                samples = torch.zeros(n, 20).type(torch.LongTensor)
+                return samples.cuda()
+        """
+    main = """\
+        import torch
+        import generator
+
+        def train_pg(g, opt, batches):
+            for _ in range(batches):
+                s = g.sample(64)
+                loss = g(s).mean()
+                opt.zero_grad()
+                loss.backward()
+                opt.step()
+
+        if __name__ == "__main__":
+            gen = generator.Generator()
+            gen = gen.cuda()
+            opt = torch.optim.Adam(gen.parameters())
+            train_pg(gen, opt, 100)
+        """
+    (tmp_path / "generator.py").write_text(textwrap.dedent(generator))
+    rows = lambda: [f.row for f in lint_source((tmp_path / "generator.py").read_text(), str(tmp_path / "generator.py"),
+                                              [get_rule("MAT503")])]
+    (tmp_path / "main.py").write_text(textwrap.dedent(main))
+    assert rows() == [6]
+    both = textwrap.dedent(main).replace("    train_pg(gen, opt, 100)", "    train_pg(gen, opt, 100)\n    train_pg(other, opt, 1)")
+    assert both != textwrap.dedent(main)
+    (tmp_path / "main.py").write_text(both)
+    later = (tmp_path / "main.py").stat().st_mtime + 10  # the project's files are read again once changed
+    os.utime(tmp_path / "main.py", (later, later))
+    assert rows() == []

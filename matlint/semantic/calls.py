@@ -65,6 +65,7 @@ class FileCalls:
             self.classes.pop(name, None)
         self._tree, self._text = tree, text
         self._walked = False               # the calls are found on first use (`_walk_once`)
+        self._held: Optional[dict] = None  # while `_follow_held_instances` walks a function: its parameters' instances
         self._by_id: Optional[dict] = None  # id(FunctionDef) -> it, for `callee`
         self._functions: list = []
         self._sites: dict = {}
@@ -126,6 +127,38 @@ class FileCalls:
         else:
             self._call_lines = None
         self._walk(self._tree, (), None, (), False)
+        self._follow_held_instances()
+
+    def _follow_held_instances(self) -> None:
+        """`def train(gen, opt): ... gen.sample(n)`, where every call of the module-level function
+        `train` in the file passes, for `gen`, one instance the file binds by name (`gen =
+        Generator(...)`, `gen = generator.Generator(...)`) and the function never rebinds it: the
+        calls of methods through the parameter are calls of that class's methods."""
+        known = {name: ("own", cls) for name, cls in self.instance_classes.items()}
+        known.update((name, ("imported", source)) for name, source in self.imported_instances.items())
+        if not known:
+            return
+        for function in self.module_functions.values():
+            sites = self._sites.get(id(function))
+            if not sites:
+                continue
+            rebound = {n.id for stmt in function.body for n in walk_no_scopes(stmt)
+                       if n.__class__ is ast.Name and n.ctx.__class__ is not ast.Load}
+            held = {}
+            for param in function.args.posonlyargs + function.args.args:
+                if param.arg in rebound:
+                    continue
+                passed = {known.get(dotted(arg) or "") if arg is not None else None
+                          for arg in (argument_for(site, function, param.arg) for site in sites)}
+                if len(passed) == 1 and None not in passed:
+                    held[param.arg] = passed.pop()
+            if held:
+                self._held, lines = held, self._call_lines
+                self._call_lines = None
+                try:
+                    self._walk(function, (function,), None, (), False)
+                finally:
+                    self._held, self._call_lines = None, lines
 
     def _may_call(self, stmt: ast.AST) -> bool:
         if self._call_lines is None:
@@ -140,7 +173,8 @@ class FileCalls:
         for field in block_fields(node.__class__):
             for child in getattr(node, field):
                 if isinstance(child, _FUNCTIONS):
-                    self._functions.append(child)
+                    if self._held is None:
+                        self._functions.append(child)
                     self._calls_in(child, functions, cls, loops, conditional, skip=("body",))
                     self._walk(child, functions + (child,), cls, (), False)
                 elif isinstance(child, ast.ClassDef):
@@ -179,6 +213,17 @@ class FileCalls:
         """(key, bound, imported) for each definition `call` may run: `id(FunctionDef)` of the
         file's, or `(path, name)` of what a project module defines (`imported`)."""
         func = call.func
+        if self._held is not None:  # `_follow_held_instances`: only the calls through its parameters
+            if (isinstance(func, ast.Attribute) and isinstance(func.value, ast.Name) and len(functions) == 1
+                    and func.value.id in self._held):
+                how, held = self._held[func.value.id]
+                if how == "own":
+                    target = self.methods[id(held)].get(func.attr)
+                    if target is not None and not _is_static(target):
+                        yield id(target), True, False
+                else:
+                    yield (held[0], f"{held[1]}.{func.attr}"), False, True
+            return
         if isinstance(func, ast.Name):
             # a function defined in one around the call; its sites are recorded (what runs every
             # step), but `callee` leaves it out: it is read from inside its enclosing function
@@ -289,25 +334,34 @@ def _nested_definitions(function: ast.AST) -> dict:
     return found
 
 
-_INSTANCE = re.compile(r"(?<![\w.])((?:self\.)?[A-Za-z_]\w*)[ \t]*=[ \t]*([A-Za-z_]\w*)\(")
+_INSTANCE = re.compile(r"(?<![\w.])((?:self\.)?[A-Za-z_]\w*)[ \t]*=[ \t]*((?:[A-Za-z_]\w*\.)?[A-Za-z_]\w*)\(")
 _ASSIGNED = re.compile(r"(?<![\w.])((?:self\.)?[A-Za-z_]\w*)[ \t]*=(?!=)")
+# `gen = gen.cuda()`: the same instance, moved; no other binding
+_MOVED_AGAIN = re.compile(r"(?<![\w.])((?:self\.)?[A-Za-z_]\w*)[ \t]*=[ \t]*\1\.(?:cuda|to|cpu|float|double|half|train|eval)\(")
 
 
 def _bound_instances(text: str, classes: dict, imported: dict) -> tuple:
     """({name or "self.attr": the class of the file}, {name or "self.attr": (path, name) of what a
-    project module defines}) for the names the text binds once, and to nothing else, to a call of
-    a class of the file or of an imported name (`agent = Agent(...)`, `self.memory = Replay(n)`).
-    One scan of the text for both."""
+    project module defines}) for the names the text binds once, and to nothing else but itself
+    moved (`gen = gen.cuda()`), to a call of a class of the file or of an imported name (`agent =
+    Agent(...)`, `self.memory = Replay(n)`, `gen = generator.Generator(...)`). One scan of the
+    text for both."""
     own, other = {}, {}
     counts = None
     for match in _INSTANCE.finditer(text):
         name, made = match.groups()
-        cls = classes.get(made)
-        source = imported.get(made) if cls is None else None
+        module, _, made = made.rpartition(".")
+        if module:  # `gen = generator.Generator(...)` after `import generator`
+            path = imported.get(module)
+            cls, source = None, (path[0], made) if path is not None and path[1] is None and made[:1].isupper() else None
+        else:
+            cls = classes.get(made)
+            source = imported.get(made) if cls is None else None
         if cls is None and (source is None or source[1] is None):
             continue
         if counts is None:  # how often each name is assigned anything, read once
             counts = Counter(_ASSIGNED.findall(text))
+            counts.subtract(_MOVED_AGAIN.findall(text))
         if counts[name] == 1:
             if cls is not None:
                 own[name] = cls
