@@ -617,7 +617,7 @@ def _only_carried(ctx, flow, assign: ast.Assign, within: Optional[ast.AST]) -> b
             continue  # a wrapped copy left on the CPU path reads nothing
         elif uninitialised and _passed(flow.parent, use):
             continue  # `match(..., conf_t, idx)`: filled where it was made
-        elif not _moved_on_other_path(ctx, flow, assign, use):
+        elif not _moved_on_other_path(ctx, flow, assign, use) and not _moved_in_other_arm(ctx, flow, assign, use):
             return False  # read as it is, on the host
     return moved or within is not None
 
@@ -669,6 +669,13 @@ def _moved_on_other_path(ctx, flow, assign: ast.Assign, use: ast.Name) -> bool:
                 reaching is assign for reaching, _ in flow.reaching_all(inner)):
             return True
     return False
+
+
+def _moved_in_other_arm(ctx, flow, assign: ast.Assign, use: ast.Name) -> bool:
+    """`use` reads `assign`'s tensor as it is in one arm of an `if` whose other arm moves it (`if
+    self.gpu: return h.cuda()` / `else: return h`): the CPU path's copy."""
+    return any(other is not use and moved_by(ctx, flow.parent, other) is not None and flow.in_exclusive_arms(other, use)
+               for other in flow.uses(assign))
 
 
 def moved_by(ctx, parent: dict, expr: ast.AST) -> Optional[ast.Call]:
