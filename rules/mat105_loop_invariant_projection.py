@@ -137,7 +137,10 @@ class LoopInvariantProjection(GemmVisitor, Rule):
     `self.in_proj(self.embed(tgt[:, t]))`) and a loop-invariant weight, and nothing from the
     recurrent state. The
     message gives the hoisted call and how the loop reads it (`proj[t]`, with the loop's own
-    counter, or iterating over `proj` in place of `x`).
+    counter, or iterating over `proj` in place of `x`). A name read after an assignment of the
+    step's slice in the same pass counts as the slice, though other passes give it another value
+    (teacher forcing: `ynext = y[:, t]` in one arm, the step before's prediction in the other,
+    where the read of the prediction stays quiet).
     MAT101 stays quiet on recurrences; this rule covers the part of them that is not sequential.
 
     It also looks into a step function the loop calls with the step's slice and the recurrent
@@ -371,7 +374,7 @@ class LoopInvariantProjection(GemmVisitor, Rule):
         step_input = stepped[0]
         if isinstance(step_input, ast.Name) and step_input.id not in loop.targets:
             # `x_t = x[t]` then `x_t @ W`: judge the assigned value.
-            assigned = self._loop_gemms._single_assignment(loop, step_input.id)
+            assigned = self._loop_gemms._assigned_value(loop, step_input)
             item = self._loop_gemms._batched(loop, assigned, 0, transforms=True) if assigned is not None else None
         else:
             item = self._loop_gemms._batched(loop, step_input, 0, transforms=True)

@@ -483,6 +483,61 @@ def test_a_number_converted_to_a_tensor_later_is_not_a_tensor_before():
         """) == ["None"]
 
 
+def test_a_value_converted_to_a_tensor_in_one_arm_is_a_tensor():
+    """`if isinstance(x, np.ndarray): x = torch.from_numpy(x); y = torch.from_numpy(y)`: the
+    function makes sure its inputs are tensors, whatever it was given. A conversion in the
+    function's own body (every call runs it), or in an arm of a test of the value rather than of
+    its type (trl's `generalized_jsd_loss`), says nothing of what the parameter held before it."""
+    assert kinds("""
+        import numpy as np
+        import torch
+        def forward(x, y, beta, gamma):
+            if isinstance(x, np.ndarray):
+                x = torch.from_numpy(x).float()
+                y = torch.from_numpy(y).float()
+            reveal(y)
+            reveal(beta)
+            reveal(gamma)
+            beta = torch.tensor(beta)
+            if gamma == 0:
+                return x
+            else:
+                gamma = torch.tensor(gamma, device=x.device)
+            return x * gamma
+        """) == ["tensor", "None", "None"]
+
+
+def test_an_item_of_a_python_list_of_modules_is_that_module():
+    """Per-agent networks kept in a plain list (`[Critic(d) for _ in range(n)]`), a copy of it
+    (`deepcopy(self.critics)`) and a list filled by `append`: an item is the module, and calling
+    it gives what its `forward` returns, a tensor (`self.FC4(h)` is a layer of the module, not an
+    output record, whatever its capitals). A list of numbers gives numbers."""
+    assert kinds("""
+        import copy
+        import torch
+        from torch import nn
+        class Critic(nn.Module):
+            def __init__(self, d):
+                super().__init__()
+                self.FC4 = nn.Linear(d, 1)
+            def forward(self, s):
+                return self.FC4(s)
+        class Agents:
+            def __init__(self, d, n):
+                self.critics = [Critic(d) for _ in range(n)]
+                self.critics_target = copy.deepcopy(self.critics)
+                self.actors = []
+                for _ in range(n):
+                    self.actors.append(Critic(d))
+                self.var = [1.0 for _ in range(n)]
+            def update(self, s, i):
+                reveal(self.critics[i])
+                reveal(self.critics_target[i](s))
+                reveal(self.actors[i](s))
+                reveal(self.var[i])
+        """) == ["user_module", "tensor", "tensor", "scalar"]
+
+
 def test_what_a_function_passes_an_instance_of_a_class_of_the_file_flows_into_its_forward():
     """`criterion(pred, boxes)` in the training function, `criterion = YoloLoss()`: the loss's
     `forward` gets device tensors; a call in the module's `__main__` smoke test says nothing."""

@@ -497,6 +497,37 @@ _CONVERSIONS = frozenset({"torch.tensor", "torch.as_tensor", "torch.from_numpy",
                           "torch.LongTensor"})
 
 
+def converts_own_value(ctx, value: ast.AST, name: str) -> bool:
+    """`value` makes a tensor of what `name` holds (`torch.from_numpy(y)`, `torch.tensor(y,
+    device=d)`), also with dtype and layout methods after it (`torch.from_numpy(y).float()`)."""
+    while (value.__class__ is ast.Call and value.func.__class__ is ast.Attribute
+           and value.func.attr in _KIND_KEEPING_METHODS and ctx.qualname(value.func) is None):
+        value = value.func.value
+    return (value.__class__ is ast.Call and bool(value.args) and value.args[0].__class__ is ast.Name
+            and value.args[0].id == name and ctx.qualname(value.func) in _CONVERSIONS)
+
+
+def _converts_by_type(ctx, owner: ast.AST, value: ast.AST, name: str) -> bool:
+    """`value` makes a tensor of `name` (`converts_own_value`) in the body of an `if` that tests
+    the type of what it was given (`if isinstance(y, np.ndarray):`, `if not torch.is_tensor(y):`,
+    also of another input converted alike in the same body): the code makes sure `name` holds a
+    tensor, whatever it was given."""
+    if not converts_own_value(ctx, value, name):
+        return False
+    from .flow import flow_of  # flow reads identifiers through this module
+    flow = flow_of(ctx, owner)
+    statement = flow.statement(value)
+    branch = flow.parent.get(statement)
+    if branch.__class__ is not ast.If or not any(stmt is statement for stmt in branch.body):
+        return False
+    converted = {stmt.targets[0].id for stmt in branch.body if stmt.__class__ is ast.Assign
+                 and len(stmt.targets) == 1 and stmt.targets[0].__class__ is ast.Name
+                 and converts_own_value(ctx, stmt.value, stmt.targets[0].id)}
+    return any(n.__class__ is ast.Call and bool(n.args) and n.args[0].__class__ is ast.Name and n.args[0].id in converted
+               and (n.func.__class__ is ast.Name and n.func.id in ("isinstance", "type")
+                    or ctx.qualname(n.func) == "torch.is_tensor") for n in ast.walk(branch.test))
+
+
 def _converted_uses(ctx, owner: ast.AST) -> set:
     """ids of the reads of a name that follow, in the same block, a statement rebinding it to a
     tensor made of its own value (`beta = torch.tensor(beta, device=d)`, then `torch.log(beta)`):
@@ -510,9 +541,8 @@ def _converted_uses(ctx, owner: ast.AST) -> set:
             for k, stmt in enumerate(block):
                 if stmt.__class__ is not ast.Assign or len(stmt.targets) != 1 or stmt.targets[0].__class__ is not ast.Name:
                     continue
-                value, name = stmt.value, stmt.targets[0].id
-                if value.__class__ is ast.Call and value.args and value.args[0].__class__ is ast.Name \
-                        and value.args[0].id == name and ctx.qualname(value.func) in _CONVERSIONS:
+                if converts_own_value(ctx, stmt.value, stmt.targets[0].id):
+                    name = stmt.targets[0].id
                     found.update(id(n) for later in block[k + 1:] for n in ast.walk(later)
                                  if n.__class__ is ast.Name and n.id == name)
     return found
@@ -589,7 +619,13 @@ class _Inference:
                 if cached is not None or ident in scope.cache:
                     return cached
                 scope.cache[ident] = _RECURSING
-                result = self._combine([self.entry(e, chain[depth:]) for e in scope.assigned[ident]])
+                entries = scope.assigned[ident]
+                kinds = [self.entry(e, chain[depth:]) for e in entries]
+                if any(e[0] == "value" and _converts_by_type(self.ctx, scope.owner, e[1], ident) for e in entries):
+                    # `if isinstance(y, np.ndarray): y = torch.from_numpy(y)`: what the other
+                    # bindings hold, where unknown, is the tensor the conversion makes sure of
+                    kinds = [TENSOR if k is None else k for k in kinds]
+                result = self._combine(kinds)
                 if result is None:
                     result = scope_evidence(self.ctx, scope).get(ident)
                 scope.cache[ident] = result
@@ -818,7 +854,7 @@ class _Inference:
                 return SCALAR
             # `self.layers[i]` where `self.layers` is a container on one path and a layer on
             # another: only the container can be indexed.
-            if base in (MODULE_LIST, MODULE, OTHER) or base is None and isinstance(node.value, ast.Attribute):
+            if base in (MODULE_LIST, MODULE, OTHER, LIST) or base is None and isinstance(node.value, ast.Attribute):
                 return self._container_item(node)
             return None
         if isinstance(node, (ast.BinOp,)):
@@ -927,6 +963,8 @@ class _Inference:
                 arg_kinds = {self.expr(a) for a in node.args}
                 if arg_kinds <= set(TENSORS) and TENSOR in arg_kinds:
                     return TENSOR
+        elif isinstance(func, ast.Subscript):
+            callee = self.expr(func)  # `self.critics[i](s, a)`
         elif isinstance(func, ast.Attribute):
             receiver = self._expr(func.value)
             if receiver.__class__ is _Held:
@@ -1060,7 +1098,11 @@ class _Inference:
             values = [e[1] for e in bindings(self.ctx, func.id) or () if e[0] == "value"]
         elif isinstance(func, ast.Attribute) and self.is_self(func.value):
             values = [value for _, value in class_attribute_values(self.ctx, self.cls, func.attr)]
+        elif isinstance(func, ast.Subscript):  # `self.critics[i]` after `self.critics = [Critic(d) for ...]`
+            values = [value for _, value in self._container_items(func) or ()]
         else:
+            return None
+        if not values:
             return None
         classes = set()
         for value in values:
@@ -1161,6 +1203,16 @@ class _Inference:
         """`self.blocks[0]`, `self.layers["proj"]`: the kind of the item a fixed key picks out of a
         container that `__init__` builds and the class never changes in place, from the
         expressions that build that item (all of a comprehension's items are built by one)."""
+        items = self._container_items(node)
+        if not items:
+            return None
+        kinds = [_Inference(self.ctx, [scope_kinds(self.ctx, method), scope_kinds(self.ctx, self.ctx.tree)]).expr(item)
+                 for method, item in items]
+        return self._combine(kinds)
+
+    def _container_items(self, node: ast.Subscript) -> Optional[list]:
+        """[(method, expression)] building the item `node` picks out of a container of the class
+        (see `_container_item`); None where they cannot be told."""
         container = node.value
         key = fixed_key(node.slice)
         if key is None:
@@ -1170,7 +1222,7 @@ class _Inference:
             return None
         # A layer on another path (`if individual: ModuleList ... else: nn.Linear`) cannot be
         # indexed: the item comes from the containers.
-        entries = [(method, value) for method, value in class_attribute_values(self.ctx, cls, container.attr)
+        entries = [(method, value) for method, value in self._copied_values(cls, container.attr)
                    if not _unindexable_layer(self.ctx, value)]
         built = [(method, module_container(self.ctx, value)) for method, value in entries]
         if container.attr in mutated_attributes(self.ctx, cls):
@@ -1187,9 +1239,21 @@ class _Inference:
                 if item is None:
                     return None
                 items.append((method, item[0]))
-        kinds = [_Inference(self.ctx, [scope_kinds(self.ctx, method), scope_kinds(self.ctx, self.ctx.tree)]).expr(item)
-                 for method, item in items]
-        return self._combine(kinds) if kinds else None
+        return items
+
+    def _copied_values(self, cls: ast.ClassDef, attr: str) -> list:
+        """[(method, value)] the class stores in `self.<attr>`, with a copy of another attribute
+        (`self.critics_target = deepcopy(self.critics)`) read as what that attribute holds."""
+        found = []
+        for method, value in class_attribute_values(self.ctx, cls, attr):
+            if (value.__class__ is ast.Call and len(value.args) == 1 and not value.keywords
+                    and self.ctx.qualname(value.func) in ("copy.deepcopy", "copy.copy")
+                    and value.args[0].__class__ is ast.Attribute and self.is_self(value.args[0].value)
+                    and value.args[0].attr != attr):
+                found.extend(class_attribute_values(self.ctx, cls, value.args[0].attr))
+            else:
+                found.append((method, value))
+        return found
 
     def _qualified_call(self, qual: str, node: ast.Call) -> Optional[str]:
         module, _, attr = qual.rpartition(".")
@@ -1271,11 +1335,16 @@ def _forward_returns_one_tensor(cls: ast.ClassDef) -> bool:
     if forward is None:
         return False
     returns = [n.value for n in walk_no_scopes(forward) if isinstance(n, ast.Return)]
+    params = forward.args.posonlyargs + forward.args.args
+    self_name = params[0].arg if params else None
     for value in returns:
         if value is None or isinstance(value, (ast.Tuple, ast.List, ast.Dict, ast.Set)):
             return False
         if isinstance(value, ast.Call):
-            name = value.func.attr if isinstance(value.func, ast.Attribute) else getattr(value.func, "id", "")
+            func = value.func
+            if isinstance(func, ast.Attribute) and isinstance(func.value, ast.Name) and func.value.id == self_name:
+                continue  # `self.FC4(h)`: a layer of the module, whatever its name
+            name = func.attr if isinstance(func, ast.Attribute) else getattr(func, "id", "")
             if name[:1].isupper():
                 return False
     return bool(returns)
@@ -1488,36 +1557,44 @@ class ModuleContainer:
 def module_container(ctx, value: ast.AST) -> Optional[ModuleContainer]:
     """The container `value` builds, when it is a `torch.nn` container call whose items can be
     read: positional modules (`nn.Sequential(a, b)`), a literal list or tuple, a literal dict with
-    str keys, or a list/generator/dict comprehension. None otherwise (a list built elsewhere,
+    str keys, or a list/generator/dict comprehension; or a Python list itself, literal or a
+    comprehension (`[Critic(d) for _ in range(n)]`). None otherwise (a list built elsewhere,
     `*layers`, `**more`, an `OrderedDict`)."""
+    if isinstance(value, (ast.List, ast.Tuple, ast.ListComp)):
+        return _listed(value)
     if not isinstance(value, ast.Call) or value.keywords or ctx.qualname(value.func) not in _MODULE_CONTAINERS:
         return None
     qual = ctx.qualname(value.func)
     if qual == "torch.nn.Sequential" and not (len(value.args) == 1 and isinstance(value.args[0], (
             ast.List, ast.ListComp, ast.GeneratorExp))):
-        items = value.args
-    elif len(value.args) != 1 or qual == "torch.nn.Sequential":
+        return _listed(ast.Tuple(elts=value.args))
+    if len(value.args) != 1 or qual == "torch.nn.Sequential":
         return None if value.args or qual == "torch.nn.Sequential" else ModuleContainer({})
-    else:
-        items = value.args[0]
-        if isinstance(items, (ast.List, ast.Tuple)) and qual == "torch.nn.ModuleList":
-            items = items.elts
-        elif isinstance(items, ast.Dict) and qual == "torch.nn.ModuleDict":
-            if not all(isinstance(k, ast.Constant) and isinstance(k.value, str) for k in items.keys):
-                return None  # `**more` (a None key) may replace any item
-            return ModuleContainer(dict(zip((k.value for k in items.keys), items.values)))
-        elif isinstance(items, (ast.ListComp, ast.GeneratorExp, ast.DictComp)) and (
-                isinstance(items, ast.DictComp) == (qual == "torch.nn.ModuleDict")):
-            every = items.value if isinstance(items, ast.DictComp) else items.elt
-            own = {n.id for gen in items.generators for n in ast.walk(gen.target) if isinstance(n, ast.Name)}
-            varies = any(isinstance(n, ast.Name) and n.id in own for n in ast.walk(every))
-            return ModuleContainer({}, every, varies)
-        else:
-            return None
-    if any(isinstance(item, ast.Starred) for item in items):
+    items = value.args[0]
+    if isinstance(items, ast.Dict) and qual == "torch.nn.ModuleDict":
+        if not all(isinstance(k, ast.Constant) and isinstance(k.value, str) for k in items.keys):
+            return None  # `**more` (a None key) may replace any item
+        return ModuleContainer(dict(zip((k.value for k in items.keys), items.values)))
+    if isinstance(items, ast.DictComp) and qual == "torch.nn.ModuleDict":
+        return _listed(items)
+    if isinstance(items, (ast.List, ast.Tuple, ast.ListComp, ast.GeneratorExp)) and qual == "torch.nn.ModuleList":
+        return _listed(items)
+    return None
+
+
+def _listed(items: ast.AST) -> Optional[ModuleContainer]:
+    """The items of a literal list or tuple, by position, or the one expression a comprehension
+    builds them all with."""
+    if isinstance(items, (ast.ListComp, ast.GeneratorExp, ast.DictComp)):
+        every = items.value if isinstance(items, ast.DictComp) else items.elt
+        own = {n.id for gen in items.generators for n in ast.walk(gen.target) if isinstance(n, ast.Name)}
+        varies = any(isinstance(n, ast.Name) and n.id in own for n in ast.walk(every))
+        return ModuleContainer({}, every, varies)
+    elts = items.elts
+    if any(isinstance(item, ast.Starred) for item in elts):
         return None
-    by_key = {i: item for i, item in enumerate(items)}
-    by_key.update({i - len(items): item for i, item in enumerate(items)})
+    by_key = {i: item for i, item in enumerate(elts)}
+    by_key.update({i - len(elts): item for i, item in enumerate(elts)})
     return ModuleContainer(by_key)
 
 

@@ -8,6 +8,7 @@ import re
 from functools import cached_property
 from typing import Optional
 
+from .flow import _end, _in_loop_body, _pos, flow_of
 # walk_no_scopes and the scope tuples live in tree (a leaf); imported here for the modules that read them from loops
 from .tree import (_COMPREHENSIONS, _SCOPE_TYPES, _SCOPES, block_fields, child_nodes, code_scope, dotted,
                    function_text, identifier_text, may_mention, walk, walk_no_scopes)
@@ -524,9 +525,40 @@ class LoopInfo:
         carried = self.carried_all
         if not carried:
             return False
-        if loaded_names(expr) & carried:
+        if loaded_names(expr) & carried and self._reads_previous_pass(expr, carried, set()):
             return True
         return self._carries_attributes and bool(_attribute_paths(expr) & carried)
+
+    def _reads_previous_pass(self, expr: ast.AST, carried: set, seen: set) -> bool:
+        """Some name of `carried` that `expr` reads may hold a value of an earlier pass. A read
+        that only assignments earlier in the same pass reach reads that pass's value, and holds
+        the previous pass only if such an assignment's value does (`ynext = y[:, t]` before
+        `embed(ynext)` in a loop that ends with `ynext = sample(mu)`)."""
+        for load in walk_no_scopes(expr):
+            if load.__class__ is not ast.Name or load.id not in carried or load.ctx.__class__ is not ast.Load:
+                continue
+            stores = self.assigned_this_pass(load)
+            if stores is None or any(store in seen for store in stores):
+                return True
+            seen.update(stores)
+            if any(self._reads_previous_pass(store.value, carried, seen) for store in stores):
+                return True
+        return False
+
+    def assigned_this_pass(self, load: ast.Name) -> Optional[list]:
+        """The `name = value` statements that `load`, a read in this loop's body, may read, when
+        all of them are in the body before it: the value read is this pass's. None when a value
+        from before the loop or from an earlier pass may reach it."""
+        function = self.ctx.function if self.ctx.function is not None else self.ctx.tree
+        flow = flow_of(self.ctx, function)
+        if self.node not in flow.loops_around(load):
+            return None  # not a read this function's flow sees inside the loop
+        stores = []
+        for store, simple in flow.reaching_all(load):
+            if not simple or not _in_loop_body(store, self.node) or _end(store) > _pos(load):
+                return None
+            stores.append(store)
+        return stores or None
 
     @cached_property
     def _carries_attributes(self) -> bool:

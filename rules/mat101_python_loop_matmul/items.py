@@ -115,7 +115,7 @@ class _PerItemOperands:
             if op.id in loop.targets:
                 walked = self._iterated_tensor(loop, op.id)
                 return _Batched(walked[0], walked[1], True, op.id, walked[2]) if walked is not None else None
-            assignment = self._single_assignment(loop, op.id)
+            assignment = self._assigned_value(loop, op)
             if assignment is not None:
                 inner = self._batched(loop, assignment, depth + 1, transforms)
                 return inner.wrapped() if inner else None
@@ -307,6 +307,16 @@ class _PerItemOperands:
             return None
         walked = self._slicing_call(assign.value)
         return walked if walked is not None and self._tensor_base(walked[0]) else None
+
+    def _assigned_value(self, loop: LoopInfo, load: ast.Name) -> Optional[ast.AST]:
+        """The value `load` reads: that of the one assignment of its name in the loop's body, or
+        of the one assignment earlier in the same pass that alone reaches it (`ynext = y[:, t]`
+        in one arm, `ynext = sample(mu)` at the end of the body)."""
+        assignment = self._single_assignment(loop, load.id)
+        if assignment is None:
+            stores = loop.assigned_this_pass(load)
+            assignment = stores[0].value if stores is not None and len(stores) == 1 else None
+        return assignment
 
     def _single_assignment(self, loop: LoopInfo, name: str) -> Optional[ast.AST]:
         values = []

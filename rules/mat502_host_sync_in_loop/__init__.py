@@ -12,7 +12,7 @@ from matlint.rule import Only, Rule
 
 from matlint.semantic import kinds as _kinds
 from matlint.semantic.project import cpu_only_project, cpu_only_script, imported_function, parsed
-from matlint.semantic.loops import bound_names, loaded_names, walk_no_scopes
+from matlint.semantic.loops import LoopInfo, bound_names, loaded_names, walk_no_scopes
 from matlint.semantic.kinds import TYPED_TENSORS, cuda_tensor_type
 from matlint.semantic.steps import iterates_loader, loop_trains, repeating_loops, runs_once, samples_with_model, step_loop
 from matlint.semantic.names import REFERENCE, TESTS
@@ -524,6 +524,11 @@ class HostSyncInLoop(_StepLoops, _HostReads, Rule):
       model, its forward's syncs are that program's per-step costs. A loss module's `forward`
       is reported everywhere: it runs once per training step, and its syncs (box matching
       through masks, counts read on the host) can stay on the device.
+    - Syncs of a loop that routes work to modules by the data: the loop calls a module it picks
+      out of a container by a name it binds, and the sync makes the loop's items or reads them
+      (`for e in torch.unique(idx): ... experts[int(e.item())](x[idx == e])`). Expert routing
+      sizes each expert's work by the data on purpose. A loop over per-agent critics whose sync
+      reads a mask fixed in the loop (`target_q[not_done] = self.critics[agent](s)`) is reported.
     - What a method that runs the model returns (`return action.detach().cpu()` in a policy's
       `get_action`): its caller asked for the value on the host. Data handed to a torch function
       that takes it on the host (`pack_padded_sequence(x, lengths.cpu())`).
@@ -1231,7 +1236,12 @@ class HostSyncInLoop(_StepLoops, _HostReads, Rule):
         function = self.ctx.function
         if function is None:
             return False
-        loops = [p for p in self.ctx.parents if isinstance(p, (ast.For, ast.AsyncFor)) and _inside(p, function)]
+        # a loop around the sync routes by it where the sync makes the loop's items (`for e in
+        # torch.unique(idx)`) or reads them (`x[idx == e]` in `for e in range(n_experts)`), not
+        # where it reads a mask fixed in the loop (`q[done_mask] = ...` for each agent)
+        read = node.slice if isinstance(node, ast.Subscript) else node  # a mask, or what is read
+        loops = [p for p in self.ctx.parents if isinstance(p, (ast.For, ast.AsyncFor)) and _inside(p, function)
+                 and (_inside(node, p.iter) or LoopInfo(p, self.ctx).depends_on_iteration(read))]
         statement = self.ctx.statement()
         if isinstance(statement, ast.Assign) and len(statement.targets) == 1 and isinstance(statement.targets[0], ast.Name):
             name = statement.targets[0].id
