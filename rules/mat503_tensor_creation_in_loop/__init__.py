@@ -164,6 +164,10 @@ class TensorCreationInLoop(Rule):
       (`grid_x = np.linspace(0, W - 1, W)`, then `torch.tensor(grid_x, device=d)` in `for i in
       range(num_anchors):`; nothing changes it in place in the function): the same values are
       copied on every iteration; copy them once before the loop;
+    - a comprehension that makes a host tensor of each item of its data and moves it alone, whose
+      copies `torch.stack` or `torch.cat` joins (`torch.stack([torch.Tensor(s).float().to(d) for
+      s in states])`): one small copy per item; the message gives the join on the host with one
+      copy of the batch (`torch.stack([torch.Tensor(s).float() for s in states]).to(d)`);
     - an uninitialised tensor allocated on the host and moved (`torch.Tensor(2, 4).to(d)`: the
       arguments are sizes; so is a tensor's `x.shape`, a `torch.Size`, but not a numpy
       array's, and one argument spelled as a whole number, `len(batch)`, `x.size(0)`, `int(n)`;
@@ -243,6 +247,8 @@ class TensorCreationInLoop(Rule):
       are assigned to. A constant of one repeated value is still reported, with its fill (see
       above), and so is a factory moved to the device whatever becomes of it: with `device=` it
       is a new tensor each time too.
+    - Items of data copied one by one in a comprehension that nothing joins (`[torch.tensor(s).to(d)
+      for s in states]` handed on as a list: each item is a tensor of its own).
     - A device that changes with the loop variable (`torch.tensor(0, device=torch.device("cuda",
       i))` to initialize each GPU; the GPU index of a tensor of the iteration, `device =
       g_norm.get_device()`, is where its data is, and is reported), and branches that run on one iteration only (`if i ==
@@ -417,6 +423,8 @@ class TensorCreationInLoop(Rule):
                     self.report(node, range_message(ctx, name, call, device, self._step.where))
                 elif call.args and made_at is node and same_data_every_iteration(ctx, self._step.loops, call.args[0]):
                     self._report_invariant(node, call.args[0])
+                elif call.args and made_at is node and method is not None:
+                    self._report_item_uploads(node, moved, call)
                 return
             if name not in FILLS and name not in RANDOM and name not in ("sample", "random_fill"):
                 return
@@ -663,6 +671,29 @@ class TensorCreationInLoop(Rule):
         self.report(node, f"`{data.id}` holds the same host data on every iteration of the loop on line "
                           f"{loop.lineno}, and it is copied to the device again each time; copy it once before "
                           f"the loop (or make it on the device)")
+
+    def _report_item_uploads(self, node: ast.Call, moved: ast.AST, call: ast.Call) -> None:
+        """`torch.stack([torch.Tensor(s).to(d) for s in states])`: the comprehension makes a host
+        tensor of each item of its data and copies it to the device alone, and `torch.stack` or
+        `torch.cat` joins the copies: one small copy per item where one copy of the joined batch
+        does."""
+        loop = self.ctx.loops[-1] if self.ctx.loops else None
+        if loop is None or loop.node.__class__ not in (ast.ListComp, ast.GeneratorExp) or loop.node.elt is not node \
+                or not loop.depends_on_iteration(call.args[0]) or len(self.ctx.parents) < 2:
+            return
+        join = self.ctx.parents[-2] if self.ctx.parents[-1] is loop.node else None
+        if not (isinstance(join, ast.Call) and join.args and join.args[0] is loop.node
+                and self.ctx.qualname(join.func) in ("torch.stack", "torch.cat")):
+            return
+        seg = self.ctx.segment
+        comprehension = seg(loop.node)
+        on_host = comprehension.replace(seg(node), seg(moved), 1)
+        joined = seg(join).replace(comprehension, on_host, 1)
+        self.report(node, f"`{seg(call)}` makes a host tensor of one item and copies it to the device alone, "
+                          f"on every iteration of the comprehension on line {loop.node.lineno}, and "
+                          f"`{seg(join.func)}` joins the copies: one small copy per item; join them on the host "
+                          f"and copy the batch once (`{joined}.{node.func.attr}"
+                          f"({', '.join(seg(a) for a in node.args + node.keywords)})`)")
 
     def _step_in_forward(self) -> bool:
         """The pass is a module's `forward` (or what it runs), whose tensors are activations on the

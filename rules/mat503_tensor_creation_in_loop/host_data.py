@@ -56,8 +56,8 @@ def same_data_every_iteration(ctx, loops: list, data: ast.AST) -> bool:
     that loop (or passed in) and nothing changes it in place, so copying it each time copies the
     same values again (`grid_x = np.linspace(...)` before `for i in range(num_anchors):`, then
     `torch.tensor(grid_x, device=d)` inside)."""
-    if not loops or not isinstance(data, ast.Name):
-        return False
+    if not loops or not isinstance(data, ast.Name) or loops[-1].depends_on_iteration(data):
+        return False  # not a name, or the loop's own item (`for states in all_states`)
     flow = flow_of(ctx, ctx.scope)
     loop = loops[-1].node
     if loop not in flow.loops_around(data) or flow.mutations.get(data.id):
