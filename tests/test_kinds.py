@@ -538,6 +538,23 @@ def test_an_item_of_a_python_list_of_modules_is_that_module():
         """) == ["user_module", "tensor", "tensor", "scalar"]
 
 
+def test_a_name_moved_in_place_is_a_module():
+    """`model.to(device)` as a statement of its own: a tensor's move returns a copy and leaves the
+    name as it was, so the name holds a module (a model loaded by a library's `from_pretrained`),
+    and calling it runs a model. A tensor moved and rebound (`x = x.to(device)`) is no module."""
+    assert kinds("""
+        import torch
+        from transformers import GPT2LMHeadModel
+        def evaluate(device, batches):
+            model = GPT2LMHeadModel.from_pretrained("gpt2")
+            model.to(device)
+            for x in batches:
+                x = x.to(device)
+                reveal(model)
+                reveal(x)
+        """) == ["module", "None"]
+
+
 def test_what_a_function_passes_an_instance_of_a_class_of_the_file_flows_into_its_forward():
     """`criterion(pred, boxes)` in the training function, `criterion = YoloLoss()`: the loss's
     `forward` gets device tensors; a call in the module's `__main__` smoke test says nothing."""

@@ -421,6 +421,15 @@ def scope_evidence(ctx, scope: "ScopeKinds") -> dict:
     return found
 
 
+def _discarded_move(value: ast.AST) -> bool:
+    """`model.to(device)`, `net.cuda()`, `model.half()` as a statement of its own: a tensor's move
+    or cast returns a new tensor and leaves the name as it was, so a name moved this way holds
+    a module, which moves its parameters in place."""
+    return (value.__class__ is ast.Call and value.func.__class__ is ast.Attribute
+            and value.func.attr in ("to", "cuda", "cpu", "half", "float", "double", "bfloat16")
+            and value.func.value.__class__ is ast.Name)
+
+
 def _collect_evidence(ctx, owner: ast.AST) -> dict:
     seen: dict = {}
 
@@ -436,6 +445,9 @@ def _collect_evidence(ctx, owner: ast.AST) -> dict:
     body = owner.body if isinstance(owner.body, list) else [owner.body]
     for stmt in body:
         for node in walk_no_scopes(stmt):  # a call comes before its function
+            if node.__class__ is ast.Expr and _discarded_move(node.value):
+                add(node.value.func.value, MODULE)  # `model.to(device)`: only a module moves in place
+                continue
             if node.__class__ is ast.Attribute:
                 if node.value.__class__ is ast.Name and id(node) not in called:
                     if node.attr == "size":
