@@ -1579,7 +1579,7 @@ def module_container(ctx, value: ast.AST) -> Optional[ModuleContainer]:
     qual = ctx.qualname(value.func)
     if qual == "torch.nn.Sequential" and not (len(value.args) == 1 and isinstance(value.args[0], (
             ast.List, ast.ListComp, ast.GeneratorExp))):
-        return _listed(ast.Tuple(elts=value.args))
+        return _by_position(value.args)
     if len(value.args) != 1 or qual == "torch.nn.Sequential":
         return None if value.args or qual == "torch.nn.Sequential" else ModuleContainer({})
     items = value.args[0]
@@ -1602,7 +1602,11 @@ def _listed(items: ast.AST) -> Optional[ModuleContainer]:
         own = {n.id for gen in items.generators for n in ast.walk(gen.target) if isinstance(n, ast.Name)}
         varies = any(isinstance(n, ast.Name) and n.id in own for n in ast.walk(every))
         return ModuleContainer({}, every, varies)
-    elts = items.elts
+    return _by_position(items.elts)
+
+
+def _by_position(elts: list) -> Optional[ModuleContainer]:
+    """`elts` by position, counted from both ends; None where one is starred (`*layers`)."""
     if any(isinstance(item, ast.Starred) for item in elts):
         return None
     by_key = {i: item for i, item in enumerate(elts)}
