@@ -142,8 +142,7 @@ class FileCalls:
             sites = self._sites.get(id(function))
             if not sites:
                 continue
-            rebound = {n.id for stmt in function.body for n in walk_no_scopes(stmt)
-                       if n.__class__ is ast.Name and n.ctx.__class__ is not ast.Load}
+            rebound = _stored_in(function)
             held = {}
             for param in function.args.posonlyargs + function.args.args:
                 if param.arg in rebound:
@@ -304,6 +303,12 @@ class FileCalls:
         return self._by_id
 
 
+def _stored_in(function: ast.AST) -> set:
+    """The names `function`'s body stores or deletes, its nested scopes aside."""
+    return {node.id for stmt in function.body for node in walk_no_scopes(stmt)
+            if node.__class__ is ast.Name and node.ctx.__class__ is not ast.Load}
+
+
 _NESTED_DEF = re.compile(r"^[ \t]+(?:async[ \t]+)?def[ \t]+(\w+)", re.MULTILINE)
 
 
@@ -323,10 +328,7 @@ def _nested_definitions(function: ast.AST) -> dict:
         else:
             for field in block_fields(stmt.__class__):
                 stack.extend(getattr(stmt, field))
-    for stmt in function.body:
-        for node in walk_no_scopes(stmt):
-            if node.__class__ is ast.Name and node.ctx.__class__ is not ast.Load:
-                stored.add(node.id)
+    stored |= _stored_in(function)
     args = function.args
     stored.update(a.arg for a in args.posonlyargs + args.args + args.kwonlyargs + [args.vararg, args.kwarg] if a)
     found = {name: None for name in stored}
