@@ -64,6 +64,8 @@ ZERO_OPS = frozenset({"zeros", "zeros_like", "new_zeros", "zero_"})  # make a te
 HOST_READ_OPS = frozenset({"_local_scalar_dense", "item"})
 # A tensor made from Python data (`torch.tensor(values)`): what the host computed enters here.
 FROM_HOST_DATA_OPS = frozenset({"lift_fresh"})
+HOST_DATA = "data"         # host origin of a tensor made from Python values (Recorder._host)
+MAX_COMPARED_VALUES = 4096  # an upload of Python values up to this size is compared with the step before
 SHAPE_ONLY_OPS = frozenset({"empty_like", "ones_like", "full_like", "rand_like", "randn_like", "new_empty",
                             "new_ones", "new_full"})
 _SCALE_OR_MASK_OPS = SCALE_OPS | MASK_OPS
@@ -228,16 +230,25 @@ def args_sig(args, full: bool = True, elements=None) -> tuple:
     return tuple(sig)
 
 
-def _made_on_host(tags: dict, t) -> bool:
-    """Whether `t`, or the base it is a view of, is tagged in `tags` (Recorder._host's dict)."""
+def host_origin(tags: dict, t) -> Optional[str]:
+    """How `t`, or the base it is a view of, was made on the host in this step (its tag in `tags`,
+    Recorder._host's dict: the factory's op name, or HOST_DATA), None where it was not."""
     e = tags.get(id(t))
     if e is not None and e[0]() is t:
-        return True
+        return e[1]
     base = t._base
     if base is None:
-        return False
+        return None
     e = tags.get(id(base))
-    return e is not None and e[0]() is base
+    return e[1] if e is not None and e[0]() is base else None
+
+
+def _computed_origin(tags: dict, args) -> str:
+    """The host origin of what an op computes from tensors all made on the host (see host_origin):
+    HOST_DATA where one of them holds Python values, else the first one's factory."""
+    origins = [host_origin(tags, t) for a in args
+               for t in (a if isinstance(a, (list, tuple)) else (a,)) if isinstance(t, Tensor)]
+    return HOST_DATA if HOST_DATA in origins else origins[0]
 
 
 def _without_unit_dims(t: Tensor) -> tuple:
@@ -278,6 +289,17 @@ class OpKey(NamedTuple):
                             # Recorder._host): data the program prepares there, not the model's values
     same_values: bool = False  # its first two arguments are one tensor's elements, one of them with a
                                # size-1 dim more (`s.unsqueeze(1) - s`), as first seen for the key
+
+
+@dataclass
+class Upload:
+    count: int
+    values: Optional[tuple]   # the first one's values (small tensors of Python values), else None
+    same_values: bool         # every one carried those values
+
+    def merge(self, other: "Upload") -> None:
+        self.count += other.count
+        self.same_values = self.same_values and other.same_values and self.values == other.values
 
 
 @dataclass
@@ -379,6 +401,9 @@ class Recording:
     # non-contiguous tensor (`.contiguous()`, `.clone()`) on one line, read by a GEMM on another
     explicit_copies: dict = field(default_factory=dict)
     chained_gemm_sites: set = field(default_factory=set)
+    # (site, module, host origin, shape, dtype, device type) -> Upload: a tensor the step made on the
+    # host (Recorder._host) copied to a device by `.to()` or `.cuda()`
+    uploads: dict = field(default_factory=dict)
     # line of the user's host reads -> reads there whose value may have come back in (a tensor made from
     # Python data after the read reached a GEMM in the same step): each a round trip through the host,
     # as a rollout's
@@ -415,6 +440,12 @@ class Recording:
             self.layout_copies[key] = self.layout_copies.get(key, 0) + n
         for key, n in other.explicit_copies.items():
             self.explicit_copies[key] = self.explicit_copies.get(key, 0) + n
+        for key, upload in other.uploads.items():
+            mine = self.uploads.get(key)
+            if mine is None:
+                self.uploads[key] = dataclasses.replace(upload)
+            else:
+                mine.merge(upload)
         for key, stat in other.attention.items():
             mine = self.attention.setdefault(key, AttentionStat())
             mine.count += stat.count
@@ -446,6 +477,8 @@ class Recording:
                 counts[key] *= factor
         for stat in self.attention.values():
             stat.count *= factor
+        for upload in self.uploads.values():
+            upload.count *= factor
         self.dropped_keys *= factor
 
 
@@ -600,11 +633,12 @@ class Recorder:
         self._deps = _Tags()              # tensor -> frozenset of GEMM sites it depends on
         self._attn = _Tags()              # tensor -> attention chain state
         self._copies = _Tags()            # tensor -> (site, module, shape, stride, dtype) of a layout copy
-        # tensor -> True: made on the CPU in this step by a factory (`torch.randint`, `torch.arange`,
-        # `torch.tensor(values)`), or computed only from such tensors: data the program prepares on the
-        # host (batch indices, slice bounds). A tensor that met a parameter, a module's output or a tensor
+        # tensor -> how it was made on the CPU in this step: by a factory (`torch.randint`, `torch.ones`:
+        # the factory's op name), from Python values (`torch.tensor(values)`: HOST_DATA), or computed only
+        # from such tensors (HOST_DATA where one of them is, else the first one's factory): data the
+        # program prepares on the host (batch indices, slice bounds, labels). A tensor that met a parameter, a module's output or a tensor
         # from before the step is not one (a program moves those to its device). A view is its base's:
-        # looked up there (`_made_on_host`), not followed through every view op.
+        # looked up there (`host_origin`), not followed through every view op.
         self._host = _Tags()
         # tensor -> True: the output of a permute or transpose (of 3+ dims) that the user's own line wrote,
         # not one torch made inside a layer (a batch_first RNN's)
@@ -735,6 +769,22 @@ class Recorder:
     # are interned and kept alive), per-op tuples it can skip, and method calls.
     def _info(self, func):
         return _OP_INFO.get(id(func)) or _op_info(func)
+
+    def _upload(self, site, module, src, out) -> None:
+        """A copy to a device (`.to(device)`, `.cuda()`) of `src`, which this step made on the host."""
+        origin = host_origin(self._host.d, src)
+        values = None
+        if origin == HOST_DATA and src.numel() <= MAX_COMPARED_VALUES:
+            values = tuple(src.flatten().tolist())
+        uploads = self.rec.uploads
+        key = (site, module, origin, tuple(src.shape), src.dtype, out.device.type)
+        upload = uploads.get(key)
+        if upload is None:
+            if len(uploads) < MAX_KEYS:
+                uploads[key] = Upload(1, values, values is not None)
+        else:
+            upload.count += 1
+            upload.same_values = upload.same_values and values == upload.values
 
     def _follow_view(self, name, args, src, out) -> None:
         i = id(src)
@@ -888,9 +938,9 @@ class Recorder:
                     if host:
                         e = hd.get(id(a))
                         host = first_host = (e is not None and e[0]() is a) or (
-                            a._base is not None and _made_on_host(hd, a._base))
+                            a._base is not None and host_origin(hd, a._base) is not None)
                 elif host:
-                    host = _made_on_host(hd, a)
+                    host = host_origin(hd, a) is not None
                 tensors = True
                 sig.append((a.shape, a.stride(), a.dtype) if full_sig else a.shape)
                 if single:
@@ -905,7 +955,7 @@ class Recorder:
                 tensors = True
                 sig.append((len(a),))
                 if host:
-                    host = all(_made_on_host(hd, t) for t in a)
+                    host = all(host_origin(hd, t) is not None for t in a)
         host = host and tensors
         element = element and single
         if isinstance(out, Tensor):
@@ -1002,9 +1052,10 @@ class Recorder:
             self._elements.set(out_t, True)
         # Host-side data: what factories make on the CPU, and what is computed only from it.
         if (host or not tensors or from_host_data) and out_t.is_cpu:
+            origin = HOST_DATA if from_host_data else name if not tensors else _computed_origin(hd, args)
             for t in out if isinstance(out, (list, tuple)) else (out_t,):  # unbind: each row
                 if isinstance(t, Tensor):
-                    self._host.set(t, True)
+                    self._host.set(t, origin)
         elif first_host and name[-1] == "_":  # written in place with other values
             for t in (first, first._base):
                 if t is not None and hd.get(id(t)) is not None:
@@ -1045,6 +1096,8 @@ class Recorder:
                 dd.clear()
             dd[id(out_t)] = (_weakref(out_t), deps)
 
+        if first_host and name == "_to_copy" and not out_t.is_cpu:
+            self._upload(site, module, first, out_t)
         arg0 = args[0] if args and isinstance(args[0], Tensor) else None
         # Copies forced by layout: matmul's clone of a non-contiguous operand before bmm.
         copies = self._copies

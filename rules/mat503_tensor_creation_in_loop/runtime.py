@@ -1,0 +1,68 @@
+"""MAT503 at runtime: tensors a step makes on the host and copies to the device from one line, and
+the timing of making them there instead. Imported only by the guard (needs torch).
+
+Reported, as the static half reports them: a factory's fill or draw made on the host and moved
+(`torch.ones(b, 1).to(device)`: make it on the device with `device=`), and Python values that are
+the same at every upload (`torch.tensor([0.5, 0.5]).to(device)` each step: make it once). Quiet on
+Python values that change from step to step (an environment's state, a batch assembled on the
+host): the data comes from the host and has to be copied; on tensors made on the device; and on
+copies into a buffer the program keeps (`buf.copy_(x)`)."""
+from __future__ import annotations
+
+from typing import NamedTuple
+
+import torch
+
+from matlint.runtime_guard import savings
+from matlint.runtime_guard.capture import HOST_DATA
+from matlint.runtime_guard.checks import dtype_str, finding, shape_str
+from matlint.runtime_guard.registry import estimator, runtime_check
+
+UPLOADS_MIN_PER_STEP = 1  # uploads a step from one line
+
+
+class UploadEstimate(NamedTuple):
+    kind: str          # "upload"
+    shape: tuple
+    dtype: str
+    device: str
+    per_step: float
+    hoisted: bool      # the fix makes it once (same values each step), not on the device each step
+
+
+@runtime_check("MAT503")
+def check_uploads(rec, steps, ctx):
+    for (site, module, origin, shape, dtype, device), upload in rec.uploads.items():
+        per_step = upload.count / steps
+        if per_step < UPLOADS_MIN_PER_STEP:
+            continue
+        constant = origin == HOST_DATA
+        if constant and not (upload.same_values and upload.count > 1):
+            continue  # values from the host that change: data that has to be copied
+        made = "from the same Python values" if constant else f"by `aten::{origin}`"
+        fix = ("make it once before the loop and reuse it" if constant else
+               f"make it on the device (`device=` on the factory, e.g. `torch.{origin}(..., device=...)`)")
+        msg = (f"{per_step:g} tensor{'s' if per_step != 1 else ''} of {shape_str(shape)} per step made on the "
+               f"host {made} and copied to the device from this line: {fix}")
+        ev = {"per_step": round(per_step, 2), "module": module, "made_by": "python values" if constant else origin,
+              "shapes": [shape_str(shape)], "dtypes": [dtype_str(dtype)], "device": device, "phase": "forward"}
+        estimate = UploadEstimate("upload", shape, dtype_str(dtype), device, per_step, constant) \
+            if device == "cuda" else None
+        yield finding("MAT503", site, msg, ev, estimate)
+
+
+@estimator("upload")
+def estimate_upload(spec: UploadEstimate, budget):
+    dtype = getattr(torch, spec.dtype)
+    def on_host():
+        torch.ones(spec.shape, dtype=dtype).to(spec.device)
+
+    def fixed():
+        if not spec.hoisted:
+            torch.ones(spec.shape, dtype=dtype, device=spec.device)
+
+    key = ("upload", spec.shape, spec.dtype, spec.device, spec.hoisted)
+    t = savings.cached(key, lambda: savings.time_pair(on_host, fixed, spec.device, budget=budget))
+    how = "nothing (made once)" if spec.hoisted else "the same fill made on the device"
+    return t.scaled(spec.per_step), (f"timed a {shape_str(spec.shape)} fill made on the host and copied "
+                                     f"({t.slow_ms:.3f} ms) against {how} ({t.fast_ms:.3f} ms) on this GPU")
