@@ -262,6 +262,7 @@ class PythonLoopMatmul(_PerItemOperands, _BatchedAdvice, GemmVisitor, Rule):
         gemm = as_gemm(self.ctx, node)
         if gemm is None or not gemm.operands:
             return None
+        inner = []  # loops inside the next one whose item an operand is, in no way a batch dim holds
         for loop in reversed(loops):
             depends = [loop.depends_on_iteration(op) for op in gemm.operands]
             if not any(depends):
@@ -269,21 +270,48 @@ class PythonLoopMatmul(_PerItemOperands, _BatchedAdvice, GemmVisitor, Rule):
             batched = [self._batched(loop, op, 0, transforms=True) if dep else None
                        for op, dep in zip(gemm.operands, depends)]
             if any(dep and b is None for dep, b in zip(depends, batched)):
+                if not inner and all(b is None for b in batched) and self._repeats_alike(loop, loops):
+                    inner.append(loop)  # `polys[k]` of `for k in range(K)`: a batched loop may hold it
+                    continue
                 return None
             # What is not the item must hold still: `W = next(ws)`, `self.W = ...`, `self.W.data.mul_()`
-            # or `self.proj.weight.data -= ...` in the loop give each step other weights.
+            # or `self.proj.weight.data -= ...` in the loop give each step other weights. An operand
+            # that only a loop inside this one changes (`polys[k]` of the inner `for k`) holds still
+            # for each of that loop's items: one call per item of it does all of this loop's.
             fixed = [op for op, dep in zip(gemm.operands, depends) if not dep] + [
                 source for b in batched if b for source in b.sources]
             if gemm.op == "nn.Linear":
                 fixed.append(node.func)
             elif gemm.op == "linear":
                 fixed.extend(node.args[2:] + [k.value for k in node.keywords])
-            if any(loop.changes(expr) for expr in fixed):
+            if any(loop.changes(expr) and not self._held_by_inner(loop, inner, expr) for expr in fixed):
                 return None
-            if self._is_recurrence(loop) or updates_weights(self.ctx, loop):
+            if self._is_recurrence(loop) or updates_weights(self.ctx, loop) or any(
+                    self._is_recurrence(each) for each in inner):
                 return None  # each step reads the last one's result, or the weights change between steps
             return gemm, loop, batched
         return None
+
+    def _repeats_alike(self, loop: LoopInfo, loops: list) -> bool:
+        """`loop` runs inside another of `loops` and goes over the same items on every pass of
+        it (`for k in range(self.K)`, `for w in self.weights`)."""
+        index = next(i for i, each in enumerate(loops) if each is loop)
+        if index == 0 or loop.is_comprehension or not isinstance(loop.node, ast.For):
+            return False
+        outer = loops[index - 1]
+        return not outer.depends_on_iteration(loop.node.iter) and not outer.changes(loop.node.iter)
+
+    @staticmethod
+    def _held_by_inner(loop: LoopInfo, inner: list, expr: ast.AST) -> bool:
+        """`expr` changes in `loop` only through the items of the loops `inner` (nested in it), and
+        does not depend on `loop`'s own iteration."""
+        if not inner or loop.depends_on_iteration(expr):
+            return False
+        items = set().union(*(each.targets | each.derived for each in inner))
+        if not loaded_names(expr) & items:
+            return False
+        return not any(part.__class__ in (ast.Name, ast.Attribute) and not loaded_names(part) & items
+                       and loop.changes(part) for part in ast.walk(expr))
 
     def _call_message(self, node: ast.Call, function, gemm, loop: LoopInfo, source) -> str:
         what = f"`{self.ctx.segment(node.func)}(...)`"

@@ -35,8 +35,13 @@ class _BatchedAdvice:
                     f"{layers}])`, the biases likewise) and apply them all in one `torch.einsum` (or `bmm`) with "
                     f"the layer index as a batch dim")
         suggestion = self._suggestion(gemm, batched)
+        loops = self.ctx.loops
+        inner = [each for each in loops[next(i for i, e in enumerate(loops) if e is loop) + 1:]
+                 if any(each.depends_on_iteration(op) for op in gemm.operands)]
+        kept = (f" ({' and '.join(each.described for each in inner)} inside it can stay: "
+                f"one such call per item of {'them' if len(inner) > 1 else 'it'})") if inner else ""
         return (f"{what} runs once per iteration of {where}: many small GEMMs instead of one; "
-                f"{suggestion}")
+                f"{suggestion}{kept}")
 
     def _suggestion(self, gemm, batched) -> str:
         seg = self.ctx.segment
