@@ -26,11 +26,12 @@ CODE_LIST_SPLIT = re.compile(r"[,\s]+")
 
 def mentions_torch(data) -> bool:
     """The pre-filter: the file (bytes or text) may hold PyTorch code: it names `torch`, runs a
-    backward pass (`loss.backward()` in a helper module that never imports torch), or reads a value
-    to the host (`loss.item()` in a logger module that its importers hand tensors)."""
+    backward pass (`loss.backward()` in a helper module that never imports torch), reads a value
+    to the host (`loss.item()` in a logger module that its importers hand tensors), or takes names
+    from another module with `import *` (`from module import *` where module.py imports torch as t)."""
     if isinstance(data, bytes):
-        return b"torch" in data or b".backward(" in data or b".item()" in data
-    return "torch" in data or ".backward(" in data or ".item()" in data
+        return b"torch" in data or b".backward(" in data or b".item()" in data or b"import *" in data
+    return "torch" in data or ".backward(" in data or ".item()" in data or "import *" in data
 
 
 class FileContext(SourceFile):

@@ -862,3 +862,35 @@ def test_a_loader_batch_whose_items_the_loop_stores_into_is_not_known_to_stay_on
             for other in DataLoader(dataset):
                 reveal(other)
         ''') == ["None", "cpu_tensor"]
+
+
+def test_a_module_made_and_called_at_once_or_called_through_forward_gives_a_tensor():
+    """`nn.L1Loss()(pred, y)` calls the loss module it makes; `m.forward(x)` is what `m(x)` runs;
+    a method of a module other than `forward` says nothing by itself."""
+    assert kinds("""
+        import torch.nn as nn
+        class Head(nn.Module):
+            def forward(self, x):
+                return self.fc(x)
+        def step(pred, y, x):
+            m = nn.Linear(4, 4)
+            h = Head()
+            reveal(nn.L1Loss()(pred, y))
+            reveal(m.forward(x))
+            reveal(h.forward(x))
+            reveal(h.extra_repr())
+        """) == ["tensor", "tensor", "tensor", "None"]
+
+
+def test_the_items_torchs_pair_functions_unpack_into_are_tensors_where_the_input_is():
+    """`_, pred = torch.max(out, 1)` as `out.max(1)` unpacks: tensors on `out`'s device; of a
+    host tensor, host tensors."""
+    assert kinds("""
+        import torch
+        def f(x):
+            out = torch.zeros(3, 4).cuda()
+            _, pred = torch.max(out, 1)
+            values, order = torch.sort(torch.zeros(3), descending=True)
+            reveal(pred)
+            reveal(order)
+        """) == ["tensor", "cpu_tensor"]

@@ -919,3 +919,56 @@ def test_methods_called_through_a_parameter_that_every_call_passes_one_instance_
     later = (tmp_path / "main.py").stat().st_mtime + 10  # the project's files are read again once changed
     os.utime(tmp_path / "main.py", (later, later))
     assert rows() == []
+
+
+def test_a_file_that_has_torch_only_from_a_star_import_is_checked(tmp_path):
+    """network.py never names torch: `from module import *` brings `t` (torch) and `nn` from the
+    project's module.py. The engine's pre-filter lets it through and the aliases resolve."""
+    from matlint.engine import lint_source
+    from matlint.registry import get_rule
+
+    (tmp_path / "module.py").write_text("import torch as t\nimport torch.nn as nn\n")
+    network = textwrap.dedent("""
+        from module import *
+
+        class Decoder(nn.Module):
+            def forward(self, x):
+                n = x.size(1)
+                return x + t.ones(n, n).cuda()
+        """)
+    (tmp_path / "network.py").write_text(network)
+    found = lint_source(network, str(tmp_path / "network.py"), [get_rule("MAT503")])
+    assert [(f.code, f.row) for f in found] == [("MAT503", 7)]
+
+
+_UPDATE_PARAMS = """
+    def update_params(optim, loss):
+        optim.zero_grad()
+        loss.backward()
+        optim.step()
+    """
+
+
+def test_a_method_that_trains_through_a_project_helper_is_a_step_and_so_are_its_helpers(tmp_path):
+    """fqf-iqn's `learn()` trains through `update_params(optim, loss)` of utils.py and never spells
+    `.step(` itself: a sync in the loss method it calls runs on every training step."""
+    agent = """
+        import torch
+        from utils import update_params
+
+        class Agent:
+            def learn(self, states, targets):
+                loss, mean_q = self.calculate_loss(states, targets)
+                update_params(self.optim, loss)
+                if self.steps % 100 == 0:
+                    print(mean_q)
+
+            def calculate_loss(self, states, targets):
+                q = self.net(states.cuda())
+                return (q - targets).pow(2).mean(), q.detach().mean().item()
+        """
+    assert _mat502_rows(tmp_path, {"utils.py": _UPDATE_PARAMS, "agent.py": agent}, "agent.py") == [14]
+    # A helper that only evaluates (no backward pass) makes no training step of its caller.
+    evaluate = _UPDATE_PARAMS.replace("loss.backward()", "pass").replace("optim.step()", "pass")
+    (tmp_path / "evaluates").mkdir()
+    assert _mat502_rows(tmp_path / "evaluates", {"utils.py": evaluate, "agent.py": agent}, "agent.py") == []

@@ -690,6 +690,10 @@ class _Inference:
                 if (value.func.attr in ("split", "chunk", "unbind", "tensor_split") or value.func.attr in _PAIR_METHODS) \
                         and sub.expr(value.func.value) in TENSORS:
                     return sub.expr(value.func.value)  # `values, order = lengths.sort(descending=True)`
+                qual = self.ctx.qualname(value.func)
+                if qual is not None and qual.rpartition(".")[0] == "torch" and value.func.attr in _SPLITTING_FUNCTIONS \
+                        and value.args and sub.expr(value.args[0]) in TENSORS:
+                    return sub.expr(value.args[0])  # `_, pred = torch.max(out, 1)`: tensors where `out` is
             if isinstance(value, ast.Attribute) and value.attr == "shape":
                 return SCALAR
             if isinstance(value, ast.Call) and isinstance(value.func, ast.Attribute) and value.func.attr == "size":
@@ -1000,10 +1004,15 @@ class _Inference:
                 return receiver
             if receiver == MODULE_LIST:
                 return None
-            own = self._own_callee(func)
-            if own is not None:  # `batch = self.sample(n)`
-                return returned_kind(ctx, *own, arguments=self._call_arguments(node, *own))
-            callee = self._attribute(func, receiver)
+            if receiver in (MODULE, LINEAR, USER_MODULE) and func.attr == "forward":
+                callee, func = receiver, func.value  # `m.forward(x)`: what calling `m` gives
+            else:
+                own = self._own_callee(func)
+                if own is not None:  # `batch = self.sample(n)`
+                    return returned_kind(ctx, *own, arguments=self._call_arguments(node, *own))
+                callee = self._attribute(func, receiver)
+        elif isinstance(func, ast.Call):
+            callee = self.expr(func)  # `nn.L1Loss()(pred, y)`: a module made and called at once
         else:
             callee = None
         if callee in (LINEAR, MODULE):

@@ -689,19 +689,22 @@ def project_imports(tree: ast.Module, filename: str) -> dict:
 _RESOLVERS: dict = {}  # path -> (its parsed tree, a NameResolver of it)
 
 
-def star_imported_aliases(tree: ast.Module, filename: str) -> dict:
+def star_imported_aliases(tree: ast.Module, filename: str, importing: frozenset = frozenset()) -> dict:
     """The qualified names that the file's `from module import *` lines of project modules bind
-    (`torch`, `nn`, `np` from a utils module that imports them), public names only."""
+    (`torch`, `nn`, `np` from a utils module that imports them), public names only; also those
+    such a module takes with its own `import *` (train.py's `from network import *`, where
+    network.py has `from module import *` and module.py `import torch as t`)."""
     found = {}
     stars = _import_table(tree).get(_STARS) if filename else None
     for module, level in stars or ():
         path = resolve(filename, module, level)
-        if path is None or parsed(path) is None:
+        if path is None or path in importing or parsed(path) is None:
             continue
         resolver = _RESOLVERS.get(path)
         if resolver is None or resolver[0] is not parsed(path):
             from .names import NameResolver
 
-            resolver = _RESOLVERS[path] = (parsed(path), NameResolver(parsed(path)))
+            imported = star_imported_aliases(parsed(path), path, importing | {filename})
+            resolver = _RESOLVERS[path] = (parsed(path), NameResolver(parsed(path), imported))
         found.update((name, qual) for name, qual in resolver[1].module_aliases().items() if not name.startswith("_"))
     return found

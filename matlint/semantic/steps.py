@@ -1632,24 +1632,29 @@ def _called_definition(ctx, calls, func: ast.AST) -> Optional[ast.AST]:
 
 
 def _training_step_called(ctx, calls, function: ast.AST) -> Optional[ast.Call]:
-    """The call, outside the function's loops, of a method of its class (own or inherited) that is
-    one training step (`self.take_optimisation_step(optimizer, net, loss)`, which calls
-    `.backward()` and the optimizer's `.step()`): the function is that step."""
+    """The call, outside the function's loops, of a method of its class (own or inherited) or of a
+    function of the file or of a project module that is one training step
+    (`self.take_optimisation_step(optimizer, net, loss)`, `update_params(optim, loss)`, which
+    call `.backward()` and the optimizer's `.step()`): the function is that step."""
     cls = calls.class_of.get(id(function))
-    if cls is None:
-        return None
     at = None
-    trainers = ctx.shared.setdefault("training_step_methods", {})  # (id(class), method name) -> trains
+    trainers = ctx.shared.setdefault("training_step_methods", {})  # (id(class), name) -> trains
     for node in _outside_loops(function.body):
-        if node.__class__ is ast.Call and isinstance(node.func, ast.Attribute) and isinstance(node.func.value, ast.Name) \
+        if node.__class__ is not ast.Call:
+            continue
+        if node.func.__class__ is ast.Name and not ctx.names.binds_locally(node.func.id):
+            key = (None, node.func.id)
+        elif cls is not None and isinstance(node.func, ast.Attribute) and isinstance(node.func.value, ast.Name) \
                 and node.func.value.id == "self":
             key = (id(cls), node.func.attr)
-            trains = trainers.get(key)
-            if trains is None:
-                at = at or Position(ctx, (function,), cls)
-                trains = trainers[key] = runs_a_training_step(at, node)
-            if trains:
-                return node
+        else:
+            continue
+        trains = trainers.get(key)
+        if trains is None:
+            at = at or Position(ctx, (function,), cls)
+            trains = trainers[key] = runs_a_training_step(at, node)
+        if trains:
+            return node
     return None
 
 

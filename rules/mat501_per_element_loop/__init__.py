@@ -97,7 +97,9 @@ class PerElementLoop(Rule):
       `pe[pos, i] = math.sin(pos / 10000 ** (i / d))` (a positional encoding, in the set-up
       too: its thousands of writes each launch an op), which `torch.arange` builds whole;
     - a Python accumulator summing elements: `total += x[i]`, `s += (a[i] - b[i]) ** 2`, or
-      counting the elements a test picks: `if pred[i] == y[i]: correct += 1`;
+      counting the elements a test picks: `if pred[i] == y[i]: correct += 1`, also written as a
+      comprehension over `range(n)` of tensors' items (`[1 if pred[j] == y[j] else 0 for j in
+      range(n)]`, `sum(int(p[j] != y[j]) for j in range(n))`): `(pred == y).sum()` counts at once;
     - rows picked one item at a time and stacked: `torch.stack([q[i][a[i]] for i in
       range(n)])`, also `q[i, a[i]]` and `q[i].index_select(0, a[i])`, with `torch.cat`, where
       q and a are tensors: `q[torch.arange(n), a]` (or a `gather`) picks them in one op.
@@ -188,6 +190,57 @@ class PerElementLoop(Rule):
         self.report(node, f"one row's pick per item, {n} of them, each a separate indexing op (a kernel launch on "
                           f"the GPU), then stacked: `{source}[torch.arange({n}), {index}]` (or `{source}.gather(1, "
                           f"...)`) picks them all at once")
+
+    def visit_ListComp(self, node: ast.AST) -> None:
+        """`[1 if pred[j] == y[j] else 0 for j in range(n)]`, `sum(int(p[j] == y[j]) for j in
+        range(n))`: a test of each element, counted one by one."""
+        if len(node.generators) != 1:
+            return
+        gen = node.generators[0]
+        it = gen.iter
+        if (gen.ifs or not isinstance(gen.target, ast.Name) or not isinstance(it, ast.Call)
+                or getattr(it.func, "id", None) != "range" or len(it.args) != 1 or it.keywords
+                or self._is_small(it.args[0])):
+            return
+        elt = node.elt
+        if isinstance(elt, ast.IfExp) and all(isinstance(arm, ast.Constant) and type(arm.value) in (int, float, bool)
+                                              for arm in (elt.body, elt.orelse)):
+            test = elt.test
+        elif (isinstance(elt, ast.Call) and getattr(elt.func, "id", None) in ("int", "float")
+              and self.ctx.qualname(elt.func) is None and len(elt.args) == 1 and not elt.keywords):
+            test = elt.args[0]
+        else:
+            return
+        if not isinstance(test, ast.Compare):
+            return
+        reads = self._element_reads(test, {gen.target.id})
+        if not reads or not all(self._is_tensor(r) for r in reads):
+            return
+        whole = self._whole(test, gen.target.id)
+        self.report(node, "a test of each element counted one by one in a Python loop: every index and comparison "
+                          "is a separate small op (a kernel launch on the GPU) per element; compare the whole "
+                          + (f"tensors once: `({whole}).sum()`" if whole else "tensors once and `.sum()` the result"))
+
+    visit_GeneratorExp = visit_ListComp
+
+    def _whole(self, test: ast.Compare, index: str) -> Optional[str]:
+        """The comparison of whole tensors that `test` makes element by element (`pred[j] == y[j]`
+        -> `pred == y`), where each side is a tensor's item `x[j]` or a number; else None."""
+        texts = []
+        for part in (test.left, *test.comparators):
+            if isinstance(part, ast.Subscript) and isinstance(part.slice, ast.Name) and part.slice.id == index:
+                texts.append(self.ctx.segment(part.value))
+            elif isinstance(part, ast.Constant):
+                texts.append(self.ctx.segment(part))
+            else:
+                return None
+        ops = {ast.Eq: "==", ast.NotEq: "!=", ast.Lt: "<", ast.LtE: "<=", ast.Gt: ">", ast.GtE: ">="}
+        out = texts[0]
+        for op, text in zip(test.ops, texts[1:]):
+            if type(op) not in ops:
+                return None
+            out += f" {ops[type(op)]} {text}"
+        return out
 
     def _row_pick(self, elt: ast.AST, i: str) -> Optional[tuple]:
         """(x, idx) for `x[i][idx[i]]`, `x[i, idx[i]]` or `x[i].index_select(0, idx[i])`, both

@@ -477,7 +477,7 @@ class _HostReads:
         where it is read (`anchors = anchors.to("cpu")` reaches `math.log(w / anchors[n][0])`)."""
         if _kinds.kind_of(self.ctx, expr) != _kinds.TENSOR:
             return False
-        names = [n for n in ast.walk(expr) if isinstance(n, ast.Name) and _kinds.kind_of(self.ctx, n) == _kinds.TENSOR]
+        names = [n for n in _outside_indices(expr) if isinstance(n, ast.Name) and _kinds.kind_of(self.ctx, n) == _kinds.TENSOR]
         return not names or any(_kinds.reaching_kind(self.ctx, n) == _kinds.TENSOR for n in names)
 
     @staticmethod
@@ -496,3 +496,16 @@ class _HostReads:
             else:
                 node = node.value
         return False
+
+
+def _outside_indices(expr: ast.AST):
+    """The nodes of `expr` but those of its subscripts' indices: an item lives where the indexed
+    tensor does (`anchors[best_n]` of host `anchors`), whatever the index is."""
+    stack = [expr]
+    while stack:
+        node = stack.pop()
+        yield node
+        if isinstance(node, ast.Subscript):
+            stack.append(node.value)
+        else:
+            stack.extend(ast.iter_child_nodes(node))

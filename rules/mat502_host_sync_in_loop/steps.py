@@ -12,7 +12,7 @@ from matlint.semantic.flow import nearby_comments
 from matlint.semantic.tree import function_text
 from matlint.semantic.loops import LoopInfo, file_trains, identifier as _identifier, loaded_names, name_tokens, walk_no_scopes
 from matlint.semantic.project import (file_moves_to_cuda, imported_by_cuda_code, imported_by_training_code,
-                                      imported_files, moves_work_to_cuda)
+                                      imported_files, in_script_project, moves_work_to_cuda)
 from matlint.semantic.steps import (SCORING_WORDS, STEP_HOOKS, calls_a_step_method, configuration_test, gate_name,
                                    guards_empty_selection, passed_to_steps, step_functions, step_loop, step_of,
                                    steps_from_importers, trains_in)
@@ -255,9 +255,10 @@ class _StepLoops:
         if not loss and not _kinds.may_mention(self.ctx, "backward") and not any(
                 _kinds.may_mention(self.ctx, hook) for hook in STEP_HOOKS) and not passed_to_steps(self.ctx) \
                 and not steps_from_importers(self.ctx) and not (
-                    calls_a_step_method(self.ctx) and step_functions(self.ctx)):
-            # no training step, optimizer step, step hook, loss module or helper of an importer's
-            # step: only a `forward` could run every step
+                    (calls_a_step_method(self.ctx) or in_script_project(self.ctx)) and step_functions(self.ctx)):
+            # no training step (nor a call of a project helper that is one: `update_params(optim,
+            # loss)`), optimizer step, step hook, loss module or helper of an importer's step: only
+            # a `forward` could run every step
             return None
         step = step_of(self.ctx, self.ctx.functions)
         if not moves_work_to_cuda(self.ctx) and not imported_by_cuda_code(self.ctx) and not any(
