@@ -894,3 +894,26 @@ def test_the_items_torchs_pair_functions_unpack_into_are_tensors_where_the_input
             reveal(pred)
             reveal(order)
         """) == ["tensor", "cpu_tensor"]
+
+
+def test_the_items_of_a_parameter_are_what_every_call_passes_at_the_call():
+    """`seq` is a range in one branch of the caller and a list of ints in the other (its numpy
+    value replaced in the same branch before the call): the loop goes over numbers; so does one
+    over `[-1] + list(seq[:-1])`. A branch that passes the numpy array itself says nothing."""
+    source = """
+        import numpy as np
+        def steps(x, seq):
+            seq_next = [-1] + list(seq[:-1])
+            for i, j in zip(seq, seq_next):
+                reveal(i)
+                reveal(j)
+        def main(cfg, x):
+            if cfg.uniform:
+                seq = range(10)
+            else:
+                seq = np.linspace(0, 3, 10) ** 2
+                seq = [int(s) for s in list(seq)]
+            steps(x, seq)
+        """
+    assert kinds(source) == ["scalar", "scalar"]
+    assert kinds(source.replace("seq = [int(s) for s in list(seq)]", "pass")) == ["None", "None"]

@@ -972,3 +972,38 @@ def test_a_method_that_trains_through_a_project_helper_is_a_step_and_so_are_its_
     evaluate = _UPDATE_PARAMS.replace("loss.backward()", "pass").replace("optim.step()", "pass")
     (tmp_path / "evaluates").mkdir()
     assert _mat502_rows(tmp_path / "evaluates", {"utils.py": evaluate, "agent.py": agent}, "agent.py") == []
+
+
+def test_a_sampling_loop_of_a_function_imported_inside_a_method_is_an_evaluation_loop(tmp_path):
+    """ddim: runner.py imports `ddpm` inside the method that calls it with a model; the loop runs
+    that model with gradients off on each step's `t`, made on `x.device` before `x` is rebound:
+    where `x` is placed says nothing of the pass before, so the loop evaluates, and its copies to
+    the host sync on every step."""
+    sampling = """
+        import torch
+        def ddpm(x, seq, model):
+            with torch.no_grad():
+                n = x.size(0)
+                xs = [x]
+                for i in seq:
+                    t = (torch.ones(n) * i).to(x.device)
+                    x = xs[-1].to("cuda")
+                    out = model(x, t.float())
+                    xs.append(out.to("cpu"))
+            return xs
+        """
+    runner = """
+        import torch
+        import torch.nn as nn
+
+        class Net(nn.Module):
+            def forward(self, x, t):
+                return x * t
+
+        class Runner:
+            def sample(self, x):
+                model = Net().cuda()
+                from sampling import ddpm
+                return ddpm(x, range(10), model)
+        """
+    assert _mat502_rows(tmp_path, {"sampling.py": sampling, "runner.py": runner}, "sampling.py") == [11]

@@ -114,6 +114,14 @@ class FunctionFlow(BuiltOnFirstUse):
                 return True
         return False
 
+    def _follows(self, store: Optional[ast.stmt], other: ast.stmt) -> bool:
+        """`other` comes after `store` in the same block: every path from `store` runs it
+        (`seq = np.linspace(...)`, then `seq = [int(s) for s in seq]` in one branch)."""
+        if store is None:
+            return False
+        first, second = self.block.get(store), self.block.get(other)
+        return first is not None and second is not None and first[0] == second[0] and second[1] > first[1]
+
     def _reaches(self, store: Optional[ast.stmt], load: ast.AST, name: Optional[str] = None) -> bool:
         """`store` of `name` (the load's own name when None) may hold the value read at `load`."""
         name = name or load.id
@@ -129,7 +137,7 @@ class FunctionFlow(BuiltOnFirstUse):
                     return False  # `for x in xs:` binds x before every pass reads it
                 continue
             later = store is None or _stored_at(other) > _stored_at(store)
-            if later and _end(other) <= _pos(load) and self._dominates(other, load):
+            if later and _end(other) <= _pos(load) and (self._dominates(other, load) or self._follows(store, other)):
                 return False
         for branches in self._storing_branches(name):
             if (store is None or _pos(branches) > _end(store)) and _end(branches) <= _pos(load) \

@@ -730,15 +730,8 @@ class _Inference:
         file, or where the file never calls it, those of the project files that import it
         (`logger.log_data(step, actor_loss, ...)` in main.py for `log_data` of logger.py); None
         where there are none, or they disagree or cannot be told."""
-        if function.name == "__init__":
-            return None
-        if function.name in ("forward", "__call__") or identifier_text(self.ctx).count(function.name + "(") >= 2:
-            sites = [(self.ctx, site) for site in file_calls(self.ctx).call_sites(function)]
-        else:
-            sites = []  # only its `def` names it: the file never calls it (a `forward` is called through its instances)
-        if not sites:
-            sites = _importer_sites(self.ctx, function)
-        if not sites or len(sites) > _MAX_CALL_SITES:
+        sites = self._calls_of(function)
+        if sites is None:
             return None
         kinds = []
         for ctx, site in sites:
@@ -757,6 +750,49 @@ class _Inference:
             kinds.append(kind)
         return self._combine(kinds)
 
+    def _calls_of(self, function: ast.AST) -> Optional[list]:
+        """[(SourceFile, CallSite)] of the calls of `function` that pass its parameters: those of
+        the file, or where the file never calls it, those of the project files that import it;
+        None where there are none or too many, and for `__init__`."""
+        if function.name == "__init__":
+            return None
+        if function.name in ("forward", "__call__") or identifier_text(self.ctx).count(function.name + "(") >= 2:
+            sites = [(self.ctx, site) for site in file_calls(self.ctx).call_sites(function)]
+        else:
+            sites = []  # only its `def` names it: the file never calls it (a `forward` is called through its instances)
+        if not sites:
+            sites = _importer_sites(self.ctx, function)
+        return sites if sites and len(sites) <= _MAX_CALL_SITES else None
+
+    def _passed_items(self, function: ast.AST, name: str) -> Optional[str]:
+        """The kind of the items of what every call of `function` passes for its parameter `name`,
+        from each value the argument may hold at the call (`seq = range(0, T, skip)` in one branch,
+        `seq = [int(s) for s in seq]` in another, then `steps(x, seq, model)`: numbers)."""
+        sites = self._calls_of(function)
+        if sites is None:
+            return None
+        from .flow import flow_of  # flow reads identifiers through this module
+        kinds = []
+        for ctx, site in sites:
+            value = argument_for(site, function, name)
+            if value is None:
+                return None
+            inference = _Inference(ctx, [scope_kinds(ctx, f) for f in reversed(site.functions)]
+                                   + [scope_kinds(ctx, ctx.tree)], site.cls)
+            values = [value]
+            if isinstance(value, ast.Name) and site.functions:
+                flow = flow_of(ctx, site.functions[-1])
+                reaching = flow.reaching_all(value) if value in flow.parent else []
+                if not reaching or not all(simple and stmt is not None for stmt, simple in reaching):
+                    return None
+                values = [stmt.value for stmt, _ in reaching]
+            for each in values:
+                kind = inference.element(each, ())
+                if kind is None:
+                    return None
+                kinds.append(kind)
+        return self._combine(kinds)
+
     def _module_base(self, base: ast.AST) -> bool:
         """`nn.Module`, another torch.nn class, a LightningModule, or a module class of the file."""
         qual = self.ctx.qualname(base)
@@ -771,6 +807,21 @@ class _Inference:
             return self.element(iterable.value, path)  # `list(range(n))[::-1]`: the same items
         if isinstance(iterable, ast.Name) and not path and self._numbers_held(iterable.id):
             return SCALAR  # `indices = list(range(n))[::-1]`, then `indices = tqdm(indices)`
+        if isinstance(iterable, ast.Name) and not path and self._is_parameter(iterable.id):
+            entry = next(scope.assigned[iterable.id][0] for scope in self.chain if iterable.id in scope.assigned)
+            passed = self._passed_items(entry[1], entry[2])
+            if passed is not None:
+                return passed
+        if isinstance(iterable, (ast.ListComp, ast.GeneratorExp)) and not path:
+            item = self.expr(iterable.elt)
+            return item if item == SCALAR else None  # `[int(s) for s in seq]`: numbers
+        if not path and (isinstance(iterable, (ast.List, ast.Tuple)) and iterable.elts and not any(
+                isinstance(e, ast.Starred) for e in iterable.elts)):
+            items = {self.expr(e) for e in iterable.elts}
+            return SCALAR if items == {SCALAR} else None  # `[-1, 0]`: numbers
+        if not path and isinstance(iterable, ast.BinOp) and isinstance(iterable.op, ast.Add):
+            left = self.element(iterable.left, ())  # `[-1] + list(seq[:-1])`: the items of both
+            return left if left == SCALAR and self.element(iterable.right, ()) == SCALAR else None
         if isinstance(iterable, ast.Call):
             fname = getattr(iterable.func, "id", None)
             if fname == "enumerate" and iterable.args:

@@ -20,6 +20,9 @@ def bound_names(target: ast.AST) -> set:
             names.add(node.id)
     return names
 
+# Attributes that say where a tensor is, not what it holds.
+_PLACEMENT_ATTRIBUTES = frozenset({"device", "dtype", "is_cuda"})
+
 
 def loaded_names(expr: ast.AST) -> set:
     return {n.id for n in walk_no_scopes(expr) if n.__class__ is ast.Name and n.ctx.__class__ is ast.Load}
@@ -533,9 +536,14 @@ class LoopInfo:
         """Some name of `carried` that `expr` reads may hold a value of an earlier pass. A read
         that only assignments earlier in the same pass reach reads that pass's value, and holds
         the previous pass only if such an assignment's value does (`ynext = y[:, t]` before
-        `embed(ynext)` in a loop that ends with `ynext = sample(mu)`)."""
+        `embed(ynext)` in a loop that ends with `ynext = sample(mu)`). Where a value is placed
+        (`x.device`, `x.dtype`) is no value of the pass that made it: `t = torch.ones(n).to(x.device)`
+        before `x = xs[-1]` reads nothing of the previous pass."""
+        placement = {id(node.value) for node in walk_no_scopes(expr)
+                     if node.__class__ is ast.Attribute and node.attr in _PLACEMENT_ATTRIBUTES}
         for load in walk_no_scopes(expr):
-            if load.__class__ is not ast.Name or load.id not in carried or load.ctx.__class__ is not ast.Load:
+            if load.__class__ is not ast.Name or load.id not in carried or load.ctx.__class__ is not ast.Load \
+                    or id(load) in placement:
                 continue
             stores = self.assigned_this_pass(load)
             if stores is None or any(store in seen for store in stores):

@@ -662,13 +662,32 @@ def _import_table(tree: ast.Module) -> dict:
     return table
 
 
+def _local_from_imports(tree: ast.Module, table: dict) -> dict:
+    """`table` with the `from module import name` lines inside functions added, where the module
+    level binds no such name (`from functions.denoising import generalized_steps` in the method
+    that calls it)."""
+    added = dict(table)
+    stack = [stmt for stmt in tree.body if isinstance(stmt, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef))]
+    while stack:
+        stmt = stack.pop()
+        if isinstance(stmt, ast.ImportFrom):
+            for alias in stmt.names:
+                if alias.name != "*" and (alias.asname or alias.name) not in table:
+                    added.setdefault(alias.asname or alias.name, (stmt.module or "", stmt.level, alias.name))
+            continue
+        for field in ("body", "orelse", "finalbody", "handlers"):
+            stack.extend(s for s in getattr(stmt, field, ()) if isinstance(s, ast.stmt) or isinstance(s, ast.excepthandler))
+    return added
+
+
 def project_imports(tree: ast.Module, filename: str) -> dict:
-    """What the top-level imports of the file at `filename` bind to project files: `{local name:
-    (path, name)}` for a definition imported from a module (`from utils import accuracy as acc`),
-    `{alias: (path, None)}` for a module (`import utils`, `from utils import array_tool as at`),
-    and under `"*"` the paths of the modules imported with `*`. Paths are absolute."""
+    """What the imports of the file at `filename` bind to project files: `{local name: (path,
+    name)}` for a definition imported from a module (`from utils import accuracy as acc`, also
+    inside a function), `{alias: (path, None)}` for a module (`import utils`, `from utils import
+    array_tool as at`), and under `"*"` the paths of the modules imported with `*`. Paths are
+    absolute."""
     found = {}
-    for local, entry in _import_table(tree).items():
+    for local, entry in _local_from_imports(tree, _import_table(tree)).items():
         if local is _STARS:
             stars = [os.path.abspath(p) for p in (resolve(filename, m, level) for m, level in entry) if p]
             if stars:
