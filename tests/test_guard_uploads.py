@@ -14,12 +14,15 @@ from matlint_helpers import lines, this_line  # noqa: E402
 DEVICE = "meta"
 
 
-def observe(fn, steps=3):
+def observe(fn, steps=3, mark_steps=True):
+    """`fn` run `steps` times under the guard; `mark_steps`: a `guard.step()` after each (a
+    function that steps an optimizer marks its own steps)."""
     g = guard(json_path=None, report=False, estimate_savings=False, warmup=1, window=steps - 1)
     with g:
         for _ in range(steps):
             fn()
-            g.step()
+            if mark_steps:
+                g.step()
     return g
 
 
@@ -48,7 +51,7 @@ def discriminator_step():
 
 def test_fills_made_on_the_host_and_moved_each_step_are_found():
     step = discriminator_step()
-    g = observe(step)
+    g = observe(step, mark_steps=False)
     assert lines(g, "MAT503") == this_line(step)
     found = uploads(g)
     assert "by `aten::ones`" in found[0].message and "torch.ones(..., device=...)" in found[0].message
@@ -106,3 +109,30 @@ def test_a_move_on_the_cpu_copies_nothing():
 
     g = observe(step)
     assert lines(g, "MAT503") == []
+
+
+def test_labels_made_once_an_iteration_of_two_optimizer_steps_are_found_and_a_one_off_is_not():
+    """A GAN's iteration steps the discriminator's optimizer and then the generator's: the labels
+    its first half makes on the host come once every two steps. A buffer made on the host and
+    moved on the first call only is set-up."""
+    netD, netG = nn.Linear(8, 1).to(DEVICE), nn.Linear(4, 8).to(DEVICE)
+    optD = torch.optim.SGD(netD.parameters(), lr=0.1)
+    optG = torch.optim.SGD(netG.parameters(), lr=0.1)
+    cache = {}
+
+    def iteration():
+        if "buffer" not in cache:
+            cache["buffer"] = torch.zeros(16, 8).to(DEVICE)
+        real_label = torch.ones(16, 1).to(DEVICE)  # <- here
+        fake = netG(torch.randn(16, 4, device=DEVICE))
+        lossD = nn.functional.mse_loss(netD(fake.detach() + cache["buffer"]), real_label)
+        lossD.backward()
+        optD.step()
+        optD.zero_grad()
+        lossG = netD(fake).mean()
+        lossG.backward()
+        optG.step()
+        optG.zero_grad()
+
+    g = observe(iteration, steps=6, mark_steps=False)
+    assert lines(g, "MAT503") == this_line(iteration)
