@@ -917,3 +917,22 @@ def test_the_items_of_a_parameter_are_what_every_call_passes_at_the_call():
         """
     assert kinds(source) == ["scalar", "scalar"]
     assert kinds(source.replace("seq = [int(s) for s in list(seq)]", "pass")) == ["None", "None"]
+
+
+def test_an_rnn_layers_output_and_hidden_state_are_tensors_and_an_lstms_state_a_pair():
+    assert kinds("""
+        import torch.nn as nn
+        class Encoder(nn.Module):
+            def __init__(self):
+                super().__init__()
+                self.gru = nn.GRU(8, 16)
+                self.lstm = nn.LSTM(8, 16)
+            def forward(self, x):
+                out, h = self.gru(x)
+                seq, state = self.lstm(x)
+                reveal(out)
+                reveal(h)
+                reveal(seq)
+                reveal(state)
+                return out
+        """) == ["tensor", "tensor", "tensor", "None"]

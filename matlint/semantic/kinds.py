@@ -152,6 +152,7 @@ _ELEMENTWISE_MODULES = {
     "AdaptiveAvgPool1d", "AdaptiveAvgPool2d", "Upsample", "PixelShuffle", "Bilinear", "Sequential",
 }
 _LINEAR_MODULES = {"torch.nn.Linear", "torch.nn.LazyLinear"}
+_RECURRENT_LAYERS = {"torch.nn.RNN", "torch.nn.GRU", "torch.nn.LSTM"}  # return (output, hidden)
 _TOTAL_NORMS = frozenset({"torch.nn.utils.clip_grad_norm_", "torch.nn.utils.clip_grad_norm",
                           "torch.nn.utils.get_total_norm", "torch.nn.utils.clip_grad.clip_grad_norm_"})
 _VARIABLE = frozenset({"torch.autograd.Variable", "torch.autograd.variable.Variable"})
@@ -705,6 +706,9 @@ class _Inference:
                 whole = sub.expr(value)
                 if whole in TENSORS:
                     return whole  # `scores, lengths = model(x, n)`: a module's outputs, where it runs
+                recurrent = sub._recurrent_layer(value.func)
+                if recurrent is not None and (index == 0 or index == 1 and recurrent != "LSTM"):
+                    return TENSOR  # `output, hidden = self.gru(x, h0)`; an LSTM's second item is a pair
             return None
         if tag == "elem":
             kind = sub.element(entry[1], entry[2])
@@ -1161,6 +1165,21 @@ class _Inference:
             if kind is not None:
                 found.append((name, kind))
         return tuple(found)
+
+    def _recurrent_layer(self, func: ast.AST) -> Optional[str]:
+        """"RNN", "GRU" or "LSTM" where every value `func` (a name, or `self.<attr>`) is bound to
+        makes that torch.nn layer."""
+        if isinstance(func, ast.Name):
+            values = [e[1] for e in bindings(self.ctx, func.id) or () if e[0] == "value"]
+        elif isinstance(func, ast.Attribute) and self.is_self(func.value):
+            values = [value for _, value in class_attribute_values(self.ctx, self.cls, func.attr)]
+        else:
+            return None
+        made = {self.ctx.qualname(v.func) if isinstance(v, ast.Call) else None for v in values}
+        if len(made) != 1:
+            return None
+        layer = made.pop() or ""
+        return layer[len("torch.nn."):] if layer in _RECURRENT_LAYERS else None
 
     def _module_class(self, func: ast.AST) -> Optional[ast.ClassDef]:
         """The module class whose instance `func` holds (`model = Net(...)`, `self.net =
