@@ -936,3 +936,40 @@ def test_an_rnn_layers_output_and_hidden_state_are_tensors_and_an_lstms_state_a_
                 reveal(state)
                 return out
         """) == ["tensor", "tensor", "tensor", "None"]
+
+
+def test_tensors_made_on_a_cpu_device_held_in_a_name_and_a_layers_output_on_them_stay_on_the_host():
+    """`device = torch.device('cpu')` (the cuda line commented out): what the factories make there
+    and what a torch.nn layer computes from it stay on the host; a layer given a device tensor
+    gives one."""
+    assert kinds("""
+        import torch
+        device = torch.device('cpu')
+        gpu = torch.device('cuda')
+        model = torch.nn.Sequential(torch.nn.Linear(4, 4), torch.nn.ReLU())
+        x = torch.randn(8, 4, device=device)
+        z = torch.randn(8, 4, device=gpu)
+        reveal(x)
+        reveal(model(x))
+        reveal(model(z))
+        """) == ["cpu_tensor", "cpu_tensor", "tensor"]
+
+
+def test_a_device_string_passed_for_a_parameter_moves_what_is_moved_to_it():
+    """`train(..., device)` after `device = 'cuda'`: `top.to(device)` is on the device, and so is
+    what a loss module computes from it; passed 'cpu', the host."""
+    source = """
+        import torch
+        from torch import nn
+        def train(loader, model, device):
+            criterion = nn.CrossEntropyLoss()
+            for top, label in loader:
+                top = top.to(device)
+                reveal(top)
+                reveal(criterion(top, top))
+        def main(loader, model):
+            device = 'cuda'
+            train(loader, model, device)
+        """
+    assert kinds(source) == ["tensor", "tensor"]
+    assert kinds(source.replace("'cuda'", "'cpu'")) == ["cpu_tensor", "cpu_tensor"]

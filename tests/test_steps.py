@@ -1007,3 +1007,46 @@ def test_a_sampling_loop_of_a_function_imported_inside_a_method_is_an_evaluation
                 return ddpm(x, range(10), model)
         """
     assert _mat502_rows(tmp_path, {"sampling.py": sampling, "runner.py": runner}, "sampling.py") == [11]
+
+
+def test_a_trainer_that_draws_batches_over_a_range_is_a_training_loop_not_one_step(tmp_path):
+    """N-BEATS: `trainer()` moves its model with `.to(default_device())` (a CUDA device a project
+    helper gives) and runs `for i in range(...)` drawing `next(training_set)` each pass: its own
+    per-step `float(loss)` syncs; the loop over seasonal patterns that calls it once per model is
+    no training loop, and its one copy of each model's forecast is not per step."""
+    ops = """
+        import torch as t
+        def default_device():
+            return t.device("cuda") if t.cuda.is_available() else t.device("cpu")
+        """
+    trainer = """
+        import torch as t
+        from ops import default_device
+
+        def trainer(model, training_set, iterations):
+            model = model.to(default_device())
+            optimizer = t.optim.Adam(model.parameters())
+            for i in range(iterations):
+                x, y = next(training_set)
+                optimizer.zero_grad()
+                loss = (model(x) - y).pow(2).mean()
+                loss.backward()
+                optimizer.step()
+                print(float(loss))
+            return model
+        """
+    main = """
+        import torch as t
+        from trainer import trainer
+
+        def run(patterns, sets, make_model, inputs):
+            forecasts = []
+            for pattern in patterns:
+                model = trainer(make_model(), iter(sets[pattern]), 1000)
+                with t.no_grad():
+                    forecasts.extend(model(inputs[pattern]).cpu().numpy())
+            return forecasts
+        """
+    files = {"ops.py": ops, "trainer.py": trainer, "main.py": main}
+    assert _mat502_rows(tmp_path, files, "trainer.py") == [14]
+    assert _mat502_rows(tmp_path, files, "main.py") == []

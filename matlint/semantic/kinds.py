@@ -1071,7 +1071,9 @@ class _Inference:
         else:
             callee = None
         if callee in (LINEAR, MODULE):
-            return TENSOR
+            # a torch.nn layer computes where its input is (it cannot move it): on host tensors, on the host
+            given = [self.expr(a) for a in node.args]
+            return CPU_TENSOR if given and all(k == CPU_TENSOR for k in given) else TENSOR
         if callee == USER_MODULE:
             cls = self._module_class(func)
             return TENSOR if cls is not None and _forward_returns_one_tensor(cls) else None
@@ -1249,6 +1251,9 @@ class _Inference:
         if isinstance(expr, ast.JoinedStr):  # f"cuda:{rank}"
             head = expr.values[0] if expr.values else None
             return {head.value} if isinstance(head, ast.Constant) and isinstance(head.value, str) else None
+        if (isinstance(expr, ast.Call) and len(expr.args) == 1 and not expr.keywords
+                and self.ctx.qualname(expr.func) == "torch.device"):
+            return self.device_strings(expr.args[0], depth)  # `torch.device("cpu")`
         if not isinstance(expr, ast.Name) or depth > 4:
             return None
         for scope in self.chain:
@@ -1257,13 +1262,35 @@ class _Inference:
                 continue
             found: set = set()
             for entry in entries:
-                value = entry[1] if entry[0] == "value" else None
-                strings = self.device_strings(value, depth + 1) if value is not None else None
+                if entry[0] == "param":
+                    strings = self._passed_strings(entry[1], entry[2], depth + 1)
+                else:
+                    value = entry[1] if entry[0] == "value" else None
+                    strings = self.device_strings(value, depth + 1) if value is not None else None
                 if strings is None:
                     return None
                 found |= strings
             return found or None
         return None
+
+    def _passed_strings(self, function: ast.AST, name: str, depth: int) -> Optional[set]:
+        """The device strings every call of `function` passes for its parameter `name` (`train(...,
+        device)` after `device = "cuda"`), else None."""
+        sites = self._calls_of(function)
+        if sites is None:
+            return None
+        found: set = set()
+        for ctx, site in sites:
+            value = argument_for(site, function, name)
+            if value is None:
+                return None
+            inference = _Inference(ctx, [scope_kinds(ctx, f) for f in reversed(site.functions)]
+                                   + [scope_kinds(ctx, ctx.tree)], site.cls)
+            strings = inference.device_strings(value, depth)
+            if strings is None:
+                return None
+            found |= strings
+        return found or None
 
     def _tensor_method(self, method: str, receiver: str, node: ast.Call) -> Optional[str]:
         if method in ("cpu", "cuda", "to"):
@@ -1415,7 +1442,10 @@ class _Inference:
             return CPU_TENSOR
         if device is None:
             return TENSOR if self.default_device_set else CPU_TENSOR
-        return CPU_TENSOR if is_cpu_literal(device) else TENSOR
+        if is_cpu_literal(device):
+            return CPU_TENSOR
+        devices = self.device_strings(device) if isinstance(device, ast.Name) else None
+        return CPU_TENSOR if devices and all(d.split(":")[0] == "cpu" for d in devices) else TENSOR
 
 
 def _forward_returns_one_tensor(cls: ast.ClassDef) -> bool:

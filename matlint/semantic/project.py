@@ -130,13 +130,14 @@ def project_dependencies(source: str, filename: str) -> list:
     return sorted(found)
 
 
-_CUDA_WORK = re.compile(r"\bcuda\b|\.to\(\s*(?:self\.|args\.|cfg\.|config\.|opt\.)?(?:device|DEVICE)\b|\bdevice\s*=|\.device\b"
+_CUDA_WORK = re.compile(r"\bcuda\b|\.to\(\s*[\w.]*(?:device|DEVICE)|\bdevice\s*=|\.device\b"
                         r"|[Aa]ccelerator|DataParallel")
 
 
 def moves_work_to_cuda(ctx) -> bool:
     """The file moves work to a CUDA device: names CUDA (`.cuda()`, `"cuda"`, `torch.cuda`),
-    moves tensors or models to a device it holds (`.to(device)`, `.to(DEVICE)`, `device=device`, `x.device`),
+    moves tensors or models to a device it holds or a helper gives (`.to(device)`, `.to(DEVICE)`,
+    `.to(default_device())`, `device=device`, `x.device`),
     or hands them to a framework that places them (`accelerator.prepare`, `DataParallel`). A
     file that does none of these runs its tensors where they were made, on the CPU."""
     found = ctx.shared.get("moves_work_to_cuda")

@@ -1597,16 +1597,24 @@ def _outside_data_loops(body):
     """The nodes of a function's body outside its nested scopes and outside its loops over
     anything but `range(...)`: a function that trains once per agent or a fixed number of times
     (`for agent in range(n_agents): ... opt.step()`) is one call's steps; one that goes over a
-    loader or a data set holds a whole training loop (an epoch)."""
+    loader or a data set holds a whole training loop (an epoch), as does a loop over a range
+    that draws the next batch on each pass (`x, y = next(training_set)`)."""
     stack = list(body)
     while stack:
         node = stack.pop()
         yield node
         if isinstance(node, _SCOPES) or isinstance(node, _LOOPS) and not (
                 isinstance(node, ast.For) and isinstance(node.iter, ast.Call)
-                and isinstance(node.iter.func, ast.Name) and node.iter.func.id == "range"):
+                and isinstance(node.iter.func, ast.Name) and node.iter.func.id == "range"
+                and not _draws_next(node)):
             continue
         stack.extend(child_nodes(node))
+
+
+def _draws_next(loop: ast.For) -> bool:
+    """The loop's body calls `next(...)`: it takes the next item of an iterator on each pass."""
+    return any(node.__class__ is ast.Call and node.func.__class__ is ast.Name and node.func.id == "next"
+               for stmt in loop.body for node in walk_no_scopes(stmt))
 
 
 def _called_definition(ctx, calls, func: ast.AST) -> Optional[ast.AST]:
