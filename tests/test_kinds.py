@@ -973,3 +973,19 @@ def test_a_device_string_passed_for_a_parameter_moves_what_is_moved_to_it():
         """
     assert kinds(source) == ["tensor", "tensor"]
     assert kinds(source.replace("'cuda'", "'cpu'")) == ["cpu_tensor", "cpu_tensor"]
+
+
+def test_type_as_puts_the_tensor_where_the_other_one_is():
+    """`y_true.type_as(x)` takes x's dtype and device: a host target moved next to the model's
+    output; of a host tensor, the host; of something unknown, unknown."""
+    assert kinds("""
+        import torch
+        def loss(x, unknown):
+            out = x.cuda()
+            y_true = torch.zeros(4, 3)
+            if torch.cuda.is_available():
+                y_true = y_true.type_as(out)
+            reveal(y_true[..., 2] == 1)
+            reveal(torch.zeros(2).type_as(torch.ones(2)))
+            reveal(torch.zeros(2).type_as(unknown.foo))
+        """) == ["tensor", "cpu_tensor", "None"]

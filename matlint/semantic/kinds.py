@@ -181,7 +181,7 @@ _KIND_KEEPING_METHODS = {"float", "half", "bfloat16", "double", "train", "eval",
                          "contiguous", "view", "reshape", "flatten", "permute", "transpose", "squeeze", "unsqueeze",
                          "expand", "t", "narrow", "unflatten", "view_as", "expand_as", "repeat", "clamp", "clamp_",
                          "masked_fill", "masked_fill_", "floor", "ceil", "sigmoid", "tanh", "relu", "softmax",
-                         "log_softmax", "long", "int", "bool", "type_as", "mean", "sum", "abs", "exp", "log",
+                         "log_softmax", "long", "int", "bool", "mean", "sum", "abs", "exp", "log",
                          "sqrt", "pow", "neg", "norm", "std", "var", "prod", "cumsum", "square", "mul", "add", "sub",
                          "div", "sign", "round"}
 _MOVABLE = frozenset({LINEAR, MODULE, USER_MODULE})  # modules, which `.to(device)` / `.cuda()` return
@@ -1215,13 +1215,16 @@ class _Inference:
         return found[0] if found is not None else None
 
     def _destination(self, method: str, node: ast.Call):
-        """Where `.cpu()` / `.cuda()` / `.to(...)` puts its receiver: CPU_TENSOR (the CPU), TENSOR
+        """Where `.cpu()` / `.cuda()` / `.to(...)` / `.type_as(other)` puts its receiver: CPU_TENSOR (the CPU), TENSOR
         (a device not known to be the CPU), `_STAYS` (`.to(torch.float16)`, `.to(dtype=...)`); None
         for other methods."""
         if method == "cpu":
             return CPU_TENSOR
         if method == "cuda":
             return TENSOR
+        if method == "type_as" and len(node.args) == 1 and not node.keywords:
+            other = self.expr(node.args[0])  # `y.type_as(x)`: x's dtype, on x's device
+            return other if other in (TENSOR, CPU_TENSOR) else None
         if method != "to":
             return None
         target = node.args[0] if node.args else next((k.value for k in node.keywords if k.arg == "device"), None)
@@ -1293,7 +1296,7 @@ class _Inference:
         return found or None
 
     def _tensor_method(self, method: str, receiver: str, node: ast.Call) -> Optional[str]:
-        if method in ("cpu", "cuda", "to"):
+        if method in ("cpu", "cuda", "to", "type_as"):
             where = self._destination(method, node)
             return receiver if where is _STAYS else where
         if method == "type" and len(node.args) == 1 and not node.keywords:
