@@ -257,6 +257,20 @@ def file_moves_to_cuda(path: str) -> bool:
     return while_unchanged(_MOVES_TO_CUDA, path, _names_cuda_work_in, False)
 
 
+def file_runs_backward(path: str) -> bool:
+    """The project file at `path` spells a backward pass (`.backward(`): a function of it may be a
+    training step. Read once per process while the file is unchanged."""
+    return while_unchanged(_RUNS_BACKWARD, path, _runs_backward_in, False)
+
+
+def _runs_backward_in(path: str) -> bool:
+    text = read_text(path)
+    return text is not None and ".backward(" in text
+
+
+_RUNS_BACKWARD: dict = {}
+
+
 def _names_cuda_work_in(path: str) -> bool:
     text = read_text(path)
     return text is not None and names_cuda_work(text)
@@ -679,6 +693,14 @@ def _local_from_imports(tree: ast.Module, table: dict) -> dict:
         for field in ("body", "orelse", "finalbody", "handlers"):
             stack.extend(s for s in getattr(stmt, field, ()) if isinstance(s, ast.stmt) or isinstance(s, ast.excepthandler))
     return added
+
+
+def linted_project_imports(ctx) -> dict:
+    """`project_imports` of the linted file, read once per file."""
+    found = ctx.shared.get("project_imports")
+    if found is None:
+        found = ctx.shared["project_imports"] = project_imports(ctx.tree, ctx.filename) if ctx.filename else {}
+    return found
 
 
 def project_imports(tree: ast.Module, filename: str) -> dict:

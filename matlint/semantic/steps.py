@@ -37,8 +37,8 @@ from .kinds import imported_class
 from .loops import (LoopInfo, _attribute_paths, bound_names, file_trains, identifier, is_backward,
                     is_optimizer_step, is_training_loop, loaded_names, may_run_training_step, name_tokens, optimizer_names,
                     walk_no_scopes)
-from .project import (SCRIPT_PROJECT_FILES, imported_definition, imported_definitions, imported_function,
-                      importers, in_script_project, while_unchanged)
+from .project import (SCRIPT_PROJECT_FILES, file_runs_backward, imported_definition, imported_definitions,
+                      imported_function, importers, in_script_project, linted_project_imports, while_unchanged)
 from .torch_api import NO_GRAD_CONTEXTS
 from .tree import child_nodes, dotted, identifier_text
 
@@ -1651,6 +1651,10 @@ def _training_step_called(ctx, calls, function: ast.AST) -> Optional[ast.Call]:
         if node.__class__ is not ast.Call:
             continue
         if node.func.__class__ is ast.Name and not ctx.names.binds_locally(node.func.id):
+            imported = linted_project_imports(ctx).get(node.func.id)
+            if node.func.id not in calls.module_functions and (
+                    imported is None or imported[1] is None or not file_runs_backward(imported[0])):
+                continue  # neither the file's own function nor one of a project module that trains
             key = (None, node.func.id)
         elif cls is not None and isinstance(node.func, ast.Attribute) and isinstance(node.func.value, ast.Name) \
                 and node.func.value.id == "self":
