@@ -734,25 +734,37 @@ class _Inference:
         file, or where the file never calls it, those of the project files that import it
         (`logger.log_data(step, actor_loss, ...)` in main.py for `log_data` of logger.py); None
         where there are none, or they disagree or cannot be told."""
+        passed = self._arguments_at_calls(function, name)
+        if passed is None:
+            return None
+        from .flow import flow_of  # flow reads identifiers through this module
+        kinds = []
+        for inference, value, ctx, site in passed:
+            if isinstance(value, ast.Name) and site.functions:
+                assign = flow_of(ctx, site.functions[-1]).reaching(value)
+                if assign is not None and assign.value is not None:
+                    value = assign.value  # what the name holds at the call, not all it ever holds
+            kind = inference.expr(value)
+            if kind is None:
+                return None
+            kinds.append(kind)
+        return self._combine(kinds)
+
+    def _arguments_at_calls(self, function: ast.AST, name: str) -> Optional[list]:
+        """[(an _Inference read where the call is, the expression passed for `name`, the call's
+        SourceFile, its CallSite)] for every call of `function` (`_calls_of`); None where there are
+        none, or one passes nothing that can be told (`*args`)."""
         sites = self._calls_of(function)
         if sites is None:
             return None
-        kinds = []
+        found = []
         for ctx, site in sites:
             value = argument_for(site, function, name)
             if value is None:
                 return None
             chain = [scope_kinds(ctx, f) for f in reversed(site.functions)] + [scope_kinds(ctx, ctx.tree)]
-            if isinstance(value, ast.Name) and site.functions:
-                from .flow import flow_of  # flow reads identifiers through this module
-                assign = flow_of(ctx, site.functions[-1]).reaching(value)
-                if assign is not None and assign.value is not None:
-                    value = assign.value  # what the name holds at the call, not all it ever holds
-            kind = _Inference(ctx, chain, site.cls).expr(value)
-            if kind is None:
-                return None
-            kinds.append(kind)
-        return self._combine(kinds)
+            found.append((_Inference(ctx, chain, site.cls), value, ctx, site))
+        return found
 
     def _calls_of(self, function: ast.AST) -> Optional[list]:
         """[(SourceFile, CallSite)] of the calls of `function` that pass its parameters: those of
@@ -772,17 +784,12 @@ class _Inference:
         """The kind of the items of what every call of `function` passes for its parameter `name`,
         from each value the argument may hold at the call (`seq = range(0, T, skip)` in one branch,
         `seq = [int(s) for s in seq]` in another, then `steps(x, seq, model)`: numbers)."""
-        sites = self._calls_of(function)
-        if sites is None:
+        passed = self._arguments_at_calls(function, name)
+        if passed is None:
             return None
         from .flow import flow_of  # flow reads identifiers through this module
         kinds = []
-        for ctx, site in sites:
-            value = argument_for(site, function, name)
-            if value is None:
-                return None
-            inference = _Inference(ctx, [scope_kinds(ctx, f) for f in reversed(site.functions)]
-                                   + [scope_kinds(ctx, ctx.tree)], site.cls)
+        for inference, value, ctx, site in passed:
             values = [value]
             if isinstance(value, ast.Name) and site.functions:
                 flow = flow_of(ctx, site.functions[-1])
@@ -1279,16 +1286,11 @@ class _Inference:
     def _passed_strings(self, function: ast.AST, name: str, depth: int) -> Optional[set]:
         """The device strings every call of `function` passes for its parameter `name` (`train(...,
         device)` after `device = "cuda"`), else None."""
-        sites = self._calls_of(function)
-        if sites is None:
+        passed = self._arguments_at_calls(function, name)
+        if passed is None:
             return None
         found: set = set()
-        for ctx, site in sites:
-            value = argument_for(site, function, name)
-            if value is None:
-                return None
-            inference = _Inference(ctx, [scope_kinds(ctx, f) for f in reversed(site.functions)]
-                                   + [scope_kinds(ctx, ctx.tree)], site.cls)
+        for inference, value, _, _ in passed:
             strings = inference.device_strings(value, depth)
             if strings is None:
                 return None

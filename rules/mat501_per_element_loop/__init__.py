@@ -174,14 +174,10 @@ class PerElementLoop(Rule):
         if self.ctx.qualname(node.func) not in ("torch.stack", "torch.cat") or len(node.args) != 1:
             return
         comp = node.args[0]
-        if not isinstance(comp, (ast.ListComp, ast.GeneratorExp)) or len(comp.generators) != 1:
+        gen = self._over_range(comp) if isinstance(comp, (ast.ListComp, ast.GeneratorExp)) else None
+        if gen is None:
             return
-        gen = comp.generators[0]
         it = gen.iter
-        if (gen.ifs or not isinstance(gen.target, ast.Name) or not isinstance(it, ast.Call)
-                or getattr(it.func, "id", None) != "range" or len(it.args) != 1 or it.keywords
-                or self._is_small(it.args[0])):
-            return
         picked = self._row_pick(comp.elt, gen.target.id)
         if picked is None:
             return
@@ -194,13 +190,8 @@ class PerElementLoop(Rule):
     def visit_ListComp(self, node: ast.AST) -> None:
         """`[1 if pred[j] == y[j] else 0 for j in range(n)]`, `sum(int(p[j] == y[j]) for j in
         range(n))`: a test of each element, counted one by one."""
-        if len(node.generators) != 1:
-            return
-        gen = node.generators[0]
-        it = gen.iter
-        if (gen.ifs or not isinstance(gen.target, ast.Name) or not isinstance(it, ast.Call)
-                or getattr(it.func, "id", None) != "range" or len(it.args) != 1 or it.keywords
-                or self._is_small(it.args[0])):
+        gen = self._over_range(node)
+        if gen is None:
             return
         elt = node.elt
         if isinstance(elt, ast.IfExp) and all(isinstance(arm, ast.Constant) and type(arm.value) in (int, float, bool)
@@ -222,6 +213,19 @@ class PerElementLoop(Rule):
                           + (f"tensors once: `({whole}).sum()`" if whole else "tensors once and `.sum()` the result"))
 
     visit_GeneratorExp = visit_ListComp
+
+    def _over_range(self, comp: ast.AST) -> Optional[ast.comprehension]:
+        """The one `for i in range(n)` of a comprehension, with no `if` and a bound not known to
+        be small; else None."""
+        if len(comp.generators) != 1:
+            return None
+        gen = comp.generators[0]
+        it = gen.iter
+        if (gen.ifs or not isinstance(gen.target, ast.Name) or not isinstance(it, ast.Call)
+                or getattr(it.func, "id", None) != "range" or len(it.args) != 1 or it.keywords
+                or self._is_small(it.args[0])):
+            return None
+        return gen
 
     def _whole(self, test: ast.Compare, index: str) -> Optional[str]:
         """The comparison of whole tensors that `test` makes element by element (`pred[j] == y[j]`
