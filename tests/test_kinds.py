@@ -989,3 +989,24 @@ def test_type_as_puts_the_tensor_where_the_other_one_is():
             reveal(torch.zeros(2).type_as(torch.ones(2)))
             reveal(torch.zeros(2).type_as(unknown.foo))
         """) == ["tensor", "cpu_tensor", "None"]
+
+
+def test_a_store_passed_over_by_a_break_still_reaches_past_the_loop():
+    """`x = np.zeros(3)`, then `break` on a condition, then `x = [1, 2]` in one pass: after the loop
+    `x` may hold either, so its items are not known to be numbers; without the break, only the
+    list reaches."""
+    source = """
+        import numpy as np
+        def steps(seq):
+            for i in seq:
+                reveal(i)
+        def main(cfg):
+            for _ in range(3):
+                seq = np.zeros((3, 3))
+                if cfg.stop:
+                    break
+                seq = [1, 2]
+            steps(seq)
+        """
+    assert kinds(source) == ["None"]
+    assert kinds(source.replace("                if cfg.stop:\n                    break\n", "")) == ["scalar"]

@@ -15,6 +15,8 @@ from .tree import _SCOPE_TYPES, block_fields, child_nodes, function_text, identi
 _LOOPS_AND_COMPREHENSIONS = (ast.For, ast.AsyncFor, ast.While, ast.ListComp, ast.SetComp, ast.DictComp,
                              ast.GeneratorExp)
 
+_JUMPS = (ast.Break, ast.Continue, ast.Return, ast.Raise)  # statements that leave a block
+
 
 def _pos(node: ast.AST) -> tuple:
     return (node.lineno, node.col_offset)
@@ -115,12 +117,19 @@ class FunctionFlow(BuiltOnFirstUse):
         return False
 
     def _follows(self, store: Optional[ast.stmt], other: ast.stmt) -> bool:
-        """`other` comes after `store` in the same block: every path from `store` runs it
-        (`seq = np.linspace(...)`, then `seq = [int(s) for s in seq]` in one branch)."""
+        """`other` comes after `store` in the same block with no jump between them: every path
+        from `store` runs it (`seq = np.linspace(...)`, then `seq = [int(s) for s in seq]` in one
+        branch)."""
         if store is None:
             return False
         first, second = self.block.get(store), self.block.get(other)
-        return first is not None and second is not None and first[0] == second[0] and second[1] > first[1]
+        if first is None or second is None or first[0] != second[0] or second[1] <= first[1]:
+            return False
+        parent = self.parent.get(store)
+        block = next((getattr(parent, field) for field in ("body", "orelse", "finalbody")
+                      if id(getattr(parent, field, None)) == first[0]), None)
+        return block is not None and not any(isinstance(node, _JUMPS) for stmt in block[first[1] + 1:second[1]]
+                                             for node in ast.walk(stmt))
 
     def _reaches(self, store: Optional[ast.stmt], load: ast.AST, name: Optional[str] = None) -> bool:
         """`store` of `name` (the load's own name when None) may hold the value read at `load`."""
