@@ -636,9 +636,10 @@ class Recorder:
         # tensor -> how it was made on the CPU in this step: by a factory (`torch.randint`, `torch.ones`:
         # the factory's op name), from Python values (`torch.tensor(values)`: HOST_DATA), or computed only
         # from such tensors (HOST_DATA where one of them is, else the first one's factory): data the
-        # program prepares on the host (batch indices, slice bounds, labels). A tensor that met a parameter, a module's output or a tensor
-        # from before the step is not one (a program moves those to its device). A view is its base's:
-        # looked up there (`host_origin`), not followed through every view op.
+        # program prepares on the host (batch indices, slice bounds, labels). A tensor that met a
+        # parameter, a module's output or a tensor from before the step is not one (a program moves
+        # those to its device). A view is its base's: looked up there (`host_origin`), not followed
+        # through every view op.
         self._host = _Tags()
         # tensor -> True: the output of a permute or transpose (of 3+ dims) that the user's own line wrote,
         # not one torch made inside a layer (a batch_first RNN's)

@@ -1176,8 +1176,8 @@ class _Inference:
         return tuple(found)
 
     def _recurrent_layer(self, func: ast.AST) -> Optional[str]:
-        """"RNN", "GRU" or "LSTM" where every value `func` (a name, or `self.<attr>`) is bound to
-        makes that torch.nn layer."""
+        """The torch.nn recurrent layer ("RNN", "GRU" or "LSTM") that every value `func` (a name,
+        or `self.<attr>`) is bound to makes, else None."""
         if isinstance(func, ast.Name):
             values = [e[1] for e in bindings(self.ctx, func.id) or () if e[0] == "value"]
         elif isinstance(func, ast.Attribute) and self.is_self(func.value):

@@ -691,7 +691,7 @@ def _local_from_imports(tree: ast.Module, table: dict) -> dict:
                     added.setdefault(alias.asname or alias.name, (stmt.module or "", stmt.level, alias.name))
             continue
         for field in ("body", "orelse", "finalbody", "handlers"):
-            stack.extend(s for s in getattr(stmt, field, ()) if isinstance(s, ast.stmt) or isinstance(s, ast.excepthandler))
+            stack.extend(s for s in getattr(stmt, field, ()) if isinstance(s, (ast.stmt, ast.excepthandler)))
     return added
 
 

@@ -39,7 +39,7 @@ def check_uploads(rec, steps, ctx):
         if per_step < UPLOADS_MIN_PER_STEP or upload.count < 2:
             continue  # made once in the window (a buffer set up lazily), or seldom
         constant = origin == HOST_DATA
-        if constant and not (upload.same_values and upload.count > 1):
+        if constant and not upload.same_values:
             continue  # values from the host that change: data that has to be copied
         made = "from the same Python values" if constant else f"by `aten::{origin}`"
         fix = ("make it once before the loop and reuse it" if constant else
