@@ -12,7 +12,7 @@ from matlint.rule import Only, Rule
 
 from matlint.semantic import kinds as _kinds
 from matlint.semantic.project import cpu_only_project, cpu_only_script, imported_function, parsed
-from matlint.semantic.loops import LoopInfo, bound_names, loaded_names, walk_no_scopes
+from matlint.semantic.loops import LoopInfo, bound_names, is_backward, loaded_names, walk_no_scopes
 from matlint.semantic.kinds import TYPED_TENSORS, cuda_tensor_type
 from matlint.semantic.steps import iterates_loader, loop_trains, repeating_loops, runs_once, samples_with_model, step_loop
 from matlint.semantic.names import REFERENCE, TESTS
@@ -319,10 +319,12 @@ class HostSyncInLoop(_StepLoops, _HostReads, Rule):
     mask: `x[pos, :]`, `x[pos, 4]`),
     also in place (`l[mask] -= 1`, which reads `l[mask]`) and storing a device tensor through a
     mask (`v[mask] = net(s)`: the mask becomes indices), `nonzero`, `masked_select` and
-    `unique` (their output's size depends on the values), `assert` on a tensor, and
+    `unique` (their output's size depends on the values), `assert` on a tensor,
     `torch.cuda.synchronize()` (quiet where the step made non-blocking copies that may land on
     the host, `.to("cpu", non_blocking=True)` or `buf.copy_(x, non_blocking=True)`, which it must
-    wait for; non-blocking copies to the device are ordered on the stream and excuse nothing).
+    wait for; non-blocking copies to the device are ordered on the stream and excuse nothing),
+    and `torch.cuda.empty_cache()` (it frees the cached blocks with `cudaFree`, which waits for
+    the device, and the next step allocates them again).
     A training loop is a loop
     whose body calls `.backward()` or an optimizer's `.step()`, or a function (of the file or the
     project, or a method of an instance of one of their classes: `agent.update(batch)`) that is one
@@ -602,7 +604,7 @@ class HostSyncInLoop(_StepLoops, _HostReads, Rule):
     """
 
     only = {"visit_Call": Only(attrs=frozenset(_SYNC_METHODS | _CONVERSIONS | _DATA_SIZED | _ELEMENT_BUILTINS
-                                               | {"print", "synchronize", "type"} | _TEXT_CALLS | _SCALAR_LOGGERS
+                                               | {"print", "synchronize", "empty_cache", "type"} | _TEXT_CALLS | _SCALAR_LOGGERS
                                                | {qual.rpartition(".")[2] for qual in _FROM_DATA} | _MATH_FUNCTIONS),
                                every_call_if=_steps_with_project_helpers),
             "visit_While": Only(in_loops=True), "visit_IfExp": Only(in_loops=True)}
@@ -610,6 +612,7 @@ class HostSyncInLoop(_StepLoops, _HostReads, Rule):
     def __init__(self, ctx, options: Optional[dict] = None):
         super().__init__(ctx, options)
         self._statements: dict = {}  # (statement, what, remedy) -> _Statement
+        self._backward_names: dict = {}  # function -> the names it calls `.backward()` on
 
     def visit_Call(self, node: ast.Call) -> None:
         if not self.ctx.loops and self.ctx.function is None:
@@ -624,6 +627,12 @@ class HostSyncInLoop(_StepLoops, _HostReads, Rule):
                 self._report(node, "`torch.cuda.synchronize()`",
                              "drop it, or time the step with CUDA events (`torch.cuda.Event(enable_timing=True)`) "
                              "read every N steps", waits="waits for all queued GPU work")
+        elif isinstance(func, ast.Attribute) and func.attr == "empty_cache":
+            if self.ctx.qualname(func) == "torch.cuda.empty_cache" and self._step_context() is not None:
+                self._report(node, "`torch.cuda.empty_cache()`",
+                             "drop it: the caching allocator reuses the step's memory, and emptying it makes "
+                             "the next step allocate with `cudaMalloc` again",
+                             waits="frees the cached blocks with `cudaFree`, which waits for all queued GPU work")
         elif self._data_sized_call(node):
             self._report(node, f"`{self._callee_text(node)}()`",
                          "keep shapes fixed: `torch.where(mask, x, 0)` or `x * mask`, and reduce with the mask",
@@ -1070,7 +1079,9 @@ class HostSyncInLoop(_StepLoops, _HostReads, Rule):
 
     def _one_value(self, receiver: ast.AST) -> bool:
         """`receiver` holds one value: a reduction of all its elements (`R.mean()`, `(a - b).sum()`),
-        a name bound only to such a reduction, or a tensor whose shape is known to be `()` (a loss).
+        a name bound only to such a reduction, a name the function calls `.backward()` on with no
+        gradient (which only a one-element tensor takes: `loss = 0`, `loss += criterion(out, y)`,
+        `loss.backward()`), or a tensor whose shape is known to be `()` (a loss).
         Its `.data[0]` is PyTorch 0.3's `.item()` wherever the host takes it (`log_value(tag,
         loss.data[0], step)`): on PyTorch 0.4 and later it raises."""
         if isinstance(receiver, ast.Name):
@@ -1078,10 +1089,23 @@ class HostSyncInLoop(_StepLoops, _HostReads, Rule):
             values = [entry[1] for entry in entries if entry[0] == "value"]
             if values and len(values) == len(entries) and all(reduces_every_element(v) for v in values):
                 return True
+            if receiver.id in self._backward_receivers():
+                return True
         elif reduces_every_element(receiver):
             return True
         shape = shape_of(self.ctx, receiver)
         return shape is not None and shape.rank == 0
+
+    def _backward_receivers(self) -> frozenset:
+        """The names the function being read calls `.backward()` on with no argument."""
+        function = self.ctx.function
+        found = self._backward_names.get(function)
+        if found is None:
+            found = self._backward_names[function] = frozenset() if function is None else frozenset(
+                node.func.value.id for node in walk_no_scopes(function)
+                if is_backward(node) and not node.args and not node.keywords
+                and isinstance(node.func.value, ast.Name))
+        return found
 
     def _taken_as_number(self, node: ast.AST) -> bool:
         """`node` is added to a running total (`total += x`), appended (`losses.append(x)`), formatted
