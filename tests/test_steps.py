@@ -974,6 +974,43 @@ def test_a_method_that_trains_through_a_project_helper_is_a_step_and_so_are_its_
     assert _mat502_rows(tmp_path / "evaluates", {"utils.py": evaluate, "agent.py": agent}, "agent.py") == []
 
 
+def test_a_method_that_trains_through_an_object_it_holds_is_a_step(tmp_path):
+    """dreamer: the world model keeps `self._model_opt = tools.Optimizer(...)`, whose `__call__`
+    runs the backward pass and the optimizer's step; the method that calls it is a training step,
+    and the metrics it copies to the host with a lambda the module binds sync on every step."""
+    tools = """
+        import torch
+        class Optimizer:
+            def __init__(self, params, lr):
+                self._opt = torch.optim.Adam(params, lr)
+            def __call__(self, loss):
+                self._opt.zero_grad()
+                loss.backward()
+                self._opt.step()
+        """
+    models = """
+        import torch
+        import tools
+        to_np = lambda x: x.detach().cpu().numpy()
+
+        class WorldModel(torch.nn.Module):
+            def __init__(self, net):
+                super().__init__()
+                self.net = net.cuda()
+                self._model_opt = tools.Optimizer(self.net.parameters(), 1e-3)
+
+            def train_step(self, x, y):
+                loss = (self.net(x.cuda()) - y.cuda()).pow(2).mean()
+                self._model_opt(loss)
+                return {"loss": to_np(loss)}
+        """
+    assert _mat502_rows(tmp_path, {"tools.py": tools, "models.py": models}, "models.py") == [15]
+    # An object whose `__call__` only evaluates makes no training step of its caller.
+    evaluates = tools.replace("loss.backward()", "pass").replace("self._opt.step()", "pass")
+    (tmp_path / "evaluates").mkdir()
+    assert _mat502_rows(tmp_path / "evaluates", {"tools.py": evaluates, "models.py": models}, "models.py") == []
+
+
 def test_a_sampling_loop_of_a_function_imported_inside_a_method_is_an_evaluation_loop(tmp_path):
     """ddim: runner.py imports `ddpm` inside the method that calls it with a model; the loop runs
     that model with gradients off on each step's `t`, made on `x.device` before `x` is rebound:

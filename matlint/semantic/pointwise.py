@@ -207,7 +207,8 @@ def difference(ctx, node: ast.AST) -> Optional[tuple]:
 
 # Reads of what a tensor is, not of its values (a fused op leaves them answerable).
 _METADATA_ATTRIBUTES = frozenset({"dtype", "shape", "device", "ndim", "is_cuda", "layout"})
-_METADATA_METHODS = frozenset({"size", "dim", "ndimension", "numel", "nelement", "get_device"})
+_METADATA_METHODS = frozenset({"size", "dim", "ndimension", "numel", "nelement", "get_device",
+                               "new_tensor", "new_zeros", "new_ones", "new_full", "new_empty"})
 
 
 # Calls that read only the shape, dtype or device of their first argument: `torch.ones_like(x)`,

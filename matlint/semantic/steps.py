@@ -1634,7 +1634,8 @@ def _called_definition(ctx, calls, func: ast.AST) -> Optional[ast.AST]:
             ctx, ctx.function).self_name:
         cls = ctx.class_
     if cls is not None:
-        return calls.methods.get(id(cls), {}).get(func.attr) or _inherited_method(ctx, cls, func.attr)
+        return calls.methods.get(id(cls), {}).get(func.attr) or _inherited_method(ctx, cls, func.attr) \
+            or _held_callable(ctx, cls, func.attr)
     found = _callee_definition(ctx, calls, func)
     return found[0] if found is not None else None  # `utils.train_step(...)`, `agent.update(...)`
 
@@ -1668,6 +1669,24 @@ def _training_step_called(ctx, calls, function: ast.AST) -> Optional[ast.Call]:
         if trains:
             return node
     return None
+
+
+def _held_callable(ctx, cls: ast.ClassDef, attr: str) -> Optional[ast.AST]:
+    """The `__call__` of the one object the class keeps in `self.<attr>`, made from a class of
+    this file or of a project module (`self._model_opt = tools.Optimizer(...)`, whose `__call__`
+    runs the backward pass and the optimizer's step)."""
+    values = _kinds.class_attribute_values(ctx, cls, attr)
+    if len(values) != 1 or not isinstance(values[0][1], ast.Call):
+        return None
+    func = values[0][1].func
+    local = [s for s in ctx.tree.body if isinstance(s, ast.ClassDef) and isinstance(func, ast.Name)
+             and s.name == func.id]
+    found = (local[0], ctx) if len(local) == 1 and ctx.qualname(func) is None else imported_class(ctx, func)
+    if found is None:
+        return None
+    held, where = found
+    return next((m for m in held.body if isinstance(m, (ast.FunctionDef, ast.AsyncFunctionDef))
+                 and m.name == "__call__"), None) or _inherited_method(where, held, "__call__")
 
 
 def _inherited_method(ctx, cls: ast.ClassDef, name: str, depth: int = 0) -> Optional[ast.AST]:

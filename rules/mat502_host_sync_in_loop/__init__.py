@@ -183,6 +183,32 @@ def _unconditional_sync(function: ast.AST, module: Optional[ast.Module] = None, 
     return _sync_of_every_run(function.body, lambda callee: _unconditional_sync(callee, module, depth + 1), callees)
 
 
+def syncing_lambdas(ctx) -> dict:
+    """The names the module's top level binds once to a lambda that syncs on every call
+    (`to_np = lambda x: x.detach().cpu().numpy()`), each with that sync."""
+    found = ctx.shared.get("mat502_syncing_lambdas")
+    if found is None:
+        found = ctx.shared["mat502_syncing_lambdas"] = {}
+        if "lambda" in ctx.source:
+            bound = {}
+            for stmt in ctx.tree.body:
+                for target in (stmt.targets if isinstance(stmt, ast.Assign) else ()):
+                    if isinstance(target, ast.Name):
+                        bound.setdefault(target.id, []).append(stmt.value)
+            for name, values in bound.items():
+                if len(values) == 1 and isinstance(values[0], ast.Lambda):
+                    sync = _sync_of_every_run([ast.Expr(values[0].body)])
+                    if sync is not None:
+                        found[name] = sync
+    return found
+
+
+def _steps_with_helpers(ctx) -> bool:
+    """Every call of the file may call a helper that syncs: one of a project module, or a
+    lambda the module binds."""
+    return _steps_with_project_helpers(ctx) or bool(syncing_lambdas(ctx))
+
+
 def _sync_of_every_run(body: list, sync_of=None, callees: Optional[dict] = None) -> Optional[ast.Call]:
     """The first sync that every run of the statements `body` runs (not under an `if`, a loop or a
     `try`): `.item()` / `.cpu()` / `.tolist()` / `.to("cpu")`, or `float()` / `int()` / `bool()`
@@ -329,7 +355,8 @@ class HostSyncInLoop(_StepLoops, _HostReads, Rule):
     whose body calls `.backward()` or an optimizer's `.step()`, or a function (of the file or the
     project, or a method of an instance of one of their classes: `agent.update(batch)`) that is one
     training step: it calls both outside its loops over anything but `range(...)`, once per agent or
-    a fixed number of times; a sampling loop runs a model (a module, or a parameter its callers
+    a fixed number of times, itself or through a function or an object it calls (`self._model_opt(loss)`
+    after `self._model_opt = tools.Optimizer(...)`, whose `__call__` does both); a sampling loop runs a model (a module, or a parameter its callers
     pass one for) on the state it carries and updates that state from the output, outside a
     module's `forward` (Langevin dynamics, a diffusion sampler: `grad = score_net(x)`, then `x = x
     + step * grad + noise`), and that does not stop on a value it reads back (a decoder's `if
@@ -396,7 +423,8 @@ class HostSyncInLoop(_StepLoops, _HostReads, Rule):
     `torch.` function computes: `float(torch.sum(tp))`, `float(correct)` after `correct =
     torch.sum(pred == gt)`; also through a function of that module it calls, `f1` calling
     `precision`) is reported where the step calls it on values that may be on the device (not
-    host tensors, not only numbers). In a module's `forward` (and the helpers it calls), an `assert` on a
+    host tensors, not only numbers); so is a lambda the module binds once whose body syncs
+    (`to_np = lambda x: x.detach().cpu().numpy()`, then `metrics["kl"] = to_np(kl)`). In a module's `forward` (and the helpers it calls), an `assert` on a
     tensor (`assert not torch.isnan(h).any()`) is reported, whatever device the file names:
     it checks values on the host on every forward, and is no part of the computation. So is
     one in a step loop on the values of a name that holds a device tensor where it is read
@@ -606,7 +634,7 @@ class HostSyncInLoop(_StepLoops, _HostReads, Rule):
     only = {"visit_Call": Only(attrs=frozenset(_SYNC_METHODS | _CONVERSIONS | _DATA_SIZED | _ELEMENT_BUILTINS
                                                | {"print", "synchronize", "empty_cache", "type"} | _TEXT_CALLS | _SCALAR_LOGGERS
                                                | {qual.rpartition(".")[2] for qual in _FROM_DATA} | _MATH_FUNCTIONS),
-                               every_call_if=_steps_with_project_helpers),
+                               every_call_if=_steps_with_helpers),
             "visit_While": Only(in_loops=True), "visit_IfExp": Only(in_loops=True)}
 
     def __init__(self, ctx, options: Optional[dict] = None):
@@ -709,6 +737,8 @@ class HostSyncInLoop(_StepLoops, _HostReads, Rule):
                 if self._is_device_tensor(value):
                     self._report(node, "`str.format()`", _FORMAT, value=value, detail="(a tensor made text)")
                     break
+        elif isinstance(func, ast.Name) and func.id in syncing_lambdas(self.ctx):
+            self._helper_call(node, syncing_lambdas(self.ctx)[func.id], None)
         elif _steps_with_project_helpers(self.ctx):
             self._project_helper(node)
 
@@ -796,14 +826,20 @@ class HostSyncInLoop(_StepLoops, _HostReads, Rule):
         imported = imported_function(self.ctx, call.func)
         if imported is None or self._step_context() is None:
             return
-        kinds = [_kinds.kind_of(self.ctx, a) for a in call.args]
-        if _kinds.CPU_TENSOR in kinds or all(k in _kinds.NON_TENSORS for k in kinds):
-            return  # host tensors, or no tensor at all (a name, a count): nothing to wait for
         definition, path = imported
         sync = _unconditional_sync(definition, parsed(path))
-        if sync is None:
+        if sync is not None:
+            self._helper_call(call, sync, path)
+
+    def _helper_call(self, call: ast.Call, sync: ast.Call, path: Optional[str]) -> None:
+        """Report `call` of a helper that runs `sync` on every call (of this file where `path` is
+        None), where the step calls it on what may be device tensors."""
+        if self._step_context() is None:
             return
-        where = os.path.relpath(path, os.path.dirname(os.path.abspath(self.ctx.filename)))
+        kinds = [_kinds.kind_of(self.ctx, a) for a in call.args]
+        if not kinds or _kinds.CPU_TENSOR in kinds or all(k in _kinds.NON_TENSORS for k in kinds):
+            return  # host tensors, or no tensor at all (a name, a count): nothing to wait for
+        where = "this file" if path is None else os.path.relpath(path, os.path.dirname(os.path.abspath(self.ctx.filename)))
         if isinstance(sync.func, ast.Name):  # `float(correct)`
             spelled = ast.unparse(sync)
         else:

@@ -25,7 +25,7 @@ from .weights import _Probs, _WeightsPattern, _builds_softmax_module
 
 # Identifiers that show the function (or its class) already has, or switches to, a fused
 # attention path: the manual one is then a fallback or a reference.
-_FUSED_PATH = re.compile(r"scaled_dot_product|sdpa|flash|flex_attention|xformers|memory_efficient|fused_attn|"
+_FUSED_PATH = re.compile(r"scaled_dot_product_attention|sdpa|flash|flex_attention|xformers|memory_efficient|fused_attn|"
                          r"attn_implementation|attention_interface|ATTENTION_FUNCTIONS", re.IGNORECASE)
 
 
@@ -75,9 +75,11 @@ class ManualAttention(_ScoresPattern, _WeightsPattern, _OperandLayout, _SdpaFix,
     (`dim=3` of an einsum's `"nqhd,nkhd->nhqk"`). The steps may be spread over several statements through intermediate
     variables; reading the scores' `.dtype`, `.shape` or `.size()` on the way (`torch.finfo(w.dtype)`,
     a size check, a mask made in their shape with `torch.ones_like(w, dtype=torch.bool).triu(1)`)
-    does not hide them. Scores that nothing scales between the product and the softmax need
-    `scale=1.0` (also where q was scaled beforehand), and the message says so. The finding is
-    reported on the q·kᵀ product.
+    does not hide them. Scores stored in the arms of an `if` (a switch over score functions:
+    `if kind == "dot": s = torch.bmm(q, kt)` / `elif kind == "mlp": s = mlp(q, k)`) are read arm
+    by arm: each arm whose scores are q·kᵀ is reported, with no fix. Scores that nothing scales
+    between the product and the softmax need `scale=1.0` (also where q was scaled beforehand),
+    and the message says so. The finding is reported on the q·kᵀ product.
 
     SDPA's fused kernels take q, k, v as 4-D `(B, H, L, E)` tensors with the head dim last and
     stride 1 along it; on anything else it runs its math path, which is slower than the
@@ -203,11 +205,21 @@ class ManualAttention(_ScoresPattern, _WeightsPattern, _OperandLayout, _SdpaFix,
         flow = flow_of(self.ctx, function)
         if _SDPA in self.ctx.source and any(isinstance(a, ast.If) for a in flow.enclosing(node)):
             return  # a branch in a file that has SDPA: the switch may live elsewhere (`if HAS_SDPA:`)
-        rows = _flattened_rows(scores_expr, dim)
+        rows, keys = _flattened_rows(scores_expr, dim), None
         if rows is not None:  # `F.softmax(s.view(-1, n_keys), dim=1).view(b, -1, n_keys)`
             scores_expr, keys, dim = rows[0], rows[1], ast.Constant(-1)
         scores = self._scores(flow, scores_expr, 0)
-        if scores is None or not scores.key_axis_last:
+        if scores is None:
+            for arm in self._arm_scores(flow, scores_expr):
+                self._check(node, flow, function, arm, scores_expr, rows, keys, dim, upcast)
+        else:
+            self._check(node, flow, function, scores, scores_expr, rows, keys, dim, upcast)
+
+    def _check(self, node: ast.Call, flow, function: ast.AST, scores: _Scores, scores_expr: ast.AST,
+               rows: Optional[tuple], keys, dim: ast.AST, upcast: bool) -> None:
+        """Report the attention whose softmax is `node`, of the scores `scores`, where the rest of
+        the pattern (the weights times the values) is there and not kept apart on purpose."""
+        if not scores.key_axis_last:
             return
         if rows is not None and not self._counts_keys(keys, scores):
             return

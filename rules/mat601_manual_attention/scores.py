@@ -191,6 +191,26 @@ class _ScoresPattern:
             return self._optional_update(flow, node, reaching, depth, skip)
         return None
 
+    def _arm_scores(self, flow: FunctionFlow, node: ast.AST) -> list:
+        """The q·kᵀ chains of the arms of an `if` that each store the scores `node` reads
+        (`if kind == "dot": score = torch.bmm(q, kt)` / `elif kind == "scaled": ...` / `else:
+        score = mlp(q, k)`): one for each arm that computes attention scores, none where the
+        stores are not in exclusive arms."""
+        if not isinstance(node, ast.Name):
+            return []
+        reaching = flow.reaching_all(node)
+        stores = [store for store, simple in reaching if simple and isinstance(store, ast.Assign)]
+        if len(stores) < 2 or len(stores) != len(reaching) or not all(
+                flow.in_exclusive_arms(a, b) for i, a in enumerate(stores) for b in stores[i + 1:]):
+            return []
+        found = []
+        for store in stores:
+            arm = self._through(flow, node, store, store.value, None, 0, ())
+            if arm is not None:
+                arm.conditional = True  # the other arms still need the softmax: no fix
+                found.append(arm)
+        return found
+
     def _through(self, flow: FunctionFlow, node: ast.Name, store: ast.stmt, inner: ast.AST, step, depth: int,
                  skip: tuple) -> Optional[_Scores]:
         """The chain through `store`, the statement whose value `node` reads, when nothing else
