@@ -1010,3 +1010,50 @@ def test_a_store_passed_over_by_a_break_still_reaches_past_the_loop():
         """
     assert kinds(source) == ["None"]
     assert kinds(source.replace("                if cfg.stop:\n                    break\n", "")) == ["scalar"]
+
+
+def test_a_project_loss_module_moved_to_the_device_and_passed_as_a_parameter_returns_a_tensor(tmp_path):
+    """pytorch-semantic-segmentation: `criterion = CrossEntropyLoss2d(...).cuda()` (a class of the
+    project's `utils` package, re-exported by its `__init__`) is passed to `train`, whose
+    `main_loss = criterion(outputs, gts)` is a tensor: its `.data[0]` handed to a meter syncs."""
+    from matlint.registry import get_rule
+
+    (tmp_path / "utils").mkdir()
+    (tmp_path / "utils" / "__init__.py").write_text("from .misc import *\n")
+    (tmp_path / "utils" / "misc.py").write_text(textwrap.dedent("""\
+        import torch.nn as nn
+        import torch.nn.functional as F
+
+        class CrossEntropyLoss2d(nn.Module):
+            def __init__(self, ignore_index=255):
+                super().__init__()
+                self.nll_loss = nn.NLLLoss(ignore_index=ignore_index)
+
+            def forward(self, inputs, targets):
+                return self.nll_loss(F.log_softmax(inputs, 1), targets)
+        """))
+    train = textwrap.dedent("""\
+        import torch
+        from utils import CrossEntropyLoss2d
+
+        def train(loader, net, criterion, optimizer, meter):
+            for inputs, gts in loader:
+                inputs, gts = inputs.cuda(), gts.cuda()
+                optimizer.zero_grad()
+                outputs, aux = net(inputs)
+                main_loss = criterion(outputs, gts)
+                loss = main_loss + 0.4 * criterion(aux, gts)
+                loss.backward()
+                optimizer.step()
+                meter.update(main_loss.data[0], inputs.size(0))
+                reveal(main_loss)
+
+        def main(loader, net, optimizer, meter):
+            criterion = CrossEntropyLoss2d(ignore_index=255).cuda()
+            train(loader, net, criterion, optimizer, meter)
+        """)
+    (tmp_path / "train.py").write_text(train)
+    found = lint_source(train, str(tmp_path / "train.py"), [get_rule("MAT502"), _Reveal], prefilter=False)
+    assert [(f.code, f.row, f.column) for f in found] == [("MAT502", 13, 22), ("MAT999", 14, 9)]
+    assert "`.data[0]` of `main_loss`" in found[0].message
+    assert found[1].message == "tensor"

@@ -1190,12 +1190,16 @@ class _Inference:
         layer = made.pop() or ""
         return layer[len("torch.nn."):] if layer in _RECURRENT_LAYERS else None
 
-    def _module_class(self, func: ast.AST) -> Optional[ast.ClassDef]:
+    def _module_class(self, func: ast.AST, depth: int = 0) -> Optional[ast.ClassDef]:
         """The module class whose instance `func` holds (`model = Net(...)`, `self.net =
         Net(...)`), of this file or of a project module it imports, when every value it is bound
-        to makes one."""
+        to makes one; for a parameter, when every call passes one of the same class
+        (`train(loader, net, criterion)` after `criterion = CrossEntropyLoss2d().cuda()`)."""
         if isinstance(func, ast.Name):
-            values = [e[1] for e in bindings(self.ctx, func.id) or () if e[0] == "value"]
+            entries = next((scope.assigned[func.id] for scope in self.chain if func.id in scope.assigned), ())
+            if entries and depth < 2 and all(e[0] == "param" for e in entries):
+                return self._passed_module_class(entries[0][1], func.id, depth)
+            values = [e[1] for e in entries if e[0] == "value"]
         elif isinstance(func, ast.Attribute) and self.is_self(func.value):
             values = [value for _, value in class_attribute_values(self.ctx, self.cls, func.attr)]
         elif isinstance(func, ast.Subscript):  # `self.critics[i]` after `self.critics = [Critic(d) for ...]`
@@ -1218,8 +1222,17 @@ class _Inference:
         own = next((s for s in self.ctx.tree.body if isinstance(s, ast.ClassDef) and s.name == name), None)
         if own is not None or not in_script_project(self.ctx):
             return own
-        found = imported_class(self.ctx, values[0].func)  # `criterion = FocalLoss()`, imported from the project
+        found = imported_class(self.ctx, value.func)  # `criterion = FocalLoss().cuda()`, imported from the project
         return found[0] if found is not None else None
+
+    def _passed_module_class(self, function: ast.AST, name: str, depth: int) -> Optional[ast.ClassDef]:
+        """The module class of what every call of `function` passes for its parameter `name`."""
+        passed = self._arguments_at_calls(function, name)
+        if not passed:
+            return None
+        classes = [inference._module_class(value, depth + 1) for inference, value, _, _ in passed]
+        first = classes[0]
+        return first if first is not None and all(c is first for c in classes) else None
 
     def _destination(self, method: str, node: ast.Call):
         """Where `.cpu()` / `.cuda()` / `.to(...)` / `.type_as(other)` puts its receiver: CPU_TENSOR (the CPU), TENSOR

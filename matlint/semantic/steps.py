@@ -1732,10 +1732,32 @@ def _made_function(ctx, calls, name: str) -> Optional[ast.AST]:
 def epoch_loop(ctx, loop: LoopInfo) -> bool:
     """The loop runs a whole pass over a loader in each iteration: an epoch loop, whatever
     else it steps (`sched.step()`). A pass under an `if` (validation every N steps) or in an
-    `except` does not run in each iteration."""
-    return any(isinstance(stmt, (ast.For, ast.AsyncFor)) and iterates_loader(ctx, LoopInfo(stmt, ctx))
-               for stmt in every_iteration(loop.node.body if isinstance(loop.node, (ast.For, ast.AsyncFor, ast.While))
-                                           else []))
+    `except` does not run in each iteration, nor is a loop over the parts of the loop's own
+    item one (`for vi, data in enumerate(val_loader): input, gt = data` / `for input_slice,
+    gt_slice in zip(input, gt): input_slice = input_slice.cuda()`: the slices of one batch)."""
+    if not isinstance(loop.node, (ast.For, ast.AsyncFor, ast.While)):
+        return False
+    body = list(every_iteration(loop.node.body))
+    item = None
+    for stmt in body:
+        if not (isinstance(stmt, (ast.For, ast.AsyncFor)) and iterates_loader(ctx, inner := LoopInfo(stmt, ctx))):
+            continue
+        if item is None:
+            item = _item_names(loop, body)
+        if not (loaded_names(inner.iter) & item) or _iterates_a_loader(ctx, inner.iter):
+            return True
+    return False
+
+
+def _item_names(loop: LoopInfo, body: list) -> set:
+    """The names that hold the loop's item or parts of it: its target, and what the statements
+    of each iteration unpack or compute from them (`input, gt, slices_info = data`)."""
+    names = bound_names(loop.node.target) if isinstance(loop.node, (ast.For, ast.AsyncFor)) else set()
+    for stmt in body:
+        if isinstance(stmt, ast.Assign) and loaded_names(stmt.value) & names:
+            for target in stmt.targets:
+                names |= bound_names(target)
+    return names
 
 
 def iterates_names(ctx, loop: LoopInfo) -> bool:

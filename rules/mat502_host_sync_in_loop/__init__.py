@@ -1144,14 +1144,15 @@ class HostSyncInLoop(_StepLoops, _HostReads, Rule):
         return found
 
     def _taken_as_number(self, node: ast.AST) -> bool:
-        """`node` is added to a running total (`total += x`), appended (`losses.append(x)`), formatted
+        """`node` is added to a running total (`total += x`), appended (`losses.append(x)`), handed
+        to a running meter (`meter.update(x, n)`), formatted
         (`"%.3f" % x`, `"{}".format(x)`, an f-string); `print(x)` is the print's finding."""
         parent = self.ctx.parent
         if isinstance(parent, ast.AugAssign):
             return parent.value is node and isinstance(parent.op, ast.Add)
         if isinstance(parent, ast.Call):
             func = parent.func
-            return node in parent.args and isinstance(func, ast.Attribute) and func.attr in ("append", "format")
+            return node in parent.args and isinstance(func, ast.Attribute) and func.attr in ("append", "format", "update")
         if isinstance(parent, ast.BinOp) and isinstance(parent.op, ast.Mod):
             return isinstance(parent.left, ast.Constant) and isinstance(parent.left.value, str)
         if isinstance(parent, ast.Tuple):
