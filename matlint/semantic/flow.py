@@ -74,10 +74,14 @@ class FunctionFlow(BuiltOnFirstUse):
                     self.stores.setdefault(node.id, []).append((stmt, simple))
 
     def _mutated(self, load: ast.Name) -> bool:
-        """`load` is changed in place where it stands: `x.masked_fill_(...)`, `x[i] = v`, `del x[i]`."""
+        """`load` is changed in place where it stands: `x.masked_fill_(...)`, `x[i] = v`, `del x[i]`,
+        also through an item (`x[i][j] = v`: basic indexing gives a view, or the nested list)."""
         up = self.parent.get(load)
         if isinstance(up, ast.Subscript):
-            return up.value is load and not isinstance(up.ctx, ast.Load)
+            node = load
+            while isinstance(up, ast.Subscript) and up.value is node and isinstance(up.ctx, ast.Load):
+                node, up = up, self.parent.get(up)
+            return isinstance(up, ast.Subscript) and up.value is node and not isinstance(up.ctx, ast.Load)
         if isinstance(up, ast.Attribute) and up.value is load:
             attr = up.attr
             call = self.parent.get(up)

@@ -528,7 +528,9 @@ class HostSyncInLoop(_StepLoops, _HostReads, Rule):
       stop the loop in its normal course (`if abs(cur - prev) < tol: break`, PPO's `if approx_kl
       > 1.5 * target_kl: break`), or that Python code then iterates or indexes (`toks =
       out.cpu().tolist()`, then `for i ...: f(toks[i])`; also through numpy functions and
-      conditional expressions: `correct = np.squeeze(t.cpu().numpy())`, then `correct[i]`); a sync
+      conditional expressions: `correct = np.squeeze(t.cpu().numpy())`, then `correct[i]`; in a
+      helper of the step, a later loop of the helper: `lens = lens.cpu().numpy()`, then `for idx
+      in range(lens[i])`); a sync
       in such a test itself (`if loss.item() < tol: break`, `while loss.item() > tol:`); and an
       input of host code (a call of neither torch nor a Python builtin) whose result the loop
       moves back to the device, in this iteration or the next: an environment step,
@@ -1253,7 +1255,7 @@ class HostSyncInLoop(_StepLoops, _HostReads, Rule):
         if loop is None:
             where = self._in_step_function(node)
             fix = None
-            if where is None:
+            if where is None or owner is None and self._gone_over_in_function(node):
                 return
         else:
             if self._gated(node, loop, owner) or not any(l.node is loop.node for l in repeating_loops(self.ctx)):

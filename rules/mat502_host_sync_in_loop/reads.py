@@ -331,6 +331,27 @@ class _HostReads:
                 return True
         return False
 
+    def _gone_over_in_function(self, node: ast.AST) -> bool:
+        """In a function that runs on every step (a helper of `forward`), the copy, made once per
+        call (in no loop of the function), is what a loop of the function then goes over item by
+        item to build what the function returns (`memory_len = memory_len.cpu().numpy()`, then
+        `for idx in range(memory_len[i]): weight[i].append(...)`, `return memory * weight`): the
+        host computes the result from the values. A loop that only logs them returns nothing."""
+        function = self.ctx.function
+        if function is None or any(loop.node in _function_nodes(function) for loop in self.ctx.loops):
+            return False
+        statement = self.ctx.statement()
+        bound = self._bound_name(node)
+        if self._iterated_here(node):
+            loops = [parent for parent in self.ctx.parents if isinstance(parent, (ast.For, ast.AsyncFor))]
+        elif bound is not None:
+            name, statement = bound
+            loops = [other for other in walk_no_scopes(function) if isinstance(other, _NESTED_LOOPS)
+                     and getattr(other, "lineno", 0) > statement.end_lineno and _goes_over(other, name)]
+        else:
+            return False
+        return any(_returns_what_it_builds(function, loop) for loop in loops)
+
     def _iterated_here(self, node: ast.AST) -> bool:
         """The copy (through numpy functions and builtins that go over items, as `_bound_name`
         follows them) is what a nested `for` iterates."""
@@ -509,3 +530,40 @@ def _outside_indices(expr: ast.AST):
             stack.append(node.value)
         else:
             stack.extend(ast.iter_child_nodes(node))
+
+
+def _function_nodes(function: ast.AST) -> set:
+    return set(walk_no_scopes(function))
+
+
+def _root_name(expr: ast.AST) -> Optional[str]:
+    while isinstance(expr, (ast.Subscript, ast.Attribute)):
+        expr = expr.value
+    return expr.id if isinstance(expr, ast.Name) else None
+
+
+def _returns_what_it_builds(function: ast.AST, loop: ast.AST) -> bool:
+    """What `loop` stores (names it assigns, items it writes, lists it appends to) reaches a
+    `return` of `function`, directly or through the statements after the loop."""
+    built = set()
+    for node in walk_no_scopes(loop):
+        if isinstance(node, (ast.Assign, ast.AugAssign, ast.AnnAssign)):
+            for target in (node.targets if isinstance(node, ast.Assign) else [node.target]):
+                built |= {n for n in map(_root_name, [target] + getattr(target, "elts", [])) if n}
+        elif isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute) \
+                and node.func.attr in ("append", "extend", "insert", "add", "update"):
+            root = _root_name(node.func.value)
+            if root:
+                built.add(root)
+    if not built:
+        return False
+    after = [stmt for stmt in walk_no_scopes(function) if isinstance(stmt, ast.stmt)
+             and getattr(stmt, "lineno", 0) > loop.end_lineno]
+    for stmt in sorted(after, key=lambda s: s.lineno):
+        if isinstance(stmt, ast.Return):
+            if stmt.value is not None and loaded_names(stmt.value) & built:
+                return True
+        elif isinstance(stmt, ast.Assign) and loaded_names(stmt.value) & built:
+            for target in stmt.targets:
+                built |= bound_names(target)
+    return False

@@ -217,7 +217,7 @@ class TensorCreationInLoop(Rule):
       `torch.from_numpy(states).cuda()` of a loader's batch or an environment's state): it has
       to be copied anyway. numpy draws that stay on the host (`torch.tensor(np.random.normal(0,
       0.2))` added as a scalar), are made once outside the loop, or are filled in afterwards
-      (`adv = np.zeros(n)`, then `adv[t] = ...`: computed data), and legacy types called
+      (`adv = np.zeros(n)`, then `adv[t] = ...` or `mask[i][j] = ...`: computed data), and legacy types called
       with sizes (`Tensor(b, 1).fill_(1.0)` allocates on the device).
     - Functions under a caching decorator (`@functools.lru_cache`, `@cache`, a project's
       `@lru_cache_unless_export`): their body runs once per device or size, not on every call;
