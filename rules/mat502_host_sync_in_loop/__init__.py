@@ -37,7 +37,9 @@ _DISPLAYS = (ast.GeneratorExp, ast.ListComp, ast.List, ast.Tuple, ast.Set, ast.S
 _TEXT_CALLS = frozenset({"str", "repr"})  # a tensor made text: its values read on the host
 # torch functions that take some of their arguments as host data (lengths that size the packed batch)
 _HOST_DATA_CALLS = frozenset({"torch.nn.utils.rnn.pack_padded_sequence"})
-_SCALAR_LOGGERS = frozenset({"add_scalar", "add_scalars"})  # tensorboard's, which convert a tensor to a number
+# tensorboard's and tensorboard_logger's, which convert a tensor to a number
+_SCALAR_LOGGERS = frozenset({"add_scalar", "add_scalars", "log_value"})
+_SCALAR_LOGGER_FUNCTIONS = frozenset({"tensorboard_logger.log_value"})  # `from tensorboard_logger import log_value`
 _FORMAT = "format and log every N steps, or accumulate on the device and format after the loop"  # test each item of what they are given as a Python bool
 
 
@@ -336,8 +338,9 @@ class HostSyncInLoop(_StepLoops, _HostReads, Rule):
     elements: `[i for i, d in enumerate(done) if d == 0]`, and `any()` / `all()` of tensors,
     `any(not torch.isfinite(p.grad).all() for p in params)`, one per item), `print(t)` of a tensor,
     a tensor made text (`f"{loss:.3f}"`, `"loss %.3f" % loss`, `"{}".format(loss)`, `str(loss)`),
-    tensorboard's `writer.add_scalar("loss", loss, step)` / `add_scalars(tag, {"a": loss})` of a
-    tensor (it converts the value to a Python number), `torch.tensor(values)` of a list of device tensors (a list display, or a list the step
+    tensorboard's `writer.add_scalar("loss", loss, step)` / `add_scalars(tag, {"a": loss})` and
+    tensorboard_logger's `log_value("loss", loss, step)` of a tensor (they convert the value to a
+    Python number), `torch.tensor(values)` of a list of device tensors (a list display, or a list the step
     fills with `.append`), and the syncs that do not look like copies: boolean-mask indexing
     (`x[y > 0]`, `x[~mask]`, `x[(u > 0) * (l == u)]`, `x[m.unsqueeze(2).expand_as(x)]`, `x[t.gt(0)]`,
     a mask made by a CUDA byte or bool tensor type, `ByteTensor(flags)` after `ByteTensor =
@@ -722,15 +725,19 @@ class HostSyncInLoop(_StepLoops, _HostReads, Rule):
                                                                                        "the device (`torch.log10`, "
                                                                                        "`torch.sqrt`, ...)"),
                              value=value, detail="(it converts the tensor to a Python number)")
-        elif isinstance(func, ast.Attribute) and func.attr in _SCALAR_LOGGERS and len(node.args) >= 2:
+        elif (isinstance(func, ast.Attribute) and func.attr in _SCALAR_LOGGERS
+              or isinstance(func, ast.Name) and self.ctx.qualname(func) in _SCALAR_LOGGER_FUNCTIONS) and len(node.args) >= 2:
             if self._step_context() is None:
                 return  # `writer.add_scalar("loss", loss, step)`: tensorboard reads the value on the host
             logged = node.args[1]
-            values = logged.values if func.attr == "add_scalars" and isinstance(logged, ast.Dict) else [logged]
+            spelled = f".{func.attr}()" if isinstance(func, ast.Attribute) else f"{func.id}()"
+            values = logged.values if spelled == ".add_scalars()" and isinstance(logged, ast.Dict) else [logged]
             for value in values:
-                if self._is_device_tensor(value) and not self._contains_sync_call(value):
-                    self._report(node, f"`.{func.attr}()`", "log every N steps, or accumulate on the device and "
-                                                            "log the value after the loop", value=value,
+                legacy = isinstance(value, ast.Subscript) and isinstance(value.value, ast.Attribute) \
+                    and value.value.attr == "data"  # `log_value(tag, loss.data[0], step)`: the `.data[0]`'s finding
+                if self._is_device_tensor(value) and not self._contains_sync_call(value) and not legacy:
+                    self._report(node, f"`{spelled}`", "log every N steps, or accumulate on the device and "
+                                                       "log the value after the loop", value=value,
                                  detail="(it converts the tensor to a Python number)")
                     break
         elif isinstance(func, ast.Attribute) and func.attr == "format" and isinstance(func.value, ast.Constant) \
@@ -1108,6 +1115,10 @@ class HostSyncInLoop(_StepLoops, _HostReads, Rule):
                 and _kinds.int_const(node.slice) == 0
                 and (self._taken_as_number(node) or self._one_value(value.value))):
             return False
+        parent = self.ctx.parent
+        if isinstance(parent, ast.Call) and isinstance(parent.func, ast.Name) and parent.func.id in _CONVERSIONS \
+                and parent.args == [node]:
+            return True  # `float(loss.data[0])`: the conversion's finding
         if self._step_context() is None or self._chain_already_synced(value.value) \
                 or not self._is_device_tensor(value.value):
             return True
@@ -1148,8 +1159,15 @@ class HostSyncInLoop(_StepLoops, _HostReads, Rule):
     def _taken_as_number(self, node: ast.AST) -> bool:
         """`node` is added to a running total (`total += x`), appended (`losses.append(x)`), handed
         to a running meter (`meter.update(x, n)`), formatted
-        (`"%.3f" % x`, `"{}".format(x)`, an f-string); `print(x)` is the print's finding."""
-        parent = self.ctx.parent
+        (`"%.3f" % x`, `"{}".format(x)`, an f-string), also divided or scaled by a number first
+        (`meter.update(loss.data[0] / n, n)`); `print(x)` is the print's finding."""
+        parents = self.ctx.parents
+        depth = len(parents) - 1
+        parent = parents[depth] if depth >= 0 else None
+        while isinstance(parent, ast.BinOp) and isinstance(parent.op, (ast.Div, ast.Mult)) and depth > 0 \
+                and _kinds.kind_of(self.ctx, parent.right if parent.left is node else parent.left) in _kinds.NON_TENSORS:
+            node, depth = parent, depth - 1
+            parent = parents[depth]
         if isinstance(parent, ast.AugAssign):
             return parent.value is node and isinstance(parent.op, ast.Add)
         if isinstance(parent, ast.Call):
@@ -1158,7 +1176,7 @@ class HostSyncInLoop(_StepLoops, _HostReads, Rule):
         if isinstance(parent, ast.BinOp) and isinstance(parent.op, ast.Mod):
             return isinstance(parent.left, ast.Constant) and isinstance(parent.left.value, str)
         if isinstance(parent, ast.Tuple):
-            up = self.ctx.parents[-2] if len(self.ctx.parents) > 1 else None
+            up = parents[depth - 1] if depth > 0 else None
             return isinstance(up, ast.BinOp) and isinstance(up.op, ast.Mod) and up.right is parent \
                 and isinstance(up.left, ast.Constant) and isinstance(up.left.value, str)
         return isinstance(parent, ast.FormattedValue)
