@@ -1507,6 +1507,8 @@ def class_attribute_kind(ctx, cls: ast.ClassDef, attr: str) -> Optional[str]:
         inference = _Inference(ctx, [scope_kinds(ctx, method), scope_kinds(ctx, ctx.tree)])
         kinds.append(inference.expr(value))
     result = _Inference._combine(kinds)
+    if result == CPU_TENSOR and attr in class_attribute_values(ctx, cls, _BUFFERS):
+        result = TENSOR  # a registered buffer moves with its module (`model.cuda()`): not known to be on the host
     if moves and result in TENSORS:  # a tensor moved is on the device it was moved to
         where = {CPU_TENSOR if move == "cpu" else TENSOR if move in ("cuda", "to") else result for move in moves}
         result = _Inference._combine([result, *where])
@@ -1545,9 +1547,13 @@ def _called_as_module(ctx, cls: ast.ClassDef, attr: str, entries: list) -> bool:
                      text) is not None
 
 
-def class_attribute_values(ctx, cls: ast.ClassDef, attr: str) -> list:
+_BUFFERS = ("buffers",)  # the key under which `class_attribute_values` lists the names registered as buffers
+
+
+def class_attribute_values(ctx, cls: ast.ClassDef, attr) -> list:
     """The values assigned to `self.<attr>` (or registered as buffer `attr`) in the class's
-    methods, as (method, value expression) pairs."""
+    methods, as (method, value expression) pairs; for `_BUFFERS`, the names registered as
+    buffers."""
     key = ("class_attrs", id(cls))
     table = ctx.shared.get(key)
     if table is None:
@@ -1630,6 +1636,7 @@ def _class_attribute_values(cls: ast.ClassDef, calls: bool) -> dict:
                   and node.func.value.id == self_name and len(node.args) >= 2
                   and isinstance(node.args[0], ast.Constant) and isinstance(node.args[0].value, str)):
                 table.setdefault(node.args[0].value, []).append((method, node.args[1]))
+                table.setdefault(_BUFFERS, []).append(node.args[0].value)
             elif (isinstance(node, ast.Call) and getattr(node.func, "id", None) == "setattr"
                   and node.args and isinstance(node.args[0], ast.Name) and node.args[0].id == self_name):
                 if len(node.args) >= 2 and isinstance(node.args[1], ast.Constant):

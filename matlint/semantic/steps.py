@@ -546,7 +546,8 @@ def step_functions(ctx) -> dict:
         elif function.name == "forward" and (scoring := _scoring_module(calls, function)) is not None:
             found[id(function)] = Step(f"is the `forward` of a {scoring} module, run on every training step", True,
                                        True, True)
-        elif function.name == "forward" and _module_method(calls, function):
+        elif function.name == "forward" and _module_method(calls, function) and not _trains_in_nested_loop(function):
+            # (a `forward` that runs a training loop, a trainer's, runs once)
             found[id(function)] = Step("is a module's `forward`, run on every step", False, True)
         elif "loss" in name_tokens(function.name) and not runs_once(function.name) \
                 and id(function) in calls.class_of and derives_from_module(ctx, calls.class_of[id(function)]):
