@@ -1057,3 +1057,31 @@ def test_a_project_loss_module_moved_to_the_device_and_passed_as_a_parameter_ret
     assert [(f.code, f.row, f.column) for f in found] == [("MAT502", 13, 22), ("MAT999", 14, 9)]
     assert "`.data[0]` of `main_loss`" in found[0].message
     assert found[1].message == "tensor"
+
+
+def test_a_star_imported_function_returns_what_its_body_gives_for_the_kinds_the_call_passes(tmp_path):
+    """NRI: `from utils import *`, then `loss_nll = nll_gaussian(output, target, var)`, whose body
+    adds a numpy number to its tensor on one path (`neg_log_p += const`): a tensor."""
+    (tmp_path / "utils.py").write_text(textwrap.dedent("""\
+        import numpy as np
+        import torch
+
+        def nll_gaussian(preds, target, variance, add_const=False):
+            neg_log_p = (preds - target) ** 2 / (2 * variance)
+            if add_const:
+                const = 0.5 * np.log(2 * np.pi * variance)
+                neg_log_p += const
+            return neg_log_p.sum() / target.size(0)
+        """))
+    train = textwrap.dedent("""\
+        import torch
+        from utils import *
+
+        def train(model, loader, var):
+            for x, y in loader:
+                x, y = x.cuda(), y.cuda()
+                reveal(nll_gaussian(model(x), y, var))
+        """)
+    (tmp_path / "train.py").write_text(train)
+    found = lint_source(train, str(tmp_path / "train.py"), [_Reveal], prefilter=False)
+    assert [f.message for f in found] == ["tensor"]

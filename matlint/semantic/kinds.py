@@ -678,7 +678,8 @@ class _Inference:
         if tag == "aug":
             node = entry[1]
             value = sub.expr(node.value)
-            return value if value in TENSORS else (SCALAR if value == SCALAR else None)
+            # `x += 0.5 * np.log(v)`: a number added leaves the name what its other bindings make it
+            return value if value in TENSORS else (_NONE if value in (SCALAR, NUMPY) else None)
         if tag == "unpack":
             value, index = entry[1], entry[2]
             if isinstance(value, (ast.Tuple, ast.List)) and -len(value.elts) <= index < len(value.elts):
@@ -1034,6 +1035,10 @@ class _Inference:
             own = self._own_callee(func)
             if own is not None:  # `loss = compute_loss(out, y)`
                 return returned_kind(ctx, *own, arguments=self._call_arguments(node, *own))
+            if callee is None and not ctx.names.binds_locally(func.id):
+                imported = self._imported_return(node)  # a name a star import brings
+                if imported is not None:
+                    return imported
             if callee is None and node.args and self._is_parameter(func.id):
                 # `model(x)` of a model passed in: a callable taking tensors only, a module, which
                 # gives a tensor on the device it was given one on (given host tensors, the model
@@ -1448,7 +1453,19 @@ class _Inference:
         if key not in self.ctx.shared:  # resolving the import reads the disk: once per name
             self.ctx.shared[key] = USER_MODULE if attr[:1].isupper() and _imported_module_class(self.ctx, node.func) \
                 else _imported_return_kind(self.ctx, node.func)
-        return self.ctx.shared[key]
+        found = self.ctx.shared[key]
+        return found if found is not None else self._imported_return(node)
+
+    def _imported_return(self, node: ast.Call) -> Optional[str]:
+        """What a function of a project module returns for the kinds this call passes (`loss_nll =
+        nll_gaussian(output, target, var)`, also after `from utils import *`), read in its file."""
+        if not node.args or not in_script_project(self.ctx):
+            return None
+        definition = imported_definition(self.ctx, node.func, (ast.FunctionDef,))
+        view = project_file(definition[1]) if definition is not None else None
+        if view is None:
+            return None
+        return returned_kind(view, definition[0], None, arguments=self._call_arguments(node, definition[0], None))
 
     def _factory_kind(self, attr: str, node: ast.Call) -> str:
         device = next((k.value for k in node.keywords if k.arg == "device"), None)
