@@ -1085,3 +1085,36 @@ def test_a_star_imported_function_returns_what_its_body_gives_for_the_kinds_the_
     (tmp_path / "train.py").write_text(train)
     found = lint_source(train, str(tmp_path / "train.py"), [_Reveal], prefilter=False)
     assert [f.message for f in found] == ["tensor"]
+
+
+def test_the_items_of_a_project_module_whose_forward_returns_a_tuple_take_its_returns_kinds(tmp_path):
+    """Yolo-v2: `loss, loss_coord, loss_cls = criterion(logits, label)` of a loss module imported
+    from the project, whose `forward` returns the losses it keeps on `self`: each is a tensor."""
+    (tmp_path / "loss.py").write_text(textwrap.dedent("""\
+        import torch.nn as nn
+
+        class YoloLoss(nn.Module):
+            def __init__(self, scale):
+                super().__init__()
+                self.scale = scale
+
+            def forward(self, output, target):
+                self.loss_coord = self.scale * nn.MSELoss()(output[:, :4], target[:, :4])
+                self.loss_cls = nn.CrossEntropyLoss()(output[:, 4:], target[:, 4].long())
+                self.loss_tot = self.loss_coord + self.loss_cls
+                return self.loss_tot, self.loss_coord, self.loss_cls
+        """))
+    train = textwrap.dedent("""\
+        import torch
+        from loss import YoloLoss
+
+        def train(model, loader):
+            criterion = YoloLoss(5.0)
+            for x, y in loader:
+                loss, loss_coord, loss_cls = criterion(model(x.cuda()), y.cuda())
+                reveal(loss_coord)
+                reveal(loss_cls)
+        """)
+    (tmp_path / "train.py").write_text(train)
+    found = lint_source(train, str(tmp_path / "train.py"), [_Reveal], prefilter=False)
+    assert [f.message for f in found] == ["tensor", "tensor"]

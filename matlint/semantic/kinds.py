@@ -707,6 +707,10 @@ class _Inference:
                 whole = sub.expr(value)
                 if whole in TENSORS:
                     return whole  # `scores, lengths = model(x, n)`: a module's outputs, where it runs
+                if whole == USER_MODULE or sub.expr(value.func) == USER_MODULE:
+                    item = sub._forward_item(value, index)  # `loss, loss_coord = criterion(out, y)`
+                    if item is not None:
+                        return item
                 recurrent = sub._recurrent_layer(value.func)
                 if recurrent is not None and (index == 0 or index == 1 and recurrent != "LSTM"):
                     return TENSOR  # `output, hidden = self.gru(x, h0)`; an LSTM's second item is a pair
@@ -1228,7 +1232,21 @@ class _Inference:
         if own is not None or not in_script_project(self.ctx):
             return own
         found = imported_class(self.ctx, value.func)  # `criterion = FocalLoss().cuda()`, imported from the project
-        return found[0] if found is not None else None
+        if found is None:
+            return None
+        self.ctx.shared[("module_class_file", id(found[0]))] = found[1]
+        return found[0]
+
+    def _forward_item(self, call: ast.Call, index: int) -> Optional[str]:
+        """The kind of item `index` of the tuple that every `return` of the `forward` of the module
+        `call` runs gives (`return self.loss_tot, self.loss_coord`), read in the class's file."""
+        cls = self._module_class(call.func)
+        if cls is None:
+            return None
+        view = self.ctx.shared.get(("module_class_file", id(cls)), self.ctx)
+        forward = next((s for s in cls.body if isinstance(s, (ast.FunctionDef, ast.AsyncFunctionDef))
+                        and s.name == "forward"), None)
+        return returned_kind(view, forward, cls, index) if forward is not None else None
 
     def _passed_module_class(self, function: ast.AST, name: str, depth: int) -> Optional[ast.ClassDef]:
         """The module class of what every call of `function` passes for its parameter `name`."""
