@@ -26,6 +26,10 @@ def _end(node: ast.AST) -> tuple:
     return (node.end_lineno, node.end_col_offset)
 
 
+# Methods that change a list, dict or set in place (not `add` or `sort`: a tensor's make a new one).
+_CONTAINER_MUTATORS = frozenset({"append", "extend", "insert", "pop", "remove", "clear", "update", "setdefault",
+                                 "popitem", "discard", "reverse"})
+
 class FunctionFlow(BuiltOnFirstUse):
     """Parents, stores and loads of plain names in one function, collected once, on first use."""
 
@@ -75,6 +79,7 @@ class FunctionFlow(BuiltOnFirstUse):
 
     def _mutated(self, load: ast.Name) -> bool:
         """`load` is changed in place where it stands: `x.masked_fill_(...)`, `x[i] = v`, `del x[i]`,
+        `res.append(v)` (a list's, dict's or set's own mutators),
         also through an item (`x[i][j] = v`: basic indexing gives a view, or the nested list)."""
         up = self.parent.get(load)
         if isinstance(up, ast.Subscript):
@@ -85,8 +90,8 @@ class FunctionFlow(BuiltOnFirstUse):
         if isinstance(up, ast.Attribute) and up.value is load:
             attr = up.attr
             call = self.parent.get(up)
-            return (attr.endswith("_") and not attr.startswith("_") and isinstance(call, ast.Call)
-                    and call.func is up)
+            return ((attr.endswith("_") and not attr.startswith("_") or attr in _CONTAINER_MUTATORS)
+                    and isinstance(call, ast.Call) and call.func is up)
         return False
 
     def _index_block(self, block: list) -> None:

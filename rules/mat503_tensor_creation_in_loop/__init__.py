@@ -23,7 +23,7 @@ from matlint.semantic.steps import derives_from_module, per_step, step_functions
 
 from .advice import (created_on_device, fill_message, numpy_message, range_message, repeated_message, sample_message,
                      sampler_input, sampler_message, sizes_message)
-from .factories import (FILLS, FROM_DATA, RANDOM, carried_from_branches, carried_to_move, constant_values, host_attribute, computed_number, device_target, exact_on_device,
+from .factories import (FILLS, FROM_DATA, RANDOM, carried_from_branches, carried_from_helper, carried_to_move, constant_values, host_attribute, computed_number, device_target, exact_on_device,
                         has_mover_helpers, helper_made, host_made, index_binding, INDEX_FACTORIES, NUMPY_INDEX_FACTORIES, NUMPY_INDEX_TRICKS, indexed_tensors, is_constant_data, moved_expression,
                         is_device, is_false, legacy_sizes, one_value, range_data, repeated_number, round_trip_source, set_once_attribute,
                         same_values_on_device, takes_device,
@@ -87,7 +87,8 @@ class TensorCreationInLoop(Rule):
       (`self._square_mask(len(src)).to(device)`, `self.label2onehot(torch.zeros(n),
       2).to(d)`, `diffusion.sample_timesteps(n).to(d)` on an instance of a class of the file)
       or of a project module it imports (`causal_mask(n).to(d)` after `from dataset import
-      causal_mask`).
+      causal_mask`), also through a name that only carries its result to the move (`src_mask =
+      square_mask(n)`, then `model(x, src_mask.cuda())`).
       Also Python data of the same values made on a device tensor's device with `x.new([...])`
       or `x.new_tensor([...])` (numbers, or attributes the set-up assigns once; `x` a tensor, or
       the new one used as a tensor: `sos = ys[0].new([sos_id])`, then `torch.cat([sos, y])`).
@@ -332,8 +333,12 @@ class TensorCreationInLoop(Rule):
         attribute = None  # `self.pe` that the module's set-up made on the host
         if isinstance(carrier, ast.Name):
             carried = carried_to_move(ctx, carrier)
+            call = carried_from_helper(ctx, carrier) if carried is None else None
+            made = helper_made(ctx, call) if call is not None else None
             if carried is not None:
                 factory, made_at = carried
+            elif made is not None:  # `mask = causal_mask(n)`, then `mask.cuda()`
+                helper, factory, helper_path = made
             else:  # `if done: bit = torch.Tensor([0])` / `else: bit = torch.Tensor([1])`, then `bit.cuda()`
                 for made, made_at in carried_from_branches(ctx, carrier):
                     self._check_made(node, moved, made, made_at)

@@ -571,6 +571,18 @@ def carried_to_move(ctx, name: ast.Name) -> Optional[tuple]:
     return None
 
 
+def carried_from_helper(ctx, name: ast.Name) -> Optional[ast.Call]:
+    """The call of a helper of the file or the project whose result `name` holds, by the one
+    assignment that reaches this move at the same loop depth, every read of it a move
+    (`src_mask = generate_square_subsequent_mask(n)`, then `model(x, src_mask.cuda())`)."""
+    flow = flow_of(ctx, ctx.scope)
+    assign = flow.reaching(name)
+    if assign is None or len(assign.targets) != 1 or not isinstance(assign.targets[0], ast.Name) \
+            or not isinstance(assign.value, ast.Call) or not _carried_at_depth(ctx, flow, assign, name, None):
+        return None
+    return assign.value
+
+
 def carried_from_branches(ctx, name: ast.Name) -> list:
     """[(factory, its call)], one per assignment, when several assignments reach this move of
     `name` (`if done: bit = torch.Tensor([0])` / `else: bit = torch.Tensor([1])`, then
