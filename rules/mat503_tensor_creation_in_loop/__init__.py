@@ -29,7 +29,7 @@ from .factories import (FILLS, FROM_DATA, RANDOM, carried_from_branches, carried
                         same_values_on_device, takes_device,
                         torch_factory, unwrapped)
 from .host_data import numpy_made, same_data_every_iteration
-from .stays_quiet import (fills_a_cache, in_value_checked_branch, kept_apart, runs_once_per_loop,
+from .stays_quiet import (fills_a_cache, in_value_checked_branch, kept_apart, per_call_step, runs_once_per_loop,
                           sized_by_loop_item, varies_per_iteration)
 
 
@@ -254,7 +254,9 @@ class TensorCreationInLoop(Rule):
       i))` to initialize each GPU; the GPU index of a tensor of the iteration, `device =
       g_norm.get_device()`, is where its data is, and is reported), and branches that run on one iteration only (`if i ==
       len(steps) - 1:`, `if state is None:`, `if len(state) == 0:`; their `else:` is reported;
-      a test of the run's configuration, `if self.adv_loss == "wgan-gp":`, is no such branch).
+      a test of the run's configuration, `if self.adv_loss == "wgan-gp":`, is no such branch;
+      in a loop of a function that runs on every step, a module's `forward` decoding token by
+      token, `if i == 0:` runs once per call, every step, and is reported).
     - Blocks that leave the loop right after the creation: a branch ending in `return` or
       `raise` runs at most once per call (`if too_close: return torch.tensor(True, device=d)`),
       one ending in `break` once per run of its loop (still reported when an outer loop runs
@@ -385,6 +387,7 @@ class TensorCreationInLoop(Rule):
         self._step = per_step(ctx)
         if self._step is None or runs_once_per_loop(ctx) or fills_a_cache(ctx):
             return
+        self._step = per_call_step(ctx, self._step)
         if cuda_type is not None:  # `Tensor(np.random.normal(...))` with `Tensor = torch.cuda.FloatTensor`
             self._check_numpy_data(node, node.args[0], '"cuda"' if ctx.qualname(func) else "device")
             return
@@ -531,6 +534,7 @@ class TensorCreationInLoop(Rule):
         self._step = per_step(ctx)
         if self._step is None or runs_once_per_loop(ctx) or fills_a_cache(ctx):
             return
+        self._step = per_call_step(ctx, self._step)
         self._constant(node, node, f"{ctx.segment(func.value)}.device")
 
     def _bound_to_tensor(self, node: ast.Call) -> bool:
@@ -591,6 +595,7 @@ class TensorCreationInLoop(Rule):
         if self._step is None or runs_once_per_loop(ctx) or fills_a_cache(ctx) \
                 or in_value_checked_branch(ctx):
             return
+        self._step = per_call_step(ctx, self._step)
         # In a module's forward (or what it runs) the tensors are activations, on the model's
         # device; elsewhere in a step, what a module computes is on its device too, but a batch
         # may still be on the host.

@@ -11,7 +11,7 @@ from matlint.semantic import kinds as _kinds
 from matlint.semantic.flow import flow_of
 from matlint.semantic.shapes import self_name_of
 from matlint.semantic.tree import code_scope, fills_own_cache, stored_targets
-from matlint.semantic.steps import configuration_test, guards_empty_selection, is_step_loop
+from matlint.semantic.steps import PerStep, configuration_test, guards_empty_selection, is_step_loop, plain_class, step_of
 
 from .factories import SIZED_FACTORIES
 
@@ -165,11 +165,41 @@ def sized_by_loop_item(ctx, name: str, call: ast.Call) -> bool:
 
 
 def runs_once_per_loop(ctx) -> bool:
+    """See `_once_branch`: a first- or last-iteration branch of a loop, in a function that does
+    not itself run on every step."""
+    return _once_branch(ctx) and not _once_per_call(ctx)
+
+
+def per_call_step(ctx, step: PerStep) -> PerStep:
+    """`step`, or for a first- or last-iteration branch of a loop in a function that runs on
+    every step, that function's call: it runs once per call, not on every iteration."""
+    if not _once_branch(ctx) or not _once_per_call(ctx):
+        return step
+    return PerStep([], step_of(ctx, ctx.functions) if ctx.function.name != "forward" else None, ctx.function)
+
+
+def _once_per_call(ctx) -> bool:
+    """A branch on the iteration of a loop around it (`if i == 0:` in `for i in range(n)`), in a
+    function that runs on every step: it runs on every call. (A branch on the data, `if
+    boxes.shape[0] == 0:`, may run on none.)"""
+    targets = set()
+    for loop in ctx.loops:
+        if isinstance(loop.node, (ast.For, ast.AsyncFor)):
+            targets |= {n.id for n in ast.walk(loop.node.target) if isinstance(n, ast.Name)}
+    on_iteration = any(isinstance(parent, ast.If) and isinstance(parent.test, ast.Compare)
+                       and any(isinstance(n, ast.Name) and n.id in targets for n in ast.walk(parent.test))
+                       for parent in ctx.parents)
+    return on_iteration and _runs_every_step(ctx)
+
+
+def _once_branch(ctx) -> bool:
     """Under `if i == last:`, `if x is None:`, `if len(state) == 0:` inside a loop: a first- or
     last-iteration branch, not per-iteration work; also where loops nested in the branch run it
     (`if i == maxlen - 1: for hyp in hyps: ...`), unless one of them is a step loop. A test of
     the run's configuration (`if self.adv_loss == 'wgan-gp':`, `configuration_test`) is no
-    such branch: it takes the same arm on every iteration."""
+    such branch: it takes the same arm on every iteration. Nor is one in a loop of a function
+    that itself runs every step (a module's `forward` decoding step by step, `if i == 0:` making
+    its start token): once per call of that function is once per step."""
     if not ctx.loops:
         return False
     loops = {id(loop.node): loop for loop in ctx.loops}
@@ -186,6 +216,16 @@ def runs_once_per_loop(ctx) -> bool:
                     and not configuration_test(ctx, ctx.function, test, ctx.class_):
                 once = True
     return once
+
+
+def _runs_every_step(ctx) -> bool:
+    """The function around the node runs on every step: a module's `forward`, or a step function."""
+    function = ctx.function
+    if function is None or any(is_step_loop(ctx, loop) for loop in ctx.loops):
+        return False
+    if getattr(function, "name", "") == "forward" and ctx.class_ is not None and len(ctx.functions) == 1:
+        return not plain_class(ctx, ctx.class_)
+    return step_of(ctx, ctx.functions) is not None
 
 
 def fills_a_cache(ctx) -> bool:
