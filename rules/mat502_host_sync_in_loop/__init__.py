@@ -343,7 +343,7 @@ class HostSyncInLoop(_StepLoops, _HostReads, Rule):
     Python number), `torch.tensor(values)` of a list of device tensors (a list display, or a list the step
     fills with `.append`), and the syncs that do not look like copies: boolean-mask indexing
     (`x[y > 0]`, `x[~mask]`, `x[(u > 0) * (l == u)]`, `x[m.unsqueeze(2).expand_as(x)]`, `x[t.gt(0)]`,
-    a mask made by a CUDA byte or bool tensor type, `ByteTensor(flags)` after `ByteTensor =
+    `x[t.type(torch.bool)]`, a mask made by a CUDA byte or bool tensor type, `ByteTensor(flags)` after `ByteTensor =
     torch.cuda.ByteTensor if use_cuda else torch.ByteTensor`, with slices or numbers beside the
     mask: `x[pos, :]`, `x[pos, 4]`),
     also in place (`l[mask] -= 1`, which reads `l[mask]`) and storing a device tensor through a
@@ -1014,7 +1014,9 @@ class HostSyncInLoop(_StepLoops, _HostReads, Rule):
             receiver = index.func.value
             if index.func.attr in _SHAPE_METHODS:  # `pos.unsqueeze(2).expand_as(conf)`
                 return _may_be_mask(receiver) and self._is_mask(receiver, reading)
-            return index.func.attr in _MASK_METHODS and self._is_device_tensor(receiver)
+            cast = index.func.attr in ("type", "to") and len(index.args) == 1 and not index.keywords \
+                and self.ctx.qualname(index.args[0]) in _MASK_DTYPES  # `t.type(torch.bool)`
+            return (index.func.attr in _MASK_METHODS or cast) and self._is_device_tensor(receiver)
         return False
 
     def visit_If(self, node: ast.If) -> None:
