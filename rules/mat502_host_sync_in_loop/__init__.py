@@ -346,6 +346,8 @@ class HostSyncInLoop(_StepLoops, _HostReads, Rule):
     `x[t.type(torch.bool)]`, a mask made by a CUDA byte or bool tensor type, `ByteTensor(flags)` after `ByteTensor =
     torch.cuda.ByteTensor if use_cuda else torch.ByteTensor`, with slices or numbers beside the
     mask: `x[pos, :]`, `x[pos, 4]`),
+    a device tensor as a slice bound (`x[:, :self.r]` of a buffer `r`, `x[:, :lens.max()]`: Python
+    reads it as an int),
     also in place (`l[mask] -= 1`, which reads `l[mask]`) and storing a device tensor through a
     mask (`v[mask] = net(s)`: the mask becomes indices), `nonzero`, `masked_select` and
     `unique` (their output's size depends on the values), `assert` on a tensor,
@@ -781,6 +783,7 @@ class HostSyncInLoop(_StepLoops, _HostReads, Rule):
         `masked_fill_` (a Python number or a CPU scalar, with a mask on `x`'s device)."""
         if self._legacy_item(node):
             return
+        self._tensor_bounds(node)
         mask = _mask_position(self.ctx, node.slice)
         if mask is None or isinstance(node.ctx, ast.Del) or self._step_context() is None:
             return
@@ -795,6 +798,22 @@ class HostSyncInLoop(_StepLoops, _HostReads, Rule):
                      "keep shapes fixed: `torch.where(mask, x, 0)` or `x * mask`, and reduce with the mask "
                      "(`(x * mask).sum() / mask.sum()`)", value=node.value,
                      detail="(its result's size depends on the values)")
+
+    def _tensor_bounds(self, node: ast.Subscript) -> None:
+        """`x[:, :, :self.r]` with a device tensor as a slice bound: Python asks it for an int
+        (`__index__`), which reads it on the host. The bound is a tensor by its spelling: an
+        attribute of the module that holds one (a buffer), or a reduction of a device tensor
+        (`lens.max()`); a name or an item may hold a Python number."""
+        parts = node.slice.elts if isinstance(node.slice, ast.Tuple) else [node.slice]
+        bounds = [b for part in parts if isinstance(part, ast.Slice) for b in (part.lower, part.upper, part.step)
+                  if isinstance(b, ast.Attribute) and isinstance(b.value, ast.Name) and b.value.id == "self"
+                  or reduces_every_element(b)]
+        for bound in bounds:
+            if self._is_device_tensor(bound) and self._step_context() is not None:
+                self._report(bound, f"`{self.ctx.segment(bound)}` as a slice bound",
+                             "keep the bound a Python int (the host knows it: a count, a setting), or slice "
+                             "on the device with a mask", detail="(Python reads the tensor as an int)")
+                return
 
     def _stores_through_mask(self, target: ast.Subscript) -> bool:
         """`x[m] op= v` (reads `x[m]` first), or `x[m] = v` of a device tensor `v`."""
