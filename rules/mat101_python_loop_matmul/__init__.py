@@ -100,8 +100,8 @@ class PythonLoopMatmul(_PerItemOperands, _BatchedAdvice, GemmVisitor, Rule):
     loop or comprehension when one of its operands is the loop's item: indexed by the loop
     variable (`x[i]`, `x[:, i]`, `x[i, ...]`, `x.select(0, i)`, `x[i:i + 1]` in a step-1 loop,
     `q[b, h]` in the loop over `h`, `hidden[b, 0]`), iterated over (`for xi in x`,
-    `x.unbind(1)`, `torch.unbind(x, 0)`, `x.split(1)`), or assigned from such an item in
-    the loop body, also through steps that treat every item alike: arithmetic with values fixed
+    `x.unbind(1)`, `torch.unbind(x, 0)`, `x.split(1)`, `x.chunk(x.size(1), dim=1)`), or assigned
+    from such an item in the loop body, also through steps that treat every item alike: arithmetic with values fixed
     in the loop (`(x[i] - mean) @ W`), joins of items of one index with such values
     (`torch.cat([xf[:, i], c[:, i], ctx], dim=1)`), elementwise torch functions (`torch.relu(x[b])`), row-wise
     modules (`self.fc(self.norm(x[:, t]))` with a LayerNorm, Embedding, Dropout or activation),

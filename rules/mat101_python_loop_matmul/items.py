@@ -41,7 +41,7 @@ _JOINS = frozenset({"torch.cat", "torch.concat", "torch.concatenate"})
 
 # Calls whose items are the tensor's slices along a dim: `x.unbind(1)`, `torch.unbind(x, dim=1)`;
 # `x.split(1, 1)` keeps the dim (size 1).
-_SLICING_CALLS = {"unbind": ("dim",), "split": ("split_size_or_sections", "dim")}
+_SLICING_CALLS = {"unbind": ("dim",), "split": ("split_size_or_sections", "dim"), "chunk": ("chunks", "dim")}
 
 
 class _Batched:
@@ -270,7 +270,8 @@ class _PerItemOperands:
 
     def _slicing_call(self, call: ast.AST) -> Optional[tuple]:
         """(tensor, dim, keeps_dim) for `x.unbind(1)`, `torch.unbind(x, dim=1)`, `x.split(1, 1)`,
-        `torch.split(x, 1, dim=1)`: the tensor's slices along a dim, one by one."""
+        `torch.split(x, 1, dim=1)`, `x.chunk(x.size(1), dim=1)`: the tensor's slices along a dim,
+        one by one."""
         if not (isinstance(call, ast.Call) and isinstance(call.func, ast.Attribute)
                 and call.func.attr in _SLICING_CALLS):
             return None
@@ -284,9 +285,9 @@ class _PerItemOperands:
             return None
         given = dict(zip(_SLICING_CALLS[method], args))
         for keyword in call.keywords:
-            if keyword.arg not in ("dim", "split_size", "split_size_or_sections"):
+            if keyword.arg not in ("dim", "split_size", "split_size_or_sections", "chunks"):
                 return None
-            given[keyword.arg if keyword.arg == "dim" else "split_size_or_sections"] = keyword.value
+            given[keyword.arg if keyword.arg in ("dim", "chunks") else "split_size_or_sections"] = keyword.value
         if len(given) < len(args) + len(call.keywords) or any(isinstance(a, ast.Starred) for a in args):
             return None
         dim = _kinds.int_const(given["dim"]) if "dim" in given else 0
@@ -294,7 +295,9 @@ class _PerItemOperands:
             return None
         if method == "split" and _kinds.int_const(given.get("split_size_or_sections")) != 1:
             return None  # chunks of several items bound memory on purpose
-        return tensor, dim, method == "split"
+        if method == "chunk" and not _size_along(given.get("chunks"), tensor, dim):
+            return None  # as many chunks as items along the dim, or chunks of several items
+        return tensor, dim, method != "unbind"
 
     def _sliced_sequence(self, loop: LoopInfo, name: ast.AST) -> Optional[tuple]:
         """(tensor, dim, keeps_dim) when `name` holds `x.unbind(d)` or `x.split(1, d)`, bound
@@ -336,3 +339,15 @@ class _PerItemOperands:
                         if isinstance(n, ast.Name) and isinstance(n.ctx, ast.Store)):
                     return None
         return values[0] if len(values) == 1 else None
+
+
+def _size_along(expr: Optional[ast.AST], tensor: ast.AST, dim: int) -> bool:
+    """`expr` is the size of `tensor` along `dim`: `x.size(1)`, `x.shape[1]`."""
+    if isinstance(expr, ast.Call) and isinstance(expr.func, ast.Attribute) and expr.func.attr == "size" \
+            and len(expr.args) == 1 and not expr.keywords:
+        owner, index = expr.func.value, expr.args[0]
+    elif isinstance(expr, ast.Subscript) and isinstance(expr.value, ast.Attribute) and expr.value.attr == "shape":
+        owner, index = expr.value.value, expr.slice
+    else:
+        return False
+    return _kinds.int_const(index) == dim and ast.dump(owner) == ast.dump(tensor)
