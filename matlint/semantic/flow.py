@@ -27,7 +27,7 @@ def _end(node: ast.AST) -> tuple:
 
 
 # Methods that change a list, dict or set in place (not `add` or `sort`: a tensor's make a new one).
-_CONTAINER_MUTATORS = frozenset({"append", "extend", "insert", "pop", "remove", "clear", "update", "setdefault",
+CONTAINER_MUTATORS = frozenset({"append", "extend", "insert", "pop", "remove", "clear", "update", "setdefault",
                                  "popitem", "discard", "reverse"})
 
 class FunctionFlow(BuiltOnFirstUse):
@@ -90,7 +90,7 @@ class FunctionFlow(BuiltOnFirstUse):
         if isinstance(up, ast.Attribute) and up.value is load:
             attr = up.attr
             call = self.parent.get(up)
-            return ((attr.endswith("_") and not attr.startswith("_") or attr in _CONTAINER_MUTATORS)
+            return ((attr.endswith("_") and not attr.startswith("_") or attr in CONTAINER_MUTATORS)
                     and isinstance(call, ast.Call) and call.func is up)
         return False
 

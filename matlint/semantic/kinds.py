@@ -12,6 +12,7 @@ from typing import Optional
 from .calls import CallSite, FileCalls, argument_for, file_calls
 from .lazy import BuiltOnFirstUse
 from .file import project_file
+from .flow import CONTAINER_MUTATORS
 from .project import (SCRIPT_PROJECT_FILES, imported_definition, imported_number, importers, in_script_project,
                       project_imports)
 # identifier_text lives in tree (a leaf, which calls and flow read too); the rules read it from here
@@ -1681,8 +1682,8 @@ def _class_attribute_values(cls: ast.ClassDef, calls: bool) -> dict:
 
 # -- module containers -------------------------------------------------------------
 
-_CONTAINER_MUTATORS = frozenset({"append", "extend", "insert", "update", "pop", "popitem", "clear",
-                                 "add_module", "register_module", "setdefault", "__setitem__", "__delitem__"})
+# ... and of a module container (`layers.add_module(...)`)
+_CONTAINER_MUTATORS = CONTAINER_MUTATORS | {"add_module", "register_module", "__setitem__", "__delitem__"}
 _MODULE_CONTAINERS = frozenset({"torch.nn.ModuleList", "torch.nn.ModuleDict", "torch.nn.Sequential"})
 _INDEXABLE = _MODULE_CONTAINERS | {"torch.nn.ParameterList", "torch.nn.ParameterDict"}
 

@@ -9,6 +9,7 @@ from typing import Optional
 
 from matlint.diagnostics import Fix
 from matlint.semantic import kinds as _kinds
+from matlint.semantic.flow import CONTAINER_MUTATORS
 from matlint.semantic.loops import LoopInfo, bound_names, identifier as _identifier, loaded_names, walk_no_scopes
 from matlint.semantic.steps import is_step_loop, runs_a_training_step, step_loop
 
@@ -338,9 +339,11 @@ class _HostReads:
         `for idx in range(memory_len[i]): weight[i].append(...)`, `return memory * weight`): the
         host computes the result from the values. A loop that only logs them returns nothing."""
         function = self.ctx.function
-        if function is None or any(loop.node in _function_nodes(function) for loop in self.ctx.loops):
+        if function is None:
             return False
-        statement = self.ctx.statement()
+        nodes = set(walk_no_scopes(function))
+        if any(loop.node in nodes for loop in self.ctx.loops):
+            return False
         bound = self._bound_name(node)
         if self._iterated_here(node):
             loops = [parent for parent in self.ctx.parents if isinstance(parent, (ast.For, ast.AsyncFor))]
@@ -532,10 +535,6 @@ def _outside_indices(expr: ast.AST):
             stack.extend(ast.iter_child_nodes(node))
 
 
-def _function_nodes(function: ast.AST) -> set:
-    return set(walk_no_scopes(function))
-
-
 def _root_name(expr: ast.AST) -> Optional[str]:
     while isinstance(expr, (ast.Subscript, ast.Attribute)):
         expr = expr.value
@@ -551,7 +550,7 @@ def _returns_what_it_builds(function: ast.AST, loop: ast.AST) -> bool:
             for target in (node.targets if isinstance(node, ast.Assign) else [node.target]):
                 built |= {n for n in map(_root_name, [target] + getattr(target, "elts", [])) if n}
         elif isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute) \
-                and node.func.attr in ("append", "extend", "insert", "add", "update"):
+                and (node.func.attr in CONTAINER_MUTATORS or node.func.attr == "add"):  # `seen.add(x)` of a set
             root = _root_name(node.func.value)
             if root:
                 built.add(root)
