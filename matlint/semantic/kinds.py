@@ -1478,13 +1478,11 @@ class _Inference:
     def _imported_return(self, node: ast.Call) -> Optional[str]:
         """What a function of a project module returns for the kinds this call passes (`loss_nll =
         nll_gaussian(output, target, var)`, also after `from utils import *`), read in its file."""
-        if not node.args or not in_script_project(self.ctx):
+        found = _imported_function(self.ctx, node.func) if node.args else None
+        if found is None:
             return None
-        definition = imported_definition(self.ctx, node.func, (ast.FunctionDef,))
-        view = project_file(definition[1]) if definition is not None else None
-        if view is None:
-            return None
-        return returned_kind(view, definition[0], None, arguments=self._call_arguments(node, definition[0], None))
+        definition, view = found
+        return returned_kind(view, definition, None, arguments=self._call_arguments(node, definition, None))
 
     def _factory_kind(self, attr: str, node: ast.Call) -> str:
         device = next((k.value for k in node.keywords if k.arg == "device"), None)
@@ -2120,9 +2118,16 @@ def _imported_return_kind(ctx, func: ast.AST) -> Optional[str]:
     """The kind a function of a project module returns (`loss = actor_loss_fn(obs, ...)` after
     `from option_critic import actor_loss as actor_loss_fn`), read in its own file (see
     `returned_kind`)."""
+    found = _imported_function(ctx, func)
+    return returned_kind(found[1], found[0], None) if found is not None else None
+
+
+def _imported_function(ctx, func: ast.AST) -> Optional[tuple]:
+    """(the definition, the SourceFile of its module) of the project module's function that
+    `func` names, in a script's project."""
     found = imported_definition(ctx, func, (ast.FunctionDef,)) if in_script_project(ctx) else None
     view = project_file(found[1]) if found is not None else None
-    return returned_kind(view, found[0], None) if view is not None else None
+    return (found[0], view) if view is not None else None
 
 
 def returned_kind(view, definition: ast.AST, cls: Optional[ast.ClassDef], index: Optional[int] = None,

@@ -1679,15 +1679,22 @@ def _held_callable(ctx, cls: ast.ClassDef, attr: str) -> Optional[ast.AST]:
     values = _kinds.class_attribute_values(ctx, cls, attr)
     if len(values) != 1 or not isinstance(values[0][1], ast.Call):
         return None
-    func = values[0][1].func
-    local = [s for s in ctx.tree.body if isinstance(s, ast.ClassDef) and isinstance(func, ast.Name)
-             and s.name == func.id]
-    found = (local[0], ctx) if len(local) == 1 and ctx.qualname(func) is None else imported_class(ctx, func)
+    found = _class_named(ctx, values[0][1].func)
     if found is None:
         return None
     held, where = found
     return next((m for m in held.body if isinstance(m, (ast.FunctionDef, ast.AsyncFunctionDef))
                  and m.name == "__call__"), None) or _inherited_method(where, held, "__call__")
+
+
+def _class_named(ctx, func: ast.AST) -> Optional[tuple]:
+    """(the class, the file it is in) that the name `func` names: one the file defines at its top
+    level, or one of a project module it imports (`Base_Agent` after `from agents.Base_Agent import
+    Base_Agent`)."""
+    if not isinstance(func, ast.Name):
+        return imported_class(ctx, func)
+    local = [s for s in ctx.tree.body if isinstance(s, ast.ClassDef) and s.name == func.id]
+    return (local[0], ctx) if len(local) == 1 and ctx.qualname(func) is None else imported_class(ctx, func)
 
 
 def _inherited_method(ctx, cls: ast.ClassDef, name: str, depth: int = 0) -> Optional[ast.AST]:
@@ -1698,8 +1705,7 @@ def _inherited_method(ctx, cls: ast.ClassDef, name: str, depth: int = 0) -> Opti
     for base in cls.bases:
         if not isinstance(base, ast.Name):
             continue
-        local = [s for s in ctx.tree.body if isinstance(s, ast.ClassDef) and s.name == base.id]
-        found = (local[0], ctx) if len(local) == 1 and ctx.qualname(base) is None else imported_class(ctx, base)
+        found = _class_named(ctx, base)
         if found is None:
             continue
         parent, where = found

@@ -5,7 +5,7 @@ The rule's metadata, docs and visitor are here; what it reads is in its modules:
 (the tensor a call makes and the device it goes to), `host_data` (arrays numpy makes per pass),
 `stays_quiet` (where a tensor per pass is needed or runs once) and `advice` (what to write
 instead, and the `device=` fix). Whether the call runs on every step is the semantic model's
-`per_step`."""
+`per_step`, narrowed for first- and last-iteration branches by `stays_quiet.repeated_step`."""
 from __future__ import annotations
 
 import ast
@@ -19,7 +19,7 @@ from matlint.semantic.kinds import (MODULE_CLASS, TENSOR, TYPED_TENSORS, class_a
                                     module_output)
 from matlint.semantic.project import moves_work_to_cuda
 from matlint.semantic.names import TESTS
-from matlint.semantic.steps import derives_from_module, per_step, step_functions
+from matlint.semantic.steps import derives_from_module, step_functions
 
 from .advice import (created_on_device, fill_message, numpy_message, range_message, repeated_message, sample_message,
                      sampler_input, sampler_message, sizes_message)
@@ -29,7 +29,7 @@ from .factories import (FILLS, FROM_DATA, RANDOM, carried_from_branches, carried
                         same_values_on_device, takes_device,
                         torch_factory, unwrapped)
 from .host_data import numpy_made, same_data_every_iteration
-from .stays_quiet import (fills_a_cache, in_value_checked_branch, kept_apart, per_call_step, runs_once_per_loop,
+from .stays_quiet import (fills_a_cache, in_value_checked_branch, kept_apart, repeated_step,
                           sized_by_loop_item, varies_per_iteration)
 
 
@@ -384,10 +384,9 @@ class TensorCreationInLoop(Rule):
         if not moves and factory is not None and factory[0] in INDEX_FACTORIES:
             self._check_index(node, factory[0])
             return
-        self._step = per_step(ctx)
-        if self._step is None or runs_once_per_loop(ctx) or fills_a_cache(ctx):
+        self._step = repeated_step(ctx)
+        if self._step is None or fills_a_cache(ctx):
             return
-        self._step = per_call_step(ctx, self._step)
         if cuda_type is not None:  # `Tensor(np.random.normal(...))` with `Tensor = torch.cuda.FloatTensor`
             self._check_numpy_data(node, node.args[0], '"cuda"' if ctx.qualname(func) else "device")
             return
@@ -531,10 +530,9 @@ class TensorCreationInLoop(Rule):
         items = data.elts if isinstance(data, (ast.List, ast.Tuple)) else [data]
         if not items or not all(is_constant_data(item) or set_once_attribute(ctx, item) for item in items):
             return
-        self._step = per_step(ctx)
-        if self._step is None or runs_once_per_loop(ctx) or fills_a_cache(ctx):
+        self._step = repeated_step(ctx)
+        if self._step is None or fills_a_cache(ctx):
             return
-        self._step = per_call_step(ctx, self._step)
         self._constant(node, node, f"{ctx.segment(func.value)}.device")
 
     def _bound_to_tensor(self, node: ast.Call) -> bool:
@@ -591,11 +589,9 @@ class TensorCreationInLoop(Rule):
             and (torch_factory(ctx, sub) or ("",))[0] in INDEX_FACTORIES and not any(k.arg == "device" for k in sub.keywords)]
         if any((o.lineno, o.col_offset) < (node.lineno, node.col_offset) for o in others):
             return  # one finding for the subscript, at its first index made on the host
-        self._step = per_step(ctx)
-        if self._step is None or runs_once_per_loop(ctx) or fills_a_cache(ctx) \
-                or in_value_checked_branch(ctx):
+        self._step = repeated_step(ctx)
+        if self._step is None or fills_a_cache(ctx) or in_value_checked_branch(ctx):
             return
-        self._step = per_call_step(ctx, self._step)
         # In a module's forward (or what it runs) the tensors are activations, on the model's
         # device; elsewhere in a step, what a module computes is on its device too, but a batch
         # may still be on the host.

@@ -11,7 +11,8 @@ from matlint.semantic import kinds as _kinds
 from matlint.semantic.flow import flow_of
 from matlint.semantic.shapes import self_name_of
 from matlint.semantic.tree import code_scope, fills_own_cache, stored_targets
-from matlint.semantic.steps import PerStep, configuration_test, guards_empty_selection, is_step_loop, plain_class, step_of
+from matlint.semantic.steps import (PerStep, configuration_test, guards_empty_selection, is_step_loop, per_step,
+                                    plain_class, step_of)
 
 from .factories import SIZED_FACTORIES
 
@@ -164,32 +165,43 @@ def sized_by_loop_item(ctx, name: str, call: ast.Call) -> bool:
     return False
 
 
-def runs_once_per_loop(ctx) -> bool:
-    """See `_once_branch`: a first- or last-iteration branch of a loop, in a function that does
-    not itself run on every step."""
-    return _once_branch(ctx) and not _once_per_call(ctx)
-
-
-def per_call_step(ctx, step: PerStep) -> PerStep:
-    """`step`, or for a first- or last-iteration branch of a loop in a function that runs on
-    every step, that function's call: it runs once per call, not on every iteration."""
-    if not _once_branch(ctx) or not _once_per_call(ctx):
-        return step
-    return PerStep([], step_of(ctx, ctx.functions) if ctx.function.name != "forward" else None, ctx.function)
-
-
-def _once_per_call(ctx) -> bool:
-    """A branch on the iteration of a loop around it (`if i == 0:` in `for i in range(n)`), in a
-    function that runs on every step: it runs on every call. (A branch on the data, `if
+def repeated_step(ctx) -> Optional[PerStep]:
+    """Where the node runs on every step (`per_step`), unless it sits in a first- or
+    last-iteration branch of a loop (`_once_branch`), which runs once per loop. In a function
+    that itself runs on every step (a module's `forward` decoding token by token), such a branch
+    on the loop's own variable (`if i == 0:` making the start token) runs once per call of that
+    function, which is once per step: that call is where it runs. (A branch on the data, `if
     boxes.shape[0] == 0:`, may run on none.)"""
+    step = per_step(ctx)
+    if step is None or not _once_branch(ctx):
+        return step
+    return _function_step(ctx) if _tests_loop_variable(ctx) else None
+
+
+def _tests_loop_variable(ctx) -> bool:
+    """An `if` around the node compares the variable of a loop around it (`if i == 0:` in `for i
+    in range(n)`)."""
     targets = set()
     for loop in ctx.loops:
         if isinstance(loop.node, (ast.For, ast.AsyncFor)):
             targets |= {n.id for n in ast.walk(loop.node.target) if isinstance(n, ast.Name)}
-    on_iteration = any(isinstance(parent, ast.If) and isinstance(parent.test, ast.Compare)
-                       and any(isinstance(n, ast.Name) and n.id in targets for n in ast.walk(parent.test))
-                       for parent in ctx.parents)
-    return on_iteration and _runs_every_step(ctx)
+    return any(isinstance(parent, ast.If) and isinstance(parent.test, ast.Compare)
+               and any(isinstance(n, ast.Name) and n.id in targets for n in ast.walk(parent.test))
+               for parent in ctx.parents)
+
+
+def _function_step(ctx) -> Optional[PerStep]:
+    """The call of the function around the node, where that function runs on every step (a
+    module's `forward`, or a step function) and no step loop around the node is inside it."""
+    function = ctx.function
+    if function is None or any(is_step_loop(ctx, loop) for loop in ctx.loops):
+        return None
+    if getattr(function, "name", "") == "forward" and ctx.class_ is not None and len(ctx.functions) == 1:
+        return None if plain_class(ctx, ctx.class_) else PerStep([], None, function)
+    step = step_of(ctx, ctx.functions)
+    if step is None:
+        return None
+    return PerStep([], None if function.name == "forward" else step, function)
 
 
 def _once_branch(ctx) -> bool:
@@ -197,9 +209,7 @@ def _once_branch(ctx) -> bool:
     last-iteration branch, not per-iteration work; also where loops nested in the branch run it
     (`if i == maxlen - 1: for hyp in hyps: ...`), unless one of them is a step loop. A test of
     the run's configuration (`if self.adv_loss == 'wgan-gp':`, `configuration_test`) is no
-    such branch: it takes the same arm on every iteration. Nor is one in a loop of a function
-    that itself runs every step (a module's `forward` decoding step by step, `if i == 0:` making
-    its start token): once per call of that function is once per step."""
+    such branch: it takes the same arm on every iteration."""
     if not ctx.loops:
         return False
     loops = {id(loop.node): loop for loop in ctx.loops}
@@ -216,16 +226,6 @@ def _once_branch(ctx) -> bool:
                     and not configuration_test(ctx, ctx.function, test, ctx.class_):
                 once = True
     return once
-
-
-def _runs_every_step(ctx) -> bool:
-    """The function around the node runs on every step: a module's `forward`, or a step function."""
-    function = ctx.function
-    if function is None or any(is_step_loop(ctx, loop) for loop in ctx.loops):
-        return False
-    if getattr(function, "name", "") == "forward" and ctx.class_ is not None and len(ctx.functions) == 1:
-        return not plain_class(ctx, ctx.class_)
-    return step_of(ctx, ctx.functions) is not None
 
 
 def fills_a_cache(ctx) -> bool:
