@@ -244,19 +244,45 @@ class LoopInvariantProjection(GemmVisitor, Rule):
         passed = list(zip(params, node.args))
         rebound = {n.id for n in ast.walk(callee) if isinstance(n, ast.Name) and not isinstance(n.ctx, ast.Load)}
         for param, arg in passed:
-            if param in rebound or loop.reads_carried(arg):
+            if param in rebound:
                 continue
-            item = self._loop_gemms._batched(loop, arg, 0, transforms=True)
+            item, forced = self._step_item(loop, arg)
             if item is None or any(loop.changes(source) for source in item.sources):
                 continue
             for gemm in self._projections_of(callee, param, set(params), loop):
                 if id(gemm.node) in self._reported_in_callees:
                     continue
                 self._reported_in_callees.add(id(gemm.node))
+                given = (f"the step's slice `{self.ctx.segment(arg)}`" if forced is None else
+                         f"`{self.ctx.segment(arg)}`, the step's slice `{self.ctx.segment(forced)}` on the steps "
+                         f"that take it (line {forced.lineno}; the other steps still project what they take)")
                 self.report(gemm.node, f"this projection reads only `{param}`, which the call at line {node.lineno} "
-                                       f"(`{self.ctx.segment(node.func)}(...)`) gives the step's slice `{self.ctx.segment(arg)}`, "
+                                       f"(`{self.ctx.segment(node.func)}(...)`) gives {given}, "
                                        f"not the recurrent state: {self._suggestion(gemm, item, arg, loop)}, and "
                                        f"hand `{callee.name}` the step's projected rows in place of `{param}`")
+
+    def _step_item(self, loop, arg: ast.AST) -> tuple:
+        """(the step's slice of a tensor fixed before the loop that `arg` is, the slice's
+        expression when `arg` is a name that only some of the assignments it reads give the
+        slice): `x[:, t]`, `x_t` after `x_t = x[:, t]`, or, under teacher forcing, `ins` after
+        `ins = x[:, t]` in one arm and `ins = preds[t - 1]` (the step before's prediction) in the
+        other, where the slice's steps can take a projection computed before the loop. (None,
+        None) for anything else, or a value of the step before alone."""
+        items = self._loop_gemms
+        if not loop.reads_carried(arg):
+            if isinstance(arg, ast.Name) and arg.id not in loop.targets:  # `x_t = x[t]` then `x_t @ W`
+                arg = items._assigned_value(loop, arg)
+            return (items._batched(loop, arg, 0, transforms=True) if arg is not None else None), None
+        if not isinstance(arg, ast.Name) or arg.id in loop.targets:
+            return None, None
+        stores = loop.assigned_this_pass(arg)
+        if stores is None or len(stores) < 2 or not all(isinstance(s, ast.Assign) for s in stores):
+            return None, None
+        slices = [(items._batched(loop, s.value, 0, transforms=True), s.value) for s in stores]
+        slices = [(item, value) for item, value in slices if item is not None and not loop.reads_carried(value)]
+        if not slices or len({(ast.dump(item.base), item.dim) for item, _ in slices}) != 1:
+            return None, None
+        return slices[0]
 
     def _step_function(self, func: ast.AST):
         """The function a call in the loop runs: one the enclosing function defines once under
@@ -372,14 +398,8 @@ class LoopInvariantProjection(GemmVisitor, Rule):
         if len(stepped) != 1:
             return
         step_input = stepped[0]
-        if isinstance(step_input, ast.Name) and step_input.id not in loop.targets:
-            # `x_t = x[t]` then `x_t @ W`: judge the assigned value.
-            assigned = self._loop_gemms._assigned_value(loop, step_input)
-            item = self._loop_gemms._batched(loop, assigned, 0, transforms=True) if assigned is not None else None
-        else:
-            item = self._loop_gemms._batched(loop, step_input, 0, transforms=True)
-        if (item is None or any(loop.changes(source) for source in item.sources)
-                or loop.reads_carried(step_input)):
+        item, forced = self._step_item(loop, step_input)
+        if item is None or any(loop.changes(source) for source in item.sources):
             return
         others = [op for op in gemm.operands if op is not step_input]
         extra = [a for a in getattr(node, "args", [])[len(gemm.operands):]] if gemm.op == "linear" else []
@@ -387,7 +407,10 @@ class LoopInvariantProjection(GemmVisitor, Rule):
             return
         if gemm.op == "nn.Linear" and loop.changes(node.func):
             return
-        self.report(node, f"this projection reads only the step's input, not the recurrent state: "
+        forced_text = "" if forced is None else (
+            f" (`{self.ctx.segment(step_input)}` is the step's slice `{self.ctx.segment(forced)}` on the steps "
+            f"that take it, line {forced.lineno}; the other steps still project what they take)")
+        self.report(node, f"this projection reads only the step's input{forced_text}, not the recurrent state: "
                           f"{self._suggestion(gemm, item, step_input, loop)}")
 
     def _suggestion(self, gemm, item, step_input, loop) -> str:

@@ -132,10 +132,14 @@ _REWRITE_WEIGHTS = frozenset({"reset_parameters", "_reset_parameters", "load_sta
                               "init_weights", "_init_weights"})
 
 
+# Methods that add items to a list and change none it holds.
+_CONTAINER_GROWTH = frozenset({"append", "extend", "insert"})
+
+
 def _changes_in_place(method: str) -> bool:
     """`x.add_(...)`, `x.copy_(...)`, `xs.append(...)`, `self.fc.reset_parameters()`: the method
     changes its receiver."""
-    return ((method.endswith("_") and not method.startswith("_")) or method in ("append", "extend", "insert")
+    return ((method.endswith("_") and not method.startswith("_")) or method in _CONTAINER_GROWTH
             or method in _REWRITE_WEIGHTS)
 
 
@@ -377,7 +381,7 @@ class LoopInfo:
         `W.data = ...`, `buf[t + 1].copy_(...)`, `out=buf[t + 1]`, `self.W.data.add_(...)`. A
         changed attribute path comes with the attributes holding it (`self.proj` for
         `self.proj.weight`): calling `self.proj(x)` reads it."""
-        changed, spine = set(), []
+        changed, spine, grown, rewritten = set(), [], set(), set()
         qualname = self.ctx.qualname
         for sub in self._body_nodes:
             cls = sub.__class__
@@ -407,7 +411,9 @@ class LoopInfo:
             path = _changed_tensor(target, spine)
             if path is not None:
                 changed.update(_path_prefixes(path))
-        return changed, {id(n) for n in spine}
+                growth = cls is ast.Call and qualname(sub.func) is None and sub.func.attr in _CONTAINER_GROWTH
+                (grown if growth else rewritten).add(path)
+        return changed, {id(n) for n in spine}, grown - rewritten
 
     @cached_property
     def _body_nodes(self) -> list:
@@ -416,7 +422,7 @@ class LoopInfo:
     def _read_after_change_in_place(self) -> set:
         """The names and attribute paths of `_changes_in_place` that the body also reads: the
         read sees what an earlier iteration wrote."""
-        changed, not_reads = self._changes_in_place
+        changed, not_reads, _ = self._changes_in_place
         if not changed:
             return set()
         found = set()
@@ -471,9 +477,12 @@ class LoopInfo:
 
     @cached_property
     def _changed_alias_roots(self) -> set:
-        """The alias representatives of the names and paths the body changes in place."""
+        """The alias representatives of the names and paths the body changes in place. A list
+        the body only grows (`preds.append(p)`) changes none of the items it held: a name bound
+        to one of them (`ins = preds[t - 1]`) shares nothing the growth changes."""
         roots = self._alias_roots
-        return {roots[path] for path in self._changes_in_place[0] if path in roots}
+        changed, _, grown = self._changes_in_place
+        return {roots[path] for path in changed - grown if path in roots}
 
     @cached_property
     def _assignments(self) -> list:
