@@ -267,7 +267,7 @@ class PythonLoopMatmul(_PerItemOperands, _BatchedAdvice, GemmVisitor, Rule):
             depends = [loop.depends_on_iteration(op) for op in gemm.operands]
             if not any(depends):
                 continue
-            batched = [self._batched(loop, op, 0, transforms=True) if dep else None
+            batched = [self._batched(loop, op, 0, transforms=True, held=tuple(inner)) if dep else None
                        for op, dep in zip(gemm.operands, depends)]
             if any(dep and b is None for dep, b in zip(depends, batched)):
                 if not inner and all(b is None for b in batched) and self._repeats_alike(loop, loops):
@@ -300,18 +300,6 @@ class PythonLoopMatmul(_PerItemOperands, _BatchedAdvice, GemmVisitor, Rule):
             return False
         outer = loops[index - 1]
         return not outer.depends_on_iteration(loop.node.iter) and not outer.changes(loop.node.iter)
-
-    @staticmethod
-    def _held_by_inner(loop: LoopInfo, inner: list, expr: ast.AST) -> bool:
-        """`expr` changes in `loop` only through the items of the loops `inner` (nested in it), and
-        does not depend on `loop`'s own iteration."""
-        if not inner or loop.depends_on_iteration(expr):
-            return False
-        items = set().union(*(each.targets | each.derived for each in inner))
-        if not loaded_names(expr) & items:
-            return False
-        return not any(part.__class__ in (ast.Name, ast.Attribute) and not loaded_names(part) & items
-                       and loop.changes(part) for part in ast.walk(expr))
 
     def _call_message(self, node: ast.Call, function, gemm, loop: LoopInfo, source) -> str:
         what = f"`{self.ctx.segment(node.func)}(...)`"

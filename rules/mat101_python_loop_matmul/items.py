@@ -9,7 +9,7 @@ from typing import Optional
 from matlint.semantic import kinds as _kinds
 from matlint.semantic.flow import flow_of
 from matlint.semantic.layout import assigned_value
-from matlint.semantic.loops import LoopInfo, walk_no_scopes
+from matlint.semantic.loops import LoopInfo, loaded_names, walk_no_scopes
 from matlint.semantic.torch_api import as_gemm
 
 
@@ -92,12 +92,16 @@ class _PerItemOperands:
             return node.generators[0].target
         return None
 
-    def _batched(self, loop: LoopInfo, op: ast.AST, depth: int, transforms: bool = False) -> Optional[_Batched]:
+    def _batched(self, loop: LoopInfo, op: ast.AST, depth: int, transforms: bool = False,
+                 held: tuple = ()) -> Optional[_Batched]:
         """The loop's item that `op` is (`x[i]`, `x[:, t]`, `xt` for `xt` in `x.unbind(1)`, `x[i:i + 1]`,
         `x[i].float()`), or with `transforms`, computes from items of one index and values fixed
         in the loop, element by element or row by row (`(x[i] - mean)`, `torch.relu(x[b])`,
-        `self.norm(x[:, t])`, `softmax(q[i] @ k[i].T)`): the batched tensor takes the same steps."""
-        if depth > 4:
+        `self.norm(x[:, t])`, `softmax(q[i] @ k[i].T)`): the batched tensor takes the same steps.
+        `held`: loops nested in `loop` whose items the GEMM also reads; a value that changes only
+        with their items holds still for each of them (`T_k @ x[:, :, t]` in `for k` inside
+        `for t`)."""
+        if depth > 6:
             return None
         if isinstance(op, ast.Subscript):
             return self._indexed_item(loop, op)
@@ -117,7 +121,7 @@ class _PerItemOperands:
                 return _Batched(walked[0], walked[1], True, op.id, walked[2]) if walked is not None else None
             assignment = self._assigned_value(loop, op)
             if assignment is not None:
-                inner = self._batched(loop, assignment, depth + 1, transforms)
+                inner = self._batched(loop, assignment, depth + 1, transforms, held)
                 return inner.wrapped() if inner else None
             return None
         if (isinstance(op, ast.Call) and isinstance(op.func, ast.Attribute) and self.ctx.qualname(op.func) is None
@@ -125,14 +129,14 @@ class _PerItemOperands:
             if any(loop.depends_on_iteration(a) for a in op.args):
                 return None
             if op.func.attr in _ELEMENTWISE_METHODS and any(
-                    self._varies(loop, a) for a in op.args + [k.value for k in op.keywords]):
+                    self._varies(loop, a, held) for a in op.args + [k.value for k in op.keywords]):
                 return None
-            inner = self._batched(loop, op.func.value, depth + 1, transforms)
+            inner = self._batched(loop, op.func.value, depth + 1, transforms, held)
             return inner.wrapped() if inner else None
         if isinstance(op, ast.Attribute) and op.attr in _SHAPE_KEEPING_ATTRS:
-            inner = self._batched(loop, op.value, depth + 1, transforms)
+            inner = self._batched(loop, op.value, depth + 1, transforms, held)
             return inner.wrapped() if inner else None
-        return self._transformed_item(loop, op, depth) if transforms else None
+        return self._transformed_item(loop, op, depth, held) if transforms else None
 
     def _indexed_item(self, loop: LoopInfo, op: ast.Subscript) -> Optional[_Batched]:
         """`x[i]`, `x[:, t]`, `x[i, ...]`, `x[i:i + 1]`; `q[b, h]` and `hidden[b, 0]` in the loop
@@ -178,13 +182,31 @@ class _PerItemOperands:
         counter = [side for side in (left, right) if isinstance(side, ast.Name) and side.id == elem.lower.id]
         return bool(one) and bool(counter)
 
-    def _varies(self, loop: LoopInfo, expr: ast.AST) -> bool:
-        """`expr` may differ between iterations: it reads the item or something the loop changes,
-        or calls something (`torch.randn(d)` draws anew on every pass)."""
-        return (loop.depends_on_iteration(expr) or loop.changes(expr)
-                or any(isinstance(sub, ast.Call) for sub in walk_no_scopes(expr)))
+    def _varies(self, loop: LoopInfo, expr: ast.AST, held: tuple = ()) -> bool:
+        """`expr` may differ between iterations: it reads the item or something the loop changes
+        (other than through the items of the loops `held`), or calls something other than a
+        method that lays a tensor out (`torch.randn(d)` draws anew on every pass)."""
+        return (loop.depends_on_iteration(expr) or loop.changes(expr) and not self._held_by_inner(loop, held, expr)
+                or any(isinstance(sub, ast.Call) and not self._lays_out(sub) for sub in walk_no_scopes(expr)))
 
-    def _transformed_item(self, loop: LoopInfo, op: ast.AST, depth: int) -> Optional[_Batched]:
+    def _lays_out(self, call: ast.Call) -> bool:
+        """`x.permute(0, 2, 1)`, `x.t()`: a tensor method that gives the same values laid out anew."""
+        return (isinstance(call.func, ast.Attribute) and call.func.attr in _SHAPE_KEEPING_METHODS
+                and self.ctx.qualname(call.func) is None)
+
+    @staticmethod
+    def _held_by_inner(loop: LoopInfo, inner, expr: ast.AST) -> bool:
+        """`expr` changes in `loop` only through the items of the loops `inner` (nested in it), and
+        does not depend on `loop`'s own iteration."""
+        if not inner or loop.depends_on_iteration(expr):
+            return False
+        items = set().union(*(each.targets | each.derived for each in inner))
+        if not loaded_names(expr) & items:
+            return False
+        return not any(part.__class__ in (ast.Name, ast.Attribute) and not loaded_names(part) & items
+                       and loop.changes(part) for part in ast.walk(expr))
+
+    def _transformed_item(self, loop: LoopInfo, op: ast.AST, depth: int, held: tuple = ()) -> Optional[_Batched]:
         """An item through a GEMM with fixed weights, arithmetic with fixed values, an elementwise
         torch function or an elementwise/row-wise module (`self.norm`, `self.embed`, `self.drop`)."""
         ctx = self.ctx
@@ -195,11 +217,11 @@ class _PerItemOperands:
                 fixed.append(op.func)
             elif gemm.op == "linear":
                 fixed.extend(op.args[2:] + [k.value for k in op.keywords])
-            return self._combined(loop, gemm.operands, fixed, depth)
+            return self._combined(loop, gemm.operands, fixed, depth, held)
         if isinstance(op, ast.BinOp) and isinstance(op.op, _ARITHMETIC):
-            return self._combined(loop, [op.left, op.right], [], depth)
+            return self._combined(loop, [op.left, op.right], [], depth, held)
         if isinstance(op, ast.UnaryOp) and isinstance(op.op, (ast.USub, ast.UAdd)):
-            inner = self._batched(loop, op.operand, depth + 1, True)
+            inner = self._batched(loop, op.operand, depth + 1, True, held)
             return inner.wrapped() if inner else None
         if not isinstance(op, ast.Call) or not op.args or isinstance(op.args[0], ast.Starred):
             return None
@@ -208,7 +230,7 @@ class _PerItemOperands:
                 isinstance(e, ast.Starred) for e in op.args[0].elts):
             # `torch.cat([x[:, i], c[:, i], fixed], dim=1)`: items of one index joined with values fixed
             # in the loop are alike in every step (the batched form joins the whole tensors)
-            return self._combined(loop, list(op.args[0].elts), op.args[1:] + [k.value for k in op.keywords], depth)
+            return self._combined(loop, list(op.args[0].elts), op.args[1:] + [k.value for k in op.keywords], depth, held)
         if qualname in _ELEMENTWISE_FUNCTIONS:
             rest = op.args[1:] + [k.value for k in op.keywords]
         elif (qualname is None and len(op.args) == 1 and not op.keywords
@@ -217,23 +239,23 @@ class _PerItemOperands:
             rest = [op.func]
         else:
             return None
-        if any(self._varies(loop, r) for r in rest):
+        if any(self._varies(loop, r, held) for r in rest):
             return None
-        inner = self._batched(loop, op.args[0], depth + 1, True)
+        inner = self._batched(loop, op.args[0], depth + 1, True, held)
         return inner.wrapped() if inner else None
 
-    def _combined(self, loop: LoopInfo, operands: list, fixed: list, depth: int) -> Optional[_Batched]:
+    def _combined(self, loop: LoopInfo, operands: list, fixed: list, depth: int, held: tuple = ()) -> Optional[_Batched]:
         """The per-item value of an operation whose operands are items of one index or fixed."""
-        if any(self._varies(loop, f) for f in fixed):
+        if any(self._varies(loop, f, held) for f in fixed):
             return None
         items = []
         for operand in operands:
             if loop.depends_on_iteration(operand):
-                item = self._batched(loop, operand, depth + 1, True)
+                item = self._batched(loop, operand, depth + 1, True, held)
                 if item is None:
                     return None
                 items.append(item)
-            elif self._varies(loop, operand):
+            elif self._varies(loop, operand, held):
                 return None
         if not items or len({item.index for item in items}) != 1:
             return None
