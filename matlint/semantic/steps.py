@@ -38,7 +38,7 @@ from .loops import (LoopInfo, _attribute_paths, bound_names, file_trains, identi
                     is_optimizer_step, is_training_loop, loaded_names, may_run_training_step, name_tokens, optimizer_names,
                     walk_no_scopes)
 from .project import (SCRIPT_PROJECT_FILES, file_runs_backward, imported_definition, imported_definitions,
-                      imported_function, importers, in_script_project, linted_project_imports, while_unchanged)
+                      import_table, imported_function, importers, in_script_project, linted_project_imports, while_unchanged)
 from .torch_api import NO_GRAD_CONTEXTS
 from .tree import child_nodes, dotted, identifier_text
 
@@ -274,6 +274,7 @@ def configuration_test(ctx, function: Optional[ast.AST], test: ast.AST, cls: Opt
     for name in names:
         if name.id in params:
             if id(name) not in read_as_attributes and not _passed_or_not(test, name) \
+                    and not _mode_flag(ctx, function, name) \
                     or name.id in _stored_names(ctx, function) and not _defaulted(function, test, name):
                 return False  # `if done:`: an argument's value, data of the call; or rebound
         elif not (name.id in _kinds.scope_kinds(ctx, ctx.tree).assigned and name.id not in _global_names(ctx)
@@ -316,6 +317,22 @@ def _defaulted(function: ast.AST, test: ast.AST, name: ast.Name) -> bool:
                if isinstance(n, ast.Name) and n.id == name.id and isinstance(n.ctx, ast.Store))
 
 
+def _mode_flag(ctx, function: ast.AST, name: ast.Name) -> bool:
+    """`if reverse:` in `def forward(self, x, reverse=False)`: a parameter of a module's `forward`
+    with a `True`/`False` default that it never rebinds picks the model's mode for the call
+    (sampling or training), as `self.training` does. Not a logging or debug switch
+    (`verbose=False`), nor a helper's flag (`as_number=False`), which asks for what it returns."""
+    if getattr(function, "name", None) not in ("forward", "__call__"):
+        return False
+    args = function.args
+    positional = args.posonlyargs + args.args
+    defaults = dict(zip((a.arg for a in positional[len(positional) - len(args.defaults):]), args.defaults))
+    defaults.update((a.arg, d) for a, d in zip(args.kwonlyargs, args.kw_defaults) if d is not None)
+    default = defaults.get(name.id)
+    return (isinstance(default, ast.Constant) and isinstance(default.value, bool) and not gate_name(name.id)
+            and name.id not in _stored_names(ctx, function))
+
+
 def _passed_or_not(test: ast.AST, name: ast.Name) -> bool:
     """`name is None` / `name is not None` in `test`."""
     return any(isinstance(node, ast.Compare) and node.left is name and isinstance(node.ops[0], (ast.Is, ast.IsNot))
@@ -329,11 +346,15 @@ def _tests_settings(ctx, cls: Optional[ast.ClassDef], test: ast.AST) -> bool:
     constants: the same on every call. Not a logging or debug switch (`if self.verbose:`)."""
     if cls is None:
         return False
-    attributes = []
+    attributes, members = [], set()
     for node in ast.walk(test):
+        if id(node) in members:
+            continue
         if isinstance(node, ast.Attribute):  # `self.nlayers`, `self.rnn.num_layers`
             if isinstance(node.value, ast.Name) and node.value.id == "self":
                 attributes.append(node.attr)
+            elif _class_member(ctx, node):
+                members.add(id(node.value))
             elif not isinstance(node.value, ast.Attribute):
                 return False
         elif not isinstance(node, (ast.BoolOp, ast.UnaryOp, ast.Compare, ast.Constant, ast.Name, ast.boolop,
@@ -350,6 +371,16 @@ def _tests_settings(ctx, cls: Optional[ast.ClassDef], test: ast.AST) -> bool:
                 runs_once(getattr(method, "name", "")) for method, _ in values):
             return False
     return True
+
+
+def _class_member(ctx, node: ast.Attribute) -> bool:
+    """`MaskType.CHECKERBOARD`, `config.MODE`: a member of a class the module defines at its top
+    level, or of a name it imports (an enum's, a module's), a constant to compare a setting with."""
+    owner = node.value
+    if not isinstance(owner, ast.Name) or ctx.names.binds_locally(owner.id):
+        return False
+    return (any(isinstance(stmt, ast.ClassDef) and stmt.name == owner.id for stmt in ctx.tree.body)
+            or owner.id in import_table(ctx))
 
 
 def _tests_around(body: list, call: ast.Call, tests: tuple) -> Optional[tuple]:

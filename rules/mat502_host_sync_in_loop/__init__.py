@@ -1276,8 +1276,11 @@ class HostSyncInLoop(_StepLoops, _HostReads, Rule):
             if _is_torch_predicate(self.ctx, inner):
                 continue
             if self._is_device_tensor(inner) and not self._contains_sync_call(inner):
-                self._report(inner, "`bool()`", _BRANCH, value=inner, detail="(a tensor used as a Python `bool`)",
-                             owner=owner)
+                # `if torch.isnan(h).any(): raise ...` is an `assert` written out
+                check = isinstance(owner, ast.If) and not owner.orelse and all(
+                    isinstance(stmt, ast.Raise) for stmt in owner.body)
+                self._report(inner, "`bool()`", _ASSERT if check else _BRANCH, value=inner,
+                             detail="(a tensor used as a Python `bool`)", owner=owner)
 
     def _report(self, node: ast.AST, what: str, instead: str, value: Optional[ast.AST] = None, detail: str = "",
                 fix: Optional[Callable[[], Optional[Fix]]] = None, owner: Optional[ast.AST] = None,
