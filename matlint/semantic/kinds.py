@@ -74,6 +74,21 @@ def _pair_method(node: ast.AST) -> bool:
             and node.func.attr in _PAIR_METHODS)
 
 
+# Libraries whose classes under these packages are `nn.Module`s (a graph convolution's
+# `MessagePassing`), besides torch.nn itself.
+_MODULE_PACKAGES = ("torch.nn.", "torch_geometric.nn.", "dgl.nn.")
+
+
+def is_module_class(qualname: Optional[str]) -> bool:
+    """`qualname` names a module class a model derives from: a torch.nn class (`nn.Module`,
+    `nn.Linear`), a graph library's layer (`torch_geometric.nn.MessagePassing`), or Lightning's
+    `LightningModule`."""
+    if not qualname:
+        return False
+    last = qualname.rpartition(".")[2]
+    return qualname.startswith(_MODULE_PACKAGES) and last[:1].isupper() or last == "LightningModule"
+
+
 # Wrappers that yield the items of what they are given, showing progress.
 _PROGRESS_BARS = frozenset({"tqdm.tqdm", "tqdm.auto.tqdm", "tqdm.notebook.tqdm"})
 
@@ -811,11 +826,10 @@ class _Inference:
         return self._combine(kinds)
 
     def _module_base(self, base: ast.AST) -> bool:
-        """`nn.Module`, another torch.nn class, a LightningModule, or a module class of the file."""
+        """A module class (`is_module_class`), or a module class of the file."""
         qual = self.ctx.qualname(base)
         if qual is not None:
-            last = qual.rsplit(".", 1)[-1]
-            return (qual.startswith("torch.nn.") and last[:1].isupper()) or last == "LightningModule"
+            return is_module_class(qual)
         return isinstance(base, ast.Name) and self.name(base.id) == MODULE_CLASS
 
     def element(self, iterable: ast.AST, path: tuple) -> Optional[str]:

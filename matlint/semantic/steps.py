@@ -120,12 +120,12 @@ def _module_method(calls, function: ast.AST) -> bool:
 
 
 def derives_from_module(ctx, cls: ast.ClassDef, depth: int = 0) -> bool:
-    """`cls` derives from a torch.nn class (or a LightningModule), directly or through classes of
+    """`cls` derives from a module class (`is_module_class`), directly or through classes of
     this file or of the project modules it imports (`class BetaTCVAE(BaseVAE)` with `from models
     import BaseVAE` and `class BaseVAE(nn.Module)` in models/base.py)."""
     for base in cls.bases:
         qual = ctx.qualname(base)
-        if qual is not None and (qual.startswith("torch.nn.") or qual.rpartition(".")[2] == "LightningModule"):
+        if _kinds.is_module_class(qual):
             return True
         if not isinstance(base, ast.Name) or depth > 3:
             continue
@@ -135,9 +135,7 @@ def derives_from_module(ctx, cls: ast.ClassDef, depth: int = 0) -> bool:
                 return True
             continue
         found = imported_class(ctx, base)
-        if found is not None and any(
-                (found[1].qualname(b) or "").startswith("torch.nn.")
-                or (found[1].qualname(b) or "").endswith("LightningModule") for b in found[0].bases):
+        if found is not None and any(_kinds.is_module_class(found[1].qualname(b)) for b in found[0].bases):
             return True
     return False
 

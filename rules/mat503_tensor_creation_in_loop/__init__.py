@@ -25,7 +25,7 @@ from .advice import (created_on_device, fill_message, numpy_message, range_messa
                      sampler_input, sampler_message, sizes_message)
 from .factories import (FILLS, FROM_DATA, RANDOM, carried_from_branches, carried_from_helper, carried_to_move, constant_values, host_attribute, computed_number, device_target, exact_on_device,
                         has_mover_helpers, helper_made, host_made, index_binding, INDEX_FACTORIES, NUMPY_INDEX_FACTORIES, NUMPY_INDEX_TRICKS, indexed_tensors, is_constant_data, moved_expression,
-                        is_device, is_false, legacy_sizes, one_value, range_data, repeated_number, round_trip_source, set_once_attribute,
+                        is_device, is_false, legacy_sizes, numpy_literal, one_value, range_data, repeated_number, round_trip_source, set_once_attribute,
                         same_values_on_device, takes_device,
                         torch_factory, unwrapped)
 from .host_data import numpy_made, same_data_every_iteration
@@ -404,6 +404,9 @@ class TensorCreationInLoop(Rule):
                 return
             if helper is not None:
                 self._report_helper(node, helper, helper_path, name, call)
+                return
+            if name == "from_numpy" and call.args and numpy_literal(ctx, call.args[0]):
+                self._constant(node, call, device, made_at=made_at)  # `torch.from_numpy(np.array([1, 0, 0]))`
                 return
             if name in FROM_DATA | {"from_numpy"} and call.args and self._check_numpy_data(made_at, call.args[0], device):
                 return

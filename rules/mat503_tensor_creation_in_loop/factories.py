@@ -179,8 +179,8 @@ def unwrapped(ctx, expr: ast.AST, making: bool = False) -> ast.AST:
     """`expr` without the calls that keep its device (`Variable(z)`, `z.float()`); `making`:
     also through what may follow a factory in the expression that makes a tensor
     (`torch.ones(T, T).tril(1)`, `torch.arange(n).unsqueeze(0).repeat(b, 1)`, arithmetic with a
-    number: `torch.ones(n) * i`, `-c * torch.arange(h) / h`, `torch.exp(...)`), and into the
-    first part of a join of tensors all made so (`torch.cat([torch.arange(b) for _ in views])`)."""
+    number: `torch.ones(n) * i`, `-c * torch.arange(h) / h`, `torch.exp(...)`, new axes:
+    `torch.eye(d)[None]`), and into the first part of a join of tensors all made so (`torch.cat([torch.arange(b) for _ in views])`)."""
     while True:
         if isinstance(expr, ast.BinOp):
             if not (making and isinstance(expr.op, (ast.Add, ast.Sub, ast.Mult, ast.Div))):
@@ -204,6 +204,9 @@ def unwrapped(ctx, expr: ast.AST, making: bool = False) -> ast.AST:
             continue
         if making and isinstance(expr, ast.UnaryOp) and isinstance(expr.op, (ast.USub, ast.Invert)):
             expr = expr.operand
+            continue
+        if making and isinstance(expr, ast.Subscript) and _new_axes_only(expr.slice):
+            expr = expr.value  # `torch.eye(d)[None, :, :]`: every value, with a new axis
             continue
         if not isinstance(expr, ast.Call):
             return expr
@@ -233,6 +236,14 @@ def unwrapped(ctx, expr: ast.AST, making: bool = False) -> ast.AST:
             expr = parts[0]
         else:
             return expr
+
+
+def _new_axes_only(index: ast.AST) -> bool:
+    """An index that keeps every value and only adds axes: `None`, `:` and `...` (`[None, :, :]`)."""
+    parts = index.elts if isinstance(index, ast.Tuple) else [index]
+    return any(isinstance(p, ast.Constant) and p.value is None for p in parts) and all(
+        isinstance(p, ast.Constant) and (p.value is None or p.value is Ellipsis)
+        or isinstance(p, ast.Slice) and p.lower is None and p.upper is None and p.step is None for p in parts)
 
 
 def computed_number(ctx, expr: ast.AST) -> bool:
@@ -373,6 +384,16 @@ def constant_values(ctx, expr: ast.AST) -> bool:
         return True
     return isinstance(expr, (ast.List, ast.Tuple)) and bool(expr.elts) and all(
         constant_values(ctx, e) for e in expr.elts)
+
+
+def numpy_literal(ctx, expr: ast.AST) -> bool:
+    """`np.array([1, 0, 0])`, also cast (`.astype(np.float32)`, `dtype=`): an array of literals,
+    the same on every pass."""
+    if isinstance(expr, ast.Call) and isinstance(expr.func, ast.Attribute) and expr.func.attr == "astype" \
+            and ctx.qualname(expr.func) is None:
+        expr = expr.func.value
+    return (isinstance(expr, ast.Call) and ctx.qualname(expr.func) in ("numpy.array", "numpy.asarray")
+            and len(expr.args) == 1 and is_constant_data(expr.args[0]))
 
 
 def range_data(ctx, expr: ast.AST) -> bool:
@@ -629,9 +650,25 @@ def _only_carried(ctx, flow, assign: ast.Assign, within: Optional[ast.AST]) -> b
             continue  # a wrapped copy left on the CPU path reads nothing
         elif uninitialised and _passed(flow.parent, use):
             continue  # `match(..., conf_t, idx)`: filled where it was made
+        elif _constant_fill(flow, assign, use):
+            continue  # `attr[:, 0] = 4`: the device fills it alike
         elif not _moved_on_other_path(ctx, flow, assign, use) and not _moved_in_other_arm(ctx, flow, assign, use):
             return False  # read as it is, on the host
     return moved or within is not None
+
+
+def _constant_fill(flow, assign: ast.Assign, use: ast.Name) -> bool:
+    """`use` is the tensor of a store of a number into part of it (`attr[:, 0] = 4`), in the same
+    loops as `assign`: one fill, which the device does alike once the tensor is made there. A
+    fill in a loop of its own (element by element) is not."""
+    target = flow.parent.get(use)
+    statement = flow.parent.get(target)
+    if not (isinstance(target, ast.Subscript) and target.value is use and isinstance(target.ctx, ast.Store)
+            and isinstance(statement, ast.Assign) and any(t is target for t in statement.targets)):
+        return False
+    value = statement.value.operand if isinstance(statement.value, ast.UnaryOp) else statement.value
+    return (isinstance(value, ast.Constant) and isinstance(value.value, (int, float)) and not isinstance(value.value, bool)
+            and flow.loops_around(statement) == flow.loops_around(assign))
 
 
 def _uninitialised(ctx, value: ast.AST) -> bool:
