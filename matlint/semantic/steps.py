@@ -1503,7 +1503,8 @@ def evaluates_with_model(ctx, loop: LoopInfo) -> bool:
     that model in evaluation mode (`model.eval()`, then `model(data)` or `model.predict(seq)` in
     the loop), or the loop runs with gradients off (`with torch.no_grad():`, a `@torch.no_grad()`
     function) and calls a module. The data is what the loop goes over or what its body draws
-    (`data, target = get_batch(source, i)`), not only the state it carries: `for layer in
+    (`data, target = get_batch(source, i)`, `x, y = self.data.get_batch("val")`), not only the
+    state it carries: `for layer in
     layers: x = layer(x)` is one forward, not a loop of steps. Not in a module's `forward`, nor
     for a comprehension, nor a decoder that stops on a value it reads back (`_stops_on_host_value`)."""
     key = ("evaluates_with_model", id(loop.node))
@@ -1523,9 +1524,11 @@ def _evaluates_with_model(ctx, loop: LoopInfo) -> bool:
     if not evaluated and not grad_off:
         return False
     per_iteration = loop.targets | loop.derived
+    drawn = _drawn_names(ctx, loop)
     for call in loop.direct_nodes():
         if call.__class__ is not ast.Call or not any(
-                loop.depends_on_iteration(a) and not loop.reads_carried(a) for a in call.args):
+                (loop.depends_on_iteration(a) or loaded_names(a) & drawn) and not loop.reads_carried(a)
+                for a in call.args):
             continue
         func = call.func
         if loaded_names(func) & per_iteration:
@@ -1542,7 +1545,8 @@ def _evaluates_with_model(ctx, loop: LoopInfo) -> bool:
 def _evaluation_marks(ctx, function: ast.AST) -> tuple:
     """(what `function` puts in evaluation mode, `model` and `self.model` of `model.eval()`; the
     ids of the loops it runs with gradients off: under `with torch.no_grad():` or
-    `torch.inference_mode()`, or all of them in a function decorated so), read once per function."""
+    `torch.inference_mode()`, all of them in a function decorated so, or a loop that wraps its
+    inputs as PyTorch 0.3 did for inference, `Variable(x, volatile=True)`), read once per function."""
     key = ("evaluation_marks", id(function))
     found = ctx.shared.get(key)
     if found is not None:
@@ -1557,7 +1561,7 @@ def _evaluation_marks(ctx, function: ast.AST) -> tuple:
         if node.__class__ is ast.Call and node.func.__class__ is ast.Attribute and node.func.attr == "eval" \
                 and not node.args and not node.keywords and dotted(node.func.value) is not None:
             evaluated.add(dotted(node.func.value))
-        elif isinstance(node, (ast.For, ast.AsyncFor, ast.While)) and whole:
+        elif isinstance(node, (ast.For, ast.AsyncFor, ast.While)) and (whole or _volatile_inputs(ctx, node)):
             grad_off.add(id(node))
         elif isinstance(node, (ast.With, ast.AsyncWith)) and not whole \
                 and any(turns_off(item.context_expr) for item in node.items):
@@ -1565,6 +1569,32 @@ def _evaluation_marks(ctx, function: ast.AST) -> tuple:
                             if isinstance(sub, (ast.For, ast.AsyncFor, ast.While)))
     found = ctx.shared[key] = (evaluated, grad_off)
     return found
+
+
+def _drawn_names(ctx, loop: LoopInfo) -> set:
+    """The names the loop's body binds to what a method of a data object returns on each pass,
+    from nothing the loop carries (`x, y = self.data.get_batch("val")`: the object keeps its
+    place in the data), and those it computes from them: the data each pass draws. A function
+    called with the same arguments (`batch(data, 0)`) gives the same batch."""
+    drawn = set()
+    for node in loop.direct_nodes():
+        if node.__class__ is not ast.Assign or loop.reads_carried(node.value):
+            continue
+        value = node.value
+        if (value.__class__ is ast.Call and value.func.__class__ is ast.Attribute and ctx.qualname(value.func) is None
+                and _kinds.callee_kind(ctx, value.func) not in _MODULES and not loaded_names(value) & loop.carried
+                or loaded_names(value) & drawn):
+            drawn |= set().union(*(bound_names(t) for t in node.targets))
+    return drawn - loop.carried
+
+
+def _volatile_inputs(ctx, loop: ast.AST) -> bool:
+    """The loop's body wraps data in `Variable(..., volatile=True)`: PyTorch 0.3's inference
+    without gradients."""
+    return any(node.__class__ is ast.Call and ctx.qualname(node.func) == "torch.autograd.Variable"
+               and any(k.arg == "volatile" and isinstance(k.value, ast.Constant) and k.value.value is True
+                       for k in node.keywords)
+               for stmt in loop.body for node in walk_no_scopes(stmt))
 
 
 def _names_only(target: ast.AST) -> bool:

@@ -287,7 +287,8 @@ def varies_per_iteration(ctx, expr: ast.AST) -> bool:
         assign = flow_of(ctx, ctx.scope).reaching(expr)
         if assign is not None and _cuda_index_of_a_tensor(assign.value):
             return False
-    return not _cuda_index_of_a_tensor(expr) and any(loop.depends_on_iteration(expr) for loop in ctx.loops)
+    return not _cuda_index_of_a_tensor(expr) and not _place_of_device_data(ctx, expr) and any(
+        loop.depends_on_iteration(expr) for loop in ctx.loops)
 
 
 def _cuda_index_of_a_tensor(expr: ast.AST) -> bool:
@@ -295,3 +296,10 @@ def _cuda_index_of_a_tensor(expr: ast.AST) -> bool:
     host); `x.device` may name the host."""
     return (isinstance(expr, ast.Call) and not expr.args and isinstance(expr.func, ast.Attribute)
             and expr.func.attr == "get_device")
+
+
+def _place_of_device_data(ctx, expr: ast.AST) -> bool:
+    """`loss_mat.device` of a tensor not known to be on the host (the model's output on the
+    iteration's batch): where each iteration's data is, the same place on every pass."""
+    return (isinstance(expr, ast.Attribute) and expr.attr == "device"
+            and _kinds.kind_of(ctx, expr.value) == _kinds.TENSOR)
