@@ -207,6 +207,32 @@ def guards_empty_selection(ctx, branch: ast.If) -> bool:
     return mask is not None and any(mask in loaded_names(stmt) for stmt in branch.body)
 
 
+def degenerate_size_test(test: ast.AST) -> bool:
+    """`if len(time_steps) == 1:`, `if x.size(0) == 0:`: a test that singles out a degenerate
+    size (none or one of something). Its `else` is the usual path, run on nearly every call."""
+    if not (isinstance(test, ast.Compare) and len(test.ops) == 1 and isinstance(test.ops[0], ast.Eq)):
+        return False
+    left, right = test.left, test.comparators[0]
+    if isinstance(left, ast.Constant):
+        left, right = right, left
+    return isinstance(right, ast.Constant) and type(right.value) is int and right.value in (0, 1) and _is_size(left)
+
+
+def _is_size(expr: ast.AST) -> bool:
+    """`len(x)`, `x.size(d)`, `x.size()[d]`, `x.shape[d]`, `x.numel()`."""
+    if isinstance(expr, ast.Call):
+        func = expr.func
+        return (isinstance(func, ast.Name) and func.id == "len" and len(expr.args) == 1
+                or isinstance(func, ast.Attribute) and (func.attr == "size" and len(expr.args) == 1
+                                                        or func.attr == "numel" and not expr.args))
+    if isinstance(expr, ast.Subscript):
+        base = expr.value
+        return (isinstance(base, ast.Attribute) and base.attr == "shape"
+                or isinstance(base, ast.Call) and isinstance(base.func, ast.Attribute) and base.func.attr == "size"
+                and not base.args)
+    return False
+
+
 # Words of a switch for logging, checks or a schedule, not a setting of the computation: a gate.
 # A word of the name starting with one of them counts (`log_interval`, `do_eval`, `validate`),
 # and `val` only as a word of its own (`val_every`, not `calculate_loss_over_all_values`).
@@ -225,8 +251,8 @@ def _mode_branch(ctx, site) -> bool:
     too): each branch runs on every step of its mode (training, or inference), or on every call
     of a program or module configured so."""
     tests = _tests_around(site.functions[-1].body, site.call, ())
-    return bool(tests) and all(_reads_mode(test) or configuration_test(ctx, site.functions[-1], test, site.cls)
-                               for test in tests)
+    return tests is not None and all(_reads_mode(test) or configuration_test(ctx, site.functions[-1], test, site.cls)
+                                     for test in tests)
 
 
 # Words of a setting that schedules work rather than configuring it: `args.warmup_steps`, `cfg.eval_every`.
@@ -385,17 +411,19 @@ def _tests_around(body: list, call: ast.Call, tests: tuple) -> Optional[tuple]:
     """The tests of the `if` statements around `call` among `body`'s statements; None when it is
     not there, or sits in an `except` handler or a nested function. An `if` whose other arm calls
     the same function (`if sample: update(m, s) else: update(m)`) runs it on either path: its
-    test is not one of them."""
+    test is not one of them; nor is one that singles out a degenerate size for the `else` the
+    call is in (`degenerate_size_test`)."""
     for stmt in body:
         if not (stmt.lineno <= call.lineno and call.end_lineno <= (stmt.end_lineno or stmt.lineno)):
             continue
         if isinstance(stmt, _SCOPES) or isinstance(stmt, _TRY) and any(
                 h.lineno <= call.lineno <= h.end_lineno for h in stmt.handlers):
             return None
-        if isinstance(stmt, ast.If) and not (stmt.test.lineno <= call.lineno <= stmt.test.end_lineno):
-            inside = stmt.body if stmt.body and call.lineno <= (stmt.body[-1].end_lineno or 0) else stmt.orelse
+        if isinstance(stmt, ast.If) and not any(node is call for node in ast.walk(stmt.test)):
+            inside = stmt.body if any(node is call for s in stmt.body for node in ast.walk(s)) else stmt.orelse
             other = stmt.orelse if inside is stmt.body else stmt.body
-            either = bool(other) and _calls_the_same(other, call)
+            either = bool(other) and _calls_the_same(other, call) or inside is stmt.orelse and degenerate_size_test(
+                stmt.test)
             return _tests_around(stmt.body + stmt.orelse, call, tests if either else tests + (stmt.test,))
         blocks = [s for f in ("body", "orelse", "finalbody") for s in getattr(stmt, f, None) or []
                   if isinstance(s, ast.stmt)]
