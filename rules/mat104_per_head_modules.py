@@ -16,7 +16,13 @@ from matlint.semantic.tree import walk
 _JOINS = {"torch.cat", "torch.concat", "torch.concatenate", "torch.stack"}
 _MODULE_LISTS = {"torch.nn.ModuleList"}
 _LINEAR = {"torch.nn.Linear"}
+# Layers that compute several items at once when given their summed output width: the keyword
+# of that width. A convolution with `groups` is left alone (its channels are split).
+_WIDENABLE = {"torch.nn.Linear": "out_features", "torch.nn.Conv1d": "out_channels", "torch.nn.Conv2d": "out_channels",
+              "torch.nn.Conv3d": "out_channels"}
 _LIST, _DICT = "torch.nn.ModuleList", "torch.nn.ModuleDict"  # how the heads are read: `self.attr`, `self.attr.values()`
+# Methods that lay each head's output out alike: the joined result is one layout of all heads'.
+_LAYOUT = frozenset({"view", "reshape", "unsqueeze", "flatten", "permute", "transpose", "contiguous"})
 _ATTENTION_CALLS = frozenset({"softmax", "log_softmax", "scaled_dot_product_attention", "Softmax"})
 
 
@@ -131,10 +137,11 @@ class PerHeadModules(Rule):
     (`nn.ModuleList([Head(d) for _ in range(n)])`, or a loop of `append`s; also copies of one
     module, `[copy.deepcopy(layer) for _ in range(n)]` or a helper of the file that only returns
     that list, `clones(layer, n)`; or a `ModuleDict` built by `{k: Head(d) for k in keys}` whose
-    `.values()` are applied), and that class is `nn.Linear`, an `nn.Sequential` of `torch.nn`
-    layers built in the call that holds an `nn.Linear`, or a class of the same file that holds
-    `nn.Linear` projections. The advice
-    depends on the class: one wider `nn.Linear` for Linear items, a head dim for an attention
+    `.values()` are applied), and that class is `nn.Linear`, an `nn.Conv1d`/`2d`/`3d` without
+    `groups` (a capsule network's primary capsules), an `nn.Sequential` of `torch.nn` layers
+    built in the call that holds an `nn.Linear`, or a class of the same file that holds
+    `nn.Linear` projections. The advice depends on the class: one wider `nn.Linear` (or
+    convolution, with `n * out_channels` outputs) for Linear or convolution items, a head dim for an attention
     head (a class computing a softmax), stacked member weights (`torch.func.stack_module_state`
     with `torch.vmap`, or batched GEMMs) for any other class, such as an ensemble of small models.
 
@@ -199,14 +206,14 @@ class PerHeadModules(Rule):
                                      or self._holds_count(cls, stop, self_name, count)):
             return  # `self.heads[i] for i in range(k)`: not known to apply every head
         kind = module_call.func
-        if self.ctx.qualname(kind) in _LINEAR:
+        if self.ctx.qualname(kind) in _WIDENABLE:
             width = module_call.args[1] if len(module_call.args) >= 2 else next(
-                (k.value for k in module_call.keywords if k.arg == "out_features"), None)
+                (k.value for k in module_call.keywords if k.arg == _WIDENABLE[self.ctx.qualname(kind)]), None)
             if width is None:
                 return
             times = f"{count or 'n'} * {_atomic(seg(width), width)}"
             args = [times if a is width else seg(a) for a in module_call.args] + [
-                f"out_features={times}" if k.value is width else seg(k) for k in module_call.keywords]
+                f"{k.arg}={times}" if k.value is width else seg(k) for k in module_call.keywords]
             how = (f"one `{seg(kind)}({', '.join(args)})` computes every "
                    f"item at once (then `view` out the item dim)")
         elif self._is_attention(kind):
@@ -292,6 +299,11 @@ class PerHeadModules(Rule):
 
     @staticmethod
     def _same_input_call(expr: ast.AST, item: str, index: Optional[str] = None) -> bool:
+        """`h(x)`, also laid out alike for every item (`capsule(x).view(b, -1, 1)`)."""
+        while (isinstance(expr, ast.Call) and isinstance(expr.func, ast.Attribute) and expr.func.attr in _LAYOUT
+               and not any(name in loaded_names(a) for a in expr.args + expr.keywords
+                           for name in (item, index) if name is not None)):
+            expr = expr.func.value
         return (isinstance(expr, ast.Call) and isinstance(expr.func, ast.Name) and expr.func.id == item
                 and _applied_alike(expr, item) and (index is None or _applied_alike(expr, index)))
 
@@ -445,8 +457,8 @@ class PerHeadModules(Rule):
 
     def _holds_projections(self, module_call: ast.Call) -> bool:
         func = module_call.func
-        if self.ctx.qualname(func) in _LINEAR:
-            return True
+        if self.ctx.qualname(func) in _WIDENABLE:
+            return not any(k.arg == "groups" for k in module_call.keywords) and len(module_call.args) < 8
         if self.ctx.qualname(func) == "torch.nn.Sequential":
             # Layers built in the call (a module passed by name would be one module shared by all).
             return (bool(module_call.args) and not module_call.keywords
