@@ -1087,3 +1087,40 @@ def test_a_trainer_that_draws_batches_over_a_range_is_a_training_loop_not_one_st
     files = {"ops.py": ops, "trainer.py": trainer, "main.py": main}
     assert _mat502_rows(tmp_path, files, "trainer.py") == [14]
     assert _mat502_rows(tmp_path, files, "main.py") == []
+
+
+def test_a_lambda_the_module_binds_to_a_name_is_a_helper_its_importers_steps_run(tmp_path):
+    """`zeros = lambda *x: torch.zeros(*x).cuda()` in utils.py, called through a star import
+    from a module's `forward`: the lambda runs on every step, as a `def` would; the finding
+    names it. Rebound (`zeros = ...` twice), the name is no one helper."""
+    from matlint.engine import lint_source
+    from matlint.registry import get_rule
+
+    utils = """
+        import torch
+        CUDA = torch.cuda.is_available()
+        zeros = lambda *x: torch.zeros(*x).cuda() if CUDA else torch.zeros
+        """
+    model = """
+        import torch.nn as nn
+        from utils import *
+
+        class Encoder(nn.Module):
+            def __init__(self):
+                super().__init__()
+                self.rnn = nn.LSTM(8, 8)
+
+            def forward(self, x):
+                return self.rnn(x, (zeros(1, x.size(1), 8), zeros(1, x.size(1), 8)))
+        """
+    (tmp_path / "model.py").write_text(textwrap.dedent(model))
+
+    def findings(text):
+        (tmp_path / "utils.py").write_text(textwrap.dedent(text))
+        return [(f.row, f.message) for f in lint_source((tmp_path / "utils.py").read_text(), str(tmp_path / "utils.py"),
+                                                        [get_rule("MAT503")])]
+
+    found = findings(utils)
+    assert [row for row, _ in found] == [4]
+    assert "on every call of `zeros`, which is called from `forward` in model.py" in found[0][1]
+    assert findings(utils + "zeros = torch.zeros\n") == []

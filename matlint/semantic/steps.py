@@ -624,7 +624,7 @@ def step_functions(ctx) -> dict:
     for function, step, _ in passed_to_steps(ctx):
         found.setdefault(id(function), step)
     for name, step in steps_from_importers(ctx).items():
-        function = calls.module_functions.get(name)
+        function = calls.module_functions.get(name) or _module_lambdas(ctx).get(name)
         if function is None and name in calls.classes:  # `ProbMask(...)` in a forward: its `__init__`
             function = calls.methods[id(calls.classes[name])].get("__init__")
             step = step._replace(why=f"sets up a `{name}`, which {step.why}")
@@ -953,13 +953,36 @@ def _steps_called_by(path: str) -> dict:
     return found
 
 
+def function_name(function: ast.AST) -> str:
+    """The name of a `def`, or of the module-level name a lambda is bound to (`_module_lambdas`)."""
+    return getattr(function, "name", None) or getattr(function, "bound_name", "lambda")
+
+
+def _module_lambdas(ctx) -> dict:
+    """{name: the lambda} for the names the module binds once, at its top level, to a lambda
+    (`zeros = lambda *x: torch.zeros(*x).cuda()`): a helper as a `def` is."""
+    found = ctx.shared.get("module_lambdas")
+    if found is None:
+        bound, found = {}, {}
+        for stmt in ctx.tree.body:
+            targets = stmt.targets if isinstance(stmt, ast.Assign) else [stmt.target] if isinstance(
+                stmt, (ast.AnnAssign, ast.AugAssign)) else []
+            for name in (n for t in targets for n in bound_names(t)):
+                bound[name] = bound.get(name, 0) + 1
+            if isinstance(stmt, ast.Assign) and len(stmt.targets) == 1 and isinstance(stmt.targets[0], ast.Name) \
+                    and isinstance(stmt.value, ast.Lambda):
+                found[stmt.targets[0].id] = stmt.value
+        found = ctx.shared["module_lambdas"] = {name: value for name, value in found.items() if bound[name] == 1}
+        for name, value in found.items():
+            value.bound_name = name  # the name a message calls it by (`function_name`)
+    return found
+
+
 def step_of(ctx, functions) -> Optional[Step]:
     """The Step of the innermost of `functions` (the engine's function stack) that runs every step."""
     table = step_functions(ctx)
     for function in reversed(functions):
-        if isinstance(function, ast.Lambda):
-            continue
-        step = table.get(id(function))
+        step = table.get(id(function))  # a lambda is one when the module binds it to a name a step calls
         if step is not None:
             return step
     return None
@@ -1072,7 +1095,7 @@ class PerStep(NamedTuple):
             return "iteration"
         if self.step is None:
             return "forward call"
-        return f"call of `{self.function.name}`, which {self.step.why}"
+        return f"call of `{function_name(self.function)}`, which {self.step.why}"
 
 
 def _memoised(function: ast.AST) -> bool:

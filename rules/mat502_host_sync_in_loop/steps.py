@@ -15,7 +15,7 @@ from matlint.semantic.project import (file_moves_to_cuda, imported_by_cuda_code,
                                       imported_files, in_script_project, moves_work_to_cuda)
 from matlint.semantic.steps import (SCORING_WORDS, STEP_HOOKS, calls_a_step_method, configuration_test, gate_name,
                                    guards_empty_selection, passed_to_steps, step_functions, step_loop, step_of,
-                                   steps_from_importers, trains_in)
+                                   steps_from_importers, trains_in, function_name)
 
 
 
@@ -279,7 +279,8 @@ class _StepLoops:
         `if` in a loop of the function that picks some of the loop's items by what they are
         (`for name, p in model.named_parameters(): if p.grad is not None:`) runs on every call."""
         step = self._step_context(in_forward=True)  # the caller has asked its own question first
-        function = next(f for f in reversed(self.ctx.functions) if not isinstance(f, ast.Lambda))
+        function = next((f for f in reversed(self.ctx.functions) if not isinstance(f, ast.Lambda)),
+                        self.ctx.functions[-1])  # a lambda the module binds to a name (`_module_lambdas`)
         start = next((i for i, p in enumerate(self.ctx.parents) if p is function), None)
         chain = self.ctx.parents[start + 1:] if start is not None else []
         if any(isinstance(p, (ast.ExceptHandler, ast.Raise, ast.IfExp, ast.Try)) for p in chain):
@@ -306,7 +307,7 @@ class _StepLoops:
             # the caller hands the value to host code that needs it (an environment), or asked a
             # method that runs the model (`get_action`) for it on the host
             return None
-        return f"on every step: `{function.name}` {step.why}"
+        return f"on every step: `{function_name(function)}` {step.why}"
 
     def _explained(self, node: ast.AST) -> bool:
         """A comment on the sync's own lines, or above its statement (heading the run of copies it
