@@ -252,6 +252,18 @@ def test_a_name_takes_the_kind_its_uses_give_evidence_of():
         """) == ["tensor", "tensor", "numpy", "None", "list", "tensor", "tensor"]
 
 
+def test_a_tensor_method_on_a_names_data_is_evidence_for_the_name():
+    """`x_mask.data.eq(0).masked_fill_(...)`: `.data` of a numpy array is a memoryview, which
+    has no tensor methods; what `x.data` is, `x` is."""
+    assert kinds("""
+        def f(x_mask, scores, arr):
+            scores.data.masked_fill_(x_mask, 0.0)
+            arr.data.tobytes()
+            reveal(scores)
+            reveal(arr)
+        """) == ["tensor", "numpy"]
+
+
 def test_the_argument_a_tensor_method_takes_as_a_tensor_is_one():
     assert kinds("""
         def f(x, target, mask, index, n, value):

@@ -480,6 +480,8 @@ def _collect_evidence(ctx, owner: ast.AST) -> dict:
             func = node.func
             called.add(id(func))
             receiver = func.value
+            if receiver.__class__ is ast.Attribute and receiver.attr in _SAME_KIND_ATTRS:
+                receiver = receiver.value  # `x.data.masked_fill_(...)`: what `x.data` is, `x` is
             qual = ctx.qualname(func)
             if qual is None:
                 if func.attr in TENSOR_EVIDENCE_METHODS or func.attr == "size":
