@@ -1124,3 +1124,58 @@ def test_a_lambda_the_module_binds_to_a_name_is_a_helper_its_importers_steps_run
     assert [row for row, _ in found] == [4]
     assert "on every call of `zeros`, which is called from `forward` in model.py" in found[0][1]
     assert findings(utils + "zeros = torch.zeros\n") == []
+
+
+def test_an_evaluation_over_a_loader_every_caller_builds_as_one_batch_is_one_pass(tmp_path):
+    """models/net.py's `train_model` goes over the `test_loader` it is given; train.py, the only
+    caller, builds it with the whole test split as its batch size and calls the method on a model
+    bound to one of two classes: the evaluation runs once per epoch. With a batch size of 32 it
+    runs per batch, and its copies are reported."""
+    net = """
+        import torch
+        import torch.nn as nn
+
+        class Net(nn.Module):
+            def __init__(self):
+                super().__init__()
+                self.fc = nn.Linear(4, 1)
+
+            def forward(self, x):
+                return self.fc(x)
+
+            def train_model(self, train_loader, test_loader, opt, epochs):
+                for epoch in range(epochs):
+                    for x, y in train_loader:
+                        loss = ((self(x) - y) ** 2).mean()
+                        opt.zero_grad()
+                        loss.backward()
+                        opt.step()
+                    with torch.no_grad():
+                        for x, y in test_loader:
+                            print(self(x).detach().cpu().numpy())
+
+        class Wide(Net):
+            pass
+        """
+    train = """
+        import torch
+        from torch.utils.data import DataLoader, random_split
+        from models.net import Net, Wide
+
+        def main(dataset, wide):
+            if wide:
+                model = Wide().to("cuda")
+            else:
+                model = Net().to("cuda")
+            train_size = int(len(dataset) * 0.8)
+            test_size = len(dataset) - train_size
+            train_set, test_set = random_split(dataset, [train_size, test_size])
+            train_loader = DataLoader(train_set, batch_size=64)
+            test_loader = DataLoader(test_set, batch_size=test_size)
+            model.train_model(train_loader, test_loader, torch.optim.Adam(model.parameters()), 10)
+        """
+    (tmp_path / "models").mkdir()
+    (tmp_path / "models" / "__init__.py").write_text("")
+    assert _mat502_rows(tmp_path, {"models/net.py": net, "train.py": train}, "models/net.py") == []
+    per_batch = train.replace("batch_size=test_size", "batch_size=32")
+    assert _mat502_rows(tmp_path, {"models/net.py": net, "train.py": per_batch}, "models/net.py") == [22]

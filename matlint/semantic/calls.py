@@ -83,8 +83,8 @@ class FileCalls:
         # `self.` attribute bound once to one (`criterion = YoloLoss(...)`, `agent = Agent(...)`):
         # calling one runs its `forward`; a method called on one (`agent.act(s)`) is that method,
         # here or, as `Agent.act`, in the module that defines it.
-        self.instance_classes, self.imported_instances = _bound_instances(text, self.classes, self.imported) \
-            if text and (self.classes or self.imported) else ({}, {})
+        self.instance_classes, self.imported_instances, self.imported_choices = _bound_instances(
+            text, self.classes, self.imported) if text and (self.classes or self.imported) else ({}, {}, {})
         self.instances: dict = {}
         for name, owner in self.instance_classes.items():
             table = self.methods[id(owner)]
@@ -118,7 +118,7 @@ class FileCalls:
             return
         self._walked = True
         text, called = self._text, list(self._called)
-        modules = list(self.instance_classes) + list(self.imported_instances)
+        modules = list(self.instance_classes) + list(self.imported_instances) + list(self.imported_choices)
         if self.imported:  # the names imported from project modules, and `alias.` of the modules
             called += [name for name, (_, defined) in self.imported.items() if defined is not None]
             modules += [name for name, (_, defined) in self.imported.items() if defined is None]
@@ -266,6 +266,9 @@ class FileCalls:
             made = self.imported_instances.get(dotted(func.value))
             if made is not None:
                 yield (made[0], f"{made[1]}.{func.attr}"), False, True
+        if isinstance(func, ast.Attribute) and self.imported_choices:  # `model.train_model(...)`, one of several
+            for made in self.imported_choices.get(dotted(func.value), ()):
+                yield (made[0], f"{made[1]}.{func.attr}"), False, True
         if (isinstance(func, ast.Attribute) and isinstance(func.value, ast.Name) and func.value.id in self.imported
                 and self.imported[func.value.id][1] is None):  # `at.tonumpy(x)`, `at` a project module
             yield (self.imported[func.value.id][0], func.attr), False, True
@@ -344,11 +347,12 @@ _MOVED_AGAIN = re.compile(r"(?<![\w.])((?:self\.)?[A-Za-z_]\w*)[ \t]*=[ \t]*\1\.
 
 def _bound_instances(text: str, classes: dict, imported: dict) -> tuple:
     """({name or "self.attr": the class of the file}, {name or "self.attr": (path, name) of what a
-    project module defines}) for the names the text binds once, and to nothing else but itself
+    project module defines}, {name: [(path, name)] of the classes a name bound several times is
+    bound to, each a project module's}) for the names the text binds once, and to nothing else but itself
     moved (`gen = gen.cuda()`), to a call of a class of the file or of an imported name (`agent =
     Agent(...)`, `self.memory = Replay(n)`, `gen = generator.Generator(...)`). One scan of the
     text for both."""
-    own, other = {}, {}
+    own, other, choices = {}, {}, {}
     counts = None
     for match in _INSTANCE.finditer(text):
         name, made = match.groups()
@@ -369,7 +373,12 @@ def _bound_instances(text: str, classes: dict, imported: dict) -> tuple:
                 own[name] = cls
             else:
                 other[name] = source
-    return own, other
+        elif cls is None:
+            choices.setdefault(name, []).append(source)
+    # A name bound in several places, each to a class a project module defines (`model = DKT(...)`
+    # in one branch, `model = SAKT(...)` in another): a method called on it is one of theirs.
+    choices = {name: made for name, made in choices.items() if len(made) == counts[name] and len(set(made)) > 1}
+    return own, other, choices
 
 
 def _is_static(function: ast.AST) -> bool:

@@ -1866,6 +1866,26 @@ def kind_of(ctx, expr: ast.AST) -> Optional[str]:
     return _Inference(ctx, _chain(ctx)).expr(expr)
 
 
+def passed_values(ctx, function: ast.AST, name: str) -> Optional[list]:
+    """[(the SourceFile of the call, the value passed, the CallSite)] for parameter `name` of `function` at
+    every call of it (the file's, or where it never calls it, its importers'; `_calls_of`): a
+    name passed is read as the value its one reaching assignment gives it there. None where there
+    are no calls or one passes what cannot be told."""
+    passed = _Inference(ctx, _chain(ctx))._arguments_at_calls(function, name)
+    if passed is None:
+        return None
+    from .flow import flow_of  # flow reads identifiers through this module
+    found = []
+    for _, value, where, site in passed:
+        if isinstance(value, ast.Name) and site.functions:
+            assign = flow_of(where, site.functions[-1]).reaching(value)
+            if assign is None or assign.value is None:
+                return None
+            value = assign.value
+        found.append((where, value, site))
+    return found
+
+
 def reaching_kind(ctx, name: ast.Name, known: bool = False) -> Optional[str]:
     """Kind of the value `name` reads where it stands, from the assignments of its scope that
     reach it (`FunctionFlow.reaching_all`) rather than from all of them: in a notebook, `for X, y

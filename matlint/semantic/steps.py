@@ -34,6 +34,7 @@ from . import kinds as _kinds
 from .calls import argument_for, file_calls
 from .file import Position
 from .kinds import imported_class
+from .flow import flow_of
 from .loops import (LoopInfo, _attribute_paths, bound_names, file_trains, identifier, is_backward,
                     is_optimizer_step, is_training_loop, loaded_names, may_run_training_step, name_tokens, optimizer_names,
                     walk_no_scopes)
@@ -1496,10 +1497,58 @@ def is_step_loop(ctx, loop: LoopInfo) -> bool:
         steps = training and any(is_optimizer_step(n, optimizers) for n in loop.direct_nodes())
         ctx.shared[key] = ((training or iterates_loader(ctx, loop) or samples_with_model(ctx, loop)
                             or evaluates_with_model(ctx, loop))
-                           and not (not training and one_off(ctx))
+                           and not (not training and (one_off(ctx) or _one_batch(ctx, loop)))
                            and not (not steps and iterates_names(ctx, loop))
                            and not epoch_loop(ctx, loop))
     return ctx.shared[key]
+
+
+def _one_batch(ctx, loop: LoopInfo) -> bool:
+    """The loop goes over a loader that yields its whole data set as one batch, so that its
+    body runs once per pass (an evaluation over `DataLoader(test_set, batch_size=len(test_set))`):
+    a loader bound in the function, or one every caller passes for the parameter it goes over
+    (`model.train_model(train_loader, test_loader, ...)` in train.py)."""
+    it = loop.iter
+    while isinstance(it, ast.Call) and isinstance(it.func, ast.Name) and it.func.id in ("enumerate", "iter") \
+            and it.args:
+        it = it.args[0]
+    function = ctx.function
+    if not isinstance(it, ast.Name) or function is None or isinstance(function, ast.Lambda):
+        return False
+    params = {a.arg for a in function.args.posonlyargs + function.args.args + function.args.kwonlyargs}
+    if it.id not in params:
+        assign = flow_of(ctx, function).reaching(it)
+        return assign is not None and _whole_set_loader(ctx, assign.value, function)
+    passed = _kinds.passed_values(ctx, function, it.id)
+    return bool(passed) and all(site.functions and _whole_set_loader(where, value, site.functions[-1])
+                                for where, value, site in passed)
+
+
+def _whole_set_loader(ctx, value: ast.AST, function: ast.AST) -> bool:
+    """`DataLoader(ds, batch_size=len(ds))`, or `DataLoader(test_ds, batch_size=test_size)` after
+    `train_ds, test_ds = random_split(data, [train_size, test_size])` in `function`."""
+    if not isinstance(value, ast.Call) or ctx.qualname(value.func) != "torch.utils.data.DataLoader" or not value.args:
+        return False
+    dataset = value.args[0]
+    size = next((k.value for k in value.keywords if k.arg == "batch_size"), value.args[1] if len(value.args) > 1 else None)
+    if size is None:
+        return False
+    if (isinstance(size, ast.Call) and isinstance(size.func, ast.Name) and size.func.id == "len" and len(size.args) == 1
+            and ast.dump(size.args[0]) == ast.dump(dataset)):
+        return True
+    if not (isinstance(dataset, ast.Name) and isinstance(size, ast.Name)):
+        return False
+    reaching = flow_of(ctx, function).reaching_all(dataset)
+    split = reaching[0][0] if len(reaching) == 1 else None  # the unpacking of the split
+    if not isinstance(split, ast.Assign) or not isinstance(split.value, ast.Call) or ctx.qualname(
+            split.value.func) != "torch.utils.data.random_split" or len(split.value.args) < 2 or len(split.targets) != 1:
+        return False
+    targets, sizes = split.targets[0], split.value.args[1]
+    if not (isinstance(targets, (ast.Tuple, ast.List)) and isinstance(sizes, (ast.List, ast.Tuple))
+            and len(targets.elts) == len(sizes.elts)):
+        return False
+    return any(isinstance(t, ast.Name) and t.id == dataset.id and isinstance(n, ast.Name) and n.id == size.id
+               for t, n in zip(targets.elts, sizes.elts))
 
 
 def samples_with_model(ctx, loop: LoopInfo) -> bool:
