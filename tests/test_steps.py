@@ -1129,8 +1129,8 @@ def test_a_lambda_the_module_binds_to_a_name_is_a_helper_its_importers_steps_run
 def test_an_evaluation_over_a_loader_every_caller_builds_as_one_batch_is_one_pass(tmp_path):
     """models/net.py's `train_model` goes over the `test_loader` it is given; train.py, the only
     caller, builds it with the whole test split as its batch size and calls the method on a model
-    bound to one of two classes: the evaluation runs once per epoch. With a batch size of 32 it
-    runs per batch, and its copies are reported."""
+    bound to one of two classes (or on the subclass alone, which inherits it): the evaluation runs
+    once per epoch. With a batch size of 32 it runs per batch, and its copies are reported."""
     net = """
         import torch
         import torch.nn as nn
@@ -1179,3 +1179,12 @@ def test_an_evaluation_over_a_loader_every_caller_builds_as_one_batch_is_one_pas
     assert _mat502_rows(tmp_path, {"models/net.py": net, "train.py": train}, "models/net.py") == []
     per_batch = train.replace("batch_size=test_size", "batch_size=32")
     assert _mat502_rows(tmp_path, {"models/net.py": net, "train.py": per_batch}, "models/net.py") == [22]
+    # a subclass that inherits the method: `Wide().train_model(...)` runs `Net.train_model`
+    wide_only = train.replace('''            if wide:
+                model = Wide().to("cuda")
+            else:
+                model = Net().to("cuda")''', '''            model = Wide().to("cuda")''')
+    assert wide_only != train
+    assert _mat502_rows(tmp_path, {"models/net.py": net, "train.py": wide_only}, "models/net.py") == []
+    assert _mat502_rows(tmp_path, {"models/net.py": net, "train.py": wide_only.replace(
+        "batch_size=test_size", "batch_size=32")}, "models/net.py") == [22]

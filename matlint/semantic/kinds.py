@@ -2212,8 +2212,27 @@ def _importer_sites(ctx, function: ast.AST) -> list:
     if table is None:
         table = ctx.shared["importer_sites"] = _calls_from_importers(ctx)
     cls = file_calls(ctx).class_of.get(id(function))
-    found = table.get(f"{cls.name}.{function.name}" if cls is not None else function.name, [])
-    return [(view, site._replace(bound=True)) for view, site in found] if cls is not None else found
+    if cls is None:
+        return table.get(function.name, [])
+    found = [site for owner in _inheriting(ctx, cls, function.name) for site in table.get(f"{owner}.{function.name}", [])]
+    return [(view, site._replace(bound=True)) for view, site in found]
+
+
+def _inheriting(ctx, cls: ast.ClassDef, method: str) -> list:
+    """The names of `cls` and of the classes of the file that derive from it (directly or
+    through one another) without defining `method` themselves: `PAM.train_model` runs `GKT`'s
+    for `class PAM(GKT)`."""
+    names, changed = [cls.name], True
+    classes = [stmt for stmt in ctx.tree.body if isinstance(stmt, ast.ClassDef)]
+    while changed:
+        changed = False
+        for other in classes:
+            if other.name not in names and any(isinstance(b, ast.Name) and b.id in names for b in other.bases) \
+                    and not any(isinstance(f, (ast.FunctionDef, ast.AsyncFunctionDef)) and f.name == method
+                                for f in other.body):
+                names.append(other.name)
+                changed = True
+    return names
 
 
 def _calls_from_importers(ctx) -> dict:
