@@ -1188,3 +1188,59 @@ def test_an_evaluation_over_a_loader_every_caller_builds_as_one_batch_is_one_pas
     assert _mat502_rows(tmp_path, {"models/net.py": net, "train.py": wide_only}, "models/net.py") == []
     assert _mat502_rows(tmp_path, {"models/net.py": net, "train.py": wide_only.replace(
         "batch_size=test_size", "batch_size=32")}, "models/net.py") == [22]
+
+
+def test_a_step_reaches_a_helper_through_a_package_that_re_exports_it(tmp_path):
+    """train.py takes `run_iter` from the package (`from nerf import run_iter`, re-exported by
+    `nerf/__init__.py` with `from .train_utils import *`); `run_iter` calls `predict`, which calls
+    render.py's `render` on every call: `render` runs on every training step. Without the
+    package's star import, nothing binds `run_iter` there and no step is known."""
+    from matlint.engine import lint_source
+    from matlint.registry import get_rule
+
+    files = {
+        "nerf/__init__.py": "from .render import *\nfrom .train_utils import *\n",
+        "nerf/render.py": """
+            import torch
+
+            def render(raw, dists):
+                far = torch.tensor([1e10], dtype=dists.dtype, device=dists.device)
+                return raw * torch.cat((dists, far.expand(dists[..., :1].shape)), -1)
+            """,
+        "nerf/train_utils.py": """
+            from .render import render
+
+            def predict(model, x, dists):
+                return render(model(x), dists)
+
+            def run_iter(model, x, dists):
+                return predict(model, x, dists)
+            """,
+        "train.py": """
+            import torch
+            from nerf import run_iter
+
+            def main(model, batches):
+                model = model.cuda()
+                opt = torch.optim.Adam(model.parameters())
+                for x, dists in batches:
+                    loss = run_iter(model, x.cuda(), dists.cuda()).sum()
+                    opt.zero_grad()
+                    loss.backward()
+                    opt.step()
+
+            if __name__ == "__main__":
+                main(None, [])
+            """,
+    }
+    (tmp_path / "nerf").mkdir()
+    for name, text in files.items():
+        (tmp_path / name).write_text(textwrap.dedent(text))
+
+    def rows():
+        path = tmp_path / "nerf" / "render.py"
+        return [f.row for f in lint_source(path.read_text(), str(path), [get_rule("MAT503")])]
+
+    assert rows() == [5]
+    (tmp_path / "nerf" / "__init__.py").write_text("from .render import *\n")
+    assert rows() == []

@@ -39,7 +39,8 @@ from .loops import (LoopInfo, _attribute_paths, bound_names, file_trains, identi
                     is_optimizer_step, is_training_loop, loaded_names, may_run_training_step, name_tokens, optimizer_names,
                     walk_no_scopes)
 from .project import (SCRIPT_PROJECT_FILES, file_runs_backward, imported_definition, imported_definitions,
-                      import_table, imported_function, importers, in_script_project, linted_project_imports, while_unchanged)
+                      import_table, imported_function, importers, in_script_project, linted_project_imports, parsed,
+                      project_imports, while_unchanged)
 from .torch_api import NO_GRAD_CONTEXTS
 from .tree import child_nodes, dotted, identifier_text
 
@@ -873,7 +874,7 @@ def _steps_in_importers(ctx) -> dict:
     paths = importers(ctx.filename, most=SCRIPT_PROJECT_FILES)
     for path in paths:
         for (defined_in, name), step in _importer_steps(path).items():
-            if defined_in == target:
+            if defined_in == target or _reexported(defined_in, target, name):
                 found.setdefault(name, step)
     # Two files away: `accuracy(...)` in `update_metrics` of utils.py, which evaluate.py's loop
     # over batches calls. What runs the relaying function every step is read in its importer alone.
@@ -889,7 +890,9 @@ def _steps_in_importers(ctx) -> dict:
                 if name in found:
                     continue
                 for caller in callers:
-                    step = steps.get((os.path.abspath(path), caller))
+                    step = steps.get((os.path.abspath(path), caller)) or next(
+                        (each for (defined_in, called), each in steps.items()
+                         if called == caller and _reexported(defined_in, os.path.abspath(path), caller)), None)
                     if step is not None:
                         found[name] = step._replace(why=f"is called from `{caller}` in {os.path.basename(path)}, "
                                                         f"which {step.why}")
@@ -897,13 +900,28 @@ def _steps_in_importers(ctx) -> dict:
     return found
 
 
+def _reexported(init: str, target: str, name: str) -> bool:
+    """The package's `__init__.py` at `init` binds `name` from the module at `target`: `from
+    .train_utils import *` (where `target` defines `name`), or `from .train_utils import name`."""
+    if os.path.basename(init) != "__init__.py" or init == target:
+        return False
+    table = project_imports(parsed(init), init) if parsed(init) is not None else {}
+    if table.get(name) == (target, name):
+        return True
+    tree = parsed(target)
+    return target in table.get("*", ()) and tree is not None and any(
+        isinstance(stmt, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)) and stmt.name == name
+        for stmt in tree.body)
+
+
 _RELAYS: dict = {}  # path -> (size, mtime_ns, {defined_in: {name: [module-level functions of path calling it]}})
 
 
 def _relay_functions(path: str) -> dict:
     """{file: {name: [the module-level functions of the file at `path` that call `name` of that
-    file on every call of theirs (or of every call configured so: `if samples is not None:`)]}},
-    for the definitions of other project files it calls."""
+    file on every call of theirs (or of every call configured so: `if samples is not None:`), and
+    those of the file that call one of them so (`run_one_iter` calling `render`, which calls
+    it)]}}, for the definitions of other project files it calls."""
     return while_unchanged(_RELAYS, path, _read_relays, {})
 
 
@@ -912,14 +930,27 @@ def _read_relays(path: str) -> dict:
     if read is None:
         return {}
     view, calls = read
+
+    def every_call(site) -> bool:
+        return (len(site.functions) == 1 and site.cls is None and not site.loops
+                and (not site.conditional or _mode_branch(view, site)))
+
+    # the module-level functions of the file that call each of its own on every call of theirs
+    # (`run_one_iter` calling `render`), to follow a relay through the file's own helpers
+    own_callers = {function.name: [site.functions[0].name for site in calls.call_sites(function) if every_call(site)]
+                   for function in calls.module_functions.values()}
     found: dict = {}
     for (defined_in, name), sites in calls.imported_sites.items():
         for site in sites:
-            if len(site.functions) == 1 and site.cls is None and not site.loops \
-                    and (not site.conditional or _mode_branch(view, site)):
+            if every_call(site):
                 callers = found.setdefault(os.path.abspath(defined_in), {}).setdefault(name, [])
-                if site.functions[0].name not in callers:
-                    callers.append(site.functions[0].name)
+                for caller in [site.functions[0].name]:
+                    if caller not in callers:
+                        callers.append(caller)
+    for relays in found.values():
+        for callers in relays.values():
+            for caller in callers:  # grows as it goes: callers of callers, within the file
+                callers.extend(c for c in own_callers.get(caller, ()) if c not in callers)
     return found
 
 
