@@ -15,11 +15,11 @@ NUMPY_LIKE_FILLS = {"zeros_like", "ones_like", "full_like", "empty_like"}
 
 
 def numpy_made(ctx, expr: ast.AST, depth: int = 0) -> Optional[ast.Call]:
-    """The numpy call that makes `expr` on this pass, directly, through `.astype(...)` or
-    through a name assigned it in the same loop and not changed in place
-    (`noise = np.random.normal(...)`)."""
+    """The numpy call that makes `expr` on this pass, directly, through `.astype(...)`, a copy
+    or a new layout (`np.eye(k).flatten()`), or through a name assigned it in the same loop and
+    not changed in place (`noise = np.random.normal(...)`)."""
     while (isinstance(expr, ast.Call) and isinstance(expr.func, ast.Attribute)
-           and expr.func.attr in ("astype", "copy") and ctx.qualname(expr.func) is None):
+           and expr.func.attr in ("astype", "copy", "flatten", "ravel", "reshape") and ctx.qualname(expr.func) is None):
         expr = expr.func.value
     if isinstance(expr, ast.Name) and depth < 3:
         flow = flow_of(ctx, ctx.scope)
