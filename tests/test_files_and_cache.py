@@ -644,6 +644,21 @@ def test_importers_are_found_beside_below_above_and_through_a_package_init(tmp_p
         "main.py", os.path.join("pkg", "algo", "__init__.py"), os.path.join("pkg", "algo", "tests", "check.py")]
 
 
+def test_a_module_imported_by_name_from_its_package_has_that_importer(tmp_path):
+    """`from . import layers` (a folder without `__init__.py`) and `from pkg import utils`
+    import the package's modules `layers.py` and `utils.py`."""
+    from matlint.semantic.project import importers
+
+    write(tmp_path / "drqa" / "reader.py", "from . import layers\n")
+    write(tmp_path / "drqa" / "layers.py", "def f():\n    pass\n")
+    write(tmp_path / "main.py", "from pkg import utils\n")
+    write(tmp_path / "pkg" / "__init__.py", "")
+    write(tmp_path / "pkg" / "utils.py", "def g():\n    pass\n")
+    assert [os.path.relpath(p, tmp_path) for p in importers(str(tmp_path / "drqa" / "layers.py"))] == [
+        os.path.join("drqa", "reader.py")]
+    assert [os.path.relpath(p, tmp_path) for p in importers(str(tmp_path / "pkg" / "utils.py"))] == ["main.py"]
+
+
 def test_a_module_of_a_folder_beside_the_importer_is_read_where_one_folder_holds_it(tmp_path):
     """`src/solver/solver.py` imports `loss`, which `src/transformer/loss.py` is (the project puts
     its folders on `sys.path`); a name two folders hold is not guessed at."""

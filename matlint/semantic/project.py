@@ -90,7 +90,8 @@ def imported_files(ctx) -> list:
 def imported_paths(source: str, filename: str) -> list:
     """The project files `source` imports, from its import lines (no parse: the cache asks before
     linting), and, for names imported from a package, the modules its `__init__.py` re-exports
-    them from (as `imported_definition` follows them). Sorted, each once."""
+    them from (as `imported_definition` follows them) or the package's modules of those names
+    (`from . import layers`, also where the folder has no `__init__.py`). Sorted, each once."""
     found = set()
     for match in _PLAIN_IMPORT.finditer(source):
         for name in (m.strip().split(" ")[0] for m in match.group(1).split(",")):
@@ -99,6 +100,12 @@ def imported_paths(source: str, filename: str) -> list:
                 found.add(path)
     for dots, module, imported in _from_imports(source):
         path = resolve(filename, module, len(dots)) if module or dots else None
+        if path is None or os.path.basename(path) == "__init__.py":
+            # `from . import layers`, `from pkg import utils`: modules of the package, imported by name
+            for name in imported or ():
+                submodule = resolve(filename, f"{module}.{name}" if module else name, len(dots))
+                if submodule is not None:
+                    found.add(submodule)
         if path is None:
             continue
         found.add(path)

@@ -368,8 +368,9 @@ def _passed_or_not(test: ast.AST, name: ast.Name) -> bool:
 
 def _tests_settings(ctx, cls: Optional[ast.ClassDef], test: ast.AST) -> bool:
     """`if self.bidirectional and self.nlayers > 1:`: attributes of `self` that only the class's
-    set-up methods assign (`__init__`, `build`...) and nothing changes in place, compared with
-    constants: the same on every call. Not a logging or debug switch (`if self.verbose:`)."""
+    set-up methods assign (`__init__`, `build`...) and nothing changes in place, or entries of
+    one under a constant key (`self.opt["question_merge"] == "avg"`), compared with constants:
+    the same on every call. Not a logging or debug switch (`if self.verbose:`, `self.opt["log"]`)."""
     if cls is None:
         return False
     attributes, members = [], set()
@@ -382,6 +383,11 @@ def _tests_settings(ctx, cls: Optional[ast.ClassDef], test: ast.AST) -> bool:
             elif _class_member(ctx, node):
                 members.add(id(node.value))
             elif not isinstance(node.value, ast.Attribute):
+                return False
+        elif isinstance(node, ast.Subscript) and isinstance(node.slice, ast.Constant) and isinstance(
+                node.value, ast.Attribute) and isinstance(node.value.value, ast.Name) and node.value.value.id == "self":
+            members.add(id(node.slice))  # `self.opt["question_merge"]`: an entry of a settings dict
+            if gate_name(str(node.slice.value)):
                 return False
         elif not isinstance(node, (ast.BoolOp, ast.UnaryOp, ast.Compare, ast.Constant, ast.Name, ast.boolop,
                                    ast.unaryop, ast.cmpop, ast.expr_context)):
