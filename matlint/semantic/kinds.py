@@ -760,13 +760,9 @@ class _Inference:
         passed = self._arguments_at_calls(function, name)
         if passed is None:
             return None
-        from .flow import flow_of  # flow reads identifiers through this module
         kinds = []
         for inference, value, ctx, site in passed:
-            if isinstance(value, ast.Name) and site.functions:
-                assign = flow_of(ctx, site.functions[-1]).reaching(value)
-                if assign is not None and assign.value is not None:
-                    value = assign.value  # what the name holds at the call, not all it ever holds
+            value = _held_at_call(ctx, value, site) or value  # what a name holds at the call, not all it ever holds
             kind = inference.expr(value)
             if kind is None:
                 return None
@@ -1874,16 +1870,23 @@ def passed_values(ctx, function: ast.AST, name: str) -> Optional[list]:
     passed = _Inference(ctx, _chain(ctx))._arguments_at_calls(function, name)
     if passed is None:
         return None
-    from .flow import flow_of  # flow reads identifiers through this module
     found = []
     for _, value, where, site in passed:
-        if isinstance(value, ast.Name) and site.functions:
-            assign = flow_of(where, site.functions[-1]).reaching(value)
-            if assign is None or assign.value is None:
+        if isinstance(value, ast.Name):
+            value = _held_at_call(where, value, site)
+            if value is None:
                 return None
-            value = assign.value
         found.append((where, value, site))
     return found
+
+
+def _held_at_call(ctx, value: ast.AST, site) -> Optional[ast.AST]:
+    """The value of the one assignment that reaches the name `value` where `site` passes it, else None."""
+    if not isinstance(value, ast.Name) or not site.functions:
+        return None
+    from .flow import flow_of  # flow reads identifiers through this module
+    assign = flow_of(ctx, site.functions[-1]).reaching(value)
+    return assign.value if assign is not None else None
 
 
 def reaching_kind(ctx, name: ast.Name, known: bool = False) -> Optional[str]:
