@@ -950,9 +950,8 @@ def _read_relays(path: str) -> dict:
         for site in sites:
             if every_call(site):
                 callers = found.setdefault(os.path.abspath(defined_in), {}).setdefault(name, [])
-                for caller in [site.functions[0].name]:
-                    if caller not in callers:
-                        callers.append(caller)
+                if site.functions[0].name not in callers:
+                    callers.append(site.functions[0].name)
     for relays in found.values():
         for callers in relays.values():
             for caller in callers:  # grows as it goes: callers of callers, within the file
