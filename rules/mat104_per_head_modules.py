@@ -17,9 +17,11 @@ _JOINS = {"torch.cat", "torch.concat", "torch.concatenate", "torch.stack"}
 _MODULE_LISTS = {"torch.nn.ModuleList"}
 _LINEAR = {"torch.nn.Linear"}
 # Layers that compute several items at once when given their summed output width: the keyword
-# of that width. A convolution with `groups` is left alone (its channels are split).
+# of that width. A convolution with `groups` is left alone (its channels are split), also where
+# `groups` is passed by position (the seventh argument: in, out, kernel, stride, padding, dilation, groups).
 _WIDENABLE = {"torch.nn.Linear": "out_features", "torch.nn.Conv1d": "out_channels", "torch.nn.Conv2d": "out_channels",
               "torch.nn.Conv3d": "out_channels"}
+_GROUPS_POSITION = 6
 _LIST, _DICT = "torch.nn.ModuleList", "torch.nn.ModuleDict"  # how the heads are read: `self.attr`, `self.attr.values()`
 # Methods that lay each head's output out alike: the joined result is one layout of all heads'.
 _LAYOUT = frozenset({"view", "reshape", "unsqueeze", "flatten", "permute", "transpose", "contiguous"})
@@ -458,7 +460,7 @@ class PerHeadModules(Rule):
     def _holds_projections(self, module_call: ast.Call) -> bool:
         func = module_call.func
         if self.ctx.qualname(func) in _WIDENABLE:
-            return not any(k.arg == "groups" for k in module_call.keywords) and len(module_call.args) < 8
+            return not any(k.arg == "groups" for k in module_call.keywords) and len(module_call.args) <= _GROUPS_POSITION
         if self.ctx.qualname(func) == "torch.nn.Sequential":
             # Layers built in the call (a module passed by name would be one module shared by all).
             return (bool(module_call.args) and not module_call.keywords

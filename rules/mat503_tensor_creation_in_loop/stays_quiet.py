@@ -201,7 +201,7 @@ def _function_step(ctx) -> Optional[PerStep]:
     step = step_of(ctx, ctx.functions)
     if step is None:
         return None
-    return PerStep([], None if function.name == "forward" else step, function)
+    return PerStep([], None if getattr(function, "name", "") == "forward" else step, function)
 
 
 def _once_branch(ctx) -> bool:
