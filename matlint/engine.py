@@ -16,6 +16,7 @@ from .rule import Only
 from matlint.semantic.loops import LoopInfo
 from matlint.semantic.tree import node_fields
 from matlint.semantic.file import SourceFile
+from matlint.semantic import project
 
 NOQA_RE = re.compile(
     r"#\s*noqa(?::[\s]?(?P<codes>[A-Z]+[0-9]+(?:[,\s]+[A-Z]+[0-9]+)*))?", re.IGNORECASE
@@ -470,12 +471,15 @@ def lint_tree(tree: ast.Module, source: str, filename: str, rule_classes, rule_o
         sys.setrecursionlimit(limit)
 
 
-def lint_source(source: str, filename: str, rule_classes, rule_options=None, prefilter: bool = True) -> list:
+def lint_source(source: str, filename: str, rule_classes, rule_options=None, prefilter: bool = True,
+                tree: Optional[ast.Module] = None) -> list:
+    """Lint `source`; `tree`: the source already parsed."""
     if prefilter and not mentions_torch(source):
         return []
-    tree, error = parse(source, filename)
-    if error:
-        return [error]
+    if tree is None:
+        tree, error = parse(source, filename)
+        if error:
+            return [error]
     findings = lint_tree(tree, source, filename, rule_classes, rule_options)
     findings = apply_noqa(findings, source)
     findings.sort(key=Finding.sort_key)
@@ -488,7 +492,8 @@ def lint_bytes(data: bytes, filename: str, rule_classes, rule_options=None) -> l
         return [error]
     if filename.endswith(notebook.NOTEBOOK_SUFFIX):
         return lint_notebook(source, filename, rule_classes, rule_options)
-    return lint_source(source, filename, rule_classes, rule_options)
+    # a project module that the analysis of a file linted before has parsed already
+    return lint_source(source, filename, rule_classes, rule_options, tree=project.parsed_from(filename, data))
 
 
 def read_notebook(text: str, filename: str):

@@ -857,3 +857,28 @@ def decode(bxy, num_anchors, W):
     import ast
     tree = ast.parse((tmp_path / "tool" / "yolo_layer.py").read_text())
     assert star_imported_aliases(tree, str(tmp_path / "tool" / "yolo_layer.py")) == {"torch": "torch", "np": "numpy"}
+
+
+def test_a_module_an_importer_parsed_is_linted_from_that_tree_while_its_bytes_are_the_same(tmp_path):
+    """`from layers import *` in model.py makes the analysis parse layers.py; linting layers.py
+    next takes that tree instead of parsing the file again, and only for the same bytes."""
+    from matlint.engine import lint_bytes
+    from matlint.registry import all_rules
+    from matlint.semantic import project
+
+    write(tmp_path / "model.py", "import torch\nfrom layers import *\n\ndef f(x):\n    return Block()(x)\n")
+    layers = tmp_path / "layers.py"
+    write(layers, "import torch\n\nclass Block(torch.nn.Module):\n    def forward(self, xs, ws):\n"
+                  "        outs = []\n        for i in range(xs.shape[0]):\n"
+                  "            outs.append(torch.matmul(xs[i], ws[i]))\n        return torch.stack(outs)\n")
+    rules = all_rules()
+    lint_bytes((tmp_path / "model.py").read_bytes(), str(tmp_path / "model.py"), rules)
+    data = layers.read_bytes()
+    tree = project.parsed_from(str(layers), data)
+    assert tree is not None and tree is project.parsed(str(layers))
+    assert project.parsed_from(str(layers), data + b"\n") is None  # not the bytes that tree was read from
+    assert project.parsed_from(str(tmp_path / "model.py"), (tmp_path / "model.py").read_bytes()) is None
+    from_tree = [(f.code, f.row, f.message) for f in lint_bytes(data, str(layers), rules)]
+    from matlint.engine import lint_source
+    parsed_again = [(f.code, f.row, f.message) for f in lint_source(data.decode(), str(layers), rules)]
+    assert from_tree == parsed_again and from_tree  # the same findings as from a fresh parse

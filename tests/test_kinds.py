@@ -1130,3 +1130,39 @@ def test_the_items_of_a_project_module_whose_forward_returns_a_tuple_take_its_re
     (tmp_path / "train.py").write_text(train)
     found = lint_source(train, str(tmp_path / "train.py"), [_Reveal], prefilter=False)
     assert [f.message for f in found] == ["tensor", "tensor"]
+
+
+@pytest.mark.parametrize("text, bound", [
+    ("agent = Agent(4)\n", [("agent", "Agent")]),
+    ("    self.memory = buffers.Replay(n)\n", [("self.memory", "buffers.Replay")]),
+    ("a, b = f(x)\n", [("b", "f")]),
+    ("a = b = Net()\n", [("b", "Net")]),
+    ("x: int = f(1)\n", [("int", "f")]),
+    ("if a == f(1) or a <= g(2) or a != h(3):\n    a += k(4)\n    a //= m(5)\n", []),
+    ("(n := f(1))\nx[i] = f(2)\nobj.attr = f(3)\nself.a.b = f(4)\n", []),
+    ("g(x = f(1))\n", [("x", "f")]),
+])
+def test_the_assignment_scan_finds_the_names_bound_to_a_call(text, bound):
+    """`_assignments` starts at each `=` and reads the name bound back from its line: the names
+    of `name = call(...)` and `self.attr = call(...)`; not comparisons, augmented assignments,
+    subscripts or attributes of other objects."""
+    from matlint.semantic.calls import _INSTANCE, _assignments
+    assert [(name, match.group(1)) for name, match in _assignments(text, _INSTANCE)] == bound
+
+
+@pytest.mark.parametrize("text, moves", [
+    ("def f(x):\n    return x.cuda()\n", True),
+    ("def f(x):\n    return torch.as_tensor(x).to(device)\n", True),
+    ("x = x.cuda()\n", True),
+    ("    self.net = self.net.to(d)\n", False),  # an attribute, not a name bound to itself
+    ("ax = x.cuda()\n", False),
+    ("y = x.cuda()\n", False),
+    ("returned = x.cuda()\n", False),
+    ("x = x.x.cuda()\n", False),
+    ("return x\ny = z.to(d)\n", False),  # the move is not on the `return` line
+])
+def test_the_mover_scan_finds_a_returned_or_rebound_move(text, moves):
+    """MAT503's gate for helpers that return their argument moved: a `.cuda(`/`.to(` after
+    `return` on its line, or `x = x.cuda(`."""
+    from matlint.rules.mat503_tensor_creation_in_loop.factories import _returns_moved
+    assert _returns_moved(text) is moves

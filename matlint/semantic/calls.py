@@ -339,10 +339,28 @@ def _nested_definitions(function: ast.AST) -> dict:
     return found
 
 
-_INSTANCE = re.compile(r"(?<![\w.])((?:self\.)?[A-Za-z_]\w*)[ \t]*=[ \t]*((?:[A-Za-z_]\w*\.)?[A-Za-z_]\w*)\(")
-_ASSIGNED = re.compile(r"(?<![\w.])((?:self\.)?[A-Za-z_]\w*)[ \t]*=(?!=)")
+# Each pattern starts at an assignment's `=` (a pattern that starts with a literal is scanned for
+# quickly); the name bound is read back from the line before it (`_assignments`).
+_INSTANCE = re.compile(r"=[ \t]*((?:[A-Za-z_]\w*\.)?[A-Za-z_]\w*)\(")
+_ASSIGNED = re.compile(r"=(?!=)")
 # `gen = gen.cuda()`: the same instance, moved; no other binding
-_MOVED_AGAIN = re.compile(r"(?<![\w.])((?:self\.)?[A-Za-z_]\w*)[ \t]*=[ \t]*\1\.(?:cuda|to|cpu|float|double|half|train|eval)\(")
+_MOVED_AGAIN = re.compile(r"=[ \t]*((?:self\.)?[A-Za-z_]\w*)\.(?:cuda|to|cpu|float|double|half|train|eval)\(")
+_TARGET = re.compile(r"(?<![\w.])((?:self\.)?[A-Za-z_]\w*)[ \t]*\Z")
+_BEFORE_AUGMENTED_EQUALS = frozenset("=!<>+-*/%&|^@:")  # `==`, `<=`, `+=`, `:=`, ...
+
+
+def _assignments(text: str, pattern) -> list:
+    """(name or "self.attr", match) for each `name = ...` of `text` whose `=` and what follows
+    it match `pattern`; not `name == ...`, `name += ...`, `x[i] = ...`, `obj.attr = ...`."""
+    found = []
+    for match in pattern.finditer(text):
+        start = match.start()
+        if start and text[start - 1] in _BEFORE_AUGMENTED_EQUALS:
+            continue
+        target = _TARGET.search(text, text.rfind("\n", 0, start) + 1, start)
+        if target is not None:
+            found.append((target.group(1), match))
+    return found
 
 
 def _bound_instances(text: str, classes: dict, imported: dict) -> tuple:
@@ -354,8 +372,8 @@ def _bound_instances(text: str, classes: dict, imported: dict) -> tuple:
     text for both."""
     own, other, choices = {}, {}, {}
     counts = None
-    for match in _INSTANCE.finditer(text):
-        name, made = match.groups()
+    for name, match in _assignments(text, _INSTANCE):
+        made = match.group(1)
         module, _, made = made.rpartition(".")
         if module:  # `gen = generator.Generator(...)` after `import generator`
             path = imported.get(module)
@@ -366,8 +384,8 @@ def _bound_instances(text: str, classes: dict, imported: dict) -> tuple:
         if cls is None and (source is None or source[1] is None):
             continue
         if counts is None:  # how often each name is assigned anything, read once
-            counts = Counter(_ASSIGNED.findall(text))
-            counts.subtract(_MOVED_AGAIN.findall(text))
+            counts = Counter(name for name, _ in _assignments(text, _ASSIGNED))
+            counts.subtract(name for name, match in _assignments(text, _MOVED_AGAIN) if match.group(1) == name)
         if counts[name] == 1:
             if cls is not None:
                 own[name] = cls

@@ -493,9 +493,25 @@ def parsed(path: str) -> Optional[ast.Module]:
 def _parse_file(path: str) -> Optional[ast.Module]:
     try:
         with open(path, "rb") as handle:
-            return ast.parse(handle.read())
+            data = handle.read()
+        tree = ast.parse(data)
     except (OSError, SyntaxError, ValueError):
         return None
+    _PARSED_FROM[path] = (len(data), hash(data))
+    return tree
+
+
+_PARSED_FROM: dict = {}  # path -> (length, hash) of the bytes `parsed` read
+
+
+def parsed_from(filename: str, data: bytes) -> Optional[ast.Module]:
+    """The tree `parsed` holds for the file at `filename` when it was parsed from these same
+    bytes (a file the analysis of another one read before the engine came to lint it), else None."""
+    path = os.path.abspath(filename)
+    cached = _PARSED.get(path)
+    if cached is None or cached[2] is None or _PARSED_FROM.get(path) != (len(data), hash(data)):
+        return None
+    return cached[2]
 
 
 def imported_function(ctx, func: ast.AST) -> Optional[tuple]:

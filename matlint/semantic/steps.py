@@ -642,14 +642,22 @@ def step_functions(ctx) -> dict:
                 function = calls.methods[id(calls.classes[owner])].get(method)
         if function is not None and id(function) not in found:
             found[id(function)] = step
+    # What a step function calls runs every step too, followed to a fixed point. A site whose
+    # caller is no step function is read once: what its loops make of it does not change.
+    outside = {}  # id(site) -> its Step (or None) from its loops alone
     changed = True
-    while changed:  # what a step function calls runs every step too, followed to a fixed point
+    while changed:
         changed = False
         for function in calls.functions:
             if id(function) in found:
                 continue
             for site in calls.call_sites(function):
-                step = _step_at(ctx, found, site)
+                if site.functions and id(site.functions[-1]) in found:
+                    step = _step_at(ctx, found, site)
+                elif id(site) in outside:
+                    step = outside[id(site)]
+                else:
+                    step = outside[id(site)] = _step_at(ctx, found, site)
                 if step is not None:
                     found[id(function)] = step
                     break

@@ -1267,20 +1267,21 @@ class HostSyncInLoop(_StepLoops, _HostReads, Rule):
                    and name in loaded_names(other.test) for other in loop.direct_nodes())
 
     def _condition(self, owner: ast.AST, test: Optional[ast.AST] = None) -> None:
-        if self._step_context() is None:
-            return
         test = owner.test if test is None else test
         values = test.values if isinstance(test, ast.BoolOp) else [test]
+        tensors = []  # the tests' device tensors, read before the (costlier) question of the step
         for value in values:
             inner = value.operand if isinstance(value, ast.UnaryOp) and isinstance(value.op, ast.Not) else value
-            if _is_torch_predicate(self.ctx, inner):
-                continue
-            if self._is_device_tensor(inner) and not self._contains_sync_call(inner):
-                # `if torch.isnan(h).any(): raise ...` is an `assert` written out
-                check = isinstance(owner, ast.If) and not owner.orelse and all(
-                    isinstance(stmt, ast.Raise) for stmt in owner.body)
-                self._report(inner, "`bool()`", _ASSERT if check else _BRANCH, value=inner,
-                             detail="(a tensor used as a Python `bool`)", owner=owner)
+            if not _is_torch_predicate(self.ctx, inner) and self._is_device_tensor(inner) \
+                    and not self._contains_sync_call(inner):
+                tensors.append(inner)
+        if not tensors or self._step_context() is None:
+            return
+        # `if torch.isnan(h).any(): raise ...` is an `assert` written out
+        check = isinstance(owner, ast.If) and not owner.orelse and all(isinstance(stmt, ast.Raise) for stmt in owner.body)
+        for inner in tensors:
+            self._report(inner, "`bool()`", _ASSERT if check else _BRANCH, value=inner,
+                         detail="(a tensor used as a Python `bool`)", owner=owner)
 
     def _report(self, node: ast.AST, what: str, instead: str, value: Optional[ast.AST] = None, detail: str = "",
                 fix: Optional[Callable[[], Optional[Fix]]] = None, owner: Optional[ast.AST] = None,

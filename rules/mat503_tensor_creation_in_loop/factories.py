@@ -931,7 +931,28 @@ def is_device(ctx, expr: ast.AST) -> bool:
     return name == "dev" or "device" in name and "cpu" not in name
 
 
-_RETURNS_MOVED = re.compile(r"\breturn\b[^\n]*\.(?:cuda|to)\(|\b(\w+) = \1\.(?:cuda|to)\(")
+_MOVE_CALL = re.compile(r"\.(?:cuda|to)\(")
+_RETURN_WORD = re.compile(r"\breturn\b")
+_WORD_BEFORE = re.compile(r"\w+")
+_REBOUND_WORD = re.compile(r"(?<!\w)(\w+) = \Z")
+
+
+def _returns_moved(text: str) -> bool:
+    """A line of `text` spells a `.cuda(`/`.to(` after `return`, or `x = x.cuda(` (a name moved
+    and bound to itself). Scans for the move call and reads its line backwards from there."""
+    for match in _MOVE_CALL.finditer(text):
+        start = match.start()
+        line = text.rfind("\n", 0, start) + 1
+        if _RETURN_WORD.search(text, line, start):
+            return True
+        receiver = _WORD_BEFORE.match(text[start - 1:line - 1 if line else None:-1]) if start > line else None
+        if receiver is not None:
+            name = receiver.group(0)[::-1]
+            begin = start - len(name)
+            rebound = _REBOUND_WORD.search(text, line, begin)
+            if rebound is not None and rebound.group(1) == name:
+                return True
+    return False
 
 
 def has_mover_helpers(ctx) -> bool:
@@ -941,7 +962,7 @@ def has_mover_helpers(ctx) -> bool:
     found = ctx.shared.get("has_mover_helpers")
     if found is None:
         found = False
-        if _RETURNS_MOVED.search(ctx.source):
+        if _returns_moved(ctx.source):
             found = any(_returns_argument_moved(ctx, d, False) if isinstance(d, _FUNCTIONS) else any(
                 _returns_argument_moved(ctx, m, not any(dotted(x) == "staticmethod" for x in m.decorator_list))
                 for m in d.body if isinstance(m, _FUNCTIONS)) for d in _definitions(ctx).values())
@@ -960,7 +981,7 @@ def _module_has_movers(ctx, path: str) -> bool:
     file is unchanged, and only for a module whose text has such a line."""
     def movers(path: str) -> bool:
         text = read_text(path)
-        module = parsed(path) if text is not None and _RETURNS_MOVED.search(text) else None
+        module = parsed(path) if text is not None and _returns_moved(text) else None
         return module is not None and any(
             isinstance(d, _FUNCTIONS) and _returns_argument_moved(ctx, d, False) for d in module.body)
 
