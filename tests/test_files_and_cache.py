@@ -882,3 +882,54 @@ def test_a_module_an_importer_parsed_is_linted_from_that_tree_while_its_bytes_ar
     from matlint.engine import lint_source
     parsed_again = [(f.code, f.row, f.message) for f in lint_source(data.decode(), str(layers), rules)]
     assert from_tree == parsed_again and from_tree  # the same findings as from a fresh parse
+
+
+def test_a_helper_of_a_package_module_imported_as_a_module_is_read_where_it_is_called(tmp_path):
+    """`from vision.utils import box_utils`, then `box_utils.scalar(loss)` in the training loop:
+    the helper is read in box_utils.py, and its `.item()` waits on every step; given the loader's
+    host batch (`scale = box_utils.scalar(scale)`) it waits for nothing. In the loss module's
+    `forward` (run every training step) `labels` is a tensor because `F.cross_entropy` takes
+    `labels[mask]`, so `labels > 0` is a mask and indexing with it syncs."""
+    project = tmp_path / "proj"
+    write(project / "pyproject.toml", "[tool.matlint]\n")
+    write(project / "vision" / "__init__.py", "")
+    write(project / "vision" / "utils" / "__init__.py", "")
+    write(project / "vision" / "utils" / "box_utils.py", """
+def scalar(x):
+    return x.item()
+""")
+    write(project / "vision" / "nn" / "__init__.py", "")
+    write(project / "vision" / "nn" / "multibox_loss.py", """
+import torch.nn as nn
+import torch.nn.functional as F
+
+class MultiboxLoss(nn.Module):
+    def forward(self, confidence, locations, labels, gt_locations, mask):
+        classification = F.cross_entropy(confidence.reshape(-1, 21), labels[mask])
+        pos_mask = labels > 0
+        regression = F.smooth_l1_loss(locations[pos_mask, :], gt_locations[pos_mask, :])
+        return regression, classification
+""")
+    write(project / "train.py", """
+import torch
+from vision.nn.multibox_loss import MultiboxLoss
+from vision.utils import box_utils
+
+def train(loader, net, criterion, optimizer):
+    for images, boxes, labels, scale in loader:
+        scale = box_utils.scalar(scale)
+        images, boxes, labels = images.cuda(), boxes.cuda(), labels.cuda()
+        confidence, locations = net(images)
+        regression, classification = criterion(confidence, locations, labels, boxes, labels >= 0)
+        loss = regression + classification
+        optimizer.zero_grad()
+        loss.backward()
+        optimizer.step()
+        print(box_utils.scalar(loss) * scale)
+""")
+    found = sorted((Path(f["filename"]).name, f["location"]["row"], f["message"].split(" (its")[0].split(" waits")[0])
+                   for f in _report(project) if f["code"] == "MAT502")
+    assert found == [("box_utils.py", 3, "`.item()` of `x`"),
+                     ("multibox_loss.py", 9, "boolean-mask indexing of `locations` and `gt_locations`"),
+                     ("train.py", 16, "`box_utils.scalar()`, whose `.item()` on line 3 of vision/utils/box_utils.py "
+                                      "runs on every call,")], found

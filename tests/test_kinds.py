@@ -1166,3 +1166,16 @@ def test_the_mover_scan_finds_a_returned_or_rebound_move(text, moves):
     `return` on its line, or `x = x.cuda(`."""
     from matlint.rules.mat503_tensor_creation_in_loop.factories import _returns_moved
     assert _returns_moved(text) is moves
+
+
+def test_the_input_and_target_of_a_loss_function_are_tensors_and_so_is_what_a_target_indexes():
+    """`F.cross_entropy(out, labels[mask])` takes tensors only: `labels` is one (a comparison of
+    it makes a mask), and so is `y` of `F.mse_loss(pred, y)`."""
+    assert kinds("""
+        import torch.nn.functional as F
+        def loss_fn(out, labels, mask, pred, y):
+            loss = F.cross_entropy(out, labels[mask]) + F.mse_loss(pred, y)
+            reveal(labels)
+            reveal(labels > 0)
+            reveal(y)
+        """) == ["tensor", "tensor", "tensor"]

@@ -416,6 +416,11 @@ _LIST_EVIDENCE_METHODS = frozenset({"append", "extend", "insert", "pop", "remove
 # torch ops whose every positional operand is a tensor (not a number): `torch.matmul(a, b)`.
 _ALL_TENSOR_OPERANDS = frozenset({"matmul", "mm", "bmm", "mv", "einsum", "cdist", "baddbmm", "addmm",
                                   "masked_select", "index_select", "gather"})
+# Loss functions whose input and target (their first two arguments) are both tensors.
+_LOSS_OPERANDS = frozenset({"mse_loss", "l1_loss", "smooth_l1_loss", "huber_loss", "cross_entropy", "nll_loss",
+                            "binary_cross_entropy", "binary_cross_entropy_with_logits", "kl_div", "poisson_nll_loss",
+                            "soft_margin_loss", "multilabel_soft_margin_loss", "multilabel_margin_loss",
+                            "multi_margin_loss", "hinge_embedding_loss", "gaussian_nll_loss"})
 _NOT_TENSOR_FIRST_ARGUMENT = FACTORIES | frozenset({"from_numpy", "as_tensor", "asarray", "tensor", "save", "load",
                                                       "is_tensor", "numel", "manual_seed", "device", "cat", "stack",
                                                       "concat", "concatenate", "hstack", "vstack", "dstack",
@@ -500,14 +505,17 @@ def _collect_evidence(ctx, owner: ast.AST) -> dict:
             if module in _TENSOR_NAMESPACES and attr[:1].islower() and node.args:
                 if attr in _ALL_TENSOR_OPERANDS:
                     operands = node.args[1:] if attr == "einsum" else node.args
+                elif attr in _LOSS_OPERANDS:
+                    operands = node.args[:2]
                 elif attr in NOT_TENSOR_FUNCTIONS or attr in _NOT_TENSOR_FIRST_ARGUMENT:
                     operands = []
                 else:
                     operands = node.args[:1]
                 for operand in operands:
                     add(operand, TENSOR)
-                    if attr in _ALL_TENSOR_OPERANDS and operand.__class__ is ast.Subscript:
-                        add(operand.value, TENSOR)  # `torch.matmul(xs[i], ws[i])`: items of stacked tensors
+                    if (attr in _ALL_TENSOR_OPERANDS or attr in _LOSS_OPERANDS) and operand.__class__ is ast.Subscript:
+                        # `torch.matmul(xs[i], ws[i])`, `F.cross_entropy(out, labels[mask])`: items of tensors
+                        add(operand.value, TENSOR)
                 if attr in _JOINS and node.args[0].__class__ in (ast.List, ast.Tuple):
                     for item in node.args[0].elts:  # `torch.cat([sos, y], dim=0)`: tensors, each item
                         add(item, TENSOR)

@@ -544,8 +544,9 @@ def _imported_definition(ctx, func: ast.AST, kinds: tuple) -> Optional[tuple]:
         return _star_imported(ctx, func.id, table[_STARS], kinds)
     elif isinstance(func, ast.Attribute) and isinstance(func.value, ast.Name) and func.value.id in table:
         module, level, attr = table[func.value.id]
-        if attr is not None:
-            return None  # `from pkg import utils; utils.f(...)`: a module of a package, not followed
+        if attr is not None:  # `from ..utils import box_utils`, then `box_utils.f(...)`: a module of a package
+            submodule = resolve(ctx.filename, f"{module}.{attr}" if module else attr, level)
+            return _definition_in(submodule, func.attr, kinds, _RE_EXPORT_HOPS) if submodule else None
         attr = func.attr
     else:
         return None

@@ -864,7 +864,9 @@ class HostSyncInLoop(_StepLoops, _HostReads, Rule):
         None), where the step calls it on what may be device tensors."""
         if self._step_context() is None:
             return
-        kinds = [_kinds.kind_of(self.ctx, a) for a in call.args]
+        # what each name holds where it is passed (`scale = at.scalar(scale)` of a loader's host batch)
+        kinds = [_kinds.reaching_kind(self.ctx, a) if isinstance(a, ast.Name) else _kinds.kind_of(self.ctx, a)
+                 for a in call.args]
         if not kinds or _kinds.CPU_TENSOR in kinds or all(k in _kinds.NON_TENSORS for k in kinds):
             return  # host tensors, or no tensor at all (a name, a count): nothing to wait for
         where = "this file" if path is None else os.path.relpath(path, os.path.dirname(os.path.abspath(self.ctx.filename)))

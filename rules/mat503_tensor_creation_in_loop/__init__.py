@@ -23,7 +23,7 @@ from matlint.semantic.steps import derives_from_module, step_functions
 
 from .advice import (created_on_device, fill_message, numpy_message, range_message, repeated_message, sample_message,
                      sampler_input, sampler_message, sizes_message)
-from .factories import (FILLS, FROM_DATA, RANDOM, carried_from_branches, carried_from_helper, carried_to_move, constant_values, host_attribute, computed_number, device_target, exact_on_device,
+from .factories import (FILLS, FROM_DATA, JOINS, RANDOM, carried_from_branches, carried_from_helper, carried_through_join, carried_to_move, constant_values, host_attribute, computed_number, device_target, exact_on_device,
                         has_mover_helpers, helper_made, host_made, index_binding, INDEX_FACTORIES, NUMPY_INDEX_FACTORIES, NUMPY_INDEX_TRICKS, indexed_tensors, is_constant_data, moved_expression,
                         is_device, is_false, legacy_sizes, numpy_literal, one_value, range_data, repeated_number, round_trip_source, set_once_attribute,
                         same_values_on_device, takes_device,
@@ -81,7 +81,9 @@ class TensorCreationInLoop(Rule):
       conditional move (`z = torch.zeros(n)`, `if x.is_cuda: z = z.cuda()`, also `x, z = x.cuda(),
       z.cuda()`, then `z` read on either path), from either arm of an `if` (`if done: bit =
       torch.Tensor([0])` / `else: bit = torch.Tensor([1])`, then `bit.cuda()`: each arm is
-      reported), and past calls that fill an uninitialised allocation (`conf_t =
+      reported), through a join of tensors made on the host that go nowhere else (`ones =
+      torch.ones(b, n)`, `zeros = torch.zeros(b, n)`, `lbl = torch.cat((ones, zeros), 1)`, then
+      `lbl.cuda()`: each part is reported), and past calls that fill an uninitialised allocation (`conf_t =
       torch.LongTensor(num, priors)`, `match(..., conf_t)`, `conf_t = conf_t.cuda()`); or
       made and returned by a function of the file, also over several assignments there
       (`self._square_mask(len(src)).to(device)`, `self.label2onehot(torch.zeros(n),
@@ -108,7 +110,8 @@ class TensorCreationInLoop(Rule):
     - a constant copied from the host (`torch.tensor([0.5, 2.0], device=x.device)`,
       `torch.tensor(1.0).cuda()`, or an attribute of the module that only its set-up
       assigns and nothing changes in place: `torch.tensor(self.max_action).to(self.device)`,
-      also in a list, `torch.Tensor([self.gamma]).cuda()`, or
+      also in a list, `torch.Tensor([self.gamma]).cuda()`, or counted,
+      `torch.IntTensor([len(self.anchor_mask)]).to(self.device)`, or
       a name the module binds once at its top level to numbers or numpy of numbers, which no
       code of the file rebinds or changes: `torch.FloatTensor(QUANTS).cuda()` after `QUANTS =
       np.linspace(0, 1, N)`):
@@ -337,6 +340,11 @@ class TensorCreationInLoop(Rule):
             carried = carried_to_move(ctx, carrier)
             call = carried_from_helper(ctx, carrier) if carried is None else None
             made = helper_made(ctx, call) if call is not None else None
+            parts = carried_through_join(ctx, carrier) if carried is not None and carried[0][0] in JOINS else ()
+            if parts:  # `lbl = torch.cat((ones, zeros), 1)`, then `lbl.cuda()`: each part was made on the host
+                for made, made_at in parts:
+                    self._check_made(node, moved, made, made_at)
+                return
             if carried is not None:
                 factory, made_at = carried
             elif made is not None:  # `mask = causal_mask(n)`, then `mask.cuda()`

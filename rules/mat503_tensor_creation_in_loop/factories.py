@@ -23,9 +23,10 @@ FILLS = {"zeros", "ones", "full", "empty", "arange", "range", "eye", "linspace",
 SIZED_FACTORIES = {"zeros", "ones", "empty", "full", "rand", "randn", "randint", "randperm", "eye"}
 # Factories whose values come from the generator of the device they are created on.
 RANDOM = {"rand", "randn", "randint", "randperm", "normal", "bernoulli"}
-FROM_DATA = {"tensor", "as_tensor", "asarray", "Tensor", "FloatTensor", "LongTensor"}
-# Legacy constructors: `torch.Tensor(2, 4)` takes sizes (uninitialised memory), `torch.Tensor([2, 4])` data.
-LEGACY_CONSTRUCTORS = {"Tensor": "", "FloatTensor": "dtype=torch.float32, ", "LongTensor": "dtype=torch.long, "}
+FROM_DATA = {"tensor", "as_tensor", "asarray", "Tensor"} | _kinds.TYPED_TENSORS.keys()
+# Legacy constructors: `torch.Tensor(2, 4)` takes sizes (uninitialised memory), `torch.Tensor([2, 4])` data;
+# the typed ones (`torch.IntTensor`) make their dtype.
+LEGACY_CONSTRUCTORS = {"Tensor": "", **{name: f"dtype={dtype}, " for name, dtype in _kinds.TYPED_TENSORS.items()}}
 # Ops whose result lives where their input does (`torch.tril(torch.ones(T, T)).to(device)`).
 _SAME_DEVICE_FUNCTIONS = {"torch.tril", "torch.triu", "torch.autograd.Variable", "torch.autograd.variable.Variable"}
 _SAME_DEVICE_METHODS = {"tril", "triu", "bool", "float", "half", "bfloat16", "long", "int"}
@@ -379,9 +380,13 @@ def set_once_attribute(ctx, expr: ast.AST) -> bool:
 
 def constant_values(ctx, expr: ast.AST) -> bool:
     """Data that is the same on every pass: literals, a set-once attribute (`set_once_attribute`),
-    a module constant (`module_constant`), or a list or tuple of them (`[self.gamma]`)."""
+    a module constant (`module_constant`), the `len()` of one (`len(self.anchor_mask)`), or a
+    list or tuple of them (`[self.gamma]`)."""
     if is_constant_data(expr) or set_once_attribute(ctx, expr) or module_constant(ctx, expr):
         return True
+    if isinstance(expr, ast.Call) and isinstance(expr.func, ast.Name) and expr.func.id == "len" \
+            and len(expr.args) == 1 and not expr.keywords and not ctx.names.binds_locally("len"):
+        return constant_values(ctx, expr.args[0])
     return isinstance(expr, (ast.List, ast.Tuple)) and bool(expr.elts) and all(
         constant_values(ctx, e) for e in expr.elts)
 
@@ -619,6 +624,40 @@ def carried_from_branches(ctx, name: ast.Name) -> list:
             return []
         made = host_made(ctx, assign.value)
         if made is None or not _carried_at_depth(ctx, flow, assign, name, None):
+            return []
+        found.append((made, made[1]))
+    return found
+
+
+# Factories that join tensors made before them.
+JOINS = frozenset({"cat", "concat", "concatenate", "stack", "hstack", "vstack"})
+
+
+def carried_through_join(ctx, name: ast.Name) -> list:
+    """[(factory, its call)], one per part, when the one assignment that reaches this move of
+    `name` joins tensors (`lbl = torch.cat((lbl_1, lbl_2), 1)`, then `lbl.cuda()`), each part a
+    name that an assignment at the move's loop depth made on the host and that goes only into the
+    join (`lbl_1 = torch.ones(b, n)`), and the joined value only goes on to the copy. Empty
+    otherwise."""
+    flow = flow_of(ctx, ctx.scope)
+    assign = flow.reaching(name)
+    if assign is None or len(assign.targets) != 1 or not isinstance(assign.targets[0], ast.Name):
+        return []
+    join = assign.value
+    if not (isinstance(join, ast.Call) and join.args and isinstance(join.args[0], (ast.Tuple, ast.List))
+            and ctx.qualname(join.func) in {f"torch.{name}" for name in JOINS}) \
+            or not _carried_at_depth(ctx, flow, assign, name, None):
+        return []
+    found = []
+    for part in join.args[0].elts:
+        made = None
+        if isinstance(part, ast.Name):
+            made_by = flow.reaching(part)
+            if made_by is not None and len(made_by.targets) == 1 and isinstance(made_by.targets[0], ast.Name) \
+                    and flow.loops_around(made_by) == flow.loops_around(name) \
+                    and all(any(use is sub for sub in ast.walk(join)) for use in flow.uses(made_by)):
+                made = host_made(ctx, made_by.value)
+        if made is None:
             return []
         found.append((made, made[1]))
     return found
