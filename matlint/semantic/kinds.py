@@ -430,7 +430,7 @@ _NOT_TENSOR_FIRST_ARGUMENT = FACTORIES | frozenset({"from_numpy", "as_tensor", "
 
 _CONTAINER_DISPLAYS = (ast.List, ast.Tuple, ast.Dict, ast.Set, ast.ListComp, ast.DictComp, ast.SetComp)
 # torch ops that join a sequence of tensors: the items of a list they are given are tensors.
-_JOINS = frozenset({"cat", "stack", "concat", "concatenate", "hstack", "vstack", "dstack", "column_stack"})
+JOINS = frozenset({"cat", "stack", "concat", "concatenate", "hstack", "vstack", "dstack", "column_stack"})
 
 
 def scope_evidence(ctx, scope: "ScopeKinds") -> dict:
@@ -516,7 +516,7 @@ def _collect_evidence(ctx, owner: ast.AST) -> dict:
                     if (attr in _ALL_TENSOR_OPERANDS or attr in _LOSS_OPERANDS) and operand.__class__ is ast.Subscript:
                         # `torch.matmul(xs[i], ws[i])`, `F.cross_entropy(out, labels[mask])`: items of tensors
                         add(operand.value, TENSOR)
-                if attr in _JOINS and node.args[0].__class__ in (ast.List, ast.Tuple):
+                if attr in JOINS and node.args[0].__class__ in (ast.List, ast.Tuple):
                     for item in node.args[0].elts:  # `torch.cat([sos, y], dim=0)`: tensors, each item
                         add(item, TENSOR)
             elif module in ("numpy", "np") and node.args:

@@ -15,7 +15,7 @@ from typing import Optional
 from matlint.diagnostics import Fix
 from matlint.rule import Only, Rule
 
-from matlint.semantic.kinds import (MODULE_CLASS, TENSOR, TYPED_TENSORS, class_attribute_values, cuda_tensor_type, kind_of,
+from matlint.semantic.kinds import (JOINS, MODULE_CLASS, TENSOR, TYPED_TENSORS, class_attribute_values, cuda_tensor_type, kind_of,
                                     module_output)
 from matlint.semantic.project import moves_work_to_cuda
 from matlint.semantic.names import TESTS
@@ -23,7 +23,7 @@ from matlint.semantic.steps import derives_from_module, step_functions
 
 from .advice import (created_on_device, fill_message, numpy_message, range_message, repeated_message, sample_message,
                      sampler_input, sampler_message, sizes_message)
-from .factories import (FILLS, FROM_DATA, JOINS, RANDOM, carried_from_branches, carried_from_helper, carried_through_join, carried_to_move, constant_values, host_attribute, computed_number, device_target, exact_on_device,
+from .factories import (FILLS, FROM_DATA, RANDOM, carried_from_branches, carried_from_helper, carried_through_join, carried_to_move, constant_values, host_attribute, computed_number, device_target, exact_on_device,
                         has_mover_helpers, helper_made, host_made, index_binding, INDEX_FACTORIES, NUMPY_INDEX_FACTORIES, NUMPY_INDEX_TRICKS, indexed_tensors, is_constant_data, moved_expression,
                         is_device, is_false, legacy_sizes, numpy_literal, one_value, range_data, repeated_number, round_trip_source, set_once_attribute,
                         same_values_on_device, takes_device,

@@ -51,7 +51,7 @@ _EXACT_MAKING_FUNCTIONS = {"torch.clamp", "torch.clip"}
 # device than the move's (`type_as(y)` goes to y's): the `device=` fix is not safe through them.
 _UNSAFE_METHODS = {"uniform_", "normal_", "random_", "type_as", "type"}
 # torch functions that join tensors: the result is made on the host when every part is.
-_JOINS = {"torch.cat", "torch.stack"}
+_JOINS = {f"torch.{name}" for name in _kinds.JOINS}
 
 
 def same_values_on_device(name: str, call: ast.Call) -> bool:
@@ -629,10 +629,6 @@ def carried_from_branches(ctx, name: ast.Name) -> list:
     return found
 
 
-# Factories that join tensors made before them.
-JOINS = frozenset({"cat", "concat", "concatenate", "stack", "hstack", "vstack"})
-
-
 def carried_through_join(ctx, name: ast.Name) -> list:
     """[(factory, its call)], one per part, when the one assignment that reaches this move of
     `name` joins tensors (`lbl = torch.cat((lbl_1, lbl_2), 1)`, then `lbl.cuda()`), each part a
@@ -644,12 +640,11 @@ def carried_through_join(ctx, name: ast.Name) -> list:
     if assign is None or len(assign.targets) != 1 or not isinstance(assign.targets[0], ast.Name):
         return []
     join = assign.value
-    if not (isinstance(join, ast.Call) and join.args and isinstance(join.args[0], (ast.Tuple, ast.List))
-            and ctx.qualname(join.func) in {f"torch.{name}" for name in JOINS}) \
-            or not _carried_at_depth(ctx, flow, assign, name, None):
+    parts = _joined(join.args[0]) if isinstance(join, ast.Call) and join.args and ctx.qualname(join.func) in _JOINS else []
+    if not parts or not _carried_at_depth(ctx, flow, assign, name, None):
         return []
     found = []
-    for part in join.args[0].elts:
+    for part in parts:
         made = None
         if isinstance(part, ast.Name):
             made_by = flow.reaching(part)
