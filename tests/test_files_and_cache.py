@@ -254,8 +254,9 @@ def test_an_evaluation_script_calling_a_metric_that_copies_a_tensor_it_is_given_
     metrics.py's `iou_score`, whose `.cpu()` runs under `if torch.is_tensor(output):`: on every
     call that passes a tensor, which this loop does. `dice` copies only under a test of a value
     (`if threshold > 0.5:`), which not every call runs."""
-    write(tmp_path / "pyproject.toml", "[tool.matlint]\n")
-    write(tmp_path / "val.py", """
+    project = tmp_path / "proj"  # its own folder: the importers of a module are read from the folders around it
+    write(project / "pyproject.toml", "[tool.matlint]\n")
+    write(project / "val.py", """
 import torch
 from metrics import iou_score, dice
 
@@ -269,7 +270,7 @@ def validate(model, loader):
             scores.append(dice(out, y, 0.7))
     return scores
 """)
-    write(tmp_path / "metrics.py", """
+    write(project / "metrics.py", """
 import torch
 
 def iou_score(output, target):
@@ -286,7 +287,7 @@ def dice(output, target, threshold):
     return output
 """)
     found = sorted((Path(f["filename"]).name, f["location"]["row"], f["message"].split(" waits")[0])
-                   for f in _report(tmp_path) if f["code"] == "MAT502")
+                   for f in _report(project) if f["code"] == "MAT502")
     assert found == [("metrics.py", 6, "`.cpu()` of `torch.sigmoid(output).data`"),
                      ("metrics.py", 8, "`.cpu()` of `target.data`"),
                      ("val.py", 11, "`iou_score()`, whose `.cpu()` on line 6 of metrics.py runs on every call,")], found
