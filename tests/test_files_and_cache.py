@@ -863,7 +863,7 @@ def decode(bxy, num_anchors, W):
 def test_a_module_an_importer_parsed_is_linted_from_that_tree_while_its_bytes_are_the_same(tmp_path):
     """`from layers import *` in model.py makes the analysis parse layers.py; linting layers.py
     next takes that tree instead of parsing the file again, and only for the same bytes."""
-    from matlint.engine import lint_bytes
+    from matlint.engine import lint_bytes, lint_source
     from matlint.registry import all_rules
     from matlint.semantic import project
 
@@ -880,7 +880,6 @@ def test_a_module_an_importer_parsed_is_linted_from_that_tree_while_its_bytes_ar
     assert project.parsed_from(str(layers), data + b"\n") is None  # not the bytes that tree was read from
     assert project.parsed_from(str(tmp_path / "model.py"), (tmp_path / "model.py").read_bytes()) is None
     from_tree = [(f.code, f.row, f.message) for f in lint_bytes(data, str(layers), rules)]
-    from matlint.engine import lint_source
     parsed_again = [(f.code, f.row, f.message) for f in lint_source(data.decode(), str(layers), rules)]
     assert from_tree == parsed_again and from_tree  # the same findings as from a fresh parse
 
