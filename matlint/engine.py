@@ -455,6 +455,11 @@ DEEP_TREE_RECURSION_FACTOR = 12
 def lint_tree(tree: ast.Module, source: str, filename: str, rule_classes, rule_options=None) -> list:
     """Run the rules over an already parsed tree (the flake8 plugin hands us its own)."""
     rule_options = rule_options or {}
+    with project.files_unchanged():  # the project's files, looked up once for this file
+        return _lint_tree(tree, source, filename, rule_classes, rule_options)
+
+
+def _lint_tree(tree: ast.Module, source: str, filename: str, rule_classes, rule_options: dict) -> list:
     try:
         return _run_rules(tree, source, filename, rule_classes, rule_options)
     except RecursionError:

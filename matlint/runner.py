@@ -17,7 +17,7 @@ from typing import Callable, Optional
 
 from . import engine, notebook
 from .cache import Cache
-from .semantic.project import project_dependencies
+from .semantic.project import files_unchanged, project_dependencies
 from .diagnostics import Finding
 from .files import unreadable
 from .registry import rules_fingerprint
@@ -43,6 +43,11 @@ def finalize(findings: list, path: str, settings) -> list:
 def lint_path(path: str, settings, cache: Optional[Cache]) -> tuple:
     """Findings for one file, before per-file-ignores, and its stat taken before it was read (what
     a cache may store them under; None without a cache, or where the file could not be read)."""
+    with files_unchanged():  # the project's files, looked up once for the key and the lint
+        return _lint_path(path, settings, cache)
+
+
+def _lint_path(path: str, settings, cache: Optional[Cache]) -> tuple:
     entry = stat = None
     if cache:
         stat = cache.stat(path)  # before the read: a write after it makes the next run look again

@@ -660,6 +660,20 @@ def test_a_module_imported_by_name_from_its_package_has_that_importer(tmp_path):
     assert [os.path.relpath(p, tmp_path) for p in importers(str(tmp_path / "pkg" / "utils.py"))] == ["main.py"]
 
 
+def test_one_lint_looks_the_project_up_once_and_the_next_sees_a_module_added_since(tmp_path):
+    """While `files_unchanged` is open (the lint of one file) a module found missing stays
+    missing; once it closes, the next lookup finds the module added in between."""
+    from matlint.semantic.project import files_unchanged, resolve
+
+    write(tmp_path / "train.py", "from utils import accuracy\n")
+    train = str(tmp_path / "train.py")
+    with files_unchanged():
+        assert resolve(train, "utils", 0) is None
+        write(tmp_path / "utils.py", "def accuracy(x):\n    return x\n")
+        assert resolve(train, "utils", 0) is None
+    assert resolve(train, "utils", 0) == str(tmp_path / "utils.py")
+
+
 def test_a_module_of_a_folder_beside_the_importer_is_read_where_one_folder_holds_it(tmp_path):
     """`src/solver/solver.py` imports `loss`, which `src/transformer/loss.py` is (the project puts
     its folders on `sys.path`); a name two folders hold is not guessed at."""

@@ -11,6 +11,9 @@ from __future__ import annotations
 import ast
 import os
 import re
+import stat
+import threading
+from contextlib import contextmanager
 from typing import Optional
 
 from .tree import is_main_guard
@@ -19,12 +22,48 @@ _LEVELS_UP = 2  # `src/train.py` importing `utils` from `src/`, `src/..` or `src
 _PLAIN_IMPORT = re.compile(r"^[ \t]*import[ \t]+([\w., \t]+)", re.M)
 _FROM_IMPORT = re.compile(r"^[ \t]*from[ \t]+(\.*)([\w.]*)[ \t]+import[ \t]*(\([^)]*\)|[^\n#;]*)", re.M)
 _PARSED: dict = {}  # path -> (size, mtime_ns, tree or None)
+_SNAPSHOT = threading.local()  # `.paths` while `files_unchanged()` is open: path -> its stat (None: none)
+
+
+@contextmanager
+def files_unchanged():
+    """The project's files are taken as they are when it opens, while it stays open (the lint of
+    one file, its cache key included): each path is looked up once (whether a file is there, and
+    its size and modification time), however many imports and importers ask. Nested: the
+    outermost one holds. One per thread."""
+    if getattr(_SNAPSHOT, "paths", None) is not None:
+        yield
+        return
+    _SNAPSHOT.paths = {}
+    try:
+        yield
+    finally:
+        _SNAPSHOT.paths = None
+
+
+def _stat(path: str) -> Optional[os.stat_result]:
+    """`os.stat(path)`, None where there is nothing to read; once per path in `files_unchanged`."""
+    seen = getattr(_SNAPSHOT, "paths", None)
+    if seen is not None and path in seen:
+        return seen[path]
+    try:
+        found = os.stat(path)
+    except (OSError, ValueError):
+        found = None
+    if seen is not None:
+        seen[path] = found
+    return found
+
+
+def _is_file(path: str) -> bool:
+    found = _stat(path)
+    return found is not None and stat.S_ISREG(found.st_mode)
 
 
 def resolve(filename: str, module: str, level: int) -> Optional[str]:
     """The project file `module` names from `filename` (`level`: the leading dots of a relative
     import), or None (an installed package, the standard library, not found)."""
-    if not filename or not os.path.isfile(filename):
+    if not filename or not _is_file(filename):
         return None
     here = os.path.dirname(os.path.abspath(filename))
     parts = [p for p in module.split(".") if p]
@@ -39,7 +78,7 @@ def resolve(filename: str, module: str, level: int) -> Optional[str]:
     for base in bases:
         stem = os.path.join(base, *parts) if parts else base
         for candidate in (stem + ".py", os.path.join(stem, "__init__.py")):
-            if os.path.isfile(candidate) and os.path.abspath(candidate) != os.path.abspath(filename):
+            if _is_file(candidate) and os.path.abspath(candidate) != os.path.abspath(filename):
                 return candidate
     if not level and len(parts) == 1:
         return _in_sibling_folder(here, parts[0])
@@ -132,7 +171,7 @@ def project_dependencies(source: str, filename: str) -> list:
     a file that names no device runs). For such a step, also its folder: a script added beside
     it may be the one that moves it to the device."""
     found = set(imported_paths(source, filename)) | set(importers(filename))
-    if steps_without_device(source) and filename and os.path.isfile(filename):
+    if steps_without_device(source) and filename and _is_file(filename):
         found.add(os.path.dirname(os.path.abspath(filename)))
     return sorted(found)
 
@@ -220,7 +259,7 @@ def imported_by_training_code(ctx) -> bool:
 def _training_program_nearby(filename: str) -> bool:
     """Some Python file where an importer of `filename` would sit (`importers`) is a program that
     trains on a CUDA device: the cheap test, before working out which files import which."""
-    if not filename or not os.path.isfile(filename):
+    if not filename or not _is_file(filename):
         return False
     files = _nearby_python_files(os.path.dirname(os.path.abspath(filename)))
     if not files:
@@ -287,9 +326,8 @@ def while_unchanged(cache: dict, path: str, compute, missing=None):
     """`compute(path)`, worked out once per process while the file at `path` keeps its size and
     modification time (kept in `cache`, path -> (size, mtime_ns, value)); `missing` where the
     file cannot be read."""
-    try:
-        st = os.stat(path)
-    except OSError:
+    st = _stat(path)
+    if st is None:
         return missing
     cached = cache.get(path)
     if cached is not None and cached[:2] == (st.st_size, st.st_mtime_ns):
@@ -320,7 +358,7 @@ def importers(filename: str, most: int = None) -> list:
     and those beside the folders `_LEVELS_UP` above it, where a script that imports it sits
     (none where there are more than `_IMPORTERS_FILES` of them, or more than `most`). Worked out
     once per process while no such file changes."""
-    if not filename or not os.path.isfile(filename):
+    if not filename or not _is_file(filename):
         return []
     target = os.path.abspath(filename)
     files = _nearby_python_files(os.path.dirname(target))
@@ -376,7 +414,7 @@ def in_script_project(ctx) -> bool:
 def project_size(filename: str) -> Optional[int]:
     """How many Python files lie where the files that import `filename` would (`importers`);
     None past `_IMPORTERS_FILES` (a library's tree)."""
-    if not filename or not os.path.isfile(filename):
+    if not filename or not _is_file(filename):
         return None
     files = _nearby_python_files(os.path.dirname(os.path.abspath(filename)))
     return None if files is None else len(files)
@@ -440,14 +478,12 @@ def _python_files_in(folder: str, folders: list) -> list:
         names = sorted(os.listdir(folder))
     except OSError:
         return []
-    return [os.path.join(folder, n) for n in names if n.endswith(".py") and os.path.isfile(os.path.join(folder, n))]
+    return [os.path.join(folder, n) for n in names if n.endswith(".py") and _is_file(os.path.join(folder, n))]
 
 
 def _mtime(path: str) -> int:
-    try:
-        return os.stat(path).st_mtime_ns
-    except OSError:
-        return 0
+    found = _stat(path)
+    return found.st_mtime_ns if found is not None else 0
 
 
 def _from_imports(source: str):
@@ -466,13 +502,8 @@ def _re_export_sources(init: str, names, hops: int) -> set:
     through re-exporting packages up to `hops` times."""
     if hops <= 0:
         return set()
-    try:
-        with open(init, encoding="utf-8", errors="replace") as handle:
-            text = handle.read()
-    except OSError:
-        return set()
     found = set()
-    for dots, module, exported in _from_imports(text):
+    for dots, module, exported in while_unchanged(_INIT_IMPORTS, init, _from_import_lines, ()):
         shared = names if exported is None else (exported if names is None else exported & names)
         if shared is not None and not shared:
             continue
@@ -483,6 +514,14 @@ def _re_export_sources(init: str, names, hops: int) -> set:
         if os.path.basename(path) == "__init__.py":
             found |= _re_export_sources(path, shared, hops - 1)
     return found
+
+
+def _from_import_lines(path: str) -> list:
+    text = read_text(path)
+    return list(_from_imports(text)) if text is not None else []
+
+
+_INIT_IMPORTS: dict = {}  # path -> (size, mtime_ns, its `_from_imports`)
 
 
 def parsed(path: str) -> Optional[ast.Module]:
@@ -601,9 +640,8 @@ def _definition_in(path: Optional[str], name: str, kinds: tuple, hops: int) -> O
 
 def _mentions(path: str, word: str) -> bool:
     """The file's text holds `word` (read once per process while the file is unchanged)."""
-    try:
-        st = os.stat(path)
-    except OSError:
+    st = _stat(path)
+    if st is None:
         return False
     key = (path, word)
     cached = _MENTIONS.get(key)
