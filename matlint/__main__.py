@@ -1,6 +1,4 @@
 """`python -m matlint` runs the command line."""
-import sys
+from matlint.cli import run
 
-from matlint.cli import main
-
-sys.exit(main())
+run()

@@ -84,7 +84,7 @@ def test_wheel_metadata_keeps_torch_in_the_guard_extra(wheel):
 
 def test_wheel_entry_points(wheel):
     entry_points = _dist_info(wheel, "entry_points.txt")
-    assert "matlint = matlint.cli:main" in entry_points
+    assert "matlint = matlint.cli:run" in entry_points
     assert "MAT = matlint.flake8_plugin:MatlintFlake8" in entry_points
 
 
