@@ -169,6 +169,25 @@ def _free_cached_memory() -> None:
         torch.cuda.empty_cache()
 
 
+def launch_ms(device: str) -> float:
+    """Host time to issue one small kernel on `device` (a bf16 cast of a few elements), median of
+    200 issued back to back; measured once per process."""
+    def compute() -> float:
+        x = torch.ones(8, device=device)
+        for _ in range(20):
+            x.to(torch.bfloat16)
+        _sync(device)
+        times = []
+        for _ in range(200):
+            start = perf_counter()
+            x.to(torch.bfloat16)
+            times.append(perf_counter() - start)
+        _sync(device)
+        return sorted(times)[len(times) // 2] * 1e3
+
+    return cached(("launch", device), compute)
+
+
 def estimate(findings, budget_s: float = 3.0, on_error=None, step_ms: float | None = None,
              gpu_wait_ms: float | None = None) -> None:
     """Fill `estimated_savings_ms` and evidence["estimate_method"] where an estimator applies, with
@@ -176,7 +195,10 @@ def estimate(findings, budget_s: float = 3.0, on_error=None, step_ms: float | No
     estimate and its interval are capped by the measured step time `step_ms` (a fix cannot save
     more than the step), and a fix that only shortens kernels (an estimator registered `kernel_time_only`) by
     `gpu_wait_ms`, how long the host waited for the GPU once it had issued a step: the host's own
-    time stays. A capped estimate is not reliable, but it is the better estimate.
+    time stays. Where that cap binds, the host bounds the step, and each kernel the fix adds (a
+    spec's `added_launches` per step: autocast's casts) lengthens it by the host time of issuing
+    one (`launch_ms`): that is taken off, and a fix that makes the step slower saves 0. A capped
+    estimate is not reliable, but it is the better estimate.
 
     An estimate that runs out of memory is skipped (its finding says so) and the others are
     still made; any other failure of an estimator is also passed to `on_error`, as the guard's
@@ -220,6 +242,11 @@ def estimate(findings, budget_s: float = 3.0, on_error=None, step_ms: float | No
                     f.evidence["estimate_capped_at_gpu_wait_ms"] = round(gpu_wait_ms, 4)
                     saved, lo, hi = gpu_wait_ms, min(lo, gpu_wait_ms), min(hi, gpu_wait_ms)
                     capped = True
+                    launches = getattr(spec, "added_launches", 0)
+                    if launches:
+                        added = launches * launch_ms("cuda" if torch.cuda.is_available() else "cpu")
+                        f.evidence["estimate_less_added_launches_ms"] = round(added, 4)
+                        saved, lo, hi = saved - added, lo - added, hi - added
                 shown = round(max(saved, 0.0), 4)
                 if step_ms is not None and shown > step_ms:  # rounding lifted it over the step: round down
                     shown = math.floor(max(saved, 0.0) * 1e4) / 1e4

@@ -265,6 +265,7 @@ def test_fp32_gemms_on_tensor_cores_without_tf32():
     [f] = [f for f in run_checks(rec, ctx=hopper) if f.code == "MAT401"]
     assert f.evidence["per_step"] == 5  # two forward; backward: dW twice, dX once (x needs no grad)
     assert f.evidence["phase"] == "forward+backward"
+    assert f.extra["estimate"].added_launches == 4  # autocast casts each forward GEMM's input and weight
     assert not [f for f in run_checks(rec, ctx=DeviceContext("cuda", (9, 0), tf32=True)) if f.code == "MAT401"]
     assert not [f for f in run_checks(rec, ctx=DeviceContext("cuda", (7, 5))) if f.code == "MAT401"]
     # under autocast the GEMMs run in bf16 and the check stays quiet

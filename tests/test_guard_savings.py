@@ -169,6 +169,31 @@ def test_a_kernel_time_only_saving_is_capped_by_how_long_the_host_waited_for_the
     assert loop.estimated_savings_ms == 6.0 and "estimate_capped_at_gpu_wait_ms" not in loop.evidence
 
 
+def test_where_the_host_bounds_the_step_the_casts_a_fix_adds_are_taken_off(monkeypatch):
+    """A host-bound step (the GPU-wait cap binds) is lengthened by every kernel the fix adds: 40
+    casts at 0.01 ms each take 0.4 ms off a 2 ms cap; 400 make the step slower, which saves 0
+    and is negligible. Where the GPU bounds the step, the casts hide behind it."""
+    from matlint.runtime_guard.checks import negligible
+
+    _inject(monkeypatch, "bf16", lambda spec, budget: ((27.0, 25.0, 29.0, 100), "injected"))
+    monkeypatch.setattr(savings, "launch_ms", lambda device: 0.01)
+    few, many, gpu_bound = (_finding_with_spec("MAT401", "bf16") for _ in range(3))
+    few.extra["estimate"].added_launches = 40
+    many.extra["estimate"].added_launches = 400
+    gpu_bound.extra["estimate"].added_launches = 400
+    savings.estimate([few, many], step_ms=60.0, gpu_wait_ms=2.0)
+    assert few.estimated_savings_ms == 1.6 and few.evidence["estimate_less_added_launches_ms"] == 0.4
+    assert few.evidence["estimate_interval_ms"] == [1.6, 1.6]
+    assert many.estimated_savings_ms == 0.0 and negligible(many, step_ms=60.0)
+    savings.estimate([gpu_bound], step_ms=60.0, gpu_wait_ms=40.0)
+    assert gpu_bound.estimated_savings_ms == 27.0 and "estimate_less_added_launches_ms" not in gpu_bound.evidence
+
+
+def test_the_host_time_of_one_launch_is_measured_once_and_small():
+    first = savings.launch_ms("cpu")
+    assert 0 < first < 1.0 and savings.launch_ms("cpu") == first
+
+
 def test_mat401_is_negligible_where_the_host_bounds_the_step():
     from matlint.runtime_guard.checks import negligible
 

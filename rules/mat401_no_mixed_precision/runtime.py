@@ -30,6 +30,7 @@ class Bf16Gemm(NamedTuple):
 class Bf16Estimate(NamedTuple):
     kind: str            # "bf16"
     gemms: list          # [Bf16Gemm]: the fp32 GEMMs, timed against bf16 ones
+    added_launches: int  # the casts autocast adds per step, at least: two per forward GEMM (input, weight)
 
 
 def _not_reported(gpu_wait_ms, step_ms) -> str:
@@ -85,7 +86,8 @@ def check_precision(rec, steps, ctx):
     if kshare is not None:
         ev["share_of_kernel_time"] = round(kshare, 4)
     gemms = [Bf16Gemm(k.op, k.sig, s.count / steps) for k, s in plain]
-    yield finding("MAT401", top_site, msg, ev, Bf16Estimate("bf16", gemms))
+    casts = round(2 * sum(s.count for k, s in plain if not k.backward) / steps)
+    yield finding("MAT401", top_site, msg, ev, Bf16Estimate("bf16", gemms, casts))
 
 
 def _replay_gemm(op: str, sig, dtype, inputs: savings.Inputs):
