@@ -306,15 +306,7 @@ def file_moves_to_cuda(path: str) -> bool:
 def file_runs_backward(path: str) -> bool:
     """The project file at `path` spells a backward pass (`.backward(`): a function of it may be a
     training step. Read once per process while the file is unchanged."""
-    return while_unchanged(_RUNS_BACKWARD, path, _runs_backward_in, False)
-
-
-def _runs_backward_in(path: str) -> bool:
-    text = read_text(path)
-    return text is not None and ".backward(" in text
-
-
-_RUNS_BACKWARD: dict = {}
+    return _mentions(path, ".backward(")
 
 
 def _names_cuda_work_in(path: str) -> bool:
@@ -640,23 +632,18 @@ def _definition_in(path: Optional[str], name: str, kinds: tuple, hops: int) -> O
 
 def _mentions(path: str, word: str) -> bool:
     """The file's text holds `word` (read once per process while the file is unchanged)."""
-    st = _stat(path)
-    if st is None:
-        return False
-    key = (path, word)
-    cached = _MENTIONS.get(key)
-    if cached is not None and cached[:2] == (st.st_size, st.st_mtime_ns):
-        return cached[2]
+    return while_unchanged(_MENTIONS.setdefault(word, {}), path, lambda p: _holds(p, word), False)
+
+
+def _holds(path: str, word: str) -> bool:
     try:
         with open(path, "rb") as handle:
-            found = word.encode() in handle.read()
+            return word.encode() in handle.read()
     except OSError:
-        found = False
-    _MENTIONS[key] = (st.st_size, st.st_mtime_ns, found)
-    return found
+        return False
 
 
-_MENTIONS: dict = {}  # (path, word) -> (size, mtime_ns, whether the text holds it)
+_MENTIONS: dict = {}  # word -> {path: (size, mtime_ns, whether the text holds it)}
 
 
 def imported_definitions(ctx, mentioning: tuple) -> list:
