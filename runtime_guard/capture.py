@@ -58,6 +58,12 @@ SOFTMAX_OPS = frozenset({"_softmax", "softmax", "_safe_softmax"})
 DROPOUT_OPS = frozenset({"native_dropout", "dropout"})
 COPY_OPS = frozenset({"_to_copy", "copy_"})
 ZERO_OPS = frozenset({"zeros", "zeros_like", "new_zeros", "zero_"})  # make a tensor of zeros (not a mask)
+# The arithmetic of the tanh approximation of GELU, followed as polynomials of one tensor
+# (Recorder._gelu_step), and its constants: tanh(sqrt(2 / pi) * (x + 0.044715 * x ** 3)).
+POLYNOMIAL_OPS = frozenset({"pow", "mul", "mul_", "add", "add_", "sub", "sub_", "rsub", "div", "div_", "neg",
+                            "tanh", "tanh_"})
+GELU_TANH_SCALE = math.sqrt(2.0 / math.pi)
+GELU_TANH_CUBIC = 0.044715
 # Ops that read only their input's shape (F.dropout's mask on CPU is empty_like(P)): not a use of it
 # Ops that hand a tensor's value to the host (`.item()`, `int(t)`, a slice bound `x[i:i + n]`); a copy
 # from the device to the host is one too.
@@ -208,20 +214,23 @@ def tensor_sig(t: torch.Tensor) -> tuple:
 
 
 def _picked(a: Tensor) -> bool:
-    """A single element picked out of a larger tensor (`x[i]`, `x[i, j]`)."""
-    return a.dim() <= 1 and a.numel() == 1 and a._base is not None and a._base.numel() > 1
+    """An item picked out of a larger tensor by an index: an element or a row (`x[i]`, `x[i, j]`,
+    `x[:, t]`: a view with fewer dims and fewer elements than its base, or one element of it)."""
+    base = a._base
+    return base is not None and a.numel() < base.numel() and (
+        a.dim() < base.dim() or (a.dim() <= 1 and a.numel() == 1))
 
 
-def args_sig(args, full: bool = True, elements=None) -> tuple:
-    """Per tensor argument (shape, stride, dtype), (shape, None, None) unless `full`, and for a
-    single element picked out of a larger tensor (`x[i]`), or a value computed only from such
-    elements (tagged in `elements`), (shape, None, None, True); per tensor list, (its length,)."""
+def args_sig(args, full: bool = True, items=None) -> tuple:
+    """Per tensor argument (shape, stride, dtype), (shape, None, None) unless `full`, and for an
+    item picked out of a larger tensor (`x[i]`, see _picked), or a value computed only from such
+    items (tagged in `items`), (shape, None, None, True); per tensor list, (its length,)."""
     sig = []
     for a in args:
         if isinstance(a, torch.Tensor):
             if full:
                 sig.append((a.shape, a.stride(), a.dtype))
-            elif _picked(a) or (elements is not None and elements.get(a) is not None):
+            elif _picked(a) or (items is not None and items.get(a) is not None):
                 sig.append((a.shape, None, None, True))
             else:
                 sig.append((a.shape, None, None))
@@ -400,6 +409,9 @@ class Recording:
     # (copy's site, module, shape, stride, dtype, GEMM's site) -> count: a copy the user made of a
     # non-contiguous tensor (`.contiguous()`, `.clone()`) on one line, read by a GEMM on another
     explicit_copies: dict = field(default_factory=dict)
+    # (tanh's site, module, shape, x's dtype, autograd records it, in an autocast region) -> count: a tanh of
+    # `c * (x + 0.044715 * x ** 3)`, the tanh approximation of GELU written out (Recorder._gelu_step)
+    tanh_gelu: dict = field(default_factory=dict)
     chained_gemm_sites: set = field(default_factory=set)
     # (site, module, host origin, shape, dtype, device type) -> Upload: a tensor the step made on the
     # host (Recorder._host) copied to a device by `.to()` or `.cuda()`
@@ -440,6 +452,8 @@ class Recording:
             self.layout_copies[key] = self.layout_copies.get(key, 0) + n
         for key, n in other.explicit_copies.items():
             self.explicit_copies[key] = self.explicit_copies.get(key, 0) + n
+        for key, n in other.tanh_gelu.items():
+            self.tanh_gelu[key] = self.tanh_gelu.get(key, 0) + n
         for key, upload in other.uploads.items():
             mine = self.uploads.get(key)
             if mine is None:
@@ -472,7 +486,7 @@ class Recording:
             stat.compiled *= factor
             stat.launches *= factor
             stat.kernel_us *= factor
-        for counts in (self.layout_copies, self.explicit_copies, self.host_round_trips, self.syncs):
+        for counts in (self.layout_copies, self.explicit_copies, self.tanh_gelu, self.host_round_trips, self.syncs):
             for key in counts:
                 counts[key] *= factor
         for stat in self.attention.values():
@@ -644,9 +658,12 @@ class Recorder:
         # tensor -> True: the output of a permute or transpose (of 3+ dims) that the user's own line wrote,
         # not one torch made inside a layer (a batch_first RNN's)
         self._user_permuted = _Tags()
-        # tensor -> True: a single value computed only from single elements, some picked out of a larger
-        # tensor (`ix1 = torch.max(pred[i, 0], target[i, 0])`): an element's value too
-        self._elements = _Tags()
+        # tensor -> True: a value computed only from items picked out of a larger tensor, elements or rows
+        # (`ix1 = torch.max(pred[i, 0], target[i, 0])`, `probs[row].max()`): an item's value too
+        self._items = _Tags()
+        # tensor -> (x, (c0, c1, c2, c3)): a polynomial of the tensor x of degree at most 3 that the step
+        # computed (`x + 0.044715 * torch.pow(x, 3)`), from a power or a square of x on
+        self._polynomials = _Tags()
         # this step's reads by the user's code (`.item()`, a copy to the host): line -> reads not yet seen
         # coming back
         self._host_reads: dict = {}
@@ -697,7 +714,8 @@ class Recorder:
         self._copies.clear()
         self._host.clear()
         self._user_permuted.clear()
-        self._elements.clear()
+        self._items.clear()
+        self._polynomials.clear()
         self._host_reads = {}
         self._host_read_deps = None
         self._mask_facts.clear()
@@ -789,7 +807,7 @@ class Recorder:
 
     def _follow_view(self, name, args, src, out) -> None:
         i = id(src)
-        for tags in (self._deps, self._attn, self._copies, self._elements):
+        for tags in (self._deps, self._attn, self._copies, self._items):
             d = tags.d
             if d:
                 e = d.get(i)
@@ -814,7 +832,7 @@ class Recorder:
         if _current_autograd_node() is not None:
             return
         src = args[0]
-        if self._deps.d or self._attn.d or self._copies.d or self._elements.d:
+        if self._deps.d or self._attn.d or self._copies.d or self._items.d:
             self._follow_view(name, args, src, out)
         if name in PERMUTE_OPS and out.dim() >= 3 and _called_from_user_code():
             self._user_permuted.set(out, True)
@@ -930,8 +948,10 @@ class Recorder:
         host = bool(hd)      # every tensor argument made on the host in this step (see _host)
         first_host = False   # the first one is
         tensors = False
-        single = True        # every tensor argument holds one element ...
-        element = False      # ... and one of them is an element (picked, or see _elements)
+        items = True         # every tensor argument is an item picked out of a larger tensor (_picked), a
+                             # value computed only from such items (_items), or one element ...
+        picked = False       # ... and one of them is picked or so computed
+        ed = bool(self._items.d)
         for a in args:
             if isinstance(a, Tensor):
                 if first is None:
@@ -944,21 +964,26 @@ class Recorder:
                     host = host_origin(hd, a) is not None
                 tensors = True
                 sig.append((a.shape, a.stride(), a.dtype) if full_sig else a.shape)
-                if single:
+                if items:
                     shape = a.shape  # one element, at most one dim (as a picked `x[i]` is)
-                    if len(shape) > 1 or (shape and shape[0] != 1):
-                        single = False
-                    elif not element:
+                    one = not shape or (len(shape) == 1 and shape[0] == 1)
+                    if not picked or not one:
                         base = a._base  # _picked(a), inlined
-                        element = ((base is not None and a.dim() <= 1 and base.numel() > 1)
-                                   or (bool(self._elements.d) and self._elements.get(a) is not None))
+                        if base is not None and a.numel() < base.numel() and (
+                                a.dim() < base.dim() or (one and a.dim() <= 1)):
+                            picked = True
+                        elif ed and self._items.get(a) is not None:
+                            picked = True
+                        elif not one:
+                            items = False
             elif isinstance(a, (list, tuple)) and a and isinstance(a[0], Tensor):
                 tensors = True
+                items = False
                 sig.append((len(a),))
                 if host:
                     host = all(host_origin(hd, t) is not None for t in a)
         host = host and tensors
-        element = element and single
+        picked = picked and items
         if isinstance(out, Tensor):
             out_t = out
         elif isinstance(out, (list, tuple)):
@@ -999,9 +1024,9 @@ class Recorder:
             self._fast_rec = rec
         if out_t is not None:
             fkey = (id(func), id(site), direct, module, backward, device, tuple(sig), out_t.shape, out_t.dtype, transfer,
-                    amp, host, element)
+                    amp, host, picked)
         else:
-            fkey = (id(func), id(site), direct, module, backward, device, tuple(sig), amp, host, element)
+            fkey = (id(func), id(site), direct, module, backward, device, tuple(sig), amp, host, picked)
         hit = fast.get(fkey)
         if hit is not None:
             stat, key = hit
@@ -1010,7 +1035,7 @@ class Recorder:
             key = keys.get(fkey)
             if key is None:
                 key = OpKey(name, qualname, site, direct, module, backward, device,
-                            args_sig(args, full_sig, self._elements if element else None),
+                            args_sig(args, full_sig, self._items if picked else None),
                             (out_t.shape, out_t.dtype, transfer) if out_t is not None else (), amp, host,
                             len(args) > 1 and same_values(args[0], args[1]))
                 if len(keys) < 2 * MAX_KEYS:
@@ -1049,8 +1074,8 @@ class Recorder:
             return
 
         # -- dataflow (forward ops with a tensor output) --
-        if element and out_t.numel() == 1:
-            self._elements.set(out_t, True)
+        if picked and not is_gemm:
+            self._items.set(out_t, True)
         # Host-side data: what factories make on the CPU, and what is computed only from it.
         if (host or not tensors or from_host_data) and out_t.is_cpu:
             origin = HOST_DATA if from_host_data else name if not tensors else _computed_origin(hd, args)
@@ -1131,6 +1156,62 @@ class Recorder:
                             rec.explicit_copies[e] = rec.explicit_copies.get(e, 0) + 1
         if is_bgemm or self._attn.d or name == "repeat" or name in ZERO_OPS:
             self._attention_step(name, args, kwargs, arg0, out_t, site, module, direct)
+        if name in POLYNOMIAL_OPS and (self._polynomials.d or name == "pow" or (
+                name == "mul" and arg0 is not None and len(args) > 1 and args[1] is arg0)):
+            self._gelu_step(name, args, kwargs, arg0, out_t, site, module)
+
+    def _gelu_step(self, name, args, kwargs, arg0, out, site, module) -> None:
+        """Follow the arithmetic of `0.5 * x * (1 + tanh(sqrt(2 / pi) * (x + 0.044715 * x ** 3)))` as
+        polynomials of x, from `x ** 3`, `torch.pow(x, 3)` or `x * x` on; a tanh of exactly
+        sqrt(2 / pi) * (x + 0.044715 * x ** 3) is the tanh GELU written out (Recording.tanh_gelu)."""
+        polys = self._polynomials
+        if arg0 is None:
+            return
+        if name == "pow" or (name == "mul" and args[1] is arg0):
+            exponent = 2 if name == "mul" else args[1] if len(args) > 1 else None
+            if type(exponent) in (int, float) and exponent in (2, 3) and arg0.is_floating_point():
+                polys.set(out, (_weakref(arg0), (0.0, 0.0, 1.0, 0.0) if exponent == 2 else (0.0, 0.0, 0.0, 1.0)))
+            return
+        x = None
+        for a in args[:2]:
+            tag = polys.get(a) if isinstance(a, Tensor) else None
+            if tag is not None:
+                x = tag[0]()
+                break
+        if x is None:
+            return
+        terms = [_polynomial_of(a, x, polys) for a in args[:2]]
+        base = name.rstrip("_")
+        if base == "tanh":
+            c = terms[0]
+            if c is not None and _is_gelu_tanh_argument(c):
+                key = (site, module, tuple(out.shape), x.dtype, arg0.requires_grad and _is_grad_enabled(),
+                       autocast_state() == "region")
+                self.rec.tanh_gelu[key] = self.rec.tanh_gelu.get(key, 0) + 1
+            return
+        if base == "neg":
+            result = None if terms[0] is None else tuple(-v for v in terms[0])
+        elif len(args) < 2 or terms[0] is None or terms[1] is None:
+            return
+        elif base == "mul":
+            p, q = terms
+            if any(p[i] and q[j] for i in range(4) for j in range(4) if i + j > 3):
+                return  # above the third degree: not the formula
+            result = tuple(sum(p[i] * q[k - i] for i in range(k + 1)) for k in range(4))
+        elif base == "div":
+            if not isinstance(args[1], (int, float)) or not args[1]:
+                return
+            result = tuple(v / args[1] for v in terms[0])
+        else:
+            alpha = (kwargs or {}).get("alpha", 1)
+            if not isinstance(alpha, (int, float)):
+                return
+            p, q = terms
+            if base == "rsub":  # rsub(x, c) = c - alpha * x
+                p, q = q, p
+            sign = alpha if base == "add" else -alpha
+            result = tuple(a + sign * b for a, b in zip(p, q))
+        polys.set(out, (_weakref(x), result))
 
     def _host_read(self, site, tensor) -> None:
         """The user's code read `tensor`'s value at `site` (`.item()`, a copy to the host): a tensor made
@@ -1356,6 +1437,25 @@ class Recorder:
         return causal
 
 
+def _polynomial_of(value, x, polys):
+    """`value` as (c0, c1, c2, c3), the coefficients of a polynomial of the tensor `x`: x itself, a
+    Python number, or a tensor tagged in `polys` as a polynomial of x; else None."""
+    if value is x:
+        return (0.0, 1.0, 0.0, 0.0)
+    if isinstance(value, Tensor):
+        tag = polys.get(value)
+        return tag[1] if tag is not None and tag[0]() is x else None
+    if isinstance(value, (int, float)) and not isinstance(value, bool):
+        return (float(value), 0.0, 0.0, 0.0)
+    return None
+
+
+def _is_gelu_tanh_argument(c) -> bool:
+    """Whether c0 + c1 x + c2 x^2 + c3 x^3 is sqrt(2 / pi) * (x + 0.044715 * x^3)."""
+    return (not c[0] and not c[2] and math.isclose(c[1], GELU_TANH_SCALE, rel_tol=1e-3)
+            and math.isclose(c[3], GELU_TANH_SCALE * GELU_TANH_CUBIC, rel_tol=1e-3))
+
+
 def _number(value):
     """A Python number, or a one-element CPU tensor's value; else None."""
     if isinstance(value, (int, float)) and not isinstance(value, bool):
@@ -1558,7 +1658,7 @@ def _torch_dispatch(self, func, types, args=(), kwargs=None):
         try:
             if info.unrecorded:  # a view: no site, no key; only forward dataflow tags follow it
                 if args and isinstance(out, Tensor) and (
-                        recorder._deps.d or recorder._attn.d or recorder._copies.d or recorder._elements.d
+                        recorder._deps.d or recorder._attn.d or recorder._copies.d or recorder._items.d
                         or info.name == "expand" or info.name in PERMUTE_OPS):
                     recorder._view(info.name, args, out)
                 return out

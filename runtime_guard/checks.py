@@ -195,29 +195,40 @@ def stays_on_host(key, ctx: DeviceContext) -> bool:
     return key.device == "cpu" and (key.host or ctx.device_type == "cuda")
 
 
-PER_ELEMENT_MIN_PER_STEP = 32  # ops on single elements per step from one line: a loop over elements
+PER_ITEM_MIN_PER_STEP = 32  # ops on picked items per step from one line: a loop over a tensor's items
+TINY_NUMEL = 1 << 16  # elements of a tensor whose kernel's time is its launch (MAT504), or of a row a loop may pick
 
 
-def per_element_sites(rec, steps, ctx: DeviceContext) -> dict:
-    """(site, module) -> [(OpKey, OpStat)] of the forward ops on single elements that one line issues
-    at least PER_ELEMENT_MIN_PER_STEP times a step, where some of them read elements picked out of a
-    larger tensor (`x[i]`, `x[i, j]`) or values computed only from such elements: a Python loop over a tensor's elements, not a sum of per-layer
-    losses or per-parameter norms (single elements of their own). Ops on data that stays on the host
-    (`stays_on_host`: index arithmetic while assembling a batch) launch nothing on a GPU: not counted."""
+def per_item_sites(rec, steps, ctx: DeviceContext) -> dict:
+    """(site, module) -> [(OpKey, OpStat)] of the forward ops on items picked out of a larger tensor
+    (elements `x[i, j]` or rows `x[i]` of at most TINY_NUMEL elements), or on values computed only
+    from such items, that one line issues at least PER_ITEM_MIN_PER_STEP times a step: a Python loop
+    over a tensor's elements or rows. Single elements of their own (a sum of per-layer losses,
+    per-parameter norms) are counted with them only on a line that also picks items. GEMMs on picked
+    rows are MAT101's (a loop of matmuls); ops whose other inputs are whole tensors (a recurrence's
+    state, a weight) are not a loop over items. Ops on data that stays on the host (`stays_on_host`:
+    index arithmetic while assembling a batch) launch nothing on a GPU: not counted."""
     picked, ops = set(), defaultdict(list)
     for key, stat in rec.ops.items():
-        if key.backward or stat.compiled or not key.out or math.prod(key.out[0]) > 1:
+        if key.backward or stat.compiled or not key.out or key.op in VIEW_OPS or key.op in GEMM_OPS:
             continue
-        if stays_on_host(key, ctx):
+        if math.prod(key.out[0]) > TINY_NUMEL or stays_on_host(key, ctx) or not key.sig:
             continue
-        if key.op in VIEW_OPS or not key.sig or not all(is_tensor(s) and math.prod(s[0]) <= 1 for s in key.sig):
-            continue
-        where = (key.site, key.module)
-        ops[where].append((key, stat))
-        if any(len(s) > 3 and s[3] for s in key.sig):
-            picked.add(where)
+        marked = False
+        for s in key.sig:
+            if not is_tensor(s) or math.prod(s[0]) > TINY_NUMEL:
+                break
+            if len(s) > 3 and s[3]:
+                marked = True
+            elif math.prod(s[0]) > 1:
+                break  # a whole tensor among the inputs
+        else:
+            where = (key.site, key.module)
+            ops[where].append((key, stat))
+            if marked:
+                picked.add(where)
     return {where: items for where, items in ops.items()
-            if where in picked and sum(s.count for _, s in items) / steps >= PER_ELEMENT_MIN_PER_STEP}
+            if where in picked and sum(s.count for _, s in items) / steps >= PER_ITEM_MIN_PER_STEP}
 
 
 def attention_sites(rec) -> set:

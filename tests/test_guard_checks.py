@@ -305,6 +305,61 @@ def test_gpu_only_checks_say_so_on_cpu():
     assert "MAT401" not in codes(g)
 
 
+# -- MAT605 ------------------------------------------------------------------------------------
+class WrittenOutGelu(nn.Module):
+    """An MLP whose activation is the tanh GELU written out, in one of its spellings."""
+
+    def __init__(self, spelling):
+        super().__init__()
+        self.fc = nn.Linear(16, 64)
+        self.spelling = spelling
+
+    def forward(self, x):
+        h = self.fc(x)
+        if self.spelling == "pow":
+            return 0.5 * h * (1.0 + torch.tanh(math.sqrt(2.0 / math.pi) * (h + 0.044715 * torch.pow(h, 3.0))))  # <- here
+        if self.spelling == "cube":  # x * x * x, named steps, the constant written as a number
+            inner = h + 0.044715 * (h * h * h)
+            return h * 0.5 * (1 + (0.7978845608 * inner).tanh())  # <- here
+        if self.spelling == "power op":  # the constants multiplied out, the scale computed first
+            return 0.5 * h * (1 + torch.tanh((2 / math.pi) ** 0.5 * (h ** 3 * 0.044715 + h)))  # <- here
+        if self.spelling == "F.gelu":
+            return F.gelu(h, approximate="tanh")
+        if self.spelling == "other constant":  # a cubic inside tanh that is not GELU's
+            return torch.tanh(0.5 * (h + 0.1 * torch.pow(h, 3)))
+        if self.spelling == "tanh of a square":
+            return torch.tanh(math.sqrt(2.0 / math.pi) * (h + 0.044715 * h * h))
+        raise ValueError(self.spelling)
+
+
+@pytest.mark.parametrize("spelling", ["pow", "cube", "power op"])
+def test_written_out_tanh_gelu_is_reported_at_the_tanh(spelling):
+    model = WrittenOutGelu(spelling)
+    x = torch.randn(4, 16)
+    g = observe(lambda: model(x).sum().backward())
+    [f] = [f for f in g.findings if f.code == "MAT605"]
+    assert f.row == this_line(WrittenOutGelu.forward)[["pow", "cube", "power op"].index(spelling)]
+    assert f.evidence["per_step"] == 1 and f.evidence["shapes"] == ["(4, 64)"] and f.evidence["backward"]
+    assert 'F.gelu(x, approximate="tanh")' in f.message
+
+
+@pytest.mark.parametrize("spelling", ["F.gelu", "other constant", "tanh of a square"])
+def test_tanh_gelu_look_alikes_are_quiet(spelling):
+    model = WrittenOutGelu(spelling)
+    x = torch.randn(4, 16)
+    assert "MAT605" not in codes(observe(lambda: model(x).sum().backward()))
+
+
+def test_written_out_tanh_gelu_estimate_times_f_gelu():
+    model = WrittenOutGelu("pow")
+    x = torch.randn(64, 16)
+    g = observe(lambda: model(x).sum().backward(), estimate_savings=True)
+    [f] = [f for f in g.findings if f.code == "MAT605"]
+    assert f.estimated_savings_ms is not None
+    assert "F.gelu(approximate='tanh')" in f.evidence["estimate_method"]
+    assert "forward and backward" in f.evidence["estimate_method"]
+
+
 # -- MAT501 ------------------------------------------------------------------------------------
 def test_a_loop_over_elements_is_reported_at_its_line():
     h = torch.randn(64, 8)

@@ -95,6 +95,26 @@ def test_a_rollout_whose_next_input_the_host_makes_from_the_action_is_no_loop_to
     assert lines(g, "MAT101") == [] and lines(g, "MAT502") == []
 
 
+def test_the_sync_detector_counts_the_read_the_environment_needs_as_its_design():
+    """On CUDA torch's sync detector also counts `action.item()`'s read, with whatever else waits on
+    that line: the read makes a round trip through the host, on either count."""
+    policy = nn.Linear(2, 2)
+
+    def step():
+        env, state = Walk(), [0.0, 0.0]
+        for _ in range(12):
+            probs = policy(torch.tensor(state)).softmax(-1)
+            action = torch.multinomial(probs, 1)
+            state = env.step(action.item())  # <- here
+
+    g = observe(step)
+    rec = g.recorder.rec
+    [site] = {k.site for k in rec.ops if k.op == "_local_scalar_dense"}
+    assert site.lineno == this_line(step)[0]
+    rec.syncs[site] = 12 * rec.steps  # what the detector sees there on CUDA: each read
+    assert _as_cuda_findings(g, "MAT502") == []
+
+
 def test_independent_inputs_read_one_by_one_are_still_a_loop_and_syncs():
     """The look-alike: the inputs were there before the reads (no tensor made from Python data after
     them), so the calls are independent and each read is a sync the loop could do without."""
@@ -264,13 +284,46 @@ def test_values_computed_only_from_picked_elements_are_a_loop_over_elements_too(
             out[i] = inter
         return out
 
-    def per_row_norms():  # single values of their own (reductions of whole rows), then arithmetic on them
+    columns = [torch.rand(48) for _ in range(4)]  # tensors of their own, not parts of one
+
+    def norms():  # single values of their own (reductions of whole tensors), then arithmetic on them
         total = torch.zeros(())
         for i in range(48):
-            n = pred[:, i % 4].norm()
+            n = columns[i % 4].norm()
             total = (total + n * 0.5) - n.sqrt()
         return total
 
     g = observe(step)
     assert this_line(step)[0] in lines(g, "MAT501")
-    assert lines(observe(per_row_norms), "MAT501") == []
+    assert lines(observe(norms), "MAT501") == []
+
+
+def test_a_loop_over_a_tensors_rows_is_reported_and_a_recurrence_over_them_is_not():
+    """Each row picked (`probs[row]`, `x[:, t]`) and computed on alone: a loop the whole tensor could do
+    in one op. A recurrence reads its state besides the row, a layer its weight: not a loop over
+    items. Rows larger than a launch-bound kernel's (TINY_NUMEL) are work, not launches."""
+    probs = torch.rand(100, 5)
+    x, w = torch.rand(4, 40, 8), torch.rand(8)
+    big = torch.rand(40, 70000)
+
+    def rows():
+        low = []
+        for row in range(probs.shape[0]):
+            low.append(probs[row].max() < 0.22)  # <- here
+        return low
+
+    def recurrence():
+        h = torch.zeros(4, 8)
+        for t in range(40):
+            h = torch.tanh(x[:, t] * w + h)
+        return h
+
+    def big_rows():
+        return [big[i].sum() for i in range(40)]
+
+    g = observe(rows)
+    [f] = [f for f in g.findings if f.code == "MAT501"]
+    assert f.row == this_line(rows)[0] and f.evidence["items"] == "rows"
+    assert f.evidence["per_step"] == 200 and "loop over a tensor's rows" in f.message  # max and lt per row
+    assert lines(observe(recurrence), "MAT501") == []
+    assert lines(observe(big_rows), "MAT501") == []

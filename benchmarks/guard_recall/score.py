@@ -53,8 +53,8 @@ try:
 except BaseException:
     failure = traceback.format_exc(limit=5)
 result = {
-    "findings": [{"code": f.code, "file": os.path.abspath(f.filename), "line": f.row, "message": f.message}
-                 for f in g.findings],
+    "findings": [{"code": f.code, "file": os.path.abspath(f.filename), "line": f.row, "message": f.message,
+                  "evidence": f.evidence} for f in g.findings],
     "guard_errors": [str(e) for e in g.errors],
     "failure": failure,
     "device": "cuda" if torch.cuda.is_available() else "cpu",

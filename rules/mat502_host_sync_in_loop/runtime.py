@@ -52,7 +52,7 @@ def check_host_syncs(rec, steps, ctx):
         entry[0] += stat.count
         entry[1] += stat.count if key.direct else 0
         entry[2].append(key)
-    reported = set()
+    reported, design = set(), set()
     rollout = rollout_sites(rec, steps)
     rollout_limit = ROLLOUT_SYNCS_PER_ITERATION * sum(rec.host_round_trips.values()) / steps
     for (site, module), (count, own, keys) in per_site.items():
@@ -60,6 +60,7 @@ def check_host_syncs(rec, steps, ctx):
         if per_step < SYNC_MIN_PER_STEP and own / steps < OWN_SYNC_MIN_PER_STEP:
             continue
         if _round_trips(rec, site, count, steps) or (os.path.abspath(site.filename), site.lineno) in breaks:
+            design.add(site)  # the same line's syncs that the detector counts too
             continue
         if site in rollout and per_step <= rollout_limit:
             continue  # a sync or two an iteration of a loop that waits for the device at each anyway
@@ -77,7 +78,9 @@ def check_host_syncs(rec, steps, ctx):
     # boolean-mask indexing or a shape read off the data.
     for site, count in rec.syncs.items():
         per_step = count / steps
-        if site in reported or per_step < SYNC_MIN_PER_STEP:
+        if site in reported or site in design or per_step < SYNC_MIN_PER_STEP:
+            continue
+        if _round_trips(rec, site, count, steps):
             continue
         if site in rollout and per_step <= rollout_limit:
             continue

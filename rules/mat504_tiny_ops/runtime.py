@@ -10,12 +10,11 @@ import torch
 
 from matlint.runtime_guard import savings
 from matlint.runtime_guard.capture import VIEW_OPS
-from matlint.runtime_guard.checks import finding, kernel_share, rollout_sites, per_element_sites
+from matlint.runtime_guard.checks import TINY_NUMEL, finding, kernel_share, per_item_sites, rollout_sites
 from matlint.runtime_guard.registry import estimator, runtime_check
 
 TINY_MIN_PER_STEP = 32       # launches per step from one line
 TINY_KERNEL_US = 10.0
-TINY_NUMEL = 1 << 16
 
 
 class TinyEstimate(NamedTuple):
@@ -31,12 +30,12 @@ def check_tiny_ops(rec, steps, ctx):
     # per line and module, forward only: the same line in every layer, or a layer's backward
     # kernels, are not a loop that one fused call could replace
     per_site = defaultdict(list)
-    per_element = per_element_sites(rec, steps, ctx)  # a loop over elements: MAT501's
+    per_item = per_item_sites(rec, steps, ctx)  # a loop over a tensor's elements or rows: MAT501's
     rollout = rollout_sites(rec, steps)  # launches of a loop that runs through the host
     for key, stat in rec.ops.items():
         if key.device != "cuda" or key.backward or key.op in VIEW_OPS or stat.compiled or not key.out:
             continue
-        if (key.site, key.module) not in per_element and key.site not in rollout:
+        if (key.site, key.module) not in per_item and key.site not in rollout:
             per_site[(key.site, key.module)].append((key, stat))
     for (site, module), items in per_site.items():
         if rec.profiled:
