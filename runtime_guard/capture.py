@@ -62,6 +62,7 @@ ZERO_OPS = frozenset({"zeros", "zeros_like", "new_zeros", "zero_"})  # make a te
 # (Recorder._gelu_step), and its constants: tanh(sqrt(2 / pi) * (x + 0.044715 * x ** 3)).
 POLYNOMIAL_OPS = frozenset({"pow", "mul", "mul_", "add", "add_", "sub", "sub_", "rsub", "div", "div_", "neg",
                             "tanh", "tanh_"})
+_HALF_DTYPES = (torch.bfloat16, torch.float16)
 GELU_TANH_SCALE = math.sqrt(2.0 / math.pi)
 GELU_TANH_CUBIC = 0.044715
 # Ops that read only their input's shape (F.dropout's mask on CPU is empty_like(P)): not a use of it
@@ -664,6 +665,9 @@ class Recorder:
         # tensor -> (x, (c0, c1, c2, c3)): a polynomial of the tensor x of degree at most 3 that the step
         # computed (`x + 0.044715 * torch.pow(x, 3)`), from a power or a square of x on
         self._polynomials = _Tags()
+        # float32 copy -> weakref of the half-precision tensor it was made from (autocast runs `torch.pow`
+        # in float32: the power of x is a power of its copy)
+        self._upcasts = _Tags()
         # this step's reads by the user's code (`.item()`, a copy to the host): line -> reads not yet seen
         # coming back
         self._host_reads: dict = {}
@@ -716,6 +720,7 @@ class Recorder:
         self._user_permuted.clear()
         self._items.clear()
         self._polynomials.clear()
+        self._upcasts.clear()
         self._host_reads = {}
         self._host_read_deps = None
         self._mask_facts.clear()
@@ -1156,6 +1161,8 @@ class Recorder:
                             rec.explicit_copies[e] = rec.explicit_copies.get(e, 0) + 1
         if is_bgemm or self._attn.d or name == "repeat" or name in ZERO_OPS:
             self._attention_step(name, args, kwargs, arg0, out_t, site, module, direct)
+        if name == "_to_copy" and arg0 is not None and out_t.dtype == torch.float32 and arg0.dtype in _HALF_DTYPES:
+            self._upcasts.set(out_t, _weakref(arg0))
         if name in POLYNOMIAL_OPS and (self._polynomials.d or name == "pow" or (
                 name == "mul" and arg0 is not None and len(args) > 1 and args[1] is arg0)):
             self._gelu_step(name, args, kwargs, arg0, out_t, site, module)
@@ -1170,7 +1177,10 @@ class Recorder:
         if name == "pow" or (name == "mul" and args[1] is arg0):
             exponent = 2 if name == "mul" else args[1] if len(args) > 1 else None
             if type(exponent) in (int, float) and exponent in (2, 3) and arg0.is_floating_point():
-                polys.set(out, (_weakref(arg0), (0.0, 0.0, 1.0, 0.0) if exponent == 2 else (0.0, 0.0, 0.0, 1.0)))
+                source = self._upcasts.get(arg0) if self._upcasts.d else None
+                x = source() if source is not None else None
+                polys.set(out, (_weakref(arg0 if x is None else x),
+                                (0.0, 0.0, 1.0, 0.0) if exponent == 2 else (0.0, 0.0, 0.0, 1.0)))
             return
         x = None
         for a in args[:2]:

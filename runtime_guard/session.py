@@ -460,7 +460,7 @@ class Guard:
     def _on_optimizer_pre_step(self, optimizer, args, kwargs) -> None:
         if threading.get_ident() == self._thread:
             # a cut as good as any inside the step: only the optimizer's own ops follow it
-            self._safely(self._slicer.on_call, optimizer, 1, True, bool(getattr(optimizer, "state", None)),
+            self._safely(self._slicer.on_call, optimizer, 1, True, bool(getattr(optimizer, "state", None)), True,
                          where="slices")
 
     def _on_slice_call(self, module, depth: int) -> None:

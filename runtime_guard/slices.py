@@ -49,6 +49,7 @@ class Call(NamedTuple):
     ops_before: int   # ops the mode saw in the step before this call
     glue: int         # ... since the last module call began or ended (0: inputs straight from a module)
     settled: bool = False  # an optimizer's step whose state was made before: the same ops every step
+    optimizer: bool = False  # an optimizer's step (one not settled makes its state: one-off work)
 
 
 class Plan(NamedTuple):
@@ -159,14 +160,15 @@ class Slicer:
         self.parts = []
         self._log_start = self._last_event = self._dispatched()
 
-    def on_call(self, owner, depth: int, glue_free: bool = False, settled: bool = False) -> None:
+    def on_call(self, owner, depth: int, glue_free: bool = False, settled: bool = False,
+                optimizer: bool = False) -> None:
         """A module call (or the optimizer's step) begins."""
         log = self.log
         if log is not None:
             if len(log) < MAX_CALLS:
                 now = self._dispatched()
                 log.append(Call(depth, id(owner), now - self._log_start, 0 if glue_free else now - self._last_event,
-                                settled))
+                                settled, optimizer))
                 self._last_event = now
                 self.parts.append(self._new_part())
             return
@@ -269,13 +271,20 @@ class Slicer:
     def next_slice(self) -> None:
         """The next step observes the same slice again where it is not yet steady (as an unsliced window
         observes the next step: a read gated to one step in many is seen once in three steps, not once
-        in two), else the next slice not yet steady (after the last, the first)."""
+        in two), else the next slice not yet steady (after the last, the first), one whose warm-up part
+        holds an optimizer's first step before the others: a slice the run ends before observing is
+        reported as the warm-up observed it, and that part made the optimizer's state."""
         n = self.plan.slices
-        for step in range(0, n + 1):
-            index = (self.index + step) % n
-            if not self.done[index]:
-                self._begin_slice(index)
-                return
+        left = [index for index in ((self.index + step) % n for step in range(0, n + 1)) if not self.done[index]]
+        if not left:
+            return
+        if left[0] != self.index:
+            left.sort(key=lambda index: not self._makes_optimizer_state(index))  # stable: else in turn
+        self._begin_slice(left[0])
+
+    def _makes_optimizer_state(self, index: int) -> bool:
+        first, end = self.plan.bounds(index)
+        return any(call.optimizer and not call.settled for call in self._calls[max(first, 1) - 1:end - 1])
 
     def weighed(self) -> tuple:
         """([(recordings, weight)], steps): each slice's observations (where it was never observed,

@@ -323,6 +323,8 @@ class WrittenOutGelu(nn.Module):
             return h * 0.5 * (1 + (0.7978845608 * inner).tanh())  # <- here
         if self.spelling == "power op":  # the constants multiplied out, the scale computed first
             return 0.5 * h * (1 + torch.tanh((2 / math.pi) ** 0.5 * (h ** 3 * 0.044715 + h)))  # <- here
+        if self.spelling == "power in float32":  # as autocast on CUDA runs torch.pow: on a float32 copy of h
+            return 0.5 * h * (1.0 + torch.tanh(0.7978845608 * (h + 0.044715 * torch.pow(h.float(), 3.0))))  # <- here
         if self.spelling == "F.gelu":
             return F.gelu(h, approximate="tanh")
         if self.spelling == "other constant":  # a cubic inside tanh that is not GELU's
@@ -332,13 +334,16 @@ class WrittenOutGelu(nn.Module):
         raise ValueError(self.spelling)
 
 
-@pytest.mark.parametrize("spelling", ["pow", "cube", "power op"])
+REPORTED_SPELLINGS = ["pow", "cube", "power op", "power in float32"]
+
+
+@pytest.mark.parametrize("spelling", REPORTED_SPELLINGS)
 def test_written_out_tanh_gelu_is_reported_at_the_tanh(spelling):
     model = WrittenOutGelu(spelling)
     x = torch.randn(4, 16)
     g = observe(lambda: model(x).sum().backward())
     [f] = [f for f in g.findings if f.code == "MAT605"]
-    assert f.row == this_line(WrittenOutGelu.forward)[["pow", "cube", "power op"].index(spelling)]
+    assert f.row == this_line(WrittenOutGelu.forward)[REPORTED_SPELLINGS.index(spelling)]
     assert f.evidence["per_step"] == 1 and f.evidence["shapes"] == ["(4, 64)"] and f.evidence["backward"]
     assert 'F.gelu(x, approximate="tanh")' in f.message
 
@@ -348,6 +353,14 @@ def test_tanh_gelu_look_alikes_are_quiet(spelling):
     model = WrittenOutGelu(spelling)
     x = torch.randn(4, 16)
     assert "MAT605" not in codes(observe(lambda: model(x).sum().backward()))
+
+
+def test_written_out_tanh_gelu_in_bfloat16_with_its_power_in_float32():
+    model = WrittenOutGelu("power in float32").to(torch.bfloat16)
+    x = torch.randn(4, 16, dtype=torch.bfloat16)
+    g = observe(lambda: model(x).sum().backward())
+    [f] = [f for f in g.findings if f.code == "MAT605"]
+    assert f.evidence["dtypes"] == ["bfloat16"]  # the dtype of h, which F.gelu would take
 
 
 def test_written_out_tanh_gelu_estimate_times_f_gelu():

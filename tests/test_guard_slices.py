@@ -126,6 +126,37 @@ def test_a_slice_unlike_the_warm_up_is_observed_again_in_the_next_step():
     assert slicer.index == 1
 
 
+def test_the_slice_of_an_optimizers_first_step_is_observed_next():
+    """The warm-up step made the optimizer's state in its last slice: that slice is observed right
+    after the first, so a run that ends early does not report the warm-up's one-off work."""
+    ops = [0]
+    slicer = Slicer(switch=lambda on: None, dispatched=lambda: ops[0], new_part=lambda: "part",
+                    preamble=lambda on: None, slices=4)
+    slicer.start_log()
+    for i in range(6):
+        ops[0] = 10 * i
+        slicer.on_call(object(), 1)
+    optimizer = object()
+    ops[0] = 60
+    slicer.on_call(optimizer, 1, True, False, True)  # its state is made in this step
+    ops[0] = 90
+    assert slicer.end_log("last part") and slicer.plan.slices == 4
+    last = slicer.plan.slices - 1
+    assert slicer.plan.cuts[-1][1] == id(optimizer) or slicer._makes_optimizer_state(last)
+    slicer.keep("first", lambda first, second: True)
+    slicer.next_slice()
+    assert slicer.index == last
+    slicer.keep("optimizer", lambda first, second: True)
+    slicer.next_slice()
+    assert slicer.index == 1  # then the others in turn
+
+
+def test_a_short_run_does_not_count_the_optimizers_state_as_per_step_work():
+    g, _ = _train(_quiet(), steps=5)
+    made = {k.op for k in g.recorder.rec.ops if k.op in ("zeros_like", "empty_like")}  # AdamW's moments
+    assert made == set()
+
+
 def test_a_step_that_calls_other_modules_no_longer_fits_the_plan():
     events = []
     slicer = Slicer(switch=events.append, dispatched=lambda: len(events), new_part=lambda: None,

@@ -82,6 +82,7 @@ class Finding:
     file: str
     line: int
     message: str
+    evidence: dict = field(default_factory=dict)
     verdict: str = "unlabelled"    # "pos", "neg", "unlabelled" or "outside" (not in the program)
     label: Label | None = None
 
@@ -124,7 +125,8 @@ def run_program(name: str, device: str, timeout: float = 300, estimates: bool = 
         if not out.exists():
             return Run(name, failure=f"exit {proc.returncode}: {proc.stderr[-2000:]}")
         data = json.loads(out.read_text())
-    findings = [Finding(name, f["code"], f["file"], f["line"], f["message"]) for f in data["findings"]]
+    findings = [Finding(name, f["code"], f["file"], f["line"], f["message"], f.get("evidence") or {})
+                for f in data["findings"]]
     return Run(name, findings, data["guard_errors"], data["failure"], data["device"], data["runtime_codes"])
 
 
@@ -239,7 +241,7 @@ def main(argv=None) -> int:
         Path(opts.json).write_text(json.dumps({
             "device": device,
             "findings": [{"program": f.program, "code": f.code, "file": f.file, "line": f.line, "verdict": f.verdict,
-                          "message": f.message} for f in findings],
+                          "message": f.message, "evidence": f.evidence} for f in findings],
             "missed": [lab.__dict__ for lab in missed],
             "failures": {r.program: r.failure for r in runs if r.failure},
         }, indent=1))
