@@ -186,6 +186,9 @@ class Rule:
     _handlers: ClassVar[dict] = {}
     # Handler name -> Only: the nodes and files where the handler can do anything.
     only: ClassVar[dict] = {}
+    # What the rule's runtime check (its package's `runtime` module) reports under `matlint.guard`,
+    # and where it stays quiet: the docs' "At run time" section. Every rule with a runtime check has it.
+    runtime_docs: ClassVar[str] = ""
     # Code the rule never reports in (names.TESTS, names.REFERENCE): findings there are dropped,
     # and the docs' "Stays quiet on" says so from names.QUIET_SCOPES.
     quiet_in: ClassVar[tuple] = ()
@@ -223,6 +226,10 @@ class Rule:
                 docs = docs.replace(heading, heading + bullets, 1)
             else:
                 docs += "\n\n" + heading + bullets.rstrip("\n")
+        if cls.runtime_docs:
+            section = "## At run time (`matlint.guard`)\n" + textwrap.dedent(cls.runtime_docs).strip() + "\n\n"
+            safety = "## Fix safety\n"
+            docs = docs.replace(safety, section + safety, 1) if safety in docs else docs + "\n\n" + section.rstrip("\n")
         return f"# {cls.name} ({cls.code})\n\n{cls.summary}\n\nFamily: {cls.family()}. Severity: {cls.level()}. Default: {state}.\n\n{docs}\n"
 
     def report(self, node: ast.AST, message: str, fix: Optional[Fix] = None,

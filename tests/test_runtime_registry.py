@@ -40,6 +40,37 @@ def test_each_runtime_module_registers_its_rules_check():
         assert by_module.get(name) == rule.code, name
 
 
+def test_the_rules_with_a_runtime_check_say_what_it_reports_in_their_docs():
+    checked = set(registry.checks())
+    for rule in all_rules():
+        documented = "## At run time (`matlint.guard`)" in rule.rendered_docs()
+        assert documented == (rule.code in checked), rule.code
+
+
+def test_the_runtime_docs_state_the_thresholds_the_checks_use():
+    from matlint.runtime_guard import checks
+    from matlint.rules.mat101_python_loop_matmul.runtime import LOOP_MIN_PER_STEP
+    from matlint.rules.mat401_no_mixed_precision.runtime import PRECISION_MIN_SHARE
+    from matlint.rules.mat403_gemm_dim_not_multiple_of_8.runtime import PAD_MIN_SHARE
+    from matlint.rules.mat502_host_sync_in_loop.runtime import SYNC_MIN_PER_STEP
+    from matlint.rules.mat504_tiny_ops.runtime import TINY_KERNEL_US, TINY_MIN_PER_STEP
+
+    by_code = rules_by_code()
+    stated = {
+        "MAT101": [f"at least {LOOP_MIN_PER_STEP} GEMMs"],
+        "MAT401": [f"at least {PRECISION_MIN_SHARE:.0%}".replace("%", " %")],
+        "MAT403": [f"at least {PAD_MIN_SHARE:.0%}".replace("%", " %")],
+        "MAT501": [f"at least {checks.PER_ITEM_MIN_PER_STEP} ops", f"at most {checks.TINY_NUMEL} elements"],
+        "MAT502": ["at least twice a step" if SYNC_MIN_PER_STEP == 2 else f"{SYNC_MIN_PER_STEP}"],
+        "MAT504": [f"at least {TINY_MIN_PER_STEP} small kernels", f"at most\n{checks.TINY_NUMEL} elements",
+                   f"under {TINY_KERNEL_US:g} µs"],
+    }
+    for code, phrases in stated.items():
+        text = by_code[code].runtime_docs
+        for phrase in phrases:
+            assert " ".join(phrase.split()) in " ".join(text.split()), (code, phrase)
+
+
 def test_a_code_registered_twice_is_refused(monkeypatch):
     monkeypatch.setattr(registry, "_checks", {})
     monkeypatch.setattr(registry, "_estimators", {})

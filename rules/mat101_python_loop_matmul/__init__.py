@@ -93,6 +93,15 @@ class PythonLoopMatmul(_PerItemOperands, _BatchedAdvice, GemmVisitor, Rule):
     code = "MAT101"
     name = "python-loop-matmul"
     summary = "A matrix multiply issued once per item from a Python loop; one batched call does them all."
+    runtime_docs = """
+    `with matlint.guard():` reports a line that issues at least 4 GEMMs of one shape per step
+    that do not feed each other, and says what to batch them into from what the calls share: one
+    weight (one call of the layer on the stacked inputs), one input (one GEMM on the concatenated
+    weights), neither (`torch.bmm`, or `torch.func.stack_module_state` + `torch.vmap` for
+    per-module weights). Quiet where each call feeds the next (a recurrence, a stack of layers, a
+    decode loop) and in a rollout whose next input the host makes from a value it read. The
+    estimate times the calls one by one against the batched call at the observed shapes.
+    """
     docs = """
     ## What it does
     Flags a GEMM (`@`, `torch.matmul`, `mm`, `bmm`, `einsum`, `dot`, `mv`, `tensordot`,

@@ -29,6 +29,11 @@ class TrailingOneBroadcast(Rule):
     code = "MAT201"
     name = "trailing-one-broadcast"
     summary = "An (N, 1) operand meets an (N,) operand and the result silently grows to (N, N)"
+    runtime_docs = """
+    The guard reports an element-wise op whose operands of shapes (N, 1) and (N,) broadcast to
+    (N, N), from the shapes it observed. Quiet where the two operands are views of the same
+    values (`s.unsqueeze(1) - s`: a pairwise matrix on purpose).
+    """
     docs = """
     ## What it does
     Finds arithmetic and comparisons (`-`, `+`, `*`, `/`, `**`, `==`, `<`, ...; `torch.sub`,

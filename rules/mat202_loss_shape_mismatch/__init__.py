@@ -32,6 +32,10 @@ class LossShapeMismatch(Rule):
     code = "MAT202"
     name = "loss-shape-mismatch"
     summary = "A loss's input and target have different shapes: the loss averages the wrong thing, or raises"
+    runtime_docs = """
+    The guard reports a loss whose input and target were broadcast to one shape (a stride-0 dim
+    in the operands it observed), with the shapes.
+    """
     docs = """
     ## What it does
     Finds element-wise losses (`F.mse_loss`, `l1_loss`, `smooth_l1_loss`, `huber_loss`,

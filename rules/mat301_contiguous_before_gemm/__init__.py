@@ -36,6 +36,12 @@ class ContiguousBeforeGemm(Rule):
     code = "MAT301"
     name = "contiguous-before-gemm"
     summary = "`.contiguous()` on a transposed view right before a GEMM: a needless copy, cuBLAS takes the transpose for free."
+    runtime_docs = """
+    The guard reports a copy the program made (`.contiguous()`, `.clone()`) of a tensor that a
+    GEMM then reads, where the GEMM would have read the tensor as it was (a transpose of the last
+    two dims); a layout the GEMM would copy itself is MAT302's, where the copy is the fix. The
+    estimate times the copy.
+    """
     docs = """
     ## What it does
     Flags `.contiguous()` (or `.clone()`) applied to a plain transpose of the last two dims

@@ -77,6 +77,12 @@ class StridedGemmInput(Rule):
     code = "MAT302"
     name = "strided-gemm-input"
     summary = "A GEMM operand cuBLAS cannot read in place (strided last dim, permuted batch dims): a hidden copy before the GEMM."
+    runtime_docs = """
+    The guard reports GEMM operands that cuBLAS copies before the GEMM (no unit stride in the
+    last two dims) and the copies `matmul` makes to fold permuted batch dims, with shapes and
+    strides. At attention's two GEMMs the copies are MAT601's (its SDPA call takes q, k and v as
+    they are). The estimate times the copy.
+    """
     docs = """
     ## What it does
     Flags GEMM operands whose memory layout forces a copy before the matrix units can read

@@ -78,6 +78,14 @@ class NoMixedPrecision(Rule):
     quiet_in = (TESTS,)
     summary = "A training step (`.backward()` plus an optimizer step) in a file that never enables bf16/fp16 autocast, a half-precision model or TF32."
     default_enabled = True
+    runtime_docs = """
+    On a GPU with tensor cores and TF32 off, the guard reports fp32 GEMMs run outside any autocast
+    region when they are at least 5 % of the step's GEMM work, at the line with the most of it.
+    GEMMs kept in fp32 inside `autocast(enabled=False)` are left alone. Quiet where bf16 would not
+    shorten the step: GEMM work too small to outweigh the casts autocast adds, or a step whose host
+    barely waits for the GPU (the guard then says why it did not report). The estimate times the
+    GEMMs in fp32 and bf16, capped by the host's wait for the GPU, less the casts' launches.
+    """
     docs = """
     ## What it does
     Flags, once per file, the `.backward()` of a GPU training step (a function, or the module

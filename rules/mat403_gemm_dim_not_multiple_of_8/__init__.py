@@ -46,6 +46,11 @@ class GemmDimNotMultipleOf8(Rule):
     options = {
         "min_dim": Option(int, 128, "sizes below this are ignored: the GEMMs of small heads cost little either way"),
     }
+    runtime_docs = """
+    On a GPU with tensor cores, the guard reports bf16/fp16 GEMMs with M, N or K not a multiple of
+    8 (the largest at least 64) that are at least 1 % of the step's GEMM work; the estimate times
+    the GEMM at the observed and padded dims, and a finding whose saving is negligible is dropped.
+    """
     docs = """
     ## What it does
     Flags the sizes of `nn.Linear`, `nn.LazyLinear` and `nn.Bilinear`, and the vocabulary of

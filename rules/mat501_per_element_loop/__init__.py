@@ -85,6 +85,13 @@ class PerElementLoop(Rule):
     name = "per-element-loop"
     quiet_in = (TESTS,)
     summary = "Tensor elements (or rows) computed one at a time in a Python `range` loop, one small op per element."
+    runtime_docs = """
+    The guard reports a line that issues at least 32 ops per step on items picked out of a tensor
+    one at a time: elements (`x[i, j]`) or rows (`x[i]`, `x[:, t]`) of at most 65536 elements, or
+    values computed only from such items. Quiet where an op also reads a whole tensor (a
+    recurrence's state, a weight), on GEMMs (MAT101's), on sums of values of their own (per-layer
+    losses, per-parameter norms) and on index arithmetic on data that stays on the host.
+    """
     docs = """
     ## What it does
     Flags, inside `for i in range(...)` loops (nested or not), element-wise tensor work

@@ -323,6 +323,15 @@ class HostSyncInLoop(_StepLoops, _HostReads, Rule):
     name = "host-sync-in-loop"
     quiet_in = (TESTS, REFERENCE)
     summary = "A device-to-host sync (`.item()`, `.cpu()`, `float(t)`, `if t:` ...) on every step of a training or evaluation loop."
+    runtime_docs = """
+    The guard reports a line that syncs the host with the GPU at least twice a step, or once a
+    step by the program's own read (`.item()`, `bool(t)`, a copy to the host, `nonzero`,
+    `masked_select`, `unique`); on CUDA torch's own sync detector adds the syncs made inside ops
+    (boolean-mask indexing, a shape read off the data). Quiet on reads of data that stays on the
+    host, on reads whose values come back as the model's next input (an environment's action in a
+    rollout, a token decoded on the host) and the loop's other syncs up to two an iteration, and
+    on a sync at a `torch.compile` graph break (MAT505 reports it with its fix).
+    """
     docs = """
     ## What it does
     Flags, inside a training or evaluation loop, the calls that copy a tensor's value to the

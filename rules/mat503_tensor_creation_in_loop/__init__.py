@@ -53,6 +53,14 @@ class TensorCreationInLoop(Rule):
     name = "tensor-creation-in-loop"
     quiet_in = (TESTS,)
     summary = "A tensor created on the host and copied to the device on every loop iteration or forward call."
+    runtime_docs = """
+    The guard reports tensors a step makes on the host and copies to the device from one line,
+    at least twice in the window and once every four steps: a factory's fill or draw moved with
+    `.to()` (make it on the device), and the same Python values uploaded every time (make it
+    once). Quiet on values that change from step to step (an environment's state, a batch or
+    replay sample assembled on the host), on tensors made on the device, and on copies into a
+    buffer the program keeps. On a GPU the estimate times the upload between queued GEMMs.
+    """
     docs = """
     ## What it does
     Inside a loop, in an `nn.Module`'s `forward`, or in a function that runs every step (a

@@ -73,6 +73,11 @@ class CompileGraphBreak(Rule):
     quiet_in = (TESTS,)
     summary = ("Code under `torch.compile` that dynamo cannot keep in one graph (`.item()`, `print()`, "
                "a branch on a tensor), or compiled code that recompiles.")
+    runtime_docs = """
+    The guard reports each graph break torch.compile made while it watched, at the line with
+    dynamo's reason and hint, and each recompile of a function with the guard that failed and what
+    to change (dynamic shapes, a value read as a constant).
+    """
     docs = """
     ## What it does
     Statically, flags the calls that end dynamo's graph in a function that runs compiled: a

@@ -45,6 +45,16 @@ class ManualAttention(_ScoresPattern, _WeightsPattern, _OperandLayout, _SdpaFix,
     quiet_in = (TESTS, REFERENCE)
     summary = ("Attention written out by hand (`softmax(q @ kᵀ * scale [+ mask]) @ v`); "
                "`F.scaled_dot_product_attention` runs it as one fused kernel.")
+    runtime_docs = """
+    The guard follows attention computed by hand (QKᵀ, scale, mask, softmax, dropout, @V) and
+    reports the SDPA call that computes the same: the mask as `attn_mask=` (or `is_causal=True`
+    only where it is exactly causal), the scale, `dropout_p`, `enable_gqa` for repeated K/V heads,
+    and a note where the weights are used elsewhere (SDPA does not return them). It never suggests
+    SDPA at an SDPA call: where a real `scaled_dot_product_attention` call ran its math backend
+    because of its operands' layout (a last dim that is not unit-stride) or `enable_gqa` in a
+    dtype no fused kernel takes, it says so and what lets a fused kernel run, timed. The estimate
+    times the SDPA call against the chain at the observed shapes.
+    """
     docs = """
     ## What it does
     Flags scaled dot-product attention computed step by step: a GEMM of queries with

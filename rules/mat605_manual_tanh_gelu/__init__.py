@@ -48,6 +48,14 @@ class ManualTanhGelu(Rule):
     name = "manual-tanh-gelu"
     quiet_in = (TESTS, REFERENCE)
     summary = "The tanh approximation of GELU written out; `F.gelu(x, approximate=\"tanh\")` is one kernel."
+    runtime_docs = """
+    The guard follows the arithmetic after a power or square of a tensor x (`torch.pow(x, 3)`,
+    `x ** 3`, `x * x * x`, also on autocast's float32 copy of x) and reports a `tanh` of exactly
+    sqrt(2 / pi) * (x + 0.044715 * x ** 3). The estimate times the formula against
+    `F.gelu(x, approximate="tanh")` on x's shape and dtype, forward and backward where autograd
+    recorded it. A spelling that multiplies x by a constant before the power (the factored "fast
+    GELU") is found by the static rule only.
+    """
     docs = """
     ## What it does
     Flags an arithmetic expression around a `tanh` that computes the tanh approximation of
