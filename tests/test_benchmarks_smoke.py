@@ -170,6 +170,6 @@ def test_guard_recall_scores_one_program_under_the_guard(capsys):
     """The scorer runs a program under the guard in a subprocess and reports its labels."""
     assert recall.main(["--device", "cpu", "--programs", "sales_forecast_mlp"]) == 0
     out = capsys.readouterr().out
-    assert "device: cpu; 1 programs; 6 labels observable here (0 positive), 0 only on cuda" in out
+    assert "device: cpu; 1 programs; 6 labels observable here (0 positive), 4 only on cuda" in out
     assert "FAILED" not in out and "guard error" not in out
     assert "| overall | 0 | 0 |   -  |" in out

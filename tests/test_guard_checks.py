@@ -283,6 +283,15 @@ def test_bf16_dims_not_multiple_of_8():
     assert len(found) == 1 and "N=100" in found[0].message
 
 
+def test_bf16_dims_not_multiple_of_8_one_finding_for_a_layers_forward_and_backward_gemms():
+    odd = nn.Linear(64, 100).bfloat16()
+    x = torch.randn(32, 64, dtype=torch.bfloat16, requires_grad=True)
+    rec = as_cuda(recording(lambda: odd(x).float().sum().backward()))
+    [f] = [f for f in run_checks(rec, ctx=DeviceContext("cuda", (9, 0))) if f.code == "MAT403"]
+    assert "N=100 (not multiples of 8) (and 2 more GEMMs of this line: K=100, M=100)" in f.message
+    assert f.evidence["gemms"] == 3 and len(f.extra["estimate"].gemms) == 3
+
+
 def test_tiny_ops_from_one_line():
     params = [torch.randn(100) for _ in range(64)]
     grads = [torch.randn(100) for _ in range(64)]
