@@ -161,6 +161,50 @@ def negligible(finding, step_ms: float | None) -> bool:
     return ms < NEGLIGIBLE_MS or (step_ms is not None and ms < NEGLIGIBLE_STEP_SHARE * step_ms)
 
 
+def merge_modules(findings, step_ms: float | None = None) -> list:
+    """One finding per line and fix: the same line run in several modules (each layer of a stack
+    runs its block's `forward`) gives one finding per module; they are one change of code. The
+    first one's message says in how many modules it ran; per step and estimated savings are their
+    sums (capped by the step), and the evidence lists the modules."""
+    groups: dict = {}
+    for f in findings:
+        head, _, fix = f.message.partition(": ")
+        groups.setdefault((f.code, f.filename, f.row, fix), []).append(f)
+    merged = []
+    for (code, _, _, fix), group in groups.items():
+        first = group[0]
+        if len(group) > 1:
+            modules = sorted({m for f in group for m in _modules(f)})
+            ev = first.evidence
+            ev["module"] = modules if len(modules) > 1 else (modules[0] if modules else "")
+            per_step = [f.evidence.get("per_step") for f in group]
+            if all(isinstance(p, (int, float)) for p in per_step):
+                ev["per_step"] = round(sum(per_step), 2)
+            head = first.message.partition(": ")[0]
+            first.message = f"{head}, in {len(group)} modules" + (f": {fix}" if fix else "")
+            saved = [f.estimated_savings_ms for f in group if f.estimated_savings_ms is not None]
+            if saved:
+                total = sum(saved)
+                if step_ms is not None and total > step_ms:
+                    total = step_ms
+                    ev["estimate_capped_at_step_ms"] = round(step_ms, 4)
+                first.estimated_savings_ms = round(total, 4)
+                intervals = [f.evidence.get("estimate_interval_ms") for f in group]
+                if all(intervals):
+                    lo, hi = sum(i[0] for i in intervals), sum(i[1] for i in intervals)
+                    if step_ms is not None:
+                        lo, hi = min(lo, step_ms), min(hi, step_ms)
+                    ev["estimate_interval_ms"] = [round(lo, 4), round(hi, 4)]
+                ev["estimate_reliable"] = all(f.evidence.get("estimate_reliable") is not False for f in group)
+        merged.append(first)
+    return merged
+
+
+def _modules(f) -> list:
+    module = (f.evidence or {}).get("module")
+    return list(module) if isinstance(module, list) else [module] if module else []
+
+
 def run_checks(rec, guard=None, ctx: DeviceContext | None = None) -> list:
     ctx = ctx or DeviceContext.from_recording(rec)
     steps = max(rec.steps, 1)

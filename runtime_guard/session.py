@@ -690,7 +690,7 @@ class Guard:
         if rec.steps == 0 and self._warmup_rec is not None:  # nothing but the warm-up (or some of its slices)
             self._warmup_rec.errors, self._warmup_rec.error_count = rec.errors, rec.error_count
             self.recorder.rec = self._warmup_rec
-        from .checks import run_checks
+        from .checks import merge_modules, run_checks
         from .report import print_report, write_json
 
         self._safely(self.recorder.end_step_operands)
@@ -703,7 +703,9 @@ class Guard:
 
         findings = self._safely(run_checks, self.recorder.rec, self, where="checks") or []
         self.findings = [f for f in findings if self.selects(f.code)]
-        if self.estimate_savings and self.findings:
+        if not self.estimate_savings:
+            self.findings = self._safely(merge_modules, self.findings, where="checks") or self.findings
+        elif self.findings:
             from . import registry
             from .checks import negligible
             from .savings import estimate
@@ -714,6 +716,7 @@ class Guard:
                                   f"{len(self.plain_step_ms if source == 'plain' else self.observed_step_ms)} steps)")
             self._safely(estimate, self.findings, self.savings_budget_s, self.recorder.fail, step_ms,
                          self.gpu_wait_ms, where="savings")
+            self.findings = self._safely(merge_modules, self.findings, step_ms, where="checks") or self.findings
             kept = [f for f in self.findings if not negligible(f, step_ms)]
             checks = registry.checks()
             for f in self.findings:

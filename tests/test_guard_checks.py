@@ -372,6 +372,18 @@ def test_written_out_tanh_gelu_in_bfloat16_with_its_power_in_float32():
     assert f.evidence["dtypes"] == ["bfloat16"]  # the dtype of h, which F.gelu would take
 
 
+def test_the_same_line_in_every_layer_is_one_finding_that_names_the_layers():
+    layers = nn.Sequential(*[WrittenOutGelu("pow") for _ in range(3)])
+    for layer in layers:
+        layer.fc = nn.Linear(16, 16)
+    x = torch.randn(4, 16)
+    g = observe(lambda: layers(x).sum().backward(), estimate_savings=True)
+    [f] = [f for f in g.findings if f.code == "MAT605"]
+    assert f.evidence["module"] == ["Sequential.0", "Sequential.1", "Sequential.2"]
+    assert f.evidence["per_step"] == 3 and ", in 3 modules: " in f.message
+    assert f.estimated_savings_ms is not None and len(f.evidence["estimate_interval_ms"]) == 2
+
+
 def test_written_out_tanh_gelu_estimate_times_f_gelu():
     model = WrittenOutGelu("pow")
     x = torch.randn(64, 16)
