@@ -970,8 +970,8 @@ class Recorder:
                 tensors = True
                 sig.append((a.shape, a.stride(), a.dtype) if full_sig else a.shape)
                 if items:
-                    shape = a.shape  # one element, at most one dim (as a picked `x[i]` is)
-                    one = not shape or (len(shape) == 1 and shape[0] == 1)
+                    shape = a.shape
+                    one = not shape or (len(shape) == 1 and shape[0] == 1)  # one element, at most one dim
                     if not picked or not one:
                         base = a._base  # _picked(a), inlined
                         if base is not None and a.numel() < base.numel() and (
