@@ -161,17 +161,18 @@ def negligible(finding, step_ms: float | None) -> bool:
     return ms < NEGLIGIBLE_MS or (step_ms is not None and ms < NEGLIGIBLE_STEP_SHARE * step_ms)
 
 
-def merge_modules(findings, step_ms: float | None = None) -> list:
+def merge_modules(findings, step_ms: float | None = None, gpu_wait_ms: float | None = None) -> list:
     """One finding per line and fix: the same line run in several modules (each layer of a stack
     runs its block's `forward`) gives one finding per module; they are one change of code. The
     first one's message says in how many modules it ran; per step and estimated savings are their
-    sums (capped by the step), and the evidence lists the modules."""
+    sums (capped by the step, and a fix that only shortens kernels by the host's wait for the GPU,
+    as savings.estimate caps each), and the evidence lists the modules."""
     groups: dict = {}
     for f in findings:
-        head, _, fix = f.message.partition(": ")
+        fix = f.message.partition(": ")[2]
         groups.setdefault((f.code, f.filename, f.row, fix), []).append(f)
     merged = []
-    for (code, _, _, fix), group in groups.items():
+    for (_, _, _, fix), group in groups.items():
         first = group[0]
         if len(group) > 1:
             modules = sorted({m for f in group for m in _modules(f)})
@@ -184,18 +185,27 @@ def merge_modules(findings, step_ms: float | None = None) -> list:
             first.message = f"{head}, in {len(group)} modules" + (f": {fix}" if fix else "")
             saved = [f.estimated_savings_ms for f in group if f.estimated_savings_ms is not None]
             if saved:
+                spec = first.extra.get("estimate")
+                estimator = registry.estimators().get(spec.kind) if spec is not None else None
+                caps = [step_ms]
+                if estimator is not None and estimator.kernel_time_only:
+                    caps.append(gpu_wait_ms)
+                cap = min((c for c in caps if c is not None), default=None)
                 total = sum(saved)
-                if step_ms is not None and total > step_ms:
-                    total = step_ms
-                    ev["estimate_capped_at_step_ms"] = round(step_ms, 4)
+                capped = cap is not None and total > cap
+                if capped:
+                    total = cap
+                    ev["estimate_capped_at_step_ms" if cap == step_ms else "estimate_capped_at_gpu_wait_ms"] = \
+                        round(cap, 4)
                 first.estimated_savings_ms = round(total, 4)
                 intervals = [f.evidence.get("estimate_interval_ms") for f in group]
                 if all(intervals):
                     lo, hi = sum(i[0] for i in intervals), sum(i[1] for i in intervals)
-                    if step_ms is not None:
-                        lo, hi = min(lo, step_ms), min(hi, step_ms)
+                    if cap is not None:
+                        lo, hi = min(lo, cap), min(hi, cap)
                     ev["estimate_interval_ms"] = [round(lo, 4), round(hi, 4)]
-                ev["estimate_reliable"] = all(f.evidence.get("estimate_reliable") is not False for f in group)
+                ev["estimate_reliable"] = not capped and all(f.evidence.get("estimate_reliable") is not False
+                                                             for f in group)
         merged.append(first)
     return merged
 

@@ -716,7 +716,8 @@ class Guard:
                                   f"{len(self.plain_step_ms if source == 'plain' else self.observed_step_ms)} steps)")
             self._safely(estimate, self.findings, self.savings_budget_s, self.recorder.fail, step_ms,
                          self.gpu_wait_ms, where="savings")
-            self.findings = self._safely(merge_modules, self.findings, step_ms, where="checks") or self.findings
+            self.findings = self._safely(merge_modules, self.findings, step_ms, self.gpu_wait_ms,
+                                         where="checks") or self.findings
             kept = [f for f in self.findings if not negligible(f, step_ms)]
             checks = registry.checks()
             for f in self.findings:

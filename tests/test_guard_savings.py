@@ -210,3 +210,30 @@ def test_plain_steps_record_how_long_the_host_waited():
     assert len(g.plain_wait_ms) == len(g.plain_step_ms) == PLAIN_STEPS
     assert all(0 <= wait <= step for wait, step in zip(g.plain_wait_ms, g.plain_step_ms))
     assert g.gpu_wait_ms is not None
+
+
+def test_a_lines_findings_in_several_modules_merge_with_their_savings_capped_as_each_was():
+    """Twelve layers' padding findings at one line: one finding, savings summed, and as padding only
+    shortens kernels, the sum capped by the host's wait for the GPU as each one was."""
+    from matlint.diagnostics import Finding
+    from matlint.rules.mat403_gemm_dim_not_multiple_of_8.runtime import PadEstimate
+    from matlint.runtime_guard.checks import merge_modules
+
+    def layer(i):
+        f = Finding("MAT403", "bfloat16 GEMM with N=100 (not multiples of 8): pad it", "t.py", 7, 1, 7, 9,
+                    evidence={"module": f"blocks.{i}", "per_step": 3, "estimate_interval_ms": [0.2, 0.4],
+                              "estimate_reliable": True}, estimated_savings_ms=0.3)
+        f.extra["estimate"] = PadEstimate("pad", ())
+        return f
+
+    other = Finding("MAT403", "bfloat16 GEMM with N=100 (not multiples of 8): pad it", "t.py", 9, 1, 9, 9,
+                    evidence={"module": "head"}, estimated_savings_ms=0.1)
+    [merged, kept] = merge_modules([layer(i) for i in range(12)] + [other], step_ms=50.0)
+    assert merged.estimated_savings_ms == 3.6 and merged.evidence["per_step"] == 36
+    assert merged.evidence["module"] == sorted(f"blocks.{i}" for i in range(12))
+    assert merged.message == "bfloat16 GEMM with N=100 (not multiples of 8), in 12 modules: pad it"
+    assert merged.evidence["estimate_interval_ms"] == [2.4, 4.8] and merged.evidence["estimate_reliable"]
+    assert kept is other
+    [capped, _] = merge_modules([layer(i) for i in range(12)] + [other], step_ms=50.0, gpu_wait_ms=1.5)
+    assert capped.estimated_savings_ms == 1.5 and capped.evidence["estimate_capped_at_gpu_wait_ms"] == 1.5
+    assert capped.evidence["estimate_interval_ms"] == [1.5, 1.5] and not capped.evidence["estimate_reliable"]
