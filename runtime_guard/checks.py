@@ -165,9 +165,8 @@ def merge_modules(findings, step_ms: float | None = None, gpu_wait_ms: float | N
     """One finding per line and fix: the same line run in several modules (each layer of a stack
     runs its block's `forward`) gives one finding per module; they are one change of code. The
     first one's message says in how many modules it ran; per step and estimated savings are their
-    sums (capped by the step, and a fix that only shortens kernels by the host's wait for the GPU
-    plus the host time of the launches it removes, as savings.estimate caps each), and the
-    evidence lists the modules."""
+    sums (capped by the step, and a fix that only shortens kernels by the host's wait for the GPU,
+    as savings.estimate caps each), and the evidence lists the modules."""
     groups: dict = {}
     for f in findings:
         fix = f.message.partition(": ")[2]
@@ -189,15 +188,15 @@ def merge_modules(findings, step_ms: float | None = None, gpu_wait_ms: float | N
                 spec = first.extra.get("estimate")
                 estimator = registry.estimators().get(spec.kind) if spec is not None else None
                 caps = [step_ms]
-                if estimator is not None and estimator.kernel_time_only and gpu_wait_ms is not None:
-                    caps.append(gpu_wait_ms + sum(f.evidence.get("estimate_removed_launches_ms", 0.0) for f in group))
+                if estimator is not None and estimator.kernel_time_only:
+                    caps.append(gpu_wait_ms)
                 cap = min((c for c in caps if c is not None), default=None)
                 total = sum(saved)
                 capped = cap is not None and total > cap
                 if capped:
                     total = cap
                     ev["estimate_capped_at_step_ms" if cap == step_ms else "estimate_capped_at_gpu_wait_ms"] = \
-                        round(cap if cap == step_ms else gpu_wait_ms, 4)
+                        round(cap, 4)
                 first.estimated_savings_ms = round(total, 4)
                 intervals = [f.evidence.get("estimate_interval_ms") for f in group]
                 if all(intervals):

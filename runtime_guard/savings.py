@@ -195,12 +195,10 @@ def estimate(findings, budget_s: float = 3.0, on_error=None, step_ms: float | No
     estimate and its interval are capped by the measured step time `step_ms` (a fix cannot save
     more than the step), and a fix that only shortens kernels (an estimator registered `kernel_time_only`) by
     `gpu_wait_ms`, how long the host waited for the GPU once it had issued a step: the host's own
-    time stays, less the host time of issuing the kernels the fix removes (a spec's
-    `removed_launches` per step, each `launch_ms`: the cap is the wait plus that). Where the cap
-    binds, the host bounds the step, and each kernel the fix adds (a spec's `added_launches` per
-    step: autocast's casts) lengthens it by the host time of issuing one: that is taken off, and a
-    fix that makes the step slower saves 0. A capped estimate is not reliable, but it is the better
-    estimate.
+    time stays. Where that cap binds, the host bounds the step, and each kernel the fix adds (a
+    spec's `added_launches` per step: autocast's casts) lengthens it by the host time of issuing
+    one (`launch_ms`): that is taken off, and a fix that makes the step slower saves 0. A capped
+    estimate is not reliable, but it is the better estimate.
 
     An estimate that runs out of memory is skipped (its finding says so) and the others are
     still made; any other failure of an estimator is also passed to `on_error`, as the guard's
@@ -240,14 +238,9 @@ def estimate(findings, budget_s: float = 3.0, on_error=None, step_ms: float | No
                 if capped:
                     f.evidence["estimate_capped_at_step_ms"] = round(step_ms, 4)
                     saved, lo, hi = step_ms, min(lo, step_ms), min(hi, step_ms)
-                removed = getattr(spec, "removed_launches", 0)
-                fewer = removed * launch_ms("cuda" if torch.cuda.is_available() else "cpu") if removed else 0.0
-                if registered[spec.kind].kernel_time_only and gpu_wait_ms is not None and fewer:
-                    f.evidence["estimate_removed_launches_ms"] = round(fewer, 4)
-                limit = None if gpu_wait_ms is None else gpu_wait_ms + fewer
-                if registered[spec.kind].kernel_time_only and limit is not None and saved > limit:
+                if registered[spec.kind].kernel_time_only and gpu_wait_ms is not None and saved > gpu_wait_ms:
                     f.evidence["estimate_capped_at_gpu_wait_ms"] = round(gpu_wait_ms, 4)
-                    saved, lo, hi = limit, min(lo, limit), min(hi, limit)
+                    saved, lo, hi = gpu_wait_ms, min(lo, gpu_wait_ms), min(hi, gpu_wait_ms)
                     capped = True
                     launches = getattr(spec, "added_launches", 0)
                     if launches:

@@ -355,7 +355,6 @@ def test_written_out_tanh_gelu_is_reported_at_the_tanh(spelling):
     assert f.row == this_line(WrittenOutGelu.forward)[REPORTED_SPELLINGS.index(spelling)]
     assert f.evidence["per_step"] == 1 and f.evidence["shapes"] == ["(4, 64)"] and f.evidence["backward"]
     assert 'F.gelu(x, approximate="tanh")' in f.message
-    assert f.extra["estimate"].removed_launches >= 10  # about 19 kernels forward and backward against 2
 
 
 @pytest.mark.parametrize("spelling", ["F.gelu", "other constant", "tanh of a square"])

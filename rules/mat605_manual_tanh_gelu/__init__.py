@@ -53,8 +53,7 @@ class ManualTanhGelu(Rule):
     `x ** 3`, `x * x * x`, also on autocast's float32 copy of x) and reports a `tanh` of exactly
     sqrt(2 / pi) * (x + 0.044715 * x ** 3). The estimate times the formula against
     `F.gelu(x, approximate="tanh")` on x's shape and dtype, forward and backward where autograd
-    recorded it; on a step the host bounds it saves at most the host's wait for the GPU plus the
-    host time of the launches it removes. A spelling that multiplies x by a constant before the power (the factored "fast
+    recorded it. A spelling that multiplies x by a constant before the power (the factored "fast
     GELU") is found by the static rule only.
     """
     docs = """
