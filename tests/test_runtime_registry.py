@@ -61,7 +61,7 @@ def test_the_runtime_docs_state_the_thresholds_the_checks_use():
         "MAT401": [f"at least {PRECISION_MIN_SHARE:.0%}".replace("%", " %")],
         "MAT403": [f"at least {PAD_MIN_SHARE:.0%}".replace("%", " %")],
         "MAT501": [f"at least {checks.PER_ITEM_MIN_PER_STEP} ops", f"at most {checks.TINY_NUMEL} elements"],
-        "MAT502": ["at least twice a step" if SYNC_MIN_PER_STEP == 2 else f"{SYNC_MIN_PER_STEP}"],
+        "MAT502": ["from two syncs a step" if SYNC_MIN_PER_STEP == 2 else f"{SYNC_MIN_PER_STEP}"],
         "MAT504": [f"at least {TINY_MIN_PER_STEP} small kernels", f"at most\n{checks.TINY_NUMEL} elements",
                    f"under {TINY_KERNEL_US:g} µs"],
     }

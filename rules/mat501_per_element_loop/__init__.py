@@ -88,9 +88,15 @@ class PerElementLoop(Rule):
     runtime_docs = """
     The guard reports a line that issues at least 32 ops per step on items picked out of a tensor
     one at a time: elements (`x[i, j]`) or rows (`x[i]`, `x[:, t]`) of at most 65536 elements, or
-    values computed only from such items. Quiet where an op also reads a whole tensor (a
-    recurrence's state, a weight), on GEMMs (MAT101's), on sums of values of their own (per-layer
-    losses, per-parameter norms) and on index arithmetic on data that stays on the host.
+    values computed only from such items (`inter = (x2 - x1).clamp(min=0)` after `x1 =
+    torch.max(a[i, 0], b[i, 0])`), with the ops it issued. On a GPU such a line is reported here,
+    not as MAT504. Quiet where an op also reads a whole tensor (a recurrence's state, a weight), on
+    GEMMs (MAT101's), and on sums of values of their own (a sum of per-layer losses,
+    per-parameter norms), which are not items of a tensor. Ops on data that stays on the host
+    launch no kernel and are not counted: on a GPU, CPU tensors; on the CPU, tensors the program
+    made on the host within the step (`torch.randint`, `torch.arange`, `torch.tensor(values)`) and
+    computed on only with each other, such as the bounds `i + 1` of `data[i + 1:i + n + 1] for i
+    in ix` when assembling a batch.
     """
     docs = """
     ## What it does
@@ -112,16 +118,6 @@ class PerElementLoop(Rule):
       q and a are tensors: `q[torch.arange(n), a]` (or a `gather`) picks them in one op.
     The expression may use numbers, names, other tensors indexed by the loop variables, and
     element-wise functions (`torch.exp`, `math.sqrt`, `.abs()`, `.clamp()` ...).
-
-    At run time (`matlint.guard`), a line that issues at least 32 ops a step on single elements,
-    some of them picked out of a larger tensor (`x[i]`, `x[i, j]`) or computed only from such
-    elements (`inter = (x2 - x1).clamp(min=0)` after `x1 = torch.max(a[i, 0], b[i, 0])`), is
-    reported with the ops it issued; single values of their own (a sum of per-layer losses,
-    per-parameter norms) are not elements of a tensor and stay quiet. On a GPU such a line is reported here, not as MAT504.
-    Ops on data that stays on the host launch no kernel and are not counted: on a GPU, CPU
-    tensors; on the CPU, tensors the program made on the host within the step (`torch.randint`,
-    `torch.arange`, `torch.tensor(values)`) and computed on only with each other, such as the
-    bounds `i + 1` of `data[i + 1:i + n + 1] for i in ix` when assembling a batch.
 
     ## Why is this bad?
     Every indexing, arithmetic and assignment is a separate tensor op: on the GPU a kernel

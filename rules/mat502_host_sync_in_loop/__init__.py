@@ -324,13 +324,30 @@ class HostSyncInLoop(_StepLoops, _HostReads, Rule):
     quiet_in = (TESTS, REFERENCE)
     summary = "A device-to-host sync (`.item()`, `.cpu()`, `float(t)`, `if t:` ...) on every step of a training or evaluation loop."
     runtime_docs = """
-    The guard reports a line that syncs the host with the GPU at least twice a step, or once a
-    step by the program's own read (`.item()`, `bool(t)`, a copy to the host, `nonzero`,
-    `masked_select`, `unique`); on CUDA torch's own sync detector adds the syncs made inside ops
-    (boolean-mask indexing, a shape read off the data). Quiet on reads of data that stays on the
-    host, on reads whose values come back as the model's next input (an environment's action in a
-    rollout, a token decoded on the host) and the loop's other syncs up to two an iteration, and
-    on a sync at a `torch.compile` graph break (MAT505 reports it with its fix).
+    The guard reports a line from two syncs a step (torch's own among
+    them), or from one a step that the user's code makes itself (`loss.item()`). A read of data
+    that stays on the host waits for nothing and is not counted: on a GPU, a CPU tensor's; on the
+    CPU, which stands in for a GPU, a tensor the program made on the host within the step
+    (`torch.randint`, `torch.arange`, `torch.tensor(values)`) and computed on only with other such
+    tensors, such as the slice bounds of `torch.stack([data[i:i + n] for i in ix])`; the CPU cannot
+    see `device=` or a `.to()` to the CPU, so the model's values and tensors made before the step
+    count as on the device. A rollout stays quiet: a line whose values, at least twice a step and
+    for most of its reads, come back as the model's next input (a tensor made from Python data
+    after the read, `torch.tensor(state)` after `env.step(action.item())`, reaches a GEMM before
+    the step ends): the host needs each value to make the next input, as an environment or a
+    decoder sampling on the host does. In such a step (two round trips or more), a line that
+    works on what came back and syncs at most twice an iteration (a distribution checking its
+    arguments, `Categorical(probs)`) stays quiet too: the loop waits for the device at every
+    iteration anyway, and the fix is a batched rollout (vectorised environments), not the line.
+    The guard cannot see what the host computes from a value,
+    only that a tensor made from Python data followed the read: a loop that reads its outputs for
+    a log and makes each input from Python data (with no backward in between) looks the same. A
+    sync on a line where torch.compile broke the graph is that break's finding (MAT505, with
+    dynamo's reason and hint), not a second one here.
+    Besides the ops it sees (`.item()`, `bool(t)`, a copy to the host, `nonzero`, `masked_select`,
+    `unique`), on CUDA the guard turns on torch's own sync detector and counts the syncs made
+    inside ops (boolean-mask indexing, a shape read off the data) at their lines, under the same
+    rules.
     """
     docs = """
     ## What it does
@@ -462,27 +479,6 @@ class HostSyncInLoop(_StepLoops, _HostReads, Rule):
     on the host (lengths, shapes) or give way to fixed shapes (pad, then mask); a value logged,
     printed or collected stays on the device, converted once after the loop, or logged every N
     steps.
-
-    At run time (`matlint.guard`), a line is reported from two syncs a step (torch's own among
-    them), or from one a step that the user's code makes itself (`loss.item()`). A read of data
-    that stays on the host waits for nothing and is not counted: on a GPU, a CPU tensor's; on the
-    CPU, which stands in for a GPU, a tensor the program made on the host within the step
-    (`torch.randint`, `torch.arange`, `torch.tensor(values)`) and computed on only with other such
-    tensors, such as the slice bounds of `torch.stack([data[i:i + n] for i in ix])`; the CPU cannot
-    see `device=` or a `.to()` to the CPU, so the model's values and tensors made before the step
-    count as on the device. A rollout stays quiet: a line whose values, at least twice a step and
-    for most of its reads, come back as the model's next input (a tensor made from Python data
-    after the read, `torch.tensor(state)` after `env.step(action.item())`, reaches a GEMM before
-    the step ends): the host needs each value to make the next input, as an environment or a
-    decoder sampling on the host does. In such a step (two round trips or more), a line that
-    works on what came back and syncs at most twice an iteration (a distribution checking its
-    arguments, `Categorical(probs)`) stays quiet too: the loop waits for the device at every
-    iteration anyway, and the fix is a batched rollout (vectorised environments), not the line.
-    The guard cannot see what the host computes from a value,
-    only that a tensor made from Python data followed the read: a loop that reads its outputs for
-    a log and makes each input from Python data (with no backward in between) looks the same. A
-    sync on a line where torch.compile broke the graph is that break's finding (MAT505, with
-    dynamo's reason and hint), not a second one here.
 
     ## Why is this bad?
     Each of these waits until the GPU has finished all queued work, then copies the value.

@@ -74,9 +74,12 @@ class CompileGraphBreak(Rule):
     summary = ("Code under `torch.compile` that dynamo cannot keep in one graph (`.item()`, `print()`, "
                "a branch on a tensor), or compiled code that recompiles.")
     runtime_docs = """
-    The guard reports each graph break torch.compile made while it watched, at the line with
-    dynamo's reason and hint, and each recompile of a function with the guard that failed and what
-    to change (dynamic shapes, a value read as a constant).
+    The guard reports what dynamo did while it watched:
+    - every graph break, at the line dynamo names, with its reason and dynamo's own hint (a branch
+      on a tensor's value, an unsupported builtin, a call dynamo cannot trace...);
+    - every function that was recompiled, at its `def`, with the guard failures that made
+      dynamo compile it again (a size that changed, a Python value that differs per call).
+    Breaks and recompiles from before the guard attached are counted in a note.
     """
     docs = """
     ## What it does
@@ -85,13 +88,6 @@ class CompileGraphBreak(Rule):
     (`step = torch.compile(train_step)`), or the `forward` of a class of the file whose instance
     is (`model = torch.compile(Net())`, or a name bound once to `Net()`). The calls are `.item()`,
     `.tolist()`, `.numpy()` and `print()`.
-
-    At run time (`matlint.guard`), reports what dynamo did while the guard watched:
-    - every graph break, at the line dynamo names, with its reason and dynamo's own hint (a branch
-      on a tensor's value, an unsupported builtin, a call dynamo cannot trace...);
-    - every function that was recompiled, at its `def`, with the guard failures that made
-      dynamo compile it again (a size that changed, a Python value that differs per call).
-    Breaks and recompiles from before the guard attached are counted in a note.
 
     ## Why is this bad?
     At a graph break dynamo ends the compiled graph, runs the offending code in Python, and
