@@ -307,6 +307,51 @@ def test_tiny_ops_from_one_line():
     assert not [f for f in run_checks(rec, ctx=DeviceContext("cpu")) if f.code == "MAT504"]
 
 
+class InputFeeding(nn.Module):
+    """A decoder stepped in Python, one line per step that runs its own ops and a built-in Linear."""
+
+    def __init__(self):
+        super().__init__()
+        self.combine = nn.Linear(16, 8)
+
+    def forward(self, h, ctx):
+        outs = []
+        for _ in range(12):
+            h = torch.tanh(self.combine(torch.cat([h, ctx], dim=1)))  # <- here
+            outs.append(h)
+        return torch.stack(outs)
+
+
+def test_tiny_ops_of_a_line_count_the_builtin_module_it_calls():
+    """12 steps of cat and tanh (the module's) and of the Linear's addmm (`combine`'s): 36 launches
+    from the line, which MAT504 counts together; per module 24 and 12, under its bound."""
+    model = InputFeeding()
+    h, ctx = torch.randn(4, 8), torch.randn(4, 8)
+    rec = as_cuda(recording(lambda: model(h, ctx)))
+    found = [f for f in run_checks(rec, ctx=DeviceContext("cuda", (9, 0))) if f.code == "MAT504"]
+    assert [f.row for f in found] == this_line(InputFeeding.forward)
+    assert found[0].evidence["per_step"] == 36 and found[0].evidence["module"] == "InputFeeding"
+
+
+class EncoderClassifier(nn.Module):
+    """One call of a built-in encoder: its layers' many small ops are its inside, not a loop of the line."""
+
+    def __init__(self):
+        super().__init__()
+        layer = nn.TransformerEncoderLayer(16, 2, 32, dropout=0.0, batch_first=True)
+        self.encoder = nn.TransformerEncoder(layer, 4, enable_nested_tensor=False)
+        self.head = nn.Linear(16, 3)
+
+    def forward(self, x):
+        return self.head(self.encoder(x * 2.0).mean(1))
+
+
+def test_tiny_ops_inside_a_builtin_model_the_line_calls_once_are_not_the_lines():
+    model = EncoderClassifier()
+    rec = as_cuda(recording(lambda: model(torch.randn(2, 8, 16)).sum().backward()))
+    assert [f for f in run_checks(rec, ctx=DeviceContext("cuda", (9, 0))) if f.code == "MAT504"] == []
+
+
 def test_gpu_only_checks_say_so_on_cpu():
     model = nn.Linear(8, 8)
     g = observe(lambda: model(torch.randn(2, 8)))

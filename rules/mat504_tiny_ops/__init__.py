@@ -48,7 +48,9 @@ class TinyOps(Rule):
     runtime_docs = """
     On a GPU, the guard reports a line that launches at least 32 small kernels per step (at most
     65536 elements each, or under 10 µs each when kernels are profiled) in one module's forward,
-    and times them against one fused foreach launch. A loop over a tensor's items is MAT501's,
+    counting those of a built-in layer the line calls (`self.proj(x)` in a decoder's step loop)
+    but not the insides of a built-in model called once (`nn.TransformerEncoder`'s layers), and
+    times them against one fused foreach launch. A loop over a tensor's items is MAT501's,
     and a rollout's launches (the loop runs through the host anyway) and compiled code are quiet.
     """
     docs = """

@@ -37,7 +37,7 @@ def check_tiny_ops(rec, steps, ctx):
             continue
         if (key.site, key.module) not in per_item and key.site not in rollout:
             per_site[(key.site, key.module)].append((key, stat))
-    for (site, module), items in per_site.items():
+    for (site, module), items in _callee_ops_with_caller(per_site).items():
         if rec.profiled:
             tiny = [(k, s) for k, s in items if s.launches and s.kernel_us / s.launches < TINY_KERNEL_US]
             launches = sum(s.launches for _, s in tiny) / steps
@@ -60,6 +60,23 @@ def check_tiny_ops(rec, steps, ctx):
             ev["share_of_kernel_time"] = round(share, 4)
         numel = max(1, int(sum(math.prod(k.out[0]) for k, _ in tiny) / len(tiny)))
         yield finding("MAT504", site, msg, ev, TinyEstimate("tiny", numel, launches))
+
+
+def _callee_ops_with_caller(per_site: dict) -> dict:
+    """The ops a line issues through a module it calls, counted with the line's own: where one line
+    has ops in a module `A` and in its child `A.child`, the child's ops came from a module whose code
+    is not the user's (a built-in `nn.Linear` that `A`'s forward calls on this line; a module of the
+    user's would have its ops on lines of its own `forward`). Ops of modules nested deeper are the
+    inside of a built-in model the line calls once (`nn.TransformerEncoder`'s layers), not the
+    line's; modules with no such relation (the same line in each layer of a stack) stay apart."""
+    modules_at: dict = defaultdict(set)
+    for site, module in per_site:
+        modules_at[site].add(module)
+    merged: dict = defaultdict(list)
+    for (site, module), items in per_site.items():
+        parent = module.rpartition(".")[0]
+        merged[(site, parent if parent and parent in modules_at[site] else module)].extend(items)
+    return merged
 
 
 @estimator("tiny")
