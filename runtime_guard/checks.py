@@ -18,6 +18,7 @@ import torch
 from matlint.diagnostics import Finding
 
 from . import registry
+from .savings import capped_saving
 from .capture import GEMM_OPS, VIEW_OPS, Site
 
 ROUND_TRIPS_MIN_PER_STEP = 2  # reads a step that come back as the model's next input: a rollout's
@@ -187,22 +188,13 @@ def merge_modules(findings, step_ms: float | None = None, gpu_wait_ms: float | N
             if saved:
                 spec = first.extra.get("estimate")
                 estimator = registry.estimators().get(spec.kind) if spec is not None else None
-                caps = [step_ms]
-                if estimator is not None and estimator.kernel_time_only:
-                    caps.append(gpu_wait_ms)
-                cap = min((c for c in caps if c is not None), default=None)
-                total = sum(saved)
-                capped = cap is not None and total > cap
-                if capped:
-                    total = cap
-                    ev["estimate_capped_at_step_ms" if cap == step_ms else "estimate_capped_at_gpu_wait_ms"] = \
-                        round(cap, 4)
-                first.estimated_savings_ms = round(total, 4)
                 intervals = [f.evidence.get("estimate_interval_ms") for f in group]
+                total = sum(saved)
+                lo, hi = (sum(i[0] for i in intervals), sum(i[1] for i in intervals)) if all(intervals) else (total, total)
+                total, lo, hi, capped, _ = capped_saving(ev, total, lo, hi, step_ms, gpu_wait_ms,
+                                                         estimator is not None and estimator.kernel_time_only)
+                first.estimated_savings_ms = round(total, 4)
                 if all(intervals):
-                    lo, hi = sum(i[0] for i in intervals), sum(i[1] for i in intervals)
-                    if cap is not None:
-                        lo, hi = min(lo, cap), min(hi, cap)
                     ev["estimate_interval_ms"] = [round(lo, 4), round(hi, 4)]
                 ev["estimate_reliable"] = not capped and all(f.evidence.get("estimate_reliable") is not False
                                                              for f in group)

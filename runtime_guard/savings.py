@@ -188,6 +188,22 @@ def launch_ms(device: str) -> float:
     return cached(("launch", device), compute)
 
 
+def capped_saving(evidence: dict, saved: float, lo: float, hi: float, step_ms: float | None,
+                  gpu_wait_ms: float | None, kernel_time_only: bool) -> tuple:
+    """(saved, lo, hi, capped, capped by the GPU wait): a saving and its interval capped by the step
+    time, and a fix that only shortens kernels by how long the host waited for the GPU (see
+    `estimate`); the caps that bound are recorded in `evidence`."""
+    capped = step_ms is not None and saved > step_ms
+    if capped:
+        evidence["estimate_capped_at_step_ms"] = round(step_ms, 4)
+        saved, lo, hi = step_ms, min(lo, step_ms), min(hi, step_ms)
+    waited = kernel_time_only and gpu_wait_ms is not None and saved > gpu_wait_ms
+    if waited:
+        evidence["estimate_capped_at_gpu_wait_ms"] = round(gpu_wait_ms, 4)
+        saved, lo, hi = gpu_wait_ms, min(lo, gpu_wait_ms), min(hi, gpu_wait_ms)
+    return saved, lo, hi, capped or waited, waited
+
+
 def estimate(findings, budget_s: float = 3.0, on_error=None, step_ms: float | None = None,
              gpu_wait_ms: float | None = None) -> None:
     """Fill `estimated_savings_ms` and evidence["estimate_method"] where an estimator applies, with
@@ -234,14 +250,9 @@ def estimate(findings, budget_s: float = 3.0, on_error=None, step_ms: float | No
                         on_error(exc, f"savings estimate for {f.code}")
             else:
                 saved, lo, hi, pairs = ms
-                capped = step_ms is not None and saved > step_ms
-                if capped:
-                    f.evidence["estimate_capped_at_step_ms"] = round(step_ms, 4)
-                    saved, lo, hi = step_ms, min(lo, step_ms), min(hi, step_ms)
-                if registered[spec.kind].kernel_time_only and gpu_wait_ms is not None and saved > gpu_wait_ms:
-                    f.evidence["estimate_capped_at_gpu_wait_ms"] = round(gpu_wait_ms, 4)
-                    saved, lo, hi = gpu_wait_ms, min(lo, gpu_wait_ms), min(hi, gpu_wait_ms)
-                    capped = True
+                saved, lo, hi, capped, waited = capped_saving(f.evidence, saved, lo, hi, step_ms, gpu_wait_ms,
+                                                              registered[spec.kind].kernel_time_only)
+                if waited:
                     launches = getattr(spec, "added_launches", 0)
                     if launches:
                         added = launches * launch_ms("cuda" if torch.cuda.is_available() else "cpu")

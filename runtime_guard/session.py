@@ -703,11 +703,9 @@ class Guard:
 
         findings = self._safely(run_checks, self.recorder.rec, self, where="checks") or []
         self.findings = [f for f in findings if self.selects(f.code)]
-        if not self.estimate_savings:
-            self.findings = self._safely(merge_modules, self.findings, where="checks") or self.findings
-        elif self.findings:
-            from . import registry
-            from .checks import negligible
+        estimated = self.estimate_savings and bool(self.findings)
+        step_ms = None
+        if estimated:
             from .savings import estimate
 
             step_ms, source = self.step_ms
@@ -716,8 +714,12 @@ class Guard:
                                   f"{len(self.plain_step_ms if source == 'plain' else self.observed_step_ms)} steps)")
             self._safely(estimate, self.findings, self.savings_budget_s, self.recorder.fail, step_ms,
                          self.gpu_wait_ms, where="savings")
-            self.findings = self._safely(merge_modules, self.findings, step_ms, self.gpu_wait_ms,
-                                         where="checks") or self.findings
+        self.findings = self._safely(merge_modules, self.findings, step_ms, self.gpu_wait_ms,
+                                     where="checks") or self.findings
+        if estimated:
+            from . import registry
+            from .checks import negligible
+
             kept = [f for f in self.findings if not negligible(f, step_ms)]
             checks = registry.checks()
             for f in self.findings:
