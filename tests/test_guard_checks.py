@@ -402,6 +402,21 @@ def test_written_out_tanh_gelu_is_reported_at_the_tanh(spelling):
     assert 'F.gelu(x, approximate="tanh")' in f.message
 
 
+@pytest.mark.parametrize("spelling", REPORTED_SPELLINGS)
+def test_the_suggested_f_gelu_computes_what_each_reported_spelling_does(spelling):
+    """The fix MAT605 suggests, applied: outputs and gradients agree with the written-out formula."""
+    torch.manual_seed(0)
+    model, fixed = WrittenOutGelu(spelling), WrittenOutGelu("F.gelu")
+    fixed.load_state_dict(model.state_dict())
+    x = torch.randn(8, 16)
+    out, out_fixed = model(x), fixed(x)
+    assert torch.allclose(out.float(), out_fixed.float(), atol=1e-5, rtol=1e-4)
+    out.square().sum().backward()
+    out_fixed.square().sum().backward()
+    for p, q in zip(model.parameters(), fixed.parameters()):
+        assert torch.allclose(p.grad, q.grad, atol=1e-5, rtol=1e-4)
+
+
 @pytest.mark.parametrize("spelling", ["F.gelu", "other constant", "tanh of a square"])
 def test_tanh_gelu_look_alikes_are_quiet(spelling):
     model = WrittenOutGelu(spelling)
