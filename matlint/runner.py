@@ -111,7 +111,8 @@ def _lint_one(path: str, settings, cache: Optional[Cache]) -> tuple:
 
 def _lint_chunk(paths: list, settings, use_cache: bool) -> list:
     cache = Cache(settings.cache_path(), settings.fingerprint()) if use_cache else None
-    return [_lint_one(path, settings, cache) for path in paths]
+    with files_unchanged():  # the project as the chunk found it, each path looked up once
+        return [_lint_one(path, settings, cache) for path in paths]
 
 
 def default_jobs() -> int:
@@ -178,11 +179,12 @@ def lint_files(paths: list, settings, use_cache: bool = True, jobs: Optional[int
             finally:
                 # On ^C, do not wait for the queued chunks.
                 pool.shutdown(wait=True, cancel_futures=True)
-    for path in todo:
-        if path not in results:
-            results[path] = _lint_one(path, settings, cache)
-            if on_progress:
-                on_progress(1)
+    with files_unchanged():  # the project as the run found it, each path looked up once
+        for path in todo:
+            if path not in results:
+                results[path] = _lint_one(path, settings, cache)
+                if on_progress:
+                    on_progress(1)
     if snapshot and todo:
         cache.save_snapshot(paths, [results[p][1] for p in paths], [results[p][0] for p in paths])
     findings = [f for path in paths for f in finalize(results[path][0], path, settings)]

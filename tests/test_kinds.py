@@ -1179,3 +1179,18 @@ def test_the_input_and_target_of_a_loss_function_are_tensors_and_so_is_what_a_ta
             reveal(labels > 0)
             reveal(y)
         """) == ["tensor", "tensor", "tensor"]
+
+
+def test_a_model_passed_in_called_on_host_batches_gives_what_it_may_have_moved():
+    """A model handed to the function may move host inputs itself (`nn.DataParallel` scatters them
+    to the GPUs): its output on the loader's batch is unknown. A built-in layer the function
+    makes computes where its input is: on the host."""
+    assert kinds("""
+        import torch
+        def train_epoch(data_loader, model, layer_size):
+            model.train()
+            layer = torch.nn.Linear(layer_size, 2)
+            for inputs, targets in data_loader:
+                reveal(model(inputs))
+                reveal(layer(inputs))
+        """) == ["None", "cpu_tensor"]

@@ -356,6 +356,101 @@ def test_syncs_in_a_layer_are_reported_where_a_training_program_runs_the_model_b
     assert _mat502_rows(tmp_path, {"model.py": _MODEL, "net.py": net, "train.py": library_trainer}, "model.py") == []
 
 
+def test_a_program_whose_backward_lives_in_a_project_module_it_imports_trains_the_model(tmp_path):
+    """train_student.py builds the model, moves it to the GPU and calls `train(...)` of loops.py,
+    where the `.backward()` is: the program trains, so the model's `forward` runs on every step.
+    Where no project module it imports spells a backward pass, it does not."""
+    loops = """
+        def train(model, loader, opt):
+            for x, mask, lengths in loader:
+                out, _ = model(x.cuda(), mask.cuda(), lengths.cuda())
+                out.sum().backward()
+                opt.step()
+        """
+    program = """
+        from model import Attention
+        from loops import train
+
+        if __name__ == "__main__":
+            train(Attention().cuda(), None, None)
+        """
+    files = {"model.py": _MODEL, "loops.py": loops, "train_student.py": program}
+    assert _mat502_rows(tmp_path, files, "model.py") == [10]
+    files["loops.py"] = loops.replace("out.sum().backward()", "print(out.sum())")
+    assert _mat502_rows(tmp_path, files, "model.py") == []
+
+
+def test_a_helper_that_syncs_in_each_pass_of_its_loop_over_what_it_is_given_syncs_on_every_call(tmp_path):
+    """`discriminator_loss` of models.py converts each discriminator's loss with `.item()` in a
+    `for` over its arguments: every call syncs, so the call in the training loop is reported.
+    A pass that a branch may skip first (`if not n: continue`, NMS over images) does not count."""
+    models = """
+        import torch
+
+        def discriminator_loss(real, fake):
+            loss, r_losses = 0, []
+            for dr, dg in zip(real, fake):
+                r_loss = torch.mean((1 - dr) ** 2)
+                loss += r_loss + torch.mean(dg ** 2)
+                r_losses.append(r_loss.item())
+            return loss, r_losses
+
+        def nms(prediction):
+            output = []
+            for x in prediction:
+                x = x[x[:, 4] > 0.5]
+                if not x.shape[0]:
+                    continue
+                output.append(x.cpu())
+            return output
+        """
+    train = """
+        import torch
+        from models import discriminator_loss, nms
+
+        def train(disc, loader, opt):
+            for x, y in loader:
+                x, y = x.cuda(), y.cuda()
+                loss, _ = discriminator_loss(disc(x), disc(y))
+                loss.backward()
+                opt.step()
+                boxes = nms(disc(x))
+        """
+    assert _mat502_rows(tmp_path, {"models.py": models, "train.py": train}, "train.py") == [8]
+
+
+def test_a_model_passed_in_and_called_on_host_batches_may_move_them_itself(tmp_path):
+    """`outputs = model(inputs)` of a model handed to the epoch function, on batches the loop does
+    not move (the model is an `nn.DataParallel`, which scatters them; `targets` are moved): the
+    outputs may be on the GPU, so `calculate_accuracy(outputs, targets)` and its `.item()` are
+    per-step syncs."""
+    utils = """
+        import torch
+
+        def calculate_accuracy(outputs, targets):
+            with torch.no_grad():
+                _, pred = outputs.topk(1, 1, largest=True, sorted=True)
+                correct = pred.t().eq(targets.view(1, -1))
+                return correct.float().sum().item() / targets.size(0)
+        """
+    training = """
+        import torch
+        from utils import calculate_accuracy
+
+        def train_epoch(data_loader, model, criterion, optimizer, device):
+            model.train()
+            for inputs, targets in data_loader:
+                targets = targets.to(device, non_blocking=True)
+                outputs = model(inputs)
+                loss = criterion(outputs, targets)
+                acc = calculate_accuracy(outputs, targets)
+                optimizer.zero_grad()
+                loss.backward()
+                optimizer.step()
+        """
+    assert _mat502_rows(tmp_path, {"utils.py": utils, "training.py": training}, "training.py") == [11]
+
+
 _STAR_TRAIN = """
     import torch
     from utils import *

@@ -1110,7 +1110,11 @@ class _Inference:
         if callee in (LINEAR, MODULE):
             # a torch.nn layer computes where its input is (it cannot move it): on host tensors, on the host
             given = [self.expr(a) for a in node.args]
-            return CPU_TENSOR if given and all(k == CPU_TENSOR for k in given) else TENSOR
+            if given and all(k == CPU_TENSOR for k in given):
+                # a model passed in may move host inputs itself (`nn.DataParallel` scatters them): unknown
+                passed_in = callee == MODULE and isinstance(func, ast.Name) and self._is_parameter(func.id)
+                return None if passed_in else CPU_TENSOR
+            return TENSOR
         if callee == USER_MODULE:
             cls = self._module_class(func)
             return TENSOR if cls is not None and _forward_returns_one_tensor(cls) else None

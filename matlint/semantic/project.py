@@ -35,10 +35,23 @@ def files_unchanged():
         yield
         return
     _SNAPSHOT.paths = {}
+    _SNAPSHOT.checked = set()
     try:
         yield
     finally:
-        _SNAPSHOT.paths = None
+        _SNAPSHOT.paths = _SNAPSHOT.checked = None
+
+
+def _checked_in_snapshot(key) -> bool:
+    """Whether `key` (a cache and its files) was found unchanged earlier in the open
+    `files_unchanged()`, whose files do not change while it is open; marks it so from now on."""
+    checked = getattr(_SNAPSHOT, "checked", None)
+    if checked is None:
+        return False
+    if key in checked:
+        return True
+    checked.add(key)
+    return False
 
 
 def _stat(path: str) -> Optional[os.stat_result]:
@@ -178,6 +191,7 @@ def project_dependencies(source: str, filename: str) -> list:
 
 _CUDA_WORK = re.compile(r"\bcuda\b|\.to\(\s*[\w.]*(?:device|DEVICE)|\bdevice\s*=|\.device\b"
                         r"|[Aa]ccelerator|DataParallel")
+_CUDA_WORK_WORDS = ("cuda", "device", "DEVICE", "ccelerator", "DataParallel")  # one is in each match
 
 
 def moves_work_to_cuda(ctx) -> bool:
@@ -194,7 +208,7 @@ def moves_work_to_cuda(ctx) -> bool:
 
 def names_cuda_work(text: str) -> bool:
     """`moves_work_to_cuda` on a file's text: for the project files another file's findings read."""
-    return _CUDA_WORK.search(text) is not None
+    return any(word in text for word in _CUDA_WORK_WORDS) and _CUDA_WORK.search(text) is not None
 
 
 def cpu_only_script(ctx) -> bool:
@@ -234,8 +248,7 @@ def imported_by_cuda_code(ctx) -> bool:
     steps and helpers (a loss-compute class, a metric) run on the tensors it gives them there."""
     found = ctx.shared.get("imported_by_cuda_code")
     if found is None:
-        found = ctx.shared["imported_by_cuda_code"] = any(
-            text is not None and names_cuda_work(text) for text in importer_texts(ctx).values())
+        found = ctx.shared["imported_by_cuda_code"] = any(file_moves_to_cuda(path) for path in importers(ctx.filename))
     return found
 
 
@@ -245,14 +258,13 @@ _BACKWARD_CALL = re.compile(r"\.backward\(")
 def imported_by_training_code(ctx) -> bool:
     """A program that imports the file being linted, or imports a project module that imports it
     (train.py importing darknet.py, whose model is built of yolo_layer.py's layers), trains on a
-    CUDA device (it has an `if __name__ == "__main__":` block or a loop at module level, calls
-    `.backward(` and moves work there): the models the file defines run on that program's steps.
+    CUDA device (`_trains_on_cuda`): the models the file defines run on that program's steps.
     A library's trainer module, which imports every model of the library, is no program."""
     found = ctx.shared.get("imported_by_training_code")
     if found is None:
         found = ctx.shared["imported_by_training_code"] = _training_program_nearby(ctx.filename) and (
-            any(_trains_on_cuda(text) for text in importer_texts(ctx).values())
-            or any(_file_trains_on_cuda(path) for importer in importer_texts(ctx) for path in importers(importer)))
+            any(_trains_on_cuda(path) for path in importers(ctx.filename))
+            or any(_trains_on_cuda(path) for importer in importers(ctx.filename) for path in importers(importer)))
     return found
 
 
@@ -264,8 +276,7 @@ def _training_program_nearby(filename: str) -> bool:
     files = _nearby_python_files(os.path.dirname(os.path.abspath(filename)))
     if not files:
         return False
-    return _while_files_unchanged(_TRAINING_PROGRAMS, files,
-                                  lambda: any(_trains_on_cuda(read_text(path)) for path in files))
+    return _while_files_unchanged(_TRAINING_PROGRAMS, files, lambda: any(_trains_on_cuda(path) for path in files))
 
 
 _TRAINING_PROGRAMS: dict = {}  # nearby files -> (their mtimes, whether one is a program that trains on CUDA)
@@ -274,17 +285,22 @@ _TRAINING_PROGRAMS: dict = {}  # nearby files -> (their mtimes, whether one is a
 _PROGRAM = re.compile(r"^(?:if[ \t]+__name__[ \t]*==|for[ \t]|while[ \t])", re.M)
 
 
-def _file_trains_on_cuda(path: str) -> bool:
-    """`_trains_on_cuda` of the file at `path`, read once per process while it is unchanged."""
-    return while_unchanged(_TRAINS_ON_CUDA, path, lambda p: _trains_on_cuda(read_text(p)), False)
+def _trains_on_cuda(path: str) -> bool:
+    """The file at `path` is a program (an `if __name__ == "__main__":` block, or a loop at module
+    level) that moves work to a CUDA device and trains: it calls `.backward(`, or a project module
+    it imports does (train_student.py running `train_distill` of helper/loops.py). Read once per
+    process while the file is unchanged."""
+    return while_unchanged(_TRAINS_ON_CUDA, path, _reads_as_training_program, False)
 
 
 _TRAINS_ON_CUDA: dict = {}  # path -> (size, mtime_ns, whether it is a program that trains on CUDA)
 
 
-def _trains_on_cuda(text: Optional[str]) -> bool:
-    return text is not None and _BACKWARD_CALL.search(text) is not None and _PROGRAM.search(text) is not None \
-        and names_cuda_work(text)
+def _reads_as_training_program(path: str) -> bool:
+    text = read_text(path)
+    if text is None or _PROGRAM.search(text) is None or not names_cuda_work(text):
+        return False
+    return _BACKWARD_CALL.search(text) is not None or any(file_runs_backward(p) for p in imported_paths(text, path))
 
 
 def read_text(path: str) -> Optional[str]:
@@ -383,8 +399,10 @@ def _while_files_unchanged(cache: dict, files: list, compute):
     """`compute()`, worked out once per process while none of `files` changes its modification
     time (kept in `cache`, tuple(files) -> (their mtimes, value))."""
     key = tuple(files)
-    stats = tuple(_mtime(path) for path in files)
     cached = cache.get(key)
+    if cached is not None and _checked_in_snapshot((id(cache), key)):
+        return cached[1]
+    stats = tuple(_mtime(path) for path in files)
     if cached is None or cached[0] != stats:
         cached = cache[key] = (stats, compute())
     return cached[1]
@@ -420,7 +438,8 @@ def _nearby_python_files(here: str) -> Optional[list]:
     it, and the files directly in the folders `_LEVELS_UP` above it; None past that too. Listed
     once per process while none of the folders read changes (a file added or removed)."""
     cached = _NEARBY.get(here)
-    if cached is not None and all(_mtime(folder) == mtime for folder, mtime in cached[0]):
+    if cached is not None and (_checked_in_snapshot((id(_NEARBY), here))
+                               or all(_mtime(folder) == mtime for folder, mtime in cached[0])):
         return cached[1]
     folders: list = []
     found = _list_nearby(here, folders)

@@ -212,11 +212,13 @@ def _steps_with_helpers(ctx) -> bool:
 
 
 def _sync_of_every_run(body: list, sync_of=None, callees: Optional[dict] = None) -> Optional[ast.Call]:
-    """The first sync that every run of the statements `body` runs (not under an `if`, a loop or a
-    `try`): `.item()` / `.cpu()` / `.tolist()` / `.to("cpu")`, or `float()` / `int()` / `bool()`
-    of what a `torch.` function computes (`float(torch.sum(tp))`, `float(correct)` after
-    `correct = torch.sum(pred == gt)`); or the sync `sync_of` finds in a function of `callees`
-    that they call."""
+    """The first sync that every run of the statements `body` runs (not under an `if`, a `while`
+    or a `try`; in the body of a `for`, which goes over what the helper is given, before any
+    branch that skips the rest of a pass: `for dr, dg in zip(real, fake):
+    r_losses.append(r_loss.item())`): `.item()` / `.cpu()` / `.tolist()` /
+    `.to("cpu")`, or `float()` / `int()` / `bool()` of what a `torch.` function computes
+    (`float(torch.sum(tp))`, `float(correct)` after `correct = torch.sum(pred == gt)`); or the
+    sync `sync_of` finds in a function of `callees` that they call."""
     callees = callees or {}
     stack = list(reversed(body))
     made = set()  # names the statements so far bound to what a torch function computes
@@ -224,6 +226,16 @@ def _sync_of_every_run(body: list, sync_of=None, callees: Optional[dict] = None)
         stmt = stack.pop()
         if isinstance(stmt, ast.If) and tested_as_tensor(stmt.test) is not None:
             stack.extend(reversed(stmt.body))  # `if torch.is_tensor(x): x = x.cpu()`: runs on every call given one
+            continue
+        if isinstance(stmt, ast.For) and not stmt.orelse:
+            # up to a branch that skips the rest of the pass (`if not n: continue`)
+            passes = []
+            for inner in stmt.body:
+                if isinstance(inner, ast.If) and any(isinstance(n, (ast.Continue, ast.Break, ast.Return))
+                                                     for n in ast.walk(inner)):
+                    break
+                passes.append(inner)
+            stack.extend(reversed(passes))
             continue
         if isinstance(stmt, (ast.If, ast.For, ast.AsyncFor, ast.While, ast.Try, ast.With, ast.FunctionDef,
                              ast.AsyncFunctionDef, ast.ClassDef)) or getattr(ast, "TryStar", ast.Try) is type(stmt):
@@ -594,7 +606,8 @@ class HostSyncInLoop(_StepLoops, _HostReads, Rule):
       inside a training loop, does not run in each iteration and makes no epoch loop), and
       syncs gated to run every N steps (`if step % log_every == 0:`, `if verbose:`, an `==` on a
       value that changes as the loop runs: `if step == 0:`; `if ema is None:` around `ema = ...`,
-      the first step) or once (in a branch that ends in `return`, `break`, `raise` or
+      the first step; `if j <= 4:` on the count of the loop's passes that `range` or `enumerate`
+      gives, the first few) or once (in a branch that ends in `return`, `break`, `raise` or
       `sys.exit()`, in the
       `return` itself, in an `except`; in a loop whose body ends in `return` after it: a
       throughput benchmark that times one batch). The `else` of a gate runs on the other steps: a sync

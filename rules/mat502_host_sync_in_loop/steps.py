@@ -186,7 +186,32 @@ def _is_gate(test: ast.AST, loop: LoopInfo) -> bool:
         if isinstance(node, ast.Compare) and any(isinstance(op, ast.Eq) for op in node.ops) \
                 and not all(_same_every_step(operand, loop) for operand in [node.left] + node.comparators):
             return True
+        if isinstance(node, ast.Compare) and len(node.ops) == 1 and _first_passes(node, loop):
+            return True
     return False
+
+
+def _first_passes(test: ast.Compare, loop: LoopInfo) -> bool:
+    """`if j <= 4:`, `if 10 > i:`: the loop's own count of its passes (the target of `range(...)`,
+    the index of `enumerate(...)`) below a number: the first few passes, a preview."""
+    op, left, right = test.ops[0], test.left, test.comparators[0]
+    if isinstance(op, (ast.Gt, ast.GtE)):
+        left, right = right, left
+    elif not isinstance(op, (ast.Lt, ast.LtE)):
+        return False
+    if not (isinstance(right, ast.Constant) and type(right.value) is int and isinstance(left, ast.Name)):
+        return False
+    node = loop.node
+    if not isinstance(node, (ast.For, ast.AsyncFor)) or not isinstance(node.iter, ast.Call) \
+            or not isinstance(node.iter.func, ast.Name) or left.id in loop.assigned:
+        return False
+    if node.iter.func.id == "range":
+        counter = node.target
+    elif node.iter.func.id == "enumerate" and isinstance(node.target, ast.Tuple) and node.target.elts:
+        counter = node.target.elts[0]
+    else:
+        return False
+    return isinstance(counter, ast.Name) and counter.id == left.id
 
 
 def _same_every_step(operand: ast.AST, loop: LoopInfo) -> bool:
