@@ -451,6 +451,91 @@ def test_a_model_passed_in_and_called_on_host_batches_may_move_them_itself(tmp_p
     assert _mat502_rows(tmp_path, {"utils.py": utils, "training.py": training}, "training.py") == [11]
 
 
+def test_a_program_above_the_package_folder_it_puts_on_the_path_trains_the_layers_it_imports(tmp_path):
+    """trainval_net.py, beside `lib/` (which `_init_paths.py` puts on `sys.path`), imports
+    `model.faster_rcnn.net` and trains it on the GPU; the network holds `model/rpn/rpn.py`'s
+    layer: its `forward` runs on every step, three folders below the program, and its sync under
+    `if self.training:` runs on every training step. Where the program does not train, it is quiet."""
+    rpn = """
+        import torch.nn as nn
+
+        class RPN(nn.Module):
+            def __init__(self):
+                super().__init__()
+                self.conv = nn.Conv2d(8, 8, 3)
+            def forward(self, x, labels):
+                h = self.conv(x)
+                if self.training:
+                    keep = h.view(-1).ne(-1).nonzero().view(-1)
+                    h = h.view(-1)[keep]
+                return h
+        """
+    net = """
+        import torch.nn as nn
+        from model.rpn.rpn import RPN
+
+        class Net(nn.Module):
+            def __init__(self):
+                super().__init__()
+                self.rpn = RPN()
+            def forward(self, x, labels):
+                return self.rpn(x, labels)
+        """
+    program = """
+        import _init_paths
+        import torch
+        from model.faster_rcnn.net import Net
+
+        net = Net().cuda()
+        opt = torch.optim.SGD(net.parameters(), lr=0.1)
+        for x, labels in loader:
+            net(x.cuda(), labels.cuda()).sum().backward()
+            opt.step()
+        """
+    for folder in ("lib/model/rpn", "lib/model/faster_rcnn"):
+        (tmp_path / folder).mkdir(parents=True)
+    files = {"lib/model/rpn/rpn.py": rpn, "lib/model/faster_rcnn/net.py": net, "trainval_net.py": program,
+             "_init_paths.py": "import sys\nsys.path.insert(0, 'lib')\n"}
+    assert _mat502_rows(tmp_path, files, "lib/model/rpn/rpn.py") == [11]
+    files["trainval_net.py"] = program.replace(".backward()", ".tolist()")
+    assert _mat502_rows(tmp_path, files, "lib/model/rpn/rpn.py") == []
+
+
+def test_a_helper_handed_a_model_on_the_gpu_syncs_on_its_gradients(tmp_path):
+    """`clip_gradient(model, 10.)` of a project module whose body converts the gradients' norm with
+    `.item()`: the model the program moved to the GPU holds its gradients there, so the call in
+    the training loop syncs every step. In a script that moves nothing to a device it waits for nothing."""
+    net_utils = """
+        import torch
+
+        def clip_gradient(model, clip_norm):
+            totalnorm = 0
+            for p in model.parameters():
+                if p.requires_grad:
+                    totalnorm += p.grad.data.norm() ** 2
+            totalnorm = torch.sqrt(totalnorm).item()
+            norm = clip_norm / max(totalnorm, clip_norm)
+            for p in model.parameters():
+                p.grad.mul_(norm)
+        """
+    train = """
+        import torch
+        from net_utils import clip_gradient
+
+        def train(loader):
+            model = torch.nn.Linear(4, 1).cuda()
+            opt = torch.optim.SGD(model.parameters(), lr=0.1)
+            for x, y in loader:
+                loss = (model(x.cuda()) - y.cuda()).pow(2).mean()
+                loss.backward()
+                clip_gradient(model, 10.)
+                opt.step()
+        """
+    assert _mat502_rows(tmp_path, {"net_utils.py": net_utils, "train.py": train}, "train.py") == [11]
+    on_the_host = train.replace(".cuda()", "")
+    assert _mat502_rows(tmp_path, {"net_utils.py": net_utils, "train.py": on_the_host}, "train.py") == []
+
+
 _STAR_TRAIN = """
     import torch
     from utils import *

@@ -88,6 +88,10 @@ def resolve(filename: str, module: str, level: int) -> Optional[str]:
         bases = [here]
         for _ in range(_LEVELS_UP):
             bases.append(os.path.dirname(bases[-1]))
+    if not level and parts:
+        # a script's packages may sit in `lib/` or `src/` beside it, put on `sys.path` by the
+        # program (`_init_paths.py`) or by an install of a src layout
+        bases += [os.path.join(base, folder) for base in bases for folder in _PACKAGE_FOLDERS]
     for base in bases:
         stem = os.path.join(base, *parts) if parts else base
         for candidate in (stem + ".py", os.path.join(stem, "__init__.py")):
@@ -96,6 +100,9 @@ def resolve(filename: str, module: str, level: int) -> Optional[str]:
     if not level and len(parts) == 1:
         return _in_sibling_folder(here, parts[0])
     return None
+
+
+_PACKAGE_FOLDERS = ("lib", "src")
 
 
 def _in_sibling_folder(here: str, name: str) -> Optional[str]:
@@ -264,8 +271,53 @@ def imported_by_training_code(ctx) -> bool:
     if found is None:
         found = ctx.shared["imported_by_training_code"] = _training_program_nearby(ctx.filename) and (
             any(_trains_on_cuda(path) for path in importers(ctx.filename))
-            or any(_trains_on_cuda(path) for importer in importers(ctx.filename) for path in importers(importer)))
+            or any(_trains_on_cuda(path) for importer in importers(ctx.filename) for path in importers(importer))
+        ) or in_script_project(ctx) and _imported_by_program_above(ctx.filename)
     return found
+
+
+_PROGRAM_LEVELS_UP = 4  # `lib/model/rpn/anchor_target_layer.py`, which trainval_net.py imports three folders up
+
+
+def _imported_by_program_above(filename: str) -> bool:
+    """A program directly in the file's folder or in one of the `_PROGRAM_LEVELS_UP` folders above
+    it trains on a CUDA device (`_trains_on_cuda`) and imports the file through any chain of
+    project imports (trainval_net.py, vgg16.py, faster_rcnn.py, rpn.py, then the file)."""
+    if not filename or not _is_file(filename):
+        return False
+    target = os.path.abspath(filename)
+    folder = os.path.dirname(target)
+    for _ in range(_PROGRAM_LEVELS_UP + 1):
+        for path in _python_files_in(folder, []):
+            if path != target and _trains_on_cuda(path) and target in _import_closure(path):
+                return True
+        parent = os.path.dirname(folder)
+        if parent == folder:
+            break
+        folder = parent
+    return False
+
+
+_CLOSURE_FILES = 400  # the most project files a program's imports are followed through
+
+
+def _import_closure(program: str) -> frozenset:
+    """The project files `program` imports, directly or through the modules it imports. Worked out
+    once per process while the program is unchanged."""
+    return while_unchanged(_IMPORT_CLOSURES, program, _follow_imports, frozenset())
+
+
+_IMPORT_CLOSURES: dict = {}  # path -> (size, mtime_ns, the files it imports, however indirectly)
+
+
+def _follow_imports(program: str) -> frozenset:
+    found, frontier = set(), [program]
+    while frontier and len(found) < _CLOSURE_FILES:
+        for imported in _direct_imports(frontier.pop()):
+            if imported not in found:
+                found.add(imported)
+                frontier.append(imported)
+    return frozenset(found)
 
 
 def _training_program_nearby(filename: str) -> bool:
@@ -380,7 +432,45 @@ def importers(filename: str, most: int = None) -> list:
         frontier = {path for path in reached if os.path.basename(path) == "__init__.py"}
         if not frontier:
             break
+    if len(files) <= SCRIPT_PROJECT_FILES:
+        found.update(path for path in _programs_above(target) if target in _direct_imports(path))
     return sorted(found)
+
+
+def _programs_above(target: str) -> list:
+    """The programs (`_PROGRAM`) directly in the folders up to `_PROGRAM_LEVELS_UP` above the
+    file's: scripts beside the package folder they put on `sys.path` (trainval_net.py importing
+    `lib/model/utils/net_utils.py`)."""
+    found = []
+    folder = os.path.dirname(target)
+    for _ in range(_PROGRAM_LEVELS_UP):
+        parent = os.path.dirname(folder)
+        if parent == folder:
+            break
+        folder = parent
+        found.extend(path for path in _python_files_in(folder, []) if _is_program(path))
+    return found
+
+
+def _is_program(path: str) -> bool:
+    return while_unchanged(_PROGRAMS, path, lambda p: _PROGRAM.search(read_text(p) or "") is not None, False)
+
+
+_PROGRAMS: dict = {}  # path -> (size, mtime_ns, whether the file is a program)
+
+
+def _direct_imports(path: str) -> frozenset:
+    """The project files the file at `path` imports (`imported_paths`), read once per process
+    while it is unchanged."""
+    return while_unchanged(_DIRECT_IMPORTS, path, _read_direct_imports, frozenset())
+
+
+_DIRECT_IMPORTS: dict = {}  # path -> (size, mtime_ns, the files it imports)
+
+
+def _read_direct_imports(path: str) -> frozenset:
+    text = read_text(path)
+    return frozenset(os.path.abspath(p) for p in imported_paths(text, path)) if text is not None else frozenset()
 
 
 def _importers_table(files: list) -> dict:

@@ -253,7 +253,7 @@ def _mode_branch(ctx, site) -> bool:
     too): each branch runs on every step of its mode (training, or inference), or on every call
     of a program or module configured so."""
     tests = _tests_around(site.functions[-1].body, site.call, ())
-    return tests is not None and all(_reads_mode(test) or configuration_test(ctx, site.functions[-1], test, site.cls)
+    return tests is not None and all(reads_mode(test) or configuration_test(ctx, site.functions[-1], test, site.cls)
                                      for test in tests)
 
 
@@ -478,7 +478,7 @@ def _calls_the_same(body: list, call: ast.Call) -> bool:
                for stmt in body if not isinstance(stmt, ast.If) for n in walk_no_scopes(stmt))
 
 
-def _reads_mode(test: ast.AST) -> bool:
+def reads_mode(test: ast.AST) -> bool:
     """`self.training`, `not self.training`."""
     if isinstance(test, ast.UnaryOp) and isinstance(test.op, ast.Not):
         test = test.operand

@@ -11,7 +11,7 @@ from matlint.diagnostics import Fix
 from matlint.rule import Only, Rule
 
 from matlint.semantic import kinds as _kinds
-from matlint.semantic.project import cpu_only_project, cpu_only_script, imported_function, parsed
+from matlint.semantic.project import cpu_only_project, cpu_only_script, imported_function, moves_work_to_cuda, parsed
 from matlint.semantic.loops import LoopInfo, bound_names, is_backward, loaded_names, walk_no_scopes
 from matlint.semantic.kinds import TYPED_TENSORS, cuda_tensor_type
 from matlint.semantic.steps import iterates_loader, loop_trains, repeating_loops, runs_once, samples_with_model, step_loop
@@ -26,6 +26,7 @@ _NOT_SYNCED = (_kinds.CPU_TENSOR,) + _kinds.NON_TENSORS
 _SYNC_METHODS = {"item", "cpu", "tolist", "to"}
 _MOVES = frozenset({"to", "cuda", "cpu", "type", "type_as"})  # methods that may put a tensor elsewhere
 _CONVERSIONS = {"float", "int", "bool"}
+_MODULES = frozenset({_kinds.MODULE, _kinds.LINEAR, _kinds.USER_MODULE})
 # Python's `math` functions, which convert a tensor argument to a Python number.
 _MATH_FUNCTIONS = frozenset({"log", "log10", "log2", "log1p", "exp", "expm1", "sqrt", "pow", "floor", "ceil", "fabs",
                              "isnan", "isinf", "isfinite", "sin", "cos", "tan", "atan", "tanh", "erf"})
@@ -570,8 +571,11 @@ class HostSyncInLoop(_StepLoops, _HostReads, Rule):
       break`, |bound| >= 100).
     - Syncs in a model's `forward` other than an `assert` (`.item()`, `.tolist()`, `nonzero`,
       boolean masks, `if t.any():`), unless a program that trains on the GPU runs that model (the
-      file itself, or a program that imports it: a file with an `if __name__ == "__main__":`
-      block or a loop at module level that calls `.backward(` and moves work to CUDA). A
+      file itself, or a program that imports it, through any chain of project imports from a
+      program in the file's folder or up to four above it: a file with an `if __name__ ==
+      "__main__":` block or a loop at module level that moves work to CUDA and calls `.backward(`,
+      itself or in a project module it imports). Such a forward's syncs under `if self.training:`
+      run on every training step. A
       library's models serve callers it does not know, branch on their data and size their
       outputs by it on purpose (expert routing, variable lengths), and the rule cannot tell a
       needed sync from a wasted one there; where the project's own training program runs the
@@ -885,8 +889,11 @@ class HostSyncInLoop(_StepLoops, _HostReads, Rule):
         # what each name holds where it is passed (`scale = at.scalar(scale)` of a loader's host batch)
         kinds = [_kinds.reaching_kind(self.ctx, a) if isinstance(a, ast.Name) else _kinds.kind_of(self.ctx, a)
                  for a in call.args]
-        if not kinds or _kinds.CPU_TENSOR in kinds or all(k in _kinds.NON_TENSORS for k in kinds):
-            return  # host tensors, or no tensor at all (a name, a count): nothing to wait for
+        if not kinds or _kinds.CPU_TENSOR in kinds or all(k in _kinds.NON_TENSORS for k in kinds) and not (
+                _MODULES.intersection(kinds) and moves_work_to_cuda(self.ctx)):
+            # host tensors, or no tensor at all (a name, a count): nothing to wait for; a model
+            # the file moves to the GPU holds its parameters and gradients there (`clip_gradient(model, 10.)`)
+            return
         where = "this file" if path is None else os.path.relpath(path, os.path.dirname(os.path.abspath(self.ctx.filename)))
         if isinstance(sync.func, ast.Name):  # `float(correct)`
             spelled = ast.unparse(sync)

@@ -15,7 +15,7 @@ from matlint.semantic.project import (file_moves_to_cuda, imported_by_cuda_code,
                                       imported_files, in_script_project, moves_work_to_cuda)
 from matlint.semantic.steps import (SCORING_WORDS, STEP_HOOKS, calls_a_step_method, configuration_test, gate_name,
                                    guards_empty_selection, passed_to_steps, step_functions, step_loop, step_of,
-                                   steps_from_importers, trains_in, function_name)
+                                   reads_mode, steps_from_importers, trains_in, function_name)
 
 
 
@@ -319,10 +319,12 @@ class _StepLoops:
             if not (in_body and (trains_in(parent.body) or guards_empty_selection(self.ctx, parent)
                                  or _selects_items(parent.test, chain[:chain.index(parent)]))) \
                     and not configuration_test(self.ctx, function, parent.test, self.ctx.class_) \
+                    and not (self.ctx.class_ is not None and reads_mode(parent.test)) \
                     and not _presence_test(parent, function) and not self._syncs_on_both_paths(parent):
                 # not every call runs it; a branch that trains (`if tune_alpha: ... step()`) is the
                 # step, the body of `if mask.sum() > 0:` the usual path, a branch of a
                 # configuration switch (`if FIXED_ALPHA is None:` / `else:`) runs on every step,
+                # a branch on a module's mode (`if self.training:`) on every step of that mode,
                 # and so does a sync where the other branch syncs too (`if relative: return
                 # d.mean().item()` / `else: return d.sum().item()`): every call waits
                 return None
