@@ -536,6 +536,35 @@ def test_a_helper_handed_a_model_on_the_gpu_syncs_on_its_gradients(tmp_path):
     assert _mat502_rows(tmp_path, {"net_utils.py": net_utils, "train.py": on_the_host}, "train.py") == []
 
 
+def test_a_helper_whose_result_a_training_steps_rollout_hands_to_the_environment(tmp_path):
+    """`step` of an agent rolls out (`actions = epsilon_greedy(eps, to_np(q))`, then
+    `self.task.step(actions)`) and updates: the environment needs the actions on the host, so
+    `to_np`'s copy is the rollout's design. Where the step keeps what it copies, it syncs."""
+    utils = """
+        import torch
+
+        def to_np(t):
+            return t.cpu().detach().numpy()
+        """
+    agent = """
+        import torch
+        from utils import to_np
+
+        class Agent:
+            def step(self, states, eps):
+                for _ in range(self.rollout_length):
+                    q = self.network(torch.as_tensor(states).cuda())
+                    actions = epsilon_greedy(eps, to_np(q))
+                    states, rewards, terminals, info = self.task.step(actions)
+                loss = self.network(torch.as_tensor(states).cuda()).sum()
+                loss.backward()
+                self.optimizer.step()
+        """
+    assert _mat502_rows(tmp_path, {"utils.py": utils, "agent.py": agent}, "utils.py") == []
+    kept = agent.replace("states, rewards, terminals, info = self.task.step(actions)", "self.log.append(actions)")
+    assert _mat502_rows(tmp_path, {"utils.py": utils, "agent.py": kept}, "utils.py") == [5]
+
+
 _STAR_TRAIN = """
     import torch
     from utils import *

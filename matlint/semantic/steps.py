@@ -682,8 +682,11 @@ def _step_at(ctx, found: dict, site, where: str = "") -> Optional[Step]:
         # that loop, where it runs, calls it on every pass; the loops outside the branch do not
         loops = loops[-1:]
     if caller is not None:
+        # a rollout loop in a training step (`actions = policy(to_np(q))`, then `env.step(actions)`)
+        # hands what the call returns to the environment, like a loop step's call does
         return Step(f"is called from `{site.functions[-1].name}`{where}, which {caller.why}", caller.training,
-                    caller.forward, caller.loss, from_file=caller.from_file)
+                    caller.forward, caller.loss, from_file=caller.from_file,
+                    feeds_host=bool(loops) and _result_to_environment(site))
     calls = file_calls(ctx)
     loop_step = next((s for s in (_loop_step(loop, calls) for loop in reversed(loops)) if s is not None), None)
     if loop_step is None and loops:

@@ -121,6 +121,8 @@ class TinyOps(Rule):
       `swa`, `sgd`, an optimizer's name; not `remap` or `swap`), the `__call__` of a class so
       named (`class EMA`), or a loop nested in a training loop counts; a one-off gradient
       rescale after training does not.
+    - Updates under a test that picks a parameter by its full, dotted name (`if 'fc1.weight' in
+      name:`): one tensor (a max-norm constraint on one layer), not every parameter.
     - Loops over a list of tensors (`for s in scales:`) whose update does not read their `.grad`,
       zipped lists none of which is named as parameters (`for buf, g in zip(self.buffers,
       grads):`) or whose update does not read the partner item, and tallies in a dict keyed by
@@ -246,6 +248,8 @@ class TinyOps(Rule):
         if isinstance(node, ast.AugAssign) and isinstance(updated, ast.Subscript) and not (
                 loaded_names(node.value) & loop.targets):
             return  # `counts[name] += 1`: a tally keyed by the parameter, not an update from it
+        if self._picks_one_by_name(node, loop):
+            return
         function = self.ctx.function
         if function is not None and (updates_once(getattr(function, "name", "")) or self._uses_foreach(function)):
             return
@@ -255,6 +259,23 @@ class TinyOps(Rule):
         self.report(node, f"this loop over parameters (line {loop.node.lineno}) launches small kernels for every "
                           "parameter on every update; use `torch._foreach_*` ops on the parameter lists, a "
                           "`fused=True` optimizer, or `torch.compile` the update")
+
+    def _picks_one_by_name(self, node: ast.AST, loop: LoopInfo) -> bool:
+        """The update sits under a test that picks a parameter by its full, dotted name (`if
+        'fc1.weight' in name:`, `if name == "fc.bias":`): a max-norm constraint on one layer,
+        one tensor updated, not every parameter."""
+        parents = self.ctx.parents
+        start = next((i for i, p in enumerate(parents) if p is loop.node), None)
+        for parent in parents[start + 1:] if start is not None else ():
+            test = parent.test if isinstance(parent, ast.If) else None
+            if not (isinstance(test, ast.Compare) and len(test.ops) == 1
+                    and isinstance(test.ops[0], (ast.In, ast.Eq))):
+                continue
+            sides = (test.left, test.comparators[0])
+            if any(isinstance(a, ast.Constant) and isinstance(a.value, str) and "." in a.value
+                   and isinstance(b, ast.Name) and b.id in loop.targets for a, b in (sides, sides[::-1])):
+                return True
+        return False
 
     def _parameter_loop(self) -> Optional[LoopInfo]:
         if not self.ctx.loops:
