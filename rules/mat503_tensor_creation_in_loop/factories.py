@@ -36,7 +36,7 @@ _SAME_DEVICE_METHODS = {"tril", "triu", "bool", "float", "half", "bfloat16", "lo
 # may move it, after it was made on the host all the same).
 _MAKING_METHODS = _SAME_DEVICE_METHODS | {
     "unsqueeze", "squeeze", "view", "reshape", "expand", "expand_as", "repeat", "transpose", "permute", "t",
-    "flatten", "contiguous", "type", "type_as", "clamp", "fill_", "uniform_", "normal_", "random_"}
+    "flatten", "contiguous", "type", "type_as", "clamp", "fill_", "zero_", "uniform_", "normal_", "random_"}
 # ... and those that fill it where a mask of its own values says (`mask.float().masked_fill(mask == 0,
 # float("-inf"))`): a mask from elsewhere may be on the device, and then the fill cannot be made there.
 _MASKED_FILLS = {"masked_fill", "masked_fill_"}
@@ -128,8 +128,12 @@ def legacy_sizes(ctx, name: str, call: ast.Call) -> bool:
         or _whole_number(ctx, size)
 
 
-def _whole_number(ctx, expr: ast.AST) -> bool:
-    """`len(x)`, `int(n)`, `x.size(0)`, `x.shape[0]`: spelled as a whole number."""
+def _whole_number(ctx, expr: ast.AST, named: bool = True) -> bool:
+    """`len(x)`, `int(n)`, `x.size(0)`, `x.shape[0]`: spelled as a whole number; or a name that each
+    of its bindings binds to one (`batch_size = input_char.size(0)`)."""
+    if isinstance(expr, ast.Name) and named:
+        entries = _kinds.bindings(ctx, expr.id) or []
+        return bool(entries) and all(e[0] == "value" and _whole_number(ctx, e[1], False) for e in entries)
     if isinstance(expr, ast.Call) and expr.args and not expr.keywords:
         if isinstance(expr.func, ast.Name) and expr.func.id in ("len", "int") and ctx.qualname(expr.func) is None:
             return len(expr.args) == 1
