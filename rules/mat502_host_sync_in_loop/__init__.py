@@ -1323,7 +1323,7 @@ class HostSyncInLoop(_StepLoops, _HostReads, Rule):
             return
         loop = step_loop(self.ctx)
         if loop is None:
-            where = self._in_step_function(node)
+            where = self._in_step_function(node, owner)
             fix = None
             if where is None or owner is None and self._gone_over_in_function(node):
                 return

@@ -298,11 +298,13 @@ class _StepLoops:
         # step's loss (its syncs, box matching through masks, wait on every training step)
         return None if step is None or step.forward and not step.loss and not in_forward else step
 
-    def _in_step_function(self, node: ast.AST) -> Optional[str]:
+    def _in_step_function(self, node: ast.AST, owner: Optional[ast.AST] = None) -> Optional[str]:
         """For a sync in a function that runs every step, outside any loop of its own: why it runs
         every step; None where it runs only on some calls (under an `if`, in an error path). An
         `if` in a loop of the function that picks some of the loop's items by what they are
-        (`for name, p in model.named_parameters(): if p.grad is not None:`) runs on every call."""
+        (`for name, p in model.named_parameters(): if p.grad is not None:`) runs on every call.
+        `owner`: the statement (`if`, `while`, `assert`) whose test `node` is, which the walk has
+        not entered."""
         step = self._step_context(in_forward=True)  # the caller has asked its own question first
         function = next((f for f in reversed(self.ctx.functions) if not isinstance(f, ast.Lambda)),
                         self.ctx.functions[-1])  # a lambda the module binds to a name (`_module_lambdas`)
@@ -310,7 +312,7 @@ class _StepLoops:
         chain = self.ctx.parents[start + 1:] if start is not None else []
         if any(isinstance(p, (ast.ExceptHandler, ast.Raise, ast.IfExp, ast.Try)) for p in chain):
             return None
-        for parent, child in zip(chain, chain[1:] + [node]):
+        for parent, child in zip(chain, chain[1:] + [owner if isinstance(owner, ast.stmt) else node]):
             if not isinstance(parent, ast.If):
                 continue
             in_body = any(s is child for s in parent.body)
