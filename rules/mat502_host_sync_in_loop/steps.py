@@ -318,6 +318,10 @@ class _StepLoops:
             in_body = any(s is child for s in parent.body)
             if not (in_body or any(s is child for s in parent.orelse)):
                 continue  # its test, which every call runs
+            if child is owner and isinstance(owner, ast.If) and parent.orelse == [owner]:
+                continue  # the test of an `elif`, which every call that skips the `if` runs
+            if isinstance(owner, ast.Assert) and child is owner and _asserts_in_both_arms(parent):
+                continue  # `if a: ...; assert ok(x)` / `else: ...; assert ok(y)`: every call checks one
             if not (in_body and (trains_in(parent.body) or guards_empty_selection(self.ctx, parent)
                                  or _selects_items(parent.test, chain[:chain.index(parent)]))) \
                     and not configuration_test(self.ctx, function, parent.test, self.ctx.class_) \
@@ -419,6 +423,12 @@ class _StepLoops:
                 if in_body and _first_time(parent):
                     return True  # `if loss_ema is None: loss_ema = loss.item()`: the first step only
         return False
+
+
+def _asserts_in_both_arms(branch: ast.If) -> bool:
+    """The body and the `else` of `branch` each hold an `assert` of their own (not under a further branch)."""
+    return bool(branch.orelse) and all(any(isinstance(stmt, ast.Assert) for stmt in arm)
+                                       for arm in (branch.body, branch.orelse))
 
 
 def _presence_test(branch: ast.If, function: ast.AST) -> bool:
