@@ -34,12 +34,11 @@ def files_unchanged():
     if getattr(_SNAPSHOT, "paths", None) is not None:
         yield
         return
-    _SNAPSHOT.paths = {}
-    _SNAPSHOT.checked = set()
+    _SNAPSHOT.paths, _SNAPSHOT.checked, _SNAPSHOT.resolved = {}, set(), {}
     try:
         yield
     finally:
-        _SNAPSHOT.paths = _SNAPSHOT.checked = None
+        _SNAPSHOT.paths = _SNAPSHOT.checked = _SNAPSHOT.resolved = None
 
 
 def _checked_in_snapshot(key) -> bool:
@@ -73,12 +72,37 @@ def _is_file(path: str) -> bool:
     return found is not None and stat.S_ISREG(found.st_mode)
 
 
+def _is_folder(path: str) -> bool:
+    found = _stat(path)
+    return found is not None and stat.S_ISDIR(found.st_mode)
+
+
 def resolve(filename: str, module: str, level: int) -> Optional[str]:
     """The project file `module` names from `filename` (`level`: the leading dots of a relative
     import), or None (an installed package, the standard library, not found)."""
     if not filename or not _is_file(filename):
         return None
-    here = os.path.dirname(os.path.abspath(filename))
+    target = os.path.abspath(filename)
+    here = os.path.dirname(target)
+    key = (here, module, level)
+    resolved = getattr(_SNAPSHOT, "resolved", None)
+    candidates = resolved.get(key) if resolved is not None else None
+    if candidates is None:
+        candidates = _module_files(here, module, level)
+        if resolved is not None:
+            resolved[key] = candidates
+    found = next((path for path in candidates if path != target), None)
+    name = module.strip(".")
+    if found is None and not level and name and "." not in name:
+        return _in_sibling_folder(here, name)
+    return found
+
+
+def _module_files(here: str, module: str, level: int) -> tuple:
+    """The files that `module` may name from a file in the folder `here`, in the order Python
+    would look: the folders `_LEVELS_UP` above it (or the package `level` dots name), and a
+    `lib/` or `src/` folder beside each, where a script's packages sit on `sys.path` (put there
+    by the program, `_init_paths.py`, or by an install of a src layout)."""
     parts = [p for p in module.split(".") if p]
     if level:
         bases = [here]
@@ -89,17 +113,13 @@ def resolve(filename: str, module: str, level: int) -> Optional[str]:
         for _ in range(_LEVELS_UP):
             bases.append(os.path.dirname(bases[-1]))
     if not level and parts:
-        # a script's packages may sit in `lib/` or `src/` beside it, put on `sys.path` by the
-        # program (`_init_paths.py`) or by an install of a src layout
-        bases += [os.path.join(base, folder) for base in bases for folder in _PACKAGE_FOLDERS]
+        bases += [folder for folder in (os.path.join(base, name) for base in bases for name in _PACKAGE_FOLDERS)
+                  if _is_folder(folder)]
+    found = []
     for base in bases:
         stem = os.path.join(base, *parts) if parts else base
-        for candidate in (stem + ".py", os.path.join(stem, "__init__.py")):
-            if _is_file(candidate) and os.path.abspath(candidate) != os.path.abspath(filename):
-                return candidate
-    if not level and len(parts) == 1:
-        return _in_sibling_folder(here, parts[0])
-    return None
+        found.extend(candidate for candidate in (stem + ".py", os.path.join(stem, "__init__.py")) if _is_file(candidate))
+    return tuple(found)
 
 
 _PACKAGE_FOLDERS = ("lib", "src")
