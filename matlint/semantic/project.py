@@ -28,9 +28,9 @@ _SNAPSHOT = threading.local()  # `.paths` while `files_unchanged()` is open: pat
 @contextmanager
 def files_unchanged():
     """The project's files are taken as they are when it opens, while it stays open (a run of the
-    `matlint` command, or the lint of one file with its cache key): each path is looked up once (whether a file is there, and
-    its size and modification time), however many imports and importers ask. Nested: the
-    outermost one holds. One per thread."""
+    `matlint` command, or the lint of one file with its cache key): each path is looked up once
+    (whether a file is there, and its size and modification time), however many imports and
+    importers ask. Nested: the outermost one holds. One per thread."""
     if getattr(_SNAPSHOT, "paths", None) is not None:
         yield
         return
