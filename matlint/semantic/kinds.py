@@ -1963,7 +1963,7 @@ def callee_kind(ctx, func: ast.AST) -> Optional[str]:
     return kinds.pop() if len(kinds) == 1 else None
 
 
-_MODULE_KINDS = (LINEAR, MODULE, USER_MODULE)
+MODULE_KINDS = (LINEAR, MODULE, USER_MODULE)
 
 
 def module_output(ctx, expr: ast.AST, depth: int = 0) -> bool:
@@ -1992,7 +1992,7 @@ def module_output(ctx, expr: ast.AST, depth: int = 0) -> bool:
     if not isinstance(expr, ast.Call):
         return False
     func = expr.func
-    if callee_kind(ctx, func) in _MODULE_KINDS:
+    if callee_kind(ctx, func) in MODULE_KINDS:
         return True
     qual = ctx.qualname(func)
     if qual is not None:
@@ -2002,7 +2002,7 @@ def module_output(ctx, expr: ast.AST, depth: int = 0) -> bool:
     if not isinstance(func, ast.Attribute):
         return False
     receiver = kind_of(ctx, func.value)
-    if receiver in _MODULE_KINDS:
+    if receiver in MODULE_KINDS:
         return True  # `net.forward(s)`, `self.q.value(s)`
     return receiver in TENSORS and module_output(ctx, func.value, depth + 1)  # `q.detach()`, `q.max(1)`
 

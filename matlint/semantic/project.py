@@ -306,16 +306,8 @@ def _imported_by_program_above(filename: str) -> bool:
     if not filename or not _is_file(filename):
         return False
     target = os.path.abspath(filename)
-    folder = os.path.dirname(target)
-    for _ in range(_PROGRAM_LEVELS_UP + 1):
-        for path in _python_files_in(folder, []):
-            if path != target and _trains_on_cuda(path) and target in _import_closure(path):
-                return True
-        parent = os.path.dirname(folder)
-        if parent == folder:
-            break
-        folder = parent
-    return False
+    return any(path != target and _trains_on_cuda(path) and target in _import_closure(path)
+               for path in _programs_above(target))
 
 
 _CLOSURE_FILES = 400  # the most project files a program's imports are followed through
@@ -453,22 +445,22 @@ def importers(filename: str, most: int = None) -> list:
         if not frontier:
             break
     if len(files) <= SCRIPT_PROJECT_FILES:
-        found.update(path for path in _programs_above(target) if target in _direct_imports(path))
+        found.update(path for path in _programs_above(target) if path != target and target in _direct_imports(path))
     return sorted(found)
 
 
 def _programs_above(target: str) -> list:
-    """The programs (`_PROGRAM`) directly in the folders up to `_PROGRAM_LEVELS_UP` above the
-    file's: scripts beside the package folder they put on `sys.path` (trainval_net.py importing
-    `lib/model/utils/net_utils.py`)."""
+    """The programs (`_PROGRAM`) directly in the file's folder and in the folders up to
+    `_PROGRAM_LEVELS_UP` above it: scripts beside the package folder they put on `sys.path`
+    (trainval_net.py importing `lib/model/utils/net_utils.py`)."""
     found = []
     folder = os.path.dirname(target)
-    for _ in range(_PROGRAM_LEVELS_UP):
+    for _ in range(_PROGRAM_LEVELS_UP + 1):
+        found.extend(path for path in _python_files_in(folder, []) if _is_program(path))
         parent = os.path.dirname(folder)
         if parent == folder:
             break
         folder = parent
-        found.extend(path for path in _python_files_in(folder, []) if _is_program(path))
     return found
 
 
@@ -497,11 +489,8 @@ def _importers_table(files: list) -> dict:
     """{path: the files among `files` that import it}."""
     table: dict = {}
     for path in files:
-        text = read_text(path)
-        if text is None:
-            continue
-        for imported in imported_paths(text, path):
-            table.setdefault(os.path.abspath(imported), set()).add(path)
+        for imported in _direct_imports(path):
+            table.setdefault(imported, set()).add(path)
     return table
 
 

@@ -26,7 +26,6 @@ _NOT_SYNCED = (_kinds.CPU_TENSOR,) + _kinds.NON_TENSORS
 _SYNC_METHODS = {"item", "cpu", "tolist", "to"}
 _MOVES = frozenset({"to", "cuda", "cpu", "type", "type_as"})  # methods that may put a tensor elsewhere
 _CONVERSIONS = {"float", "int", "bool"}
-_MODULES = frozenset({_kinds.MODULE, _kinds.LINEAR, _kinds.USER_MODULE})
 # Python's `math` functions, which convert a tensor argument to a Python number.
 _MATH_FUNCTIONS = frozenset({"log", "log10", "log2", "log1p", "exp", "expm1", "sqrt", "pow", "floor", "ceil", "fabs",
                              "isnan", "isinf", "isfinite", "sin", "cos", "tan", "atan", "tanh", "erf"})
@@ -890,7 +889,7 @@ class HostSyncInLoop(_StepLoops, _HostReads, Rule):
         kinds = [_kinds.reaching_kind(self.ctx, a) if isinstance(a, ast.Name) else _kinds.kind_of(self.ctx, a)
                  for a in call.args]
         if not kinds or _kinds.CPU_TENSOR in kinds or all(k in _kinds.NON_TENSORS for k in kinds) and not (
-                _MODULES.intersection(kinds) and moves_work_to_cuda(self.ctx)):
+                set(_kinds.MODULE_KINDS).intersection(kinds) and moves_work_to_cuda(self.ctx)):
             # host tensors, or no tensor at all (a name, a count): nothing to wait for; a model
             # the file moves to the GPU holds its parameters and gradients there (`clip_gradient(model, 10.)`)
             return
